@@ -1,0 +1,364 @@
+/*
+ * attn.h - the public contract of libattn, a library of exact attention kernels.
+ *
+ * This is the only header a user includes. It defines the function every implementation computes
+ * (SPEC.md in the source tree), the objects that hold it, and the calls that run it. Everything here
+ * compiles as C11 and as C++; no CUDA header is included.
+ *
+ * Shape of the API (FFTW / cuDNN style):
+ *
+ *   attn_ctx_create        one per thread of use; holds the last error message and the log callback
+ *   attn_problem_init      fills an attn_problem with defaults; the caller sets sizes and features
+ *   attn_plan_create       validates the problem and selects an implementation through the registry
+ *   attn_plan_forward      out (and optionally lse, probabilities) from q, k, v and the optional inputs
+ *   attn_plan_backward     dq, dk, dv (and optionally dbias, dsinks) from dout, out and lse
+ *   attn_plan_destroy
+ *   attn_forward / attn_backward   one-call conveniences that create, run and destroy a plan
+ *
+ * Ownership: the library borrows every tensor, workspace and stream it is given for the duration of
+ * the call and keeps none of them. Objects made by a _create are freed by the matching _destroy,
+ * which accepts NULL. An _init function fills caller memory and never allocates.
+ *
+ * Errors: every fallible call returns an attn_status (0 = ATTN_STATUS_OK). When a call that takes a
+ * context fails, attn_ctx_last_error() holds a message naming the argument and the rule that was
+ * broken, for example "heads_q=6 is not a multiple of heads_kv=4". The library never prints, exits
+ * or aborts; diagnostics go to a log callback that is silent unless the user installs one.
+ *
+ * Thread safety: functions that take no context (version, status strings, the registry listing) may
+ * be called from any thread at any time. A context, and every plan made from it, may be used by one
+ * thread at a time; use one context per thread for concurrent work. Distinct contexts share nothing
+ * mutable.
+ *
+ * ABI policy: status codes and enum values are only ever appended. Public structs are filled by their
+ * _init function; a change to a function's signature is made as a new function with a _v2 suffix,
+ * never by changing the old one. ATTN_VERSION_MAJOR changes only when that promise is broken.
+ */
+#ifndef ATTN_H
+#define ATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(ATTN_SHARED_BUILD)
+#define ATTN_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define ATTN_API __attribute__((visibility("default")))
+#else
+#define ATTN_API
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Version
+ * ------------------------------------------------------------------------------------------- */
+
+#define ATTN_VERSION_MAJOR 0
+#define ATTN_VERSION_MINOR 1
+#define ATTN_VERSION_PATCH 0
+/* One integer that orders versions: major * 10000 + minor * 100 + patch. */
+#define ATTN_VERSION (ATTN_VERSION_MAJOR * 10000 + ATTN_VERSION_MINOR * 100 + ATTN_VERSION_PATCH)
+
+/* The version of the library linked at run time; equals ATTN_VERSION when header and library match. */
+ATTN_API int32_t attn_version(void);
+/* "MAJOR.MINOR.PATCH" of the library linked at run time. Static storage; never NULL. */
+ATTN_API const char *attn_version_string(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Status codes. One table generates the enum and the strings; codes are only ever appended.
+ * ------------------------------------------------------------------------------------------- */
+
+#define ATTN_STATUS_MAP(X)                                                                         \
+  X(OK, 0, "ok")                                                                                   \
+  X(INVALID_ARGUMENT, 1, "invalid argument")                                                       \
+  X(UNSUPPORTED, 2, "unsupported by the implementation")                                          \
+  X(OUT_OF_MEMORY, 3, "out of memory")                                                             \
+  X(DEVICE_ERROR, 4, "device error")                                                               \
+  X(IO_ERROR, 5, "input/output error")                                                             \
+  X(INTERNAL, 6, "internal error")
+
+typedef enum attn_status {
+#define ATTN_STATUS_ENUM_(name, code, text) ATTN_STATUS_##name = code,
+  ATTN_STATUS_MAP(ATTN_STATUS_ENUM_)
+#undef ATTN_STATUS_ENUM_
+  ATTN_STATUS_COUNT
+} attn_status;
+
+/* A short English description of a status ("invalid argument"); "unknown status" for a value outside
+ * the table. Static storage; never NULL. */
+ATTN_API const char *attn_status_string(attn_status status);
+
+/* ---------------------------------------------------------------------------------------------
+ * Enumerations of the problem description
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum attn_dtype {
+  ATTN_DTYPE_F32 = 0,
+  ATTN_DTYPE_F16 = 1,
+  ATTN_DTYPE_BF16 = 2,
+  ATTN_DTYPE_F64 = 3, /* the reference implementation only: for gradient checks and oracles */
+  ATTN_DTYPE_U8 = 4,  /* masks */
+  ATTN_DTYPE_I32 = 5, /* segment ids, sequence lengths */
+  ATTN_DTYPE_COUNT
+} attn_dtype;
+
+/* Size in bytes of one element; 0 for a value outside the enum. */
+ATTN_API size_t attn_dtype_size(attn_dtype dtype);
+/* "f32", "f16", "bf16", "f64", "u8", "i32"; "unknown" outside the enum. */
+ATTN_API const char *attn_dtype_name(attn_dtype dtype);
+
+/* The two operations of SPEC.md. Both compute the same function; scaled_dot_product_attention
+ * materialises the scores of one (batch, head) and may return the probabilities. */
+typedef enum attn_operation {
+  ATTN_OPERATION_FLASH_ATTENTION = 0,
+  ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION = 1,
+  ATTN_OPERATION_COUNT
+} attn_operation;
+
+/* Where the diagonal of a causal mask or a window sits when Tq != Tk. Bottom-right puts the last
+ * query on the last key (offset o = Tk - Tq: FlashAttention >= 2.1, cuDNN); top-left puts the first
+ * query on the first key (o = 0: PyTorch's is_causal). */
+typedef enum attn_align {
+  ATTN_ALIGN_BOTTOM_RIGHT = 0,
+  ATTN_ALIGN_TOP_LEFT = 1,
+  ATTN_ALIGN_COUNT
+} attn_align;
+
+typedef enum attn_alibi {
+  ATTN_ALIBI_NONE = 0,
+  ATTN_ALIBI_PER_HEAD = 1,       /* slopes [Hq] */
+  ATTN_ALIBI_PER_BATCH_HEAD = 2, /* slopes [B, Hq] */
+  ATTN_ALIBI_COUNT
+} attn_alibi;
+
+typedef enum attn_varlen {
+  ATTN_VARLEN_NONE = 0,
+  /* Packed ("THD"): q is [total_q, Hq, D], k and v [total_k, Hkv, D|Dv], out [total_q, Hq, Dv],
+   * lse [Hq, total_q]; sequence b owns rows cu_seqlens[b] .. cu_seqlens[b+1]-1. seqlen_q/k of the
+   * problem are the maximum sequence lengths. */
+  ATTN_VARLEN_PACKED = 1,
+  /* Padded: dense [B, T, H, D] tensors of which the first seqlens[b] rows of batch b are real. Rows
+   * of out past seqlens_q[b] are written as 0 and lse as -inf. */
+  ATTN_VARLEN_PADDED = 2,
+  ATTN_VARLEN_COUNT
+} attn_varlen;
+
+/* Where the tensors of a problem live. The plan selects an implementation that runs there. */
+typedef enum attn_device {
+  ATTN_DEVICE_CPU = 0,
+  ATTN_DEVICE_CUDA = 1,
+  ATTN_DEVICE_COUNT
+} attn_device;
+
+/* ---------------------------------------------------------------------------------------------
+ * The problem: everything that decides the computation except the data. A plan is made for one
+ * problem and runs it any number of times on different data.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct attn_problem {
+  int32_t operation; /* attn_operation; default FLASH_ATTENTION */
+  int32_t dtype;     /* attn_dtype of q, k, v, out, dout, dq, dk, dv, probs; default F32 */
+  int32_t device;    /* attn_device where every tensor lives; default CPU */
+  int32_t device_index; /* which GPU for ATTN_DEVICE_CUDA; default 0 */
+
+  int64_t batch;        /* B >= 1; for packed varlen the number of sequences */
+  int64_t seqlen_q;     /* Tq >= 0; the maximum length for varlen; Tq = 0 is an empty problem */
+  int64_t seqlen_k;     /* Tk >= 0; Tk = 0 makes every row fully masked */
+  int64_t heads_q;      /* Hq >= 1 */
+  int64_t heads_kv;     /* Hkv >= 1, Hq % Hkv == 0; query head h reads kv head h / (Hq / Hkv) */
+  int64_t head_dim;     /* D >= 1 */
+  int64_t head_dim_v;   /* Dv >= 1; 0 (the default) means Dv = D */
+
+  double scale;         /* softmax scale s; 0 (the default) means 1 / sqrt(D) */
+  int32_t causal;       /* 0 or 1; causal is the window (left, 0) */
+  int32_t align;        /* attn_align of causal masks, windows and ALiBi; default BOTTOM_RIGHT */
+  int64_t window_left;  /* keys visible before the diagonal; -1 (default) = unbounded */
+  int64_t window_right; /* keys visible after the diagonal; -1 (default) = unbounded */
+  double softcap;       /* cap > 0: x = cap * tanh(x / cap), bias and ALiBi inside; 0 = off */
+  double dropout_p;     /* 0 <= p < 1; the seed is given with each run (attn_inputs) */
+
+  /* Optional inputs: whether they are given, and their shapes. */
+  int32_t has_bias;       /* additive bias of bias_dtype, shape bias_shape */
+  int32_t bias_dtype;     /* F32, F16 or BF16 (F64 with an F64 problem); default F32 */
+  int64_t bias_shape[4];  /* [B or 1, Hq or Hkv or 1, Tq or 1, Tk or 1]; Hkv is shared per group */
+  int32_t has_mask;       /* u8 keep mask (0 = masked, nonzero = keep), shape mask_shape */
+  int64_t mask_shape[4];  /* [B or 1, Hq or 1, Tq or 1, Tk or 1] */
+  int32_t alibi;          /* attn_alibi; slopes are f32 (f64 with an F64 problem) */
+  int64_t num_sinks;      /* S >= 0 sink logits per row (raw: not scaled, biased or capped) */
+  int32_t sinks_shared;   /* 0: sinks [Hq, S]; 1: one [S] shared by all heads */
+  int32_t has_segment_ids; /* q_segment_ids [B, Tq], kv_segment_ids [B, Tk], i32, negative = pad */
+  int32_t varlen;         /* attn_varlen; default NONE */
+  int64_t total_q;        /* packed varlen: rows of q (cu_seqlens_q[B]); otherwise ignored */
+  int64_t total_k;        /* packed varlen: rows of k and v (cu_seqlens_k[B]); otherwise ignored */
+} attn_problem;
+
+/* Fills *problem with the defaults above and zero sizes. Never allocates. */
+ATTN_API void attn_problem_init(attn_problem *problem);
+
+/* ---------------------------------------------------------------------------------------------
+ * Tensors: a borrowed pointer and strides. Shapes come from the problem; each tensor's dimensions
+ * are listed at the field that holds it.
+ * ------------------------------------------------------------------------------------------- */
+
+#define ATTN_MAX_DIMS 4
+
+typedef struct attn_tensor {
+  void *data;                    /* borrowed for the call; NULL = not given */
+  int64_t stride[ATTN_MAX_DIMS]; /* in elements, one per dimension of the tensor's shape. All zero
+                                    (the default) means dense C order. A stride of 0 broadcasts an
+                                    input along that dimension; outputs must not broadcast. */
+} attn_tensor;
+
+/* A dense tensor over data. */
+ATTN_API attn_tensor attn_tensor_dense(void *data);
+
+/* The data of one run, forward or backward. Fields of features the problem does not use are ignored.
+ * The dtype of each tensor is fixed by the problem. */
+typedef struct attn_inputs {
+  attn_tensor q;              /* [B, Tq, Hq, D]; packed: [total_q, Hq, D] */
+  attn_tensor k;              /* [B, Tk, Hkv, D]; packed: [total_k, Hkv, D] */
+  attn_tensor v;              /* [B, Tk, Hkv, Dv]; packed: [total_k, Hkv, Dv] */
+  attn_tensor bias;           /* problem.bias_shape, problem.bias_dtype */
+  attn_tensor mask;           /* problem.mask_shape, u8 */
+  attn_tensor alibi_slopes;   /* [Hq] or [B, Hq] */
+  attn_tensor sinks;          /* [Hq, S] or [S] */
+  attn_tensor q_segment_ids;  /* [B, Tq] i32 */
+  attn_tensor kv_segment_ids; /* [B, Tk] i32 */
+  const int32_t *cu_seqlens_q; /* packed: [B + 1], starts at 0, non-decreasing, ends at total_q */
+  const int32_t *cu_seqlens_k; /* packed: [B + 1], likewise, ends at total_k */
+  const int32_t *seqlens_q;    /* padded: [B], each in 0..Tq */
+  const int32_t *seqlens_k;    /* padded: [B], each in 0..Tk */
+  uint64_t dropout_seed;       /* Philox key of SPEC.md; vary it from step to step */
+} attn_inputs;
+
+/* Fills *inputs with NULL tensors and seed 0. Never allocates. */
+ATTN_API void attn_inputs_init(attn_inputs *inputs);
+
+/* Results of the forward pass; also the out and lse handed to the backward pass. */
+typedef struct attn_outputs {
+  attn_tensor out;   /* [B, Tq, Hq, Dv]; packed: [total_q, Hq, Dv]. Required. */
+  attn_tensor lse;   /* [B, Hq, Tq]; packed: [Hq, total_q]. f32 (f64 with an F64 problem); natural
+                        log; -inf on fully masked and padded rows. Optional in the forward pass,
+                        required by the backward pass. */
+  attn_tensor probs; /* [B, Hq, Tq, Tk] of the problem's dtype: the probabilities after dropout,
+                        P'/Z. scaled_dot_product_attention only; optional. Varlen: indexed by
+                        sequence and in-sequence position, zero outside each sequence. */
+} attn_outputs;
+
+/* Results of the backward pass. */
+typedef struct attn_grads {
+  attn_tensor dq;     /* like q. Required. */
+  attn_tensor dk;     /* like k. Required. */
+  attn_tensor dv;     /* like v. Required. */
+  attn_tensor dbias;  /* like bias (its shape and dtype), summed over its broadcast dims. Optional. */
+  attn_tensor dsinks; /* like sinks, f32 (f64 with an F64 problem). Optional. */
+} attn_grads;
+
+ATTN_API void attn_outputs_init(attn_outputs *outputs);
+ATTN_API void attn_grads_init(attn_grads *grads);
+
+/* ---------------------------------------------------------------------------------------------
+ * Context
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct attn_ctx attn_ctx;
+
+typedef enum attn_log_level {
+  ATTN_LOG_LEVEL_ERROR = 0,
+  ATTN_LOG_LEVEL_WARNING = 1,
+  ATTN_LOG_LEVEL_INFO = 2,
+  ATTN_LOG_LEVEL_DEBUG = 3,
+  ATTN_LOG_LEVEL_COUNT
+} attn_log_level;
+
+/* Receives one message (no trailing newline). Called on the thread that made the call. */
+typedef void (*attn_log_fn)(void *user, attn_log_level level, const char *message);
+
+/* Creates a context. Returns OUT_OF_MEMORY (and *ctx = NULL) when allocation fails. */
+ATTN_API attn_status attn_ctx_create(attn_ctx **ctx);
+/* Frees a context. Plans made from it must be destroyed first. NULL is harmless. */
+ATTN_API void attn_ctx_destroy(attn_ctx *ctx);
+/* The message of the last failed call made with this context, "" when the last call succeeded.
+ * Valid until the next call with the context. Never NULL (a NULL ctx gives a fixed message). */
+ATTN_API const char *attn_ctx_last_error(const attn_ctx *ctx);
+/* The status of the last call made with this context. */
+ATTN_API attn_status attn_ctx_last_status(const attn_ctx *ctx);
+/* Installs a log callback receiving messages of level <= max_level; fn = NULL silences (default). */
+ATTN_API attn_status attn_ctx_set_log_callback(attn_ctx *ctx, attn_log_fn fn, void *user,
+                                               attn_log_level max_level);
+/* Threads the CPU implementations may use; 0 (default) means the implementation's choice. */
+ATTN_API attn_status attn_ctx_set_num_threads(attn_ctx *ctx, int32_t num_threads);
+
+/* ---------------------------------------------------------------------------------------------
+ * Registry: the implementations compiled into this library, in order of preference.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Number of registered implementations (the reference is always present and always last). */
+ATTN_API int32_t attn_impl_count(void);
+/* Name of implementation index (0 .. count-1), e.g. "ref"; NULL outside that range. */
+ATTN_API const char *attn_impl_name(int32_t index);
+/* OK when the named implementation can run the problem; UNSUPPORTED with the reason in the
+ * context's last error when it cannot; INVALID_ARGUMENT for an invalid problem or unknown name. */
+ATTN_API attn_status attn_impl_supports(attn_ctx *ctx, const char *name,
+                                        const attn_problem *problem);
+
+/* ---------------------------------------------------------------------------------------------
+ * Plans
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct attn_plan attn_plan;
+
+/* How a plan picks its implementation. Zero fields mean "let the library choose". */
+typedef struct attn_select {
+  const char *impl;   /* an implementation's name (attn_impl_name); NULL = any */
+  const char *config; /* one of that implementation's configuration names; NULL = its choice */
+} attn_select;
+
+ATTN_API void attn_select_init(attn_select *select);
+
+/* Validates the problem (INVALID_ARGUMENT naming the rule otherwise) and selects the first
+ * registered implementation that supports it and matches select (NULL = no constraint). A problem
+ * no implementation supports gives UNSUPPORTED with each implementation's reason. The plan copies
+ * the problem; it borrows the context, which must outlive it. */
+ATTN_API attn_status attn_plan_create(attn_ctx *ctx, const attn_problem *problem,
+                                      const attn_select *select, attn_plan **plan /* out */);
+/* Frees a plan. NULL is harmless. */
+ATTN_API void attn_plan_destroy(attn_plan *plan);
+
+/* Bytes of workspace the forward and backward passes need (either pointer may be NULL). */
+ATTN_API attn_status attn_plan_workspace_size(const attn_plan *plan, size_t *forward_bytes,
+                                              size_t *backward_bytes);
+/* The selected implementation's name and configuration. Owned by the plan; never NULL. */
+ATTN_API const char *attn_plan_impl_name(const attn_plan *plan);
+ATTN_API const char *attn_plan_config_name(const attn_plan *plan);
+/* The stream (a cudaStream_t) GPU implementations run on; NULL = the default stream. Borrowed. */
+ATTN_API attn_status attn_plan_set_stream(attn_plan *plan, void *stream);
+
+/* Forward pass. workspace: at least the forward size of attn_plan_workspace_size, on the problem's
+ * device; NULL with a nonzero size makes a CPU plan allocate it for the call (a plan given its
+ * workspace never allocates). Outputs must not overlap inputs or each other. */
+ATTN_API attn_status attn_plan_forward(attn_plan *plan, const attn_inputs *inputs, void *workspace,
+                                       size_t workspace_size, const attn_outputs *outputs /* out */);
+
+/* Backward pass. forward holds out and lse of the forward pass on the same inputs (probs is
+ * ignored); dout is like out. Gradients are written, not accumulated. */
+ATTN_API attn_status attn_plan_backward(attn_plan *plan, const attn_inputs *inputs,
+                                        const attn_outputs *forward, const attn_tensor *dout,
+                                        void *workspace, size_t workspace_size,
+                                        const attn_grads *grads /* out */);
+
+/* One-call conveniences: create a plan with no selection constraint, run it with a workspace the
+ * call allocates, destroy it. */
+ATTN_API attn_status attn_forward(attn_ctx *ctx, const attn_problem *problem,
+                                  const attn_inputs *inputs, const attn_outputs *outputs /* out */);
+ATTN_API attn_status attn_backward(attn_ctx *ctx, const attn_problem *problem,
+                                   const attn_inputs *inputs, const attn_outputs *forward,
+                                   const attn_tensor *dout, const attn_grads *grads /* out */);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ATTN_H */

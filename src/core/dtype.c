@@ -1,0 +1,30 @@
+/*
+ * src/core/dtype.c - the public dtype queries.
+ */
+#include "core/dtype.h"
+
+size_t attn_dtype_size(attn_dtype dtype) {
+  switch (dtype) {
+  case ATTN_DTYPE_F32: return 4;
+  case ATTN_DTYPE_F16: return 2;
+  case ATTN_DTYPE_BF16: return 2;
+  case ATTN_DTYPE_F64: return 8;
+  case ATTN_DTYPE_U8: return 1;
+  case ATTN_DTYPE_I32: return 4;
+  case ATTN_DTYPE_COUNT: break;
+  }
+  return 0;
+}
+
+const char *attn_dtype_name(attn_dtype dtype) {
+  switch (dtype) {
+  case ATTN_DTYPE_F32: return "f32";
+  case ATTN_DTYPE_F16: return "f16";
+  case ATTN_DTYPE_BF16: return "bf16";
+  case ATTN_DTYPE_F64: return "f64";
+  case ATTN_DTYPE_U8: return "u8";
+  case ATTN_DTYPE_I32: return "i32";
+  case ATTN_DTYPE_COUNT: break;
+  }
+  return "unknown";
+}

@@ -1,0 +1,113 @@
+/*
+ * src/core/dtype.h - element types: sizes, names, and exact conversions between f64/f32 and the
+ * 16-bit formats (IEEE binary16 and bfloat16), rounding to nearest even.
+ *
+ * These are plain C so that every backend's host code and the tests share one definition.
+ */
+#ifndef ATTN_CORE_DTYPE_H
+#define ATTN_CORE_DTYPE_H
+
+#include "attn.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline uint32_t attn_f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+static inline float attn_f32_from_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static inline float attn_bf16_to_f32(uint16_t h) { return attn_f32_from_bits((uint32_t)h << 16); }
+
+static inline uint16_t attn_f32_to_bf16(float f) {
+  uint32_t u = attn_f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even */
+  return (uint16_t)(u >> 16);
+}
+
+static inline float attn_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0x1fu) return attn_f32_from_bits(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent == 0) { /* zero or subnormal: mantissa * 2^-24 */
+    float magnitude = (float)mantissa * 0x1p-24f;
+    return sign ? -magnitude : magnitude;
+  }
+  return attn_f32_from_bits(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+static inline uint16_t attn_f32_to_f16(float f) {
+  uint32_t u = attn_f32_bits(f);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  uint32_t magnitude = u & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return (uint16_t)(sign | 0x7e00u); /* NaN */
+  if (magnitude >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520: inf */
+  if (magnitude < 0x38800000u) { /* below 2^-14: a subnormal half, a multiple of 2^-24 */
+    float scaled = attn_f32_from_bits(magnitude) * 0x1p24f; /* exact */
+    return (uint16_t)(sign | (uint16_t)nearbyintf(scaled)); /* default mode rounds ties to even */
+  }
+  uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u);
+  return (uint16_t)(sign | ((rounded - (112u << 23)) >> 13));
+}
+
+/* A double rounded to float with round-to-odd, so that a second rounding to a narrower format
+ * (f16, bf16) gives the correctly rounded result of the double (Boldo and Melquiond). */
+static inline float attn_f64_to_f32_odd(double d) {
+  float f = (float)d;
+  if ((double)f == d || isnan(d) || isinf(f)) return f;
+  uint32_t u = attn_f32_bits(f);
+  if ((u & 1u) == 0) u = fabs((double)f) > fabs(d) ? u - 1u : u + 1u;
+  return attn_f32_from_bits(u);
+}
+
+/* Reads element `index` of an array of dtype as a double (floating types and i32, u8). */
+static inline double attn_load(const void *data, attn_dtype dtype, int64_t index) {
+  switch (dtype) {
+  case ATTN_DTYPE_F32: return ((const float *)data)[index];
+  case ATTN_DTYPE_F16: return attn_f16_to_f32(((const uint16_t *)data)[index]);
+  case ATTN_DTYPE_BF16: return attn_bf16_to_f32(((const uint16_t *)data)[index]);
+  case ATTN_DTYPE_F64: return ((const double *)data)[index];
+  case ATTN_DTYPE_U8: return ((const uint8_t *)data)[index];
+  case ATTN_DTYPE_I32: return ((const int32_t *)data)[index];
+  case ATTN_DTYPE_COUNT: break;
+  }
+  return 0.0;
+}
+
+/* Writes value, correctly rounded, as element `index` of an array of a floating dtype. */
+static inline void attn_store(void *data, attn_dtype dtype, int64_t index, double value) {
+  switch (dtype) {
+  case ATTN_DTYPE_F32: ((float *)data)[index] = (float)value; break;
+  case ATTN_DTYPE_F16: ((uint16_t *)data)[index] = attn_f32_to_f16(attn_f64_to_f32_odd(value)); break;
+  case ATTN_DTYPE_BF16: ((uint16_t *)data)[index] = attn_f32_to_bf16(attn_f64_to_f32_odd(value)); break;
+  case ATTN_DTYPE_F64: ((double *)data)[index] = value; break;
+  default: break;
+  }
+}
+
+/* value rounded to the precision of dtype (identity for f64). */
+static inline double attn_round_to(attn_dtype dtype, double value) {
+  switch (dtype) {
+  case ATTN_DTYPE_F32: return (float)value;
+  case ATTN_DTYPE_F16: return attn_f16_to_f32(attn_f32_to_f16(attn_f64_to_f32_odd(value)));
+  case ATTN_DTYPE_BF16: return attn_bf16_to_f32(attn_f32_to_bf16(attn_f64_to_f32_odd(value)));
+  default: return value;
+  }
+}
+
+/* The dtype of lse, alibi slopes, sinks and dsinks: f64 for an f64 problem, f32 otherwise. */
+static inline attn_dtype attn_stat_dtype(attn_dtype problem_dtype) {
+  return problem_dtype == ATTN_DTYPE_F64 ? ATTN_DTYPE_F64 : ATTN_DTYPE_F32;
+}
+
+#endif /* ATTN_CORE_DTYPE_H */

@@ -1,0 +1,169 @@
+/*
+ * src/core/tensors.c - shapes, dtypes and dense strides of every tensor of a problem.
+ */
+#include "core/tensors.h"
+
+#include "core/dtype.h"
+
+const char *attn_role_name(attn_role role) {
+  static const char *const names[ATTN_ROLE_COUNT] = {
+      [ATTN_ROLE_Q] = "q",
+      [ATTN_ROLE_K] = "k",
+      [ATTN_ROLE_V] = "v",
+      [ATTN_ROLE_BIAS] = "bias",
+      [ATTN_ROLE_MASK] = "mask",
+      [ATTN_ROLE_ALIBI] = "alibi_slopes",
+      [ATTN_ROLE_SINKS] = "sinks",
+      [ATTN_ROLE_Q_SEGMENT_IDS] = "q_segment_ids",
+      [ATTN_ROLE_KV_SEGMENT_IDS] = "kv_segment_ids",
+      [ATTN_ROLE_OUT] = "out",
+      [ATTN_ROLE_LSE] = "lse",
+      [ATTN_ROLE_PROBS] = "probs",
+      [ATTN_ROLE_DOUT] = "dout",
+      [ATTN_ROLE_DQ] = "dq",
+      [ATTN_ROLE_DK] = "dk",
+      [ATTN_ROLE_DV] = "dv",
+      [ATTN_ROLE_DBIAS] = "dbias",
+      [ATTN_ROLE_DSINKS] = "dsinks",
+  };
+  return (unsigned)role < ATTN_ROLE_COUNT ? names[role] : "unknown";
+}
+
+int attn_role_used(const attn_problem *p, attn_role role) {
+  switch (role) {
+  case ATTN_ROLE_BIAS:
+  case ATTN_ROLE_DBIAS: return p->has_bias != 0;
+  case ATTN_ROLE_MASK: return p->has_mask != 0;
+  case ATTN_ROLE_ALIBI: return p->alibi != ATTN_ALIBI_NONE;
+  case ATTN_ROLE_SINKS:
+  case ATTN_ROLE_DSINKS: return p->num_sinks > 0;
+  case ATTN_ROLE_Q_SEGMENT_IDS:
+  case ATTN_ROLE_KV_SEGMENT_IDS: return p->has_segment_ids != 0;
+  case ATTN_ROLE_PROBS: return p->operation == ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION;
+  default: return 1;
+  }
+}
+
+/* Rows, heads, width of a token tensor: [B, T, H, W] dense or [total, H, W] packed. */
+static int token_shape(const attn_problem *p, int64_t seqlen, int64_t total, int64_t heads,
+                       int64_t width, int64_t shape[ATTN_MAX_DIMS]) {
+  if (p->varlen == ATTN_VARLEN_PACKED) {
+    shape[0] = total, shape[1] = heads, shape[2] = width;
+    return 3;
+  }
+  shape[0] = p->batch, shape[1] = seqlen, shape[2] = heads, shape[3] = width;
+  return 4;
+}
+
+static int64_t head_dim_v(const attn_problem *p) {
+  return p->head_dim_v > 0 ? p->head_dim_v : p->head_dim;
+}
+
+int attn_role_shape(const attn_problem *p, attn_role role, int64_t shape[ATTN_MAX_DIMS]) {
+  switch (role) {
+  case ATTN_ROLE_Q:
+  case ATTN_ROLE_DQ: return token_shape(p, p->seqlen_q, p->total_q, p->heads_q, p->head_dim, shape);
+  case ATTN_ROLE_K:
+  case ATTN_ROLE_DK: return token_shape(p, p->seqlen_k, p->total_k, p->heads_kv, p->head_dim, shape);
+  case ATTN_ROLE_V:
+  case ATTN_ROLE_DV:
+    return token_shape(p, p->seqlen_k, p->total_k, p->heads_kv, head_dim_v(p), shape);
+  case ATTN_ROLE_OUT:
+  case ATTN_ROLE_DOUT:
+    return token_shape(p, p->seqlen_q, p->total_q, p->heads_q, head_dim_v(p), shape);
+  case ATTN_ROLE_LSE:
+    if (p->varlen == ATTN_VARLEN_PACKED) {
+      shape[0] = p->heads_q, shape[1] = p->total_q;
+      return 2;
+    }
+    shape[0] = p->batch, shape[1] = p->heads_q, shape[2] = p->seqlen_q;
+    return 3;
+  case ATTN_ROLE_PROBS:
+    shape[0] = p->batch, shape[1] = p->heads_q, shape[2] = p->seqlen_q, shape[3] = p->seqlen_k;
+    return 4;
+  case ATTN_ROLE_BIAS:
+  case ATTN_ROLE_DBIAS:
+    for (int d = 0; d < 4; ++d) shape[d] = p->bias_shape[d];
+    return 4;
+  case ATTN_ROLE_MASK:
+    for (int d = 0; d < 4; ++d) shape[d] = p->mask_shape[d];
+    return 4;
+  case ATTN_ROLE_ALIBI:
+    if (p->alibi == ATTN_ALIBI_PER_BATCH_HEAD) {
+      shape[0] = p->batch, shape[1] = p->heads_q;
+      return 2;
+    }
+    shape[0] = p->heads_q;
+    return 1;
+  case ATTN_ROLE_SINKS:
+  case ATTN_ROLE_DSINKS:
+    if (p->sinks_shared) {
+      shape[0] = p->num_sinks;
+      return 1;
+    }
+    shape[0] = p->heads_q, shape[1] = p->num_sinks;
+    return 2;
+  case ATTN_ROLE_Q_SEGMENT_IDS:
+    shape[0] = p->batch, shape[1] = p->seqlen_q;
+    return 2;
+  case ATTN_ROLE_KV_SEGMENT_IDS:
+    shape[0] = p->batch, shape[1] = p->seqlen_k;
+    return 2;
+  case ATTN_ROLE_COUNT: break;
+  }
+  shape[0] = 0;
+  return 1;
+}
+
+attn_dtype attn_role_dtype(const attn_problem *p, attn_role role) {
+  switch (role) {
+  case ATTN_ROLE_BIAS:
+  case ATTN_ROLE_DBIAS: return (attn_dtype)p->bias_dtype;
+  case ATTN_ROLE_MASK: return ATTN_DTYPE_U8;
+  case ATTN_ROLE_Q_SEGMENT_IDS:
+  case ATTN_ROLE_KV_SEGMENT_IDS: return ATTN_DTYPE_I32;
+  case ATTN_ROLE_LSE:
+  case ATTN_ROLE_ALIBI:
+  case ATTN_ROLE_SINKS:
+  case ATTN_ROLE_DSINKS: return attn_stat_dtype((attn_dtype)p->dtype);
+  default: return (attn_dtype)p->dtype;
+  }
+}
+
+int64_t attn_role_numel(const attn_problem *p, attn_role role) {
+  int64_t shape[ATTN_MAX_DIMS];
+  int ndim = attn_role_shape(p, role, shape);
+  int64_t n = 1;
+  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  return n;
+}
+
+attn_tensor attn_role_resolve(const attn_problem *p, attn_role role, attn_tensor t) {
+  int64_t shape[ATTN_MAX_DIMS];
+  int ndim = attn_role_shape(p, role, shape);
+  int all_zero = 1;
+  for (int d = 0; d < ATTN_MAX_DIMS; ++d) all_zero &= t.stride[d] == 0;
+  if (all_zero) {
+    int64_t stride = 1;
+    for (int d = ndim - 1; d >= 0; --d) {
+      t.stride[d] = stride;
+      stride *= shape[d];
+    }
+  }
+  for (int d = ndim; d < ATTN_MAX_DIMS; ++d) t.stride[d] = 0;
+  return t;
+}
+
+attn_seq attn_seq_of(const attn_problem *p, const attn_inputs *in, int64_t b) {
+  attn_seq s = {0, 0, p->seqlen_q, p->seqlen_k};
+  if (p->varlen == ATTN_VARLEN_PACKED) {
+    s.q_row0 = in->cu_seqlens_q[b];
+    s.k_row0 = in->cu_seqlens_k[b];
+    s.len_q = in->cu_seqlens_q[b + 1] - s.q_row0;
+    s.len_k = in->cu_seqlens_k[b + 1] - s.k_row0;
+  } else if (p->varlen == ATTN_VARLEN_PADDED) {
+    s.len_q = in->seqlens_q[b];
+    s.len_k = in->seqlens_k[b];
+  }
+  return s;
+}

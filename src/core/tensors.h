@@ -1,0 +1,69 @@
+/*
+ * src/core/tensors.h - one table of every tensor a problem uses: its name, logical shape, dtype and
+ * dense strides, and the geometry of each batch entry (varlen offsets and lengths).
+ *
+ * Validation, the plan's stride resolution, implementations and tests all read shapes from here,
+ * so a layout is written down once.
+ */
+#ifndef ATTN_CORE_TENSORS_H
+#define ATTN_CORE_TENSORS_H
+
+#include "attn.h"
+
+typedef enum attn_role {
+  ATTN_ROLE_Q,
+  ATTN_ROLE_K,
+  ATTN_ROLE_V,
+  ATTN_ROLE_BIAS,
+  ATTN_ROLE_MASK,
+  ATTN_ROLE_ALIBI,
+  ATTN_ROLE_SINKS,
+  ATTN_ROLE_Q_SEGMENT_IDS,
+  ATTN_ROLE_KV_SEGMENT_IDS,
+  ATTN_ROLE_OUT,
+  ATTN_ROLE_LSE,
+  ATTN_ROLE_PROBS,
+  ATTN_ROLE_DOUT,
+  ATTN_ROLE_DQ,
+  ATTN_ROLE_DK,
+  ATTN_ROLE_DV,
+  ATTN_ROLE_DBIAS,
+  ATTN_ROLE_DSINKS,
+  ATTN_ROLE_COUNT
+} attn_role;
+
+/* "q", "k", ..., "dsinks": the names used in messages, equal to the fields of the public structs. */
+const char *attn_role_name(attn_role role);
+
+/* Whether the problem uses this tensor at all (bias only with has_bias, and so on). */
+int attn_role_used(const attn_problem *problem, attn_role role);
+
+/* Logical shape of the tensor for the problem; returns the number of dimensions (1..4). */
+int attn_role_shape(const attn_problem *problem, attn_role role, int64_t shape[ATTN_MAX_DIMS]);
+
+/* Element type of the tensor for the problem. */
+attn_dtype attn_role_dtype(const attn_problem *problem, attn_role role);
+
+/* Number of elements of the tensor (the product of its shape). */
+int64_t attn_role_numel(const attn_problem *problem, attn_role role);
+
+/* A copy of t whose strides are explicit: all-zero strides become the dense strides of the role's
+ * shape. Implementations only ever see resolved tensors. */
+attn_tensor attn_role_resolve(const attn_problem *problem, attn_role role, attn_tensor t);
+
+/* Where batch entry b sits: the first row of its q and k in the tensors (nonzero only for packed
+ * varlen), and its real lengths (Tq, Tk unless varlen). */
+typedef struct attn_seq {
+  int64_t q_row0, k_row0;
+  int64_t len_q, len_k;
+} attn_seq;
+
+/* Geometry of batch entry b; inputs must be validated (cu_seqlens / seqlens readable). */
+attn_seq attn_seq_of(const attn_problem *problem, const attn_inputs *inputs, int64_t b);
+
+/* The alignment offset o of SPEC.md for a sequence: Tk - Tq (bottom-right) or 0 (top-left). */
+static inline int64_t attn_align_offset(const attn_problem *problem, const attn_seq *seq) {
+  return problem->align == ATTN_ALIGN_BOTTOM_RIGHT ? seq->len_k - seq->len_q : 0;
+}
+
+#endif /* ATTN_CORE_TENSORS_H */

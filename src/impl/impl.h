@@ -1,0 +1,64 @@
+/*
+ * src/impl/impl.h - the contract every implementation fulfils.
+ *
+ * An implementation is a constant attn_impl listed once in src/plan/registry.c. The plan layer
+ * validates the problem and the run's arguments before calling it, resolves default strides and
+ * defaults of the problem (scale, head_dim_v, causal folded into window_right = 0), and passes the
+ * workspace; so an implementation only decides whether it can run a problem and then runs it.
+ *
+ * Statuses: supports() returns OK or UNSUPPORTED with the reason in `why`; forward() and backward()
+ * return OK, or a failure with the message in run->why. They never print, exit or allocate when
+ * the workspace they asked for is given.
+ */
+#ifndef ATTN_IMPL_IMPL_H
+#define ATTN_IMPL_IMPL_H
+
+#include "attn.h"
+
+#include <stddef.h>
+
+/* Everything one forward or backward run needs. Tensors have explicit strides (never all-zero),
+ * and pointers the problem does not use are NULL. */
+typedef struct attn_run {
+  const attn_problem *problem; /* validated and resolved */
+  int32_t config;              /* index into the implementation's configurations */
+  const attn_inputs *inputs;
+  const attn_outputs *outputs; /* forward: written; backward: out and lse are read */
+  const attn_tensor *dout;     /* backward only */
+  const attn_grads *grads;     /* backward only: written */
+  void *workspace;             /* at least workspace_size() bytes, aligned to 64 bytes */
+  size_t workspace_size;
+  void *stream;                /* GPU implementations: a cudaStream_t, NULL = default */
+  void *state;                 /* what plan_init() made, or NULL */
+  int32_t num_threads;         /* the context's setting: 0 = the implementation's choice */
+  /* For tests only: round scores and probabilities to this dtype, the naive same-dtype computation
+   * of SPEC.md's tolerance rule. ATTN_DTYPE_F64 (the default) = no rounding. Only the reference
+   * honours it. */
+  attn_dtype round_to;
+  char *why; /* message buffer for failures */
+  size_t why_size;
+} attn_run;
+
+typedef struct attn_impl {
+  const char *name;  /* unique, lower case: "ref", "cpu", "cuda", "cudnn" */
+  int32_t device;    /* attn_device it runs on */
+  int32_t version;   /* bumped whenever its numerics or configurations change */
+
+  /* OK if it can run the (validated, resolved) problem, else UNSUPPORTED and the reason. */
+  attn_status (*supports)(const attn_problem *problem, char *why, size_t why_size);
+  /* Its configurations for the problem: how many (>= 1), each one's name, the heuristic pick. */
+  int32_t (*num_configs)(const attn_problem *problem);
+  void (*config_name)(const attn_problem *problem, int32_t config, char *buf, size_t size);
+  int32_t (*default_config)(const attn_problem *problem);
+  /* Workspace bytes for a pass under a configuration (backward != 0 for the backward pass). */
+  size_t (*workspace_size)(const attn_problem *problem, int32_t config, int backward);
+  /* Optional (NULL when unused): per-plan state built once, e.g. compiled graphs. */
+  attn_status (*plan_init)(const attn_problem *problem, int32_t config, void **state, char *why,
+                           size_t why_size);
+  void (*plan_fini)(void *state);
+
+  attn_status (*forward)(const attn_run *run);
+  attn_status (*backward)(const attn_run *run);
+} attn_impl;
+
+#endif /* ATTN_IMPL_IMPL_H */

@@ -1,0 +1,295 @@
+/*
+ * src/plan/plan.c - plans: validate the problem, select an implementation through the registry,
+ * and run it with validated data and a workspace.
+ *
+ * The path of a call: attn_plan_create -> attn_validate_problem -> select (registry order, or the
+ * caller's choice) -> impl->plan_init; attn_plan_forward -> attn_validate_forward -> workspace ->
+ * impl->forward. The executor (tuning, caches) plugs into select() without changing this API.
+ */
+#include "plan/plan.h"
+
+#include "core/ctx.h"
+#include "plan/registry.h"
+#include "plan/validate.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Implementations get 64-byte-aligned workspace; the plan asks for this much slack to align it. */
+#define ATTN_WORKSPACE_ALIGN 64
+
+struct attn_plan {
+  attn_ctx *ctx;
+  attn_problem problem; /* validated and resolved */
+  const attn_impl *impl;
+  int32_t config;
+  char config_name[128];
+  void *state;  /* impl->plan_init's */
+  void *stream; /* borrowed */
+  attn_dtype round_to;
+  void *owned_workspace; /* for callers that pass no workspace */
+  size_t owned_workspace_size;
+};
+
+/* OK when impl runs on the problem's device and supports it; else UNSUPPORTED with why. */
+static attn_status impl_supports(const attn_impl *impl, const attn_problem *p, char *why,
+                                 size_t why_size) {
+  if (impl->device != p->device) {
+    attn_format(why, why_size, "runs on device %d, the problem's tensors are on device %d",
+                (int)impl->device, (int)p->device);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  why[0] = '\0';
+  return impl->supports(p, why, why_size);
+}
+
+/* The first implementation in registry order that supports the problem, or the named one. */
+static attn_status select_impl(attn_ctx *ctx, const attn_problem *p, const char *name,
+                               const attn_impl **chosen) {
+  char why[ATTN_MESSAGE_SIZE];
+  if (name != NULL) {
+    const attn_impl *impl = attn_registry_find(name);
+    if (impl == NULL)
+      return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                       "select.impl=\"%s\" is not a registered implementation (attn_impl_name lists them)",
+                       name);
+    if (impl_supports(impl, p, why, sizeof why) != ATTN_STATUS_OK)
+      return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED, "%s: %s", impl->name, why);
+    *chosen = impl;
+    return ATTN_STATUS_OK;
+  }
+  int32_t count;
+  const attn_impl *const *list = attn_registry(&count);
+  char reasons[ATTN_MESSAGE_SIZE] = "";
+  size_t used = 0;
+  for (int32_t i = 0; i < count; ++i) {
+    if (impl_supports(list[i], p, why, sizeof why) == ATTN_STATUS_OK) {
+      *chosen = list[i];
+      return ATTN_STATUS_OK;
+    }
+    int n = snprintf(reasons + used, sizeof reasons - used, "%s%s: %s", used ? "; " : "",
+                     list[i]->name, why);
+    if (n > 0) used = used + (size_t)n < sizeof reasons ? used + (size_t)n : sizeof reasons - 1;
+  }
+  return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED, "no implementation supports the problem (%s)",
+                   reasons);
+}
+
+static attn_status select_config(attn_ctx *ctx, const attn_impl *impl, const attn_problem *p,
+                                 const char *name, int32_t *config) {
+  if (name == NULL) {
+    *config = impl->default_config(p);
+    return ATTN_STATUS_OK;
+  }
+  char buf[128];
+  int32_t n = impl->num_configs(p);
+  for (int32_t c = 0; c < n; ++c) {
+    impl->config_name(p, c, buf, sizeof buf);
+    if (strcmp(buf, name) == 0) {
+      *config = c;
+      return ATTN_STATUS_OK;
+    }
+  }
+  return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                   "select.config=\"%s\" is not a configuration of %s for this problem", name,
+                   impl->name);
+}
+
+attn_status attn_impl_supports(attn_ctx *ctx, const char *name, const attn_problem *problem) {
+  if (ctx == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
+  attn_problem p;
+  attn_status status = attn_validate_problem(ctx, problem, &p);
+  if (status != ATTN_STATUS_OK) return status;
+  if (name == NULL) return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "name is NULL");
+  const attn_impl *impl = NULL;
+  status = select_impl(ctx, &p, name, &impl);
+  return status == ATTN_STATUS_OK ? attn_succeed(ctx) : status;
+}
+
+attn_status attn_plan_create(attn_ctx *ctx, const attn_problem *problem, const attn_select *select,
+                             attn_plan **plan) {
+  if (ctx == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
+  if (plan == NULL) return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+  *plan = NULL;
+  attn_problem p;
+  attn_status status = attn_validate_problem(ctx, problem, &p);
+  if (status != ATTN_STATUS_OK) return status;
+  const attn_impl *impl = NULL;
+  status = select_impl(ctx, &p, select != NULL ? select->impl : NULL, &impl);
+  if (status != ATTN_STATUS_OK) return status;
+  int32_t config = 0;
+  status = select_config(ctx, impl, &p, select != NULL ? select->config : NULL, &config);
+  if (status != ATTN_STATUS_OK) return status;
+
+  attn_plan *made = calloc(1, sizeof *made);
+  if (made == NULL) return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory making a plan");
+  made->ctx = ctx;
+  made->problem = p;
+  made->impl = impl;
+  made->config = config;
+  made->round_to = ATTN_DTYPE_F64;
+  impl->config_name(&p, config, made->config_name, sizeof made->config_name);
+  if (impl->plan_init != NULL) {
+    char why[ATTN_MESSAGE_SIZE] = "";
+    status = impl->plan_init(&p, config, &made->state, why, sizeof why);
+    if (status != ATTN_STATUS_OK) {
+      free(made);
+      return attn_fail(ctx, status, "%s: %s", impl->name, why);
+    }
+  }
+  attn_log(ctx, ATTN_LOG_LEVEL_DEBUG, "plan: %s config %s", impl->name, made->config_name);
+  *plan = made;
+  return attn_succeed(ctx);
+}
+
+void attn_plan_destroy(attn_plan *plan) {
+  if (plan == NULL) return;
+  if (plan->impl->plan_fini != NULL) plan->impl->plan_fini(plan->state);
+  free(plan->owned_workspace);
+  free(plan);
+}
+
+static size_t padded_workspace(const attn_plan *plan, int backward) {
+  size_t bytes = plan->impl->workspace_size(&plan->problem, plan->config, backward);
+  return bytes == 0 ? 0 : bytes + ATTN_WORKSPACE_ALIGN;
+}
+
+attn_status attn_plan_workspace_size(const attn_plan *plan, size_t *forward_bytes,
+                                     size_t *backward_bytes) {
+  if (plan == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
+  if (forward_bytes != NULL) *forward_bytes = padded_workspace(plan, 0);
+  if (backward_bytes != NULL) *backward_bytes = padded_workspace(plan, 1);
+  return attn_succeed(plan->ctx);
+}
+
+const char *attn_plan_impl_name(const attn_plan *plan) {
+  return plan == NULL ? "" : plan->impl->name;
+}
+
+const char *attn_plan_config_name(const attn_plan *plan) {
+  return plan == NULL ? "" : plan->config_name;
+}
+
+attn_status attn_plan_set_stream(attn_plan *plan, void *stream) {
+  if (plan == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
+  plan->stream = stream;
+  return attn_succeed(plan->ctx);
+}
+
+void attn_plan_set_rounding(attn_plan *plan, attn_dtype dtype) {
+  if (plan != NULL) plan->round_to = dtype;
+}
+
+/* Points run->workspace at 64-byte-aligned memory of the size the pass needs: the caller's, or the
+ * plan's own for a CPU caller that passed none. */
+static attn_status bind_workspace(attn_plan *plan, int backward, void *workspace, size_t size,
+                                  attn_run *run) {
+  size_t need = padded_workspace(plan, backward);
+  run->workspace = NULL;
+  run->workspace_size = 0;
+  if (need == 0) return ATTN_STATUS_OK;
+  if (workspace == NULL) {
+    if (plan->problem.device != ATTN_DEVICE_CPU)
+      return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                       "workspace is NULL: a GPU plan needs %zu bytes of device workspace", need);
+    if (plan->owned_workspace_size < need) {
+      free(plan->owned_workspace);
+      plan->owned_workspace_size = 0;
+      plan->owned_workspace = malloc(need);
+      if (plan->owned_workspace == NULL)
+        return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY,
+                         "out of memory allocating %zu bytes of workspace", need);
+      plan->owned_workspace_size = need;
+    }
+    workspace = plan->owned_workspace;
+  } else if (size < need) {
+    return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                     "workspace_size=%zu is less than the %zu bytes attn_plan_workspace_size reports",
+                     size, need);
+  }
+  uintptr_t at = ((uintptr_t)workspace + ATTN_WORKSPACE_ALIGN - 1) & ~(uintptr_t)(ATTN_WORKSPACE_ALIGN - 1);
+  run->workspace = (void *)at;
+  run->workspace_size = need - ATTN_WORKSPACE_ALIGN;
+  return ATTN_STATUS_OK;
+}
+
+static attn_run make_run(attn_plan *plan, char *why, size_t why_size) {
+  attn_run run;
+  memset(&run, 0, sizeof run);
+  run.problem = &plan->problem;
+  run.config = plan->config;
+  run.stream = plan->stream;
+  run.state = plan->state;
+  run.num_threads = plan->ctx->num_threads;
+  run.round_to = plan->round_to;
+  run.why = why;
+  run.why_size = why_size;
+  why[0] = '\0';
+  return run;
+}
+
+static attn_status finish_run(attn_plan *plan, attn_status status, const char *why) {
+  if (status == ATTN_STATUS_OK) return attn_succeed(plan->ctx);
+  return attn_fail(plan->ctx, status, "%s: %s", plan->impl->name, why[0] ? why : "failed");
+}
+
+attn_status attn_plan_forward(attn_plan *plan, const attn_inputs *inputs, void *workspace,
+                              size_t workspace_size, const attn_outputs *outputs) {
+  if (plan == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
+  attn_inputs in;
+  attn_outputs out;
+  attn_status status = attn_validate_forward(plan->ctx, &plan->problem, inputs, outputs, &in, &out);
+  if (status != ATTN_STATUS_OK) return status;
+  char why[ATTN_MESSAGE_SIZE];
+  attn_run run = make_run(plan, why, sizeof why);
+  status = bind_workspace(plan, 0, workspace, workspace_size, &run);
+  if (status != ATTN_STATUS_OK) return status;
+  run.inputs = &in;
+  run.outputs = &out;
+  return finish_run(plan, plan->impl->forward(&run), why);
+}
+
+attn_status attn_plan_backward(attn_plan *plan, const attn_inputs *inputs,
+                               const attn_outputs *forward, const attn_tensor *dout, void *workspace,
+                               size_t workspace_size, const attn_grads *grads) {
+  if (plan == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
+  attn_inputs in;
+  attn_outputs fwd;
+  attn_tensor dout_r;
+  attn_grads g;
+  attn_status status = attn_validate_backward(plan->ctx, &plan->problem, inputs, forward, dout,
+                                              grads, &in, &fwd, &dout_r, &g);
+  if (status != ATTN_STATUS_OK) return status;
+  char why[ATTN_MESSAGE_SIZE];
+  attn_run run = make_run(plan, why, sizeof why);
+  status = bind_workspace(plan, 1, workspace, workspace_size, &run);
+  if (status != ATTN_STATUS_OK) return status;
+  run.inputs = &in;
+  run.outputs = &fwd;
+  run.dout = &dout_r;
+  run.grads = &g;
+  return finish_run(plan, plan->impl->backward(&run), why);
+}
+
+attn_status attn_forward(attn_ctx *ctx, const attn_problem *problem, const attn_inputs *inputs,
+                         const attn_outputs *outputs) {
+  attn_plan *plan;
+  attn_status status = attn_plan_create(ctx, problem, NULL, &plan);
+  if (status != ATTN_STATUS_OK) return status;
+  status = attn_plan_forward(plan, inputs, NULL, 0, outputs);
+  attn_plan_destroy(plan);
+  return status;
+}
+
+attn_status attn_backward(attn_ctx *ctx, const attn_problem *problem, const attn_inputs *inputs,
+                          const attn_outputs *forward, const attn_tensor *dout,
+                          const attn_grads *grads) {
+  attn_plan *plan;
+  attn_status status = attn_plan_create(ctx, problem, NULL, &plan);
+  if (status != ATTN_STATUS_OK) return status;
+  status = attn_plan_backward(plan, inputs, forward, dout, NULL, 0, grads);
+  attn_plan_destroy(plan);
+  return status;
+}

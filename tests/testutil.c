@@ -1,0 +1,154 @@
+/*
+ * tests/testutil.c - shared test helpers; see testutil.h.
+ */
+#define _XOPEN_SOURCE 700 /* erand48, clock_gettime */
+#include "testutil.h"
+
+#include "core/dtype.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int passed_count, failed_count;
+
+uint64_t tu_seed(const char *program) {
+  const char *env = getenv("ATTN_TEST_SEED");
+  uint64_t seed;
+  if (env != NULL && *env != '\0') {
+    seed = strtoull(env, NULL, 10);
+  } else {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    seed = ((uint64_t)ts.tv_sec * 1000003u) ^ (uint64_t)ts.tv_nsec;
+    seed %= 1000000000u;
+  }
+  printf("%s: seed=%llu (replay with ATTN_TEST_SEED=%llu)\n", program, (unsigned long long)seed,
+         (unsigned long long)seed);
+  fflush(stdout);
+  return seed;
+}
+
+tu_rng tu_rng_make(uint64_t seed) {
+  tu_rng r;
+  r.state[0] = (unsigned short)(seed ^ 0x330e);
+  r.state[1] = (unsigned short)(seed >> 16);
+  r.state[2] = (unsigned short)((seed >> 32) ^ (seed >> 48));
+  return r;
+}
+
+double tu_uniform(tu_rng *rng, double lo, double hi) { return lo + (hi - lo) * erand48(rng->state); }
+
+int64_t tu_int(tu_rng *rng, int64_t lo, int64_t hi) {
+  int64_t v = lo + (int64_t)(erand48(rng->state) * (double)(hi - lo + 1));
+  return v > hi ? hi : v;
+}
+
+tu_buf tu_buf_new(attn_dtype dtype, int64_t n) {
+  tu_buf b = {NULL, dtype, n};
+  size_t bytes = (size_t)(n > 0 ? n : 1) * attn_dtype_size(dtype);
+  b.data = calloc(1, bytes);
+  if (b.data == NULL) {
+    fprintf(stderr, "test: out of memory allocating %zu bytes\n", bytes);
+    exit(2);
+  }
+  return b;
+}
+
+void tu_buf_free(tu_buf *b) {
+  free(b->data);
+  b->data = NULL;
+  b->n = 0;
+}
+
+double tu_get(const tu_buf *b, int64_t i) { return attn_load(b->data, b->dtype, i); }
+
+void tu_set(tu_buf *b, int64_t i, double value) {
+  switch (b->dtype) {
+  case ATTN_DTYPE_U8: ((uint8_t *)b->data)[i] = (uint8_t)value; break;
+  case ATTN_DTYPE_I32: ((int32_t *)b->data)[i] = (int32_t)value; break;
+  default: attn_store(b->data, b->dtype, i, value); break;
+  }
+}
+
+void tu_fill_uniform(tu_buf *b, tu_rng *rng, double lo, double hi) {
+  for (int64_t i = 0; i < b->n; ++i) tu_set(b, i, tu_uniform(rng, lo, hi));
+}
+
+tu_buf tu_buf_convert(const tu_buf *b, attn_dtype dtype) {
+  tu_buf c = tu_buf_new(dtype, b->n);
+  for (int64_t i = 0; i < b->n; ++i) tu_set(&c, i, tu_get(b, i));
+  return c;
+}
+
+attn_tensor tu_tensor(const tu_buf *b) { return attn_tensor_dense(b->n > 0 ? b->data : NULL); }
+
+tu_err tu_compare(const tu_buf *a, const double *r, int64_t n) {
+  tu_err e = {0.0, -1, 0.0, 0};
+  for (int64_t i = 0; i < n; ++i) {
+    double x = tu_get(a, i), y = r[i];
+    if (isnan(x) || (isinf(x) && !isinf(y))) {
+      e.nan_count++;
+      if (e.where < 0) e.where = i;
+      continue;
+    }
+    if (isinf(y)) {
+      if (!(isinf(x) && (x > 0) == (y > 0))) {
+        e.nan_count++;
+        if (e.where < 0) e.where = i;
+      }
+      continue;
+    }
+    double d = fabs(x - y);
+    if (d > e.max_abs || e.where < 0) {
+      if (d > e.max_abs) e.max_abs = d;
+      e.where = i;
+    }
+    if (fabs(y) > e.max_ref) e.max_ref = fabs(y);
+  }
+  return e;
+}
+
+void tu_check(int ok, const char *fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  printf("%s ", ok ? "PASS" : "FAIL");
+  vprintf(fmt, args);
+  printf("\n");
+  va_end(args);
+  fflush(stdout);
+  if (ok)
+    passed_count++;
+  else
+    failed_count++;
+}
+
+int tu_failures(void) { return failed_count; }
+
+int tu_finish(void) {
+  printf("%d passed, %d failed\n", passed_count, failed_count);
+  return failed_count == 0 ? 0 : 1;
+}
+
+void *tu_read_file(const char *path, size_t *size) {
+  *size = 0;
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) return NULL;
+  if (fseek(f, 0, SEEK_END) != 0) {
+    fclose(f);
+    return NULL;
+  }
+  long len = ftell(f);
+  rewind(f);
+  void *data = malloc(len > 0 ? (size_t)len : 1);
+  if (data != NULL && len > 0 && fread(data, 1, (size_t)len, f) != (size_t)len) {
+    free(data);
+    data = NULL;
+  }
+  fclose(f);
+  if (data != NULL) *size = (size_t)(len > 0 ? len : 0);
+  return data;
+}
