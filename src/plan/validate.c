@@ -38,9 +38,11 @@ static attn_status check_min(attn_ctx *ctx, const char *name, int64_t value, int
 static attn_status check_broadcast_dim(attn_ctx *ctx, const char *tensor, int dim, int64_t value,
                                        const char *names, int64_t a, int64_t b) {
   if (value == 1 || value == a || value == b) return ATTN_STATUS_OK;
-  return INVALID("%s_shape[%d]=%lld does not broadcast: it must be %s (%lld%s%lld) or 1", tensor, dim,
-                 (long long)value, names, (long long)a, a == b ? "" : ", ",
-                 (long long)(a == b ? 0 : b));
+  if (a == b)
+    return INVALID("%s_shape[%d]=%lld does not broadcast: it must be %s=%lld or 1", tensor, dim,
+                   (long long)value, names, (long long)a);
+  return INVALID("%s_shape[%d]=%lld does not broadcast: it must be %s (%lld or %lld) or 1", tensor,
+                 dim, (long long)value, names, (long long)a, (long long)b);
 }
 
 #define TRY(expr)                                                                                  \
