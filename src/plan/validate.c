@@ -235,7 +235,8 @@ static attn_status check_slot(attn_ctx *ctx, const attn_problem *p, const slot *
     if (s->required && numel > 0) return INVALID("%s.data is NULL: %s is required", name, name);
     return ATTN_STATUS_OK;
   }
-  if (s->is_output) {
+  /* An empty output is never written; its dense strides may be 0 (the dims outside a size-0 one). */
+  if (s->is_output && numel > 0) {
     int64_t shape[ATTN_MAX_DIMS];
     int ndim = attn_role_shape(p, s->role, shape);
     for (int d = 0; d < ndim; ++d)
