@@ -1,0 +1,73 @@
+#!/bin/sh
+# tests/install/consumer_test.sh - run by CTest as the test `install`.
+#
+# Installs the build into a temporary prefix, then builds examples/hello.c against the installed
+# files (pkg-config shared + rpath, pkg-config static, CMake find_package shared and static), runs
+# each program and checks it exits 0 and prints its result. Exits 77 (skip) without pkg-config.
+#
+# usage: consumer_test.sh BUILD_DIR LIBDIR HELLO_C CONSUMER_DIR CC CMAKE GENERATOR [EXTRA_CFLAGS]
+set -eu
+build=$1 libdir_rel=$2 hello=$3 consumer=$4 cc=$5 cmake=$6 generator=$7 extra=${8:-}
+
+if ! command -v pkg-config >/dev/null 2>&1; then
+  echo "SKIP: pkg-config is not installed (apt-get install pkg-config)"
+  exit 77
+fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/attn-install.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+prefix=$tmp/prefix
+
+run() { # run NAME PROGRAM: the program must exit 0 and print out[0]
+  out=$("$2") || { echo "FAIL $1: $2 exited with $?"; exit 1; }
+  case $out in
+  "out[0] = "*) echo "PASS $1: $out" ;;
+  *) echo "FAIL $1: unexpected output: $out"; exit 1 ;;
+  esac
+}
+
+"$cmake" --install "$build" --prefix "$prefix" >"$tmp/install.log" || {
+  cat "$tmp/install.log"; echo "FAIL: cmake --install"; exit 1; }
+libdir=$prefix/$libdir_rel
+for f in "$prefix/include/attn.h" "$libdir/libattn.a" "$libdir/libattn.so" \
+         "$libdir/pkgconfig/attn.pc" "$libdir/cmake/attn/attnConfig.cmake" \
+         "$libdir/cmake/attn/attnConfigVersion.cmake" "$libdir/cmake/attn/attnTargets.cmake"; do
+  [ -e "$f" ] || { echo "FAIL: $f was not installed"; exit 1; }
+done
+echo "PASS installed into $prefix"
+
+# pkg-config, shared library, found at run time through the rpath.
+export PKG_CONFIG_PATH="$libdir/pkgconfig"
+cflags=$(pkg-config --cflags attn)
+libs=$(pkg-config --libs attn)
+pclibdir=$(pkg-config --variable=libdir attn)
+[ "$(cd "$pclibdir" && pwd -P)" = "$(cd "$libdir" && pwd -P)" ] || {
+  echo "FAIL: attn.pc says libdir=$pclibdir, the library is in $libdir"; exit 1; }
+# shellcheck disable=SC2086 # flags are words
+"$cc" $extra -std=c11 -Wall -Wextra -Wpedantic -Werror $cflags "$hello" -o "$tmp/hello_pc_shared" \
+  $libs -Wl,-rpath,"$libdir"
+run pkg-config-shared "$tmp/hello_pc_shared"
+
+# pkg-config, static library: -Bstatic picks libattn.a although libattn.so sits beside it.
+static_libs=$(pkg-config --static --libs-only-l attn | sed 's/-lattn//')
+# shellcheck disable=SC2086
+"$cc" $extra -std=c11 $cflags "$hello" -o "$tmp/hello_pc_static" \
+  $(pkg-config --libs-only-L attn) -Wl,-Bstatic -lattn -Wl,-Bdynamic $static_libs
+if command -v readelf >/dev/null 2>&1 && readelf -d "$tmp/hello_pc_static" | grep -q 'libattn'; then
+  echo "FAIL: hello_pc_static depends on the shared libattn"; exit 1
+fi
+run pkg-config-static "$tmp/hello_pc_static"
+
+# CMake: find_package(attn CONFIG REQUIRED) with attn::attn and attn::attn_static.
+"$cmake" -S "$consumer" -B "$tmp/consumer" -G "$generator" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_C_COMPILER="$cc" -DHELLO_SOURCE="$hello" \
+  -DCMAKE_C_FLAGS="$extra" >"$tmp/consumer.log" 2>&1 &&
+  "$cmake" --build "$tmp/consumer" >>"$tmp/consumer.log" 2>&1 || {
+  cat "$tmp/consumer.log"; echo "FAIL: the CMake consumer did not build"; exit 1; }
+run cmake-shared "$tmp/consumer/hello_shared"
+run cmake-static "$tmp/consumer/hello_static"
+if command -v readelf >/dev/null 2>&1; then
+  readelf -d "$tmp/consumer/hello_shared" | grep -q 'libattn\.so' || {
+    echo "FAIL: hello_shared does not load libattn.so (attn::attn must be the shared library)"; exit 1; }
+fi
+echo "install test: all passed"
