@@ -1,0 +1,114 @@
+/*
+ * bench/peak.c - measures the f32 FMA throughput of one core.
+ *
+ * Each kernel keeps more independent accumulators than the FMA latency times the number of FMA
+ * pipes (4 cycles x 2 pipes on current x86 cores), so the loop is bound by throughput, not latency.
+ * The instruction set is chosen at run time with __builtin_cpu_supports and each kernel is compiled
+ * for its own with __attribute__((target)), so the program runs on any x86-64 and still measures
+ * the widest units the CPU has. a = a * b + c with b just below 1 stays finite for any length.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "peak.h"
+
+#include <stdint.h>
+#include <time.h>
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define BENCH_X86 1
+#include <immintrin.h>
+#endif
+
+double bench_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The result of each kernel is stored here so the compiler cannot drop the chains. */
+static volatile float sink;
+
+#define SCALAR_CHAINS 8
+static double fma_scalar(int64_t iters) {
+  float a[SCALAR_CHAINS];
+  for (int c = 0; c < SCALAR_CHAINS; ++c) a[c] = 1.0f + 0.01f * (float)c;
+  const float b = 0.99999994f, add = 1e-7f;
+  for (int64_t i = 0; i < iters; ++i)
+    for (int c = 0; c < SCALAR_CHAINS; ++c) a[c] = a[c] * b + add;
+  float s = 0.0f;
+  for (int c = 0; c < SCALAR_CHAINS; ++c) s += a[c];
+  sink = s;
+  return 2.0 * SCALAR_CHAINS * (double)iters;
+}
+
+#ifdef BENCH_X86
+/* 12 chains of 8 lanes: 12 + 2 constants fit the 16 ymm registers. */
+__attribute__((target("avx2,fma"))) static double fma_avx2(int64_t iters) {
+  __m256 a0 = _mm256_set1_ps(1.00f), a1 = _mm256_set1_ps(1.01f), a2 = _mm256_set1_ps(1.02f);
+  __m256 a3 = _mm256_set1_ps(1.03f), a4 = _mm256_set1_ps(1.04f), a5 = _mm256_set1_ps(1.05f);
+  __m256 a6 = _mm256_set1_ps(1.06f), a7 = _mm256_set1_ps(1.07f), a8 = _mm256_set1_ps(1.08f);
+  __m256 a9 = _mm256_set1_ps(1.09f), a10 = _mm256_set1_ps(1.10f), a11 = _mm256_set1_ps(1.11f);
+  const __m256 b = _mm256_set1_ps(0.99999994f), c = _mm256_set1_ps(1e-7f);
+  for (int64_t i = 0; i < iters; ++i) {
+    a0 = _mm256_fmadd_ps(a0, b, c), a1 = _mm256_fmadd_ps(a1, b, c);
+    a2 = _mm256_fmadd_ps(a2, b, c), a3 = _mm256_fmadd_ps(a3, b, c);
+    a4 = _mm256_fmadd_ps(a4, b, c), a5 = _mm256_fmadd_ps(a5, b, c);
+    a6 = _mm256_fmadd_ps(a6, b, c), a7 = _mm256_fmadd_ps(a7, b, c);
+    a8 = _mm256_fmadd_ps(a8, b, c), a9 = _mm256_fmadd_ps(a9, b, c);
+    a10 = _mm256_fmadd_ps(a10, b, c), a11 = _mm256_fmadd_ps(a11, b, c);
+  }
+  __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                           _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+  s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, s);
+  sink = lanes[0] + lanes[7];
+  return 2.0 * 12 * 8 * (double)iters;
+}
+
+/* 16 chains of 16 lanes: half of the 32 zmm registers, well past latency x pipes. */
+__attribute__((target("avx512f"))) static double fma_avx512(int64_t iters) {
+  __m512 a[16];
+  for (int k = 0; k < 16; ++k) a[k] = _mm512_set1_ps(1.0f + 0.01f * (float)k);
+  const __m512 b = _mm512_set1_ps(0.99999994f), c = _mm512_set1_ps(1e-7f);
+  for (int64_t i = 0; i < iters; ++i) {
+    a[0] = _mm512_fmadd_ps(a[0], b, c), a[1] = _mm512_fmadd_ps(a[1], b, c);
+    a[2] = _mm512_fmadd_ps(a[2], b, c), a[3] = _mm512_fmadd_ps(a[3], b, c);
+    a[4] = _mm512_fmadd_ps(a[4], b, c), a[5] = _mm512_fmadd_ps(a[5], b, c);
+    a[6] = _mm512_fmadd_ps(a[6], b, c), a[7] = _mm512_fmadd_ps(a[7], b, c);
+    a[8] = _mm512_fmadd_ps(a[8], b, c), a[9] = _mm512_fmadd_ps(a[9], b, c);
+    a[10] = _mm512_fmadd_ps(a[10], b, c), a[11] = _mm512_fmadd_ps(a[11], b, c);
+    a[12] = _mm512_fmadd_ps(a[12], b, c), a[13] = _mm512_fmadd_ps(a[13], b, c);
+    a[14] = _mm512_fmadd_ps(a[14], b, c), a[15] = _mm512_fmadd_ps(a[15], b, c);
+  }
+  __m512 s = a[0];
+  for (int k = 1; k < 16; ++k) s = _mm512_add_ps(s, a[k]);
+  sink = _mm512_reduce_add_ps(s);
+  return 2.0 * 16 * 16 * (double)iters;
+}
+#endif
+
+bench_peak bench_measure_peak(double seconds_total) {
+  double (*kernel)(int64_t) = fma_scalar;
+  bench_peak peak = {0.0, "scalar"};
+#ifdef BENCH_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) {
+    kernel = fma_avx512, peak.isa = "avx512f";
+  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    kernel = fma_avx2, peak.isa = "avx2+fma";
+  }
+#endif
+  /* Grow the trip count until one run takes a measurable time, then keep the best of the runs
+   * that fit the budget: the best, because interruptions only ever make a run slower. */
+  int64_t iters = 1 << 14;
+  double start = bench_now();
+  for (;;) {
+    double t0 = bench_now();
+    double flop = kernel(iters);
+    double dt = bench_now() - t0;
+    if (dt > 1e-3 && flop / dt * 1e-9 > peak.gflops) peak.gflops = flop / dt * 1e-9;
+    if (dt < 0.02) iters *= 2;
+    if (bench_now() - start > seconds_total && dt >= 0.02) break;
+  }
+  return peak;
+}

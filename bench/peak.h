@@ -1,0 +1,19 @@
+/*
+ * bench/peak.h - this machine's f32 fused multiply-add peak, measured rather than looked up, so
+ * the benchmark can say what fraction of the hardware an implementation reaches.
+ */
+#ifndef ATTN_BENCH_PEAK_H
+#define ATTN_BENCH_PEAK_H
+
+typedef struct bench_peak {
+  double gflops;   /* f32 GFLOP/s of one thread (an FMA counts 2 FLOP) */
+  const char *isa; /* "avx512f", "avx2+fma" or "scalar": the widest the CPU runs */
+} bench_peak;
+
+/* Runs independent FMA chains on one thread for about seconds_total and returns the best rate. */
+bench_peak bench_measure_peak(double seconds_total);
+
+/* Seconds from a monotonic clock. */
+double bench_now(void);
+
+#endif /* ATTN_BENCH_PEAK_H */
