@@ -1,0 +1,71 @@
+# The front door of libattn's build: a few words over CMake (CMakeLists.txt is the build).
+#
+#   make                  configure and build (Release) in build/
+#   make test             build, run every test in build/, then again in build-asan/ under
+#                         AddressSanitizer + UndefinedBehaviorSanitizer; both must pass
+#   make bench            build and run the CPU benchmark (BENCH_ARGS="--quick" for a smoke run)
+#   make install PREFIX=/usr/local
+#   make format           clang-format -i on the C sources
+#   make clean            remove build/ and build-asan/
+#
+# CI=true in the environment makes warnings errors (ATTN_WERROR=ON). CMAKE_ARGS adds options.
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+JOBS ?= 2
+PREFIX ?= /usr/local
+CMAKE ?= cmake
+CTEST ?= ctest
+CLANG_FORMAT ?= clang-format
+BENCH_ARGS ?=
+CMAKE_ARGS ?=
+MAKEFLAGS += --no-print-directory
+
+ifeq ($(CI),true)
+CMAKE_ARGS += -DATTN_WERROR=ON
+endif
+
+# The sanitizers stop at the first error, print a stack, and also report leaks.
+SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1 \
+          UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+.PHONY: all build configure test test-release test-asan bench install format clean
+
+all: build
+
+# Configuring every time is cheap once the cache exists, and picks up a changed CMAKE_ARGS or CI.
+configure:
+	$(CMAKE) -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
+
+build: configure
+	$(CMAKE) --build $(BUILD) -j $(JOBS)
+
+# One after the other, even under make -j: the sanitizer run is the second opinion on the same suite.
+test:
+	$(MAKE) --no-print-directory test-release
+	$(MAKE) --no-print-directory test-asan
+
+test-release: build
+	cd $(BUILD) && $(CTEST) --output-on-failure -j $(JOBS)
+
+# RelWithDebInfo: optimised enough that the suite stays quick, with line numbers in reports.
+test-asan:
+	$(CMAKE) -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_SANITIZE=ON \
+	  -DATTN_BUILD_BENCH=OFF $(CMAKE_ARGS)
+	$(CMAKE) --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && $(SAN_ENV) $(CTEST) --output-on-failure -j $(JOBS)
+
+bench: configure
+	$(CMAKE) --build $(BUILD) -j $(JOBS) --target attn_bench
+	$(BUILD)/bench/attn_bench $(BENCH_ARGS)
+
+install: build
+	$(CMAKE) --install $(BUILD) --prefix $(PREFIX)
+
+# The project's own C files; the build folders are not sources.
+FORMAT_FILES = $(or $(shell git ls-files -co --exclude-standard '*.c' '*.h' 2>/dev/null), \
+                   $(shell find include src tests bench examples -name '*.[ch]'))
+format:
+	$(CLANG_FORMAT) -i $(FORMAT_FILES)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)
