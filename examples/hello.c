@@ -4,7 +4,7 @@
 
 enum { B = 1, T = 4, HQ = 4, HKV = 2, D = 8 };
 static float q[B * T * HQ * D], k[B * T * HKV * D], v[B * T * HKV * D]; /* [B, T, H, D] */
-static float out[B * T * HQ * D], lse[B * HQ * T];                       /* lse: [B, HQ, T] */
+static float out[B * T * HQ * D], lse[B * HQ * T];                      /* lse: [B, HQ, T] */
 
 int main(void) {
   for (int i = 0; i < B * T * HQ * D; ++i) q[i] = (float)(i % 7) / 7.0f;
