@@ -433,8 +433,8 @@ int main(int argc, char **argv) {
          lead, peak.gflops, peak.isa, opt.threads, opt.threads == 1 ? "" : "s", peak_used);
   printf("%simplementations:", lead);
   for (int32_t i = 0; i < attn_impl_count(); ++i) printf(" %s", attn_impl_name(i));
-  printf("\n%stiming: median of >= %d runs and >= %.2g s after a checked warm-up run\n\n", lead,
-         opt.reps, opt.min_time);
+  printf("\n%stiming: median of >= %d runs and >= %.2g s after a checked warm-up run\n%s", lead,
+         opt.reps, opt.min_time, opt.csv ? "" : "\n");
   if (opt.csv)
     printf("impl,problem,check,max_err,tol,median_ms,gflops,peak_fraction,reps\n");
   else
@@ -477,7 +477,7 @@ int main(int argc, char **argv) {
       if (attn_impl_supports(ctx, impl, &p) != ATTN_STATUS_OK) {
         /* GPU implementations land here too: the problem's tensors are on the CPU. */
         if (opt.csv)
-          printf("%s,%s,unsupported,,,,,,\n", impl, name);
+          printf("%s,\"%s\",unsupported,,,,,,0\n", impl, name);
         else
           printf("%-5s %-56s skip  %s\n", impl, name, attn_ctx_last_error(ctx));
         continue;
@@ -492,7 +492,7 @@ int main(int argc, char **argv) {
       }
       if (status != ATTN_STATUS_OK) {
         if (opt.csv)
-          printf("%s,%s,error,,,,,,0\n", impl, name);
+          printf("%s,\"%s\",error,,,,,,0\n", impl, name);
         else
           printf("%-5s %-56s FAIL  %s\n", impl, name, attn_ctx_last_error(ctx));
         ++failures;
@@ -524,7 +524,7 @@ int main(int argc, char **argv) {
       double gflops = median > 0.0 ? flop_count(c, &p) / (median * 1e-3) * 1e-9 : 0.0;
       double frac = peak_used > 0.0 ? gflops / peak_used : 0.0;
       if (opt.csv) {
-        printf("%s,%s,%s,%.3e,%.3e,", impl, name, chk.pass ? "pass" : "fail", chk.err, chk.tol);
+        printf("%s,\"%s\",%s,%.3e,%.3e,", impl, name, chk.pass ? "pass" : "fail", chk.err, chk.tol);
         if (chk.pass)
           printf("%.4f,%.3f,%.5f,%d\n", median, gflops, frac, reps);
         else
