@@ -368,6 +368,16 @@ static void check_zeros(const gcase *c, char *why, size_t size) {
                      want_neg_inf ? "" : " but has sinks");
             return;
           }
+          if (!want_neg_inf) { /* SPEC step 8: the logsumexp of the row's sinks */
+            double z = 0;
+            for (int64_t t = 0; t < c->p.num_sinks; ++t)
+              z += exp(tu_get(&c->sinks, (c->p.sinks_shared ? 0 : h * c->p.num_sinks) + t));
+            if (fabs(lse - log(z)) > 1e-12 * fmax(1.0, fabs(log(z)))) {
+              snprintf(why, size, "lse[b%lld h%lld i%lld] = %.17g, want the sinks' logsumexp %.17g",
+                       (long long)b, (long long)h, (long long)i, lse, log(z));
+              return;
+            }
+          }
         } else if (!isfinite(lse)) {
           snprintf(why, size, "lse[b%lld h%lld i%lld] = %g for a row that sees keys", (long long)b,
                    (long long)h, (long long)i, lse);
