@@ -314,14 +314,20 @@ typedef struct attn_plan attn_plan;
 typedef struct attn_select {
   const char *impl;   /* an implementation's name (attn_impl_name); NULL = any */
   const char *config; /* one of that implementation's configuration names; NULL = its choice */
+  /* Filters of the executor (see "Executor" below); 0 = no constraint. */
+  int32_t platform; /* attn_platform: only implementations of this platform; default AUTO */
+  int32_t backend;  /* attn_backend: only implementations on this kind of device; default ANY */
 } attn_select;
 
 ATTN_API void attn_select_init(attn_select *select);
 
-/* Validates the problem (INVALID_ARGUMENT naming the rule otherwise) and selects the first
- * registered implementation that supports it and matches select (NULL = no constraint). A problem
- * no implementation supports gives UNSUPPORTED with each implementation's reason. The plan copies
- * the problem; it borrows the context, which must outlive it. */
+/* Validates the problem (INVALID_ARGUMENT naming the rule otherwise) and selects an implementation
+ * and configuration among the registered ones that support it and match select (NULL = no
+ * constraint), through the executor's chain: the caller's explicit choice, the context's in-memory
+ * cache, the persistent cache, autotuning, heuristics (the first supporting implementation in
+ * registry order and its default configuration); see "Executor" below. A problem no implementation
+ * supports gives UNSUPPORTED with each implementation's reason. The plan copies the problem; it
+ * borrows the context, which must outlive it. */
 ATTN_API attn_status attn_plan_create(attn_ctx *ctx, const attn_problem *problem,
                                       const attn_select *select, attn_plan **plan /* out */);
 /* Frees a plan. NULL is harmless. */
@@ -356,6 +362,188 @@ ATTN_API attn_status attn_forward(attn_ctx *ctx, const attn_problem *problem,
 ATTN_API attn_status attn_backward(attn_ctx *ctx, const attn_problem *problem,
                                    const attn_inputs *inputs, const attn_outputs *forward,
                                    const attn_tensor *dout, const attn_grads *grads /* out */);
+
+/* ---------------------------------------------------------------------------------------------
+ * Problem strings: one canonical text form of a problem, read by the `attn` command, written in
+ * cache keys and log lines, e.g. "b4 hq32 hkv8 sq4096 sk4096 d128 bf16 causal window=256,0".
+ *
+ * Tokens, separated by spaces, in any order when parsed and in this order when written:
+ *   b<B> hq<Hq> hkv<Hkv> sq<Tq> sk<Tk> d<D>   sizes (parse defaults: b1, hkv = hq, sk = sq)
+ *   dv<Dv>                 head_dim_v when it differs from D
+ *   f32 | f16 | bf16 | f64 dtype (parse default f32)
+ *   causal                 window=<L>,<R>   (-1 = unbounded)     align=tl (top-left; br default)
+ *   scale=<s>  softcap=<c>  dropout=<p>
+ *   bias=<B>x<H>x<Tq>x<Tk>[:<dtype>]   mask=<B>x<H>x<Tq>x<Tk>   alibi=h|bh
+ *   sinks=<S>[:shared]     segments       varlen=packed:<total_q>,<total_k> | varlen=padded
+ *   op=sdpa (op=flash is the default)     device=cuda[:<index>] (device=cpu is the default)
+ * Fields at their defaults are not written.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Writes the canonical string of the problem's fields into buf (NUL-terminated, truncated to
+ * size - 1 characters; buf may be NULL when size is 0) and returns the length of the whole string,
+ * like snprintf. The problem is not validated; a NULL problem gives "". Thread safe. */
+ATTN_API size_t attn_problem_to_string(const attn_problem *problem, char *buf, size_t size);
+/* Parses a problem string into *problem (filled by attn_problem_init first, then by the tokens).
+ * INVALID_ARGUMENT naming the token and what was expected when a token is not understood; the
+ * result is not validated (attn_plan_create does that). attn_problem_parse(attn_problem_to_string(p))
+ * gives back p's fields. */
+ATTN_API attn_status attn_problem_parse(attn_ctx *ctx, const char *text, attn_problem *problem /* out */);
+
+/* ---------------------------------------------------------------------------------------------
+ * Executor: how attn_plan_create chooses an implementation and configuration.
+ *
+ * The chain, for a plan whose caller did not name both the implementation and the configuration:
+ *   1. candidates: every registered implementation that matches select (impl, platform, backend),
+ *      runs on the problem's device and supports the problem, with each of its configurations (only
+ *      select.config when it is given: a caller's configuration is honoured on every path below);
+ *   2. the context's in-memory cache, keyed by device fingerprint, candidate implementations and
+ *      their versions, pass (forward or forward+backward), threads and the canonical problem string;
+ *   3. the persistent cache file (re-read whenever the file changes); a hit is copied to memory;
+ *   4. autotuning, when the policy allows it and says so on a miss: every candidate is timed on
+ *      scratch data of the problem's shape; the fastest successful one wins, is kept in memory and,
+ *      when the policy persists, merged into the cache file;
+ *   5. heuristics: the first candidate implementation in registry order and its default
+ *      configuration (for scaled_dot_product_attention on platform AUTO, cuDNN first).
+ * A caller's explicit implementation plus configuration skips the chain and is never cached; only
+ * measured results are ever written to the cache file.
+ * ------------------------------------------------------------------------------------------- */
+
+/* The family of an implementation; attn_select.platform filters on it. */
+typedef enum attn_platform {
+  ATTN_PLATFORM_AUTO = 0, /* any platform */
+  ATTN_PLATFORM_REF = 1,  /* the reference */
+  ATTN_PLATFORM_CPU = 2,  /* optimised CPU implementations */
+  ATTN_PLATFORM_CUDA = 3, /* libattn's own CUDA kernels */
+  ATTN_PLATFORM_CUDNN = 4, /* NVIDIA cuDNN */
+  ATTN_PLATFORM_COUNT
+} attn_platform;
+
+/* The kind of device an implementation runs on; attn_select.backend filters on it. */
+typedef enum attn_backend {
+  ATTN_BACKEND_ANY = 0,
+  ATTN_BACKEND_CPU = 1,
+  ATTN_BACKEND_GPU = 2,
+  ATTN_BACKEND_COUNT
+} attn_backend;
+
+/* "auto", "ref", "cpu", "cuda", "cudnn"; "unknown" outside the enum. Static storage. */
+ATTN_API const char *attn_platform_name(attn_platform platform);
+
+/* Applies an EasyDeL-style attention mechanism name: "vanilla" (the reference), "sdpa"
+ * (scaled_dot_product_attention on any platform, cuDNN preferred), "flash" (flash_attention on any
+ * platform), "cudnn" (platform cuDNN); or a platform name ("ref", "cpu", "cuda", "auto"). Sets
+ * problem->operation where the name implies one (problem may be NULL otherwise) and select's
+ * platform; other fields are kept. INVALID_ARGUMENT for an unknown name. */
+ATTN_API attn_status attn_select_mechanism(attn_ctx *ctx, const char *name,
+                                           attn_problem *problem /* in, out */,
+                                           attn_select *select /* in, out */);
+
+/* Platform, device (attn_device), and version of implementation index; -1 outside the range. */
+ATTN_API int32_t attn_impl_platform(int32_t index);
+ATTN_API int32_t attn_impl_device(int32_t index);
+ATTN_API int32_t attn_impl_version(int32_t index);
+/* The configurations the named implementation offers for a (valid) problem: how many, the name of
+ * one (written into buf like snprintf), and the name of its heuristic default. INVALID_ARGUMENT for
+ * an invalid problem, unknown name or index out of range; UNSUPPORTED when it cannot run the
+ * problem. */
+ATTN_API attn_status attn_impl_config_count(attn_ctx *ctx, const char *name,
+                                            const attn_problem *problem, int32_t *count /* out */);
+ATTN_API attn_status attn_impl_config_name(attn_ctx *ctx, const char *name,
+                                           const attn_problem *problem, int32_t index, char *buf,
+                                           size_t size);
+ATTN_API attn_status attn_impl_config_default(attn_ctx *ctx, const char *name,
+                                              const attn_problem *problem, char *buf, size_t size);
+
+/* What a cache miss does. */
+typedef enum attn_on_miss {
+  ATTN_ON_MISS_HEURISTICS = 0, /* take the heuristic pick (FFTW_ESTIMATE): plan creation stays cheap */
+  ATTN_ON_MISS_AUTOTUNE = 1,   /* time the candidates (FFTW_MEASURE), if allow_autotune */
+  ATTN_ON_MISS_COUNT
+} attn_on_miss;
+
+/* The executor's policy, one per context. */
+typedef struct attn_policy {
+  int32_t allow_autotune; /* 0 forbids timing anything, whatever on_miss says; default 1 */
+  int32_t on_miss;        /* attn_on_miss; default HEURISTICS (ATTN_AUTOTUNE=1 in the environment
+                             of attn_policy_init makes it AUTOTUNE) */
+  int32_t tune_backward;  /* 1: time forward + backward (training); 0 (default): forward only */
+  int32_t warmup_iters;   /* untimed runs per candidate; default 5 */
+  int32_t measure_iters;  /* at most this many timed runs per candidate; default 100. Measuring
+                             stops early once the median of the runs so far moves by less than 1%
+                             over 5 more runs (after at least 10), or when max_seconds is spent */
+  double max_seconds;     /* time budget per candidate (warm-up included; at least one timed run
+                             is made); default 2 */
+  int32_t persist;        /* 1 (default): measured results are merged into the cache file; the
+                             file is read either way */
+  const char *cache_path; /* the cache file; NULL (default) = $ATTN_CACHE_PATH, else
+                             $XDG_CACHE_HOME/libattn/cache.txt, else ~/.cache/libattn/cache.txt;
+                             "" = no cache file. Copied by attn_ctx_set_policy. */
+} attn_policy;
+
+/* Fills *policy with the defaults above. Never allocates. */
+ATTN_API void attn_policy_init(attn_policy *policy);
+/* Sets the context's policy (a copy; cache_path is copied too). INVALID_ARGUMENT naming the field
+ * for a value out of range; OUT_OF_MEMORY when the path cannot be copied. The in-memory cache is
+ * kept. */
+ATTN_API attn_status attn_ctx_set_policy(attn_ctx *ctx, const attn_policy *policy);
+/* The context's policy; cache_path points into the context (valid until the next
+ * attn_ctx_set_policy). */
+ATTN_API attn_status attn_ctx_get_policy(const attn_ctx *ctx, attn_policy *policy /* out */);
+
+typedef enum attn_event_kind {
+  ATTN_EVENT_KIND_OVERRIDE = 0,         /* the caller named implementation and configuration */
+  ATTN_EVENT_KIND_CACHE_HIT_MEMORY = 1, /* found in the context's in-memory cache */
+  ATTN_EVENT_KIND_CACHE_HIT_DISK = 2,   /* found in the cache file (and copied to memory) */
+  ATTN_EVENT_KIND_TUNE_START = 3,       /* autotuning begins; count = number of candidates */
+  ATTN_EVENT_KIND_TUNE_CANDIDATE = 4,   /* one candidate measured (time_us) or failed (status) */
+  ATTN_EVENT_KIND_TUNE_FINISH = 5,      /* the winner and its time */
+  ATTN_EVENT_KIND_HEURISTIC = 6,        /* the heuristic pick */
+  ATTN_EVENT_KIND_FAILURE = 7,          /* something went wrong and was survived (message) */
+  ATTN_EVENT_KIND_COUNT
+} attn_event_kind;
+
+/* One report of the executor. Every pointer is valid only during the callback. */
+typedef struct attn_event {
+  int32_t kind;        /* attn_event_kind */
+  const char *problem; /* canonical problem string; never NULL */
+  const char *impl;    /* implementation concerned; "" when none */
+  const char *config;  /* configuration concerned; "" when none */
+  double time_us;      /* TUNE_CANDIDATE, TUNE_FINISH, cache hits: median microseconds per run */
+  int32_t status;      /* attn_status: of the failed candidate or operation; OK otherwise */
+  int32_t index;       /* TUNE_CANDIDATE: 0-based candidate number */
+  int32_t count;       /* TUNE_START, TUNE_CANDIDATE: number of candidates */
+  const char *message; /* one line for humans; never NULL */
+} attn_event;
+
+typedef void (*attn_event_fn)(void *user, const attn_event *event);
+
+/* Installs an event callback (NULL = none, the default). Called on the thread making the plan. */
+ATTN_API attn_status attn_ctx_set_event_callback(attn_ctx *ctx, attn_event_fn fn, void *user);
+
+/* ---------------------------------------------------------------------------------------------
+ * The persistent configuration cache ("wisdom"): a text file whose first line is
+ * "libattn-cache 1", then one measured result per line. Writers take an advisory lock on
+ * "<path>.lock", re-read and merge, write "<path>.tmp" and rename it over the file, so concurrent
+ * processes lose no entry and a crash never leaves a torn file. A file that is corrupt, truncated
+ * or of another format version is ignored with a log message, and never overwritten when its first
+ * line is not this format's. Entries of an implementation whose version changed are ignored.
+ * ------------------------------------------------------------------------------------------- */
+
+/* The cache file the policy resolves to, written into buf like snprintf; "" when there is none. */
+ATTN_API attn_status attn_cache_get_path(attn_ctx *ctx, char *buf, size_t size);
+/* Entries in the context's in-memory cache and in the cache file (re-read if it changed; 0 when
+ * absent or unreadable). Either pointer may be NULL. */
+ATTN_API attn_status attn_cache_count(attn_ctx *ctx, int64_t *memory /* out */,
+                                      int64_t *disk /* out */);
+/* Forgets the in-memory cache (the cache file is untouched). */
+ATTN_API attn_status attn_cache_clear(attn_ctx *ctx);
+/* Reads the entries of a cache file at path into the in-memory cache. IO_ERROR when it cannot be
+ * read, INVALID_ARGUMENT when its first line is not "libattn-cache 1" (malformed lines are
+ * skipped with a log message). */
+ATTN_API attn_status attn_cache_import(attn_ctx *ctx, const char *path);
+/* Merges the in-memory entries and those of the cache file into the file at path, with the lock
+ * and atomic replace above. IO_ERROR when it cannot be written (or is not a cache file). */
+ATTN_API attn_status attn_cache_export(attn_ctx *ctx, const char *path);
 
 #ifdef __cplusplus
 } /* extern "C" */

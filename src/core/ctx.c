@@ -38,7 +38,11 @@ attn_status attn_ctx_create(attn_ctx **ctx) {
   return ATTN_STATUS_OK;
 }
 
-void attn_ctx_destroy(attn_ctx *ctx) { free(ctx); }
+void attn_ctx_destroy(attn_ctx *ctx) {
+  if (ctx == NULL) return;
+  attn_ctx_exec_free(ctx->exec);
+  free(ctx);
+}
 
 const char *attn_ctx_last_error(const attn_ctx *ctx) {
   if (ctx == NULL) return "ctx is NULL: no context to report on";

@@ -20,7 +20,12 @@ struct attn_ctx {
   void *log_user;
   attn_log_level log_max;
   int32_t num_threads;
+  struct attn_exec *exec; /* the executor's policy, event callback and caches (plan/exec.h); made
+                             on first use, freed by attn_ctx_destroy through attn_ctx_exec_free */
 };
+
+/* Set by the plan layer: frees a context's executor state. */
+void attn_ctx_exec_free(struct attn_exec *exec);
 
 #if defined(__GNUC__)
 #define ATTN_PRINTF(fmt_index, first_arg) __attribute__((format(printf, fmt_index, first_arg)))

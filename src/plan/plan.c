@@ -2,13 +2,14 @@
  * src/plan/plan.c - plans: validate the problem, select an implementation through the registry,
  * and run it with validated data and a workspace.
  *
- * The path of a call: attn_plan_create -> attn_validate_problem -> select (registry order, or the
- * caller's choice) -> impl->plan_init; attn_plan_forward -> attn_validate_forward -> workspace ->
- * impl->forward. The executor (tuning, caches) plugs into select() without changing this API.
+ * The path of a call: attn_plan_create -> attn_validate_problem -> attn_exec_select (the executor's
+ * chain in select.c: explicit choice, caches, autotuning, heuristics) -> impl->plan_init;
+ * attn_plan_forward -> attn_validate_forward -> workspace -> impl->forward.
  */
 #include "plan/plan.h"
 
 #include "core/ctx.h"
+#include "plan/exec.h"
 #include "plan/registry.h"
 #include "plan/validate.h"
 
@@ -77,26 +78,6 @@ static attn_status select_impl(attn_ctx *ctx, const attn_problem *p, const char 
                    reasons);
 }
 
-static attn_status select_config(attn_ctx *ctx, const attn_impl *impl, const attn_problem *p,
-                                 const char *name, int32_t *config) {
-  if (name == NULL) {
-    *config = impl->default_config(p);
-    return ATTN_STATUS_OK;
-  }
-  char buf[128];
-  int32_t n = impl->num_configs(p);
-  for (int32_t c = 0; c < n; ++c) {
-    impl->config_name(p, c, buf, sizeof buf);
-    if (strcmp(buf, name) == 0) {
-      *config = c;
-      return ATTN_STATUS_OK;
-    }
-  }
-  return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
-                   "select.config=\"%s\" is not a configuration of %s for this problem", name,
-                   impl->name);
-}
-
 attn_status attn_impl_supports(attn_ctx *ctx, const char *name, const attn_problem *problem) {
   if (ctx == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
   attn_problem p;
@@ -117,23 +98,26 @@ attn_status attn_plan_create(attn_ctx *ctx, const attn_problem *problem, const a
   attn_status status = attn_validate_problem(ctx, problem, &p);
   if (status != ATTN_STATUS_OK) return status;
   const attn_impl *impl = NULL;
-  status = select_impl(ctx, &p, select != NULL ? select->impl : NULL, &impl);
-  if (status != ATTN_STATUS_OK) return status;
   int32_t config = 0;
-  status = select_config(ctx, impl, &p, select != NULL ? select->config : NULL, &config);
+  status = attn_exec_select(ctx, &p, select, &impl, &config);
   if (status != ATTN_STATUS_OK) return status;
+  return attn_plan_create_exact(ctx, &p, impl, config, plan);
+}
 
+attn_status attn_plan_create_exact(attn_ctx *ctx, const attn_problem *p, const attn_impl *impl,
+                                   int32_t config, attn_plan **plan) {
+  *plan = NULL;
   attn_plan *made = calloc(1, sizeof *made);
   if (made == NULL) return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory making a plan");
   made->ctx = ctx;
-  made->problem = p;
+  made->problem = *p;
   made->impl = impl;
   made->config = config;
   made->round_to = ATTN_DTYPE_F64;
-  impl->config_name(&p, config, made->config_name, sizeof made->config_name);
+  impl->config_name(p, config, made->config_name, sizeof made->config_name);
   if (impl->plan_init != NULL) {
     char why[ATTN_MESSAGE_SIZE] = "";
-    status = impl->plan_init(&p, config, &made->state, why, sizeof why);
+    attn_status status = impl->plan_init(p, config, &made->state, why, sizeof why);
     if (status != ATTN_STATUS_OK) {
       free(made);
       return attn_fail(ctx, status, "%s: %s", impl->name, why);

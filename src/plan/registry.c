@@ -15,15 +15,30 @@ static const attn_impl *const registry[] = {
     &attn_ref_impl, /* src/impl/ref: the spec in code; always present, always last */
 };
 
+/* A list a test installed in place of the real one (attn_registry_set_for_testing), or NULL. */
+static const attn_impl *const *testing_list = NULL;
+static int32_t testing_count = 0;
+
+void attn_registry_set_for_testing(const attn_impl *const *list, int32_t count) {
+  testing_list = count > 0 ? list : NULL;
+  testing_count = count > 0 ? count : 0;
+}
+
 const attn_impl *const *attn_registry(int32_t *count) {
+  if (testing_list != NULL) {
+    *count = testing_count;
+    return testing_list;
+  }
   *count = (int32_t)(sizeof registry / sizeof registry[0]);
   return registry;
 }
 
 const attn_impl *attn_registry_find(const char *name) {
   if (name == NULL) return NULL;
-  for (size_t i = 0; i < sizeof registry / sizeof registry[0]; ++i)
-    if (strcmp(registry[i]->name, name) == 0) return registry[i];
+  int32_t count;
+  const attn_impl *const *list = attn_registry(&count);
+  for (int32_t i = 0; i < count; ++i)
+    if (strcmp(list[i]->name, name) == 0) return list[i];
   return NULL;
 }
 

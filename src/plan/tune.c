@@ -1,0 +1,224 @@
+/*
+ * src/plan/tune.c - measuring a candidate: scratch data of the problem's shape, warm-up, timed runs
+ * with an early stop, the median.
+ *
+ * The tuner allocates its own inputs (never the caller's: a plan is made before any data exists,
+ * as with FFTW_MEASURE) and fills them with seeded values in [-1, 1), a mask that keeps most keys,
+ * one segment, and sequences of the full lengths, so every candidate runs the same work. It runs
+ * each candidate through an ordinary plan, so what is timed is exactly what attn_plan_forward runs.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "plan/exec.h"
+
+#include "core/ctx.h"
+#include "core/dtype.h"
+#include "core/tensors.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct attn_scratch {
+  void *data[ATTN_ROLE_COUNT];
+  int32_t *cu_q, *cu_k, *len_q, *len_k;
+  attn_inputs inputs;
+  attn_outputs outputs;
+  attn_tensor dout;
+  attn_grads grads;
+};
+
+static attn_tensor *input_slot(attn_scratch *s, attn_role role) {
+  switch (role) {
+  case ATTN_ROLE_Q: return &s->inputs.q;
+  case ATTN_ROLE_K: return &s->inputs.k;
+  case ATTN_ROLE_V: return &s->inputs.v;
+  case ATTN_ROLE_BIAS: return &s->inputs.bias;
+  case ATTN_ROLE_MASK: return &s->inputs.mask;
+  case ATTN_ROLE_ALIBI: return &s->inputs.alibi_slopes;
+  case ATTN_ROLE_SINKS: return &s->inputs.sinks;
+  case ATTN_ROLE_Q_SEGMENT_IDS: return &s->inputs.q_segment_ids;
+  case ATTN_ROLE_KV_SEGMENT_IDS: return &s->inputs.kv_segment_ids;
+  case ATTN_ROLE_OUT: return &s->outputs.out;
+  case ATTN_ROLE_LSE: return &s->outputs.lse;
+  case ATTN_ROLE_DOUT: return &s->dout;
+  case ATTN_ROLE_DQ: return &s->grads.dq;
+  case ATTN_ROLE_DK: return &s->grads.dk;
+  case ATTN_ROLE_DV: return &s->grads.dv;
+  default: return NULL; /* probs, dbias, dsinks: optional outputs the tuner does not ask for */
+  }
+}
+
+static int is_backward_role(attn_role role) {
+  return role == ATTN_ROLE_DOUT || role == ATTN_ROLE_DQ || role == ATTN_ROLE_DK ||
+         role == ATTN_ROLE_DV;
+}
+
+/* Lengths of B sequences sharing total rows, each at most max (validation refuses the rest). */
+static int32_t *even_cu_seqlens(int64_t batch, int64_t total) {
+  int32_t *cu = malloc((size_t)(batch + 1) * sizeof *cu);
+  if (cu == NULL) return NULL;
+  cu[0] = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    cu[b + 1] = cu[b] + (int32_t)(total / batch + (b < total % batch ? 1 : 0));
+  return cu;
+}
+
+static int32_t *full_seqlens(int64_t batch, int64_t len) {
+  int32_t *s = malloc((size_t)batch * sizeof *s);
+  if (s == NULL) return NULL;
+  for (int64_t b = 0; b < batch; ++b) s[b] = (int32_t)len;
+  return s;
+}
+
+attn_status attn_scratch_create(const attn_problem *p, int backward, attn_scratch **out, char *why,
+                                size_t why_size) {
+  *out = NULL;
+  attn_scratch *s = calloc(1, sizeof *s);
+  if (s == NULL) goto oom;
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  for (int r = 0; r < ATTN_ROLE_COUNT; ++r) {
+    attn_role role = (attn_role)r;
+    attn_tensor *slot = input_slot(s, role);
+    if (slot == NULL || !attn_role_used(p, role) || (!backward && is_backward_role(role))) continue;
+    int64_t n = attn_role_numel(p, role);
+    attn_dtype dtype = attn_role_dtype(p, role);
+    size_t bytes = (size_t)(n > 0 ? n : 1) * attn_dtype_size(dtype);
+    s->data[r] = malloc(bytes);
+    if (s->data[r] == NULL) goto oom;
+    for (int64_t i = 0; i < n; ++i) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      double u = (double)(state >> 11) * (1.0 / 9007199254740992.0); /* [0, 1) */
+      double value = 2.0 * u - 1.0;
+      if (role == ATTN_ROLE_MASK) value = u < 0.9 ? 1.0 : 0.0;
+      if (role == ATTN_ROLE_Q_SEGMENT_IDS || role == ATTN_ROLE_KV_SEGMENT_IDS) value = 0.0;
+      if (role == ATTN_ROLE_ALIBI) value = 0.5 * u;
+      attn_store(s->data[r], dtype, i, value);
+    }
+    *slot = attn_tensor_dense(s->data[r]);
+  }
+  if (p->varlen == ATTN_VARLEN_PACKED) {
+    s->cu_q = even_cu_seqlens(p->batch, p->total_q);
+    s->cu_k = even_cu_seqlens(p->batch, p->total_k);
+    if (s->cu_q == NULL || s->cu_k == NULL) goto oom;
+    s->inputs.cu_seqlens_q = s->cu_q;
+    s->inputs.cu_seqlens_k = s->cu_k;
+  } else if (p->varlen == ATTN_VARLEN_PADDED) {
+    s->len_q = full_seqlens(p->batch, p->seqlen_q);
+    s->len_k = full_seqlens(p->batch, p->seqlen_k);
+    if (s->len_q == NULL || s->len_k == NULL) goto oom;
+    s->inputs.seqlens_q = s->len_q;
+    s->inputs.seqlens_k = s->len_k;
+  }
+  s->inputs.dropout_seed = 1234;
+  *out = s;
+  return ATTN_STATUS_OK;
+oom:
+  attn_scratch_destroy(s);
+  attn_format(why, why_size, "out of memory allocating the tuner's scratch data");
+  return ATTN_STATUS_OUT_OF_MEMORY;
+}
+
+void attn_scratch_destroy(attn_scratch *s) {
+  if (s == NULL) return;
+  for (int r = 0; r < ATTN_ROLE_COUNT; ++r) free(s->data[r]);
+  free(s->cu_q);
+  free(s->cu_k);
+  free(s->len_q);
+  free(s->len_k);
+  free(s);
+}
+
+/* ---- timing ---------------------------------------------------------------------------------- */
+
+static attn_tune_timer_fn timer_fn = NULL;
+static void *timer_user = NULL;
+
+void attn_tune_set_timer_for_testing(attn_tune_timer_fn fn, void *user) {
+  timer_fn = fn;
+  timer_user = user;
+}
+
+int attn_tune_injected(const char *impl, const char *config, const char *problem, double *us) {
+  if (timer_fn == NULL) return 0;
+  *us = timer_fn(timer_user, impl, config, problem);
+  return 1;
+}
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+static int compare_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median_of(const double *times, int n, double *sorted) {
+  memcpy(sorted, times, (size_t)n * sizeof *sorted);
+  qsort(sorted, (size_t)n, sizeof *sorted, compare_double);
+  return n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+}
+
+/* One run: forward, or forward then backward. */
+static attn_status run_once(attn_plan *plan, attn_scratch *s, int backward) {
+  attn_status status = attn_plan_forward(plan, &s->inputs, NULL, 0, &s->outputs);
+  if (status != ATTN_STATUS_OK || !backward) return status;
+  return attn_plan_backward(plan, &s->inputs, &s->outputs, &s->dout, NULL, 0, &s->grads);
+}
+
+attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_impl *impl,
+                              int32_t config, const attn_policy *policy, attn_scratch *scratch,
+                              double *median_us, int32_t *runs, char *why, size_t why_size) {
+  *median_us = 0.0;
+  *runs = 0;
+  /* A private context: a failing candidate must not overwrite the caller's last error or reach its
+   * log as an error, since the executor survives it. */
+  attn_ctx *tctx = NULL;
+  attn_status status = attn_ctx_create(&tctx);
+  if (status != ATTN_STATUS_OK) {
+    attn_format(why, why_size, "out of memory");
+    return status;
+  }
+  tctx->num_threads = ctx->num_threads;
+  attn_plan *plan = NULL;
+  status = attn_plan_create_exact(tctx, p, impl, config, &plan);
+  int n_max = policy->measure_iters > 0 ? policy->measure_iters : 1;
+  double *times = malloc(2 * (size_t)n_max * sizeof *times);
+  if (status == ATTN_STATUS_OK && times == NULL) status = ATTN_STATUS_OUT_OF_MEMORY;
+  double start = now_us();
+  double budget_us = policy->max_seconds * 1e6;
+  for (int i = 0; status == ATTN_STATUS_OK && i < policy->warmup_iters; ++i) {
+    status = run_once(plan, scratch, policy->tune_backward);
+    if (now_us() - start > budget_us) break;
+  }
+  int n = 0;
+  double last_median = -1.0;
+  while (status == ATTN_STATUS_OK && n < n_max) {
+    double t0 = now_us();
+    status = run_once(plan, scratch, policy->tune_backward);
+    double t1 = now_us();
+    if (status != ATTN_STATUS_OK) break;
+    times[n++] = t1 - t0;
+    if (t1 - start > budget_us) break;
+    /* Early stop: after 10 runs, every 5 runs, stop once the median moved by less than 1%. */
+    if (n >= 10 && n % 5 == 0) {
+      double m = median_of(times, n, times + n_max);
+      if (last_median > 0.0 && fabs(m - last_median) <= 0.01 * m) break;
+      last_median = m;
+    }
+  }
+  if (status == ATTN_STATUS_OK) {
+    *median_us = median_of(times, n, times + n_max);
+    *runs = n;
+  } else {
+    attn_format(why, why_size, "%s", tctx->last_error[0] ? tctx->last_error
+                                                          : attn_status_string(status));
+  }
+  free(times);
+  attn_plan_destroy(plan);
+  attn_ctx_destroy(tctx);
+  return status;
+}
