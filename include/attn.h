@@ -276,7 +276,8 @@ typedef enum attn_log_level {
 /* Receives one message (no trailing newline). Called on the thread that made the call. */
 typedef void (*attn_log_fn)(void *user, attn_log_level level, const char *message);
 
-/* Creates a context. Returns OUT_OF_MEMORY (and *ctx = NULL) when allocation fails. */
+/* Creates a context. Returns OUT_OF_MEMORY (and *ctx = NULL) when allocation fails, and
+ * INVALID_ARGUMENT when ctx is NULL. */
 ATTN_API attn_status attn_ctx_create(attn_ctx **ctx);
 /* Frees a context. Plans made from it must be destroyed first. NULL is harmless. */
 ATTN_API void attn_ctx_destroy(attn_ctx *ctx);

@@ -103,10 +103,9 @@ tu_err tu_compare(const tu_buf *a, const double *r, int64_t n) {
       continue;
     }
     double d = fabs(x - y);
-    if (d > e.max_abs || e.where < 0) {
-      if (d > e.max_abs) e.max_abs = d;
-      e.where = i;
-    }
+    /* `where` names the first non-finite mismatch when there is one, else the largest error. */
+    if (e.nan_count == 0 && (d > e.max_abs || e.where < 0)) e.where = i;
+    if (d > e.max_abs) e.max_abs = d;
     if (fabs(y) > e.max_ref) e.max_ref = fabs(y);
   }
   return e;

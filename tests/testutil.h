@@ -42,7 +42,7 @@ attn_tensor tu_tensor(const tu_buf *b); /* dense tensor over the buffer; NULL da
 /* ---- error measures ---- */
 typedef struct tu_err {
   double max_abs;  /* max |a - r| */
-  int64_t where;   /* index of that element */
+  int64_t where;   /* index of the first non-finite mismatch if any, else of the largest error */
   double max_ref;  /* max |r| */
   int64_t nan_count; /* non-finite a where r is finite, or NaN anywhere */
 } tu_err;
