@@ -1,0 +1,1032 @@
+/*
+ * src/impl/cpu/cpu.c - the "cpu" implementation: flash attention on x86-64 (and any) CPUs, tiled,
+ * vectorised through a per-instruction-set kernel table (cpu.h) and threaded with OpenMP.
+ *
+ * Forward (per phase, a group of (batch, kv head) pairs whose packed K/V fits a memory budget):
+ *   1. pack K^T in key blocks ([D][bk] per block) and V ([Tk][Dv padded]) as f32, once per call;
+ *   2. threads take (pair, query head of the group, query block) items dynamically, heaviest first;
+ *      each loads its query block (scaled by s) and walks the key blocks its causal mask / window
+ *      can see: S = Q K^T (gemm), per-element features (bias, ALiBi, soft cap, masks) only where
+ *      the problem has them (a partially visible block without features only masks the window),
+ *      online softmax (sinks enter the running max and sum once, at row start), dropout on P,
+ *      O += P V (gemm); out = O * keep_scale / l, lse = m + log l.
+ * Backward (FlashAttention-2): per phase, Delta = rowsum(dout * out) and lse of its rows; threads
+ *   take (pair, key block) items; each packs K, K^T, V^T of its block once and walks every query
+ *   block of every head of the group that sees it: S, P = exp(S - lse), dP = dout V^T, dropout,
+ *   dS = P (dP - Delta) (times the soft cap's derivative), dV += P'^T dout, dK += dS^T Q s,
+ *   dQ += dS K into a per-thread f32 accumulator summed over threads at the end of the phase.
+ *   dbias sums dS over the broadcast dims; dsinks = -sum exp(a_t - lse) Delta.
+ * Nothing of size Tq x Tk exists: the tiles are bq x bk, the packs per (batch, kv head).
+ * Every sum is in f32, whatever the input dtype; inputs are converted when packed.
+ */
+#include "impl/cpu/cpu.h"
+#include "impl/impl.h"
+
+#include "core/ctx.h"
+#include "core/dtype.h"
+#include "core/philox.h"
+#include "core/tensors.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ---- configurations ------------------------------------------------------------------------- */
+
+/* Query block rows x key block columns. Both multiples of ATTN_CPU_NPAD (and of 4, the Philox group). */
+static const int64_t cfg_bq[] = {32, 64, 128};
+static const int64_t cfg_bk[] = {64, 128, 256};
+#define N_BQ ((int32_t)(sizeof cfg_bq / sizeof cfg_bq[0]))
+#define N_BK ((int32_t)(sizeof cfg_bk / sizeof cfg_bk[0]))
+
+/* Packed K/V (forward) or dQ accumulators (backward) of one phase stay under this many bytes; a
+ * larger problem runs in several phases, so memory stays O(one (batch, kv head)). */
+#define PHASE_BUDGET ((int64_t)64 << 20)
+
+static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+static int max_threads(void) {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+/* ---- instruction set ------------------------------------------------------------------------ */
+
+/* The best kernel table this machine runs, lowered by ATTN_CPU_ISA=generic|avx2|avx512 (a debug and
+ * test switch: it never raises the choice above what cpuid reports). Read per plan. */
+static const attn_cpu_kernels *select_kernels(void) {
+  const attn_cpu_kernels *best = &attn_cpu_kernels_generic;
+#ifdef ATTN_CPU_X86
+  __builtin_cpu_init();
+  int has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  int has_avx512 = has_avx2 && __builtin_cpu_supports("avx512f") &&
+                   __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                   __builtin_cpu_supports("avx512dq");
+  if (has_avx512) best = &attn_cpu_kernels_avx512;
+  else if (has_avx2) best = &attn_cpu_kernels_avx2;
+  const char *force = getenv("ATTN_CPU_ISA");
+  if (force != NULL) {
+    if (strcmp(force, "generic") == 0) best = &attn_cpu_kernels_generic;
+    else if (strcmp(force, "avx2") == 0 && best == &attn_cpu_kernels_avx512)
+      best = &attn_cpu_kernels_avx2;
+  }
+#endif
+  return best;
+}
+
+/* ---- the run ---------------------------------------------------------------------------------- */
+
+typedef struct cpu_run {
+  const attn_run *run;
+  const attn_problem *p;
+  const attn_inputs *in;
+  const attn_cpu_kernels *kern;
+  attn_dtype dt;
+  int packed; /* varlen packed: token tensors are [total, H, W] */
+  int64_t B, Hq, Hkv, group, D, Dv, Dp, Dvp, Tq, Tk;
+  int64_t bq, bk, nqb, nkb; /* block sizes and the block counts of the longest sequence */
+  int64_t npairs, chunk;    /* (batch, kv head) pairs, and pairs per phase */
+  int64_t wl, wr;           /* window (left, right), -1 = unbounded; causal is wr = 0 */
+  float scale, keep_scale, softcap;
+  int dropout;
+  uint32_t drop_threshold;
+  int features; /* bias, ALiBi, soft cap, mask or segment ids: the per-element pass */
+  int nthreads;
+} cpu_run;
+
+typedef struct cpu_seq {
+  int64_t b, g;
+  attn_seq s;
+  int64_t o; /* alignment offset */
+} cpu_seq;
+
+static cpu_run make_cpu_run(const attn_run *run) {
+  const attn_problem *p = run->problem;
+  cpu_run c;
+  memset(&c, 0, sizeof c);
+  c.run = run;
+  c.p = p;
+  c.in = run->inputs;
+  c.kern = run->state != NULL ? (const attn_cpu_kernels *)run->state : select_kernels();
+  c.dt = (attn_dtype)p->dtype;
+  c.packed = p->varlen == ATTN_VARLEN_PACKED;
+  c.B = p->batch, c.Hq = p->heads_q, c.Hkv = p->heads_kv, c.group = p->heads_q / p->heads_kv;
+  c.D = p->head_dim, c.Dv = p->head_dim_v;
+  c.Dp = round_up(c.D, ATTN_CPU_NPAD), c.Dvp = round_up(c.Dv, ATTN_CPU_NPAD);
+  c.Tq = p->seqlen_q, c.Tk = p->seqlen_k;
+  int32_t cfg = run->config;
+  c.bq = cfg_bq[cfg / N_BK], c.bk = cfg_bk[cfg % N_BK];
+  c.nqb = (c.Tq + c.bq - 1) / c.bq, c.nkb = (c.Tk + c.bk - 1) / c.bk;
+  c.npairs = c.B * c.Hkv;
+  c.wl = p->window_left, c.wr = p->window_right;
+  c.scale = (float)p->scale;
+  c.keep_scale = (float)(1.0 / (1.0 - p->dropout_p));
+  c.softcap = (float)p->softcap;
+  c.dropout = p->dropout_p > 0.0;
+  c.drop_threshold = attn_dropout_threshold(p->dropout_p);
+  c.features = p->has_bias || p->alibi != ATTN_ALIBI_NONE || p->softcap > 0.0 || p->has_mask ||
+               p->has_segment_ids;
+  return c;
+}
+
+static cpu_seq make_seq(const cpu_run *c, int64_t pair) {
+  cpu_seq s;
+  s.b = pair / c->Hkv, s.g = pair % c->Hkv;
+  s.s = attn_seq_of(c->p, c->in, s.b);
+  s.o = attn_align_offset(c->p, &s.s);
+  return s;
+}
+
+/* ---- element access --------------------------------------------------------------------------- */
+
+static inline float load1(const void *base, attn_dtype dt, int64_t off) {
+  switch (dt) {
+  case ATTN_DTYPE_F32: return ((const float *)base)[off];
+  case ATTN_DTYPE_F16: return attn_f16_to_f32(((const uint16_t *)base)[off]);
+  case ATTN_DTYPE_BF16: return attn_bf16_to_f32(((const uint16_t *)base)[off]);
+  default: return 0.0f;
+  }
+}
+
+static inline void store1(void *base, attn_dtype dt, int64_t off, float v) {
+  switch (dt) {
+  case ATTN_DTYPE_F32: ((float *)base)[off] = v; break;
+  case ATTN_DTYPE_F16: ((uint16_t *)base)[off] = attn_f32_to_f16(v); break;
+  case ATTN_DTYPE_BF16: ((uint16_t *)base)[off] = attn_f32_to_bf16(v); break;
+  default: break;
+  }
+}
+
+/* dst[d] = s * src[off + d * stride], d < n. */
+static void load_vec(const void *base, attn_dtype dt, int64_t off, int64_t stride, int64_t n,
+                     float s, float *dst) {
+  if (dt == ATTN_DTYPE_F32 && stride == 1) {
+    const float *x = (const float *)base + off;
+    for (int64_t d = 0; d < n; ++d) dst[d] = s * x[d];
+  } else if (dt == ATTN_DTYPE_BF16 && stride == 1) {
+    const uint16_t *x = (const uint16_t *)base + off;
+    for (int64_t d = 0; d < n; ++d) dst[d] = s * attn_f32_from_bits((uint32_t)x[d] << 16);
+  } else {
+    for (int64_t d = 0; d < n; ++d) dst[d] = s * load1(base, dt, off + d * stride);
+  }
+}
+
+/* dst[off + d * stride] = s * src[d], rounded to dt, d < n. */
+static void store_vec(void *base, attn_dtype dt, int64_t off, int64_t stride, int64_t n,
+                      const float *src, float s) {
+  if (dt == ATTN_DTYPE_F32 && stride == 1) {
+    float *x = (float *)base + off;
+    for (int64_t d = 0; d < n; ++d) x[d] = s * src[d];
+  } else {
+    for (int64_t d = 0; d < n; ++d) store1(base, dt, off + d * stride, s * src[d]);
+  }
+}
+
+/* Offset of (b, row, head, 0) of a token tensor and the stride of its last dim. Packed: row is the
+ * row of the whole tensor and b is unused. */
+static inline int64_t token_off(const cpu_run *c, const attn_tensor *t, int64_t b, int64_t row,
+                                int64_t head) {
+  if (c->packed) return row * t->stride[0] + head * t->stride[1];
+  return b * t->stride[0] + row * t->stride[1] + head * t->stride[2];
+}
+static inline int64_t token_dstride(const cpu_run *c, const attn_tensor *t) {
+  return c->packed ? t->stride[2] : t->stride[3];
+}
+static inline int64_t lse_off(const cpu_run *c, const attn_tensor *t, int64_t b, int64_t h,
+                              int64_t row) {
+  if (c->packed) return h * t->stride[0] + row * t->stride[1];
+  return b * t->stride[0] + h * t->stride[1] + row * t->stride[2];
+}
+
+static float sink_logit(const cpu_run *c, int64_t h, int64_t t) {
+  const attn_tensor *s = &c->in->sinks;
+  int64_t off = c->p->sinks_shared ? t * s->stride[0] : h * s->stride[0] + t * s->stride[1];
+  return ((const float *)s->data)[off];
+}
+
+static int64_t bias_head(const cpu_run *c, int64_t h) {
+  if (c->p->bias_shape[1] == c->Hq) return h;
+  if (c->p->bias_shape[1] == c->Hkv) return h / c->group;
+  return 0;
+}
+
+/* Offset of element (b, head, i, 0) of a broadcastable 4-d input, and its stride along j. */
+static inline int64_t bcast_off(const int64_t shape[4], const int64_t stride[4], int64_t b,
+                                int64_t head, int64_t i) {
+  return (shape[0] == 1 ? 0 : b * stride[0]) + (shape[1] == 1 ? 0 : head * stride[1]) +
+         (shape[2] == 1 ? 0 : i * stride[2]);
+}
+static inline int64_t bcast_jstride(const int64_t shape[4], const int64_t stride[4]) {
+  return shape[3] == 1 ? 0 : stride[3];
+}
+
+/* ---- masks and per-element features on a score tile -------------------------------------------- */
+
+/* Whether key block [j0, j0 + nk) is visible from every row of [i0, i0 + rows) by the window. */
+static int window_covers(const cpu_run *c, const cpu_seq *s, int64_t i0, int64_t rows, int64_t j0,
+                         int64_t nk) {
+  if (c->wl >= 0 && j0 < i0 + rows - 1 + s->o - c->wl) return 0;
+  if (c->wr >= 0 && j0 + nk - 1 > i0 + s->o + c->wr) return 0;
+  return 1;
+}
+
+/* S[r][jj] for rows i0 + r and keys j0 + jj becomes the logit x of SPEC.md steps 1-3 (S holds
+ * s * dot(q, k) on entry): bias, ALiBi and the soft cap added, -inf where the key is not visible.
+ * dcap (may be NULL) gets the cap's derivative 1 - tanh^2 (1 where there is no cap or no key). */
+static void tile_features(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t i0, int64_t rows,
+                          int64_t j0, int64_t nk, float *S, int64_t lds, float *dcap) {
+  const attn_problem *p = c->p;
+  const attn_inputs *in = c->in;
+  const int64_t b = s->b;
+  float slope = 0.0f;
+  if (p->alibi != ATTN_ALIBI_NONE) {
+    const attn_tensor *sl = &in->alibi_slopes;
+    int64_t off = p->alibi == ATTN_ALIBI_PER_BATCH_HEAD ? b * sl->stride[0] + h * sl->stride[1]
+                                                        : h * sl->stride[0];
+    slope = ((const float *)sl->data)[off];
+  }
+  const int64_t bias_js = p->has_bias ? bcast_jstride(p->bias_shape, in->bias.stride) : 0;
+  const int64_t mask_js = p->has_mask ? bcast_jstride(p->mask_shape, in->mask.stride) : 0;
+  const int32_t *kseg = NULL;
+  int64_t kseg_js = 0;
+  if (p->has_segment_ids) {
+    kseg = (const int32_t *)in->kv_segment_ids.data + b * in->kv_segment_ids.stride[0];
+    kseg_js = in->kv_segment_ids.stride[1];
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r, diag = i + s->o;
+    float *x = S + r * lds;
+    float *dc = dcap != NULL ? dcap + r * lds : NULL;
+    if (dc != NULL)
+      for (int64_t jj = 0; jj < nk; ++jj) dc[jj] = 1.0f;
+    int32_t qseg = 0;
+    if (kseg != NULL) {
+      const attn_tensor *qs = &in->q_segment_ids;
+      qseg = ((const int32_t *)qs->data)[b * qs->stride[0] + i * qs->stride[1]];
+      if (qseg < 0) {
+        for (int64_t jj = 0; jj < nk; ++jj) x[jj] = -INFINITY;
+        continue;
+      }
+    }
+    const void *bias = NULL;
+    int64_t bias_row = 0;
+    if (p->has_bias) {
+      bias = in->bias.data;
+      bias_row = bcast_off(p->bias_shape, in->bias.stride, b, bias_head(c, h), i);
+    }
+    const uint8_t *mask = NULL;
+    if (p->has_mask)
+      mask = (const uint8_t *)in->mask.data +
+             bcast_off(p->mask_shape, in->mask.stride, b, p->mask_shape[1] == 1 ? 0 : h, i);
+    for (int64_t jj = 0; jj < nk; ++jj) {
+      const int64_t j = j0 + jj;
+      if ((c->wl >= 0 && j < diag - c->wl) || (c->wr >= 0 && j > diag + c->wr) ||
+          (mask != NULL && mask[j * mask_js] == 0) ||
+          (kseg != NULL && kseg[j * kseg_js] != qseg)) {
+        x[jj] = -INFINITY;
+        continue;
+      }
+      float v = x[jj];
+      if (bias != NULL) v += load1(bias, (attn_dtype)p->bias_dtype, bias_row + j * bias_js);
+      if (slope != 0.0f) v -= slope * fabsf((float)(diag - j));
+      if (c->softcap > 0.0f) {
+        const float t = tanhf(v / c->softcap);
+        v = c->softcap * t;
+        if (dc != NULL) dc[jj] = 1.0f - t * t;
+      }
+      x[jj] = v;
+    }
+  }
+}
+
+/* -inf outside the window for a block the window covers only partly (no other feature). */
+static void tile_window(const cpu_run *c, const cpu_seq *s, int64_t i0, int64_t rows, int64_t j0,
+                        int64_t nk, float *S, int64_t lds) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t diag = i0 + r + s->o;
+    float *x = S + r * lds;
+    int64_t lo = c->wl >= 0 ? diag - c->wl - j0 : 0;       /* first visible jj */
+    int64_t hi = c->wr >= 0 ? diag + c->wr - j0 + 1 : nk;  /* one past the last */
+    lo = max64(0, min64(lo, nk));
+    hi = max64(lo, min64(hi, nk));
+    for (int64_t jj = 0; jj < lo; ++jj) x[jj] = -INFINITY;
+    for (int64_t jj = hi; jj < nk; ++jj) x[jj] = -INFINITY;
+  }
+}
+
+static void apply_masks(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t i0, int64_t rows,
+                        int64_t j0, int64_t nk, float *S, int64_t lds, float *dcap) {
+  if (c->features) tile_features(c, s, h, i0, rows, j0, nk, S, lds, dcap);
+  else if (!window_covers(c, s, i0, rows, j0, nk)) tile_window(c, s, i0, rows, j0, nk, S, lds);
+}
+
+/* Philox words of (b, h, i, j .. j + 3): keep iff word >= threshold. */
+static inline void philox_words(const cpu_run *c, int64_t b, int64_t h, int64_t i, int64_t j,
+                                uint32_t w[4]) {
+  const uint64_t seed = c->in->dropout_seed;
+  const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+  const uint32_t ctr[4] = {(uint32_t)i, (uint32_t)(j >> 2), (uint32_t)h, (uint32_t)b};
+  attn_philox4x32_10(ctr, key, w);
+}
+
+/* The key blocks [*kb_lo, *kb_hi) that rows [i0, i0 + rows) of a sequence can see. */
+static void key_block_range(const cpu_run *c, const cpu_seq *s, int64_t i0, int64_t rows,
+                            int64_t *kb_lo, int64_t *kb_hi) {
+  int64_t jmin = c->wl >= 0 ? max64(0, i0 + s->o - c->wl) : 0;
+  int64_t jmax = c->wr >= 0 ? min64(s->s.len_k, i0 + rows - 1 + s->o + c->wr + 1) : s->s.len_k;
+  if (jmax <= jmin) {
+    *kb_lo = *kb_hi = 0;
+    return;
+  }
+  *kb_lo = jmin / c->bk;
+  *kb_hi = (jmax - 1) / c->bk + 1;
+}
+
+/* The query rows [*i_lo, *i_hi) of a sequence that can see keys [j0, j0 + nk). */
+static void query_row_range(const cpu_run *c, const cpu_seq *s, int64_t j0, int64_t nk,
+                            int64_t *i_lo, int64_t *i_hi) {
+  int64_t lo = c->wr >= 0 ? max64(0, j0 - s->o - c->wr) : 0;
+  int64_t hi = c->wl >= 0 ? min64(s->s.len_q, j0 + nk - 1 - s->o + c->wl + 1) : s->s.len_q;
+  *i_lo = lo;
+  *i_hi = hi > lo ? hi : lo;
+}
+
+/* ---- workspace ---------------------------------------------------------------------------------- */
+
+/* Floats of each region, each rounded to 16 floats (64 bytes). */
+typedef struct fwd_layout {
+  int64_t slot;       /* packed K^T and V of one pair */
+  int64_t per_thread; /* Q, S, O tiles, m, l */
+} fwd_layout;
+
+typedef struct bwd_layout {
+  int64_t shared;     /* dbias accumulator */
+  int64_t per_pair;   /* lse and Delta of one pair's rows */
+  int64_t per_thread_fixed; /* tiles */
+  int64_t per_thread_pair;  /* dQ accumulator of one pair */
+  int64_t per_thread_dbias; /* a private dbias accumulator (bias broadcast over keys) */
+} bwd_layout;
+
+static fwd_layout fwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
+  const int64_t D = p->head_dim, Dvp = round_up(p->head_dim_v, ATTN_CPU_NPAD);
+  const int64_t Dp = round_up(D, ATTN_CPU_NPAD);
+  const int64_t nkb = (p->seqlen_k + bk - 1) / bk;
+  fwd_layout l;
+  l.slot = round_up(nkb * bk * D, 16) + round_up(nkb * bk * Dvp, 16);
+  l.per_thread = round_up(bq * Dp, 16) + round_up(bq * bk, 16) + round_up(bq * Dvp, 16) + 2 * round_up(bq, 16);
+  return l;
+}
+
+static bwd_layout bwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
+  const int64_t D = p->head_dim, Dv = p->head_dim_v;
+  const int64_t Dp = round_up(D, ATTN_CPU_NPAD), Dvp = round_up(Dv, ATTN_CPU_NPAD);
+  const int64_t group = p->heads_q / p->heads_kv;
+  bwd_layout l;
+  int64_t nbias = p->has_bias ? attn_role_numel(p, ATTN_ROLE_BIAS) : 0;
+  int private_dbias = p->has_bias && p->bias_shape[3] == 1;
+  l.shared = private_dbias ? 0 : round_up(nbias, 16);
+  l.per_pair = 2 * round_up(group * p->seqlen_q, 16);
+  int64_t tiles = 2 + (p->dropout_p > 0.0) + (p->softcap > 0.0);
+  l.per_thread_fixed = round_up(bk * Dp, 16) * 2 + round_up(D * bk, 16) + round_up(Dv * bk, 16) +
+                       round_up(bk * Dvp, 16) + round_up(bq * Dp, 16) + round_up(bq * Dvp, 16) +
+                       tiles * round_up(bq * bk, 16);
+  l.per_thread_pair = round_up(group * p->seqlen_q * Dp, 16);
+  l.per_thread_dbias = private_dbias ? round_up(nbias, 16) : 0;
+  return l;
+}
+
+static int64_t fwd_chunk(const attn_problem *p, const fwd_layout *l) {
+  int64_t npairs = p->batch * p->heads_kv;
+  int64_t chunk = l->slot > 0 ? PHASE_BUDGET / (int64_t)sizeof(float) / l->slot : npairs;
+  return max64(1, min64(chunk, npairs));
+}
+
+static int64_t bwd_chunk(const attn_problem *p, const bwd_layout *l, int64_t threads) {
+  int64_t npairs = p->batch * p->heads_kv;
+  if (p->has_bias) return 1; /* dbias elements broadcast over pairs must have one writer */
+  int64_t per = l->per_pair + threads * l->per_thread_pair;
+  int64_t chunk = per > 0 ? PHASE_BUDGET / (int64_t)sizeof(float) / per : npairs;
+  return max64(1, min64(chunk, npairs));
+}
+
+static size_t cpu_workspace_size(const attn_problem *p, int32_t config, int backward) {
+  const int64_t bq = cfg_bq[config / N_BK], bk = cfg_bk[config % N_BK];
+  const int64_t threads = max_threads();
+  if (!backward) {
+    fwd_layout l = fwd_layout_of(p, bq, bk);
+    return (size_t)(fwd_chunk(p, &l) * l.slot + threads * l.per_thread) * sizeof(float);
+  }
+  bwd_layout l = bwd_layout_of(p, bq, bk);
+  int64_t chunk = bwd_chunk(p, &l, threads);
+  return (size_t)(l.shared + chunk * l.per_pair +
+                  threads * (l.per_thread_fixed + chunk * l.per_thread_pair + l.per_thread_dbias)) *
+         sizeof(float);
+}
+
+/* Threads to use: the context's count (0 = OpenMP's), one inside a caller's parallel region, and no
+ * more than the workspace has room for. */
+static int run_threads(const attn_run *run, int64_t shared_floats, int64_t per_thread_floats) {
+  int want = run->num_threads > 0 ? run->num_threads : max_threads();
+#ifdef _OPENMP
+  if (omp_in_parallel()) want = 1;
+#endif
+  int64_t room = (int64_t)(run->workspace_size / sizeof(float)) - shared_floats;
+  if (per_thread_floats > 0) {
+    int64_t fit = room / per_thread_floats;
+    if (fit < want) want = (int)max64(1, fit);
+  }
+  return want < 1 ? 1 : want;
+}
+
+static int thread_id(void) {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+/* ---- rows outside every sequence ---------------------------------------------------------------- */
+
+static void zero_token_rows(const cpu_run *c, const attn_tensor *t, int64_t heads, int64_t width,
+                            int64_t b, int64_t row0, int64_t row1) {
+  static const float zeros[ATTN_CPU_NPAD] = {0};
+  const int64_t ds = token_dstride(c, t);
+  for (int64_t row = row0; row < row1; ++row)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t d = 0; d < width; d += ATTN_CPU_NPAD)
+        store_vec(t->data, c->dt, token_off(c, t, b, row, h) + d * ds, ds,
+                  min64(ATTN_CPU_NPAD, width - d), zeros, 1.0f);
+}
+
+/* out = 0, lse = -inf on rows that belong to no sequence (padded rows, packed rows past the end). */
+static void forward_outside_rows(const cpu_run *c, const attn_outputs *out) {
+  const attn_problem *p = c->p;
+  if (p->varlen == ATTN_VARLEN_NONE) return;
+  for (int64_t b = 0; b < (c->packed ? 1 : c->B); ++b) {
+    int64_t row0 = c->packed ? c->in->cu_seqlens_q[c->B] : c->in->seqlens_q[b];
+    int64_t row1 = c->packed ? p->total_q : c->Tq;
+    zero_token_rows(c, &out->out, c->Hq, c->Dv, b, row0, row1);
+    if (out->lse.data != NULL)
+      for (int64_t row = row0; row < row1; ++row)
+        for (int64_t h = 0; h < c->Hq; ++h)
+          ((float *)out->lse.data)[lse_off(c, &out->lse, b, h, row)] = -INFINITY;
+  }
+}
+
+/* ---- forward ------------------------------------------------------------------------------------- */
+
+/* Packs key block kb of a pair: K^T as [D][bk] (columns past the sequence zero) and V rows as
+ * [bk][Dvp] (padding columns zero). */
+static void pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float *kt, float *v) {
+  const attn_inputs *in = c->in;
+  const int64_t j0 = kb * c->bk, nk = min64(c->bk, s->s.len_k - j0);
+  float row[4096];
+  const int64_t kds = token_dstride(c, &in->k), vds = token_dstride(c, &in->v);
+  for (int64_t jj = 0; jj < nk; ++jj) {
+    const int64_t krow = s->s.k_row0 + j0 + jj;
+    for (int64_t d0 = 0; d0 < c->D; d0 += 4096) {
+      int64_t n = min64(4096, c->D - d0);
+      load_vec(in->k.data, c->dt, token_off(c, &in->k, s->b, krow, s->g) + d0 * kds, kds, n, 1.0f,
+               row);
+      for (int64_t d = 0; d < n; ++d) kt[(d0 + d) * c->bk + jj] = row[d];
+    }
+    float *vr = v + jj * c->Dvp;
+    load_vec(in->v.data, c->dt, token_off(c, &in->v, s->b, krow, s->g), vds, c->Dv, 1.0f, vr);
+    for (int64_t d = c->Dv; d < c->Dvp; ++d) vr[d] = 0.0f;
+  }
+  for (int64_t d = 0; d < c->D; ++d)
+    for (int64_t jj = nk; jj < c->bk; ++jj) kt[d * c->bk + jj] = 0.0f;
+}
+
+typedef struct fwd_thread {
+  float *q, *s, *o, *m, *l;
+} fwd_thread;
+
+static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t qb,
+                          const float *kt_all, const float *v_all, const fwd_thread *t) {
+  const attn_problem *p = c->p;
+  const attn_inputs *in = c->in;
+  const attn_outputs *out = c->run->outputs;
+  const attn_cpu_kernels *k = c->kern;
+  const int64_t i0 = qb * c->bq, rows = min64(c->bq, s->s.len_q - i0);
+  const int64_t bk = c->bk;
+
+  /* Q block, scaled by s, rows [i0, i0 + rows) */
+  const int64_t qds = token_dstride(c, &in->q);
+  for (int64_t r = 0; r < rows; ++r)
+    load_vec(in->q.data, c->dt, token_off(c, &in->q, s->b, s->s.q_row0 + i0 + r, h), qds, c->D,
+             c->scale, t->q + r * c->Dp);
+  memset(t->o, 0, (size_t)(rows * c->Dvp) * sizeof(float));
+  /* Sinks enter the running max and sum once, here. */
+  for (int64_t r = 0; r < rows; ++r) {
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t a = 0; a < p->num_sinks; ++a) m = fmaxf(m, sink_logit(c, h, a));
+    for (int64_t a = 0; a < p->num_sinks; ++a) l += expf(sink_logit(c, h, a) - m);
+    t->m[r] = m, t->l[r] = l;
+  }
+
+  int64_t kb_lo, kb_hi;
+  key_block_range(c, s, i0, rows, &kb_lo, &kb_hi);
+  for (int64_t kb = kb_lo; kb < kb_hi; ++kb) {
+    const int64_t j0 = kb * bk, nk = min64(bk, s->s.len_k - j0);
+    const int64_t nkp = round_up(nk, ATTN_CPU_NPAD);
+    const float *kt = kt_all + kb * c->D * bk;
+    const float *v = v_all + kb * bk * c->Dvp;
+    k->gemm(rows, nkp, c->D, t->q, c->Dp, 0, kt, bk, t->s, bk, 0);
+    apply_masks(c, s, h, i0, rows, j0, nk, t->s, bk, NULL);
+    for (int64_t r = 0; r < rows; ++r) {
+      float *x = t->s + r * bk;
+      const float m_new = fmaxf(t->m[r], k->row_max(x, nk));
+      if (m_new == -INFINITY) { /* nothing visible yet: P = 0 */
+        memset(x, 0, (size_t)nk * sizeof(float));
+        continue;
+      }
+      const float alpha = t->m[r] == m_new ? 1.0f : expf(t->m[r] - m_new);
+      t->l[r] = t->l[r] * alpha + k->exp_sum(x, nk, m_new);
+      if (alpha != 1.0f) k->scale(t->o + r * c->Dvp, c->Dvp, alpha);
+      t->m[r] = m_new;
+      if (c->dropout) {
+        const int64_t i = i0 + r;
+        for (int64_t jj = 0; jj < nk; jj += 4) {
+          uint32_t w[4];
+          philox_words(c, s->b, h, i, j0 + jj, w);
+          for (int64_t e = 0; e < 4 && jj + e < nk; ++e)
+            if (w[e] < c->drop_threshold) x[jj + e] = 0.0f;
+        }
+      }
+    }
+    k->gemm(rows, c->Dvp, nk, t->s, bk, 0, v, c->Dvp, t->o, c->Dvp, 1);
+  }
+
+  const int64_t ods = token_dstride(c, &out->out);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t row = s->s.q_row0 + i0 + r;
+    const int64_t ooff = token_off(c, &out->out, s->b, row, h);
+    float lse;
+    if (t->m[r] == -INFINITY) { /* fully masked: out = 0, lse = -inf */
+      memset(t->o + r * c->Dvp, 0, (size_t)c->Dv * sizeof(float));
+      store_vec(out->out.data, c->dt, ooff, ods, c->Dv, t->o + r * c->Dvp, 1.0f);
+      lse = -INFINITY;
+    } else {
+      store_vec(out->out.data, c->dt, ooff, ods, c->Dv, t->o + r * c->Dvp, c->keep_scale / t->l[r]);
+      lse = t->m[r] + logf(t->l[r]);
+    }
+    if (out->lse.data != NULL) ((float *)out->lse.data)[lse_off(c, &out->lse, s->b, h, row)] = lse;
+  }
+}
+
+static attn_status cpu_forward(const attn_run *run) {
+  cpu_run c = make_cpu_run(run);
+  const fwd_layout lay = fwd_layout_of(c.p, c.bq, c.bk);
+  c.chunk = fwd_chunk(c.p, &lay);
+  float *ws = (float *)run->workspace;
+  float *packs = ws;
+  float *thread_base = ws + c.chunk * lay.slot;
+  c.nthreads = run_threads(run, c.chunk * lay.slot, lay.per_thread);
+  const int64_t kt_size = round_up(c.nkb * c.bk * c.D, 16);
+
+  forward_outside_rows(&c, run->outputs);
+  const int64_t nphases = (c.npairs + c.chunk - 1) / c.chunk;
+
+#ifdef _OPENMP
+#pragma omp parallel num_threads(c.nthreads)
+#endif
+  {
+    float *tb = thread_base + (int64_t)thread_id() * lay.per_thread;
+    fwd_thread t;
+    t.q = tb;
+    t.s = t.q + round_up(c.bq * c.Dp, 16);
+    t.o = t.s + round_up(c.bq * c.bk, 16);
+    t.m = t.o + round_up(c.bq * c.Dvp, 16);
+    t.l = t.m + round_up(c.bq, 16);
+    for (int64_t ph = 0; ph < nphases; ++ph) {
+      const int64_t pair0 = ph * c.chunk, npair = min64(c.chunk, c.npairs - pair0);
+      const int64_t npack = npair * c.nkb;
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+      for (int64_t it = 0; it < npack; ++it) {
+        const int64_t pr = it / c.nkb, kb = it % c.nkb;
+        const cpu_seq s = make_seq(&c, pair0 + pr);
+        if (kb * c.bk >= s.s.len_k) continue;
+        float *slot = packs + pr * lay.slot;
+        pack_kv_block(&c, &s, kb, slot + kb * c.D * c.bk, slot + kt_size + kb * c.bk * c.Dvp);
+      }
+      /* Heaviest first: later query blocks see more keys under a bottom-right causal mask. */
+      const int64_t nwork = npair * c.group * c.nqb;
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+      for (int64_t it = 0; it < nwork; ++it) {
+        const int64_t qb = c.nqb - 1 - it % c.nqb;
+        const int64_t hh = (it / c.nqb) % c.group, pr = it / (c.nqb * c.group);
+        const cpu_seq s = make_seq(&c, pair0 + pr);
+        if (qb * c.bq >= s.s.len_q) continue;
+        const float *slot = packs + pr * lay.slot;
+        forward_block(&c, &s, s.g * c.group + hh, qb, slot, slot + kt_size, &t);
+      }
+    }
+  }
+  return ATTN_STATUS_OK;
+}
+
+/* ---- backward ------------------------------------------------------------------------------------ */
+
+typedef struct bwd_thread {
+  float *kr, *kt, *vt, *dk, *dv, *q, *dout, *sp, *dp, *pd, *dc, *dq, *dbias;
+} bwd_thread;
+
+typedef struct bwd_shared {
+  float *dbias;      /* shared dbias accumulator (or NULL) */
+  float *lse, *delta; /* [chunk][group][Tq] */
+  float *thread_base;
+  int64_t per_thread;
+} bwd_shared;
+
+/* Dense index of dbias element (b, head of h, i, 0) and its stride along j in the accumulator. */
+static int64_t dbias_row(const cpu_run *c, int64_t b, int64_t h, int64_t i, int64_t *jstride) {
+  const int64_t *sh = c->p->bias_shape;
+  const int64_t st[4] = {sh[1] * sh[2] * sh[3], sh[2] * sh[3], sh[3], 1};
+  *jstride = bcast_jstride(sh, st);
+  return bcast_off(sh, st, b, bias_head(c, h), i);
+}
+
+static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thread *t, int64_t pr,
+                          const cpu_seq *s, int64_t kb, float *dbias) {
+  const attn_inputs *in = c->in;
+  const attn_cpu_kernels *k = c->kern;
+  const int64_t bk = c->bk, bq = c->bq;
+  const int64_t j0 = kb * bk, nk = min64(bk, s->s.len_k - j0);
+  const int64_t nkp = round_up(nk, ATTN_CPU_NPAD);
+
+  /* K rows [bk][Dp], K^T [D][bk], V^T [Dv][bk] of the block */
+  const int64_t kds = token_dstride(c, &in->k), vds = token_dstride(c, &in->v);
+  float vrow[4096];
+  for (int64_t jj = 0; jj < nk; ++jj) {
+    const int64_t krow = s->s.k_row0 + j0 + jj;
+    float *kr = t->kr + jj * c->Dp;
+    load_vec(in->k.data, c->dt, token_off(c, &in->k, s->b, krow, s->g), kds, c->D, 1.0f, kr);
+    for (int64_t d = 0; d < c->D; ++d) t->kt[d * bk + jj] = kr[d];
+    for (int64_t d0 = 0; d0 < c->Dv; d0 += 4096) {
+      int64_t n = min64(4096, c->Dv - d0);
+      load_vec(in->v.data, c->dt, token_off(c, &in->v, s->b, krow, s->g) + d0 * vds, vds, n, 1.0f,
+               vrow);
+      for (int64_t d = 0; d < n; ++d) t->vt[(d0 + d) * bk + jj] = vrow[d];
+    }
+  }
+  for (int64_t jj = nk; jj < nkp; ++jj) {
+    for (int64_t d = 0; d < c->D; ++d) t->kt[d * bk + jj] = 0.0f;
+    for (int64_t d = 0; d < c->Dv; ++d) t->vt[d * bk + jj] = 0.0f;
+  }
+  memset(t->dk, 0, (size_t)(nk * c->Dp) * sizeof(float));
+  memset(t->dv, 0, (size_t)(nk * c->Dvp) * sizeof(float));
+
+  int64_t i_lo, i_hi;
+  query_row_range(c, s, j0, nk, &i_lo, &i_hi);
+  const int64_t qds = token_dstride(c, &in->q);
+  const int64_t dods = token_dstride(c, c->run->dout);
+  for (int64_t hh = 0; hh < c->group; ++hh) {
+    const int64_t h = s->g * c->group + hh;
+    const float *lse = sh->lse + (pr * c->group + hh) * c->Tq;
+    const float *delta = sh->delta + (pr * c->group + hh) * c->Tq;
+    float *dq = t->dq + (pr * c->group + hh) * c->Tq * c->Dp;
+    for (int64_t qb = i_lo / bq; qb * bq < i_hi; ++qb) {
+      const int64_t i0 = qb * bq, rows = min64(bq, s->s.len_q - i0);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t row = s->s.q_row0 + i0 + r;
+        load_vec(in->q.data, c->dt, token_off(c, &in->q, s->b, row, h), qds, c->D, c->scale,
+                 t->q + r * c->Dp);
+        load_vec(c->run->dout->data, c->dt, token_off(c, c->run->dout, s->b, row, h), dods, c->Dv,
+                 1.0f, t->dout + r * c->Dvp);
+      }
+      k->gemm(rows, nkp, c->D, t->q, c->Dp, 0, t->kt, bk, t->sp, bk, 0);
+      apply_masks(c, s, h, i0, rows, j0, nk, t->sp, bk, t->dc);
+      k->gemm(rows, nkp, c->Dv, t->dout, c->Dvp, 0, t->vt, bk, t->dp, bk, 0);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r;
+        float *pr_ = t->sp + r * bk, *dp = t->dp + r * bk;
+        if (lse[i] == -INFINITY) { /* a fully masked row contributes nothing */
+          memset(pr_, 0, (size_t)nk * sizeof(float));
+          memset(dp, 0, (size_t)nk * sizeof(float));
+          if (t->pd != NULL) memset(t->pd + r * bk, 0, (size_t)nk * sizeof(float));
+          continue;
+        }
+        k->exp_sum(pr_, nk, lse[i]); /* P = exp(x - lse), 0 where masked */
+        if (c->dropout) {
+          float *pd = t->pd + r * bk;
+          for (int64_t jj = 0; jj < nk; jj += 4) {
+            uint32_t w[4];
+            philox_words(c, s->b, h, i, j0 + jj, w);
+            for (int64_t e = 0; e < 4 && jj + e < nk; ++e) {
+              const int keep = w[e] >= c->drop_threshold;
+              pd[jj + e] = keep ? pr_[jj + e] * c->keep_scale : 0.0f;
+              dp[jj + e] = keep ? dp[jj + e] * c->keep_scale : 0.0f;
+            }
+          }
+        }
+        k->ds_row(dp, pr_, nk, delta[i]);
+        if (c->softcap > 0.0f) {
+          const float *dc = t->dc + r * bk;
+          for (int64_t jj = 0; jj < nk; ++jj) dp[jj] *= dc[jj];
+        }
+        if (dbias != NULL) {
+          int64_t js, at = dbias_row(c, s->b, h, i, &js);
+          for (int64_t jj = 0; jj < nk; ++jj) dbias[at + (j0 + jj) * js] += dp[jj];
+        }
+      }
+      k->gemm(nk, c->Dvp, rows, c->dropout ? t->pd : t->sp, bk, 1, t->dout, c->Dvp, t->dv, c->Dvp, 1);
+      k->gemm(nk, c->Dp, rows, t->dp, bk, 1, t->q, c->Dp, t->dk, c->Dp, 1);
+      k->gemm(rows, c->Dp, nk, t->dp, bk, 0, t->kr, c->Dp, dq + i0 * c->Dp, c->Dp, 1);
+    }
+  }
+
+  const attn_grads *g = c->run->grads;
+  const int64_t dkds = token_dstride(c, &g->dk), dvds = token_dstride(c, &g->dv);
+  for (int64_t jj = 0; jj < nk; ++jj) {
+    const int64_t krow = s->s.k_row0 + j0 + jj;
+    store_vec(g->dk.data, c->dt, token_off(c, &g->dk, s->b, krow, s->g), dkds, c->D,
+              t->dk + jj * c->Dp, 1.0f);
+    store_vec(g->dv.data, c->dt, token_off(c, &g->dv, s->b, krow, s->g), dvds, c->Dv,
+              t->dv + jj * c->Dvp, 1.0f);
+  }
+}
+
+/* dq, dk, dv = 0 on rows that belong to no sequence. */
+static void backward_outside_rows(const cpu_run *c) {
+  const attn_problem *p = c->p;
+  const attn_grads *g = c->run->grads;
+  if (p->varlen == ATTN_VARLEN_NONE) return;
+  for (int64_t b = 0; b < (c->packed ? 1 : c->B); ++b) {
+    int64_t q0 = c->packed ? c->in->cu_seqlens_q[c->B] : c->in->seqlens_q[b];
+    int64_t q1 = c->packed ? p->total_q : c->Tq;
+    int64_t k0 = c->packed ? c->in->cu_seqlens_k[c->B] : c->in->seqlens_k[b];
+    int64_t k1 = c->packed ? p->total_k : c->Tk;
+    zero_token_rows(c, &g->dq, c->Hq, c->D, b, q0, q1);
+    zero_token_rows(c, &g->dk, c->Hkv, c->D, b, k0, k1);
+    zero_token_rows(c, &g->dv, c->Hkv, c->Dv, b, k0, k1);
+  }
+}
+
+/* dsinks[h, t] = -sum_{b, i} exp(a_t - lse_i) Delta_i (over heads too for shared sinks). */
+static void backward_dsinks(const cpu_run *c) {
+  const attn_problem *p = c->p;
+  const attn_grads *g = c->run->grads;
+  const attn_outputs *fwd = c->run->outputs;
+  const int64_t S = p->num_sinks;
+  const int64_t n = p->sinks_shared ? S : c->Hq * S;
+  double *acc = calloc((size_t)n, sizeof(double));
+  float *o = malloc((size_t)c->Dv * sizeof(float)), *dout = malloc((size_t)c->Dv * sizeof(float));
+  if (acc == NULL || o == NULL || dout == NULL) {
+    free(acc), free(o), free(dout);
+    return;
+  }
+  for (int64_t b = 0; b < c->B; ++b) {
+    attn_seq seq = attn_seq_of(p, c->in, b);
+    for (int64_t h = 0; h < c->Hq; ++h)
+      for (int64_t i = 0; i < seq.len_q; ++i) {
+        const int64_t row = seq.q_row0 + i;
+        const float lse = ((const float *)fwd->lse.data)[lse_off(c, &fwd->lse, b, h, row)];
+        if (lse == -INFINITY) continue;
+        load_vec(fwd->out.data, c->dt, token_off(c, &fwd->out, b, row, h),
+                 token_dstride(c, &fwd->out), c->Dv, 1.0f, o);
+        load_vec(c->run->dout->data, c->dt, token_off(c, c->run->dout, b, row, h),
+                 token_dstride(c, c->run->dout), c->Dv, 1.0f, dout);
+        float delta = 0.0f;
+        for (int64_t d = 0; d < c->Dv; ++d) delta += o[d] * dout[d];
+        for (int64_t a = 0; a < S; ++a)
+          acc[(p->sinks_shared ? 0 : h * S) + a] -= expf(sink_logit(c, h, a) - lse) * delta;
+      }
+  }
+  const attn_tensor *ds = &g->dsinks;
+  for (int64_t e = 0; e < n; ++e) {
+    int64_t off = p->sinks_shared ? e * ds->stride[0] : (e / S) * ds->stride[0] + (e % S) * ds->stride[1];
+    ((float *)ds->data)[off] = (float)acc[e];
+  }
+  free(acc), free(o), free(dout);
+}
+
+/* Writes a dense f32 accumulator of the bias shape into dbias (its dtype and strides). */
+static void write_dbias(const cpu_run *c, const float *acc) {
+  const attn_tensor *t = &c->run->grads->dbias;
+  const int64_t *sh = c->p->bias_shape;
+  int64_t e = 0;
+  for (int64_t a = 0; a < sh[0]; ++a)
+    for (int64_t h = 0; h < sh[1]; ++h)
+      for (int64_t i = 0; i < sh[2]; ++i)
+        for (int64_t j = 0; j < sh[3]; ++j, ++e)
+          store1(t->data, (attn_dtype)c->p->bias_dtype,
+                 a * t->stride[0] + h * t->stride[1] + i * t->stride[2] + j * t->stride[3], acc[e]);
+}
+
+static attn_status cpu_backward(const attn_run *run) {
+  cpu_run c = make_cpu_run(run);
+  const attn_problem *p = c.p;
+  const bwd_layout lay = bwd_layout_of(p, c.bq, c.bk);
+  /* The chunk was fixed by workspace_size for the thread count of that moment; recompute it the
+   * same way, shrink it until one thread fits what the workspace holds (the thread count may have
+   * changed since), then fit the threads. */
+  int64_t chunk = bwd_chunk(p, &lay, max_threads());
+  const int64_t room = (int64_t)(run->workspace_size / sizeof(float));
+  while (chunk > 1 && lay.shared + chunk * (lay.per_pair + lay.per_thread_pair) +
+                              lay.per_thread_fixed + lay.per_thread_dbias > room)
+    --chunk;
+  const int64_t per_thread = lay.per_thread_fixed + chunk * lay.per_thread_pair + lay.per_thread_dbias;
+  c.nthreads = run_threads(run, lay.shared + chunk * lay.per_pair, per_thread);
+  c.chunk = chunk;
+  const int want_dbias = p->has_bias && run->grads->dbias.data != NULL;
+  const int private_dbias = p->has_bias && p->bias_shape[3] == 1;
+  const int64_t nbias = p->has_bias ? attn_role_numel(p, ATTN_ROLE_BIAS) : 0;
+
+  float *ws = (float *)run->workspace;
+  bwd_shared sh;
+  sh.dbias = lay.shared > 0 ? ws : NULL;
+  sh.lse = ws + lay.shared;
+  sh.delta = sh.lse + round_up(chunk * c.group * c.Tq, 16);
+  sh.thread_base = ws + lay.shared + chunk * lay.per_pair;
+  sh.per_thread = per_thread;
+  if (want_dbias && !private_dbias) memset(sh.dbias, 0, (size_t)nbias * sizeof(float));
+
+  backward_outside_rows(&c);
+  const int64_t nphases = (c.npairs + chunk - 1) / chunk;
+  const attn_outputs *fwd = run->outputs;
+  const attn_grads *g = run->grads;
+
+#ifdef _OPENMP
+#pragma omp parallel num_threads(c.nthreads)
+#endif
+  {
+    const int tid = thread_id();
+    float *tb = sh.thread_base + (int64_t)tid * per_thread;
+    bwd_thread t;
+    t.kr = tb;
+    t.dk = t.kr + round_up(c.bk * c.Dp, 16);
+    t.kt = t.dk + round_up(c.bk * c.Dp, 16);
+    t.vt = t.kt + round_up(c.D * c.bk, 16);
+    t.dv = t.vt + round_up(c.Dv * c.bk, 16);
+    t.q = t.dv + round_up(c.bk * c.Dvp, 16);
+    t.dout = t.q + round_up(c.bq * c.Dp, 16);
+    t.sp = t.dout + round_up(c.bq * c.Dvp, 16);
+    t.dp = t.sp + round_up(c.bq * c.bk, 16);
+    float *next = t.dp + round_up(c.bq * c.bk, 16);
+    t.pd = NULL, t.dc = NULL;
+    if (c.dropout) t.pd = next, next += round_up(c.bq * c.bk, 16);
+    if (c.softcap > 0.0f) t.dc = next, next += round_up(c.bq * c.bk, 16);
+    t.dq = tb + lay.per_thread_fixed;
+    t.dbias = private_dbias ? t.dq + chunk * lay.per_thread_pair : NULL;
+    /* Padding columns of the tiles stay zero: loads only write the first D (Dv) of each row. */
+    memset(tb, 0, (size_t)lay.per_thread_fixed * sizeof(float));
+    if (want_dbias && private_dbias) memset(t.dbias, 0, (size_t)nbias * sizeof(float));
+    float *dbias = !want_dbias ? NULL : private_dbias ? t.dbias : sh.dbias;
+
+    for (int64_t ph = 0; ph < nphases; ++ph) {
+      const int64_t pair0 = ph * chunk, npair = min64(chunk, c.npairs - pair0);
+      memset(t.dq, 0, (size_t)(npair * lay.per_thread_pair) * sizeof(float));
+      /* lse and Delta = rowsum(dout * out) of every row of the phase */
+      const int64_t nrows = npair * c.group;
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+      for (int64_t it = 0; it < nrows; ++it) {
+        const int64_t pr = it / c.group, hh = it % c.group;
+        const cpu_seq s = make_seq(&c, pair0 + pr);
+        const int64_t h = s.g * c.group + hh;
+        float *lse = sh.lse + it * c.Tq, *delta = sh.delta + it * c.Tq;
+        float o[ATTN_CPU_NPAD], d_[ATTN_CPU_NPAD];
+        for (int64_t i = 0; i < s.s.len_q; ++i) {
+          const int64_t row = s.s.q_row0 + i;
+          lse[i] = ((const float *)fwd->lse.data)[lse_off(&c, &fwd->lse, s.b, h, row)];
+          float acc = 0.0f;
+          for (int64_t d0 = 0; d0 < c.Dv; d0 += ATTN_CPU_NPAD) {
+            const int64_t n = min64(ATTN_CPU_NPAD, c.Dv - d0);
+            load_vec(fwd->out.data, c.dt,
+                     token_off(&c, &fwd->out, s.b, row, h) + d0 * token_dstride(&c, &fwd->out),
+                     token_dstride(&c, &fwd->out), n, 1.0f, o);
+            load_vec(run->dout->data, c.dt,
+                     token_off(&c, run->dout, s.b, row, h) + d0 * token_dstride(&c, run->dout),
+                     token_dstride(&c, run->dout), n, 1.0f, d_);
+            for (int64_t d = 0; d < n; ++d) acc += o[d] * d_[d];
+          }
+          delta[i] = acc;
+        }
+      }
+      const int64_t nwork = npair * c.nkb;
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+      for (int64_t it = 0; it < nwork; ++it) {
+        const int64_t pr = it % npair, kb = it / npair;
+        const cpu_seq s = make_seq(&c, pair0 + pr);
+        if (kb * c.bk >= s.s.len_k) continue;
+        backward_item(&c, &sh, &t, pr, &s, kb, dbias);
+      }
+      /* dq = s * (sum over threads of their accumulators) */
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+      for (int64_t it = 0; it < nrows; ++it) {
+        const int64_t pr = it / c.group, hh = it % c.group;
+        const cpu_seq s = make_seq(&c, pair0 + pr);
+        const int64_t h = s.g * c.group + hh;
+        float sum[4096];
+        for (int64_t i = 0; i < s.s.len_q; ++i) {
+          const int64_t row = s.s.q_row0 + i;
+          for (int64_t d0 = 0; d0 < c.D; d0 += 4096) {
+            const int64_t n = min64(4096, c.D - d0);
+            memset(sum, 0, (size_t)n * sizeof(float));
+            for (int th = 0; th < c.nthreads; ++th) {
+              const float *acc = sh.thread_base + (int64_t)th * per_thread + lay.per_thread_fixed +
+                                 (it * c.Tq + i) * c.Dp + d0;
+              for (int64_t d = 0; d < n; ++d) sum[d] += acc[d];
+            }
+            store_vec(g->dq.data, c.dt,
+                      token_off(&c, &g->dq, s.b, row, h) + d0 * token_dstride(&c, &g->dq),
+                      token_dstride(&c, &g->dq), n, sum, c.scale);
+          }
+        }
+      }
+    }
+  }
+
+  if (want_dbias) {
+    if (private_dbias) {
+      float *acc = sh.thread_base + lay.per_thread_fixed + chunk * lay.per_thread_pair;
+      for (int th = 1; th < c.nthreads; ++th) {
+        const float *other = acc + (int64_t)th * per_thread;
+        for (int64_t e = 0; e < nbias; ++e) acc[e] += other[e];
+      }
+      write_dbias(&c, acc);
+    } else {
+      write_dbias(&c, sh.dbias);
+    }
+  }
+  if (p->num_sinks > 0 && g->dsinks.data != NULL) backward_dsinks(&c);
+  return ATTN_STATUS_OK;
+}
+
+/* ---- the contract ------------------------------------------------------------------------------- */
+
+static attn_status cpu_supports(const attn_problem *p, char *why, size_t why_size) {
+  if (p->dtype != ATTN_DTYPE_F32 && p->dtype != ATTN_DTYPE_F16 && p->dtype != ATTN_DTYPE_BF16) {
+    attn_format(why, why_size, "dtype=%s: f32, f16 and bf16 only (the reference runs f64)",
+                attn_dtype_name((attn_dtype)p->dtype));
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  if (p->operation != ATTN_OPERATION_FLASH_ATTENTION) {
+    attn_format(why, why_size,
+                "operation=scaled_dot_product_attention: this implementation never forms the "
+                "probabilities; it runs flash_attention only");
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  return ATTN_STATUS_OK;
+}
+
+static int32_t cpu_num_configs(const attn_problem *p) {
+  (void)p;
+  return N_BQ * N_BK;
+}
+
+static void cpu_config_name(const attn_problem *p, int32_t config, char *buf, size_t size) {
+  (void)p;
+  attn_format(buf, size, "bq%d_bk%d", (int)cfg_bq[config / N_BK], (int)cfg_bk[config % N_BK]);
+}
+
+static int32_t cpu_default_config(const attn_problem *p) {
+  (void)p;
+  return 1 * N_BK + 1; /* bq64_bk128 */
+}
+
+static attn_status cpu_plan_init(const attn_problem *p, int32_t config, void **state, char *why,
+                                 size_t why_size) {
+  (void)p, (void)config, (void)why, (void)why_size;
+  *state = (void *)select_kernels();
+  return ATTN_STATUS_OK;
+}
+
+static void cpu_plan_fini(void *state) { (void)state; }
+
+const attn_impl attn_cpu_impl = {
+    .name = "cpu",
+    .device = ATTN_DEVICE_CPU,
+    .version = 1,
+    .supports = cpu_supports,
+    .num_configs = cpu_num_configs,
+    .config_name = cpu_config_name,
+    .default_config = cpu_default_config,
+    .workspace_size = cpu_workspace_size,
+    .plan_init = cpu_plan_init,
+    .plan_fini = cpu_plan_fini,
+    .forward = cpu_forward,
+    .backward = cpu_backward,
+};
+
+const char *attn_cpu_isa_name(void) { return select_kernels()->name; }

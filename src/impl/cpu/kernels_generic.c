@@ -1,0 +1,54 @@
+/*
+ * src/impl/cpu/kernels_generic.c - the portable kernels of the "cpu" implementation: plain C11 that
+ * any compiler vectorises for the baseline instruction set. Compiled with no special flags; it is
+ * the fallback on machines without AVX2 and the path ATTN_CPU_ISA=generic forces in tests.
+ */
+#include "impl/cpu/cpu.h"
+
+#include <math.h>
+
+static void gemm_generic(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
+                         const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate) {
+  for (int64_t r = 0; r < m; ++r) {
+    float *cr = c + r * ldc;
+    if (!accumulate)
+      for (int64_t j = 0; j < n; ++j) cr[j] = 0.0f;
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const float av = trans_a ? a[kk * lda + r] : a[r * lda + kk];
+      const float *bk = b + kk * ldb;
+      for (int64_t j = 0; j < n; ++j) cr[j] += av * bk[j];
+    }
+  }
+}
+
+static float row_max_generic(const float *x, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
+static float exp_sum_generic(float *x, int64_t n, float m) {
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    x[j] = expf(x[j] - m); /* expf(-inf) = 0 exactly */
+    sum += x[j];
+  }
+  return sum;
+}
+
+static void scale_generic(float *x, int64_t n, float s) {
+  for (int64_t j = 0; j < n; ++j) x[j] *= s;
+}
+
+static void ds_row_generic(float *dp, const float *p, int64_t n, float delta) {
+  for (int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - delta);
+}
+
+const attn_cpu_kernels attn_cpu_kernels_generic = {
+    .name = "generic",
+    .gemm = gemm_generic,
+    .row_max = row_max_generic,
+    .exp_sum = exp_sum_generic,
+    .scale = scale_generic,
+    .ds_row = ds_row_generic,
+};
