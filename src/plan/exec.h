@@ -115,7 +115,7 @@ attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *resolved, const
 typedef double (*attn_tune_timer_fn)(void *user, const char *impl, const char *config,
                                      const char *problem);
 void attn_tune_set_timer_for_testing(attn_tune_timer_fn fn, void *user);
-/* Whether a timer hook is set, and its answer (used by select.c). */
+/* Whether a timer hook is set, and (when impl is not NULL) its answer for the candidate. */
 int attn_tune_injected(const char *impl, const char *config, const char *problem, double *us);
 
 /* ---- plans made for an exact choice (plan.c) -------------------------------------------------- */

@@ -141,7 +141,7 @@ void attn_tune_set_timer_for_testing(attn_tune_timer_fn fn, void *user) {
 
 int attn_tune_injected(const char *impl, const char *config, const char *problem, double *us) {
   if (timer_fn == NULL) return 0;
-  *us = timer_fn(timer_user, impl, config, problem);
+  if (impl != NULL) *us = timer_fn(timer_user, impl, config, problem);
   return 1;
 }
 
