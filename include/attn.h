@@ -483,12 +483,11 @@ typedef struct attn_policy {
 
 /* Fills *policy with the defaults above. Never allocates. */
 ATTN_API void attn_policy_init(attn_policy *policy);
-/* Sets the context's policy (a copy; cache_path is copied too). INVALID_ARGUMENT naming the field
- * for a value out of range; OUT_OF_MEMORY when the path cannot be copied. The in-memory cache is
- * kept. */
+/* Sets the context's policy (a copy; cache_path is copied too, up to 4095 characters).
+ * INVALID_ARGUMENT naming the field for a value out of range. The in-memory cache is kept. */
 ATTN_API attn_status attn_ctx_set_policy(attn_ctx *ctx, const attn_policy *policy);
-/* The context's policy; cache_path points into the context (valid until the next
- * attn_ctx_set_policy). */
+/* The context's policy; cache_path points into the context (valid as long as the context, with
+ * the value of the last attn_ctx_set_policy), so get, change, set is safe. */
 ATTN_API attn_status attn_ctx_get_policy(const attn_ctx *ctx, attn_policy *policy /* out */);
 
 typedef enum attn_event_kind {

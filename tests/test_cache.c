@@ -82,6 +82,17 @@ static attn_status pick(attn_ctx *ctx, int64_t seqlen, char *buf, size_t size) {
   return st;
 }
 
+/* The file's bytes, NUL-terminated (tu_read_file does not terminate them). */
+static char *read_text(const char *path, size_t *size) {
+  char *raw = tu_read_file(path, size);
+  if (raw == NULL) return NULL;
+  char *text = malloc(*size + 1);
+  memcpy(text, raw, *size);
+  text[*size] = '\0';
+  free(raw);
+  return text;
+}
+
 static void write_text(const char *path, const char *text, size_t n) {
   FILE *f = fopen(path, "wb");
   if (f == NULL) exit(2);
@@ -117,7 +128,7 @@ static void test_damaged(void) {
            "a corrupt cache file: the plan is still made (tuned: %s)", pk);
   tu_check(book.warnings >= 2 && book.failures >= 2 && strstr(book.last, "not overwriting") != NULL,
            "... with a logged warning and FAILURE events, and it is not overwritten: \"%s\"", book.last);
-  char *text = tu_read_file(path, &size);
+  char *text = read_text(path, &size);
   tu_check(text != NULL && size == sizeof garbage - 1 && memcmp(text, garbage, size) == 0,
            "the corrupt file is left as it was (it may not be ours)");
   free(text);
@@ -134,7 +145,7 @@ static void test_damaged(void) {
   st = pick(ctx, 16, pk, sizeof pk);
   tu_check(st == ATTN_STATUS_OK && strstr(book.last, "not overwriting") != NULL && book.warnings >= 2,
            "a foreign-version file is ignored and kept: \"%s\"", book.last);
-  text = tu_read_file(path, &size);
+  text = read_text(path, &size);
   tu_check(text != NULL && strcmp(text, foreign) == 0, "the foreign-version file is unchanged");
   free(text);
   attn_ctx_destroy(ctx);
@@ -146,7 +157,7 @@ static void test_damaged(void) {
   pick(ctx, 16, pk, sizeof pk);
   pick(ctx, 32, pk, sizeof pk);
   attn_ctx_destroy(ctx);
-  text = tu_read_file(path, &size);
+  text = read_text(path, &size);
   tu_check(text != NULL && size > 10, "two entries written (%zu bytes)", size);
   write_text(path, text, size - 7); /* the second entry loses its end */
   free(text);
@@ -321,7 +332,7 @@ static void test_killed_writer(void) {
   pick(ctx, 16, pk, sizeof pk); /* one entry before */
   attn_ctx_destroy(ctx);
   size_t before_size;
-  char *before = tu_read_file(path, &before_size);
+  char *before = read_text(path, &before_size);
 
   int ready[2];
   if (pipe(ready) != 0) exit(2);
@@ -344,7 +355,7 @@ static void test_killed_writer(void) {
   tu_check(got == 1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
            "a writer is killed after writing its temporary file, before the rename");
   size_t after_size;
-  char *after = tu_read_file(path, &after_size);
+  char *after = read_text(path, &after_size);
   tu_check(after != NULL && after_size == before_size && memcmp(before, after, after_size) == 0,
            "the cache file is exactly the one before the killed write");
   free(before);

@@ -98,7 +98,12 @@ static char *slurp(const char *name) {
   char path[512];
   path_in_tmp(path, sizeof path, name);
   size_t size;
-  char *text = tu_read_file(path, &size);
+  char *raw = tu_read_file(path, &size); /* not NUL-terminated */
+  if (raw == NULL) return NULL;
+  char *text = malloc(size + 1);
+  memcpy(text, raw, size);
+  text[size] = '\0';
+  free(raw);
   return text;
 }
 

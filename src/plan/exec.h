@@ -68,7 +68,9 @@ void attn_cache_set_write_hook_for_testing(void (*hook)(const char *stage));
 
 typedef struct attn_exec {
   attn_policy policy;
-  char *cache_path; /* policy.cache_path's copy */
+  /* policy.cache_path's copy. A fixed buffer, so the pointer attn_ctx_get_policy hands out stays
+   * valid when that policy is modified and set again (get -> change -> set is the natural use). */
+  char cache_path[4096];
   attn_event_fn event_fn;
   void *event_user;
   attn_cache_table memory;

@@ -39,7 +39,6 @@ attn_exec *attn_exec_get(attn_ctx *ctx) {
 
 void attn_exec_destroy(attn_exec *e) {
   if (e == NULL) return;
-  free(e->cache_path);
   attn_cache_table_free(&e->memory);
   attn_cache_file_free(&e->disk);
   free(e);
@@ -87,13 +86,17 @@ attn_status attn_ctx_set_policy(attn_ctx *ctx, const attn_policy *policy) {
     return INVALID("policy.persist=%d must be 0 or 1", (int)p->persist);
   attn_exec *e = attn_exec_get(ctx);
   if (e == NULL) return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory");
-  char *path = NULL;
-  if (p->cache_path != NULL && (path = strdup(p->cache_path)) == NULL)
-    return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory copying policy.cache_path");
-  free(e->cache_path);
-  e->cache_path = path;
+  size_t n = p->cache_path != NULL ? strlen(p->cache_path) : 0;
+  if (n >= sizeof e->cache_path)
+    return INVALID("policy.cache_path is %zu characters long: at most %zu are allowed", n,
+                   sizeof e->cache_path - 1);
+  const char *path = p->cache_path;
   e->policy = *p;
-  e->policy.cache_path = e->cache_path;
+  if (path != NULL) {
+    memmove(e->cache_path, path, n); /* path may be the buffer itself */
+    e->cache_path[n] = '\0';
+    e->policy.cache_path = e->cache_path;
+  }
   return attn_succeed(ctx);
 }
 
