@@ -636,6 +636,57 @@ static void test_real_timing(void) {
   attn_ctx_destroy(ctx);
 }
 
+/* The tuner's scratch data is valid for every feature: the reference, measured for real on it,
+ * never fails (a failed candidate would be reported with its validation message). */
+typedef struct failure_count {
+  int failed, measured;
+  char why[1024];
+} failure_count;
+
+static void count_candidates(void *user, const attn_event *ev) {
+  failure_count *f = user;
+  if (ev->kind != ATTN_EVENT_KIND_TUNE_CANDIDATE) return;
+  f->measured++;
+  if (ev->status != ATTN_STATUS_OK) {
+    f->failed++;
+    snprintf(f->why, sizeof f->why, "%s", ev->message);
+  }
+}
+
+static void test_scratch_features(void) {
+  static const char *problems[] = {
+      "b2 hq4 hkv2 sq7 sk9 d8 f32 causal window=3,0 softcap=5 dropout=0.2",
+      "b2 hq4 hkv2 sq7 sk9 d8 dv4 bf16 bias=2x2x7x9 mask=1x4x7x9 alibi=bh sinks=2",
+      "b2 hq2 hkv1 sq6 sk6 d8 f16 segments sinks=1:shared alibi=h bias=1x1x1x6:bf16",
+      "b3 hq2 hkv2 sq5 sk7 d8 f32 varlen=packed:13,17 op=sdpa",
+      "b3 hq2 hkv2 sq5 sk7 d8 f64 varlen=padded bias=3x2x5x7:f64",
+  };
+  attn_ctx *ctx = make_ctx(NULL, ATTN_ON_MISS_AUTOTUNE, NULL);
+  failure_count f;
+  memset(&f, 0, sizeof f);
+  attn_ctx_set_event_callback(ctx, count_candidates, &f);
+  attn_policy pol;
+  attn_ctx_get_policy(ctx, &pol);
+  pol.cache_path = "";
+  pol.warmup_iters = 0;
+  pol.measure_iters = 1;
+  for (int backward = 0; backward <= 1; ++backward) {
+    pol.tune_backward = backward;
+    attn_ctx_set_policy(ctx, &pol);
+    for (size_t i = 0; i < sizeof problems / sizeof problems[0]; ++i) {
+      attn_problem p;
+      attn_problem_parse(ctx, problems[i], &p);
+      char pick[256];
+      attn_status st = plan_pick(ctx, &p, NULL, pick, sizeof pick);
+      if (st != ATTN_STATUS_OK) tu_check(0, "tuning \"%s\": %s", problems[i], pick);
+    }
+  }
+  tu_check(f.measured == 2 * 5 * 7 && f.failed == 0,
+           "real tuning on scratch data of every feature, forward and backward: %d candidates "
+           "measured, %d failed%s%s", f.measured, f.failed, f.failed ? ": " : "", f.why);
+  attn_ctx_destroy(ctx);
+}
+
 static void test_policy_checks(void) {
   attn_ctx *ctx;
   attn_ctx_create(&ctx);
@@ -705,6 +756,7 @@ int main(void) {
   test_filters();
   test_versions();
   test_real_timing();
+  test_scratch_features();
   fake_uninstall();
   test_policy_checks();
   char cmd[600];

@@ -89,11 +89,13 @@ attn_status attn_scratch_create(const attn_problem *p, int backward, attn_scratc
     for (int64_t i = 0; i < n; ++i) {
       state = state * 6364136223846793005ull + 1442695040888963407ull;
       double u = (double)(state >> 11) * (1.0 / 9007199254740992.0); /* [0, 1) */
-      double value = 2.0 * u - 1.0;
-      if (role == ATTN_ROLE_MASK) value = u < 0.9 ? 1.0 : 0.0;
-      if (role == ATTN_ROLE_Q_SEGMENT_IDS || role == ATTN_ROLE_KV_SEGMENT_IDS) value = 0.0;
-      if (role == ATTN_ROLE_ALIBI) value = 0.5 * u;
-      attn_store(s->data[r], dtype, i, value);
+      /* attn_store writes floating types only: the mask and segment ids are written here. */
+      if (role == ATTN_ROLE_MASK)
+        ((uint8_t *)s->data[r])[i] = u < 0.9; /* keeps most keys */
+      else if (dtype == ATTN_DTYPE_I32)
+        ((int32_t *)s->data[r])[i] = 0; /* one segment */
+      else
+        attn_store(s->data[r], dtype, i, role == ATTN_ROLE_ALIBI ? 0.5 * u : 2.0 * u - 1.0);
     }
     *slot = attn_tensor_dense(s->data[r]);
   }
