@@ -10,8 +10,14 @@
 #include <string.h>
 
 extern const attn_impl attn_ref_impl;
+#ifdef ATTN_HAVE_CUDNN
+extern const attn_impl attn_cudnn_impl;
+#endif
 
 static const attn_impl *const registry[] = {
+#ifdef ATTN_HAVE_CUDNN
+    &attn_cudnn_impl, /* src/impl/cudnn: cuDNN's fused attention on CUDA devices (bf16, f16) */
+#endif
     &attn_ref_impl, /* src/impl/ref: the spec in code; always present, always last */
 };
 

@@ -52,7 +52,7 @@ run pkg-config-shared "$tmp/hello_pc_shared"
 static_libs=$(pkg-config --static --libs-only-l attn | sed 's/-lattn//')
 # shellcheck disable=SC2086
 "$cc" $extra -std=c11 $cflags "$hello" -o "$tmp/hello_pc_static" \
-  $(pkg-config --libs-only-L attn) -Wl,-Bstatic -lattn -Wl,-Bdynamic $static_libs
+  $(pkg-config --static --libs-only-L attn) -Wl,-Bstatic -lattn -Wl,-Bdynamic $static_libs
 if command -v readelf >/dev/null 2>&1 && readelf -d "$tmp/hello_pc_static" | grep -q 'libattn'; then
   echo "FAIL: hello_pc_static depends on the shared libattn"; exit 1
 fi

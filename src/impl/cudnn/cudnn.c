@@ -1,0 +1,821 @@
+/*
+ * src/impl/cudnn/cudnn.c - the "cudnn" implementation: scaled dot-product attention, forward and
+ * backward, run by cuDNN's fused flash-attention engines on an NVIDIA GPU (bf16 and f16 inputs).
+ *
+ * What it runs is exactly what cuDNN's fused SDPA graphs express (cudnn_graph.c builds them):
+ * causal masks and windows aligned bottom-right or top-left, an additive bias (with its gradient),
+ * ALiBi under a causal mask, padded variable lengths, grouped-query heads, any softmax scale, and
+ * the log-sum-exp. Everything else is UNSUPPORTED with the reason, so the plan falls back: dropout
+ * (cuDNN's generator cannot reproduce SPEC.md's Philox bits), sinks, soft cap, u8 masks, segment
+ * ids, packed varlen, f32 and f64.
+ *
+ * Graph building is slow (heuristics, sometimes run-time compilation), so a plan builds its graphs
+ * once in plan_init for the dense layout and keeps one more graph per strided layout it meets.
+ * cuDNN's version and the GPU's compute capability are checked at run time: a library or a GPU
+ * too old is UNSUPPORTED, never a crash.
+ *
+ * Devices and streams: the problem's device_index is made current for each call and restored
+ * after; work is queued on the plan's stream and nothing here synchronises.
+ */
+#include "core/ctx.h"
+#include "core/tensors.h"
+#include "impl/cudnn/cudnn_graph.h"
+#include "impl/impl.h"
+
+#include <cuda_runtime_api.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Oldest cuDNN whose fused SDPA graphs this file builds. */
+#define ATTN_CUDNN_MIN_VERSION 90000
+/* Graphs a plan keeps for strided layouts besides the dense one. */
+#define ATTN_CUDNN_LAYOUTS 4
+/* Alignment of the pieces the implementation places in the workspace. */
+#define ATTN_CUDNN_ALIGN 256
+
+/* ---- errors: one macro for every CUDA runtime call ---------------------------------------------- */
+
+static int cuda_check(cg_err *err, cudaError_t e, const char *expr, const char *file, int line) {
+  if (e == cudaSuccess) return 0;
+  if (err->status == ATTN_STATUS_OK) {
+    err->status = e == cudaErrorMemoryAllocation ? ATTN_STATUS_OUT_OF_MEMORY
+                  : (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)
+                      ? ATTN_STATUS_UNSUPPORTED
+                      : ATTN_STATUS_DEVICE_ERROR;
+    attn_format(err->why, err->why_size, "%s failed: %s (%s:%d)", expr, cudaGetErrorString(e), file,
+                line);
+  }
+  return 1;
+}
+
+#define ATTN_CUDA_CHECK(err, expr)                                                                 \
+  ((err)->status != ATTN_STATUS_OK ? 1 : cuda_check((err), (expr), #expr, __FILE__, __LINE__))
+
+/* ---- what cuDNN can run -------------------------------------------------------------------------- */
+
+/* The window after folding causal in, and whether the alignment can be taken as top-left (it is
+ * the same mask when Tq == Tk without varlen). */
+static int effective_top_left(const attn_problem *p) {
+  if (p->align == ATTN_ALIGN_TOP_LEFT) return 1;
+  return p->varlen == ATTN_VARLEN_NONE && p->seqlen_q == p->seqlen_k;
+}
+
+static int has_band(const attn_problem *p) { return p->window_left >= 0 || p->window_right >= 0; }
+
+/* Compute capability of the problem's GPU as 10 * major + minor, or 0 with why filled. */
+static int device_sm(int32_t index, char *why, size_t why_size) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    attn_format(why, why_size, "no CUDA device is usable (%s)",
+                e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    return 0;
+  }
+  if (index >= count) {
+    attn_format(why, why_size, "device_index=%d but only %d CUDA devices are present", (int)index,
+                count);
+    return 0;
+  }
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index) != cudaSuccess) {
+    attn_format(why, why_size, "cannot read the compute capability of device %d", (int)index);
+    return 0;
+  }
+  return major * 10 + minor;
+}
+
+#define NO(...)                                                                                    \
+  do {                                                                                             \
+    attn_format(why, why_size, __VA_ARGS__);                                                       \
+    return ATTN_STATUS_UNSUPPORTED;                                                                \
+  } while (0)
+
+/* The problem-level rules (no GPU or library needed). */
+static attn_status problem_supported(const attn_problem *p, int version, int sm, char *why,
+                                     size_t why_size) {
+  if (p->dtype != ATTN_DTYPE_BF16 && p->dtype != ATTN_DTYPE_F16)
+    NO("dtype=%s: cuDNN's fused attention takes bf16 or f16 inputs",
+       attn_dtype_name((attn_dtype)p->dtype));
+  if (p->dropout_p > 0.0)
+    NO("dropout_p=%g: cuDNN's random generator cannot reproduce the Philox dropout of SPEC.md",
+       p->dropout_p);
+  if (p->num_sinks > 0) NO("num_sinks=%lld: sinks are not supported", (long long)p->num_sinks);
+  if (p->softcap > 0.0) NO("softcap=%g: the soft cap is not supported", p->softcap);
+  if (p->has_mask) NO("has_mask=1: u8 masks are not supported (pass an additive bias instead)");
+  if (p->has_segment_ids) NO("has_segment_ids=1: segment ids are not supported");
+  if (p->varlen == ATTN_VARLEN_PACKED)
+    NO("varlen=packed: packed sequences are not supported (use varlen=padded)");
+  if (p->alibi == ATTN_ALIBI_PER_BATCH_HEAD)
+    NO("alibi=per_batch_head: only per-head ALiBi slopes [Hq] are supported");
+  if (p->seqlen_k == 0 && p->seqlen_q > 0)
+    NO("seqlen_k=0: rows without any key are not supported");
+  if (p->seqlen_q == 1 && p->seqlen_k == 1) NO("seqlen_q=1 and seqlen_k=1 is not supported");
+  if (p->head_dim % 8 != 0 || p->head_dim_v % 8 != 0)
+    NO("head_dim=%lld, head_dim_v=%lld: both must be multiples of 8", (long long)p->head_dim,
+       (long long)p->head_dim_v);
+  int64_t max_d = sm >= 90 && sm < 100 ? 256 : 128;
+  if (p->head_dim > max_d || p->head_dim_v > max_d)
+    NO("head_dim=%lld, head_dim_v=%lld: at most %lld on sm%d", (long long)p->head_dim,
+       (long long)p->head_dim_v, (long long)max_d, sm);
+  if (p->seqlen_q > INT32_MAX || p->seqlen_k > INT32_MAX)
+    NO("sequence lengths beyond 2^31 are not supported");
+
+  int top_left = effective_top_left(p);
+  int padded = p->varlen == ATTN_VARLEN_PADDED;
+  if (has_band(p) && !top_left && !padded && p->seqlen_q > p->seqlen_k)
+    NO("seqlen_q=%lld > seqlen_k=%lld with a bottom-right causal mask or window: rows without "
+       "keys are not supported",
+       (long long)p->seqlen_q, (long long)p->seqlen_k);
+  if (p->window_left >= 0 && top_left && !padded && p->seqlen_q > p->seqlen_k)
+    NO("seqlen_q=%lld > seqlen_k=%lld with a sliding window is not supported",
+       (long long)p->seqlen_q, (long long)p->seqlen_k);
+  if (has_band(p) && !top_left && (p->has_bias || p->alibi))
+    NO("a bottom-right causal mask or window with seqlen_q != seqlen_k does not combine with a "
+       "bias or ALiBi in cuDNN");
+  if (p->alibi) {
+    if (p->window_right != 0 || p->window_left >= 0 || !top_left)
+      NO("alibi: cuDNN adds ALiBi only under a plain causal mask aligned top-left (or Tq == Tk)");
+  }
+  if (p->has_bias) {
+    if (p->bias_dtype != p->dtype)
+      NO("bias_dtype=%s: the bias must have the inputs' dtype (%s)",
+         attn_dtype_name((attn_dtype)p->bias_dtype), attn_dtype_name((attn_dtype)p->dtype));
+    if (p->bias_shape[1] != 1 && p->bias_shape[1] != p->heads_q)
+      NO("bias_shape[1]=%lld: a bias per KV head is not supported (use Hq or 1)",
+         (long long)p->bias_shape[1]);
+    if (p->bias_shape[2] != p->seqlen_q || p->bias_shape[3] != p->seqlen_k)
+      NO("bias_shape=[%lld, %lld, %lld, %lld]: the bias must span [.., .., Tq, Tk]",
+         (long long)p->bias_shape[0], (long long)p->bias_shape[1], (long long)p->bias_shape[2],
+         (long long)p->bias_shape[3]);
+  }
+
+  if (version < ATTN_CUDNN_MIN_VERSION)
+    NO("cuDNN %d is too old: the fused attention graphs need %d or newer", version,
+       ATTN_CUDNN_MIN_VERSION);
+  if (version == 91000 || version == 91001)
+    NO("cuDNN %d has known fused-attention bugs: use 9.10.2 or newer", version);
+  if (version < 90600 && has_band(p) && !top_left &&
+      (p->seqlen_q % 64 != 0 || p->seqlen_k % 64 != 0))
+    NO("cuDNN %d needs sequence lengths that are multiples of 64 for bottom-right masks", version);
+  if (version < 91002 && p->window_left >= 0 && (p->window_right != 0 || p->has_bias))
+    NO("cuDNN %d supports a window's left bound only with a causal right bound and no bias",
+       version);
+  if (version == 91400 && p->window_left >= 0 && p->window_right != 0 && p->seqlen_k > 1024)
+    NO("cuDNN 9.14.0 has a known bug with non-causal sliding windows over more than 1024 keys");
+  return ATTN_STATUS_OK;
+}
+
+static attn_status cudnn_supports(const attn_problem *p, char *why, size_t why_size) {
+  /* The cheap problem rules first, so a CPU-style problem never wakes the GPU. */
+  attn_status s = problem_supported(p, 99999, 90, why, why_size);
+  if (s != ATTN_STATUS_OK) return s;
+  int sm = device_sm(p->device_index, why, why_size);
+  if (sm == 0) return ATTN_STATUS_UNSUPPORTED;
+  if (sm < 80) NO("sm%d: cuDNN's fused attention needs compute capability 8.0 or newer", sm);
+  return problem_supported(p, (int)cudnnGetVersion(), sm, why, why_size);
+}
+
+/* ---- workspace sizes, remembered per problem ------------------------------------------------ */
+
+/* attn_impl.workspace_size sees the problem but not the plan state that knows cuDNN's sizes, so
+ * plan_init records them here under a key made of the problem's fields. Small and process-wide,
+ * guarded by a mutex; the oldest entry is overwritten when it is full. */
+#define WS_CACHE_SIZE 64
+
+typedef struct ws_key {
+  int64_t f[32];
+} ws_key;
+
+typedef struct ws_entry {
+  ws_key key;
+  int used;
+  size_t forward, backward;
+} ws_entry;
+
+static pthread_mutex_t ws_lock = PTHREAD_MUTEX_INITIALIZER;
+static ws_entry ws_cache[WS_CACHE_SIZE];
+static int ws_next;
+
+static ws_key key_of(const attn_problem *p) {
+  ws_key k;
+  memset(&k, 0, sizeof k);
+  int64_t scale_bits;
+  memcpy(&scale_bits, &p->scale, sizeof scale_bits);
+  int64_t f[] = {p->operation, p->dtype,        p->device_index, p->batch,        p->seqlen_q,
+                 p->seqlen_k,  p->heads_q,      p->heads_kv,     p->head_dim,     p->head_dim_v,
+                 scale_bits,   p->causal,       p->align,        p->window_left,  p->window_right,
+                 p->has_bias,  p->bias_dtype,   p->bias_shape[0], p->bias_shape[1],
+                 p->bias_shape[2], p->bias_shape[3], p->alibi,   p->varlen};
+  memcpy(k.f, f, sizeof f);
+  return k;
+}
+
+static void ws_remember(const attn_problem *p, size_t forward, size_t backward) {
+  ws_key k = key_of(p);
+  pthread_mutex_lock(&ws_lock);
+  int slot = -1;
+  for (int i = 0; i < WS_CACHE_SIZE; ++i)
+    if (ws_cache[i].used && memcmp(&ws_cache[i].key, &k, sizeof k) == 0) slot = i;
+  if (slot < 0) {
+    slot = ws_next;
+    ws_next = (ws_next + 1) % WS_CACHE_SIZE;
+  }
+  ws_cache[slot].key = k;
+  ws_cache[slot].used = 1;
+  /* Two plans of one problem may see different sizes only if cuDNN changes its mind; keep the
+   * larger so that a workspace sized from either is enough. */
+  if (ws_cache[slot].forward < forward) ws_cache[slot].forward = forward;
+  if (ws_cache[slot].backward < backward) ws_cache[slot].backward = backward;
+  pthread_mutex_unlock(&ws_lock);
+}
+
+static int ws_lookup(const attn_problem *p, size_t *forward, size_t *backward) {
+  ws_key k = key_of(p);
+  int found = 0;
+  pthread_mutex_lock(&ws_lock);
+  for (int i = 0; i < WS_CACHE_SIZE && !found; ++i) {
+    if (ws_cache[i].used && memcmp(&ws_cache[i].key, &k, sizeof k) == 0) {
+      *forward = ws_cache[i].forward;
+      *backward = ws_cache[i].backward;
+      found = 1;
+    }
+  }
+  pthread_mutex_unlock(&ws_lock);
+  return found;
+}
+
+static size_t align_up(size_t n) { return (n + ATTN_CUDNN_ALIGN - 1) & ~(size_t)(ATTN_CUDNN_ALIGN - 1); }
+
+/* The implementation's own pieces of the workspace, after cuDNN's. */
+static size_t stats_bytes(const attn_problem *p) {
+  return align_up((size_t)(p->batch * p->heads_q * p->seqlen_q) * sizeof(float));
+}
+static size_t dq_accum_bytes(const attn_problem *p) {
+  return align_up((size_t)(p->batch * p->heads_q * p->seqlen_q * p->head_dim) * sizeof(float));
+}
+static size_t seqlen_bytes(const attn_problem *p) {
+  return align_up((size_t)p->batch * sizeof(int32_t));
+}
+
+/* ---- plan state ---------------------------------------------------------------------------------- */
+
+typedef struct layout_graphs {
+  cg_layout layout;
+  cg_graph *graph;
+} layout_graphs;
+
+typedef struct cudnn_state {
+  attn_problem problem;
+  cg_spec base;           /* the spec of the dense layout */
+  cudnnHandle_t handle;
+  int version, sm;
+  /* graphs per pass: [0] forward, [1] backward, [2] backward with dbias; slot 0 is dense */
+  layout_graphs graphs[3][1 + ATTN_CUDNN_LAYOUTS];
+  int ngraphs[3];
+  char why_not[3][ATTN_MESSAGE_SIZE]; /* why a pass could not be built, "" when it could */
+  size_t plan_ws[3];                  /* cuDNN's workspace of the dense graph of each pass */
+  int32_t *full_q, *full_kv;          /* host [B] of Tq and Tk for the full-padding workaround */
+} cudnn_state;
+
+/* cuDNN's [b, h, s, d] strides of a library tensor [B, T, H, D]. */
+static void bhsd(const attn_tensor *t, int64_t out[4]) {
+  out[0] = t->stride[0];
+  out[1] = t->stride[2];
+  out[2] = t->stride[1];
+  out[3] = t->stride[3];
+}
+
+/* lse [B, Hq, Tq] as [b, h, s, 1]. */
+static void lse_strides(const attn_tensor *t, int64_t out[4]) {
+  out[0] = t->stride[0];
+  out[1] = t->stride[1];
+  out[2] = t->stride[2];
+  out[3] = 1;
+}
+
+/* A bias stride of a size-1 dimension is meaningless; give it the value a dense tensor would have
+ * so that equal layouts compare equal and cuDNN sees an ordinary tensor. */
+static void bias_strides(const attn_problem *p, const attn_tensor *t, int64_t out[4]) {
+  int64_t inner = 1;
+  for (int d = 3; d >= 0; --d) {
+    out[d] = p->bias_shape[d] == 1 ? inner : t->stride[d];
+    inner = out[d] * p->bias_shape[d];
+  }
+}
+
+static attn_tensor dense(const attn_problem *p, attn_role role) {
+  attn_tensor t = {NULL, {0, 0, 0, 0}};
+  return attn_role_resolve(p, role, t);
+}
+
+static void dense_layout(const attn_problem *p, cg_layout *l) {
+  memset(l, 0, sizeof *l);
+  attn_tensor t;
+  t = dense(p, ATTN_ROLE_Q), bhsd(&t, l->q), bhsd(&t, l->dq);
+  t = dense(p, ATTN_ROLE_K), bhsd(&t, l->k), bhsd(&t, l->dk);
+  t = dense(p, ATTN_ROLE_V), bhsd(&t, l->v), bhsd(&t, l->dv);
+  t = dense(p, ATTN_ROLE_OUT), bhsd(&t, l->o), bhsd(&t, l->dout);
+  t = dense(p, ATTN_ROLE_LSE), lse_strides(&t, l->lse);
+  if (p->has_bias) {
+    t = dense(p, ATTN_ROLE_BIAS);
+    bias_strides(p, &t, l->bias);
+    memcpy(l->dbias, l->bias, sizeof l->bias);
+  }
+}
+
+static void base_spec(const attn_problem *p, int version, int sm, cg_spec *s) {
+  memset(s, 0, sizeof *s);
+  s->dtype = p->dtype;
+  s->b = p->batch;
+  s->hq = p->heads_q;
+  s->hkv = p->heads_kv;
+  s->tq = p->seqlen_q;
+  s->tk = p->seqlen_k;
+  s->d = p->head_dim;
+  s->dv = p->head_dim_v;
+  s->scale = (float)p->scale;
+  s->has_bias = p->has_bias;
+  if (p->has_bias) memcpy(s->bias_dims, p->bias_shape, sizeof s->bias_dims);
+  s->padded = p->varlen == ATTN_VARLEN_PADDED;
+  s->top_left = effective_top_left(p);
+  s->left = p->window_left;
+  s->right = p->window_right;
+  s->alibi = p->alibi == ATTN_ALIBI_PER_HEAD;
+  s->alibi_stride = 1;
+  s->version = version;
+  s->sm = sm;
+  dense_layout(p, &s->st);
+}
+
+/* The spec of one pass: the backward pass of cuDNN <= 9.15 over a key length that is not a multiple
+ * of 128 needs a padding mask at the full lengths (cudnn-frontend applies the same workaround). */
+static cg_spec pass_spec(const cudnn_state *st, int pass) {
+  cg_spec s = st->base;
+  s.backward = pass > 0;
+  s.with_dbias = pass == 2;
+  if (s.backward && !s.padded && s.version <= 91500 && s.tk % 128 != 0) {
+    s.padded = 1;
+    s.full_padding = 1;
+  }
+  return s;
+}
+
+/* Makes the problem's device current, remembering the previous one. */
+static int enter_device(const attn_problem *p, int *previous, cg_err *err) {
+  *previous = -1;
+  if (ATTN_CUDA_CHECK(err, cudaGetDevice(previous))) return 1;
+  if (*previous != p->device_index && ATTN_CUDA_CHECK(err, cudaSetDevice(p->device_index))) return 1;
+  return 0;
+}
+
+static void leave_device(const attn_problem *p, int previous) {
+  if (previous >= 0 && previous != p->device_index) cudaSetDevice(previous);
+}
+
+static void free_state(cudnn_state *st) {
+  if (st == NULL) return;
+  for (int pass = 0; pass < 3; ++pass)
+    for (int i = 0; i < st->ngraphs[pass]; ++i) attn_cudnn_graph_free(st->graphs[pass][i].graph);
+  if (st->handle != NULL) cudnnDestroy(st->handle);
+  free(st->full_q);
+  free(st->full_kv);
+  free(st);
+}
+
+static size_t forward_workspace(const attn_problem *p, size_t plan_ws) {
+  return align_up(plan_ws) + stats_bytes(p);
+}
+
+static size_t backward_workspace(const attn_problem *p, size_t plan_ws) {
+  return align_up(plan_ws) + stats_bytes(p) + dq_accum_bytes(p) + 2 * seqlen_bytes(p);
+}
+
+static attn_status cudnn_plan_init(const attn_problem *p, int32_t config, void **state, char *why,
+                                   size_t why_size) {
+  (void)config;
+  *state = NULL;
+  cudnn_state *st = calloc(1, sizeof *st);
+  if (st == NULL) NO("out of memory");
+  st->problem = *p;
+  cg_err err = {ATTN_STATUS_OK, why, why_size};
+  int previous;
+  if (enter_device(p, &previous, &err)) {
+    free_state(st);
+    return err.status;
+  }
+  st->version = (int)cudnnGetVersion();
+  st->sm = device_sm(p->device_index, why, why_size);
+  base_spec(p, st->version, st->sm, &st->base);
+  ATTN_CUDNN_CHECK(&err, cudnnCreate(&st->handle));
+  st->full_q = malloc((size_t)p->batch * sizeof(int32_t));
+  st->full_kv = malloc((size_t)p->batch * sizeof(int32_t));
+  if (err.status == ATTN_STATUS_OK && (st->full_q == NULL || st->full_kv == NULL)) {
+    err.status = ATTN_STATUS_OUT_OF_MEMORY;
+    attn_format(why, why_size, "out of memory");
+  }
+  if (err.status == ATTN_STATUS_OK) {
+    for (int64_t b = 0; b < p->batch; ++b) {
+      st->full_q[b] = (int32_t)p->seqlen_q;
+      st->full_kv[b] = (int32_t)p->seqlen_k;
+    }
+  }
+  /* The forward graph must build; a backward graph that does not is reported when it is asked
+   * for, so that forward-only users keep the plan. */
+  int passes = p->has_bias ? 3 : 2;
+  for (int pass = 0; pass < passes && err.status == ATTN_STATUS_OK; ++pass) {
+    cg_spec spec = pass_spec(st, pass);
+    char pass_why[ATTN_MESSAGE_SIZE] = "";
+    cg_err perr = {ATTN_STATUS_OK, pass_why, sizeof pass_why};
+    cg_graph *g = attn_cudnn_graph_build(st->handle, &spec, &perr);
+    if (g == NULL) {
+      if (pass == 0) {
+        err.status = perr.status;
+        attn_format(why, why_size, "%s", pass_why);
+      } else {
+        attn_format(st->why_not[pass], sizeof st->why_not[pass], "%s", pass_why);
+      }
+      continue;
+    }
+    st->graphs[pass][0].layout = spec.st;
+    st->graphs[pass][0].graph = g;
+    st->ngraphs[pass] = 1;
+    st->plan_ws[pass] = attn_cudnn_graph_workspace(g);
+  }
+  leave_device(p, previous);
+  if (err.status != ATTN_STATUS_OK) {
+    free_state(st);
+    return err.status;
+  }
+  size_t bwd_plan = st->plan_ws[1] > st->plan_ws[2] ? st->plan_ws[1] : st->plan_ws[2];
+  ws_remember(p, forward_workspace(p, st->plan_ws[0]), backward_workspace(p, bwd_plan));
+  *state = st;
+  return ATTN_STATUS_OK;
+}
+
+static void cudnn_plan_fini(void *state) {
+  cudnn_state *st = state;
+  if (st == NULL) return;
+  int device = st->problem.device_index, previous = -1;
+  cudaGetDevice(&previous);
+  if (previous != device) cudaSetDevice(device);
+  free_state(st);
+  if (previous >= 0 && previous != device) cudaSetDevice(previous);
+}
+
+static size_t cudnn_workspace_size(const attn_problem *p, int32_t config, int backward) {
+  (void)config;
+  size_t fwd = 0, bwd = 0;
+  if (!ws_lookup(p, &fwd, &bwd)) {
+    /* Only reachable when more than WS_CACHE_SIZE other problems were planned since this plan was
+     * made: answer a bound generous enough for cuDNN's fused engines (they ask for little beyond
+     * the f32 tensors placed here). */
+    size_t slack = (size_t)64 << 20;
+    fwd = forward_workspace(p, slack);
+    bwd = backward_workspace(p, slack);
+  }
+  return backward ? bwd : fwd;
+}
+
+static int32_t cudnn_num_configs(const attn_problem *p) {
+  (void)p;
+  return 1;
+}
+
+static void cudnn_config_name(const attn_problem *p, int32_t config, char *buf, size_t size) {
+  (void)p;
+  (void)config;
+  attn_format(buf, size, "heuristic");
+}
+
+static int32_t cudnn_default_config(const attn_problem *p) {
+  (void)p;
+  return 0;
+}
+
+/* ---- running ------------------------------------------------------------------------------------- */
+
+/* The graph of a pass for the run's layout: the dense one, one built before, or a new one. */
+static cg_graph *graph_for(cudnn_state *st, int pass, const cg_layout *layout, size_t workspace_size,
+                           cg_err *err) {
+  if (st->why_not[pass][0] != '\0') {
+    err->status = ATTN_STATUS_UNSUPPORTED;
+    attn_format(err->why, err->why_size, "%s", st->why_not[pass]);
+    return NULL;
+  }
+  for (int i = 0; i < st->ngraphs[pass]; ++i)
+    if (memcmp(&st->graphs[pass][i].layout, layout, sizeof *layout) == 0)
+      return st->graphs[pass][i].graph;
+  cg_spec spec = pass_spec(st, pass);
+  spec.st = *layout;
+  cg_graph *g = attn_cudnn_graph_build(st->handle, &spec, err);
+  if (g == NULL) return NULL;
+  size_t own = pass == 0 ? forward_workspace(&st->problem, 0) : backward_workspace(&st->problem, 0);
+  if (align_up(attn_cudnn_graph_workspace(g)) + own > workspace_size) {
+    err->status = ATTN_STATUS_UNSUPPORTED;
+    attn_format(err->why, err->why_size,
+                "this strided layout needs %zu bytes of workspace, more than the %zu reported for "
+                "the dense layout",
+                align_up(attn_cudnn_graph_workspace(g)) + own, workspace_size);
+    attn_cudnn_graph_free(g);
+    return NULL;
+  }
+  int n = st->ngraphs[pass];
+  if (n == 1 + ATTN_CUDNN_LAYOUTS) { /* replace the oldest strided graph */
+    attn_cudnn_graph_free(st->graphs[pass][1].graph);
+    memmove(&st->graphs[pass][1], &st->graphs[pass][2],
+            (size_t)(ATTN_CUDNN_LAYOUTS - 1) * sizeof st->graphs[pass][0]);
+    n--;
+  }
+  st->graphs[pass][n].layout = *layout;
+  st->graphs[pass][n].graph = g;
+  st->ngraphs[pass] = n + 1;
+  return g;
+}
+
+/* The fused kernels read 16-byte vectors: the last dimension must be contiguous and every other
+ * stride and every pointer a multiple of 16 bytes. */
+static int check_tensor(const char *name, const attn_tensor *t, int ndim, size_t es, int last_free,
+                        cg_err *err) {
+  if (t->data == NULL) return 0;
+  if (((uintptr_t)t->data & 15) != 0) {
+    err->status = ATTN_STATUS_UNSUPPORTED;
+    attn_format(err->why, err->why_size, "%s.data is not 16-byte aligned", name);
+    return 1;
+  }
+  for (int d = 0; d < ndim; ++d) {
+    int64_t s = t->stride[d];
+    int last = d == ndim - 1;
+    if (last && !last_free && s != 1) {
+      err->status = ATTN_STATUS_UNSUPPORTED;
+      attn_format(err->why, err->why_size, "%s.stride[%d]=%lld: the last dimension must be contiguous",
+                  name, d, (long long)s);
+      return 1;
+    }
+    if (!last && ((s * (int64_t)es) % 16 != 0 || s < 0)) {
+      err->status = ATTN_STATUS_UNSUPPORTED;
+      attn_format(err->why, err->why_size,
+                  "%s.stride[%d]=%lld: strides must be non-negative multiples of 16 bytes", name, d,
+                  (long long)s);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Writes zeros over a [B, T, H, D] tensor whose last dimension is contiguous. */
+static void zero_bthd(const attn_tensor *t, const int64_t shape[4], size_t es, cudaStream_t stream,
+                      cg_err *err) {
+  int64_t n = shape[0] * shape[1] * shape[2] * shape[3];
+  if (n == 0) return;
+  /* One memset when the tensor fills a contiguous range (any dense order of its dimensions). */
+  int64_t span = 1;
+  for (int d = 0; d < 4; ++d) span += (shape[d] - 1) * t->stride[d];
+  if (span == n) {
+    ATTN_CUDA_CHECK(err, cudaMemsetAsync(t->data, 0, (size_t)n * es, stream));
+    return;
+  }
+  for (int64_t b = 0; b < shape[0]; ++b)
+    for (int64_t h = 0; h < shape[2]; ++h) {
+      char *base = (char *)t->data + (size_t)(b * t->stride[0] + h * t->stride[2]) * es;
+      ATTN_CUDA_CHECK(err, cudaMemset2DAsync(base, (size_t)t->stride[1] * es, 0,
+                                             (size_t)shape[3] * es, (size_t)shape[1], stream));
+    }
+}
+
+/* Writes -inf over lse [B, Hq, Tq]: cuMemsetD2D32Async, reached through the runtime so that the
+ * library does not link the driver. */
+typedef int (*memset_d2d32_fn)(unsigned long long dst, size_t pitch, unsigned int value, size_t width,
+                               size_t height, cudaStream_t stream);
+
+static void fill_lse_neg_inf(const attn_problem *p, const attn_tensor *t, cudaStream_t stream,
+                             cg_err *err) {
+  void *fn = NULL;
+  enum cudaDriverEntryPointQueryResult found;
+  if (ATTN_CUDA_CHECK(err, cudaGetDriverEntryPointByVersion("cuMemsetD2D32Async", &fn, 12000,
+                                                            cudaEnableDefault, &found)))
+    return;
+  if (fn == NULL || found != cudaDriverEntryPointSuccess) {
+    err->status = ATTN_STATUS_UNSUPPORTED;
+    attn_format(err->why, err->why_size, "the CUDA driver has no cuMemsetD2D32Async");
+    return;
+  }
+  memset_d2d32_fn memset_d2d32;
+  memcpy(&memset_d2d32, &fn, sizeof memset_d2d32); /* ISO C has no object-to-function cast */
+  const unsigned int neg_inf = 0xff800000u;
+  /* rows of Tq floats at stride[2] = 1, one 2-D fill per batch over heads */
+  for (int64_t b = 0; b < p->batch; ++b) {
+    unsigned long long base = (unsigned long long)(uintptr_t)((float *)t->data + b * t->stride[0]);
+    int r;
+    if (t->stride[2] == 1)
+      r = memset_d2d32(base, (size_t)t->stride[1] * sizeof(float), neg_inf, (size_t)p->seqlen_q,
+                       (size_t)p->heads_q, stream);
+    else
+      r = 0;
+    for (int64_t h = 0; r == 0 && t->stride[2] != 1 && h < p->heads_q; ++h)
+      r = memset_d2d32(base + (unsigned long long)(h * t->stride[1]) * sizeof(float),
+                       (size_t)t->stride[2] * sizeof(float), neg_inf, 1, (size_t)p->seqlen_q, stream);
+    if (r != 0) {
+      err->status = ATTN_STATUS_DEVICE_ERROR;
+      attn_format(err->why, err->why_size, "cuMemsetD2D32Async failed with CUresult %d (%s:%d)", r,
+                  __FILE__, __LINE__);
+      return;
+    }
+  }
+}
+
+/* Shared by both passes: the bound pointers and the part of the workspace after cuDNN's. */
+static void bind_common(const attn_run *run, const cg_graph *g, void *ptrs[], char **own) {
+  const attn_inputs *in = run->inputs;
+  ptrs[CG_UID_Q] = in->q.data;
+  ptrs[CG_UID_K] = in->k.data;
+  ptrs[CG_UID_V] = in->v.data;
+  ptrs[CG_UID_BIAS] = in->bias.data;
+  ptrs[CG_UID_ALIBI] = in->alibi_slopes.data;
+  ptrs[CG_UID_SEQ_Q] = (void *)in->seqlens_q;
+  ptrs[CG_UID_SEQ_KV] = (void *)in->seqlens_k;
+  *own = (char *)run->workspace + align_up(attn_cudnn_graph_workspace(g));
+}
+
+static int check_inputs(const attn_run *run, cg_err *err) {
+  const attn_problem *p = run->problem;
+  const attn_inputs *in = run->inputs;
+  size_t es = attn_dtype_size((attn_dtype)p->dtype);
+  return check_tensor("q", &in->q, 4, es, 0, err) || check_tensor("k", &in->k, 4, es, 0, err) ||
+         check_tensor("v", &in->v, 4, es, 0, err) ||
+         (p->has_bias && check_tensor("bias", &in->bias, 4, es, 0, err)) ||
+         (p->alibi && check_tensor("alibi_slopes", &in->alibi_slopes, 1, 4, 1, err)) ||
+         (p->varlen == ATTN_VARLEN_PADDED &&
+          (check_tensor("seqlens_q", &(attn_tensor){(void *)in->seqlens_q, {1, 0, 0, 0}}, 1, 4, 1,
+                        err) ||
+           check_tensor("seqlens_k", &(attn_tensor){(void *)in->seqlens_k, {1, 0, 0, 0}}, 1, 4, 1,
+                        err)));
+}
+
+static void input_layout(const attn_run *run, cg_layout *l) {
+  const attn_problem *p = run->problem;
+  const attn_inputs *in = run->inputs;
+  memset(l, 0, sizeof *l);
+  bhsd(&in->q, l->q);
+  bhsd(&in->k, l->k);
+  bhsd(&in->v, l->v);
+  if (p->has_bias) bias_strides(p, &in->bias, l->bias);
+}
+
+static attn_status cudnn_forward(const attn_run *run) {
+  const attn_problem *p = run->problem;
+  cudnn_state *st = run->state;
+  cg_err err = {ATTN_STATUS_OK, run->why, run->why_size};
+  if (p->seqlen_q == 0) return ATTN_STATUS_OK; /* an empty problem: nothing to write */
+  if (run->outputs->probs.data != NULL) {
+    attn_format(run->why, run->why_size,
+                "probs: cuDNN's fused kernels never form the probabilities (ask another "
+                "implementation)");
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  size_t es = attn_dtype_size((attn_dtype)p->dtype);
+  const attn_outputs *out = run->outputs;
+  if (check_inputs(run, &err) || check_tensor("out", &out->out, 4, es, 0, &err) ||
+      check_tensor("lse", &out->lse, 3, 4, 0, &err))
+    return err.status;
+  cg_layout layout;
+  input_layout(run, &layout);
+  bhsd(&out->out, layout.o);
+  attn_tensor lse_scratch = dense(p, ATTN_ROLE_LSE);
+  const attn_tensor *lse = out->lse.data != NULL ? &out->lse : &lse_scratch;
+  lse_strides(lse, layout.lse);
+
+  int previous;
+  if (enter_device(p, &previous, &err)) return err.status;
+  cg_graph *g = graph_for(st, 0, &layout, run->workspace_size, &err);
+  if (g != NULL) {
+    void *ptrs[CG_UID_COUNT] = {0};
+    char *own;
+    bind_common(run, g, ptrs, &own);
+    lse_scratch.data = own;
+    ptrs[CG_UID_O] = out->out.data;
+    ptrs[CG_UID_STATS] = lse->data;
+    cudaStream_t stream = (cudaStream_t)run->stream;
+    ATTN_CUDNN_CHECK(&err, cudnnSetStream(st->handle, stream));
+    if (p->varlen == ATTN_VARLEN_PADDED) {
+      /* Rows past seqlens_q[b] are the library's to write: out 0 and lse -inf. */
+      int64_t shape[4];
+      attn_role_shape(p, ATTN_ROLE_OUT, shape);
+      zero_bthd(&out->out, shape, es, stream, &err);
+      if (out->lse.data != NULL && err.status == ATTN_STATUS_OK)
+        fill_lse_neg_inf(p, &out->lse, stream, &err);
+    }
+    if (err.status == ATTN_STATUS_OK)
+      attn_cudnn_graph_execute(g, st->handle, ptrs, run->workspace, &err);
+  }
+  leave_device(p, previous);
+  return err.status;
+}
+
+static attn_status cudnn_backward(const attn_run *run) {
+  const attn_problem *p = run->problem;
+  cudnn_state *st = run->state;
+  cg_err err = {ATTN_STATUS_OK, run->why, run->why_size};
+  size_t es = attn_dtype_size((attn_dtype)p->dtype);
+  if (p->seqlen_q == 0) {
+    /* No query: every key's gradient is zero. */
+    if (check_tensor("dk", &run->grads->dk, 4, es, 0, &err) ||
+        check_tensor("dv", &run->grads->dv, 4, es, 0, &err))
+      return err.status;
+    int previous;
+    if (enter_device(p, &previous, &err)) return err.status;
+    int64_t shape[4];
+    attn_role_shape(p, ATTN_ROLE_DK, shape);
+    zero_bthd(&run->grads->dk, shape, es, (cudaStream_t)run->stream, &err);
+    attn_role_shape(p, ATTN_ROLE_DV, shape);
+    zero_bthd(&run->grads->dv, shape, es, (cudaStream_t)run->stream, &err);
+    leave_device(p, previous);
+    return err.status;
+  }
+  const attn_outputs *fwd = run->outputs;
+  const attn_grads *gr = run->grads;
+  if (check_inputs(run, &err) || check_tensor("out", &fwd->out, 4, es, 0, &err) ||
+      check_tensor("lse", &fwd->lse, 3, 4, 0, &err) ||
+      check_tensor("dout", run->dout, 4, es, 0, &err) ||
+      check_tensor("dq", &gr->dq, 4, es, 0, &err) || check_tensor("dk", &gr->dk, 4, es, 0, &err) ||
+      check_tensor("dv", &gr->dv, 4, es, 0, &err) ||
+      (p->has_bias && check_tensor("dbias", &gr->dbias, 4, es, 0, &err)))
+    return err.status;
+  int pass = gr->dbias.data != NULL ? 2 : 1;
+  cg_layout layout;
+  input_layout(run, &layout);
+  bhsd(&fwd->out, layout.o);
+  lse_strides(&fwd->lse, layout.lse);
+  bhsd(run->dout, layout.dout);
+  bhsd(&gr->dq, layout.dq);
+  bhsd(&gr->dk, layout.dk);
+  bhsd(&gr->dv, layout.dv);
+  if (pass == 2) bias_strides(p, &gr->dbias, layout.dbias);
+
+  int previous;
+  if (enter_device(p, &previous, &err)) return err.status;
+  cg_graph *g = graph_for(st, pass, &layout, run->workspace_size, &err);
+  if (g != NULL) {
+    const cg_spec *spec = attn_cudnn_graph_spec(g);
+    void *ptrs[CG_UID_COUNT] = {0};
+    char *own;
+    bind_common(run, g, ptrs, &own);
+    ptrs[CG_UID_O] = fwd->out.data;
+    ptrs[CG_UID_STATS] = fwd->lse.data;
+    ptrs[CG_UID_DO] = run->dout->data;
+    ptrs[CG_UID_DQ] = gr->dq.data;
+    ptrs[CG_UID_DK] = gr->dk.data;
+    ptrs[CG_UID_DV] = gr->dv.data;
+    ptrs[CG_UID_DBIAS] = gr->dbias.data;
+    ptrs[CG_UID_SOFTMAX_SUM] = own;
+    ptrs[CG_UID_DQ_ACCUM] = own + stats_bytes(p);
+    char *seq = own + stats_bytes(p) + dq_accum_bytes(p);
+    cudaStream_t stream = (cudaStream_t)run->stream;
+    ATTN_CUDNN_CHECK(&err, cudnnSetStream(st->handle, stream));
+    if (spec->full_padding) {
+      /* Pageable copies are staged before cudaMemcpyAsync returns, so the host arrays of the
+       * state may be reused at once. */
+      ATTN_CUDA_CHECK(&err, cudaMemcpyAsync(seq, st->full_q, (size_t)p->batch * sizeof(int32_t),
+                                            cudaMemcpyHostToDevice, stream));
+      ATTN_CUDA_CHECK(&err, cudaMemcpyAsync(seq + seqlen_bytes(p), st->full_kv,
+                                            (size_t)p->batch * sizeof(int32_t),
+                                            cudaMemcpyHostToDevice, stream));
+      ptrs[CG_UID_SEQ_Q] = seq;
+      ptrs[CG_UID_SEQ_KV] = seq + seqlen_bytes(p);
+    }
+    if (spec->version < 90600 && !spec->with_dbias)
+      ATTN_CUDA_CHECK(&err, cudaMemsetAsync(ptrs[CG_UID_DQ_ACCUM], 0, dq_accum_bytes(p), stream));
+    if (p->varlen == ATTN_VARLEN_PADDED) {
+      /* Gradients of padded rows are zero by definition; the kernels may skip those rows. */
+      int64_t shape[4];
+      attn_role_shape(p, ATTN_ROLE_DQ, shape);
+      zero_bthd(&gr->dq, shape, es, stream, &err);
+      attn_role_shape(p, ATTN_ROLE_DK, shape);
+      zero_bthd(&gr->dk, shape, es, stream, &err);
+      attn_role_shape(p, ATTN_ROLE_DV, shape);
+      zero_bthd(&gr->dv, shape, es, stream, &err);
+    }
+    if (err.status == ATTN_STATUS_OK)
+      attn_cudnn_graph_execute(g, st->handle, ptrs, run->workspace, &err);
+  }
+  leave_device(p, previous);
+  return err.status;
+}
+
+const attn_impl attn_cudnn_impl = {
+    .name = "cudnn",
+    .device = ATTN_DEVICE_CUDA,
+    .version = 1,
+    .supports = cudnn_supports,
+    .num_configs = cudnn_num_configs,
+    .config_name = cudnn_config_name,
+    .default_config = cudnn_default_config,
+    .workspace_size = cudnn_workspace_size,
+    .plan_init = cudnn_plan_init,
+    .plan_fini = cudnn_plan_fini,
+    .forward = cudnn_forward,
+    .backward = cudnn_backward,
+};

@@ -1,0 +1,100 @@
+/*
+ * src/impl/cudnn/cudnn_graph.h - cuDNN's fused attention graphs, built through the backend API
+ * (cudnn_backend.h, plain C), behind a header that names no cuDNN type outside this folder.
+ *
+ * cuDNN runs scaled dot-product attention as one fused kernel when it recognises the pattern of an
+ * operation graph: matmul(Q, K^T) -> scale -> [bias] -> [alibi] -> [padding mask] -> [window
+ * masks] -> softmax (max, sub, exp, sum, div; log for the statistics) -> matmul(P, V), and the
+ * matching backward graph. The graphs here are the ones cudnn-frontend's "composite" SDPA nodes
+ * build (include/cudnn_frontend/node/scaled_dot_product_flash_attention.h), written out descriptor
+ * by descriptor; the heuristics then pick the fused engine.
+ *
+ * Layout: every tensor is described in cuDNN's [b, h, s, d] order with the caller's strides, so the
+ * library's [B, T, H, D] tensors are passed without copies.
+ */
+#ifndef ATTN_IMPL_CUDNN_GRAPH_H
+#define ATTN_IMPL_CUDNN_GRAPH_H
+
+#include "attn.h"
+
+#include <cudnn_backend.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Where a failure is reported: the status, and a message naming the call, file and line. */
+typedef struct cg_err {
+  attn_status status;
+  char *why;
+  size_t why_size;
+} cg_err;
+
+/* Records a failed cuDNN call into err (the first failure wins); returns nonzero on failure. */
+int attn_cudnn_check(cg_err *err, cudnnStatus_t status, const char *expr, const char *file, int line);
+
+/* Every cuDNN call goes through this macro: it records the expression, file and line of the first
+ * failing call and skips the rest once one has failed. */
+#define ATTN_CUDNN_CHECK(err, expr)                                                                \
+  ((err)->status != ATTN_STATUS_OK ? 1 : attn_cudnn_check((err), (expr), #expr, __FILE__, __LINE__))
+
+/* The strides of one run's tensors in cuDNN's order [b, h, s, d] ([b, h, s, 1] for lse). The
+ * graph is specialised to them, so the plan keeps one graph per layout it has seen. */
+typedef struct cg_layout {
+  int64_t q[4], k[4], v[4], o[4], lse[4], dout[4], dq[4], dk[4], dv[4], bias[4], dbias[4];
+} cg_layout;
+
+/* Everything a graph depends on. Zero-initialise, then fill. */
+typedef struct cg_spec {
+  int32_t backward;   /* 0: forward graph (always with statistics); 1: backward graph */
+  int32_t with_dbias; /* backward: also reduce dS into dbias */
+  int32_t dtype;      /* ATTN_DTYPE_F16 or ATTN_DTYPE_BF16 */
+  int64_t b, hq, hkv, tq, tk, d, dv;
+  float scale;
+  int32_t has_bias;
+  int64_t bias_dims[4];     /* [B or 1, Hq or 1, Tq, Tk] */
+  int32_t padded;           /* padded varlen: seq_len_q / seq_len_kv tensors [B] */
+  int32_t full_padding;     /* backward workaround of cuDNN <= 9.15: padding mask at full length */
+  int32_t top_left;         /* alignment of causal masks and windows after simplification */
+  int64_t left, right;      /* window of SPEC.md, -1 = unbounded; causal is right = 0 */
+  int32_t alibi;            /* per-head slopes [Hq] added as (col - row) * slope (causal only) */
+  int64_t alibi_stride;     /* stride of the slopes, in elements */
+  int32_t version;          /* cudnnGetVersion() */
+  int32_t sm;               /* compute capability, 10 * major + minor */
+  cg_layout st;
+} cg_spec;
+
+typedef struct cg_graph cg_graph;
+
+/* Unique ids of the tensors a run binds (the rest are virtual or scalars the graph holds). */
+enum {
+  CG_UID_Q = 1,
+  CG_UID_K,
+  CG_UID_V,
+  CG_UID_O,
+  CG_UID_STATS,
+  CG_UID_BIAS,
+  CG_UID_SEQ_Q,
+  CG_UID_SEQ_KV,
+  CG_UID_ALIBI,
+  CG_UID_DO,
+  CG_UID_DQ,
+  CG_UID_DK,
+  CG_UID_DV,
+  CG_UID_DBIAS,
+  CG_UID_SOFTMAX_SUM, /* backward: f32 [B, Hq, Tq, 1] in the workspace */
+  CG_UID_DQ_ACCUM,    /* backward: f32 [B, Hq, Tq, D] in the workspace */
+  CG_UID_COUNT
+};
+
+/* Builds, and finalises an execution plan for, the graph of spec on handle. NULL on failure, with
+ * err filled (UNSUPPORTED when cuDNN has no engine for it). */
+cg_graph *attn_cudnn_graph_build(cudnnHandle_t handle, const cg_spec *spec, cg_err *err);
+void attn_cudnn_graph_free(cg_graph *graph);
+const cg_spec *attn_cudnn_graph_spec(const cg_graph *graph);
+/* Bytes of workspace cuDNN's execution plan needs (the caller adds its own tensors). */
+size_t attn_cudnn_graph_workspace(const cg_graph *graph);
+/* Runs the plan. ptrs[uid] holds the device pointer of each bound tensor (unused ones NULL). */
+attn_status attn_cudnn_graph_execute(cg_graph *graph, cudnnHandle_t handle,
+                                     void *const ptrs[CG_UID_COUNT], void *workspace, cg_err *err);
+
+#endif /* ATTN_IMPL_CUDNN_GRAPH_H */

@@ -1,0 +1,766 @@
+/*
+ * tests/test_cudnn.c - the "cudnn" implementation against the reference, on a GPU.
+ *
+ * Everywhere: the problems cuDNN cannot run (dropout, sinks, soft cap, u8 masks, segment ids,
+ * packed varlen, f32, ...) must be UNSUPPORTED with a reason that names the feature.
+ *
+ * With a CUDA device (else the program exits 77, "skipped"): for a grid of problems with odd sizes
+ * and every supported feature alone and combined (causal bottom-right and top-left, windows, bias
+ * and its gradient, ALiBi, padded varlen, GQA/MQA, custom scale, Dv != D, a strided layout),
+ * inputs are drawn from the printed seed, copied to the device, run forward and backward through a
+ * plan with problem.device = CUDA, copied back and compared with the f64 reference on the host:
+ * error <= 2x (3x for gradients) the error of the naive same-dtype computation (the reference with
+ * attn_plan_set_rounding) + 1e-3 * max|r|, SPEC.md's rule. Outputs are poisoned with NaN first, so
+ * an element the implementation forgets fails. The golden cases cuDNN supports are checked the same
+ * way against their stored f64 results (folder: argv[1] or $ATTN_GOLDEN_DIR).
+ *
+ * ATTN_CUDNN_QUICK=1 runs three small cases only (for compute-sanitizer).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "attn.h"
+#include "core/tensors.h"
+#include "plan/plan.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef ATTN_HAVE_CUDNN
+#include <cuda_runtime_api.h>
+#include <cudnn_backend.h>
+#endif
+
+static attn_ctx *ctx;
+
+static attn_problem problem(int64_t b, int64_t tq, int64_t tk, int64_t hq, int64_t hkv, int64_t d,
+                            attn_dtype dtype) {
+  attn_problem p;
+  attn_problem_init(&p);
+  p.dtype = dtype;
+  p.device = ATTN_DEVICE_CUDA;
+  p.batch = b;
+  p.seqlen_q = tq;
+  p.seqlen_k = tk;
+  p.heads_q = hq;
+  p.heads_kv = hkv;
+  p.head_dim = d;
+  return p;
+}
+
+/* ---- unsupported problems: checked with or without a GPU --------------------------------------- */
+
+static void expect_unsupported(const char *name, attn_problem p, const char *keyword) {
+  attn_status s = attn_impl_supports(ctx, "cudnn", &p);
+  const char *msg = attn_ctx_last_error(ctx);
+  tu_check(s == ATTN_STATUS_UNSUPPORTED && strstr(msg, keyword) != NULL,
+           "unsupported %s: %s, \"%s\" (expected a reason naming \"%s\")", name,
+           attn_status_string(s), msg, keyword);
+}
+
+static void test_unsupported(void) {
+  attn_problem base = problem(2, 64, 64, 4, 4, 64, ATTN_DTYPE_BF16), p;
+  p = base, p.dropout_p = 0.1;
+  expect_unsupported("dropout", p, "Philox");
+  p = base, p.num_sinks = 1;
+  expect_unsupported("sinks", p, "sinks");
+  p = base, p.softcap = 5.0;
+  expect_unsupported("softcap", p, "soft cap");
+  p = base, p.has_mask = 1, p.mask_shape[0] = 1, p.mask_shape[1] = 1, p.mask_shape[2] = 64,
+  p.mask_shape[3] = 64;
+  expect_unsupported("u8 mask", p, "mask");
+  p = base, p.has_segment_ids = 1;
+  expect_unsupported("segment ids", p, "segment");
+  p = base, p.varlen = ATTN_VARLEN_PACKED, p.total_q = 100, p.total_k = 100;
+  expect_unsupported("packed varlen", p, "packed");
+  p = base, p.dtype = ATTN_DTYPE_F32;
+  expect_unsupported("f32", p, "dtype=f32");
+  p = base, p.alibi = ATTN_ALIBI_PER_BATCH_HEAD;
+  expect_unsupported("alibi per batch", p, "alibi");
+  p = base, p.alibi = ATTN_ALIBI_PER_HEAD;
+  expect_unsupported("alibi without causal", p, "alibi");
+  p = base, p.has_bias = 1, p.bias_dtype = ATTN_DTYPE_F32, p.bias_shape[0] = 1,
+  p.bias_shape[1] = 1, p.bias_shape[2] = 64, p.bias_shape[3] = 64;
+  expect_unsupported("f32 bias", p, "bias_dtype");
+  p = base, p.heads_kv = 2, p.has_bias = 1, p.bias_dtype = ATTN_DTYPE_BF16, p.bias_shape[0] = 1,
+  p.bias_shape[1] = 2, p.bias_shape[2] = 64, p.bias_shape[3] = 64;
+  expect_unsupported("bias per kv head", p, "KV head");
+  p = base, p.has_bias = 1, p.bias_dtype = ATTN_DTYPE_BF16, p.bias_shape[0] = 1,
+  p.bias_shape[1] = 1, p.bias_shape[2] = 1, p.bias_shape[3] = 64;
+  expect_unsupported("bias broadcast over queries", p, "bias_shape");
+  p = base, p.head_dim = 36;
+  expect_unsupported("head_dim 36", p, "multiples of 8");
+  p = base, p.seqlen_q = 100, p.seqlen_k = 40, p.causal = 1;
+  expect_unsupported("bottom-right causal with Tq > Tk", p, "seqlen_q=100");
+  p = base, p.seqlen_k = 0;
+  expect_unsupported("no keys", p, "seqlen_k=0");
+  p = base, p.seqlen_q = 64, p.seqlen_k = 80, p.causal = 1, p.has_bias = 1,
+  p.bias_dtype = ATTN_DTYPE_BF16, p.bias_shape[0] = 1, p.bias_shape[1] = 1, p.bias_shape[2] = 64,
+  p.bias_shape[3] = 80;
+  expect_unsupported("bias with bottom-right causal, Tq != Tk", p, "bias");
+  p = base, p.device = ATTN_DEVICE_CPU;
+  expect_unsupported("a CPU problem", p, "device");
+}
+
+#ifndef ATTN_HAVE_CUDNN
+
+int main(void) {
+  if (attn_ctx_create(&ctx) != ATTN_STATUS_OK) return 1;
+  printf("SKIP: libattn was built without cuDNN\n");
+  attn_ctx_destroy(ctx);
+  return 77;
+}
+
+#else
+
+#define CU(expr)                                                                                   \
+  do {                                                                                             \
+    cudaError_t e_ = (expr);                                                                       \
+    if (e_ != cudaSuccess) {                                                                       \
+      printf("FATAL %s: %s (%s:%d)\n", #expr, cudaGetErrorString(e_), __FILE__, __LINE__);         \
+      exit(1);                                                                                     \
+    }                                                                                              \
+  } while (0)
+
+/* ---- one case: host inputs, options ---------------------------------------------------------- */
+
+typedef struct hcase {
+  char name[96];
+  attn_problem p; /* dtype f16/bf16, device CUDA */
+  tu_buf q, k, v, dout, bias, alibi; /* q..dout, bias in p.dtype; alibi f32 */
+  int32_t seqlens_q[64], seqlens_k[64];
+  int bhsd;       /* q, k, v, out, dout and grads in [B, H, T, D] memory order */
+  int no_lse;     /* forward only, without lse */
+  int want_dbias; /* backward also returns dbias */
+  /* golden expected results (NULL: computed by the f64 reference) */
+  double *e_out, *e_lse, *e_dq, *e_dk, *e_dv, *e_dbias;
+} hcase;
+
+typedef struct results {
+  tu_buf out, lse, dq, dk, dv, dbias;
+} results;
+
+static void results_free(results *r) {
+  tu_buf_free(&r->out), tu_buf_free(&r->lse), tu_buf_free(&r->dq), tu_buf_free(&r->dk);
+  tu_buf_free(&r->dv), tu_buf_free(&r->dbias);
+}
+
+static tu_buf role_buf(const attn_problem *p, attn_role role, attn_dtype dtype) {
+  return tu_buf_new(dtype, attn_role_numel(p, role));
+}
+
+/* The reference on the host, in dtype (F64: the exact result), rounding like the naive
+ * computation when round != 0. */
+static int run_ref(const hcase *c, attn_dtype dtype, int round, results *r) {
+  attn_problem p = c->p;
+  p.device = ATTN_DEVICE_CPU;
+  p.dtype = dtype;
+  if (p.has_bias) p.bias_dtype = dtype;
+  attn_dtype fdt = dtype == ATTN_DTYPE_F64 ? ATTN_DTYPE_F64 : ATTN_DTYPE_F32;
+  tu_buf q = tu_buf_convert(&c->q, dtype), k = tu_buf_convert(&c->k, dtype),
+         v = tu_buf_convert(&c->v, dtype), dout = tu_buf_convert(&c->dout, dtype);
+  tu_buf bias = c->p.has_bias ? tu_buf_convert(&c->bias, dtype) : tu_buf_new(dtype, 0);
+  tu_buf alibi = c->p.alibi ? tu_buf_convert(&c->alibi, fdt) : tu_buf_new(fdt, 0);
+  memset(r, 0, sizeof *r);
+  r->out = role_buf(&p, ATTN_ROLE_OUT, dtype);
+  r->lse = role_buf(&p, ATTN_ROLE_LSE, fdt);
+  r->dq = role_buf(&p, ATTN_ROLE_DQ, dtype);
+  r->dk = role_buf(&p, ATTN_ROLE_DK, dtype);
+  r->dv = role_buf(&p, ATTN_ROLE_DV, dtype);
+  r->dbias = c->want_dbias ? role_buf(&p, ATTN_ROLE_DBIAS, dtype) : tu_buf_new(dtype, 0);
+
+  attn_select sel;
+  attn_select_init(&sel);
+  sel.impl = "ref";
+  attn_plan *plan = NULL;
+  int ok = attn_plan_create(ctx, &p, &sel, &plan) == ATTN_STATUS_OK;
+  if (ok && round) attn_plan_set_rounding(plan, c->p.dtype);
+  attn_inputs in;
+  attn_inputs_init(&in);
+  in.q = tu_tensor(&q), in.k = tu_tensor(&k), in.v = tu_tensor(&v);
+  in.bias = tu_tensor(&bias), in.alibi_slopes = tu_tensor(&alibi);
+  if (p.varlen == ATTN_VARLEN_PADDED) in.seqlens_q = c->seqlens_q, in.seqlens_k = c->seqlens_k;
+  attn_outputs out;
+  attn_outputs_init(&out);
+  out.out = tu_tensor(&r->out), out.lse = tu_tensor(&r->lse);
+  ok = ok && attn_plan_forward(plan, &in, NULL, 0, &out) == ATTN_STATUS_OK;
+  attn_grads g;
+  attn_grads_init(&g);
+  g.dq = tu_tensor(&r->dq), g.dk = tu_tensor(&r->dk), g.dv = tu_tensor(&r->dv);
+  g.dbias = tu_tensor(&r->dbias);
+  attn_tensor dt = tu_tensor(&dout);
+  ok = ok && attn_plan_backward(plan, &in, &out, &dt, NULL, 0, &g) == ATTN_STATUS_OK;
+  if (!ok) printf("reference failed on %s: %s\n", c->name, attn_ctx_last_error(ctx));
+  attn_plan_destroy(plan);
+  tu_buf_free(&q), tu_buf_free(&k), tu_buf_free(&v), tu_buf_free(&dout), tu_buf_free(&bias);
+  tu_buf_free(&alibi);
+  return ok;
+}
+
+/* ---- device tensors in a chosen memory order ------------------------------------------------- */
+
+typedef struct gtensor {
+  attn_tensor t; /* device data and strides */
+  int ndim;
+  int64_t shape[4], span;
+  size_t es;
+} gtensor;
+
+static int reorderable(attn_role role) {
+  return role == ATTN_ROLE_Q || role == ATTN_ROLE_K || role == ATTN_ROLE_V ||
+         role == ATTN_ROLE_OUT || role == ATTN_ROLE_DOUT || role == ATTN_ROLE_DQ ||
+         role == ATTN_ROLE_DK || role == ATTN_ROLE_DV;
+}
+
+/* Device copy of host (dense, NULL = poisoned with NaN bytes). */
+static gtensor g_alloc(const attn_problem *p, attn_role role, int bhsd, const tu_buf *host) {
+  gtensor g;
+  memset(&g, 0, sizeof g);
+  g.ndim = attn_role_shape(p, role, g.shape);
+  g.es = attn_dtype_size(attn_role_dtype(p, role));
+  for (int d = g.ndim; d < 4; ++d) g.shape[d] = 1;
+  attn_tensor dense = {NULL, {0, 0, 0, 0}};
+  dense = attn_role_resolve(p, role, dense);
+  int64_t st[4] = {1, 1, 1, 1};
+  for (int d = 0; d < g.ndim; ++d) st[d] = dense.stride[d];
+  if (bhsd && reorderable(role)) { /* [B, T, H, D] stored as [B, H, T, D] */
+    int64_t t = g.shape[1], h = g.shape[2], dd = g.shape[3];
+    st[3] = 1, st[1] = dd, st[2] = t * dd, st[0] = h * t * dd;
+  }
+  int64_t n = g.shape[0] * g.shape[1] * g.shape[2] * g.shape[3];
+  g.span = n == 0 ? 0 : 1;
+  for (int d = 0; d < 4 && n > 0; ++d) g.span += (g.shape[d] - 1) * st[d];
+  for (int d = 0; d < 4; ++d) g.t.stride[d] = st[d];
+  size_t bytes = (size_t)(g.span > 0 ? g.span : 1) * g.es;
+  CU(cudaMalloc(&g.t.data, bytes));
+  unsigned char *stage = malloc(bytes);
+  memset(stage, 0xff, bytes); /* NaN in every float format */
+  if (host != NULL) {
+    int64_t i = 0;
+    for (int64_t a = 0; a < g.shape[0]; ++a)
+      for (int64_t b = 0; b < g.shape[1]; ++b)
+        for (int64_t c = 0; c < g.shape[2]; ++c)
+          for (int64_t d = 0; d < g.shape[3]; ++d, ++i)
+            memcpy(stage + (size_t)(a * st[0] + b * st[1] + c * st[2] + d * st[3]) * g.es,
+                   (const unsigned char *)host->data + (size_t)i * g.es, g.es);
+  }
+  CU(cudaMemcpy(g.t.data, stage, bytes, cudaMemcpyHostToDevice));
+  free(stage);
+  return g;
+}
+
+/* Dense host copy of a device tensor. */
+static tu_buf g_fetch(const gtensor *g, attn_dtype dtype) {
+  int64_t n = g->shape[0] * g->shape[1] * g->shape[2] * g->shape[3];
+  tu_buf h = tu_buf_new(dtype, n);
+  size_t bytes = (size_t)(g->span > 0 ? g->span : 1) * g->es;
+  unsigned char *stage = malloc(bytes);
+  CU(cudaMemcpy(stage, g->t.data, bytes, cudaMemcpyDeviceToHost));
+  const int64_t *st = g->t.stride;
+  int64_t i = 0;
+  for (int64_t a = 0; a < g->shape[0]; ++a)
+    for (int64_t b = 0; b < g->shape[1]; ++b)
+      for (int64_t c = 0; c < g->shape[2]; ++c)
+        for (int64_t d = 0; d < g->shape[3]; ++d, ++i)
+          memcpy((unsigned char *)h.data + (size_t)i * g->es,
+                 stage + (size_t)(a * st[0] + b * st[1] + c * st[2] + d * st[3]) * g->es, g->es);
+  free(stage);
+  return h;
+}
+
+static void g_free(gtensor *g) {
+  if (g->t.data != NULL) cudaFree(g->t.data);
+  g->t.data = NULL;
+}
+
+/* The implementation on the device; returns 0 when a call failed (reported). */
+static int run_gpu(const hcase *c, results *r) {
+  const attn_problem *p = &c->p;
+  memset(r, 0, sizeof *r);
+  attn_select sel;
+  attn_select_init(&sel);
+  sel.impl = "cudnn";
+  attn_plan *plan = NULL;
+  attn_status s = attn_plan_create(ctx, p, &sel, &plan);
+  tu_check(s == ATTN_STATUS_OK, "%s: plan: %s %s", c->name, attn_status_string(s),
+           attn_ctx_last_error(ctx));
+  if (s != ATTN_STATUS_OK) return 0;
+  size_t fw = 0, bw = 0;
+  attn_plan_workspace_size(plan, &fw, &bw);
+  size_t wsb = fw > bw ? fw : bw;
+  void *ws = NULL;
+  if (wsb > 0) CU(cudaMalloc(&ws, wsb));
+  cudaStream_t stream;
+  CU(cudaStreamCreate(&stream));
+  attn_plan_set_stream(plan, stream);
+
+  gtensor q = g_alloc(p, ATTN_ROLE_Q, c->bhsd, &c->q), k = g_alloc(p, ATTN_ROLE_K, c->bhsd, &c->k),
+          v = g_alloc(p, ATTN_ROLE_V, c->bhsd, &c->v);
+  gtensor bias = {0}, alibi = {0}, out = g_alloc(p, ATTN_ROLE_OUT, c->bhsd, NULL), lse = {0};
+  if (p->has_bias) bias = g_alloc(p, ATTN_ROLE_BIAS, 0, &c->bias);
+  if (p->alibi) alibi = g_alloc(p, ATTN_ROLE_ALIBI, 0, &c->alibi);
+  if (!c->no_lse) lse = g_alloc(p, ATTN_ROLE_LSE, 0, NULL);
+  int32_t *seq = NULL;
+  attn_inputs in;
+  attn_inputs_init(&in);
+  in.q = q.t, in.k = k.t, in.v = v.t, in.bias = bias.t, in.alibi_slopes = alibi.t;
+  if (p->varlen == ATTN_VARLEN_PADDED) {
+    CU(cudaMalloc((void **)&seq, 2 * 64 * sizeof(int32_t)));
+    CU(cudaMemcpy(seq, c->seqlens_q, (size_t)p->batch * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(seq + 64, c->seqlens_k, (size_t)p->batch * 4, cudaMemcpyHostToDevice));
+    in.seqlens_q = seq, in.seqlens_k = seq + 64;
+  }
+  attn_outputs o;
+  attn_outputs_init(&o);
+  o.out = out.t, o.lse = lse.t;
+  int ok = 1;
+  s = attn_plan_forward(plan, &in, ws, wsb, &o);
+  CU(cudaStreamSynchronize(stream));
+  tu_check(s == ATTN_STATUS_OK, "%s: forward: %s %s", c->name, attn_status_string(s),
+           attn_ctx_last_error(ctx));
+  ok = s == ATTN_STATUS_OK;
+  r->out = g_fetch(&out, (attn_dtype)p->dtype);
+  if (!c->no_lse) r->lse = g_fetch(&lse, ATTN_DTYPE_F32);
+
+  gtensor dout = {0}, dq = {0}, dk = {0}, dv = {0}, dbias = {0};
+  if (ok && !c->no_lse) {
+    dout = g_alloc(p, ATTN_ROLE_DOUT, c->bhsd, &c->dout);
+    dq = g_alloc(p, ATTN_ROLE_DQ, c->bhsd, NULL);
+    dk = g_alloc(p, ATTN_ROLE_DK, c->bhsd, NULL);
+    dv = g_alloc(p, ATTN_ROLE_DV, c->bhsd, NULL);
+    if (c->want_dbias) dbias = g_alloc(p, ATTN_ROLE_DBIAS, 0, NULL);
+    attn_grads g;
+    attn_grads_init(&g);
+    g.dq = dq.t, g.dk = dk.t, g.dv = dv.t, g.dbias = dbias.t;
+    s = attn_plan_backward(plan, &in, &o, &dout.t, ws, wsb, &g);
+    CU(cudaStreamSynchronize(stream));
+    tu_check(s == ATTN_STATUS_OK, "%s: backward: %s %s", c->name, attn_status_string(s),
+             attn_ctx_last_error(ctx));
+    ok = s == ATTN_STATUS_OK;
+    r->dq = g_fetch(&dq, (attn_dtype)p->dtype);
+    r->dk = g_fetch(&dk, (attn_dtype)p->dtype);
+    r->dv = g_fetch(&dv, (attn_dtype)p->dtype);
+    if (c->want_dbias) r->dbias = g_fetch(&dbias, (attn_dtype)p->dtype);
+  }
+  g_free(&q), g_free(&k), g_free(&v), g_free(&bias), g_free(&alibi), g_free(&out), g_free(&lse);
+  g_free(&dout), g_free(&dq), g_free(&dk), g_free(&dv), g_free(&dbias);
+  if (seq != NULL) cudaFree(seq);
+  if (ws != NULL) cudaFree(ws);
+  cudaStreamDestroy(stream);
+  attn_plan_destroy(plan);
+  return ok;
+}
+
+/* SPEC.md's low-precision rule for one tensor. */
+static void compare(const hcase *c, const char *what, const tu_buf *got, const tu_buf *naive,
+                    const double *exact, double factor) {
+  if (got->data == NULL && got->n == 0 && naive->n != 0) {
+    tu_check(0, "%s %s: not computed", c->name, what);
+    return;
+  }
+  int64_t n = naive->n;
+  tu_err eg = tu_compare(got, exact, n), en = tu_compare(naive, exact, n);
+  double tol = factor * en.max_abs + 1e-3 * eg.max_ref;
+  int ok = eg.nan_count == 0 && eg.max_abs <= tol;
+  double at = eg.where >= 0 ? tu_get(got, eg.where) : 0.0;
+  double want = eg.where >= 0 ? exact[eg.where] : 0.0;
+  tu_check(ok, "%-34s %-5s err %.3g (naive %.3g, tol %.3g, max|r| %.3g)%s%s at %lld: %g vs %g",
+           c->name, what, eg.max_abs, en.max_abs, tol, eg.max_ref,
+           eg.nan_count ? ", non-finite values: " : "", eg.nan_count ? "yes" : "", (long long)eg.where,
+           at, want);
+}
+
+static void check_case(hcase *c) {
+  results exact, naive, gpu;
+  int have_exact = c->e_out == NULL;
+  if (have_exact && !run_ref(c, ATTN_DTYPE_F64, 0, &exact)) {
+    tu_check(0, "%s: f64 reference", c->name);
+    return;
+  }
+  if (!run_ref(c, (attn_dtype)c->p.dtype, 1, &naive)) {
+    tu_check(0, "%s: naive reference", c->name);
+    return;
+  }
+  const double *e_out = have_exact ? exact.out.data : c->e_out;
+  const double *e_lse = have_exact ? exact.lse.data : c->e_lse;
+  const double *e_dq = have_exact ? exact.dq.data : c->e_dq;
+  const double *e_dk = have_exact ? exact.dk.data : c->e_dk;
+  const double *e_dv = have_exact ? exact.dv.data : c->e_dv;
+  const double *e_dbias = have_exact ? exact.dbias.data : c->e_dbias;
+  if (run_gpu(c, &gpu)) {
+    compare(c, "out", &gpu.out, &naive.out, e_out, 2.0);
+    if (!c->no_lse) {
+      compare(c, "lse", &gpu.lse, &naive.lse, e_lse, 2.0);
+      compare(c, "dq", &gpu.dq, &naive.dq, e_dq, 3.0);
+      compare(c, "dk", &gpu.dk, &naive.dk, e_dk, 3.0);
+      compare(c, "dv", &gpu.dv, &naive.dv, e_dv, 3.0);
+      if (c->want_dbias) compare(c, "dbias", &gpu.dbias, &naive.dbias, e_dbias, 3.0);
+    }
+  }
+  results_free(&gpu);
+  results_free(&naive);
+  if (have_exact) results_free(&exact);
+}
+
+/* ---- the random grid ------------------------------------------------------------------------ */
+
+static tu_rng rng;
+
+static void fill(hcase *c) {
+  const attn_problem *p = &c->p;
+  attn_dtype dt = (attn_dtype)p->dtype;
+  c->q = role_buf(p, ATTN_ROLE_Q, dt), tu_fill_uniform(&c->q, &rng, -1.0, 1.0);
+  c->k = role_buf(p, ATTN_ROLE_K, dt), tu_fill_uniform(&c->k, &rng, -1.0, 1.0);
+  c->v = role_buf(p, ATTN_ROLE_V, dt), tu_fill_uniform(&c->v, &rng, -1.0, 1.0);
+  c->dout = role_buf(p, ATTN_ROLE_DOUT, dt), tu_fill_uniform(&c->dout, &rng, -1.0, 1.0);
+  c->bias = tu_buf_new(dt, p->has_bias ? attn_role_numel(p, ATTN_ROLE_BIAS) : 0);
+  tu_fill_uniform(&c->bias, &rng, -2.0, 2.0);
+  c->alibi = tu_buf_new(ATTN_DTYPE_F32, p->alibi ? attn_role_numel(p, ATTN_ROLE_ALIBI) : 0);
+  tu_fill_uniform(&c->alibi, &rng, 0.05, 0.5);
+}
+
+static void hcase_free(hcase *c) {
+  tu_buf_free(&c->q), tu_buf_free(&c->k), tu_buf_free(&c->v), tu_buf_free(&c->dout);
+  tu_buf_free(&c->bias), tu_buf_free(&c->alibi);
+  free(c->e_out), free(c->e_lse), free(c->e_dq), free(c->e_dk), free(c->e_dv), free(c->e_dbias);
+}
+
+static void with_bias(attn_problem *p, int64_t b0, int64_t b1) {
+  p->has_bias = 1;
+  p->bias_dtype = p->dtype;
+  p->bias_shape[0] = b0, p->bias_shape[1] = b1;
+  p->bias_shape[2] = p->seqlen_q, p->bias_shape[3] = p->seqlen_k;
+}
+
+static void run_random(const char *name, attn_problem p, int bhsd, int no_lse, int want_dbias,
+                       const int32_t *lq, const int32_t *lk) {
+  hcase c;
+  memset(&c, 0, sizeof c);
+  snprintf(c.name, sizeof c.name, "%s %s", name, attn_dtype_name((attn_dtype)p.dtype));
+  c.p = p;
+  c.bhsd = bhsd, c.no_lse = no_lse, c.want_dbias = want_dbias;
+  if (lq != NULL)
+    for (int64_t b = 0; b < p.batch; ++b) c.seqlens_q[b] = lq[b], c.seqlens_k[b] = lk[b];
+  attn_status s = attn_impl_supports(ctx, "cudnn", &p);
+  tu_check(s == ATTN_STATUS_OK, "%s: supported (%s)", c.name, attn_ctx_last_error(ctx));
+  if (s == ATTN_STATUS_OK) {
+    fill(&c);
+    check_case(&c);
+  }
+  hcase_free(&c);
+}
+
+static void test_grid(int quick) {
+  const attn_dtype BF = ATTN_DTYPE_BF16, F16 = ATTN_DTYPE_F16;
+  attn_problem p;
+  p = problem(2, 128, 128, 4, 4, 64, BF);
+  run_random("basic 2x128x128 h4 d64", p, 0, 0, 0, NULL, NULL);
+  p = problem(1, 17, 63, 2, 2, 64, F16);
+  run_random("odd 17x63 d64", p, 0, 0, 0, NULL, NULL);
+  p = problem(2, 65, 129, 3, 3, 32, BF), p.causal = 1;
+  run_random("causal bottom-right 65x129", p, 0, 0, 0, NULL, NULL);
+  if (quick) return;
+  p = problem(2, 65, 129, 3, 3, 32, F16), p.causal = 1, p.align = ATTN_ALIGN_TOP_LEFT;
+  run_random("causal top-left 65x129", p, 0, 0, 0, NULL, NULL);
+  p = problem(2, 127, 127, 2, 2, 128, BF), p.causal = 1;
+  run_random("causal square 127 d128", p, 0, 0, 0, NULL, NULL);
+  p = problem(1, 129, 17, 2, 2, 64, F16);
+  run_random("Tq > Tk 129x17", p, 0, 0, 0, NULL, NULL);
+  p = problem(2, 100, 130, 2, 2, 64, BF), p.window_left = 17, p.window_right = 5;
+  run_random("window (17,5) bottom-right 100x130", p, 0, 0, 0, NULL, NULL);
+  p = problem(1, 129, 129, 2, 2, 64, F16), p.window_left = 31, p.align = ATTN_ALIGN_TOP_LEFT;
+  run_random("window left 31 top-left 129", p, 0, 0, 0, NULL, NULL);
+  p = problem(1, 63, 127, 2, 2, 64, BF), p.window_left = 20, p.causal = 1;
+  run_random("window causal left 20 63x127", p, 0, 0, 0, NULL, NULL);
+  p = problem(1, 40, 90, 2, 2, 64, F16), p.window_left = 3, p.window_right = 9,
+  p.align = ATTN_ALIGN_TOP_LEFT;
+  run_random("window (3,9) top-left 40x90", p, 0, 0, 0, NULL, NULL);
+  p = problem(2, 37, 45, 2, 2, 64, F16), with_bias(&p, 2, 2);
+  run_random("bias [B,H,Tq,Tk] + dbias", p, 0, 0, 1, NULL, NULL);
+  p = problem(2, 64, 64, 4, 2, 64, BF), p.causal = 1, with_bias(&p, 1, 1);
+  run_random("bias [1,1,..] causal gqa + dbias", p, 0, 0, 1, NULL, NULL);
+  p = problem(2, 50, 70, 3, 3, 64, BF), with_bias(&p, 1, 3);
+  run_random("bias [1,H,..] + dbias", p, 0, 0, 1, NULL, NULL);
+  p = problem(2, 50, 70, 3, 3, 64, F16), with_bias(&p, 2, 1);
+  run_random("bias [B,1,..] no dbias", p, 0, 0, 0, NULL, NULL);
+  p = problem(1, 200, 200, 8, 2, 64, F16), p.causal = 1;
+  run_random("gqa 8/2 causal 200", p, 0, 0, 0, NULL, NULL);
+  p = problem(1, 77, 77, 6, 1, 64, BF);
+  run_random("mqa 6/1 77", p, 0, 0, 0, NULL, NULL);
+  p = problem(1, 50, 50, 2, 2, 64, F16), p.scale = 0.3;
+  run_random("scale 0.3", p, 0, 0, 0, NULL, NULL);
+  p = problem(1, 96, 96, 2, 2, 128, BF), p.head_dim_v = 64, p.causal = 1;
+  run_random("d128 dv64 causal", p, 0, 0, 0, NULL, NULL);
+  p = problem(1, 64, 80, 2, 2, 256, F16);
+  run_random("d256 64x80", p, 0, 0, 0, NULL, NULL);
+  {
+    int32_t lq[3] = {37, 9, 1}, lk[3] = {45, 20, 5};
+    p = problem(3, 37, 45, 2, 2, 64, BF), p.varlen = ATTN_VARLEN_PADDED, p.causal = 1;
+    run_random("padded varlen causal", p, 0, 0, 0, lq, lk);
+    int32_t lq2[4] = {30, 1, 17, 29}, lk2[4] = {50, 33, 64, 2};
+    p = problem(4, 30, 64, 2, 1, 64, F16), p.varlen = ATTN_VARLEN_PADDED;
+    run_random("padded varlen gqa", p, 0, 0, 0, lq2, lk2);
+    int32_t lq3[2] = {40, 11}, lk3[2] = {64, 60};
+    p = problem(2, 40, 64, 2, 2, 64, BF), p.varlen = ATTN_VARLEN_PADDED, p.window_left = 8,
+    p.causal = 1;
+    run_random("padded varlen window 8 causal", p, 0, 0, 0, lq3, lk3);
+  }
+  p = problem(2, 64, 64, 4, 4, 64, BF), p.causal = 1, p.alibi = ATTN_ALIBI_PER_HEAD;
+  run_random("alibi causal 64", p, 0, 0, 0, NULL, NULL);
+  p = problem(2, 1, 77, 8, 2, 64, F16), p.causal = 1;
+  run_random("decode 1x77 gqa causal", p, 0, 0, 0, NULL, NULL);
+  p = problem(1, 1000, 1000, 2, 2, 64, BF), p.causal = 1;
+  run_random("long causal 1000", p, 0, 0, 0, NULL, NULL);
+  p = problem(2, 96, 96, 4, 2, 64, F16), p.causal = 1;
+  run_random("strided [B,H,T,D] layout", p, 1, 0, 0, NULL, NULL);
+  p = problem(2, 63, 65, 2, 2, 64, BF), p.operation = ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION;
+  run_random("sdpa operation, no lse", p, 0, 1, 0, NULL, NULL);
+}
+
+/* ---- run-time refusals and the empty problem ------------------------------------------------- */
+
+static void test_run_checks(void) {
+  attn_problem p = problem(1, 32, 32, 2, 2, 64, ATTN_DTYPE_BF16);
+  p.operation = ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION;
+  attn_plan *plan = NULL;
+  attn_select sel;
+  attn_select_init(&sel);
+  sel.impl = "cudnn";
+  if (attn_plan_create(ctx, &p, &sel, &plan) != ATTN_STATUS_OK) {
+    tu_check(0, "run checks: plan: %s", attn_ctx_last_error(ctx));
+    return;
+  }
+  size_t fw = 0;
+  attn_plan_workspace_size(plan, &fw, NULL);
+  void *ws = NULL, *buf = NULL;
+  CU(cudaMalloc(&ws, fw > 0 ? fw : 1));
+  CU(cudaMalloc(&buf, 1 << 20));
+  char *b = buf;
+  attn_inputs in;
+  attn_inputs_init(&in);
+  in.q = attn_tensor_dense(b), in.k = attn_tensor_dense(b + 65536), in.v = attn_tensor_dense(b + 131072);
+  attn_outputs o;
+  attn_outputs_init(&o);
+  o.out = attn_tensor_dense(b + 262144);
+  o.probs = attn_tensor_dense(b + 393216);
+  attn_status s = attn_plan_forward(plan, &in, ws, fw, &o);
+  tu_check(s == ATTN_STATUS_UNSUPPORTED && strstr(attn_ctx_last_error(ctx), "probs") != NULL,
+           "probs requested: %s \"%s\"", attn_status_string(s), attn_ctx_last_error(ctx));
+  o.probs.data = NULL;
+  in.q.data = b + 2; /* misaligned */
+  s = attn_plan_forward(plan, &in, ws, fw, &o);
+  tu_check(s == ATTN_STATUS_UNSUPPORTED && strstr(attn_ctx_last_error(ctx), "aligned") != NULL,
+           "misaligned q: %s \"%s\"", attn_status_string(s), attn_ctx_last_error(ctx));
+  attn_plan_destroy(plan);
+
+  /* Tq = 0: nothing to write forward; dk and dv are zero backward. */
+  p = problem(1, 0, 40, 2, 2, 64, ATTN_DTYPE_F16);
+  s = attn_plan_create(ctx, &p, &sel, &plan);
+  tu_check(s == ATTN_STATUS_OK, "empty problem: plan: %s", attn_ctx_last_error(ctx));
+  if (s == ATTN_STATUS_OK) {
+    CU(cudaMemset(buf, 0xff, 1 << 20));
+    attn_inputs_init(&in);
+    in.k = attn_tensor_dense(b), in.v = attn_tensor_dense(b + 65536);
+    attn_outputs_init(&o);
+    attn_tensor dout = {NULL, {0, 0, 0, 0}};
+    attn_grads g;
+    attn_grads_init(&g);
+    g.dk = attn_tensor_dense(b + 131072), g.dv = attn_tensor_dense(b + 262144);
+    s = attn_plan_forward(plan, &in, ws, fw, &o);
+    tu_check(s == ATTN_STATUS_OK, "empty problem forward: %s", attn_ctx_last_error(ctx));
+    size_t bw = 0;
+    attn_plan_workspace_size(plan, NULL, &bw);
+    s = attn_plan_backward(plan, &in, &o, &dout, ws, bw, &g);
+    uint16_t dk[2 * 40 * 64];
+    CU(cudaMemcpy(dk, b + 131072, sizeof dk, cudaMemcpyDeviceToHost));
+    int zero = 1;
+    for (size_t i = 0; i < sizeof dk / 2; ++i) zero &= dk[i] == 0;
+    tu_check(s == ATTN_STATUS_OK && zero, "empty problem backward: %s, dk zero: %d",
+             attn_ctx_last_error(ctx), zero);
+    attn_plan_destroy(plan);
+  }
+  cudaFree(ws);
+  cudaFree(buf);
+}
+
+/* ---- golden cases ------------------------------------------------------------------------------ */
+
+static double *read_f64(const char *dir, const char *file, int64_t n) {
+  char path[1200];
+  snprintf(path, sizeof path, "%s/%s", dir, file);
+  size_t size = 0;
+  double *d = tu_read_file(path, &size);
+  if (d != NULL && size != (size_t)n * sizeof(double)) {
+    free(d);
+    d = NULL;
+  }
+  return d;
+}
+
+static tu_buf read_f32(const char *dir, const char *file, int64_t n, attn_dtype to) {
+  char path[1200];
+  snprintf(path, sizeof path, "%s/%s", dir, file);
+  size_t size = 0;
+  float *f = tu_read_file(path, &size);
+  tu_buf b = tu_buf_new(to, n);
+  if (f != NULL && size == (size_t)n * sizeof(float))
+    for (int64_t i = 0; i < n; ++i) tu_set(&b, i, f[i]);
+  free(f);
+  return b;
+}
+
+/* Parses case.txt into c->p (dtype set by the caller after); returns 0 when unreadable. */
+static int parse_case(const char *dir, hcase *c, int *has_dbias) {
+  char path[1200];
+  snprintf(path, sizeof path, "%s/case.txt", dir);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return 0;
+  attn_problem *p = &c->p;
+  attn_problem_init(p);
+  p->device = ATTN_DEVICE_CUDA;
+  *has_dbias = 0;
+  char line[4096];
+  while (fgets(line, sizeof line, f) != NULL) {
+    char key[64];
+    int off = 0;
+    if (sscanf(line, "%63s %n", key, &off) != 1) continue;
+    const char *v = line + off;
+    long long a[4] = {0, 0, 0, 0};
+    int n = sscanf(v, "%lld %lld %lld %lld", &a[0], &a[1], &a[2], &a[3]);
+    if (!strcmp(key, "name")) snprintf(c->name, sizeof c->name, "golden %.60s", v);
+    else if (!strcmp(key, "B")) p->batch = a[0];
+    else if (!strcmp(key, "Tq")) p->seqlen_q = a[0];
+    else if (!strcmp(key, "Tk")) p->seqlen_k = a[0];
+    else if (!strcmp(key, "Hq")) p->heads_q = a[0];
+    else if (!strcmp(key, "Hkv")) p->heads_kv = a[0];
+    else if (!strcmp(key, "D")) p->head_dim = a[0];
+    else if (!strcmp(key, "Dv")) p->head_dim_v = a[0];
+    else if (!strcmp(key, "scale")) p->scale = strtod(v, NULL);
+    else if (!strcmp(key, "causal")) p->causal = (int32_t)a[0];
+    else if (!strcmp(key, "align")) p->align = strncmp(v, "top_left", 8) == 0;
+    else if (!strcmp(key, "window_left")) p->window_left = a[0];
+    else if (!strcmp(key, "window_right")) p->window_right = a[0];
+    else if (!strcmp(key, "softcap")) p->softcap = strtod(v, NULL);
+    else if (!strcmp(key, "dropout_p")) p->dropout_p = strtod(v, NULL);
+    else if (!strcmp(key, "varlen"))
+      p->varlen = !strncmp(v, "packed", 6) ? ATTN_VARLEN_PACKED
+                  : !strncmp(v, "padded", 6) ? ATTN_VARLEN_PADDED
+                                             : ATTN_VARLEN_NONE;
+    else if (!strcmp(key, "seqlens_q") || !strcmp(key, "seqlens_k")) {
+      int32_t *dst = key[8] == 'q' ? c->seqlens_q : c->seqlens_k;
+      char *s = (char *)v;
+      for (int i = 0; i < 64; ++i) {
+        char *end;
+        long x = strtol(s, &end, 10);
+        if (end == s) break;
+        dst[i] = (int32_t)x;
+        s = end;
+      }
+    } else if (!strcmp(key, "bias_shape") && n == 4) {
+      p->has_bias = 1;
+      for (int i = 0; i < 4; ++i) p->bias_shape[i] = a[i];
+    } else if (!strcmp(key, "mask_shape")) p->has_mask = 1;
+    else if (!strcmp(key, "alibi_shape")) p->alibi = n == 1 ? ATTN_ALIBI_PER_HEAD : ATTN_ALIBI_PER_BATCH_HEAD;
+    else if (!strcmp(key, "sinks_shape")) p->num_sinks = n == 1 ? a[0] : a[1];
+    else if (!strcmp(key, "files")) *has_dbias = strstr(v, "dbias.f64") != NULL;
+    else if (!strcmp(key, "cu_seqlens_q")) p->varlen = ATTN_VARLEN_PACKED;
+  }
+  fclose(f);
+  char *nl = strchr(c->name, '\n');
+  if (nl != NULL) *nl = '\0';
+  if (p->varlen == ATTN_VARLEN_PACKED) p->total_q = p->total_k = 1; /* refused anyway */
+  return 1;
+}
+
+/* Cases whose every feature cuDNN runs: each must be supported and pass. */
+static const char *const golden_supported[] = {
+    "alibi", "basic", "bias_broadcast", "bias_full", "causal_q_shorter", "causal_square",
+    "causal_top_left", "cross_len", "decode_one_query", "dv_differs", "gqa", "head_dim_128",
+    "head_dim_80", "long_causal", "mqa", "scale_custom", "varlen_padded", "window_causal",
+    "window_diagonal", "window_two_sided"};
+
+static void test_golden(const char *root) {
+  int nsup = (int)(sizeof golden_supported / sizeof golden_supported[0]);
+  for (int i = 0; i < nsup; ++i) {
+    char dir[900];
+    snprintf(dir, sizeof dir, "%s/%s", root, golden_supported[i]);
+    for (int t = 0; t < 2; ++t) {
+      hcase c;
+      memset(&c, 0, sizeof c);
+      int has_dbias = 0;
+      if (!parse_case(dir, &c, &has_dbias)) {
+        tu_check(0, "golden %s: cannot read %s/case.txt", golden_supported[i], dir);
+        break;
+      }
+      attn_dtype dt = t == 0 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+      attn_problem *p = &c.p;
+      p->dtype = dt;
+      if (p->has_bias) p->bias_dtype = dt;
+      char base[96];
+      snprintf(base, sizeof base, "%s", c.name);
+      snprintf(c.name, sizeof c.name, "%.80s %s", base, attn_dtype_name(dt));
+      attn_status s = attn_impl_supports(ctx, "cudnn", p);
+      tu_check(s == ATTN_STATUS_OK, "%s: supported (%s)", c.name, attn_ctx_last_error(ctx));
+      if (s != ATTN_STATUS_OK) {
+        hcase_free(&c);
+        continue;
+      }
+      c.q = read_f32(dir, "q.f32", attn_role_numel(p, ATTN_ROLE_Q), dt);
+      c.k = read_f32(dir, "k.f32", attn_role_numel(p, ATTN_ROLE_K), dt);
+      c.v = read_f32(dir, "v.f32", attn_role_numel(p, ATTN_ROLE_V), dt);
+      c.dout = read_f32(dir, "dout.f32", attn_role_numel(p, ATTN_ROLE_DOUT), dt);
+      c.bias = p->has_bias ? read_f32(dir, "bias.f32", attn_role_numel(p, ATTN_ROLE_BIAS), dt)
+                           : tu_buf_new(dt, 0);
+      c.alibi = p->alibi ? read_f32(dir, "alibi.f32", attn_role_numel(p, ATTN_ROLE_ALIBI),
+                                    ATTN_DTYPE_F32)
+                         : tu_buf_new(ATTN_DTYPE_F32, 0);
+      c.want_dbias = has_dbias;
+      c.e_out = read_f64(dir, "out.f64", attn_role_numel(p, ATTN_ROLE_OUT));
+      c.e_lse = read_f64(dir, "lse.f64", attn_role_numel(p, ATTN_ROLE_LSE));
+      c.e_dq = read_f64(dir, "dq.f64", attn_role_numel(p, ATTN_ROLE_DQ));
+      c.e_dk = read_f64(dir, "dk.f64", attn_role_numel(p, ATTN_ROLE_DK));
+      c.e_dv = read_f64(dir, "dv.f64", attn_role_numel(p, ATTN_ROLE_DV));
+      if (has_dbias) c.e_dbias = read_f64(dir, "dbias.f64", attn_role_numel(p, ATTN_ROLE_DBIAS));
+      int complete = c.e_out && c.e_lse && c.e_dq && c.e_dk && c.e_dv && (!has_dbias || c.e_dbias);
+      tu_check(complete, "%s: expected arrays readable", c.name);
+      if (complete) check_case(&c);
+      hcase_free(&c);
+    }
+  }
+}
+
+int main(int argc, char **argv) {
+  if (attn_ctx_create(&ctx) != ATTN_STATUS_OK) return 1;
+  uint64_t seed = tu_seed("test_cudnn");
+  rng = tu_rng_make(seed);
+  printf("cuDNN implementation compiled in; loaded cuDNN %d\n", (int)cudnnGetVersion());
+  test_unsupported();
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    printf("SKIP: no CUDA device (%s); the unsupported-problem checks ran: ",
+           e != cudaSuccess ? cudaGetErrorString(e) : "none");
+    int failures = tu_failures();
+    tu_finish();
+    attn_ctx_destroy(ctx);
+    return failures ? 1 : 77;
+  }
+  struct cudaDeviceProp prop;
+  CU(cudaGetDeviceProperties(&prop, 0));
+  printf("device 0: %s, sm%d%d, %d SMs\n", prop.name, prop.major, prop.minor,
+         prop.multiProcessorCount);
+  int quick = getenv("ATTN_CUDNN_QUICK") != NULL;
+  test_grid(quick);
+  if (!quick) {
+    test_run_checks();
+    const char *golden = argc > 1 ? argv[1] : getenv("ATTN_GOLDEN_DIR");
+    if (golden != NULL) test_golden(golden);
+    else printf("golden cases: no folder given (argument or ATTN_GOLDEN_DIR): not run\n");
+  }
+  int rc = tu_finish();
+  attn_ctx_destroy(ctx);
+  return rc;
+}
+
+#endif /* ATTN_HAVE_CUDNN */
