@@ -1,0 +1,545 @@
+/*
+ * tools/attn.c - the `attn` command: information, benchmarks, tuning and checks from the shell.
+ *
+ *   attn info                    library version, CPU, GPUs, implementations, cache file
+ *   attn bench [opts] PROBLEM... check each supporting implementation x configuration against the
+ *                                f64 reference, then time it; a table, --csv or --json
+ *   attn tune [opts] PROBLEM...  autotune into the persistent cache (progress bar on a terminal)
+ *   attn check [opts] PROBLEM... compare every implementation with the reference; print the errors
+ *
+ * A PROBLEM is one argument in the canonical problem string syntax (attn.h), e.g.
+ *   attn bench "b4 hq32 hkv8 sq4096 sk4096 d128 bf16 causal"
+ *
+ * Exit codes, for scripts: 0 success; 1 a check failed (check, or the validation step of bench);
+ * 2 usage error (unknown option, unreadable or invalid problem); 3 library error (out of memory,
+ * no implementation can run a problem, I/O).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "attn.h"
+#include "core/device.h"
+#include "harness.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define EXIT_OK 0
+#define EXIT_CHECK 1
+#define EXIT_USAGE 2
+#define EXIT_LIBRARY 3
+
+typedef struct options {
+  int backward;
+  const char *impl, *config, *cache;
+  int platform; /* attn_platform */
+  int reps, warmup;
+  double min_time, max_seconds;
+  int iters;
+  int threads;
+  uint64_t seed;
+  int csv, json, quiet;
+  int nproblems;
+  char **problems;
+} options;
+
+static const char *usage_main =
+    "usage: attn <command> [options] [PROBLEM...]\n"
+    "\n"
+    "commands:\n"
+    "  info     library version, CPU features, GPUs, implementations, cache file\n"
+    "  bench    validate, then time every supporting implementation and configuration\n"
+    "  tune     autotune problems into the persistent configuration cache\n"
+    "  check    compare every implementation with the reference and print the errors\n"
+    "  help     this text; `attn <command> --help` describes a command\n"
+    "\n"
+    "A PROBLEM is one argument, e.g. \"b4 hq32 hkv8 sq4096 sk4096 d128 bf16 causal\".\n"
+    "Tokens: b<B> hq<Hq> hkv<Hkv> sq<Tq> sk<Tk> d<D> dv<Dv> f32|f16|bf16|f64 causal\n"
+    "  window=L,R align=tl scale=S softcap=C dropout=P bias=BxHxTqxTk[:dtype] mask=BxHxTqxTk\n"
+    "  alibi=h|bh sinks=S[:shared] segments varlen=packed:TQ,TK|padded op=sdpa device=cuda[:N]\n"
+    "\n"
+    "exit codes: 0 ok, 1 check failure, 2 usage error, 3 library error\n";
+
+static const char *usage_bench =
+    "usage: attn bench [options] PROBLEM...\n"
+    "Checks each implementation x configuration that supports the problem against the f64\n"
+    "reference (SPEC.md tolerances), then times it: warm-up, then the median of the runs.\n"
+    "  --backward       time forward + backward (and check the gradients)\n"
+    "  --impl NAME      only this implementation     --config NAME  only this configuration\n"
+    "  --platform P     only this platform (ref, cpu, cuda, cudnn)\n"
+    "  --reps N         at least N timed runs (default 5)\n"
+    "  --min-time S     and at least S seconds of them (default 0.2)\n"
+    "  --warmup N       untimed runs first (default 2)\n"
+    "  --threads N      threads for CPU implementations (default: their choice)\n"
+    "  --seed N         seed of the random inputs (default 1)\n"
+    "  --csv | --json   machine-readable output instead of the table\n"
+    "exit: 0 all passed the check, 1 one failed it (it is not timed), 2 usage, 3 library error\n";
+
+static const char *usage_tune =
+    "usage: attn tune [options] PROBLEM...\n"
+    "Autotunes each problem (every supporting implementation x configuration is timed on scratch\n"
+    "data) and merges the winner into the persistent cache; plans made later with the same\n"
+    "problem, device and implementations find it there. Results already cached are reported, not\n"
+    "measured again.\n"
+    "  --backward       time forward + backward (training)\n"
+    "  --impl NAME      tune only this implementation's configurations\n"
+    "  --platform P     only this platform (ref, cpu, cuda, cudnn)\n"
+    "  --cache PATH     the cache file (default: $ATTN_CACHE_PATH, $XDG_CACHE_HOME/libattn/cache.txt\n"
+    "                   or ~/.cache/libattn/cache.txt)\n"
+    "  --warmup N       untimed runs per candidate (default 5)\n"
+    "  --iters N        at most N timed runs per candidate (default 100; stops early once the\n"
+    "                   median settles)\n"
+    "  --max-seconds S  time budget per candidate (default 2)\n"
+    "  --threads N      threads for CPU implementations\n"
+    "  --quiet          no progress bar\n"
+    "exit: 0 tuned (or found), 2 usage, 3 library error (e.g. the cache cannot be written)\n";
+
+static const char *usage_check =
+    "usage: attn check [options] PROBLEM...\n"
+    "Compares every implementation x configuration that supports each problem with the f64\n"
+    "reference and prints max |error| against the tolerance of SPEC.md for out and lse (and dq,\n"
+    "dk, dv with --backward).\n"
+    "  --backward       check the gradients too\n"
+    "  --impl NAME      only this implementation     --platform P  only this platform\n"
+    "  --seed N         seed of the random inputs (default 1)\n"
+    "  --threads N      threads for CPU implementations\n"
+    "exit: 0 every comparison passed, 1 one failed, 2 usage, 3 library error\n";
+
+static const char *usage_info =
+    "usage: attn info [--cache PATH]\n"
+    "Prints the library version, this CPU and its instruction sets, GPUs, the registered\n"
+    "implementations in order of preference, and the cache file with its entry count.\n"
+    "exit: 0 ok, 2 usage\n";
+
+static int usage_error(const char *usage, const char *fmt, const char *arg) {
+  fprintf(stderr, "attn: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n%s", usage);
+  return EXIT_USAGE;
+}
+
+static int parse_int_arg(const char *s, long lo, long *out) {
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (*end != '\0' || end == s || v < lo) return 0;
+  *out = v;
+  return 1;
+}
+
+/* Parses options; returns -1 to go on, or an exit code. */
+static int parse_options(int argc, char **argv, const char *usage, options *o) {
+  memset(o, 0, sizeof *o);
+  o->reps = 5, o->warmup = -1, o->min_time = 0.2, o->iters = 100, o->max_seconds = 2.0, o->seed = 1;
+  o->problems = calloc((size_t)argc, sizeof *o->problems);
+  for (int i = 0; i < argc; ++i) {
+    const char *a = argv[i];
+    const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+    long v;
+#define NEED_VALUE                                                                                 \
+  if (next == NULL) return usage_error(usage, "option %s needs a value", a);                       \
+  ++i
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fputs(usage, stdout);
+      return EXIT_OK;
+    } else if (strcmp(a, "--backward") == 0) {
+      o->backward = 1;
+    } else if (strcmp(a, "--csv") == 0) {
+      o->csv = 1;
+    } else if (strcmp(a, "--json") == 0) {
+      o->json = 1;
+    } else if (strcmp(a, "--quiet") == 0) {
+      o->quiet = 1;
+    } else if (strcmp(a, "--impl") == 0) {
+      NEED_VALUE;
+      o->impl = next;
+    } else if (strcmp(a, "--config") == 0) {
+      NEED_VALUE;
+      o->config = next;
+    } else if (strcmp(a, "--cache") == 0) {
+      NEED_VALUE;
+      o->cache = next;
+    } else if (strcmp(a, "--platform") == 0) {
+      NEED_VALUE;
+      int found = -1;
+      for (int p = 0; p < ATTN_PLATFORM_COUNT; ++p)
+        if (strcmp(next, attn_platform_name((attn_platform)p)) == 0) found = p;
+      if (found < 0) return usage_error(usage, "--platform %s: use auto, ref, cpu, cuda or cudnn", next);
+      o->platform = found;
+    } else if (strcmp(a, "--reps") == 0 || strcmp(a, "--warmup") == 0 ||
+               strcmp(a, "--iters") == 0 || strcmp(a, "--threads") == 0 ||
+               strcmp(a, "--seed") == 0) {
+      NEED_VALUE;
+      if (!parse_int_arg(next, strcmp(a, "--reps") == 0 || strcmp(a, "--iters") == 0 ? 1 : 0, &v))
+        return usage_error(usage, "option needs a whole number in range, not \"%s\"", next);
+      if (strcmp(a, "--reps") == 0) o->reps = (int)v;
+      else if (strcmp(a, "--warmup") == 0) o->warmup = (int)v;
+      else if (strcmp(a, "--iters") == 0) o->iters = (int)v;
+      else if (strcmp(a, "--threads") == 0) o->threads = (int)v;
+      else o->seed = (uint64_t)v;
+    } else if (strcmp(a, "--min-time") == 0 || strcmp(a, "--max-seconds") == 0) {
+      NEED_VALUE;
+      char *end;
+      double d = strtod(next, &end);
+      if (*end != '\0' || end == next || !(d >= 0.0) || !isfinite(d))
+        return usage_error(usage, "option needs a number of seconds, not \"%s\"", next);
+      if (strcmp(a, "--min-time") == 0) o->min_time = d;
+      else o->max_seconds = d > 0 ? d : 1e-6;
+    } else if (a[0] == '-' && a[1] == '-') {
+      return usage_error(usage, "unknown option %s", a);
+    } else {
+      o->problems[o->nproblems++] = argv[i];
+    }
+#undef NEED_VALUE
+  }
+  if (o->csv && o->json) return usage_error(usage, "%s", "--csv and --json exclude each other");
+  return -1;
+}
+
+static attn_ctx *make_ctx(const options *o) {
+  attn_ctx *ctx = NULL;
+  if (attn_ctx_create(&ctx) != ATTN_STATUS_OK) return NULL;
+  if (o->threads > 0) attn_ctx_set_num_threads(ctx, o->threads);
+  return ctx;
+}
+
+/* Parses and validates a problem string; an exit code on failure, -1 on success. */
+static int read_problem(attn_ctx *ctx, const char *text, attn_problem *p) {
+  if (attn_problem_parse(ctx, text, p) != ATTN_STATUS_OK) {
+    fprintf(stderr, "attn: %s\n", attn_ctx_last_error(ctx));
+    return EXIT_USAGE;
+  }
+  attn_status st = attn_impl_supports(ctx, "ref", p); /* the reference runs every valid problem */
+  if (st == ATTN_STATUS_INVALID_ARGUMENT) {
+    fprintf(stderr, "attn: problem \"%s\" is invalid: %s\n", text, attn_ctx_last_error(ctx));
+    return EXIT_USAGE;
+  }
+  return -1;
+}
+
+/* Calls fn for each implementation x configuration that matches the options and supports p. */
+typedef int (*candidate_fn)(void *user, const char *impl, const char *config);
+
+static int each_candidate(attn_ctx *ctx, const attn_problem *p, const options *o, candidate_fn fn,
+                          void *user, int *count) {
+  *count = 0;
+  for (int32_t i = 0; i < attn_impl_count(); ++i) {
+    const char *name = attn_impl_name(i);
+    if (o->impl != NULL && strcmp(o->impl, name) != 0) continue;
+    if (o->platform != ATTN_PLATFORM_AUTO && attn_impl_platform(i) != o->platform) continue;
+    if (attn_impl_device(i) != p->device) continue; /* runs elsewhere: nothing to say */
+    if (attn_impl_supports(ctx, name, p) != ATTN_STATUS_OK) {
+      if (!o->csv && !o->json) printf("  skipped: %s\n", attn_ctx_last_error(ctx));
+      continue;
+    }
+    int32_t n = 0;
+    attn_impl_config_count(ctx, name, p, &n);
+    for (int32_t c = 0; c < n; ++c) {
+      char config[128];
+      attn_impl_config_name(ctx, name, p, c, config, sizeof config);
+      if (o->config != NULL && strcmp(o->config, config) != 0) continue;
+      ++*count;
+      int rc = fn(user, name, config);
+      if (rc >= 0) return rc;
+    }
+  }
+  return -1;
+}
+
+/* ---- bench and check --------------------------------------------------------------------------- */
+
+typedef struct bench_state {
+  attn_ctx *ctx;
+  const options *o;
+  const char *text;
+  attn_problem problem;
+  int failed, library_error, rows;
+} bench_state;
+
+static void json_string(const char *s) {
+  putchar('"');
+  for (; *s; ++s) {
+    if (*s == '"' || *s == '\\') putchar('\\');
+    putchar(*s);
+  }
+  putchar('"');
+}
+
+static int bench_one(void *user, const char *impl, const char *config) {
+  bench_state *b = user;
+  const options *o = b->o;
+  h_check c = h_check_run(b->ctx, &b->problem, impl, config, o->backward, o->seed);
+  double median = 0.0, gflops = 0.0;
+  int runs = 0;
+  const char *verdict = "ok";
+  double ratio = 0.0;
+  for (int i = 0; i < c.compared; ++i)
+    if (c.tol[i] > 0) ratio = fmax(ratio, c.err[i] / c.tol[i]);
+  char why[1024] = "";
+  if (c.status != ATTN_STATUS_OK) {
+    verdict = "error";
+    snprintf(why, sizeof why, "%s", attn_ctx_last_error(b->ctx));
+    b->library_error = 1;
+  } else if (!c.ok) {
+    verdict = "FAIL";
+    b->failed = 1;
+  } else {
+    int warmup = o->warmup >= 0 ? o->warmup : 2;
+    attn_status st = h_time(b->ctx, &b->problem, impl, config, o->backward, warmup, o->reps,
+                            o->min_time, o->seed, &median, &runs);
+    if (st != ATTN_STATUS_OK) {
+      verdict = "error";
+      snprintf(why, sizeof why, "%s", attn_ctx_last_error(b->ctx));
+      b->library_error = 1;
+    } else if (median > 0) {
+      gflops = h_flops(&b->problem, o->backward) / (median * 1e3);
+    }
+  }
+  if (o->csv) {
+    printf("\"%s\",%s,%s,%s,%.3g,%.3f,%.4g,%d\n", b->text, impl, config, verdict, ratio, median,
+           gflops, runs);
+  } else if (o->json) {
+    printf("%s  {\"problem\": ", b->rows ? ",\n" : "");
+    json_string(b->text);
+    printf(", \"impl\": ");
+    json_string(impl);
+    printf(", \"config\": ");
+    json_string(config);
+    printf(", \"check\": \"%s\", \"err_over_tol\": %.3g, \"median_us\": %.3f, \"gflops\": %.4g, "
+           "\"runs\": %d, \"pass\": \"%s\"}",
+           verdict, ratio, median, gflops, runs, o->backward ? "fwd+bwd" : "fwd");
+  } else {
+    printf("  %-8s %-16s %-5s %8.3g %12.1f %9.3f %5d%s%s\n", impl, config, verdict, ratio, median,
+           gflops, runs, why[0] ? "  " : "", why);
+  }
+  b->rows++;
+  return -1;
+}
+
+static int check_one(void *user, const char *impl, const char *config) {
+  bench_state *b = user;
+  h_check c = h_check_run(b->ctx, &b->problem, impl, config, b->o->backward, b->o->seed);
+  if (c.status != ATTN_STATUS_OK) {
+    printf("  %-8s %-16s error: %s\n", impl, config, attn_ctx_last_error(b->ctx));
+    b->library_error = 1;
+    return -1;
+  }
+  static const char *const names[5] = {"out", "lse", "dq", "dk", "dv"};
+  printf("  %-8s %-16s %s ", impl, config, c.ok ? "ok  " : "FAIL");
+  for (int i = 0; i < c.compared; ++i)
+    printf(" %s %.2e/%.2e%s", names[i], c.err[i], c.tol[i], c.err[i] <= c.tol[i] ? "" : "!");
+  printf("\n");
+  if (!c.ok) b->failed = 1;
+  return -1;
+}
+
+static int run_problems(int argc, char **argv, const char *usage, int check) {
+  options o;
+  int rc = parse_options(argc, argv, usage, &o);
+  if (rc >= 0) return free(o.problems), rc;
+  if (o.nproblems == 0) return free(o.problems), usage_error(usage, "%s", "no PROBLEM given");
+  attn_ctx *ctx = make_ctx(&o);
+  if (ctx == NULL) return free(o.problems), EXIT_LIBRARY;
+  int failed = 0, library_error = 0, rows = 0;
+  if (!check && o.csv) printf("problem,impl,config,check,err_over_tol,median_us,gflops,runs\n");
+  if (!check && o.json) printf("[\n");
+  for (int i = 0; i < o.nproblems && rc < 0; ++i) {
+    bench_state b;
+    memset(&b, 0, sizeof b);
+    b.ctx = ctx, b.o = &o, b.text = o.problems[i], b.rows = rows;
+    rc = read_problem(ctx, b.text, &b.problem);
+    if (rc >= 0) break;
+    char canonical[1024];
+    attn_problem_to_string(&b.problem, canonical, sizeof canonical);
+    if (b.problem.device != ATTN_DEVICE_CPU) {
+      /* The harness allocates host memory; GPU problems need device buffers and a copy back. */
+      fprintf(stderr, "attn: \"%s\": bench and check run CPU problems only so far\n", b.text);
+      library_error = 1;
+      continue;
+    }
+    if (check || (!o.csv && !o.json)) {
+      printf("%s%s\n", canonical, o.backward ? "  (forward + backward)" : "");
+      if (!check)
+        printf("  %-8s %-16s %-5s %8s %12s %9s %5s\n", "impl", "config", "check", "err/tol",
+               "median_us", "GFLOP/s", "runs");
+    }
+    int count = 0;
+    each_candidate(ctx, &b.problem, &o, check ? check_one : bench_one, &b, &count);
+    if (count == 0) {
+      fprintf(stderr, "attn: no implementation matching the options supports \"%s\"\n", b.text);
+      library_error = 1;
+    }
+    failed |= b.failed;
+    library_error |= b.library_error;
+    rows = b.rows;
+  }
+  if (!check && o.json && rc < 0) printf("\n]\n");
+  attn_ctx_destroy(ctx);
+  free(o.problems);
+  if (rc >= 0) return rc;
+  return failed ? EXIT_CHECK : library_error ? EXIT_LIBRARY : EXIT_OK;
+}
+
+/* ---- tune -------------------------------------------------------------------------------------- */
+
+typedef struct tune_state {
+  int tty, quiet;
+  int kind; /* the last event's kind */
+  int warnings;
+} tune_state;
+
+static void tune_event(void *user, const attn_event *ev) {
+  tune_state *t = user;
+  if (ev->kind == ATTN_EVENT_KIND_FAILURE) {
+    fprintf(stderr, "attn: warning: %s\n", ev->message);
+    t->warnings++;
+    return;
+  }
+  t->kind = ev->kind;
+  if (ev->kind == ATTN_EVENT_KIND_TUNE_CANDIDATE && t->tty && !t->quiet) {
+    int width = 30, done = (ev->index + 1) * width / (ev->count > 0 ? ev->count : 1);
+    printf("\r  [%.*s%*s] %d/%d %-28.28s", done, "##############################", width - done, "",
+           (int)ev->index + 1, (int)ev->count, ev->message);
+    fflush(stdout);
+  }
+  if (ev->kind == ATTN_EVENT_KIND_TUNE_FINISH && t->tty && !t->quiet) printf("\r%*s\r", 80, "");
+}
+
+static int cmd_tune(int argc, char **argv) {
+  options o;
+  int rc = parse_options(argc, argv, usage_tune, &o);
+  if (rc >= 0) return free(o.problems), rc;
+  if (o.nproblems == 0) return free(o.problems), usage_error(usage_tune, "%s", "no PROBLEM given");
+  attn_ctx *ctx = make_ctx(&o);
+  if (ctx == NULL) return free(o.problems), EXIT_LIBRARY;
+  attn_policy pol;
+  attn_policy_init(&pol);
+  pol.allow_autotune = 1;
+  pol.on_miss = ATTN_ON_MISS_AUTOTUNE;
+  pol.persist = 1;
+  pol.tune_backward = o.backward;
+  pol.warmup_iters = o.warmup >= 0 ? o.warmup : 5;
+  pol.measure_iters = o.iters;
+  pol.max_seconds = o.max_seconds;
+  pol.cache_path = o.cache;
+  attn_ctx_set_policy(ctx, &pol);
+  tune_state t = {isatty(STDOUT_FILENO), o.quiet, -1, 0};
+  attn_ctx_set_event_callback(ctx, tune_event, &t);
+  char path[4096];
+  attn_cache_get_path(ctx, path, sizeof path);
+  if (path[0] == '\0') {
+    fprintf(stderr, "attn: no cache file: set --cache, ATTN_CACHE_PATH, XDG_CACHE_HOME or HOME\n");
+    rc = EXIT_LIBRARY;
+  }
+  int library_error = 0;
+  for (int i = 0; i < o.nproblems && rc < 0; ++i) {
+    attn_problem p;
+    rc = read_problem(ctx, o.problems[i], &p);
+    if (rc >= 0) break;
+    attn_select sel;
+    attn_select_init(&sel);
+    sel.impl = o.impl;
+    sel.platform = o.platform;
+    t.kind = -1;
+    int warnings = t.warnings;
+    attn_plan *plan = NULL;
+    attn_status st = attn_plan_create(ctx, &p, &sel, &plan);
+    char canonical[1024];
+    attn_problem_to_string(&p, canonical, sizeof canonical);
+    if (st != ATTN_STATUS_OK) {
+      fprintf(stderr, "attn: %s: %s\n", canonical, attn_ctx_last_error(ctx));
+      library_error = 1;
+      continue;
+    }
+    const char *how = t.kind == ATTN_EVENT_KIND_TUNE_FINISH       ? "tuned"
+                      : t.kind == ATTN_EVENT_KIND_CACHE_HIT_DISK   ? "already in the cache"
+                      : t.kind == ATTN_EVENT_KIND_CACHE_HIT_MEMORY ? "already tuned"
+                      : t.kind == ATTN_EVENT_KIND_HEURISTIC        ? "the only candidate: nothing to tune"
+                      : t.kind == ATTN_EVENT_KIND_OVERRIDE         ? "the only candidate: nothing to tune"
+                                                                   : "selected";
+    printf("%s -> %s %s (%s)\n", canonical, attn_plan_impl_name(plan), attn_plan_config_name(plan),
+           how);
+    if (t.kind == ATTN_EVENT_KIND_TUNE_FINISH && t.warnings > warnings) library_error = 1;
+    attn_plan_destroy(plan);
+  }
+  int64_t disk = 0;
+  attn_cache_count(ctx, NULL, &disk);
+  if (rc < 0 && path[0] != '\0') printf("cache: %s (%lld entries)\n", path, (long long)disk);
+  attn_ctx_destroy(ctx);
+  free(o.problems);
+  if (rc >= 0) return rc;
+  return library_error ? EXIT_LIBRARY : EXIT_OK;
+}
+
+/* ---- info -------------------------------------------------------------------------------------- */
+
+static int cmd_info(int argc, char **argv) {
+  options o;
+  int rc = parse_options(argc, argv, usage_info, &o);
+  free(o.problems);
+  if (rc >= 0) return rc;
+  if (o.nproblems > 0) return usage_error(usage_info, "info takes no PROBLEM (got \"%s\")", argv[0]);
+  attn_ctx *ctx = make_ctx(&o);
+  if (ctx == NULL) return EXIT_LIBRARY;
+  if (o.cache != NULL) {
+    attn_policy pol;
+    attn_policy_init(&pol);
+    pol.cache_path = o.cache;
+    attn_ctx_set_policy(ctx, &pol);
+  }
+  const attn_cpu_info *cpu = attn_cpu_info_get();
+  char fp[512];
+  attn_device_fingerprint(ATTN_DEVICE_CPU, 0, fp, sizeof fp);
+  printf("libattn %s\n", attn_version_string());
+  printf("cpu: %s, %d logical CPUs\n", cpu->model, cpu->logical_cpus);
+  printf("cpu features: %s\n", cpu->feature_names[0] ? cpu->feature_names : "(none detected)");
+  int gpu_impls = 0;
+  for (int32_t i = 0; i < attn_impl_count(); ++i) gpu_impls += attn_impl_device(i) == ATTN_DEVICE_CUDA;
+  if (gpu_impls == 0) {
+    printf("gpus: none usable (no GPU implementation is compiled in)\n");
+  } else {
+    char gfp[512];
+    attn_device_fingerprint(ATTN_DEVICE_CUDA, 0, gfp, sizeof gfp);
+    printf("gpu 0: %s\n", gfp);
+  }
+  printf("fingerprint: %s\n", fp);
+  printf("implementations, in order of preference:\n");
+  for (int32_t i = 0; i < attn_impl_count(); ++i)
+    printf("  %-10s platform %-6s device %-5s version %d\n", attn_impl_name(i),
+           attn_platform_name((attn_platform)attn_impl_platform(i)),
+           attn_impl_device(i) == ATTN_DEVICE_CUDA ? "cuda" : "cpu", (int)attn_impl_version(i));
+  char path[4096];
+  attn_cache_get_path(ctx, path, sizeof path);
+  int64_t disk = 0;
+  attn_cache_count(ctx, NULL, &disk);
+  attn_policy pol;
+  attn_ctx_get_policy(ctx, &pol);
+  printf("cache: %s (%lld entries)\n", path[0] ? path : "(none)", (long long)disk);
+  printf("policy: on a cache miss %s%s (ATTN_AUTOTUNE=1 autotunes, =0 never measures)\n",
+         pol.allow_autotune && pol.on_miss == ATTN_ON_MISS_AUTOTUNE ? "autotune" : "heuristics",
+         pol.allow_autotune ? "" : ", autotuning disabled");
+  attn_ctx_destroy(ctx);
+  return EXIT_OK;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fputs(usage_main, stderr);
+    return EXIT_USAGE;
+  }
+  const char *cmd = argv[1];
+  if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+    fputs(usage_main, stdout);
+    return EXIT_OK;
+  }
+  if (strcmp(cmd, "--version") == 0) {
+    printf("attn (libattn) %s\n", attn_version_string());
+    return EXIT_OK;
+  }
+  if (strcmp(cmd, "info") == 0) return cmd_info(argc - 2, argv + 2);
+  if (strcmp(cmd, "bench") == 0) return run_problems(argc - 2, argv + 2, usage_bench, 0);
+  if (strcmp(cmd, "check") == 0) return run_problems(argc - 2, argv + 2, usage_check, 1);
+  if (strcmp(cmd, "tune") == 0) return cmd_tune(argc - 2, argv + 2);
+  fprintf(stderr, "attn: unknown command \"%s\"\n%s", cmd, usage_main);
+  return EXIT_USAGE;
+}
