@@ -46,36 +46,20 @@ static attn_status impl_supports(const attn_impl *impl, const attn_problem *p, c
   return impl->supports(p, why, why_size);
 }
 
-/* The first implementation in registry order that supports the problem, or the named one. */
+/* The named implementation, when it can run the problem (attn_impl_supports). Plans select
+ * through the executor (select.c) instead. */
 static attn_status select_impl(attn_ctx *ctx, const attn_problem *p, const char *name,
                                const attn_impl **chosen) {
   char why[ATTN_MESSAGE_SIZE];
-  if (name != NULL) {
-    const attn_impl *impl = attn_registry_find(name);
-    if (impl == NULL)
-      return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
-                       "select.impl=\"%s\" is not a registered implementation (attn_impl_name lists them)",
-                       name);
-    if (impl_supports(impl, p, why, sizeof why) != ATTN_STATUS_OK)
-      return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED, "%s: %s", impl->name, why);
-    *chosen = impl;
-    return ATTN_STATUS_OK;
-  }
-  int32_t count;
-  const attn_impl *const *list = attn_registry(&count);
-  char reasons[ATTN_MESSAGE_SIZE] = "";
-  size_t used = 0;
-  for (int32_t i = 0; i < count; ++i) {
-    if (impl_supports(list[i], p, why, sizeof why) == ATTN_STATUS_OK) {
-      *chosen = list[i];
-      return ATTN_STATUS_OK;
-    }
-    int n = snprintf(reasons + used, sizeof reasons - used, "%s%s: %s", used ? "; " : "",
-                     list[i]->name, why);
-    if (n > 0) used = used + (size_t)n < sizeof reasons ? used + (size_t)n : sizeof reasons - 1;
-  }
-  return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED, "no implementation supports the problem (%s)",
-                   reasons);
+  const attn_impl *impl = attn_registry_find(name);
+  if (impl == NULL)
+    return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                     "select.impl=\"%s\" is not a registered implementation (attn_impl_name lists them)",
+                     name);
+  if (impl_supports(impl, p, why, sizeof why) != ATTN_STATUS_OK)
+    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED, "%s: %s", impl->name, why);
+  *chosen = impl;
+  return ATTN_STATUS_OK;
 }
 
 attn_status attn_impl_supports(attn_ctx *ctx, const char *name, const attn_problem *problem) {
