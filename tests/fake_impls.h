@@ -75,15 +75,42 @@ static attn_status fake_backward(const attn_run *run) {
 }
 static attn_status fake_noop(const attn_run *run) { return (void)run, ATTN_STATUS_OK; }
 
-static attn_impl fake_cpu = {"cpu_fake", ATTN_DEVICE_CPU, 1, fake_supports_d64, fake_three,
-                             fake_tile_name, fake_default_1, fake_no_workspace, NULL, NULL,
-                             fake_forward, fake_backward};
-static attn_impl fake_2 = {"fake2", ATTN_DEVICE_CPU, 1, fake_supports_all, fake_two,
-                           fake2_tile_name, fake_default_1, fake_no_workspace, NULL, NULL,
-                           fake_noop, fake_noop};
-static attn_impl fake_cudnn = {"cudnn_fake", ATTN_DEVICE_CPU, 1, fake_supports_all, fake_one,
-                               fake_default_name, fake_default_0, fake_no_workspace, NULL, NULL,
-                               fake_noop, fake_noop};
+static attn_impl fake_cpu = {"cpu_fake",
+                             ATTN_DEVICE_CPU,
+                             1,
+                             fake_supports_d64,
+                             fake_three,
+                             fake_tile_name,
+                             fake_default_1,
+                             fake_no_workspace,
+                             NULL,
+                             NULL,
+                             fake_forward,
+                             fake_backward};
+static attn_impl fake_2 = {"fake2",
+                           ATTN_DEVICE_CPU,
+                           1,
+                           fake_supports_all,
+                           fake_two,
+                           fake2_tile_name,
+                           fake_default_1,
+                           fake_no_workspace,
+                           NULL,
+                           NULL,
+                           fake_noop,
+                           fake_noop};
+static attn_impl fake_cudnn = {"cudnn_fake",
+                               ATTN_DEVICE_CPU,
+                               1,
+                               fake_supports_all,
+                               fake_one,
+                               fake_default_name,
+                               fake_default_0,
+                               fake_no_workspace,
+                               NULL,
+                               NULL,
+                               fake_noop,
+                               fake_noop};
 
 static const attn_impl *const fake_registry[] = {&fake_cpu, &fake_2, &fake_cudnn, &attn_ref_impl};
 

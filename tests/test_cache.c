@@ -119,7 +119,8 @@ static void test_damaged(void) {
 
   /* Corrupt: binary garbage. */
   tmp_path(path, sizeof path, "corrupt.txt");
-  static const char garbage[] = "\x7f" "ELF\x02\x01\x01\0\0\0garbage\n\xff\xfe";
+  static const char garbage[] = "\x7f"
+                                "ELF\x02\x01\x01\0\0\0garbage\n\xff\xfe";
   write_text(path, garbage, sizeof garbage - 1);
   logbook book;
   attn_ctx *ctx = make_ctx(path, &book);
@@ -127,13 +128,15 @@ static void test_damaged(void) {
   tu_check(st == ATTN_STATUS_OK && strcmp(pk, "fake2/tile64") == 0,
            "a corrupt cache file: the plan is still made (tuned: %s)", pk);
   tu_check(book.warnings >= 2 && book.failures >= 2 && strstr(book.last, "not overwriting") != NULL,
-           "... with a logged warning and FAILURE events, and it is not overwritten: \"%s\"", book.last);
+           "... with a logged warning and FAILURE events, and it is not overwritten: \"%s\"",
+           book.last);
   char *text = read_text(path, &size);
   tu_check(text != NULL && size == sizeof garbage - 1 && memcmp(text, garbage, size) == 0,
            "the corrupt file is left as it was (it may not be ours)");
   free(text);
   st = attn_cache_import(ctx, path);
-  tu_check(st == ATTN_STATUS_INVALID_ARGUMENT && strstr(attn_ctx_last_error(ctx), "corrupt") != NULL,
+  tu_check(st == ATTN_STATUS_INVALID_ARGUMENT &&
+               strstr(attn_ctx_last_error(ctx), "corrupt") != NULL,
            "importing a corrupt file is INVALID_ARGUMENT: \"%s\"", attn_ctx_last_error(ctx));
   attn_ctx_destroy(ctx);
 
@@ -143,7 +146,8 @@ static void test_damaged(void) {
   write_text(path, foreign, sizeof foreign - 1);
   ctx = make_ctx(path, &book);
   st = pick(ctx, 16, pk, sizeof pk);
-  tu_check(st == ATTN_STATUS_OK && strstr(book.last, "not overwriting") != NULL && book.warnings >= 2,
+  tu_check(st == ATTN_STATUS_OK && strstr(book.last, "not overwriting") != NULL &&
+               book.warnings >= 2,
            "a foreign-version file is ignored and kept: \"%s\"", book.last);
   text = read_text(path, &size);
   tu_check(text != NULL && strcmp(text, foreign) == 0, "the foreign-version file is unchanged");
@@ -209,16 +213,18 @@ static void test_damaged(void) {
   snprintf(path, sizeof path, "%s/sub/cache.txt", blocker);
   ctx = make_ctx(path, &book);
   st = pick(ctx, 16, pk, sizeof pk);
-  tu_check(st == ATTN_STATUS_OK && strcmp(pk, "fake2/tile64") == 0 && book.failures == 1 &&
-               book.last_failure_status == ATTN_STATUS_IO_ERROR && strstr(book.last, "memory only"),
-           "an unwritable cache: the tuned plan is made, an IO_ERROR FAILURE event and a log: \"%s\"",
-           book.last);
+  tu_check(
+      st == ATTN_STATUS_OK && strcmp(pk, "fake2/tile64") == 0 && book.failures == 1 &&
+          book.last_failure_status == ATTN_STATUS_IO_ERROR && strstr(book.last, "memory only"),
+      "an unwritable cache: the tuned plan is made, an IO_ERROR FAILURE event and a log: \"%s\"",
+      book.last);
   int64_t mem = 0;
   attn_cache_count(ctx, &mem, NULL);
   tu_check(mem == 1, "... and the result is kept in memory (%lld)", (long long)mem);
   st = attn_cache_export(ctx, path);
   tu_check(st == ATTN_STATUS_IO_ERROR && strstr(attn_ctx_last_error(ctx), "sub/cache.txt") != NULL,
-           "exporting to an unwritable path is IO_ERROR naming it: \"%s\"", attn_ctx_last_error(ctx));
+           "exporting to an unwritable path is IO_ERROR naming it: \"%s\"",
+           attn_ctx_last_error(ctx));
   st = attn_cache_import(ctx, path);
   tu_check(st == ATTN_STATUS_IO_ERROR, "importing a missing file is IO_ERROR: \"%s\"",
            attn_ctx_last_error(ctx));
@@ -366,7 +372,8 @@ static void test_killed_writer(void) {
   attn_ctx_destroy(ctx);
   int clean;
   int64_t n = count_entries(path, &clean);
-  tu_check(n == 2 && clean, "the next writer takes the lock and writes (%lld entries)", (long long)n);
+  tu_check(n == 2 && clean, "the next writer takes the lock and writes (%lld entries)",
+           (long long)n);
 
   /* Kill writers at arbitrary moments: the file always parses cleanly. */
   uint64_t seed = tu_seed("test_cache kill loop");
@@ -386,8 +393,10 @@ static void test_killed_writer(void) {
     if (!clean || now < last) damaged++;
     last = now;
   }
-  tu_check(damaged == 0, "%d writers killed at random moments: the file parses cleanly and never "
-           "loses entries (%lld entries at the end)", rounds, (long long)last);
+  tu_check(damaged == 0,
+           "%d writers killed at random moments: the file parses cleanly and never "
+           "loses entries (%lld entries at the end)",
+           rounds, (long long)last);
 }
 
 int main(void) {

@@ -185,7 +185,8 @@ static void test_problem_strings(tu_rng *rng) {
     p.sinks_shared = p.num_sinks > 0 ? (int32_t)tu_int(rng, 0, 1) : 0;
     p.has_segment_ids = (int32_t)tu_int(rng, 0, 1);
     p.varlen = (int32_t)tu_int(rng, 0, 2);
-    if (p.varlen == ATTN_VARLEN_PACKED) p.total_q = tu_int(rng, 0, 999), p.total_k = tu_int(rng, 0, 999);
+    if (p.varlen == ATTN_VARLEN_PACKED)
+      p.total_q = tu_int(rng, 0, 999), p.total_k = tu_int(rng, 0, 999);
     p.device = (int32_t)tu_int(rng, 0, 1);
     p.device_index = p.device ? (int32_t)tu_int(rng, 0, 3) : 0;
     char text[1024], again[1024];
@@ -220,9 +221,10 @@ static void test_problem_strings(tu_rng *rng) {
   tu_check(st == ATTN_STATUS_OK && p.batch == 1 && p.heads_kv == 4 && p.seqlen_k == 10 &&
                p.dtype == ATTN_DTYPE_F32,
            "parse defaults: b1, hkv = hq, sk = sq, f32");
-  static const char *bad[] = {"hq4 sq10 d16 bogus", "hq4 sq10 d16 window=3", "hq4 sq10 d16 b",
-                              "hq4 sq10 d16 bias=1x2x3", "hq4 sq10 d16 scale=abc",
-                              "hq4 sq10 d16 sinks=2:private", "hq4 sq10 d16 op=fast"};
+  static const char *bad[] = {"hq4 sq10 d16 bogus",     "hq4 sq10 d16 window=3",
+                              "hq4 sq10 d16 b",         "hq4 sq10 d16 bias=1x2x3",
+                              "hq4 sq10 d16 scale=abc", "hq4 sq10 d16 sinks=2:private",
+                              "hq4 sq10 d16 op=fast"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
     st = attn_problem_parse(ctx, bad[i], &p);
     const char *tok = strrchr(bad[i], ' ') + 1;
@@ -257,9 +259,10 @@ static void test_key_canonical(void) {
   plan_pick(ctx, &a, NULL, pick, sizeof pick);
   int tuned = rec.kinds[ATTN_EVENT_KIND_TUNE_FINISH];
   plan_pick(ctx, &b, NULL, pick, sizeof pick);
-  tu_check(tuned == 1 && rec.kinds[ATTN_EVENT_KIND_TUNE_FINISH] == 1 &&
-               rec.kinds[ATTN_EVENT_KIND_CACHE_HIT_MEMORY] == 1 && strcmp(pick, "fake2/tile64") == 0,
-           "causal and window=-1,0 with explicit default scale and dv share one cache entry (%s)", pick);
+  tu_check(
+      tuned == 1 && rec.kinds[ATTN_EVENT_KIND_TUNE_FINISH] == 1 &&
+          rec.kinds[ATTN_EVENT_KIND_CACHE_HIT_MEMORY] == 1 && strcmp(pick, "fake2/tile64") == 0,
+      "causal and window=-1,0 with explicit default scale and dv share one cache entry (%s)", pick);
   b.window_left = 3;
   plan_pick(ctx, &b, NULL, pick, sizeof pick);
   tu_check(rec.kinds[ATTN_EVENT_KIND_TUNE_FINISH] == 2, "a different window is another entry");
@@ -288,13 +291,15 @@ static void test_heuristics(void) {
   attn_status st = plan_pick(ctx, &p, NULL, pick, sizeof pick);
   tu_check(st == ATTN_STATUS_OK && strcmp(pick, "cpu_fake/tile32") == 0,
            "heuristics (on_miss=heuristics): the first supporting implementation and its default "
-           "configuration: %s", pick);
+           "configuration: %s",
+           pick);
   tu_check(rec.kinds[ATTN_EVENT_KIND_HEURISTIC] == 1 && fake_timer_calls == 0,
            "a heuristic pick is reported as such and times nothing");
   tu_check(!file_exists("heur.txt"), "a heuristic pick is never written to the cache file");
   int64_t mem = -1;
   attn_cache_count(ctx, &mem, NULL);
-  tu_check(mem == 0, "a heuristic pick is not kept in the memory cache either (%lld)", (long long)mem);
+  tu_check(mem == 0, "a heuristic pick is not kept in the memory cache either (%lld)",
+           (long long)mem);
 
   /* allow_autotune = 0 overrides on_miss = autotune. */
   attn_policy pol;
@@ -454,7 +459,8 @@ static void test_config_every_path(void) {
   plan_pick(ctx, &p, &sel, pick, sizeof pick);
   tu_check(strcmp(pick, "cpu_fake/tile32") == 0 && rec.kinds[ATTN_EVENT_KIND_TUNE_FINISH] == 2,
            "config on the autotune path: the fastest tile32 (40 us vs 45 us), not the cached "
-           "overall winner: %s", pick);
+           "overall winner: %s",
+           pick);
   plan_pick(ctx, &p, &sel, pick, sizeof pick);
   tu_check(strcmp(pick, "cpu_fake/tile32") == 0 && rec.kinds[ATTN_EVENT_KIND_CACHE_HIT_MEMORY] == 1,
            "config on the memory path: %s", pick);
@@ -485,10 +491,12 @@ static void test_filters(void) {
   tu_check(st == ATTN_STATUS_OK && strcmp(pick, "ref/default") == 0, "platform ref: %s", pick);
   sel.platform = ATTN_PLATFORM_CUDNN;
   st = plan_pick(ctx, &p, &sel, pick, sizeof pick);
-  tu_check(st == ATTN_STATUS_OK && strcmp(pick, "cudnn_fake/default") == 0, "platform cudnn: %s", pick);
+  tu_check(st == ATTN_STATUS_OK && strcmp(pick, "cudnn_fake/default") == 0, "platform cudnn: %s",
+           pick);
   sel.platform = ATTN_PLATFORM_CUDA;
   st = plan_pick(ctx, &p, &sel, pick, sizeof pick);
-  tu_check(st == ATTN_STATUS_UNSUPPORTED && strstr(attn_ctx_last_error(ctx), "select.platform=cuda"),
+  tu_check(st == ATTN_STATUS_UNSUPPORTED &&
+               strstr(attn_ctx_last_error(ctx), "select.platform=cuda"),
            "platform cuda with no CUDA implementation: UNSUPPORTED naming the filter: %s",
            attn_ctx_last_error(ctx));
   sel.platform = ATTN_PLATFORM_AUTO;
@@ -498,20 +506,22 @@ static void test_filters(void) {
            "backend gpu on a CPU-only registry: UNSUPPORTED: %s", attn_ctx_last_error(ctx));
   sel.backend = 7;
   st = plan_pick(ctx, &p, &sel, pick, sizeof pick);
-  tu_check(st == ATTN_STATUS_INVALID_ARGUMENT && strstr(attn_ctx_last_error(ctx), "select.backend=7"),
+  tu_check(st == ATTN_STATUS_INVALID_ARGUMENT &&
+               strstr(attn_ctx_last_error(ctx), "select.backend=7"),
            "an out-of-range backend is INVALID_ARGUMENT naming it");
   attn_select_init(&sel);
   sel.platform = -1;
   st = plan_pick(ctx, &p, &sel, pick, sizeof pick);
-  tu_check(st == ATTN_STATUS_INVALID_ARGUMENT && strstr(attn_ctx_last_error(ctx), "select.platform"),
+  tu_check(st == ATTN_STATUS_INVALID_ARGUMENT &&
+               strstr(attn_ctx_last_error(ctx), "select.platform"),
            "an out-of-range platform is INVALID_ARGUMENT naming it");
 
   /* EasyDeL names. */
   attn_select_init(&sel);
   st = attn_select_mechanism(ctx, "vanilla", &p, &sel);
   plan_pick(ctx, &p, &sel, pick, sizeof pick);
-  tu_check(st == ATTN_STATUS_OK && strcmp(pick, "ref/default") == 0, "\"vanilla\" is the reference: %s",
-           pick);
+  tu_check(st == ATTN_STATUS_OK && strcmp(pick, "ref/default") == 0,
+           "\"vanilla\" is the reference: %s", pick);
   attn_select_init(&sel);
   st = attn_select_mechanism(ctx, "sdpa", &p, &sel);
   plan_pick(ctx, &p, &sel, pick, sizeof pick);
@@ -524,7 +534,8 @@ static void test_filters(void) {
                strcmp(pick, "cpu_fake/tile32") == 0,
            "\"flash\" sets flash_attention on any platform: %s", pick);
   st = attn_select_mechanism(ctx, "cudnn", &p, &sel);
-  tu_check(st == ATTN_STATUS_OK && sel.platform == ATTN_PLATFORM_CUDNN, "\"cudnn\" is platform cudnn");
+  tu_check(st == ATTN_STATUS_OK && sel.platform == ATTN_PLATFORM_CUDNN,
+           "\"cudnn\" is platform cudnn");
   st = attn_select_mechanism(ctx, "turbo", &p, &sel);
   tu_check(st == ATTN_STATUS_INVALID_ARGUMENT && strstr(attn_ctx_last_error(ctx), "turbo"),
            "an unknown mechanism is INVALID_ARGUMENT naming it: %s", attn_ctx_last_error(ctx));
@@ -535,7 +546,8 @@ static void test_filters(void) {
   st = attn_impl_config_count(ctx, "cpu_fake", &p, &n);
   attn_impl_config_name(ctx, "cpu_fake", &p, 2, name, sizeof name);
   attn_impl_config_default(ctx, "cpu_fake", &p, def, sizeof def);
-  tu_check(st == ATTN_STATUS_OK && n == 3 && strcmp(name, "tile64") == 0 && strcmp(def, "tile32") == 0,
+  tu_check(st == ATTN_STATUS_OK && n == 3 && strcmp(name, "tile64") == 0 &&
+               strcmp(def, "tile32") == 0,
            "config listing: %d configurations, [2] = %s, default %s", (int)n, name, def);
   st = attn_impl_config_name(ctx, "cpu_fake", &p, 3, name, sizeof name);
   tu_check(st == ATTN_STATUS_INVALID_ARGUMENT && strstr(attn_ctx_last_error(ctx), "index=3"),
@@ -544,7 +556,8 @@ static void test_filters(void) {
   st = attn_impl_config_count(ctx, "cpu_fake", &p, &n);
   tu_check(st == ATTN_STATUS_UNSUPPORTED && strstr(attn_ctx_last_error(ctx), "head_dim=128"),
            "configurations of an implementation that cannot run the problem: UNSUPPORTED with why");
-  tu_check(attn_impl_platform(0) == ATTN_PLATFORM_CPU && attn_impl_platform(2) == ATTN_PLATFORM_CUDNN &&
+  tu_check(attn_impl_platform(0) == ATTN_PLATFORM_CPU &&
+               attn_impl_platform(2) == ATTN_PLATFORM_CUDNN &&
                attn_impl_platform(3) == ATTN_PLATFORM_REF && attn_impl_platform(4) == -1 &&
                attn_impl_version(0) == 1 && attn_impl_device(3) == ATTN_DEVICE_CPU,
            "platform, version and device of each implementation");
@@ -567,7 +580,8 @@ static void test_versions(void) {
   fake_cpu.version = 2;
   plan_pick(ctx, &p, NULL, pick, sizeof pick);
   tu_check(strcmp(pick, "cpu_fake/tile32") == 0 && rec.kinds[ATTN_EVENT_KIND_HEURISTIC] == 1,
-           "after cpu_fake's version changes its cached result is ignored (memory and file): %s", pick);
+           "after cpu_fake's version changes its cached result is ignored (memory and file): %s",
+           pick);
   fake_cpu.version = 1;
   /* An entry whose key matches but whose implementation version is stale is ignored too. */
   attn_cache_clear(ctx);
@@ -600,9 +614,11 @@ static void test_real_timing(void) {
   attn_status st = plan_pick(ctx, &p, &sel, pick, sizeof pick);
   tu_check(st == ATTN_STATUS_OK && strcmp(pick, "cpu_fake/tile32") == 0,
            "measured autotune picks the 100 us configuration: %s", pick);
-  tu_check(fake_forward_calls[0] >= 12 && fake_forward_calls[0] < 102 && fake_backward_calls[0] == 0,
+  tu_check(fake_forward_calls[0] >= 12 && fake_forward_calls[0] < 102 &&
+               fake_backward_calls[0] == 0,
            "warm-up plus an early stop once the median settles (%d forward runs of tile16, limit "
-           "100 + 2), forward only", fake_forward_calls[0]);
+           "100 + 2), forward only",
+           fake_forward_calls[0]);
   pol.tune_backward = 1;
   pol.measure_iters = 3;
   pol.warmup_iters = 0;
@@ -683,7 +699,8 @@ static void test_scratch_features(void) {
   }
   tu_check(f.measured == 2 * 5 * 7 && f.failed == 0,
            "real tuning on scratch data of every feature, forward and backward: %d candidates "
-           "measured, %d failed%s%s", f.measured, f.failed, f.failed ? ": " : "", f.why);
+           "measured, %d failed%s%s",
+           f.measured, f.failed, f.failed ? ": " : "", f.why);
   attn_ctx_destroy(ctx);
 }
 
@@ -698,7 +715,7 @@ static void test_policy_checks(void) {
   static const struct {
     const char *field;
     int which;
-  } cases[] = {{"policy.allow_autotune", 0}, {"policy.on_miss", 1}, {"policy.warmup_iters", 2},
+  } cases[] = {{"policy.allow_autotune", 0}, {"policy.on_miss", 1},     {"policy.warmup_iters", 2},
                {"policy.measure_iters", 3},  {"policy.max_seconds", 4}, {"policy.persist", 5},
                {"policy.tune_backward", 6}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {

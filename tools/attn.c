@@ -85,7 +85,8 @@ static const char *usage_tune =
     "  --backward       time forward + backward (training)\n"
     "  --impl NAME      tune only this implementation's configurations\n"
     "  --platform P     only this platform (ref, cpu, cuda, cudnn)\n"
-    "  --cache PATH     the cache file (default: $ATTN_CACHE_PATH, $XDG_CACHE_HOME/libattn/cache.txt\n"
+    "  --cache PATH     the cache file (default: $ATTN_CACHE_PATH, "
+    "$XDG_CACHE_HOME/libattn/cache.txt\n"
     "                   or ~/.cache/libattn/cache.txt)\n"
     "  --warmup N       untimed runs per candidate (default 5)\n"
     "  --iters N        at most N timed runs per candidate (default 100; stops early once the\n"
@@ -164,7 +165,8 @@ static int parse_options(int argc, char **argv, const char *usage, options *o) {
       int found = -1;
       for (int p = 0; p < ATTN_PLATFORM_COUNT; ++p)
         if (strcmp(next, attn_platform_name((attn_platform)p)) == 0) found = p;
-      if (found < 0) return usage_error(usage, "--platform %s: use auto, ref, cpu, cuda or cudnn", next);
+      if (found < 0)
+        return usage_error(usage, "--platform %s: use auto, ref, cpu, cuda or cudnn", next);
       o->platform = found;
     } else if (strcmp(a, "--reps") == 0 || strcmp(a, "--warmup") == 0 ||
                strcmp(a, "--iters") == 0 || strcmp(a, "--threads") == 0 ||
@@ -172,19 +174,26 @@ static int parse_options(int argc, char **argv, const char *usage, options *o) {
       NEED_VALUE;
       if (!parse_int_arg(next, strcmp(a, "--reps") == 0 || strcmp(a, "--iters") == 0 ? 1 : 0, &v))
         return usage_error(usage, "option needs a whole number in range, not \"%s\"", next);
-      if (strcmp(a, "--reps") == 0) o->reps = (int)v;
-      else if (strcmp(a, "--warmup") == 0) o->warmup = (int)v;
-      else if (strcmp(a, "--iters") == 0) o->iters = (int)v;
-      else if (strcmp(a, "--threads") == 0) o->threads = (int)v;
-      else o->seed = (uint64_t)v;
+      if (strcmp(a, "--reps") == 0)
+        o->reps = (int)v;
+      else if (strcmp(a, "--warmup") == 0)
+        o->warmup = (int)v;
+      else if (strcmp(a, "--iters") == 0)
+        o->iters = (int)v;
+      else if (strcmp(a, "--threads") == 0)
+        o->threads = (int)v;
+      else
+        o->seed = (uint64_t)v;
     } else if (strcmp(a, "--min-time") == 0 || strcmp(a, "--max-seconds") == 0) {
       NEED_VALUE;
       char *end;
       double d = strtod(next, &end);
       if (*end != '\0' || end == next || !(d >= 0.0) || !isfinite(d))
         return usage_error(usage, "option needs a number of seconds, not \"%s\"", next);
-      if (strcmp(a, "--min-time") == 0) o->min_time = d;
-      else o->max_seconds = d > 0 ? d : 1e-6;
+      if (strcmp(a, "--min-time") == 0)
+        o->min_time = d;
+      else
+        o->max_seconds = d > 0 ? d : 1e-6;
     } else if (a[0] == '-' && a[1] == '-') {
       return usage_error(usage, "unknown option %s", a);
     } else {
@@ -451,12 +460,12 @@ static int cmd_tune(int argc, char **argv) {
       library_error = 1;
       continue;
     }
-    const char *how = t.kind == ATTN_EVENT_KIND_TUNE_FINISH       ? "tuned"
+    const char *how = t.kind == ATTN_EVENT_KIND_TUNE_FINISH        ? "tuned"
                       : t.kind == ATTN_EVENT_KIND_CACHE_HIT_DISK   ? "already in the cache"
                       : t.kind == ATTN_EVENT_KIND_CACHE_HIT_MEMORY ? "already tuned"
-                      : t.kind == ATTN_EVENT_KIND_HEURISTIC        ? "the only candidate: nothing to tune"
-                      : t.kind == ATTN_EVENT_KIND_OVERRIDE         ? "the only candidate: nothing to tune"
-                                                                   : "selected";
+                      : t.kind == ATTN_EVENT_KIND_HEURISTIC ? "the only candidate: nothing to tune"
+                      : t.kind == ATTN_EVENT_KIND_OVERRIDE  ? "the only candidate: nothing to tune"
+                                                            : "selected";
     printf("%s -> %s %s (%s)\n", canonical, attn_plan_impl_name(plan), attn_plan_config_name(plan),
            how);
     if (t.kind == ATTN_EVENT_KIND_TUNE_FINISH && t.warnings > warnings) library_error = 1;
@@ -478,7 +487,8 @@ static int cmd_info(int argc, char **argv) {
   int rc = parse_options(argc, argv, usage_info, &o);
   free(o.problems);
   if (rc >= 0) return rc;
-  if (o.nproblems > 0) return usage_error(usage_info, "info takes no PROBLEM (got \"%s\")", argv[0]);
+  if (o.nproblems > 0)
+    return usage_error(usage_info, "info takes no PROBLEM (got \"%s\")", argv[0]);
   attn_ctx *ctx = make_ctx(&o);
   if (ctx == NULL) return EXIT_LIBRARY;
   if (o.cache != NULL) {
@@ -494,7 +504,8 @@ static int cmd_info(int argc, char **argv) {
   printf("cpu: %s, %d logical CPUs\n", cpu->model, cpu->logical_cpus);
   printf("cpu features: %s\n", cpu->feature_names[0] ? cpu->feature_names : "(none detected)");
   int gpu_impls = 0;
-  for (int32_t i = 0; i < attn_impl_count(); ++i) gpu_impls += attn_impl_device(i) == ATTN_DEVICE_CUDA;
+  for (int32_t i = 0; i < attn_impl_count(); ++i)
+    gpu_impls += attn_impl_device(i) == ATTN_DEVICE_CUDA;
   if (gpu_impls == 0) {
     printf("gpus: none usable (no GPU implementation is compiled in)\n");
   } else {

@@ -39,9 +39,7 @@ static int backward_role(attn_role r) {
   return r == ATTN_ROLE_DOUT || r == ATTN_ROLE_DQ || r == ATTN_ROLE_DK || r == ATTN_ROLE_DV;
 }
 
-static int input_role(attn_role r) {
-  return r <= ATTN_ROLE_KV_SEGMENT_IDS || r == ATTN_ROLE_DOUT;
-}
+static int input_role(attn_role r) { return r <= ATTN_ROLE_KV_SEGMENT_IDS || r == ATTN_ROLE_DOUT; }
 
 static double uniform(uint64_t *state) {
   *state = *state * 6364136223846793005ull + 1442695040888963407ull;
@@ -55,7 +53,8 @@ static int alloc_roles(h_data *d, int backward) {
     if (t == NULL || !attn_role_used(&d->problem, role) || (!backward && backward_role(role)))
       continue;
     int64_t n = attn_role_numel(&d->problem, role);
-    d->buf[r] = calloc((size_t)(n > 0 ? n : 1), attn_dtype_size(attn_role_dtype(&d->problem, role)));
+    d->buf[r] =
+        calloc((size_t)(n > 0 ? n : 1), attn_dtype_size(attn_role_dtype(&d->problem, role)));
     if (d->buf[r] == NULL) return 0;
     *t = attn_tensor_dense(d->buf[r]);
   }
@@ -89,10 +88,14 @@ int h_data_make(h_data *d, const attn_problem *problem, uint64_t seed, int backw
     attn_dtype dtype = attn_role_dtype(p, role);
     for (int64_t i = 0; i < n; ++i) {
       double u = uniform(&state);
-      if (role == ATTN_ROLE_MASK) ((uint8_t *)d->buf[r])[i] = u < 0.8;
-      else if (dtype == ATTN_DTYPE_I32) ((int32_t *)d->buf[r])[i] = (int32_t)(u * 3.0) - (u < 0.05);
-      else if (role == ATTN_ROLE_ALIBI) attn_store(d->buf[r], dtype, i, 0.05 + 0.5 * u);
-      else attn_store(d->buf[r], dtype, i, 2.0 * u - 1.0);
+      if (role == ATTN_ROLE_MASK)
+        ((uint8_t *)d->buf[r])[i] = u < 0.8;
+      else if (dtype == ATTN_DTYPE_I32)
+        ((int32_t *)d->buf[r])[i] = (int32_t)(u * 3.0) - (u < 0.05);
+      else if (role == ATTN_ROLE_ALIBI)
+        attn_store(d->buf[r], dtype, i, 0.05 + 0.5 * u);
+      else
+        attn_store(d->buf[r], dtype, i, 2.0 * u - 1.0);
     }
   }
   int64_t B = p->batch;
@@ -110,8 +113,10 @@ int h_data_make(h_data *d, const attn_problem *problem, uint64_t seed, int backw
     d->len_k = malloc((size_t)B * sizeof *d->len_k);
     if (d->len_q == NULL || d->len_k == NULL) return 0;
     for (int64_t b = 0; b < B; ++b) { /* varied lengths, the first batch entry full */
-      d->len_q[b] = (int32_t)(b == 0 ? p->seqlen_q : (int64_t)(uniform(&state) * (double)(p->seqlen_q + 1)));
-      d->len_k[b] = (int32_t)(b == 0 ? p->seqlen_k : (int64_t)(uniform(&state) * (double)(p->seqlen_k + 1)));
+      d->len_q[b] =
+          (int32_t)(b == 0 ? p->seqlen_q : (int64_t)(uniform(&state) * (double)(p->seqlen_q + 1)));
+      d->len_k[b] =
+          (int32_t)(b == 0 ? p->seqlen_k : (int64_t)(uniform(&state) * (double)(p->seqlen_k + 1)));
     }
   }
   bind_lengths(d);
@@ -129,7 +134,8 @@ int h_data_convert(h_data *dst, const h_data *src, attn_dtype dtype, int backwar
     attn_role role = (attn_role)r;
     if (dst->buf[r] == NULL || src->buf[r] == NULL || !input_role(role)) continue;
     int64_t n = attn_role_numel(&src->problem, role);
-    attn_dtype from = attn_role_dtype(&src->problem, role), to = attn_role_dtype(&dst->problem, role);
+    attn_dtype from = attn_role_dtype(&src->problem, role),
+               to = attn_role_dtype(&dst->problem, role);
     if (from == to) {
       memcpy(dst->buf[r], src->buf[r], (size_t)n * attn_dtype_size(from));
       continue;
@@ -178,8 +184,8 @@ static attn_status run_exact(attn_ctx *ctx, h_data *d, const char *impl, const c
   return st;
 }
 
-static const attn_role compared_roles[5] = {ATTN_ROLE_OUT, ATTN_ROLE_LSE, ATTN_ROLE_DQ, ATTN_ROLE_DK,
-                                            ATTN_ROLE_DV};
+static const attn_role compared_roles[5] = {ATTN_ROLE_OUT, ATTN_ROLE_LSE, ATTN_ROLE_DQ,
+                                            ATTN_ROLE_DK, ATTN_ROLE_DV};
 static const char *const compared_names[5] = {"out", "lse", "dq", "dk", "dv"};
 
 /* max |a - r| and max |r| of a role (equal infinities, as -inf lse of masked rows, are equal). */
@@ -197,8 +203,8 @@ static void compare(const h_data *a, const h_data *r, attn_role role, double *er
   }
 }
 
-h_check h_check_run(attn_ctx *ctx, const attn_problem *problem, const char *impl, const char *config,
-                    int backward, uint64_t seed) {
+h_check h_check_run(attn_ctx *ctx, const attn_problem *problem, const char *impl,
+                    const char *config, int backward, uint64_t seed) {
   h_check c;
   memset(&c, 0, sizeof c);
   h_data data, oracle, naive;
@@ -212,7 +218,8 @@ h_check h_check_run(attn_ctx *ctx, const attn_problem *problem, const char *impl
     goto done;
   }
   c.status = run_exact(ctx, &oracle, "ref", NULL, backward, ATTN_DTYPE_F64);
-  if (c.status == ATTN_STATUS_OK && low) c.status = run_exact(ctx, &naive, "ref", NULL, backward, dtype);
+  if (c.status == ATTN_STATUS_OK && low)
+    c.status = run_exact(ctx, &naive, "ref", NULL, backward, dtype);
   if (c.status != ATTN_STATUS_OK) {
     snprintf(c.worst, sizeof c.worst, "reference");
     goto done;

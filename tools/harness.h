@@ -34,19 +34,19 @@ void h_data_free(h_data *d);
 
 /* One implementation and configuration compared with the oracle. */
 typedef struct h_check {
-  double err[5];   /* max |a - r| of out, lse, dq, dk, dv */
-  double ref[5];   /* max |r| of each */
-  double tol[5];   /* its allowed error */
-  int compared;    /* how many of the five were compared */
-  int ok;          /* every compared one within its tolerance */
+  double err[5];      /* max |a - r| of out, lse, dq, dk, dv */
+  double ref[5];      /* max |r| of each */
+  double tol[5];      /* its allowed error */
+  int compared;       /* how many of the five were compared */
+  int ok;             /* every compared one within its tolerance */
   attn_status status; /* of running it; the message in the context */
-  char worst[64];  /* the output furthest past (or closest to) its tolerance */
+  char worst[64];     /* the output furthest past (or closest to) its tolerance */
 } h_check;
 
 /* Runs impl/config (forward, and backward when asked) on the problem and compares it with the
  * oracle. ctx receives the errors of failed calls. */
-h_check h_check_run(attn_ctx *ctx, const attn_problem *problem, const char *impl, const char *config,
-                    int backward, uint64_t seed);
+h_check h_check_run(attn_ctx *ctx, const attn_problem *problem, const char *impl,
+                    const char *config, int backward, uint64_t seed);
 
 /* Median microseconds of a pass (forward, or forward + backward) of impl/config after warmup runs,
  * over at least reps runs and min_seconds. status: of making and running the plan. */

@@ -72,7 +72,8 @@ static void detect_x86(attn_cpu_info *info) {
   if (max_ext >= 0x80000004u) {
     unsigned regs[12];
     for (unsigned i = 0; i < 3; ++i)
-      __get_cpuid(0x80000002u + i, &regs[4 * i], &regs[4 * i + 1], &regs[4 * i + 2], &regs[4 * i + 3]);
+      __get_cpuid(0x80000002u + i, &regs[4 * i], &regs[4 * i + 1], &regs[4 * i + 2],
+                  &regs[4 * i + 3]);
     memcpy(info->model, regs, sizeof regs);
     info->model[sizeof regs] = '\0';
     squeeze(info->model);
@@ -82,8 +83,8 @@ static void detect_x86(attn_cpu_info *info) {
   if (c & bit_SSE4_2) f |= ATTN_CPU_SSE42;
   int osxsave = (c & bit_OSXSAVE) != 0;
   unsigned long long xcr0 = osxsave ? xgetbv0() : 0;
-  int ymm = (xcr0 & 0x6) == 0x6;        /* the OS saves XMM and YMM state */
-  int zmm = (xcr0 & 0xe6) == 0xe6;      /* ... and opmask and ZMM state */
+  int ymm = (xcr0 & 0x6) == 0x6;           /* the OS saves XMM and YMM state */
+  int zmm = (xcr0 & 0xe6) == 0xe6;         /* ... and opmask and ZMM state */
   int tiles = (xcr0 & 0x60000) == 0x60000; /* ... and AMX tile state */
   if (ymm && (c & bit_AVX)) f |= ATTN_CPU_AVX;
   if (ymm && (c & bit_FMA)) f |= ATTN_CPU_FMA;
@@ -127,12 +128,18 @@ static void detect(void) {
   static const struct {
     unsigned bit;
     const char *name;
-  } names[] = {{ATTN_CPU_SSE42, "sse4.2"},      {ATTN_CPU_AVX, "avx"},
-               {ATTN_CPU_AVX2, "avx2"},         {ATTN_CPU_FMA, "fma"},
-               {ATTN_CPU_F16C, "f16c"},         {ATTN_CPU_AVX512F, "avx512f"},
-               {ATTN_CPU_AVX512BW, "avx512bw"}, {ATTN_CPU_AVX512VL, "avx512vl"},
-               {ATTN_CPU_AVX512BF16, "avx512bf16"}, {ATTN_CPU_AVX512FP16, "avx512fp16"},
-               {ATTN_CPU_AMX_BF16, "amx-bf16"}, {ATTN_CPU_NEON, "neon"},
+  } names[] = {{ATTN_CPU_SSE42, "sse4.2"},
+               {ATTN_CPU_AVX, "avx"},
+               {ATTN_CPU_AVX2, "avx2"},
+               {ATTN_CPU_FMA, "fma"},
+               {ATTN_CPU_F16C, "f16c"},
+               {ATTN_CPU_AVX512F, "avx512f"},
+               {ATTN_CPU_AVX512BW, "avx512bw"},
+               {ATTN_CPU_AVX512VL, "avx512vl"},
+               {ATTN_CPU_AVX512BF16, "avx512bf16"},
+               {ATTN_CPU_AVX512FP16, "avx512fp16"},
+               {ATTN_CPU_AMX_BF16, "amx-bf16"},
+               {ATTN_CPU_NEON, "neon"},
                {ATTN_CPU_SVE, "sve"}};
   size_t used = 0;
   info->feature_names[0] = '\0';

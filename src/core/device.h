@@ -27,10 +27,10 @@ enum {
 };
 
 typedef struct attn_cpu_info {
-  char model[128];    /* brand string, e.g. "AMD EPYC 9654 96-Core Processor"; "unknown" */
-  unsigned features;  /* ATTN_CPU_* bits usable by this process (OS support checked for AVX) */
+  char model[128];         /* brand string, e.g. "AMD EPYC 9654 96-Core Processor"; "unknown" */
+  unsigned features;       /* ATTN_CPU_* bits usable by this process (OS support checked for AVX) */
   char feature_names[256]; /* the set bits as a comma-separated list, e.g. "avx,avx2,fma" */
-  int logical_cpus;   /* online logical CPUs (>= 1) */
+  int logical_cpus;        /* online logical CPUs (>= 1) */
 } attn_cpu_info;
 
 /* The CPU of this machine, detected once (thread safe). */

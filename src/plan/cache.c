@@ -155,8 +155,10 @@ static attn_status parse_file(attn_ctx *ctx, const char *path, char *text, size_
   char msg[ATTN_MESSAGE_SIZE];
   if (size == 0) return ATTN_STATUS_OK; /* an empty file is an empty cache */
   if (memchr(text, '\0', size) != NULL) {
-    attn_format(msg, sizeof msg, "cache file %s holds NUL bytes: it is corrupt or not a libattn "
-                "cache; ignoring it", path);
+    attn_format(msg, sizeof msg,
+                "cache file %s holds NUL bytes: it is corrupt or not a libattn "
+                "cache; ignoring it",
+                path);
     attn_exec_report_failure(ctx, ATTN_STATUS_INVALID_ARGUMENT, msg);
     return ATTN_STATUS_INVALID_ARGUMENT;
   }
@@ -167,14 +169,18 @@ static attn_status parse_file(attn_ctx *ctx, const char *path, char *text, size_
   char extra = 0;
   if (sscanf(line, ATTN_CACHE_MAGIC " %d%c", &format, &extra) != 1 ||
       strncmp(line, ATTN_CACHE_MAGIC " ", sizeof ATTN_CACHE_MAGIC) != 0) {
-    attn_format(msg, sizeof msg, "cache file %s: first line is not \"" ATTN_CACHE_MAGIC " %d\": it "
-                "is corrupt or not a libattn cache; ignoring it", path, ATTN_CACHE_FORMAT);
+    attn_format(msg, sizeof msg,
+                "cache file %s: first line is not \"" ATTN_CACHE_MAGIC " %d\": it "
+                "is corrupt or not a libattn cache; ignoring it",
+                path, ATTN_CACHE_FORMAT);
     attn_exec_report_failure(ctx, ATTN_STATUS_INVALID_ARGUMENT, msg);
     return ATTN_STATUS_INVALID_ARGUMENT;
   }
   if (format != ATTN_CACHE_FORMAT) {
-    attn_format(msg, sizeof msg, "cache file %s has format version %d, this library reads version "
-                "%d; ignoring it", path, format, ATTN_CACHE_FORMAT);
+    attn_format(msg, sizeof msg,
+                "cache file %s has format version %d, this library reads version "
+                "%d; ignoring it",
+                path, format, ATTN_CACHE_FORMAT);
     attn_exec_report_failure(ctx, ATTN_STATUS_INVALID_ARGUMENT, msg);
     return ATTN_STATUS_INVALID_ARGUMENT;
   }
@@ -201,8 +207,10 @@ static attn_status parse_file(attn_ctx *ctx, const char *path, char *text, size_
     if (!attn_cache_table_put(t, &e)) return ATTN_STATUS_OUT_OF_MEMORY;
   }
   if (bad > 0) {
-    attn_format(msg, sizeof msg, "cache file %s: %lld malformed or truncated line(s), the first at "
-                "line %lld; skipping them", path, (long long)bad, (long long)first_bad);
+    attn_format(msg, sizeof msg,
+                "cache file %s: %lld malformed or truncated line(s), the first at "
+                "line %lld; skipping them",
+                path, (long long)bad, (long long)first_bad);
     attn_exec_report_failure(ctx, ATTN_STATUS_OK, msg);
   }
   return ATTN_STATUS_OK;
@@ -340,7 +348,7 @@ static char *format_table(const attn_cache_table *t, size_t *size) {
   if (buf == NULL) return NULL;
   len += (size_t)snprintf(buf + len, cap - len,
                           ATTN_CACHE_MAGIC " %d\n# fingerprint\tcandidates\tpass\tthreads\tproblem"
-                          "\timpl\timpl_version\tconfig\ttime_us\n",
+                                           "\timpl\timpl_version\tconfig\ttime_us\n",
                           ATTN_CACHE_FORMAT);
   for (int64_t i = 0; i < t->count; ++i) {
     const attn_cache_entry *e = &t->items[i];
@@ -371,8 +379,10 @@ static attn_status write_locked(attn_ctx *ctx, const char *path, const attn_cach
   if (status == ATTN_STATUS_INVALID_ARGUMENT) {
     attn_cache_table_free(&merged);
     char msg[ATTN_MESSAGE_SIZE];
-    attn_format(msg, sizeof msg, "cache file %s is not a libattn cache of format %d: not "
-                "overwriting it; measured results are kept in memory only", path, ATTN_CACHE_FORMAT);
+    attn_format(msg, sizeof msg,
+                "cache file %s is not a libattn cache of format %d: not "
+                "overwriting it; measured results are kept in memory only",
+                path, ATTN_CACHE_FORMAT);
     attn_exec_report_failure(ctx, ATTN_STATUS_IO_ERROR, msg);
     return attn_fail(ctx, ATTN_STATUS_IO_ERROR, "%s", msg);
   }
@@ -388,7 +398,8 @@ static attn_status write_locked(attn_ctx *ctx, const char *path, const attn_cach
   size_t size = 0;
   char *text = format_table(&merged, &size);
   attn_cache_table_free(&merged);
-  if (text == NULL) return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory writing the cache");
+  if (text == NULL)
+    return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory writing the cache");
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     free(text);
@@ -411,8 +422,10 @@ static attn_status write_locked(attn_ctx *ctx, const char *path, const attn_cach
   snprintf(dir, sizeof dir, "%s", path);
   char *slash = strrchr(dir, '/');
   if (slash != NULL) {
-    if (slash == dir) slash[1] = '\0';
-    else *slash = '\0';
+    if (slash == dir)
+      slash[1] = '\0';
+    else
+      *slash = '\0';
   } else {
     snprintf(dir, sizeof dir, ".");
   }

@@ -223,16 +223,26 @@ attn_status attn_problem_parse(attn_ctx *ctx, const char *text, attn_problem *pr
       } else if (token_is(tok, n, "segments")) {
         p.has_segment_ids = 1;
       } else if (letters > 0 && letters < n && parse_int(tok + letters, n - letters, &v)) {
-        if (token_is(tok, letters, "b")) p.batch = v, have_b = 1;
-        else if (token_is(tok, letters, "hq")) p.heads_q = v, have_hq = 1;
-        else if (token_is(tok, letters, "hkv")) p.heads_kv = v, have_hkv = 1;
-        else if (token_is(tok, letters, "h")) p.heads_q = p.heads_kv = v, have_hq = have_hkv = 1;
-        else if (token_is(tok, letters, "sq")) p.seqlen_q = v, have_sq = 1;
-        else if (token_is(tok, letters, "sk")) p.seqlen_k = v, have_sk = 1;
-        else if (token_is(tok, letters, "s")) p.seqlen_q = p.seqlen_k = v, have_sq = have_sk = 1;
-        else if (token_is(tok, letters, "d")) p.head_dim = v, have_d = 1;
-        else if (token_is(tok, letters, "dv")) p.head_dim_v = v;
-        else ok = 0;
+        if (token_is(tok, letters, "b"))
+          p.batch = v, have_b = 1;
+        else if (token_is(tok, letters, "hq"))
+          p.heads_q = v, have_hq = 1;
+        else if (token_is(tok, letters, "hkv"))
+          p.heads_kv = v, have_hkv = 1;
+        else if (token_is(tok, letters, "h"))
+          p.heads_q = p.heads_kv = v, have_hq = have_hkv = 1;
+        else if (token_is(tok, letters, "sq"))
+          p.seqlen_q = v, have_sq = 1;
+        else if (token_is(tok, letters, "sk"))
+          p.seqlen_k = v, have_sk = 1;
+        else if (token_is(tok, letters, "s"))
+          p.seqlen_q = p.seqlen_k = v, have_sq = have_sk = 1;
+        else if (token_is(tok, letters, "d"))
+          p.head_dim = v, have_d = 1;
+        else if (token_is(tok, letters, "dv"))
+          p.head_dim_v = v;
+        else
+          ok = 0;
       } else {
         ok = 0;
       }
@@ -247,9 +257,12 @@ attn_status attn_problem_parse(attn_ctx *ctx, const char *text, attn_problem *pr
         ok = comma != NULL && parse_int(val, (size_t)(comma - val), &p.window_left) &&
              parse_int(comma + 1, vn - (size_t)(comma - val) - 1, &p.window_right);
       } else if (token_is(tok, kn, "align")) {
-        if (token_is(val, vn, "tl")) p.align = ATTN_ALIGN_TOP_LEFT;
-        else if (token_is(val, vn, "br")) p.align = ATTN_ALIGN_BOTTOM_RIGHT;
-        else ok = 0;
+        if (token_is(val, vn, "tl"))
+          p.align = ATTN_ALIGN_TOP_LEFT;
+        else if (token_is(val, vn, "br"))
+          p.align = ATTN_ALIGN_BOTTOM_RIGHT;
+        else
+          ok = 0;
       } else if (token_is(tok, kn, "scale")) {
         ok = parse_double(val, vn, &p.scale);
       } else if (token_is(tok, kn, "softcap")) {
@@ -264,9 +277,12 @@ attn_status attn_problem_parse(attn_ctx *ctx, const char *text, attn_problem *pr
         p.has_mask = 1;
         ok = parse_shape(val, vn, p.mask_shape);
       } else if (token_is(tok, kn, "alibi")) {
-        if (token_is(val, vn, "h")) p.alibi = ATTN_ALIBI_PER_HEAD;
-        else if (token_is(val, vn, "bh")) p.alibi = ATTN_ALIBI_PER_BATCH_HEAD;
-        else ok = 0;
+        if (token_is(val, vn, "h"))
+          p.alibi = ATTN_ALIBI_PER_HEAD;
+        else if (token_is(val, vn, "bh"))
+          p.alibi = ATTN_ALIBI_PER_BATCH_HEAD;
+        else
+          ok = 0;
       } else if (token_is(tok, kn, "sinks")) {
         ok = parse_int(val, head, &p.num_sinks) &&
              (colon == NULL || token_is(colon + 1, vn - head - 1, "shared"));
@@ -285,14 +301,20 @@ attn_status attn_problem_parse(attn_ctx *ctx, const char *text, attn_problem *pr
           ok = 0;
         }
       } else if (token_is(tok, kn, "op")) {
-        if (token_is(val, vn, "sdpa")) p.operation = ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION;
-        else if (token_is(val, vn, "flash")) p.operation = ATTN_OPERATION_FLASH_ATTENTION;
-        else ok = 0;
+        if (token_is(val, vn, "sdpa"))
+          p.operation = ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION;
+        else if (token_is(val, vn, "flash"))
+          p.operation = ATTN_OPERATION_FLASH_ATTENTION;
+        else
+          ok = 0;
       } else if (token_is(tok, kn, "device")) {
         int64_t index = 0;
-        if (token_is(val, head, "cpu")) p.device = ATTN_DEVICE_CPU;
-        else if (token_is(val, head, "cuda")) p.device = ATTN_DEVICE_CUDA;
-        else ok = 0;
+        if (token_is(val, head, "cpu"))
+          p.device = ATTN_DEVICE_CPU;
+        else if (token_is(val, head, "cuda"))
+          p.device = ATTN_DEVICE_CUDA;
+        else
+          ok = 0;
         if (ok && colon != NULL) ok = parse_int(colon + 1, vn - head - 1, &index) && index >= 0;
         p.device_index = (int32_t)index;
       } else if (token_is(tok, kn, "dtype")) {
@@ -307,8 +329,10 @@ attn_status attn_problem_parse(attn_ctx *ctx, const char *text, attn_problem *pr
                  "every token)",
                  (int)(n < 200 ? n : 200), tok);
   }
-  if (!have_hq) return BAD("problem string \"%s\" has no hq<heads> token (heads_q is required)", text);
-  if (!have_sq) return BAD("problem string \"%s\" has no sq<length> token (seqlen_q is required)", text);
+  if (!have_hq)
+    return BAD("problem string \"%s\" has no hq<heads> token (heads_q is required)", text);
+  if (!have_sq)
+    return BAD("problem string \"%s\" has no sq<length> token (seqlen_q is required)", text);
   if (!have_d) return BAD("problem string \"%s\" has no d<dim> token (head_dim is required)", text);
   if (!have_b) p.batch = 1;
   if (!have_hkv) p.heads_kv = p.heads_q;

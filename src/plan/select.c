@@ -77,7 +77,8 @@ attn_status attn_ctx_set_policy(attn_ctx *ctx, const attn_policy *policy) {
                    ATTN_ON_MISS_COUNT - 1);
   if (p->tune_backward != 0 && p->tune_backward != 1)
     return INVALID("policy.tune_backward=%d must be 0 or 1", (int)p->tune_backward);
-  if (p->warmup_iters < 0) return INVALID("policy.warmup_iters=%d must be >= 0", (int)p->warmup_iters);
+  if (p->warmup_iters < 0)
+    return INVALID("policy.warmup_iters=%d must be >= 0", (int)p->warmup_iters);
   if (p->measure_iters < 1)
     return INVALID("policy.measure_iters=%d must be >= 1", (int)p->measure_iters);
   if (!(p->max_seconds > 0.0) || !isfinite(p->max_seconds))
@@ -102,8 +103,10 @@ attn_status attn_ctx_set_policy(attn_ctx *ctx, const attn_policy *policy) {
 
 attn_status attn_ctx_get_policy(const attn_ctx *ctx, attn_policy *policy) {
   if (ctx == NULL || policy == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
-  if (ctx->exec == NULL) attn_policy_init(policy);
-  else *policy = ctx->exec->policy;
+  if (ctx->exec == NULL)
+    attn_policy_init(policy);
+  else
+    *policy = ctx->exec->policy;
   return ATTN_STATUS_OK;
 }
 
@@ -204,17 +207,26 @@ attn_status attn_select_mechanism(attn_ctx *ctx, const char *name, attn_problem 
   if (select == NULL) return INVALID("select is NULL");
   int op = -1;
   attn_platform platform;
-  if (strcmp(name, "vanilla") == 0) platform = ATTN_PLATFORM_REF;
-  else if (strcmp(name, "sdpa") == 0) op = ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION, platform = ATTN_PLATFORM_AUTO;
-  else if (strcmp(name, "flash") == 0) op = ATTN_OPERATION_FLASH_ATTENTION, platform = ATTN_PLATFORM_AUTO;
-  else if (strcmp(name, "cudnn") == 0) platform = ATTN_PLATFORM_CUDNN;
-  else if (strcmp(name, "ref") == 0) platform = ATTN_PLATFORM_REF;
-  else if (strcmp(name, "cpu") == 0) platform = ATTN_PLATFORM_CPU;
-  else if (strcmp(name, "cuda") == 0) platform = ATTN_PLATFORM_CUDA;
-  else if (strcmp(name, "auto") == 0) platform = ATTN_PLATFORM_AUTO;
+  if (strcmp(name, "vanilla") == 0)
+    platform = ATTN_PLATFORM_REF;
+  else if (strcmp(name, "sdpa") == 0)
+    op = ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION, platform = ATTN_PLATFORM_AUTO;
+  else if (strcmp(name, "flash") == 0)
+    op = ATTN_OPERATION_FLASH_ATTENTION, platform = ATTN_PLATFORM_AUTO;
+  else if (strcmp(name, "cudnn") == 0)
+    platform = ATTN_PLATFORM_CUDNN;
+  else if (strcmp(name, "ref") == 0)
+    platform = ATTN_PLATFORM_REF;
+  else if (strcmp(name, "cpu") == 0)
+    platform = ATTN_PLATFORM_CPU;
+  else if (strcmp(name, "cuda") == 0)
+    platform = ATTN_PLATFORM_CUDA;
+  else if (strcmp(name, "auto") == 0)
+    platform = ATTN_PLATFORM_AUTO;
   else
     return INVALID("name=\"%s\" is not a mechanism: use vanilla, sdpa, flash, cudnn, or a platform "
-                   "(auto, ref, cpu, cuda)", name);
+                   "(auto, ref, cpu, cuda)",
+                   name);
   if (op >= 0) {
     if (problem == NULL)
       return INVALID("problem is NULL: mechanism \"%s\" sets problem->operation", name);
@@ -255,10 +267,13 @@ static attn_status find_supporting(attn_ctx *ctx, const char *name, const attn_p
   if (name == NULL) return INVALID("name is NULL: an implementation name is required");
   *impl = attn_registry_find(name);
   if (*impl == NULL)
-    return INVALID("name=\"%s\" is not a registered implementation (attn_impl_name lists them)", name);
+    return INVALID("name=\"%s\" is not a registered implementation (attn_impl_name lists them)",
+                   name);
   if ((*impl)->device != resolved->device)
-    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED, "%s: runs on device %d, the problem's tensors "
-                     "are on device %d", name, (int)(*impl)->device, (int)resolved->device);
+    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                     "%s: runs on device %d, the problem's tensors "
+                     "are on device %d",
+                     name, (int)(*impl)->device, (int)resolved->device);
   char why[ATTN_MESSAGE_SIZE] = "";
   if ((*impl)->supports(resolved, why, sizeof why) != ATTN_STATUS_OK)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED, "%s: %s", name, why);
@@ -287,8 +302,8 @@ attn_status attn_impl_config_name(attn_ctx *ctx, const char *name, const attn_pr
   if (status != ATTN_STATUS_OK) return status;
   int32_t n = impl->num_configs(&p);
   if (index < 0 || index >= n)
-    return INVALID("index=%d is out of range: %s has %d configurations for this problem", (int)index,
-                   name, (int)n);
+    return INVALID("index=%d is out of range: %s has %d configurations for this problem",
+                   (int)index, name, (int)n);
   impl->config_name(&p, index, buf, size);
   return attn_succeed(ctx);
 }
@@ -342,7 +357,8 @@ static attn_status gather(attn_ctx *ctx, const attn_problem *p, const attn_selec
                    ATTN_BACKEND_COUNT - 1);
   if (want_impl != NULL && attn_registry_find(want_impl) == NULL)
     return INVALID("select.impl=\"%s\" is not a registered implementation (attn_impl_name lists "
-                   "them)", want_impl);
+                   "them)",
+                   want_impl);
   out->user_impl = want_impl != NULL;
   out->user_config = want_config != NULL;
 
@@ -361,8 +377,8 @@ static attn_status gather(attn_ctx *ctx, const attn_problem *p, const attn_selec
     if (want_impl != NULL && strcmp(impl->name, want_impl) != 0) continue;
     attn_platform plat = attn_impl_platform_of(impl);
     if (platform != ATTN_PLATFORM_AUTO && (int32_t)plat != platform) {
-      attn_format(why, sizeof why, "platform %s is not select.platform=%s", attn_platform_name(plat),
-                  attn_platform_name((attn_platform)platform));
+      attn_format(why, sizeof why, "platform %s is not select.platform=%s",
+                  attn_platform_name(plat), attn_platform_name((attn_platform)platform));
       add_reason(reasons, sizeof reasons, impl->name, why);
       continue;
     }
@@ -402,11 +418,12 @@ static attn_status gather(attn_ctx *ctx, const attn_problem *p, const attn_selec
   }
   if (out->count > 0) return ATTN_STATUS_OK;
   if (want_impl != NULL && config_missing)
-    return INVALID("select.config=\"%s\" is not a configuration of %s for this problem", want_config,
-                   want_impl);
+    return INVALID("select.config=\"%s\" is not a configuration of %s for this problem",
+                   want_config, want_impl);
   if (config_missing)
     return INVALID("select.config=\"%s\" is not a configuration of any implementation that "
-                   "supports the problem (%s)", want_config, reasons);
+                   "supports the problem (%s)",
+                   want_config, reasons);
   if (want_impl != NULL) return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED, "%s", reasons);
   return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED, "no implementation supports the problem (%s)",
                    reasons[0] ? reasons : "none is registered");
@@ -429,16 +446,16 @@ static void make_key(attn_ctx *ctx, const attn_problem *p, const candidates *c,
     size_t used = strlen(impls);
     snprintf(impls + used, sizeof impls - used, "|config=%s", c->items[0].name);
   }
-  attn_format(key, size, "%s\t%s\t%s\tt%d\t%s", fp, impls, policy->tune_backward ? "fwd+bwd" : "fwd",
-              (int)ctx->num_threads, problem);
+  attn_format(key, size, "%s\t%s\t%s\tt%d\t%s", fp, impls,
+              policy->tune_backward ? "fwd+bwd" : "fwd", (int)ctx->num_threads, problem);
 }
 
 /* The candidate a cache entry names, if it is still one (same implementation version). */
 static const candidate *match_entry(const candidates *c, const attn_cache_entry *e) {
   if (e == NULL) return NULL;
   for (int32_t i = 0; i < c->count; ++i)
-    if (strcmp(c->items[i].impl->name, e->impl) == 0 && c->items[i].impl->version == e->impl_version &&
-        strcmp(c->items[i].name, e->config) == 0)
+    if (strcmp(c->items[i].impl->name, e->impl) == 0 &&
+        c->items[i].impl->version == e->impl_version && strcmp(c->items[i].name, e->config) == 0)
       return &c->items[i];
   return NULL;
 }
@@ -458,8 +475,10 @@ static const candidate *autotune(attn_ctx *ctx, attn_exec *e, const attn_problem
     attn_status status;
     if (p->device != ATTN_DEVICE_CPU) {
       status = ATTN_STATUS_UNSUPPORTED;
-      attn_format(msg, sizeof msg, "autotuning problems on device %d is not supported yet; "
-                  "using heuristics", (int)p->device);
+      attn_format(msg, sizeof msg,
+                  "autotuning problems on device %d is not supported yet; "
+                  "using heuristics",
+                  (int)p->device);
     } else {
       status = attn_scratch_create(p, e->policy.tune_backward, &scratch, msg, sizeof msg);
     }
@@ -495,8 +514,8 @@ static const candidate *autotune(attn_ctx *ctx, attn_exec *e, const attn_problem
     } else {
       attn_format(msg, sizeof msg, "%s %s failed: %s", cand->impl->name, cand->name, why);
     }
-    attn_log(ctx, status == ATTN_STATUS_OK ? ATTN_LOG_LEVEL_DEBUG : ATTN_LOG_LEVEL_WARNING, "%s: %s",
-             problem, msg);
+    attn_log(ctx, status == ATTN_STATUS_OK ? ATTN_LOG_LEVEL_DEBUG : ATTN_LOG_LEVEL_WARNING,
+             "%s: %s", problem, msg);
     emit(ctx, ATTN_EVENT_KIND_TUNE_CANDIDATE, problem, cand->impl->name, cand->name, us, status, i,
          c->count, msg);
   }
@@ -506,7 +525,8 @@ static const candidate *autotune(attn_ctx *ctx, attn_exec *e, const attn_problem
     attn_exec_report_failure(ctx, ATTN_STATUS_INTERNAL, msg);
     return NULL;
   }
-  attn_format(msg, sizeof msg, "autotuned: %s %s (%.3f us)", best->impl->name, best->name, *best_us);
+  attn_format(msg, sizeof msg, "autotuned: %s %s (%.3f us)", best->impl->name, best->name,
+              *best_us);
   attn_log(ctx, ATTN_LOG_LEVEL_INFO, "%s: %s", problem, msg);
   emit(ctx, ATTN_EVENT_KIND_TUNE_FINISH, problem, best->impl->name, best->name, *best_us,
        ATTN_STATUS_OK, 0, c->count, msg);
@@ -516,7 +536,8 @@ static const candidate *autotune(attn_ctx *ctx, attn_exec *e, const attn_problem
 /* The first candidate in registry order (cuDNN first for scaled_dot_product_attention on platform
  * AUTO: the vendor primitive is the natural engine of that operation) with its default
  * configuration, or the caller's configuration. */
-static const candidate *heuristic(const attn_problem *p, const attn_select *sel, const candidates *c) {
+static const candidate *heuristic(const attn_problem *p, const attn_select *sel,
+                                  const candidates *c) {
   const attn_impl *impl = c->items[0].impl;
   if (p->operation == ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION &&
       (sel == NULL || sel->platform == ATTN_PLATFORM_AUTO))
@@ -555,8 +576,9 @@ attn_status attn_exec_select(attn_ctx *ctx, const attn_problem *p, const attn_se
     /* Nothing to choose: the caller's constraints, or the registry, leave one candidate. */
     pick = &c.items[0];
     kind = (c.user_impl || c.user_config) ? ATTN_EVENT_KIND_OVERRIDE : ATTN_EVENT_KIND_HEURISTIC;
-    attn_format(msg, sizeof msg, "%s: %s %s", kind == ATTN_EVENT_KIND_OVERRIDE ? "caller's choice"
-                : "the only candidate", pick->impl->name, pick->name);
+    attn_format(msg, sizeof msg, "%s: %s %s",
+                kind == ATTN_EVENT_KIND_OVERRIDE ? "caller's choice" : "the only candidate",
+                pick->impl->name, pick->name);
   } else {
     char key[ATTN_KEY_SIZE], path[4096];
     make_key(ctx, p, &c, &e->policy, problem, key, sizeof key);
@@ -648,7 +670,8 @@ attn_status attn_cache_clear(attn_ctx *ctx) {
 
 attn_status attn_cache_import(attn_ctx *ctx, const char *path) {
   if (ctx == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
-  if (path == NULL || path[0] == '\0') return INVALID("path is NULL or empty: a cache file is required");
+  if (path == NULL || path[0] == '\0')
+    return INVALID("path is NULL or empty: a cache file is required");
   attn_exec *e = attn_exec_get(ctx);
   if (e == NULL) return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory");
   attn_cache_table t = {0};
@@ -657,14 +680,15 @@ attn_status attn_cache_import(attn_ctx *ctx, const char *path) {
     if (!attn_cache_table_put(&e->memory, &t.items[i])) status = ATTN_STATUS_OUT_OF_MEMORY;
   attn_cache_table_free(&t);
   if (status != ATTN_STATUS_OK)
-    return attn_fail(ctx, status, "%s", status == ATTN_STATUS_OUT_OF_MEMORY ? "out of memory"
-                                                                            : e->last_failure);
+    return attn_fail(ctx, status, "%s",
+                     status == ATTN_STATUS_OUT_OF_MEMORY ? "out of memory" : e->last_failure);
   return attn_succeed(ctx);
 }
 
 attn_status attn_cache_export(attn_ctx *ctx, const char *path) {
   if (ctx == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
-  if (path == NULL || path[0] == '\0') return INVALID("path is NULL or empty: a cache file is required");
+  if (path == NULL || path[0] == '\0')
+    return INVALID("path is NULL or empty: a cache file is required");
   attn_exec *e = attn_exec_get(ctx);
   if (e == NULL) return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory");
   char own[4096];
@@ -676,7 +700,8 @@ attn_status attn_cache_export(attn_ctx *ctx, const char *path) {
     for (int64_t i = 0; ok && i < e->disk.table.count; ++i)
       ok = attn_cache_table_put(&all, &e->disk.table.items[i]);
   }
-  for (int64_t i = 0; ok && i < e->memory.count; ++i) ok = attn_cache_table_put(&all, &e->memory.items[i]);
+  for (int64_t i = 0; ok && i < e->memory.count; ++i)
+    ok = attn_cache_table_put(&all, &e->memory.items[i]);
   attn_status status = ok ? attn_cache_write(ctx, path, &all)
                           : attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory");
   attn_cache_table_free(&all);

@@ -216,8 +216,8 @@ attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_i
     *median_us = median_of(times, n, times + n_max);
     *runs = n;
   } else {
-    attn_format(why, why_size, "%s", tctx->last_error[0] ? tctx->last_error
-                                                          : attn_status_string(status));
+    attn_format(why, why_size, "%s",
+                tctx->last_error[0] ? tctx->last_error : attn_status_string(status));
   }
   free(times);
   attn_plan_destroy(plan);
