@@ -642,10 +642,14 @@ static void test_real_timing(void) {
            fake_forward_calls[0]);
   memset(fake_spin_us, 0, sizeof fake_spin_us);
 
-  /* The real reference (through the real registry) tunes as the only candidate: nothing to time. */
+  /* The real reference (through the real registry, named, since other implementations may be
+   * registered beside it) tunes as the only candidate: nothing to time. */
   fake_uninstall();
   attn_problem r = small_problem(5);
-  st = plan_pick(ctx, &r, NULL, pick, sizeof pick);
+  attn_select ref_only;
+  attn_select_init(&ref_only);
+  ref_only.impl = "ref";
+  st = plan_pick(ctx, &r, &ref_only, pick, sizeof pick);
   tu_check(st == ATTN_STATUS_OK && rec.kinds[ATTN_EVENT_KIND_TUNE_START] == 3,
            "a lone candidate is taken without timing: %s", pick);
   fake_install();

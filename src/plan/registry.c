@@ -9,6 +9,7 @@
 
 #include <string.h>
 
+extern const attn_impl attn_cpu_impl;
 extern const attn_impl attn_ref_impl;
 #ifdef ATTN_HAVE_CUDNN
 extern const attn_impl attn_cudnn_impl;
@@ -18,6 +19,7 @@ static const attn_impl *const registry[] = {
 #ifdef ATTN_HAVE_CUDNN
     &attn_cudnn_impl, /* src/impl/cudnn: cuDNN's fused attention on CUDA devices (bf16, f16) */
 #endif
+    &attn_cpu_impl, /* src/impl/cpu: tiled, vectorised, threaded flash attention on CPUs */
     &attn_ref_impl, /* src/impl/ref: the spec in code; always present, always last */
 };
 
