@@ -619,6 +619,10 @@ static void test_real_timing(void) {
            "warm-up plus an early stop once the median settles (%d forward runs of tile16, limit "
            "100 + 2), forward only",
            fake_forward_calls[0]);
+  tu_check(fake_forward_calls[2] == 2,
+           "a candidate 5x slower than the best so far (600 vs 100 us) stops after one warm-up "
+           "and one timed run (%d runs)",
+           fake_forward_calls[2]);
   pol.tune_backward = 1;
   pol.measure_iters = 3;
   pol.warmup_iters = 0;

@@ -107,10 +107,14 @@ attn_status attn_scratch_create(const attn_problem *resolved, int backward, attn
 void attn_scratch_destroy(attn_scratch *s);
 
 /* Median microseconds per run (forward, or forward + backward) of impl/config on the scratch data,
- * measured under the policy. A failure returns its status with the reason in why. */
+ * measured under the policy. cutoff_us > 0: a run slower than that ends the warm-up or the
+ * measuring at once (the executor passes 5x the best median so far: such a candidate cannot win,
+ * and the reference need not be run 100 times). A failure returns its status with the reason in
+ * why. */
 attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *resolved, const attn_impl *impl,
                               int32_t config, const attn_policy *policy, attn_scratch *scratch,
-                              double *median_us, int32_t *runs, char *why, size_t why_size);
+                              double cutoff_us, double *median_us, int32_t *runs, char *why,
+                              size_t why_size);
 
 /* Test hook: when set, the tuner asks fn for each candidate's time instead of running it (a
  * negative time makes the candidate fail). NULL restores measuring. */

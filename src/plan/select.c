@@ -501,8 +501,8 @@ static const candidate *autotune(attn_ctx *ctx, attn_exec *e, const attn_problem
         attn_format(why, sizeof why, "the injected timing says it failed");
       }
     } else {
-      status = attn_tune_measure(ctx, p, cand->impl, cand->config, &e->policy, scratch, &us, &runs,
-                                 why, sizeof why);
+      status = attn_tune_measure(ctx, p, cand->impl, cand->config, &e->policy, scratch,
+                                 best != NULL ? 5.0 * *best_us : 0.0, &us, &runs, why, sizeof why);
     }
     if (status == ATTN_STATUS_OK) {
       attn_format(msg, sizeof msg, "%s %s: %.3f us (median of %d runs)", cand->impl->name,

@@ -173,7 +173,8 @@ static attn_status run_once(attn_plan *plan, attn_scratch *s, int backward) {
 
 attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_impl *impl,
                               int32_t config, const attn_policy *policy, attn_scratch *scratch,
-                              double *median_us, int32_t *runs, char *why, size_t why_size) {
+                              double cutoff_us, double *median_us, int32_t *runs, char *why,
+                              size_t why_size) {
   *median_us = 0.0;
   *runs = 0;
   /* A private context: a failing candidate must not overwrite the caller's last error or reach its
@@ -193,8 +194,10 @@ attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_i
   double start = now_us();
   double budget_us = policy->max_seconds * 1e6;
   for (int i = 0; status == ATTN_STATUS_OK && i < policy->warmup_iters; ++i) {
+    double t0 = now_us();
     status = run_once(plan, scratch, policy->tune_backward);
-    if (now_us() - start > budget_us) break;
+    double t1 = now_us();
+    if (t1 - start > budget_us || (cutoff_us > 0.0 && t1 - t0 > cutoff_us)) break;
   }
   int n = 0;
   double last_median = -1.0;
@@ -205,6 +208,8 @@ attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_i
     if (status != ATTN_STATUS_OK) break;
     times[n++] = t1 - t0;
     if (t1 - start > budget_us) break;
+    /* A run this much slower than the best candidate so far cannot win: stop measuring it. */
+    if (cutoff_us > 0.0 && t1 - t0 > cutoff_us) break;
     /* Early stop: after 10 runs, every 5 runs, stop once the median moved by less than 1%. */
     if (n >= 10 && n % 5 == 0) {
       double m = median_of(times, n, times + n_max);
