@@ -77,14 +77,14 @@ expect 2 "--csv and --json exclude each other" "$ATTN" bench --csv --json "$P1"
 
 # tune: with one configuration per implementation there may be nothing to time; either way the
 # command succeeds, reports what it chose, and only measured results reach the cache file.
-expect 0 "attn tune" "$ATTN" tune --warmup 1 --iters 3 "$P1" "$P2"
+expect 0 "attn tune" "$ATTN" tune --warmup 1 --iters 3 --max-seconds 0.05 "$P1" "$P2"
 has "^b1 hq2 hkv1 sq9 sk11 d8 f32 causal -> [a-z0-9_]+ [^ ]+ \(" "tune reports the pick per problem"
 has "^cache: $DIR/cache.txt \([0-9]+ entries\)" "tune reports the cache file"
 if grep -q "(tuned)" "$DIR/out"; then
   head -1 "$DIR/cache.txt" | grep -qx "libattn-cache 1" && ok "tuned results are written" || bad "cache header"
   expect 0 "tuning again finds the results" "$ATTN" tune "$P1"
   has "already in the cache" "the second tune is a cache hit"
-  expect 3 "tune into an unwritable cache is a library error" "$ATTN" tune --cache "$DIR/cache.txt/x/y" "$P1"
+  expect 3 "tune into an unwritable cache is a library error" "$ATTN" tune --warmup 0 --iters 1 --cache "$DIR/cache.txt/x/y" "$P1"
   has "memory only" "the message says the results stay in memory" "$DIR/err"
 else
   [ ! -s "$DIR/cache.txt" ] && ok "nothing measured, nothing written" || bad "a guess was written to the cache"
