@@ -66,13 +66,7 @@ void tu_buf_free(tu_buf *b) {
 
 double tu_get(const tu_buf *b, int64_t i) { return attn_load(b->data, b->dtype, i); }
 
-void tu_set(tu_buf *b, int64_t i, double value) {
-  switch (b->dtype) {
-  case ATTN_DTYPE_U8: ((uint8_t *)b->data)[i] = (uint8_t)value; break;
-  case ATTN_DTYPE_I32: ((int32_t *)b->data)[i] = (int32_t)value; break;
-  default: attn_store(b->data, b->dtype, i, value); break;
-  }
-}
+void tu_set(tu_buf *b, int64_t i, double value) { attn_store(b->data, b->dtype, i, value); }
 
 void tu_fill_uniform(tu_buf *b, tu_rng *rng, double lo, double hi) {
   for (int64_t i = 0; i < b->n; ++i) tu_set(b, i, tu_uniform(rng, lo, hi));
@@ -142,12 +136,14 @@ void *tu_read_file(const char *path, size_t *size) {
   }
   long len = ftell(f);
   rewind(f);
-  void *data = malloc(len > 0 ? (size_t)len : 1);
+  char *data = malloc(len > 0 ? (size_t)len + 1 : 1);
   if (data != NULL && len > 0 && fread(data, 1, (size_t)len, f) != (size_t)len) {
     free(data);
     data = NULL;
   }
   fclose(f);
-  if (data != NULL) *size = (size_t)(len > 0 ? len : 0);
+  if (data == NULL) return NULL;
+  *size = (size_t)(len > 0 ? len : 0);
+  data[*size] = '\0'; /* so text files can be read as strings */
   return data;
 }

@@ -60,7 +60,8 @@ int tu_failures(void);
 /* Prints "N passed, N failed" and returns the exit code (0 when nothing failed). */
 int tu_finish(void);
 
-/* Reads a whole file into malloc'd memory; returns NULL (and *size = 0) when it cannot. */
+/* Reads a whole file into malloc'd memory with a NUL byte after its *size bytes (so a text file
+ * is a string); returns NULL (and *size = 0) when it cannot. */
 void *tu_read_file(const char *path, size_t *size);
 
 #endif /* ATTN_TESTUTIL_H */

@@ -84,14 +84,17 @@ static inline double attn_load(const void *data, attn_dtype dtype, int64_t index
   return 0.0;
 }
 
-/* Writes value, correctly rounded, as element `index` of an array of a floating dtype. */
+/* Writes value as element `index` of an array of dtype: correctly rounded for the floating types,
+ * converted (truncated toward zero) for u8 and i32. */
 static inline void attn_store(void *data, attn_dtype dtype, int64_t index, double value) {
   switch (dtype) {
+  case ATTN_DTYPE_U8: ((uint8_t *)data)[index] = (uint8_t)value; break;
+  case ATTN_DTYPE_I32: ((int32_t *)data)[index] = (int32_t)value; break;
   case ATTN_DTYPE_F32: ((float *)data)[index] = (float)value; break;
   case ATTN_DTYPE_F16: ((uint16_t *)data)[index] = attn_f32_to_f16(attn_f64_to_f32_odd(value)); break;
   case ATTN_DTYPE_BF16: ((uint16_t *)data)[index] = attn_f32_to_bf16(attn_f64_to_f32_odd(value)); break;
   case ATTN_DTYPE_F64: ((double *)data)[index] = value; break;
-  default: break;
+  case ATTN_DTYPE_COUNT: break;
   }
 }
 

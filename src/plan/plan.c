@@ -54,7 +54,7 @@ static attn_status select_impl(attn_ctx *ctx, const attn_problem *p, const char 
   const attn_impl *impl = attn_registry_find(name);
   if (impl == NULL)
     return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
-                     "select.impl=\"%s\" is not a registered implementation (attn_impl_name lists them)",
+                     "name=\"%s\" is not a registered implementation (attn_impl_name lists them)",
                      name);
   if (impl_supports(impl, p, why, sizeof why) != ATTN_STATUS_OK)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED, "%s: %s", impl->name, why);
