@@ -256,8 +256,10 @@ static void forward_row(const ref_args *a, const attn_outputs *out, const ref_ro
     attn_store(out->lse.data, a->stat_dtype, lse_at(p, &out->lse, r->b, r->h, q_row(r)), m + log(z));
 }
 
-/* Writes zero to every element of an output tensor of the role (the probabilities start at 0). */
-static void zero_tensor(const attn_problem *p, attn_role role, const attn_tensor *t) {
+/* Writes values[e] (or 0 when values is NULL) to element e, in dense C order, of an output tensor
+ * of the role, through its strides and in its dtype. */
+static void write_dense(const attn_problem *p, attn_role role, const attn_tensor *t,
+                        const double *values) {
   int64_t shape[ATTN_MAX_DIMS];
   int ndim = attn_role_shape(p, role, shape);
   int64_t n = attn_role_numel(p, role);
@@ -268,7 +270,7 @@ static void zero_tensor(const attn_problem *p, attn_role role, const attn_tensor
       off += (rest % shape[d]) * t->stride[d];
       rest /= shape[d];
     }
-    attn_store(t->data, dtype, off, 0.0);
+    attn_store(t->data, dtype, off, values != NULL ? values[e] : 0.0);
   }
 }
 
@@ -297,7 +299,7 @@ static attn_status ref_forward(const attn_run *run) {
   s.q = s.acc + p->head_dim_v;
   s.v = (unsigned char *)(s.q + p->head_dim);
 
-  if (out->probs.data != NULL) zero_tensor(p, ATTN_ROLE_PROBS, &out->probs);
+  if (out->probs.data != NULL) write_dense(p, ATTN_ROLE_PROBS, &out->probs, NULL);
   write_rows_outside_sequences(&a, out);
   for (int64_t b = 0; b < p->batch; ++b) {
     attn_seq seq = attn_seq_of(p, run->inputs, b);
@@ -390,23 +392,6 @@ static void backward_row(const ref_args *a, const attn_run *run, const ref_row *
                s->dq[d]);
 }
 
-/* Writes a dense double accumulator into an output tensor of the role (its strides and dtype). */
-static void write_accumulator(const attn_problem *p, attn_role role, const attn_tensor *t,
-                              const double *acc) {
-  int64_t shape[ATTN_MAX_DIMS];
-  int ndim = attn_role_shape(p, role, shape);
-  int64_t n = attn_role_numel(p, role);
-  attn_dtype dtype = attn_role_dtype(p, role);
-  for (int64_t e = 0; e < n; ++e) {
-    int64_t rest = e, off = 0;
-    for (int d = ndim - 1; d >= 0; --d) {
-      off += (rest % shape[d]) * t->stride[d];
-      rest /= shape[d];
-    }
-    attn_store(t->data, dtype, off, acc[e]);
-  }
-}
-
 static attn_status ref_backward(const attn_run *run) {
   const attn_problem *p = run->problem;
   const attn_grads *g = run->grads;
@@ -426,7 +411,7 @@ static attn_status ref_backward(const attn_run *run) {
   memset(s.dk, 0, (size_t)(n_dk + n_dv + n_bias + n_sinks) * sizeof(double));
 
   /* dq rows outside every sequence are 0 */
-  zero_tensor(p, ATTN_ROLE_DQ, &g->dq);
+  write_dense(p, ATTN_ROLE_DQ, &g->dq, NULL);
   for (int64_t b = 0; b < p->batch; ++b) {
     attn_seq seq = attn_seq_of(p, run->inputs, b);
     for (int64_t h = 0; h < p->heads_q; ++h)
@@ -436,10 +421,10 @@ static attn_status ref_backward(const attn_run *run) {
       }
   }
   /* The accumulators are dense in the canonical layout, which is the role's dense shape. */
-  write_accumulator(p, ATTN_ROLE_DK, &g->dk, s.dk);
-  write_accumulator(p, ATTN_ROLE_DV, &g->dv, s.dv);
-  if (g->dbias.data != NULL) write_accumulator(p, ATTN_ROLE_DBIAS, &g->dbias, s.dbias);
-  if (g->dsinks.data != NULL) write_accumulator(p, ATTN_ROLE_DSINKS, &g->dsinks, s.dsinks);
+  write_dense(p, ATTN_ROLE_DK, &g->dk, s.dk);
+  write_dense(p, ATTN_ROLE_DV, &g->dv, s.dv);
+  if (g->dbias.data != NULL) write_dense(p, ATTN_ROLE_DBIAS, &g->dbias, s.dbias);
+  if (g->dsinks.data != NULL) write_dense(p, ATTN_ROLE_DSINKS, &g->dsinks, s.dsinks);
   return ATTN_STATUS_OK;
 }
 
