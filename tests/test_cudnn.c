@@ -505,6 +505,13 @@ static void test_grid(int quick) {
     p = problem(2, 40, 64, 2, 2, 64, BF), p.varlen = ATTN_VARLEN_PADDED, p.window_left = 8,
     p.causal = 1;
     run_random("padded varlen window 8 causal", p, 0, 0, 0, lq3, lk3);
+    /* Rows that see no key (len_q > len_k under a bottom-right causal mask; len_k = 0): SPEC.md
+     * wants out 0, lse -inf and zero gradients there. */
+    int32_t lq4[3] = {40, 30, 12}, lk4[3] = {40, 10, 0};
+    p = problem(3, 40, 40, 2, 2, 64, F16), p.varlen = ATTN_VARLEN_PADDED, p.causal = 1;
+    run_random("padded varlen, rows without keys", p, 0, 0, 0, lq4, lk4);
+    p = problem(3, 40, 40, 2, 2, 64, BF), p.varlen = ATTN_VARLEN_PADDED;
+    run_random("padded varlen, a sequence without keys", p, 0, 0, 0, lq4, lk4);
   }
   p = problem(2, 64, 64, 4, 4, 64, BF), p.causal = 1, p.alibi = ATTN_ALIBI_PER_HEAD;
   run_random("alibi causal 64", p, 0, 0, 0, NULL, NULL);

@@ -425,7 +425,8 @@ static attn_status cudnn_plan_init(const attn_problem *p, int32_t config, void *
   }
   /* The forward graph must build; a backward graph that does not is reported when it is asked
    * for, so that forward-only users keep the plan. */
-  int passes = p->has_bias ? 3 : 2;
+  /* An empty problem (Tq = 0) runs no graph: cuDNN cannot build one without rows. */
+  int passes = p->seqlen_q == 0 ? 0 : p->has_bias ? 3 : 2;
   for (int pass = 0; pass < passes && err.status == ATTN_STATUS_OK; ++pass) {
     cg_spec spec = pass_spec(st, pass);
     char pass_why[ATTN_MESSAGE_SIZE] = "";
@@ -536,9 +537,17 @@ static cg_graph *graph_for(cudnn_state *st, int pass, const cg_layout *layout, s
   return g;
 }
 
-/* The fused kernels read 16-byte vectors: the last dimension must be contiguous and every other
- * stride and every pointer a multiple of 16 bytes. */
-static int check_tensor(const char *name, const attn_tensor *t, int ndim, size_t es, int last_free,
+/* What check_tensor asks of a tensor. */
+enum {
+  LAST_CONTIGUOUS = 1, /* stride of the last dimension is 1 */
+  STRIDES_16B = 2,     /* every other stride is a non-negative multiple of 16 bytes */
+};
+
+/* The fused kernels read 16-byte vectors of Q, K, V, O and their gradients: the last dimension
+ * must be contiguous and every other stride and every pointer a multiple of 16 bytes. The bias,
+ * lse and the small vectors need an aligned pointer only (cuDNN judges their strides itself when
+ * it builds the graph). */
+static int check_tensor(const char *name, const attn_tensor *t, int ndim, size_t es, int rules,
                         cg_err *err) {
   if (t->data == NULL) return 0;
   if (((uintptr_t)t->data & 15) != 0) {
@@ -549,13 +558,13 @@ static int check_tensor(const char *name, const attn_tensor *t, int ndim, size_t
   for (int d = 0; d < ndim; ++d) {
     int64_t s = t->stride[d];
     int last = d == ndim - 1;
-    if (last && !last_free && s != 1) {
+    if (last && (rules & LAST_CONTIGUOUS) && s != 1) {
       err->status = ATTN_STATUS_UNSUPPORTED;
       attn_format(err->why, err->why_size, "%s.stride[%d]=%lld: the last dimension must be contiguous",
                   name, d, (long long)s);
       return 1;
     }
-    if (!last && ((s * (int64_t)es) % 16 != 0 || s < 0)) {
+    if (!last && (rules & STRIDES_16B) && ((s * (int64_t)es) % 16 != 0 || s < 0)) {
       err->status = ATTN_STATUS_UNSUPPORTED;
       attn_format(err->why, err->why_size,
                   "%s.stride[%d]=%lld: strides must be non-negative multiples of 16 bytes", name, d,
@@ -565,6 +574,8 @@ static int check_tensor(const char *name, const attn_tensor *t, int ndim, size_t
   }
   return 0;
 }
+
+#define QKV_RULES (LAST_CONTIGUOUS | STRIDES_16B)
 
 /* Writes zeros over a [B, T, H, D] tensor whose last dimension is contiguous. */
 static void zero_bthd(const attn_tensor *t, const int64_t shape[4], size_t es, cudaStream_t stream,
@@ -644,14 +655,15 @@ static int check_inputs(const attn_run *run, cg_err *err) {
   const attn_problem *p = run->problem;
   const attn_inputs *in = run->inputs;
   size_t es = attn_dtype_size((attn_dtype)p->dtype);
-  return check_tensor("q", &in->q, 4, es, 0, err) || check_tensor("k", &in->k, 4, es, 0, err) ||
-         check_tensor("v", &in->v, 4, es, 0, err) ||
-         (p->has_bias && check_tensor("bias", &in->bias, 4, es, 0, err)) ||
-         (p->alibi && check_tensor("alibi_slopes", &in->alibi_slopes, 1, 4, 1, err)) ||
+  return check_tensor("q", &in->q, 4, es, QKV_RULES, err) ||
+         check_tensor("k", &in->k, 4, es, QKV_RULES, err) ||
+         check_tensor("v", &in->v, 4, es, QKV_RULES, err) ||
+         (p->has_bias && check_tensor("bias", &in->bias, 4, es, LAST_CONTIGUOUS, err)) ||
+         (p->alibi && check_tensor("alibi_slopes", &in->alibi_slopes, 1, 4, 0, err)) ||
          (p->varlen == ATTN_VARLEN_PADDED &&
-          (check_tensor("seqlens_q", &(attn_tensor){(void *)in->seqlens_q, {1, 0, 0, 0}}, 1, 4, 1,
+          (check_tensor("seqlens_q", &(attn_tensor){(void *)in->seqlens_q, {1, 0, 0, 0}}, 1, 4, 0,
                         err) ||
-           check_tensor("seqlens_k", &(attn_tensor){(void *)in->seqlens_k, {1, 0, 0, 0}}, 1, 4, 1,
+           check_tensor("seqlens_k", &(attn_tensor){(void *)in->seqlens_k, {1, 0, 0, 0}}, 1, 4, 0,
                         err)));
 }
 
@@ -678,7 +690,7 @@ static attn_status cudnn_forward(const attn_run *run) {
   }
   size_t es = attn_dtype_size((attn_dtype)p->dtype);
   const attn_outputs *out = run->outputs;
-  if (check_inputs(run, &err) || check_tensor("out", &out->out, 4, es, 0, &err) ||
+  if (check_inputs(run, &err) || check_tensor("out", &out->out, 4, es, QKV_RULES, &err) ||
       check_tensor("lse", &out->lse, 3, 4, 0, &err))
     return err.status;
   cg_layout layout;
@@ -722,8 +734,8 @@ static attn_status cudnn_backward(const attn_run *run) {
   size_t es = attn_dtype_size((attn_dtype)p->dtype);
   if (p->seqlen_q == 0) {
     /* No query: every key's gradient is zero. */
-    if (check_tensor("dk", &run->grads->dk, 4, es, 0, &err) ||
-        check_tensor("dv", &run->grads->dv, 4, es, 0, &err))
+    if (check_tensor("dk", &run->grads->dk, 4, es, QKV_RULES, &err) ||
+        check_tensor("dv", &run->grads->dv, 4, es, QKV_RULES, &err))
       return err.status;
     int previous;
     if (enter_device(p, &previous, &err)) return err.status;
@@ -737,12 +749,13 @@ static attn_status cudnn_backward(const attn_run *run) {
   }
   const attn_outputs *fwd = run->outputs;
   const attn_grads *gr = run->grads;
-  if (check_inputs(run, &err) || check_tensor("out", &fwd->out, 4, es, 0, &err) ||
+  if (check_inputs(run, &err) || check_tensor("out", &fwd->out, 4, es, QKV_RULES, &err) ||
       check_tensor("lse", &fwd->lse, 3, 4, 0, &err) ||
-      check_tensor("dout", run->dout, 4, es, 0, &err) ||
-      check_tensor("dq", &gr->dq, 4, es, 0, &err) || check_tensor("dk", &gr->dk, 4, es, 0, &err) ||
-      check_tensor("dv", &gr->dv, 4, es, 0, &err) ||
-      (p->has_bias && check_tensor("dbias", &gr->dbias, 4, es, 0, &err)))
+      check_tensor("dout", run->dout, 4, es, QKV_RULES, &err) ||
+      check_tensor("dq", &gr->dq, 4, es, QKV_RULES, &err) ||
+      check_tensor("dk", &gr->dk, 4, es, QKV_RULES, &err) ||
+      check_tensor("dv", &gr->dv, 4, es, QKV_RULES, &err) ||
+      (p->has_bias && check_tensor("dbias", &gr->dbias, 4, es, LAST_CONTIGUOUS, &err)))
     return err.status;
   int pass = gr->dbias.data != NULL ? 2 : 1;
   cg_layout layout;
