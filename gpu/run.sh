@@ -9,6 +9,8 @@
 #   4. runs a quick test_cudnn under compute-sanitizer (memcheck).
 # Logs go to $OUT (default gpu-out/): env.txt build.log test.log cudnn.log ours.csv torch.csv
 # results.md sanitizer.log. Steps can be chosen: gpu/run.sh [build] [test] [bench] [sanitize].
+# While others edit the same checkout, run it on a snapshot of the commit under test (an ignored
+# folder made with `git archive HEAD | tar -x -C .cudnn-src`), with GOLDEN pointing at the cases.
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"

@@ -91,8 +91,6 @@ static void test_unsupported(void) {
   expect_unsupported("bias broadcast over queries", p, "bias_shape");
   p = base, p.head_dim = 36;
   expect_unsupported("head_dim 36", p, "multiples of 8");
-  p = base, p.seqlen_q = 100, p.seqlen_k = 40, p.causal = 1;
-  expect_unsupported("bottom-right causal with Tq > Tk", p, "seqlen_q=100");
   p = base, p.seqlen_k = 0;
   expect_unsupported("no keys", p, "seqlen_k=0");
   p = base, p.seqlen_q = 64, p.seqlen_k = 80, p.causal = 1, p.has_bias = 1,
@@ -467,6 +465,10 @@ static void test_grid(int quick) {
   run_random("causal square 127 d128", p, 0, 0, 0, NULL, NULL);
   p = problem(1, 129, 17, 2, 2, 64, F16);
   run_random("Tq > Tk 129x17", p, 0, 0, 0, NULL, NULL);
+  p = problem(2, 100, 40, 2, 2, 64, F16), p.causal = 1; /* the first 60 rows see no key */
+  run_random("causal bottom-right Tq > Tk 100x40", p, 0, 0, 0, NULL, NULL);
+  p = problem(1, 90, 40, 2, 2, 64, BF), p.window_left = 5, p.align = ATTN_ALIGN_TOP_LEFT;
+  run_random("window left 5 top-left 90x40", p, 0, 0, 0, NULL, NULL);
   p = problem(2, 100, 130, 2, 2, 64, BF), p.window_left = 17, p.window_right = 5;
   run_random("window (17,5) bottom-right 100x130", p, 0, 0, 0, NULL, NULL);
   p = problem(1, 129, 129, 2, 2, 64, F16), p.window_left = 31, p.align = ATTN_ALIGN_TOP_LEFT;
@@ -682,7 +684,8 @@ static int parse_case(const char *dir, hcase *c, int *has_dbias) {
 
 /* Cases whose every feature cuDNN runs: each must be supported and pass. */
 static const char *const golden_supported[] = {
-    "alibi", "basic", "bias_broadcast", "bias_full", "causal_q_shorter", "causal_square",
+    "alibi", "basic", "bias_broadcast", "bias_full", "causal_q_longer", "causal_q_shorter",
+    "causal_square",
     "causal_top_left", "cross_len", "decode_one_query", "dv_differs", "gqa", "head_dim_128",
     "head_dim_80", "long_causal", "mqa", "scale_custom", "varlen_padded", "window_causal",
     "window_diagonal", "window_two_sided"};

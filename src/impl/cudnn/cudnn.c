@@ -65,6 +65,15 @@ static int effective_top_left(const attn_problem *p) {
 
 static int has_band(const attn_problem *p) { return p->window_left >= 0 || p->window_right >= 0; }
 
+/* Whether some query row sees no key: Tq > Tk under a bottom-right band, or a left window bound
+ * that falls past the last key. cuDNN's fused graphs take such rows only with a padding mask, and
+ * then write them as SPEC.md wants (out 0, lse -inf, zero gradients: checked by test_cudnn), so
+ * the problem runs with a padding mask at the full lengths. */
+static int rows_without_keys(const attn_problem *p) {
+  if (p->varlen != ATTN_VARLEN_NONE || p->seqlen_q <= p->seqlen_k) return 0;
+  return (has_band(p) && !effective_top_left(p)) || p->window_left >= 0;
+}
+
 /* Compute capability of the problem's GPU as 10 * major + minor, or 0 with why filled. */
 static int device_sm(int32_t index, char *why, size_t why_size) {
   int count = 0;
@@ -125,14 +134,6 @@ static attn_status problem_supported(const attn_problem *p, int version, int sm,
     NO("sequence lengths beyond 2^31 are not supported");
 
   int top_left = effective_top_left(p);
-  int padded = p->varlen == ATTN_VARLEN_PADDED;
-  if (has_band(p) && !top_left && !padded && p->seqlen_q > p->seqlen_k)
-    NO("seqlen_q=%lld > seqlen_k=%lld with a bottom-right causal mask or window: rows without "
-       "keys are not supported",
-       (long long)p->seqlen_q, (long long)p->seqlen_k);
-  if (p->window_left >= 0 && top_left && !padded && p->seqlen_q > p->seqlen_k)
-    NO("seqlen_q=%lld > seqlen_k=%lld with a sliding window is not supported",
-       (long long)p->seqlen_q, (long long)p->seqlen_k);
   if (has_band(p) && !top_left && (p->has_bias || p->alibi))
     NO("a bottom-right causal mask or window with seqlen_q != seqlen_k does not combine with a "
        "bias or ALiBi in cuDNN");
@@ -351,13 +352,15 @@ static void base_spec(const attn_problem *p, int version, int sm, cg_spec *s) {
   dense_layout(p, &s->st);
 }
 
-/* The spec of one pass: the backward pass of cuDNN <= 9.15 over a key length that is not a multiple
- * of 128 needs a padding mask at the full lengths (cudnn-frontend applies the same workaround). */
+/* The spec of one pass. A padding mask at the full lengths is added for rows without keys, and to
+ * the backward pass of cuDNN <= 9.15 over a key length that is not a multiple of 128
+ * (cudnn-frontend applies the same workaround). */
 static cg_spec pass_spec(const cudnn_state *st, int pass) {
   cg_spec s = st->base;
   s.backward = pass > 0;
   s.with_dbias = pass == 2;
-  if (s.backward && !s.padded && s.version <= 91500 && s.tk % 128 != 0) {
+  if (!s.padded && (rows_without_keys(&st->problem) ||
+                    (s.backward && s.version <= 91500 && s.tk % 128 != 0))) {
     s.padded = 1;
     s.full_padding = 1;
   }
@@ -387,7 +390,7 @@ static void free_state(cudnn_state *st) {
 }
 
 static size_t forward_workspace(const attn_problem *p, size_t plan_ws) {
-  return align_up(plan_ws) + stats_bytes(p);
+  return align_up(plan_ws) + stats_bytes(p) + 2 * seqlen_bytes(p);
 }
 
 static size_t backward_workspace(const attn_problem *p, size_t plan_ws) {
@@ -651,6 +654,21 @@ static void bind_common(const attn_run *run, const cg_graph *g, void *ptrs[], ch
   *own = (char *)run->workspace + align_up(attn_cudnn_graph_workspace(g));
 }
 
+/* Binds the full-length seq_len tensors of a graph with spec->full_padding: [B] copies of Tq and Tk
+ * placed at seq in the workspace. Pageable copies are staged before cudaMemcpyAsync returns, so the
+ * host arrays of the state may be reused at once. */
+static void bind_full_lengths(const cudnn_state *st, char *seq, void *ptrs[], cudaStream_t stream,
+                              cg_err *err) {
+  const attn_problem *p = &st->problem;
+  ATTN_CUDA_CHECK(err, cudaMemcpyAsync(seq, st->full_q, (size_t)p->batch * sizeof(int32_t),
+                                       cudaMemcpyHostToDevice, stream));
+  ATTN_CUDA_CHECK(err, cudaMemcpyAsync(seq + seqlen_bytes(p), st->full_kv,
+                                       (size_t)p->batch * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                       stream));
+  ptrs[CG_UID_SEQ_Q] = seq;
+  ptrs[CG_UID_SEQ_KV] = seq + seqlen_bytes(p);
+}
+
 static int check_inputs(const attn_run *run, cg_err *err) {
   const attn_problem *p = run->problem;
   const attn_inputs *in = run->inputs;
@@ -712,6 +730,8 @@ static attn_status cudnn_forward(const attn_run *run) {
     ptrs[CG_UID_STATS] = lse->data;
     cudaStream_t stream = (cudaStream_t)run->stream;
     ATTN_CUDNN_CHECK(&err, cudnnSetStream(st->handle, stream));
+    if (attn_cudnn_graph_spec(g)->full_padding)
+      bind_full_lengths(st, own + stats_bytes(p), ptrs, stream, &err);
     if (p->varlen == ATTN_VARLEN_PADDED) {
       /* Rows past seqlens_q[b] are the library's to write: out 0 and lse -inf. */
       int64_t shape[4];
@@ -788,17 +808,7 @@ static attn_status cudnn_backward(const attn_run *run) {
     char *seq = own + stats_bytes(p) + dq_accum_bytes(p);
     cudaStream_t stream = (cudaStream_t)run->stream;
     ATTN_CUDNN_CHECK(&err, cudnnSetStream(st->handle, stream));
-    if (spec->full_padding) {
-      /* Pageable copies are staged before cudaMemcpyAsync returns, so the host arrays of the
-       * state may be reused at once. */
-      ATTN_CUDA_CHECK(&err, cudaMemcpyAsync(seq, st->full_q, (size_t)p->batch * sizeof(int32_t),
-                                            cudaMemcpyHostToDevice, stream));
-      ATTN_CUDA_CHECK(&err, cudaMemcpyAsync(seq + seqlen_bytes(p), st->full_kv,
-                                            (size_t)p->batch * sizeof(int32_t),
-                                            cudaMemcpyHostToDevice, stream));
-      ptrs[CG_UID_SEQ_Q] = seq;
-      ptrs[CG_UID_SEQ_KV] = seq + seqlen_bytes(p);
-    }
+    if (spec->full_padding) bind_full_lengths(st, seq, ptrs, stream, &err);
     if (spec->version < 90600 && !spec->with_dbias)
       ATTN_CUDA_CHECK(&err, cudaMemsetAsync(ptrs[CG_UID_DQ_ACCUM], 0, dq_accum_bytes(p), stream));
     if (p->varlen == ATTN_VARLEN_PADDED) {
