@@ -14,10 +14,16 @@ extern const attn_impl attn_ref_impl;
 #ifdef ATTN_HAVE_CUDNN
 extern const attn_impl attn_cudnn_impl;
 #endif
+#ifdef ATTN_HAVE_CUDA_IMPL
+extern const attn_impl attn_cuda_impl;
+#endif
 
 static const attn_impl *const registry[] = {
 #ifdef ATTN_HAVE_CUDNN
     &attn_cudnn_impl, /* src/impl/cudnn: cuDNN's fused attention on CUDA devices (bf16, f16) */
+#endif
+#ifdef ATTN_HAVE_CUDA_IMPL
+    &attn_cuda_impl, /* src/impl/cuda: libattn's tensor-core flash attention (sm_80, sm_90) */
 #endif
     &attn_cpu_impl, /* src/impl/cpu: tiled, vectorised, threaded flash attention on CPUs */
     &attn_ref_impl, /* src/impl/ref: the spec in code; always present, always last */

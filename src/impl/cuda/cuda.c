@@ -1,0 +1,292 @@
+/*
+ * src/impl/cuda/cuda.c - the "cuda" implementation: libattn's own tensor-core kernels for NVIDIA
+ * GPUs (sm_80 and sm_90), behind the attn_impl contract.
+ *
+ * This file is plain C. It decides what the kernels can run (supports), sizes the workspace, turns
+ * an attn_run into the attn_cuda_params of raw pointers and strides, and calls the extern "C"
+ * launchers of cuda_launch.h, which own every CUDA call. Tensors, workspace and stream are the
+ * caller's; nothing is allocated on the execute path.
+ *
+ * What runs: flash_attention, f16 and bf16, head dims D and Dv multiples of 8 up to 256 (the
+ * kernels are compiled for 32, 64, 96, 128, 192, 256 and zero-pad the rest), every feature of
+ * SPEC.md. The backward pass is deterministic: dQ has its own kernel instead of atomics (see
+ * cuda_bwd.cuh), except dbias summed over broadcast dimensions, which is accumulated atomically.
+ */
+#include "impl/impl.h"
+
+#include "core/ctx.h"
+#include "core/philox.h"
+#include "core/tensors.h"
+#include "impl/cuda/cuda_launch.h"
+
+#include <stdint.h>
+#include <string.h>
+
+/* Sizes are passed to the kernels as 32-bit ints; positions plus window offsets must not wrap. */
+#define ATTN_CUDA_MAX_LEN ((int64_t)1 << 30)
+#define ATTN_CUDA_ALIGN 256
+
+static size_t align_up(size_t n) { return (n + ATTN_CUDA_ALIGN - 1) & ~(size_t)(ATTN_CUDA_ALIGN - 1); }
+
+static int64_t rows_q(const attn_problem *p) {
+  return p->varlen == ATTN_VARLEN_PACKED ? p->total_q : p->batch * p->seqlen_q;
+}
+
+static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_size) {
+  if (p->dtype != ATTN_DTYPE_BF16 && p->dtype != ATTN_DTYPE_F16) {
+    attn_format(why, why_size,
+                "dtype=%s: the cuda kernels run f16 and bf16 on tensor cores (f32 would need a "
+                "non-tf32 path that does not exist yet)",
+                attn_dtype_name((attn_dtype)p->dtype));
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  if (p->operation != ATTN_OPERATION_FLASH_ATTENTION) {
+    attn_format(why, why_size,
+                "operation=scaled_dot_product_attention: the cuda kernels never materialise the "
+                "probabilities; use flash_attention (same function) or cudnn");
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  if (p->head_dim % 8 != 0 || p->head_dim_v % 8 != 0) {
+    attn_format(why, why_size, "head_dim=%lld, head_dim_v=%lld: the cuda kernels need multiples of 8 "
+                "(16-byte copies)", (long long)p->head_dim, (long long)p->head_dim_v);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  if (p->head_dim > 256 || p->head_dim_v > 256) {
+    attn_format(why, why_size, "head_dim=%lld, head_dim_v=%lld: the cuda kernels stop at 256",
+                (long long)p->head_dim, (long long)p->head_dim_v);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  if (p->batch > 65535 || p->heads_q > 65535) {
+    attn_format(why, why_size, "batch=%lld, heads_q=%lld: the cuda grid allows at most 65535 of each",
+                (long long)p->batch, (long long)p->heads_q);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  if (p->seqlen_q > ATTN_CUDA_MAX_LEN || p->seqlen_k > ATTN_CUDA_MAX_LEN ||
+      p->total_q > ATTN_CUDA_MAX_LEN || p->total_k > ATTN_CUDA_MAX_LEN) {
+    attn_format(why, why_size, "sequence lengths above 2^30 are not supported by the cuda kernels");
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  int cc = 0;
+  size_t smem = 0;
+  char dev_why[512] = "";
+  if (attn_cuda_device_info(p->device_index, &cc, &smem, dev_why, sizeof dev_why) != ATTN_STATUS_OK) {
+    attn_format(why, why_size, "no usable CUDA device: %s", dev_why);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  if (cc < 80) {
+    attn_format(why, why_size, "device %d has compute capability %d.%d: the cuda kernels need 8.0 or newer",
+                (int)p->device_index, cc / 10, cc % 10);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  int kd = attn_cuda_kernel_dim((int)p->head_dim, (int)p->head_dim_v);
+  size_t need = attn_cuda_smem_bytes(kd, 1);
+  size_t need_fwd = attn_cuda_smem_bytes(kd, 0);
+  if (need_fwd > need) need = need_fwd;
+  if (need > smem) {
+    attn_format(why, why_size, "head dim %d needs %zu bytes of shared memory per block; device %d offers %zu",
+                kd, need, (int)p->device_index, smem);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  return ATTN_STATUS_OK;
+}
+
+static int32_t cuda_num_configs(const attn_problem *problem) {
+  (void)problem;
+  return 1;
+}
+
+static void cuda_config_name(const attn_problem *problem, int32_t config, char *buf, size_t size) {
+  (void)problem, (void)config;
+  attn_format(buf, size, "default");
+}
+
+static int32_t cuda_default_config(const attn_problem *problem) {
+  (void)problem;
+  return 0;
+}
+
+/* Backward: Delta [Hq, rows_q] f32, then the dense f32 dbias accumulator when there is a bias. */
+static size_t cuda_workspace_size(const attn_problem *p, int32_t config, int backward) {
+  (void)config;
+  if (!backward) return 0;
+  size_t bytes = align_up((size_t)(p->heads_q * rows_q(p)) * sizeof(float));
+  if (p->has_bias) bytes += align_up((size_t)attn_role_numel(p, ATTN_ROLE_BIAS) * sizeof(float));
+  return bytes;
+}
+
+/* ---- from an attn_run to the kernels' params -------------------------------------------------- */
+
+typedef struct token_strides {
+  int64_t b, r, h;
+} token_strides;
+
+/* Strides (batch, row, head) of a token tensor in the kernels' addressing, after checking what the
+ * 16-byte copies need: contiguous last dimension, other strides and the base 16-byte aligned. */
+static int token_layout(const attn_problem *p, const attn_tensor *t, const char *name, int64_t heads,
+                        token_strides *out, char *why, size_t why_size) {
+  int64_t shape[ATTN_MAX_DIMS];
+  attn_role role = ATTN_ROLE_Q; /* any token role: only the number of dims matters here */
+  int ndim = attn_role_shape(p, role, shape);
+  int64_t sb, sr, sh, sd;
+  if (ndim == 3) sb = 0, sr = t->stride[0], sh = t->stride[1], sd = t->stride[2];
+  else sb = t->stride[0], sr = t->stride[1], sh = t->stride[2], sd = t->stride[3];
+  if (heads == 1) sh = 0;
+  if (ndim == 4 && p->batch == 1) sb = 0;
+  if (sd != 1) {
+    attn_format(why, why_size, "%s.stride[%d]=%lld: the cuda kernels need a contiguous last dimension",
+                name, ndim - 1, (long long)sd);
+    return 0;
+  }
+  if (sb % 8 != 0 || sr % 8 != 0 || sh % 8 != 0 || ((uintptr_t)t->data % 16) != 0) {
+    attn_format(why, why_size, "%s: the cuda kernels need 16-byte aligned data and strides that are "
+                "multiples of 8 elements", name);
+    return 0;
+  }
+  out->b = sb, out->r = sr, out->h = sh;
+  return 1;
+}
+
+static int64_t bstride(const int64_t shape[4], const int64_t stride[4], int d) {
+  return shape[d] == 1 ? 0 : stride[d];
+}
+
+static attn_status fill_params(const attn_run *run, int backward, attn_cuda_params *k) {
+  const attn_problem *p = run->problem;
+  const attn_inputs *in = run->inputs;
+  const attn_outputs *out = run->outputs;
+  char *why = run->why;
+  size_t ws = run->why_size;
+  memset(k, 0, sizeof *k);
+  k->device_index = p->device_index;
+  k->batch = (int32_t)p->batch, k->seqlen_q = (int32_t)p->seqlen_q, k->seqlen_k = (int32_t)p->seqlen_k;
+  k->heads_q = (int32_t)p->heads_q, k->heads_kv = (int32_t)p->heads_kv;
+  k->group = (int32_t)(p->heads_q / p->heads_kv);
+  k->d = (int32_t)p->head_dim, k->dv = (int32_t)p->head_dim_v;
+  k->total_q = p->total_q, k->total_k = p->total_k;
+  k->rows_q = rows_q(p);
+
+  token_strides s;
+  if (!token_layout(p, &in->q, "q", p->heads_q, &s, why, ws)) return ATTN_STATUS_UNSUPPORTED;
+  k->q = in->q.data, k->q_b = s.b, k->q_r = s.r, k->q_h = s.h;
+  if (!token_layout(p, &in->k, "k", p->heads_kv, &s, why, ws)) return ATTN_STATUS_UNSUPPORTED;
+  k->k = in->k.data, k->k_b = s.b, k->k_r = s.r, k->k_h = s.h;
+  if (!token_layout(p, &in->v, "v", p->heads_kv, &s, why, ws)) return ATTN_STATUS_UNSUPPORTED;
+  k->v = in->v.data, k->v_b = s.b, k->v_r = s.r, k->v_h = s.h;
+  if (!token_layout(p, &out->out, "out", p->heads_q, &s, why, ws)) return ATTN_STATUS_UNSUPPORTED;
+  k->out = out->out.data, k->o_b = s.b, k->o_r = s.r, k->o_h = s.h;
+
+  if (out->lse.data != NULL) {
+    k->lse = (float *)out->lse.data;
+    if (p->varlen == ATTN_VARLEN_PACKED) k->lse_b = 0, k->lse_h = out->lse.stride[0], k->lse_r = out->lse.stride[1];
+    else k->lse_b = out->lse.stride[0], k->lse_h = out->lse.stride[1], k->lse_r = out->lse.stride[2];
+  }
+
+  if (p->has_bias) {
+    const int64_t *sh = p->bias_shape;
+    k->bias = in->bias.data;
+    for (int d = 0; d < 4; ++d) k->bias_s[d] = bstride(sh, in->bias.stride, d), k->bias_shape[d] = sh[d];
+    k->bias_elem = p->bias_dtype == ATTN_DTYPE_F32 ? ATTN_CUDA_ELEM_F32
+                   : p->bias_dtype == ATTN_DTYPE_BF16 ? ATTN_CUDA_ELEM_BF16
+                                                      : ATTN_CUDA_ELEM_F16;
+    k->bias_head_mode = sh[1] == p->heads_q ? 1 : sh[1] == p->heads_kv ? 2 : 0;
+  }
+  if (p->has_mask) {
+    k->mask = (const uint8_t *)in->mask.data;
+    for (int d = 0; d < 4; ++d) k->mask_s[d] = bstride(p->mask_shape, in->mask.stride, d);
+  }
+  if (p->alibi != ATTN_ALIBI_NONE) {
+    k->alibi = (const float *)in->alibi_slopes.data;
+    if (p->alibi == ATTN_ALIBI_PER_BATCH_HEAD)
+      k->alibi_b = in->alibi_slopes.stride[0], k->alibi_h = in->alibi_slopes.stride[1];
+    else k->alibi_b = 0, k->alibi_h = in->alibi_slopes.stride[0];
+  }
+  if (p->num_sinks > 0) {
+    k->sinks = (const float *)in->sinks.data;
+    k->num_sinks = (int32_t)p->num_sinks;
+    k->sinks_shared = p->sinks_shared;
+    if (p->sinks_shared) k->sinks_h = 0, k->sinks_t = in->sinks.stride[0];
+    else k->sinks_h = in->sinks.stride[0], k->sinks_t = in->sinks.stride[1];
+  }
+  if (p->has_segment_ids) {
+    k->q_seg = (const int32_t *)in->q_segment_ids.data;
+    k->kv_seg = (const int32_t *)in->kv_segment_ids.data;
+    k->qseg_b = in->q_segment_ids.stride[0], k->qseg_r = in->q_segment_ids.stride[1];
+    k->kseg_b = in->kv_segment_ids.stride[0], k->kseg_r = in->kv_segment_ids.stride[1];
+  }
+  k->varlen = p->varlen == ATTN_VARLEN_PACKED   ? ATTN_CUDA_VARLEN_PACKED
+              : p->varlen == ATTN_VARLEN_PADDED ? ATTN_CUDA_VARLEN_PADDED
+                                                : ATTN_CUDA_VARLEN_NONE;
+  k->cu_q = in->cu_seqlens_q, k->cu_k = in->cu_seqlens_k;
+  k->seqlens_q = in->seqlens_q, k->seqlens_k = in->seqlens_k;
+
+  k->scale = (float)p->scale;
+  k->softcap = (float)p->softcap;
+  /* A window wider than Tq + Tk bounds nothing: such bounds become -1 so they fit 32 bits. */
+  int64_t span = p->seqlen_q + p->seqlen_k;
+  k->window_left = p->window_left < 0 || p->window_left >= span ? -1 : (int32_t)p->window_left;
+  k->window_right = p->window_right < 0 || p->window_right >= span ? -1 : (int32_t)p->window_right;
+  k->align_bottom_right = p->align == ATTN_ALIGN_BOTTOM_RIGHT;
+  k->dropout_p = (float)p->dropout_p;
+  k->drop_threshold = attn_dropout_threshold(p->dropout_p);
+  k->keep_scale = (float)(1.0 / (1.0 - p->dropout_p));
+  k->seed = in->dropout_seed;
+  k->elementwise = p->has_bias || p->has_mask || p->alibi != ATTN_ALIBI_NONE || p->softcap > 0.0 ||
+                   p->has_segment_ids;
+
+  if (backward) {
+    const attn_grads *g = run->grads;
+    if (!token_layout(p, run->dout, "dout", p->heads_q, &s, why, ws)) return ATTN_STATUS_UNSUPPORTED;
+    k->dout = run->dout->data, k->do_b = s.b, k->do_r = s.r, k->do_h = s.h;
+    if (!token_layout(p, &g->dq, "dq", p->heads_q, &s, why, ws)) return ATTN_STATUS_UNSUPPORTED;
+    k->dq_out = g->dq.data, k->dq_b = s.b, k->dq_r = s.r, k->dq_h = s.h;
+    if (!token_layout(p, &g->dk, "dk", p->heads_kv, &s, why, ws)) return ATTN_STATUS_UNSUPPORTED;
+    k->dk_out = g->dk.data, k->dk_b = s.b, k->dk_r = s.r, k->dk_h = s.h;
+    if (!token_layout(p, &g->dv, "dv", p->heads_kv, &s, why, ws)) return ATTN_STATUS_UNSUPPORTED;
+    k->dv_out = g->dv.data, k->dv_b = s.b, k->dv_r = s.r, k->dv_h = s.h;
+    char *w = (char *)run->workspace;
+    k->delta = (float *)w;
+    w += align_up((size_t)(p->heads_q * rows_q(p)) * sizeof(float));
+    if (p->has_bias && g->dbias.data != NULL) {
+      k->dbias = g->dbias.data;
+      for (int d = 0; d < 4; ++d) k->dbias_s[d] = g->dbias.stride[d];
+      k->dbias_accum = (float *)w;
+    }
+    if (p->num_sinks > 0 && g->dsinks.data != NULL) {
+      k->dsinks = (float *)g->dsinks.data;
+      if (p->sinks_shared) k->dsinks_h = 0, k->dsinks_t = g->dsinks.stride[0];
+      else k->dsinks_h = g->dsinks.stride[0], k->dsinks_t = g->dsinks.stride[1];
+    }
+  }
+  return ATTN_STATUS_OK;
+}
+
+static attn_status cuda_forward(const attn_run *run) {
+  attn_cuda_params k;
+  attn_status st = fill_params(run, 0, &k);
+  if (st != ATTN_STATUS_OK) return st;
+  return attn_cuda_forward(&k, run->problem->dtype == ATTN_DTYPE_BF16, run->stream, run->why,
+                           run->why_size);
+}
+
+static attn_status cuda_backward(const attn_run *run) {
+  attn_cuda_params k;
+  attn_status st = fill_params(run, 1, &k);
+  if (st != ATTN_STATUS_OK) return st;
+  return attn_cuda_backward(&k, run->problem->dtype == ATTN_DTYPE_BF16, run->stream, run->why,
+                            run->why_size);
+}
+
+const attn_impl attn_cuda_impl = {
+    .name = "cuda",
+    .device = ATTN_DEVICE_CUDA,
+    .version = 1,
+    .supports = cuda_supports,
+    .num_configs = cuda_num_configs,
+    .config_name = cuda_config_name,
+    .default_config = cuda_default_config,
+    .workspace_size = cuda_workspace_size,
+    .plan_init = NULL,
+    .plan_fini = NULL,
+    .forward = cuda_forward,
+    .backward = cuda_backward,
+};

@@ -1,0 +1,410 @@
+/*
+ * src/impl/cuda/cuda_bwd.cuh - the backward kernels.
+ *
+ * The backward pass is two kernels that never write the same element, so it is deterministic by
+ * construction and needs no atomics (FlashAttention-2's atomic dQ trades that for speed):
+ *
+ *   dK/dV: one CTA per (key block, KV head, batch) keeps K and V in shared memory and walks every
+ *          query head of its GQA group and every query block the band allows, so dK and dV of a
+ *          group are summed in registers (f32) and written once. Per query block it computes the
+ *          transposed products S^T = K Q^T and dP^T = V dO^T (keys on rows, 16 per warp), turns
+ *          them into P'^T and dS^T, stages those in shared memory, and accumulates
+ *          dV += P'^T dO and dK += dS^T Q.
+ *   dQ:    one CTA per (query block, query head, batch), the forward's schedule: S = Q K^T,
+ *          dP = dO V^T, dS, dQ += dS K accumulated in f32 registers; it also adds dS into the
+ *          f32 dbias accumulator when dbias is asked for.
+ *
+ * Both recompute P from lse (a row with lse = -inf contributes nothing: its lse is read as +inf so
+ * every P is 0) and Delta = rowsum(dout * out), which a small kernel computes first.
+ */
+#ifndef ATTN_IMPL_CUDA_CUDA_BWD_CUH
+#define ATTN_IMPL_CUDA_CUDA_BWD_CUH
+
+#include "impl/cuda/cuda_check.cuh"
+#include "impl/cuda/cuda_common.cuh"
+#include "impl/cuda/cuda_traits.h"
+
+namespace attn_cuda {
+
+/* Row index of (b, i) in the delta workspace and in the dense dbias accumulator. */
+__device__ __forceinline__ int64_t delta_row(const attn_cuda_params &p, const Seq &s, int b, int i) {
+  return p.varlen == ATTN_CUDA_VARLEN_PACKED ? s.q0 + i : (int64_t)b * p.seqlen_q + i;
+}
+
+__device__ __forceinline__ int64_t dbias_index(const attn_cuda_params &p, const Head &r, int i, int j) {
+  const int64_t *s = p.bias_shape;
+  int64_t bb = s[0] == 1 ? 0 : r.b;
+  int64_t hh = s[1] == 1 ? 0 : (p.bias_head_mode == 2 ? r.g : r.h);
+  int64_t ii = s[2] == 1 ? 0 : i, jj = s[3] == 1 ? 0 : j;
+  return ((bb * s[1] + hh) * s[2] + ii) * s[3] + jj;
+}
+
+/* ---- dQ ---------------------------------------------------------------------------------------- */
+
+template <typename T, typename C>
+__global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_constant__ attn_cuda_params p) {
+  constexpr int kD = C::kD, kBM = C::kBM, kBN = C::kBN, kS = C::kS, kThreads = C::kThreads;
+  constexpr int kNT = kBN / 8, kDT = kD / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T *sQ = reinterpret_cast<T *>(smem);
+  T *sO = sQ + kBM * kS; /* dout */
+  T *sK = sO + kBM * kS;
+  T *sV = sK + kBN * kS;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int b = blockIdx.z, h = blockIdx.y, m0 = blockIdx.x * kBM;
+  const Seq sq = seq_of(p, b);
+  if (m0 >= sq.len_q) return;
+  const Head hd = head_of(p, sq, b, h);
+  const int m_last = min(m0 + kBM, sq.len_q) - 1;
+  int n_lo, n_hi;
+  key_block_range(p, hd, m0, m_last, kBN, n_lo, n_hi);
+
+  const T *gq = static_cast<const T *>(p.q) + b * p.q_b + (sq.q0 + m0) * p.q_r + h * p.q_h;
+  const T *gdo = static_cast<const T *>(p.dout) + b * p.do_b + (sq.q0 + m0) * p.do_r + h * p.do_h;
+  const T *gk = static_cast<const T *>(p.k) + b * p.k_b + sq.k0 * p.k_r + hd.g * p.k_h;
+  const T *gv = static_cast<const T *>(p.v) + b * p.v_b + sq.k0 * p.v_r + hd.g * p.v_h;
+
+  load_tile<kBM, kD, kThreads>(sQ, gq, p.q_r, sq.len_q - m0, p.d, p.q, tid);
+  load_tile<kBM, kD, kThreads>(sO, gdo, p.do_r, sq.len_q - m0, p.dv, p.dout, tid);
+  if (n_lo < n_hi) {
+    load_tile<kBN, kD, kThreads>(sK, gk + (int64_t)n_lo * kBN * p.k_r, p.k_r, sq.len_k - n_lo * kBN, p.d, p.k, tid);
+    load_tile<kBN, kD, kThreads>(sV, gv + (int64_t)n_lo * kBN * p.v_r, p.v_r, sq.len_k - n_lo * kBN, p.dv, p.v, tid);
+  }
+  cp_async_commit();
+
+  const int wrow = warp * 16;
+  float lse2[2], delta[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    int i = m0 + wrow + (lane >> 2) + hf * 8;
+    lse2[hf] = INFINITY, delta[hf] = 0.f;
+    if (i < sq.len_q) {
+      float l = p.lse[b * p.lse_b + h * p.lse_h + (sq.q0 + i) * p.lse_r];
+      lse2[hf] = l == -INFINITY ? INFINITY : l * kLog2e;
+      delta[hf] = p.delta[h * p.rows_q + delta_row(p, sq, b, i)];
+    }
+  }
+
+  float acc[kDT][4];
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[dt][e] = 0.f;
+
+  const int nk = (p.d + 15) / 16, nv = (p.dv + 15) / 16;
+  for (int n = n_lo; n < n_hi; ++n) {
+    const int n0 = n * kBN;
+    cp_async_wait_all();
+    __syncthreads();
+
+    float s[kNT][4], dp[kNT][4];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+    /* S = Q K^T, dP' = dO V^T */
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      if (kk < nk) {
+        uint32_t a[4];
+        ldsm4(a, sQ + (wrow + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int nn = 0; nn < kBN / 16; ++nn) {
+          uint32_t bk[4];
+          ldsm4(bk, sK + (nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
+          Elem<T>::mma(s[2 * nn], a, bk[0], bk[1]);
+          Elem<T>::mma(s[2 * nn + 1], a, bk[2], bk[3]);
+        }
+      }
+      if (kk < nv) {
+        uint32_t a[4];
+        ldsm4(a, sO + (wrow + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int nn = 0; nn < kBN / 16; ++nn) {
+          uint32_t bv[4];
+          ldsm4(bv, sV + (nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
+          Elem<T>::mma(dp[2 * nn], a, bv[0], bv[1]);
+          Elem<T>::mma(dp[2 * nn + 1], a, bv[2], bv[3]);
+        }
+      }
+    }
+
+    /* dS = P (dP - Delta), with dP = keep ? dP' / (1 - p) : 0 and the soft cap's derivative */
+    const bool fast = !p.elementwise && band_full(p, hd, m0, m_last, n0, kBN);
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = m0 + wrow + (lane >> 2) + hf * 8;
+        const int j0 = n0 + nt * 8 + (lane & 3) * 2;
+        uint32_t words[4] = {0, 0, 0, 0};
+        if (p.dropout_p > 0.f) philox_words(p, b, h, i, j0, words);
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int e = 2 * hf + c, j = j0 + c;
+          float x, t = 0.f;
+          bool vis = true;
+          if (fast) x = s[nt][e] * p.scale;
+          else {
+            vis = visible(p, hd, i, j);
+            x = vis ? logit(p, hd, i, j, s[nt][e], &t) : 0.f;
+          }
+          const float P = vis ? exp2f(x * kLog2e - lse2[hf]) : 0.f;
+          const bool keep = p.dropout_p <= 0.f || words[j & 3] >= p.drop_threshold;
+          const float dpv = keep ? dp[nt][e] * p.keep_scale : 0.f;
+          float ds = P * (dpv - delta[hf]);
+          if (p.softcap > 0.f) ds *= 1.f - t * t;
+          if (p.dbias_accum != nullptr && vis && P != 0.f) atomicAdd(p.dbias_accum + dbias_index(p, hd, i, j), ds);
+          s[nt][e] = ds;
+        }
+      }
+
+    /* dQ += dS K */
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = Elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = Elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = Elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = Elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dd = 0; dd < kD / 16; ++dd) {
+        if (dd < nk) {
+          uint32_t bk[4];
+          ldsm4t(bk, sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + dd * 16 + (lane >> 4) * 8);
+          Elem<T>::mma(acc[2 * dd], a, bk[0], bk[1]);
+          Elem<T>::mma(acc[2 * dd + 1], a, bk[2], bk[3]);
+        }
+      }
+    }
+    __syncthreads(); /* every warp is done with K(n), V(n) */
+    if (n + 1 < n_hi) {
+      load_tile<kBN, kD, kThreads>(sK, gk + (int64_t)(n0 + kBN) * p.k_r, p.k_r, sq.len_k - n0 - kBN, p.d, p.k, tid);
+      load_tile<kBN, kD, kThreads>(sV, gv + (int64_t)(n0 + kBN) * p.v_r, p.v_r, sq.len_k - n0 - kBN, p.dv, p.v, tid);
+      cp_async_commit();
+    }
+  }
+  cp_async_wait_all();
+
+  T *gdq = static_cast<T *>(p.dq_out) + b * p.dq_b + (sq.q0 + m0) * p.dq_r + h * p.dq_h;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = wrow + (lane >> 2) + hf * 8;
+    if (m0 + r >= sq.len_q) continue;
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      int c = dt * 8 + (lane & 3) * 2;
+      if (c < p.d)
+        *reinterpret_cast<uint32_t *>(gdq + r * p.dq_r + c) =
+            Elem<T>::pack(acc[dt][2 * hf] * p.scale, acc[dt][2 * hf + 1] * p.scale);
+    }
+  }
+}
+
+/* ---- dK, dV ------------------------------------------------------------------------------------ */
+
+template <typename T, typename C>
+__global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_constant__ attn_cuda_params p) {
+  constexpr int kD = C::kD, kBM = C::kBM, kBN = C::kBN, kS = C::kS, kP = C::kP;
+  constexpr int kThreads = C::kThreads, kWN = C::kWN, kQW = C::kQW, kDW = C::kDW;
+  constexpr int kQNT = kQW / 8, kDNT = kDW / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T *sK = reinterpret_cast<T *>(smem);
+  T *sV = sK + kBN * kS;
+  T *sQ = sV + kBN * kS;
+  T *sO = sQ + kBM * kS; /* dout */
+  T *sPt = sO + kBM * kS; /* P'^T [kBN][kP] */
+  T *sSt = sPt + kBN * kP; /* dS^T */
+  float *sLse = reinterpret_cast<float *>(sSt + kBN * kP);
+  float *sDelta = sLse + kBM;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int b = blockIdx.z, g = blockIdx.y, n0 = blockIdx.x * kBN;
+  const Seq sq = seq_of(p, b);
+  if (n0 >= sq.len_k) return;
+  const int n_last = min(n0 + kBN, sq.len_k) - 1;
+  const int kn = (warp % kWN) * 16;          /* this warp's 16 keys */
+  const int qm = (warp / kWN) * kQW;         /* phase 1: its query columns */
+  const int dc0 = (warp / kWN) * kDW;        /* phase 2: its head-dim columns */
+
+  const T *gk = static_cast<const T *>(p.k) + b * p.k_b + (sq.k0 + n0) * p.k_r + g * p.k_h;
+  const T *gv = static_cast<const T *>(p.v) + b * p.v_b + (sq.k0 + n0) * p.v_r + g * p.v_h;
+  load_tile<kBN, kD, kThreads>(sK, gk, p.k_r, sq.len_k - n0, p.d, p.k, tid);
+  load_tile<kBN, kD, kThreads>(sV, gv, p.v_r, sq.len_k - n0, p.dv, p.v, tid);
+  cp_async_commit();
+
+  float adk[kDNT][4], adv[kDNT][4];
+#pragma unroll
+  for (int dt = 0; dt < kDNT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) adk[dt][e] = adv[dt][e] = 0.f;
+
+  const int nk = (p.d + 15) / 16, nv = (p.dv + 15) / 16;
+  for (int hh = 0; hh < p.group; ++hh) {
+    const int h = g * p.group + hh;
+    const Head hd = head_of(p, sq, b, h);
+    int m_lo, m_hi;
+    query_block_range(p, hd, n0, n_last, kBM, m_lo, m_hi);
+    const T *gq = static_cast<const T *>(p.q) + b * p.q_b + sq.q0 * p.q_r + h * p.q_h;
+    const T *gdo = static_cast<const T *>(p.dout) + b * p.do_b + sq.q0 * p.do_r + h * p.do_h;
+    for (int m = m_lo; m < m_hi; ++m) {
+      const int m0 = m * kBM, m_last = min(m0 + kBM, sq.len_q) - 1;
+      load_tile<kBM, kD, kThreads>(sQ, gq + (int64_t)m0 * p.q_r, p.q_r, sq.len_q - m0, p.d, p.q, tid);
+      load_tile<kBM, kD, kThreads>(sO, gdo + (int64_t)m0 * p.do_r, p.do_r, sq.len_q - m0, p.dv, p.dout, tid);
+      cp_async_commit();
+      for (int r = tid; r < kBM; r += kThreads) {
+        int i = m0 + r;
+        float l2 = INFINITY, dl = 0.f;
+        if (i < sq.len_q) {
+          float l = p.lse[b * p.lse_b + h * p.lse_h + (sq.q0 + i) * p.lse_r];
+          l2 = l == -INFINITY ? INFINITY : l * kLog2e;
+          dl = p.delta[h * p.rows_q + delta_row(p, sq, b, i)];
+        }
+        sLse[r] = l2, sDelta[r] = dl;
+      }
+      cp_async_wait_all();
+      __syncthreads();
+
+      /* phase 1: S^T = K Q^T and dP'^T = V dO^T for 16 keys x kQW queries */
+      float st[kQNT][4], dpt[kQNT][4];
+#pragma unroll
+      for (int nt = 0; nt < kQNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        if (kk < nk) {
+          uint32_t a[4];
+          ldsm4(a, sK + (kn + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+          for (int nn = 0; nn < kQW / 16; ++nn) {
+            uint32_t bq[4];
+            ldsm4(bq, sQ + (qm + nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
+            Elem<T>::mma(st[2 * nn], a, bq[0], bq[1]);
+            Elem<T>::mma(st[2 * nn + 1], a, bq[2], bq[3]);
+          }
+        }
+        if (kk < nv) {
+          uint32_t a[4];
+          ldsm4(a, sV + (kn + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+          for (int nn = 0; nn < kQW / 16; ++nn) {
+            uint32_t bo[4];
+            ldsm4(bo, sO + (qm + nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
+            Elem<T>::mma(dpt[2 * nn], a, bo[0], bo[1]);
+            Elem<T>::mma(dpt[2 * nn + 1], a, bo[2], bo[3]);
+          }
+        }
+      }
+      const bool fast = !p.elementwise && band_full(p, hd, m0, m_last, n0, kBN);
+#pragma unroll
+      for (int nt = 0; nt < kQNT; ++nt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int kr = kn + (lane >> 2) + hf * 8; /* key row in the block */
+          const int j = n0 + kr;
+          float pv[2], dsv[2];
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int e = 2 * hf + c;
+            const int qr = qm + nt * 8 + (lane & 3) * 2 + c; /* query row in the block */
+            const int i = m0 + qr;
+            float x, t = 0.f;
+            bool vis = true;
+            if (fast) x = st[nt][e] * p.scale;
+            else {
+              vis = visible(p, hd, i, j);
+              x = vis ? logit(p, hd, i, j, st[nt][e], &t) : 0.f;
+            }
+            const float P = vis ? exp2f(x * kLog2e - sLse[qr]) : 0.f;
+            bool keep = true;
+            if (p.dropout_p > 0.f) {
+              uint32_t words[4];
+              philox_words(p, b, h, i, j, words);
+              keep = words[j & 3] >= p.drop_threshold;
+            }
+            const float dpv = keep ? dpt[nt][e] * p.keep_scale : 0.f;
+            float ds = P * (dpv - sDelta[qr]);
+            if (p.softcap > 0.f) ds *= 1.f - t * t;
+            pv[c] = keep ? P * p.keep_scale : 0.f;
+            dsv[c] = ds;
+          }
+          const int col = qm + nt * 8 + (lane & 3) * 2;
+          *reinterpret_cast<uint32_t *>(sPt + kr * kP + col) = Elem<T>::pack(pv[0], pv[1]);
+          *reinterpret_cast<uint32_t *>(sSt + kr * kP + col) = Elem<T>::pack(dsv[0], dsv[1]);
+        }
+      __syncthreads();
+
+      /* phase 2: dV += P'^T dO, dK += dS^T Q for 16 keys x kDW columns */
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk) {
+        uint32_t ap[4], as[4];
+        ldsm4(ap, sPt + (kn + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
+        ldsm4(as, sSt + (kn + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int dd = 0; dd < kDW / 16; ++dd) {
+          const int col = dc0 + dd * 16;
+          const int rowoff = (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + col + (lane >> 4) * 8;
+          if (col < p.dv) {
+            uint32_t bo[4];
+            ldsm4t(bo, sO + rowoff);
+            Elem<T>::mma(adv[2 * dd], ap, bo[0], bo[1]);
+            Elem<T>::mma(adv[2 * dd + 1], ap, bo[2], bo[3]);
+          }
+          if (col < p.d) {
+            uint32_t bq[4];
+            ldsm4t(bq, sQ + rowoff);
+            Elem<T>::mma(adk[2 * dd], as, bq[0], bq[1]);
+            Elem<T>::mma(adk[2 * dd + 1], as, bq[2], bq[3]);
+          }
+        }
+      }
+      __syncthreads(); /* every warp is done with sQ, sO, sPt, sSt */
+    }
+  }
+  cp_async_wait_all();
+
+  T *gdk = static_cast<T *>(p.dk_out) + b * p.dk_b + (sq.k0 + n0) * p.dk_r + g * p.dk_h;
+  T *gdv = static_cast<T *>(p.dv_out) + b * p.dv_b + (sq.k0 + n0) * p.dv_r + g * p.dv_h;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = kn + (lane >> 2) + hf * 8;
+    if (n0 + r >= sq.len_k) continue;
+#pragma unroll
+    for (int dt = 0; dt < kDNT; ++dt) {
+      int c = dc0 + dt * 8 + (lane & 3) * 2;
+      if (c < p.d)
+        *reinterpret_cast<uint32_t *>(gdk + r * p.dk_r + c) =
+            Elem<T>::pack(adk[dt][2 * hf] * p.scale, adk[dt][2 * hf + 1] * p.scale);
+      if (c < p.dv)
+        *reinterpret_cast<uint32_t *>(gdv + r * p.dv_r + c) = Elem<T>::pack(adv[dt][2 * hf], adv[dt][2 * hf + 1]);
+    }
+  }
+}
+
+template <typename T, int kD> attn_status run_bwd(const attn_cuda_params &p, cudaStream_t stream,
+                                                  char *why, size_t why_size) {
+  using Tr = BwdTraits<kD>;
+  using Ckv = DkvCfg<T, kD, Tr::kNW, Tr::kBN, Tr::kBM>;
+  using Cq = DqCfg<T, kD, Tr::kNWq, Tr::kBNq>;
+  auto kv = bwd_dkv_kernel<T, Ckv>;
+  auto q = bwd_dq_kernel<T, Cq>;
+  ATTN_CUDA_CHECK(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Ckv::kSmem));
+  ATTN_CUDA_CHECK(cudaFuncSetAttribute(q, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Cq::kSmem));
+  dim3 grid_kv((p.seqlen_k + Ckv::kBN - 1) / Ckv::kBN, p.heads_kv, p.batch);
+  if (grid_kv.x > 0) {
+    kv<<<grid_kv, Ckv::kThreads, Ckv::kSmem, stream>>>(p);
+    ATTN_CUDA_CHECK(cudaGetLastError());
+  }
+  dim3 grid_q((p.seqlen_q + Cq::kBM - 1) / Cq::kBM, p.heads_q, p.batch);
+  if (grid_q.x > 0) {
+    q<<<grid_q, Cq::kThreads, Cq::kSmem, stream>>>(p);
+    ATTN_CUDA_CHECK(cudaGetLastError());
+  }
+  return ATTN_STATUS_OK;
+}
+
+} // namespace attn_cuda
+
+#endif /* ATTN_IMPL_CUDA_CUDA_BWD_CUH */

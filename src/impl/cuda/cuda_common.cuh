@@ -1,0 +1,251 @@
+/*
+ * src/impl/cuda/cuda_common.cuh - device building blocks shared by the forward and backward kernels:
+ * tensor-core instructions (mma.sync m16n8k16 with f32 accumulation, ldmatrix, cp.async), shared
+ * memory tile loads, sequence geometry, and the element-wise function of SPEC.md (visibility, bias,
+ * ALiBi, soft cap, dropout).
+ *
+ * Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"): lane = 4 * g + t. A (16x16):
+ * a0 = (row g, cols 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..). B (16x8,
+ * "col"): b0 = (k 2t..2t+1, col g), b1 = (k 2t+8.., col g). C (16x8 f32): c0,c1 = (g, 2t..2t+1),
+ * c2,c3 = (g+8, 2t..2t+1). A C tile of two adjacent n-tiles is exactly an A fragment, which is how
+ * probabilities feed the next product without leaving registers.
+ *
+ * Shared memory tiles are row-major with rows padded by 16 bytes: eight ldmatrix rows then fall in
+ * eight distinct 16-byte bank groups, so ldmatrix and cp.async are free of bank conflicts without
+ * a swizzle (the padding costs 6% of shared memory at D = 128).
+ */
+#ifndef ATTN_IMPL_CUDA_CUDA_COMMON_CUH
+#define ATTN_IMPL_CUDA_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#define ATTN_HOST_DEVICE __host__ __device__
+#include "core/philox.h"
+#include "impl/cuda/cuda_params.h"
+
+namespace attn_cuda {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+/* ---- element types ------------------------------------------------------------------------- */
+
+template <typename T> struct Elem;
+
+template <> struct Elem<__nv_bfloat16> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+  }
+  static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <> struct Elem<__half> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+  }
+  static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+/* A 16-bit input of any of the bias dtypes as f32. */
+__device__ __forceinline__ float load_any(const void *base, int elem, int64_t off) {
+  if (elem == ATTN_CUDA_ELEM_F32) return static_cast<const float *>(base)[off];
+  if (elem == ATTN_CUDA_ELEM_BF16)
+    return __bfloat162float(static_cast<const __nv_bfloat16 *>(base)[off]);
+  return __half2float(static_cast<const __half *>(base)[off]);
+}
+
+__device__ __forceinline__ void store_any(void *base, int elem, int64_t off, float x) {
+  if (elem == ATTN_CUDA_ELEM_F32) static_cast<float *>(base)[off] = x;
+  else if (elem == ATTN_CUDA_ELEM_BF16)
+    static_cast<__nv_bfloat16 *>(base)[off] = __float2bfloat16_rn(x);
+  else static_cast<__half *>(base)[off] = __float2half_rn(x);
+}
+
+/* ---- instructions --------------------------------------------------------------------------- */
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldsm4(uint32_t r[4], const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
+__device__ __forceinline__ void ldsm4t(uint32_t r[4], const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
+/* 16 bytes global -> shared, asynchronously; zero-filled when !valid (nothing is read then). */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+/* Loads rows [0, kRows) x columns [0, kD) of a token tensor into a padded shared tile. Rows at or
+ * past rows_valid and columns at or past width are zero, so padding never feeds NaN into a
+ * product. `fallback` is any valid address (never read). */
+template <int kRows, int kD, int kThreads, typename T>
+__device__ __forceinline__ void load_tile(T *s, const T *g, int64_t row_stride, int rows_valid,
+                                          int width, const void *fallback, int tid) {
+  constexpr int kChunks = kD / 8, kTotal = kRows * kChunks, kS = kD + 8;
+#pragma unroll
+  for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
+    int c = tid + it * kThreads;
+    if (kTotal % kThreads != 0 && c >= kTotal) break;
+    int r = c / kChunks, ch = c % kChunks;
+    bool ok = r < rows_valid && ch * 8 < width;
+    const void *src = ok ? static_cast<const void *>(g + r * row_stride + ch * 8) : fallback;
+    cp_async16(s + r * kS + ch * 8, src, ok);
+  }
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+__host__ __device__ __forceinline__ int floor_div(int a, int b) {
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+/* ---- geometry --------------------------------------------------------------------------------- */
+
+/* Batch entry b: its first q and k rows in the tensors (packed varlen) and its real lengths. The
+ * lengths live on the device and were not validated, so they are clamped to the tensors here. */
+struct Seq {
+  int64_t q0, k0;
+  int len_q, len_k;
+};
+
+__device__ __forceinline__ Seq seq_of(const attn_cuda_params &p, int b) {
+  Seq s{0, 0, p.seqlen_q, p.seqlen_k};
+  if (p.varlen == ATTN_CUDA_VARLEN_PACKED) {
+    const int64_t q0 = min(max((int64_t)p.cu_q[b], (int64_t)0), p.total_q);
+    const int64_t q1 = min(max((int64_t)p.cu_q[b + 1], q0), p.total_q);
+    const int64_t k0 = min(max((int64_t)p.cu_k[b], (int64_t)0), p.total_k);
+    const int64_t k1 = min(max((int64_t)p.cu_k[b + 1], k0), p.total_k);
+    s.q0 = q0, s.k0 = k0;
+    s.len_q = (int)min(q1 - q0, (int64_t)p.seqlen_q);
+    s.len_k = (int)min(k1 - k0, (int64_t)p.seqlen_k);
+  } else if (p.varlen == ATTN_CUDA_VARLEN_PADDED) {
+    s.len_q = min(max(p.seqlens_q[b], 0), p.seqlen_q);
+    s.len_k = min(max(p.seqlens_k[b], 0), p.seqlen_k);
+  }
+  return s;
+}
+
+/* What one (batch, query head) shares: the KV head, the lengths and the alignment offset o. */
+struct Head {
+  int b, h, g, len_q, len_k, o;
+};
+
+__device__ __forceinline__ Head head_of(const attn_cuda_params &p, const Seq &s, int b, int h) {
+  Head r;
+  r.b = b, r.h = h, r.g = h / p.group, r.len_q = s.len_q, r.len_k = s.len_k;
+  r.o = p.align_bottom_right ? s.len_k - s.len_q : 0;
+  return r;
+}
+
+/* Key blocks [lo, hi) that rows [m0, m_last] can see through the causal / window band. */
+__device__ __forceinline__ void key_block_range(const attn_cuda_params &p, const Head &r, int m0,
+                                                int m_last, int kBN, int &lo, int &hi) {
+  lo = 0, hi = (r.len_k + kBN - 1) / kBN;
+  if (p.window_left >= 0) lo = max(0, floor_div(m0 + r.o - p.window_left, kBN));
+  if (p.window_right >= 0) hi = min(hi, floor_div(m_last + r.o + p.window_right, kBN) + 1);
+}
+
+/* Query blocks [lo, hi) whose rows can see keys [n0, n_last]. */
+__device__ __forceinline__ void query_block_range(const attn_cuda_params &p, const Head &r, int n0,
+                                                  int n_last, int kBM, int &lo, int &hi) {
+  lo = 0, hi = (r.len_q + kBM - 1) / kBM;
+  if (p.window_right >= 0) lo = max(0, floor_div(n0 - r.o - p.window_right, kBM));
+  if (p.window_left >= 0) hi = min(hi, floor_div(n_last - r.o + p.window_left, kBM) + 1);
+}
+
+/* Whether every (i, j) of rows [m0, m_last] and keys [n0, n0 + kBN) is visible under the band and
+ * the key length (masks and segment ids aside): such a tile needs no element-wise test. */
+__device__ __forceinline__ bool band_full(const attn_cuda_params &p, const Head &r, int m0,
+                                          int m_last, int n0, int kBN) {
+  if (n0 + kBN > r.len_k) return false;
+  if (p.window_left >= 0 && n0 < m_last + r.o - p.window_left) return false;
+  if (p.window_right >= 0 && n0 + kBN - 1 > m0 + r.o + p.window_right) return false;
+  return true;
+}
+
+/* ---- the function of SPEC.md, one element ---------------------------------------------------- */
+
+/* Step 3: whether key j is visible from row i (in-sequence positions). */
+__device__ __forceinline__ bool visible(const attn_cuda_params &p, const Head &r, int i, int j) {
+  if (i >= r.len_q || j >= r.len_k) return false;
+  int diag = i + r.o;
+  if (p.window_left >= 0 && j < diag - p.window_left) return false;
+  if (p.window_right >= 0 && j > diag + p.window_right) return false;
+  if (p.mask != nullptr &&
+      p.mask[r.b * p.mask_s[0] + r.h * p.mask_s[1] + i * p.mask_s[2] + j * p.mask_s[3]] == 0)
+    return false;
+  if (p.q_seg != nullptr) {
+    int qs = p.q_seg[r.b * p.qseg_b + i * p.qseg_r];
+    int ks = p.kv_seg[r.b * p.kseg_b + j * p.kseg_r];
+    if (qs < 0 || qs != ks) return false;
+  }
+  return true;
+}
+
+/* Steps 1-2: the logit of a visible key from the raw dot product; *t gets tanh(x_pre / cap). */
+__device__ __forceinline__ float logit(const attn_cuda_params &p, const Head &r, int i, int j,
+                                       float dot, float *t) {
+  float x = dot * p.scale;
+  if (p.bias != nullptr) {
+    int head = p.bias_head_mode == 2 ? r.g : r.h;
+    x += load_any(p.bias, p.bias_elem,
+                  r.b * p.bias_s[0] + head * p.bias_s[1] + i * p.bias_s[2] + j * p.bias_s[3]);
+  }
+  if (p.alibi != nullptr) x -= p.alibi[r.b * p.alibi_b + r.h * p.alibi_h] * fabsf((float)(i + r.o - j));
+  if (p.softcap > 0.f) {
+    float th = tanhf(x / p.softcap);
+    x = p.softcap * th;
+    *t = th;
+  }
+  return x;
+}
+
+/* Step 6: the four Philox words of (b, h, i, j >> 2). */
+__device__ __forceinline__ void philox_words(const attn_cuda_params &p, int b, int h, int i, int j,
+                                             uint32_t r[4]) {
+  const uint32_t key[2] = {(uint32_t)p.seed, (uint32_t)(p.seed >> 32)};
+  const uint32_t ctr[4] = {(uint32_t)i, (uint32_t)j >> 2, (uint32_t)h, (uint32_t)b};
+  attn_philox4x32_10(ctr, key, r);
+}
+
+} // namespace attn_cuda
+
+#endif /* ATTN_IMPL_CUDA_CUDA_COMMON_CUH */

@@ -1,0 +1,260 @@
+/*
+ * src/impl/cuda/cuda_fwd.cuh - the forward kernel (FlashAttention-2's schedule on mma.sync).
+ *
+ * One CTA computes kBM query rows of one (batch, query head): Q stays in shared memory, and the
+ * key blocks the causal / window band allows stream through one K and one V buffer: V(n) is
+ * copied while S = Q K(n)^T is computed, and K(n+1) while O += P V(n) is, so each copy overlaps a
+ * product. Each warp owns 16 * kMT rows; scores, the running max and sum, and the output
+ * accumulator stay in registers (f32), and P is rounded to the input dtype only as the A operand of
+ * the P V product. Sinks enter the running max and sum before the first key, once per row.
+ */
+#ifndef ATTN_IMPL_CUDA_CUDA_FWD_CUH
+#define ATTN_IMPL_CUDA_CUDA_FWD_CUH
+
+#include "impl/cuda/cuda_check.cuh"
+#include "impl/cuda/cuda_common.cuh"
+#include "impl/cuda/cuda_traits.h"
+
+namespace attn_cuda {
+
+template <typename T, typename C>
+__global__ void __launch_bounds__(C::kThreads) fwd_kernel(const __grid_constant__ attn_cuda_params p) {
+  constexpr int kD = C::kD, kBM = C::kBM, kBN = C::kBN, kS = C::kS, kMT = C::kMT;
+  constexpr int kNT = kBN / 8, kDT = kD / 8, kThreads = C::kThreads;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T *sQ = reinterpret_cast<T *>(smem);
+  T *sK = sQ + kBM * kS;
+  T *sV = sK + kBN * kS;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int b = blockIdx.z, h = blockIdx.y, m0 = blockIdx.x * kBM;
+  const Seq sq = seq_of(p, b);
+  if (m0 >= sq.len_q) return;
+  const Head hd = head_of(p, sq, b, h);
+  const int m_last = min(m0 + kBM, sq.len_q) - 1;
+  int n_lo, n_hi;
+  key_block_range(p, hd, m0, m_last, kBN, n_lo, n_hi);
+
+  const T *gq = static_cast<const T *>(p.q) + b * p.q_b + (sq.q0 + m0) * p.q_r + h * p.q_h;
+  const T *gk = static_cast<const T *>(p.k) + b * p.k_b + sq.k0 * p.k_r + hd.g * p.k_h;
+  const T *gv = static_cast<const T *>(p.v) + b * p.v_b + sq.k0 * p.v_r + hd.g * p.v_h;
+
+  load_tile<kBM, kD, kThreads>(sQ, gq, p.q_r, sq.len_q - m0, p.d, p.q, tid);
+  if (n_lo < n_hi)
+    load_tile<kBN, kD, kThreads>(sK, gk + (int64_t)n_lo * kBN * p.k_r, p.k_r,
+                                 sq.len_k - n_lo * kBN, p.d, p.k, tid);
+  cp_async_commit();
+
+  float acc[kMT][kDT][4];
+  float row_max[kMT][2], row_sum[kMT][2]; /* max in log2 units; sum per thread (quad partial) */
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][dt][e] = 0.f;
+    row_max[mt][0] = row_max[mt][1] = -INFINITY;
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
+  /* Step 4-5: sinks are logits of the row max and terms of Z, counted once: every thread of a
+   * quad starts from their max, and only the first adds their sum (the quad's sums are added at
+   * the end). */
+  if (p.num_sinks > 0) {
+    const float *sk = p.sinks + h * p.sinks_h;
+    float mx = -INFINITY;
+    for (int t = 0; t < p.num_sinks; ++t) mx = fmaxf(mx, sk[t * p.sinks_t]);
+    float sum = 0.f;
+    if (mx != -INFINITY)
+      for (int t = 0; t < p.num_sinks; ++t) sum += exp2f((sk[t * p.sinks_t] - mx) * kLog2e);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        row_max[mt][hf] = mx * kLog2e;
+        row_sum[mt][hf] = (lane & 3) == 0 ? sum : 0.f;
+      }
+  }
+
+  const int nk = (p.d + 15) / 16, nv = (p.dv + 15) / 16;
+  const float scale_log2 = p.scale * kLog2e;
+  const int wrow = warp * kMT * 16; /* first row of this warp in the block */
+
+  for (int n = n_lo; n < n_hi; ++n) {
+    const int n0 = n * kBN;
+    cp_async_wait_all();
+    __syncthreads(); /* K(n) has landed; every warp is done with V(n-1) */
+    load_tile<kBN, kD, kThreads>(sV, gv + (int64_t)n0 * p.v_r, p.v_r, sq.len_k - n0, p.dv, p.v, tid);
+    cp_async_commit();
+
+    float s[kMT][kNT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+
+    /* S = Q K^T */
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      if (kk < nk) {
+        uint32_t a[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+          ldsm4(a[mt], sQ + (wrow + mt * 16 + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int nn = 0; nn < kBN / 16; ++nn) {
+          uint32_t bk[4];
+          ldsm4(bk, sK + (nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            Elem<T>::mma(s[mt][2 * nn], a[mt], bk[0], bk[1]);
+            Elem<T>::mma(s[mt][2 * nn + 1], a[mt], bk[2], bk[3]);
+          }
+        }
+      }
+    }
+
+    /* Steps 1-3 into log2 units: x * log2(e), -inf where not visible. */
+    if (!p.elementwise && band_full(p, hd, m0, m_last, n0, kBN)) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] *= scale_log2;
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            int i = m0 + wrow + mt * 16 + (lane >> 2) + (e >> 1) * 8;
+            int j = n0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+            float t;
+            s[mt][nt][e] = visible(p, hd, i, j) ? logit(p, hd, i, j, s[mt][nt][e], &t) * kLog2e
+                                                : -INFINITY;
+          }
+    }
+
+    /* Steps 4-5 online: new max, rescale, exponentiate, partial sums. */
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = row_max[mt][hf];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
+        mx = quad_max(mx);
+        const float base = mx == -INFINITY ? 0.f : mx;
+        const float corr = exp2f(row_max[mt][hf] - base);
+        row_max[mt][hf] = mx;
+        float sum = row_sum[mt][hf] * corr;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          acc[mt][dt][2 * hf] *= corr;
+          acc[mt][dt][2 * hf + 1] *= corr;
+        }
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          float e0 = exp2f(s[mt][nt][2 * hf] - base), e1 = exp2f(s[mt][nt][2 * hf + 1] - base);
+          s[mt][nt][2 * hf] = e0, s[mt][nt][2 * hf + 1] = e1;
+          sum += e0 + e1;
+        }
+        row_sum[mt][hf] = sum;
+      }
+
+    /* Step 6: dropout zeroes P after Z has seen it; 1 / (1 - p) is applied at the end. Columns
+     * 2t and 2t+1 share one Philox call (same j >> 2). */
+    if (p.dropout_p > 0.f) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            int i = m0 + wrow + mt * 16 + (lane >> 2) + hf * 8;
+            int j = n0 + nt * 8 + (lane & 3) * 2;
+            uint32_t r[4];
+            philox_words(p, b, h, i, j, r);
+            if (r[j & 3] < p.drop_threshold) s[mt][nt][2 * hf] = 0.f;
+            if (r[(j + 1) & 3] < p.drop_threshold) s[mt][nt][2 * hf + 1] = 0.f;
+          }
+    }
+
+    cp_async_wait_all();
+    __syncthreads(); /* V(n) has landed; every warp is done with K(n) */
+    if (n + 1 < n_hi) {
+      load_tile<kBN, kD, kThreads>(sK, gk + (int64_t)(n0 + kBN) * p.k_r, p.k_r,
+                                   sq.len_k - n0 - kBN, p.d, p.k, tid);
+      cp_async_commit();
+    }
+
+    /* Step 7: O += P V */
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        a[mt][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dd = 0; dd < kD / 16; ++dd) {
+        if (dd < nv) {
+          uint32_t bv[4];
+          ldsm4t(bv, sV + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + dd * 16 + (lane >> 4) * 8);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            Elem<T>::mma(acc[mt][2 * dd], a[mt], bv[0], bv[1]);
+            Elem<T>::mma(acc[mt][2 * dd + 1], a[mt], bv[2], bv[3]);
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait_all();
+
+  /* Steps 7-8: out = acc * keep_scale / Z, lse = m + log Z; a row with nothing visible and no
+   * sinks (max still -inf) is out = 0, lse = -inf. */
+  T *go = static_cast<T *>(p.out) + b * p.o_b + (sq.q0 + m0) * p.o_r + h * p.o_h;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = wrow + mt * 16 + (lane >> 2) + hf * 8;
+      const float sum = quad_sum(row_sum[mt][hf]);
+      if (m0 + r >= sq.len_q) continue;
+      const bool empty = row_max[mt][hf] == -INFINITY;
+      const float inv = empty ? 0.f : p.keep_scale / sum;
+      T *orow = go + r * p.o_r;
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) {
+        int c = dt * 8 + (lane & 3) * 2;
+        if (c < p.dv)
+          *reinterpret_cast<uint32_t *>(orow + c) =
+              Elem<T>::pack(acc[mt][dt][2 * hf] * inv, acc[mt][dt][2 * hf + 1] * inv);
+      }
+      if (p.lse != nullptr && (lane & 3) == 0)
+        p.lse[b * p.lse_b + h * p.lse_h + (sq.q0 + m0 + r) * p.lse_r] =
+            empty ? -INFINITY : row_max[mt][hf] * kLn2 + logf(sum);
+    }
+}
+
+template <typename T, int kD> attn_status run_fwd(const attn_cuda_params &p, cudaStream_t stream,
+                                                  char *why, size_t why_size) {
+  using C = FwdCfg<T, kD, FwdTraits<kD>::kNW, FwdTraits<kD>::kMT, FwdTraits<kD>::kBN>;
+  auto kernel = fwd_kernel<T, C>;
+  ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmem));
+  dim3 grid((p.seqlen_q + C::kBM - 1) / C::kBM, p.heads_q, p.batch);
+  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p);
+  ATTN_CUDA_CHECK(cudaGetLastError());
+  return ATTN_STATUS_OK;
+}
+
+} // namespace attn_cuda
+
+#endif /* ATTN_IMPL_CUDA_CUDA_FWD_CUH */

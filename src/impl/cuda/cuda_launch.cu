@@ -1,0 +1,270 @@
+/*
+ * src/impl/cuda/cuda_launch.cu - the extern "C" launchers of cuda_launch.h: device queries, the
+ * dispatch from (dtype, head dimension) to the instantiated kernels (one generated file each,
+ * cuda_inst_*.cu), and the small kernels around them: rows outside every sequence, Delta, dsinks,
+ * and the dbias conversion.
+ */
+#include "impl/cuda/cuda_launch.h"
+
+#include "impl/cuda/cuda_check.cuh"
+#include "impl/cuda/cuda_common.cuh"
+#include "impl/cuda/cuda_traits.h"
+
+namespace attn_cuda {
+
+/* Defined in cuda_fwd.cuh / cuda_bwd.cuh and instantiated once per (dtype, head dimension) in the
+ * generated cuda_inst_*.cu files, so they compile in parallel. */
+template <typename T, int kD>
+attn_status run_fwd(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size);
+template <typename T, int kD>
+attn_status run_bwd(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size);
+
+/* Zeroes rows of a token tensor [.., H, W] that belong to no sequence (padded rows past a
+ * sequence's length; packed rows past cu_seqlens[B]) and sets their lse to -inf when lse is given.
+ * One block per row. */
+__global__ void zero_outside_kernel(const __grid_constant__ attn_cuda_params p, uint16_t *t,
+                                    int64_t tb, int64_t tr, int64_t th, int heads, int width,
+                                    int q_side, float *lse, int64_t lb, int64_t lh, int64_t lr) {
+  const int per_batch = q_side ? p.seqlen_q : p.seqlen_k;
+  const int64_t rows = p.varlen == ATTN_CUDA_VARLEN_PACKED ? (q_side ? p.total_q : p.total_k)
+                                                           : (int64_t)p.batch * per_batch;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    int64_t off, b = 0, i = row;
+    if (p.varlen == ATTN_CUDA_VARLEN_PACKED) {
+      const int32_t *cu = q_side ? p.cu_q : p.cu_k;
+      int64_t end = min((int64_t)max(cu[p.batch], 0), rows);
+      if (row < end) continue;
+      off = row * tr;
+    } else {
+      b = row / per_batch, i = row % per_batch;
+      const int32_t *lens = q_side ? p.seqlens_q : p.seqlens_k;
+      if (i < lens[b]) continue;
+      off = b * tb + i * tr;
+    }
+    for (int e = threadIdx.x; e < heads * width; e += blockDim.x)
+      t[off + (e / width) * th + e % width] = 0;
+    if (lse != nullptr)
+      for (int h = threadIdx.x; h < heads; h += blockDim.x) lse[b * lb + h * lh + i * lr] = -INFINITY;
+  }
+}
+
+/* Delta[h, row] = dot(dout[row, h, :], out[row, h, :]) in f32; one warp per (row, head). */
+__global__ void delta_kernel(const __grid_constant__ attn_cuda_params p, int elem) {
+  const int lane = threadIdx.x & 31;
+  const int64_t items = p.rows_q * p.heads_q;
+  for (int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; w < items;
+       w += (gridDim.x * (int64_t)blockDim.x) >> 5) {
+    const int64_t row = w / p.heads_q;
+    const int h = (int)(w % p.heads_q);
+    int64_t oo, od;
+    if (p.varlen == ATTN_CUDA_VARLEN_PACKED) {
+      oo = row * p.o_r + h * p.o_h;
+      od = row * p.do_r + h * p.do_h;
+    } else {
+      int64_t b = row / p.seqlen_q, i = row % p.seqlen_q;
+      oo = b * p.o_b + i * p.o_r + h * p.o_h;
+      od = b * p.do_b + i * p.do_r + h * p.do_h;
+    }
+    float sum = 0.f;
+    for (int d = lane; d < p.dv; d += 32) sum += load_any(p.out, elem, oo + d) * load_any(p.dout, elem, od + d);
+    for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
+    if (lane == 0) p.delta[h * p.rows_q + row] = sum;
+  }
+}
+
+/* dsinks[h, t] = -sum_{b, i} exp(a_t - lse_i) Delta_i (over every head for shared sinks). One block
+ * per output element; a fixed per-thread order and tree make it deterministic. */
+__global__ void dsinks_kernel(const __grid_constant__ attn_cuda_params p, int shared) {
+  __shared__ float part[256];
+  const int t = shared ? blockIdx.x : blockIdx.x % p.num_sinks;
+  const int h_lo = shared ? 0 : blockIdx.x / p.num_sinks, h_hi = shared ? p.heads_q : h_lo + 1;
+  float sum = 0.f;
+  for (int h = h_lo; h < h_hi; ++h) {
+    const float a = p.sinks[h * p.sinks_h + t * p.sinks_t];
+    for (int b = 0; b < p.batch; ++b) {
+      const Seq s = seq_of(p, b);
+      for (int i = threadIdx.x; i < s.len_q; i += blockDim.x) {
+        float l = p.lse[b * p.lse_b + h * p.lse_h + (s.q0 + i) * p.lse_r];
+        if (l == -INFINITY) continue;
+        int64_t row = p.varlen == ATTN_CUDA_VARLEN_PACKED ? s.q0 + i : (int64_t)b * p.seqlen_q + i;
+        sum += expf(a - l) * p.delta[h * p.rows_q + row];
+      }
+    }
+  }
+  part[threadIdx.x] = sum;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+    if ((int)threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) p.dsinks[(shared ? 0 : h_lo) * p.dsinks_h + t * p.dsinks_t] = -part[0];
+}
+
+/* dbias (its dtype and strides) from the dense f32 accumulator. */
+__global__ void dbias_convert_kernel(const __grid_constant__ attn_cuda_params p, int64_t n) {
+  const int64_t *s = p.bias_shape;
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (int64_t)blockDim.x) {
+    int64_t j = e % s[3], rest = e / s[3];
+    int64_t i = rest % s[2];
+    rest /= s[2];
+    int64_t h = rest % s[1], b = rest / s[1];
+    store_any(p.dbias, p.bias_elem, b * p.dbias_s[0] + h * p.dbias_s[1] + i * p.dbias_s[2] + j * p.dbias_s[3],
+              p.dbias_accum[e]);
+  }
+}
+
+template <typename T> attn_status dispatch(const attn_cuda_params &p, int backward, cudaStream_t s,
+                                           char *why, size_t why_size) {
+  switch (attn_cuda_kernel_dim(p.d, p.dv)) {
+  case 32: return backward ? run_bwd<T, 32>(p, s, why, why_size) : run_fwd<T, 32>(p, s, why, why_size);
+  case 64: return backward ? run_bwd<T, 64>(p, s, why, why_size) : run_fwd<T, 64>(p, s, why, why_size);
+  case 96: return backward ? run_bwd<T, 96>(p, s, why, why_size) : run_fwd<T, 96>(p, s, why, why_size);
+  case 128: return backward ? run_bwd<T, 128>(p, s, why, why_size) : run_fwd<T, 128>(p, s, why, why_size);
+  case 192: return backward ? run_bwd<T, 192>(p, s, why, why_size) : run_fwd<T, 192>(p, s, why, why_size);
+  case 256: return backward ? run_bwd<T, 256>(p, s, why, why_size) : run_fwd<T, 256>(p, s, why, why_size);
+  default:
+    snprintf(why, why_size, "head_dim=%d, head_dim_v=%d: no kernel", (int)p.d, (int)p.dv);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+}
+
+template <typename T> size_t smem_of(int kd, int backward) {
+  switch (kd) {
+#define ATTN_SMEM_CASE(D)                                                                          \
+  case D:                                                                                          \
+    if (!backward)                                                                                 \
+      return FwdCfg<T, D, FwdTraits<D>::kNW, FwdTraits<D>::kMT, FwdTraits<D>::kBN>::kSmem;         \
+    return max(DkvCfg<T, D, BwdTraits<D>::kNW, BwdTraits<D>::kBN, BwdTraits<D>::kBM>::kSmem,       \
+               DqCfg<T, D, BwdTraits<D>::kNWq, BwdTraits<D>::kBNq>::kSmem);
+    ATTN_SMEM_CASE(32)
+    ATTN_SMEM_CASE(64)
+    ATTN_SMEM_CASE(96)
+    ATTN_SMEM_CASE(128)
+    ATTN_SMEM_CASE(192)
+    ATTN_SMEM_CASE(256)
+#undef ATTN_SMEM_CASE
+  default: return 0;
+  }
+}
+
+/* Makes device `index` current for the call and restores the caller's device afterwards. */
+struct DeviceGuard {
+  int prev = -1;
+  bool changed = false;
+  ~DeviceGuard() {
+    if (changed) (void)cudaSetDevice(prev);
+  }
+};
+
+static int grid_for(int64_t work, int64_t per_block) {
+  int64_t g = (work + per_block - 1) / per_block;
+  return (int)(g < 1 ? 1 : g > 65535 ? 65535 : g);
+}
+
+} // namespace attn_cuda
+
+using namespace attn_cuda;
+
+extern "C" int attn_cuda_kernel_dim(int d, int dv) {
+  int m = d > dv ? d : dv;
+  static const int dims[] = {32, 64, 96, 128, 192, 256};
+  for (int k : dims)
+    if (m <= k) return k;
+  return 0;
+}
+
+extern "C" size_t attn_cuda_smem_bytes(int kernel_dim, int backward) {
+  return smem_of<__nv_bfloat16>(kernel_dim, backward);
+}
+
+extern "C" attn_status attn_cuda_device_info(int index, int *cc, size_t *smem_optin, char *why,
+                                             size_t why_size) {
+  int count = 0;
+  ATTN_CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (index >= count) {
+    snprintf(why, why_size, "device_index=%d: only %d CUDA device(s) are present", index, count);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  int major = 0, minor = 0, smem = 0;
+  ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index));
+  ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index));
+  ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, index));
+  *cc = major * 10 + minor;
+  *smem_optin = (size_t)smem;
+  return ATTN_STATUS_OK;
+}
+
+static attn_status set_device(const attn_cuda_params *p, DeviceGuard &guard, char *why, size_t why_size) {
+  ATTN_CUDA_CHECK(cudaGetDevice(&guard.prev));
+  if (guard.prev != p->device_index) {
+    ATTN_CUDA_CHECK(cudaSetDevice(p->device_index));
+    guard.changed = true;
+  }
+  return ATTN_STATUS_OK;
+}
+
+extern "C" attn_status attn_cuda_forward(const attn_cuda_params *p, int is_bf16, void *stream,
+                                         char *why, size_t why_size) {
+  DeviceGuard guard;
+  attn_status st = set_device(p, guard, why, why_size);
+  if (st != ATTN_STATUS_OK) return st;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (p->varlen != ATTN_CUDA_VARLEN_NONE) {
+    int64_t rows = p->varlen == ATTN_CUDA_VARLEN_PACKED ? p->total_q : (int64_t)p->batch * p->seqlen_q;
+    if (rows > 0) {
+      zero_outside_kernel<<<grid_for(rows, 1), 128, 0, s>>>(*p, static_cast<uint16_t *>(p->out), p->o_b,
+                                                           p->o_r, p->o_h, p->heads_q, p->dv, 1, p->lse,
+                                                           p->lse_b, p->lse_h, p->lse_r);
+      ATTN_CUDA_CHECK(cudaGetLastError());
+    }
+  }
+  if (p->seqlen_q == 0) return ATTN_STATUS_OK;
+  return is_bf16 ? dispatch<__nv_bfloat16>(*p, 0, s, why, why_size) : dispatch<__half>(*p, 0, s, why, why_size);
+}
+
+extern "C" attn_status attn_cuda_backward(const attn_cuda_params *p, int is_bf16, void *stream,
+                                          char *why, size_t why_size) {
+  DeviceGuard guard;
+  attn_status st = set_device(p, guard, why, why_size);
+  if (st != ATTN_STATUS_OK) return st;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int elem = is_bf16 ? ATTN_CUDA_ELEM_BF16 : ATTN_CUDA_ELEM_F16;
+  if (p->rows_q > 0) {
+    delta_kernel<<<grid_for(p->rows_q * p->heads_q, 8), 256, 0, s>>>(*p, elem);
+    ATTN_CUDA_CHECK(cudaGetLastError());
+  }
+  int64_t n_bias = p->bias_shape[0] * p->bias_shape[1] * p->bias_shape[2] * p->bias_shape[3];
+  if (p->dbias_accum != nullptr && n_bias > 0)
+    ATTN_CUDA_CHECK(cudaMemsetAsync(p->dbias_accum, 0, (size_t)n_bias * sizeof(float), s));
+  if (p->varlen != ATTN_CUDA_VARLEN_NONE) {
+    int64_t rq = p->varlen == ATTN_CUDA_VARLEN_PACKED ? p->total_q : (int64_t)p->batch * p->seqlen_q;
+    int64_t rk = p->varlen == ATTN_CUDA_VARLEN_PACKED ? p->total_k : (int64_t)p->batch * p->seqlen_k;
+    if (rq > 0) {
+      zero_outside_kernel<<<grid_for(rq, 1), 128, 0, s>>>(*p, static_cast<uint16_t *>(p->dq_out), p->dq_b, p->dq_r,
+                                                         p->dq_h, p->heads_q, p->d, 1, nullptr, 0, 0, 0);
+      ATTN_CUDA_CHECK(cudaGetLastError());
+    }
+    if (rk > 0) {
+      zero_outside_kernel<<<grid_for(rk, 1), 128, 0, s>>>(*p, static_cast<uint16_t *>(p->dk_out), p->dk_b, p->dk_r,
+                                                         p->dk_h, p->heads_kv, p->d, 0, nullptr, 0, 0, 0);
+      ATTN_CUDA_CHECK(cudaGetLastError());
+      zero_outside_kernel<<<grid_for(rk, 1), 128, 0, s>>>(*p, static_cast<uint16_t *>(p->dv_out), p->dv_b, p->dv_r,
+                                                         p->dv_h, p->heads_kv, p->dv, 0, nullptr, 0, 0, 0);
+      ATTN_CUDA_CHECK(cudaGetLastError());
+    }
+  }
+  if (p->seqlen_q > 0 || p->seqlen_k > 0) {
+    st = is_bf16 ? dispatch<__nv_bfloat16>(*p, 1, s, why, why_size) : dispatch<__half>(*p, 1, s, why, why_size);
+    if (st != ATTN_STATUS_OK) return st;
+  }
+  if (p->dbias != nullptr && n_bias > 0) {
+    dbias_convert_kernel<<<grid_for(n_bias, 256), 256, 0, s>>>(*p, n_bias);
+    ATTN_CUDA_CHECK(cudaGetLastError());
+  }
+  if (p->dsinks != nullptr) {
+    int blocks = p->sinks_shared ? p->num_sinks : p->heads_q * p->num_sinks;
+    dsinks_kernel<<<blocks, 256, 0, s>>>(*p, p->sinks_shared);
+    ATTN_CUDA_CHECK(cudaGetLastError());
+  }
+  return ATTN_STATUS_OK;
+}

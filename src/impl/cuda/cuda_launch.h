@@ -1,0 +1,43 @@
+/*
+ * src/impl/cuda/cuda_launch.h - the extern "C" launchers of the CUDA kernels, called by cuda.c.
+ *
+ * Plain C: no CUDA type appears; the stream is a cudaStream_t passed as void *. Each launcher
+ * returns ATTN_STATUS_OK or DEVICE_ERROR / UNSUPPORTED with the message (the failing CUDA call,
+ * its file and line) written into why.
+ */
+#ifndef ATTN_IMPL_CUDA_CUDA_LAUNCH_H
+#define ATTN_IMPL_CUDA_CUDA_LAUNCH_H
+
+#include "attn.h"
+#include "impl/cuda/cuda_params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The head dimension the kernels are compiled for that serves max(D, Dv): 32, 64, 96, 128, 192 or
+ * 256; 0 when none does. */
+int attn_cuda_kernel_dim(int d, int dv);
+
+/* Compute capability (major * 10 + minor) and the opt-in shared memory per block of device
+ * `index`; DEVICE_ERROR or UNSUPPORTED with the reason when there is no usable device. */
+attn_status attn_cuda_device_info(int index, int *cc, size_t *smem_optin, char *why,
+                                  size_t why_size);
+
+/* Dynamic shared memory the kernels of a pass need at a kernel head dimension. */
+size_t attn_cuda_smem_bytes(int kernel_dim, int backward);
+
+/* The forward pass: out, lse. is_bf16 selects bf16 (else f16) inputs. */
+attn_status attn_cuda_forward(const attn_cuda_params *p, int is_bf16, void *stream, char *why,
+                              size_t why_size);
+
+/* The backward pass: dq, dk, dv (and dbias, dsinks when asked); uses p->delta and p->dbias_accum
+ * in the caller's workspace. */
+attn_status attn_cuda_backward(const attn_cuda_params *p, int is_bf16, void *stream, char *why,
+                               size_t why_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATTN_IMPL_CUDA_CUDA_LAUNCH_H */

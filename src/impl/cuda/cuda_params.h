@@ -1,0 +1,80 @@
+/*
+ * src/impl/cuda/cuda_params.h - the one struct the CUDA kernels read: raw device pointers, strides in
+ * elements, sizes and feature switches of one forward or backward run (FlashAttention's params).
+ *
+ * Plain C, shared by cuda.c (which fills it from an attn_run) and the .cu files (which read it), so
+ * no template and no CUDA type crosses the boundary. Token tensors are addressed as
+ *   base + b * <t>_b + (row0 + i) * <t>_r + head * <t>_h + d
+ * where row0 is the sequence's first row (packed varlen; 0 otherwise) and <t>_b is 0 when packed.
+ * Every stride of a broadcast dimension (size 1) is set to 0 by the host.
+ */
+#ifndef ATTN_IMPL_CUDA_CUDA_PARAMS_H
+#define ATTN_IMPL_CUDA_CUDA_PARAMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { ATTN_CUDA_VARLEN_NONE = 0, ATTN_CUDA_VARLEN_PACKED = 1, ATTN_CUDA_VARLEN_PADDED = 2 };
+enum { ATTN_CUDA_ELEM_F32 = 0, ATTN_CUDA_ELEM_F16 = 1, ATTN_CUDA_ELEM_BF16 = 2 };
+
+typedef struct attn_cuda_params {
+  /* token tensors: q [.., Hq, D], k [.., Hkv, D], v [.., Hkv, Dv], out / dout [.., Hq, Dv] */
+  const void *q, *k, *v;
+  void *out;
+  const void *dout;
+  void *dq_out, *dk_out, *dv_out; /* gradients */
+  int64_t q_b, q_r, q_h, k_b, k_r, k_h, v_b, v_r, v_h, o_b, o_r, o_h;
+  int64_t do_b, do_r, do_h, dq_b, dq_r, dq_h, dk_b, dk_r, dk_h, dv_b, dv_r, dv_h;
+  /* lse [B, Hq, Tq] (packed: [Hq, total_q]); f32. NULL in a forward that does not ask for it. */
+  float *lse;
+  int64_t lse_b, lse_h, lse_r;
+
+  /* optional inputs; strides of broadcast dims are 0 */
+  const void *bias; /* [B|1, Hq|Hkv|1, Tq|1, Tk|1] of bias_elem */
+  int64_t bias_s[4];
+  int32_t bias_elem;
+  int32_t bias_head_mode; /* 0: broadcast, 1: per query head, 2: per KV head */
+  const uint8_t *mask;    /* [B|1, Hq|1, Tq|1, Tk|1] */
+  int64_t mask_s[4];
+  const float *alibi; /* [Hq] or [B, Hq] */
+  int64_t alibi_b, alibi_h;
+  const float *sinks; /* [Hq, S] or [S] */
+  int64_t sinks_h, sinks_t;
+  int32_t num_sinks;
+  int32_t sinks_shared; /* 1: one [S] for every head (sinks_h = 0) */
+  const int32_t *q_seg, *kv_seg; /* [B, Tq], [B, Tk] */
+  int64_t qseg_b, qseg_r, kseg_b, kseg_r;
+
+  /* varlen lengths, on the device */
+  int32_t varlen; /* ATTN_CUDA_VARLEN_* */
+  const int32_t *cu_q, *cu_k;           /* packed */
+  const int32_t *seqlens_q, *seqlens_k; /* padded */
+  int64_t total_q, total_k;             /* packed: rows of the tensors */
+
+  /* sizes */
+  int32_t device_index; /* the GPU the tensors live on */
+  int32_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, group, d, dv;
+
+  /* the function */
+  float scale;   /* softmax scale */
+  float softcap; /* 0 = off */
+  int32_t window_left, window_right; /* -1 = unbounded; causal already folded into right = 0 */
+  int32_t align_bottom_right;
+  float dropout_p;
+  uint32_t drop_threshold;
+  float keep_scale; /* 1 / (1 - p) */
+  uint64_t seed;
+  int32_t elementwise; /* any of bias, mask, alibi, softcap, segment ids: per-element work */
+
+  /* backward outputs and workspace */
+  void *dbias;          /* like bias, bias_elem; NULL = not asked */
+  int64_t dbias_s[4];   /* its strides (no broadcast: the full bias_shape) */
+  int64_t bias_shape[4];
+  float *dbias_accum;   /* workspace: dense f32 of bias_shape */
+  float *dsinks;        /* f32 like sinks; NULL = not asked */
+  int64_t dsinks_h, dsinks_t;
+  float *delta;         /* workspace: [Hq, rows_q] f32, rows_q = B * Tq or total_q */
+  int64_t rows_q;
+} attn_cuda_params;
+
+#endif /* ATTN_IMPL_CUDA_CUDA_PARAMS_H */
