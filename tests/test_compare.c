@@ -3,8 +3,9 @@
  * f64 reference over a grid of problems: odd sizes (1, 3, 17, 63, 65, 127, 129, 1000) that divide no
  * tile size, every feature of SPEC.md alone and combined, strided (permuted, padded, non-unit last
  * dim) inputs and outputs, f32/f16/bf16, forward (out, lse) and backward (dq, dk, dv, dbias,
- * dsinks). The "cpu" implementation runs once per instruction-set path (ATTN_CPU_ISA unset, avx2,
- * generic; a path above the machine's is lowered to what it runs) and on 1 and 2 threads.
+ * dsinks). The "cpu" implementation runs once per instruction-set path (ATTN_CPU_ISA unset: the
+ * best, which for bf16 is the bf16 dot-product kernel; avx512, avx2, generic; a path above the
+ * machine's is lowered to what it runs) and on 1 and 2 threads.
  *
  * Tolerance (SPEC.md "Testing"): f32: max|a - r| <= 1e-4 * max(1, max|r|); f16/bf16 (inputs rounded
  * to the dtype, the same values fed to the reference): err <= 2 * err(naive) + 1e-3 * max|r|, 3x
@@ -530,8 +531,8 @@ int main(int argc, char **argv) {
         continue;
       }
       /* the cpu implementation: each instruction-set path, and 1 and 2 threads */
-      static const char *isas[] = {NULL, "avx2", "generic"};
-      int n_variants = strcmp(impl, "cpu") == 0 ? 3 : 1;
+      static const char *isas[] = {NULL, "avx512", "avx2", "generic"};
+      int n_variants = strcmp(impl, "cpu") == 0 ? 4 : 1;
       for (int v = 0; v < n_variants; ++v) {
         if (n_variants > 1) {
           if (isas[v] == NULL) {
@@ -541,7 +542,7 @@ int main(int argc, char **argv) {
             setenv("ATTN_CPU_ISA", isas[v], 1);
           }
         }
-        int threads = v == 1 ? 1 : 2;
+        int threads = v == 2 ? 1 : 2;
         attn_ctx_set_num_threads(ctx, threads);
         result got = run_impl(ctx, &c->p, &d, impl, c->strided, ATTN_DTYPE_F64);
         char variant[64];

@@ -134,7 +134,7 @@ static int role_used(const hcase *c, int o) {
 /* dtype of an input of the case when run in `dtype` (F64 for the exact reference). */
 static attn_dtype in_dtype(const hcase *c, int r, attn_dtype dtype) {
   switch (r) {
-  case R_BIAS: return (attn_dtype)c->p.bias_dtype;
+  case R_BIAS: return dtype == ATTN_DTYPE_F64 ? ATTN_DTYPE_F64 : (attn_dtype)c->p.bias_dtype;
   case R_MASK: return ATTN_DTYPE_U8;
   case R_QSEG:
   case R_KSEG: return ATTN_DTYPE_I32;
@@ -158,6 +158,7 @@ static int run_ref(const hcase *c, attn_dtype dtype, int round, results *r) {
   attn_problem p = c->p;
   p.device = ATTN_DEVICE_CPU;
   p.dtype = dtype;
+  if (p.has_bias) p.bias_dtype = in_dtype(c, R_BIAS, dtype); /* dbias of the f64 run is f64 */
   tu_buf in[R_NIN];
   attn_tensor t[R_NIN];
   for (int i = 0; i < R_NIN; ++i) {

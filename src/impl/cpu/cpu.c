@@ -63,7 +63,7 @@ static int max_threads(void) {
 
 /* The best kernel table this machine runs, lowered by ATTN_CPU_ISA=generic|avx2|avx512 (a debug and
  * test switch: it never raises the choice above what cpuid reports). Read per plan. */
-static const attn_cpu_kernels *select_kernels(void) {
+static const attn_cpu_kernels *select_kernels(attn_dtype dtype) {
   const attn_cpu_kernels *best = &attn_cpu_kernels_generic;
 #ifdef ATTN_CPU_X86
   __builtin_cpu_init();
@@ -71,14 +71,21 @@ static const attn_cpu_kernels *select_kernels(void) {
   int has_avx512 = has_avx2 && __builtin_cpu_supports("avx512f") &&
                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                    __builtin_cpu_supports("avx512dq");
-  if (has_avx512) best = &attn_cpu_kernels_avx512;
+  int has_bf16 = has_avx512 && __builtin_cpu_supports("avx512bf16");
+  if (has_bf16 && dtype == ATTN_DTYPE_BF16) best = &attn_cpu_kernels_avx512bf16;
+  else if (has_avx512) best = &attn_cpu_kernels_avx512;
   else if (has_avx2) best = &attn_cpu_kernels_avx2;
   const char *force = getenv("ATTN_CPU_ISA");
   if (force != NULL) {
+    int rank = best == &attn_cpu_kernels_avx512bf16 ? 3 : best == &attn_cpu_kernels_avx512 ? 2
+             : best == &attn_cpu_kernels_avx2       ? 1
+                                                     : 0;
     if (strcmp(force, "generic") == 0) best = &attn_cpu_kernels_generic;
-    else if (strcmp(force, "avx2") == 0 && best == &attn_cpu_kernels_avx512)
-      best = &attn_cpu_kernels_avx2;
+    else if (strcmp(force, "avx2") == 0 && rank > 1) best = &attn_cpu_kernels_avx2;
+    else if (strcmp(force, "avx512") == 0 && rank > 2) best = &attn_cpu_kernels_avx512;
   }
+#else
+  (void)dtype;
 #endif
   return best;
 }
@@ -116,7 +123,8 @@ static cpu_run make_cpu_run(const attn_run *run) {
   c.run = run;
   c.p = p;
   c.in = run->inputs;
-  c.kern = run->state != NULL ? (const attn_cpu_kernels *)run->state : select_kernels();
+  c.kern = run->state != NULL ? (const attn_cpu_kernels *)run->state
+                                : select_kernels((attn_dtype)p->dtype);
   c.dt = (attn_dtype)p->dtype;
   c.packed = p->varlen == ATTN_VARLEN_PACKED;
   c.B = p->batch, c.Hq = p->heads_q, c.Hkv = p->heads_kv, c.group = p->heads_q / p->heads_kv;
@@ -376,13 +384,22 @@ typedef struct bwd_layout {
   int64_t per_thread_dbias; /* a private dbias accumulator (bias broadcast over keys) */
 } bwd_layout;
 
+/* Floats of gemm scratch per thread: the largest product either pass makes. */
+static int64_t gemm_scratch_floats(const attn_problem *p, int64_t bq, int64_t bk) {
+  const int64_t Dp = round_up(p->head_dim, ATTN_CPU_NPAD), Dvp = round_up(p->head_dim_v, ATTN_CPU_NPAD);
+  const int64_t m = max64(bq, bk), n = max64(bk, max64(Dp, Dvp));
+  const int64_t k = max64(max64(p->head_dim, p->head_dim_v), max64(bk, bq));
+  return round_up((int64_t)(ATTN_CPU_GEMM_SCRATCH(m, n, k) / sizeof(float)) + 1, 16);
+}
+
 static fwd_layout fwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
   const int64_t D = p->head_dim, Dvp = round_up(p->head_dim_v, ATTN_CPU_NPAD);
   const int64_t Dp = round_up(D, ATTN_CPU_NPAD);
   const int64_t nkb = (p->seqlen_k + bk - 1) / bk;
   fwd_layout l;
   l.slot = round_up(nkb * bk * D, 16) + round_up(nkb * bk * Dvp, 16);
-  l.per_thread = round_up(bq * Dp, 16) + round_up(bq * bk, 16) + round_up(bq * Dvp, 16) + 2 * round_up(bq, 16);
+  l.per_thread = round_up(bq * Dp, 16) + round_up(bq * bk, 16) + round_up(bq * Dvp, 16) +
+                 2 * round_up(bq, 16) + gemm_scratch_floats(p, bq, bk);
   return l;
 }
 
@@ -398,7 +415,7 @@ static bwd_layout bwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
   int64_t tiles = 2 + (p->dropout_p > 0.0) + (p->softcap > 0.0);
   l.per_thread_fixed = round_up(bk * Dp, 16) * 2 + round_up(D * bk, 16) + round_up(Dv * bk, 16) +
                        round_up(bk * Dvp, 16) + round_up(bq * Dp, 16) + round_up(bq * Dvp, 16) +
-                       tiles * round_up(bq * bk, 16);
+                       tiles * round_up(bq * bk, 16) + gemm_scratch_floats(p, bq, bk);
   l.per_thread_pair = round_up(group * p->seqlen_q * Dp, 16);
   l.per_thread_dbias = private_dbias ? round_up(nbias, 16) : 0;
   return l;
@@ -510,6 +527,7 @@ static void pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float 
 
 typedef struct fwd_thread {
   float *q, *s, *o, *m, *l;
+  void *scratch; /* gemm's */
 } fwd_thread;
 
 static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t qb,
@@ -542,7 +560,7 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
     const int64_t nkp = round_up(nk, ATTN_CPU_NPAD);
     const float *kt = kt_all + kb * c->D * bk;
     const float *v = v_all + kb * bk * c->Dvp;
-    k->gemm(rows, nkp, c->D, t->q, c->Dp, 0, kt, bk, t->s, bk, 0);
+    k->gemm(rows, nkp, c->D, t->q, c->Dp, 0, kt, bk, t->s, bk, 0, t->scratch);
     apply_masks(c, s, h, i0, rows, j0, nk, t->s, bk, NULL);
     for (int64_t r = 0; r < rows; ++r) {
       float *x = t->s + r * bk;
@@ -565,7 +583,7 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
         }
       }
     }
-    k->gemm(rows, c->Dvp, nk, t->s, bk, 0, v, c->Dvp, t->o, c->Dvp, 1);
+    k->gemm_exact(rows, c->Dvp, nk, t->s, bk, 0, v, c->Dvp, t->o, c->Dvp, 1, t->scratch);
   }
 
   const int64_t ods = token_dstride(c, &out->out);
@@ -609,6 +627,7 @@ static attn_status cpu_forward(const attn_run *run) {
     t.o = t.s + round_up(c.bq * c.bk, 16);
     t.m = t.o + round_up(c.bq * c.Dvp, 16);
     t.l = t.m + round_up(c.bq, 16);
+    t.scratch = t.l + round_up(c.bq, 16);
     for (int64_t ph = 0; ph < nphases; ++ph) {
       const int64_t pair0 = ph * c.chunk, npair = min64(c.chunk, c.npairs - pair0);
       const int64_t npack = npair * c.nkb;
@@ -644,6 +663,7 @@ static attn_status cpu_forward(const attn_run *run) {
 
 typedef struct bwd_thread {
   float *kr, *kt, *vt, *dk, *dv, *q, *dout, *sp, *dp, *pd, *dc, *dq, *dbias;
+  void *scratch; /* gemm's */
 } bwd_thread;
 
 typedef struct bwd_shared {
@@ -709,9 +729,9 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
         load_vec(c->run->dout->data, c->dt, token_off(c, c->run->dout, s->b, row, h), dods, c->Dv,
                  1.0f, t->dout + r * c->Dvp);
       }
-      k->gemm(rows, nkp, c->D, t->q, c->Dp, 0, t->kt, bk, t->sp, bk, 0);
+      k->gemm(rows, nkp, c->D, t->q, c->Dp, 0, t->kt, bk, t->sp, bk, 0, t->scratch);
       apply_masks(c, s, h, i0, rows, j0, nk, t->sp, bk, t->dc);
-      k->gemm(rows, nkp, c->Dv, t->dout, c->Dvp, 0, t->vt, bk, t->dp, bk, 0);
+      k->gemm(rows, nkp, c->Dv, t->dout, c->Dvp, 0, t->vt, bk, t->dp, bk, 0, t->scratch);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
         float *pr_ = t->sp + r * bk, *dp = t->dp + r * bk;
@@ -744,9 +764,9 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
           for (int64_t jj = 0; jj < nk; ++jj) dbias[at + (j0 + jj) * js] += dp[jj];
         }
       }
-      k->gemm(nk, c->Dvp, rows, c->dropout ? t->pd : t->sp, bk, 1, t->dout, c->Dvp, t->dv, c->Dvp, 1);
-      k->gemm(nk, c->Dp, rows, t->dp, bk, 1, t->q, c->Dp, t->dk, c->Dp, 1);
-      k->gemm(rows, c->Dp, nk, t->dp, bk, 0, t->kr, c->Dp, dq + i0 * c->Dp, c->Dp, 1);
+      k->gemm(nk, c->Dvp, rows, c->dropout ? t->pd : t->sp, bk, 1, t->dout, c->Dvp, t->dv, c->Dvp, 1, t->scratch);
+      k->gemm(nk, c->Dp, rows, t->dp, bk, 1, t->q, c->Dp, t->dk, c->Dp, 1, t->scratch);
+      k->gemm(rows, c->Dp, nk, t->dp, bk, 0, t->kr, c->Dp, dq + i0 * c->Dp, c->Dp, 1, t->scratch);
     }
   }
 
@@ -881,6 +901,7 @@ static attn_status cpu_backward(const attn_run *run) {
     t.pd = NULL, t.dc = NULL;
     if (c.dropout) t.pd = next, next += round_up(c.bq * c.bk, 16);
     if (c.softcap > 0.0f) t.dc = next, next += round_up(c.bq * c.bk, 16);
+    t.scratch = next;
     t.dq = tb + lay.per_thread_fixed;
     t.dbias = private_dbias ? t.dq + chunk * lay.per_thread_pair : NULL;
     /* Padding columns of the tiles stay zero: loads only write the first D (Dv) of each row. */
@@ -1007,8 +1028,8 @@ static int32_t cpu_default_config(const attn_problem *p) {
 
 static attn_status cpu_plan_init(const attn_problem *p, int32_t config, void **state, char *why,
                                  size_t why_size) {
-  (void)p, (void)config, (void)why, (void)why_size;
-  *state = (void *)select_kernels();
+  (void)config, (void)why, (void)why_size;
+  *state = (void *)select_kernels((attn_dtype)p->dtype);
   return ATTN_STATUS_OK;
 }
 
@@ -1029,4 +1050,4 @@ const attn_impl attn_cpu_impl = {
     .backward = cpu_backward,
 };
 
-const char *attn_cpu_isa_name(void) { return select_kernels()->name; }
+const char *attn_cpu_isa_name(int dtype) { return select_kernels((attn_dtype)dtype)->name; }

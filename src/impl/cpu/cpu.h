@@ -14,13 +14,24 @@
 /* Column counts handed to gemm are multiples of this; packed tiles pad their rows to it. */
 #define ATTN_CPU_NPAD 16
 
+/* Bytes of gemm scratch for an m x n x k product: both operands as bf16 pairs along k. */
+#define ATTN_CPU_GEMM_SCRATCH(m, n, k) ((size_t)(2 * (((k) + 1) / 2) * (((m) + 15) / 16 * 16 + (n))) * 2 + 256)
+
 typedef struct attn_cpu_kernels {
   const char *name; /* "generic", "avx2", "avx512" */
-  /* C[m x n] = (accumulate ? C : 0) + A B in f32, where A(r, k) = a[r * lda + k] (trans_a = 0) or
-   * a[k * lda + r] (trans_a = 1), B is row-major [k x n] with row stride ldb, C row-major with row
-   * stride ldc. n is a multiple of ATTN_CPU_NPAD; every row of B and C holds n readable floats. */
+  /* C[m x n] = (accumulate ? C : 0) + A B with f32 accumulation, where A(r, k) = a[r * lda + k]
+   * (trans_a = 0) or a[k * lda + r] (trans_a = 1), B is row-major [k x n] with row stride ldb, C
+   * row-major with row stride ldc. n is a multiple of ATTN_CPU_NPAD; every row of B and C holds n
+   * readable floats. scratch: ATTN_CPU_GEMM_SCRATCH(m, n, k) bytes, 64-byte aligned, for kernels
+   * that repack their operands (the bf16 one); the f32 kernels ignore it. */
   void (*gemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
-               const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate);
+               const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate, void *scratch);
+  /* The same product with f32 operands, never rounded (= gemm except in the bf16 table): the
+   * forward pass's P V uses it, so out (and through Delta = dout . out, dsinks) keeps f32
+   * probabilities; rounding P there costs accuracy the bf16 tolerance of dsinks does not allow. */
+  void (*gemm_exact)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
+                     const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
+                     void *scratch);
   /* max of x[0..n), -inf when n = 0 or every element is -inf. */
   float (*row_max)(const float *x, int64_t n);
   /* x[j] = exp(x[j] - m) for j < n (exactly 0 where x[j] = -inf), returning their sum. m finite. */
@@ -36,10 +47,22 @@ extern const attn_cpu_kernels attn_cpu_kernels_generic;
 #define ATTN_CPU_X86 1
 extern const attn_cpu_kernels attn_cpu_kernels_avx2;
 extern const attn_cpu_kernels attn_cpu_kernels_avx512;
+/* AVX-512 with bf16 dot products: for bf16 problems only. Its gemm rounds both operands to bf16
+ * (exact for bf16 inputs; P, dS and the scaled q are rounded, as FlashAttention does) and
+ * accumulates pairs of products in f32 with vdpbf16ps, twice the f32 FMA rate. */
+extern const attn_cpu_kernels attn_cpu_kernels_avx512bf16;
+/* The AVX-512 kernels shared by both AVX-512 tables. */
+void attn_cpu_gemm_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
+                          const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
+                          void *scratch);
+float attn_cpu_row_max_avx512(const float *x, int64_t n);
+float attn_cpu_exp_sum_avx512(float *x, int64_t n, float m);
+void attn_cpu_scale_avx512(float *x, int64_t n, float s);
+void attn_cpu_ds_row_avx512(float *dp, const float *p, int64_t n, float delta);
 #endif
 
 /* The kernel table a new plan of "cpu" would use now ("generic", "avx2", "avx512"): cpuid lowered
  * by ATTN_CPU_ISA. For benchmarks that report which path ran. */
-const char *attn_cpu_isa_name(void);
+const char *attn_cpu_isa_name(int dtype);
 
 #endif /* ATTN_IMPL_CPU_CPU_H */

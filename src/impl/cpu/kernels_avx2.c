@@ -48,7 +48,9 @@ ALWAYS_INLINE void tile(const int R, const int TRANS, int64_t k, const float *a,
     break;
 
 static void gemm_avx2(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
-                      const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate) {
+                      const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
+                        void *scratch) {
+  (void)scratch;
   for (int64_t j = 0; j < n; j += 16) {
     for (int64_t i = 0; i < m; i += MR) {
       const int rows = (int)(m - i < MR ? m - i : MR);
@@ -160,6 +162,7 @@ static void ds_row_avx2(float *dp, const float *p, int64_t n, float delta) {
 const attn_cpu_kernels attn_cpu_kernels_avx2 = {
     .name = "avx2",
     .gemm = gemm_avx2,
+    .gemm_exact = gemm_avx2,
     .row_max = row_max_avx2,
     .exp_sum = exp_sum_avx2,
     .scale = scale_avx2,

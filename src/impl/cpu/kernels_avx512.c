@@ -69,8 +69,10 @@ static void tile_any(int rows, int nv, int trans, int64_t k, const float *a, int
   }
 }
 
-static void gemm_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
-                        const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate) {
+void attn_cpu_gemm_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
+                        const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
+                        void *scratch) {
+  (void)scratch;
   for (int64_t j = 0; j < n; j += 32) {
     const int nv = n - j >= 32 ? 2 : 1;
     for (int64_t i = 0; i < m; i += MR) {
@@ -100,7 +102,7 @@ ALWAYS_INLINE __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-static float row_max_avx512(const float *x, int64_t n) {
+float attn_cpu_row_max_avx512(const float *x, int64_t n) {
   __m512 m = _mm512_set1_ps(-INFINITY);
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + j));
@@ -111,7 +113,7 @@ static float row_max_avx512(const float *x, int64_t n) {
   return _mm512_reduce_max_ps(m);
 }
 
-static float exp_sum_avx512(float *x, int64_t n, float m) {
+float attn_cpu_exp_sum_avx512(float *x, int64_t n, float m) {
   const __m512 mv = _mm512_set1_ps(m);
   __m512 s = _mm512_setzero_ps();
   int64_t j = 0;
@@ -129,14 +131,14 @@ static float exp_sum_avx512(float *x, int64_t n, float m) {
   return _mm512_reduce_add_ps(s);
 }
 
-static void scale_avx512(float *x, int64_t n, float s) {
+void attn_cpu_scale_avx512(float *x, int64_t n, float s) {
   const __m512 sv = _mm512_set1_ps(s);
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) _mm512_storeu_ps(x + j, _mm512_mul_ps(_mm512_loadu_ps(x + j), sv));
   for (; j < n; ++j) x[j] *= s;
 }
 
-static void ds_row_avx512(float *dp, const float *p, int64_t n, float delta) {
+void attn_cpu_ds_row_avx512(float *dp, const float *p, int64_t n, float delta) {
   const __m512 dv = _mm512_set1_ps(delta);
   int64_t j = 0;
   for (; j + 16 <= n; j += 16)
@@ -147,9 +149,10 @@ static void ds_row_avx512(float *dp, const float *p, int64_t n, float delta) {
 
 const attn_cpu_kernels attn_cpu_kernels_avx512 = {
     .name = "avx512",
-    .gemm = gemm_avx512,
-    .row_max = row_max_avx512,
-    .exp_sum = exp_sum_avx512,
-    .scale = scale_avx512,
-    .ds_row = ds_row_avx512,
+    .gemm = attn_cpu_gemm_avx512,
+    .gemm_exact = attn_cpu_gemm_avx512,
+    .row_max = attn_cpu_row_max_avx512,
+    .exp_sum = attn_cpu_exp_sum_avx512,
+    .scale = attn_cpu_scale_avx512,
+    .ds_row = attn_cpu_ds_row_avx512,
 };

@@ -8,7 +8,9 @@
 #include <math.h>
 
 static void gemm_generic(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
-                         const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate) {
+                         const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
+                        void *scratch) {
+  (void)scratch;
   for (int64_t r = 0; r < m; ++r) {
     float *cr = c + r * ldc;
     if (!accumulate)
@@ -47,6 +49,7 @@ static void ds_row_generic(float *dp, const float *p, int64_t n, float delta) {
 const attn_cpu_kernels attn_cpu_kernels_generic = {
     .name = "generic",
     .gemm = gemm_generic,
+    .gemm_exact = gemm_generic,
     .row_max = row_max_generic,
     .exp_sum = exp_sum_generic,
     .scale = scale_generic,

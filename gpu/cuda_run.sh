@@ -1,0 +1,48 @@
+#!/bin/bash
+# gpu/cuda_run.sh - on a machine with an NVIDIA GPU, in one invocation: build libattn with its CUDA
+# implementation, run the GPU test (grid against the reference, golden cases), compute-sanitizer
+# (memcheck and racecheck) on the quick suite, and the benchmark against PyTorch's SDPA backends.
+#
+# usage: gpu/cuda_run.sh [source folder] [golden folder]
+#   source: the tree to build (default: this checkout); golden: the golden cases (default
+#   ../shared/golden, else .golden). Logs go to $OUT (default /tmp/cuda_out); the last lines
+#   printed are the summary and the benchmark table.
+set -o pipefail
+SRC=${1:-.}
+GOLDEN=${2:-}
+[ -z "$GOLDEN" ] && { [ -d ../shared/golden ] && GOLDEN=$(cd ../shared/golden && pwd) || GOLDEN=$PWD/.golden; }
+OUT=${OUT:-/tmp/cuda_out}
+mkdir -p "$OUT"
+BUILD=$PWD/build-gpu
+CUDA=$(dirname "$(dirname "$(command -v nvcc)")")
+nvidia-smi -L | tee "$OUT/env.txt"
+nvcc --version | tail -1 | tee -a "$OUT/env.txt"
+
+t0=$(date +%s)
+cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DATTN_WITH_CUDA=ON -DATTN_WITH_CUDNN=OFF \
+  -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCH=OFF >"$OUT/build.log" 2>&1 &&
+  cmake --build "$BUILD" -j16 --target test_cuda >>"$OUT/build.log" 2>&1 ||
+  { tail -40 "$OUT/build.log"; exit 1; }
+gcc -O2 -std=c11 -I"$SRC/include" -I"$CUDA/include" "$SRC/gpu/cuda_bench.c" "$BUILD/libattn.a" \
+  -L"$CUDA/lib64" -lcudart -lgomp -lm -o "$BUILD/cuda_bench" >>"$OUT/build.log" 2>&1 ||
+  { tail -20 "$OUT/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s; spills: $(grep -c 'spilled' "$OUT/build.log")"
+
+t0=$(date +%s)
+"$BUILD/tests/test_cuda" "$GOLDEN" >"$OUT/test.log" 2>&1
+echo "test_cuda rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/test.log")"
+grep -E "^FAIL" "$OUT/test.log" | head -40
+
+if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
+  t0=$(date +%s)
+  for tool in memcheck racecheck; do
+    ATTN_CUDA_QUICK=1 ATTN_TEST_SEED=1 timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 \
+      "$BUILD/tests/test_cuda" >"$OUT/sanitizer_$tool.log" 2>&1
+    echo "compute-sanitizer $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
+  done
+  echo "sanitizer: $(( $(date +%s) - t0 )) s"
+fi
+
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  PYTHONUNBUFFERED=1 python3 "$SRC/gpu/cuda_bench.py" "$BUILD/cuda_bench" "${BENCH_REPS:-20}" 2>&1 | tee "$OUT/bench.md"
+fi

@@ -1,0 +1,151 @@
+/*
+ * src/impl/cpu/kernels_avx512bf16.c - the gemm of bf16 problems on AVX-512 machines with the BF16
+ * extension (Zen 4, Cooper Lake, Sapphire Rapids). Compiled with -mavx512f -mavx512bw -mavx512vl
+ * -mavx512dq -mavx512bf16 -mfma; chosen by cpu.c only for bf16 problems and only after cpuid said
+ * the machine has it (ATTN_CPU_ISA=avx512 or lower forces the exact f32 kernels instead).
+ *
+ * vdpbf16ps multiplies pairs of bf16 and adds both products to an f32 lane: 32 multiply-adds per
+ * instruction, twice vfmadd231ps. The operands arrive as f32 tiles (the driver is shared with the
+ * f32 path) and are rounded to bf16 and interleaved in pairs along k into the scratch first:
+ * B as [k/2][n][2], A as [m][k] (pairs are then adjacent) or, transposed, as [k/2][m][2]. Repacking
+ * costs O(mk + kn) against the product's O(mkn): about a tenth at the driver's tile sizes.
+ * Rounding is exact for the bf16 inputs (q, k, v, dout); it rounds P, dS and s * q, as
+ * FlashAttention's bf16 kernels do; every sum stays in f32.
+ */
+#include "impl/cpu/cpu.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#define MR 8
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* 16 floats of r0 and r1 (masked), rounded to bf16 and interleaved: r0[0], r1[0], r0[1], ... */
+ALWAYS_INLINE __m512i pair16(const float *r0, const float *r1, __mmask16 mask) {
+  const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                       39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  __m256i a = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, r0));
+  __m256i b = r1 != NULL ? (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, r1))
+                         : _mm256_setzero_si256();
+  return _mm512_permutex2var_epi16(_mm512_castsi256_si512(a), idx, _mm512_castsi256_si512(b));
+}
+
+/* out[p][c][t] = bf16(src[(2p + t) * ld + c]) for p < ceil(k / 2), c < ncols_pad (a multiple of
+ * 16; columns past ncols and the row past k are zero). */
+static void pack_pairs(const float *src, int64_t ld, int64_t k, int64_t ncols, int64_t ncols_pad,
+                       uint16_t *out) {
+  const int64_t kp = (k + 1) / 2;
+  for (int64_t p = 0; p < kp; ++p) {
+    const float *r0 = src + 2 * p * ld;
+    const float *r1 = 2 * p + 1 < k ? r0 + ld : NULL;
+    uint16_t *o = out + p * ncols_pad * 2;
+    for (int64_t c = 0; c < ncols_pad; c += 16) {
+      const int64_t left = ncols - c;
+      const __mmask16 mask = left >= 16 ? (__mmask16)0xffff
+                             : left <= 0 ? (__mmask16)0
+                                         : (__mmask16)((1u << left) - 1u);
+      _mm512_storeu_si512((void *)(o + 2 * c), pair16(r0 + c, r1 != NULL ? r1 + c : NULL, mask));
+    }
+  }
+}
+
+/* out[r][kk] = bf16(src[r * ld + kk]) for kk < 2 * ceil(k / 2) (the odd pad is zero). */
+static void pack_rows(const float *src, int64_t ld, int64_t m, int64_t k, uint16_t *out) {
+  const int64_t k2 = (k + 1) / 2 * 2;
+  for (int64_t r = 0; r < m; ++r) {
+    const float *s = src + r * ld;
+    uint16_t *o = out + r * k2;
+    for (int64_t c = 0; c < k2; c += 16) {
+      const int64_t left = k - c;
+      const __mmask16 mask = left >= 16 ? (__mmask16)0xffff
+                             : left <= 0 ? (__mmask16)0
+                                         : (__mmask16)((1u << left) - 1u);
+      const int64_t room = k2 - c >= 16 ? 16 : k2 - c;
+      __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, s + c));
+      _mm256_mask_storeu_epi16(o + c, (__mmask16)((1u << room) - 1u), v);
+    }
+  }
+}
+
+/* R rows x 16 * NV columns of C += A B over kp pairs. A's pair p of row r is the 32-bit word
+ * a[r * ars + p * aps]; B's pair row p starts at b + p * ldb (uint16). */
+ALWAYS_INLINE void tile(const int R, const int NV, int64_t kp, const uint32_t *a, int64_t ars,
+                        int64_t aps, const uint16_t *b, int64_t ldb, float *c, int64_t ldc, int acc) {
+  __m512 c0[MR], c1[MR];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    c0[r] = acc ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();
+    c1[r] = (NV > 1 && acc) ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();
+  }
+  for (int64_t p = 0; p < kp; ++p) {
+    const uint16_t *bp = b + p * ldb;
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)bp);
+    const __m512bh b1 = NV > 1 ? (__m512bh)_mm512_loadu_si512((const void *)(bp + 32)) : b0;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[r * ars + p * aps]);
+      c0[r] = _mm512_dpbf16_ps(c0[r], av, b0);
+      if (NV > 1) c1[r] = _mm512_dpbf16_ps(c1[r], av, b1);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(c + r * ldc, c0[r]);
+    if (NV > 1) _mm512_storeu_ps(c + r * ldc + 16, c1[r]);
+  }
+}
+
+#define TILE_CASE(R)                                                                               \
+  case R:                                                                                          \
+    if (nv == 2) tile(R, 2, kp, ai, ars, aps, bj, ldb, cij, ldc, accumulate);                      \
+    else tile(R, 1, kp, ai, ars, aps, bj, ldb, cij, ldc, accumulate);                              \
+    break;
+
+static void gemm_avx512bf16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                            int trans_a, const float *b, int64_t ldb_f, float *c, int64_t ldc,
+                            int accumulate, void *scratch) {
+  const int64_t kp = (k + 1) / 2, mpad = (m + 15) / 16 * 16;
+  uint16_t *bp = (uint16_t *)scratch;
+  uint16_t *ap = bp + kp * n * 2;
+  pack_pairs(b, ldb_f, k, n, n, bp);
+  int64_t ars, aps;
+  if (trans_a) {
+    pack_pairs(a, lda, k, m, mpad, ap); /* word (r, p) at p * mpad + r */
+    ars = 1, aps = mpad;
+  } else {
+    pack_rows(a, lda, m, k, ap); /* word (r, p) at r * kp + p */
+    ars = kp, aps = 1;
+  }
+  const int64_t ldb = n * 2;
+  for (int64_t j = 0; j < n; j += 32) {
+    const int nv = n - j >= 32 ? 2 : 1;
+    for (int64_t i = 0; i < m; i += MR) {
+      const int rows = (int)(m - i < MR ? m - i : MR);
+      const uint32_t *ai = (const uint32_t *)ap + i * ars;
+      const uint16_t *bj = bp + 2 * j;
+      float *cij = c + i * ldc + j;
+      switch (rows) {
+        TILE_CASE(1)
+        TILE_CASE(2)
+        TILE_CASE(3)
+        TILE_CASE(4)
+        TILE_CASE(5)
+        TILE_CASE(6)
+        TILE_CASE(7)
+        TILE_CASE(8)
+      default: break;
+      }
+    }
+  }
+}
+
+const attn_cpu_kernels attn_cpu_kernels_avx512bf16 = {
+    .name = "avx512bf16",
+    .gemm = gemm_avx512bf16,
+    .gemm_exact = attn_cpu_gemm_avx512,
+    .row_max = attn_cpu_row_max_avx512,
+    .exp_sum = attn_cpu_exp_sum_avx512,
+    .scale = attn_cpu_scale_avx512,
+    .ds_row = attn_cpu_ds_row_avx512,
+};
