@@ -28,7 +28,8 @@ typedef struct attn_cpu_kernels {
                const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate, void *scratch);
   /* The same product with f32 operands, never rounded (= gemm except in the bf16 table): the
    * forward pass's P V uses it, so out (and through Delta = dout . out, dsinks) keeps f32
-   * probabilities; rounding P there costs accuracy the bf16 tolerance of dsinks does not allow. */
+   * probabilities; rounding P there costs dsinks more accuracy than SPEC.md's bf16 tolerance
+   * allows (golden case sinks_many_long). */
   void (*gemm_exact)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
                      const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
                      void *scratch);
