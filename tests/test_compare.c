@@ -5,7 +5,8 @@
  * dim) inputs and outputs, f32/f16/bf16, forward (out, lse) and backward (dq, dk, dv, dbias,
  * dsinks). The "cpu" implementation runs once per instruction-set path (ATTN_CPU_ISA unset: the
  * best, which for bf16 is the bf16 dot-product kernel; avx512, avx2, generic; a path above the
- * machine's is lowered to what it runs) and on 1 and 2 threads.
+ * machine's is lowered to what it runs), on 1 and 2 threads, with its smallest, largest and
+ * default block sizes.
  *
  * Tolerance (SPEC.md "Testing"): f32: max|a - r| <= 1e-4 * max(1, max|r|); f16/bf16 (inputs rounded
  * to the dtype, the same values fed to the reference): err <= 2 * err(naive) + 1e-3 * max|r|, 3x
@@ -214,12 +215,13 @@ static void free_result(result *r) {
 
 /* Runs forward then backward (on the pass's own out and lse) of p on the values of d. */
 static result run_impl(attn_ctx *ctx, const attn_problem *p, const cdata *d, const char *impl,
-                       int strided, attn_dtype rounding) {
+                       const char *config, int strided, attn_dtype rounding) {
   result res;
   memset(&res, 0, sizeof res);
   attn_select sel;
   attn_select_init(&sel);
   sel.impl = impl;
+  sel.config = config;
   attn_plan *plan = NULL;
   if (attn_plan_create(ctx, p, &sel, &plan) != ATTN_STATUS_OK) {
     snprintf(res.why, sizeof res.why, "plan: %s", attn_ctx_last_error(ctx));
@@ -504,7 +506,7 @@ int main(int argc, char **argv) {
     p64.dtype = ATTN_DTYPE_F64;
     if (p64.has_bias) p64.bias_dtype = ATTN_DTYPE_F64;
     attn_ctx_set_num_threads(ctx, 0);
-    result ref = run_impl(ctx, &p64, &d, "ref", 0, ATTN_DTYPE_F64);
+    result ref = run_impl(ctx, &p64, &d, "ref", NULL, 0, ATTN_DTYPE_F64);
     tu_check(ref.ok, "%s: reference: %s", c->name, ref.why);
     result naive, at_dtype;
     memset(&naive, 0, sizeof naive), memset(&at_dtype, 0, sizeof at_dtype);
@@ -515,8 +517,8 @@ int main(int argc, char **argv) {
      * implementation avoids (dsinks sums Delta = dout . out over every row, and out is rounded),
      * so the bound uses the larger of the two. */
     if (lowp) {
-      naive = run_impl(ctx, &c->p, &d, "ref", 0, (attn_dtype)c->p.dtype);
-      at_dtype = run_impl(ctx, &c->p, &d, "ref", 0, ATTN_DTYPE_F64);
+      naive = run_impl(ctx, &c->p, &d, "ref", NULL, 0, (attn_dtype)c->p.dtype);
+      at_dtype = run_impl(ctx, &c->p, &d, "ref", NULL, 0, ATTN_DTYPE_F64);
     }
     if (!ref.ok) {
       free_result(&ref), free_result(&naive), free_result(&at_dtype), free_data(&d);
@@ -544,10 +546,13 @@ int main(int argc, char **argv) {
         }
         int threads = v == 2 ? 1 : 2;
         attn_ctx_set_num_threads(ctx, threads);
-        result got = run_impl(ctx, &c->p, &d, impl, c->strided, ATTN_DTYPE_F64);
-        char variant[64];
-        snprintf(variant, sizeof variant, "%s isa=%s threads=%d", impl,
-                 isas[v] != NULL ? isas[v] : "auto", threads);
+        /* the smallest and the largest blocks on two of the paths, the default on the others */
+        static const char *configs[] = {NULL, "bq32_bk64", "bq128_bk256", NULL};
+        const char *config = n_variants > 1 ? configs[v] : NULL;
+        result got = run_impl(ctx, &c->p, &d, impl, config, c->strided, ATTN_DTYPE_F64);
+        char variant[96];
+        snprintf(variant, sizeof variant, "%s isa=%s threads=%d config=%s", impl,
+                 isas[v] != NULL ? isas[v] : "auto", threads, config != NULL ? config : "default");
         tu_check(got.ok, "%s %s: %s", c->name, variant, got.why);
         if (got.ok) {
           ++compared;
