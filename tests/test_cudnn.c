@@ -1,8 +1,9 @@
 /*
  * tests/test_cudnn.c - the "cudnn" implementation against the reference, on a GPU.
  *
- * Everywhere: the problems cuDNN cannot run (dropout, sinks, soft cap, u8 masks, segment ids,
- * packed varlen, f32, ...) must be UNSUPPORTED with a reason that names the feature.
+ * Wherever the implementation is compiled in (with or without a GPU): the problems cuDNN cannot
+ * run (dropout, sinks, soft cap, u8 masks, segment ids, packed varlen, f32, ...) must be
+ * UNSUPPORTED with a reason that names the feature. Without cuDNN the program exits 77.
  *
  * With a CUDA device (else the program exits 77, "skipped"): for a grid of problems with odd sizes
  * and every supported feature alone and combined (causal bottom-right and top-left, windows, bias
@@ -33,6 +34,17 @@
 #endif
 
 static attn_ctx *ctx;
+
+#ifndef ATTN_HAVE_CUDNN
+
+int main(void) {
+  if (attn_ctx_create(&ctx) != ATTN_STATUS_OK) return 1;
+  printf("SKIP: libattn was built without cuDNN\n");
+  attn_ctx_destroy(ctx);
+  return 77;
+}
+
+#else
 
 static attn_problem problem(int64_t b, int64_t tq, int64_t tk, int64_t hq, int64_t hkv, int64_t d,
                             attn_dtype dtype) {
@@ -100,17 +112,6 @@ static void test_unsupported(void) {
   p = base, p.device = ATTN_DEVICE_CPU;
   expect_unsupported("a CPU problem", p, "device");
 }
-
-#ifndef ATTN_HAVE_CUDNN
-
-int main(void) {
-  if (attn_ctx_create(&ctx) != ATTN_STATUS_OK) return 1;
-  printf("SKIP: libattn was built without cuDNN\n");
-  attn_ctx_destroy(ctx);
-  return 77;
-}
-
-#else
 
 #define CU(expr)                                                                                   \
   do {                                                                                             \
