@@ -3,10 +3,9 @@
  * traits). One place to read and change them; each choice says why.
  *
  * Forward: kNW warps of 16 * kMT query rows each (kBM = 16 * kMT * kNW rows per CTA), kBN keys per
- * step. Two m-tiles per warp halve the shared-memory reads of K and V per product (each B fragment
- * feeds two mma), which is what FlashAttention-2 does with 128 x 64 tiles and 4 warps up to D = 128;
- * above that the f32 output accumulator alone (16 * kMT * D / 32 per thread) would not fit in 255
- * registers, so D = 192, 256 take one m-tile.
+ * step. kMT = 2 (FlashAttention-2's 128 x 64 tiles on 4 warps, each B fragment feeding two mma)
+ * spilled 468 bytes at D = 128 and 4 KB at D = 256 under ptxas (255 registers: the element-wise
+ * path of SPEC.md's features is compiled into the same kernel), so every warp takes one m-tile.
  *
  * Backward, dK/dV kernel: kBN keys per CTA (16 per warp in the score phase), kBM query rows per
  * step; D > 128 splits the head dimension of the dK/dV accumulators over two warp groups (8 warps)
@@ -19,8 +18,12 @@
 
 namespace attn_cuda {
 
+/* Forward warps, measured on an H100 (bf16, B*T = 16384, Hq*D = 2048, gpu/cuda_bench): D = 64 with
+ * 4 warps (64-row CTAs, 165 registers, 3 CTAs per SM) runs 169 TFLOPS at T = 8192 against 136 with
+ * 8 warps (128-row CTAs, 1 CTA per SM); at D = 128 both give 155-158 (248 registers: 8 warps per
+ * SM either way), so D = 96, 128 keep 128-row CTAs, which read K and V half as often. */
 template <int kD> struct FwdTraits {
-  static constexpr int kNW = kD <= 128 ? 8 : 4, kMT = 1, kBN = kD <= 128 ? 64 : 32;
+  static constexpr int kNW = kD <= 64 || kD > 128 ? 4 : 8, kMT = 1, kBN = kD <= 128 ? 64 : 32;
 };
 
 template <int kD> struct BwdTraits {
