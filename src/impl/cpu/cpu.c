@@ -359,6 +359,19 @@ static void key_block_range(const cpu_run *c, const cpu_seq *s, int64_t i0, int6
   *kb_hi = (jmax - 1) / c->bk + 1;
 }
 
+/* Trims key block [j0, j0 + nk) to the columns rows [i0, i0 + rows) can see by the window:
+ * *off (a multiple of ATTN_CPU_NPAD, so tiles stay aligned and Philox groups whole) is where the
+ * visible columns start and *nk_vis how many from there; 0 when the block is invisible. The
+ * diagonal blocks of a causal mask so compute about half as many columns. */
+static void trim_block(const cpu_run *c, const cpu_seq *s, int64_t i0, int64_t rows, int64_t j0,
+                       int64_t nk, int64_t *off, int64_t *nk_vis) {
+  int64_t lo = c->wl >= 0 ? max64(0, i0 + s->o - c->wl - j0) : 0;
+  int64_t hi = c->wr >= 0 ? min64(nk, i0 + rows - 1 + s->o + c->wr + 1 - j0) : nk;
+  lo = min64(lo / ATTN_CPU_NPAD * ATTN_CPU_NPAD, nk);
+  *off = lo;
+  *nk_vis = hi > lo ? hi - lo : 0;
+}
+
 /* The query rows [*i_lo, *i_hi) of a sequence that can see keys [j0, j0 + nk). */
 static void query_row_range(const cpu_run *c, const cpu_seq *s, int64_t j0, int64_t nk,
                             int64_t *i_lo, int64_t *i_hi) {
@@ -556,10 +569,12 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
   int64_t kb_lo, kb_hi;
   key_block_range(c, s, i0, rows, &kb_lo, &kb_hi);
   for (int64_t kb = kb_lo; kb < kb_hi; ++kb) {
-    const int64_t j0 = kb * bk, nk = min64(bk, s->s.len_k - j0);
-    const int64_t nkp = round_up(nk, ATTN_CPU_NPAD);
-    const float *kt = kt_all + kb * c->D * bk;
-    const float *v = v_all + kb * bk * c->Dvp;
+    int64_t off, nk;
+    trim_block(c, s, i0, rows, kb * bk, min64(bk, s->s.len_k - kb * bk), &off, &nk);
+    if (nk == 0) continue;
+    const int64_t j0 = kb * bk + off, nkp = round_up(nk, ATTN_CPU_NPAD);
+    const float *kt = kt_all + kb * c->D * bk + off;
+    const float *v = v_all + (kb * bk + off) * c->Dvp;
     k->gemm(rows, nkp, c->D, t->q, c->Dp, 0, kt, bk, t->s, bk, 0, t->scratch);
     apply_masks(c, s, h, i0, rows, j0, nk, t->s, bk, NULL);
     for (int64_t r = 0; r < rows; ++r) {
@@ -722,6 +737,11 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
     float *dq = t->dq + (pr * c->group + hh) * c->Tq * c->Dp;
     for (int64_t qb = i_lo / bq; qb * bq < i_hi; ++qb) {
       const int64_t i0 = qb * bq, rows = min64(bq, s->s.len_q - i0);
+      /* the columns of the block these rows can see: [off, off + tnk) */
+      int64_t off, tnk;
+      trim_block(c, s, i0, rows, j0, nk, &off, &tnk);
+      if (tnk == 0) continue;
+      const int64_t tj0 = j0 + off, tnkp = round_up(tnk, ATTN_CPU_NPAD);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t row = s->s.q_row0 + i0 + r;
         load_vec(in->q.data, c->dt, token_off(c, &in->q, s->b, row, h), qds, c->D, c->scale,
@@ -729,44 +749,44 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
         load_vec(c->run->dout->data, c->dt, token_off(c, c->run->dout, s->b, row, h), dods, c->Dv,
                  1.0f, t->dout + r * c->Dvp);
       }
-      k->gemm(rows, nkp, c->D, t->q, c->Dp, 0, t->kt, bk, t->sp, bk, 0, t->scratch);
-      apply_masks(c, s, h, i0, rows, j0, nk, t->sp, bk, t->dc);
-      k->gemm(rows, nkp, c->Dv, t->dout, c->Dvp, 0, t->vt, bk, t->dp, bk, 0, t->scratch);
+      k->gemm(rows, tnkp, c->D, t->q, c->Dp, 0, t->kt + off, bk, t->sp, bk, 0, t->scratch);
+      apply_masks(c, s, h, i0, rows, tj0, tnk, t->sp, bk, t->dc);
+      k->gemm(rows, tnkp, c->Dv, t->dout, c->Dvp, 0, t->vt + off, bk, t->dp, bk, 0, t->scratch);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
         float *pr_ = t->sp + r * bk, *dp = t->dp + r * bk;
         if (lse[i] == -INFINITY) { /* a fully masked row contributes nothing */
-          memset(pr_, 0, (size_t)nk * sizeof(float));
-          memset(dp, 0, (size_t)nk * sizeof(float));
-          if (t->pd != NULL) memset(t->pd + r * bk, 0, (size_t)nk * sizeof(float));
+          memset(pr_, 0, (size_t)tnk * sizeof(float));
+          memset(dp, 0, (size_t)tnk * sizeof(float));
+          if (t->pd != NULL) memset(t->pd + r * bk, 0, (size_t)tnk * sizeof(float));
           continue;
         }
-        k->exp_sum(pr_, nk, lse[i]); /* P = exp(x - lse), 0 where masked */
+        k->exp_sum(pr_, tnk, lse[i]); /* P = exp(x - lse), 0 where masked */
         if (c->dropout) {
           float *pd = t->pd + r * bk;
-          for (int64_t jj = 0; jj < nk; jj += 4) {
+          for (int64_t jj = 0; jj < tnk; jj += 4) {
             uint32_t w[4];
-            philox_words(c, s->b, h, i, j0 + jj, w);
-            for (int64_t e = 0; e < 4 && jj + e < nk; ++e) {
+            philox_words(c, s->b, h, i, tj0 + jj, w);
+            for (int64_t e = 0; e < 4 && jj + e < tnk; ++e) {
               const int keep = w[e] >= c->drop_threshold;
               pd[jj + e] = keep ? pr_[jj + e] * c->keep_scale : 0.0f;
               dp[jj + e] = keep ? dp[jj + e] * c->keep_scale : 0.0f;
             }
           }
         }
-        k->ds_row(dp, pr_, nk, delta[i]);
+        k->ds_row(dp, pr_, tnk, delta[i]);
         if (c->softcap > 0.0f) {
           const float *dc = t->dc + r * bk;
-          for (int64_t jj = 0; jj < nk; ++jj) dp[jj] *= dc[jj];
+          for (int64_t jj = 0; jj < tnk; ++jj) dp[jj] *= dc[jj];
         }
         if (dbias != NULL) {
           int64_t js, at = dbias_row(c, s->b, h, i, &js);
-          for (int64_t jj = 0; jj < nk; ++jj) dbias[at + (j0 + jj) * js] += dp[jj];
+          for (int64_t jj = 0; jj < tnk; ++jj) dbias[at + (tj0 + jj) * js] += dp[jj];
         }
       }
-      k->gemm(nk, c->Dvp, rows, c->dropout ? t->pd : t->sp, bk, 1, t->dout, c->Dvp, t->dv, c->Dvp, 1, t->scratch);
-      k->gemm(nk, c->Dp, rows, t->dp, bk, 1, t->q, c->Dp, t->dk, c->Dp, 1, t->scratch);
-      k->gemm(rows, c->Dp, nk, t->dp, bk, 0, t->kr, c->Dp, dq + i0 * c->Dp, c->Dp, 1, t->scratch);
+      k->gemm(tnk, c->Dvp, rows, c->dropout ? t->pd : t->sp, bk, 1, t->dout, c->Dvp, t->dv + off * c->Dvp, c->Dvp, 1, t->scratch);
+      k->gemm(tnk, c->Dp, rows, t->dp, bk, 1, t->q, c->Dp, t->dk + off * c->Dp, c->Dp, 1, t->scratch);
+      k->gemm(rows, c->Dp, tnk, t->dp, bk, 0, t->kr + off * c->Dp, c->Dp, dq + i0 * c->Dp, c->Dp, 1, t->scratch);
     }
   }
 
