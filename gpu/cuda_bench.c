@@ -3,7 +3,8 @@
  * tokens, Hq * D = 2048): forward and backward, medians of CUDA-event timings after a warm-up,
  * checked first (finite outputs; the correctness proof is tests/test_cuda.c).
  *
- * usage: cuda_bench [reps]   prints one CSV row per shape:
+ * usage: cuda_bench [reps] [config]   (config: "deterministic", the default, or "atomic") prints
+ * one CSV row per shape:
  *   cuda,<D>,<T>,<causal>,<fwd ms>,<bwd ms>,<fwd TFLOPS>,<bwd TFLOPS>
  * TFLOPS: forward 4 * B * Hq * T * T * D (halved when causal), backward 2.5x that.
  * Built and run by gpu/cuda_run.sh (not part of the CMake build: it needs a GPU to mean anything).
@@ -62,6 +63,7 @@ int main(int argc, char **argv) {
         attn_select sel;
         attn_select_init(&sel);
         sel.impl = "cuda";
+        sel.config = argc > 2 ? argv[2] : NULL;
         attn_plan *plan;
         if (attn_plan_create(ctx, &p, &sel, &plan) != ATTN_STATUS_OK) {
           printf("cuda,%d,%d,%d,unsupported: %s\n", D, T, causal, attn_ctx_last_error(ctx));

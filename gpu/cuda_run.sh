@@ -3,7 +3,7 @@
 # implementation, run the GPU test (grid against the reference, golden cases), compute-sanitizer
 # (memcheck and racecheck) on the quick suite, and the benchmark against PyTorch's SDPA backends.
 #
-# usage: gpu/cuda_run.sh [source folder] [golden folder]
+# usage: [LAB=1] [SKIP_SANITIZER=1] [SKIP_BENCH=1] gpu/cuda_run.sh [source folder] [golden folder]
 #   source: the tree to build (default: this checkout); golden: the golden cases (default
 #   ../shared/golden, else .golden). Logs go to $OUT (default /tmp/cuda_out); the last lines
 #   printed are the summary and the benchmark table.
@@ -19,6 +19,10 @@ nvidia-smi -L | tee "$OUT/env.txt"
 nvcc --version | tail -1 | tee -a "$OUT/env.txt"
 
 t0=$(date +%s)
+if [ "${LAB:-0}" = 1 ]; then # dev/cuda kernel lab, built beside the library
+  nvcc -std=c++17 -O3 -I"$SRC/include" -I"$SRC/src" -gencode=arch=compute_90,code=sm_90 \
+    "$SRC/dev/cuda/fwd_tiles.cu" -o "$BUILD-lab" >"$OUT/lab_build.log" 2>&1 &
+fi
 cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DATTN_WITH_CUDA=ON -DATTN_WITH_CUDNN=OFF \
   -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCH=OFF >"$OUT/build.log" 2>&1 &&
   cmake --build "$BUILD" -j16 --target test_cuda >>"$OUT/build.log" 2>&1 ||
@@ -33,6 +37,15 @@ t0=$(date +%s)
 echo "test_cuda rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/test.log")"
 grep -E "^FAIL" "$OUT/test.log" | head -40
 
+if [ "${LAB:-0}" = 1 ]; then
+  wait
+  "$BUILD-lab" 2>&1 | tee "$OUT/lab.log"
+fi
+
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  PYTHONUNBUFFERED=1 python3 "$SRC/gpu/cuda_bench.py" "$BUILD/cuda_bench" "${BENCH_REPS:-20}" 2>&1 | tee "$OUT/bench.md"
+fi
+
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   t0=$(date +%s)
   for tool in memcheck racecheck; do
@@ -41,8 +54,4 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
     echo "compute-sanitizer $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
   done
   echo "sanitizer: $(( $(date +%s) - t0 )) s"
-fi
-
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  PYTHONUNBUFFERED=1 python3 "$SRC/gpu/cuda_bench.py" "$BUILD/cuda_bench" "${BENCH_REPS:-20}" 2>&1 | tee "$OUT/bench.md"
 fi

@@ -14,7 +14,9 @@
  * (SPEC.md; the naive error is the larger of the reference with and without
  * attn_plan_set_rounding, since rounding out, which Delta reads, is unavoidable). Outputs start as
  * NaN, so an element left unwritten fails; lse must be -inf exactly where the reference's is.
- * The backward pass is run twice and must give identical bits (it is deterministic). Golden cases
+ * Each case runs under both configurations, "deterministic" and "atomic" (dq added with atomics);
+ * the backward pass is run twice and must give identical bits (in the atomic one: dk, dv and dsinks,
+ * which no atomic touches). Golden cases
  * (folder argv[1] or $ATTN_GOLDEN_DIR; skipped when absent) are checked against their stored f64
  * results the same way.
  *
@@ -211,16 +213,18 @@ static tu_buf g_fetch(const void *d, attn_dtype dtype, int64_t n) {
   return h;
 }
 
-/* The implementation on the device; backward twice (bits must agree). 0 when a call failed. */
-static int run_gpu(const hcase *c, results *r) {
+/* The implementation on the device under a configuration; backward twice (bits must agree in the
+ * deterministic one). 0 when a call failed. */
+static int run_gpu(const hcase *c, const char *config, results *r) {
   const attn_problem *p = &c->p;
   memset(r, 0, sizeof *r);
   attn_select sel;
   attn_select_init(&sel);
   sel.impl = "cuda";
+  sel.config = config;
   attn_plan *plan = NULL;
   attn_status s = attn_plan_create(ctx, p, &sel, &plan);
-  tu_check(s == ATTN_STATUS_OK, "%s: plan: %s %s", c->name, attn_status_string(s), attn_ctx_last_error(ctx));
+  tu_check(s == ATTN_STATUS_OK, "%s %s: plan: %s %s", c->name, config, attn_status_string(s), attn_ctx_last_error(ctx));
   if (s != ATTN_STATUS_OK) return 0;
   size_t fw = 0, bw = 0;
   attn_plan_workspace_size(plan, &fw, &bw);
@@ -275,7 +279,7 @@ static int run_gpu(const hcase *c, results *r) {
     ok = s == ATTN_STATUS_OK;
   }
   for (int o = 0; o < O_N; ++o) r->o[o] = g_fetch(dout[o], odt[o], n[o]);
-  if (ok) { /* determinism: a second backward gives the same bits for dq, dk, dv, dsinks */
+  if (ok && strcmp(config, "deterministic") == 0) { /* a second backward: the same bits */
     s = attn_plan_backward(plan, &in, &out, &t[R_DOUT], ws, wsb, &g);
     CU(cudaStreamSynchronize(stream));
     int same = s == ATTN_STATUS_OK;
@@ -286,6 +290,17 @@ static int run_gpu(const hcase *c, results *r) {
       tu_buf_free(&again);
     }
     tu_check(same, "%s: a second backward pass gives the same bits", c->name);
+  } else if (ok) { /* atomic: dk, dv, dsinks still agree bit for bit (only dq and dbias add atomically) */
+    s = attn_plan_backward(plan, &in, &out, &t[R_DOUT], ws, wsb, &g);
+    CU(cudaStreamSynchronize(stream));
+    int same = s == ATTN_STATUS_OK;
+    for (int o = O_DK; o <= O_DSINKS && same; ++o) {
+      if (o == O_DBIAS || n[o] == 0) continue;
+      tu_buf again = g_fetch(dout[o], odt[o], n[o]);
+      same = memcmp(again.data, r->o[o].data, (size_t)n[o] * attn_dtype_size(odt[o])) == 0;
+      tu_buf_free(&again);
+    }
+    tu_check(same, "%s atomic: a second backward pass gives the same dk, dv bits", c->name);
   }
   for (int i = 0; i < R_NIN; ++i)
     if (din[i] != NULL) CU(cudaFree(din[i]));
@@ -324,14 +339,21 @@ static void check_case(hcase *c) {
     tu_check(0, "%s: naive reference", c->name);
     return;
   }
-  if (run_gpu(c, &gpu)) {
-    for (int o = 0; o < O_N; ++o) {
-      const double *e = have_exact ? (const double *)exact.o[o].data : c->expect[o];
-      if (e == NULL || naive.o[o].n == 0) continue;
-      compare(c, out_name[o], &gpu.o[o], &naive.o[o], &naive2.o[o], e, o < O_DQ ? 2.0 : 3.0);
+  static const char *configs[] = {"deterministic", "atomic"};
+  for (int k = 0; k < 2; ++k) {
+    if (run_gpu(c, configs[k], &gpu)) {
+      for (int o = 0; o < O_N; ++o) {
+        const double *e = have_exact ? (const double *)exact.o[o].data : c->expect[o];
+        if (e == NULL || naive.o[o].n == 0) continue;
+        if (k == 1 && o < O_DQ) continue; /* the forward pass is the same in both */
+        char what[32];
+        snprintf(what, sizeof what, "%s%s", out_name[o], k == 1 ? "@atomic" : "");
+        compare(c, what, &gpu.o[o], &naive.o[o], &naive2.o[o], e, o < O_DQ ? 2.0 : 3.0);
+      }
     }
+    results_free(&gpu);
   }
-  results_free(&gpu), results_free(&naive), results_free(&naive2);
+  results_free(&naive), results_free(&naive2);
   if (have_exact) results_free(&exact);
 }
 

@@ -9,8 +9,9 @@
  *
  * What runs: flash_attention, f16 and bf16, head dims D and Dv multiples of 8 up to 256 (the
  * kernels are compiled for 32, 64, 96, 128, 192, 256 and zero-pad the rest), every feature of
- * SPEC.md. The backward pass is deterministic: dQ has its own kernel instead of atomics (see
- * cuda_bwd.cuh), except dbias summed over broadcast dimensions, which is accumulated atomically.
+ * SPEC.md. The backward pass of the default configuration is deterministic: dQ has its own kernel
+ * instead of atomics (see cuda_bwd.cuh), except dbias summed over broadcast dimensions, which is
+ * accumulated atomically; the "atomic" configuration trades that for speed.
  */
 #include "impl/impl.h"
 
@@ -90,14 +91,20 @@ static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_si
   return ATTN_STATUS_OK;
 }
 
+/* Configurations: the backward pass's schedule (the forward pass is the same in both).
+ * 0 "deterministic": dK/dV and dQ in two kernels, no atomics, identical bits on every run.
+ * 1 "atomic": FlashAttention-2's single kernel adding dQ into an f32 workspace with atomics;
+ *   fewer products, but the last bits of dq vary from run to run. */
+#define CUDA_CONFIG_ATOMIC 1
+
 static int32_t cuda_num_configs(const attn_problem *problem) {
   (void)problem;
-  return 1;
+  return 2;
 }
 
 static void cuda_config_name(const attn_problem *problem, int32_t config, char *buf, size_t size) {
-  (void)problem, (void)config;
-  attn_format(buf, size, "default");
+  (void)problem;
+  attn_format(buf, size, "%s", config == CUDA_CONFIG_ATOMIC ? "atomic" : "deterministic");
 }
 
 static int32_t cuda_default_config(const attn_problem *problem) {
@@ -105,12 +112,13 @@ static int32_t cuda_default_config(const attn_problem *problem) {
   return 0;
 }
 
-/* Backward: Delta [Hq, rows_q] f32, then the dense f32 dbias accumulator when there is a bias. */
+/* Backward: Delta [Hq, rows_q] f32, then the dense f32 dbias accumulator when there is a bias,
+ * then (atomic configuration) the f32 dq accumulator [Hq, rows_q, D]. */
 static size_t cuda_workspace_size(const attn_problem *p, int32_t config, int backward) {
-  (void)config;
   if (!backward) return 0;
   size_t bytes = align_up((size_t)(p->heads_q * rows_q(p)) * sizeof(float));
   if (p->has_bias) bytes += align_up((size_t)attn_role_numel(p, ATTN_ROLE_BIAS) * sizeof(float));
+  if (config == CUDA_CONFIG_ATOMIC) bytes += align_up((size_t)(p->heads_q * rows_q(p) * p->head_dim) * sizeof(float));
   return bytes;
 }
 
@@ -251,6 +259,8 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
       for (int d = 0; d < 4; ++d) k->dbias_s[d] = g->dbias.stride[d];
       k->dbias_accum = (float *)w;
     }
+    if (p->has_bias) w += align_up((size_t)attn_role_numel(p, ATTN_ROLE_BIAS) * sizeof(float));
+    if (run->config == CUDA_CONFIG_ATOMIC) k->dq_accum = (float *)w;
     if (p->num_sinks > 0 && g->dsinks.data != NULL) {
       k->dsinks = (float *)g->dsinks.data;
       if (p->sinks_shared) k->dsinks_h = 0, k->dsinks_t = g->dsinks.stride[0];
@@ -279,7 +289,7 @@ static attn_status cuda_backward(const attn_run *run) {
 const attn_impl attn_cuda_impl = {
     .name = "cuda",
     .device = ATTN_DEVICE_CUDA,
-    .version = 1,
+    .version = 2,
     .supports = cuda_supports,
     .num_configs = cuda_num_configs,
     .config_name = cuda_config_name,

@@ -1,8 +1,8 @@
 /*
  * src/impl/cuda/cuda_bwd.cuh - the backward kernels.
  *
- * The backward pass is two kernels that never write the same element, so it is deterministic by
- * construction and needs no atomics (FlashAttention-2's atomic dQ trades that for speed):
+ * The default ("deterministic") backward pass is two kernels that never write the same element,
+ * so it is deterministic by construction and needs no atomics:
  *
  *   dK/dV: one CTA per (key block, KV head, batch) keeps K and V in shared memory and walks every
  *          query head of its GQA group and every query block the band allows, so dK and dV of a
@@ -13,6 +13,16 @@
  *   dQ:    one CTA per (query block, query head, batch), the forward's schedule: S = Q K^T,
  *          dP = dO V^T, dS, dQ += dS K accumulated in f32 registers; it also adds dS into the
  *          f32 dbias accumulator when dbias is asked for.
+ *
+ * The "atomic" configuration is FlashAttention-2's one kernel: the dK/dV kernel also computes
+ * dQ += dS K for each query block it visits and adds it into an f32 workspace with atomics (5
+ * matrix products instead of 7; the order of the additions, hence the last bits of dq, varies
+ * from run to run); a small kernel then scales and rounds it into dq.
+ *
+ * Each kernel is compiled twice: with every feature (kFeat) and without (no per-element function,
+ * dropout, dbias, zero-padded head dim: the common case, with fewer registers and no branches).
+ * Loads overlap products: the dQ kernel double-buffers K and V; the dK/dV kernel loads dO of the
+ * next query block while it computes dK and Q while it computes dP of the next block.
  *
  * Both recompute P from lse (a row with lse = -inf contributes nothing: its lse is read as +inf so
  * every P is 0) and Delta = rowsum(dout * out), which a small kernel computes first.
@@ -41,15 +51,15 @@ __device__ __forceinline__ int64_t dbias_index(const attn_cuda_params &p, const 
 
 /* ---- dQ ---------------------------------------------------------------------------------------- */
 
-template <typename T, typename C>
+template <typename T, typename C, bool kFeat>
 __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_constant__ attn_cuda_params p) {
   constexpr int kD = C::kD, kBM = C::kBM, kBN = C::kBN, kS = C::kS, kThreads = C::kThreads;
   constexpr int kNT = kBN / 8, kDT = kD / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   T *sQ = reinterpret_cast<T *>(smem);
-  T *sO = sQ + kBM * kS; /* dout */
-  T *sK = sO + kBM * kS;
-  T *sV = sK + kBN * kS;
+  T *sO = sQ + kBM * kS;  /* dout */
+  T *sK0 = sO + kBM * kS; /* K, V: two stages each */
+  T *sV0 = sK0 + 2 * kBN * kS;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.z, h = blockIdx.y, m0 = blockIdx.x * kBM;
@@ -68,8 +78,8 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
   load_tile<kBM, kD, kThreads>(sQ, gq, p.q_r, sq.len_q - m0, p.d, p.q, tid);
   load_tile<kBM, kD, kThreads>(sO, gdo, p.do_r, sq.len_q - m0, p.dv, p.dout, tid);
   if (n_lo < n_hi) {
-    load_tile<kBN, kD, kThreads>(sK, gk + (int64_t)n_lo * kBN * p.k_r, p.k_r, sq.len_k - n_lo * kBN, p.d, p.k, tid);
-    load_tile<kBN, kD, kThreads>(sV, gv + (int64_t)n_lo * kBN * p.v_r, p.v_r, sq.len_k - n_lo * kBN, p.dv, p.v, tid);
+    load_tile<kBN, kD, kThreads>(sK0, gk + (int64_t)n_lo * kBN * p.k_r, p.k_r, sq.len_k - n_lo * kBN, p.d, p.k, tid);
+    load_tile<kBN, kD, kThreads>(sV0, gv + (int64_t)n_lo * kBN * p.v_r, p.v_r, sq.len_k - n_lo * kBN, p.dv, p.v, tid);
   }
   cp_async_commit();
 
@@ -92,11 +102,19 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[dt][e] = 0.f;
 
-  const int nk = (p.d + 15) / 16, nv = (p.dv + 15) / 16;
+  const int nk = kFeat ? (p.d + 15) / 16 : kD / 16, nv = kFeat ? (p.dv + 15) / 16 : kD / 16;
+  const float scale_log2 = p.scale * kLog2e;
   for (int n = n_lo; n < n_hi; ++n) {
     const int n0 = n * kBN;
+    const T *sK = sK0 + ((n - n_lo) & 1) * kBN * kS, *sV = sV0 + ((n - n_lo) & 1) * kBN * kS;
     cp_async_wait_all();
-    __syncthreads();
+    __syncthreads(); /* K(n), V(n) have landed; every warp is done with the other stage */
+    if (n + 1 < n_hi) {
+      T *nK = sK0 + ((n + 1 - n_lo) & 1) * kBN * kS, *nV = sV0 + ((n + 1 - n_lo) & 1) * kBN * kS;
+      load_tile<kBN, kD, kThreads>(nK, gk + (int64_t)(n0 + kBN) * p.k_r, p.k_r, sq.len_k - n0 - kBN, p.d, p.k, tid);
+      load_tile<kBN, kD, kThreads>(nV, gv + (int64_t)(n0 + kBN) * p.v_r, p.v_r, sq.len_k - n0 - kBN, p.dv, p.v, tid);
+      cp_async_commit();
+    }
 
     float s[kNT][4], dp[kNT][4];
 #pragma unroll
@@ -131,32 +149,42 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
     }
 
     /* dS = P (dP - Delta), with dP = keep ? dP' / (1 - p) : 0 and the soft cap's derivative */
-    const bool fast = !p.elementwise && band_full(p, hd, m0, m_last, n0, kBN);
+    const bool fast = (!kFeat || !p.elementwise) && band_full(p, hd, m0, m_last, n0, kBN);
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = m0 + wrow + (lane >> 2) + hf * 8;
         const int j0 = n0 + nt * 8 + (lane & 3) * 2;
-        uint32_t words[4] = {0, 0, 0, 0};
-        if (p.dropout_p > 0.f) philox_words(p, b, h, i, j0, words);
+        if constexpr (kFeat) {
+          uint32_t words[4] = {0, 0, 0, 0};
+          if (p.dropout_p > 0.f) philox_words(p, b, h, i, j0, words);
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int e = 2 * hf + c, j = j0 + c;
-          float x, t = 0.f;
-          bool vis = true;
-          if (fast) x = s[nt][e] * p.scale;
-          else {
-            vis = visible(p, hd, i, j);
-            x = vis ? logit(p, hd, i, j, s[nt][e], &t) : 0.f;
+          for (int c = 0; c < 2; ++c) {
+            const int e = 2 * hf + c, j = j0 + c;
+            float x, t = 0.f;
+            bool vis = true;
+            if (fast) x = s[nt][e] * p.scale;
+            else {
+              vis = visible(p, hd, i, j);
+              x = vis ? logit(p, hd, i, j, s[nt][e], &t) : 0.f;
+            }
+            const float P = vis ? ex2(x * kLog2e - lse2[hf]) : 0.f;
+            const bool keep = p.dropout_p <= 0.f || words[j & 3] >= p.drop_threshold;
+            const float dpv = keep ? dp[nt][e] * p.keep_scale : 0.f;
+            float ds = P * (dpv - delta[hf]);
+            if (p.softcap > 0.f) ds *= 1.f - t * t;
+            if (p.dbias_accum != nullptr && vis && P != 0.f) atomicAdd(p.dbias_accum + dbias_index(p, hd, i, j), ds);
+            s[nt][e] = ds;
           }
-          const float P = vis ? exp2f(x * kLog2e - lse2[hf]) : 0.f;
-          const bool keep = p.dropout_p <= 0.f || words[j & 3] >= p.drop_threshold;
-          const float dpv = keep ? dp[nt][e] * p.keep_scale : 0.f;
-          float ds = P * (dpv - delta[hf]);
-          if (p.softcap > 0.f) ds *= 1.f - t * t;
-          if (p.dbias_accum != nullptr && vis && P != 0.f) atomicAdd(p.dbias_accum + dbias_index(p, hd, i, j), ds);
-          s[nt][e] = ds;
+        } else {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int e = 2 * hf + c;
+            const bool vis = fast || visible_band(p, hd, i, j0 + c);
+            const float P = vis ? ex2(s[nt][e] * scale_log2 - lse2[hf]) : 0.f;
+            s[nt][e] = P * (dp[nt][e] - delta[hf]);
+          }
         }
       }
 
@@ -178,12 +206,6 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
         }
       }
     }
-    __syncthreads(); /* every warp is done with K(n), V(n) */
-    if (n + 1 < n_hi) {
-      load_tile<kBN, kD, kThreads>(sK, gk + (int64_t)(n0 + kBN) * p.k_r, p.k_r, sq.len_k - n0 - kBN, p.d, p.k, tid);
-      load_tile<kBN, kD, kThreads>(sV, gv + (int64_t)(n0 + kBN) * p.v_r, p.v_r, sq.len_k - n0 - kBN, p.dv, p.v, tid);
-      cp_async_commit();
-    }
   }
   cp_async_wait_all();
 
@@ -195,16 +217,16 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
 #pragma unroll
     for (int dt = 0; dt < kDT; ++dt) {
       int c = dt * 8 + (lane & 3) * 2;
-      if (c < p.d)
+      if (!kFeat || c < p.d)
         *reinterpret_cast<uint32_t *>(gdq + r * p.dq_r + c) =
             Elem<T>::pack(acc[dt][2 * hf] * p.scale, acc[dt][2 * hf + 1] * p.scale);
     }
   }
 }
 
-/* ---- dK, dV ------------------------------------------------------------------------------------ */
+/* ---- dK, dV (and dQ with atomics) --------------------------------------------------------------- */
 
-template <typename T, typename C>
+template <typename T, typename C, bool kFeat, bool kAtomic>
 __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_constant__ attn_cuda_params p) {
   constexpr int kD = C::kD, kBM = C::kBM, kBN = C::kBN, kS = C::kS, kP = C::kP;
   constexpr int kThreads = C::kThreads, kWN = C::kWN, kQW = C::kQW, kDW = C::kDW;
@@ -230,8 +252,31 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
 
   const T *gk = static_cast<const T *>(p.k) + b * p.k_b + (sq.k0 + n0) * p.k_r + g * p.k_h;
   const T *gv = static_cast<const T *>(p.v) + b * p.v_b + (sq.k0 + n0) * p.v_r + g * p.v_h;
+
+  /* The (query head, query block) items this key block visits: every head of the group, each
+   * over the same query blocks (the band depends on the lengths only). */
+  const Head hd0 = head_of(p, sq, b, g * p.group);
+  int m_lo, m_hi;
+  query_block_range(p, hd0, n0, n_last, kBM, m_lo, m_hi);
+  const int nm = max(m_hi - m_lo, 0), items = nm * p.group;
+  auto q_of = [&](int it) {
+    const int h = g * p.group + it / nm;
+    return static_cast<const T *>(p.q) + b * p.q_b + (sq.q0 + (int64_t)(m_lo + it % nm) * kBM) * p.q_r + h * p.q_h;
+  };
+  auto do_of = [&](int it) {
+    const int h = g * p.group + it / nm;
+    return static_cast<const T *>(p.dout) + b * p.do_b + (sq.q0 + (int64_t)(m_lo + it % nm) * kBM) * p.do_r + h * p.do_h;
+  };
+
+  /* cp.async groups: {K, V, dO(0)}, {Q(0)}; then per item {dO(it+1)}, {Q(it+1)}. */
   load_tile<kBN, kD, kThreads>(sK, gk, p.k_r, sq.len_k - n0, p.d, p.k, tid);
   load_tile<kBN, kD, kThreads>(sV, gv, p.v_r, sq.len_k - n0, p.dv, p.v, tid);
+  if (items > 0) {
+    const int m0 = m_lo * kBM;
+    load_tile<kBM, kD, kThreads>(sO, do_of(0), p.do_r, sq.len_q - m0, p.dv, p.dout, tid);
+    cp_async_commit();
+    load_tile<kBM, kD, kThreads>(sQ, q_of(0), p.q_r, sq.len_q - m0, p.d, p.q, tid);
+  }
   cp_async_commit();
 
   float adk[kDNT][4], adv[kDNT][4];
@@ -240,76 +285,75 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
 #pragma unroll
     for (int e = 0; e < 4; ++e) adk[dt][e] = adv[dt][e] = 0.f;
 
-  const int nk = (p.d + 15) / 16, nv = (p.dv + 15) / 16;
-  for (int hh = 0; hh < p.group; ++hh) {
-    const int h = g * p.group + hh;
+  const int nk = kFeat ? (p.d + 15) / 16 : kD / 16, nv = kFeat ? (p.dv + 15) / 16 : kD / 16;
+  const float scale_log2 = p.scale * kLog2e;
+  for (int it = 0; it < items; ++it) {
+    const int h = g * p.group + it / nm;
     const Head hd = head_of(p, sq, b, h);
-    int m_lo, m_hi;
-    query_block_range(p, hd, n0, n_last, kBM, m_lo, m_hi);
-    const T *gq = static_cast<const T *>(p.q) + b * p.q_b + sq.q0 * p.q_r + h * p.q_h;
-    const T *gdo = static_cast<const T *>(p.dout) + b * p.do_b + sq.q0 * p.do_r + h * p.do_h;
-    for (int m = m_lo; m < m_hi; ++m) {
-      const int m0 = m * kBM, m_last = min(m0 + kBM, sq.len_q) - 1;
-      load_tile<kBM, kD, kThreads>(sQ, gq + (int64_t)m0 * p.q_r, p.q_r, sq.len_q - m0, p.d, p.q, tid);
-      load_tile<kBM, kD, kThreads>(sO, gdo + (int64_t)m0 * p.do_r, p.do_r, sq.len_q - m0, p.dv, p.dout, tid);
-      cp_async_commit();
-      for (int r = tid; r < kBM; r += kThreads) {
-        int i = m0 + r;
-        float l2 = INFINITY, dl = 0.f;
-        if (i < sq.len_q) {
-          float l = p.lse[b * p.lse_b + h * p.lse_h + (sq.q0 + i) * p.lse_r];
-          l2 = l == -INFINITY ? INFINITY : l * kLog2e;
-          dl = p.delta[h * p.rows_q + delta_row(p, sq, b, i)];
-        }
-        sLse[r] = l2, sDelta[r] = dl;
+    const int m0 = (m_lo + it % nm) * kBM, m_last = min(m0 + kBM, sq.len_q) - 1;
+    for (int r = tid; r < kBM; r += kThreads) {
+      int i = m0 + r;
+      float l2 = INFINITY, dl = 0.f;
+      if (i < sq.len_q) {
+        float l = p.lse[b * p.lse_b + h * p.lse_h + (sq.q0 + i) * p.lse_r];
+        l2 = l == -INFINITY ? INFINITY : l * kLog2e;
+        dl = p.delta[h * p.rows_q + delta_row(p, sq, b, i)];
       }
-      cp_async_wait_all();
-      __syncthreads();
+      sLse[r] = l2, sDelta[r] = dl;
+    }
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    __syncthreads(); /* K, V, dO(it) have landed (Q(it) may be in flight) */
 
-      /* phase 1: S^T = K Q^T and dP'^T = V dO^T for 16 keys x kQW queries */
-      float st[kQNT][4], dpt[kQNT][4];
+    /* phase 1: dP'^T = V dO^T, then S^T = K Q^T, for 16 keys x kQW queries */
+    float st[kQNT][4], dpt[kQNT][4];
 #pragma unroll
-      for (int nt = 0; nt < kQNT; ++nt)
+    for (int nt = 0; nt < kQNT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.f;
+      for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        if (kk < nk) {
-          uint32_t a[4];
-          ldsm4(a, sK + (kn + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      if (kk < nv) {
+        uint32_t a[4];
+        ldsm4(a, sV + (kn + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
-          for (int nn = 0; nn < kQW / 16; ++nn) {
-            uint32_t bq[4];
-            ldsm4(bq, sQ + (qm + nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
-            Elem<T>::mma(st[2 * nn], a, bq[0], bq[1]);
-            Elem<T>::mma(st[2 * nn + 1], a, bq[2], bq[3]);
-          }
-        }
-        if (kk < nv) {
-          uint32_t a[4];
-          ldsm4(a, sV + (kn + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
-#pragma unroll
-          for (int nn = 0; nn < kQW / 16; ++nn) {
-            uint32_t bo[4];
-            ldsm4(bo, sO + (qm + nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
-            Elem<T>::mma(dpt[2 * nn], a, bo[0], bo[1]);
-            Elem<T>::mma(dpt[2 * nn + 1], a, bo[2], bo[3]);
-          }
+        for (int nn = 0; nn < kQW / 16; ++nn) {
+          uint32_t bo[4];
+          ldsm4(bo, sO + (qm + nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
+          Elem<T>::mma(dpt[2 * nn], a, bo[0], bo[1]);
+          Elem<T>::mma(dpt[2 * nn + 1], a, bo[2], bo[3]);
         }
       }
-      const bool fast = !p.elementwise && band_full(p, hd, m0, m_last, n0, kBN);
+    }
+    cp_async_wait_all();
+    __syncthreads(); /* Q(it) has landed */
 #pragma unroll
-      for (int nt = 0; nt < kQNT; ++nt)
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      if (kk < nk) {
+        uint32_t a[4];
+        ldsm4(a, sK + (kn + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int kr = kn + (lane >> 2) + hf * 8; /* key row in the block */
-          const int j = n0 + kr;
-          float pv[2], dsv[2];
+        for (int nn = 0; nn < kQW / 16; ++nn) {
+          uint32_t bq[4];
+          ldsm4(bq, sQ + (qm + nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
+          Elem<T>::mma(st[2 * nn], a, bq[0], bq[1]);
+          Elem<T>::mma(st[2 * nn + 1], a, bq[2], bq[3]);
+        }
+      }
+    }
+    const bool fast = (!kFeat || !p.elementwise) && band_full(p, hd, m0, m_last, n0, kBN);
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int e = 2 * hf + c;
-            const int qr = qm + nt * 8 + (lane & 3) * 2 + c; /* query row in the block */
-            const int i = m0 + qr;
+    for (int nt = 0; nt < kQNT; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int kr = kn + (lane >> 2) + hf * 8; /* key row in the block */
+        const int j = n0 + kr;
+        float pv[2], dsv[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int e = 2 * hf + c;
+          const int qr = qm + nt * 8 + (lane & 3) * 2 + c; /* query row in the block */
+          const int i = m0 + qr;
+          if constexpr (kFeat) {
             float x, t = 0.f;
             bool vis = true;
             if (fast) x = st[nt][e] * p.scale;
@@ -317,7 +361,7 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
               vis = visible(p, hd, i, j);
               x = vis ? logit(p, hd, i, j, st[nt][e], &t) : 0.f;
             }
-            const float P = vis ? exp2f(x * kLog2e - sLse[qr]) : 0.f;
+            const float P = vis ? ex2(x * kLog2e - sLse[qr]) : 0.f;
             bool keep = true;
             if (p.dropout_p > 0.f) {
               uint32_t words[4];
@@ -327,41 +371,116 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
             const float dpv = keep ? dpt[nt][e] * p.keep_scale : 0.f;
             float ds = P * (dpv - sDelta[qr]);
             if (p.softcap > 0.f) ds *= 1.f - t * t;
+            if (kAtomic && p.dbias_accum != nullptr && vis && P != 0.f)
+              atomicAdd(p.dbias_accum + dbias_index(p, hd, i, j), ds);
             pv[c] = keep ? P * p.keep_scale : 0.f;
             dsv[c] = ds;
+          } else {
+            const bool vis = fast || visible_band(p, hd, i, j);
+            const float P = vis ? ex2(st[nt][e] * scale_log2 - sLse[qr]) : 0.f;
+            pv[c] = P;
+            dsv[c] = P * (dpt[nt][e] - sDelta[qr]);
           }
-          const int col = qm + nt * 8 + (lane & 3) * 2;
-          *reinterpret_cast<uint32_t *>(sPt + kr * kP + col) = Elem<T>::pack(pv[0], pv[1]);
-          *reinterpret_cast<uint32_t *>(sSt + kr * kP + col) = Elem<T>::pack(dsv[0], dsv[1]);
         }
-      __syncthreads();
+        const int col = qm + nt * 8 + (lane & 3) * 2;
+        *reinterpret_cast<uint32_t *>(sPt + kr * kP + col) = Elem<T>::pack(pv[0], pv[1]);
+        *reinterpret_cast<uint32_t *>(sSt + kr * kP + col) = Elem<T>::pack(dsv[0], dsv[1]);
+      }
+    __syncthreads(); /* P'^T, dS^T are complete */
 
-      /* phase 2: dV += P'^T dO, dK += dS^T Q for 16 keys x kDW columns */
+    /* phase 2: dV += P'^T dO for 16 keys x kDW columns */
 #pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk) {
-        uint32_t ap[4], as[4];
-        ldsm4(ap, sPt + (kn + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
-        ldsm4(as, sSt + (kn + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
+    for (int kk = 0; kk < kBM / 16; ++kk) {
+      uint32_t ap[4];
+      ldsm4(ap, sPt + (kn + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
-        for (int dd = 0; dd < kDW / 16; ++dd) {
-          const int col = dc0 + dd * 16;
-          const int rowoff = (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + col + (lane >> 4) * 8;
-          if (col < p.dv) {
-            uint32_t bo[4];
-            ldsm4t(bo, sO + rowoff);
-            Elem<T>::mma(adv[2 * dd], ap, bo[0], bo[1]);
-            Elem<T>::mma(adv[2 * dd + 1], ap, bo[2], bo[3]);
+      for (int dd = 0; dd < kDW / 16; ++dd) {
+        const int col = dc0 + dd * 16;
+        if (!kFeat || col < p.dv) {
+          uint32_t bo[4];
+          ldsm4t(bo, sO + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + col + (lane >> 4) * 8);
+          Elem<T>::mma(adv[2 * dd], ap, bo[0], bo[1]);
+          Elem<T>::mma(adv[2 * dd + 1], ap, bo[2], bo[3]);
+        }
+      }
+    }
+    __syncthreads(); /* every warp is done with dO(it) */
+    if (it + 1 < items) {
+      const int m1 = (m_lo + (it + 1) % nm) * kBM;
+      load_tile<kBM, kD, kThreads>(sO, do_of(it + 1), p.do_r, sq.len_q - m1, p.dv, p.dout, tid);
+    }
+    cp_async_commit();
+
+    /* dK += dS^T Q */
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk) {
+      uint32_t as[4];
+      ldsm4(as, sSt + (kn + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+      for (int dd = 0; dd < kDW / 16; ++dd) {
+        const int col = dc0 + dd * 16;
+        if (!kFeat || col < p.d) {
+          uint32_t bq[4];
+          ldsm4t(bq, sQ + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + col + (lane >> 4) * 8);
+          Elem<T>::mma(adk[2 * dd], as, bq[0], bq[1]);
+          Elem<T>::mma(adk[2 * dd + 1], as, bq[2], bq[3]);
+        }
+      }
+    }
+    if constexpr (kAtomic) {
+      /* dQ(rows of this block) += dS K: warp w takes query rows 16 (w % kMTiles) .. + 15 and a
+       * kD / kDG slice of columns, kQC at a time, and adds them into the f32 workspace. */
+      constexpr int kMTiles = kBM / 16, kDG = C::kNW / kMTiles, kCols = kD / kDG;
+      constexpr int kQC = kCols % 64 == 0 ? 64 : kCols % 32 == 0 ? 32 : 16;
+      static_assert(C::kNW % kMTiles == 0 && kD % kDG == 0, "dQ split");
+      const int qr0 = (warp % kMTiles) * 16, c_base = (warp / kMTiles) * kCols;
+      float *gdq = p.dq_accum + ((int64_t)h * p.rows_q + delta_row(p, sq, b, m0)) * p.d;
+#pragma unroll
+      for (int cc = 0; cc < kCols / kQC; ++cc) {
+        const int c0 = c_base + cc * kQC;
+        if (kFeat && c0 >= p.d) break;
+        float aq[kQC / 8][4];
+#pragma unroll
+        for (int dt = 0; dt < kQC / 8; ++dt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) aq[dt][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk) {
+          uint32_t a[4];
+          ldsm4t(a, sSt + (kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8) * kP + qr0 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+          for (int dd = 0; dd < kQC / 16; ++dd) {
+            uint32_t bk[4];
+            ldsm4t(bk, sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + c0 + dd * 16 + (lane >> 4) * 8);
+            Elem<T>::mma(aq[2 * dd], a, bk[0], bk[1]);
+            Elem<T>::mma(aq[2 * dd + 1], a, bk[2], bk[3]);
           }
-          if (col < p.d) {
-            uint32_t bq[4];
-            ldsm4t(bq, sQ + rowoff);
-            Elem<T>::mma(adk[2 * dd], as, bq[0], bq[1]);
-            Elem<T>::mma(adk[2 * dd + 1], as, bq[2], bq[3]);
+        }
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = qr0 + (lane >> 2) + hf * 8;
+          if (m0 + r >= sq.len_q) continue;
+#pragma unroll
+          for (int dt = 0; dt < kQC / 8; ++dt) {
+            const int c = c0 + dt * 8 + (lane & 3) * 2;
+            if (kFeat && c >= p.d) continue;
+            float *dst = gdq + (int64_t)r * p.d + c;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(aq[dt][2 * hf], aq[dt][2 * hf + 1]));
+#else
+            atomicAdd(dst, aq[dt][2 * hf]);
+            atomicAdd(dst + 1, aq[dt][2 * hf + 1]);
+#endif
           }
         }
       }
-      __syncthreads(); /* every warp is done with sQ, sO, sPt, sSt */
     }
+    __syncthreads(); /* every warp is done with Q(it), P'^T, dS^T */
+    if (it + 1 < items) {
+      const int m1 = (m_lo + (it + 1) % nm) * kBM;
+      load_tile<kBM, kD, kThreads>(sQ, q_of(it + 1), p.q_r, sq.len_q - m1, p.d, p.q, tid);
+    }
+    cp_async_commit();
   }
   cp_async_wait_all();
 
@@ -374,35 +493,74 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
 #pragma unroll
     for (int dt = 0; dt < kDNT; ++dt) {
       int c = dc0 + dt * 8 + (lane & 3) * 2;
-      if (c < p.d)
+      if (!kFeat || c < p.d)
         *reinterpret_cast<uint32_t *>(gdk + r * p.dk_r + c) =
             Elem<T>::pack(adk[dt][2 * hf] * p.scale, adk[dt][2 * hf + 1] * p.scale);
-      if (c < p.dv)
+      if (!kFeat || c < p.dv)
         *reinterpret_cast<uint32_t *>(gdv + r * p.dv_r + c) = Elem<T>::pack(adv[dt][2 * hf], adv[dt][2 * hf + 1]);
     }
   }
 }
 
-template <typename T, int kD> attn_status run_bwd(const attn_cuda_params &p, cudaStream_t stream,
-                                                  char *why, size_t why_size) {
+/* dq = scale * the f32 accumulator of the atomic configuration, for every row of dq (rows outside
+ * the sequences hold 0 there). */
+template <typename T>
+__global__ void dq_convert_kernel(const __grid_constant__ attn_cuda_params p) {
+  const int64_t n = p.rows_q * p.heads_q * (p.d / 2);
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (int64_t)blockDim.x) {
+    const int64_t c = (e % (p.d / 2)) * 2, rest = e / (p.d / 2);
+    const int64_t h = rest % p.heads_q, row = rest / p.heads_q;
+    const float2 v = *reinterpret_cast<const float2 *>(p.dq_accum + (h * p.rows_q + row) * p.d + c);
+    int64_t off;
+    if (p.varlen == ATTN_CUDA_VARLEN_PACKED) off = row * p.dq_r;
+    else off = (row / p.seqlen_q) * p.dq_b + (row % p.seqlen_q) * p.dq_r;
+    *reinterpret_cast<uint32_t *>(static_cast<T *>(p.dq_out) + off + h * p.dq_h + c) =
+        Elem<T>::pack(v.x * p.scale, v.y * p.scale);
+  }
+}
+
+template <typename T, int kD, bool kFeat, bool kAtomic>
+attn_status launch_bwd(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
   using Tr = BwdTraits<kD>;
   using Ckv = DkvCfg<T, kD, Tr::kNW, Tr::kBN, Tr::kBM>;
-  using Cq = DqCfg<T, kD, Tr::kNWq, Tr::kBNq>;
-  auto kv = bwd_dkv_kernel<T, Ckv>;
-  auto q = bwd_dq_kernel<T, Cq>;
+  auto kv = bwd_dkv_kernel<T, Ckv, kFeat, kAtomic>;
   ATTN_CUDA_CHECK(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Ckv::kSmem));
-  ATTN_CUDA_CHECK(cudaFuncSetAttribute(q, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Cq::kSmem));
+  if (kAtomic && p.rows_q > 0)
+    ATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, (size_t)(p.rows_q * p.heads_q * p.d) * sizeof(float), stream));
   dim3 grid_kv((p.seqlen_k + Ckv::kBN - 1) / Ckv::kBN, p.heads_kv, p.batch);
   if (grid_kv.x > 0) {
     kv<<<grid_kv, Ckv::kThreads, Ckv::kSmem, stream>>>(p);
     ATTN_CUDA_CHECK(cudaGetLastError());
   }
-  dim3 grid_q((p.seqlen_q + Cq::kBM - 1) / Cq::kBM, p.heads_q, p.batch);
-  if (grid_q.x > 0) {
-    q<<<grid_q, Cq::kThreads, Cq::kSmem, stream>>>(p);
-    ATTN_CUDA_CHECK(cudaGetLastError());
+  if constexpr (kAtomic) {
+    const int64_t n = p.rows_q * p.heads_q * (p.d / 2);
+    if (n > 0) {
+      const int64_t blocks = (n + 255) / 256;
+      dq_convert_kernel<T><<<(int)(blocks > 65535 ? 65535 : blocks), 256, 0, stream>>>(p);
+      ATTN_CUDA_CHECK(cudaGetLastError());
+    }
+  } else {
+    using Cq = DqCfg<T, kD, Tr::kNWq, Tr::kBNq>;
+    auto q = bwd_dq_kernel<T, Cq, kFeat>;
+    ATTN_CUDA_CHECK(cudaFuncSetAttribute(q, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Cq::kSmem));
+    dim3 grid_q((p.seqlen_q + Cq::kBM - 1) / Cq::kBM, p.heads_q, p.batch);
+    if (grid_q.x > 0) {
+      q<<<grid_q, Cq::kThreads, Cq::kSmem, stream>>>(p);
+      ATTN_CUDA_CHECK(cudaGetLastError());
+    }
   }
   return ATTN_STATUS_OK;
+}
+
+/* p.dq_accum != NULL selects the atomic configuration. */
+template <typename T, int kD> attn_status run_bwd(const attn_cuda_params &p, cudaStream_t stream,
+                                                  char *why, size_t why_size) {
+  const bool feat = needs_features(p, kD);
+  if (p.dq_accum != nullptr)
+    return feat ? launch_bwd<T, kD, true, true>(p, stream, why, why_size)
+                : launch_bwd<T, kD, false, true>(p, stream, why, why_size);
+  return feat ? launch_bwd<T, kD, true, false>(p, stream, why, why_size)
+              : launch_bwd<T, kD, false, false>(p, stream, why, why_size);
 }
 
 } // namespace attn_cuda

@@ -124,6 +124,13 @@ __device__ __forceinline__ void load_tile(T *s, const T *g, int64_t row_stride, 
   }
 }
 
+/* 2^x on the special-function unit (-inf -> 0); what exp2f becomes under --use_fast_math. */
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -218,6 +225,22 @@ __device__ __forceinline__ bool visible(const attn_cuda_params &p, const Head &r
     if (qs < 0 || qs != ks) return false;
   }
   return true;
+}
+
+/* Step 3 for a run without masks or segment ids: the band and the lengths only. */
+__device__ __forceinline__ bool visible_band(const attn_cuda_params &p, const Head &r, int i, int j) {
+  if (i >= r.len_q || j >= r.len_k) return false;
+  int diag = i + r.o;
+  if (p.window_left >= 0 && j < diag - p.window_left) return false;
+  if (p.window_right >= 0 && j > diag + p.window_right) return false;
+  return true;
+}
+
+/* Whether a run needs the feature kernels: any per-element function, dropout, sinks, or head
+ * dims below the kernel's (zero-padded columns). */
+__host__ __device__ __forceinline__ bool needs_features(const attn_cuda_params &p, int kd) {
+  return p.elementwise || p.dropout_p > 0.f || p.num_sinks > 0 || p.d != kd || p.dv != kd ||
+         p.dbias != nullptr || p.dsinks != nullptr;
 }
 
 /* Steps 1-2: the logit of a visible key from the raw dot product; *t gets tanh(x_pre / cap). */

@@ -17,8 +17,8 @@
 
 namespace attn_cuda {
 
-template <typename T, typename C>
-__global__ void __launch_bounds__(C::kThreads) fwd_kernel(const __grid_constant__ attn_cuda_params p) {
+template <typename T, typename C, bool kFeat>
+__global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid_constant__ attn_cuda_params p) {
   constexpr int kD = C::kD, kBM = C::kBM, kBN = C::kBN, kS = C::kS, kMT = C::kMT;
   constexpr int kNT = kBN / 8, kDT = kD / 8, kThreads = C::kThreads;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const __grid_constant_
   /* Step 4-5: sinks are logits of the row max and terms of Z, counted once: every thread of a
    * quad starts from their max, and only the first adds their sum (the quad's sums are added at
    * the end). */
-  if (p.num_sinks > 0) {
+  if (kFeat && p.num_sinks > 0) {
     const float *sk = p.sinks + h * p.sinks_h;
     float mx = -INFINITY;
     for (int t = 0; t < p.num_sinks; ++t) mx = fmaxf(mx, sk[t * p.sinks_t]);
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const __grid_constant_
       }
   }
 
-  const int nk = (p.d + 15) / 16, nv = (p.dv + 15) / 16;
+  const int nk = kFeat ? (p.d + 15) / 16 : kD / 16, nv = kFeat ? (p.dv + 15) / 16 : kD / 16;
   const float scale_log2 = p.scale * kLog2e;
   const int wrow = warp * kMT * 16; /* first row of this warp in the block */
 
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const __grid_constant_
     }
 
     /* Steps 1-3 into log2 units: x * log2(e), -inf where not visible. */
-    if (!p.elementwise && band_full(p, hd, m0, m_last, n0, kBN)) {
+    if ((!kFeat || !p.elementwise) && band_full(p, hd, m0, m_last, n0, kBN)) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -132,9 +132,13 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const __grid_constant_
           for (int e = 0; e < 4; ++e) {
             int i = m0 + wrow + mt * 16 + (lane >> 2) + (e >> 1) * 8;
             int j = n0 + nt * 8 + (lane & 3) * 2 + (e & 1);
-            float t;
-            s[mt][nt][e] = visible(p, hd, i, j) ? logit(p, hd, i, j, s[mt][nt][e], &t) * kLog2e
-                                                : -INFINITY;
+            if constexpr (kFeat) {
+              float t;
+              s[mt][nt][e] = visible(p, hd, i, j) ? logit(p, hd, i, j, s[mt][nt][e], &t) * kLog2e
+                                                  : -INFINITY;
+            } else {
+              s[mt][nt][e] = visible_band(p, hd, i, j) ? s[mt][nt][e] * scale_log2 : -INFINITY;
+            }
           }
     }
 
@@ -148,7 +152,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const __grid_constant_
         for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
         mx = quad_max(mx);
         const float base = mx == -INFINITY ? 0.f : mx;
-        const float corr = exp2f(row_max[mt][hf] - base);
+        const float corr = ex2(row_max[mt][hf] - base);
         row_max[mt][hf] = mx;
         float sum = row_sum[mt][hf] * corr;
 #pragma unroll
@@ -158,7 +162,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const __grid_constant_
         }
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
-          float e0 = exp2f(s[mt][nt][2 * hf] - base), e1 = exp2f(s[mt][nt][2 * hf + 1] - base);
+          float e0 = ex2(s[mt][nt][2 * hf] - base), e1 = ex2(s[mt][nt][2 * hf + 1] - base);
           s[mt][nt][2 * hf] = e0, s[mt][nt][2 * hf + 1] = e1;
           sum += e0 + e1;
         }
@@ -167,7 +171,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const __grid_constant_
 
     /* Step 6: dropout zeroes P after Z has seen it; 1 / (1 - p) is applied at the end. Columns
      * 2t and 2t+1 share one Philox call (same j >> 2). */
-    if (p.dropout_p > 0.f) {
+    if (kFeat && p.dropout_p > 0.f) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -229,12 +233,12 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const __grid_constant_
       const float sum = quad_sum(row_sum[mt][hf]);
       if (m0 + r >= sq.len_q) continue;
       const bool empty = row_max[mt][hf] == -INFINITY;
-      const float inv = empty ? 0.f : p.keep_scale / sum;
+      const float inv = empty ? 0.f : (kFeat ? p.keep_scale : 1.f) / sum;
       T *orow = go + r * p.o_r;
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt) {
         int c = dt * 8 + (lane & 3) * 2;
-        if (c < p.dv)
+        if (!kFeat || c < p.dv)
           *reinterpret_cast<uint32_t *>(orow + c) =
               Elem<T>::pack(acc[mt][dt][2 * hf] * inv, acc[mt][dt][2 * hf + 1] * inv);
       }
@@ -244,15 +248,26 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const __grid_constant_
     }
 }
 
-template <typename T, int kD> attn_status run_fwd(const attn_cuda_params &p, cudaStream_t stream,
-                                                  char *why, size_t why_size) {
-  using C = FwdCfg<T, kD, FwdTraits<kD>::kNW, FwdTraits<kD>::kMT, FwdTraits<kD>::kBN>;
-  auto kernel = fwd_kernel<T, C>;
+template <typename T, typename C, bool kFeat>
+attn_status launch_fwd(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
+  auto kernel = fwd_kernel<T, C, kFeat>;
   ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmem));
   dim3 grid((p.seqlen_q + C::kBM - 1) / C::kBM, p.heads_q, p.batch);
   kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p);
   ATTN_CUDA_CHECK(cudaGetLastError());
   return ATTN_STATUS_OK;
+}
+
+/* The feature-free kernel (kFeat = false) when the run needs none of the per-element work, the
+ * sinks or the zero padding of a smaller head dim: the common case, at far fewer registers. */
+template <typename T, int kD> attn_status run_fwd(const attn_cuda_params &p, cudaStream_t stream,
+                                                  char *why, size_t why_size) {
+  if (needs_features(p, kD)) {
+    using F = FwdTraits<kD>;
+    return launch_fwd<T, FwdCfg<T, kD, F::kNW, F::kMT, F::kBN>, true>(p, stream, why, why_size);
+  }
+  using F = FastFwdTraits<kD>;
+  return launch_fwd<T, FwdCfg<T, kD, F::kNW, F::kMT, F::kBN, F::kMinB>, false>(p, stream, why, why_size);
 }
 
 } // namespace attn_cuda

@@ -133,7 +133,9 @@ template <typename T> size_t smem_of(int kd, int backward) {
 #define ATTN_SMEM_CASE(D)                                                                          \
   case D:                                                                                          \
     if (!backward)                                                                                 \
-      return FwdCfg<T, D, FwdTraits<D>::kNW, FwdTraits<D>::kMT, FwdTraits<D>::kBN>::kSmem;         \
+      return max(FwdCfg<T, D, FwdTraits<D>::kNW, FwdTraits<D>::kMT, FwdTraits<D>::kBN>::kSmem,     \
+                 FwdCfg<T, D, FastFwdTraits<D>::kNW, FastFwdTraits<D>::kMT,                        \
+                        FastFwdTraits<D>::kBN>::kSmem);                                            \
     return max(DkvCfg<T, D, BwdTraits<D>::kNW, BwdTraits<D>::kBN, BwdTraits<D>::kBM>::kSmem,       \
                DqCfg<T, D, BwdTraits<D>::kNWq, BwdTraits<D>::kBNq>::kSmem);
     ATTN_SMEM_CASE(32)

@@ -74,6 +74,8 @@ typedef struct attn_cuda_params {
   float *dsinks;        /* f32 like sinks; NULL = not asked */
   int64_t dsinks_h, dsinks_t;
   float *delta;         /* workspace: [Hq, rows_q] f32, rows_q = B * Tq or total_q */
+  float *dq_accum;      /* the "atomic" configuration's workspace: [Hq, rows_q, d] f32; NULL in
+                         * the deterministic one */
   int64_t rows_q;
 } attn_cuda_params;
 

@@ -26,6 +26,17 @@ template <int kD> struct FwdTraits {
   static constexpr int kNW = kD <= 64 || kD > 128 ? 4 : 8, kMT = 1, kBN = kD <= 128 ? 64 : 32;
 };
 
+/* The feature-free forward (no per-element function, dropout, sinks or padded head dim; see
+ * run_fwd), at FlashAttention-2's shape: two m-tiles per warp, so each K and V fragment read from
+ * shared memory feeds two mma (one m-tile per warp made the kernel shared-memory bound: 0.56
+ * ldmatrix.x4 per mma). ptxas (sm_90): D = 64 255 registers, D = 128 254 with 32 keys per step
+ * (212 bytes of spills with 64), D = 256 one m-tile on 8 warps at 252; no spills.
+ * dev/cuda/fwd_tiles.cu times the alternatives. */
+template <int kD> struct FastFwdTraits {
+  static constexpr int kNW = kD <= 128 ? 4 : 8, kMT = kD <= 128 ? 2 : 1, kBN = kD <= 96 ? 64 : 32;
+  static constexpr int kMinB = 1;
+};
+
 template <int kD> struct BwdTraits {
   static constexpr int kNW = kD <= 128 ? 4 : 8, kBN = 64, kBM = 64; /* dK/dV kernel */
   static constexpr int kNWq = 4, kBNq = kD <= 128 ? 64 : 32;       /* dQ kernel (kBM = 64) */
@@ -33,8 +44,8 @@ template <int kD> struct BwdTraits {
 
 /* The tile configurations the kernels are instantiated with; kSmem is each kernel's dynamic
  * shared memory in bytes. */
-template <typename T, int kD_, int kNW_, int kMT_, int kBN_> struct FwdCfg {
-  static constexpr int kD = kD_, kNW = kNW_, kMT = kMT_, kBN = kBN_;
+template <typename T, int kD_, int kNW_, int kMT_, int kBN_, int kMinB_ = 1> struct FwdCfg {
+  static constexpr int kD = kD_, kNW = kNW_, kMT = kMT_, kBN = kBN_, kMinB = kMinB_;
   static constexpr int kBM = 16 * kMT * kNW, kThreads = 32 * kNW, kS = kD + 8;
   static constexpr size_t kSmem = (size_t)(kBM + 2 * kBN) * kS * sizeof(T);
 };
@@ -42,7 +53,7 @@ template <typename T, int kD_, int kNW_, int kMT_, int kBN_> struct FwdCfg {
 template <typename T, int kD_, int kNW_, int kBN_> struct DqCfg {
   static constexpr int kD = kD_, kNW = kNW_, kBN = kBN_;
   static constexpr int kBM = 16 * kNW, kThreads = 32 * kNW, kS = kD + 8;
-  static constexpr size_t kSmem = (size_t)(2 * kBM + 2 * kBN) * kS * sizeof(T);
+  static constexpr size_t kSmem = (size_t)(2 * kBM + 4 * kBN) * kS * sizeof(T); /* K, V: 2 stages */
 };
 
 template <typename T, int kD_, int kNW_, int kBN_, int kBM_> struct DkvCfg {

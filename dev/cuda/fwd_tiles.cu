@@ -1,0 +1,122 @@
+/*
+ * dev/cuda/fwd_tiles.cu - kernel lab: the feature-free forward kernel (src/impl/cuda/cuda_fwd.cuh)
+ * at several tile shapes (warps, m-tiles per warp, keys per step, min CTAs per SM), timed directly
+ * on the bench shapes (bf16, B * T = 16384, Hq * D = 2048, T = 8192, causal and not), each checked
+ * against the first shape's output (max |diff|, which must be 0 or rounding).
+ *
+ * build + run on the GPU machine (gpu/cuda_run.sh does it when LAB=1):
+ *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90,code=sm_90 dev/cuda/fwd_tiles.cu -o lab && ./lab
+ */
+#include "impl/cuda/cuda_fwd.cuh"
+
+#include <algorithm>
+#include <string.h>
+#include <stdio.h>
+#include <vector>
+
+using namespace attn_cuda;
+typedef __nv_bfloat16 bf;
+
+#define CU(x)                                                                                      \
+  do {                                                                                             \
+    cudaError_t e_ = (x);                                                                          \
+    if (e_ != cudaSuccess) {                                                                       \
+      printf("%s: %s\n", #x, cudaGetErrorString(e_));                                              \
+      exit(1);                                                                                     \
+    }                                                                                              \
+  } while (0)
+
+__global__ void fill(bf *x, size_t n, unsigned seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    unsigned h = (unsigned)i * 2654435761u ^ seed;
+    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
+    x[i] = __float2bfloat16((h & 0xffff) / 32768.f - 1.f);
+  }
+}
+
+__global__ void maxdiff(const bf *a, const bf *b, size_t n, float *out) {
+  float m = 0.f;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    m = fmaxf(m, fabsf(__bfloat162float(a[i]) - __bfloat162float(b[i])));
+  atomicMax(reinterpret_cast<int *>(out), __float_as_int(m));
+}
+
+template <int kD, int kNW, int kMT, int kBN, int kMinB>
+void bench(const char *tag, attn_cuda_params p, bf *ref, double flops) {
+  using C = FwdCfg<bf, kD, kNW, kMT, kBN, kMinB>;
+  char why[256];
+  std::vector<float> ms;
+  cudaEvent_t a, b;
+  CU(cudaEventCreate(&a));
+  CU(cudaEventCreate(&b));
+  for (int r = 0; r < 13; ++r) {
+    CU(cudaEventRecord(a));
+    if (launch_fwd<bf, C, false>(p, 0, why, sizeof why) != ATTN_STATUS_OK) {
+      printf("%s\n", why);
+      exit(1);
+    }
+    CU(cudaEventRecord(b));
+    CU(cudaEventSynchronize(b));
+    float t;
+    CU(cudaEventElapsedTime(&t, a, b));
+    if (r >= 3) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  float *d;
+  CU(cudaMalloc(&d, 4));
+  CU(cudaMemset(d, 0, 4));
+  size_t n = (size_t)p.batch * p.seqlen_q * p.heads_q * kD;
+  if (ref != static_cast<bf *>(p.out)) maxdiff<<<1024, 256>>>(ref, static_cast<bf *>(p.out), n, d);
+  float md;
+  CU(cudaMemcpy(&md, d, 4, cudaMemcpyDeviceToHost));
+  CU(cudaFree(d));
+  printf("lab fwd D=%d causal=%d nw=%d mt=%d bn=%d minb=%d (%s): %.3f ms %.1f TFLOPS maxdiff %.3g\n", kD,
+         p.window_right == 0, kNW, kMT, kBN, kMinB, tag, ms[ms.size() / 2], flops / ms[ms.size() / 2] * 1e-9, md);
+}
+
+template <int kD> void shape(int causal) {
+  const int T = 8192, B = 16384 / T, H = 2048 / kD;
+  size_t n = (size_t)B * T * H * kD;
+  bf *q, *k, *v, *o, *o2;
+  float *lse;
+  CU(cudaMalloc(&q, n * 2));
+  CU(cudaMalloc(&k, n * 2));
+  CU(cudaMalloc(&v, n * 2));
+  CU(cudaMalloc(&o, n * 2));
+  CU(cudaMalloc(&o2, n * 2));
+  CU(cudaMalloc(&lse, (size_t)B * H * T * 4));
+  fill<<<1024, 256>>>(q, n, 1), fill<<<1024, 256>>>(k, n, 2), fill<<<1024, 256>>>(v, n, 3);
+  attn_cuda_params p;
+  memset(&p, 0, sizeof p);
+  p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
+  int64_t rs = (int64_t)H * kD, bs = (int64_t)T * rs;
+  p.q_b = p.k_b = p.v_b = p.o_b = bs;
+  p.q_r = p.k_r = p.v_r = p.o_r = rs;
+  p.q_h = p.k_h = p.v_h = p.o_h = kD;
+  p.lse_b = (int64_t)H * T, p.lse_h = T, p.lse_r = 1;
+  p.batch = B, p.seqlen_q = p.seqlen_k = T, p.heads_q = p.heads_kv = H, p.group = 1, p.d = p.dv = kD;
+  p.scale = 1.f / sqrtf((float)kD), p.window_left = -1, p.window_right = causal ? 0 : -1;
+  p.keep_scale = 1.f;
+  double flops = 4.0 * B * H * (double)T * T * kD * (causal ? 0.5 : 1.0);
+  if (kD <= 128) {
+    bench<kD, 4, 2, 64, 1>("fa2", p, o, flops);
+    p.out = o2;
+    bench<kD, 4, 2, 32, 1>("bn32", p, o, flops);
+    bench<kD, 4, 1, 64, 2>("mt1", p, o, flops);
+    bench<kD, 8, 1, 64, 1>("old", p, o, flops);
+  } else {
+    bench<kD, 8, 1, 32, 1>("w8", p, o, flops);
+    p.out = o2;
+    bench<kD, 4, 1, 32, 1>("w4", p, o, flops);
+  }
+  cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(o2), cudaFree(lse);
+}
+
+int main() {
+  for (int c = 0; c < 2; ++c) {
+    shape<64>(c);
+    shape<128>(c);
+    shape<256>(c);
+  }
+  return 0;
+}
