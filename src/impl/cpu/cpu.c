@@ -270,48 +270,59 @@ static void tile_features(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
     kseg = (const int32_t *)in->kv_segment_ids.data + b * in->kv_segment_ids.stride[0];
     kseg_js = in->kv_segment_ids.stride[1];
   }
+  const attn_dtype bias_dt = (attn_dtype)p->bias_dtype;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + r, diag = i + s->o;
     float *x = S + r * lds;
     float *dc = dcap != NULL ? dcap + r * lds : NULL;
-    if (dc != NULL)
-      for (int64_t jj = 0; jj < nk; ++jj) dc[jj] = 1.0f;
     int32_t qseg = 0;
     if (kseg != NULL) {
       const attn_tensor *qs = &in->q_segment_ids;
       qseg = ((const int32_t *)qs->data)[b * qs->stride[0] + i * qs->stride[1]];
-      if (qseg < 0) {
+      if (qseg < 0) { /* a padding query sees nothing */
         for (int64_t jj = 0; jj < nk; ++jj) x[jj] = -INFINITY;
+        if (dc != NULL)
+          for (int64_t jj = 0; jj < nk; ++jj) dc[jj] = 1.0f;
         continue;
       }
     }
-    const void *bias = NULL;
-    int64_t bias_row = 0;
+    /* Each step is its own loop over the row, so the compiler vectorises the simple ones and the
+     * soft cap runs in the kernel table's vector tanh. Masks come last: they overwrite with -inf
+     * whatever the additive terms and the cap made of a hidden key (bias and ALiBi are inside the
+     * cap; masking is after it). */
     if (p->has_bias) {
-      bias = in->bias.data;
-      bias_row = bcast_off(p->bias_shape, in->bias.stride, b, bias_head(c, h), i);
+      const int64_t at = bcast_off(p->bias_shape, in->bias.stride, b, bias_head(c, h), i) + j0 * bias_js;
+      if (bias_dt == ATTN_DTYPE_F32 && bias_js == 1) {
+        const float *bias = (const float *)in->bias.data + at;
+        for (int64_t jj = 0; jj < nk; ++jj) x[jj] += bias[jj];
+      } else {
+        for (int64_t jj = 0; jj < nk; ++jj) x[jj] += load1(in->bias.data, bias_dt, at + jj * bias_js);
+      }
     }
-    const uint8_t *mask = NULL;
-    if (p->has_mask)
-      mask = (const uint8_t *)in->mask.data +
-             bcast_off(p->mask_shape, in->mask.stride, b, p->mask_shape[1] == 1 ? 0 : h, i);
-    for (int64_t jj = 0; jj < nk; ++jj) {
-      const int64_t j = j0 + jj;
-      if ((c->wl >= 0 && j < diag - c->wl) || (c->wr >= 0 && j > diag + c->wr) ||
-          (mask != NULL && mask[j * mask_js] == 0) ||
-          (kseg != NULL && kseg[j * kseg_js] != qseg)) {
-        x[jj] = -INFINITY;
-        continue;
-      }
-      float v = x[jj];
-      if (bias != NULL) v += load1(bias, (attn_dtype)p->bias_dtype, bias_row + j * bias_js);
-      if (slope != 0.0f) v -= slope * fabsf((float)(diag - j));
-      if (c->softcap > 0.0f) {
-        const float t = tanhf(v / c->softcap);
-        v = c->softcap * t;
-        if (dc != NULL) dc[jj] = 1.0f - t * t;
-      }
-      x[jj] = v;
+    if (slope != 0.0f) { /* -slope |i + o - j|; the distances are exact in f32 below 2^24 */
+      const float base = (float)(diag - j0);
+      for (int64_t jj = 0; jj < nk; ++jj) x[jj] -= slope * fabsf(base - (float)jj);
+    }
+    if (c->softcap > 0.0f) {
+      c->kern->softcap(x, dc, nk, c->softcap);
+    } else if (dc != NULL) {
+      for (int64_t jj = 0; jj < nk; ++jj) dc[jj] = 1.0f;
+    }
+    int64_t lo = c->wl >= 0 ? diag - c->wl - j0 : 0;      /* first visible jj by the window */
+    int64_t hi = c->wr >= 0 ? diag + c->wr - j0 + 1 : nk; /* one past the last */
+    lo = max64(0, min64(lo, nk));
+    hi = max64(lo, min64(hi, nk));
+    for (int64_t jj = 0; jj < lo; ++jj) x[jj] = -INFINITY;
+    for (int64_t jj = hi; jj < nk; ++jj) x[jj] = -INFINITY;
+    if (p->has_mask) {
+      const uint8_t *mask = (const uint8_t *)in->mask.data +
+                            bcast_off(p->mask_shape, in->mask.stride, b,
+                                      p->mask_shape[1] == 1 ? 0 : h, i) + j0 * mask_js;
+      for (int64_t jj = lo; jj < hi; ++jj) x[jj] = mask[jj * mask_js] != 0 ? x[jj] : -INFINITY;
+    }
+    if (kseg != NULL) {
+      const int32_t *ks = kseg + j0 * kseg_js;
+      for (int64_t jj = lo; jj < hi; ++jj) x[jj] = ks[jj * kseg_js] == qseg ? x[jj] : -INFINITY;
     }
   }
 }

@@ -41,9 +41,14 @@ typedef struct attn_cpu_kernels {
   void (*scale)(float *x, int64_t n, float s);
   /* dp[j] = p[j] * (dp[j] - delta) for j < n: dS of the backward pass. */
   void (*ds_row)(float *dp, const float *p, int64_t n, float delta);
+  /* Soft cap: x[j] = cap * tanh(x[j] / cap) and, when dc is not NULL, dc[j] = 1 - tanh^2 (the
+   * derivative), for j < n; infinities map to +-cap. */
+  void (*softcap)(float *x, float *dc, int64_t n, float cap);
 } attn_cpu_kernels;
 
 extern const attn_cpu_kernels attn_cpu_kernels_generic;
+/* The portable soft cap (libm's tanhf), also the AVX2 table's. */
+void attn_cpu_softcap_generic(float *x, float *dc, int64_t n, float cap);
 #if defined(__x86_64__) || defined(__i386__)
 #define ATTN_CPU_X86 1
 extern const attn_cpu_kernels attn_cpu_kernels_avx2;
@@ -60,6 +65,7 @@ float attn_cpu_row_max_avx512(const float *x, int64_t n);
 float attn_cpu_exp_sum_avx512(float *x, int64_t n, float m);
 void attn_cpu_scale_avx512(float *x, int64_t n, float s);
 void attn_cpu_ds_row_avx512(float *dp, const float *p, int64_t n, float delta);
+void attn_cpu_softcap_avx512(float *x, float *dc, int64_t n, float cap);
 #endif
 
 /* The kernel table a new plan of "cpu" would use now ("generic", "avx2", "avx512"): cpuid lowered

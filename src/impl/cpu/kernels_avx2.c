@@ -167,4 +167,5 @@ const attn_cpu_kernels attn_cpu_kernels_avx2 = {
     .exp_sum = exp_sum_avx2,
     .scale = scale_avx2,
     .ds_row = ds_row_avx2,
+    .softcap = attn_cpu_softcap_generic,
 };

@@ -148,4 +148,5 @@ const attn_cpu_kernels attn_cpu_kernels_avx512bf16 = {
     .exp_sum = attn_cpu_exp_sum_avx512,
     .scale = attn_cpu_scale_avx512,
     .ds_row = attn_cpu_ds_row_avx512,
+    .softcap = attn_cpu_softcap_avx512,
 };

@@ -6,6 +6,7 @@
 #include "impl/cpu/cpu.h"
 
 #include <math.h>
+#include <stddef.h>
 
 static void gemm_generic(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
                          const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
@@ -46,6 +47,14 @@ static void ds_row_generic(float *dp, const float *p, int64_t n, float delta) {
   for (int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - delta);
 }
 
+void attn_cpu_softcap_generic(float *x, float *dc, int64_t n, float cap) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float t = tanhf(x[j] / cap);
+    x[j] = cap * t;
+    if (dc != NULL) dc[j] = 1.0f - t * t;
+  }
+}
+
 const attn_cpu_kernels attn_cpu_kernels_generic = {
     .name = "generic",
     .gemm = gemm_generic,
@@ -54,4 +63,5 @@ const attn_cpu_kernels attn_cpu_kernels_generic = {
     .exp_sum = exp_sum_generic,
     .scale = scale_generic,
     .ds_row = ds_row_generic,
+    .softcap = attn_cpu_softcap_generic,
 };
