@@ -1,7 +1,8 @@
 /*
  * dev/cpu/kernel_bench.c - times the "cpu" implementation's kernels alone on one thread, at the tile
  * shapes the driver uses, to see where a forward pass spends its time. Not part of the build:
- *   gcc -O3 -std=c11 -Isrc -Iinclude dev/cpu/kernel_bench.c build/libattn.a -lm -fopenmp -o /tmp/kb
+ *   gcc -O3 -std=c11 -Isrc -Iinclude dev/cpu/kernel_bench.c /tmp/cpubuild/libattn.a -lm -fopenmp
+ *   (a CPU-only build: cmake -DATTN_WITH_CUDA=OFF -DATTN_WITH_CUDNN=OFF, as in features_bench.c)
  */
 #define _POSIX_C_SOURCE 200809L
 #include "impl/cpu/cpu.h"
@@ -27,9 +28,9 @@ int main(int argc, char **argv) {
   for (int i = 0; i < bk * D; ++i) kt[i] = 0.01f * (i % 5), v[i] = 0.02f * (i % 3);
   int iters = 20000;
   double t0 = now();
-  for (int it = 0; it < iters; ++it) k->gemm(bq, bk, D, q, D, 0, kt, bk, s, bk, 0);
+  for (int it = 0; it < iters; ++it) k->gemm(bq, bk, D, q, D, 0, kt, bk, s, bk, 0, NULL);
   double t1 = now();
-  for (int it = 0; it < iters; ++it) k->gemm(bq, D, bk, s, bk, 0, v, D, o, D, 1);
+  for (int it = 0; it < iters; ++it) k->gemm(bq, D, bk, s, bk, 0, v, D, o, D, 1, NULL);
   double t2 = now();
   for (int it = 0; it < iters; ++it)
     for (int r = 0; r < bq; ++r) {
