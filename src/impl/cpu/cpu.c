@@ -39,7 +39,8 @@
 
 /* Query block rows x key block columns. Both multiples of ATTN_CPU_NPAD (and of 4, the Philox group). */
 static const int64_t cfg_bq[] = {32, 64, 128};
-static const int64_t cfg_bk[] = {64, 128, 256};
+#define MAX_BK 256 /* the largest key block: per-row scratch on the stack is sized by it */
+static const int64_t cfg_bk[] = {64, 128, MAX_BK};
 #define N_BQ ((int32_t)(sizeof cfg_bq / sizeof cfg_bq[0]))
 #define N_BK ((int32_t)(sizeof cfg_bk / sizeof cfg_bk[0]))
 
@@ -348,15 +349,6 @@ static void apply_masks(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t i
   else if (!window_covers(c, s, i0, rows, j0, nk)) tile_window(c, s, i0, rows, j0, nk, S, lds);
 }
 
-/* Philox words of (b, h, i, j .. j + 3): keep iff word >= threshold. */
-static inline void philox_words(const cpu_run *c, int64_t b, int64_t h, int64_t i, int64_t j,
-                                uint32_t w[4]) {
-  const uint64_t seed = c->in->dropout_seed;
-  const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-  const uint32_t ctr[4] = {(uint32_t)i, (uint32_t)(j >> 2), (uint32_t)h, (uint32_t)b};
-  attn_philox4x32_10(ctr, key, w);
-}
-
 /* The key blocks [*kb_lo, *kb_hi) that rows [i0, i0 + rows) of a sequence can see. */
 static void key_block_range(const cpu_run *c, const cpu_seq *s, int64_t i0, int64_t rows,
                             int64_t *kb_lo, int64_t *kb_hi) {
@@ -599,14 +591,10 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
       t->l[r] = t->l[r] * alpha + k->exp_sum(x, nk, m_new);
       if (alpha != 1.0f) k->scale(t->o + r * c->Dvp, c->Dvp, alpha);
       t->m[r] = m_new;
-      if (c->dropout) {
-        const int64_t i = i0 + r;
-        for (int64_t jj = 0; jj < nk; jj += 4) {
-          uint32_t w[4];
-          philox_words(c, s->b, h, i, j0 + jj, w);
-          for (int64_t e = 0; e < 4 && jj + e < nk; ++e)
-            if (w[e] < c->drop_threshold) x[jj + e] = 0.0f;
-        }
+      if (c->dropout) { /* P' = 0 where dropped; keep_scale is applied with 1 / l at the end */
+        uint8_t keep[MAX_BK];
+        k->dropout_keep(c->in->dropout_seed, c->drop_threshold, s->b, h, i0 + r, j0, nk, keep);
+        for (int64_t jj = 0; jj < nk; ++jj) x[jj] = keep[jj] ? x[jj] : 0.0f;
       }
     }
     k->gemm_exact(rows, c->Dvp, nk, t->s, bk, 0, v, c->Dvp, t->o, c->Dvp, 1, t->scratch);
@@ -775,14 +763,12 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
         k->exp_sum(pr_, tnk, lse[i]); /* P = exp(x - lse), 0 where masked */
         if (c->dropout) {
           float *pd = t->pd + r * bk;
-          for (int64_t jj = 0; jj < tnk; jj += 4) {
-            uint32_t w[4];
-            philox_words(c, s->b, h, i, tj0 + jj, w);
-            for (int64_t e = 0; e < 4 && jj + e < tnk; ++e) {
-              const int keep = w[e] >= c->drop_threshold;
-              pd[jj + e] = keep ? pr_[jj + e] * c->keep_scale : 0.0f;
-              dp[jj + e] = keep ? dp[jj + e] * c->keep_scale : 0.0f;
-            }
+          uint8_t keep[MAX_BK];
+          k->dropout_keep(c->in->dropout_seed, c->drop_threshold, s->b, h, i, tj0, tnk, keep);
+          for (int64_t jj = 0; jj < tnk; ++jj) {
+            const float ks = keep[jj] ? c->keep_scale : 0.0f;
+            pd[jj] = pr_[jj] * ks;
+            dp[jj] *= ks;
           }
         }
         k->ds_row(dp, pr_, tnk, delta[i]);

@@ -168,4 +168,5 @@ const attn_cpu_kernels attn_cpu_kernels_avx2 = {
     .scale = scale_avx2,
     .ds_row = ds_row_avx2,
     .softcap = attn_cpu_softcap_generic,
+    .dropout_keep = attn_cpu_dropout_keep_generic,
 };

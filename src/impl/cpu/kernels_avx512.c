@@ -177,6 +177,41 @@ void attn_cpu_softcap_avx512(float *x, float *dc, int64_t n, float cap) {
   }
 }
 
+/* High and low 32 bits of the 32 x 32-bit products of every lane with m (a broadcast constant). */
+static inline __m512i mulhi32(__m512i a, __m512i m) {
+  const __m512i even = _mm512_mul_epu32(a, m);
+  const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
+  return _mm512_mask_blend_epi32((__mmask16)0xAAAA, _mm512_srli_epi64(even, 32), odd);
+}
+
+/* Philox4x32-10 of core/philox.h on 16 counters at once (columns j0 .. j0 + 63). */
+void attn_cpu_dropout_keep_avx512(uint64_t seed, uint32_t threshold, int64_t b, int64_t h,
+                                  int64_t i, int64_t j0, int64_t n, uint8_t *keep) {
+  const __m512i m0 = _mm512_set1_epi32((int)0xD2511F53u), m1 = _mm512_set1_epi32((int)0xCD9E8D57u);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i thr = _mm512_set1_epi32((int)threshold);
+  for (int64_t jj = 0; jj < n; jj += 64) {
+    __m512i c0 = _mm512_set1_epi32((int)(uint32_t)i);
+    __m512i c1 = _mm512_add_epi32(_mm512_set1_epi32((int)(uint32_t)((j0 + jj) >> 2)), lane);
+    __m512i c2 = _mm512_set1_epi32((int)(uint32_t)h);
+    __m512i c3 = _mm512_set1_epi32((int)(uint32_t)b);
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int round = 0; round < 10; ++round) {
+      const __m512i hi0 = mulhi32(c0, m0), lo0 = _mm512_mullo_epi32(c0, m0);
+      const __m512i hi1 = mulhi32(c2, m1), lo1 = _mm512_mullo_epi32(c2, m1);
+      c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), _mm512_set1_epi32((int)k0));
+      c1 = lo1;
+      c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), _mm512_set1_epi32((int)k1));
+      c3 = lo0;
+      k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+    }
+    const __mmask16 w[4] = {_mm512_cmpge_epu32_mask(c0, thr), _mm512_cmpge_epu32_mask(c1, thr),
+                            _mm512_cmpge_epu32_mask(c2, thr), _mm512_cmpge_epu32_mask(c3, thr)};
+    const int64_t cols = n - jj < 64 ? n - jj : 64;
+    for (int64_t e = 0; e < cols; ++e) keep[jj + e] = (uint8_t)((w[e & 3] >> (e >> 2)) & 1u);
+  }
+}
+
 const attn_cpu_kernels attn_cpu_kernels_avx512 = {
     .name = "avx512",
     .gemm = attn_cpu_gemm_avx512,
@@ -186,4 +221,5 @@ const attn_cpu_kernels attn_cpu_kernels_avx512 = {
     .scale = attn_cpu_scale_avx512,
     .ds_row = attn_cpu_ds_row_avx512,
     .softcap = attn_cpu_softcap_avx512,
+    .dropout_keep = attn_cpu_dropout_keep_avx512,
 };

@@ -5,6 +5,8 @@
  */
 #include "impl/cpu/cpu.h"
 
+#include "core/philox.h"
+
 #include <math.h>
 #include <stddef.h>
 
@@ -55,6 +57,17 @@ void attn_cpu_softcap_generic(float *x, float *dc, int64_t n, float cap) {
   }
 }
 
+void attn_cpu_dropout_keep_generic(uint64_t seed, uint32_t threshold, int64_t b, int64_t h,
+                                   int64_t i, int64_t j0, int64_t n, uint8_t *keep) {
+  const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+  for (int64_t jj = 0; jj < n; jj += 4) {
+    const uint32_t ctr[4] = {(uint32_t)i, (uint32_t)((j0 + jj) >> 2), (uint32_t)h, (uint32_t)b};
+    uint32_t w[4];
+    attn_philox4x32_10(ctr, key, w);
+    for (int64_t e = 0; e < 4 && jj + e < n; ++e) keep[jj + e] = w[e] >= threshold;
+  }
+}
+
 const attn_cpu_kernels attn_cpu_kernels_generic = {
     .name = "generic",
     .gemm = gemm_generic,
@@ -64,4 +77,5 @@ const attn_cpu_kernels attn_cpu_kernels_generic = {
     .scale = scale_generic,
     .ds_row = ds_row_generic,
     .softcap = attn_cpu_softcap_generic,
+    .dropout_keep = attn_cpu_dropout_keep_generic,
 };
