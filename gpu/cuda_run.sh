@@ -22,6 +22,8 @@ t0=$(date +%s)
 if [ "${LAB:-0}" = 1 ]; then # dev/cuda kernel lab, built beside the library
   nvcc -std=c++17 -O3 -I"$SRC/include" -I"$SRC/src" -gencode=arch=compute_90,code=sm_90 \
     "$SRC/dev/cuda/fwd_tiles.cu" -o "$BUILD-lab" >"$OUT/lab_build.log" 2>&1 &
+  nvcc -std=c++17 -O3 -I"$SRC/include" -I"$SRC/src" -gencode=arch=compute_90,code=sm_90 \
+    "$SRC/dev/cuda/bwd_tiles.cu" -o "$BUILD-labb" >>"$OUT/lab_build.log" 2>&1 &
 fi
 cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DATTN_WITH_CUDA=ON -DATTN_WITH_CUDNN=OFF \
   -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCH=OFF >"$OUT/build.log" 2>&1 &&
@@ -40,6 +42,7 @@ grep -E "^FAIL" "$OUT/test.log" | head -40
 if [ "${LAB:-0}" = 1 ]; then
   wait
   "$BUILD-lab" 2>&1 | tee "$OUT/lab.log"
+  "$BUILD-labb" 2>&1 | tee -a "$OUT/lab.log"
 fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then

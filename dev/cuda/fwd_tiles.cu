@@ -4,6 +4,15 @@
  * on the bench shapes (bf16, B * T = 16384, Hq * D = 2048, T = 8192, causal and not), each checked
  * against the first shape's output (max |diff|, which must be 0 or rounding).
  *
+ * Versions (H100, T = 8192, TFLOPS non-causal / causal):
+ *   v0 the feature kernel's shape, one m-tile per warp, 8 warps, 64 keys ("old"): D = 64 187 / 172,
+ *      D = 128 237 / 216 (the same kernel with every feature compiled in ran 136 / 124, 158 / 142)
+ *   v1 one m-tile, 4 warps, at most 168 registers for 2 CTAs per SM ("mt1"): 243 / 237, 261 / 246
+ *   v2 two m-tiles per warp, 4 warps, 64 keys ("fa2"): 274 / 245, 288 / 248 (D = 128 spills 212 B)
+ *   v3 two m-tiles per warp, 4 warps, 32 keys ("bn32"): 205 / 191, 304 / 268
+ *   D = 256 (one m-tile, 32 keys): 8 warps 235 / 199, 4 warps 260 / 224.
+ *   Kept: v2 up to D = 96, v3 at D = 128, 4 warps of one m-tile above.
+ *
  * build + run on the GPU machine (gpu/cuda_run.sh does it when LAB=1):
  *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90,code=sm_90 dev/cuda/fwd_tiles.cu -o lab && ./lab
  */

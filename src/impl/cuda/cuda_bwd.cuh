@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
 template <typename T, typename C, bool kFeat, bool kAtomic>
 __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_constant__ attn_cuda_params p) {
   constexpr int kD = C::kD, kBM = C::kBM, kBN = C::kBN, kS = C::kS, kP = C::kP;
-  constexpr int kThreads = C::kThreads, kWN = C::kWN, kQW = C::kQW, kDW = C::kDW;
+  constexpr int kThreads = C::kThreads, kWN = C::kWN, kQW = C::kQW, kWN2 = C::kWN2, kDW = C::kDW2;
   constexpr int kQNT = kQW / 8, kDNT = kDW / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   T *sK = reinterpret_cast<T *>(smem);
@@ -248,7 +248,8 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
   const int n_last = min(n0 + kBN, sq.len_k) - 1;
   const int kn = (warp % kWN) * 16;          /* this warp's 16 keys */
   const int qm = (warp / kWN) * kQW;         /* phase 1: its query columns */
-  const int dc0 = (warp / kWN) * kDW;        /* phase 2: its head-dim columns */
+  const int kn2 = (warp % kWN2) * 32;        /* phase 2: its 32 keys (two m-tiles) */
+  const int dc0 = (warp / kWN2) * kDW;       /* and its head-dim columns */
 
   const T *gk = static_cast<const T *>(p.k) + b * p.k_b + (sq.k0 + n0) * p.k_r + g * p.k_h;
   const T *gv = static_cast<const T *>(p.v) + b * p.v_b + (sq.k0 + n0) * p.v_r + g * p.v_h;
@@ -279,11 +280,13 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
   }
   cp_async_commit();
 
-  float adk[kDNT][4], adv[kDNT][4];
+  float adk[2][kDNT][4], adv[2][kDNT][4];
 #pragma unroll
-  for (int dt = 0; dt < kDNT; ++dt)
+  for (int kt = 0; kt < 2; ++kt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) adk[dt][e] = adv[dt][e] = 0.f;
+    for (int dt = 0; dt < kDNT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) adk[kt][dt][e] = adv[kt][dt][e] = 0.f;
 
   const int nk = kFeat ? (p.d + 15) / 16 : kD / 16, nv = kFeat ? (p.dv + 15) / 16 : kD / 16;
   const float scale_log2 = p.scale * kLog2e;
@@ -388,19 +391,24 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
       }
     __syncthreads(); /* P'^T, dS^T are complete */
 
-    /* phase 2: dV += P'^T dO for 16 keys x kDW columns */
+    /* phase 2: dV += P'^T dO for 32 keys x kDW columns (each dO fragment feeds two mma) */
 #pragma unroll
     for (int kk = 0; kk < kBM / 16; ++kk) {
-      uint32_t ap[4];
-      ldsm4(ap, sPt + (kn + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
+      uint32_t ap[2][4];
+#pragma unroll
+      for (int kt = 0; kt < 2; ++kt)
+        ldsm4(ap[kt], sPt + (kn2 + kt * 16 + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
       for (int dd = 0; dd < kDW / 16; ++dd) {
         const int col = dc0 + dd * 16;
         if (!kFeat || col < p.dv) {
           uint32_t bo[4];
           ldsm4t(bo, sO + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + col + (lane >> 4) * 8);
-          Elem<T>::mma(adv[2 * dd], ap, bo[0], bo[1]);
-          Elem<T>::mma(adv[2 * dd + 1], ap, bo[2], bo[3]);
+#pragma unroll
+          for (int kt = 0; kt < 2; ++kt) {
+            Elem<T>::mma(adv[kt][2 * dd], ap[kt], bo[0], bo[1]);
+            Elem<T>::mma(adv[kt][2 * dd + 1], ap[kt], bo[2], bo[3]);
+          }
         }
       }
     }
@@ -414,16 +422,21 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
     /* dK += dS^T Q */
 #pragma unroll
     for (int kk = 0; kk < kBM / 16; ++kk) {
-      uint32_t as[4];
-      ldsm4(as, sSt + (kn + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
+      uint32_t as[2][4];
+#pragma unroll
+      for (int kt = 0; kt < 2; ++kt)
+        ldsm4(as[kt], sSt + (kn2 + kt * 16 + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
       for (int dd = 0; dd < kDW / 16; ++dd) {
         const int col = dc0 + dd * 16;
         if (!kFeat || col < p.d) {
           uint32_t bq[4];
           ldsm4t(bq, sQ + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + col + (lane >> 4) * 8);
-          Elem<T>::mma(adk[2 * dd], as, bq[0], bq[1]);
-          Elem<T>::mma(adk[2 * dd + 1], as, bq[2], bq[3]);
+#pragma unroll
+          for (int kt = 0; kt < 2; ++kt) {
+            Elem<T>::mma(adk[kt][2 * dd], as[kt], bq[0], bq[1]);
+            Elem<T>::mma(adk[kt][2 * dd + 1], as[kt], bq[2], bq[3]);
+          }
         }
       }
     }
@@ -487,19 +500,22 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
   T *gdk = static_cast<T *>(p.dk_out) + b * p.dk_b + (sq.k0 + n0) * p.dk_r + g * p.dk_h;
   T *gdv = static_cast<T *>(p.dv_out) + b * p.dv_b + (sq.k0 + n0) * p.dv_r + g * p.dv_h;
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int r = kn + (lane >> 2) + hf * 8;
-    if (n0 + r >= sq.len_k) continue;
+  for (int kt = 0; kt < 2; ++kt)
 #pragma unroll
-    for (int dt = 0; dt < kDNT; ++dt) {
-      int c = dc0 + dt * 8 + (lane & 3) * 2;
-      if (!kFeat || c < p.d)
-        *reinterpret_cast<uint32_t *>(gdk + r * p.dk_r + c) =
-            Elem<T>::pack(adk[dt][2 * hf] * p.scale, adk[dt][2 * hf + 1] * p.scale);
-      if (!kFeat || c < p.dv)
-        *reinterpret_cast<uint32_t *>(gdv + r * p.dv_r + c) = Elem<T>::pack(adv[dt][2 * hf], adv[dt][2 * hf + 1]);
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = kn2 + kt * 16 + (lane >> 2) + hf * 8;
+      if (n0 + r >= sq.len_k) continue;
+#pragma unroll
+      for (int dt = 0; dt < kDNT; ++dt) {
+        int c = dc0 + dt * 8 + (lane & 3) * 2;
+        if (!kFeat || c < p.d)
+          *reinterpret_cast<uint32_t *>(gdk + r * p.dk_r + c) =
+              Elem<T>::pack(adk[kt][dt][2 * hf] * p.scale, adk[kt][dt][2 * hf + 1] * p.scale);
+        if (!kFeat || c < p.dv)
+          *reinterpret_cast<uint32_t *>(gdv + r * p.dv_r + c) =
+              Elem<T>::pack(adv[kt][dt][2 * hf], adv[kt][dt][2 * hf + 1]);
+      }
     }
-  }
 }
 
 /* dq = scale * the f32 accumulator of the atomic configuration, for every row of dq (rows outside
@@ -519,10 +535,11 @@ __global__ void dq_convert_kernel(const __grid_constant__ attn_cuda_params p) {
   }
 }
 
-template <typename T, int kD, bool kFeat, bool kAtomic>
+template <typename T, int kD, bool kFeat, bool kAtomic,
+          typename Ckv = DkvCfg<T, kD, kAtomic ? BwdTraits<kD>::kNWa : BwdTraits<kD>::kNW,
+                                kAtomic ? BwdTraits<kD>::kBNa : BwdTraits<kD>::kBN, BwdTraits<kD>::kBM>>
 attn_status launch_bwd(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
   using Tr = BwdTraits<kD>;
-  using Ckv = DkvCfg<T, kD, Tr::kNW, Tr::kBN, Tr::kBM>;
   auto kv = bwd_dkv_kernel<T, Ckv, kFeat, kAtomic>;
   ATTN_CUDA_CHECK(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Ckv::kSmem));
   if (kAtomic && p.rows_q > 0)

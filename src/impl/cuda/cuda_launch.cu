@@ -136,7 +136,8 @@ template <typename T> size_t smem_of(int kd, int backward) {
       return max(FwdCfg<T, D, FwdTraits<D>::kNW, FwdTraits<D>::kMT, FwdTraits<D>::kBN>::kSmem,     \
                  FwdCfg<T, D, FastFwdTraits<D>::kNW, FastFwdTraits<D>::kMT,                        \
                         FastFwdTraits<D>::kBN>::kSmem);                                            \
-    return max(DkvCfg<T, D, BwdTraits<D>::kNW, BwdTraits<D>::kBN, BwdTraits<D>::kBM>::kSmem,       \
+    return max(max(DkvCfg<T, D, BwdTraits<D>::kNW, BwdTraits<D>::kBN, BwdTraits<D>::kBM>::kSmem,   \
+                   DkvCfg<T, D, BwdTraits<D>::kNWa, BwdTraits<D>::kBNa, BwdTraits<D>::kBM>::kSmem), \
                DqCfg<T, D, BwdTraits<D>::kNWq, BwdTraits<D>::kBNq>::kSmem);
     ATTN_SMEM_CASE(32)
     ATTN_SMEM_CASE(64)

@@ -30,15 +30,23 @@ template <int kD> struct FwdTraits {
  * run_fwd), at FlashAttention-2's shape: two m-tiles per warp, so each K and V fragment read from
  * shared memory feeds two mma (one m-tile per warp made the kernel shared-memory bound: 0.56
  * ldmatrix.x4 per mma). ptxas (sm_90): D = 64 255 registers, D = 128 254 with 32 keys per step
- * (212 bytes of spills with 64), D = 256 one m-tile on 8 warps at 252; no spills.
- * dev/cuda/fwd_tiles.cu times the alternatives. */
+ * (212 bytes of spills with 64); D = 256 one m-tile per warp on 4 warps (16 bytes of spills).
+ * dev/cuda/fwd_tiles.cu times the alternatives (H100, T = 8192, TFLOPS non-causal / causal):
+ * D = 64: 2 m-tiles 64 keys 274 / 245, 32 keys 205 / 191, 1 m-tile 243 / 237, 1 m-tile on 8
+ * warps (the old shape) 187 / 172; D = 128: 64 keys 288 / 248, 32 keys 304 / 268, 1 m-tile 261 /
+ * 246, old 237 / 216; D = 256: 4 warps 260 / 224, 8 warps 235 / 199. */
 template <int kD> struct FastFwdTraits {
-  static constexpr int kNW = kD <= 128 ? 4 : 8, kMT = kD <= 128 ? 2 : 1, kBN = kD <= 96 ? 64 : 32;
+  static constexpr int kNW = 4, kMT = kD <= 128 ? 2 : 1, kBN = kD <= 96 ? 64 : 32;
   static constexpr int kMinB = 1;
 };
 
+/* dK/dV kernel: 64 keys on 4 warps (8 past D = 128) in the deterministic configuration; 128 keys
+ * on 8 warps up to D = 128 in the atomic one, which halves the dQ atomics and the Q / dO reloads
+ * per key (dev/cuda/bwd_tiles.cu, H100, D = 128, T = 8192: atomic 198 vs 178 TFLOPS; the
+ * deterministic one, without atomics, prefers two CTAs of 64 keys per SM: 172 vs 163). */
 template <int kD> struct BwdTraits {
-  static constexpr int kNW = kD <= 128 ? 4 : 8, kBN = 64, kBM = 64; /* dK/dV kernel */
+  static constexpr int kNW = kD <= 128 ? 4 : 8, kBN = 64, kBM = 64;                 /* deterministic */
+  static constexpr int kNWa = 8, kBNa = kD <= 128 ? 128 : 64;                      /* atomic */
   static constexpr int kNWq = 4, kBNq = kD <= 128 ? 64 : 32;       /* dQ kernel (kBM = 64) */
 };
 
@@ -62,6 +70,9 @@ template <typename T, int kD_, int kNW_, int kBN_, int kBM_> struct DkvCfg {
   static constexpr int kWN = kBN / 16;          /* warps along keys */
   static constexpr int kWO = kNW / kWN;         /* warps along queries (phase 1) or D (phase 2) */
   static constexpr int kQW = kBM / kWO, kDW = kD / kWO;
+  /* phase 2 (dV, dK): warps of 32 keys (two m-tiles) along keys, the rest along D */
+  static constexpr int kWN2 = kBN / 32, kDW2 = kD / (kNW / kWN2);
+  static_assert(kNW % kWN2 == 0 && kDW2 % 16 == 0, "phase 2 split");
   static_assert(kNW % kWN == 0 && kBM % (16 * kWO) == 0 && kD % (16 * kWO) == 0, "tile split");
   static constexpr size_t kSmem = (size_t)(2 * kBN + 2 * kBM) * kS * sizeof(T) +
                                   (size_t)2 * kBN * kP * sizeof(T) + 2 * kBM * sizeof(float);

@@ -1,0 +1,151 @@
+/*
+ * dev/cuda/bwd_tiles.cu - kernel lab: the feature-free backward (src/impl/cuda/cuda_bwd.cuh) with
+ * the dK/dV kernel at several tile shapes (keys per CTA, warps), both configurations (deterministic:
+ * dK/dV kernel + dQ kernel; atomic: one kernel + the dq conversion), timed on the bench shapes
+ * (bf16, B * T = 16384, Hq * D = 2048, T = 8192), each dq/dk/dv checked against the first shape's.
+ * TFLOPS as gpu/cuda_bench: 2.5 x the forward's 4 * B * H * T^2 * D (halved when causal).
+ *
+ * build + run on the GPU machine (gpu/cuda_run.sh does it when LAB=1):
+ *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90,code=sm_90 dev/cuda/bwd_tiles.cu -o lab && ./lab
+ *
+ * Versions (H100, D = 128, T = 8192, TFLOPS non-causal / causal; D = 64 in brackets):
+ *   v1 64 keys, 4 warps, 16 keys per warp in both phases: deterministic 162 / 155, atomic 167 / 166
+ *      (through gpu/cuda_bench)
+ *   v2 phase 2 (dV, dK) on 32 keys per warp, so each dO / Q fragment feeds two mma:
+ *      deterministic 172 / 167 [132 / 130], atomic 178 / 175 [147 / 144]
+ *   v3 v2 on 128 keys and 8 warps (one CTA per SM): deterministic 163 / 158 [128 / 123], atomic
+ *      198 / 190 [150 / 145]. Kept: v2 for the deterministic configuration, v3 for the atomic one.
+ */
+#include "impl/cuda/cuda_bwd.cuh"
+#include "impl/cuda/cuda_fwd.cuh"
+
+#include <algorithm>
+#include <stdio.h>
+#include <string.h>
+#include <vector>
+
+using namespace attn_cuda;
+typedef __nv_bfloat16 bf;
+
+#define CU(x)                                                                                      \
+  do {                                                                                             \
+    cudaError_t e_ = (x);                                                                          \
+    if (e_ != cudaSuccess) {                                                                       \
+      printf("%s: %s\n", #x, cudaGetErrorString(e_));                                              \
+      exit(1);                                                                                     \
+    }                                                                                              \
+  } while (0)
+
+__global__ void fill(bf *x, size_t n, unsigned seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    unsigned h = (unsigned)i * 2654435761u ^ seed;
+    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
+    x[i] = __float2bfloat16((h & 0xffff) / 32768.f - 1.f);
+  }
+}
+
+__global__ void maxdiff(const bf *a, const bf *b, size_t n, float *out) {
+  float m = 0.f;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    m = fmaxf(m, fabsf(__bfloat162float(a[i]) - __bfloat162float(b[i])));
+  atomicMax(reinterpret_cast<int *>(out), __float_as_int(m));
+}
+
+static float diff(const bf *a, const bf *b, size_t n) {
+  float *d, md;
+  CU(cudaMalloc(&d, 4));
+  CU(cudaMemset(d, 0, 4));
+  maxdiff<<<1024, 256>>>(a, b, n, d);
+  CU(cudaMemcpy(&md, d, 4, cudaMemcpyDeviceToHost));
+  CU(cudaFree(d));
+  return md;
+}
+
+struct Ref {
+  bf *dq, *dk, *dv;
+};
+
+template <int kD, bool kAtomic, typename Ckv>
+void bench(const char *tag, attn_cuda_params p, const Ref *ref, double flops) {
+  char why[256];
+  std::vector<float> ms;
+  cudaEvent_t a, b;
+  CU(cudaEventCreate(&a));
+  CU(cudaEventCreate(&b));
+  for (int r = 0; r < 13; ++r) {
+    CU(cudaEventRecord(a));
+    if (launch_bwd<bf, kD, false, kAtomic, Ckv>(p, 0, why, sizeof why) != ATTN_STATUS_OK) {
+      printf("%s\n", why);
+      exit(1);
+    }
+    CU(cudaEventRecord(b));
+    CU(cudaEventSynchronize(b));
+    float t;
+    CU(cudaEventElapsedTime(&t, a, b));
+    if (r >= 3) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  size_t n = (size_t)p.batch * p.seqlen_q * p.heads_q * kD;
+  float d0 = 0, d1 = 0, d2 = 0;
+  if (ref != nullptr) {
+    d0 = diff(ref->dq, (const bf *)p.dq_out, n), d1 = diff(ref->dk, (const bf *)p.dk_out, n);
+    d2 = diff(ref->dv, (const bf *)p.dv_out, n);
+  }
+  printf("lab bwd D=%d causal=%d %s bn=%d nw=%d (%s): %.3f ms %.1f TFLOPS maxdiff dq %.3g dk %.3g dv %.3g\n", kD,
+         p.window_right == 0, kAtomic ? "atomic" : "determ", Ckv::kBN, Ckv::kNW, tag, ms[ms.size() / 2],
+         flops / ms[ms.size() / 2] * 1e-9, d0, d1, d2);
+}
+
+template <int kD> void shape(int causal) {
+  const int T = 8192, B = 16384 / T, H = 2048 / kD;
+  size_t n = (size_t)B * T * H * kD;
+  bf *q, *k, *v, *o, *dout, *g[6];
+  float *lse, *delta, *acc;
+  CU(cudaMalloc(&q, n * 2));
+  CU(cudaMalloc(&k, n * 2));
+  CU(cudaMalloc(&v, n * 2));
+  CU(cudaMalloc(&o, n * 2));
+  CU(cudaMalloc(&dout, n * 2));
+  for (int i = 0; i < 6; ++i) CU(cudaMalloc(&g[i], n * 2));
+  CU(cudaMalloc(&lse, (size_t)B * H * T * 4));
+  CU(cudaMalloc(&delta, (size_t)B * H * T * 4));
+  CU(cudaMalloc(&acc, n * 4));
+  fill<<<1024, 256>>>(q, n, 1), fill<<<1024, 256>>>(k, n, 2), fill<<<1024, 256>>>(v, n, 3);
+  fill<<<1024, 256>>>(dout, n, 4);
+  CU(cudaMemset(delta, 0, (size_t)B * H * T * 4));
+  attn_cuda_params p;
+  memset(&p, 0, sizeof p);
+  p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse, p.dout = dout, p.delta = delta;
+  int64_t rs = (int64_t)H * kD, bs = (int64_t)T * rs;
+  p.q_b = p.k_b = p.v_b = p.o_b = p.do_b = p.dq_b = p.dk_b = p.dv_b = bs;
+  p.q_r = p.k_r = p.v_r = p.o_r = p.do_r = p.dq_r = p.dk_r = p.dv_r = rs;
+  p.q_h = p.k_h = p.v_h = p.o_h = p.do_h = p.dq_h = p.dk_h = p.dv_h = kD;
+  p.lse_b = (int64_t)H * T, p.lse_h = T, p.lse_r = 1;
+  p.batch = B, p.seqlen_q = p.seqlen_k = T, p.heads_q = p.heads_kv = H, p.group = 1, p.d = p.dv = kD;
+  p.rows_q = (int64_t)B * T;
+  p.scale = 1.f / sqrtf((float)kD), p.window_left = -1, p.window_right = causal ? 0 : -1;
+  p.keep_scale = 1.f;
+  char why[256];
+  using F = FastFwdTraits<kD>;
+  launch_fwd<bf, FwdCfg<bf, kD, F::kNW, F::kMT, F::kBN, F::kMinB>, false>(p, 0, why, sizeof why);
+  double flops = 2.5 * 4.0 * B * H * (double)T * T * kD * (causal ? 0.5 : 1.0);
+  p.dq_out = g[0], p.dk_out = g[1], p.dv_out = g[2];
+  Ref ref{g[0], g[1], g[2]};
+  bench<kD, false, DkvCfg<bf, kD, 4, 64, 64>>("bn64 w4", p, nullptr, flops);
+  p.dq_out = g[3], p.dk_out = g[4], p.dv_out = g[5];
+  bench<kD, false, DkvCfg<bf, kD, 8, 128, 64>>("bn128 w8", p, &ref, flops);
+  p.dq_accum = acc;
+  bench<kD, true, DkvCfg<bf, kD, 4, 64, 64>>("bn64 w4", p, &ref, flops);
+  bench<kD, true, DkvCfg<bf, kD, 8, 128, 64>>("bn128 w8", p, &ref, flops);
+  cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(dout), cudaFree(lse), cudaFree(delta);
+  cudaFree(acc);
+  for (int i = 0; i < 6; ++i) cudaFree(g[i]);
+}
+
+int main() {
+  for (int c = 0; c < 2; ++c) {
+    shape<64>(c);
+    shape<128>(c);
+  }
+  return 0;
+}
