@@ -3,7 +3,7 @@
 #   make                  configure and build (Release) in build/
 #   make test             build, run every test in build/, then again in build-asan/ under
 #                         AddressSanitizer + UndefinedBehaviorSanitizer; both must pass
-#   make bench            build and run the CPU benchmark (BENCH_ARGS="--quick" for a smoke run)
+#   make bench            build and run `attn bench`, the default CPU table (BENCH_ARGS adds options)
 #   make install PREFIX=/usr/local
 #   make format           clang-format -i on the C sources
 #   make clean            remove build/ and build-asan/
@@ -55,8 +55,8 @@ test-asan:
 	cd $(ASAN_BUILD) && $(SAN_ENV) $(CTEST) --output-on-failure -j $(JOBS)
 
 bench: configure
-	$(CMAKE) --build $(BUILD) -j $(JOBS) --target attn_bench
-	$(BUILD)/bench/attn_bench $(BENCH_ARGS)
+	$(CMAKE) --build $(BUILD) -j $(JOBS) --target attn_tool
+	$(BUILD)/tools/attn bench $(BENCH_ARGS)
 
 install: build
 	$(CMAKE) --install $(BUILD) --prefix $(PREFIX)

@@ -18,6 +18,7 @@
 #include "attn.h"
 #include "core/device.h"
 #include "harness.h"
+#include "peak.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -62,9 +63,12 @@ static const char *usage_main =
     "exit codes: 0 ok, 1 check failure, 2 usage error, 3 library error\n";
 
 static const char *usage_bench =
-    "usage: attn bench [options] PROBLEM...\n"
+    "usage: attn bench [options] [PROBLEM...]\n"
     "Checks each implementation x configuration that supports the problem against the f64\n"
     "reference (SPEC.md tolerances), then times it: warm-up, then the median of the runs.\n"
+    "GFLOP/s counts forward 4*B*Hq*Tq*Tk*D (halved when causal), backward 2.5x that; %peak\n"
+    "divides by this machine's f32 FMA peak, measured at start, times the threads used.\n"
+    "Without a PROBLEM it runs the default table (`make bench`, the README's main job).\n"
     "  --backward       time forward + backward (and check the gradients)\n"
     "  --impl NAME      only this implementation     --config NAME  only this configuration\n"
     "  --platform P     only this platform (ref, cpu, cuda, cudnn)\n"
@@ -257,12 +261,47 @@ static int each_candidate(attn_ctx *ctx, const attn_problem *p, const options *o
 
 /* ---- bench and check --------------------------------------------------------------------------- */
 
+/* `attn bench` without a PROBLEM: small enough that the f64 reference, timed beside the fast
+ * implementations, keeps the whole table around a minute on a 2-core machine. */
+static const char *const default_forward[] = {
+    "b1 hq8 hkv8 sq512 sk512 d64 f32",                /* the plain problem */
+    "b1 hq8 hkv8 sq512 sk512 d64 f32 causal",         /* causal */
+    "b1 hq8 hkv2 sq512 sk512 d64 f32 causal",         /* grouped-query: 4 query heads per kv head */
+    "b1 hq8 hkv8 sq512 sk512 d64 bf16 causal",        /* bf16 inputs, f32 accumulation */
+    "b1 hq8 hkv8 sq512 sk512 d64 f16 causal",         /* f16 inputs */
+    "b1 hq8 hkv8 sq512 sk512 d64 f32 window=127,0",   /* sliding window of 128 keys */
+};
+static const char *const default_backward[] = {
+    "b1 hq8 hkv8 sq512 sk512 d64 f32 causal",  /* backward: dq, dk, dv */
+    "b1 hq8 hkv2 sq512 sk512 d64 bf16 causal", /* backward, bf16, grouped-query */
+};
+
+/* The machine's f32 FMA rate for the %peak column: one thread's, times the threads the CPU
+ * implementations use (--threads, else every logical CPU: their default). */
+typedef struct machine_peak {
+  double gflops;
+  int threads;
+} machine_peak;
+
+static machine_peak measure_machine(const options *o, int print) {
+  const attn_cpu_info *cpu = attn_cpu_info_get();
+  bench_peak one = bench_measure_peak(0.5);
+  machine_peak m = {one.gflops, o->threads > 0 ? o->threads : cpu->logical_cpus};
+  if (print)
+    printf("machine: %s, %d logical CPUs; f32 FMA peak %.1f GFLOP/s per thread (%s), %%peak "
+           "against %d thread%s = %.1f GFLOP/s\n\n",
+           cpu->model, cpu->logical_cpus, one.gflops, one.isa, m.threads, m.threads == 1 ? "" : "s",
+           one.gflops * m.threads);
+  return m;
+}
+
 typedef struct bench_state {
   attn_ctx *ctx;
   const options *o;
   const char *text;
   attn_problem problem;
   int failed, library_error, rows;
+  double peak_gflops; /* of the machine, for the threads used */
 } bench_state;
 
 static void json_string(const char *s) {
@@ -304,9 +343,10 @@ static int bench_one(void *user, const char *impl, const char *config) {
       gflops = h_flops(&b->problem, o->backward) / (median * 1e3);
     }
   }
+  double peak_fraction = b->peak_gflops > 0 ? gflops / b->peak_gflops : 0.0;
   if (o->csv) {
-    printf("\"%s\",%s,%s,%s,%.3g,%.3f,%.4g,%d\n", b->text, impl, config, verdict, ratio, median,
-           gflops, runs);
+    printf("\"%s\",%s,%s,%s,%.3g,%.3f,%.4g,%.4f,%d\n", b->text, impl, config, verdict, ratio,
+           median, gflops, peak_fraction, runs);
   } else if (o->json) {
     printf("%s  {\"problem\": ", b->rows ? ",\n" : "");
     json_string(b->text);
@@ -315,11 +355,11 @@ static int bench_one(void *user, const char *impl, const char *config) {
     printf(", \"config\": ");
     json_string(config);
     printf(", \"check\": \"%s\", \"err_over_tol\": %.3g, \"median_us\": %.3f, \"gflops\": %.4g, "
-           "\"runs\": %d, \"pass\": \"%s\"}",
-           verdict, ratio, median, gflops, runs, o->backward ? "fwd+bwd" : "fwd");
+           "\"peak_fraction\": %.4f, \"runs\": %d, \"pass\": \"%s\"}",
+           verdict, ratio, median, gflops, peak_fraction, runs, o->backward ? "fwd+bwd" : "fwd");
   } else {
-    printf("  %-8s %-16s %-5s %8.3g %12.1f %9.3f %5d%s%s\n", impl, config, verdict, ratio, median,
-           gflops, runs, why[0] ? "  " : "", why);
+    printf("  %-8s %-16s %-5s %8.3g %12.1f %9.3f %6.1f%% %5d%s%s\n", impl, config, verdict, ratio,
+           median, gflops, 100.0 * peak_fraction, runs, why[0] ? "  " : "", why);
   }
   b->rows++;
   return -1;
@@ -342,20 +382,52 @@ static int check_one(void *user, const char *impl, const char *config) {
   return -1;
 }
 
+static int run_problems_with(options *o, int check);
+
 static int run_problems(int argc, char **argv, const char *usage, int check) {
   options o;
   int rc = parse_options(argc, argv, usage, &o);
   if (rc >= 0) return free(o.problems), rc;
-  if (o.nproblems == 0) return free(o.problems), usage_error(usage, "%s", "no PROBLEM given");
+  if (o.nproblems == 0 && check)
+    return free(o.problems), usage_error(usage, "%s", "no PROBLEM given");
+  if (o.nproblems == 0) { /* the default table: forward problems, then backward ones */
+    free(o.problems);
+    o.nproblems = (int)(sizeof default_forward / sizeof *default_forward);
+    o.problems = malloc(sizeof(char *) * (size_t)o.nproblems);
+    if (o.problems == NULL) return EXIT_LIBRARY;
+    for (int i = 0; i < o.nproblems; ++i) o.problems[i] = (char *)default_forward[i];
+    if (!o.backward) {
+      int rc_fwd = run_problems_with(&o, check);
+      o.backward = 1;
+      o.nproblems = (int)(sizeof default_backward / sizeof *default_backward);
+      for (int i = 0; i < o.nproblems; ++i) o.problems[i] = (char *)default_backward[i];
+      int rc_bwd = run_problems_with(&o, check);
+      free(o.problems);
+      return rc_fwd > rc_bwd ? rc_fwd : rc_bwd;
+    }
+  }
+  rc = run_problems_with(&o, check);
+  free(o.problems);
+  return rc;
+}
+
+/* bench or check over o->problems; returns the exit code. */
+static int run_problems_with(options *o_in, int check) {
+  options o = *o_in;
+  int rc = -1;
   attn_ctx *ctx = make_ctx(&o);
-  if (ctx == NULL) return free(o.problems), EXIT_LIBRARY;
+  if (ctx == NULL) return EXIT_LIBRARY;
+  static machine_peak peak; /* measured once per process */
+  if (!check && peak.gflops == 0.0) peak = measure_machine(&o, !o.csv && !o.json);
   int failed = 0, library_error = 0, rows = 0;
-  if (!check && o.csv) printf("problem,impl,config,check,err_over_tol,median_us,gflops,runs\n");
+  if (!check && o.csv)
+    printf("problem,impl,config,check,err_over_tol,median_us,gflops,peak_fraction,runs\n");
   if (!check && o.json) printf("[\n");
   for (int i = 0; i < o.nproblems && rc < 0; ++i) {
     bench_state b;
     memset(&b, 0, sizeof b);
     b.ctx = ctx, b.o = &o, b.text = o.problems[i], b.rows = rows;
+    b.peak_gflops = peak.gflops * peak.threads;
     rc = read_problem(ctx, b.text, &b.problem);
     if (rc >= 0) break;
     char canonical[1024];
@@ -369,8 +441,8 @@ static int run_problems(int argc, char **argv, const char *usage, int check) {
     if (check || (!o.csv && !o.json)) {
       printf("%s%s\n", canonical, o.backward ? "  (forward + backward)" : "");
       if (!check)
-        printf("  %-8s %-16s %-5s %8s %12s %9s %5s\n", "impl", "config", "check", "err/tol",
-               "median_us", "GFLOP/s", "runs");
+        printf("  %-8s %-16s %-5s %8s %12s %9s %7s %5s\n", "impl", "config", "check", "err/tol",
+               "median_us", "GFLOP/s", "%peak", "runs");
     }
     int count = 0;
     each_candidate(ctx, &b.problem, &o, check ? check_one : bench_one, &b, &count);
@@ -384,7 +456,6 @@ static int run_problems(int argc, char **argv, const char *usage, int check) {
   }
   if (!check && o.json && rc < 0) printf("\n]\n");
   attn_ctx_destroy(ctx);
-  free(o.problems);
   if (rc >= 0) return rc;
   return failed ? EXIT_CHECK : library_error ? EXIT_LIBRARY : EXIT_OK;
 }

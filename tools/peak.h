@@ -1,9 +1,9 @@
 /*
- * bench/peak.h - this machine's f32 fused multiply-add peak, measured rather than looked up, so
+ * tools/peak.h - this machine's f32 fused multiply-add peak, measured rather than looked up, so
  * the benchmark can say what fraction of the hardware an implementation reaches.
  */
-#ifndef ATTN_BENCH_PEAK_H
-#define ATTN_BENCH_PEAK_H
+#ifndef ATTN_TOOLS_PEAK_H
+#define ATTN_TOOLS_PEAK_H
 
 typedef struct bench_peak {
   double gflops;   /* f32 GFLOP/s of one thread (an FMA counts 2 FLOP) */
@@ -16,4 +16,4 @@ bench_peak bench_measure_peak(double seconds_total);
 /* Seconds from a monotonic clock. */
 double bench_now(void);
 
-#endif /* ATTN_BENCH_PEAK_H */
+#endif /* ATTN_TOOLS_PEAK_H */

@@ -1,5 +1,5 @@
 /*
- * bench/peak.c - measures the f32 FMA throughput of one core.
+ * tools/peak.c - measures the f32 FMA throughput of one core (for the %peak column of attn bench).
  *
  * Each kernel keeps more independent accumulators than the FMA latency times the number of FMA
  * pipes (4 cycles x 2 pipes on current x86 cores), so the loop is bound by throughput, not latency.
