@@ -39,7 +39,7 @@ done
 expect 2 "no command is a usage error" "$ATTN"
 expect 2 "an unknown command is a usage error" "$ATTN" frobnicate
 expect 2 "an unknown option is a usage error" "$ATTN" bench --frob "$P1"
-expect 2 "bench without a problem is a usage error" "$ATTN" bench
+expect 2 "check without a problem is a usage error" "$ATTN" check
 expect 2 "an unreadable problem string is a usage error" "$ATTN" check "b1 hq2 sq4 d8 wat"
 has "wat" "the message names the bad token" "$DIR/err"
 expect 2 "an invalid problem is a usage error" "$ATTN" check "b1 hq3 hkv2 sq4 d8"
@@ -62,15 +62,16 @@ has " dq .* dk .* dv " "check --backward compares the gradients"
 
 expect 0 "attn bench (table)" "$ATTN" bench --reps 2 --min-time 0 "$P1"
 has "^  ref +default +ok .* [0-9]+\.[0-9] " "bench prints a checked, timed row"
+has "^machine: .*f32 FMA peak [0-9.]+ GFLOP/s per thread" "bench states the machine and its measured peak"
 expect 0 "attn bench --csv" "$ATTN" bench --csv --reps 2 --min-time 0 "$P1" "$P2"
-has "^problem,impl,config,check,err_over_tol,median_us,gflops,runs$" "csv header"
+has "^problem,impl,config,check,err_over_tol,median_us,gflops,peak_fraction,runs$" "csv header"
 has "^\"$P2\",ref,default,ok," "csv rows quote the problem"
 [ "$(grep -c ',ref,' "$DIR/out")" -eq 2 ] && ok "one csv row per problem and candidate" || bad "csv rows"
 expect 0 "attn bench --json --backward" "$ATTN" bench --json --backward --reps 1 --min-time 0 "$P1"
 has "\"impl\": \"ref\", \"config\": \"default\", \"check\": \"ok\"" "json rows"
 has "\"pass\": \"fwd\+bwd\"" "json says which pass was timed"
 if command -v python3 >/dev/null 2>&1; then
-  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d and d[0]["median_us"] > 0' "$DIR/out" \
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d and d[0]["median_us"] > 0 and 0 < d[0]["peak_fraction"] < 2' "$DIR/out" \
     && ok "the json output parses" || bad "the json output does not parse"
 fi
 expect 2 "--csv and --json exclude each other" "$ATTN" bench --csv --json "$P1"
