@@ -3,7 +3,7 @@
 # implementation, run the GPU test (grid against the reference, golden cases), compute-sanitizer
 # (memcheck and racecheck) on the quick suite, and the benchmark against PyTorch's SDPA backends.
 #
-# usage: [LAB=1] [SKIP_SANITIZER=1] [SKIP_BENCH=1] gpu/cuda_run.sh [source folder] [golden folder]
+# usage: [LAB=1 [NCU=1]] [SKIP_SANITIZER=1] [SKIP_BENCH=1] gpu/cuda_run.sh [source folder] [golden folder]
 #   source: the tree to build (default: this checkout); golden: the golden cases (default
 #   ../shared/golden, else .golden). Logs go to $OUT (default /tmp/cuda_out); the last lines
 #   printed are the summary and the benchmark table.
@@ -43,6 +43,12 @@ if [ "${LAB:-0}" = 1 ]; then
   wait
   "$BUILD-lab" 2>&1 | tee "$OUT/lab.log"
   "$BUILD-labb" 2>&1 | tee -a "$OUT/lab.log"
+  if [ "${NCU:-0}" = 1 ]; then # D = 128 forward (32-key tiles) and atomic backward (v4), one launch each
+    secs="--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis"
+    ncu --clock-control none -k regex:fwd_kernel --launch-skip 13 -c 1 $secs "$BUILD-lab" 1 >>"$OUT/lab.log" 2>&1
+    ncu --clock-control none -k regex:bwd_dkv --launch-skip 39 -c 1 $secs "$BUILD-labb" 1 >>"$OUT/lab.log" 2>&1
+    echo "ncu rc=$?"
+  fi
 fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then

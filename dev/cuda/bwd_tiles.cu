@@ -15,6 +15,10 @@
  *      deterministic 172 / 167 [132 / 130], atomic 178 / 175 [147 / 144]
  *   v3 v2 on 128 keys and 8 warps (one CTA per SM): deterministic 163 / 158 [128 / 123], atomic
  *      198 / 190 [150 / 145]. Kept: v2 for the deterministic configuration, v3 for the atomic one.
+ *   v4 phase 1 (S^T, dP^T) on 32 keys x 32 queries per warp too (kKT1 = 2): deterministic
+ *      176 / 170 [137 / 133], atomic 202 / 195 [156 / 149]. Kept for both.
+ *   v5 two stages of Q and dO, loaded one item ahead, 2 barriers per item instead of 4: see
+ *      bench/RESULTS.md.
  */
 #include "impl/cuda/cuda_bwd.cuh"
 #include "impl/cuda/cuda_fwd.cuh"
@@ -91,8 +95,8 @@ void bench(const char *tag, attn_cuda_params p, const Ref *ref, double flops) {
     d0 = diff(ref->dq, (const bf *)p.dq_out, n), d1 = diff(ref->dk, (const bf *)p.dk_out, n);
     d2 = diff(ref->dv, (const bf *)p.dv_out, n);
   }
-  printf("lab bwd D=%d causal=%d %s bn=%d nw=%d (%s): %.3f ms %.1f TFLOPS maxdiff dq %.3g dk %.3g dv %.3g\n", kD,
-         p.window_right == 0, kAtomic ? "atomic" : "determ", Ckv::kBN, Ckv::kNW, tag, ms[ms.size() / 2],
+  printf("lab bwd D=%d causal=%d %s bn=%d nw=%d kt1=%d st=%d (%s): %.3f ms %.1f TFLOPS maxdiff dq %.3g dk %.3g dv %.3g\n", kD,
+         p.window_right == 0, kAtomic ? "atomic" : "determ", Ckv::kBN, Ckv::kNW, Ckv::kKT1, Ckv::kStages, tag, ms[ms.size() / 2],
          flops / ms[ms.size() / 2] * 1e-9, d0, d1, d2);
 }
 
@@ -131,18 +135,26 @@ template <int kD> void shape(int causal) {
   double flops = 2.5 * 4.0 * B * H * (double)T * T * kD * (causal ? 0.5 : 1.0);
   p.dq_out = g[0], p.dk_out = g[1], p.dv_out = g[2];
   Ref ref{g[0], g[1], g[2]};
-  bench<kD, false, DkvCfg<bf, kD, 4, 64, 64>>("bn64 w4", p, nullptr, flops);
+  bench<kD, false, DkvCfg<bf, kD, 4, 64, 64, 1>>("v2 bn64 w4 kt1", p, nullptr, flops);
   p.dq_out = g[3], p.dk_out = g[4], p.dv_out = g[5];
-  bench<kD, false, DkvCfg<bf, kD, 8, 128, 64>>("bn128 w8", p, &ref, flops);
+  bench<kD, false, DkvCfg<bf, kD, 4, 64, 64, 2>>("v4 bn64 w4 kt2", p, &ref, flops);
   p.dq_accum = acc;
-  bench<kD, true, DkvCfg<bf, kD, 4, 64, 64>>("bn64 w4", p, &ref, flops);
-  bench<kD, true, DkvCfg<bf, kD, 8, 128, 64>>("bn128 w8", p, &ref, flops);
+  bench<kD, true, DkvCfg<bf, kD, 8, 128, 64, 1>>("v3 bn128 w8 kt1", p, &ref, flops);
+  bench<kD, true, DkvCfg<bf, kD, 8, 128, 64, 2>>("v4 bn128 w8 kt2", p, &ref, flops);
+  bench<kD, true, DkvCfg<bf, kD, 8, 128, 64, 2, 2>>("v5 bn128 w8 kt2 2 stages", p, &ref, flops);
+  p.dq_accum = nullptr;
+  bench<kD, false, DkvCfg<bf, kD, 4, 64, 64, 2, 2>>("v5 bn64 w4 kt2 2 stages", p, &ref, flops);
+  bench<kD, false, DkvCfg<bf, kD, 8, 128, 64, 2, 2>>("v5 bn128 w8 kt2 2 stages", p, &ref, flops);
   cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(dout), cudaFree(lse), cudaFree(delta);
   cudaFree(acc);
   for (int i = 0; i < 6; ++i) cudaFree(g[i]);
 }
 
-int main() {
+int main(int argc, char **argv) {
+  if (argc > 1) { /* one shape, for ncu: D = 128, T = 8192, non-causal */
+    shape<128>(0);
+    return 0;
+  }
   for (int c = 0; c < 2; ++c) {
     shape<64>(c);
     shape<128>(c);

@@ -121,7 +121,11 @@ template <int kD> void shape(int causal) {
   cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(o2), cudaFree(lse);
 }
 
-int main() {
+int main(int argc, char **argv) {
+  if (argc > 1) { /* one shape, for ncu: D = 128, T = 8192, non-causal */
+    shape<128>(0);
+    return 0;
+  }
   for (int c = 0; c < 2; ++c) {
     shape<64>(c);
     shape<128>(c);

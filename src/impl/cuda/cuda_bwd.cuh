@@ -230,13 +230,15 @@ template <typename T, typename C, bool kFeat, bool kAtomic>
 __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_constant__ attn_cuda_params p) {
   constexpr int kD = C::kD, kBM = C::kBM, kBN = C::kBN, kS = C::kS, kP = C::kP;
   constexpr int kThreads = C::kThreads, kWN = C::kWN, kQW = C::kQW, kWN2 = C::kWN2, kDW = C::kDW2;
+  constexpr int kKT = C::kKT1;
   constexpr int kQNT = kQW / 8, kDNT = kDW / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   T *sK = reinterpret_cast<T *>(smem);
   T *sV = sK + kBN * kS;
-  T *sQ = sV + kBN * kS;
-  T *sO = sQ + kBM * kS; /* dout */
-  T *sPt = sO + kBM * kS; /* P'^T [kBN][kP] */
+  constexpr int kStages = C::kStages;
+  T *sQ0 = sV + kBN * kS;           /* Q: kStages buffers */
+  T *sO0 = sQ0 + kStages * kBM * kS; /* dout: kStages buffers */
+  T *sPt = sO0 + kStages * kBM * kS; /* P'^T [kBN][kP] */
   T *sSt = sPt + kBN * kP; /* dS^T */
   float *sLse = reinterpret_cast<float *>(sSt + kBN * kP);
   float *sDelta = sLse + kBM;
@@ -246,7 +248,7 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
   const Seq sq = seq_of(p, b);
   if (n0 >= sq.len_k) return;
   const int n_last = min(n0 + kBN, sq.len_k) - 1;
-  const int kn = (warp % kWN) * 16;          /* this warp's 16 keys */
+  const int kn = (warp % kWN) * 16 * kKT;    /* phase 1: this warp's 16 * kKT keys */
   const int qm = (warp / kWN) * kQW;         /* phase 1: its query columns */
   const int kn2 = (warp % kWN2) * 32;        /* phase 2: its 32 keys (two m-tiles) */
   const int dc0 = (warp / kWN2) * kDW;       /* and its head-dim columns */
@@ -269,14 +271,16 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
     return static_cast<const T *>(p.dout) + b * p.do_b + (sq.q0 + (int64_t)(m_lo + it % nm) * kBM) * p.do_r + h * p.do_h;
   };
 
-  /* cp.async groups: {K, V, dO(0)}, {Q(0)}; then per item {dO(it+1)}, {Q(it+1)}. */
+  /* cp.async groups, one stage: {K, V, dO(0)}, {Q(0)}; then per item {dO(it+1)}, {Q(it+1)}, each
+   * issued once the item's last reader of that buffer is done. Two stages: {K, V, dO(0), Q(0)},
+   * then per item {dO(it+1), Q(it+1)} into the other buffers as the item starts. */
   load_tile<kBN, kD, kThreads>(sK, gk, p.k_r, sq.len_k - n0, p.d, p.k, tid);
   load_tile<kBN, kD, kThreads>(sV, gv, p.v_r, sq.len_k - n0, p.dv, p.v, tid);
   if (items > 0) {
     const int m0 = m_lo * kBM;
-    load_tile<kBM, kD, kThreads>(sO, do_of(0), p.do_r, sq.len_q - m0, p.dv, p.dout, tid);
-    cp_async_commit();
-    load_tile<kBM, kD, kThreads>(sQ, q_of(0), p.q_r, sq.len_q - m0, p.d, p.q, tid);
+    load_tile<kBM, kD, kThreads>(sO0, do_of(0), p.do_r, sq.len_q - m0, p.dv, p.dout, tid);
+    if (kStages == 1) cp_async_commit();
+    load_tile<kBM, kD, kThreads>(sQ0, q_of(0), p.q_r, sq.len_q - m0, p.d, p.q, tid);
   }
   cp_async_commit();
 
@@ -304,51 +308,80 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
       }
       sLse[r] = l2, sDelta[r] = dl;
     }
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    __syncthreads(); /* K, V, dO(it) have landed (Q(it) may be in flight) */
+    T *sQ = sQ0 + (kStages == 2 ? (it & 1) * kBM * kS : 0);
+    T *sO = sO0 + (kStages == 2 ? (it & 1) * kBM * kS : 0);
+    if constexpr (kStages == 1) {
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+      __syncthreads(); /* K, V, dO(it) have landed (Q(it) may be in flight) */
+    } else {
+      cp_async_wait_all();
+      __syncthreads(); /* dO(it), Q(it) have landed; every warp is done with item it - 1 */
+      if (it + 1 < items) {
+        const int m1 = (m_lo + (it + 1) % nm) * kBM, o = ((it + 1) & 1) * kBM * kS;
+        load_tile<kBM, kD, kThreads>(sO0 + o, do_of(it + 1), p.do_r, sq.len_q - m1, p.dv, p.dout, tid);
+        load_tile<kBM, kD, kThreads>(sQ0 + o, q_of(it + 1), p.q_r, sq.len_q - m1, p.d, p.q, tid);
+      }
+      cp_async_commit();
+    }
 
-    /* phase 1: dP'^T = V dO^T, then S^T = K Q^T, for 16 keys x kQW queries */
-    float st[kQNT][4], dpt[kQNT][4];
+    /* phase 1: dP'^T = V dO^T, then S^T = K Q^T, for 16 * kKT keys x kQW queries */
+    float st[kKT][kQNT][4], dpt[kKT][kQNT][4];
 #pragma unroll
-    for (int nt = 0; nt < kQNT; ++nt)
+    for (int kt = 0; kt < kKT; ++kt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.f;
+      for (int nt = 0; nt < kQNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[kt][nt][e] = dpt[kt][nt][e] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       if (kk < nv) {
-        uint32_t a[4];
-        ldsm4(a, sV + (kn + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
+        uint32_t a[kKT][4];
+#pragma unroll
+        for (int kt = 0; kt < kKT; ++kt)
+          ldsm4(a[kt], sV + (kn + kt * 16 + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
         for (int nn = 0; nn < kQW / 16; ++nn) {
           uint32_t bo[4];
           ldsm4(bo, sO + (qm + nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
-          Elem<T>::mma(dpt[2 * nn], a, bo[0], bo[1]);
-          Elem<T>::mma(dpt[2 * nn + 1], a, bo[2], bo[3]);
+#pragma unroll
+          for (int kt = 0; kt < kKT; ++kt) {
+            Elem<T>::mma(dpt[kt][2 * nn], a[kt], bo[0], bo[1]);
+            Elem<T>::mma(dpt[kt][2 * nn + 1], a[kt], bo[2], bo[3]);
+          }
         }
       }
     }
-    cp_async_wait_all();
-    __syncthreads(); /* Q(it) has landed */
+    if constexpr (kStages == 1) {
+      cp_async_wait_all();
+      __syncthreads(); /* Q(it) has landed */
+    }
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       if (kk < nk) {
-        uint32_t a[4];
-        ldsm4(a, sK + (kn + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
+        uint32_t a[kKT][4];
+#pragma unroll
+        for (int kt = 0; kt < kKT; ++kt)
+          ldsm4(a[kt], sK + (kn + kt * 16 + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
         for (int nn = 0; nn < kQW / 16; ++nn) {
           uint32_t bq[4];
           ldsm4(bq, sQ + (qm + nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
-          Elem<T>::mma(st[2 * nn], a, bq[0], bq[1]);
-          Elem<T>::mma(st[2 * nn + 1], a, bq[2], bq[3]);
+#pragma unroll
+          for (int kt = 0; kt < kKT; ++kt) {
+            Elem<T>::mma(st[kt][2 * nn], a[kt], bq[0], bq[1]);
+            Elem<T>::mma(st[kt][2 * nn + 1], a[kt], bq[2], bq[3]);
+          }
         }
       }
     }
     const bool fast = (!kFeat || !p.elementwise) && band_full(p, hd, m0, m_last, n0, kBN);
 #pragma unroll
+    for (int kt = 0; kt < kKT; ++kt)
+#pragma unroll
     for (int nt = 0; nt < kQNT; ++nt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        const int kr = kn + (lane >> 2) + hf * 8; /* key row in the block */
+        const int kr = kn + kt * 16 + (lane >> 2) + hf * 8; /* key row in the block */
         const int j = n0 + kr;
         float pv[2], dsv[2];
 #pragma unroll
@@ -359,10 +392,10 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
           if constexpr (kFeat) {
             float x, t = 0.f;
             bool vis = true;
-            if (fast) x = st[nt][e] * p.scale;
+            if (fast) x = st[kt][nt][e] * p.scale;
             else {
               vis = visible(p, hd, i, j);
-              x = vis ? logit(p, hd, i, j, st[nt][e], &t) : 0.f;
+              x = vis ? logit(p, hd, i, j, st[kt][nt][e], &t) : 0.f;
             }
             const float P = vis ? ex2(x * kLog2e - sLse[qr]) : 0.f;
             bool keep = true;
@@ -371,7 +404,7 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
               philox_words(p, b, h, i, j, words);
               keep = words[j & 3] >= p.drop_threshold;
             }
-            const float dpv = keep ? dpt[nt][e] * p.keep_scale : 0.f;
+            const float dpv = keep ? dpt[kt][nt][e] * p.keep_scale : 0.f;
             float ds = P * (dpv - sDelta[qr]);
             if (p.softcap > 0.f) ds *= 1.f - t * t;
             if (kAtomic && p.dbias_accum != nullptr && vis && P != 0.f)
@@ -380,9 +413,9 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
             dsv[c] = ds;
           } else {
             const bool vis = fast || visible_band(p, hd, i, j);
-            const float P = vis ? ex2(st[nt][e] * scale_log2 - sLse[qr]) : 0.f;
+            const float P = vis ? ex2(st[kt][nt][e] * scale_log2 - sLse[qr]) : 0.f;
             pv[c] = P;
-            dsv[c] = P * (dpt[nt][e] - sDelta[qr]);
+            dsv[c] = P * (dpt[kt][nt][e] - sDelta[qr]);
           }
         }
         const int col = qm + nt * 8 + (lane & 3) * 2;
@@ -412,12 +445,14 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
         }
       }
     }
-    __syncthreads(); /* every warp is done with dO(it) */
-    if (it + 1 < items) {
-      const int m1 = (m_lo + (it + 1) % nm) * kBM;
-      load_tile<kBM, kD, kThreads>(sO, do_of(it + 1), p.do_r, sq.len_q - m1, p.dv, p.dout, tid);
+    if constexpr (kStages == 1) {
+      __syncthreads(); /* every warp is done with dO(it) */
+      if (it + 1 < items) {
+        const int m1 = (m_lo + (it + 1) % nm) * kBM;
+        load_tile<kBM, kD, kThreads>(sO, do_of(it + 1), p.do_r, sq.len_q - m1, p.dv, p.dout, tid);
+      }
+      cp_async_commit();
     }
-    cp_async_commit();
 
     /* dK += dS^T Q */
 #pragma unroll
@@ -488,12 +523,14 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
         }
       }
     }
-    __syncthreads(); /* every warp is done with Q(it), P'^T, dS^T */
-    if (it + 1 < items) {
-      const int m1 = (m_lo + (it + 1) % nm) * kBM;
-      load_tile<kBM, kD, kThreads>(sQ, q_of(it + 1), p.q_r, sq.len_q - m1, p.d, p.q, tid);
+    if constexpr (kStages == 1) {
+      __syncthreads(); /* every warp is done with Q(it), P'^T, dS^T */
+      if (it + 1 < items) {
+        const int m1 = (m_lo + (it + 1) % nm) * kBM;
+        load_tile<kBM, kD, kThreads>(sQ, q_of(it + 1), p.q_r, sq.len_q - m1, p.d, p.q, tid);
+      }
+      cp_async_commit();
     }
-    cp_async_commit();
   }
   cp_async_wait_all();
 
@@ -569,13 +606,21 @@ attn_status launch_bwd(const attn_cuda_params &p, cudaStream_t stream, char *why
   return ATTN_STATUS_OK;
 }
 
-/* p.dq_accum != NULL selects the atomic configuration. */
+/* p.dq_accum != NULL selects the atomic configuration. Its feature-free kernel double-buffers Q
+ * and dO where the device's shared memory allows (Hopper: yes; A100's 163 KB: no). */
 template <typename T, int kD> attn_status run_bwd(const attn_cuda_params &p, cudaStream_t stream,
                                                   char *why, size_t why_size) {
   const bool feat = needs_features(p, kD);
-  if (p.dq_accum != nullptr)
-    return feat ? launch_bwd<T, kD, true, true>(p, stream, why, why_size)
-                : launch_bwd<T, kD, false, true>(p, stream, why, why_size);
+  if (p.dq_accum != nullptr) {
+    if (feat) return launch_bwd<T, kD, true, true>(p, stream, why, why_size);
+    using Tr = BwdTraits<kD>;
+    using C2 = DkvCfg<T, kD, Tr::kNWa, Tr::kBNa, Tr::kBM, 2, 2>;
+    int dev = 0, smem = 0;
+    ATTN_CUDA_CHECK(cudaGetDevice(&dev));
+    ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if ((size_t)smem >= C2::kSmem) return launch_bwd<T, kD, false, true, C2>(p, stream, why, why_size);
+    return launch_bwd<T, kD, false, true>(p, stream, why, why_size);
+  }
   return feat ? launch_bwd<T, kD, true, false>(p, stream, why, why_size)
               : launch_bwd<T, kD, false, false>(p, stream, why, why_size);
 }

@@ -64,17 +64,17 @@ template <typename T, int kD_, int kNW_, int kBN_> struct DqCfg {
   static constexpr size_t kSmem = (size_t)(2 * kBM + 4 * kBN) * kS * sizeof(T); /* K, V: 2 stages */
 };
 
-template <typename T, int kD_, int kNW_, int kBN_, int kBM_> struct DkvCfg {
-  static constexpr int kD = kD_, kNW = kNW_, kBN = kBN_, kBM = kBM_;
+template <typename T, int kD_, int kNW_, int kBN_, int kBM_, int kKT1_ = 2, int kStages_ = 1>
+struct DkvCfg {
+  static constexpr int kD = kD_, kNW = kNW_, kBN = kBN_, kBM = kBM_, kStages = kStages_;
   static constexpr int kThreads = 32 * kNW, kS = kD + 8, kP = kBM + 8;
-  static constexpr int kWN = kBN / 16;          /* warps along keys */
-  static constexpr int kWO = kNW / kWN;         /* warps along queries (phase 1) or D (phase 2) */
-  static constexpr int kQW = kBM / kWO, kDW = kD / kWO;
+  /* phase 1 (S^T, dP^T): warps of 16 * kKT1 keys (kKT1 m-tiles) along keys, the rest along queries */
+  static constexpr int kKT1 = kKT1_, kWN = kBN / (16 * kKT1), kWO = kNW / kWN, kQW = kBM / kWO;
   /* phase 2 (dV, dK): warps of 32 keys (two m-tiles) along keys, the rest along D */
   static constexpr int kWN2 = kBN / 32, kDW2 = kD / (kNW / kWN2);
   static_assert(kNW % kWN2 == 0 && kDW2 % 16 == 0, "phase 2 split");
-  static_assert(kNW % kWN == 0 && kBM % (16 * kWO) == 0 && kD % (16 * kWO) == 0, "tile split");
-  static constexpr size_t kSmem = (size_t)(2 * kBN + 2 * kBM) * kS * sizeof(T) +
+  static_assert(kNW % kWN == 0 && kBM % (16 * kWO) == 0, "phase 1 split");
+  static constexpr size_t kSmem = (size_t)(2 * kBN + 2 * kStages * kBM) * kS * sizeof(T) +
                                   (size_t)2 * kBN * kP * sizeof(T) + 2 * kBM * sizeof(float);
 };
 
