@@ -22,7 +22,9 @@
  * Each kernel is compiled twice: with every feature (kFeat) and without (no per-element function,
  * dropout, dbias, zero-padded head dim: the common case, with fewer registers and no branches).
  * Loads overlap products: the dQ kernel double-buffers K and V; the dK/dV kernel loads dO of the
- * next query block while it computes dK and Q while it computes dP of the next block.
+ * next query block while it computes dK and Q while it computes dP of the next block, or, with two
+ * stages (the atomic configuration's feature-free kernel where shared memory allows), loads both
+ * a whole query block ahead.
  *
  * Both recompute P from lse (a row with lse = -inf contributes nothing: its lse is read as +inf so
  * every P is 0) and Delta = rowsum(dout * out), which a small kernel computes first.

@@ -3,13 +3,14 @@
  * traits). One place to read and change them; each choice says why.
  *
  * Forward: kNW warps of 16 * kMT query rows each (kBM = 16 * kMT * kNW rows per CTA), kBN keys per
- * step. kMT = 2 (FlashAttention-2's 128 x 64 tiles on 4 warps, each B fragment feeding two mma)
- * spilled 468 bytes at D = 128 and 4 KB at D = 256 under ptxas (255 registers: the element-wise
- * path of SPEC.md's features is compiled into the same kernel), so every warp takes one m-tile.
+ * step. Two shapes per head dim: FwdTraits for the kernel with every feature compiled in (one
+ * m-tile per warp: two spilled 468 bytes at D = 128 and 4 KB at D = 256 there), FastFwdTraits for
+ * the feature-free kernel that the common case runs (two m-tiles per warp up to D = 128).
  *
- * Backward, dK/dV kernel: kBN keys per CTA (16 per warp in the score phase), kBM query rows per
- * step; D > 128 splits the head dimension of the dK/dV accumulators over two warp groups (8 warps)
- * to stay under 255 registers. dQ kernel: 16 rows per warp, kBN keys per step.
+ * Backward, dK/dV kernel (DkvCfg): kBN keys per CTA, kBM query rows per step; 32 keys (two
+ * m-tiles) per warp in both phases, the other warps split queries (phase 1) or the head dimension
+ * (phase 2); kStages buffers of Q and dO. dQ kernel: 16 rows per warp, kBN keys per step, K and V
+ * double-buffered.
  */
 #ifndef ATTN_IMPL_CUDA_CUDA_TRAITS_H
 #define ATTN_IMPL_CUDA_CUDA_TRAITS_H
