@@ -60,7 +60,8 @@ static void fake_default_name(const attn_problem *p, int32_t c, char *buf, size_
 }
 static int32_t fake_default_1(const attn_problem *p) { return (void)p, 1; }
 static int32_t fake_default_0(const attn_problem *p) { return (void)p, 0; }
-static size_t fake_no_workspace(const attn_problem *p, int32_t c, int backward) {
+static size_t fake_no_workspace(const attn_problem *p, int32_t c, const void *state, int backward) {
+  (void)state;
   return (void)p, (void)c, (void)backward, 0;
 }
 static attn_status fake_forward(const attn_run *run) {

@@ -50,8 +50,11 @@ typedef struct attn_impl {
   int32_t (*num_configs)(const attn_problem *problem);
   void (*config_name)(const attn_problem *problem, int32_t config, char *buf, size_t size);
   int32_t (*default_config)(const attn_problem *problem);
-  /* Workspace bytes for a pass under a configuration (backward != 0 for the backward pass). */
-  size_t (*workspace_size)(const attn_problem *problem, int32_t config, int backward);
+  /* Workspace bytes for a pass under a configuration (backward != 0 for the backward pass).
+   * state is what plan_init made (NULL without plan_init): some engines, such as cuDNN's, only
+   * know their workspace once the plan's graphs are built. */
+  size_t (*workspace_size)(const attn_problem *problem, int32_t config, const void *state,
+                           int backward);
   /* Optional (NULL when unused): per-plan state built once, e.g. compiled graphs. */
   attn_status (*plan_init)(const attn_problem *problem, int32_t config, void **state, char *why,
                            size_t why_size);

@@ -120,7 +120,7 @@ void attn_plan_destroy(attn_plan *plan) {
 }
 
 static size_t padded_workspace(const attn_plan *plan, int backward) {
-  size_t bytes = plan->impl->workspace_size(&plan->problem, plan->config, backward);
+  size_t bytes = plan->impl->workspace_size(&plan->problem, plan->config, plan->state, backward);
   return bytes == 0 ? 0 : bytes + ATTN_WORKSPACE_ALIGN;
 }
 

@@ -451,7 +451,9 @@ static int64_t bwd_chunk(const attn_problem *p, const bwd_layout *l, int64_t thr
   return max64(1, min64(chunk, npairs));
 }
 
-static size_t cpu_workspace_size(const attn_problem *p, int32_t config, int backward) {
+static size_t cpu_workspace_size(const attn_problem *p, int32_t config, const void *state,
+                                 int backward) {
+  (void)state;
   const int64_t bq = cfg_bq[config / N_BK], bk = cfg_bk[config % N_BK];
   const int64_t threads = max_threads();
   if (!backward) {

@@ -114,7 +114,9 @@ static int32_t cuda_default_config(const attn_problem *problem) {
 
 /* Backward: Delta [Hq, rows_q] f32, then the dense f32 dbias accumulator when there is a bias,
  * then (atomic configuration) the f32 dq accumulator [Hq, rows_q, D]. */
-static size_t cuda_workspace_size(const attn_problem *p, int32_t config, int backward) {
+static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const void *state,
+                                  int backward) {
+  (void)state;
   if (!backward) return 0;
   size_t bytes = align_up((size_t)(p->heads_q * rows_q(p)) * sizeof(float));
   if (p->has_bias) bytes += align_up((size_t)attn_role_numel(p, ATTN_ROLE_BIAS) * sizeof(float));

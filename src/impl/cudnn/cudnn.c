@@ -25,7 +25,6 @@
 #include <cuda_runtime_api.h>
 
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -178,75 +177,6 @@ static attn_status cudnn_supports(const attn_problem *p, char *why, size_t why_s
   if (sm == 0) return ATTN_STATUS_UNSUPPORTED;
   if (sm < 80) NO("sm%d: cuDNN's fused attention needs compute capability 8.0 or newer", sm);
   return problem_supported(p, (int)cudnnGetVersion(), sm, why, why_size);
-}
-
-/* ---- workspace sizes, remembered per problem ------------------------------------------------ */
-
-/* attn_impl.workspace_size sees the problem but not the plan state that knows cuDNN's sizes, so
- * plan_init records them here under a key made of the problem's fields. Small and process-wide,
- * guarded by a mutex; the oldest entry is overwritten when it is full. */
-#define WS_CACHE_SIZE 64
-
-typedef struct ws_key {
-  int64_t f[32];
-} ws_key;
-
-typedef struct ws_entry {
-  ws_key key;
-  int used;
-  size_t forward, backward;
-} ws_entry;
-
-static pthread_mutex_t ws_lock = PTHREAD_MUTEX_INITIALIZER;
-static ws_entry ws_cache[WS_CACHE_SIZE];
-static int ws_next;
-
-static ws_key key_of(const attn_problem *p) {
-  ws_key k;
-  memset(&k, 0, sizeof k);
-  int64_t scale_bits;
-  memcpy(&scale_bits, &p->scale, sizeof scale_bits);
-  int64_t f[] = {p->operation, p->dtype,        p->device_index, p->batch,        p->seqlen_q,
-                 p->seqlen_k,  p->heads_q,      p->heads_kv,     p->head_dim,     p->head_dim_v,
-                 scale_bits,   p->causal,       p->align,        p->window_left,  p->window_right,
-                 p->has_bias,  p->bias_dtype,   p->bias_shape[0], p->bias_shape[1],
-                 p->bias_shape[2], p->bias_shape[3], p->alibi,   p->varlen};
-  memcpy(k.f, f, sizeof f);
-  return k;
-}
-
-static void ws_remember(const attn_problem *p, size_t forward, size_t backward) {
-  ws_key k = key_of(p);
-  pthread_mutex_lock(&ws_lock);
-  int slot = -1;
-  for (int i = 0; i < WS_CACHE_SIZE; ++i)
-    if (ws_cache[i].used && memcmp(&ws_cache[i].key, &k, sizeof k) == 0) slot = i;
-  if (slot < 0) {
-    slot = ws_next;
-    ws_next = (ws_next + 1) % WS_CACHE_SIZE;
-  }
-  ws_cache[slot].key = k;
-  ws_cache[slot].used = 1;
-  /* Two plans of one problem may see different sizes only if cuDNN changes its mind; keep the
-   * larger so that a workspace sized from either is enough. */
-  if (ws_cache[slot].forward < forward) ws_cache[slot].forward = forward;
-  if (ws_cache[slot].backward < backward) ws_cache[slot].backward = backward;
-  pthread_mutex_unlock(&ws_lock);
-}
-
-static int ws_lookup(const attn_problem *p, size_t *forward, size_t *backward) {
-  ws_key k = key_of(p);
-  int found = 0;
-  pthread_mutex_lock(&ws_lock);
-  for (int i = 0; i < WS_CACHE_SIZE && !found; ++i) {
-    if (ws_cache[i].used && memcmp(&ws_cache[i].key, &k, sizeof k) == 0) {
-      *forward = ws_cache[i].forward;
-      *backward = ws_cache[i].backward;
-      found = 1;
-    }
-  }
-  pthread_mutex_unlock(&ws_lock);
-  return found;
 }
 
 static size_t align_up(size_t n) { return (n + ATTN_CUDNN_ALIGN - 1) & ~(size_t)(ATTN_CUDNN_ALIGN - 1); }
@@ -454,8 +384,6 @@ static attn_status cudnn_plan_init(const attn_problem *p, int32_t config, void *
     free_state(st);
     return err.status;
   }
-  size_t bwd_plan = st->plan_ws[1] > st->plan_ws[2] ? st->plan_ws[1] : st->plan_ws[2];
-  ws_remember(p, forward_workspace(p, st->plan_ws[0]), backward_workspace(p, bwd_plan));
   *state = st;
   return ATTN_STATUS_OK;
 }
@@ -470,18 +398,13 @@ static void cudnn_plan_fini(void *state) {
   if (previous >= 0 && previous != device) cudaSetDevice(previous);
 }
 
-static size_t cudnn_workspace_size(const attn_problem *p, int32_t config, int backward) {
+/* cuDNN's own workspace for the dense graphs plan_init built, then the implementation's pieces. */
+static size_t cudnn_workspace_size(const attn_problem *p, int32_t config, const void *state,
+                                   int backward) {
   (void)config;
-  size_t fwd = 0, bwd = 0;
-  if (!ws_lookup(p, &fwd, &bwd)) {
-    /* Only reachable when more than WS_CACHE_SIZE other problems were planned since this plan was
-     * made: answer a bound generous enough for cuDNN's fused engines (they ask for little beyond
-     * the f32 tensors placed here). */
-    size_t slack = (size_t)64 << 20;
-    fwd = forward_workspace(p, slack);
-    bwd = backward_workspace(p, slack);
-  }
-  return backward ? bwd : fwd;
+  const cudnn_state *st = state;
+  if (!backward) return forward_workspace(p, st->plan_ws[0]);
+  return backward_workspace(p, st->plan_ws[1] > st->plan_ws[2] ? st->plan_ws[1] : st->plan_ws[2]);
 }
 
 static int32_t cudnn_num_configs(const attn_problem *p) {

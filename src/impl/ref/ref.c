@@ -450,7 +450,9 @@ static int32_t ref_default_config(const attn_problem *problem) {
   return 0;
 }
 
-static size_t ref_workspace_size(const attn_problem *p, int32_t config, int backward) {
+static size_t ref_workspace_size(const attn_problem *p, int32_t config, const void *state,
+                                 int backward) {
+  (void)state;
   (void)config;
   if (!backward) /* x and visibility of one row, the output accumulator, the query row */
     return (size_t)(p->seqlen_k + p->head_dim_v + p->head_dim) * sizeof(double) +
