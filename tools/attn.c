@@ -345,7 +345,7 @@ static int bench_one(void *user, const char *impl, const char *config) {
   }
   double peak_fraction = b->peak_gflops > 0 ? gflops / b->peak_gflops : 0.0;
   if (o->csv) {
-    printf("\"%s\",%s,%s,%s,%.3g,%.3f,%.4g,%.4f,%d\n", b->text, impl, config, verdict, ratio,
+    printf("\"%s\",%s,%s,%s,%.3g,%.3f,%.4g,%.4g,%d\n", b->text, impl, config, verdict, ratio,
            median, gflops, peak_fraction, runs);
   } else if (o->json) {
     printf("%s  {\"problem\": ", b->rows ? ",\n" : "");
@@ -355,7 +355,7 @@ static int bench_one(void *user, const char *impl, const char *config) {
     printf(", \"config\": ");
     json_string(config);
     printf(", \"check\": \"%s\", \"err_over_tol\": %.3g, \"median_us\": %.3f, \"gflops\": %.4g, "
-           "\"peak_fraction\": %.4f, \"runs\": %d, \"pass\": \"%s\"}",
+           "\"peak_fraction\": %.4g, \"runs\": %d, \"pass\": \"%s\"}",
            verdict, ratio, median, gflops, peak_fraction, runs, o->backward ? "fwd+bwd" : "fwd");
   } else {
     printf("  %-8s %-16s %-5s %8.3g %12.1f %9.3f %6.1f%% %5d%s%s\n", impl, config, verdict, ratio,
