@@ -479,6 +479,10 @@ typedef struct attn_policy {
   const char *cache_path; /* the cache file; NULL (default) = $ATTN_CACHE_PATH, else
                              $XDG_CACHE_HOME/libattn/cache.txt, else ~/.cache/libattn/cache.txt;
                              "" = no cache file. Copied by attn_ctx_set_policy. */
+  int32_t deterministic;  /* 1: select only configurations their implementation declares to repeat
+                             their results bit for bit (not cuda's "atomic" backward, say), unless
+                             select.config names one; 0 (default): any configuration, all within
+                             SPEC.md's tolerances */
 } attn_policy;
 
 /* Fills *policy with the defaults above. Never allocates. */

@@ -401,6 +401,47 @@ static void test_autotune_and_caches(void) {
   fake_inject(NULL);
 }
 
+/* policy.deterministic: only configurations declared deterministic are candidates, unless the
+ * caller names one; its results are cached under their own key. fake2/tile64 (20 us, the fastest
+ * of timings_a) is declared non-deterministic. */
+static void test_determinism(void) {
+  recorder rec;
+  attn_ctx *ctx = make_ctx("det.txt", ATTN_ON_MISS_AUTOTUNE, &rec);
+  fake_inject(timings_a);
+  attn_policy pol;
+  attn_ctx_get_policy(ctx, &pol);
+  tu_check(pol.deterministic == 0, "policy.deterministic is 0 by default");
+  pol.deterministic = 1;
+  attn_ctx_set_policy(ctx, &pol);
+  attn_problem p = small_problem(16);
+  char pick[256];
+  attn_status st = plan_pick(ctx, &p, NULL, pick, sizeof pick);
+  tu_check(st == ATTN_STATUS_OK && strcmp(pick, "cudnn_fake/default") == 0 &&
+               rec.candidates_seen == 6,
+           "deterministic: autotune skips the non-deterministic fake2/tile64 and picks the fastest "
+           "of the other 6 (cudnn_fake/default, 30 us): %s (%d candidates)",
+           pick, rec.candidates_seen);
+  attn_select sel;
+  attn_select_init(&sel);
+  sel.impl = "fake2";
+  sel.config = "tile64";
+  st = plan_pick(ctx, &p, &sel, pick, sizeof pick);
+  tu_check(st == ATTN_STATUS_OK && strcmp(pick, "fake2/tile64") == 0,
+           "deterministic: a configuration the caller names is honoured: %s", pick);
+  sel.config = NULL;
+  st = plan_pick(ctx, &p, &sel, pick, sizeof pick);
+  tu_check(st == ATTN_STATUS_OK && strcmp(pick, "fake2/tile32") == 0,
+           "deterministic: fake2 alone leaves its deterministic tile32: %s", pick);
+  attn_ctx *other = make_ctx("det.txt", ATTN_ON_MISS_AUTOTUNE, &rec);
+  st = plan_pick(other, &p, NULL, pick, sizeof pick);
+  tu_check(st == ATTN_STATUS_OK && strcmp(pick, "fake2/tile64") == 0,
+           "a default policy sharing the cache file does not take the deterministic result: %s",
+           pick);
+  attn_ctx_destroy(other);
+  attn_ctx_destroy(ctx);
+  fake_inject(NULL);
+}
+
 static void test_explicit_choice(void) {
   recorder rec;
   attn_ctx *ctx = make_ctx("explicit.txt", ATTN_ON_MISS_AUTOTUNE, &rec);
@@ -777,6 +818,7 @@ int main(void) {
   test_heuristics();
   test_autotune_and_caches();
   test_explicit_choice();
+  test_determinism();
   test_config_every_path();
   test_filters();
   test_versions();

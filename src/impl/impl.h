@@ -62,6 +62,11 @@ typedef struct attn_impl {
 
   attn_status (*forward)(const attn_run *run);
   attn_status (*backward)(const attn_run *run);
+
+  /* Optional (NULL = every configuration is deterministic): whether a configuration gives the same
+   * bits on every run of the same inputs (one accumulating with atomics does not). A policy with
+   * deterministic = 1 keeps the executor to those, unless the caller names the configuration. */
+  int (*config_deterministic)(const attn_problem *problem, int32_t config);
 } attn_impl;
 
 #endif /* ATTN_IMPL_IMPL_H */

@@ -343,7 +343,7 @@ static void add_reason(char *reasons, size_t size, const char *impl, const char 
 
 /* Every (implementation, configuration) that matches select and supports the problem. */
 static attn_status gather(attn_ctx *ctx, const attn_problem *p, const attn_select *sel,
-                          candidates *out) {
+                          int deterministic, candidates *out) {
   memset(out, 0, sizeof *out);
   const char *want_impl = sel ? sel->impl : NULL;
   const char *want_config = sel ? sel->config : NULL;
@@ -400,17 +400,25 @@ static attn_status gather(attn_ctx *ctx, const attn_problem *p, const attn_selec
       add_reason(reasons, sizeof reasons, impl->name, why);
       continue;
     }
-    int32_t n = impl->num_configs(p), matched = 0;
+    int32_t n = impl->num_configs(p), matched = 0, nondeterministic = 0;
     for (int32_t c = 0; c < n; ++c) {
       candidate *cand = &out->items[out->count];
       impl->config_name(p, c, cand->name, sizeof cand->name);
       if (want_config != NULL && strcmp(cand->name, want_config) != 0) continue;
+      if (deterministic && want_config == NULL && impl->config_deterministic != NULL &&
+          !impl->config_deterministic(p, c)) {
+        ++nondeterministic; /* the policy asks for repeatable bits; the caller named none */
+        continue;
+      }
       cand->impl = impl;
       cand->config = c;
       ++out->count;
       ++matched;
     }
-    if (!matched) {
+    if (!matched && nondeterministic > 0) {
+      add_reason(reasons, sizeof reasons, impl->name,
+                 "has only non-deterministic configurations (policy.deterministic=1)");
+    } else if (!matched) {
       config_missing = 1;
       attn_format(why, sizeof why, "has no configuration \"%s\" for this problem", want_config);
       add_reason(reasons, sizeof reasons, impl->name, why);
@@ -446,8 +454,10 @@ static void make_key(attn_ctx *ctx, const attn_problem *p, const candidates *c,
     size_t used = strlen(impls);
     snprintf(impls + used, sizeof impls - used, "|config=%s", c->items[0].name);
   }
-  attn_format(key, size, "%s\t%s\t%s\tt%d\t%s", fp, impls,
-              policy->tune_backward ? "fwd+bwd" : "fwd", (int)ctx->num_threads, problem);
+  /* A deterministic policy times fewer candidates, so its result is kept under its own key. */
+  attn_format(key, size, "%s\t%s\t%s%s\tt%d\t%s", fp, impls,
+              policy->tune_backward ? "fwd+bwd" : "fwd", policy->deterministic ? "+det" : "",
+              (int)ctx->num_threads, problem);
 }
 
 /* The candidate a cache entry names, if it is still one (same implementation version). */
@@ -561,7 +571,7 @@ attn_status attn_exec_select(attn_ctx *ctx, const attn_problem *p, const attn_se
   attn_exec *e = attn_exec_get(ctx);
   if (e == NULL) return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory");
   candidates c;
-  attn_status status = gather(ctx, p, sel, &c);
+  attn_status status = gather(ctx, p, sel, e->policy.deterministic, &c);
   if (status != ATTN_STATUS_OK) {
     free(c.items);
     return status;

@@ -107,6 +107,15 @@ static void cuda_config_name(const attn_problem *problem, int32_t config, char *
   attn_format(buf, size, "%s", config == CUDA_CONFIG_ATOMIC ? "atomic" : "deterministic");
 }
 
+/* Whether a configuration repeats its bits: not "atomic" (dq accumulated with atomics), and not
+ * when dbias is summed over broadcast dims of the bias, which every configuration does with
+ * atomics (the problem does not say whether dbias is asked for, so this answers for the worst). */
+static int cuda_config_deterministic(const attn_problem *p, int32_t config) {
+  int broadcast_bias = p->has_bias && (p->bias_shape[0] != p->batch || p->bias_shape[1] != p->heads_q ||
+                                       p->bias_shape[2] != p->seqlen_q || p->bias_shape[3] != p->seqlen_k);
+  return config != CUDA_CONFIG_ATOMIC && !broadcast_bias;
+}
+
 static int32_t cuda_default_config(const attn_problem *problem) {
   (void)problem;
   return 0;
@@ -301,4 +310,5 @@ const attn_impl attn_cuda_impl = {
     .plan_fini = NULL,
     .forward = cuda_forward,
     .backward = cuda_backward,
+    .config_deterministic = cuda_config_deterministic,
 };
