@@ -14,31 +14,6 @@
 #include <string.h>
 #include <time.h>
 
-static attn_tensor *slot_of(h_data *d, attn_role role) {
-  switch (role) {
-  case ATTN_ROLE_Q: return &d->in.q;
-  case ATTN_ROLE_K: return &d->in.k;
-  case ATTN_ROLE_V: return &d->in.v;
-  case ATTN_ROLE_BIAS: return &d->in.bias;
-  case ATTN_ROLE_MASK: return &d->in.mask;
-  case ATTN_ROLE_ALIBI: return &d->in.alibi_slopes;
-  case ATTN_ROLE_SINKS: return &d->in.sinks;
-  case ATTN_ROLE_Q_SEGMENT_IDS: return &d->in.q_segment_ids;
-  case ATTN_ROLE_KV_SEGMENT_IDS: return &d->in.kv_segment_ids;
-  case ATTN_ROLE_OUT: return &d->out.out;
-  case ATTN_ROLE_LSE: return &d->out.lse;
-  case ATTN_ROLE_DOUT: return &d->dout;
-  case ATTN_ROLE_DQ: return &d->grads.dq;
-  case ATTN_ROLE_DK: return &d->grads.dk;
-  case ATTN_ROLE_DV: return &d->grads.dv;
-  default: return NULL; /* probs, dbias, dsinks: not compared by the tools */
-  }
-}
-
-static int backward_role(attn_role r) {
-  return r == ATTN_ROLE_DOUT || r == ATTN_ROLE_DQ || r == ATTN_ROLE_DK || r == ATTN_ROLE_DV;
-}
-
 static int input_role(attn_role r) { return r <= ATTN_ROLE_KV_SEGMENT_IDS || r == ATTN_ROLE_DOUT; }
 
 static double uniform(uint64_t *state) {
@@ -49,9 +24,8 @@ static double uniform(uint64_t *state) {
 static int alloc_roles(h_data *d, int backward) {
   for (int r = 0; r < ATTN_ROLE_COUNT; ++r) {
     attn_role role = (attn_role)r;
-    attn_tensor *t = slot_of(d, role);
-    if (t == NULL || !attn_role_used(&d->problem, role) || (!backward && backward_role(role)))
-      continue;
+    if (!attn_role_needed(&d->problem, role, backward)) continue;
+    attn_tensor *t = attn_role_field(role, &d->in, &d->out, &d->dout, &d->grads);
     int64_t n = attn_role_numel(&d->problem, role);
     d->buf[r] =
         calloc((size_t)(n > 0 ? n : 1), attn_dtype_size(attn_role_dtype(&d->problem, role)));

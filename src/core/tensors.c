@@ -44,6 +44,48 @@ int attn_role_used(const attn_problem *p, attn_role role) {
   }
 }
 
+attn_tensor *attn_role_field(attn_role role, attn_inputs *in, attn_outputs *out, attn_tensor *dout,
+                             attn_grads *g) {
+  switch (role) {
+  case ATTN_ROLE_Q: return &in->q;
+  case ATTN_ROLE_K: return &in->k;
+  case ATTN_ROLE_V: return &in->v;
+  case ATTN_ROLE_BIAS: return &in->bias;
+  case ATTN_ROLE_MASK: return &in->mask;
+  case ATTN_ROLE_ALIBI: return &in->alibi_slopes;
+  case ATTN_ROLE_SINKS: return &in->sinks;
+  case ATTN_ROLE_Q_SEGMENT_IDS: return &in->q_segment_ids;
+  case ATTN_ROLE_KV_SEGMENT_IDS: return &in->kv_segment_ids;
+  case ATTN_ROLE_OUT: return &out->out;
+  case ATTN_ROLE_LSE: return &out->lse;
+  case ATTN_ROLE_PROBS: return &out->probs;
+  case ATTN_ROLE_DOUT: return dout;
+  case ATTN_ROLE_DQ: return &g->dq;
+  case ATTN_ROLE_DK: return &g->dk;
+  case ATTN_ROLE_DV: return &g->dv;
+  case ATTN_ROLE_DBIAS: return &g->dbias;
+  case ATTN_ROLE_DSINKS: return &g->dsinks;
+  case ATTN_ROLE_COUNT: break;
+  }
+  return NULL;
+}
+
+int attn_role_needed(const attn_problem *p, attn_role role, int backward) {
+  switch (role) {
+  case ATTN_ROLE_PROBS:
+  case ATTN_ROLE_DBIAS:
+  case ATTN_ROLE_DSINKS: return 0;
+  case ATTN_ROLE_DOUT:
+  case ATTN_ROLE_DQ:
+  case ATTN_ROLE_DK:
+  case ATTN_ROLE_DV:
+    if (!backward) return 0;
+    break;
+  default: break;
+  }
+  return attn_role_used(p, role);
+}
+
 /* Rows, heads, width of a token tensor: [B, T, H, W] dense or [total, H, W] packed. */
 static int token_shape(const attn_problem *p, int64_t seqlen, int64_t total, int64_t heads,
                        int64_t width, int64_t shape[ATTN_MAX_DIMS]) {

@@ -38,6 +38,16 @@ const char *attn_role_name(attn_role role);
 /* Whether the problem uses this tensor at all (bias only with has_bias, and so on). */
 int attn_role_used(const attn_problem *problem, attn_role role);
 
+/* The field of a run's structs that holds the role's tensor. */
+attn_tensor *attn_role_field(attn_role role, attn_inputs *inputs, attn_outputs *outputs,
+                             attn_tensor *dout, attn_grads *grads);
+
+/* Whether a plain run of the problem, forward or (backward != 0) forward + backward, has a tensor
+ * for the role: the problem uses it, it is not an optional output (probs, dbias, dsinks), and it is
+ * not one of the backward pass's (dout, dq, dk, dv) in a forward run. What the tuner and the tools
+ * allocate. */
+int attn_role_needed(const attn_problem *problem, attn_role role, int backward);
+
 /* Logical shape of the tensor for the problem; returns the number of dimensions (1..4). */
 int attn_role_shape(const attn_problem *problem, attn_role role, int64_t shape[ATTN_MAX_DIMS]);
 

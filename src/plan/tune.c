@@ -28,32 +28,6 @@ struct attn_scratch {
   attn_grads grads;
 };
 
-static attn_tensor *input_slot(attn_scratch *s, attn_role role) {
-  switch (role) {
-  case ATTN_ROLE_Q: return &s->inputs.q;
-  case ATTN_ROLE_K: return &s->inputs.k;
-  case ATTN_ROLE_V: return &s->inputs.v;
-  case ATTN_ROLE_BIAS: return &s->inputs.bias;
-  case ATTN_ROLE_MASK: return &s->inputs.mask;
-  case ATTN_ROLE_ALIBI: return &s->inputs.alibi_slopes;
-  case ATTN_ROLE_SINKS: return &s->inputs.sinks;
-  case ATTN_ROLE_Q_SEGMENT_IDS: return &s->inputs.q_segment_ids;
-  case ATTN_ROLE_KV_SEGMENT_IDS: return &s->inputs.kv_segment_ids;
-  case ATTN_ROLE_OUT: return &s->outputs.out;
-  case ATTN_ROLE_LSE: return &s->outputs.lse;
-  case ATTN_ROLE_DOUT: return &s->dout;
-  case ATTN_ROLE_DQ: return &s->grads.dq;
-  case ATTN_ROLE_DK: return &s->grads.dk;
-  case ATTN_ROLE_DV: return &s->grads.dv;
-  default: return NULL; /* probs, dbias, dsinks: optional outputs the tuner does not ask for */
-  }
-}
-
-static int is_backward_role(attn_role role) {
-  return role == ATTN_ROLE_DOUT || role == ATTN_ROLE_DQ || role == ATTN_ROLE_DK ||
-         role == ATTN_ROLE_DV;
-}
-
 /* Lengths of B sequences sharing total rows, each at most max (validation refuses the rest). */
 static int32_t *even_cu_seqlens(int64_t batch, int64_t total) {
   int32_t *cu = malloc((size_t)(batch + 1) * sizeof *cu);
@@ -79,8 +53,8 @@ attn_status attn_scratch_create(const attn_problem *p, int backward, attn_scratc
   uint64_t state = 0x9e3779b97f4a7c15ull;
   for (int r = 0; r < ATTN_ROLE_COUNT; ++r) {
     attn_role role = (attn_role)r;
-    attn_tensor *slot = input_slot(s, role);
-    if (slot == NULL || !attn_role_used(p, role) || (!backward && is_backward_role(role))) continue;
+    if (!attn_role_needed(p, role, backward)) continue;
+    attn_tensor *slot = attn_role_field(role, &s->inputs, &s->outputs, &s->dout, &s->grads);
     int64_t n = attn_role_numel(p, role);
     attn_dtype dtype = attn_role_dtype(p, role);
     size_t bytes = (size_t)(n > 0 ? n : 1) * attn_dtype_size(dtype);
