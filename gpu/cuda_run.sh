@@ -43,11 +43,15 @@ if [ "${LAB:-0}" = 1 ]; then
   wait
   "$BUILD-lab" 2>&1 | tee "$OUT/lab.log"
   "$BUILD-labb" 2>&1 | tee -a "$OUT/lab.log"
-  if [ "${NCU:-0}" = 1 ]; then # D = 128 forward (32-key tiles) and atomic backward (v4), one launch each
-    secs="--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis"
-    ncu --clock-control none -k regex:fwd_kernel --launch-skip 13 -c 1 $secs "$BUILD-lab" 1 >>"$OUT/lab.log" 2>&1
-    ncu --clock-control none -k regex:bwd_dkv --launch-skip 39 -c 1 $secs "$BUILD-labb" 1 >>"$OUT/lab.log" 2>&1
+  if [ "${NCU:-0}" = 1 ]; then # D = 128 forward (64-key tiles) and atomic backward (v5), one launch each
+    secs="--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SourceCounters"
+    ncu --clock-control none -k regex:fwd_kernel --launch-skip 13 -c 1 $secs -o /tmp/ncu_fwd "$BUILD-lab" 1 >/dev/null 2>&1
+    ncu --clock-control none -k regex:bwd_dkv --launch-skip 52 -c 1 $secs -o /tmp/ncu_bwd "$BUILD-labb" 1 >/dev/null 2>&1
     echo "ncu rc=$?"
+    for r in fwd bwd; do # the report's summary, then per-instruction stall samples (SASS)
+      ncu --import "/tmp/ncu_$r.ncu-rep" >>"$OUT/lab.log" 2>&1
+      ncu --import "/tmp/ncu_$r.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_${r}_sass.csv" 2>&1
+    done
   fi
 fi
 

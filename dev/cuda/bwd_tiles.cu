@@ -142,6 +142,8 @@ template <int kD> void shape(int causal) {
   bench<kD, true, DkvCfg<bf, kD, 8, 128, 64, 1>>("v3 bn128 w8 kt1", p, &ref, flops);
   bench<kD, true, DkvCfg<bf, kD, 8, 128, 64, 2>>("v4 bn128 w8 kt2", p, &ref, flops);
   bench<kD, true, DkvCfg<bf, kD, 8, 128, 64, 2, 2>>("v5 bn128 w8 kt2 2 stages", p, &ref, flops);
+  if constexpr (kD == 64) /* FlashAttention-2's D = 64 shape: 128 query rows per step */
+    bench<kD, true, DkvCfg<bf, kD, 8, 128, 128, 2, 2>>("v6 bn128 bm128 w8 kt2 2 stages", p, &ref, flops);
   p.dq_accum = nullptr;
   bench<kD, false, DkvCfg<bf, kD, 4, 64, 64, 2, 2>>("v5 bn64 w4 kt2 2 stages", p, &ref, flops);
   bench<kD, false, DkvCfg<bf, kD, 8, 128, 64, 2, 2>>("v5 bn128 w8 kt2 2 stages", p, &ref, flops);

@@ -107,16 +107,21 @@ template <int kD> void shape(int causal) {
   p.scale = 1.f / sqrtf((float)kD), p.window_left = -1, p.window_right = causal ? 0 : -1;
   p.keep_scale = 1.f;
   double flops = 4.0 * B * H * (double)T * T * kD * (causal ? 0.5 : 1.0);
-  if (kD <= 128) {
-    bench<kD, 4, 2, 64, 1>("fa2", p, o, flops);
+  if (kD == 64) {
+    bench<kD, 4, 2, 64, 1>("bn64", p, o, flops);
     p.out = o2;
-    bench<kD, 4, 2, 32, 1>("bn32", p, o, flops);
+    bench<kD, 4, 2, 128, 1>("bn128", p, o, flops);
     bench<kD, 4, 1, 64, 2>("mt1", p, o, flops);
-    bench<kD, 8, 1, 64, 1>("old", p, o, flops);
-  } else {
-    bench<kD, 8, 1, 32, 1>("w8", p, o, flops);
+  } else if (kD == 128) {
+    bench<kD, 4, 2, 32, 1>("bn32", p, o, flops);
     p.out = o2;
+    bench<kD, 4, 2, 64, 1>("bn64", p, o, flops);
+    bench<kD, 8, 1, 64, 1>("w8", p, o, flops);
+  } else {
     bench<kD, 4, 1, 32, 1>("w4", p, o, flops);
+    p.out = o2;
+    bench<kD, 8, 1, 64, 1>("w8 bn64", p, o, flops);
+    bench<kD, 8, 1, 32, 1>("w8 bn32", p, o, flops);
   }
   cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(o2), cudaFree(lse);
 }

@@ -32,6 +32,8 @@
 #ifndef ATTN_IMPL_CUDA_CUDA_BWD_CUH
 #define ATTN_IMPL_CUDA_CUDA_BWD_CUH
 
+#include <type_traits>
+
 #include "impl/cuda/cuda_check.cuh"
 #include "impl/cuda/cuda_common.cuh"
 #include "impl/cuda/cuda_traits.h"
@@ -150,45 +152,51 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
       }
     }
 
-    /* dS = P (dP - Delta), with dP = keep ? dP' / (1 - p) : 0 and the soft cap's derivative */
+    /* dS = P (dP - Delta), with dP = keep ? dP' / (1 - p) : 0 and the soft cap's derivative.
+     * Tiles inside the band without per-element work take the branch-free copy (kCheck = false). */
     const bool fast = (!kFeat || !p.elementwise) && band_full(p, hd, m0, m_last, n0, kBN);
+    auto scores_to_ds = [&](auto check) {
+      constexpr bool kCheck = decltype(check)::value;
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int i = m0 + wrow + (lane >> 2) + hf * 8;
-        const int j0 = n0 + nt * 8 + (lane & 3) * 2;
-        if constexpr (kFeat) {
-          uint32_t words[4] = {0, 0, 0, 0};
-          if (p.dropout_p > 0.f) philox_words(p, b, h, i, j0, words);
+        for (int hf = 0; hf < 2; ++hf) {
+          const int i = m0 + wrow + (lane >> 2) + hf * 8;
+          const int j0 = n0 + nt * 8 + (lane & 3) * 2;
+          if constexpr (kFeat) {
+            uint32_t words[4] = {0, 0, 0, 0};
+            if (p.dropout_p > 0.f) philox_words(p, b, h, i, j0, words);
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int e = 2 * hf + c, j = j0 + c;
-            float x, t = 0.f;
-            bool vis = true;
-            if (fast) x = s[nt][e] * p.scale;
-            else {
-              vis = visible(p, hd, i, j);
-              x = vis ? logit(p, hd, i, j, s[nt][e], &t) : 0.f;
+            for (int c = 0; c < 2; ++c) {
+              const int e = 2 * hf + c, j = j0 + c;
+              float x, t = 0.f;
+              bool vis = true;
+              if (!kCheck) x = s[nt][e] * p.scale;
+              else {
+                vis = visible(p, hd, i, j);
+                x = vis ? logit(p, hd, i, j, s[nt][e], &t) : 0.f;
+              }
+              const float P = vis ? ex2(x * kLog2e - lse2[hf]) : 0.f;
+              const bool keep = p.dropout_p <= 0.f || words[j & 3] >= p.drop_threshold;
+              const float dpv = keep ? dp[nt][e] * p.keep_scale : 0.f;
+              float ds = P * (dpv - delta[hf]);
+              if (p.softcap > 0.f) ds *= 1.f - t * t;
+              if (p.dbias_accum != nullptr && vis && P != 0.f) atomicAdd(p.dbias_accum + dbias_index(p, hd, i, j), ds);
+              s[nt][e] = ds;
             }
-            const float P = vis ? ex2(x * kLog2e - lse2[hf]) : 0.f;
-            const bool keep = p.dropout_p <= 0.f || words[j & 3] >= p.drop_threshold;
-            const float dpv = keep ? dp[nt][e] * p.keep_scale : 0.f;
-            float ds = P * (dpv - delta[hf]);
-            if (p.softcap > 0.f) ds *= 1.f - t * t;
-            if (p.dbias_accum != nullptr && vis && P != 0.f) atomicAdd(p.dbias_accum + dbias_index(p, hd, i, j), ds);
-            s[nt][e] = ds;
-          }
-        } else {
+          } else {
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int e = 2 * hf + c;
-            const bool vis = fast || visible_band(p, hd, i, j0 + c);
-            const float P = vis ? ex2(s[nt][e] * scale_log2 - lse2[hf]) : 0.f;
-            s[nt][e] = P * (dp[nt][e] - delta[hf]);
+            for (int c = 0; c < 2; ++c) {
+              const int e = 2 * hf + c;
+              float P = ex2(s[nt][e] * scale_log2 - lse2[hf]);
+              if (kCheck && !visible_band(p, hd, i, j0 + c)) P = 0.f;
+              s[nt][e] = P * (dp[nt][e] - delta[hf]);
+            }
           }
         }
-      }
+    };
+    if (fast) scores_to_ds(std::false_type{});
+    else scores_to_ds(std::true_type{});
 
     /* dQ += dS K */
 #pragma unroll
@@ -242,8 +250,9 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
   T *sO0 = sQ0 + kStages * kBM * kS; /* dout: kStages buffers */
   T *sPt = sO0 + kStages * kBM * kS; /* P'^T [kBN][kP] */
   T *sSt = sPt + kBN * kP; /* dS^T */
-  float *sLse = reinterpret_cast<float *>(sSt + kBN * kP);
-  float *sDelta = sLse + kBM;
+  float *sLse = reinterpret_cast<float *>(sSt + kBN * kP); /* [2][kBM]: this item's, the next's */
+  float *sDelta = sLse + 2 * kBM;                          /* [2][kBM] */
+  static_assert(kThreads >= kBM, "one thread per query row loads lse and Delta");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.z, g = blockIdx.y, n0 = blockIdx.x * kBN;
@@ -264,14 +273,26 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
   int m_lo, m_hi;
   query_block_range(p, hd0, n0, n_last, kBM, m_lo, m_hi);
   const int nm = max(m_hi - m_lo, 0), items = nm * p.group;
-  auto q_of = [&](int it) {
-    const int h = g * p.group + it / nm;
-    return static_cast<const T *>(p.q) + b * p.q_b + (sq.q0 + (int64_t)(m_lo + it % nm) * kBM) * p.q_r + h * p.q_h;
+  /* An item is (query head h, query block mb); they run head by head, blocks m_lo .. m_hi - 1. */
+  auto q_of = [&](int h, int mb) {
+    return static_cast<const T *>(p.q) + b * p.q_b + (sq.q0 + (int64_t)mb * kBM) * p.q_r + h * p.q_h;
   };
-  auto do_of = [&](int it) {
-    const int h = g * p.group + it / nm;
-    return static_cast<const T *>(p.dout) + b * p.do_b + (sq.q0 + (int64_t)(m_lo + it % nm) * kBM) * p.do_r + h * p.do_h;
+  auto do_of = [&](int h, int mb) {
+    return static_cast<const T *>(p.dout) + b * p.do_b + (sq.q0 + (int64_t)mb * kBM) * p.do_r + h * p.do_h;
   };
+
+  /* lse (log2 units; +inf for a row without any visible key, so its P is 0) and Delta of row tid of
+   * item it, for the threads tid < kBM. */
+  auto row_stats = [&](int h, int mb, float &l2, float &dl) {
+    const int i = mb * kBM + tid;
+    l2 = INFINITY, dl = 0.f;
+    if (i < sq.len_q) {
+      const float l = p.lse[b * p.lse_b + h * p.lse_h + (sq.q0 + i) * p.lse_r];
+      l2 = l == -INFINITY ? INFINITY : l * kLog2e;
+      dl = p.delta[h * p.rows_q + delta_row(p, sq, b, i)];
+    }
+  };
+  if (items > 0 && tid < kBM) row_stats(g * p.group, m_lo, sLse[tid], sDelta[tid]);
 
   /* cp.async groups, one stage: {K, V, dO(0)}, {Q(0)}; then per item {dO(it+1)}, {Q(it+1)}, each
    * issued once the item's last reader of that buffer is done. Two stages: {K, V, dO(0), Q(0)},
@@ -280,9 +301,9 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
   load_tile<kBN, kD, kThreads>(sV, gv, p.v_r, sq.len_k - n0, p.dv, p.v, tid);
   if (items > 0) {
     const int m0 = m_lo * kBM;
-    load_tile<kBM, kD, kThreads>(sO0, do_of(0), p.do_r, sq.len_q - m0, p.dv, p.dout, tid);
+    load_tile<kBM, kD, kThreads>(sO0, do_of(g * p.group, m_lo), p.do_r, sq.len_q - m0, p.dv, p.dout, tid);
     if (kStages == 1) cp_async_commit();
-    load_tile<kBM, kD, kThreads>(sQ0, q_of(0), p.q_r, sq.len_q - m0, p.d, p.q, tid);
+    load_tile<kBM, kD, kThreads>(sQ0, q_of(g * p.group, m_lo), p.q_r, sq.len_q - m0, p.d, p.q, tid);
   }
   cp_async_commit();
 
@@ -296,20 +317,16 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
 
   const int nk = kFeat ? (p.d + 15) / 16 : kD / 16, nv = kFeat ? (p.dv + 15) / 16 : kD / 16;
   const float scale_log2 = p.scale * kLog2e;
+  int h = g * p.group, mb = m_lo; /* this item */
   for (int it = 0; it < items; ++it) {
-    const int h = g * p.group + it / nm;
     const Head hd = head_of(p, sq, b, h);
-    const int m0 = (m_lo + it % nm) * kBM, m_last = min(m0 + kBM, sq.len_q) - 1;
-    for (int r = tid; r < kBM; r += kThreads) {
-      int i = m0 + r;
-      float l2 = INFINITY, dl = 0.f;
-      if (i < sq.len_q) {
-        float l = p.lse[b * p.lse_b + h * p.lse_h + (sq.q0 + i) * p.lse_r];
-        l2 = l == -INFINITY ? INFINITY : l * kLog2e;
-        dl = p.delta[h * p.rows_q + delta_row(p, sq, b, i)];
-      }
-      sLse[r] = l2, sDelta[r] = dl;
-    }
+    const int m0 = mb * kBM, m_last = min(m0 + kBM, sq.len_q) - 1;
+    const int h1 = mb + 1 < m_hi ? h : h + 1, mb1 = mb + 1 < m_hi ? mb + 1 : m_lo; /* the next */
+    /* the next item's lse and Delta: loaded now, stored at the end of this item, so their
+     * latency hides behind its products */
+    float next_l2 = INFINITY, next_dl = 0.f;
+    if (it + 1 < items && tid < kBM) row_stats(h1, mb1, next_l2, next_dl);
+    const float *lse_it = sLse + (it & 1) * kBM, *delta_it = sDelta + (it & 1) * kBM;
     T *sQ = sQ0 + (kStages == 2 ? (it & 1) * kBM * kS : 0);
     T *sO = sO0 + (kStages == 2 ? (it & 1) * kBM * kS : 0);
     if constexpr (kStages == 1) {
@@ -319,14 +336,16 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
       cp_async_wait_all();
       __syncthreads(); /* dO(it), Q(it) have landed; every warp is done with item it - 1 */
       if (it + 1 < items) {
-        const int m1 = (m_lo + (it + 1) % nm) * kBM, o = ((it + 1) & 1) * kBM * kS;
-        load_tile<kBM, kD, kThreads>(sO0 + o, do_of(it + 1), p.do_r, sq.len_q - m1, p.dv, p.dout, tid);
-        load_tile<kBM, kD, kThreads>(sQ0 + o, q_of(it + 1), p.q_r, sq.len_q - m1, p.d, p.q, tid);
+        const int m1 = mb1 * kBM, o = ((it + 1) & 1) * kBM * kS;
+        load_tile<kBM, kD, kThreads>(sO0 + o, do_of(h1, mb1), p.do_r, sq.len_q - m1, p.dv, p.dout, tid);
+        load_tile<kBM, kD, kThreads>(sQ0 + o, q_of(h1, mb1), p.q_r, sq.len_q - m1, p.d, p.q, tid);
       }
       cp_async_commit();
     }
 
-    /* phase 1: dP'^T = V dO^T, then S^T = K Q^T, for 16 * kKT keys x kQW queries */
+    /* phase 1: dP'^T = V dO^T and S^T = K Q^T, for 16 * kKT keys x kQW queries. Both products
+     * step through the head dimension together when Q(it) is already there (two stages), so
+     * twice as many independent mma hide each other's latency. */
     float st[kKT][kQNT][4], dpt[kKT][kQNT][4];
 #pragma unroll
     for (int kt = 0; kt < kKT; ++kt)
@@ -334,96 +353,90 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
       for (int nt = 0; nt < kQNT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[kt][nt][e] = dpt[kt][nt][e] = 0.f;
+    /* acc[kt] += A(16 * kKT keys of sA) B(kQW queries of sB)^T over columns kk * 16 .. + 15 */
+    auto transposed_step = [&](float (*acc)[kQNT][4], const T *sA, const T *sB, int kk) {
+      uint32_t a[kKT][4];
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      if (kk < nv) {
-        uint32_t a[kKT][4];
+      for (int kt = 0; kt < kKT; ++kt)
+        ldsm4(a[kt], sA + (kn + kt * 16 + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
-        for (int kt = 0; kt < kKT; ++kt)
-          ldsm4(a[kt], sV + (kn + kt * 16 + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
+      for (int nn = 0; nn < kQW / 16; ++nn) {
+        uint32_t bb[4];
+        ldsm4(bb, sB + (qm + nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
-        for (int nn = 0; nn < kQW / 16; ++nn) {
-          uint32_t bo[4];
-          ldsm4(bo, sO + (qm + nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
-#pragma unroll
-          for (int kt = 0; kt < kKT; ++kt) {
-            Elem<T>::mma(dpt[kt][2 * nn], a[kt], bo[0], bo[1]);
-            Elem<T>::mma(dpt[kt][2 * nn + 1], a[kt], bo[2], bo[3]);
-          }
+        for (int kt = 0; kt < kKT; ++kt) {
+          Elem<T>::mma(acc[kt][2 * nn], a[kt], bb[0], bb[1]);
+          Elem<T>::mma(acc[kt][2 * nn + 1], a[kt], bb[2], bb[3]);
         }
       }
+    };
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      if (kk < nv) transposed_step(dpt, sV, sO, kk);
+      if (kStages == 2 && kk < nk) transposed_step(st, sK, sQ, kk);
     }
     if constexpr (kStages == 1) {
       cp_async_wait_all();
       __syncthreads(); /* Q(it) has landed */
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        if (kk < nk) transposed_step(st, sK, sQ, kk);
     }
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      if (kk < nk) {
-        uint32_t a[kKT][4];
-#pragma unroll
-        for (int kt = 0; kt < kKT; ++kt)
-          ldsm4(a[kt], sK + (kn + kt * 16 + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
-#pragma unroll
-        for (int nn = 0; nn < kQW / 16; ++nn) {
-          uint32_t bq[4];
-          ldsm4(bq, sQ + (qm + nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
-#pragma unroll
-          for (int kt = 0; kt < kKT; ++kt) {
-            Elem<T>::mma(st[kt][2 * nn], a[kt], bq[0], bq[1]);
-            Elem<T>::mma(st[kt][2 * nn + 1], a[kt], bq[2], bq[3]);
-          }
-        }
-      }
-    }
+    /* P'^T and dS^T into shared memory. Tiles inside the band without per-element work take
+     * the branch-free copy of this code (kCheck = false). */
     const bool fast = (!kFeat || !p.elementwise) && band_full(p, hd, m0, m_last, n0, kBN);
+    auto probabilities = [&](auto check) {
+      constexpr bool kCheck = decltype(check)::value;
 #pragma unroll
-    for (int kt = 0; kt < kKT; ++kt)
+      for (int kt = 0; kt < kKT; ++kt)
 #pragma unroll
-    for (int nt = 0; nt < kQNT; ++nt)
+        for (int nt = 0; nt < kQNT; ++nt)
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int kr = kn + kt * 16 + (lane >> 2) + hf * 8; /* key row in the block */
-        const int j = n0 + kr;
-        float pv[2], dsv[2];
+          for (int hf = 0; hf < 2; ++hf) {
+            const int kr = kn + kt * 16 + (lane >> 2) + hf * 8; /* key row in the block */
+            const int j = n0 + kr;
+            float pv[2], dsv[2];
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int e = 2 * hf + c;
-          const int qr = qm + nt * 8 + (lane & 3) * 2 + c; /* query row in the block */
-          const int i = m0 + qr;
-          if constexpr (kFeat) {
-            float x, t = 0.f;
-            bool vis = true;
-            if (fast) x = st[kt][nt][e] * p.scale;
-            else {
-              vis = visible(p, hd, i, j);
-              x = vis ? logit(p, hd, i, j, st[kt][nt][e], &t) : 0.f;
+            for (int c = 0; c < 2; ++c) {
+              const int e = 2 * hf + c;
+              const int qr = qm + nt * 8 + (lane & 3) * 2 + c; /* query row in the block */
+              const int i = m0 + qr;
+              if constexpr (kFeat) {
+                float x, t = 0.f;
+                bool vis = true;
+                if (!kCheck) x = st[kt][nt][e] * p.scale;
+                else {
+                  vis = visible(p, hd, i, j);
+                  x = vis ? logit(p, hd, i, j, st[kt][nt][e], &t) : 0.f;
+                }
+                const float P = vis ? ex2(x * kLog2e - lse_it[qr]) : 0.f;
+                bool keep = true;
+                if (p.dropout_p > 0.f) {
+                  uint32_t words[4];
+                  philox_words(p, b, h, i, j, words);
+                  keep = words[j & 3] >= p.drop_threshold;
+                }
+                const float dpv = keep ? dpt[kt][nt][e] * p.keep_scale : 0.f;
+                float ds = P * (dpv - delta_it[qr]);
+                if (p.softcap > 0.f) ds *= 1.f - t * t;
+                if (kAtomic && p.dbias_accum != nullptr && vis && P != 0.f)
+                  atomicAdd(p.dbias_accum + dbias_index(p, hd, i, j), ds);
+                pv[c] = keep ? P * p.keep_scale : 0.f;
+                dsv[c] = ds;
+              } else {
+                float P = ex2(st[kt][nt][e] * scale_log2 - lse_it[qr]);
+                if (kCheck && !visible_band(p, hd, i, j)) P = 0.f;
+                pv[c] = P;
+                dsv[c] = P * (dpt[kt][nt][e] - delta_it[qr]);
+              }
             }
-            const float P = vis ? ex2(x * kLog2e - sLse[qr]) : 0.f;
-            bool keep = true;
-            if (p.dropout_p > 0.f) {
-              uint32_t words[4];
-              philox_words(p, b, h, i, j, words);
-              keep = words[j & 3] >= p.drop_threshold;
-            }
-            const float dpv = keep ? dpt[kt][nt][e] * p.keep_scale : 0.f;
-            float ds = P * (dpv - sDelta[qr]);
-            if (p.softcap > 0.f) ds *= 1.f - t * t;
-            if (kAtomic && p.dbias_accum != nullptr && vis && P != 0.f)
-              atomicAdd(p.dbias_accum + dbias_index(p, hd, i, j), ds);
-            pv[c] = keep ? P * p.keep_scale : 0.f;
-            dsv[c] = ds;
-          } else {
-            const bool vis = fast || visible_band(p, hd, i, j);
-            const float P = vis ? ex2(st[kt][nt][e] * scale_log2 - sLse[qr]) : 0.f;
-            pv[c] = P;
-            dsv[c] = P * (dpt[kt][nt][e] - sDelta[qr]);
+            const int col = qm + nt * 8 + (lane & 3) * 2;
+            *reinterpret_cast<uint32_t *>(sPt + kr * kP + col) = Elem<T>::pack(pv[0], pv[1]);
+            *reinterpret_cast<uint32_t *>(sSt + kr * kP + col) = Elem<T>::pack(dsv[0], dsv[1]);
           }
-        }
-        const int col = qm + nt * 8 + (lane & 3) * 2;
-        *reinterpret_cast<uint32_t *>(sPt + kr * kP + col) = Elem<T>::pack(pv[0], pv[1]);
-        *reinterpret_cast<uint32_t *>(sSt + kr * kP + col) = Elem<T>::pack(dsv[0], dsv[1]);
-      }
+    };
+    if (fast) probabilities(std::false_type{});
+    else probabilities(std::true_type{});
     __syncthreads(); /* P'^T, dS^T are complete */
 
     /* phase 2: dV += P'^T dO for 32 keys x kDW columns (each dO fragment feeds two mma) */
@@ -450,8 +463,7 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
     if constexpr (kStages == 1) {
       __syncthreads(); /* every warp is done with dO(it) */
       if (it + 1 < items) {
-        const int m1 = (m_lo + (it + 1) % nm) * kBM;
-        load_tile<kBM, kD, kThreads>(sO, do_of(it + 1), p.do_r, sq.len_q - m1, p.dv, p.dout, tid);
+        load_tile<kBM, kD, kThreads>(sO, do_of(h1, mb1), p.do_r, sq.len_q - mb1 * kBM, p.dv, p.dout, tid);
       }
       cp_async_commit();
     }
@@ -484,7 +496,8 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
       constexpr int kQC = kCols % 64 == 0 ? 64 : kCols % 32 == 0 ? 32 : 16;
       static_assert(C::kNW % kMTiles == 0 && kD % kDG == 0, "dQ split");
       const int qr0 = (warp % kMTiles) * 16, c_base = (warp / kMTiles) * kCols;
-      float *gdq = p.dq_accum + ((int64_t)h * p.rows_q + delta_row(p, sq, b, m0)) * p.d;
+      const int ld = kFeat ? p.d : kD; /* the accumulator's row length: p.d */
+      float *gdq = p.dq_accum + ((int64_t)h * p.rows_q + delta_row(p, sq, b, m0)) * ld;
 #pragma unroll
       for (int cc = 0; cc < kCols / kQC; ++cc) {
         const int c0 = c_base + cc * kQC;
@@ -514,7 +527,7 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
           for (int dt = 0; dt < kQC / 8; ++dt) {
             const int c = c0 + dt * 8 + (lane & 3) * 2;
             if (kFeat && c >= p.d) continue;
-            float *dst = gdq + (int64_t)r * p.d + c;
+            float *dst = gdq + r * ld + c;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
             atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(aq[dt][2 * hf], aq[dt][2 * hf + 1]));
 #else
@@ -525,14 +538,18 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
         }
       }
     }
+    if (it + 1 < items && tid < kBM) {
+      sLse[((it + 1) & 1) * kBM + tid] = next_l2;
+      sDelta[((it + 1) & 1) * kBM + tid] = next_dl;
+    }
     if constexpr (kStages == 1) {
       __syncthreads(); /* every warp is done with Q(it), P'^T, dS^T */
       if (it + 1 < items) {
-        const int m1 = (m_lo + (it + 1) % nm) * kBM;
-        load_tile<kBM, kD, kThreads>(sQ, q_of(it + 1), p.q_r, sq.len_q - m1, p.d, p.q, tid);
+        load_tile<kBM, kD, kThreads>(sQ, q_of(h1, mb1), p.q_r, sq.len_q - mb1 * kBM, p.d, p.q, tid);
       }
       cp_async_commit();
     }
+    h = h1, mb = mb1;
   }
   cp_async_wait_all();
 

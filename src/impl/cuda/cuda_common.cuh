@@ -97,11 +97,26 @@ __device__ __forceinline__ void ldsm4t(uint32_t r[4], const void *p) {
                : "r"(smem_u32(p)));
 }
 
+/* The same on a shared-window address: a per-thread base plus a compile-time offset, so the offset
+ * becomes the instruction's immediate and no address register per fragment stays live. */
+__device__ __forceinline__ void ldsm4(uint32_t r[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm4t(uint32_t r[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
 /* 16 bytes global -> shared, asynchronously; zero-filled when !valid (nothing is read then). */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(valid ? 16 : 0)
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
+}
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+  cp_async16(smem_u32(dst), src, valid);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
@@ -123,6 +138,48 @@ __device__ __forceinline__ void load_tile(T *s, const T *g, int64_t row_stride, 
     cp_async16(s + r * kS + ch * 8, src, ok);
   }
 }
+
+/* Copies [kRows, kD] tiles of a token tensor into padded shared tiles (rows kD + 8 elements) like
+ * load_tile, with this thread's offsets computed once: when a pass of kThreads copies covers whole
+ * rows, the thread always copies column chunk `ch` of rows r0, r0 + kStep, ... (an add per row);
+ * otherwise it falls back to load_tile. Rows at or past rows_valid and columns at or past width are
+ * zero; `g` (the tile's first row) is the address given to the skipped copies, never read. */
+template <int kRows, int kD, int kThreads, typename T> struct TileCopy {
+  static constexpr int kChunks = kD / 8, kS = kD + 8;
+  static constexpr bool kWhole = kThreads % kChunks == 0 && kRows % (kThreads / kChunks) == 0;
+  static constexpr int kStep = kWhole ? kThreads / kChunks : 1, kPasses = kRows / kStep;
+  int r0, col, tid;
+  int64_t goff;
+  uint32_t soff;
+  __device__ __forceinline__ TileCopy(int tid_, int64_t row_stride) : tid(tid_) {
+    r0 = tid / kChunks, col = (tid % kChunks) * 8;
+    goff = r0 * row_stride + col;
+    soff = (uint32_t)((r0 * kS + col) * sizeof(T));
+  }
+  __device__ __forceinline__ void operator()(uint32_t s, T *s_ptr, const T *g, int64_t row_stride,
+                                             int rows_valid, int width) const {
+    if constexpr (kWhole) {
+      const T *src = g + goff;
+      if (rows_valid >= kRows && width >= kD) { /* the common whole tile: no test per row */
+#pragma unroll
+        for (int it = 0; it < kPasses; ++it) {
+          cp_async16(s + soff + (uint32_t)(it * kStep * kS * sizeof(T)), src, true);
+          src += kStep * row_stride;
+        }
+      } else {
+        const int rows_left = col < width ? rows_valid - r0 : 0;
+#pragma unroll
+        for (int it = 0; it < kPasses; ++it) {
+          const bool ok = it * kStep < rows_left;
+          cp_async16(s + soff + (uint32_t)(it * kStep * kS * sizeof(T)), ok ? src : g, ok);
+          src += kStep * row_stride;
+        }
+      }
+    } else {
+      load_tile<kRows, kD, kThreads>(s_ptr, g, row_stride, rows_valid, width, g, tid);
+    }
+  }
+};
 
 /* 2^x on the special-function unit (-inf -> 0); what exp2f becomes under --use_fast_math. */
 __device__ __forceinline__ float ex2(float x) {
@@ -206,6 +263,17 @@ __device__ __forceinline__ bool band_full(const attn_cuda_params &p, const Head 
   if (p.window_left >= 0 && n0 < m_last + r.o - p.window_left) return false;
   if (p.window_right >= 0 && n0 + kBN - 1 > m0 + r.o + p.window_right) return false;
   return true;
+}
+
+/* Key blocks [lo, hi) of [n_lo, n_hi) that band_full calls fully visible from rows [m0, m_last]:
+ * one contiguous run (the band's edges are monotone), empty when lo == hi. */
+__device__ __forceinline__ void full_block_range(const attn_cuda_params &p, const Head &r, int m0,
+                                                 int m_last, int kBN, int n_lo, int n_hi, int &lo,
+                                                 int &hi) {
+  lo = n_lo, hi = min(n_hi, r.len_k / kBN);
+  if (p.window_left >= 0) lo = max(lo, -floor_div(-(m_last + r.o - p.window_left), kBN));
+  if (p.window_right >= 0) hi = min(hi, floor_div(m0 + r.o + p.window_right + 1, kBN));
+  if (hi < lo) hi = lo;
 }
 
 /* ---- the function of SPEC.md, one element ---------------------------------------------------- */

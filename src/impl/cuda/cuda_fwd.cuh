@@ -21,41 +21,53 @@ template <typename T, typename C, bool kFeat>
 __global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid_constant__ attn_cuda_params p) {
   constexpr int kD = C::kD, kBM = C::kBM, kBN = C::kBN, kS = C::kS, kMT = C::kMT;
   constexpr int kNT = kBN / 8, kDT = kD / 8, kThreads = C::kThreads;
+  constexpr uint32_t kE = sizeof(T); /* bytes per element */
   extern __shared__ __align__(16) unsigned char smem[];
-  T *sQ = reinterpret_cast<T *>(smem);
-  T *sK = sQ + kBM * kS;
-  T *sV = sK + kBN * kS;
+  T *sQp = reinterpret_cast<T *>(smem), *sKp = sQp + kBM * kS, *sVp = sKp + kBN * kS;
+  const uint32_t sQ = smem_u32(sQp), sK = smem_u32(sKp), sV = smem_u32(sVp);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int b = blockIdx.z, h = blockIdx.y, m0 = blockIdx.x * kBM;
+  /* The last query blocks first: under a causal band they see the most keys, so the long CTAs
+   * start early and the short ones fill the tail. */
+  const int b = blockIdx.z, h = blockIdx.y, m0 = (gridDim.x - 1 - blockIdx.x) * kBM;
   const Seq sq = seq_of(p, b);
   if (m0 >= sq.len_q) return;
   const Head hd = head_of(p, sq, b, h);
   const int m_last = min(m0 + kBM, sq.len_q) - 1;
-  int n_lo, n_hi;
+  int n_lo, n_hi, f_lo, f_hi;
   key_block_range(p, hd, m0, m_last, kBN, n_lo, n_hi);
+  /* blocks [f_lo, f_hi) need no element-wise work: every key visible, no per-element function */
+  full_block_range(p, hd, m0, m_last, kBN, n_lo, n_hi, f_lo, f_hi);
+  if (kFeat && p.elementwise) f_lo = f_hi = n_lo;
 
   const T *gq = static_cast<const T *>(p.q) + b * p.q_b + (sq.q0 + m0) * p.q_r + h * p.q_h;
   const T *gk = static_cast<const T *>(p.k) + b * p.k_b + sq.k0 * p.k_r + hd.g * p.k_h;
   const T *gv = static_cast<const T *>(p.v) + b * p.v_b + sq.k0 * p.v_r + hd.g * p.v_h;
+  const TileCopy<kBM, kD, kThreads, T> copy_q(tid, p.q_r);
+  const TileCopy<kBN, kD, kThreads, T> copy_k(tid, p.k_r), copy_v(tid, p.v_r);
 
-  load_tile<kBM, kD, kThreads>(sQ, gq, p.q_r, sq.len_q - m0, p.d, p.q, tid);
+  copy_q(sQ, sQp, gq, p.q_r, sq.len_q - m0, p.d);
   if (n_lo < n_hi)
-    load_tile<kBN, kD, kThreads>(sK, gk + (int64_t)n_lo * kBN * p.k_r, p.k_r,
-                                 sq.len_k - n_lo * kBN, p.d, p.k, tid);
+    copy_k(sK, sKp, gk + (int64_t)n_lo * kBN * p.k_r, p.k_r, sq.len_k - n_lo * kBN, p.d);
   cp_async_commit();
 
   float acc[kMT][kDT][4];
-  float row_max[kMT][2], row_sum[kMT][2]; /* max in log2 units; sum per thread (quad partial) */
+  /* per row: the exponent base (log2 units, see steps 4-5), the last rescale factor, and the sum
+   * per thread (a quad's partial sums, added at the end) */
+  float row_base[kMT][2], row_corr[kMT][2], row_sum[kMT][2];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
     for (int dt = 0; dt < kDT; ++dt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][dt][e] = 0.f;
-    row_max[mt][0] = row_max[mt][1] = -INFINITY;
+    row_base[mt][0] = row_base[mt][1] = -INFINITY;
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
   }
+  /* The feature kernel turns scores into log2-unit logits (step 1-3 may be nonlinear); the
+   * feature-free one keeps raw dot products and folds the scale into the exponent's FMA. */
+  const float mult = kFeat ? 1.f : p.scale * kLog2e;
+  constexpr float kRescale = 8.f;
   /* Step 4-5: sinks are logits of the row max and terms of Z, counted once: every thread of a
    * quad starts from their max, and only the first adds their sum (the quad's sums are added at
    * the end). */
@@ -70,20 +82,23 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        row_max[mt][hf] = mx * kLog2e;
+        row_base[mt][hf] = mx * kLog2e;
         row_sum[mt][hf] = (lane & 3) == 0 ? sum : 0.f;
       }
   }
 
   const int nk = kFeat ? (p.d + 15) / 16 : kD / 16, nv = kFeat ? (p.dv + 15) / 16 : kD / 16;
-  const float scale_log2 = p.scale * kLog2e;
   const int wrow = warp * kMT * 16; /* first row of this warp in the block */
+  /* this lane's ldmatrix rows: Q as A (rows), K as B (keys), V as B transposed (keys) */
+  const uint32_t aQ = sQ + ((wrow + (lane & 15)) * kS + (lane >> 4) * 8) * kE;
+  const uint32_t aK = sK + (((lane & 7) + (lane >> 4) * 8) * kS + ((lane >> 3) & 1) * 8) * kE;
+  const uint32_t aV = sV + (((lane & 7) + ((lane >> 3) & 1) * 8) * kS + (lane >> 4) * 8) * kE;
 
   for (int n = n_lo; n < n_hi; ++n) {
     const int n0 = n * kBN;
     cp_async_wait_all();
     __syncthreads(); /* K(n) has landed; every warp is done with V(n-1) */
-    load_tile<kBN, kD, kThreads>(sV, gv + (int64_t)n0 * p.v_r, p.v_r, sq.len_k - n0, p.dv, p.v, tid);
+    copy_v(sV, sVp, gv + (int64_t)n0 * p.v_r, p.v_r, sq.len_k - n0, p.dv);
     cp_async_commit();
 
     float s[kMT][kNT][4];
@@ -100,12 +115,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid
       if (kk < nk) {
         uint32_t a[kMT][4];
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-          ldsm4(a[mt], sQ + (wrow + mt * 16 + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
+        for (int mt = 0; mt < kMT; ++mt) ldsm4(a[mt], aQ + (mt * 16 * kS + kk * 16) * kE);
 #pragma unroll
         for (int nn = 0; nn < kBN / 16; ++nn) {
           uint32_t bk[4];
-          ldsm4(bk, sK + (nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
+          ldsm4(bk, aK + (nn * 16 * kS + kk * 16) * kE);
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
             Elem<T>::mma(s[mt][2 * nn], a[mt], bk[0], bk[1]);
@@ -115,15 +129,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid
       }
     }
 
-    /* Steps 1-3 into log2 units: x * log2(e), -inf where not visible. */
-    if ((!kFeat || !p.elementwise) && band_full(p, hd, m0, m_last, n0, kBN)) {
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][nt][e] *= scale_log2;
-    } else {
+    /* Steps 1-3 on the blocks at the band's edges (or with per-element work): -inf where not
+     * visible; the feature kernel's logits in log2 units. */
+    if (n < f_lo || n >= f_hi) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -136,33 +144,73 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid
               float t;
               s[mt][nt][e] = visible(p, hd, i, j) ? logit(p, hd, i, j, s[mt][nt][e], &t) * kLog2e
                                                   : -INFINITY;
-            } else {
-              s[mt][nt][e] = visible_band(p, hd, i, j) ? s[mt][nt][e] * scale_log2 : -INFINITY;
+            } else if (!visible_band(p, hd, i, j)) {
+              s[mt][nt][e] = -INFINITY;
             }
           }
+    } else if constexpr (kFeat) {
+      const float scale_log2 = p.scale * kLog2e;
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] *= scale_log2;
     }
 
-    /* Steps 4-5 online: new max, rescale, exponentiate, partial sums. */
+    cp_async_wait_all();
+    __syncthreads(); /* V(n) has landed; every warp is done with K(n) */
+    if (n + 1 < n_hi) {
+      copy_k(sK, sKp, gk + (int64_t)(n0 + kBN) * p.k_r, p.k_r, sq.len_k - n0 - kBN, p.d);
+      cp_async_commit();
+    }
+
+    /* Steps 4-5 online. Each row keeps a base (log2 units) that its exponents are taken against;
+     * it moves up to the row's max only when the max passes it by more than kRescale, so the
+     * base rarely moves once the row has seen its large logits and the warp skips rescaling the
+     * output (the exponents stay <= 2^kRescale: no overflow, and the rounding of P to 16 bits is
+     * relative). Z and lse use the same base, so the result is the same function. */
+    bool moved = false;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        float mx = row_max[mt][hf];
+        float mx = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
-        mx = quad_max(mx);
-        const float base = mx == -INFINITY ? 0.f : mx;
-        const float corr = ex2(row_max[mt][hf] - base);
-        row_max[mt][hf] = mx;
-        float sum = row_sum[mt][hf] * corr;
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
-          acc[mt][dt][2 * hf] *= corr;
-          acc[mt][dt][2 * hf + 1] *= corr;
+        mx = quad_max(mx) * mult;
+        if (mx > row_base[mt][hf] + kRescale) {
+          row_corr[mt][hf] = ex2(row_base[mt][hf] - mx); /* 0 for a first visible key */
+          row_base[mt][hf] = mx;
+          moved = true;
+        } else {
+          row_corr[mt][hf] = 1.f;
         }
+      }
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          row_sum[mt][hf] *= row_corr[mt][hf];
+#pragma unroll
+          for (int dt = 0; dt < kDT; ++dt) {
+            acc[mt][dt][2 * hf] *= row_corr[mt][hf];
+            acc[mt][dt][2 * hf + 1] *= row_corr[mt][hf];
+          }
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        /* a row with nothing visible yet has base -inf and only -inf scores: exponent 0 */
+        const float base = row_base[mt][hf] == -INFINITY ? 0.f : row_base[mt][hf];
+        float sum = row_sum[mt][hf];
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
-          float e0 = ex2(s[mt][nt][2 * hf] - base), e1 = ex2(s[mt][nt][2 * hf + 1] - base);
+          float e0 = ex2(fmaf(s[mt][nt][2 * hf], mult, -base));
+          float e1 = ex2(fmaf(s[mt][nt][2 * hf + 1], mult, -base));
           s[mt][nt][2 * hf] = e0, s[mt][nt][2 * hf + 1] = e1;
           sum += e0 + e1;
         }
@@ -187,34 +235,29 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid
           }
     }
 
-    cp_async_wait_all();
-    __syncthreads(); /* V(n) has landed; every warp is done with K(n) */
-    if (n + 1 < n_hi) {
-      load_tile<kBN, kD, kThreads>(sK, gk + (int64_t)(n0 + kBN) * p.k_r, p.k_r,
-                                   sq.len_k - n0 - kBN, p.d, p.k, tid);
-      cp_async_commit();
-    }
-
-    /* Step 7: O += P V */
+    /* Step 7: O += P V, P rounded to the input dtype as the A operand (the C fragments of two
+     * adjacent key n-tiles are one A fragment) */
+    uint32_t pa[kMT][kBN / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        pa[mt][kk][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][kk][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][kk][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][kk][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
-      uint32_t a[kMT][4];
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        a[mt][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        a[mt][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        a[mt][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        a[mt][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
 #pragma unroll
       for (int dd = 0; dd < kD / 16; ++dd) {
         if (dd < nv) {
           uint32_t bv[4];
-          ldsm4t(bv, sV + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + dd * 16 + (lane >> 4) * 8);
+          ldsm4t(bv, aV + (kk * 16 * kS + dd * 16) * kE);
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
-            Elem<T>::mma(acc[mt][2 * dd], a[mt], bv[0], bv[1]);
-            Elem<T>::mma(acc[mt][2 * dd + 1], a[mt], bv[2], bv[3]);
+            Elem<T>::mma(acc[mt][2 * dd], pa[mt][kk], bv[0], bv[1]);
+            Elem<T>::mma(acc[mt][2 * dd + 1], pa[mt][kk], bv[2], bv[3]);
           }
         }
       }
@@ -232,7 +275,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid
       const int r = wrow + mt * 16 + (lane >> 2) + hf * 8;
       const float sum = quad_sum(row_sum[mt][hf]);
       if (m0 + r >= sq.len_q) continue;
-      const bool empty = row_max[mt][hf] == -INFINITY;
+      const bool empty = row_base[mt][hf] == -INFINITY;
       const float inv = empty ? 0.f : (kFeat ? p.keep_scale : 1.f) / sum;
       T *orow = go + r * p.o_r;
 #pragma unroll
@@ -244,7 +287,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid
       }
       if (p.lse != nullptr && (lane & 3) == 0)
         p.lse[b * p.lse_b + h * p.lse_h + (sq.q0 + m0 + r) * p.lse_r] =
-            empty ? -INFINITY : row_max[mt][hf] * kLn2 + logf(sum);
+            empty ? -INFINITY : row_base[mt][hf] * kLn2 + logf(sum);
     }
 }
 

@@ -28,16 +28,17 @@ template <int kD> struct FwdTraits {
 };
 
 /* The feature-free forward (no per-element function, dropout, sinks or padded head dim; see
- * run_fwd), at FlashAttention-2's shape: two m-tiles per warp, so each K and V fragment read from
- * shared memory feeds two mma (one m-tile per warp made the kernel shared-memory bound: 0.56
- * ldmatrix.x4 per mma). ptxas (sm_90): D = 64 255 registers, D = 128 254 with 32 keys per step
- * (212 bytes of spills with 64); D = 256 one m-tile per warp on 4 warps (16 bytes of spills).
+ * run_fwd), at FlashAttention-2's shapes: up to D = 128 two m-tiles per warp on 4 warps (128-row
+ * CTAs), so each K and V fragment read from shared memory feeds two mma (one m-tile per warp made
+ * the kernel shared-memory bound: 0.56 ldmatrix.x4 per mma), with 128 keys per step at D <= 64
+ * and 64 above; past D = 128 one m-tile per warp on 8 warps (two would need 256 accumulator
+ * registers). ptxas (sm_90): 246-255 registers, at most 44 bytes of loop-invariant spills.
  * dev/cuda/fwd_tiles.cu times the alternatives (H100, T = 8192, TFLOPS non-causal / causal):
- * D = 64: 2 m-tiles 64 keys 274 / 245, 32 keys 205 / 191, 1 m-tile 243 / 237, 1 m-tile on 8
- * warps (the old shape) 187 / 172; D = 128: 64 keys 288 / 248, 32 keys 304 / 268, 1 m-tile 261 /
- * 246, old 237 / 216; D = 256: 4 warps 260 / 224, 8 warps 235 / 199. */
+ * D = 64: 128 keys 335 / 310, 64 keys 325 / 306, one m-tile 267 / 265; D = 128: 64 keys 372 /
+ * 319, 32 keys 363 / 298, one m-tile on 8 warps 280 / 249; D = 256: 8 warps of 64 keys 300 /
+ * 258, 8 warps of 32 keys 263 / 227, 4 warps of 32 keys 249 / 225. */
 template <int kD> struct FastFwdTraits {
-  static constexpr int kNW = 4, kMT = kD <= 128 ? 2 : 1, kBN = kD <= 96 ? 64 : 32;
+  static constexpr int kNW = kD <= 128 ? 4 : 8, kMT = kD <= 128 ? 2 : 1, kBN = kD <= 64 ? 128 : 64;
   static constexpr int kMinB = 1;
 };
 
@@ -76,7 +77,7 @@ struct DkvCfg {
   static_assert(kNW % kWN2 == 0 && kDW2 % 16 == 0, "phase 2 split");
   static_assert(kNW % kWN == 0 && kBM % (16 * kWO) == 0, "phase 1 split");
   static constexpr size_t kSmem = (size_t)(2 * kBN + 2 * kStages * kBM) * kS * sizeof(T) +
-                                  (size_t)2 * kBN * kP * sizeof(T) + 2 * kBM * sizeof(float);
+                                  (size_t)2 * kBN * kP * sizeof(T) + 4 * kBM * sizeof(float);
 };
 
 } // namespace attn_cuda
