@@ -57,7 +57,7 @@ __device__ __forceinline__ int64_t dbias_index(const attn_cuda_params &p, const 
 
 template <typename T, typename C, bool kFeat>
 __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_constant__ attn_cuda_params p) {
-  constexpr int kD = C::kD, kBM = C::kBM, kBN = C::kBN, kS = C::kS, kThreads = C::kThreads;
+  constexpr int kD = C::kD, kBM = C::kBM, kBN = C::kBN, kS = C::kS, kThreads = C::kThreads, kMT = C::kMT;
   constexpr int kNT = kBN / 8, kDT = kD / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   T *sQ = reinterpret_cast<T *>(smem);
@@ -87,24 +87,28 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
   }
   cp_async_commit();
 
-  const int wrow = warp * 16;
-  float lse2[2], delta[2];
+  const int wrow = warp * 16 * kMT; /* this warp's kMT m-tiles of 16 rows */
+  float lse2[kMT][2], delta[kMT][2];
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    int i = m0 + wrow + (lane >> 2) + hf * 8;
-    lse2[hf] = INFINITY, delta[hf] = 0.f;
-    if (i < sq.len_q) {
-      float l = p.lse[b * p.lse_b + h * p.lse_h + (sq.q0 + i) * p.lse_r];
-      lse2[hf] = l == -INFINITY ? INFINITY : l * kLog2e;
-      delta[hf] = p.delta[h * p.rows_q + delta_row(p, sq, b, i)];
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      int i = m0 + wrow + mt * 16 + (lane >> 2) + hf * 8;
+      lse2[mt][hf] = INFINITY, delta[mt][hf] = 0.f;
+      if (i < sq.len_q) {
+        float l = p.lse[b * p.lse_b + h * p.lse_h + (sq.q0 + i) * p.lse_r];
+        lse2[mt][hf] = l == -INFINITY ? INFINITY : l * kLog2e;
+        delta[mt][hf] = p.delta[h * p.rows_q + delta_row(p, sq, b, i)];
+      }
     }
-  }
 
-  float acc[kDT][4];
+  float acc[kMT][kDT][4];
 #pragma unroll
-  for (int dt = 0; dt < kDT; ++dt)
+  for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[dt][e] = 0.f;
+    for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][dt][e] = 0.f;
 
   const int nk = kFeat ? (p.d + 15) / 16 : kD / 16, nv = kFeat ? (p.dv + 15) / 16 : kD / 16;
   const float scale_log2 = p.scale * kLog2e;
@@ -115,41 +119,41 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
     __syncthreads(); /* K(n), V(n) have landed; every warp is done with the other stage */
     if (n + 1 < n_hi) {
       T *nK = sK0 + ((n + 1 - n_lo) & 1) * kBN * kS, *nV = sV0 + ((n + 1 - n_lo) & 1) * kBN * kS;
-      load_tile<kBN, kD, kThreads>(nK, gk + (int64_t)(n0 + kBN) * p.k_r, p.k_r, sq.len_k - n0 - kBN, p.d, p.k, tid);
-      load_tile<kBN, kD, kThreads>(nV, gv + (int64_t)(n0 + kBN) * p.v_r, p.v_r, sq.len_k - n0 - kBN, p.dv, p.v, tid);
+      copy_tile<kBN, kD, kThreads>(nK, gk + (int64_t)(n0 + kBN) * p.k_r, p.k_r, sq.len_k - n0 - kBN, p.d, tid);
+      copy_tile<kBN, kD, kThreads>(nV, gv + (int64_t)(n0 + kBN) * p.v_r, p.v_r, sq.len_k - n0 - kBN, p.dv, tid);
       cp_async_commit();
     }
 
-    float s[kNT][4], dp[kNT][4];
+    float s[kMT][kNT][4], dp[kMT][kNT][4];
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+    for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = dp[mt][nt][e] = 0.f;
+    /* acc += A(this warp's rows of sA) B(the block's keys of sB)^T over columns kk * 16 .. + 15;
+     * each B fragment feeds kMT mma */
+    auto row_step = [&](float (*acc_)[kNT][4], const T *sA, const T *sB, int kk) {
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+        ldsm4(a[mt], sA + (wrow + mt * 16 + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+      for (int nn = 0; nn < kBN / 16; ++nn) {
+        uint32_t bb[4];
+        ldsm4(bb, sB + (nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          Elem<T>::mma(acc_[mt][2 * nn], a[mt], bb[0], bb[1]);
+          Elem<T>::mma(acc_[mt][2 * nn + 1], a[mt], bb[2], bb[3]);
+        }
+      }
+    };
     /* S = Q K^T, dP' = dO V^T */
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      if (kk < nk) {
-        uint32_t a[4];
-        ldsm4(a, sQ + (wrow + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
-#pragma unroll
-        for (int nn = 0; nn < kBN / 16; ++nn) {
-          uint32_t bk[4];
-          ldsm4(bk, sK + (nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
-          Elem<T>::mma(s[2 * nn], a, bk[0], bk[1]);
-          Elem<T>::mma(s[2 * nn + 1], a, bk[2], bk[3]);
-        }
-      }
-      if (kk < nv) {
-        uint32_t a[4];
-        ldsm4(a, sO + (wrow + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
-#pragma unroll
-        for (int nn = 0; nn < kBN / 16; ++nn) {
-          uint32_t bv[4];
-          ldsm4(bv, sV + (nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
-          Elem<T>::mma(dp[2 * nn], a, bv[0], bv[1]);
-          Elem<T>::mma(dp[2 * nn + 1], a, bv[2], bv[3]);
-        }
-      }
+      if (kk < nk) row_step(s, sQ, sK, kk);
+      if (kk < nv) row_step(dp, sO, sV, kk);
     }
 
     /* dS = P (dP - Delta), with dP = keep ? dP' / (1 - p) : 0 and the soft cap's derivative.
@@ -158,10 +162,12 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
     auto scores_to_ds = [&](auto check) {
       constexpr bool kCheck = decltype(check)::value;
 #pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
       for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          const int i = m0 + wrow + (lane >> 2) + hf * 8;
+          const int i = m0 + wrow + mt * 16 + (lane >> 2) + hf * 8;
           const int j0 = n0 + nt * 8 + (lane & 3) * 2;
           if constexpr (kFeat) {
             uint32_t words[4] = {0, 0, 0, 0};
@@ -171,26 +177,26 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
               const int e = 2 * hf + c, j = j0 + c;
               float x, t = 0.f;
               bool vis = true;
-              if (!kCheck) x = s[nt][e] * p.scale;
+              if (!kCheck) x = s[mt][nt][e] * p.scale;
               else {
                 vis = visible(p, hd, i, j);
-                x = vis ? logit(p, hd, i, j, s[nt][e], &t) : 0.f;
+                x = vis ? logit(p, hd, i, j, s[mt][nt][e], &t) : 0.f;
               }
-              const float P = vis ? ex2(x * kLog2e - lse2[hf]) : 0.f;
+              const float P = vis ? ex2(x * kLog2e - lse2[mt][hf]) : 0.f;
               const bool keep = p.dropout_p <= 0.f || words[j & 3] >= p.drop_threshold;
-              const float dpv = keep ? dp[nt][e] * p.keep_scale : 0.f;
-              float ds = P * (dpv - delta[hf]);
+              const float dpv = keep ? dp[mt][nt][e] * p.keep_scale : 0.f;
+              float ds = P * (dpv - delta[mt][hf]);
               if (p.softcap > 0.f) ds *= 1.f - t * t;
               if (p.dbias_accum != nullptr && vis && P != 0.f) atomicAdd(p.dbias_accum + dbias_index(p, hd, i, j), ds);
-              s[nt][e] = ds;
+              s[mt][nt][e] = ds;
             }
           } else {
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
               const int e = 2 * hf + c;
-              float P = ex2(s[nt][e] * scale_log2 - lse2[hf]);
+              float P = ex2(s[mt][nt][e] * scale_log2 - lse2[mt][hf]);
               if (kCheck && !visible_band(p, hd, i, j0 + c)) P = 0.f;
-              s[nt][e] = P * (dp[nt][e] - delta[hf]);
+              s[mt][nt][e] = P * (dp[mt][nt][e] - delta[mt][hf]);
             }
           }
         }
@@ -198,21 +204,27 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
     if (fast) scores_to_ds(std::false_type{});
     else scores_to_ds(std::true_type{});
 
-    /* dQ += dS K */
+    /* dQ += dS K (each K fragment feeds kMT mma) */
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
-      uint32_t a[4];
-      a[0] = Elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = Elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = Elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = Elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        a[mt][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dd = 0; dd < kD / 16; ++dd) {
         if (dd < nk) {
           uint32_t bk[4];
           ldsm4t(bk, sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + dd * 16 + (lane >> 4) * 8);
-          Elem<T>::mma(acc[2 * dd], a, bk[0], bk[1]);
-          Elem<T>::mma(acc[2 * dd + 1], a, bk[2], bk[3]);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            Elem<T>::mma(acc[mt][2 * dd], a[mt], bk[0], bk[1]);
+            Elem<T>::mma(acc[mt][2 * dd + 1], a[mt], bk[2], bk[3]);
+          }
         }
       }
     }
@@ -221,17 +233,19 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
 
   T *gdq = static_cast<T *>(p.dq_out) + b * p.dq_b + (sq.q0 + m0) * p.dq_r + h * p.dq_h;
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int r = wrow + (lane >> 2) + hf * 8;
-    if (m0 + r >= sq.len_q) continue;
+  for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) {
-      int c = dt * 8 + (lane & 3) * 2;
-      if (!kFeat || c < p.d)
-        *reinterpret_cast<uint32_t *>(gdq + r * p.dq_r + c) =
-            Elem<T>::pack(acc[dt][2 * hf] * p.scale, acc[dt][2 * hf + 1] * p.scale);
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = wrow + mt * 16 + (lane >> 2) + hf * 8;
+      if (m0 + r >= sq.len_q) continue;
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) {
+        int c = dt * 8 + (lane & 3) * 2;
+        if (!kFeat || c < p.d)
+          *reinterpret_cast<uint32_t *>(gdq + r * p.dq_r + c) =
+              Elem<T>::pack(acc[mt][dt][2 * hf] * p.scale, acc[mt][dt][2 * hf + 1] * p.scale);
+      }
     }
-  }
 }
 
 /* ---- dK, dV (and dQ with atomics) --------------------------------------------------------------- */
@@ -263,6 +277,14 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
   const int qm = (warp / kWN) * kQW;         /* phase 1: its query columns */
   const int kn2 = (warp % kWN2) * 32;        /* phase 2: its 32 keys (two m-tiles) */
   const int dc0 = (warp / kWN2) * kDW;       /* and its head-dim columns */
+  /* this lane's ldmatrix rows (bytes from a tile's start); products add compile-time offsets.
+   * Phase 1: A = keys of K / V, B = queries of Q / dO. Phase 2: A = keys of P'^T / dS^T, B =
+   * query rows of dO / Q read transposed, from this warp's first column dc0. */
+  constexpr uint32_t kE = sizeof(T);
+  const uint32_t lane_a = ((kn + (lane & 15)) * kS + (lane >> 4) * 8) * kE;
+  const uint32_t lane_b = ((qm + (lane & 7) + (lane >> 4) * 8) * kS + ((lane >> 3) & 1) * 8) * kE;
+  const uint32_t lane_p = ((kn2 + (lane & 15)) * kP + (lane >> 4) * 8) * kE;
+  const uint32_t lane_t = (((lane & 7) + ((lane >> 3) & 1) * 8) * kS + dc0 + (lane >> 4) * 8) * kE;
 
   const T *gk = static_cast<const T *>(p.k) + b * p.k_b + (sq.k0 + n0) * p.k_r + g * p.k_h;
   const T *gv = static_cast<const T *>(p.v) + b * p.v_b + (sq.k0 + n0) * p.v_r + g * p.v_h;
@@ -337,8 +359,8 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
       __syncthreads(); /* dO(it), Q(it) have landed; every warp is done with item it - 1 */
       if (it + 1 < items) {
         const int m1 = mb1 * kBM, o = ((it + 1) & 1) * kBM * kS;
-        load_tile<kBM, kD, kThreads>(sO0 + o, do_of(h1, mb1), p.do_r, sq.len_q - m1, p.dv, p.dout, tid);
-        load_tile<kBM, kD, kThreads>(sQ0 + o, q_of(h1, mb1), p.q_r, sq.len_q - m1, p.d, p.q, tid);
+        copy_tile<kBM, kD, kThreads>(sO0 + o, do_of(h1, mb1), p.do_r, sq.len_q - m1, p.dv, tid);
+        copy_tile<kBM, kD, kThreads>(sQ0 + o, q_of(h1, mb1), p.q_r, sq.len_q - m1, p.d, tid);
       }
       cp_async_commit();
     }
@@ -355,14 +377,14 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
         for (int e = 0; e < 4; ++e) st[kt][nt][e] = dpt[kt][nt][e] = 0.f;
     /* acc[kt] += A(16 * kKT keys of sA) B(kQW queries of sB)^T over columns kk * 16 .. + 15 */
     auto transposed_step = [&](float (*acc)[kQNT][4], const T *sA, const T *sB, int kk) {
+      const uint32_t uA = smem_u32(sA) + lane_a, uB = smem_u32(sB) + lane_b;
       uint32_t a[kKT][4];
 #pragma unroll
-      for (int kt = 0; kt < kKT; ++kt)
-        ldsm4(a[kt], sA + (kn + kt * 16 + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
+      for (int kt = 0; kt < kKT; ++kt) ldsm4(a[kt], uA + (kt * 16 * kS + kk * 16) * kE);
 #pragma unroll
       for (int nn = 0; nn < kQW / 16; ++nn) {
         uint32_t bb[4];
-        ldsm4(bb, sB + (qm + nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
+        ldsm4(bb, uB + (nn * 16 * kS + kk * 16) * kE);
 #pragma unroll
         for (int kt = 0; kt < kKT; ++kt) {
           Elem<T>::mma(acc[kt][2 * nn], a[kt], bb[0], bb[1]);
@@ -444,14 +466,13 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
     for (int kk = 0; kk < kBM / 16; ++kk) {
       uint32_t ap[2][4];
 #pragma unroll
-      for (int kt = 0; kt < 2; ++kt)
-        ldsm4(ap[kt], sPt + (kn2 + kt * 16 + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
+      for (int kt = 0; kt < 2; ++kt) ldsm4(ap[kt], smem_u32(sPt) + lane_p + (kt * 16 * kP + kk * 16) * kE);
 #pragma unroll
       for (int dd = 0; dd < kDW / 16; ++dd) {
         const int col = dc0 + dd * 16;
         if (!kFeat || col < p.dv) {
           uint32_t bo[4];
-          ldsm4t(bo, sO + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + col + (lane >> 4) * 8);
+          ldsm4t(bo, smem_u32(sO) + lane_t + (kk * 16 * kS + dd * 16) * kE);
 #pragma unroll
           for (int kt = 0; kt < 2; ++kt) {
             Elem<T>::mma(adv[kt][2 * dd], ap[kt], bo[0], bo[1]);
@@ -463,7 +484,7 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
     if constexpr (kStages == 1) {
       __syncthreads(); /* every warp is done with dO(it) */
       if (it + 1 < items) {
-        load_tile<kBM, kD, kThreads>(sO, do_of(h1, mb1), p.do_r, sq.len_q - mb1 * kBM, p.dv, p.dout, tid);
+        copy_tile<kBM, kD, kThreads>(sO, do_of(h1, mb1), p.do_r, sq.len_q - mb1 * kBM, p.dv, tid);
       }
       cp_async_commit();
     }
@@ -473,14 +494,13 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
     for (int kk = 0; kk < kBM / 16; ++kk) {
       uint32_t as[2][4];
 #pragma unroll
-      for (int kt = 0; kt < 2; ++kt)
-        ldsm4(as[kt], sSt + (kn2 + kt * 16 + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
+      for (int kt = 0; kt < 2; ++kt) ldsm4(as[kt], smem_u32(sSt) + lane_p + (kt * 16 * kP + kk * 16) * kE);
 #pragma unroll
       for (int dd = 0; dd < kDW / 16; ++dd) {
         const int col = dc0 + dd * 16;
         if (!kFeat || col < p.d) {
           uint32_t bq[4];
-          ldsm4t(bq, sQ + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + col + (lane >> 4) * 8);
+          ldsm4t(bq, smem_u32(sQ) + lane_t + (kk * 16 * kS + dd * 16) * kE);
 #pragma unroll
           for (int kt = 0; kt < 2; ++kt) {
             Elem<T>::mma(adk[kt][2 * dd], as[kt], bq[0], bq[1]);
@@ -497,6 +517,9 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
       static_assert(C::kNW % kMTiles == 0 && kD % kDG == 0, "dQ split");
       const int qr0 = (warp % kMTiles) * 16, c_base = (warp / kMTiles) * kCols;
       const int ld = kFeat ? p.d : kD; /* the accumulator's row length: p.d */
+      /* A = dS rows (queries) read transposed from dS^T; B = K read transposed, from c_base */
+      const uint32_t lane_s = smem_u32(sSt) + (((lane & 7) + ((lane >> 4) & 1) * 8) * kP + qr0 + ((lane >> 3) & 1) * 8) * kE;
+      const uint32_t lane_k = smem_u32(sK) + (((lane & 7) + ((lane >> 3) & 1) * 8) * kS + c_base + (lane >> 4) * 8) * kE;
       float *gdq = p.dq_accum + ((int64_t)h * p.rows_q + delta_row(p, sq, b, m0)) * ld;
 #pragma unroll
       for (int cc = 0; cc < kCols / kQC; ++cc) {
@@ -510,15 +533,17 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
 #pragma unroll
         for (int kk = 0; kk < kBN / 16; ++kk) {
           uint32_t a[4];
-          ldsm4t(a, sSt + (kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8) * kP + qr0 + ((lane >> 3) & 1) * 8);
+          ldsm4t(a, lane_s + kk * 16 * kP * kE);
 #pragma unroll
           for (int dd = 0; dd < kQC / 16; ++dd) {
             uint32_t bk[4];
-            ldsm4t(bk, sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + c0 + dd * 16 + (lane >> 4) * 8);
+            ldsm4t(bk, lane_k + (kk * 16 * kS + cc * kQC + dd * 16) * kE);
             Elem<T>::mma(aq[2 * dd], a, bk[0], bk[1]);
             Elem<T>::mma(aq[2 * dd + 1], a, bk[2], bk[3]);
           }
         }
+        /* this lane's first element; the others are compile-time offsets from it when ld = kD */
+        float *lane_dq = gdq + (qr0 + (lane >> 2)) * ld + c0 + (lane & 3) * 2;
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int r = qr0 + (lane >> 2) + hf * 8;
@@ -527,7 +552,7 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
           for (int dt = 0; dt < kQC / 8; ++dt) {
             const int c = c0 + dt * 8 + (lane & 3) * 2;
             if (kFeat && c >= p.d) continue;
-            float *dst = gdq + r * ld + c;
+            float *dst = lane_dq + hf * 8 * ld + dt * 8;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
             atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(aq[dt][2 * hf], aq[dt][2 * hf + 1]));
 #else
@@ -545,7 +570,7 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
     if constexpr (kStages == 1) {
       __syncthreads(); /* every warp is done with Q(it), P'^T, dS^T */
       if (it + 1 < items) {
-        load_tile<kBM, kD, kThreads>(sQ, q_of(h1, mb1), p.q_r, sq.len_q - mb1 * kBM, p.d, p.q, tid);
+        copy_tile<kBM, kD, kThreads>(sQ, q_of(h1, mb1), p.q_r, sq.len_q - mb1 * kBM, p.d, tid);
       }
       cp_async_commit();
     }
@@ -613,7 +638,8 @@ attn_status launch_bwd(const attn_cuda_params &p, cudaStream_t stream, char *why
       ATTN_CUDA_CHECK(cudaGetLastError());
     }
   } else {
-    using Cq = DqCfg<T, kD, Tr::kNWq, Tr::kBNq>;
+    using Cq = std::conditional_t<kFeat, DqCfg<T, kD, Tr::kNWq, Tr::kBNq, 1>,
+                                  DqCfg<T, kD, Tr::kNWq, Tr::kBNqf, Tr::kMTqf>>;
     auto q = bwd_dq_kernel<T, Cq, kFeat>;
     ATTN_CUDA_CHECK(cudaFuncSetAttribute(q, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Cq::kSmem));
     dim3 grid_q((p.seqlen_q + Cq::kBM - 1) / Cq::kBM, p.heads_q, p.batch);
@@ -626,19 +652,21 @@ attn_status launch_bwd(const attn_cuda_params &p, cudaStream_t stream, char *why
 }
 
 /* p.dq_accum != NULL selects the atomic configuration. Its feature-free kernel double-buffers Q
- * and dO where the device's shared memory allows (Hopper: yes; A100's 163 KB: no). */
+ * and dO where the device's shared memory allows (Hopper: yes; A100's 163 KB: no), with kBMa
+ * query rows per step. */
 template <typename T, int kD> attn_status run_bwd(const attn_cuda_params &p, cudaStream_t stream,
                                                   char *why, size_t why_size) {
   const bool feat = needs_features(p, kD);
   if (p.dq_accum != nullptr) {
     if (feat) return launch_bwd<T, kD, true, true>(p, stream, why, why_size);
     using Tr = BwdTraits<kD>;
-    using C2 = DkvCfg<T, kD, Tr::kNWa, Tr::kBNa, Tr::kBM, 2, 2>;
+    using C2 = DkvCfg<T, kD, Tr::kNWa, Tr::kBNa, Tr::kBMa, 2, 2>;
+    using C1 = DkvCfg<T, kD, Tr::kNWa, Tr::kBNa, Tr::kBMa, 2, 1>;
     int dev = 0, smem = 0;
     ATTN_CUDA_CHECK(cudaGetDevice(&dev));
     ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     if ((size_t)smem >= C2::kSmem) return launch_bwd<T, kD, false, true, C2>(p, stream, why, why_size);
-    return launch_bwd<T, kD, false, true>(p, stream, why, why_size);
+    return launch_bwd<T, kD, false, true, C1>(p, stream, why, why_size);
   }
   return feat ? launch_bwd<T, kD, true, false>(p, stream, why, why_size)
               : launch_bwd<T, kD, false, false>(p, stream, why, why_size);

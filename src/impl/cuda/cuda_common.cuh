@@ -181,6 +181,13 @@ template <int kRows, int kD, int kThreads, typename T> struct TileCopy {
   }
 };
 
+/* One TileCopy where the tile is copied once (its offsets computed on the spot). */
+template <int kRows, int kD, int kThreads, typename T>
+__device__ __forceinline__ void copy_tile(T *s, const T *g, int64_t row_stride, int rows_valid, int width,
+                                          int tid) {
+  TileCopy<kRows, kD, kThreads, T>(tid, row_stride)(smem_u32(s), s, g, row_stride, rows_valid, width);
+}
+
 /* 2^x on the special-function unit (-inf -> 0); what exp2f becomes under --use_fast_math. */
 __device__ __forceinline__ float ex2(float x) {
   float y;

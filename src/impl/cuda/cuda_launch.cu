@@ -137,8 +137,10 @@ template <typename T> size_t smem_of(int kd, int backward) {
                  FwdCfg<T, D, FastFwdTraits<D>::kNW, FastFwdTraits<D>::kMT,                        \
                         FastFwdTraits<D>::kBN>::kSmem);                                            \
     return max(max(DkvCfg<T, D, BwdTraits<D>::kNW, BwdTraits<D>::kBN, BwdTraits<D>::kBM>::kSmem,   \
-                   DkvCfg<T, D, BwdTraits<D>::kNWa, BwdTraits<D>::kBNa, BwdTraits<D>::kBM>::kSmem), \
-               DqCfg<T, D, BwdTraits<D>::kNWq, BwdTraits<D>::kBNq>::kSmem);
+                   max(DkvCfg<T, D, BwdTraits<D>::kNWa, BwdTraits<D>::kBNa, BwdTraits<D>::kBM>::kSmem, \
+                       DkvCfg<T, D, BwdTraits<D>::kNWa, BwdTraits<D>::kBNa, BwdTraits<D>::kBMa>::kSmem)), \
+               max(DqCfg<T, D, BwdTraits<D>::kNWq, BwdTraits<D>::kBNq>::kSmem,                    \
+                   DqCfg<T, D, BwdTraits<D>::kNWq, BwdTraits<D>::kBNqf, BwdTraits<D>::kMTqf>::kSmem));
     ATTN_SMEM_CASE(32)
     ATTN_SMEM_CASE(64)
     ATTN_SMEM_CASE(96)

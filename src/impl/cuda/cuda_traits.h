@@ -49,7 +49,14 @@ template <int kD> struct FastFwdTraits {
 template <int kD> struct BwdTraits {
   static constexpr int kNW = kD <= 128 ? 4 : 8, kBN = 64, kBM = 64;                 /* deterministic */
   static constexpr int kNWa = 8, kBNa = kD <= 128 ? 128 : 64;                      /* atomic */
+  /* query rows per step of the atomic feature-free kernel: 128 at D <= 64 (FlashAttention-2's
+   * shape; H100, T = 8192: 215 vs 193 TFLOPS with 64), 64 above (the accumulators of 128 rows
+   * would not fit in registers) */
+  static constexpr int kBMa = kD <= 64 ? 128 : 64;
   static constexpr int kNWq = 4, kBNq = kD <= 128 ? 64 : 32;       /* dQ kernel (kBM = 64) */
+  /* the feature-free dQ kernel, like the forward: two m-tiles per warp up to D = 128 (each K and V
+   * fragment feeds two mma), 64 keys per step at D <= 64 and 32 above */
+  static constexpr int kMTqf = kD <= 128 ? 2 : 1, kBNqf = kD <= 64 ? 64 : 32;
 };
 
 /* The tile configurations the kernels are instantiated with; kSmem is each kernel's dynamic
@@ -60,9 +67,9 @@ template <typename T, int kD_, int kNW_, int kMT_, int kBN_, int kMinB_ = 1> str
   static constexpr size_t kSmem = (size_t)(kBM + 2 * kBN) * kS * sizeof(T);
 };
 
-template <typename T, int kD_, int kNW_, int kBN_> struct DqCfg {
-  static constexpr int kD = kD_, kNW = kNW_, kBN = kBN_;
-  static constexpr int kBM = 16 * kNW, kThreads = 32 * kNW, kS = kD + 8;
+template <typename T, int kD_, int kNW_, int kBN_, int kMT_ = 1> struct DqCfg {
+  static constexpr int kD = kD_, kNW = kNW_, kBN = kBN_, kMT = kMT_;
+  static constexpr int kBM = 16 * kMT * kNW, kThreads = 32 * kNW, kS = kD + 8;
   static constexpr size_t kSmem = (size_t)(2 * kBM + 4 * kBN) * kS * sizeof(T); /* K, V: 2 stages */
 };
 
