@@ -19,6 +19,15 @@
  *      176 / 170 [137 / 133], atomic 202 / 195 [156 / 149]. Kept for both.
  *   v5 two stages of Q and dO, loaded one item ahead, 2 barriers per item instead of 4: see
  *      bench/RESULTS.md.
+ *   Session of 2026-11-22 (kernel changes, same shapes; atomic v5 / deterministic v4):
+ *      branch-free dS code on interior tiles, lse/Delta one item ahead, no division in the item
+ *      walk, the phase-1 products in one pass: D = 128 237 / 210 -> 237 / 222 [192 / 183];
+ *      per-lane bases for copies and atomics, dQ kernel with two m-tiles per warp:
+ *      242 / 230 [191 / 187].
+ *   v6 128 query rows per step at D = 64 (FlashAttention-2's D = 64 shape): atomic 212 / 200
+ *      (v5: 191 / 182). Kept for the atomic feature-free kernel at D <= 64 (BwdTraits::kBMa).
+ *   v7 (reverted) FlashAttention-2's phase-1 order, S^T then P' (stored) while dP^T's products
+ *      run, then dS^T: 100 bytes of spills inside the loop, atomic D = 128 242 -> 218.
  */
 #include "impl/cuda/cuda_bwd.cuh"
 #include "impl/cuda/cuda_fwd.cuh"

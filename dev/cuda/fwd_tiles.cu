@@ -11,7 +11,15 @@
  *   v2 two m-tiles per warp, 4 warps, 64 keys ("fa2"): 274 / 245, 288 / 248 (D = 128 spills 212 B)
  *   v3 two m-tiles per warp, 4 warps, 32 keys ("bn32"): 205 / 191, 304 / 268
  *   D = 256 (one m-tile, 32 keys): 8 warps 235 / 199, 4 warps 260 / 224.
- *   Kept: v2 up to D = 96, v3 at D = 128, 4 warps of one m-tile above.
+ *   v4 the kernel rewritten for registers and instructions (per-lane shared addresses with
+ *      immediate offsets, tile copies with one offset, scale folded into the exponent's FMA,
+ *      masking in a uniform branch per block, output rescaled only when a row's max moves by
+ *      more than 2^8, heaviest causal blocks first); every shape above again:
+ *      D = 64: bn64 325 / 306, bn128 335 / 310, mt1 267 / 265;
+ *      D = 128: bn32 363 / 298, bn64 372 / 319 (44 bytes of loop-invariant spills), w8 280 / 249;
+ *      D = 256: 4 warps bn32 249 / 225, 8 warps bn64 300 / 258, 8 warps bn32 263 / 227.
+ *   Kept (cuda_traits.h FastFwdTraits): bn128 at D <= 64, bn64 at D = 96 and 128, 8 warps of
+ *   bn64 above.
  *
  * build + run on the GPU machine (gpu/cuda_run.sh does it when LAB=1):
  *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90,code=sm_90 dev/cuda/fwd_tiles.cu -o lab && ./lab

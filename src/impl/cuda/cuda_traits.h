@@ -5,12 +5,13 @@
  * Forward: kNW warps of 16 * kMT query rows each (kBM = 16 * kMT * kNW rows per CTA), kBN keys per
  * step. Two shapes per head dim: FwdTraits for the kernel with every feature compiled in (one
  * m-tile per warp: two spilled 468 bytes at D = 128 and 4 KB at D = 256 there), FastFwdTraits for
- * the feature-free kernel that the common case runs (two m-tiles per warp up to D = 128).
+ * the feature-free kernel that the common case runs (two m-tiles per warp up to D = 128, one on
+ * 8 warps above).
  *
  * Backward, dK/dV kernel (DkvCfg): kBN keys per CTA, kBM query rows per step; 32 keys (two
  * m-tiles) per warp in both phases, the other warps split queries (phase 1) or the head dimension
- * (phase 2); kStages buffers of Q and dO. dQ kernel: 16 rows per warp, kBN keys per step, K and V
- * double-buffered.
+ * (phase 2); kStages buffers of Q and dO. dQ kernel (DqCfg): 16 * kMT rows per warp, kBN keys per
+ * step, K and V double-buffered.
  */
 #ifndef ATTN_IMPL_CUDA_CUDA_TRAITS_H
 #define ATTN_IMPL_CUDA_CUDA_TRAITS_H
