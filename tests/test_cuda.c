@@ -35,68 +35,38 @@
 #include <string.h>
 
 #ifdef ATTN_TEST_CUDA
-#include <cuda_runtime_api.h>
+#include "gputest.h"
 #endif
-
-static attn_ctx *ctx;
 
 #ifndef ATTN_TEST_CUDA
 
 int main(void) {
-  if (attn_ctx_create(&ctx) != ATTN_STATUS_OK) return 1;
   printf("SKIP: libattn was built without its CUDA implementation\n");
-  attn_ctx_destroy(ctx);
   return 77;
 }
 
 #else
 
-static attn_problem problem(int64_t b, int64_t tq, int64_t tk, int64_t hq, int64_t hkv, int64_t d,
-                            attn_dtype dtype) {
-  attn_problem p;
-  attn_problem_init(&p);
-  p.dtype = dtype;
-  p.device = ATTN_DEVICE_CUDA;
-  p.batch = b, p.seqlen_q = tq, p.seqlen_k = tk, p.heads_q = hq, p.heads_kv = hkv, p.head_dim = d;
-  return p;
-}
-
-static void expect_unsupported(const char *name, attn_problem p, const char *keyword) {
-  attn_status s = attn_impl_supports(ctx, "cuda", &p);
-  const char *msg = attn_ctx_last_error(ctx);
-  tu_check(s == ATTN_STATUS_UNSUPPORTED && strstr(msg, keyword) != NULL,
-           "unsupported %s: %s, \"%s\" (expected a reason naming \"%s\")", name,
-           attn_status_string(s), msg, keyword);
-}
+static attn_ctx *ctx;
 
 static void test_unsupported(int have_gpu) {
-  attn_problem p = problem(1, 8, 8, 2, 2, 64, ATTN_DTYPE_F32);
-  expect_unsupported("f32", p, "dtype=f32");
-  p = problem(1, 8, 8, 2, 2, 60, ATTN_DTYPE_BF16);
-  expect_unsupported("d60", p, "multiples of 8");
-  p = problem(1, 8, 8, 2, 2, 264, ATTN_DTYPE_BF16);
-  expect_unsupported("d264", p, "256");
-  p = problem(1, 8, 8, 2, 2, 64, ATTN_DTYPE_F16);
+  attn_problem p = tu_gpu_problem(1, 8, 8, 2, 2, 64, ATTN_DTYPE_F32);
+  tu_gpu_expect_unsupported(ctx, "cuda", "f32", p, "dtype=f32");
+  p = tu_gpu_problem(1, 8, 8, 2, 2, 60, ATTN_DTYPE_BF16);
+  tu_gpu_expect_unsupported(ctx, "cuda", "d60", p, "multiples of 8");
+  p = tu_gpu_problem(1, 8, 8, 2, 2, 264, ATTN_DTYPE_BF16);
+  tu_gpu_expect_unsupported(ctx, "cuda", "d264", p, "256");
+  p = tu_gpu_problem(1, 8, 8, 2, 2, 64, ATTN_DTYPE_F16);
   p.operation = ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION;
-  expect_unsupported("sdpa", p, "scaled_dot_product_attention");
-  p = problem(1, 8, 8, 2, 2, 64, ATTN_DTYPE_BF16);
+  tu_gpu_expect_unsupported(ctx, "cuda", "sdpa", p, "scaled_dot_product_attention");
+  p = tu_gpu_problem(1, 8, 8, 2, 2, 64, ATTN_DTYPE_BF16);
   p.device = ATTN_DEVICE_CPU;
-  expect_unsupported("cpu tensors", p, "device");
+  tu_gpu_expect_unsupported(ctx, "cuda", "cpu tensors", p, "device");
   if (!have_gpu) {
-    p = problem(1, 8, 8, 2, 2, 64, ATTN_DTYPE_BF16);
-    expect_unsupported("no gpu", p, "CUDA device");
+    p = tu_gpu_problem(1, 8, 8, 2, 2, 64, ATTN_DTYPE_BF16);
+    tu_gpu_expect_unsupported(ctx, "cuda", "no gpu", p, "CUDA device");
   }
 }
-
-
-#define CU(expr)                                                                                   \
-  do {                                                                                             \
-    cudaError_t e_ = (expr);                                                                       \
-    if (e_ != cudaSuccess) {                                                                       \
-      printf("FATAL %s: %s (%s:%d)\n", #expr, cudaGetErrorString(e_), __FILE__, __LINE__);         \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
 
 /* Roles of a case: inputs first, then outputs. */
 enum { R_Q, R_K, R_V, R_BIAS, R_MASK, R_ALIBI, R_SINKS, R_QSEG, R_KSEG, R_DOUT, R_NIN };
@@ -197,22 +167,6 @@ static int run_ref(const hcase *c, attn_dtype dtype, int round, results *r) {
   return ok;
 }
 
-/* A dense device copy of a host buffer, or n elements of NaN bytes when host is NULL. */
-static void *g_alloc(const tu_buf *host, attn_dtype dtype, int64_t n) {
-  size_t bytes = (size_t)(n > 0 ? n : 1) * attn_dtype_size(dtype);
-  void *d = NULL;
-  CU(cudaMalloc(&d, bytes));
-  if (host != NULL && host->n > 0) CU(cudaMemcpy(d, host->data, (size_t)host->n * attn_dtype_size(dtype), cudaMemcpyHostToDevice));
-  else CU(cudaMemset(d, 0xff, bytes));
-  return d;
-}
-
-static tu_buf g_fetch(const void *d, attn_dtype dtype, int64_t n) {
-  tu_buf h = tu_buf_new(dtype, n);
-  if (n > 0) CU(cudaMemcpy(h.data, d, (size_t)n * attn_dtype_size(dtype), cudaMemcpyDeviceToHost));
-  return h;
-}
-
 /* The implementation on the device under a configuration; backward twice (bits must agree in the
  * deterministic one). 0 when a call failed. */
 static int run_gpu(const hcase *c, const char *config, results *r) {
@@ -226,19 +180,13 @@ static int run_gpu(const hcase *c, const char *config, results *r) {
   attn_status s = attn_plan_create(ctx, p, &sel, &plan);
   tu_check(s == ATTN_STATUS_OK, "%s %s: plan: %s %s", c->name, config, attn_status_string(s), attn_ctx_last_error(ctx));
   if (s != ATTN_STATUS_OK) return 0;
-  size_t fw = 0, bw = 0;
-  attn_plan_workspace_size(plan, &fw, &bw);
-  size_t wsb = fw > bw ? fw : bw;
-  void *ws = NULL;
-  if (wsb > 0) CU(cudaMalloc(&ws, wsb));
-  cudaStream_t stream;
-  CU(cudaStreamCreate(&stream));
-  attn_plan_set_stream(plan, stream);
+  tu_gpu_exec exec = tu_gpu_exec_create(plan);
 
   void *din[R_NIN];
   attn_tensor t[R_NIN];
   for (int i = 0; i < R_NIN; ++i) {
-    din[i] = c->in[i].n > 0 ? g_alloc(&c->in[i], c->in[i].dtype, c->in[i].n) : NULL;
+    size_t bytes = (size_t)c->in[i].n * attn_dtype_size(c->in[i].dtype);
+    din[i] = bytes > 0 ? tu_gpu_upload(c->in[i].data, bytes) : NULL;
     t[i] = attn_tensor_dense(din[i]);
   }
   void *dout[O_N];
@@ -248,14 +196,14 @@ static int run_gpu(const hcase *c, const char *config, results *r) {
     int used = role_used(c, o) && attn_role_used(p, out_role[o]);
     n[o] = used ? attn_role_numel(p, out_role[o]) : 0;
     odt[o] = attn_role_dtype(p, out_role[o]);
-    dout[o] = used ? g_alloc(NULL, odt[o], n[o]) : NULL;
+    dout[o] = used ? tu_gpu_upload(NULL, (size_t)n[o] * attn_dtype_size(odt[o])) : NULL;
   }
   int32_t *lens = NULL;
-  CU(cudaMalloc((void **)&lens, 4 * 65 * sizeof(int32_t)));
-  CU(cudaMemcpy(lens, c->cu_q, sizeof c->cu_q, cudaMemcpyHostToDevice));
-  CU(cudaMemcpy(lens + 65, c->cu_k, sizeof c->cu_k, cudaMemcpyHostToDevice));
-  CU(cudaMemcpy(lens + 130, c->len_q, sizeof c->len_q, cudaMemcpyHostToDevice));
-  CU(cudaMemcpy(lens + 195, c->len_k, sizeof c->len_k, cudaMemcpyHostToDevice));
+  TU_CUDA_CHECK(cudaMalloc((void **)&lens, 4 * 65 * sizeof(int32_t)));
+  TU_CUDA_CHECK(cudaMemcpy(lens, c->cu_q, sizeof c->cu_q, cudaMemcpyHostToDevice));
+  TU_CUDA_CHECK(cudaMemcpy(lens + 65, c->cu_k, sizeof c->cu_k, cudaMemcpyHostToDevice));
+  TU_CUDA_CHECK(cudaMemcpy(lens + 130, c->len_q, sizeof c->len_q, cudaMemcpyHostToDevice));
+  TU_CUDA_CHECK(cudaMemcpy(lens + 195, c->len_k, sizeof c->len_k, cudaMemcpyHostToDevice));
   attn_inputs in;
   set_inputs(c, p, &in, t);
   if (p->varlen == ATTN_VARLEN_PACKED) in.cu_seqlens_q = lens, in.cu_seqlens_k = lens + 65;
@@ -263,8 +211,8 @@ static int run_gpu(const hcase *c, const char *config, results *r) {
   attn_outputs out;
   attn_outputs_init(&out);
   out.out = attn_tensor_dense(dout[O_OUT]), out.lse = attn_tensor_dense(dout[O_LSE]);
-  s = attn_plan_forward(plan, &in, ws, wsb, &out);
-  CU(cudaStreamSynchronize(stream));
+  s = attn_plan_forward(plan, &in, exec.workspace, exec.workspace_size, &out);
+  TU_CUDA_CHECK(cudaStreamSynchronize(exec.stream));
   tu_check(s == ATTN_STATUS_OK, "%s: forward: %s %s", c->name, attn_status_string(s), attn_ctx_last_error(ctx));
   int ok = s == ATTN_STATUS_OK;
   attn_grads g;
@@ -273,59 +221,35 @@ static int run_gpu(const hcase *c, const char *config, results *r) {
   g.dv = attn_tensor_dense(dout[O_DV]), g.dbias = attn_tensor_dense(dout[O_DBIAS]);
   g.dsinks = attn_tensor_dense(dout[O_DSINKS]);
   if (ok) {
-    s = attn_plan_backward(plan, &in, &out, &t[R_DOUT], ws, wsb, &g);
-    CU(cudaStreamSynchronize(stream));
+    s = attn_plan_backward(plan, &in, &out, &t[R_DOUT], exec.workspace, exec.workspace_size, &g);
+    TU_CUDA_CHECK(cudaStreamSynchronize(exec.stream));
     tu_check(s == ATTN_STATUS_OK, "%s: backward: %s %s", c->name, attn_status_string(s), attn_ctx_last_error(ctx));
     ok = s == ATTN_STATUS_OK;
   }
-  for (int o = 0; o < O_N; ++o) r->o[o] = g_fetch(dout[o], odt[o], n[o]);
-  if (ok && strcmp(config, "deterministic") == 0) { /* a second backward: the same bits */
-    s = attn_plan_backward(plan, &in, &out, &t[R_DOUT], ws, wsb, &g);
-    CU(cudaStreamSynchronize(stream));
+  for (int o = 0; o < O_N; ++o) r->o[o] = tu_gpu_fetch(dout[o], odt[o], n[o]);
+  if (ok) { /* a second backward pass gives the same bits: all of them in the deterministic
+              * configuration; dk, dv and dsinks in the atomic one, where dq adds with atomics */
+    int deterministic = strcmp(config, "deterministic") == 0;
+    s = attn_plan_backward(plan, &in, &out, &t[R_DOUT], exec.workspace, exec.workspace_size, &g);
+    TU_CUDA_CHECK(cudaStreamSynchronize(exec.stream));
     int same = s == ATTN_STATUS_OK;
-    for (int o = O_DQ; o <= O_DSINKS && same; ++o) {
-      if (o == O_DBIAS || n[o] == 0) continue;
-      tu_buf again = g_fetch(dout[o], odt[o], n[o]);
+    for (int o = deterministic ? O_DQ : O_DK; o <= O_DSINKS && same; ++o) {
+      if (o == O_DBIAS || n[o] == 0) continue; /* dbias adds with atomics in both */
+      tu_buf again = tu_gpu_fetch(dout[o], odt[o], n[o]);
       same = memcmp(again.data, r->o[o].data, (size_t)n[o] * attn_dtype_size(odt[o])) == 0;
       tu_buf_free(&again);
     }
-    tu_check(same, "%s: a second backward pass gives the same bits", c->name);
-  } else if (ok) { /* atomic: dk, dv, dsinks still agree bit for bit (only dq and dbias add atomically) */
-    s = attn_plan_backward(plan, &in, &out, &t[R_DOUT], ws, wsb, &g);
-    CU(cudaStreamSynchronize(stream));
-    int same = s == ATTN_STATUS_OK;
-    for (int o = O_DK; o <= O_DSINKS && same; ++o) {
-      if (o == O_DBIAS || n[o] == 0) continue;
-      tu_buf again = g_fetch(dout[o], odt[o], n[o]);
-      same = memcmp(again.data, r->o[o].data, (size_t)n[o] * attn_dtype_size(odt[o])) == 0;
-      tu_buf_free(&again);
-    }
-    tu_check(same, "%s atomic: a second backward pass gives the same dk, dv bits", c->name);
+    if (deterministic) tu_check(same, "%s: a second backward pass gives the same bits", c->name);
+    else tu_check(same, "%s atomic: a second backward pass gives the same dk, dv bits", c->name);
   }
   for (int i = 0; i < R_NIN; ++i)
-    if (din[i] != NULL) CU(cudaFree(din[i]));
+    if (din[i] != NULL) TU_CUDA_CHECK(cudaFree(din[i]));
   for (int o = 0; o < O_N; ++o)
-    if (dout[o] != NULL) CU(cudaFree(dout[o]));
-  CU(cudaFree(lens));
-  if (ws != NULL) CU(cudaFree(ws));
-  CU(cudaStreamDestroy(stream));
+    if (dout[o] != NULL) TU_CUDA_CHECK(cudaFree(dout[o]));
+  TU_CUDA_CHECK(cudaFree(lens));
+  tu_gpu_exec_destroy(&exec);
   attn_plan_destroy(plan);
   return ok;
-}
-
-static void compare(const hcase *c, const char *what, const tu_buf *got, const tu_buf *naive1,
-                    const tu_buf *naive2, const double *exact, double factor) {
-  int64_t n = naive1->n;
-  if (n == 0) return;
-  tu_err eg = tu_compare(got, exact, n), e1 = tu_compare(naive1, exact, n), e2 = tu_compare(naive2, exact, n);
-  double en = e1.max_abs > e2.max_abs ? e1.max_abs : e2.max_abs;
-  double tol = factor * en + 1e-3 * eg.max_ref;
-  int ok = eg.nan_count == 0 && eg.max_abs <= tol;
-  double at = eg.where >= 0 ? tu_get(got, eg.where) : 0.0;
-  double want = eg.where >= 0 ? exact[eg.where] : 0.0;
-  tu_check(ok, "%-44s %-6s err %.3g (naive %.3g, tol %.3g, max|r| %.3g, bad %lld) at %lld: %g vs %g",
-           c->name, what, eg.max_abs, en, tol, eg.max_ref, (long long)eg.nan_count,
-           (long long)eg.where, at, want);
 }
 
 static void check_case(hcase *c) {
@@ -348,7 +272,8 @@ static void check_case(hcase *c) {
         if (k == 1 && o < O_DQ) continue; /* the forward pass is the same in both */
         char what[32];
         snprintf(what, sizeof what, "%s%s", out_name[o], k == 1 ? "@atomic" : "");
-        compare(c, what, &gpu.o[o], &naive.o[o], &naive2.o[o], e, o < O_DQ ? 2.0 : 3.0);
+        tu_gpu_check_close(c->name, what, &gpu.o[o], &naive.o[o], &naive2.o[o], e,
+                           o < O_DQ ? 2.0 : 3.0);
       }
     }
     results_free(&gpu);
@@ -451,80 +376,80 @@ static void test_grid(int quick) {
       if (sizes[s][0] == 1000 && dims[d] != 64 && dims[d] != 128) continue;
       int64_t h = sizes[s][0] >= 1000 ? 1 : 2;
       snprintf(name, sizeof name, "size %lldx%lld d%lld", (long long)sizes[s][0], (long long)sizes[s][1], (long long)dims[d]);
-      c = make(name, problem(2, sizes[s][0], sizes[s][1], h, h, dims[d], (s + d) % 2 ? BF : F16));
+      c = make(name, tu_gpu_problem(2, sizes[s][0], sizes[s][1], h, h, dims[d], (s + d) % 2 ? BF : F16));
       run_case(&c);
     }
   /* head dims the kernels pad, and Dv != D */
-  c = make("d80", problem(1, 65, 127, 2, 1, 80, BF)), run_case(&c);
-  c = make("d40 dv72", problem(1, 63, 65, 2, 2, 40, F16)), c.p.head_dim_v = 72, run_case(&c);
-  c = make("d128 dv64 causal", problem(2, 129, 127, 4, 2, 128, BF)), c.p.head_dim_v = 64, c.p.causal = 1, run_case(&c);
-  c = make("d64 dv256", problem(1, 17, 63, 2, 2, 64, BF)), c.p.head_dim_v = 256, run_case(&c);
+  c = make("d80", tu_gpu_problem(1, 65, 127, 2, 1, 80, BF)), run_case(&c);
+  c = make("d40 dv72", tu_gpu_problem(1, 63, 65, 2, 2, 40, F16)), c.p.head_dim_v = 72, run_case(&c);
+  c = make("d128 dv64 causal", tu_gpu_problem(2, 129, 127, 4, 2, 128, BF)), c.p.head_dim_v = 64, c.p.causal = 1, run_case(&c);
+  c = make("d64 dv256", tu_gpu_problem(1, 17, 63, 2, 2, 64, BF)), c.p.head_dim_v = 256, run_case(&c);
 
   /* GQA and MQA */
-  c = make("gqa 8/2", problem(2, 127, 129, 8, 2, 64, BF)), run_case(&c);
-  c = make("mqa 6/1 causal", problem(1, 65, 200, 6, 1, 128, F16)), c.p.causal = 1, run_case(&c);
+  c = make("gqa 8/2", tu_gpu_problem(2, 127, 129, 8, 2, 64, BF)), run_case(&c);
+  c = make("mqa 6/1 causal", tu_gpu_problem(1, 65, 200, 6, 1, 128, F16)), c.p.causal = 1, run_case(&c);
 
   /* causal, both alignments, Tq < Tk and Tq > Tk */
   static const int64_t causal_sizes[][2] = {{129, 129}, {63, 200}, {200, 63}, {1, 129}, {1000, 1000}};
   for (int s = 0; s < (quick ? 2 : 5); ++s)
     for (int a = 0; a < 2; ++a) {
       snprintf(name, sizeof name, "causal %lldx%lld %s", (long long)causal_sizes[s][0], (long long)causal_sizes[s][1], a ? "tl" : "br");
-      c = make(name, problem(2, causal_sizes[s][0], causal_sizes[s][1], 2, 1, 64, a ? F16 : BF));
+      c = make(name, tu_gpu_problem(2, causal_sizes[s][0], causal_sizes[s][1], 2, 1, 64, a ? F16 : BF));
       c.p.causal = 1, c.p.align = a;
       run_case(&c);
     }
   /* windows */
-  c = make("window 16,0", problem(1, 200, 200, 2, 2, 64, BF)), c.p.window_left = 16, c.p.window_right = 0, run_case(&c);
-  c = make("window 7,33 tl", problem(1, 129, 300, 2, 2, 128, F16)), c.p.window_left = 7, c.p.window_right = 33, c.p.align = 1, run_case(&c);
-  c = make("window 0,0", problem(1, 65, 65, 2, 2, 32, BF)), c.p.window_left = 0, c.p.window_right = 0, run_case(&c);
-  c = make("window -1,5 causal", problem(1, 100, 130, 2, 2, 64, BF)), c.p.window_left = 40, c.p.causal = 1, run_case(&c);
-  c = make("window big", problem(1, 65, 63, 2, 2, 64, BF)), c.p.window_left = 1000000000, c.p.window_right = 3, run_case(&c);
+  c = make("window 16,0", tu_gpu_problem(1, 200, 200, 2, 2, 64, BF)), c.p.window_left = 16, c.p.window_right = 0, run_case(&c);
+  c = make("window 7,33 tl", tu_gpu_problem(1, 129, 300, 2, 2, 128, F16)), c.p.window_left = 7, c.p.window_right = 33, c.p.align = 1, run_case(&c);
+  c = make("window 0,0", tu_gpu_problem(1, 65, 65, 2, 2, 32, BF)), c.p.window_left = 0, c.p.window_right = 0, run_case(&c);
+  c = make("window -1,5 causal", tu_gpu_problem(1, 100, 130, 2, 2, 64, BF)), c.p.window_left = 40, c.p.causal = 1, run_case(&c);
+  c = make("window big", tu_gpu_problem(1, 65, 63, 2, 2, 64, BF)), c.p.window_left = 1000000000, c.p.window_right = 3, run_case(&c);
 
   /* bias: full, broadcast, KV heads, row / column vectors, low-precision */
-  c = make("bias full", problem(2, 63, 65, 4, 2, 64, BF)), with_bias(&c, 2, 4, 63, 65, ATTN_DTYPE_F32), run_case(&c);
-  c = make("bias bcast", problem(2, 63, 65, 4, 2, 64, F16)), with_bias(&c, 1, 1, 63, 65, ATTN_DTYPE_F32), run_case(&c);
-  c = make("bias kv heads", problem(2, 65, 33, 4, 2, 96, BF)), with_bias(&c, 2, 2, 65, 33, ATTN_DTYPE_BF16), run_case(&c);
-  c = make("bias row", problem(1, 17, 129, 2, 2, 64, BF)), with_bias(&c, 1, 2, 1, 129, ATTN_DTYPE_F32), run_case(&c);
-  c = make("bias col f16 causal", problem(1, 129, 17, 2, 2, 64, F16)), with_bias(&c, 1, 1, 129, 1, ATTN_DTYPE_F16), c.p.causal = 1, run_case(&c);
+  c = make("bias full", tu_gpu_problem(2, 63, 65, 4, 2, 64, BF)), with_bias(&c, 2, 4, 63, 65, ATTN_DTYPE_F32), run_case(&c);
+  c = make("bias bcast", tu_gpu_problem(2, 63, 65, 4, 2, 64, F16)), with_bias(&c, 1, 1, 63, 65, ATTN_DTYPE_F32), run_case(&c);
+  c = make("bias kv heads", tu_gpu_problem(2, 65, 33, 4, 2, 96, BF)), with_bias(&c, 2, 2, 65, 33, ATTN_DTYPE_BF16), run_case(&c);
+  c = make("bias row", tu_gpu_problem(1, 17, 129, 2, 2, 64, BF)), with_bias(&c, 1, 2, 1, 129, ATTN_DTYPE_F32), run_case(&c);
+  c = make("bias col f16 causal", tu_gpu_problem(1, 129, 17, 2, 2, 64, F16)), with_bias(&c, 1, 1, 129, 1, ATTN_DTYPE_F16), c.p.causal = 1, run_case(&c);
 
   /* masks, ALiBi, soft cap, sinks, dropout, segments */
-  c = make("mask full", problem(2, 65, 127, 2, 2, 64, BF)), with_mask(&c, 2, 2), run_case(&c);
-  c = make("mask bcast causal", problem(1, 63, 63, 4, 2, 128, F16)), with_mask(&c, 1, 1), c.p.causal = 1, run_case(&c);
-  c = make("alibi h", problem(1, 129, 129, 4, 4, 64, BF)), c.p.alibi = ATTN_ALIBI_PER_HEAD, c.p.causal = 1, run_case(&c);
-  c = make("alibi bh tl", problem(2, 63, 100, 2, 1, 64, F16)), c.p.alibi = ATTN_ALIBI_PER_BATCH_HEAD, c.p.align = 1, run_case(&c);
-  c = make("softcap", problem(1, 127, 129, 2, 2, 64, BF)), c.p.softcap = 5.0, run_case(&c);
-  c = make("softcap bias causal", problem(1, 65, 65, 2, 2, 128, BF)), c.p.softcap = 2.0, c.p.causal = 1,
+  c = make("mask full", tu_gpu_problem(2, 65, 127, 2, 2, 64, BF)), with_mask(&c, 2, 2), run_case(&c);
+  c = make("mask bcast causal", tu_gpu_problem(1, 63, 63, 4, 2, 128, F16)), with_mask(&c, 1, 1), c.p.causal = 1, run_case(&c);
+  c = make("alibi h", tu_gpu_problem(1, 129, 129, 4, 4, 64, BF)), c.p.alibi = ATTN_ALIBI_PER_HEAD, c.p.causal = 1, run_case(&c);
+  c = make("alibi bh tl", tu_gpu_problem(2, 63, 100, 2, 1, 64, F16)), c.p.alibi = ATTN_ALIBI_PER_BATCH_HEAD, c.p.align = 1, run_case(&c);
+  c = make("softcap", tu_gpu_problem(1, 127, 129, 2, 2, 64, BF)), c.p.softcap = 5.0, run_case(&c);
+  c = make("softcap bias causal", tu_gpu_problem(1, 65, 65, 2, 2, 128, BF)), c.p.softcap = 2.0, c.p.causal = 1,
   with_bias(&c, 1, 2, 65, 65, ATTN_DTYPE_F32), run_case(&c);
-  c = make("sinks 1", problem(2, 65, 63, 4, 2, 64, BF)), c.p.num_sinks = 1, c.want_dsinks = 1, run_case(&c);
-  c = make("sinks 3 shared causal", problem(1, 129, 129, 2, 2, 64, F16)), c.p.num_sinks = 3, c.p.sinks_shared = 1,
+  c = make("sinks 1", tu_gpu_problem(2, 65, 63, 4, 2, 64, BF)), c.p.num_sinks = 1, c.want_dsinks = 1, run_case(&c);
+  c = make("sinks 3 shared causal", tu_gpu_problem(1, 129, 129, 2, 2, 64, F16)), c.p.num_sinks = 3, c.p.sinks_shared = 1,
   c.want_dsinks = 1, c.p.causal = 1, run_case(&c);
-  c = make("sinks window 0,0 masked", problem(1, 33, 33, 2, 2, 32, BF)), c.p.num_sinks = 2, c.want_dsinks = 1,
+  c = make("sinks window 0,0 masked", tu_gpu_problem(1, 33, 33, 2, 2, 32, BF)), c.p.num_sinks = 2, c.want_dsinks = 1,
   c.p.window_left = 0, c.p.window_right = 0, with_mask(&c, 1, 1), run_case(&c);
-  c = make("dropout", problem(2, 127, 129, 2, 2, 64, BF)), c.p.dropout_p = 0.17, run_case(&c);
-  c = make("dropout causal gqa", problem(1, 129, 65, 4, 2, 128, F16)), c.p.dropout_p = 0.5, c.p.causal = 1, run_case(&c);
-  c = make("segments", problem(2, 100, 100, 2, 2, 64, BF)), c.p.has_segment_ids = 1, run_case(&c);
-  c = make("segments causal", problem(1, 70, 90, 2, 1, 64, F16)), c.p.has_segment_ids = 1, c.p.causal = 1, run_case(&c);
+  c = make("dropout", tu_gpu_problem(2, 127, 129, 2, 2, 64, BF)), c.p.dropout_p = 0.17, run_case(&c);
+  c = make("dropout causal gqa", tu_gpu_problem(1, 129, 65, 4, 2, 128, F16)), c.p.dropout_p = 0.5, c.p.causal = 1, run_case(&c);
+  c = make("segments", tu_gpu_problem(2, 100, 100, 2, 2, 64, BF)), c.p.has_segment_ids = 1, run_case(&c);
+  c = make("segments causal", tu_gpu_problem(1, 70, 90, 2, 1, 64, F16)), c.p.has_segment_ids = 1, c.p.causal = 1, run_case(&c);
 
   /* varlen */
   {
     static const int32_t lq[4] = {17, 0, 129, 65}, lk[4] = {63, 5, 129, 0};
-    c = make("packed", problem(4, 129, 129, 4, 2, 64, BF)), with_packed(&c, lq, lk, 0), run_case(&c);
-    c = make("packed causal extra rows", problem(4, 129, 129, 2, 2, 128, F16)), with_packed(&c, lq, lk, 5),
+    c = make("packed", tu_gpu_problem(4, 129, 129, 4, 2, 64, BF)), with_packed(&c, lq, lk, 0), run_case(&c);
+    c = make("packed causal extra rows", tu_gpu_problem(4, 129, 129, 2, 2, 128, F16)), with_packed(&c, lq, lk, 5),
     c.p.causal = 1, run_case(&c);
-    c = make("packed window sinks", problem(4, 129, 129, 2, 2, 64, BF)), with_packed(&c, lq, lk, 0),
+    c = make("packed window sinks", tu_gpu_problem(4, 129, 129, 2, 2, 64, BF)), with_packed(&c, lq, lk, 0),
     c.p.window_left = 9, c.p.window_right = 2, c.p.num_sinks = 1, c.want_dsinks = 1, run_case(&c);
-    c = make("padded", problem(4, 129, 140, 2, 2, 64, F16)), with_padded(&c, lq, lk), run_case(&c);
-    c = make("padded causal bias dropout", problem(4, 129, 140, 2, 1, 64, BF)), with_padded(&c, lq, lk),
+    c = make("padded", tu_gpu_problem(4, 129, 140, 2, 2, 64, F16)), with_padded(&c, lq, lk), run_case(&c);
+    c = make("padded causal bias dropout", tu_gpu_problem(4, 129, 140, 2, 1, 64, BF)), with_padded(&c, lq, lk),
     c.p.causal = 1, c.p.dropout_p = 0.1, with_bias(&c, 4, 2, 129, 140, ATTN_DTYPE_F32), run_case(&c);
   }
   /* everything at once */
-  c = make("everything", problem(2, 127, 129, 4, 2, 64, BF));
+  c = make("everything", tu_gpu_problem(2, 127, 129, 4, 2, 64, BF));
   c.p.causal = 1, c.p.window_left = 50, c.p.softcap = 3.0, c.p.alibi = ATTN_ALIBI_PER_HEAD, c.p.num_sinks = 2;
   c.want_dsinks = 1, c.p.dropout_p = 0.1, c.p.has_segment_ids = 1, c.p.scale = 0.3;
   with_bias(&c, 2, 2, 127, 129, ATTN_DTYPE_F32), with_mask(&c, 1, 4), run_case(&c);
   /* empty problems */
-  c = make("tk 0", problem(1, 17, 0, 2, 2, 64, BF)), run_case(&c);
-  c = make("tq 0", problem(1, 0, 17, 2, 2, 64, BF)), run_case(&c);
+  c = make("tk 0", tu_gpu_problem(1, 17, 0, 2, 2, 64, BF)), run_case(&c);
+  c = make("tq 0", tu_gpu_problem(1, 0, 17, 2, 2, 64, BF)), run_case(&c);
 }
 
 /* ---- golden cases ------------------------------------------------------------------------------ */
@@ -592,7 +517,7 @@ static void golden_case(const char *root, const char *cname, attn_dtype dtype) {
   char *text = read_text(dir, "case.txt");
   if (text == NULL) return;
   double v[70];
-  attn_problem p = problem(1, 1, 1, 1, 1, 8, dtype);
+  attn_problem p = tu_gpu_problem(1, 1, 1, 1, 1, 8, dtype);
 #define GET(key, field)                                                                            \
   if (key_values(text, key, v, 1) == 1) p.field = (int64_t)v[0];
   GET("B", batch) GET("Tq", seqlen_q) GET("Tk", seqlen_k) GET("Hq", heads_q) GET("Hkv", heads_kv);
@@ -681,14 +606,11 @@ static void test_golden(const char *root) {
 
 int main(int argc, char **argv) {
   if (attn_ctx_create(&ctx) != ATTN_STATUS_OK) return 1;
-  int count = 0;
-  int have_gpu = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  int have_gpu = tu_gpu_found();
   test_unsupported(have_gpu);
   if (!have_gpu) {
-    printf("SKIP: no CUDA device (%d passed checks without one)\n", tu_failures() == 0);
-    int failed = tu_failures();
     attn_ctx_destroy(ctx);
-    return failed ? tu_finish() : 77;
+    return tu_gpu_skipped();
   }
   rng = tu_rng_make(tu_seed("test_cuda"));
   const char *quick = getenv("ATTN_CUDA_QUICK");

@@ -29,98 +29,64 @@
 #include <string.h>
 
 #ifdef ATTN_HAVE_CUDNN
-#include <cuda_runtime_api.h>
+#include "gputest.h"
 #include <cudnn_backend.h>
 #endif
-
-static attn_ctx *ctx;
 
 #ifndef ATTN_HAVE_CUDNN
 
 int main(void) {
-  if (attn_ctx_create(&ctx) != ATTN_STATUS_OK) return 1;
   printf("SKIP: libattn was built without cuDNN\n");
-  attn_ctx_destroy(ctx);
   return 77;
 }
 
 #else
 
-static attn_problem problem(int64_t b, int64_t tq, int64_t tk, int64_t hq, int64_t hkv, int64_t d,
-                            attn_dtype dtype) {
-  attn_problem p;
-  attn_problem_init(&p);
-  p.dtype = dtype;
-  p.device = ATTN_DEVICE_CUDA;
-  p.batch = b;
-  p.seqlen_q = tq;
-  p.seqlen_k = tk;
-  p.heads_q = hq;
-  p.heads_kv = hkv;
-  p.head_dim = d;
-  return p;
-}
+static attn_ctx *ctx;
 
 /* ---- unsupported problems: checked with or without a GPU --------------------------------------- */
 
-static void expect_unsupported(const char *name, attn_problem p, const char *keyword) {
-  attn_status s = attn_impl_supports(ctx, "cudnn", &p);
-  const char *msg = attn_ctx_last_error(ctx);
-  tu_check(s == ATTN_STATUS_UNSUPPORTED && strstr(msg, keyword) != NULL,
-           "unsupported %s: %s, \"%s\" (expected a reason naming \"%s\")", name,
-           attn_status_string(s), msg, keyword);
-}
-
 static void test_unsupported(void) {
-  attn_problem base = problem(2, 64, 64, 4, 4, 64, ATTN_DTYPE_BF16), p;
+  attn_problem base = tu_gpu_problem(2, 64, 64, 4, 4, 64, ATTN_DTYPE_BF16), p;
   p = base, p.dropout_p = 0.1;
-  expect_unsupported("dropout", p, "Philox");
+  tu_gpu_expect_unsupported(ctx, "cudnn", "dropout", p, "Philox");
   p = base, p.num_sinks = 1;
-  expect_unsupported("sinks", p, "sinks");
+  tu_gpu_expect_unsupported(ctx, "cudnn", "sinks", p, "sinks");
   p = base, p.softcap = 5.0;
-  expect_unsupported("softcap", p, "soft cap");
+  tu_gpu_expect_unsupported(ctx, "cudnn", "softcap", p, "soft cap");
   p = base, p.has_mask = 1, p.mask_shape[0] = 1, p.mask_shape[1] = 1, p.mask_shape[2] = 64,
   p.mask_shape[3] = 64;
-  expect_unsupported("u8 mask", p, "mask");
+  tu_gpu_expect_unsupported(ctx, "cudnn", "u8 mask", p, "mask");
   p = base, p.has_segment_ids = 1;
-  expect_unsupported("segment ids", p, "segment");
+  tu_gpu_expect_unsupported(ctx, "cudnn", "segment ids", p, "segment");
   p = base, p.varlen = ATTN_VARLEN_PACKED, p.total_q = 100, p.total_k = 100;
-  expect_unsupported("packed varlen", p, "packed");
+  tu_gpu_expect_unsupported(ctx, "cudnn", "packed varlen", p, "packed");
   p = base, p.dtype = ATTN_DTYPE_F32;
-  expect_unsupported("f32", p, "dtype=f32");
+  tu_gpu_expect_unsupported(ctx, "cudnn", "f32", p, "dtype=f32");
   p = base, p.alibi = ATTN_ALIBI_PER_BATCH_HEAD;
-  expect_unsupported("alibi per batch", p, "alibi");
+  tu_gpu_expect_unsupported(ctx, "cudnn", "alibi per batch", p, "alibi");
   p = base, p.alibi = ATTN_ALIBI_PER_HEAD;
-  expect_unsupported("alibi without causal", p, "alibi");
+  tu_gpu_expect_unsupported(ctx, "cudnn", "alibi without causal", p, "alibi");
   p = base, p.has_bias = 1, p.bias_dtype = ATTN_DTYPE_F32, p.bias_shape[0] = 1,
   p.bias_shape[1] = 1, p.bias_shape[2] = 64, p.bias_shape[3] = 64;
-  expect_unsupported("f32 bias", p, "bias_dtype");
+  tu_gpu_expect_unsupported(ctx, "cudnn", "f32 bias", p, "bias_dtype");
   p = base, p.heads_kv = 2, p.has_bias = 1, p.bias_dtype = ATTN_DTYPE_BF16, p.bias_shape[0] = 1,
   p.bias_shape[1] = 2, p.bias_shape[2] = 64, p.bias_shape[3] = 64;
-  expect_unsupported("bias per kv head", p, "KV head");
+  tu_gpu_expect_unsupported(ctx, "cudnn", "bias per kv head", p, "KV head");
   p = base, p.has_bias = 1, p.bias_dtype = ATTN_DTYPE_BF16, p.bias_shape[0] = 1,
   p.bias_shape[1] = 1, p.bias_shape[2] = 1, p.bias_shape[3] = 64;
-  expect_unsupported("bias broadcast over queries", p, "bias_shape");
+  tu_gpu_expect_unsupported(ctx, "cudnn", "bias broadcast over queries", p, "bias_shape");
   p = base, p.head_dim = 36;
-  expect_unsupported("head_dim 36", p, "multiples of 8");
+  tu_gpu_expect_unsupported(ctx, "cudnn", "head_dim 36", p, "multiples of 8");
   p = base, p.seqlen_k = 0;
-  expect_unsupported("no keys", p, "seqlen_k=0");
+  tu_gpu_expect_unsupported(ctx, "cudnn", "no keys", p, "seqlen_k=0");
   p = base, p.seqlen_q = 64, p.seqlen_k = 80, p.causal = 1, p.has_bias = 1,
   p.bias_dtype = ATTN_DTYPE_BF16, p.bias_shape[0] = 1, p.bias_shape[1] = 1, p.bias_shape[2] = 64,
   p.bias_shape[3] = 80;
-  expect_unsupported("bias with bottom-right causal, Tq != Tk", p, "bias");
+  tu_gpu_expect_unsupported(ctx, "cudnn", "bias with bottom-right causal, Tq != Tk", p, "bias");
   p = base, p.device = ATTN_DEVICE_CPU;
-  expect_unsupported("a CPU problem", p, "device");
+  tu_gpu_expect_unsupported(ctx, "cudnn", "a CPU problem", p, "device");
 }
-
-#define CU(expr)                                                                                   \
-  do {                                                                                             \
-    cudaError_t e_ = (expr);                                                                       \
-    if (e_ != cudaSuccess) {                                                                       \
-      printf("FATAL %s: %s (%s:%d)\n", #expr, cudaGetErrorString(e_), __FILE__, __LINE__);         \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
 
 /* ---- one case: host inputs, options ---------------------------------------------------------- */
 
@@ -232,7 +198,6 @@ static gtensor g_alloc(const attn_problem *p, attn_role role, int bhsd, const tu
   for (int d = 0; d < 4 && n > 0; ++d) g.span += (g.shape[d] - 1) * st[d];
   for (int d = 0; d < 4; ++d) g.t.stride[d] = st[d];
   size_t bytes = (size_t)(g.span > 0 ? g.span : 1) * g.es;
-  CU(cudaMalloc(&g.t.data, bytes));
   unsigned char *stage = malloc(bytes);
   memset(stage, 0xff, bytes); /* NaN in every float format */
   if (host != NULL) {
@@ -244,7 +209,7 @@ static gtensor g_alloc(const attn_problem *p, attn_role role, int bhsd, const tu
             memcpy(stage + (size_t)(a * st[0] + b * st[1] + c * st[2] + d * st[3]) * g.es,
                    (const unsigned char *)host->data + (size_t)i * g.es, g.es);
   }
-  CU(cudaMemcpy(g.t.data, stage, bytes, cudaMemcpyHostToDevice));
+  g.t.data = tu_gpu_upload(stage, bytes);
   free(stage);
   return g;
 }
@@ -254,8 +219,8 @@ static tu_buf g_fetch(const gtensor *g, attn_dtype dtype) {
   int64_t n = g->shape[0] * g->shape[1] * g->shape[2] * g->shape[3];
   tu_buf h = tu_buf_new(dtype, n);
   size_t bytes = (size_t)(g->span > 0 ? g->span : 1) * g->es;
-  unsigned char *stage = malloc(bytes);
-  CU(cudaMemcpy(stage, g->t.data, bytes, cudaMemcpyDeviceToHost));
+  tu_buf raw = tu_gpu_fetch(g->t.data, ATTN_DTYPE_U8, (int64_t)bytes);
+  const unsigned char *stage = raw.data;
   const int64_t *st = g->t.stride;
   int64_t i = 0;
   for (int64_t a = 0; a < g->shape[0]; ++a)
@@ -264,7 +229,7 @@ static tu_buf g_fetch(const gtensor *g, attn_dtype dtype) {
         for (int64_t d = 0; d < g->shape[3]; ++d, ++i)
           memcpy((unsigned char *)h.data + (size_t)i * g->es,
                  stage + (size_t)(a * st[0] + b * st[1] + c * st[2] + d * st[3]) * g->es, g->es);
-  free(stage);
+  tu_buf_free(&raw);
   return h;
 }
 
@@ -285,14 +250,7 @@ static int run_gpu(const hcase *c, results *r) {
   tu_check(s == ATTN_STATUS_OK, "%s: plan: %s %s", c->name, attn_status_string(s),
            attn_ctx_last_error(ctx));
   if (s != ATTN_STATUS_OK) return 0;
-  size_t fw = 0, bw = 0;
-  attn_plan_workspace_size(plan, &fw, &bw);
-  size_t wsb = fw > bw ? fw : bw;
-  void *ws = NULL;
-  if (wsb > 0) CU(cudaMalloc(&ws, wsb));
-  cudaStream_t stream;
-  CU(cudaStreamCreate(&stream));
-  attn_plan_set_stream(plan, stream);
+  tu_gpu_exec exec = tu_gpu_exec_create(plan);
 
   gtensor q = g_alloc(p, ATTN_ROLE_Q, c->bhsd, &c->q), k = g_alloc(p, ATTN_ROLE_K, c->bhsd, &c->k),
           v = g_alloc(p, ATTN_ROLE_V, c->bhsd, &c->v);
@@ -305,17 +263,17 @@ static int run_gpu(const hcase *c, results *r) {
   attn_inputs_init(&in);
   in.q = q.t, in.k = k.t, in.v = v.t, in.bias = bias.t, in.alibi_slopes = alibi.t;
   if (p->varlen == ATTN_VARLEN_PADDED) {
-    CU(cudaMalloc((void **)&seq, 2 * 64 * sizeof(int32_t)));
-    CU(cudaMemcpy(seq, c->seqlens_q, (size_t)p->batch * 4, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(seq + 64, c->seqlens_k, (size_t)p->batch * 4, cudaMemcpyHostToDevice));
+    TU_CUDA_CHECK(cudaMalloc((void **)&seq, 2 * 64 * sizeof(int32_t)));
+    TU_CUDA_CHECK(cudaMemcpy(seq, c->seqlens_q, (size_t)p->batch * 4, cudaMemcpyHostToDevice));
+    TU_CUDA_CHECK(cudaMemcpy(seq + 64, c->seqlens_k, (size_t)p->batch * 4, cudaMemcpyHostToDevice));
     in.seqlens_q = seq, in.seqlens_k = seq + 64;
   }
   attn_outputs o;
   attn_outputs_init(&o);
   o.out = out.t, o.lse = lse.t;
   int ok = 1;
-  s = attn_plan_forward(plan, &in, ws, wsb, &o);
-  CU(cudaStreamSynchronize(stream));
+  s = attn_plan_forward(plan, &in, exec.workspace, exec.workspace_size, &o);
+  TU_CUDA_CHECK(cudaStreamSynchronize(exec.stream));
   tu_check(s == ATTN_STATUS_OK, "%s: forward: %s %s", c->name, attn_status_string(s),
            attn_ctx_last_error(ctx));
   ok = s == ATTN_STATUS_OK;
@@ -332,8 +290,8 @@ static int run_gpu(const hcase *c, results *r) {
     attn_grads g;
     attn_grads_init(&g);
     g.dq = dq.t, g.dk = dk.t, g.dv = dv.t, g.dbias = dbias.t;
-    s = attn_plan_backward(plan, &in, &o, &dout.t, ws, wsb, &g);
-    CU(cudaStreamSynchronize(stream));
+    s = attn_plan_backward(plan, &in, &o, &dout.t, exec.workspace, exec.workspace_size, &g);
+    TU_CUDA_CHECK(cudaStreamSynchronize(exec.stream));
     tu_check(s == ATTN_STATUS_OK, "%s: backward: %s %s", c->name, attn_status_string(s),
              attn_ctx_last_error(ctx));
     ok = s == ATTN_STATUS_OK;
@@ -345,29 +303,9 @@ static int run_gpu(const hcase *c, results *r) {
   g_free(&q), g_free(&k), g_free(&v), g_free(&bias), g_free(&alibi), g_free(&out), g_free(&lse);
   g_free(&dout), g_free(&dq), g_free(&dk), g_free(&dv), g_free(&dbias);
   if (seq != NULL) cudaFree(seq);
-  if (ws != NULL) cudaFree(ws);
-  cudaStreamDestroy(stream);
+  tu_gpu_exec_destroy(&exec);
   attn_plan_destroy(plan);
   return ok;
-}
-
-/* SPEC.md's low-precision rule for one tensor. */
-static void compare(const hcase *c, const char *what, const tu_buf *got, const tu_buf *naive,
-                    const double *exact, double factor) {
-  if (got->data == NULL && got->n == 0 && naive->n != 0) {
-    tu_check(0, "%s %s: not computed", c->name, what);
-    return;
-  }
-  int64_t n = naive->n;
-  tu_err eg = tu_compare(got, exact, n), en = tu_compare(naive, exact, n);
-  double tol = factor * en.max_abs + 1e-3 * eg.max_ref;
-  int ok = eg.nan_count == 0 && eg.max_abs <= tol;
-  double at = eg.where >= 0 ? tu_get(got, eg.where) : 0.0;
-  double want = eg.where >= 0 ? exact[eg.where] : 0.0;
-  tu_check(ok, "%-34s %-5s err %.3g (naive %.3g, tol %.3g, max|r| %.3g)%s%s at %lld: %g vs %g",
-           c->name, what, eg.max_abs, en.max_abs, tol, eg.max_ref,
-           eg.nan_count ? ", non-finite values: " : "", eg.nan_count ? "yes" : "", (long long)eg.where,
-           at, want);
 }
 
 static void check_case(hcase *c) {
@@ -388,13 +326,14 @@ static void check_case(hcase *c) {
   const double *e_dv = have_exact ? exact.dv.data : c->e_dv;
   const double *e_dbias = have_exact ? exact.dbias.data : c->e_dbias;
   if (run_gpu(c, &gpu)) {
-    compare(c, "out", &gpu.out, &naive.out, e_out, 2.0);
+    tu_gpu_check_close(c->name, "out", &gpu.out, &naive.out, NULL, e_out, 2.0);
     if (!c->no_lse) {
-      compare(c, "lse", &gpu.lse, &naive.lse, e_lse, 2.0);
-      compare(c, "dq", &gpu.dq, &naive.dq, e_dq, 3.0);
-      compare(c, "dk", &gpu.dk, &naive.dk, e_dk, 3.0);
-      compare(c, "dv", &gpu.dv, &naive.dv, e_dv, 3.0);
-      if (c->want_dbias) compare(c, "dbias", &gpu.dbias, &naive.dbias, e_dbias, 3.0);
+      tu_gpu_check_close(c->name, "lse", &gpu.lse, &naive.lse, NULL, e_lse, 2.0);
+      tu_gpu_check_close(c->name, "dq", &gpu.dq, &naive.dq, NULL, e_dq, 3.0);
+      tu_gpu_check_close(c->name, "dk", &gpu.dk, &naive.dk, NULL, e_dk, 3.0);
+      tu_gpu_check_close(c->name, "dv", &gpu.dv, &naive.dv, NULL, e_dv, 3.0);
+      if (c->want_dbias)
+        tu_gpu_check_close(c->name, "dbias", &gpu.dbias, &naive.dbias, NULL, e_dbias, 3.0);
     }
   }
   results_free(&gpu);
@@ -453,85 +392,85 @@ static void run_random(const char *name, attn_problem p, int bhsd, int no_lse, i
 static void test_grid(int quick) {
   const attn_dtype BF = ATTN_DTYPE_BF16, F16 = ATTN_DTYPE_F16;
   attn_problem p;
-  p = problem(2, 128, 128, 4, 4, 64, BF);
+  p = tu_gpu_problem(2, 128, 128, 4, 4, 64, BF);
   run_random("basic 2x128x128 h4 d64", p, 0, 0, 0, NULL, NULL);
-  p = problem(1, 17, 63, 2, 2, 64, F16);
+  p = tu_gpu_problem(1, 17, 63, 2, 2, 64, F16);
   run_random("odd 17x63 d64", p, 0, 0, 0, NULL, NULL);
-  p = problem(2, 65, 129, 3, 3, 32, BF), p.causal = 1;
+  p = tu_gpu_problem(2, 65, 129, 3, 3, 32, BF), p.causal = 1;
   run_random("causal bottom-right 65x129", p, 0, 0, 0, NULL, NULL);
   if (quick) return;
-  p = problem(2, 65, 129, 3, 3, 32, F16), p.causal = 1, p.align = ATTN_ALIGN_TOP_LEFT;
+  p = tu_gpu_problem(2, 65, 129, 3, 3, 32, F16), p.causal = 1, p.align = ATTN_ALIGN_TOP_LEFT;
   run_random("causal top-left 65x129", p, 0, 0, 0, NULL, NULL);
-  p = problem(2, 127, 127, 2, 2, 128, BF), p.causal = 1;
+  p = tu_gpu_problem(2, 127, 127, 2, 2, 128, BF), p.causal = 1;
   run_random("causal square 127 d128", p, 0, 0, 0, NULL, NULL);
-  p = problem(1, 129, 17, 2, 2, 64, F16);
+  p = tu_gpu_problem(1, 129, 17, 2, 2, 64, F16);
   run_random("Tq > Tk 129x17", p, 0, 0, 0, NULL, NULL);
-  p = problem(2, 100, 40, 2, 2, 64, F16), p.causal = 1; /* the first 60 rows see no key */
+  p = tu_gpu_problem(2, 100, 40, 2, 2, 64, F16), p.causal = 1; /* the first 60 rows see no key */
   run_random("causal bottom-right Tq > Tk 100x40", p, 0, 0, 0, NULL, NULL);
-  p = problem(1, 90, 40, 2, 2, 64, BF), p.window_left = 5, p.align = ATTN_ALIGN_TOP_LEFT;
+  p = tu_gpu_problem(1, 90, 40, 2, 2, 64, BF), p.window_left = 5, p.align = ATTN_ALIGN_TOP_LEFT;
   run_random("window left 5 top-left 90x40", p, 0, 0, 0, NULL, NULL);
-  p = problem(2, 100, 130, 2, 2, 64, BF), p.window_left = 17, p.window_right = 5;
+  p = tu_gpu_problem(2, 100, 130, 2, 2, 64, BF), p.window_left = 17, p.window_right = 5;
   run_random("window (17,5) bottom-right 100x130", p, 0, 0, 0, NULL, NULL);
-  p = problem(1, 129, 129, 2, 2, 64, F16), p.window_left = 31, p.align = ATTN_ALIGN_TOP_LEFT;
+  p = tu_gpu_problem(1, 129, 129, 2, 2, 64, F16), p.window_left = 31, p.align = ATTN_ALIGN_TOP_LEFT;
   run_random("window left 31 top-left 129", p, 0, 0, 0, NULL, NULL);
-  p = problem(1, 63, 127, 2, 2, 64, BF), p.window_left = 20, p.causal = 1;
+  p = tu_gpu_problem(1, 63, 127, 2, 2, 64, BF), p.window_left = 20, p.causal = 1;
   run_random("window causal left 20 63x127", p, 0, 0, 0, NULL, NULL);
-  p = problem(1, 40, 90, 2, 2, 64, F16), p.window_left = 3, p.window_right = 9,
+  p = tu_gpu_problem(1, 40, 90, 2, 2, 64, F16), p.window_left = 3, p.window_right = 9,
   p.align = ATTN_ALIGN_TOP_LEFT;
   run_random("window (3,9) top-left 40x90", p, 0, 0, 0, NULL, NULL);
-  p = problem(2, 37, 45, 2, 2, 64, F16), with_bias(&p, 2, 2);
+  p = tu_gpu_problem(2, 37, 45, 2, 2, 64, F16), with_bias(&p, 2, 2);
   run_random("bias [B,H,Tq,Tk] + dbias", p, 0, 0, 1, NULL, NULL);
-  p = problem(2, 64, 64, 4, 2, 64, BF), p.causal = 1, with_bias(&p, 1, 1);
+  p = tu_gpu_problem(2, 64, 64, 4, 2, 64, BF), p.causal = 1, with_bias(&p, 1, 1);
   run_random("bias [1,1,..] causal gqa + dbias", p, 0, 0, 1, NULL, NULL);
-  p = problem(2, 50, 70, 3, 3, 64, BF), with_bias(&p, 1, 3);
+  p = tu_gpu_problem(2, 50, 70, 3, 3, 64, BF), with_bias(&p, 1, 3);
   run_random("bias [1,H,..] + dbias", p, 0, 0, 1, NULL, NULL);
-  p = problem(2, 50, 70, 3, 3, 64, F16), with_bias(&p, 2, 1);
+  p = tu_gpu_problem(2, 50, 70, 3, 3, 64, F16), with_bias(&p, 2, 1);
   run_random("bias [B,1,..] no dbias", p, 0, 0, 0, NULL, NULL);
-  p = problem(1, 200, 200, 8, 2, 64, F16), p.causal = 1;
+  p = tu_gpu_problem(1, 200, 200, 8, 2, 64, F16), p.causal = 1;
   run_random("gqa 8/2 causal 200", p, 0, 0, 0, NULL, NULL);
-  p = problem(1, 77, 77, 6, 1, 64, BF);
+  p = tu_gpu_problem(1, 77, 77, 6, 1, 64, BF);
   run_random("mqa 6/1 77", p, 0, 0, 0, NULL, NULL);
-  p = problem(1, 50, 50, 2, 2, 64, F16), p.scale = 0.3;
+  p = tu_gpu_problem(1, 50, 50, 2, 2, 64, F16), p.scale = 0.3;
   run_random("scale 0.3", p, 0, 0, 0, NULL, NULL);
-  p = problem(1, 96, 96, 2, 2, 128, BF), p.head_dim_v = 64, p.causal = 1;
+  p = tu_gpu_problem(1, 96, 96, 2, 2, 128, BF), p.head_dim_v = 64, p.causal = 1;
   run_random("d128 dv64 causal", p, 0, 0, 0, NULL, NULL);
-  p = problem(1, 64, 80, 2, 2, 256, F16);
+  p = tu_gpu_problem(1, 64, 80, 2, 2, 256, F16);
   run_random("d256 64x80", p, 0, 0, 0, NULL, NULL);
   {
     int32_t lq[3] = {37, 9, 1}, lk[3] = {45, 20, 5};
-    p = problem(3, 37, 45, 2, 2, 64, BF), p.varlen = ATTN_VARLEN_PADDED, p.causal = 1;
+    p = tu_gpu_problem(3, 37, 45, 2, 2, 64, BF), p.varlen = ATTN_VARLEN_PADDED, p.causal = 1;
     run_random("padded varlen causal", p, 0, 0, 0, lq, lk);
     int32_t lq2[4] = {30, 1, 17, 29}, lk2[4] = {50, 33, 64, 2};
-    p = problem(4, 30, 64, 2, 1, 64, F16), p.varlen = ATTN_VARLEN_PADDED;
+    p = tu_gpu_problem(4, 30, 64, 2, 1, 64, F16), p.varlen = ATTN_VARLEN_PADDED;
     run_random("padded varlen gqa", p, 0, 0, 0, lq2, lk2);
     int32_t lq3[2] = {40, 11}, lk3[2] = {64, 60};
-    p = problem(2, 40, 64, 2, 2, 64, BF), p.varlen = ATTN_VARLEN_PADDED, p.window_left = 8,
+    p = tu_gpu_problem(2, 40, 64, 2, 2, 64, BF), p.varlen = ATTN_VARLEN_PADDED, p.window_left = 8,
     p.causal = 1;
     run_random("padded varlen window 8 causal", p, 0, 0, 0, lq3, lk3);
     /* Rows that see no key (len_q > len_k under a bottom-right causal mask; len_k = 0): SPEC.md
      * wants out 0, lse -inf and zero gradients there. */
     int32_t lq4[3] = {40, 30, 12}, lk4[3] = {40, 10, 0};
-    p = problem(3, 40, 40, 2, 2, 64, F16), p.varlen = ATTN_VARLEN_PADDED, p.causal = 1;
+    p = tu_gpu_problem(3, 40, 40, 2, 2, 64, F16), p.varlen = ATTN_VARLEN_PADDED, p.causal = 1;
     run_random("padded varlen, rows without keys", p, 0, 0, 0, lq4, lk4);
-    p = problem(3, 40, 40, 2, 2, 64, BF), p.varlen = ATTN_VARLEN_PADDED;
+    p = tu_gpu_problem(3, 40, 40, 2, 2, 64, BF), p.varlen = ATTN_VARLEN_PADDED;
     run_random("padded varlen, a sequence without keys", p, 0, 0, 0, lq4, lk4);
   }
-  p = problem(2, 64, 64, 4, 4, 64, BF), p.causal = 1, p.alibi = ATTN_ALIBI_PER_HEAD;
+  p = tu_gpu_problem(2, 64, 64, 4, 4, 64, BF), p.causal = 1, p.alibi = ATTN_ALIBI_PER_HEAD;
   run_random("alibi causal 64", p, 0, 0, 0, NULL, NULL);
-  p = problem(2, 1, 77, 8, 2, 64, F16), p.causal = 1;
+  p = tu_gpu_problem(2, 1, 77, 8, 2, 64, F16), p.causal = 1;
   run_random("decode 1x77 gqa causal", p, 0, 0, 0, NULL, NULL);
-  p = problem(1, 1000, 1000, 2, 2, 64, BF), p.causal = 1;
+  p = tu_gpu_problem(1, 1000, 1000, 2, 2, 64, BF), p.causal = 1;
   run_random("long causal 1000", p, 0, 0, 0, NULL, NULL);
-  p = problem(2, 96, 96, 4, 2, 64, F16), p.causal = 1;
+  p = tu_gpu_problem(2, 96, 96, 4, 2, 64, F16), p.causal = 1;
   run_random("strided [B,H,T,D] layout", p, 1, 0, 0, NULL, NULL);
-  p = problem(2, 63, 65, 2, 2, 64, BF), p.operation = ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION;
+  p = tu_gpu_problem(2, 63, 65, 2, 2, 64, BF), p.operation = ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION;
   run_random("sdpa operation, no lse", p, 0, 1, 0, NULL, NULL);
 }
 
 /* ---- run-time refusals and the empty problem ------------------------------------------------- */
 
 static void test_run_checks(void) {
-  attn_problem p = problem(1, 32, 32, 2, 2, 64, ATTN_DTYPE_BF16);
+  attn_problem p = tu_gpu_problem(1, 32, 32, 2, 2, 64, ATTN_DTYPE_BF16);
   p.operation = ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION;
   attn_plan *plan = NULL;
   attn_select sel;
@@ -544,8 +483,8 @@ static void test_run_checks(void) {
   size_t fw = 0;
   attn_plan_workspace_size(plan, &fw, NULL);
   void *ws = NULL, *buf = NULL;
-  CU(cudaMalloc(&ws, fw > 0 ? fw : 1));
-  CU(cudaMalloc(&buf, 1 << 20));
+  TU_CUDA_CHECK(cudaMalloc(&ws, fw > 0 ? fw : 1));
+  TU_CUDA_CHECK(cudaMalloc(&buf, 1 << 20));
   char *b = buf;
   attn_inputs in;
   attn_inputs_init(&in);
@@ -565,11 +504,11 @@ static void test_run_checks(void) {
   attn_plan_destroy(plan);
 
   /* Tq = 0: nothing to write forward; dk and dv are zero backward. */
-  p = problem(1, 0, 40, 2, 2, 64, ATTN_DTYPE_F16);
+  p = tu_gpu_problem(1, 0, 40, 2, 2, 64, ATTN_DTYPE_F16);
   s = attn_plan_create(ctx, &p, &sel, &plan);
   tu_check(s == ATTN_STATUS_OK, "empty problem: plan: %s", attn_ctx_last_error(ctx));
   if (s == ATTN_STATUS_OK) {
-    CU(cudaMemset(buf, 0xff, 1 << 20));
+    TU_CUDA_CHECK(cudaMemset(buf, 0xff, 1 << 20));
     attn_inputs_init(&in);
     in.k = attn_tensor_dense(b), in.v = attn_tensor_dense(b + 65536);
     attn_outputs_init(&o);
@@ -583,7 +522,7 @@ static void test_run_checks(void) {
     attn_plan_workspace_size(plan, NULL, &bw);
     s = attn_plan_backward(plan, &in, &o, &dout, ws, bw, &g);
     uint16_t dk[2 * 40 * 64];
-    CU(cudaMemcpy(dk, b + 131072, sizeof dk, cudaMemcpyDeviceToHost));
+    TU_CUDA_CHECK(cudaMemcpy(dk, b + 131072, sizeof dk, cudaMemcpyDeviceToHost));
     int zero = 1;
     for (size_t i = 0; i < sizeof dk / 2; ++i) zero &= dk[i] == 0;
     tu_check(s == ATTN_STATUS_OK && zero, "empty problem backward: %s, dk zero: %d",
@@ -747,20 +686,10 @@ int main(int argc, char **argv) {
   rng = tu_rng_make(seed);
   printf("cuDNN implementation compiled in; loaded cuDNN %d\n", (int)cudnnGetVersion());
   test_unsupported();
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    printf("SKIP: no CUDA device (%s); the unsupported-problem checks ran: ",
-           e != cudaSuccess ? cudaGetErrorString(e) : "none");
-    int failures = tu_failures();
-    tu_finish();
+  if (!tu_gpu_found()) {
     attn_ctx_destroy(ctx);
-    return failures ? 1 : 77;
+    return tu_gpu_skipped();
   }
-  struct cudaDeviceProp prop;
-  CU(cudaGetDeviceProperties(&prop, 0));
-  printf("device 0: %s, sm%d%d, %d SMs\n", prop.name, prop.major, prop.minor,
-         prop.multiProcessorCount);
   int quick = getenv("ATTN_CUDNN_QUICK") != NULL;
   test_grid(quick);
   if (!quick) {
