@@ -1,95 +1,283 @@
 #!/bin/bash
-# gpu/run.sh - the whole GPU check of the cudnn implementation in one invocation, for a lent GPU
-# machine (or any Linux box with an NVIDIA GPU, CUDA, cuDNN and PyTorch):
-#   1. builds libattn with cuDNN (Release) in build-gpu/, using the cuDNN that PyTorch loads when
-#      it has one (so both sides of the benchmark run the same cuDNN), else the toolkit's;
-#   2. runs tests/test_cudnn against the reference, with the golden cases of $GOLDEN (default
-#      .golden, a copy of ../shared/golden made before the run);
-#   3. benchmarks libattn's cudnn against PyTorch's cuDNN and flash SDPA backends (gpu/bench_*);
-#   4. runs a quick test_cudnn under compute-sanitizer (memcheck).
-# Logs go to $OUT (default gpu-out/): env.txt build.log test.log cudnn.log ours.csv torch.csv
-# results.md sanitizer.log. Steps can be chosen: gpu/run.sh [build] [test] [bench] [sanitize].
-# While others edit the same checkout, run it on a snapshot of the commit under test (an ignored
-# folder made with `git archive HEAD | tar -x -C .cudnn-src`), with GOLDEN pointing at the cases.
-set -u
-OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
-GOLDEN=${GOLDEN:-$PWD/.golden}
-steps=${*:-build test bench sanitize}
-has() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
+# gpu/run.sh - the whole GPU check of libattn in one call, for a lent GPU machine (or any Linux box
+# with an NVIDIA GPU, the CUDA toolkit, cuDNN and PyTorch).
+#
+# usage: gpu/run.sh [cuda] [cudnn] [build] [test] [bench] [sanitize] [lab] [ncu]
+#
+# Implementations (none named: both):
+#   cuda      libattn's own kernels (src/impl/cuda)
+#   cudnn     the cuDNN implementation (src/impl/cudnn)
+# Steps (none named: build test bench sanitize; they run in the order below, whatever the order
+# of the arguments):
+#   build     one build tree, build-gpu/ (Release, -j16): the library with the named
+#             implementations, their tests and their benchmark programs. With cudnn it uses the
+#             cuDNN that PyTorch's wheels ship when there is one, so both sides of the benchmark
+#             run the same cuDNN, else the toolkit's.
+#   test      tests/test_<impl> against the reference, with the golden cases of $GOLDEN
+#   lab       cuda only: the kernel lab, dev/cuda/fwd_tiles.cu and bwd_tiles.cu, built and run
+#   ncu       cuda only, implies lab: Nsight Compute on one lab launch of the D = 128 forward
+#             (64-key tiles) and of the atomic backward (v5); reports in /tmp/ncu_{fwd,bwd}.ncu-rep
+#   bench     cuda: gpu/cuda_bench through gpu/cuda_bench.py (vs PyTorch's flash, cuDNN and
+#             efficient SDPA); cudnn: gpu/bench_cudnn and gpu/bench_torch.py joined by gpu/report.py
+#   sanitize  compute-sanitizer on the quick suite: memcheck and racecheck for cuda, memcheck for
+#             cudnn (racecheck on cuDNN's own kernels would be slow and nothing we could fix)
+# Environment: GOLDEN, the golden cases (default ../shared/golden when it exists, else ./.golden,
+# both from the current folder); OUT, the logs (default /tmp/gpu_out); BENCH_REPS, timed calls per
+# shape of gpu/cuda_bench (default 20).
+#
+# Logs: $OUT/env.txt, $OUT/build.log, and per implementation $OUT/cuda/ (test.log, lab.log,
+# lab_build.log, ncu_fwd_sass.csv, ncu_bwd_sass.csv, bench.md, sanitizer_memcheck.log,
+# sanitizer_racecheck.log) and $OUT/cudnn/ (test.log, cudnn.log, ours.csv, torch.csv, results.md,
+# sanitizer_memcheck.log). Stdout is a summary in which every step ends in "rc=N" (124: timed out).
+# Each step has a time limit, and all of them together stay under 9 minutes, so that one call of
+# a device machine (10 minutes at most) always returns its logs.
+#
+# The tree built is the one this script sits in. While others edit the same checkout, run the
+# script of a snapshot of the commit under test (`git archive HEAD | tar -x -C build-snap`, an
+# ignored folder): `build-snap/gpu/run.sh`, with GOLDEN pointing at the cases.
+set -u -o pipefail
 
-# ---- environment: which cuDNN --------------------------------------------------------------------
+usage() { sed -n '/^set -u/q; 2,$ s/^# \{0,1\}//p' "$0"; } # the comment above
+die() {
+  echo "gpu/run.sh: $*" >&2
+  exit 2
+}
+first_file() { # the first of its arguments that is a file
+  local f
+  for f in "$@"; do if [ -f "$f" ]; then echo "$f" && return; fi; done
+}
+
+# ---- arguments ------------------------------------------------------------------------------------
+impls="" steps=""
+for arg in "$@"; do
+  case $arg in
+  cuda | cudnn) impls="$impls $arg" ;;
+  build | test | bench | sanitize | lab | ncu) steps="$steps $arg" ;;
+  -h | --help) usage && exit 0 ;;
+  *) die "unknown argument '$arg' (see gpu/run.sh --help)" ;;
+  esac
+done
+impls=${impls:-" cuda cudnn"}
+steps=${steps:-" build test bench sanitize"}
+case " $steps " in *" ncu "*) steps="$steps lab" ;; esac # ncu profiles the lab's programs
+impl() { case " $impls " in *" $1 "*) return 0 ;; esac; return 1; }
+step() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
+if step lab && ! impl cuda; then die "lab and ncu are the CUDA kernels' (dev/cuda): name cuda too"; fi
+
+# ---- what the machine must have, checked before anything is written ------------------------------
+command -v nvcc >/dev/null || die "no nvcc on PATH: this needs the CUDA toolkit (nothing done)"
+needs_gpu=0
+for s in $steps; do [ "$s" = build ] || needs_gpu=1; done # every step but the build runs on the GPU
+if [ $needs_gpu = 1 ] && ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  die "no NVIDIA GPU here (nvidia-smi -L lists none): only 'build' runs without one (nothing done)"
+fi
+if step sanitize; then command -v compute-sanitizer >/dev/null || die "no compute-sanitizer on PATH"; fi
+if step ncu; then command -v ncu >/dev/null || die "no ncu (Nsight Compute) on PATH"; fi
+
+# Paths given relative to the caller's folder, made absolute before moving to the tree to build.
+if [ -z "${GOLDEN:-}" ]; then
+  if [ -d ../shared/golden ]; then GOLDEN=../shared/golden; else GOLDEN=.golden; fi
+fi
+GOLDEN=$(realpath -m "$GOLDEN")
+OUT=$(realpath -m "${OUT:-/tmp/gpu_out}")
+BENCH_REPS=${BENCH_REPS:-20}
+cd "$(dirname "$0")/.." || die "cannot enter the source tree"
+BUILD=build-gpu
+mkdir -p "$OUT" "$BUILD"
+for i in $impls; do mkdir -p "$OUT/$i"; done
+
+# Time limits: each step's own, cut to what is left of the 9 minutes of the whole call.
+DEADLINE=$((SECONDS + 540))
+limit() {
+  local left=$((DEADLINE - SECONDS))
+  if [ "$1" -lt "$left" ]; then echo "$1"; elif [ "$left" -gt 1 ]; then echo "$left"; else echo 1; fi
+}
+
+# ---- environment: the GPU, the toolkit, PyTorch and which cuDNN ----------------------------------
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1
   nvcc --version 2>&1 | tail -1
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())' 2>&1
 } >"$OUT/env.txt"
-CUDNN_DIR=$(python3 - <<'EOF' 2>/dev/null
+if impl cudnn; then
+  CUDNN_DIR=$(
+    python3 - <<'EOF' 2>/dev/null
 import glob, os, site
 for base in site.getsitepackages():
     for h in glob.glob(os.path.join(base, "nvidia", "**", "cudnn_backend.h"), recursive=True):
         print(os.path.dirname(os.path.dirname(h)))
         raise SystemExit
 EOF
-)
-if [ -z "$CUDNN_DIR" ]; then
-  h=$(ls /usr/local/cuda/include/cudnn_backend.h /usr/include/cudnn_backend.h 2>/dev/null | head -1)
-  CUDNN_DIR=$(dirname "$(dirname "$h")")
+  )
+  if [ -z "$CUDNN_DIR" ]; then
+    h=$(first_file /usr/local/cuda/include/cudnn_backend.h /usr/include/cudnn_backend.h)
+    [ -n "$h" ] || die "cudnn named but no cudnn_backend.h found (PyTorch's wheels, /usr/local/cuda, /usr)"
+    CUDNN_DIR=$(dirname "$(dirname "$h")")
+  fi
+  CUDNN_LIB=$(first_file "$CUDNN_DIR"/lib/libcudnn.so.9 "$CUDNN_DIR"/lib/libcudnn.so \
+    "$CUDNN_DIR"/lib64/libcudnn.so /usr/local/cuda/lib64/libcudnn.so /usr/lib/x86_64-linux-gnu/libcudnn.so)
+  [ -n "$CUDNN_LIB" ] || die "cudnn named but no libcudnn.so found beside $CUDNN_DIR/include"
+  CUDNN_LIBDIR=$(dirname "$CUDNN_LIB")
+  export LD_LIBRARY_PATH="$CUDNN_LIBDIR:${LD_LIBRARY_PATH:-}"
+  echo "cudnn headers: $CUDNN_DIR/include, library: $CUDNN_LIB" >>"$OUT/env.txt"
+  grep -h "define CUDNN_MAJOR\|define CUDNN_MINOR\|define CUDNN_PATCHLEVEL" \
+    "$CUDNN_DIR"/include/cudnn_version*.h >>"$OUT/env.txt" 2>&1
 fi
-CUDNN_LIB=$(ls "$CUDNN_DIR"/lib/libcudnn.so.9 "$CUDNN_DIR"/lib/libcudnn.so "$CUDNN_DIR"/lib64/libcudnn.so \
-  /usr/local/cuda/lib64/libcudnn.so /usr/lib/x86_64-linux-gnu/libcudnn.so 2>/dev/null | head -1)
-CUDNN_LIBDIR=$(dirname "$CUDNN_LIB")
-export LD_LIBRARY_PATH="$CUDNN_LIBDIR:${LD_LIBRARY_PATH:-}"
-echo "cudnn headers: $CUDNN_DIR/include, library: $CUDNN_LIB" | tee -a "$OUT/env.txt"
-grep -h "define CUDNN_MAJOR\|define CUDNN_MINOR\|define CUDNN_PATCHLEVEL" "$CUDNN_DIR"/include/cudnn_version*.h >>"$OUT/env.txt" 2>&1
+echo "== environment (gpu/run.sh$impls$steps; logs in $OUT; golden cases $GOLDEN)"
 cat "$OUT/env.txt"
 
 # ---- build ----------------------------------------------------------------------------------------
-if has build; then
-  echo "== build"
-  (timeout 200 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DATTN_WITH_CUDNN=ON \
-      -DATTN_CUDNN_INCLUDE_DIR="$CUDNN_DIR/include" -DATTN_CUDNN_LIBRARY="$CUDNN_LIB" \
-      -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCH=OFF &&
-    timeout 200 cmake --build build-gpu -j16 --target test_cudnn attn_static) >"$OUT/build.log" 2>&1
-  rc=$?
-  grep -E "libattn|warning|error" "$OUT/build.log" | head -30
-  if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; echo "BUILD FAILED ($rc)"; exit 1; fi
-  CUDART=$(grep -h "^CUDA_cudart_LIBRARY:" build-gpu/CMakeCache.txt | cut -d= -f2)
-  gcc -O2 -std=c11 -Iinclude -I/usr/local/cuda/include gpu/bench_cudnn.c build-gpu/libattn.a \
-    "$CUDNN_LIB" "$CUDART" -fopenmp -lm -lpthread -Wl,-rpath,"$CUDNN_LIBDIR" -o build-gpu/bench_cudnn \
-    >>"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; echo "BENCH BUILD FAILED"; }
+# The lab's programs are experiments, rebuilt whenever the lab runs, beside the library's build.
+if step lab; then
+  for lab in fwd_tiles bwd_tiles; do
+    timeout "$(limit 300)" nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90,code=sm_90 \
+      "dev/cuda/$lab.cu" -o "$BUILD/$lab" >"$OUT/cuda/lab_build_$lab.log" 2>&1 &
+  done
 fi
+if step build; then
+  echo "== build"
+  # cuDNN is looked for only when ATTN_WITH_CUDA is not OFF, so a cudnn-only build leaves it AUTO.
+  args=(-DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCH=OFF)
+  targets=(attn_static)
+  if impl cuda; then args+=(-DATTN_WITH_CUDA=ON) targets+=(test_cuda); else args+=(-DATTN_WITH_CUDA=AUTO); fi
+  if impl cudnn; then
+    args+=(-DATTN_WITH_CUDNN=ON -DATTN_CUDNN_INCLUDE_DIR="$CUDNN_DIR/include" -DATTN_CUDNN_LIBRARY="$CUDNN_LIB")
+    targets+=(test_cudnn)
+  else
+    args+=(-DATTN_WITH_CUDNN=OFF)
+  fi
+  t0=$SECONDS
+  timeout "$(limit 120)" cmake -S . -B "$BUILD" "${args[@]}" >"$OUT/build.log" 2>&1 &&
+    timeout "$(limit 300)" cmake --build "$BUILD" -j16 --target "${targets[@]}" >>"$OUT/build.log" 2>&1
+  rc=$?
+  echo "build rc=$rc in $((SECONDS - t0)) s; ptxas spill warnings: $(grep -c 'spilled' "$OUT/build.log")"
+  grep -E "warning|error" "$OUT/build.log" | grep -v "spilled" | head -20
+  if [ $rc -ne 0 ]; then
+    tail -40 "$OUT/build.log"
+    echo "BUILD FAILED: nothing else runs"
+    exit 1
+  fi
+  # The benchmarks are one file each against the public header and the static library; not CMake
+  # targets, since they mean nothing without a GPU.
+  cudart=$(grep -h "^CUDA_cudart_LIBRARY:" "$BUILD/CMakeCache.txt" | cut -d= -f2)
+  libs=("$BUILD/libattn.a")
+  if impl cudnn; then libs+=("$CUDNN_LIB" "-Wl,-rpath,$CUDNN_LIBDIR"); fi
+  libs+=("$cudart" "-Wl,-rpath,$(dirname "$cudart")" -fopenmp -lm -lpthread)
+  bench_programs=""
+  if impl cuda; then bench_programs="$bench_programs cuda_bench"; fi
+  if impl cudnn; then bench_programs="$bench_programs bench_cudnn"; fi
+  for b in $bench_programs; do
+    echo "-- gcc gpu/$b.c" >>"$OUT/build.log"
+    gcc -O2 -std=c11 -Iinclude -I"$(dirname "$(dirname "$(command -v nvcc)")")/include" "gpu/$b.c" \
+      "${libs[@]}" -o "$BUILD/$b" >>"$OUT/build.log" 2>&1
+    rc=$?
+    echo "gpu/$b.c rc=$rc"
+    [ $rc -eq 0 ] || tail -20 "$OUT/build.log"
+  done
+fi
+
+# Runs only when the program exists, else says why with rc=127.
+built() {
+  [ -x "$1" ] && return 0
+  echo "$1 rc=127: not built (name the build step)"
+  return 1
+}
 
 # ---- correctness ----------------------------------------------------------------------------------
-if has test; then
-  echo "== test_cudnn"
-  CUDNN_LOGLEVEL_DBG=1 CUDNN_LOGDEST_DBG="$OUT/cudnn.log" timeout 200 build-gpu/tests/test_cudnn "$GOLDEN" \
-    >"$OUT/test.log" 2>&1
-  echo "test_cudnn exit code $?"
-  grep -E "^FAIL|FATAL|passed, " "$OUT/test.log" | head -60
+if step test; then
+  for i in $impls; do
+    echo "== test $i"
+    built "$BUILD/tests/test_$i" || continue
+    t0=$SECONDS
+    if [ "$i" = cudnn ]; then # cuDNN's own log of errors, for a failure inside cuDNN
+      export CUDNN_LOGLEVEL_DBG=1 CUDNN_LOGDEST_DBG="$OUT/cudnn/cudnn.log"
+    fi
+    timeout "$(limit 200)" "$BUILD/tests/test_$i" "$GOLDEN" >"$OUT/$i/test.log" 2>&1
+    rc=$?
+    unset CUDNN_LOGLEVEL_DBG CUDNN_LOGDEST_DBG
+    echo "test_$i rc=$rc in $((SECONDS - t0)) s: $(tail -1 "$OUT/$i/test.log")"
+    grep -E "^FAIL|^FATAL" "$OUT/$i/test.log" | head -40
+  done
 fi
 
-# ---- benchmark ------------------------------------------------------------------------------------
-if has bench; then
-  echo "== bench"
-  timeout 100 build-gpu/bench_cudnn >"$OUT/ours.csv" 2>"$OUT/results.md.err"
-  timeout 150 python3 gpu/bench_torch.py >"$OUT/torch.csv" 2>>"$OUT/results.md.err"
-  {
-    python3 gpu/report.py "$OUT/ours.csv" "$OUT/torch.csv"
-    echo
-    echo '```'
-    cat "$OUT/results.md.err"
-    echo '```'
-  } >"$OUT/results.md"
-  rm -f "$OUT/results.md.err"
-  cat "$OUT/results.md"
+# ---- kernel lab and Nsight Compute (cuda) ---------------------------------------------------------
+if step lab; then
+  echo "== lab (dev/cuda)"
+  wait # for the lab's builds, started before the library's
+  cat "$OUT"/cuda/lab_build_*.log >"$OUT/cuda/lab_build.log" && rm -f "$OUT"/cuda/lab_build_*.log
+  : >"$OUT/cuda/lab.log"
+  for lab in fwd_tiles bwd_tiles; do
+    built "$BUILD/$lab" || { tail -20 "$OUT/cuda/lab_build.log"; continue; }
+    timeout "$(limit 150)" "$BUILD/$lab" 2>&1 | tee -a "$OUT/cuda/lab.log"
+    echo "$lab rc=$?"
+  done
+  if step ncu; then # D = 128 forward (64-key tiles) and atomic backward (v5), one launch each
+    secs=(--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis
+      --section MemoryWorkloadAnalysis --section SourceCounters)
+    rm -f /tmp/ncu_fwd.ncu-rep /tmp/ncu_bwd.ncu-rep # ncu -o does not overwrite: no stale report
+    timeout "$(limit 200)" ncu --clock-control none -k regex:fwd_kernel --launch-skip 13 -c 1 "${secs[@]}" \
+      -o /tmp/ncu_fwd "$BUILD/fwd_tiles" 1 >/dev/null 2>&1
+    echo "ncu fwd_kernel rc=$?"
+    timeout "$(limit 200)" ncu --clock-control none -k regex:bwd_dkv --launch-skip 52 -c 1 "${secs[@]}" \
+      -o /tmp/ncu_bwd "$BUILD/bwd_tiles" 1 >/dev/null 2>&1
+    echo "ncu bwd_dkv rc=$?"
+    for r in fwd bwd; do # the report's summary, then per-instruction stall samples (SASS)
+      ncu --import "/tmp/ncu_$r.ncu-rep" >>"$OUT/cuda/lab.log" 2>&1
+      ncu --import "/tmp/ncu_$r.ncu-rep" --page source --csv --print-source sass \
+        >"$OUT/cuda/ncu_${r}_sass.csv" 2>&1
+      echo "ncu import $r rc=$?: $OUT/cuda/ncu_${r}_sass.csv"
+    done
+  fi
 fi
 
-# ---- compute-sanitizer ------------------------------------------------------------------------------
-if has sanitize; then
-  echo "== compute-sanitizer (memcheck, quick grid)"
-  ATTN_CUDNN_QUICK=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 \
-    build-gpu/tests/test_cudnn >"$OUT/sanitizer.log" 2>&1
-  echo "compute-sanitizer exit code $?"
-  grep -E "ERROR SUMMARY|passed, |^FAIL|Invalid" "$OUT/sanitizer.log" | head -20
+# ---- benchmarks against PyTorch -------------------------------------------------------------------
+if step bench; then
+  for i in $impls; do
+    echo "== bench $i"
+    if [ "$i" = cuda ]; then
+      built "$BUILD/cuda_bench" || continue
+      timeout "$(limit 240)" env PYTHONUNBUFFERED=1 python3 gpu/cuda_bench.py "$BUILD/cuda_bench" \
+        "$BENCH_REPS" >"$OUT/cuda/bench.md" 2>&1
+      rc=$?
+      cat "$OUT/cuda/bench.md"
+      echo "gpu/cuda_bench.py rc=$rc"
+    else
+      built "$BUILD/bench_cudnn" || continue
+      timeout "$(limit 100)" "$BUILD/bench_cudnn" >"$OUT/cudnn/ours.csv" 2>"$OUT/cudnn/bench.err"
+      rc_ours=$?
+      timeout "$(limit 150)" python3 gpu/bench_torch.py >"$OUT/cudnn/torch.csv" 2>>"$OUT/cudnn/bench.err"
+      rc_torch=$?
+      python3 gpu/report.py "$OUT/cudnn/ours.csv" "$OUT/cudnn/torch.csv" >"$OUT/cudnn/results.md" 2>&1
+      rc_report=$?
+      { # plan build times and errors, below the table
+        echo
+        echo '```'
+        cat "$OUT/cudnn/bench.err"
+        echo '```'
+      } >>"$OUT/cudnn/results.md"
+      rm -f "$OUT/cudnn/bench.err"
+      cat "$OUT/cudnn/results.md"
+      echo "bench_cudnn rc=$rc_ours, gpu/bench_torch.py rc=$rc_torch, gpu/report.py rc=$rc_report"
+    fi
+  done
 fi
+
+# ---- compute-sanitizer on the quick suites --------------------------------------------------------
+if step sanitize; then
+  for i in $impls; do
+    echo "== compute-sanitizer $i"
+    built "$BUILD/tests/test_$i" || continue
+    if [ "$i" = cuda ]; then tools="memcheck racecheck" quick=ATTN_CUDA_QUICK; else tools=memcheck quick=ATTN_CUDNN_QUICK; fi
+    for tool in $tools; do
+      t0=$SECONDS
+      log="$OUT/$i/sanitizer_$tool.log"
+      timeout "$(limit 300)" env "$quick=1" ATTN_TEST_SEED=1 compute-sanitizer --tool "$tool" \
+        --error-exitcode 9 "$BUILD/tests/test_$i" >"$log" 2>&1
+      rc=$?
+      echo "compute-sanitizer $tool rc=$rc in $((SECONDS - t0)) s:" \
+        "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1); $(grep -E ' passed, ' "$log" | tail -1)"
+      grep -E "^FAIL|^FATAL|Invalid" "$log" | head -10
+    done
+  done
+fi
+echo "== done in $SECONDS s; logs in $OUT"
