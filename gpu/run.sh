@@ -59,9 +59,9 @@ for arg in "$@"; do
 done
 impls=${impls:-" cuda cudnn"}
 steps=${steps:-" build test bench sanitize"}
-case " $steps " in *" ncu "*) steps="$steps lab" ;; esac # ncu profiles the lab's programs
 impl() { case " $impls " in *" $1 "*) return 0 ;; esac; return 1; }
 step() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
+if step ncu && ! step lab; then steps="$steps lab"; fi # ncu profiles the lab's programs
 if step lab && ! impl cuda; then die "lab and ncu are the CUDA kernels' (dev/cuda): name cuda too"; fi
 
 # ---- what the machine must have, checked before anything is written ------------------------------
