@@ -88,6 +88,11 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
   cp_async_commit();
 
   const int wrow = warp * 16 * kMT; /* this warp's kMT m-tiles of 16 rows */
+  /* this lane's ldmatrix rows: Q and dO as A (this warp's rows), K and V as B, K transposed */
+  constexpr uint32_t kE = sizeof(T), kPitch = kS * kE;
+  const uint32_t uQ = smem_u32(sQ) + wrow * kPitch + lane_a<T, kPitch>(lane);
+  const uint32_t uO = smem_u32(sO) + wrow * kPitch + lane_a<T, kPitch>(lane);
+  const uint32_t lane_k = lane_b<T, kPitch>(lane), lane_kt = lane_bt<T, kPitch>(lane);
   float lse2[kMT][2], delta[kMT][2];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
@@ -131,29 +136,11 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
       for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mt][nt][e] = dp[mt][nt][e] = 0.f;
-    /* acc += A(this warp's rows of sA) B(the block's keys of sB)^T over columns kk * 16 .. + 15;
-     * each B fragment feeds kMT mma */
-    auto row_step = [&](float (*acc_)[kNT][4], const T *sA, const T *sB, int kk) {
-      uint32_t a[kMT][4];
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-        ldsm4(a[mt], sA + (wrow + mt * 16 + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
-#pragma unroll
-      for (int nn = 0; nn < kBN / 16; ++nn) {
-        uint32_t bb[4];
-        ldsm4(bb, sB + (nn * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kk * 16 + ((lane >> 3) & 1) * 8);
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          Elem<T>::mma(acc_[mt][2 * nn], a[mt], bb[0], bb[1]);
-          Elem<T>::mma(acc_[mt][2 * nn + 1], a[mt], bb[2], bb[3]);
-        }
-      }
-    };
-    /* S = Q K^T, dP' = dO V^T */
+    /* S = Q K^T, dP' = dO V^T (this warp's rows against the block's keys) */
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      if (kk < nk) row_step(s, sQ, sK, kk);
-      if (kk < nv) row_step(dp, sO, sV, kk);
+      if (kk < nk) mma_abt<T, kMT, kBN, kPitch, kPitch>(s, uQ + kk * 16 * kE, smem_u32(sK) + lane_k + kk * 16 * kE);
+      if (kk < nv) mma_abt<T, kMT, kBN, kPitch, kPitch>(dp, uO + kk * 16 * kE, smem_u32(sV) + lane_k + kk * 16 * kE);
     }
 
     /* dS = P (dP - Delta), with dP = keep ? dP' / (1 - p) : 0 and the soft cap's derivative.
@@ -209,24 +196,8 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
     for (int kk = 0; kk < kBN / 16; ++kk) {
       uint32_t a[kMT][4];
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        a[mt][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        a[mt][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        a[mt][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        a[mt][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int dd = 0; dd < kD / 16; ++dd) {
-        if (dd < nk) {
-          uint32_t bk[4];
-          ldsm4t(bk, sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + dd * 16 + (lane >> 4) * 8);
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            Elem<T>::mma(acc[mt][2 * dd], a[mt], bk[0], bk[1]);
-            Elem<T>::mma(acc[mt][2 * dd + 1], a[mt], bk[2], bk[3]);
-          }
-        }
-      }
+      for (int mt = 0; mt < kMT; ++mt) pack_a<T, kNT>(a[mt], s[mt], kk);
+      mma_ab_regs<T, kMT, kD, kPitch>(acc, a, smem_u32(sK) + lane_kt + kk * 16 * kPitch, nk);
     }
   }
   cp_async_wait_all();
@@ -280,11 +251,11 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
   /* this lane's ldmatrix rows (bytes from a tile's start); products add compile-time offsets.
    * Phase 1: A = keys of K / V, B = queries of Q / dO. Phase 2: A = keys of P'^T / dS^T, B =
    * query rows of dO / Q read transposed, from this warp's first column dc0. */
-  constexpr uint32_t kE = sizeof(T);
-  const uint32_t lane_a = ((kn + (lane & 15)) * kS + (lane >> 4) * 8) * kE;
-  const uint32_t lane_b = ((qm + (lane & 7) + (lane >> 4) * 8) * kS + ((lane >> 3) & 1) * 8) * kE;
-  const uint32_t lane_p = ((kn2 + (lane & 15)) * kP + (lane >> 4) * 8) * kE;
-  const uint32_t lane_t = (((lane & 7) + ((lane >> 3) & 1) * 8) * kS + dc0 + (lane >> 4) * 8) * kE;
+  constexpr uint32_t kE = sizeof(T), kPitch = kS * kE, kPitchP = kP * kE;
+  const uint32_t lane_a1 = kn * kPitch + lane_a<T, kPitch>(lane);
+  const uint32_t lane_b1 = qm * kPitch + lane_b<T, kPitch>(lane);
+  const uint32_t lane_p = kn2 * kPitchP + lane_a<T, kPitchP>(lane);
+  const uint32_t lane_t = dc0 * kE + lane_bt<T, kPitch>(lane);
 
   const T *gk = static_cast<const T *>(p.k) + b * p.k_b + (sq.k0 + n0) * p.k_r + g * p.k_h;
   const T *gv = static_cast<const T *>(p.v) + b * p.v_b + (sq.k0 + n0) * p.v_r + g * p.v_h;
@@ -375,22 +346,10 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
       for (int nt = 0; nt < kQNT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[kt][nt][e] = dpt[kt][nt][e] = 0.f;
-    /* acc[kt] += A(16 * kKT keys of sA) B(kQW queries of sB)^T over columns kk * 16 .. + 15 */
-    auto transposed_step = [&](float (*acc)[kQNT][4], const T *sA, const T *sB, int kk) {
-      const uint32_t uA = smem_u32(sA) + lane_a, uB = smem_u32(sB) + lane_b;
-      uint32_t a[kKT][4];
-#pragma unroll
-      for (int kt = 0; kt < kKT; ++kt) ldsm4(a[kt], uA + (kt * 16 * kS + kk * 16) * kE);
-#pragma unroll
-      for (int nn = 0; nn < kQW / 16; ++nn) {
-        uint32_t bb[4];
-        ldsm4(bb, uB + (nn * 16 * kS + kk * 16) * kE);
-#pragma unroll
-        for (int kt = 0; kt < kKT; ++kt) {
-          Elem<T>::mma(acc[kt][2 * nn], a[kt], bb[0], bb[1]);
-          Elem<T>::mma(acc[kt][2 * nn + 1], a[kt], bb[2], bb[3]);
-        }
-      }
+    /* acc += A(this warp's 16 * kKT keys of sA) B(its kQW queries of sB)^T, one k slice */
+    auto transposed_step = [&](float (&acc)[kKT][kQNT][4], const T *sA, const T *sB, int kk) {
+      mma_abt<T, kKT, kQW, kPitch, kPitch>(acc, smem_u32(sA) + lane_a1 + kk * 16 * kE,
+                                          smem_u32(sB) + lane_b1 + kk * 16 * kE);
     };
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
@@ -463,24 +422,9 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
 
     /* phase 2: dV += P'^T dO for 32 keys x kDW columns (each dO fragment feeds two mma) */
 #pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk) {
-      uint32_t ap[2][4];
-#pragma unroll
-      for (int kt = 0; kt < 2; ++kt) ldsm4(ap[kt], smem_u32(sPt) + lane_p + (kt * 16 * kP + kk * 16) * kE);
-#pragma unroll
-      for (int dd = 0; dd < kDW / 16; ++dd) {
-        const int col = dc0 + dd * 16;
-        if (!kFeat || col < p.dv) {
-          uint32_t bo[4];
-          ldsm4t(bo, smem_u32(sO) + lane_t + (kk * 16 * kS + dd * 16) * kE);
-#pragma unroll
-          for (int kt = 0; kt < 2; ++kt) {
-            Elem<T>::mma(adv[kt][2 * dd], ap[kt], bo[0], bo[1]);
-            Elem<T>::mma(adv[kt][2 * dd + 1], ap[kt], bo[2], bo[3]);
-          }
-        }
-      }
-    }
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      mma_ab<T, 2, kDW, kPitchP, kPitch>(adv, smem_u32(sPt) + lane_p + kk * 16 * kE,
+                                         smem_u32(sO) + lane_t + kk * 16 * kPitch, kFeat ? (p.dv - dc0 + 15) / 16 : kDW / 16);
     if constexpr (kStages == 1) {
       __syncthreads(); /* every warp is done with dO(it) */
       if (it + 1 < items) {
@@ -491,24 +435,9 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
 
     /* dK += dS^T Q */
 #pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk) {
-      uint32_t as[2][4];
-#pragma unroll
-      for (int kt = 0; kt < 2; ++kt) ldsm4(as[kt], smem_u32(sSt) + lane_p + (kt * 16 * kP + kk * 16) * kE);
-#pragma unroll
-      for (int dd = 0; dd < kDW / 16; ++dd) {
-        const int col = dc0 + dd * 16;
-        if (!kFeat || col < p.d) {
-          uint32_t bq[4];
-          ldsm4t(bq, smem_u32(sQ) + lane_t + (kk * 16 * kS + dd * 16) * kE);
-#pragma unroll
-          for (int kt = 0; kt < 2; ++kt) {
-            Elem<T>::mma(adk[kt][2 * dd], as[kt], bq[0], bq[1]);
-            Elem<T>::mma(adk[kt][2 * dd + 1], as[kt], bq[2], bq[3]);
-          }
-        }
-      }
-    }
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      mma_ab<T, 2, kDW, kPitchP, kPitch>(adk, smem_u32(sSt) + lane_p + kk * 16 * kE,
+                                         smem_u32(sQ) + lane_t + kk * 16 * kPitch, kFeat ? (p.d - dc0 + 15) / 16 : kDW / 16);
     if constexpr (kAtomic) {
       /* dQ(rows of this block) += dS K: warp w takes query rows 16 (w % kMTiles) .. + 15 and a
        * kD / kDG slice of columns, kQC at a time, and adds them into the f32 workspace. */
@@ -518,30 +447,22 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
       const int qr0 = (warp % kMTiles) * 16, c_base = (warp / kMTiles) * kCols;
       const int ld = kFeat ? p.d : kD; /* the accumulator's row length: p.d */
       /* A = dS rows (queries) read transposed from dS^T; B = K read transposed, from c_base */
-      const uint32_t lane_s = smem_u32(sSt) + (((lane & 7) + ((lane >> 4) & 1) * 8) * kP + qr0 + ((lane >> 3) & 1) * 8) * kE;
-      const uint32_t lane_k = smem_u32(sK) + (((lane & 7) + ((lane >> 3) & 1) * 8) * kS + c_base + (lane >> 4) * 8) * kE;
+      const uint32_t lane_s = smem_u32(sSt) + qr0 * kE + lane_at<T, kPitchP>(lane);
+      const uint32_t lane_k = smem_u32(sK) + c_base * kE + lane_bt<T, kPitch>(lane);
       float *gdq = p.dq_accum + ((int64_t)h * p.rows_q + delta_row(p, sq, b, m0)) * ld;
 #pragma unroll
       for (int cc = 0; cc < kCols / kQC; ++cc) {
         const int c0 = c_base + cc * kQC;
         if (kFeat && c0 >= p.d) break;
-        float aq[kQC / 8][4];
+        float aq[1][kQC / 8][4];
 #pragma unroll
         for (int dt = 0; dt < kQC / 8; ++dt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) aq[dt][e] = 0.f;
+          for (int e = 0; e < 4; ++e) aq[0][dt][e] = 0.f;
 #pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk) {
-          uint32_t a[4];
-          ldsm4t(a, lane_s + kk * 16 * kP * kE);
-#pragma unroll
-          for (int dd = 0; dd < kQC / 16; ++dd) {
-            uint32_t bk[4];
-            ldsm4t(bk, lane_k + (kk * 16 * kS + cc * kQC + dd * 16) * kE);
-            Elem<T>::mma(aq[2 * dd], a, bk[0], bk[1]);
-            Elem<T>::mma(aq[2 * dd + 1], a, bk[2], bk[3]);
-          }
-        }
+        for (int kk = 0; kk < kBN / 16; ++kk)
+          mma_ab<T, 1, kQC, kPitchP, kPitch, true>(aq, lane_s + kk * 16 * kPitchP,
+                                                  lane_k + kk * 16 * kPitch + cc * kQC * kE, kQC / 16);
         /* this lane's first element; the others are compile-time offsets from it when ld = kD */
         float *lane_dq = gdq + (qr0 + (lane >> 2)) * ld + c0 + (lane & 3) * 2;
 #pragma unroll
@@ -554,10 +475,10 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
             if (kFeat && c >= p.d) continue;
             float *dst = lane_dq + hf * 8 * ld + dt * 8;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(aq[dt][2 * hf], aq[dt][2 * hf + 1]));
+            atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(aq[0][dt][2 * hf], aq[0][dt][2 * hf + 1]));
 #else
-            atomicAdd(dst, aq[dt][2 * hf]);
-            atomicAdd(dst + 1, aq[dt][2 * hf + 1]);
+            atomicAdd(dst, aq[0][dt][2 * hf]);
+            atomicAdd(dst + 1, aq[0][dt][2 * hf + 1]);
 #endif
           }
         }

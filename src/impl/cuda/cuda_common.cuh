@@ -121,6 +121,96 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool vali
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
+/* ---- products of shared-memory tiles -----------------------------------------------------------
+ *
+ * Every kernel's matrix products are one of two kinds, each taken one 16-wide k slice at a time
+ * (the callers unroll over slices and skip the zero-padded ones). Shared tiles are row-major with
+ * a row pitch of kPitch bytes; a lane passes its own ldmatrix address, made from the tile's start
+ * plus one of the lane offsets below, so every fragment address is that register plus a
+ * compile-time offset (the instruction's immediate). */
+
+/* This lane's ldmatrix.x4 row in a tile read as an A fragment (16 rows x 16 columns). */
+template <typename T, uint32_t kPitch> __device__ __forceinline__ uint32_t lane_a(int lane) {
+  return (lane & 15) * kPitch + (lane >> 4) * 8 * sizeof(T);
+}
+/* ... read transposed as an A fragment (16 rows of the tile = the k dim, 16 columns = the rows). */
+template <typename T, uint32_t kPitch> __device__ __forceinline__ uint32_t lane_at(int lane) {
+  return ((lane & 7) + ((lane >> 4) & 1) * 8) * kPitch + ((lane >> 3) & 1) * 8 * sizeof(T);
+}
+/* ... read as two B fragments (16 rows of the tile = 16 n columns of B, 16 k columns). */
+template <typename T, uint32_t kPitch> __device__ __forceinline__ uint32_t lane_b(int lane) {
+  return ((lane & 7) + (lane >> 4) * 8) * kPitch + ((lane >> 3) & 1) * 8 * sizeof(T);
+}
+/* ... read transposed as two B fragments (16 rows of the tile = the k dim, 16 n columns). */
+template <typename T, uint32_t kPitch> __device__ __forceinline__ uint32_t lane_bt(int lane) {
+  return ((lane & 7) + ((lane >> 3) & 1) * 8) * kPitch + (lane >> 4) * 8 * sizeof(T);
+}
+
+/* acc[m][n] += A B^T over one k slice: A is kMT m-tiles (16 rows each, kPitchA apart) at this
+ * lane's address a, B is kN rows at b. Each B fragment feeds kMT mma. (S = Q K^T, dP = dO V^T,
+ * and their transposes.) */
+template <typename T, int kMT, int kN, uint32_t kPitchA, uint32_t kPitchB>
+__device__ __forceinline__ void mma_abt(float (&acc)[kMT][kN / 8][4], uint32_t a, uint32_t b) {
+  uint32_t fa[kMT][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) ldsm4(fa[mt], a + mt * 16 * kPitchA);
+#pragma unroll
+  for (int nn = 0; nn < kN / 16; ++nn) {
+    uint32_t fb[4];
+    ldsm4(fb, b + nn * 16 * kPitchB);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      Elem<T>::mma(acc[mt][2 * nn], fa[mt], fb[0], fb[1]);
+      Elem<T>::mma(acc[mt][2 * nn + 1], fa[mt], fb[2], fb[3]);
+    }
+  }
+}
+
+/* acc[m][n] += A B over one k slice: A is kMT fragments already in registers (probabilities or
+ * dS, rounded to T), B is the slice's 16 rows of a [k][n] tile read transposed at this lane's
+ * address b, columns 16 * dd for dd < n_valid (the zero-padded ones are skipped). (O += P V,
+ * dQ += dS K.) */
+template <typename T, int kMT, int kN, uint32_t kPitchB>
+__device__ __forceinline__ void mma_ab_regs(float (&acc)[kMT][kN / 8][4], const uint32_t (&fa)[kMT][4],
+                                            uint32_t b, int n_valid) {
+#pragma unroll
+  for (int dd = 0; dd < kN / 16; ++dd) {
+    if (dd < n_valid) {
+      uint32_t fb[4];
+      ldsm4t(fb, b + dd * 16 * sizeof(T));
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        Elem<T>::mma(acc[mt][2 * dd], fa[mt], fb[0], fb[1]);
+        Elem<T>::mma(acc[mt][2 * dd + 1], fa[mt], fb[2], fb[3]);
+      }
+    }
+  }
+}
+
+/* acc[m][n] += A B over one k slice, A from shared memory too: kMT m-tiles at this lane's address a,
+ * read as stored (kTransA = false: rows kPitchA apart) or transposed (the tile holds A^T). (dV +=
+ * P^T dO, dK += dS^T Q, and the atomic dQ += dS K.) */
+template <typename T, int kMT, int kN, uint32_t kPitchA, uint32_t kPitchB, bool kTransA = false>
+__device__ __forceinline__ void mma_ab(float (&acc)[kMT][kN / 8][4], uint32_t a, uint32_t b, int n_valid) {
+  uint32_t fa[kMT][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    if constexpr (kTransA) ldsm4t(fa[mt], a + mt * 16 * sizeof(T));
+    else ldsm4(fa[mt], a + mt * 16 * kPitchA);
+  }
+  mma_ab_regs<T, kMT, kN, kPitchB>(acc, fa, b, n_valid);
+}
+
+/* The A fragment of key slice kk from the f32 C fragments of two adjacent n-tiles, rounded to T
+ * (the C layout of n-tiles 2kk, 2kk + 1 is exactly an A fragment). */
+template <typename T, int kNT>
+__device__ __forceinline__ void pack_a(uint32_t (&fa)[4], const float (&c)[kNT][4], int kk) {
+  fa[0] = Elem<T>::pack(c[2 * kk][0], c[2 * kk][1]);
+  fa[1] = Elem<T>::pack(c[2 * kk][2], c[2 * kk][3]);
+  fa[2] = Elem<T>::pack(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  fa[3] = Elem<T>::pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
 /* Loads rows [0, kRows) x columns [0, kD) of a token tensor into a padded shared tile. Rows at or
  * past rows_valid and columns at or past width are zero, so padding never feeds NaN into a
  * product. `fallback` is any valid address (never read). */

@@ -3,10 +3,13 @@
  *
  * One CTA computes kBM query rows of one (batch, query head): Q stays in shared memory, and the
  * key blocks the causal / window band allows stream through one K and one V buffer: V(n) is
- * copied while S = Q K(n)^T is computed, and K(n+1) while O += P V(n) is, so each copy overlaps a
- * product. Each warp owns 16 * kMT rows; scores, the running max and sum, and the output
- * accumulator stay in registers (f32), and P is rounded to the input dtype only as the A operand of
- * the P V product. Sinks enter the running max and sum before the first key, once per row.
+ * copied while S = Q K(n)^T is computed, and K(n+1) while the softmax and O += P V(n) are, so each
+ * copy overlaps work. Each warp owns 16 * kMT rows; scores, the running max and sum, and the
+ * output accumulator stay in registers (f32), and P is rounded to the input dtype only as the A
+ * operand of the P V product. Sinks enter the running max and sum before the first key, once per
+ * row. Only the key blocks at the band's edges test visibility per element; the output is
+ * rescaled only when a row's exponent base moves (steps 4-5 below); CTAs are launched last query
+ * block first, so under a causal band the longest ones start first.
  */
 #ifndef ATTN_IMPL_CUDA_CUDA_FWD_CUH
 #define ATTN_IMPL_CUDA_CUDA_FWD_CUH
@@ -89,10 +92,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid
 
   const int nk = kFeat ? (p.d + 15) / 16 : kD / 16, nv = kFeat ? (p.dv + 15) / 16 : kD / 16;
   const int wrow = warp * kMT * 16; /* first row of this warp in the block */
-  /* this lane's ldmatrix rows: Q as A (rows), K as B (keys), V as B transposed (keys) */
-  const uint32_t aQ = sQ + ((wrow + (lane & 15)) * kS + (lane >> 4) * 8) * kE;
-  const uint32_t aK = sK + (((lane & 7) + (lane >> 4) * 8) * kS + ((lane >> 3) & 1) * 8) * kE;
-  const uint32_t aV = sV + (((lane & 7) + ((lane >> 3) & 1) * 8) * kS + (lane >> 4) * 8) * kE;
+  /* this lane's ldmatrix rows: Q as A (this warp's rows), K as B (keys), V as B transposed */
+  constexpr uint32_t kPitch = kS * kE;
+  const uint32_t aQ = sQ + wrow * kPitch + lane_a<T, kPitch>(lane);
+  const uint32_t aK = sK + lane_b<T, kPitch>(lane), aV = sV + lane_bt<T, kPitch>(lane);
 
   for (int n = n_lo; n < n_hi; ++n) {
     const int n0 = n * kBN;
@@ -111,23 +114,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid
 
     /* S = Q K^T */
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      if (kk < nk) {
-        uint32_t a[kMT][4];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) ldsm4(a[mt], aQ + (mt * 16 * kS + kk * 16) * kE);
-#pragma unroll
-        for (int nn = 0; nn < kBN / 16; ++nn) {
-          uint32_t bk[4];
-          ldsm4(bk, aK + (nn * 16 * kS + kk * 16) * kE);
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            Elem<T>::mma(s[mt][2 * nn], a[mt], bk[0], bk[1]);
-            Elem<T>::mma(s[mt][2 * nn + 1], a[mt], bk[2], bk[3]);
-          }
-        }
-      }
-    }
+    for (int kk = 0; kk < kD / 16; ++kk)
+      if (kk < nk) mma_abt<T, kMT, kBN, kPitch, kPitch>(s, aQ + kk * 16 * kE, aK + kk * 16 * kE);
 
     /* Steps 1-3 on the blocks at the band's edges (or with per-element work): -inf where not
      * visible; the feature kernel's logits in log2 units. */
@@ -237,31 +225,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid
 
     /* Step 7: O += P V, P rounded to the input dtype as the A operand (the C fragments of two
      * adjacent key n-tiles are one A fragment) */
-    uint32_t pa[kMT][kBN / 16][4];
+    uint32_t pa[kBN / 16][kMT][4];
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+    for (int kk = 0; kk < kBN / 16; ++kk)
 #pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) {
-        pa[mt][kk][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        pa[mt][kk][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        pa[mt][kk][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        pa[mt][kk][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
+      for (int mt = 0; mt < kMT; ++mt) pack_a<T, kNT>(pa[kk][mt], s[mt], kk);
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-#pragma unroll
-      for (int dd = 0; dd < kD / 16; ++dd) {
-        if (dd < nv) {
-          uint32_t bv[4];
-          ldsm4t(bv, aV + (kk * 16 * kS + dd * 16) * kE);
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            Elem<T>::mma(acc[mt][2 * dd], pa[mt][kk], bv[0], bv[1]);
-            Elem<T>::mma(acc[mt][2 * dd + 1], pa[mt][kk], bv[2], bv[3]);
-          }
-        }
-      }
-    }
+    for (int kk = 0; kk < kBN / 16; ++kk) mma_ab_regs<T, kMT, kD, kPitch>(acc, pa[kk], aV + kk * 16 * kPitch, nv);
   }
   cp_async_wait_all();
 
