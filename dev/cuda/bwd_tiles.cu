@@ -5,7 +5,7 @@
  * (bf16, B * T = 16384, Hq * D = 2048, T = 8192), each dq/dk/dv checked against the first shape's.
  * TFLOPS as gpu/cuda_bench: 2.5 x the forward's 4 * B * H * T^2 * D (halved when causal).
  *
- * build + run on the GPU machine (gpu/cuda_run.sh does it when LAB=1):
+ * build + run on the GPU machine (`gpu/run.sh cuda lab` does it):
  *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90,code=sm_90 dev/cuda/bwd_tiles.cu -o lab && ./lab
  *
  * Versions (H100, D = 128, T = 8192, TFLOPS non-causal / causal; D = 64 in brackets):

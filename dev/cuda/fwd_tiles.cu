@@ -21,7 +21,7 @@
  *   Kept (cuda_traits.h FastFwdTraits): bn128 at D <= 64, bn64 at D = 96 and 128, 8 warps of
  *   bn64 above.
  *
- * build + run on the GPU machine (gpu/cuda_run.sh does it when LAB=1):
+ * build + run on the GPU machine (`gpu/run.sh cuda lab` does it):
  *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90,code=sm_90 dev/cuda/fwd_tiles.cu -o lab && ./lab
  */
 #include "impl/cuda/cuda_fwd.cuh"
