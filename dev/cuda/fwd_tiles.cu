@@ -20,6 +20,10 @@
  *      D = 256: 4 warps bn32 249 / 225, 8 warps bn64 300 / 258, 8 warps bn32 263 / 227.
  *   Kept (cuda_traits.h FastFwdTraits): bn128 at D <= 64, bn64 at D = 96 and 128, 8 warps of
  *   bn64 above.
+ *   D = 256 at T = 512 too (shape<256>(c, 512)): 8 warps bn64 233 / 147, 4 warps bn64 with two
+ *   CTAs per SM 233 / 169 (at T = 8192 289 / 259, below 8 warps' 304 / 262), 4 warps bn32 215 /
+ *   156. Two CTAs per SM help only the causal case, which has the shortest CTAs; not kept (it
+ *   would need a second feature-free kernel per head dim, chosen by sequence length).
  *
  * build + run on the GPU machine (`gpu/run.sh cuda lab` does it):
  *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90,code=sm_90 dev/cuda/fwd_tiles.cu -o lab && ./lab
@@ -87,12 +91,12 @@ void bench(const char *tag, attn_cuda_params p, bf *ref, double flops) {
   float md;
   CU(cudaMemcpy(&md, d, 4, cudaMemcpyDeviceToHost));
   CU(cudaFree(d));
-  printf("lab fwd D=%d causal=%d nw=%d mt=%d bn=%d minb=%d (%s): %.3f ms %.1f TFLOPS maxdiff %.3g\n", kD,
+  printf("lab fwd D=%d T=%d causal=%d nw=%d mt=%d bn=%d minb=%d (%s): %.3f ms %.1f TFLOPS maxdiff %.3g\n", kD, p.seqlen_q,
          p.window_right == 0, kNW, kMT, kBN, kMinB, tag, ms[ms.size() / 2], flops / ms[ms.size() / 2] * 1e-9, md);
 }
 
-template <int kD> void shape(int causal) {
-  const int T = 8192, B = 16384 / T, H = 2048 / kD;
+template <int kD> void shape(int causal, int T = 8192) {
+  const int B = 16384 / T, H = 2048 / kD;
   size_t n = (size_t)B * T * H * kD;
   bf *q, *k, *v, *o, *o2;
   float *lse;
@@ -130,6 +134,7 @@ template <int kD> void shape(int causal) {
     p.out = o2;
     bench<kD, 8, 1, 64, 1>("w8 bn64", p, o, flops);
     bench<kD, 8, 1, 32, 1>("w8 bn32", p, o, flops);
+    bench<kD, 4, 1, 64, 2>("w4 bn64", p, o, flops);
   }
   cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(o2), cudaFree(lse);
 }
@@ -143,6 +148,7 @@ int main(int argc, char **argv) {
     shape<64>(c);
     shape<128>(c);
     shape<256>(c);
+    shape<256>(c, 512);
   }
   return 0;
 }
