@@ -28,6 +28,9 @@
  *      (v5: 191 / 182). Kept for the atomic feature-free kernel at D <= 64 (BwdTraits::kBMa).
  *   v7 (reverted) FlashAttention-2's phase-1 order, S^T then P' (stored) while dP^T's products
  *      run, then dS^T: 100 bytes of spills inside the loop, atomic D = 128 242 -> 218.
+ *   v8 atomic on two CTAs of 64 keys per SM (4 warps each), so the phases of different CTAs
+ *      overlap: D = 128 211 / 202, D = 64 185 / 176, against v5's 249 / 237 and 194 / 185: the
+ *      overlap does not pay for twice the dQ atomics and Q / dO loads per key. Not kept.
  */
 #include "impl/cuda/cuda_bwd.cuh"
 #include "impl/cuda/cuda_fwd.cuh"
@@ -151,6 +154,8 @@ template <int kD> void shape(int causal) {
   bench<kD, true, DkvCfg<bf, kD, 8, 128, 64, 1>>("v3 bn128 w8 kt1", p, &ref, flops);
   bench<kD, true, DkvCfg<bf, kD, 8, 128, 64, 2>>("v4 bn128 w8 kt2", p, &ref, flops);
   bench<kD, true, DkvCfg<bf, kD, 8, 128, 64, 2, 2>>("v5 bn128 w8 kt2 2 stages", p, &ref, flops);
+  /* two CTAs of 64 keys per SM (phases of different CTAs overlap) against one of 128 */
+  bench<kD, true, DkvCfg<bf, kD, 4, 64, 64, 2, 1>>("v8 bn64 w4 kt2 atomic", p, &ref, flops);
   if constexpr (kD == 64) /* FlashAttention-2's D = 64 shape: 128 query rows per step */
     bench<kD, true, DkvCfg<bf, kD, 8, 128, 128, 2, 2>>("v6 bn128 bm128 w8 kt2 2 stages", p, &ref, flops);
   p.dq_accum = nullptr;
