@@ -604,6 +604,72 @@ static void test_golden(const char *root) {
   }
 }
 
+/* ---- the executor on a GPU problem ---------------------------------------------------------- */
+
+typedef struct tune_log {
+  int starts, finishes, measured, failed, memory_hits;
+  char impl[32], config[32]; /* the winner */
+} tune_log;
+
+static void on_tune_event(void *user, const attn_event *e) {
+  tune_log *log = user;
+  if (e->kind == ATTN_EVENT_KIND_TUNE_START) ++log->starts;
+  if (e->kind == ATTN_EVENT_KIND_TUNE_CANDIDATE) {
+    if (e->status == ATTN_STATUS_OK && e->time_us > 0.0) ++log->measured;
+    else ++log->failed;
+  }
+  if (e->kind == ATTN_EVENT_KIND_TUNE_FINISH) {
+    ++log->finishes;
+    snprintf(log->impl, sizeof log->impl, "%s", e->impl);
+    snprintf(log->config, sizeof log->config, "%s", e->config);
+  }
+  if (e->kind == ATTN_EVENT_KIND_CACHE_HIT_MEMORY) ++log->memory_hits;
+}
+
+/* Autotuning a GPU problem times every candidate on device scratch data of the tuner's own (cuda's
+ * two configurations at least), plans the winner, keeps it in the context's memory cache, and
+ * under a deterministic policy never picks "atomic". No cache file is touched. */
+static void test_autotune(void) {
+  for (int deterministic = 0; deterministic <= 1; ++deterministic) {
+    attn_ctx *tctx = NULL;
+    if (attn_ctx_create(&tctx) != ATTN_STATUS_OK) exit(1);
+    attn_policy pol;
+    attn_policy_init(&pol);
+    pol.on_miss = ATTN_ON_MISS_AUTOTUNE, pol.cache_path = "", pol.tune_backward = 1;
+    pol.warmup_iters = 1, pol.measure_iters = 5, pol.deterministic = deterministic;
+    tune_log log;
+    memset(&log, 0, sizeof log);
+    attn_ctx_set_policy(tctx, &pol);
+    attn_ctx_set_event_callback(tctx, on_tune_event, &log);
+    attn_problem p = tu_gpu_problem(2, 300, 300, 4, 2, 64, ATTN_DTYPE_BF16);
+    p.causal = 1;
+    attn_plan *plan = NULL;
+    attn_status s = attn_plan_create(tctx, &p, NULL, &plan);
+    tu_check(s == ATTN_STATUS_OK, "autotune%s: plan: %s %s", deterministic ? " (deterministic)" : "",
+             attn_status_string(s), attn_ctx_last_error(tctx));
+    tu_check(log.starts == 1 && log.finishes == 1 && log.measured >= 1 + !deterministic,
+             "autotune%s: %d start, %d finish, %d candidates measured on the device, %d failed",
+             deterministic ? " (deterministic)" : "", log.starts, log.finishes, log.measured, log.failed);
+    if (plan != NULL) {
+      tu_check(strcmp(attn_plan_impl_name(plan), log.impl) == 0 &&
+                   strcmp(attn_plan_config_name(plan), log.config) == 0,
+               "autotune: the plan runs the winner %s %s (%s %s)", log.impl, log.config,
+               attn_plan_impl_name(plan), attn_plan_config_name(plan));
+      if (deterministic)
+        tu_check(strcmp(log.config, "atomic") != 0, "autotune (deterministic): not atomic (%s %s)",
+                 log.impl, log.config);
+      attn_plan_destroy(plan);
+      plan = NULL;
+      s = attn_plan_create(tctx, &p, NULL, &plan);
+      tu_check(s == ATTN_STATUS_OK && log.starts == 1 && log.memory_hits == 1,
+               "autotune: a second plan comes from the memory cache (%d tunings, %d hits)",
+               log.starts, log.memory_hits);
+      attn_plan_destroy(plan);
+    }
+    attn_ctx_destroy(tctx);
+  }
+}
+
 int main(int argc, char **argv) {
   if (attn_ctx_create(&ctx) != ATTN_STATUS_OK) return 1;
   int have_gpu = tu_gpu_found();
@@ -614,6 +680,7 @@ int main(int argc, char **argv) {
   }
   rng = tu_rng_make(tu_seed("test_cuda"));
   const char *quick = getenv("ATTN_CUDA_QUICK");
+  test_autotune();
   test_grid(quick != NULL && quick[0] == '1');
   if (quick == NULL || quick[0] != '1') {
     const char *root = argc > 1 ? argv[1] : getenv("ATTN_GOLDEN_DIR");

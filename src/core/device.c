@@ -10,6 +10,7 @@
 #include "core/device.h"
 
 #include "core/ctx.h"
+#include "core/gpu.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -20,8 +21,6 @@
 #include <cpuid.h>
 #define ATTN_X86 1
 #endif
-
-void (*attn_device_fingerprint_gpu_hook)(int32_t device_index, char *buf, size_t size) = NULL;
 
 static attn_cpu_info cpu_info;
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
@@ -162,8 +161,8 @@ const attn_cpu_info *attn_cpu_info_get(void) {
 void attn_device_fingerprint(int32_t device, int32_t device_index, char *buf, size_t size) {
   if (device == ATTN_DEVICE_CUDA) {
     char gpu[256] = "unknown";
-    if (attn_device_fingerprint_gpu_hook != NULL)
-      attn_device_fingerprint_gpu_hook(device_index, gpu, sizeof gpu);
+    const attn_gpu_ops *ops = attn_gpu();
+    if (ops != NULL) ops->fingerprint(device_index, gpu, sizeof gpu);
     squeeze(gpu);
     attn_format(buf, size, "cuda %s", gpu);
     return;

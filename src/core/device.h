@@ -37,12 +37,8 @@ typedef struct attn_cpu_info {
 const attn_cpu_info *attn_cpu_info_get(void);
 
 /* A one-line fingerprint of the device a problem runs on, with no tab or newline:
- * "cpu <model> [features] x<logical cpus>" for the CPU. GPU implementations extend it with the
- * GPU's name, compute capability and driver (attn_device_fingerprint_gpu_hook). */
+ * "cpu <model> [features] x<logical cpus>" for the CPU, "cuda <name> sm_XY <n>SM driver <v>" for a
+ * GPU (attn_gpu()->fingerprint; "cuda unknown" in a build without the CUDA runtime). */
 void attn_device_fingerprint(int32_t device, int32_t device_index, char *buf, size_t size);
-
-/* Set by a GPU back end to describe GPU device_index (name, compute capability, driver) into buf;
- * NULL until one is linked. */
-extern void (*attn_device_fingerprint_gpu_hook)(int32_t device_index, char *buf, size_t size);
 
 #endif /* ATTN_CORE_DEVICE_H */

@@ -482,16 +482,8 @@ static const candidate *autotune(attn_ctx *ctx, attn_exec *e, const attn_problem
   double probe;
   int injected = attn_tune_injected(NULL, NULL, problem, &probe);
   if (!injected) {
-    attn_status status;
-    if (p->device != ATTN_DEVICE_CPU) {
-      status = ATTN_STATUS_UNSUPPORTED;
-      attn_format(msg, sizeof msg,
-                  "autotuning problems on device %d is not supported yet; "
-                  "using heuristics",
-                  (int)p->device);
-    } else {
-      status = attn_scratch_create(p, e->policy.tune_backward, &scratch, msg, sizeof msg);
-    }
+    /* (a GPU problem's scratch is device memory; UNSUPPORTED in a build without CUDA) */
+    attn_status status = attn_scratch_create(p, e->policy.tune_backward, &scratch, msg, sizeof msg);
     if (status != ATTN_STATUS_OK) {
       attn_exec_report_failure(ctx, status, msg);
       return NULL;

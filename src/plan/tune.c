@@ -6,12 +6,15 @@
  * as with FFTW_MEASURE) and fills them with seeded values in [-1, 1), a mask that keeps most keys,
  * one segment, and sequences of the full lengths, so every candidate runs the same work. It runs
  * each candidate through an ordinary plan, so what is timed is exactly what attn_plan_forward runs.
+ * For a GPU problem the data, the sequence lengths and each candidate's workspace live in device
+ * memory (core/gpu.h), and a timed run ends when the device has finished its work.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "plan/exec.h"
 
 #include "core/ctx.h"
 #include "core/dtype.h"
+#include "core/gpu.h"
 #include "core/tensors.h"
 
 #include <math.h>
@@ -22,6 +25,8 @@
 struct attn_scratch {
   void *data[ATTN_ROLE_COUNT];
   int32_t *cu_q, *cu_k, *len_q, *len_k;
+  const attn_gpu_ops *gpu; /* non-NULL: every buffer above is device memory of device_index */
+  int32_t device_index;
   attn_inputs inputs;
   attn_outputs outputs;
   attn_tensor dout;
@@ -45,11 +50,37 @@ static int32_t *full_seqlens(int64_t batch, int64_t len) {
   return s;
 }
 
+/* Replaces the host buffer *buf (bytes, filled) by a device copy; the host buffer is freed either
+ * way, and *buf is NULL when the copy failed. */
+static attn_status to_device(const attn_scratch *s, void **buf, size_t bytes, char *why,
+                             size_t why_size) {
+  void *dev = NULL;
+  attn_status status = s->gpu->alloc(s->device_index, bytes, &dev, why, why_size);
+  if (status == ATTN_STATUS_OK) status = s->gpu->upload(s->device_index, dev, *buf, bytes, why, why_size);
+  if (status != ATTN_STATUS_OK) {
+    s->gpu->release(s->device_index, dev);
+    dev = NULL;
+  }
+  free(*buf);
+  *buf = dev;
+  return status;
+}
+
 attn_status attn_scratch_create(const attn_problem *p, int backward, attn_scratch **out, char *why,
                                 size_t why_size) {
   *out = NULL;
+  attn_status status = ATTN_STATUS_OK;
   attn_scratch *s = calloc(1, sizeof *s);
   if (s == NULL) goto oom;
+  if (p->device != ATTN_DEVICE_CPU) {
+    s->gpu = attn_gpu();
+    s->device_index = p->device_index;
+    if (s->gpu == NULL) {
+      attn_scratch_destroy(s);
+      attn_format(why, why_size, "this build has no CUDA runtime to run device %d", (int)p->device);
+      return ATTN_STATUS_UNSUPPORTED;
+    }
+  }
   uint64_t state = 0x9e3779b97f4a7c15ull;
   for (int r = 0; r < ATTN_ROLE_COUNT; ++r) {
     attn_role role = (attn_role)r;
@@ -71,37 +102,46 @@ attn_status attn_scratch_create(const attn_problem *p, int backward, attn_scratc
       else
         attn_store(s->data[r], dtype, i, role == ATTN_ROLE_ALIBI ? 0.5 * u : 2.0 * u - 1.0);
     }
+    if (s->gpu != NULL && (status = to_device(s, &s->data[r], bytes, why, why_size)) != ATTN_STATUS_OK)
+      goto fail;
     *slot = attn_tensor_dense(s->data[r]);
   }
-  if (p->varlen == ATTN_VARLEN_PACKED) {
-    s->cu_q = even_cu_seqlens(p->batch, p->total_q);
-    s->cu_k = even_cu_seqlens(p->batch, p->total_k);
-    if (s->cu_q == NULL || s->cu_k == NULL) goto oom;
-    s->inputs.cu_seqlens_q = s->cu_q;
-    s->inputs.cu_seqlens_k = s->cu_k;
-  } else if (p->varlen == ATTN_VARLEN_PADDED) {
-    s->len_q = full_seqlens(p->batch, p->seqlen_q);
-    s->len_k = full_seqlens(p->batch, p->seqlen_k);
-    if (s->len_q == NULL || s->len_k == NULL) goto oom;
-    s->inputs.seqlens_q = s->len_q;
-    s->inputs.seqlens_k = s->len_k;
+  if (p->varlen != ATTN_VARLEN_NONE) {
+    const int packed = p->varlen == ATTN_VARLEN_PACKED;
+    int32_t **q = packed ? &s->cu_q : &s->len_q, **k = packed ? &s->cu_k : &s->len_k;
+    *q = packed ? even_cu_seqlens(p->batch, p->total_q) : full_seqlens(p->batch, p->seqlen_q);
+    *k = packed ? even_cu_seqlens(p->batch, p->total_k) : full_seqlens(p->batch, p->seqlen_k);
+    if (*q == NULL || *k == NULL) goto oom;
+    const size_t bytes = (size_t)(p->batch + packed) * sizeof(int32_t);
+    if (s->gpu != NULL && ((status = to_device(s, (void **)q, bytes, why, why_size)) != ATTN_STATUS_OK ||
+                           (status = to_device(s, (void **)k, bytes, why, why_size)) != ATTN_STATUS_OK))
+      goto fail;
+    if (packed) s->inputs.cu_seqlens_q = s->cu_q, s->inputs.cu_seqlens_k = s->cu_k;
+    else s->inputs.seqlens_q = s->len_q, s->inputs.seqlens_k = s->len_k;
   }
   s->inputs.dropout_seed = 1234;
   *out = s;
   return ATTN_STATUS_OK;
 oom:
-  attn_scratch_destroy(s);
   attn_format(why, why_size, "out of memory allocating the tuner's scratch data");
-  return ATTN_STATUS_OUT_OF_MEMORY;
+  status = ATTN_STATUS_OUT_OF_MEMORY;
+fail: /* why says what failed */
+  attn_scratch_destroy(s);
+  return status;
+}
+
+static void release(const attn_scratch *s, void *buf) {
+  if (s->gpu != NULL) s->gpu->release(s->device_index, buf);
+  else free(buf);
 }
 
 void attn_scratch_destroy(attn_scratch *s) {
   if (s == NULL) return;
-  for (int r = 0; r < ATTN_ROLE_COUNT; ++r) free(s->data[r]);
-  free(s->cu_q);
-  free(s->cu_k);
-  free(s->len_q);
-  free(s->len_k);
+  for (int r = 0; r < ATTN_ROLE_COUNT; ++r) release(s, s->data[r]);
+  release(s, s->cu_q);
+  release(s, s->cu_k);
+  release(s, s->len_q);
+  release(s, s->len_k);
   free(s);
 }
 
@@ -138,11 +178,17 @@ static double median_of(const double *times, int n, double *sorted) {
   return n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
 }
 
-/* One run: forward, or forward then backward. */
-static attn_status run_once(attn_plan *plan, attn_scratch *s, int backward) {
-  attn_status status = attn_plan_forward(plan, &s->inputs, NULL, 0, &s->outputs);
-  if (status != ATTN_STATUS_OK || !backward) return status;
-  return attn_plan_backward(plan, &s->inputs, &s->outputs, &s->dout, NULL, 0, &s->grads);
+/* One run: forward, or forward then backward; on a GPU, until the device has finished it. The
+ * workspace is the scratch's device buffer on a GPU, NULL (the plan's own) on the CPU. */
+static attn_status run_once(attn_plan *plan, attn_scratch *s, int backward, void *workspace,
+                            size_t workspace_size, char *why, size_t why_size) {
+  attn_status status = attn_plan_forward(plan, &s->inputs, workspace, workspace_size, &s->outputs);
+  if (status == ATTN_STATUS_OK && backward)
+    status = attn_plan_backward(plan, &s->inputs, &s->outputs, &s->dout, workspace,
+                                workspace_size, &s->grads);
+  if (status == ATTN_STATUS_OK && s->gpu != NULL)
+    status = s->gpu->synchronize(s->device_index, why, why_size);
+  return status;
 }
 
 attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_impl *impl,
@@ -151,6 +197,7 @@ attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_i
                               size_t why_size) {
   *median_us = 0.0;
   *runs = 0;
+  if (why_size > 0) why[0] = '\0';
   /* A private context: a failing candidate must not overwrite the caller's last error or reach its
    * log as an error, since the executor survives it. */
   attn_ctx *tctx = NULL;
@@ -162,6 +209,16 @@ attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_i
   tctx->num_threads = ctx->num_threads;
   attn_plan *plan = NULL;
   status = attn_plan_create_exact(tctx, p, impl, config, &plan);
+  /* A GPU plan runs on the caller's device workspace: the tuner's, sized for this candidate. */
+  void *workspace = NULL;
+  size_t workspace_size = 0;
+  if (status == ATTN_STATUS_OK && scratch->gpu != NULL) {
+    size_t fwd = 0, bwd = 0;
+    status = attn_plan_workspace_size(plan, &fwd, &bwd);
+    workspace_size = policy->tune_backward && bwd > fwd ? bwd : fwd;
+    if (status == ATTN_STATUS_OK && workspace_size > 0)
+      status = scratch->gpu->alloc(scratch->device_index, workspace_size, &workspace, why, why_size);
+  }
   int n_max = policy->measure_iters > 0 ? policy->measure_iters : 1;
   double *times = malloc(2 * (size_t)n_max * sizeof *times);
   if (status == ATTN_STATUS_OK && times == NULL) status = ATTN_STATUS_OUT_OF_MEMORY;
@@ -169,7 +226,7 @@ attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_i
   double budget_us = policy->max_seconds * 1e6;
   for (int i = 0; status == ATTN_STATUS_OK && i < policy->warmup_iters; ++i) {
     double t0 = now_us();
-    status = run_once(plan, scratch, policy->tune_backward);
+    status = run_once(plan, scratch, policy->tune_backward, workspace, workspace_size, why, why_size);
     double t1 = now_us();
     if (t1 - start > budget_us || (cutoff_us > 0.0 && t1 - t0 > cutoff_us)) break;
   }
@@ -177,7 +234,7 @@ attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_i
   double last_median = -1.0;
   while (status == ATTN_STATUS_OK && n < n_max) {
     double t0 = now_us();
-    status = run_once(plan, scratch, policy->tune_backward);
+    status = run_once(plan, scratch, policy->tune_backward, workspace, workspace_size, why, why_size);
     double t1 = now_us();
     if (status != ATTN_STATUS_OK) break;
     times[n++] = t1 - t0;
@@ -194,10 +251,12 @@ attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_i
   if (status == ATTN_STATUS_OK) {
     *median_us = median_of(times, n, times + n_max);
     *runs = n;
-  } else {
-    attn_format(why, why_size, "%s",
-                tctx->last_error[0] ? tctx->last_error : attn_status_string(status));
+  } else if (tctx->last_error[0]) {
+    attn_format(why, why_size, "%s", tctx->last_error);
+  } else if (why[0] == '\0') {
+    attn_format(why, why_size, "%s", attn_status_string(status));
   }
+  if (workspace != NULL) scratch->gpu->release(scratch->device_index, workspace);
   free(times);
   attn_plan_destroy(plan);
   attn_ctx_destroy(tctx);
