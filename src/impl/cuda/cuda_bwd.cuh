@@ -53,6 +53,38 @@ __device__ __forceinline__ int64_t dbias_index(const attn_cuda_params &p, const 
   return ((bb * s[1] + hh) * s[2] + ii) * s[3] + jj;
 }
 
+/* Steps 1-6 backwards for one element (i, j) in the feature kernels: P recomputed from lse2 (the
+ * row's lse in log2 units, +inf for a row with nothing visible), dS = P (dP - Delta) with dP =
+ * keep ? dP' / (1 - p) : 0 and the soft cap's derivative, and P' = keep ? P / (1 - p) : 0 (what
+ * dV sees). Without kCheck the element is known visible with no per-element function. add_dbias:
+ * dS is also added into the f32 dbias accumulator when one is asked for. */
+struct ElemGrad {
+  float p_kept, ds;
+};
+template <bool kCheck>
+__device__ __forceinline__ ElemGrad grad_element(const attn_cuda_params &p, const Head &hd, int i, int j,
+                                                 float dot, float dp, float lse2, float delta, bool keep,
+                                                 bool add_dbias) {
+  float x, t = 0.f;
+  bool vis = true;
+  if (!kCheck) x = dot * p.scale;
+  else {
+    vis = visible(p, hd, i, j);
+    x = vis ? logit(p, hd, i, j, dot, &t) : 0.f;
+  }
+  const float P = vis ? ex2(x * kLog2e - lse2) : 0.f;
+  float ds = P * ((keep ? dp * p.keep_scale : 0.f) - delta);
+  if (p.softcap > 0.f) ds *= 1.f - t * t;
+  if (add_dbias && p.dbias_accum != nullptr && vis && P != 0.f)
+    atomicAdd(p.dbias_accum + dbias_index(p, hd, i, j), ds);
+  return {keep ? P * p.keep_scale : 0.f, ds};
+}
+
+/* Whether dropout keeps key j of the row whose Philox words (for j's group of four) are words. */
+__device__ __forceinline__ bool kept(const attn_cuda_params &p, const uint32_t words[4], int j) {
+  return p.dropout_p <= 0.f || words[j & 3] >= p.drop_threshold;
+}
+
 /* ---- dQ ---------------------------------------------------------------------------------------- */
 
 template <typename T, typename C, bool kFeat>
@@ -162,20 +194,9 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
               const int e = 2 * hf + c, j = j0 + c;
-              float x, t = 0.f;
-              bool vis = true;
-              if (!kCheck) x = s[mt][nt][e] * p.scale;
-              else {
-                vis = visible(p, hd, i, j);
-                x = vis ? logit(p, hd, i, j, s[mt][nt][e], &t) : 0.f;
-              }
-              const float P = vis ? ex2(x * kLog2e - lse2[mt][hf]) : 0.f;
-              const bool keep = p.dropout_p <= 0.f || words[j & 3] >= p.drop_threshold;
-              const float dpv = keep ? dp[mt][nt][e] * p.keep_scale : 0.f;
-              float ds = P * (dpv - delta[mt][hf]);
-              if (p.softcap > 0.f) ds *= 1.f - t * t;
-              if (p.dbias_accum != nullptr && vis && P != 0.f) atomicAdd(p.dbias_accum + dbias_index(p, hd, i, j), ds);
-              s[mt][nt][e] = ds;
+              s[mt][nt][e] = grad_element<kCheck>(p, hd, i, j, s[mt][nt][e], dp[mt][nt][e], lse2[mt][hf],
+                                                  delta[mt][hf], kept(p, words, j), true)
+                                 .ds;
             }
           } else {
 #pragma unroll
@@ -383,27 +404,12 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
               const int qr = qm + nt * 8 + (lane & 3) * 2 + c; /* query row in the block */
               const int i = m0 + qr;
               if constexpr (kFeat) {
-                float x, t = 0.f;
-                bool vis = true;
-                if (!kCheck) x = st[kt][nt][e] * p.scale;
-                else {
-                  vis = visible(p, hd, i, j);
-                  x = vis ? logit(p, hd, i, j, st[kt][nt][e], &t) : 0.f;
-                }
-                const float P = vis ? ex2(x * kLog2e - lse_it[qr]) : 0.f;
-                bool keep = true;
-                if (p.dropout_p > 0.f) {
-                  uint32_t words[4];
-                  philox_words(p, b, h, i, j, words);
-                  keep = words[j & 3] >= p.drop_threshold;
-                }
-                const float dpv = keep ? dpt[kt][nt][e] * p.keep_scale : 0.f;
-                float ds = P * (dpv - delta_it[qr]);
-                if (p.softcap > 0.f) ds *= 1.f - t * t;
-                if (kAtomic && p.dbias_accum != nullptr && vis && P != 0.f)
-                  atomicAdd(p.dbias_accum + dbias_index(p, hd, i, j), ds);
-                pv[c] = keep ? P * p.keep_scale : 0.f;
-                dsv[c] = ds;
+                uint32_t words[4] = {0, 0, 0, 0};
+                if (p.dropout_p > 0.f) philox_words(p, b, h, i, j, words);
+                /* dbias here only in the atomic configuration (the dQ kernel adds it otherwise) */
+                const ElemGrad g = grad_element<kCheck>(p, hd, i, j, st[kt][nt][e], dpt[kt][nt][e],
+                                                        lse_it[qr], delta_it[qr], kept(p, words, j), kAtomic);
+                pv[c] = g.p_kept, dsv[c] = g.ds;
               } else {
                 float P = ex2(st[kt][nt][e] * scale_log2 - lse_it[qr]);
                 if (kCheck && !visible_band(p, hd, i, j)) P = 0.f;
