@@ -34,6 +34,7 @@
  */
 #include "impl/cuda/cuda_bwd.cuh"
 #include "impl/cuda/cuda_fwd.cuh"
+#include "lab.cuh"
 
 #include <algorithm>
 #include <stdio.h>
@@ -41,42 +42,6 @@
 #include <vector>
 
 using namespace attn_cuda;
-typedef __nv_bfloat16 bf;
-
-#define CU(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      printf("%s: %s\n", #x, cudaGetErrorString(e_));                                              \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
-
-__global__ void fill(bf *x, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed;
-    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-    x[i] = __float2bfloat16((h & 0xffff) / 32768.f - 1.f);
-  }
-}
-
-__global__ void maxdiff(const bf *a, const bf *b, size_t n, float *out) {
-  float m = 0.f;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    m = fmaxf(m, fabsf(__bfloat162float(a[i]) - __bfloat162float(b[i])));
-  atomicMax(reinterpret_cast<int *>(out), __float_as_int(m));
-}
-
-static float diff(const bf *a, const bf *b, size_t n) {
-  float *d, md;
-  CU(cudaMalloc(&d, 4));
-  CU(cudaMemset(d, 0, 4));
-  maxdiff<<<1024, 256>>>(a, b, n, d);
-  CU(cudaMemcpy(&md, d, 4, cudaMemcpyDeviceToHost));
-  CU(cudaFree(d));
-  return md;
-}
-
 struct Ref {
   bf *dq, *dk, *dv;
 };

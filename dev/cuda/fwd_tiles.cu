@@ -29,6 +29,7 @@
  *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90,code=sm_90 dev/cuda/fwd_tiles.cu -o lab && ./lab
  */
 #include "impl/cuda/cuda_fwd.cuh"
+#include "lab.cuh"
 
 #include <algorithm>
 #include <string.h>
@@ -36,32 +37,6 @@
 #include <vector>
 
 using namespace attn_cuda;
-typedef __nv_bfloat16 bf;
-
-#define CU(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      printf("%s: %s\n", #x, cudaGetErrorString(e_));                                              \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
-
-__global__ void fill(bf *x, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed;
-    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-    x[i] = __float2bfloat16((h & 0xffff) / 32768.f - 1.f);
-  }
-}
-
-__global__ void maxdiff(const bf *a, const bf *b, size_t n, float *out) {
-  float m = 0.f;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    m = fmaxf(m, fabsf(__bfloat162float(a[i]) - __bfloat162float(b[i])));
-  atomicMax(reinterpret_cast<int *>(out), __float_as_int(m));
-}
-
 template <int kD, int kNW, int kMT, int kBN, int kMinB>
 void bench(const char *tag, attn_cuda_params p, bf *ref, double flops) {
   using C = FwdCfg<bf, kD, kNW, kMT, kBN, kMinB>;
@@ -83,14 +58,7 @@ void bench(const char *tag, attn_cuda_params p, bf *ref, double flops) {
     if (r >= 3) ms.push_back(t);
   }
   std::sort(ms.begin(), ms.end());
-  float *d;
-  CU(cudaMalloc(&d, 4));
-  CU(cudaMemset(d, 0, 4));
-  size_t n = (size_t)p.batch * p.seqlen_q * p.heads_q * kD;
-  if (ref != static_cast<bf *>(p.out)) maxdiff<<<1024, 256>>>(ref, static_cast<bf *>(p.out), n, d);
-  float md;
-  CU(cudaMemcpy(&md, d, 4, cudaMemcpyDeviceToHost));
-  CU(cudaFree(d));
+  const float md = diff(ref, static_cast<bf *>(p.out), (size_t)p.batch * p.seqlen_q * p.heads_q * kD);
   printf("lab fwd D=%d T=%d causal=%d nw=%d mt=%d bn=%d minb=%d (%s): %.3f ms %.1f TFLOPS maxdiff %.3g\n", kD, p.seqlen_q,
          p.window_right == 0, kNW, kMT, kBN, kMinB, tag, ms[ms.size() / 2], flops / ms[ms.size() / 2] * 1e-9, md);
 }
