@@ -77,7 +77,7 @@ attn_status attn_scratch_create(const attn_problem *p, int backward, attn_scratc
     s->device_index = p->device_index;
     if (s->gpu == NULL) {
       attn_scratch_destroy(s);
-      attn_format(why, why_size, "this build has no CUDA runtime to run device %d", (int)p->device);
+      attn_format(why, why_size, "timing a GPU problem needs the CUDA runtime, and this build has none");
       return ATTN_STATUS_UNSUPPORTED;
     }
   }
