@@ -5,8 +5,8 @@
  * Forward (per phase, a group of (batch, kv head) pairs whose packed K/V fits a memory budget):
  *   1. pack K^T in key blocks ([D][bk] per block) and V ([Tk][Dv padded]) as f32, once per call;
  *   2. threads take (pair, query head of the group, query block) items dynamically, heaviest first;
- *      each loads its query block (scaled by s) and walks the key blocks its causal mask / window
- *      can see: S = Q K^T (gemm), per-element features (bias, ALiBi, soft cap, masks) only where
+ *      each loads its query block and walks the key blocks its causal mask / window
+ *      can see: S = s Q K^T (gemm, then the scale in f32), per-element features (bias, ALiBi, soft cap, masks) only where
  *      the problem has them (a partially visible block without features only masks the window),
  *      online softmax (sinks enter the running max and sum once, at row start), dropout on P,
  *      O += P V (gemm); out = O * keep_scale / l, lse = m + log l.
@@ -557,11 +557,12 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
   const int64_t i0 = qb * c->bq, rows = min64(c->bq, s->s.len_q - i0);
   const int64_t bk = c->bk;
 
-  /* Q block, scaled by s, rows [i0, i0 + rows) */
+  /* Q block, rows [i0, i0 + rows). The scale s is applied to S = Q K^T in f32, never to Q: the
+   * bf16 gemm rounds its operands to bf16, exact for the inputs but not for s * q. */
   const int64_t qds = token_dstride(c, &in->q);
   for (int64_t r = 0; r < rows; ++r)
     load_vec(in->q.data, c->dt, token_off(c, &in->q, s->b, s->s.q_row0 + i0 + r, h), qds, c->D,
-             c->scale, t->q + r * c->Dp);
+             1.0f, t->q + r * c->Dp);
   memset(t->o, 0, (size_t)(rows * c->Dvp) * sizeof(float));
   /* Sinks enter the running max and sum once, here. */
   for (int64_t r = 0; r < rows; ++r) {
@@ -581,6 +582,7 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
     const float *kt = kt_all + kb * c->D * bk + off;
     const float *v = v_all + (kb * bk + off) * c->Dvp;
     k->gemm(rows, nkp, c->D, t->q, c->Dp, 0, kt, bk, t->s, bk, 0, t->scratch);
+    for (int64_t r = 0; r < rows; ++r) k->scale(t->s + r * bk, nk, c->scale);
     apply_masks(c, s, h, i0, rows, j0, nk, t->s, bk, NULL);
     for (int64_t r = 0; r < rows; ++r) {
       float *x = t->s + r * bk;
@@ -745,12 +747,13 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
       const int64_t tj0 = j0 + off, tnkp = round_up(tnk, ATTN_CPU_NPAD);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t row = s->s.q_row0 + i0 + r;
-        load_vec(in->q.data, c->dt, token_off(c, &in->q, s->b, row, h), qds, c->D, c->scale,
-                 t->q + r * c->Dp);
+        load_vec(in->q.data, c->dt, token_off(c, &in->q, s->b, row, h), qds, c->D, 1.0f,
+                 t->q + r * c->Dp); /* unscaled, as in the forward; dK gets s at the end */
         load_vec(c->run->dout->data, c->dt, token_off(c, c->run->dout, s->b, row, h), dods, c->Dv,
                  1.0f, t->dout + r * c->Dvp);
       }
       k->gemm(rows, tnkp, c->D, t->q, c->Dp, 0, t->kt + off, bk, t->sp, bk, 0, t->scratch);
+      for (int64_t r = 0; r < rows; ++r) k->scale(t->sp + r * bk, tnk, c->scale);
       apply_masks(c, s, h, i0, rows, tj0, tnk, t->sp, bk, t->dc);
       k->gemm(rows, tnkp, c->Dv, t->dout, c->Dvp, 0, t->vt + off, bk, t->dp, bk, 0, t->scratch);
       for (int64_t r = 0; r < rows; ++r) {
@@ -794,7 +797,7 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
   for (int64_t jj = 0; jj < nk; ++jj) {
     const int64_t krow = s->s.k_row0 + j0 + jj;
     store_vec(g->dk.data, c->dt, token_off(c, &g->dk, s->b, krow, s->g), dkds, c->D,
-              t->dk + jj * c->Dp, 1.0f);
+              t->dk + jj * c->Dp, c->scale); /* dK = s dS^T Q */
     store_vec(g->dv.data, c->dt, token_off(c, &g->dv, s->b, krow, s->g), dvds, c->Dv,
               t->dv + jj * c->Dvp, 1.0f);
   }

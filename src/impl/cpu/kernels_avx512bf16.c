@@ -9,8 +9,9 @@
  * f32 path) and are rounded to bf16 and interleaved in pairs along k into the scratch first:
  * B as [k/2][n][2], A as [m][k] (pairs are then adjacent) or, transposed, as [k/2][m][2]. Repacking
  * costs O(mk + kn) against the product's O(mkn): about a tenth at the driver's tile sizes.
- * Rounding is exact for the bf16 inputs (q, k, v, dout); it rounds P, dS and s * q, as
- * FlashAttention's bf16 kernels do; every sum stays in f32.
+ * Rounding is exact for the bf16 inputs (q, k, v, dout: the driver applies the softmax scale to
+ * S in f32, never to q); it rounds P and dS, as FlashAttention's bf16 kernels do; every sum stays
+ * in f32.
  */
 #include "impl/cpu/cpu.h"
 
