@@ -36,10 +36,8 @@
 #include "impl/cuda/cuda_fwd.cuh"
 #include "lab.cuh"
 
-#include <algorithm>
 #include <stdio.h>
 #include <string.h>
-#include <vector>
 
 using namespace attn_cuda;
 struct Ref {
@@ -49,23 +47,12 @@ struct Ref {
 template <int kD, bool kAtomic, typename Ckv>
 void bench(const char *tag, attn_cuda_params p, const Ref *ref, double flops) {
   char why[256];
-  std::vector<float> ms;
-  cudaEvent_t a, b;
-  CU(cudaEventCreate(&a));
-  CU(cudaEventCreate(&b));
-  for (int r = 0; r < 13; ++r) {
-    CU(cudaEventRecord(a));
+  const float ms = median_ms([&] {
     if (launch_bwd<bf, kD, false, kAtomic, Ckv>(p, 0, why, sizeof why) != ATTN_STATUS_OK) {
       printf("%s\n", why);
       exit(1);
     }
-    CU(cudaEventRecord(b));
-    CU(cudaEventSynchronize(b));
-    float t;
-    CU(cudaEventElapsedTime(&t, a, b));
-    if (r >= 3) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
+  });
   size_t n = (size_t)p.batch * p.seqlen_q * p.heads_q * kD;
   float d0 = 0, d1 = 0, d2 = 0;
   if (ref != nullptr) {
@@ -73,8 +60,8 @@ void bench(const char *tag, attn_cuda_params p, const Ref *ref, double flops) {
     d2 = diff(ref->dv, (const bf *)p.dv_out, n);
   }
   printf("lab bwd D=%d causal=%d %s bn=%d nw=%d kt1=%d st=%d (%s): %.3f ms %.1f TFLOPS maxdiff dq %.3g dk %.3g dv %.3g\n", kD,
-         p.window_right == 0, kAtomic ? "atomic" : "determ", Ckv::kBN, Ckv::kNW, Ckv::kKT1, Ckv::kStages, tag, ms[ms.size() / 2],
-         flops / ms[ms.size() / 2] * 1e-9, d0, d1, d2);
+         p.window_right == 0, kAtomic ? "atomic" : "determ", Ckv::kBN, Ckv::kNW, Ckv::kKT1, Ckv::kStages, tag, ms,
+         flops / ms * 1e-9, d0, d1, d2);
 }
 
 template <int kD> void shape(int causal) {

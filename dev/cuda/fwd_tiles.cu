@@ -31,36 +31,23 @@
 #include "impl/cuda/cuda_fwd.cuh"
 #include "lab.cuh"
 
-#include <algorithm>
 #include <string.h>
 #include <stdio.h>
-#include <vector>
 
 using namespace attn_cuda;
 template <int kD, int kNW, int kMT, int kBN, int kMinB>
 void bench(const char *tag, attn_cuda_params p, bf *ref, double flops) {
   using C = FwdCfg<bf, kD, kNW, kMT, kBN, kMinB>;
   char why[256];
-  std::vector<float> ms;
-  cudaEvent_t a, b;
-  CU(cudaEventCreate(&a));
-  CU(cudaEventCreate(&b));
-  for (int r = 0; r < 13; ++r) {
-    CU(cudaEventRecord(a));
+  const float ms = median_ms([&] {
     if (launch_fwd<bf, C, false>(p, 0, why, sizeof why) != ATTN_STATUS_OK) {
       printf("%s\n", why);
       exit(1);
     }
-    CU(cudaEventRecord(b));
-    CU(cudaEventSynchronize(b));
-    float t;
-    CU(cudaEventElapsedTime(&t, a, b));
-    if (r >= 3) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
+  });
   const float md = diff(ref, static_cast<bf *>(p.out), (size_t)p.batch * p.seqlen_q * p.heads_q * kD);
   printf("lab fwd D=%d T=%d causal=%d nw=%d mt=%d bn=%d minb=%d (%s): %.3f ms %.1f TFLOPS maxdiff %.3g\n", kD, p.seqlen_q,
-         p.window_right == 0, kNW, kMT, kBN, kMinB, tag, ms[ms.size() / 2], flops / ms[ms.size() / 2] * 1e-9, md);
+         p.window_right == 0, kNW, kMT, kBN, kMinB, tag, ms, flops / ms * 1e-9, md);
 }
 
 template <int kD> void shape(int causal, int T = 8192) {

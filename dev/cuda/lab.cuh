@@ -1,6 +1,7 @@
 /*
  * dev/cuda/lab.cuh - what the two kernel labs (fwd_tiles.cu, bwd_tiles.cu) share: a fatal check of
- * CUDA calls, seeded bf16 inputs in [-1, 1), and the largest difference between two results.
+ * CUDA calls, seeded bf16 inputs in [-1, 1), the median time of a launch, and the largest
+ * difference between two results.
  */
 #ifndef ATTN_DEV_CUDA_LAB_CUH
 #define ATTN_DEV_CUDA_LAB_CUH
@@ -9,6 +10,9 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include <algorithm>
+#include <vector>
 
 typedef __nv_bfloat16 bf;
 
@@ -35,6 +39,28 @@ __global__ void maxdiff(const bf *a, const bf *b, size_t n, float *out) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
     m = fmaxf(m, fabsf(__bfloat162float(a[i]) - __bfloat162float(b[i])));
   atomicMax(reinterpret_cast<int *>(out), __float_as_int(m));
+}
+
+/* Median milliseconds of launch() (one kernel call on the default stream) over 10 CUDA-event
+ * timings after 3 untimed calls. */
+template <typename F> float median_ms(F launch) {
+  std::vector<float> ms;
+  cudaEvent_t a, b;
+  CU(cudaEventCreate(&a));
+  CU(cudaEventCreate(&b));
+  for (int r = 0; r < 13; ++r) {
+    CU(cudaEventRecord(a));
+    launch();
+    CU(cudaEventRecord(b));
+    CU(cudaEventSynchronize(b));
+    float t;
+    CU(cudaEventElapsedTime(&t, a, b));
+    if (r >= 3) ms.push_back(t);
+  }
+  CU(cudaEventDestroy(a));
+  CU(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
 }
 
 /* max |a - b| over n elements (0 when a and b are the same buffer). */
