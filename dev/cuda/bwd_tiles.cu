@@ -31,6 +31,21 @@
  *   v8 atomic on two CTAs of 64 keys per SM (4 warps each), so the phases of different CTAs
  *      overlap: D = 128 211 / 202, D = 64 185 / 176, against v5's 249 / 237 and 194 / 185: the
  *      overlap does not pay for twice the dQ atomics and Q / dO loads per key. Not kept.
+ *   Session 2, 2026-11-22, from a comparison of the SASS with FlashAttention-2's (same tile, same
+ *   255 registers, the same 320 mma and 144 ldmatrix per query block; ours issued fewer
+ *   instructions, but its dS code was one serial chain: lse and Delta were read from shared
+ *   memory per element, between the stores of P'^T and dS^T, which may alias them, so each was
+ *   reloaded after every store):
+ *      lse and Delta of a lane's query columns in registers (one 16-byte load per column pair),
+ *      the band test before the products, dQ's products and atomics before dK's (whose products
+ *      then hide the atomics), the next item's copy offsets computed once: D = 128 atomic v5
+ *      249 / 237 -> 261 / 244, D = 64 v6 212 / 200 -> 235 / 223;
+ *      dQ on 32 x 32 warp tiles (two m-tiles; each K fragment feeds two mma): D = 128 262-265 /
+ *      246-250, D = 64 v6 244-246 / 229-233, D = 256 v5 196 / 196 (deterministic 172 / 171).
+ *   v9 (not kept) phase 1 in FlashAttention-2's order, S^T, P in place, then dP^T and dS^T,
+ *      stores at the end (so P's exponentials could issue between dP^T's products): D = 128
+ *      262 / 245 against 264 / 246, 24 bytes of spills; D = 64 237 / 223 against 239 / 225.
+ *   Run-to-run spread of one shape between device calls: about 2% (up to 4% for v2).
  */
 #include "impl/cuda/cuda_bwd.cuh"
 #include "impl/cuda/cuda_fwd.cuh"
@@ -59,8 +74,8 @@ void bench(const char *tag, attn_cuda_params p, const Ref *ref, double flops) {
     d0 = diff(ref->dq, (const bf *)p.dq_out, n), d1 = diff(ref->dk, (const bf *)p.dk_out, n);
     d2 = diff(ref->dv, (const bf *)p.dv_out, n);
   }
-  printf("lab bwd D=%d causal=%d %s bn=%d nw=%d kt1=%d st=%d (%s): %.3f ms %.1f TFLOPS maxdiff dq %.3g dk %.3g dv %.3g\n", kD,
-         p.window_right == 0, kAtomic ? "atomic" : "determ", Ckv::kBN, Ckv::kNW, Ckv::kKT1, Ckv::kStages, tag, ms,
+  printf("lab bwd D=%d causal=%d %s bn=%d bm=%d nw=%d kt1=%d st=%d (%s): %.3f ms %.1f TFLOPS maxdiff dq %.3g dk %.3g dv %.3g\n", kD,
+         p.window_right == 0, kAtomic ? "atomic" : "determ", Ckv::kBN, Ckv::kBM, Ckv::kNW, Ckv::kKT1, Ckv::kStages, tag, ms,
          flops / ms * 1e-9, d0, d1, d2);
 }
 
@@ -99,6 +114,13 @@ template <int kD> void shape(int causal) {
   double flops = 2.5 * 4.0 * B * H * (double)T * T * kD * (causal ? 0.5 : 1.0);
   p.dq_out = g[0], p.dk_out = g[1], p.dv_out = g[2];
   Ref ref{g[0], g[1], g[2]};
+  if constexpr (kD == 256) { /* the shapes that fit in shared memory there: BwdTraits<256> */
+    bench<kD, false, DkvCfg<bf, kD, 8, 64, 64, 2, 1>>("v4 bn64 w8 kt2", p, nullptr, flops);
+    p.dq_out = g[3], p.dk_out = g[4], p.dv_out = g[5], p.dq_accum = acc;
+    bench<kD, true, DkvCfg<bf, kD, 8, 64, 64, 2, 1>>("v4 bn64 w8 kt2", p, &ref, flops);
+    bench<kD, true, DkvCfg<bf, kD, 8, 64, 64, 2, 2>>("v5 bn64 w8 kt2 2 stages", p, &ref, flops);
+    bench<kD, true, DkvCfg<bf, kD, 8, 64, 64, 1, 2>>("v5 bn64 w8 kt1 2 stages", p, &ref, flops);
+  } else {
   bench<kD, false, DkvCfg<bf, kD, 4, 64, 64, 1>>("v2 bn64 w4 kt1", p, nullptr, flops);
   p.dq_out = g[3], p.dk_out = g[4], p.dv_out = g[5];
   bench<kD, false, DkvCfg<bf, kD, 4, 64, 64, 2>>("v4 bn64 w4 kt2", p, &ref, flops);
@@ -113,6 +135,7 @@ template <int kD> void shape(int causal) {
   p.dq_accum = nullptr;
   bench<kD, false, DkvCfg<bf, kD, 4, 64, 64, 2, 2>>("v5 bn64 w4 kt2 2 stages", p, &ref, flops);
   bench<kD, false, DkvCfg<bf, kD, 8, 128, 64, 2, 2>>("v5 bn128 w8 kt2 2 stages", p, &ref, flops);
+  }
   cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(dout), cudaFree(lse), cudaFree(delta);
   cudaFree(acc);
   for (int i = 0; i < 6; ++i) cudaFree(g[i]);
@@ -126,6 +149,7 @@ int main(int argc, char **argv) {
   for (int c = 0; c < 2; ++c) {
     shape<64>(c);
     shape<128>(c);
+    shape<256>(c);
   }
   return 0;
 }

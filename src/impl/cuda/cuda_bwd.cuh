@@ -256,8 +256,9 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
   T *sO0 = sQ0 + kStages * kBM * kS; /* dout: kStages buffers */
   T *sPt = sO0 + kStages * kBM * kS; /* P'^T [kBN][kP] */
   T *sSt = sPt + kBN * kP; /* dS^T */
-  float *sLse = reinterpret_cast<float *>(sSt + kBN * kP); /* [2][kBM]: this item's, the next's */
-  float *sDelta = sLse + 2 * kBM;                          /* [2][kBM] */
+  /* [2][kBM] of {lse2, Delta} (this item's, the next's), a row's pair side by side so that one
+   * 16-byte load gives a lane both of its two adjacent query columns */
+  float2 *sStats = reinterpret_cast<float2 *>(sSt + kBN * kP);
   static_assert(kThreads >= kBM, "one thread per query row loads lse and Delta");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -297,16 +298,17 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
 
   /* lse (log2 units; +inf for a row without any visible key, so its P is 0) and Delta of row tid of
    * item it, for the threads tid < kBM. */
-  auto row_stats = [&](int h, int mb, float &l2, float &dl) {
+  auto row_stats = [&](int h, int mb) {
     const int i = mb * kBM + tid;
-    l2 = INFINITY, dl = 0.f;
+    float2 st = make_float2(INFINITY, 0.f);
     if (i < sq.len_q) {
       const float l = p.lse[b * p.lse_b + h * p.lse_h + (sq.q0 + i) * p.lse_r];
-      l2 = l == -INFINITY ? INFINITY : l * kLog2e;
-      dl = p.delta[h * p.rows_q + delta_row(p, sq, b, i)];
+      st.x = l == -INFINITY ? INFINITY : l * kLog2e;
+      st.y = p.delta[h * p.rows_q + delta_row(p, sq, b, i)];
     }
+    return st;
   };
-  if (items > 0 && tid < kBM) row_stats(g * p.group, m_lo, sLse[tid], sDelta[tid]);
+  if (items > 0 && tid < kBM) sStats[tid] = row_stats(g * p.group, m_lo);
 
   /* cp.async groups, one stage: {K, V, dO(0)}, {Q(0)}; then per item {dO(it+1)}, {Q(it+1)}, each
    * issued once the item's last reader of that buffer is done. Two stages: {K, V, dO(0), Q(0)},
@@ -331,16 +333,26 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
 
   const int nk = kFeat ? (p.d + 15) / 16 : kD / 16, nv = kFeat ? (p.dv + 15) / 16 : kD / 16;
   const float scale_log2 = p.scale * kLog2e;
+  /* The next item's Q and dO tiles: this thread's copy offsets are computed once, and the tiles'
+   * first rows advance by one query block, or from a head's last block to the next head's first. */
+  const TileCopy<kBM, kD, kThreads, T> copy_q(tid, p.q_r), copy_do(tid, p.do_r);
+  const T *gq_next = q_of(g * p.group, m_lo), *gdo_next = do_of(g * p.group, m_lo);
   int h = g * p.group, mb = m_lo; /* this item */
   for (int it = 0; it < items; ++it) {
     const Head hd = head_of(p, sq, b, h);
     const int m0 = mb * kBM, m_last = min(m0 + kBM, sq.len_q) - 1;
-    const int h1 = mb + 1 < m_hi ? h : h + 1, mb1 = mb + 1 < m_hi ? mb + 1 : m_lo; /* the next */
+    const bool wrap = mb + 1 >= m_hi; /* the next item starts the next head */
+    const int h1 = wrap ? h + 1 : h, mb1 = wrap ? m_lo : mb + 1;
+    gq_next += wrap ? p.q_h - (int64_t)(nm - 1) * kBM * p.q_r : (int64_t)kBM * p.q_r;
+    gdo_next += wrap ? p.do_h - (int64_t)(nm - 1) * kBM * p.do_r : (int64_t)kBM * p.do_r;
+    /* Tiles inside the band without per-element work take the branch-free copy of the dS code;
+     * decided here so that the test is not left between the products and that code. */
+    const bool fast = (!kFeat || !p.elementwise) && band_full(p, hd, m0, m_last, n0, kBN);
     /* the next item's lse and Delta: loaded now, stored at the end of this item, so their
      * latency hides behind its products */
-    float next_l2 = INFINITY, next_dl = 0.f;
-    if (it + 1 < items && tid < kBM) row_stats(h1, mb1, next_l2, next_dl);
-    const float *lse_it = sLse + (it & 1) * kBM, *delta_it = sDelta + (it & 1) * kBM;
+    float2 next_stats = make_float2(INFINITY, 0.f);
+    if (it + 1 < items && tid < kBM) next_stats = row_stats(h1, mb1);
+    const float2 *stats_it = sStats + (it & 1) * kBM;
     T *sQ = sQ0 + (kStages == 2 ? (it & 1) * kBM * kS : 0);
     T *sO = sO0 + (kStages == 2 ? (it & 1) * kBM * kS : 0);
     if constexpr (kStages == 1) {
@@ -350,16 +362,13 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
       cp_async_wait_all();
       __syncthreads(); /* dO(it), Q(it) have landed; every warp is done with item it - 1 */
       if (it + 1 < items) {
-        const int m1 = mb1 * kBM, o = ((it + 1) & 1) * kBM * kS;
-        copy_tile<kBM, kD, kThreads>(sO0 + o, do_of(h1, mb1), p.do_r, sq.len_q - m1, p.dv, tid);
-        copy_tile<kBM, kD, kThreads>(sQ0 + o, q_of(h1, mb1), p.q_r, sq.len_q - m1, p.d, tid);
+        const int o = ((it + 1) & 1) * kBM * kS, rows = sq.len_q - mb1 * kBM;
+        copy_do(smem_u32(sO0 + o), sO0 + o, gdo_next, p.do_r, rows, p.dv);
+        copy_q(smem_u32(sQ0 + o), sQ0 + o, gq_next, p.q_r, rows, p.d);
       }
       cp_async_commit();
     }
 
-    /* phase 1: dP'^T = V dO^T and S^T = K Q^T, for 16 * kKT keys x kQW queries. Both products
-     * step through the head dimension together when Q(it) is already there (two stages), so
-     * twice as many independent mma hide each other's latency. */
     float st[kKT][kQNT][4], dpt[kKT][kQNT][4];
 #pragma unroll
     for (int kt = 0; kt < kKT; ++kt)
@@ -372,6 +381,16 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
       mma_abt<T, kKT, kQW, kPitch, kPitch>(acc, smem_u32(sA) + lane_a1 + kk * 16 * kE,
                                           smem_u32(sB) + lane_b1 + kk * 16 * kE);
     };
+    /* The lse and Delta of this lane's 2 * kQNT query columns, in registers: read between the
+     * stores of P'^T and dS^T they could alias them, and each would be reloaded after every
+     * store, one serial chain through the whole tile. */
+    float4 qstat[kQNT]; /* {lse2, Delta} of columns c and c + 1 */
+#pragma unroll
+    for (int nt = 0; nt < kQNT; ++nt)
+      qstat[nt] = *reinterpret_cast<const float4 *>(stats_it + qm + nt * 8 + (lane & 3) * 2);
+    /* phase 1: dP'^T = V dO^T and S^T = K Q^T, for 16 * kKT keys x kQW queries. Both
+     * products step through the head dimension together when Q(it) is already there (two
+     * stages), so twice as many independent mma hide each other's latency. */
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       if (kk < nv) transposed_step(dpt, sV, sO, kk);
@@ -384,9 +403,8 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
       for (int kk = 0; kk < kD / 16; ++kk)
         if (kk < nk) transposed_step(st, sK, sQ, kk);
     }
-    /* P'^T and dS^T into shared memory. Tiles inside the band without per-element work take
-     * the branch-free copy of this code (kCheck = false). */
-    const bool fast = (!kFeat || !p.elementwise) && band_full(p, hd, m0, m_last, n0, kBN);
+    /* P'^T and dS^T; tiles inside the band without per-element work take the branch-free copy
+     * of this code (kCheck = false) */
     auto probabilities = [&](auto check) {
       constexpr bool kCheck = decltype(check)::value;
 #pragma unroll
@@ -401,20 +419,21 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
               const int e = 2 * hf + c;
-              const int qr = qm + nt * 8 + (lane & 3) * 2 + c; /* query row in the block */
-              const int i = m0 + qr;
+              const int i = m0 + qm + nt * 8 + (lane & 3) * 2 + c;
+              const float lse2 = c == 0 ? qstat[nt].x : qstat[nt].z;
+              const float delta = c == 0 ? qstat[nt].y : qstat[nt].w;
               if constexpr (kFeat) {
                 uint32_t words[4] = {0, 0, 0, 0};
                 if (p.dropout_p > 0.f) philox_words(p, b, h, i, j, words);
                 /* dbias here only in the atomic configuration (the dQ kernel adds it otherwise) */
-                const ElemGrad g = grad_element<kCheck>(p, hd, i, j, st[kt][nt][e], dpt[kt][nt][e],
-                                                        lse_it[qr], delta_it[qr], kept(p, words, j), kAtomic);
+                const ElemGrad g = grad_element<kCheck>(p, hd, i, j, st[kt][nt][e], dpt[kt][nt][e], lse2,
+                                                        delta, kept(p, words, j), kAtomic);
                 pv[c] = g.p_kept, dsv[c] = g.ds;
               } else {
-                float P = ex2(st[kt][nt][e] * scale_log2 - lse_it[qr]);
+                float P = ex2(st[kt][nt][e] * scale_log2 - lse2);
                 if (kCheck && !visible_band(p, hd, i, j)) P = 0.f;
                 pv[c] = P;
-                dsv[c] = P * (dpt[kt][nt][e] - delta_it[qr]);
+                dsv[c] = P * (dpt[kt][nt][e] - delta);
               }
             }
             const int col = qm + nt * 8 + (lane & 3) * 2;
@@ -433,24 +452,22 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
                                          smem_u32(sO) + lane_t + kk * 16 * kPitch, kFeat ? (p.dv - dc0 + 15) / 16 : kDW / 16);
     if constexpr (kStages == 1) {
       __syncthreads(); /* every warp is done with dO(it) */
-      if (it + 1 < items) {
-        copy_tile<kBM, kD, kThreads>(sO, do_of(h1, mb1), p.do_r, sq.len_q - mb1 * kBM, p.dv, tid);
-      }
+      if (it + 1 < items) copy_do(smem_u32(sO), sO, gdo_next, p.do_r, sq.len_q - mb1 * kBM, p.dv);
       cp_async_commit();
     }
 
-    /* dK += dS^T Q */
-#pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
-      mma_ab<T, 2, kDW, kPitchP, kPitch>(adk, smem_u32(sSt) + lane_p + kk * 16 * kE,
-                                         smem_u32(sQ) + lane_t + kk * 16 * kPitch, kFeat ? (p.d - dc0 + 15) / 16 : kDW / 16);
     if constexpr (kAtomic) {
-      /* dQ(rows of this block) += dS K: warp w takes query rows 16 (w % kMTiles) .. + 15 and a
-       * kD / kDG slice of columns, kQC at a time, and adds them into the f32 workspace. */
-      constexpr int kMTiles = kBM / 16, kDG = C::kNW / kMTiles, kCols = kD / kDG;
-      constexpr int kQC = kCols % 64 == 0 ? 64 : kCols % 32 == 0 ? 32 : 16;
-      static_assert(C::kNW % kMTiles == 0 && kD % kDG == 0, "dQ split");
-      const int qr0 = (warp % kMTiles) * 16, c_base = (warp / kMTiles) * kCols;
+      /* dQ(rows of this block) += dS K, added into the f32 workspace; before dK's products, so
+       * that those hide the atomics' latency. Warp w takes kQMT m-tiles of query rows (row group
+       * w % kRowGroups) and a kCols-wide slice of columns, kQC at a time. Two m-tiles where the
+       * columns split evenly: each K fragment then feeds two mma (FlashAttention-2's 32 x 32
+       * warp tile at D = 128). */
+      constexpr int kQMT = kBM % 32 == 0 && C::kNW % (kBM / 32) == 0 && (kD / (C::kNW / (kBM / 32))) % 16 == 0 ? 2 : 1;
+      constexpr int kRowGroups = kBM / (16 * kQMT), kDG = C::kNW / kRowGroups, kCols = kD / kDG;
+      /* at most 64 / kQMT columns at a time: 32 accumulator registers */
+      constexpr int kQC = kCols % (64 / kQMT) == 0 ? 64 / kQMT : kCols % 32 == 0 ? 32 : 16;
+      static_assert(C::kNW % kRowGroups == 0 && kD % kDG == 0 && kCols % 16 == 0, "dQ split");
+      const int qr0 = (warp % kRowGroups) * 16 * kQMT, c_base = (warp / kRowGroups) * kCols;
       const int ld = kFeat ? p.d : kD; /* the accumulator's row length: p.d */
       /* A = dS rows (queries) read transposed from dS^T; B = K read transposed, from c_base */
       const uint32_t lane_s = smem_u32(sSt) + qr0 * kE + lane_at<T, kPitchP>(lane);
@@ -460,45 +477,50 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
       for (int cc = 0; cc < kCols / kQC; ++cc) {
         const int c0 = c_base + cc * kQC;
         if (kFeat && c0 >= p.d) break;
-        float aq[1][kQC / 8][4];
+        float aq[kQMT][kQC / 8][4];
 #pragma unroll
-        for (int dt = 0; dt < kQC / 8; ++dt)
+        for (int mt = 0; mt < kQMT; ++mt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) aq[0][dt][e] = 0.f;
+          for (int dt = 0; dt < kQC / 8; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) aq[mt][dt][e] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < kBN / 16; ++kk)
-          mma_ab<T, 1, kQC, kPitchP, kPitch, true>(aq, lane_s + kk * 16 * kPitchP,
-                                                  lane_k + kk * 16 * kPitch + cc * kQC * kE, kQC / 16);
+          mma_ab<T, kQMT, kQC, kPitchP, kPitch, true>(aq, lane_s + kk * 16 * kPitchP,
+                                                     lane_k + kk * 16 * kPitch + cc * kQC * kE, kQC / 16);
         /* this lane's first element; the others are compile-time offsets from it when ld = kD */
         float *lane_dq = gdq + (qr0 + (lane >> 2)) * ld + c0 + (lane & 3) * 2;
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int r = qr0 + (lane >> 2) + hf * 8;
-          if (m0 + r >= sq.len_q) continue;
+        for (int mt = 0; mt < kQMT; ++mt)
 #pragma unroll
-          for (int dt = 0; dt < kQC / 8; ++dt) {
-            const int c = c0 + dt * 8 + (lane & 3) * 2;
-            if (kFeat && c >= p.d) continue;
-            float *dst = lane_dq + hf * 8 * ld + dt * 8;
+          for (int hf = 0; hf < 2; ++hf) {
+            const int r = qr0 + mt * 16 + (lane >> 2) + hf * 8;
+            if (m0 + r >= sq.len_q) continue;
+#pragma unroll
+            for (int dt = 0; dt < kQC / 8; ++dt) {
+              const int c = c0 + dt * 8 + (lane & 3) * 2;
+              if (kFeat && c >= p.d) continue;
+              float *dst = lane_dq + (mt * 16 + hf * 8) * ld + dt * 8;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(aq[0][dt][2 * hf], aq[0][dt][2 * hf + 1]));
+              atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(aq[mt][dt][2 * hf], aq[mt][dt][2 * hf + 1]));
 #else
-            atomicAdd(dst, aq[0][dt][2 * hf]);
-            atomicAdd(dst + 1, aq[0][dt][2 * hf + 1]);
+              atomicAdd(dst, aq[mt][dt][2 * hf]);
+              atomicAdd(dst + 1, aq[mt][dt][2 * hf + 1]);
 #endif
+            }
           }
-        }
       }
     }
-    if (it + 1 < items && tid < kBM) {
-      sLse[((it + 1) & 1) * kBM + tid] = next_l2;
-      sDelta[((it + 1) & 1) * kBM + tid] = next_dl;
-    }
+
+    /* dK += dS^T Q */
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      mma_ab<T, 2, kDW, kPitchP, kPitch>(adk, smem_u32(sSt) + lane_p + kk * 16 * kE,
+                                         smem_u32(sQ) + lane_t + kk * 16 * kPitch, kFeat ? (p.d - dc0 + 15) / 16 : kDW / 16);
+    if (it + 1 < items && tid < kBM) sStats[((it + 1) & 1) * kBM + tid] = next_stats;
     if constexpr (kStages == 1) {
       __syncthreads(); /* every warp is done with Q(it), P'^T, dS^T */
-      if (it + 1 < items) {
-        copy_tile<kBM, kD, kThreads>(sQ, q_of(h1, mb1), p.q_r, sq.len_q - mb1 * kBM, p.d, tid);
-      }
+      if (it + 1 < items) copy_q(smem_u32(sQ), sQ, gq_next, p.q_r, sq.len_q - mb1 * kBM, p.d);
       cp_async_commit();
     }
     h = h1, mb = mb1;
