@@ -9,6 +9,8 @@
  *
  * A PROBLEM is one argument in the canonical problem string syntax (attn.h), e.g.
  *   attn bench "b4 hq32 hkv8 sq4096 sk4096 d128 bf16 causal"
+ * and runs where its device says: on the CPU, or with device=cuda[:N] on that GPU, whose data the
+ * harness copies there and back (harness.h), checked against the same host reference.
  *
  * Exit codes, for scripts: 0 success; 1 a check failed (check, or the validation step of bench);
  * 2 usage error (unknown option, unreadable or invalid problem); 3 library error (out of memory,
@@ -59,6 +61,8 @@ static const char *usage_main =
     "Tokens: b<B> hq<Hq> hkv<Hkv> sq<Tq> sk<Tk> d<D> dv<Dv> f32|f16|bf16|f64 causal\n"
     "  window=L,R align=tl scale=S softcap=C dropout=P bias=BxHxTqxTk[:dtype] mask=BxHxTqxTk\n"
     "  alibi=h|bh sinks=S[:shared] segments varlen=packed:TQ,TK|padded op=sdpa device=cuda[:N]\n"
+    "A problem runs on its device: the CPU, or with device=cuda[:N] that GPU (`attn info` lists\n"
+    "them); bench and check compare either with the f64 reference on the CPU.\n"
     "\n"
     "exit codes: 0 ok, 1 check failure, 2 usage error, 3 library error\n";
 
@@ -67,7 +71,11 @@ static const char *usage_bench =
     "Checks each implementation x configuration that supports the problem against the f64\n"
     "reference (SPEC.md tolerances), then times it: warm-up, then the median of the runs.\n"
     "GFLOP/s counts forward 4*B*Hq*Tq*Tk*D (halved when causal), backward 2.5x that; %peak\n"
-    "divides by this machine's f32 FMA peak, measured at start, times the threads used.\n"
+    "divides by this machine's f32 FMA peak, measured before the first CPU problem, times the\n"
+    "threads used. A GPU problem (device=cuda[:N]) runs its inputs, outputs and workspace in\n"
+    "device memory, each timed run ending when the GPU has finished; its table shows TFLOP/s and\n"
+    "no %peak (nothing measures a GPU peak: peak_fraction is empty in --csv, null in --json).\n"
+    "The reference runs on the CPU in f64: keep checked problems small enough for it.\n"
     "Without a PROBLEM it runs the default table (`make bench`, the README's main job).\n"
     "  --backward       time forward + backward (and check the gradients)\n"
     "  --impl NAME      only this implementation     --config NAME  only this configuration\n"
@@ -104,7 +112,8 @@ static const char *usage_check =
     "usage: attn check [options] PROBLEM...\n"
     "Compares every implementation x configuration that supports each problem with the f64\n"
     "reference and prints max |error| against the tolerance of SPEC.md for out and lse (and dq,\n"
-    "dk, dv with --backward).\n"
+    "dk, dv with --backward). A GPU problem (device=cuda[:N]) runs on that GPU on the same\n"
+    "inputs, copied there, and its outputs are copied back to be compared on the host.\n"
     "  --backward       check the gradients too\n"
     "  --impl NAME      only this implementation     --platform P  only this platform\n"
     "  --seed N         seed of the random inputs (default 1)\n"
@@ -113,8 +122,9 @@ static const char *usage_check =
 
 static const char *usage_info =
     "usage: attn info [--cache PATH]\n"
-    "Prints the library version, this CPU and its instruction sets, GPUs, the registered\n"
-    "implementations in order of preference, and the cache file with its entry count.\n"
+    "Prints the library version, this CPU and its instruction sets, the usable GPUs (or why\n"
+    "there are none), the registered implementations in order of preference, and the cache\n"
+    "file with its entry count.\n"
     "exit: 0 ok, 2 usage\n";
 
 static int usage_error(const char *usage, const char *fmt, const char *arg) {
@@ -301,7 +311,7 @@ typedef struct bench_state {
   const char *text;
   attn_problem problem;
   int failed, library_error, rows;
-  double peak_gflops; /* of the machine, for the threads used */
+  double peak_gflops; /* of the machine, for the threads used; 0 for a GPU problem (none) */
 } bench_state;
 
 static void json_string(const char *s) {
@@ -343,11 +353,21 @@ static int bench_one(void *user, const char *impl, const char *config) {
       gflops = h_flops(&b->problem, o->backward) / (median * 1e3);
     }
   }
-  double peak_fraction = b->peak_gflops > 0 ? gflops / b->peak_gflops : 0.0;
+  /* The fraction of the machine's peak, where there is one: the tool measures the CPU's f32 FMA
+   * rate, but nothing that stands for a GPU's (its tensor-core peak depends on the dtype, the clocks
+   * and the part), so a GPU row leaves the column blank rather than invent a number. */
+  const int on_gpu = b->problem.device != ATTN_DEVICE_CPU;
+  double peak_fraction = !on_gpu && b->peak_gflops > 0 ? gflops / b->peak_gflops : 0.0;
+  char peak_text[32] = "";
   if (o->csv) {
-    printf("\"%s\",%s,%s,%s,%.3g,%.3f,%.4g,%.4g,%d\n", b->text, impl, config, verdict, ratio,
-           median, gflops, peak_fraction, runs);
+    if (!on_gpu) snprintf(peak_text, sizeof peak_text, "%.4g", peak_fraction);
+    printf("\"%s\",%s,%s,%s,%.3g,%.3f,%.4g,%s,%d\n", b->text, impl, config, verdict, ratio, median,
+           gflops, peak_text, runs);
   } else if (o->json) {
+    if (on_gpu)
+      snprintf(peak_text, sizeof peak_text, "null");
+    else
+      snprintf(peak_text, sizeof peak_text, "%.4g", peak_fraction);
     printf("%s  {\"problem\": ", b->rows ? ",\n" : "");
     json_string(b->text);
     printf(", \"impl\": ");
@@ -355,11 +375,16 @@ static int bench_one(void *user, const char *impl, const char *config) {
     printf(", \"config\": ");
     json_string(config);
     printf(", \"check\": \"%s\", \"err_over_tol\": %.3g, \"median_us\": %.3f, \"gflops\": %.4g, "
-           "\"peak_fraction\": %.4g, \"runs\": %d, \"pass\": \"%s\"}",
-           verdict, ratio, median, gflops, peak_fraction, runs, o->backward ? "fwd+bwd" : "fwd");
+           "\"peak_fraction\": %s, \"runs\": %d, \"pass\": \"%s\"}",
+           verdict, ratio, median, gflops, peak_text, runs, o->backward ? "fwd+bwd" : "fwd");
   } else {
-    printf("  %-8s %-16s %-5s %8.3g %12.1f %9.3f %6.1f%% %5d%s%s\n", impl, config, verdict, ratio,
-           median, gflops, 100.0 * peak_fraction, runs, why[0] ? "  " : "", why);
+    /* A GPU's rate reads in TFLOP/s, as GPU rates are quoted (the table's header names the unit). */
+    if (on_gpu)
+      snprintf(peak_text, sizeof peak_text, "%7s", "-");
+    else
+      snprintf(peak_text, sizeof peak_text, "%6.1f%%", 100.0 * peak_fraction);
+    printf("  %-8s %-16s %-5s %8.3g %12.1f %9.3f %s %5d%s%s\n", impl, config, verdict, ratio,
+           median, on_gpu ? gflops * 1e-3 : gflops, peak_text, runs, why[0] ? "  " : "", why);
   }
   b->rows++;
   return -1;
@@ -417,8 +442,8 @@ static int run_problems_with(options *o_in, int check) {
   int rc = -1;
   attn_ctx *ctx = make_ctx(&o);
   if (ctx == NULL) return EXIT_LIBRARY;
-  static machine_peak peak; /* measured once per process */
-  if (!check && peak.gflops == 0.0) peak = measure_machine(&o, !o.csv && !o.json);
+  static machine_peak peak;       /* measured once per process, before the first CPU problem */
+  static int32_t gpu_stated = -1; /* the GPU whose fingerprint the table stated last */
   int failed = 0, library_error = 0, rows = 0;
   if (!check && o.csv)
     printf("problem,impl,config,check,err_over_tol,median_us,gflops,peak_fraction,runs\n");
@@ -427,22 +452,33 @@ static int run_problems_with(options *o_in, int check) {
     bench_state b;
     memset(&b, 0, sizeof b);
     b.ctx = ctx, b.o = &o, b.text = o.problems[i], b.rows = rows;
-    b.peak_gflops = peak.gflops * peak.threads;
     rc = read_problem(ctx, b.text, &b.problem);
     if (rc >= 0) break;
     char canonical[1024];
     attn_problem_to_string(&b.problem, canonical, sizeof canonical);
-    if (b.problem.device != ATTN_DEVICE_CPU) {
-      /* The harness allocates host memory; GPU problems need device buffers and a copy back. */
-      fprintf(stderr, "attn: \"%s\": bench and check run CPU problems only so far\n", b.text);
+    const int on_gpu = b.problem.device != ATTN_DEVICE_CPU;
+    const int table = check || (!o.csv && !o.json);
+    char why[512];
+    if (!h_device_usable(&b.problem, why, sizeof why)) {
+      /* Said once here, instead of once per implementation by each that cannot run it. */
+      fprintf(stderr, "attn: \"%s\": %s\n", b.text, why);
       library_error = 1;
       continue;
     }
-    if (check || (!o.csv && !o.json)) {
+    if (!check && !on_gpu && peak.gflops == 0.0) peak = measure_machine(&o, table);
+    if (!on_gpu) b.peak_gflops = peak.gflops * peak.threads;
+    if (table && on_gpu && gpu_stated != b.problem.device_index) {
+      char fingerprint[512];
+      attn_device_fingerprint(ATTN_DEVICE_CUDA, b.problem.device_index, fingerprint,
+                              sizeof fingerprint);
+      printf("gpu %d: %s\n\n", (int)b.problem.device_index, fingerprint);
+      gpu_stated = b.problem.device_index;
+    }
+    if (table) {
       printf("%s%s\n", canonical, o.backward ? "  (forward + backward)" : "");
       if (!check)
         printf("  %-8s %-16s %-5s %8s %12s %9s %7s %5s\n", "impl", "config", "check", "err/tol",
-               "median_us", "GFLOP/s", "%peak", "runs");
+               "median_us", on_gpu ? "TFLOP/s" : "GFLOP/s", "%peak", "runs");
     }
     int count = 0;
     each_candidate(ctx, &b.problem, &o, check ? check_one : bench_one, &b, &count);
@@ -574,15 +610,14 @@ static int cmd_info(int argc, char **argv) {
   printf("libattn %s\n", attn_version_string());
   printf("cpu: %s, %d logical CPUs\n", cpu->model, cpu->logical_cpus);
   printf("cpu features: %s\n", cpu->feature_names[0] ? cpu->feature_names : "(none detected)");
-  int gpu_impls = 0;
-  for (int32_t i = 0; i < attn_impl_count(); ++i)
-    gpu_impls += attn_impl_device(i) == ATTN_DEVICE_CUDA;
-  if (gpu_impls == 0) {
-    printf("gpus: none usable (no GPU implementation is compiled in)\n");
-  } else {
+  /* Only usable GPUs get a "gpu N:" line: scripts (tests/test_cli_gpu.sh) look for one. */
+  char why[512];
+  int32_t gpus = h_gpu_count(why, sizeof why);
+  if (gpus == 0) printf("gpus: none usable: %s\n", why);
+  for (int32_t i = 0; i < gpus; ++i) {
     char gfp[512];
-    attn_device_fingerprint(ATTN_DEVICE_CUDA, 0, gfp, sizeof gfp);
-    printf("gpu 0: %s\n", gfp);
+    attn_device_fingerprint(ATTN_DEVICE_CUDA, i, gfp, sizeof gfp);
+    printf("gpu %d: %s\n", (int)i, gfp);
   }
   printf("fingerprint: %s\n", fp);
   printf("implementations, in order of preference:\n");

@@ -1,36 +1,65 @@
 /*
  * tools/harness.h - what `attn bench`, `attn check` and `attn tune` share: random data of a
- * problem's shape, the f64 oracle, the tolerance rule of SPEC.md, and timing.
+ * problem's shape, on the host and for a GPU problem on the device too, the f64 oracle, the
+ * tolerance rule of SPEC.md, and timing.
  *
- * Every comparison is against the reference run in f64 on the same (rounded) inputs. The rule:
- * f32: max|a - r| <= 1e-4 * max(1, max|r|); f16/bf16: max|a - r| <= k * err(naive) + 1e-3 * max|r|
- * with k = 2 for the forward pass and 3 for gradients, naive = the reference at the problem's dtype
- * rounding scores and P to it.
+ * Every comparison is against the reference run in f64 on the host, on the same (rounded) inputs.
+ * The rule: f32: max|a - r| <= 1e-4 * max(1, max|r|); f16/bf16: max|a - r| <= k * err(naive) +
+ * 1e-3 * max|r| with k = 2 for the forward pass and 3 for gradients, naive = the reference at the
+ * problem's dtype rounding scores and P to it.
  */
 #ifndef ATTN_TOOLS_HARNESS_H
 #define ATTN_TOOLS_HARNESS_H
 
 #include "attn.h"
+#include "core/gpu.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
-/* The data of one run: inputs, and outputs for forward and (optionally) backward. */
+/* The buffers of one run, in host or in device memory: one per attn_role (NULL where the run has no
+ * such tensor), and the sequence lengths of a varlen problem (cu_seqlens when packed, seqlens when
+ * padded; NULL otherwise). */
+typedef struct h_buffers {
+  void *role[18]; /* indexed by attn_role */
+  int32_t *cu_seqlens_q, *cu_seqlens_k, *seqlens_q, *seqlens_k;
+} h_buffers;
+
+/* The data of one run: inputs, and outputs for forward and (optionally) backward. host always holds
+ * the data. For a GPU problem every host buffer has a copy in device, and the tensors of in, out,
+ * dout and grads point at the copies, since GPU implementations read and write device memory
+ * only; h_data_download brings the outputs back to host. */
 typedef struct h_data {
   attn_problem problem;
-  void *buf[18]; /* one per attn_role */
-  int32_t *cu_q, *cu_k, *len_q, *len_k;
+  h_buffers host;
+  h_buffers device;        /* all NULL for a CPU problem */
+  const attn_gpu_ops *gpu; /* NULL for a CPU problem */
   attn_inputs in;
   attn_outputs out;
   attn_tensor dout;
   attn_grads grads;
 } h_data;
 
-/* Allocates and fills data for a problem (inputs drawn from seed, rounded to their dtype). 0 on
- * allocation failure. */
-int h_data_make(h_data *d, const attn_problem *problem, uint64_t seed, int backward);
-/* The same inputs converted to dtype (f64 for the oracle), with fresh outputs. */
+/* Allocates and fills data for a problem: inputs drawn from seed and rounded to their dtype on the
+ * host (the same seed gives the same values on every device), outputs zero; for a GPU problem, all
+ * of it copied to the device. A failure is recorded in ctx (its last error) and returned; d is then
+ * freed. */
+attn_status h_data_make(attn_ctx *ctx, h_data *d, const attn_problem *problem, uint64_t seed,
+                        int backward);
+/* Copies the outputs (and gradients) of a GPU run from the device to d->host; nothing to do for a
+ * CPU problem. A failure is recorded in ctx. */
+attn_status h_data_download(attn_ctx *ctx, h_data *d);
+/* The same inputs converted to dtype (f64 for the oracle), with fresh outputs, as a CPU problem
+ * on the host (the reference runs there whatever the device of src). 0 on allocation failure. */
 int h_data_convert(h_data *dst, const h_data *src, attn_dtype dtype, int backward);
 void h_data_free(h_data *d);
+
+/* Whether the problem's device can run it: 1 for a CPU problem and for a GPU one whose device is
+ * present; else 0 with the reason in why (no CUDA runtime in this build, no GPU, device_index too
+ * large). */
+int h_device_usable(const attn_problem *problem, char *why, size_t why_size);
+/* How many GPUs are usable: 0, with the reason in why, without the CUDA runtime or a device. */
+int32_t h_gpu_count(char *why, size_t why_size);
 
 /* One implementation and configuration compared with the oracle. */
 typedef struct h_check {
@@ -49,7 +78,8 @@ h_check h_check_run(attn_ctx *ctx, const attn_problem *problem, const char *impl
                     const char *config, int backward, uint64_t seed);
 
 /* Median microseconds of a pass (forward, or forward + backward) of impl/config after warmup runs,
- * over at least reps runs and min_seconds. status: of making and running the plan. */
+ * over at least reps runs and min_seconds; on a GPU a run ends when the device has finished it.
+ * status: of making and running the plan, its message in ctx. */
 attn_status h_time(attn_ctx *ctx, const attn_problem *problem, const char *impl, const char *config,
                    int backward, int warmup, int reps, double min_seconds, uint64_t seed,
                    double *median_us, int *runs);

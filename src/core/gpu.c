@@ -50,13 +50,24 @@ static void gpu_release(int32_t index, void *ptr) {
   restore_device(index, prev);
 }
 
-static attn_status gpu_upload(int32_t index, void *dst, const void *src, size_t bytes, char *why,
-                              size_t why_size) {
+/* One cudaMemcpy in the direction kind; upload and download are the two directions. */
+static attn_status copy(int32_t index, void *dst, const void *src, size_t bytes,
+                        enum cudaMemcpyKind kind, char *why, size_t why_size) {
   int prev = (int)index;
   cudaError_t err = use_device(index, &prev);
-  if (err == cudaSuccess) err = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+  if (err == cudaSuccess) err = cudaMemcpy(dst, src, bytes, kind);
   restore_device(index, prev);
   return err == cudaSuccess ? ATTN_STATUS_OK : failure(err, "cudaMemcpy", index, why, why_size);
+}
+
+static attn_status gpu_upload(int32_t index, void *dst, const void *src, size_t bytes, char *why,
+                              size_t why_size) {
+  return copy(index, dst, src, bytes, cudaMemcpyHostToDevice, why, why_size);
+}
+
+static attn_status gpu_download(int32_t index, void *dst, const void *src, size_t bytes, char *why,
+                                size_t why_size) {
+  return copy(index, dst, src, bytes, cudaMemcpyDeviceToHost, why, why_size);
 }
 
 static attn_status gpu_synchronize(int32_t index, char *why, size_t why_size) {
@@ -81,8 +92,30 @@ static void gpu_fingerprint(int32_t index, char *buf, size_t size) {
               prop.multiProcessorCount, driver);
 }
 
-static const attn_gpu_ops ops = {gpu_alloc, gpu_release, gpu_upload, gpu_synchronize,
-                                 gpu_fingerprint};
+static attn_status gpu_device_count(int32_t *count, char *why, size_t why_size) {
+  int n = 0;
+  cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError(); /* clear the error the query left, as gpu_fingerprint does */
+    *count = 0;
+    attn_format(why, why_size, "cudaGetDeviceCount failed: %s (%s)", cudaGetErrorString(err),
+                cudaGetErrorName(err));
+    return ATTN_STATUS_DEVICE_ERROR;
+  }
+  *count = (int32_t)n;
+  return ATTN_STATUS_OK;
+}
+
+/* By field name, so a field added to the table cannot shift the others. */
+static const attn_gpu_ops ops = {
+    .alloc = gpu_alloc,
+    .release = gpu_release,
+    .upload = gpu_upload,
+    .download = gpu_download,
+    .synchronize = gpu_synchronize,
+    .fingerprint = gpu_fingerprint,
+    .device_count = gpu_device_count,
+};
 
 const attn_gpu_ops *attn_gpu(void) { return &ops; }
 
