@@ -9,6 +9,11 @@
  * (cuDNN's generator cannot reproduce SPEC.md's Philox bits), sinks, soft cap, u8 masks, segment
  * ids, packed varlen, f32 and f64.
  *
+ * Two configurations of the backward pass: "atomic" (the default, what cuDNN runs unless asked
+ * otherwise, whose dq varies in its last bits from run to run) and "deterministic"
+ * (cudnn-frontend's set_deterministic_algorithm(true)); the section "configurations" says how each
+ * is built, and config_deterministic declares only the second to a deterministic policy.
+ *
  * Graph building is slow (heuristics, sometimes run-time compilation), so a plan builds its graphs
  * once in plan_init for the dense layout and keeps one more graph per strided layout it meets.
  * cuDNN's version and the GPU's compute capability are checked at run time: a library or a GPU
@@ -179,13 +184,88 @@ static attn_status cudnn_supports(const attn_problem *p, char *why, size_t why_s
   return problem_supported(p, (int)cudnnGetVersion(), sm, why, why_size);
 }
 
+/* ---- configurations ------------------------------------------------------------------------------ */
+
+/* The backward pass's schedule (the forward graph is the same in both):
+ * 0 "atomic", the default: the graph cuDNN runs unless asked otherwise. dQ is added into an f32
+ *   accumulator in the workspace by the CTAs of every key block (cg_dq_accumulated; it is why the
+ *   accumulator had to be zeroed before cuDNN 9.6), so the order of the additions, and the last
+ *   bits of dq, vary from run to run. cuDNN's SDPA backward is deterministic only on request:
+ *   cudnn-frontend 1.5 added the request (release notes: "SDPA bprop attributes can choose
+ *   deterministic algorithm"), its Python binding says "Whether to always use deterministic
+ *   algorithm. Default is False." (python/pygraph/sdpa.cpp), and llm.c measured differing bits
+ *   without it on cuDNN 9.2 (github.com/karpathy/llm.c/pull/652).
+ * 1 "deterministic": what cudnn-frontend's set_deterministic_algorithm(true) (of
+ *   SDPA_backward_attributes) is lowered to, in
+ *   include/cudnn_frontend/node/scaled_dot_product_flash_attention.h. The backend has no attribute,
+ *   knob or behaviour note for it; instead (a) on every GPU the graph writes dQ by its own product
+ *   over a dS kept in the workspace (use_dp_workspace, the graph dbias needs too; cudnn-frontend
+ *   estimates it at B * Hq * Tq * Tk * 2 bytes), and (b) on Blackwell (sm10x), from cuDNN 9.18,
+ *   the heuristics are skipped for an engine and knobs named by index
+ *   (override_heuristics_query; cudnn_graph.c: pinned_engine). Where cuDNN has no such engine,
+ *   plan_init refuses it. */
+enum { CUDNN_CONFIG_ATOMIC = 0, CUDNN_CONFIG_DETERMINISTIC = 1 };
+
+static int32_t cudnn_num_configs(const attn_problem *p) {
+  (void)p;
+  return 2;
+}
+
+static void cudnn_config_name(const attn_problem *p, int32_t config, char *buf, size_t size) {
+  (void)p;
+  attn_format(buf, size, "%s", config == CUDNN_CONFIG_DETERMINISTIC ? "deterministic" : "atomic");
+}
+
+static int32_t cudnn_default_config(const attn_problem *p) {
+  (void)p;
+  return CUDNN_CONFIG_ATOMIC;
+}
+
+/* Nonzero, with the reason in why, where cuDNN has no deterministic backward for p. These are
+ * cudnn-frontend's rules (CompositeSDPABackwardNode::pre_validate_node): on Blackwell (sm10x) only
+ * from cuDNN 9.18 and only without dbias, dropout or ALiBi; a bias is refused there since the
+ * problem does not say whether dbias will be asked for. */
+static int deterministic_refused(const attn_problem *p, int version, int sm, char *why,
+                                 size_t why_size) {
+  if (sm / 10 != 10) return 0;
+  if (version < 91800) {
+    attn_format(why, why_size,
+                "config deterministic: cuDNN %d has no deterministic attention backward on sm%d "
+                "(Blackwell): it needs cuDNN 9.18 or newer",
+                version, sm);
+    return 1;
+  }
+  if (p->has_bias || p->alibi) {
+    attn_format(why, why_size,
+                "config deterministic: cuDNN's deterministic attention backward on sm%d "
+                "(Blackwell) takes no %s",
+                sm, p->has_bias ? "bias (dbias)" : "ALiBi");
+    return 1;
+  }
+  return 0;
+}
+
+/* Whether a configuration repeats its bits: "atomic" never; "deterministic" where cuDNN has it
+ * (plan_init refuses it elsewhere), except when dbias is summed over broadcast dimensions of the
+ * bias, an order cuDNN does not document (the problem does not say whether dbias will be asked for,
+ * so this answers for the worst, as the cuda implementation does). */
+static int cudnn_config_deterministic(const attn_problem *p, int32_t config) {
+  if (config != CUDNN_CONFIG_DETERMINISTIC) return 0;
+  if (p->has_bias && (p->bias_shape[0] != p->batch || p->bias_shape[1] != p->heads_q)) return 0;
+  char why[ATTN_MESSAGE_SIZE];
+  int sm = device_sm(p->device_index, why, sizeof why);
+  return sm != 0 && !deterministic_refused(p, (int)cudnnGetVersion(), sm, why, sizeof why);
+}
+
 static size_t align_up(size_t n) { return (n + ATTN_CUDNN_ALIGN - 1) & ~(size_t)(ATTN_CUDNN_ALIGN - 1); }
 
 /* The implementation's own pieces of the workspace, after cuDNN's. */
 static size_t stats_bytes(const attn_problem *p) {
   return align_up((size_t)(p->batch * p->heads_q * p->seqlen_q) * sizeof(float));
 }
-static size_t dq_accum_bytes(const attn_problem *p) {
+/* The f32 dQ accumulator: only the atomic configuration's backward graph has one. */
+static size_t dq_accum_bytes(const attn_problem *p, int32_t config) {
+  if (config == CUDNN_CONFIG_DETERMINISTIC) return 0;
   return align_up((size_t)(p->batch * p->heads_q * p->seqlen_q * p->head_dim) * sizeof(float));
 }
 static size_t seqlen_bytes(const attn_problem *p) {
@@ -203,6 +283,7 @@ typedef struct cudnn_state {
   attn_problem problem;
   cg_spec base;           /* the spec of the dense layout */
   cudnnHandle_t handle;
+  int32_t config; /* CUDNN_CONFIG_* */
   int version, sm;
   /* graphs per pass: [0] forward, [1] backward, [2] backward with dbias; slot 0 is dense */
   layout_graphs graphs[3][1 + ATTN_CUDNN_LAYOUTS];
@@ -323,17 +404,17 @@ static size_t forward_workspace(const attn_problem *p, size_t plan_ws) {
   return align_up(plan_ws) + stats_bytes(p) + 2 * seqlen_bytes(p);
 }
 
-static size_t backward_workspace(const attn_problem *p, size_t plan_ws) {
-  return align_up(plan_ws) + stats_bytes(p) + dq_accum_bytes(p) + 2 * seqlen_bytes(p);
+static size_t backward_workspace(const attn_problem *p, int32_t config, size_t plan_ws) {
+  return align_up(plan_ws) + stats_bytes(p) + dq_accum_bytes(p, config) + 2 * seqlen_bytes(p);
 }
 
 static attn_status cudnn_plan_init(const attn_problem *p, int32_t config, void **state, char *why,
                                    size_t why_size) {
-  (void)config;
   *state = NULL;
   cudnn_state *st = calloc(1, sizeof *st);
   if (st == NULL) NO("out of memory");
   st->problem = *p;
+  st->config = config;
   cg_err err = {ATTN_STATUS_OK, why, why_size};
   int previous;
   if (enter_device(p, &previous, &err)) {
@@ -342,7 +423,14 @@ static attn_status cudnn_plan_init(const attn_problem *p, int32_t config, void *
   }
   st->version = (int)cudnnGetVersion();
   st->sm = device_sm(p->device_index, why, why_size);
+  if (config == CUDNN_CONFIG_DETERMINISTIC &&
+      deterministic_refused(p, st->version, st->sm, why, why_size)) {
+    leave_device(p, previous);
+    free_state(st);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
   base_spec(p, st->version, st->sm, &st->base);
+  st->base.deterministic = config == CUDNN_CONFIG_DETERMINISTIC;
   ATTN_CUDNN_CHECK(&err, cudnnCreate(&st->handle));
   st->full_q = malloc((size_t)p->batch * sizeof(int32_t));
   st->full_kv = malloc((size_t)p->batch * sizeof(int32_t));
@@ -401,26 +489,10 @@ static void cudnn_plan_fini(void *state) {
 /* cuDNN's own workspace for the dense graphs plan_init built, then the implementation's pieces. */
 static size_t cudnn_workspace_size(const attn_problem *p, int32_t config, const void *state,
                                    int backward) {
-  (void)config;
   const cudnn_state *st = state;
   if (!backward) return forward_workspace(p, st->plan_ws[0]);
-  return backward_workspace(p, st->plan_ws[1] > st->plan_ws[2] ? st->plan_ws[1] : st->plan_ws[2]);
-}
-
-static int32_t cudnn_num_configs(const attn_problem *p) {
-  (void)p;
-  return 1;
-}
-
-static void cudnn_config_name(const attn_problem *p, int32_t config, char *buf, size_t size) {
-  (void)p;
-  (void)config;
-  attn_format(buf, size, "heuristic");
-}
-
-static int32_t cudnn_default_config(const attn_problem *p) {
-  (void)p;
-  return 0;
+  return backward_workspace(p, config,
+                            st->plan_ws[1] > st->plan_ws[2] ? st->plan_ws[1] : st->plan_ws[2]);
 }
 
 /* ---- running ------------------------------------------------------------------------------------- */
@@ -440,7 +512,8 @@ static cg_graph *graph_for(cudnn_state *st, int pass, const cg_layout *layout, s
   spec.st = *layout;
   cg_graph *g = attn_cudnn_graph_build(st->handle, &spec, err);
   if (g == NULL) return NULL;
-  size_t own = pass == 0 ? forward_workspace(&st->problem, 0) : backward_workspace(&st->problem, 0);
+  size_t own = pass == 0 ? forward_workspace(&st->problem, 0)
+                          : backward_workspace(&st->problem, st->config, 0);
   if (align_up(attn_cudnn_graph_workspace(g)) + own > workspace_size) {
     err->status = ATTN_STATUS_UNSUPPORTED;
     attn_format(err->why, err->why_size,
@@ -727,13 +800,14 @@ static attn_status cudnn_backward(const attn_run *run) {
     ptrs[CG_UID_DV] = gr->dv.data;
     ptrs[CG_UID_DBIAS] = gr->dbias.data;
     ptrs[CG_UID_SOFTMAX_SUM] = own;
-    ptrs[CG_UID_DQ_ACCUM] = own + stats_bytes(p);
-    char *seq = own + stats_bytes(p) + dq_accum_bytes(p);
+    ptrs[CG_UID_DQ_ACCUM] = cg_dq_accumulated(spec) ? own + stats_bytes(p) : NULL;
+    char *seq = own + stats_bytes(p) + dq_accum_bytes(p, run->config);
     cudaStream_t stream = (cudaStream_t)run->stream;
     ATTN_CUDNN_CHECK(&err, cudnnSetStream(st->handle, stream));
     if (spec->full_padding) bind_full_lengths(st, seq, ptrs, stream, &err);
-    if (spec->version < 90600 && !spec->with_dbias)
-      ATTN_CUDA_CHECK(&err, cudaMemsetAsync(ptrs[CG_UID_DQ_ACCUM], 0, dq_accum_bytes(p), stream));
+    if (spec->version < 90600 && cg_dq_accumulated(spec))
+      ATTN_CUDA_CHECK(&err, cudaMemsetAsync(ptrs[CG_UID_DQ_ACCUM], 0,
+                                            dq_accum_bytes(p, run->config), stream));
     if (p->varlen == ATTN_VARLEN_PADDED) {
       /* Gradients of padded rows are zero by definition; the kernels may skip those rows. */
       int64_t shape[4];
@@ -754,7 +828,7 @@ static attn_status cudnn_backward(const attn_run *run) {
 const attn_impl attn_cudnn_impl = {
     .name = "cudnn",
     .device = ATTN_DEVICE_CUDA,
-    .version = 1,
+    .version = 2, /* 2: the "atomic" and "deterministic" configurations */
     .supports = cudnn_supports,
     .num_configs = cudnn_num_configs,
     .config_name = cudnn_config_name,
@@ -764,4 +838,5 @@ const attn_impl attn_cudnn_impl = {
     .plan_fini = cudnn_plan_fini,
     .forward = cudnn_forward,
     .backward = cudnn_backward,
+    .config_deterministic = cudnn_config_deterministic,
 };

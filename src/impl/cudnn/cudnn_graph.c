@@ -4,7 +4,8 @@
  *
  * The graphs follow cudnn-frontend's composite SDPA nodes operation for operation (the order, the
  * compute types and the intermediate data types are what cuDNN's pattern matcher recognises), so
- * the heuristics offer the fused flash-attention engine. Each builder call is a no-op once an
+ * the heuristics offer the fused flash-attention engine (the deterministic backward on Blackwell
+ * names its engine instead, as cudnn-frontend does). Each builder call is a no-op once an
  * earlier call failed: the first failure, with its expression, file and line, is what the user
  * reads.
  */
@@ -519,11 +520,12 @@ static void build_backward(cg_graph *g) {
   reshape(g, ds, dst);
   grouped_matmul(g, dst, q, dk, s->d, seq_kv, seq_q);
 
-  /* dQ = s dS K, accumulated in f32 in the workspace unless dbias forces the dP workspace path */
+  /* dQ = s dS K: added into an f32 accumulator in the workspace, or written by its own product
+   * (the dP workspace path: dbias, or the deterministic algorithm); see cg_dq_accumulated */
   int64_t k_str[4] = {st->k[0], st->k[1], st->k[2], st->k[3]};
   cudnnBackendDescriptor_t k = virt(g, io, k_dims, k_str);
   reshape(g, kt, k);
-  if (!s->with_dbias) {
+  if (cg_dq_accumulated(s)) {
     int64_t acc_str[4] = {s->hq * s->tq * s->d, s->tq * s->d, s->d, 1};
     cudnnBackendDescriptor_t acc =
         tensor(g, CG_UID_DQ_ACCUM, CUDNN_DATA_FLOAT, q_dims, acc_str, false, false);
@@ -532,6 +534,68 @@ static void build_backward(cg_graph *g) {
   } else {
     matmul(g, ds, k, dq, seq_q, NULL, seq_kv);
   }
+}
+
+/* ---- the deterministic Blackwell engine ------------------------------------------------------- */
+
+typedef struct cg_knob {
+  cudnnBackendKnobType_t type;
+  int64_t value;
+} cg_knob;
+
+/* On Blackwell (sm10x) the heuristics do not offer a deterministic engine for the backward graph:
+ * cudnn-frontend (>= 1.17, for cuDNN >= 9.18; CompositeSDPABackwardNode::override_heuristics_query)
+ * skips them and names the engine's global index and its knobs. These are its values (from cuDNN
+ * 9.23 the same kernel is chosen by another set of knobs). Returns the engine index, or -1 where
+ * the heuristics choose, and the knobs. */
+static int64_t pinned_engine(const cg_spec *s, const cg_knob **knobs, int *nknobs) {
+  static const cg_knob before_9_23[] = {{CUDNN_KNOB_TYPE_KERNEL_CFG, 31},
+                                        {CUDNN_KNOB_TYPE_STAGES, 2}};
+#if CUDNN_VERSION >= 90700 /* where the headers name TILE_M, TILE_N and STREAM_K */
+  static const cg_knob since_9_23[] = {
+      {CUDNN_KNOB_TYPE_TILE_M, 3},        {CUDNN_KNOB_TYPE_TILE_N, 2},
+      {CUDNN_KNOB_TYPE_KERNEL_CFG, 2},    {CUDNN_KNOB_TYPE_STREAM_K, 0},
+      {CUDNN_KNOB_TYPE_TILE_CGA_M, 0},    {CUDNN_KNOB_TYPE_STAGES, 2}};
+#endif
+  *knobs = NULL, *nknobs = 0;
+  if (!s->backward || !s->deterministic || s->sm / 10 != 10) return -1;
+  if (s->version < 92300) {
+    *knobs = before_9_23, *nknobs = (int)(sizeof before_9_23 / sizeof before_9_23[0]);
+  } else {
+#if CUDNN_VERSION >= 90700
+    *knobs = since_9_23, *nknobs = (int)(sizeof since_9_23 / sizeof since_9_23[0]);
+#endif
+  }
+  return s->sm > 103 ? 17 : 5;
+}
+
+/* The engine configuration of a pinned engine and its knobs, or NULL with g->err set. */
+static cudnnBackendDescriptor_t pinned_config(cg_graph *g, cudnnBackendDescriptor_t graph,
+                                              int64_t index, const cg_knob *knobs, int nknobs) {
+  if (knobs == NULL) {
+    g->err->status = ATTN_STATUS_UNSUPPORTED;
+    attn_format(g->err->why, g->err->why_size,
+                "cuDNN %d's deterministic Blackwell engine takes knobs that the cuDNN headers this "
+                "library was built with (%d) do not name: rebuild against cuDNN 9.7 or newer",
+                (int)g->spec.version, CUDNN_VERSION);
+    return NULL;
+  }
+  cudnnBackendDescriptor_t engine = make(g, CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  set(g, engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
+  set(g, engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index);
+  finalize(g, engine);
+  cudnnBackendDescriptor_t choices[8];
+  for (int i = 0; i < nknobs; ++i) {
+    choices[i] = make(g, CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
+    set(g, choices[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &knobs[i].type);
+    set(g, choices[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &knobs[i].value);
+    finalize(g, choices[i]);
+  }
+  cudnnBackendDescriptor_t cfg = make(g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+  set(g, cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &engine);
+  set(g, cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, nknobs, choices);
+  finalize(g, cfg);
+  return g->err->status == ATTN_STATUS_OK ? cfg : NULL;
 }
 
 /* ---- plan ------------------------------------------------------------------------------------- */
@@ -547,16 +611,50 @@ static const cudnnBackendAttributeName_t plan_handle_attr = CUDNN_ATTR_EXECUTION
 #pragma GCC diagnostic pop
 #endif
 
-/* Asks the heuristics for engine configurations and keeps the first whose plan finalises. */
+/* Makes g->plan from one engine configuration. An engine that cannot take this graph fails to
+ * finalise; that is expected, so these calls are checked by hand and only the first refusal is kept
+ * in first_failure for the message. Returns nonzero once g->plan is made. */
+static int try_config(cg_graph *g, cudnnHandle_t handle, cudnnBackendDescriptor_t cfg,
+                      char *first_failure, size_t size) {
+  cudnnBackendDescriptor_t plan = NULL;
+  cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(plan, plan_handle_attr, CUDNN_TYPE_HANDLE, 1, &handle);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(plan);
+  if (st == CUDNN_STATUS_SUCCESS) {
+    g->plan = plan;
+    return 1;
+  }
+  if (first_failure[0] == '\0') {
+    char last[384] = "";
+    cudnnGetLastErrorString(last, sizeof last);
+    attn_format(first_failure, size, "%s%s%s", cudnnGetErrorString(st), last[0] ? ": " : "", last);
+  }
+  if (plan != NULL) cudnnBackendDestroyDescriptor(plan);
+  return 0;
+}
+
+/* Keeps the first engine configuration whose plan finalises: the pinned engine where there is one,
+ * else the heuristics' configurations in their order. */
 static void make_plan(cg_graph *g, cudnnHandle_t handle) {
   cudnnBackendDescriptor_t graph = make(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g->nops, g->ops);
   set(g, graph, graph_handle_attr, CUDNN_TYPE_HANDLE, 1, &handle);
   finalize(g, graph);
 
-  cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
   char first_failure[512] = "";
-  for (int m = 0; m < 2 && g->err->status == ATTN_STATUS_OK && g->plan == NULL; ++m) {
+  const cg_knob *knobs;
+  int nknobs;
+  int64_t pinned = pinned_engine(&g->spec, &knobs, &nknobs);
+  if (pinned >= 0) {
+    cudnnBackendDescriptor_t cfg = pinned_config(g, graph, pinned, knobs, nknobs);
+    if (cfg != NULL) try_config(g, handle, cfg, first_failure, sizeof first_failure);
+  }
+  cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
+  for (int m = 0; pinned < 0 && m < 2 && g->err->status == ATTN_STATUS_OK && g->plan == NULL; ++m) {
     cudnnBackendDescriptor_t heur = make(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     set(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
     set(g, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &modes[m]);
@@ -572,37 +670,22 @@ static void make_plan(cg_graph *g, cudnnHandle_t handle) {
       CK(g, cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                      CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, cfg));
     if (g->err->status != ATTN_STATUS_OK) return;
-    for (int64_t i = 0; i < got; ++i) {
-      /* An engine that cannot take this graph fails to finalise; that is expected, so these calls
-       * are checked by hand and only the first refusal is kept for the message. */
-      cudnnBackendDescriptor_t plan = NULL;
-      cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan);
-      if (st == CUDNN_STATUS_SUCCESS)
-        st = cudnnBackendSetAttribute(plan, plan_handle_attr, CUDNN_TYPE_HANDLE, 1, &handle);
-      if (st == CUDNN_STATUS_SUCCESS)
-        st = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                      CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg[i]);
-      if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(plan);
-      if (st == CUDNN_STATUS_SUCCESS) {
-        g->plan = plan;
-        break;
-      }
-      if (first_failure[0] == '\0') {
-        char last[384] = "";
-        cudnnGetLastErrorString(last, sizeof last);
-        attn_format(first_failure, sizeof first_failure, "%s%s%s", cudnnGetErrorString(st),
-                    last[0] ? ": " : "", last);
-      }
-      if (plan != NULL) cudnnBackendDestroyDescriptor(plan);
-    }
+    for (int64_t i = 0; i < got; ++i)
+      if (try_config(g, handle, cfg[i], first_failure, sizeof first_failure)) break;
   }
   if (g->err->status != ATTN_STATUS_OK) return;
   if (g->plan == NULL) {
     g->err->status = ATTN_STATUS_UNSUPPORTED;
-    attn_format(g->err->why, g->err->why_size,
-                "cuDNN %d has no engine for this %s graph%s%s", (int)g->spec.version,
-                g->spec.backward ? "backward" : "forward", first_failure[0] ? ": " : "",
-                first_failure);
+    if (pinned >= 0)
+      attn_format(g->err->why, g->err->why_size,
+                  "cuDNN %d's deterministic engine %lld (sm%d) takes no plan for this backward "
+                  "graph%s%s",
+                  (int)g->spec.version, (long long)pinned, (int)g->spec.sm,
+                  first_failure[0] ? ": " : "", first_failure);
+    else
+      attn_format(g->err->why, g->err->why_size, "cuDNN %d has no engine for this %s graph%s%s",
+                  (int)g->spec.version, g->spec.backward ? "backward" : "forward",
+                  first_failure[0] ? ": " : "", first_failure);
     return;
   }
   int64_t n = 0;

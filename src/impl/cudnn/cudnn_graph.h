@@ -45,8 +45,9 @@ typedef struct cg_layout {
 
 /* Everything a graph depends on. Zero-initialise, then fill. */
 typedef struct cg_spec {
-  int32_t backward;   /* 0: forward graph (always with statistics); 1: backward graph */
-  int32_t with_dbias; /* backward: also reduce dS into dbias */
+  int32_t backward;      /* 0: forward graph (always with statistics); 1: backward graph */
+  int32_t with_dbias;    /* backward: also reduce dS into dbias */
+  int32_t deterministic; /* backward: cudnn-frontend's set_deterministic_algorithm(true), below */
   int32_t dtype;      /* ATTN_DTYPE_F16 or ATTN_DTYPE_BF16 */
   int64_t b, hq, hkv, tq, tk, d, dv;
   float scale;
@@ -62,6 +63,16 @@ typedef struct cg_spec {
   int32_t sm;               /* compute capability, 10 * major + minor */
   cg_layout st;
 } cg_spec;
+
+/* Whether a backward graph adds dQ into the f32 accumulator CG_UID_DQ_ACCUM (cuDNN's default
+ * schedule: every key block's CTA adds its part, so the order of the additions, and the last bits
+ * of dq, vary from run to run) rather than writing dQ with its own product over a dS kept in the
+ * workspace ("dP workspace"), which cuDNN requires for dbias and which cudnn-frontend's
+ * set_deterministic_algorithm(true) selects (scaled_dot_product_flash_attention.h:
+ * use_dp_workspace, since cudnn-frontend 1.5). */
+static inline int cg_dq_accumulated(const cg_spec *s) {
+  return s->backward && !s->with_dbias && !s->deterministic;
+}
 
 typedef struct cg_graph cg_graph;
 
