@@ -82,6 +82,33 @@ void tu_gpu_check_close(const char *name, const char *what, const tu_buf *got,
            (long long)eg.where, at, want);
 }
 
+void tu_gpu_on_tune_event(void *user, const attn_event *e) {
+  tu_tune_log *log = user;
+  if (e->kind == ATTN_EVENT_KIND_TUNE_START) ++log->starts;
+  if (e->kind == ATTN_EVENT_KIND_TUNE_CANDIDATE) {
+    int measured = e->status == ATTN_STATUS_OK && e->time_us > 0.0;
+    if (measured) ++log->measured;
+    else ++log->failed;
+    if (log->ncandidates < (int)(sizeof log->candidate / sizeof log->candidate[0])) {
+      snprintf(log->candidate[log->ncandidates].impl, sizeof log->candidate[0].impl, "%s", e->impl);
+      log->candidate[log->ncandidates++].measured = measured;
+    }
+  }
+  if (e->kind == ATTN_EVENT_KIND_TUNE_FINISH) {
+    ++log->finishes;
+    snprintf(log->impl, sizeof log->impl, "%s", e->impl);
+    snprintf(log->config, sizeof log->config, "%s", e->config);
+  }
+  if (e->kind == ATTN_EVENT_KIND_CACHE_HIT_MEMORY) ++log->memory_hits;
+}
+
+int tu_tune_log_measured(const tu_tune_log *log, const char *impl) {
+  int n = 0;
+  for (int i = 0; i < log->ncandidates; ++i)
+    n += log->candidate[i].measured && strcmp(log->candidate[i].impl, impl) == 0;
+  return n;
+}
+
 int tu_gpu_found(void) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);

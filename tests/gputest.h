@@ -1,8 +1,8 @@
 /*
  * tests/gputest.h - what the two GPU tests (test_cuda.c, test_cudnn.c) share on top of testutil.h:
  * a fatal check of CUDA runtime calls, problems on the device, the refusal check, a plan's
- * workspace and stream, device copies of host buffers, SPEC.md's low-precision comparison, and how
- * a program without a device ends.
+ * workspace and stream, device copies of host buffers, SPEC.md's low-precision comparison, the log
+ * of an autotuning, and how a program without a device ends.
  *
  * It calls the CUDA runtime, so tests/CMakeLists.txt builds it only where the CUDA toolkit was
  * found and links it into those two tests only (its name is not test_*.c, so it is not a test).
@@ -68,6 +68,24 @@ tu_buf tu_gpu_fetch(const void *device, attn_dtype dtype, int64_t n);
 void tu_gpu_check_close(const char *name, const char *what, const tu_buf *got,
                         const tu_buf *naive, const tu_buf *naive_alt, const double *exact,
                         double factor);
+
+/* What the executor reported while it made a plan (attn_ctx_set_event_callback(ctx,
+ * tu_gpu_on_tune_event, &log), log zeroed first): the tunings, each candidate timed or failed, the
+ * winner, and the memory-cache hits. */
+typedef struct tu_tune_log {
+  int starts, finishes, measured, failed, memory_hits;
+  char impl[32], config[32]; /* the winner */
+  int ncandidates;           /* the first 16 candidates, in the order they were timed */
+  struct {
+    char impl[32];
+    int measured; /* 1: timed; 0: failed */
+  } candidate[16];
+} tu_tune_log;
+
+void tu_gpu_on_tune_event(void *user, const attn_event *e);
+
+/* How many candidates of implementation impl the log saw timed. */
+int tu_tune_log_measured(const tu_tune_log *log, const char *impl);
 
 /* Whether a CUDA device is present. With one, prints "device 0: <name>, sm<XY>, <N> SMs" and
  * returns 1; without, prints "SKIP: no CUDA device (<why>)" and returns 0. */

@@ -606,26 +606,6 @@ static void test_golden(const char *root) {
 
 /* ---- the executor on a GPU problem ---------------------------------------------------------- */
 
-typedef struct tune_log {
-  int starts, finishes, measured, failed, memory_hits;
-  char impl[32], config[32]; /* the winner */
-} tune_log;
-
-static void on_tune_event(void *user, const attn_event *e) {
-  tune_log *log = user;
-  if (e->kind == ATTN_EVENT_KIND_TUNE_START) ++log->starts;
-  if (e->kind == ATTN_EVENT_KIND_TUNE_CANDIDATE) {
-    if (e->status == ATTN_STATUS_OK && e->time_us > 0.0) ++log->measured;
-    else ++log->failed;
-  }
-  if (e->kind == ATTN_EVENT_KIND_TUNE_FINISH) {
-    ++log->finishes;
-    snprintf(log->impl, sizeof log->impl, "%s", e->impl);
-    snprintf(log->config, sizeof log->config, "%s", e->config);
-  }
-  if (e->kind == ATTN_EVENT_KIND_CACHE_HIT_MEMORY) ++log->memory_hits;
-}
-
 /* Autotuning a GPU problem times the cuda implementation's two configurations on device scratch
  * data of the tuner's own, plans the winner and keeps it in the context's memory cache; under a
  * deterministic policy "atomic" is no candidate, and the lone one left is taken untimed. No cache
@@ -640,10 +620,10 @@ static void test_autotune(void) {
     attn_policy_init(&pol);
     pol.on_miss = ATTN_ON_MISS_AUTOTUNE, pol.cache_path = "", pol.tune_backward = 1;
     pol.warmup_iters = 1, pol.measure_iters = 5, pol.deterministic = deterministic;
-    tune_log log;
+    tu_tune_log log;
     memset(&log, 0, sizeof log);
     attn_ctx_set_policy(tctx, &pol);
-    attn_ctx_set_event_callback(tctx, on_tune_event, &log);
+    attn_ctx_set_event_callback(tctx, tu_gpu_on_tune_event, &log);
     attn_problem p = tu_gpu_problem(2, 300, 300, 4, 2, 64, ATTN_DTYPE_BF16);
     p.causal = 1;
     attn_select sel;
