@@ -317,6 +317,25 @@ static void test_heuristics(void) {
   tu_check(st == ATTN_STATUS_OK && strcmp(pick, "fake2/tile64") == 0,
            "heuristics skip an implementation that does not support the problem: %s", pick);
 
+  /* Under the deterministic policy fake2's default (tile64) is out: the next implementation
+   * whose default is still a candidate comes before fake2's leftover tile32. */
+  pol.deterministic = 1;
+  attn_ctx_set_policy(ctx, &pol);
+  st = plan_pick(ctx, &p, NULL, pick, sizeof pick);
+  tu_check(st == ATTN_STATUS_OK && strcmp(pick, "cudnn_fake/default") == 0,
+           "deterministic heuristics: an implementation whose default was filtered out comes "
+           "after those whose default remains: %s",
+           pick);
+  attn_select only2;
+  attn_select_init(&only2);
+  only2.impl = "fake2";
+  st = plan_pick(ctx, &p, &only2, pick, sizeof pick);
+  tu_check(st == ATTN_STATUS_OK && strcmp(pick, "fake2/tile32") == 0,
+           "deterministic heuristics: alone, the filtered implementation's leftover is taken: %s",
+           pick);
+  pol.deterministic = 0;
+  attn_ctx_set_policy(ctx, &pol);
+
   /* scaled_dot_product_attention prefers cuDNN on platform auto. */
   p.head_dim = 8;
   p.operation = ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION;

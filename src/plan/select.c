@@ -535,27 +535,39 @@ static const candidate *autotune(attn_ctx *ctx, attn_exec *e, const attn_problem
   return best;
 }
 
-/* The first candidate in registry order (cuDNN first for scaled_dot_product_attention on platform
- * AUTO: the vendor primitive is the natural engine of that operation) with its default
- * configuration, or the caller's configuration. */
+/* The candidate of impl with its default configuration, or NULL when the policy left that one
+ * out (or the default is out of range). */
+static const candidate *default_of(const attn_problem *p, const candidates *c,
+                                   const attn_impl *impl) {
+  int32_t want = impl->default_config(p);
+  for (int32_t i = 0; i < c->count; ++i)
+    if (c->items[i].impl == impl && c->items[i].config == want) return &c->items[i];
+  return NULL;
+}
+
+/* The caller's configuration; else the first implementation in registry order (cuDNN first for
+ * scaled_dot_product_attention on platform AUTO: the vendor primitive is the natural engine of
+ * that operation) whose default configuration is a candidate. An implementation whose default
+ * the deterministic policy filtered out comes after those: its remaining configurations are
+ * fallbacks, not its recommendation (cuDNN's deterministic backward keeps dS of every query and
+ * key in its workspace, B * Hq * Tq * Tk * 2 bytes). Failing all that, the first candidate. */
 static const candidate *heuristic(const attn_problem *p, const attn_select *sel,
                                   const candidates *c) {
-  const attn_impl *impl = c->items[0].impl;
+  if (c->user_config) return &c->items[0];
   if (p->operation == ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION &&
       (sel == NULL || sel->platform == ATTN_PLATFORM_AUTO))
     for (int32_t i = 0; i < c->count; ++i)
       if (attn_impl_platform_of(c->items[i].impl) == ATTN_PLATFORM_CUDNN) {
-        impl = c->items[i].impl;
+        const candidate *d = default_of(p, c, c->items[i].impl);
+        if (d != NULL) return d;
         break;
       }
-  const candidate *first = NULL;
-  int32_t want = c->user_config ? -1 : impl->default_config(p);
   for (int32_t i = 0; i < c->count; ++i) {
-    if (c->items[i].impl != impl) continue;
-    if (first == NULL) first = &c->items[i];
-    if (c->items[i].config == want) return &c->items[i];
+    if (i > 0 && c->items[i].impl == c->items[i - 1].impl) continue;
+    const candidate *d = default_of(p, c, c->items[i].impl);
+    if (d != NULL) return d;
   }
-  return first; /* the caller's configuration, or the first when a default is out of range */
+  return &c->items[0];
 }
 
 attn_status attn_exec_select(attn_ctx *ctx, const attn_problem *p, const attn_select *sel,
