@@ -272,12 +272,19 @@ attn_status launch_fwd(const attn_cuda_params &p, cudaStream_t stream, char *why
 }
 
 /* The feature-free kernel (kFeat = false) when the run needs none of the per-element work, the
- * sinks or the zero padding of a smaller head dim: the common case, at far fewer registers. */
+ * sinks or the zero padding of a smaller head dim: the common case, at far fewer registers. At
+ * D = 256 a banded run takes two 4-warp CTAs per SM (BandFwdTraits256). */
 template <typename T, int kD> attn_status run_fwd(const attn_cuda_params &p, cudaStream_t stream,
                                                   char *why, size_t why_size) {
   if (needs_features(p, kD)) {
     using F = FwdTraits<kD>;
     return launch_fwd<T, FwdCfg<T, kD, F::kNW, F::kMT, F::kBN>, true>(p, stream, why, why_size);
+  }
+  if constexpr (kD == 256) {
+    if (p.window_right >= 0 || p.window_left >= 0) {
+      using F = BandFwdTraits256;
+      return launch_fwd<T, FwdCfg<T, kD, F::kNW, F::kMT, F::kBN, F::kMinB>, false>(p, stream, why, why_size);
+    }
   }
   using F = FastFwdTraits<kD>;
   return launch_fwd<T, FwdCfg<T, kD, F::kNW, F::kMT, F::kBN, F::kMinB>, false>(p, stream, why, why_size);

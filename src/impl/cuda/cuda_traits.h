@@ -43,6 +43,15 @@ template <int kD> struct FastFwdTraits {
   static constexpr int kMinB = 1;
 };
 
+/* D = 256 under a causal or windowed band, FlashAttention-2's H100 shape: 64-row CTAs on 4 warps,
+ * two per SM, so one CTA's prologue (the 32 KB Q tile) and epilogue overlap the other's products,
+ * which pays when CTAs are short. dev/cuda/fwd_tiles.cu (H100, causal): T = 512 169 against 147
+ * TFLOPS with one 8-warp CTA per SM, T = 8192 259 against 262; without a band the 8-warp shape
+ * keeps T = 8192 (304 against 289) and ties at T = 512 (233 both). */
+struct BandFwdTraits256 {
+  static constexpr int kNW = 4, kMT = 1, kBN = 64, kMinB = 2;
+};
+
 /* dK/dV kernel: 64 keys on 4 warps (8 past D = 128) in the deterministic configuration; 128 keys
  * on 8 warps up to D = 128 in the atomic one, which halves the dQ atomics and the Q / dO reloads
  * per key (dev/cuda/bwd_tiles.cu, H100, D = 128, T = 8192: atomic 198 vs 178 TFLOPS; the
