@@ -398,6 +398,12 @@ static void test_grid(int quick) {
       c.p.causal = 1, c.p.align = a;
       run_case(&c);
     }
+  /* the large head dims under a band (D = 256 has its own forward tile there), also in the quick
+   * suite so that compute-sanitizer sees the D > 128 kernels */
+  c = make("causal d256 65x200", tu_gpu_problem(2, 65, 200, 2, 1, 256, BF)), c.p.causal = 1, run_case(&c);
+  c = make("causal d256 129x129 tl", tu_gpu_problem(1, 129, 129, 2, 2, 256, F16)), c.p.causal = 1, c.p.align = 1, run_case(&c);
+  c = make("window d256 20,10", tu_gpu_problem(1, 200, 150, 2, 2, 256, BF)), c.p.window_left = 20, c.p.window_right = 10, run_case(&c);
+  c = make("causal d192 127x129", tu_gpu_problem(1, 127, 129, 4, 2, 192, F16)), c.p.causal = 1, run_case(&c);
   /* windows */
   c = make("window 16,0", tu_gpu_problem(1, 200, 200, 2, 2, 64, BF)), c.p.window_left = 16, c.p.window_right = 0, run_case(&c);
   c = make("window 7,33 tl", tu_gpu_problem(1, 129, 300, 2, 2, 128, F16)), c.p.window_left = 7, c.p.window_right = 33, c.p.align = 1, run_case(&c);
