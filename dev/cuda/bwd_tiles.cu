@@ -45,6 +45,11 @@
  *   v9 (not kept) phase 1 in FlashAttention-2's order, S^T, P in place, then dP^T and dS^T,
  *      stores at the end (so P's exponentials could issue between dP^T's products): D = 128
  *      262 / 245 against 264 / 246, 24 bytes of spills; D = 64 237 / 223 against 239 / 225.
+ *   v10 (not kept) dQ's key slices alternating between two sets of accumulators (added before
+ *      the atomics), since ptxas had left dQ's chain of 8 accumulators to itself (mma on the
+ *      same registers 8 apart): the reuse distance went to >= 12 mma, the speed did not move
+ *      (D = 128 262 / 247, D = 64 242 / 229, D = 256 192 / 192 with 32 bytes of new spills). An
+ *      order written out by hand (dQ's steps between halves of dV's) was rescheduled by ptxas.
  *   Run-to-run spread of one shape between device calls: about 2% (up to 4% for v2).
  */
 #include "impl/cuda/cuda_bwd.cuh"
