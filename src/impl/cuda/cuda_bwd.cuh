@@ -488,27 +488,34 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
         for (int kk = 0; kk < kBN / 16; ++kk)
           mma_ab<T, kQMT, kQC, kPitchP, kPitch, true>(aq, lane_s + kk * 16 * kPitchP,
                                                      lane_k + kk * 16 * kPitch + cc * kQC * kE, kQC / 16);
-        /* this lane's first element; the others are compile-time offsets from it when ld = kD */
+        /* this lane's first element; the others are compile-time offsets from it when ld = kD.
+         * A block whose rows are all inside the sequence adds without a test per row: with the
+         * tests, each row group recomputed its address into the registers the previous group's
+         * atomics were still reading, and waited for them (13% of the kernel's stall samples). */
         float *lane_dq = gdq + (qr0 + (lane >> 2)) * ld + c0 + (lane & 3) * 2;
+        auto add = [&](auto all_rows) {
 #pragma unroll
-        for (int mt = 0; mt < kQMT; ++mt)
+          for (int mt = 0; mt < kQMT; ++mt)
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int r = qr0 + mt * 16 + (lane >> 2) + hf * 8;
-            if (m0 + r >= sq.len_q) continue;
+            for (int hf = 0; hf < 2; ++hf) {
+              const int r = qr0 + mt * 16 + (lane >> 2) + hf * 8;
+              if (!decltype(all_rows)::value && m0 + r >= sq.len_q) continue;
 #pragma unroll
-            for (int dt = 0; dt < kQC / 8; ++dt) {
-              const int c = c0 + dt * 8 + (lane & 3) * 2;
-              if (kFeat && c >= p.d) continue;
-              float *dst = lane_dq + (mt * 16 + hf * 8) * ld + dt * 8;
+              for (int dt = 0; dt < kQC / 8; ++dt) {
+                const int c = c0 + dt * 8 + (lane & 3) * 2;
+                if (kFeat && c >= p.d) continue;
+                float *dst = lane_dq + (mt * 16 + hf * 8) * ld + dt * 8;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-              atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(aq[mt][dt][2 * hf], aq[mt][dt][2 * hf + 1]));
+                atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(aq[mt][dt][2 * hf], aq[mt][dt][2 * hf + 1]));
 #else
-              atomicAdd(dst, aq[mt][dt][2 * hf]);
-              atomicAdd(dst + 1, aq[mt][dt][2 * hf + 1]);
+                atomicAdd(dst, aq[mt][dt][2 * hf]);
+                atomicAdd(dst + 1, aq[mt][dt][2 * hf + 1]);
 #endif
+              }
             }
-          }
+        };
+        if (m0 + kBM <= sq.len_q) add(std::true_type{});
+        else add(std::false_type{});
       }
     }
 
