@@ -456,12 +456,16 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
       cp_async_commit();
     }
 
+    /* dK += dS^T Q, one key slice */
+    auto dk_step = [&](int kk) {
+      mma_ab<T, 2, kDW, kPitchP, kPitch>(adk, smem_u32(sSt) + lane_p + kk * 16 * kE,
+                                         smem_u32(sQ) + lane_t + kk * 16 * kPitch, kFeat ? (p.d - dc0 + 15) / 16 : kDW / 16);
+    };
     if constexpr (kAtomic) {
-      /* dQ(rows of this block) += dS K, added into the f32 workspace; before dK's products, so
-       * that those hide the atomics' latency. Warp w takes kQMT m-tiles of query rows (row group
-       * w % kRowGroups) and a kCols-wide slice of columns, kQC at a time. Two m-tiles where the
-       * columns split evenly: each K fragment then feeds two mma (FlashAttention-2's 32 x 32
-       * warp tile at D = 128). */
+      /* dQ(rows of this block) += dS K, added into the f32 workspace. Warp w takes kQMT m-tiles
+       * of query rows (row group w % kRowGroups) and a kCols-wide slice of columns, kQC at a
+       * time. Two m-tiles where the columns split evenly: each K fragment then feeds two mma
+       * (FlashAttention-2's 32 x 32 warp tile at D = 128). */
       constexpr int kQMT = kBM % 32 == 0 && C::kNW % (kBM / 32) == 0 && (kD / (C::kNW / (kBM / 32))) % 16 == 0 ? 2 : 1;
       constexpr int kRowGroups = kBM / (16 * kQMT), kDG = C::kNW / kRowGroups, kCols = kD / kDG;
       /* at most 64 / kQMT columns at a time: 32 accumulator registers */
@@ -472,12 +476,12 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
       /* A = dS rows (queries) read transposed from dS^T; B = K read transposed, from c_base */
       const uint32_t lane_s = smem_u32(sSt) + qr0 * kE + lane_at<T, kPitchP>(lane);
       const uint32_t lane_k = smem_u32(sK) + c_base * kE + lane_bt<T, kPitch>(lane);
-      float *gdq = p.dq_accum + ((int64_t)h * p.rows_q + delta_row(p, sq, b, m0)) * ld;
-#pragma unroll
-      for (int cc = 0; cc < kCols / kQC; ++cc) {
-        const int c0 = c_base + cc * kQC;
-        if (kFeat && c0 >= p.d) break;
-        float aq[kQMT][kQC / 8][4];
+      /* this lane's first element of the workspace; the others are compile-time offsets from
+       * it when ld = kD */
+      float *lane_dq = p.dq_accum + ((int64_t)h * p.rows_q + delta_row(p, sq, b, m0)) * ld +
+                       (qr0 + (lane >> 2)) * ld + c_base + (lane & 3) * 2;
+      float aq[kQMT][kQC / 8][4];
+      auto products = [&](int cc) {
 #pragma unroll
         for (int mt = 0; mt < kQMT; ++mt)
 #pragma unroll
@@ -488,42 +492,56 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
         for (int kk = 0; kk < kBN / 16; ++kk)
           mma_ab<T, kQMT, kQC, kPitchP, kPitch, true>(aq, lane_s + kk * 16 * kPitchP,
                                                      lane_k + kk * 16 * kPitch + cc * kQC * kE, kQC / 16);
-        /* this lane's first element; the others are compile-time offsets from it when ld = kD.
-         * A block whose rows are all inside the sequence adds without a test per row: with the
-         * tests, each row group recomputed its address into the registers the previous group's
-         * atomics were still reading, and waited for them (13% of the kernel's stall samples). */
-        float *lane_dq = gdq + (qr0 + (lane >> 2)) * ld + c0 + (lane & 3) * 2;
-        auto add = [&](auto all_rows) {
+      };
+      /* the atomics of one row group (m-tile mt, half hf) of column chunk cc */
+      auto add_rows = [&](int cc, int mt, int hf, bool check_row) {
+        const int r = qr0 + mt * 16 + (lane >> 2) + hf * 8;
+        if (check_row && m0 + r >= sq.len_q) return;
 #pragma unroll
-          for (int mt = 0; mt < kQMT; ++mt)
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-              const int r = qr0 + mt * 16 + (lane >> 2) + hf * 8;
-              if (!decltype(all_rows)::value && m0 + r >= sq.len_q) continue;
-#pragma unroll
-              for (int dt = 0; dt < kQC / 8; ++dt) {
-                const int c = c0 + dt * 8 + (lane & 3) * 2;
-                if (kFeat && c >= p.d) continue;
-                float *dst = lane_dq + (mt * 16 + hf * 8) * ld + dt * 8;
+        for (int dt = 0; dt < kQC / 8; ++dt) {
+          const int c = c_base + cc * kQC + dt * 8 + (lane & 3) * 2;
+          if (kFeat && c >= p.d) continue;
+          float *dst = lane_dq + (mt * 16 + hf * 8) * ld + cc * kQC + dt * 8;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(aq[mt][dt][2 * hf], aq[mt][dt][2 * hf + 1]));
+          atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(aq[mt][dt][2 * hf], aq[mt][dt][2 * hf + 1]));
 #else
-                atomicAdd(dst, aq[mt][dt][2 * hf]);
-                atomicAdd(dst + 1, aq[mt][dt][2 * hf + 1]);
+          atomicAdd(dst, aq[mt][dt][2 * hf]);
+          atomicAdd(dst + 1, aq[mt][dt][2 * hf + 1]);
 #endif
-              }
-            }
-        };
-        if (m0 + kBM <= sq.len_q) add(std::true_type{});
-        else add(std::false_type{});
-      }
-    }
-
-    /* dK += dS^T Q */
+        }
+      };
+      /* One column chunk and a block wholly inside the sequence (the common case): dQ's
+       * products first, then its atomics a row group at a time between dK's steps, so that
+       * they neither queue behind each other nor hand their registers straight to dK's loads
+       * (each waits until the atomic has read them), and without a test per row (with one,
+       * ptxas recomputed the address per row group into registers the last group's atomics
+       * were still reading: 13% of the kernel's stall samples). Otherwise chunk by chunk, then
+       * dK. */
+      constexpr int kGroups = 2 * kQMT, kSteps = kBM / 16;
+      if (kCols == kQC && m0 + kBM <= sq.len_q && (!kFeat || c_base < p.d)) {
+        products(0);
 #pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
-      mma_ab<T, 2, kDW, kPitchP, kPitch>(adk, smem_u32(sSt) + lane_p + kk * 16 * kE,
-                                         smem_u32(sQ) + lane_t + kk * 16 * kPitch, kFeat ? (p.d - dc0 + 15) / 16 : kDW / 16);
+        for (int kk = 0; kk < kSteps; ++kk) {
+          dk_step(kk);
+#pragma unroll
+          for (int grp = 0; grp < kGroups; ++grp)
+            if (grp * kSteps / kGroups == kk) add_rows(0, grp / 2, grp % 2, false);
+        }
+      } else {
+#pragma unroll
+        for (int cc = 0; cc < kCols / kQC; ++cc) {
+          if (kFeat && c_base + cc * kQC >= p.d) break;
+          products(cc);
+#pragma unroll
+          for (int grp = 0; grp < kGroups; ++grp) add_rows(cc, grp / 2, grp % 2, true);
+        }
+#pragma unroll
+        for (int kk = 0; kk < kSteps; ++kk) dk_step(kk);
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk) dk_step(kk);
+    }
     if (it + 1 < items && tid < kBM) sStats[((it + 1) & 1) * kBM + tid] = next_stats;
     if constexpr (kStages == 1) {
       __syncthreads(); /* every warp is done with Q(it), P'^T, dS^T */
