@@ -296,19 +296,25 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
     return static_cast<const T *>(p.dout) + b * p.do_b + (sq.q0 + (int64_t)mb * kBM) * p.do_r + h * p.do_h;
   };
 
-  /* lse (log2 units; +inf for a row without any visible key, so its P is 0) and Delta of row tid of
-   * item it, for the threads tid < kBM. */
+  /* lse and Delta of row tid of item it, for the threads tid < kBM (lse -inf for a row past the
+   * sequence, as for one without any visible key); to_log2 turns lse into the log2 units the dS
+   * code takes, +inf for such a row, so that its P is 0. */
   auto row_stats = [&](int h, int mb) {
     const int i = mb * kBM + tid;
-    float2 st = make_float2(INFINITY, 0.f);
+    float2 st = make_float2(-INFINITY, 0.f);
     if (i < sq.len_q) {
-      const float l = p.lse[b * p.lse_b + h * p.lse_h + (sq.q0 + i) * p.lse_r];
-      st.x = l == -INFINITY ? INFINITY : l * kLog2e;
+      st.x = p.lse[b * p.lse_b + h * p.lse_h + (sq.q0 + i) * p.lse_r];
       st.y = p.delta[h * p.rows_q + delta_row(p, sq, b, i)];
     }
     return st;
   };
-  if (items > 0 && tid < kBM) sStats[tid] = row_stats(g * p.group, m_lo);
+  /* a separate step from the loads, so that their latency is waited for only when the values are
+   * stored (at the end of the item before theirs) */
+  auto to_log2 = [](float2 st) {
+    st.x = st.x == -INFINITY ? INFINITY : st.x * kLog2e;
+    return st;
+  };
+  if (items > 0 && tid < kBM) sStats[tid] = to_log2(row_stats(g * p.group, m_lo));
 
   /* cp.async groups, one stage: {K, V, dO(0)}, {Q(0)}; then per item {dO(it+1)}, {Q(it+1)}, each
    * issued once the item's last reader of that buffer is done. Two stages: {K, V, dO(0), Q(0)},
@@ -350,7 +356,7 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
     const bool fast = (!kFeat || !p.elementwise) && band_full(p, hd, m0, m_last, n0, kBN);
     /* the next item's lse and Delta: loaded now, stored at the end of this item, so their
      * latency hides behind its products */
-    float2 next_stats = make_float2(INFINITY, 0.f);
+    float2 next_stats = make_float2(-INFINITY, 0.f);
     if (it + 1 < items && tid < kBM) next_stats = row_stats(h1, mb1);
     const float2 *stats_it = sStats + (it & 1) * kBM;
     T *sQ = sQ0 + (kStages == 2 ? (it & 1) * kBM * kS : 0);
@@ -542,7 +548,7 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
 #pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk) dk_step(kk);
     }
-    if (it + 1 < items && tid < kBM) sStats[((it + 1) & 1) * kBM + tid] = next_stats;
+    if (it + 1 < items && tid < kBM) sStats[((it + 1) & 1) * kBM + tid] = to_log2(next_stats);
     if constexpr (kStages == 1) {
       __syncthreads(); /* every warp is done with Q(it), P'^T, dS^T */
       if (it + 1 < items) copy_q(smem_u32(sQ), sQ, gq_next, p.q_r, sq.len_q - mb1 * kBM, p.d);
