@@ -50,13 +50,21 @@
  *      same registers 8 apart): the reuse distance went to >= 12 mma, the speed did not move
  *      (D = 128 262 / 247, D = 64 242 / 229, D = 256 192 / 192 with 32 bytes of new spills). An
  *      order written out by hand (dQ's steps between halves of dV's) was rescheduled by ptxas.
- *   Run-to-run spread of one shape between device calls: about 2% (up to 4% for v2).
+ *   From ncu's per-instruction stall samples: the dQ atomics of a query block wholly inside the
+ *      sequence without a test per row (the test made ptxas recompute their address per row
+ *      group into registers the previous group's atomics were still reading), the last chunk's
+ *      atomics spread between dK's steps, lse converted to log2 units when stored: D = 128
+ *      atomic 262 -> 277-284 / 247 -> 255-258, D = 64 v6 246 -> 252 / 236, D = 256 v5 196 -> 214
+ *      / 212 (the same device call measured the deterministic D = 256 at 180).
+ *   Run-to-run spread of one shape between device calls: about 2% (up to 4% for v2), and lent
+ *   machines differ by up to 5%: compare shapes within one call.
  */
 #include "impl/cuda/cuda_bwd.cuh"
 #include "impl/cuda/cuda_fwd.cuh"
 #include "lab.cuh"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 using namespace attn_cuda;
@@ -147,8 +155,9 @@ template <int kD> void shape(int causal) {
 }
 
 int main(int argc, char **argv) {
-  if (argc > 1) { /* one shape, for ncu: D = 128, T = 8192, non-causal */
-    shape<128>(0);
+  if (argc > 1) { /* one shape, for ncu: D = 128 (or the argument 256), T = 8192, non-causal */
+    if (atoi(argv[1]) == 256) shape<256>(0);
+    else shape<128>(0);
     return 0;
   }
   for (int c = 0; c < 2; ++c) {

@@ -516,30 +516,37 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
 #endif
         }
       };
-      /* One column chunk and a block wholly inside the sequence (the common case): dQ's
-       * products first, then its atomics a row group at a time between dK's steps, so that
-       * they neither queue behind each other nor hand their registers straight to dK's loads
-       * (each waits until the atomic has read them), and without a test per row (with one,
-       * ptxas recomputed the address per row group into registers the last group's atomics
-       * were still reading: 13% of the kernel's stall samples). Otherwise chunk by chunk, then
-       * dK. */
-      constexpr int kGroups = 2 * kQMT, kSteps = kBM / 16;
-      if (kCols == kQC && m0 + kBM <= sq.len_q && (!kFeat || c_base < p.d)) {
-        products(0);
+      /* A block wholly inside the sequence (the common case) adds without a test per row: with
+       * one, ptxas recomputed the address per row group into registers the last group's atomics
+       * were still reading, and waited for them (13% of the kernel's stall samples at D = 128,
+       * 20% at D = 256). The last column chunk's atomics go a row group at a time between dK's
+       * steps, so that they neither queue behind each other nor hand their registers straight
+       * to dK's loads (each would wait until the atomic has read them). */
+      constexpr int kGroups = 2 * kQMT, kSteps = kBM / 16, kChunks = kCols / kQC;
+      auto add_chunk = [&](int cc, auto all_rows) {
+#pragma unroll
+        for (int grp = 0; grp < kGroups; ++grp) add_rows(cc, grp / 2, grp % 2, !decltype(all_rows)::value);
+      };
+      if (m0 + kBM <= sq.len_q && (!kFeat || c_base + (kChunks - 1) * kQC < p.d)) {
+#pragma unroll
+        for (int cc = 0; cc + 1 < kChunks; ++cc) {
+          products(cc);
+          add_chunk(cc, std::true_type{});
+        }
+        products(kChunks - 1);
 #pragma unroll
         for (int kk = 0; kk < kSteps; ++kk) {
           dk_step(kk);
 #pragma unroll
           for (int grp = 0; grp < kGroups; ++grp)
-            if (grp * kSteps / kGroups == kk) add_rows(0, grp / 2, grp % 2, false);
+            if (grp * kSteps / kGroups == kk) add_rows(kChunks - 1, grp / 2, grp % 2, false);
         }
       } else {
 #pragma unroll
-        for (int cc = 0; cc < kCols / kQC; ++cc) {
+        for (int cc = 0; cc < kChunks; ++cc) {
           if (kFeat && c_base + cc * kQC >= p.d) break;
           products(cc);
-#pragma unroll
-          for (int grp = 0; grp < kGroups; ++grp) add_rows(cc, grp / 2, grp % 2, true);
+          add_chunk(cc, std::false_type{});
         }
 #pragma unroll
         for (int kk = 0; kk < kSteps; ++kk) dk_step(kk);
