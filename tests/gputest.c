@@ -59,26 +59,22 @@ tu_buf tu_gpu_fetch(const void *device, attn_dtype dtype, int64_t n) {
   return h;
 }
 
-void tu_gpu_check_close(const char *name, const char *what, const tu_buf *got,
-                        const tu_buf *naive, const tu_buf *naive_alt, const double *exact,
-                        double factor) {
+void tu_gpu_check_close(const char *name, const char *what, tol_pass pass, const tu_buf *got,
+                        const tu_buf *naive, const tu_buf *naive_alt, const double *exact) {
   int64_t n = naive->n;
   if (got->n < n) { /* the implementation was not asked for it, or its run stopped early */
     tu_check(0, "%s %s: not computed", name, what);
     return;
   }
-  tu_err eg = tu_compare(got, exact, n), en = tu_compare(naive, exact, n);
-  double naive_err = en.max_abs;
-  if (naive_alt != NULL) {
-    tu_err ea = tu_compare(naive_alt, exact, n);
-    if (ea.max_abs > naive_err) naive_err = ea.max_abs;
-  }
-  double tol = factor * naive_err + 1e-3 * eg.max_ref;
-  int ok = eg.nan_count == 0 && eg.max_abs <= tol;
+  tol_err eg = tu_compare(got, exact, n), en = tu_compare(naive, exact, n), ea = tol_err_init();
+  if (naive_alt != NULL) ea = tu_compare(naive_alt, exact, n);
+  double naive_err = tol_naive_error(&en, naive_alt != NULL ? &ea : NULL);
+  double tol = tol_bound_low_precision(pass, eg.max_ref, naive_err);
   double at = eg.where >= 0 ? tu_get(got, eg.where) : 0.0;
   double want = eg.where >= 0 ? exact[eg.where] : 0.0;
-  tu_check(ok, "%-44s %-6s err %.3g (naive %.3g, tol %.3g, max|r| %.3g, bad %lld) at %lld: %g vs %g",
-           name, what, eg.max_abs, naive_err, tol, eg.max_ref, (long long)eg.nan_count,
+  tu_check(tol_ok(&eg, tol),
+           "%-44s %-6s err %.3g (naive %.3g, tol %.3g, max|r| %.3g, bad %lld) at %lld: %g vs %g",
+           name, what, eg.max_abs, naive_err, tol, eg.max_ref, (long long)eg.nonfinite,
            (long long)eg.where, at, want);
 }
 

@@ -8,13 +8,13 @@
  * machine's is lowered to what it runs), on 1 and 2 threads, with its smallest, largest and
  * default block sizes.
  *
- * Tolerance (SPEC.md "Testing"): f32: max|a - r| <= 1e-4 * max(1, max|r|); f16/bf16 (inputs rounded
- * to the dtype, the same values fed to the reference): err <= 2 * err(naive) + 1e-3 * max|r|, 3x
- * for gradients, where naive is the reference on the dtype's problem with
- * attn_plan_set_rounding(plan, dtype), or the reference on that problem without rounding when its
- * error is larger (rounding out, which Delta and so dsinks read, is unavoidable). lse must be
- * -inf exactly where the reference's is. Outputs start as NaN, so an element an implementation
- * forgets to write fails; each implementation gets exactly the workspace it asked for.
+ * Tolerance: SPEC.md's rule, tests/tolerance.h (f32: max|a - r| <= 1e-4 * max(1, max|r|);
+ * f16/bf16, inputs rounded to the dtype and the same values fed to the reference: err <= 2 *
+ * err(naive) + 1e-3 * max|r|, 3x for gradients), where naive is the reference on the dtype's
+ * problem with attn_plan_set_rounding(plan, dtype), or the reference on that problem without
+ * rounding when its error is larger (tol_naive_error). lse must be -inf exactly where the
+ * reference's is. Outputs start as NaN, so an element an implementation forgets to write fails;
+ * each implementation gets exactly the workspace it asked for.
  *
  * Usage: test_compare [filter]   runs only cases whose name contains filter.
  * Prints the seed (replay with ATTN_TEST_SEED=N) and, per failure, the tensor, the error, the
@@ -281,29 +281,6 @@ static result run_impl(attn_ctx *ctx, const attn_problem *p, const cdata *d, con
 
 /* ---- comparison --------------------------------------------------------------------------------------- */
 
-typedef struct err {
-  double max_abs, max_ref;
-  int64_t where;
-  int bad; /* NaN, or an infinity where the reference has none (or the other way) */
-} err;
-
-static err compare(const double *a, const double *r, int64_t n) {
-  err e = {0.0, 0.0, -1, 0};
-  for (int64_t i = 0; i < n; ++i) {
-    if (isinf(r[i]) || isinf(a[i]) || isnan(a[i]) || isnan(r[i])) {
-      if (!(a[i] == r[i])) {
-        if (!e.bad) e.where = i;
-        e.bad = 1;
-      }
-      continue;
-    }
-    double d = fabs(a[i] - r[i]);
-    if (d > e.max_abs) e.max_abs = d, e.where = i;
-    if (fabs(r[i]) > e.max_ref) e.max_ref = fabs(r[i]);
-  }
-  return e;
-}
-
 static const char *out_names[OUT_COUNT] = {"out", "lse", "dq", "dk", "dv", "dbias", "dsinks"};
 
 /* Logical index of element e of a role as "[a,b,c,d]". */
@@ -479,12 +456,6 @@ static void build_grid(void) {
 
 /* ---- main -------------------------------------------------------------------------------------------- */
 
-static double tolerance(const tcase *c, int o, const err *e_impl, const err *e_naive) {
-  if (c->p.dtype == ATTN_DTYPE_F32) return 1e-4 * (e_impl->max_ref > 1.0 ? e_impl->max_ref : 1.0);
-  double k = o >= OUT_DQ ? 3.0 : 2.0;
-  return k * e_naive->max_abs + 1e-3 * e_impl->max_ref;
-}
-
 int main(int argc, char **argv) {
   const char *filter = argc > 1 ? argv[1] : NULL;
   tu_rng rng = tu_rng_make(tu_seed("test_compare"));
@@ -513,9 +484,8 @@ int main(int argc, char **argv) {
     int lowp = c->p.dtype != ATTN_DTYPE_F32;
     /* naive: the reference on the problem's own dtype (its outputs rounded to it, its backward
      * reading the rounded out), with scores and probabilities rounded too. at_dtype: the same
-     * without rounding inside; its error is what rounding the outputs alone costs, which no
-     * implementation avoids (dsinks sums Delta = dout . out over every row, and out is rounded),
-     * so the bound uses the larger of the two. */
+     * without rounding inside, what rounding the outputs alone costs; the bound takes the larger
+     * error of the two (tol_naive_error says why). */
     if (lowp) {
       naive = run_impl(ctx, &c->p, &d, "ref", NULL, 0, (attn_dtype)c->p.dtype);
       at_dtype = run_impl(ctx, &c->p, &d, "ref", NULL, 0, ATTN_DTYPE_F64);
@@ -564,26 +534,27 @@ int main(int argc, char **argv) {
               ok = 0;
               continue;
             }
-            err e = compare(got.v[o], ref.v[o], ref.n[o]);
-            err en = {0};
+            tol_err e = tol_compare(got.v[o], ref.v[o], ref.n[o]);
+            double naive_err = 0.0; /* the f32 rule needs none */
             if (lowp) {
-              en = compare(naive.v[o], ref.v[o], ref.n[o]);
-              err ed = compare(at_dtype.v[o], ref.v[o], ref.n[o]);
-              if (ed.max_abs > en.max_abs) en = ed;
+              tol_err en = tol_compare(naive.v[o], ref.v[o], ref.n[o]);
+              tol_err ed = tol_compare(at_dtype.v[o], ref.v[o], ref.n[o]);
+              naive_err = tol_naive_error(&en, &ed);
             }
-            double tol = tolerance(c, o, &e, &en);
-            int good = !e.bad && e.max_abs <= tol;
-            if (!good) {
+            tol_pass pass = o >= OUT_DQ ? TOL_GRADIENT : TOL_FORWARD;
+            double tol = tol_bound((attn_dtype)c->p.dtype, pass, e.max_ref, naive_err);
+            if (!tol_ok(&e, tol)) {
               char where[96];
               index_string(&c->p, out_roles[o], e.where, where, sizeof where);
               printf("  %s: %s error %.3e > tol %.3e (max|ref| %.3e%s) at %s: got %.9g ref %.9g\n",
                      variant, out_names[o], e.max_abs, tol, e.max_ref,
-                     e.bad ? ", non-finite mismatch" : "", where, e.where >= 0 ? got.v[o][e.where] : 0.0,
+                     e.nonfinite ? ", non-finite mismatch" : "", where,
+                     e.where >= 0 ? got.v[o][e.where] : 0.0,
                      e.where >= 0 ? ref.v[o][e.where] : 0.0);
               ok = 0;
             }
             used += snprintf(line + used, sizeof line - (size_t)used, " %s %.1e", out_names[o],
-                             e.bad ? INFINITY : e.max_abs);
+                             e.nonfinite ? INFINITY : e.max_abs);
           }
           tu_check(ok, "%s %s:%s", c->name, variant, line);
         }

@@ -272,8 +272,8 @@ static void check_case(hcase *c) {
         if (k == 1 && o < O_DQ) continue; /* the forward pass is the same in both */
         char what[32];
         snprintf(what, sizeof what, "%s%s", out_name[o], k == 1 ? "@atomic" : "");
-        tu_gpu_check_close(c->name, what, &gpu.o[o], &naive.o[o], &naive2.o[o], e,
-                           o < O_DQ ? 2.0 : 3.0);
+        tu_gpu_check_close(c->name, what, o < O_DQ ? TOL_FORWARD : TOL_GRADIENT, &gpu.o[o],
+                           &naive.o[o], &naive2.o[o], e);
       }
     }
     results_free(&gpu);

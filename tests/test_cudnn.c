@@ -369,14 +369,14 @@ static void check_case(hcase *c, attn_ctx *pctx, attn_plan *given) {
     snprintf(name, sizeof name, "%s [%s %s]", c->name, attn_plan_impl_name(plan),
              attn_plan_config_name(plan));
     if (run_plan(name, c, given != NULL ? pctx : ctx, plan, &gpu, NULL)) {
-      tu_gpu_check_close(name, "out", &gpu.out, &naive.out, NULL, e_out, 2.0);
+      tu_gpu_check_close(name, "out", TOL_FORWARD, &gpu.out, &naive.out, NULL, e_out);
       if (!c->no_lse) {
-        tu_gpu_check_close(name, "lse", &gpu.lse, &naive.lse, NULL, e_lse, 2.0);
-        tu_gpu_check_close(name, "dq", &gpu.dq, &naive.dq, NULL, e_dq, 3.0);
-        tu_gpu_check_close(name, "dk", &gpu.dk, &naive.dk, NULL, e_dk, 3.0);
-        tu_gpu_check_close(name, "dv", &gpu.dv, &naive.dv, NULL, e_dv, 3.0);
+        tu_gpu_check_close(name, "lse", TOL_FORWARD, &gpu.lse, &naive.lse, NULL, e_lse);
+        tu_gpu_check_close(name, "dq", TOL_GRADIENT, &gpu.dq, &naive.dq, NULL, e_dq);
+        tu_gpu_check_close(name, "dk", TOL_GRADIENT, &gpu.dk, &naive.dk, NULL, e_dk);
+        tu_gpu_check_close(name, "dv", TOL_GRADIENT, &gpu.dv, &naive.dv, NULL, e_dv);
         if (c->want_dbias)
-          tu_gpu_check_close(name, "dbias", &gpu.dbias, &naive.dbias, NULL, e_dbias, 3.0);
+          tu_gpu_check_close(name, "dbias", TOL_GRADIENT, &gpu.dbias, &naive.dbias, NULL, e_dbias);
       }
     }
     results_free(&gpu);

@@ -6,7 +6,7 @@
  *
  * For each case folder (one with a case.txt) and each implementation that supports the case, the
  * forward (out, lse) and backward (dq, dk, dv, and dbias / dsinks when the case has them) passes
- * are compared with the expected arrays:
+ * are compared with the expected arrays under SPEC.md's rule (tests/tolerance.h):
  *   - f32 inputs on every implementation: max|a - r| <= 1e-4 * max(1, max|r|);
  *   - f16 and bf16 inputs (every input value of a case is exactly representable in both): the error
  *     must be at most 2x (3x for gradients) the error of the naive same-dtype computation, which is
@@ -533,54 +533,45 @@ static void report_add(report *rep, const char *fmt, ...) {
   }
 }
 
-/* The first element where a holds a NaN or an infinity that r does not have (or lacks one r has). */
-static int64_t first_non_finite_mismatch(const tu_buf *a, const double *r) {
-  for (int64_t i = 0; i < a->n; ++i) {
-    double x = tu_get(a, i);
-    if (isnan(x) || ((isinf(x) || isinf(r[i])) && x != r[i])) return i;
-  }
-  return -1;
-}
-
-/* Compares one tensor: f32 rule when naive is NULL, the low-precision rule (factor x naive error
- * + 1e-3 max|r|) otherwise. Appends "name err/bound" to the report. */
-static void check_tensor(report *rep, const char *name, const tu_buf *a, const double *r,
-                         const tu_buf *naive, double factor) {
+/* Compares one tensor of a problem of dtype with SPEC.md's rule (tolerance.h); naive, the naive
+ * same-dtype run, is NULL for f32. Appends "name err/bound" to the report. */
+static void check_tensor(report *rep, const char *name, attn_dtype dtype, tol_pass pass,
+                         const tu_buf *a, const double *r, const tu_buf *naive) {
   if (r == NULL || a->data == NULL) return;
-  tu_err e = tu_compare(a, r, a->n);
-  double bound;
-  if (naive == NULL) {
-    bound = 1e-4 * (e.max_ref > 1.0 ? e.max_ref : 1.0);
-  } else {
-    tu_err en = tu_compare(naive, r, naive->n);
-    bound = factor * en.max_abs + 1e-3 * e.max_ref;
-    if (en.nan_count != 0) {
+  tol_err e = tu_compare(a, r, a->n);
+  double naive_err = 0.0; /* the f32 rule needs none */
+  if (naive != NULL) {
+    tol_err en = tu_compare(naive, r, naive->n);
+    naive_err = tol_naive_error(&en, NULL);
+    if (en.nonfinite != 0) {
       report_add(rep, " %s: the naive run has %lld NaN/inf mismatches;", name,
-                 (long long)en.nan_count);
+                 (long long)en.nonfinite);
       rep->ok = 0;
     }
   }
-  int ok = e.nan_count == 0 && e.max_abs <= bound;
+  double bound = tol_bound(dtype, pass, e.max_ref, naive_err);
+  int ok = tol_ok(&e, bound);
   report_add(rep, " %s %.2e/%.2e", name, e.max_abs, bound);
-  if (e.nan_count != 0) {
-    int64_t at = first_non_finite_mismatch(a, r);
+  if (e.nonfinite != 0) /* where: the first of them */
     report_add(rep, " (%lld NaN or wrong inf, first at %lld: got %g want %g)",
-               (long long)e.nan_count, (long long)at, at >= 0 ? tu_get(a, at) : 0.0,
-               at >= 0 ? r[at] : 0.0);
-  } else if (!ok)
+               (long long)e.nonfinite, (long long)e.where, tu_get(a, e.where), r[e.where]);
+  else if (!ok)
     report_add(rep, " (at %lld: got %.9g want %.9g)", (long long)e.where, tu_get(a, e.where),
                r[e.where]);
   if (!ok) rep->ok = 0;
 }
 
-static void check_all(report *rep, const gcase *c, const gres *r, const gres *naive) {
-  check_tensor(rep, "out", &r->out, c->out, naive ? &naive->out : NULL, 2.0);
-  check_tensor(rep, "lse", &r->lse, c->lse, naive ? &naive->lse : NULL, 2.0);
-  check_tensor(rep, "dq", &r->dq, c->dq, naive ? &naive->dq : NULL, 3.0);
-  check_tensor(rep, "dk", &r->dk, c->dk, naive ? &naive->dk : NULL, 3.0);
-  check_tensor(rep, "dv", &r->dv, c->dv, naive ? &naive->dv : NULL, 3.0);
-  check_tensor(rep, "dbias", &r->dbias, c->dbias, naive ? &naive->dbias : NULL, 3.0);
-  check_tensor(rep, "dsinks", &r->dsinks, c->dsinks, naive ? &naive->dsinks : NULL, 3.0);
+static void check_all(report *rep, const gcase *c, attn_dtype dtype, const gres *r,
+                      const gres *naive) {
+  check_tensor(rep, "out", dtype, TOL_FORWARD, &r->out, c->out, naive ? &naive->out : NULL);
+  check_tensor(rep, "lse", dtype, TOL_FORWARD, &r->lse, c->lse, naive ? &naive->lse : NULL);
+  check_tensor(rep, "dq", dtype, TOL_GRADIENT, &r->dq, c->dq, naive ? &naive->dq : NULL);
+  check_tensor(rep, "dk", dtype, TOL_GRADIENT, &r->dk, c->dk, naive ? &naive->dk : NULL);
+  check_tensor(rep, "dv", dtype, TOL_GRADIENT, &r->dv, c->dv, naive ? &naive->dv : NULL);
+  check_tensor(rep, "dbias", dtype, TOL_GRADIENT, &r->dbias, c->dbias,
+               naive ? &naive->dbias : NULL);
+  check_tensor(rep, "dsinks", dtype, TOL_GRADIENT, &r->dsinks, c->dsinks,
+               naive ? &naive->dsinks : NULL);
 }
 
 /* The expected lse of (b, h, i), sequence-relative i; NAN when the row does not exist (packed
@@ -711,7 +702,7 @@ static void run_one(attn_ctx *ctx, const gcase *c, const char *impl, attn_dtype 
     }
   }
   if (ok) {
-    check_all(&rep, c, &r, low ? &naive : NULL);
+    check_all(&rep, c, dt, &r, low ? &naive : NULL);
     if (want_probs) check_probs(&rep, c, &r.probs);
     tu_check(rep.ok, "golden %s %s %s %s:%s", c->name, impl, dname, op_name(op), rep.text);
   } else {

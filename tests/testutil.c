@@ -6,7 +6,6 @@
 
 #include "core/dtype.h"
 
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,28 +79,9 @@ tu_buf tu_buf_convert(const tu_buf *b, attn_dtype dtype) {
 
 attn_tensor tu_tensor(const tu_buf *b) { return attn_tensor_dense(b->n > 0 ? b->data : NULL); }
 
-tu_err tu_compare(const tu_buf *a, const double *r, int64_t n) {
-  tu_err e = {0.0, -1, 0.0, 0};
-  for (int64_t i = 0; i < n; ++i) {
-    double x = tu_get(a, i), y = r[i];
-    if (isnan(x) || (isinf(x) && !isinf(y))) {
-      e.nan_count++;
-      if (e.where < 0) e.where = i;
-      continue;
-    }
-    if (isinf(y)) {
-      if (!(isinf(x) && (x > 0) == (y > 0))) {
-        e.nan_count++;
-        if (e.where < 0) e.where = i;
-      }
-      continue;
-    }
-    double d = fabs(x - y);
-    /* `where` names the first non-finite mismatch when there is one, else the largest error. */
-    if (e.nan_count == 0 && (d > e.max_abs || e.where < 0)) e.where = i;
-    if (d > e.max_abs) e.max_abs = d;
-    if (fabs(y) > e.max_ref) e.max_ref = fabs(y);
-  }
+tol_err tu_compare(const tu_buf *a, const double *r, int64_t n) {
+  tol_err e = tol_err_init();
+  for (int64_t i = 0; i < n; ++i) tol_err_add(&e, i, tu_get(a, i), r[i]);
   return e;
 }
 

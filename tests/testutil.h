@@ -1,12 +1,14 @@
 /*
  * tests/testutil.h - what every test program shares: a seeded random source (the seed is printed
- * and can be replayed with ATTN_TEST_SEED), typed buffers, error measures, and the pass/fail tally
- * that ends each program with "N passed, N failed".
+ * and can be replayed with ATTN_TEST_SEED), typed buffers, the difference of a buffer from the
+ * reference (SPEC.md's tolerance rule itself is tolerance.h), and the pass/fail tally that ends
+ * each program with "N passed, N failed".
  */
 #ifndef ATTN_TESTUTIL_H
 #define ATTN_TESTUTIL_H
 
 #include "attn.h"
+#include "tolerance.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -40,15 +42,8 @@ tu_buf tu_buf_convert(const tu_buf *b, attn_dtype dtype);
 attn_tensor tu_tensor(const tu_buf *b); /* dense tensor over the buffer; NULL data if n == 0 */
 
 /* ---- error measures ---- */
-typedef struct tu_err {
-  double max_abs;  /* max |a - r| */
-  int64_t where;   /* index of the first non-finite mismatch if any, else of the largest error */
-  double max_ref;  /* max |r| */
-  int64_t nan_count; /* non-finite a where r is finite, or NaN anywhere */
-} tu_err;
-
-/* Compares a (any dtype) with r (f64 array of n) treating equal infinities as equal. */
-tu_err tu_compare(const tu_buf *a, const double *r, int64_t n);
+/* The difference of a (any dtype) from r (f64 array of n), as tol_compare (tolerance.h). */
+tol_err tu_compare(const tu_buf *a, const double *r, int64_t n);
 
 /* ---- tally ---- */
 void tu_check(int ok, const char *fmt, ...)

@@ -13,6 +13,8 @@
 #include "core/dtype.h"
 #include "core/tensors.h"
 #include "plan/plan.h"
+/* SPEC.md's tolerance rule, the tests' own: a header of static inline functions, no test code. */
+#include "../tests/tolerance.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -323,19 +325,14 @@ static const attn_role compared_roles[5] = {ATTN_ROLE_OUT, ATTN_ROLE_LSE, ATTN_R
                                             ATTN_ROLE_DK, ATTN_ROLE_DV};
 static const char *const compared_names[5] = {"out", "lse", "dq", "dk", "dv"};
 
-/* max |a - r| and max |r| of a role (equal infinities, as -inf lse of masked rows, are equal). */
-static void compare(const h_data *a, const h_data *r, attn_role role, double *err, double *ref) {
+/* The difference of a role of a from the same role of r (tolerance.h). */
+static tol_err compare(const h_data *a, const h_data *r, attn_role role) {
   int64_t n = attn_role_numel(&a->problem, role);
   attn_dtype ta = attn_role_dtype(&a->problem, role), tr = attn_role_dtype(&r->problem, role);
-  *err = 0.0;
-  *ref = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    double x = attn_load(a->host.role[role], ta, i), y = attn_load(r->host.role[role], tr, i);
-    if (isfinite(y) && fabs(y) > *ref) *ref = fabs(y);
-    double e = (x == y) ? 0.0 : fabs(x - y);
-    if (isnan(e)) e = INFINITY;
-    if (e > *err) *err = e;
-  }
+  tol_err e = tol_err_init();
+  for (int64_t i = 0; i < n; ++i)
+    tol_err_add(&e, i, attn_load(a->host.role[role], ta, i), attn_load(r->host.role[role], tr, i));
+  return e;
 }
 
 h_check h_check_run(attn_ctx *ctx, const attn_problem *problem, const char *impl,
@@ -369,17 +366,18 @@ h_check h_check_run(attn_ctx *ctx, const attn_problem *problem, const char *impl
   double worst = -1.0;
   for (int i = 0; i < (backward ? 5 : 2); ++i) {
     attn_role role = compared_roles[i];
-    compare(&data, &oracle, role, &c.err[i], &c.ref[i]);
+    tol_err e = compare(&data, &oracle, role);
+    double naive_err = 0.0; /* the f32 rule needs none */
     if (low) {
-      double naive_err, unused;
-      compare(&naive, &oracle, role, &naive_err, &unused);
-      c.tol[i] = (i < 2 ? 2.0 : 3.0) * naive_err + 1e-3 * c.ref[i];
-    } else {
-      c.tol[i] = 1e-4 * fmax(1.0, c.ref[i]);
+      tol_err en = compare(&naive, &oracle, role);
+      naive_err = tol_naive_error(&en, NULL);
     }
+    c.err[i] = e.nonfinite != 0 ? INFINITY : e.max_abs;
+    c.ref[i] = e.max_ref;
+    c.tol[i] = tol_bound(dtype, i < 2 ? TOL_FORWARD : TOL_GRADIENT, c.ref[i], naive_err);
     c.compared++;
     double ratio = c.tol[i] > 0 ? c.err[i] / c.tol[i] : (c.err[i] > 0 ? INFINITY : 0.0);
-    if (!(c.err[i] <= c.tol[i])) c.ok = 0;
+    if (!tol_ok(&e, c.tol[i])) c.ok = 0;
     if (ratio > worst) {
       worst = ratio;
       snprintf(c.worst, sizeof c.worst, "%s", compared_names[i]);

@@ -3,10 +3,10 @@
  * problem's shape, on the host and for a GPU problem on the device too, the f64 oracle, the
  * tolerance rule of SPEC.md, and timing.
  *
- * Every comparison is against the reference run in f64 on the host, on the same (rounded) inputs.
- * The rule: f32: max|a - r| <= 1e-4 * max(1, max|r|); f16/bf16: max|a - r| <= k * err(naive) +
- * 1e-3 * max|r| with k = 2 for the forward pass and 3 for gradients, naive = the reference at the
- * problem's dtype rounding scores and P to it.
+ * Every comparison is against the reference run in f64 on the host, on the same (rounded) inputs,
+ * under the tests' rule, tests/tolerance.h: f32: max|a - r| <= 1e-4 * max(1, max|r|); f16/bf16:
+ * max|a - r| <= k * err(naive) + 1e-3 * max|r| with k = 2 for the forward pass and 3 for
+ * gradients, naive = the reference at the problem's dtype rounding scores and P to it.
  */
 #ifndef ATTN_TOOLS_HARNESS_H
 #define ATTN_TOOLS_HARNESS_H
@@ -63,7 +63,7 @@ int32_t h_gpu_count(char *why, size_t why_size);
 
 /* One implementation and configuration compared with the oracle. */
 typedef struct h_check {
-  double err[5];      /* max |a - r| of out, lse, dq, dk, dv */
+  double err[5];      /* max |a - r| of out, lse, dq, dk, dv; infinite at a NaN or a wrong inf */
   double ref[5];      /* max |r| of each */
   double tol[5];      /* its allowed error */
   int compared;       /* how many of the five were compared */

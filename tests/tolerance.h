@@ -1,0 +1,97 @@
+/*
+ * tests/tolerance.h - SPEC.md's rule ("Testing") for comparing an implementation's result with the
+ * f64 reference, written once: for the tests (test_compare, test_golden, and test_cuda / test_cudnn
+ * through gputest.c) and for the `attn` tool's check before a benchmark (tools/harness.c). The tool
+ * links no test code, so the rule is static inline functions of plain values in this header alone.
+ *
+ *   f32:      max|a - r| <= 1e-4 * max(1, max|r|)
+ *   f16/bf16: max|a - r| <= k * err(naive) + 1e-3 * max|r|, k = 2 for the forward pass (out, lse)
+ *             and 3 for gradients
+ *
+ * where the inputs are rounded to the dtype and the same values are fed to the reference, and naive
+ * is the reference run at the problem's dtype with its scores and P rounded to it as well
+ * (attn_plan_set_rounding), the computation a careful same-dtype kernel does (FlashAttention's
+ * rule). No element may be NaN, nor an infinity the reference lacks (lse is -inf exactly on fully
+ * masked rows): a comparison counts those apart, and any one fails the check whatever the bound.
+ */
+#ifndef ATTN_TESTS_TOLERANCE_H
+#define ATTN_TESTS_TOLERANCE_H
+
+#include "attn.h"
+
+#include <math.h>
+#include <stdint.h>
+
+/* What a result is: the forward pass's (out, lse) or a gradient (dq, dk, dv, dbias, dsinks), whose
+ * longer chain of roundings earns the larger factor. */
+typedef enum tol_pass { TOL_FORWARD, TOL_GRADIENT } tol_pass;
+
+/* ---- the difference of a result a from the reference r ---- */
+typedef struct tol_err {
+  double max_abs;    /* max |a - r| over the elements where both are finite */
+  double max_ref;    /* max |r| over the finite elements of r */
+  int64_t where;     /* the first non-finite mismatch if any, else the largest error; -1: none */
+  int64_t nonfinite; /* elements where either is NaN, or one is an infinity the other is not */
+} tol_err;
+
+static inline tol_err tol_err_init(void) {
+  tol_err e = {0.0, 0.0, -1, 0};
+  return e;
+}
+
+/* Adds element i, a against r, to e. Equal infinities are equal. */
+static inline void tol_err_add(tol_err *e, int64_t i, double a, double r) {
+  if (isfinite(r) && fabs(r) > e->max_ref) e->max_ref = fabs(r);
+  if (!isfinite(a) || !isfinite(r)) {
+    if (!(a == r) && e->nonfinite++ == 0) e->where = i;
+    return;
+  }
+  double d = fabs(a - r);
+  if (e->nonfinite == 0 && (d > e->max_abs || e->where < 0)) e->where = i;
+  if (d > e->max_abs) e->max_abs = d;
+}
+
+/* The difference of n values a from n values r. */
+static inline tol_err tol_compare(const double *a, const double *r, int64_t n) {
+  tol_err e = tol_err_init();
+  for (int64_t i = 0; i < n; ++i) tol_err_add(&e, i, a[i], r[i]);
+  return e;
+}
+
+/* ---- the bound ---- */
+
+/* err(naive) of the rule, from the naive run's difference (rounded) and, where the test makes one
+ * (else NULL), that of the reference at the dtype without rounding inside (unrounded): the larger
+ * of the two. Rounding out to the dtype alone costs what no implementation avoids, and where a
+ * gradient reads out it can cost more than the naive run shows (bf16 dsinks sums Delta = dout . out
+ * over every row). Only finite differences count: a non-finite naive result raises no bound. */
+static inline double tol_naive_error(const tol_err *rounded, const tol_err *unrounded) {
+  double err = rounded->max_abs;
+  if (unrounded != NULL && unrounded->max_abs > err) err = unrounded->max_abs;
+  return err;
+}
+
+/* The rule for f32 results. */
+static inline double tol_bound_f32(double max_ref) {
+  return 1e-4 * (max_ref > 1.0 ? max_ref : 1.0);
+}
+
+/* The rule for f16 and bf16 results. */
+static inline double tol_bound_low_precision(tol_pass pass, double max_ref, double naive_err) {
+  return (pass == TOL_GRADIENT ? 3.0 : 2.0) * naive_err + 1e-3 * max_ref;
+}
+
+/* The largest max|a - r| allowed to a result of a problem of dtype (f16 and bf16: the low-precision
+ * rule, which needs naive_err; any other: the f32 rule, which ignores it). */
+static inline double tol_bound(attn_dtype dtype, tol_pass pass, double max_ref, double naive_err) {
+  if (dtype == ATTN_DTYPE_F16 || dtype == ATTN_DTYPE_BF16)
+    return tol_bound_low_precision(pass, max_ref, naive_err);
+  return tol_bound_f32(max_ref);
+}
+
+/* Whether a result whose difference is e passes under bound. */
+static inline int tol_ok(const tol_err *e, double bound) {
+  return e->nonfinite == 0 && e->max_abs <= bound;
+}
+
+#endif /* ATTN_TESTS_TOLERANCE_H */
