@@ -223,21 +223,11 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
   }
   cp_async_wait_all();
 
-  T *gdq = static_cast<T *>(p.dq_out) + b * p.dq_b + (sq.q0 + m0) * p.dq_r + h * p.dq_h;
+  T *gdq = static_cast<T *>(p.dq_out) + b * p.dq_b + (sq.q0 + m0 + wrow) * p.dq_r + h * p.dq_h;
+  float scale[kMT][2];
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int r = wrow + mt * 16 + (lane >> 2) + hf * 8;
-      if (m0 + r >= sq.len_q) continue;
-#pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) {
-        int c = dt * 8 + (lane & 3) * 2;
-        if (!kFeat || c < p.d)
-          *reinterpret_cast<uint32_t *>(gdq + r * p.dq_r + c) =
-              Elem<T>::pack(acc[mt][dt][2 * hf] * p.scale, acc[mt][dt][2 * hf + 1] * p.scale);
-      }
-    }
+  for (int mt = 0; mt < kMT; ++mt) scale[mt][0] = scale[mt][1] = p.scale;
+  store_rows<T, kMT, kDT, kFeat>(gdq, p.dq_r, acc, scale, lane, sq.len_q - m0 - wrow, p.d);
 }
 
 /* ---- dK, dV (and dQ with atomics) --------------------------------------------------------------- */
@@ -565,25 +555,12 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
   }
   cp_async_wait_all();
 
-  T *gdk = static_cast<T *>(p.dk_out) + b * p.dk_b + (sq.k0 + n0) * p.dk_r + g * p.dk_h;
-  T *gdv = static_cast<T *>(p.dv_out) + b * p.dv_b + (sq.k0 + n0) * p.dv_r + g * p.dv_h;
-#pragma unroll
-  for (int kt = 0; kt < 2; ++kt)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int r = kn2 + kt * 16 + (lane >> 2) + hf * 8;
-      if (n0 + r >= sq.len_k) continue;
-#pragma unroll
-      for (int dt = 0; dt < kDNT; ++dt) {
-        int c = dc0 + dt * 8 + (lane & 3) * 2;
-        if (!kFeat || c < p.d)
-          *reinterpret_cast<uint32_t *>(gdk + r * p.dk_r + c) =
-              Elem<T>::pack(adk[kt][dt][2 * hf] * p.scale, adk[kt][dt][2 * hf + 1] * p.scale);
-        if (!kFeat || c < p.dv)
-          *reinterpret_cast<uint32_t *>(gdv + r * p.dv_r + c) =
-              Elem<T>::pack(adv[kt][dt][2 * hf], adv[kt][dt][2 * hf + 1]);
-      }
-    }
+  /* this warp's 32 keys x kDW columns of dK (times the softmax scale) and dV */
+  T *gdk = static_cast<T *>(p.dk_out) + b * p.dk_b + (sq.k0 + n0 + kn2) * p.dk_r + g * p.dk_h + dc0;
+  T *gdv = static_cast<T *>(p.dv_out) + b * p.dv_b + (sq.k0 + n0 + kn2) * p.dv_r + g * p.dv_h + dc0;
+  const float scale[2][2] = {{p.scale, p.scale}, {p.scale, p.scale}}, one[2][2] = {{1.f, 1.f}, {1.f, 1.f}};
+  store_rows<T, 2, kDNT, kFeat>(gdk, p.dk_r, adk, scale, lane, sq.len_k - n0 - kn2, p.d - dc0);
+  store_rows<T, 2, kDNT, kFeat>(gdv, p.dv_r, adv, one, lane, sq.len_k - n0 - kn2, p.dv - dc0);
 }
 
 /* dq = scale * the f32 accumulator of the atomic configuration, for every row of dq (rows outside

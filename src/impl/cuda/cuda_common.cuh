@@ -211,6 +211,32 @@ __device__ __forceinline__ void pack_a(uint32_t (&fa)[4], const float (&c)[kNT][
   fa[3] = Elem<T>::pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
 }
 
+/* Stores a warp's f32 accumulators (kMT m-tiles of C fragments, kNT n-tiles of 8 columns) as rows
+ * of T, each row times its factor: element (r, c) of the warp's tile goes to g[r * row_stride + c].
+ * Rows r >= rows_left are past the sequence and skipped, and with kCheckWidth so are columns
+ * c >= width_left (the zero padding of a smaller head dim). The forward's O, the dQ kernel's dQ
+ * and the dK/dV kernel's dK and dV. */
+template <typename T, int kMT, int kNT, bool kCheckWidth>
+__device__ __forceinline__ void store_rows(T *g, int64_t row_stride, const float (&acc)[kMT][kNT][4],
+                                           const float (&factor)[kMT][2], int lane, int rows_left,
+                                           int width_left) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = mt * 16 + (lane >> 2) + hf * 8;
+      if (r >= rows_left) continue;
+      T *row = g + r * row_stride;
+      const float f = factor[mt][hf];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const int c = nt * 8 + (lane & 3) * 2;
+        if (kCheckWidth && c >= width_left) continue;
+        *reinterpret_cast<uint32_t *>(row + c) = Elem<T>::pack(acc[mt][nt][2 * hf] * f, acc[mt][nt][2 * hf + 1] * f);
+      }
+    }
+}
+
 /* Loads rows [0, kRows) x columns [0, kD) of a token tensor into a padded shared tile. Rows at or
  * past rows_valid and columns at or past width are zero, so padding never feeds NaN into a
  * product. `fallback` is any valid address (never read). */

@@ -237,28 +237,21 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid
 
   /* Steps 7-8: out = acc * keep_scale / Z, lse = m + log Z; a row with nothing visible and no
    * sinks (max still -inf) is out = 0, lse = -inf. */
-  T *go = static_cast<T *>(p.out) + b * p.o_b + (sq.q0 + m0) * p.o_r + h * p.o_h;
+  float inv[kMT][2]; /* each row's factor: keep_scale / Z, 0 for an empty row */
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int r = wrow + mt * 16 + (lane >> 2) + hf * 8;
-      const float sum = quad_sum(row_sum[mt][hf]);
-      if (m0 + r >= sq.len_q) continue;
+      const float sum = quad_sum(row_sum[mt][hf]); /* every lane of the quad takes part */
       const bool empty = row_base[mt][hf] == -INFINITY;
-      const float inv = empty ? 0.f : (kFeat ? p.keep_scale : 1.f) / sum;
-      T *orow = go + r * p.o_r;
-#pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) {
-        int c = dt * 8 + (lane & 3) * 2;
-        if (!kFeat || c < p.dv)
-          *reinterpret_cast<uint32_t *>(orow + c) =
-              Elem<T>::pack(acc[mt][dt][2 * hf] * inv, acc[mt][dt][2 * hf + 1] * inv);
-      }
-      if (p.lse != nullptr && (lane & 3) == 0)
+      inv[mt][hf] = empty ? 0.f : (kFeat ? p.keep_scale : 1.f) / sum;
+      if (p.lse != nullptr && (lane & 3) == 0 && m0 + r < sq.len_q)
         p.lse[b * p.lse_b + h * p.lse_h + (sq.q0 + m0 + r) * p.lse_r] =
             empty ? -INFINITY : row_base[mt][hf] * kLn2 + logf(sum);
     }
+  T *go = static_cast<T *>(p.out) + b * p.o_b + (sq.q0 + m0 + wrow) * p.o_r + h * p.o_h;
+  store_rows<T, kMT, kDT, kFeat>(go, p.o_r, acc, inv, lane, sq.len_q - m0 - wrow, p.dv);
 }
 
 template <typename T, typename C, bool kFeat>
