@@ -7,9 +7,9 @@
  *   dK/dV: one CTA per (key block, KV head, batch) keeps K and V in shared memory and walks every
  *          query head of its GQA group and every query block the band allows, so dK and dV of a
  *          group are summed in registers (f32) and written once. Per query block it computes the
- *          transposed products S^T = K Q^T and dP^T = V dO^T (keys on rows, 16 per warp), turns
- *          them into P'^T and dS^T, stages those in shared memory, and accumulates
- *          dV += P'^T dO and dK += dS^T Q.
+ *          transposed products S^T = K Q^T and dP^T = V dO^T (keys on rows, 32 per warp), turns
+ *          them into P'^T and dS^T (lse and Delta of the warp's query columns in registers),
+ *          stages those in shared memory, and accumulates dV += P'^T dO and dK += dS^T Q.
  *   dQ:    one CTA per (query block, query head, batch), the forward's schedule: S = Q K^T,
  *          dP = dO V^T, dS, dQ += dS K accumulated in f32 registers; it also adds dS into the
  *          f32 dbias accumulator when dbias is asked for.
@@ -17,7 +17,9 @@
  * The "atomic" configuration is FlashAttention-2's one kernel: the dK/dV kernel also computes
  * dQ += dS K for each query block it visits and adds it into an f32 workspace with atomics (5
  * matrix products instead of 7; the order of the additions, hence the last bits of dq, varies
- * from run to run); a small kernel then scales and rounds it into dq.
+ * from run to run); a small kernel then scales and rounds it into dq. Its atomics go out between
+ * dK's products, from one base address per warp (see the comment there: both choices came from
+ * ncu's per-instruction stall samples).
  *
  * Each kernel is compiled twice: with every feature (kFeat) and without (no per-element function,
  * dropout, dbias, zero-padded head dim: the common case, with fewer registers and no branches).
@@ -452,7 +454,7 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
       cp_async_commit();
     }
 
-    /* dK += dS^T Q, one key slice */
+    /* dK += dS^T Q, one slice of 16 query rows */
     auto dk_step = [&](int kk) {
       mma_ab<T, 2, kDW, kPitchP, kPitch>(adk, smem_u32(sSt) + lane_p + kk * 16 * kE,
                                          smem_u32(sQ) + lane_t + kk * 16 * kPitch, kFeat ? (p.d - dc0 + 15) / 16 : kDW / 16);
