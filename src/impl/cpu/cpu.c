@@ -68,7 +68,8 @@ static const attn_cpu_kernels *select_kernels(attn_dtype dtype) {
   const attn_cpu_kernels *best = &attn_cpu_kernels_generic;
 #ifdef ATTN_CPU_X86
   __builtin_cpu_init();
-  int has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  int has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                 __builtin_cpu_supports("f16c");
   int has_avx512 = has_avx2 && __builtin_cpu_supports("avx512f") &&
                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                    __builtin_cpu_supports("avx512dq");
@@ -175,10 +176,13 @@ static inline void store1(void *base, attn_dtype dt, int64_t off, float v) {
   }
 }
 
-/* dst[d] = s * src[off + d * stride], d < n. */
-static void load_vec(const void *base, attn_dtype dt, int64_t off, int64_t stride, int64_t n,
+/* dst[d] = s * src[off + d * stride], d < n, src of the run's dtype. */
+static void load_vec(const cpu_run *c, const void *base, int64_t off, int64_t stride, int64_t n,
                      float s, float *dst) {
-  if (dt == ATTN_DTYPE_F32 && stride == 1) {
+  const attn_dtype dt = c->dt;
+  if (dt == ATTN_DTYPE_F16 && stride == 1) {
+    c->kern->load_f16((const uint16_t *)base + off, n, s, dst);
+  } else if (dt == ATTN_DTYPE_F32 && stride == 1) {
     const float *x = (const float *)base + off;
     for (int64_t d = 0; d < n; ++d) dst[d] = s * x[d];
   } else if (dt == ATTN_DTYPE_BF16 && stride == 1) {
@@ -189,10 +193,13 @@ static void load_vec(const void *base, attn_dtype dt, int64_t off, int64_t strid
   }
 }
 
-/* dst[off + d * stride] = s * src[d], rounded to dt, d < n. */
-static void store_vec(void *base, attn_dtype dt, int64_t off, int64_t stride, int64_t n,
+/* dst[off + d * stride] = s * src[d], rounded to the run's dtype, d < n. */
+static void store_vec(const cpu_run *c, void *base, int64_t off, int64_t stride, int64_t n,
                       const float *src, float s) {
-  if (dt == ATTN_DTYPE_F32 && stride == 1) {
+  const attn_dtype dt = c->dt;
+  if (dt == ATTN_DTYPE_F16 && stride == 1) {
+    c->kern->store_f16((uint16_t *)base + off, n, src, s);
+  } else if (dt == ATTN_DTYPE_F32 && stride == 1) {
     float *x = (float *)base + off;
     for (int64_t d = 0; d < n; ++d) x[d] = s * src[d];
   } else {
@@ -499,7 +506,7 @@ static void zero_token_rows(const cpu_run *c, const attn_tensor *t, int64_t head
   for (int64_t row = row0; row < row1; ++row)
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t d = 0; d < width; d += ATTN_CPU_NPAD)
-        store_vec(t->data, c->dt, token_off(c, t, b, row, h) + d * ds, ds,
+        store_vec(c, t->data, token_off(c, t, b, row, h) + d * ds, ds,
                   min64(ATTN_CPU_NPAD, width - d), zeros, 1.0f);
 }
 
@@ -531,12 +538,12 @@ static void pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float 
     const int64_t krow = s->s.k_row0 + j0 + jj;
     for (int64_t d0 = 0; d0 < c->D; d0 += 4096) {
       int64_t n = min64(4096, c->D - d0);
-      load_vec(in->k.data, c->dt, token_off(c, &in->k, s->b, krow, s->g) + d0 * kds, kds, n, 1.0f,
+      load_vec(c, in->k.data, token_off(c, &in->k, s->b, krow, s->g) + d0 * kds, kds, n, 1.0f,
                row);
       for (int64_t d = 0; d < n; ++d) kt[(d0 + d) * c->bk + jj] = row[d];
     }
     float *vr = v + jj * c->Dvp;
-    load_vec(in->v.data, c->dt, token_off(c, &in->v, s->b, krow, s->g), vds, c->Dv, 1.0f, vr);
+    load_vec(c, in->v.data, token_off(c, &in->v, s->b, krow, s->g), vds, c->Dv, 1.0f, vr);
     for (int64_t d = c->Dv; d < c->Dvp; ++d) vr[d] = 0.0f;
   }
   for (int64_t d = 0; d < c->D; ++d)
@@ -561,7 +568,7 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
    * bf16 gemm rounds its operands to bf16, exact for the inputs but not for s * q. */
   const int64_t qds = token_dstride(c, &in->q);
   for (int64_t r = 0; r < rows; ++r)
-    load_vec(in->q.data, c->dt, token_off(c, &in->q, s->b, s->s.q_row0 + i0 + r, h), qds, c->D,
+    load_vec(c, in->q.data, token_off(c, &in->q, s->b, s->s.q_row0 + i0 + r, h), qds, c->D,
              1.0f, t->q + r * c->Dp);
   memset(t->o, 0, (size_t)(rows * c->Dvp) * sizeof(float));
   /* Sinks enter the running max and sum once, here. */
@@ -611,10 +618,10 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
     float lse;
     if (t->m[r] == -INFINITY) { /* fully masked: out = 0, lse = -inf */
       memset(t->o + r * c->Dvp, 0, (size_t)c->Dv * sizeof(float));
-      store_vec(out->out.data, c->dt, ooff, ods, c->Dv, t->o + r * c->Dvp, 1.0f);
+      store_vec(c, out->out.data, ooff, ods, c->Dv, t->o + r * c->Dvp, 1.0f);
       lse = -INFINITY;
     } else {
-      store_vec(out->out.data, c->dt, ooff, ods, c->Dv, t->o + r * c->Dvp, c->keep_scale / t->l[r]);
+      store_vec(c, out->out.data, ooff, ods, c->Dv, t->o + r * c->Dvp, c->keep_scale / t->l[r]);
       lse = t->m[r] + logf(t->l[r]);
     }
     if (out->lse.data != NULL) ((float *)out->lse.data)[lse_off(c, &out->lse, s->b, h, row)] = lse;
@@ -713,11 +720,11 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
   for (int64_t jj = 0; jj < nk; ++jj) {
     const int64_t krow = s->s.k_row0 + j0 + jj;
     float *kr = t->kr + jj * c->Dp;
-    load_vec(in->k.data, c->dt, token_off(c, &in->k, s->b, krow, s->g), kds, c->D, 1.0f, kr);
+    load_vec(c, in->k.data, token_off(c, &in->k, s->b, krow, s->g), kds, c->D, 1.0f, kr);
     for (int64_t d = 0; d < c->D; ++d) t->kt[d * bk + jj] = kr[d];
     for (int64_t d0 = 0; d0 < c->Dv; d0 += 4096) {
       int64_t n = min64(4096, c->Dv - d0);
-      load_vec(in->v.data, c->dt, token_off(c, &in->v, s->b, krow, s->g) + d0 * vds, vds, n, 1.0f,
+      load_vec(c, in->v.data, token_off(c, &in->v, s->b, krow, s->g) + d0 * vds, vds, n, 1.0f,
                vrow);
       for (int64_t d = 0; d < n; ++d) t->vt[(d0 + d) * bk + jj] = vrow[d];
     }
@@ -747,9 +754,9 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
       const int64_t tj0 = j0 + off, tnkp = round_up(tnk, ATTN_CPU_NPAD);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t row = s->s.q_row0 + i0 + r;
-        load_vec(in->q.data, c->dt, token_off(c, &in->q, s->b, row, h), qds, c->D, 1.0f,
+        load_vec(c, in->q.data, token_off(c, &in->q, s->b, row, h), qds, c->D, 1.0f,
                  t->q + r * c->Dp); /* unscaled, as in the forward; dK gets s at the end */
-        load_vec(c->run->dout->data, c->dt, token_off(c, c->run->dout, s->b, row, h), dods, c->Dv,
+        load_vec(c, c->run->dout->data, token_off(c, c->run->dout, s->b, row, h), dods, c->Dv,
                  1.0f, t->dout + r * c->Dvp);
       }
       k->gemm(rows, tnkp, c->D, t->q, c->Dp, 0, t->kt + off, bk, t->sp, bk, 0, t->scratch);
@@ -796,9 +803,9 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
   const int64_t dkds = token_dstride(c, &g->dk), dvds = token_dstride(c, &g->dv);
   for (int64_t jj = 0; jj < nk; ++jj) {
     const int64_t krow = s->s.k_row0 + j0 + jj;
-    store_vec(g->dk.data, c->dt, token_off(c, &g->dk, s->b, krow, s->g), dkds, c->D,
+    store_vec(c, g->dk.data, token_off(c, &g->dk, s->b, krow, s->g), dkds, c->D,
               t->dk + jj * c->Dp, c->scale); /* dK = s dS^T Q */
-    store_vec(g->dv.data, c->dt, token_off(c, &g->dv, s->b, krow, s->g), dvds, c->Dv,
+    store_vec(c, g->dv.data, token_off(c, &g->dv, s->b, krow, s->g), dvds, c->Dv,
               t->dv + jj * c->Dvp, 1.0f);
   }
 }
@@ -839,9 +846,9 @@ static void backward_dsinks(const cpu_run *c) {
         const int64_t row = seq.q_row0 + i;
         const float lse = ((const float *)fwd->lse.data)[lse_off(c, &fwd->lse, b, h, row)];
         if (lse == -INFINITY) continue;
-        load_vec(fwd->out.data, c->dt, token_off(c, &fwd->out, b, row, h),
+        load_vec(c, fwd->out.data, token_off(c, &fwd->out, b, row, h),
                  token_dstride(c, &fwd->out), c->Dv, 1.0f, o);
-        load_vec(c->run->dout->data, c->dt, token_off(c, c->run->dout, b, row, h),
+        load_vec(c, c->run->dout->data, token_off(c, c->run->dout, b, row, h),
                  token_dstride(c, c->run->dout), c->Dv, 1.0f, dout);
         float delta = 0.0f;
         for (int64_t d = 0; d < c->Dv; ++d) delta += o[d] * dout[d];
@@ -951,10 +958,10 @@ static attn_status cpu_backward(const attn_run *run) {
           float acc = 0.0f;
           for (int64_t d0 = 0; d0 < c.Dv; d0 += ATTN_CPU_NPAD) {
             const int64_t n = min64(ATTN_CPU_NPAD, c.Dv - d0);
-            load_vec(fwd->out.data, c.dt,
+            load_vec(&c, fwd->out.data,
                      token_off(&c, &fwd->out, s.b, row, h) + d0 * token_dstride(&c, &fwd->out),
                      token_dstride(&c, &fwd->out), n, 1.0f, o);
-            load_vec(run->dout->data, c.dt,
+            load_vec(&c, run->dout->data,
                      token_off(&c, run->dout, s.b, row, h) + d0 * token_dstride(&c, run->dout),
                      token_dstride(&c, run->dout), n, 1.0f, d_);
             for (int64_t d = 0; d < n; ++d) acc += o[d] * d_[d];
@@ -991,7 +998,7 @@ static attn_status cpu_backward(const attn_run *run) {
                                  (it * c.Tq + i) * c.Dp + d0;
               for (int64_t d = 0; d < n; ++d) sum[d] += acc[d];
             }
-            store_vec(g->dq.data, c.dt,
+            store_vec(&c, g->dq.data,
                       token_off(&c, &g->dq, s.b, row, h) + d0 * token_dstride(&c, &g->dq),
                       token_dstride(&c, &g->dq), n, sum, c.scale);
           }

@@ -44,6 +44,10 @@ typedef struct attn_cpu_kernels {
   /* Soft cap: x[j] = cap * tanh(x[j] / cap) and, when dc is not NULL, dc[j] = 1 - tanh^2 (the
    * derivative), for j < n; infinities map to +-cap. */
   void (*softcap)(float *x, float *dc, int64_t n, float cap);
+  /* f16 rows: dst[d] = s * src[d] (load_f16) and dst[d] = f16(s * src[d]) rounded to nearest even
+   * (store_f16), d < n, both contiguous: the conversions of packing and of the outputs. */
+  void (*load_f16)(const uint16_t *src, int64_t n, float s, float *dst);
+  void (*store_f16)(uint16_t *dst, int64_t n, const float *src, float s);
   /* keep[jj] = 1 when dropout keeps element (b, h, i, j0 + jj) by SPEC.md's Philox rule, else 0,
    * for jj < n; j0 is a multiple of 4 (one Philox call covers 4 columns). */
   void (*dropout_keep)(uint64_t seed, uint32_t threshold, int64_t b, int64_t h, int64_t i,
@@ -53,6 +57,9 @@ typedef struct attn_cpu_kernels {
 extern const attn_cpu_kernels attn_cpu_kernels_generic;
 /* The portable soft cap (libm's tanhf), also the AVX2 table's. */
 void attn_cpu_softcap_generic(float *x, float *dc, int64_t n, float cap);
+/* The portable f16 conversions (core/dtype.h's). */
+void attn_cpu_load_f16_generic(const uint16_t *src, int64_t n, float s, float *dst);
+void attn_cpu_store_f16_generic(uint16_t *dst, int64_t n, const float *src, float s);
 /* The portable dropout bits (one Philox call per 4 columns), also the AVX2 table's. */
 void attn_cpu_dropout_keep_generic(uint64_t seed, uint32_t threshold, int64_t b, int64_t h,
                                    int64_t i, int64_t j0, int64_t n, uint8_t *keep);
@@ -73,6 +80,8 @@ float attn_cpu_exp_sum_avx512(float *x, int64_t n, float m);
 void attn_cpu_scale_avx512(float *x, int64_t n, float s);
 void attn_cpu_ds_row_avx512(float *dp, const float *p, int64_t n, float delta);
 void attn_cpu_softcap_avx512(float *x, float *dc, int64_t n, float cap);
+void attn_cpu_load_f16_avx512(const uint16_t *src, int64_t n, float s, float *dst);
+void attn_cpu_store_f16_avx512(uint16_t *dst, int64_t n, const float *src, float s);
 void attn_cpu_dropout_keep_avx512(uint64_t seed, uint32_t threshold, int64_t b, int64_t h,
                                   int64_t i, int64_t j0, int64_t n, uint8_t *keep);
 #endif

@@ -1,12 +1,14 @@
 /*
  * src/impl/cpu/kernels_avx2.c - AVX2 + FMA kernels of the "cpu" implementation. Compiled with
- * -mavx2 -mfma -mf16c; only called after cpuid said the machine has them.
+ * -mavx2 -mfma -mf16c; only called after cpuid said the machine has them (all three).
  *
  * gemm: MR rows x 16 columns (12 ymm accumulators, two B loads and one broadcast per k step: 15 of
  * the 16 ymm registers). exp: Cephes' expf polynomial with 2^n built in the exponent field; inputs
  * below -87.3 (where 2^n would leave the normal range) give exactly 0, as -inf must.
  */
 #include "impl/cpu/cpu.h"
+
+#include "core/dtype.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -159,6 +161,26 @@ static void ds_row_avx2(float *dp, const float *p, int64_t n, float delta) {
   for (; j < n; ++j) dp[j] = p[j] * (dp[j] - delta);
 }
 
+/* F16C: vcvtph2ps is exact; vcvtps2ph rounds to nearest even, overflows to inf, as core/dtype.h. */
+static void load_f16_avx2(const uint16_t *src, int64_t n, float s, float *dst) {
+  const __m256 sv = _mm256_set1_ps(s);
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8)
+    _mm256_storeu_ps(
+        dst + d, _mm256_mul_ps(sv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + d)))));
+  for (; d < n; ++d) dst[d] = s * attn_f16_to_f32(src[d]);
+}
+
+static void store_f16_avx2(uint16_t *dst, int64_t n, const float *src, float s) {
+  const __m256 sv = _mm256_set1_ps(s);
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8)
+    _mm_storeu_si128((__m128i *)(dst + d),
+                     _mm256_cvtps_ph(_mm256_mul_ps(sv, _mm256_loadu_ps(src + d)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; d < n; ++d) dst[d] = attn_f32_to_f16(s * src[d]);
+}
+
 const attn_cpu_kernels attn_cpu_kernels_avx2 = {
     .name = "avx2",
     .gemm = gemm_avx2,
@@ -168,5 +190,7 @@ const attn_cpu_kernels attn_cpu_kernels_avx2 = {
     .scale = scale_avx2,
     .ds_row = ds_row_avx2,
     .softcap = attn_cpu_softcap_generic,
+    .load_f16 = load_f16_avx2,
+    .store_f16 = store_f16_avx2,
     .dropout_keep = attn_cpu_dropout_keep_generic,
 };

@@ -177,6 +177,26 @@ void attn_cpu_softcap_avx512(float *x, float *dc, int64_t n, float cap) {
   }
 }
 
+/* f16 rows with AVX-512F's vcvtph2ps / vcvtps2ph (masked tails): exact, and round to nearest even. */
+void attn_cpu_load_f16_avx512(const uint16_t *src, int64_t n, float s, float *dst) {
+  const __m512 sv = _mm512_set1_ps(s);
+  for (int64_t d = 0; d < n; d += 16) {
+    const __mmask16 k = n - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - d)) - 1u);
+    const __m256i h = _mm256_maskz_loadu_epi16(k, src + d);
+    _mm512_mask_storeu_ps(dst + d, k, _mm512_mul_ps(sv, _mm512_cvtph_ps(h)));
+  }
+}
+
+void attn_cpu_store_f16_avx512(uint16_t *dst, int64_t n, const float *src, float s) {
+  const __m512 sv = _mm512_set1_ps(s);
+  for (int64_t d = 0; d < n; d += 16) {
+    const __mmask16 k = n - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - d)) - 1u);
+    const __m512 x = _mm512_mul_ps(sv, _mm512_maskz_loadu_ps(k, src + d));
+    _mm256_mask_storeu_epi16(dst + d, k,
+                             _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+}
+
 /* High and low 32 bits of the 32 x 32-bit products of every lane with m (a broadcast constant). */
 static inline __m512i mulhi32(__m512i a, __m512i m) {
   const __m512i even = _mm512_mul_epu32(a, m);
@@ -221,5 +241,7 @@ const attn_cpu_kernels attn_cpu_kernels_avx512 = {
     .scale = attn_cpu_scale_avx512,
     .ds_row = attn_cpu_ds_row_avx512,
     .softcap = attn_cpu_softcap_avx512,
+    .load_f16 = attn_cpu_load_f16_avx512,
+    .store_f16 = attn_cpu_store_f16_avx512,
     .dropout_keep = attn_cpu_dropout_keep_avx512,
 };

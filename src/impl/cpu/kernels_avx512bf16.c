@@ -150,5 +150,7 @@ const attn_cpu_kernels attn_cpu_kernels_avx512bf16 = {
     .scale = attn_cpu_scale_avx512,
     .ds_row = attn_cpu_ds_row_avx512,
     .softcap = attn_cpu_softcap_avx512,
+    .load_f16 = attn_cpu_load_f16_avx512,
+    .store_f16 = attn_cpu_store_f16_avx512,
     .dropout_keep = attn_cpu_dropout_keep_avx512,
 };

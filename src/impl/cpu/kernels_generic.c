@@ -5,6 +5,7 @@
  */
 #include "impl/cpu/cpu.h"
 
+#include "core/dtype.h"
 #include "core/philox.h"
 
 #include <math.h>
@@ -57,6 +58,14 @@ void attn_cpu_softcap_generic(float *x, float *dc, int64_t n, float cap) {
   }
 }
 
+void attn_cpu_load_f16_generic(const uint16_t *src, int64_t n, float s, float *dst) {
+  for (int64_t d = 0; d < n; ++d) dst[d] = s * attn_f16_to_f32(src[d]);
+}
+
+void attn_cpu_store_f16_generic(uint16_t *dst, int64_t n, const float *src, float s) {
+  for (int64_t d = 0; d < n; ++d) dst[d] = attn_f32_to_f16(s * src[d]);
+}
+
 void attn_cpu_dropout_keep_generic(uint64_t seed, uint32_t threshold, int64_t b, int64_t h,
                                    int64_t i, int64_t j0, int64_t n, uint8_t *keep) {
   const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
@@ -77,5 +86,7 @@ const attn_cpu_kernels attn_cpu_kernels_generic = {
     .scale = scale_generic,
     .ds_row = ds_row_generic,
     .softcap = attn_cpu_softcap_generic,
+    .load_f16 = attn_cpu_load_f16_generic,
+    .store_f16 = attn_cpu_store_f16_generic,
     .dropout_keep = attn_cpu_dropout_keep_generic,
 };
