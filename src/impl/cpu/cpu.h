@@ -55,7 +55,7 @@ typedef struct attn_cpu_kernels {
 } attn_cpu_kernels;
 
 extern const attn_cpu_kernels attn_cpu_kernels_generic;
-/* The portable soft cap (libm's tanhf), also the AVX2 table's. */
+/* The portable soft cap (libm's tanhf). */
 void attn_cpu_softcap_generic(float *x, float *dc, int64_t n, float cap);
 /* The portable f16 conversions (core/dtype.h's). */
 void attn_cpu_load_f16_generic(const uint16_t *src, int64_t n, float s, float *dst);

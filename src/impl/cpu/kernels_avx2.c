@@ -161,6 +161,36 @@ static void ds_row_avx2(float *dp, const float *p, int64_t n, float delta) {
   for (; j < n; ++j) dp[j] = p[j] * (dp[j] - delta);
 }
 
+/* tanh(y) as the AVX-512 table's tanh512: sign(y) (1 - 2 / (exp(2|y|) + 1)), and its odd Taylor
+ * polynomial below |y| = 1/16, where the subtraction would lose relative accuracy (truncation error
+ * < 1e-12 there). exp256 clamps 2|y| at 88.38, so large |y| and infinities give exactly +-1. */
+ALWAYS_INLINE __m256 tanh256(__m256 y) {
+  const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+  const __m256 a = _mm256_andnot_ps(sign, y);
+  const __m256 e = exp256(_mm256_add_ps(a, a));
+  __m256 big = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+  big = _mm256_or_ps(big, _mm256_and_ps(sign, y)); /* y's sign */
+  const __m256 y2 = _mm256_mul_ps(y, y);
+  __m256 p = _mm256_set1_ps(-17.0f / 315.0f);
+  p = _mm256_fmadd_ps(p, y2, _mm256_set1_ps(2.0f / 15.0f));
+  p = _mm256_fmadd_ps(p, y2, _mm256_set1_ps(-1.0f / 3.0f));
+  const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, y2), y, y);
+  return _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.0625f), _CMP_LT_OQ));
+}
+
+static void softcap_avx2(float *x, float *dc, int64_t n, float cap) {
+  const __m256 c = _mm256_set1_ps(cap), inv = _mm256_set1_ps(1.0f / cap),
+               one = _mm256_set1_ps(1.0f);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t j = 0; j < n; j += 8) {
+    const int left = n - j >= 8 ? 8 : (int)(n - j);
+    const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), lane); /* the tail's lanes */
+    const __m256 t = tanh256(_mm256_mul_ps(_mm256_maskload_ps(x + j, k), inv));
+    _mm256_maskstore_ps(x + j, k, _mm256_mul_ps(c, t));
+    if (dc != NULL) _mm256_maskstore_ps(dc + j, k, _mm256_fnmadd_ps(t, t, one));
+  }
+}
+
 /* F16C: vcvtph2ps is exact; vcvtps2ph rounds to nearest even, overflows to inf, as core/dtype.h. */
 static void load_f16_avx2(const uint16_t *src, int64_t n, float s, float *dst) {
   const __m256 sv = _mm256_set1_ps(s);
@@ -189,7 +219,7 @@ const attn_cpu_kernels attn_cpu_kernels_avx2 = {
     .exp_sum = exp_sum_avx2,
     .scale = scale_avx2,
     .ds_row = ds_row_avx2,
-    .softcap = attn_cpu_softcap_generic,
+    .softcap = softcap_avx2,
     .load_f16 = load_f16_avx2,
     .store_f16 = store_f16_avx2,
     .dropout_keep = attn_cpu_dropout_keep_generic,
