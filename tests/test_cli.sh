@@ -4,28 +4,7 @@
 # Run by CTest as `test_cli.sh path/to/attn`; uses a private cache file.
 set -u
 ATTN=${1:?usage: test_cli.sh path/to/attn}
-DIR=$(mktemp -d "${TMPDIR:-/tmp}/attn_cli_XXXXXX")
-trap 'rm -rf "$DIR"' EXIT
-export ATTN_CACHE_PATH="$DIR/cache.txt"
-unset ATTN_AUTOTUNE
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "PASS $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; }
-
-# expect CODE DESCRIPTION COMMAND...: runs the command, output in $DIR/out, checks the exit code.
-expect() {
-  code=$1; what=$2; shift 2
-  "$@" >"$DIR/out" 2>"$DIR/err"
-  got=$?
-  if [ "$got" -eq "$code" ]; then ok "$what (exit $got)"; else
-    bad "$what: exit $got, expected $code"; sed 's/^/  | /' "$DIR/out" "$DIR/err"; fi
-}
-# has PATTERN DESCRIPTION [FILE]: the last output matches the extended regular expression.
-has() {
-  if grep -Eq -- "$1" "${3:-$DIR/out}"; then ok "$2"; else
-    bad "$2: no /$1/ in"; sed 's/^/  | /' "${3:-$DIR/out}"; fi
-}
+. "$(dirname "$0")/cli_lib.sh"
 
 P1="b1 hq2 hkv1 sq9 sk11 d8 f32 causal"
 P2="b2 hq2 sq5 d4 bf16 softcap=5 sinks=1"

@@ -6,28 +6,8 @@
 # Run by CTest as `test_cli_gpu.sh path/to/attn`; uses a private cache file.
 set -u
 ATTN=${1:?usage: test_cli_gpu.sh path/to/attn}
-DIR=$(mktemp -d "${TMPDIR:-/tmp}/attn_cli_gpu_XXXXXX")
-trap 'rm -rf "$DIR"' EXIT
-export ATTN_CACHE_PATH="$DIR/cache.txt"
-unset ATTN_AUTOTUNE
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "PASS $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; }
-
-# expect CODE DESCRIPTION COMMAND...: runs the command, output in $DIR/out, checks the exit code.
-# The output is shown either way: on a GPU it is the record of what was compared.
-expect() {
-  code=$1; what=$2; shift 2
-  "$@" >"$DIR/out" 2>"$DIR/err"
-  got=$?
-  sed 's/^/  | /' "$DIR/out" "$DIR/err"
-  if [ "$got" -eq "$code" ]; then ok "$what (exit $got)"; else bad "$what: exit $got, expected $code"; fi
-}
-# has PATTERN DESCRIPTION [FILE]: the last output matches the extended regular expression.
-has() {
-  if grep -Eq -- "$1" "${3:-$DIR/out}"; then ok "$2"; else bad "$2: no /$1/ in ${3:-$DIR/out}"; fi
-}
+CLI_SHOW_OUTPUT=1
+. "$(dirname "$0")/cli_lib.sh"
 
 # Forward only, causal grouped-query (4 query heads per kv head), sizes off the tile sizes.
 FWD="b2 hq8 hkv2 sq77 sk77 d64 bf16 causal device=cuda"
