@@ -293,8 +293,31 @@ ATTN_API attn_status attn_ctx_set_log_callback(attn_ctx *ctx, attn_log_fn fn, vo
 ATTN_API attn_status attn_ctx_set_num_threads(attn_ctx *ctx, int32_t num_threads);
 
 /* ---------------------------------------------------------------------------------------------
- * Registry: the implementations compiled into this library, in order of preference.
+ * Registry: the implementations of this library, in order of preference.
+ *
+ * The CPU implementations (cpu, ref) are part of the library. The GPU ones live in modules that the
+ * library loads at run time, the first time any function below (or a plan) needs the list:
+ * libattn_cudnn.so (cudnn; needs the CUDA runtime and cuDNN 9) and libattn_cuda.so (cuda; needs the
+ * CUDA runtime). They are looked for in the folders of $ATTN_MODULE_PATH (colon-separated; when set,
+ * nowhere else), else in the folder of the library itself, then by the dynamic loader's own search
+ * (rpath, LD_LIBRARY_PATH, the system folders). A module that is absent or cannot load leaves the
+ * others working; attn_module_info says which loaded and why one did not. A static build made with
+ * -DATTN_STATIC_GPU=ON links the GPU implementations in (libattn_gpu.a) and loads nothing.
  * ------------------------------------------------------------------------------------------- */
+
+/* What became of one GPU module. */
+typedef struct attn_module_status {
+  const char *name;    /* "cudnn", "cuda" */
+  int32_t loaded;      /* 1 when its implementations are in the registry */
+  const char *path;    /* the file loaded or tried last; "" when none was found */
+  const char *message; /* why it is not loaded (dlopen's error, a wrong ABI, not found); "" if it is */
+} attn_module_status;
+
+/* Number of modules the library knows (loaded or not). */
+ATTN_API int32_t attn_module_count(void);
+/* Status of module index (0 .. count-1); INVALID_ARGUMENT outside that range. The strings are the
+ * library's and live as long as the process. */
+ATTN_API attn_status attn_module_info(int32_t index, attn_module_status *status /* out */);
 
 /* Number of registered implementations (the reference is always present and always last). */
 ATTN_API int32_t attn_impl_count(void);

@@ -20,7 +20,7 @@ VARLEN="b3 hq4 hkv2 sq40 sk40 d64 bf16 causal varlen=packed:100,110 device=cuda"
 if ! "$ATTN" info >"$DIR/info" 2>&1 || ! grep -q "^gpu 0: " "$DIR/info"; then
   sed 's/^/  | /' "$DIR/info"
   expect 3 "a GPU problem without a usable GPU is a library error" "$ATTN" check "$FWD"
-  has "^attn: \"$FWD\": .*(CUDA runtime|CUDA device)" "the one line names the problem and the reason" "$DIR/err"
+  has "^attn: \"$FWD\": .*(GPU module|CUDA device)" "the one line names the problem and the reason" "$DIR/err"
   [ "$(wc -l <"$DIR/err")" -eq 1 ] && ok "the refusal is one line" || bad "the refusal is one line"
   echo "SKIP: no usable GPU ($(grep '^gpus' "$DIR/info"))"
   echo "$pass passed, $fail failed"

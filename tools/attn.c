@@ -274,12 +274,12 @@ static int each_candidate(attn_ctx *ctx, const attn_problem *p, const options *o
 /* `attn bench` without a PROBLEM: small enough that the f64 reference, timed beside the fast
  * implementations, keeps the whole table around a minute on a 2-core machine. */
 static const char *const default_forward[] = {
-    "b1 hq8 hkv8 sq512 sk512 d64 f32",                /* the plain problem */
-    "b1 hq8 hkv8 sq512 sk512 d64 f32 causal",         /* causal */
-    "b1 hq8 hkv2 sq512 sk512 d64 f32 causal",         /* grouped-query: 4 query heads per kv head */
-    "b1 hq8 hkv8 sq512 sk512 d64 bf16 causal",        /* bf16 inputs, f32 accumulation */
-    "b1 hq8 hkv8 sq512 sk512 d64 f16 causal",         /* f16 inputs */
-    "b1 hq8 hkv8 sq512 sk512 d64 f32 window=127,0",   /* sliding window of 128 keys */
+    "b1 hq8 hkv8 sq512 sk512 d64 f32",              /* the plain problem */
+    "b1 hq8 hkv8 sq512 sk512 d64 f32 causal",       /* causal */
+    "b1 hq8 hkv2 sq512 sk512 d64 f32 causal",       /* grouped-query: 4 query heads per kv head */
+    "b1 hq8 hkv8 sq512 sk512 d64 bf16 causal",      /* bf16 inputs, f32 accumulation */
+    "b1 hq8 hkv8 sq512 sk512 d64 f16 causal",       /* f16 inputs */
+    "b1 hq8 hkv8 sq512 sk512 d64 f32 window=127,0", /* sliding window of 128 keys */
 };
 static const char *const default_backward[] = {
     "b1 hq8 hkv8 sq512 sk512 d64 f32 causal",  /* backward: dq, dk, dv */
@@ -610,6 +610,16 @@ static int cmd_info(int argc, char **argv) {
   printf("libattn %s\n", attn_version_string());
   printf("cpu: %s, %d logical CPUs\n", cpu->model, cpu->logical_cpus);
   printf("cpu features: %s\n", cpu->feature_names[0] ? cpu->feature_names : "(none detected)");
+  /* The GPU modules: which loaded, from where, and why one did not (tests/test_modules.sh). */
+  printf("gpu modules:\n");
+  for (int32_t i = 0; i < attn_module_count(); ++i) {
+    attn_module_status m;
+    if (attn_module_info(i, &m) != ATTN_STATUS_OK) continue;
+    if (m.loaded)
+      printf("  %-6s loaded from %s\n", m.name, m.path);
+    else
+      printf("  %-6s not loaded: %s\n", m.name, m.message);
+  }
   /* Only usable GPUs get a "gpu N:" line: scripts (tests/test_cli_gpu.sh) look for one. */
   char why[512];
   int32_t gpus = h_gpu_count(why, sizeof why);

@@ -234,8 +234,8 @@ int32_t h_gpu_count(char *why, size_t why_size) {
   const attn_gpu_ops *gpu = attn_gpu();
   if (gpu == NULL) {
     snprintf(why, why_size,
-             "this build has no CUDA runtime (neither the cuda nor the cudnn "
-             "implementation is compiled in)");
+             "no GPU module loaded (libattn_cuda.so, libattn_cudnn.so: the \"gpu modules\" "
+             "lines of `attn info` say why)");
     return 0;
   }
   int32_t count = 0;
