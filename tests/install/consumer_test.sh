@@ -35,6 +35,11 @@ for f in "$prefix/include/attn.h" "$libdir/libattn.a" "$libdir/libattn.so" \
   [ -e "$f" ] || { echo "FAIL: $f was not installed"; exit 1; }
 done
 echo "PASS installed into $prefix"
+# The exported targets are relocatable and name no library of this machine's CUDA installation
+# (the GPU implementations are modules, loaded at run time).
+if grep -il 'cuda\|cudnn' "$libdir"/cmake/attn/attnTargets*.cmake "$libdir"/pkgconfig/*.pc; then
+  echo "FAIL: the installed CMake package or pkg-config files name CUDA"; exit 1
+fi
 
 # pkg-config: the README's own lines (those starting `cc app.c`), run as written with app.c =
 # hello.c, so the README cannot show a link line that fails. The first links the shared library
