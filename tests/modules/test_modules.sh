@@ -98,7 +98,7 @@ for m in $real; do
   IFS=$old_ifs
   name=$(basename "$m" .so)
   name=${name#libattn_}
-  expect "real module $name loads" "$name loaded from $m" "$(info "$(dirname "$m")")"
+  expect "real module $name loads" "loaded from $m" "$(info "$(dirname "$m")")"
 done
 IFS=$old_ifs
 
