@@ -21,6 +21,12 @@
  * with dbias). Autotuning across implementations: a causal GQA problem tuned forward + backward
  * times cudnn's and cuda's configurations and the winner passes the reference check.
  *
+ * Graph cache (src/impl/cudnn/cudnn_cache.c), first of all so the process's first plan is timed:
+ * a second plan of a shape builds no graph (the cache's counters say so) and is made in a fraction
+ * of the first one's time (both printed), both plans pass the reference check with the same
+ * forward bits, a strided layout's graphs are shared too, and graphs evicted (bound 0) while plans
+ * hold them keep running for those plans and are freed with the last of them.
+ *
  * ATTN_CUDNN_QUICK=1 runs three small cases only (for compute-sanitizer).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -37,7 +43,9 @@
 
 #ifdef ATTN_HAVE_CUDNN
 #include "gputest.h"
+#include "impl/cudnn/cudnn_graph.h" /* the graph cache's counters */
 #include <cudnn_backend.h>
+#include <time.h>
 #endif
 
 #ifndef ATTN_HAVE_CUDNN
@@ -51,7 +59,7 @@ int main(void) {
 
 static attn_ctx *ctx;
 
-/* ---- unsupported problems: checked with or without a GPU --------------------------------------- */
+/* ---- unsupported problems: checked with or without a GPU ------------------------------------- */
 
 static void test_unsupported(void) {
   attn_problem base = tu_gpu_problem(2, 64, 64, 4, 4, 64, ATTN_DTYPE_BF16), p;
@@ -512,7 +520,7 @@ static void test_grid(int quick) {
   run_random("sdpa operation, no lse", p, 0, 1, 0, NULL, NULL);
 }
 
-/* ---- determinism ------------------------------------------------------------------------------ */
+/* ---- determinism ----------------------------------------------------------------------------- */
 
 static int same_bits(const tu_buf *a, const tu_buf *b) {
   return a->n == b->n && a->dtype == b->dtype &&
@@ -575,6 +583,118 @@ static void test_determinism(void) {
     }
     hcase_free(&c);
   }
+}
+
+/* ---- the graph cache ------------------------------------------------------------------------- */
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static attn_cudnn_cache_stats cache_stats(void) {
+  attn_cudnn_cache_stats s;
+  attn_cudnn_graph_cache_stats(&s);
+  return s;
+}
+
+/* A plan of p timed on the wall clock, in *ms. */
+static attn_plan *timed_plan(const char *name, const attn_problem *p, double *ms) {
+  double t0 = now_ms();
+  attn_plan *plan = cudnn_plan(name, p, "atomic");
+  *ms = now_ms() - t0;
+  return plan;
+}
+
+static void test_graph_cache(void) {
+  const char *name = "graph cache gqa 8/2 causal 96x160 d64";
+  attn_problem p = tu_gpu_problem(2, 96, 160, 8, 2, 64, ATTN_DTYPE_BF16);
+  p.causal = 1;
+  hcase c;
+  memset(&c, 0, sizeof c);
+  snprintf(c.name, sizeof c.name, "%s", name);
+  c.p = p;
+  fill(&c);
+
+  attn_cudnn_cache_stats s0 = cache_stats();
+  double first_ms, second_ms;
+  attn_plan *first = timed_plan(name, &p, &first_ms);
+  attn_cudnn_cache_stats s1 = cache_stats();
+  attn_plan *second = timed_plan(name, &p, &second_ms);
+  attn_cudnn_cache_stats s2 = cache_stats();
+  printf("%s: plan creation: first %.1f ms (%llu graphs built), second %.3f ms (%llu built, %llu "
+         "taken from the cache); cache bound %zu\n",
+         name, first_ms, (unsigned long long)(s1.builds - s0.builds), second_ms,
+         (unsigned long long)(s2.builds - s1.builds), (unsigned long long)(s2.hits - s1.hits),
+         s2.capacity);
+  if (first == NULL || second == NULL) {
+    attn_plan_destroy(first), attn_plan_destroy(second), hcase_free(&c);
+    return;
+  }
+  tu_check(s1.builds - s0.builds == 2, "%s: the first plan builds its forward and backward graphs "
+                                       "(%llu built)",
+           name, (unsigned long long)(s1.builds - s0.builds));
+  tu_check(s2.builds == s1.builds && s2.hits - s1.hits == 2,
+           "%s: the second plan builds nothing and takes both graphs from the cache (%llu built, "
+           "%llu hits)",
+           name, (unsigned long long)(s2.builds - s1.builds),
+           (unsigned long long)(s2.hits - s1.hits));
+  tu_check(second_ms * 4 < first_ms, "%s: the second plan takes a fraction of the first's time "
+                                     "(%.3f ms against %.1f ms)",
+           name, second_ms, first_ms);
+
+  /* Both plans are right, and the shared forward graph gives both the same bits. */
+  check_case(&c, ctx, first);
+  check_case(&c, ctx, second);
+  results r1, r2;
+  if (run_plan(name, &c, ctx, first, &r1, NULL) && run_plan(name, &c, ctx, second, &r2, NULL))
+    tu_check(same_bits(&r1.out, &r2.out) && same_bits(&r1.lse, &r2.lse),
+             "%s: both plans give the same out and lse bits", name);
+  results_free(&r1), results_free(&r2);
+
+  /* A strided layout: the first plan builds its graphs at run time, the second shares them. */
+  c.bhsd = 1;
+  attn_cudnn_cache_stats s3 = cache_stats();
+  check_case(&c, ctx, first);
+  attn_cudnn_cache_stats s4 = cache_stats();
+  check_case(&c, ctx, second);
+  attn_cudnn_cache_stats s5 = cache_stats();
+  tu_check(s4.builds - s3.builds == 2 && s5.builds == s4.builds && s5.hits - s4.hits == 2,
+           "%s: a [B, H, T, D] layout's graphs are built once and shared (built %llu then %llu)",
+           name, (unsigned long long)(s4.builds - s3.builds),
+           (unsigned long long)(s5.builds - s4.builds));
+  c.bhsd = 0;
+
+  /* Bound 0: every graph leaves the cache at once, but the plans still hold and run theirs. */
+  attn_cudnn_graph_cache_set_capacity(0);
+  attn_cudnn_cache_stats s6 = cache_stats();
+  tu_check(s6.entries == 0 && s6.detached >= 4,
+           "%s: bound 0 empties the cache; the plans' graphs stay alive (%zu entries, %zu held)",
+           name, s6.entries, s6.detached);
+  check_case(&c, ctx, first);
+  c.bhsd = 1;
+  check_case(&c, ctx, second);
+  c.bhsd = 0;
+  double third_ms;
+  attn_plan *third = timed_plan(name, &p, &third_ms);
+  attn_cudnn_cache_stats s7 = cache_stats();
+  printf("%s: plan creation with bound 0 (a warm process builds both graphs): %.1f ms\n", name,
+         third_ms);
+  tu_check(s7.builds - s6.builds == 2, "%s: with bound 0 a new plan builds its own graphs (%llu)",
+           name, (unsigned long long)(s7.builds - s6.builds));
+  if (third != NULL) check_case(&c, ctx, third);
+  attn_plan_destroy(first);
+  check_case(&c, ctx, second); /* the graphs it shared with the destroyed plan are still there */
+  attn_plan_destroy(second);
+  attn_plan_destroy(third);
+  attn_cudnn_cache_stats s8 = cache_stats();
+  tu_check(s8.detached == 0 && s8.frees - s6.frees >= 6,
+           "%s: the evicted graphs are freed with the last plan holding them (%zu held, %llu "
+           "freed)",
+           name, s8.detached, (unsigned long long)(s8.frees - s6.frees));
+  attn_cudnn_graph_cache_set_capacity(s0.capacity);
+  hcase_free(&c);
 }
 
 /* ---- the executor across implementations ----------------------------------------------------- */
@@ -698,7 +818,7 @@ static void test_run_checks(void) {
   cudaFree(buf);
 }
 
-/* ---- golden cases ------------------------------------------------------------------------------ */
+/* ---- golden cases ---------------------------------------------------------------------------- */
 
 static double *read_f64(const char *dir, const char *file, int64_t n) {
   char path[1200];
@@ -856,6 +976,7 @@ int main(int argc, char **argv) {
     return tu_gpu_skipped();
   }
   int quick = getenv("ATTN_CUDNN_QUICK") != NULL;
+  test_graph_cache();
   test_grid(quick);
   if (!quick) {
     test_determinism();

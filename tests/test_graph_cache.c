@@ -1,10 +1,11 @@
 /*
- * tests/test_graph_cache.c - the bookkeeping of the cuDNN graph cache (src/impl/cudnn/graph_cache.c)
- * with fake graphs, so it runs on any machine: hits and misses by key (keys differing in one word,
- * or in length, are different), least-recently-used eviction at the bound, an evicted value kept
- * alive while a holder has it and freed exactly once at its last release, capacity 0 (nothing
- * shared), a shrinking bound, a racing duplicate insert, and 8 threads hammering a small cache
- * (every value is freed exactly once and never while held; checked by a live flag in each fake).
+ * tests/test_graph_cache.c - the bookkeeping of the cuDNN graph cache
+ * (src/impl/cudnn/graph_cache.c) with fake graphs, so it runs on any machine: hits and misses by
+ * key (keys differing in one word, or in length, are different), least-recently-used eviction at
+ * the bound, an evicted value kept alive while a holder has it and freed exactly once at its last
+ * release, capacity 0 (nothing shared), a shrinking bound, a racing duplicate insert, and 8 threads
+ * hammering a small cache (every value is freed exactly once and never while held; checked by a
+ * live flag in each fake).
  *
  * The GPU side (a second cuDNN plan of a shape is a hit and takes microseconds; an evicted graph
  * still runs for its plan) is in test_cudnn.c.
@@ -115,7 +116,7 @@ static void test_basics(void) {
   tu_check(s.entries == 0 && s.detached == 0 && freed_count == 5, "capacity 0 empties the index");
   gc_entry *e = get(&c, 5, &hit);
   tu_check(e != NULL && ((fake_graph *)gc_value(e))->live, "capacity 0: the inserter still gets "
-                                                             "its value");
+                                                           "its value");
   gc_entry *e2 = get(&c, 5, &hit);
   tu_check(!hit && e2 != e, "capacity 0: nothing is shared");
   gc_release(&c, e);
@@ -131,8 +132,9 @@ static void test_basics(void) {
   fake_graph *first = new_fake(9), *second = new_fake(9);
   gc_entry *x = gc_insert(&c, key, 8, first);
   gc_entry *y = gc_insert(&c, key, 8, second);
-  tu_check(x == y && gc_value(y) == first && !second->live && first->live,
-           "a duplicate insert shares the first value and frees its own");
+  tu_check(x == y && gc_value(y) == first && !second->live && first->live &&
+               gc_get_stats(&c).races == 1,
+           "a duplicate insert shares the first value, frees its own and is counted");
   gc_release(&c, x);
   gc_release(&c, y);
   s = gc_get_stats(&c);
@@ -141,7 +143,7 @@ static void test_basics(void) {
   tu_check(!first->live && !freed_twice, "destroy frees what is cached, nothing twice");
 }
 
-/* ---- threads ---------------------------------------------------------------------------------- */
+/* ---- threads --------------------------------------------------------------------------------- */
 
 typedef struct worker {
   gc_cache *cache;

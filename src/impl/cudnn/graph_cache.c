@@ -41,10 +41,14 @@ int gc_init(gc_cache *c, size_t capacity, gc_free_fn free_value, void *free_arg)
 }
 
 static void unlink_entry(gc_cache *c, gc_entry *e) {
-  if (e->newer != NULL) e->newer->older = e->older;
-  else c->newest = e->older;
-  if (e->older != NULL) e->older->newer = e->newer;
-  else c->oldest = e->newer;
+  if (e->newer != NULL)
+    e->newer->older = e->older;
+  else
+    c->newest = e->older;
+  if (e->older != NULL)
+    e->older->newer = e->newer;
+  else
+    c->oldest = e->newer;
   e->newer = e->older = NULL;
 }
 
@@ -127,7 +131,7 @@ gc_entry *gc_insert(gc_cache *c, const int64_t *key, int nwords, void *value) {
     e->refs++;
     unlink_entry(c, e);
     push_newest(c, e);
-    c->stats.hits++;
+    c->stats.races++;
   } else {
     e = fresh;
     fresh = NULL;

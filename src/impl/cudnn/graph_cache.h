@@ -27,7 +27,8 @@ typedef void (*gc_free_fn)(void *value, void *arg);
 
 typedef struct gc_stats {
   uint64_t hits, misses; /* lookups (gc_acquire) that found / did not find their key */
-  uint64_t inserts;      /* values added (a racing duplicate is counted as a hit, not here) */
+  uint64_t inserts;      /* values added */
+  uint64_t races;        /* inserts that found their key added by another thread meanwhile */
   uint64_t evictions;    /* entries pushed out of the index by the bound */
   uint64_t frees;        /* values freed */
   size_t entries;        /* entries in the index now */
