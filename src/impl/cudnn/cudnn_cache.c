@@ -15,6 +15,7 @@
 
 #include "core/ctx.h"
 
+#include <cuda_runtime_api.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@
 
 /* A cached value: a built graph, or why it could not be built. */
 typedef struct cg_built {
+  int device;      /* where it was built */
   cg_graph *graph; /* NULL when the build was refused */
   attn_status status;
   char why[ATTN_MESSAGE_SIZE];
@@ -40,11 +42,19 @@ static pthread_mutex_t build_lock = PTHREAD_MUTEX_INITIALIZER;
 static cudnnHandle_t *build_handles; /* [nbuild_handles], by device; under build_lock */
 static int nbuild_handles;
 
+/* Frees a cached value with its device current (the last reference may be given back, or the
+ * value evicted, by a plan of another device), then restores the caller's device. */
 static void free_built(void *value, void *arg) {
   (void)arg;
-  cg_built *s = value;
-  attn_cudnn_graph_free(s->graph);
-  free(s);
+  cg_built *b = value;
+  if (b->graph != NULL) {
+    int previous = -1;
+    cudaGetDevice(&previous);
+    if (previous != b->device) cudaSetDevice(b->device);
+    attn_cudnn_graph_free(b->graph);
+    if (previous >= 0 && previous != b->device) cudaSetDevice(previous);
+  }
+  free(b);
 }
 
 /* The bound: $ATTN_CUDNN_GRAPH_CACHE when it is a whole number (0 to 1000000), else the default
@@ -155,6 +165,7 @@ cg_shared *attn_cudnn_graph_get(int device, const cg_spec *spec, cg_err *err) {
     attn_format(err->why, err->why_size, "out of memory");
     return NULL;
   }
+  b->device = device;
   cg_err build_err = {ATTN_STATUS_OK, b->why, sizeof b->why};
   cudnnHandle_t handle = build_handle(device, &build_err);
   if (handle != NULL) b->graph = attn_cudnn_graph_build(handle, spec, &build_err);
