@@ -1,9 +1,10 @@
 /*
  * tests/test_api.c - the contract of attn.h, exercised through the public API only: status strings,
  * version, NULL handling, dtype queries, the bf16/f16 conversions (every pattern, and random f32
- * values against round-to-nearest-even by definition), the tensor shapes of a problem, logging, every invalid input of SPEC.md "Errors" (refused
- * with INVALID_ARGUMENT, a message naming the argument, and nothing written), and the valid edge
- * problems (empty, no keys, caller workspace, the conveniences against the plan path).
+ * values against round-to-nearest-even by definition), the tensor shapes of a problem, logging,
+ * every invalid input of SPEC.md "Errors" (refused with INVALID_ARGUMENT, a message naming the
+ * argument, and nothing written), the valid edge problems (empty, no keys, caller workspace, the
+ * conveniences against the plan path), and a broadcast 1-D input.
  *
  * Every refusal is checked the same way: all buffers of the run (inputs and outputs) are filled
  * first, snapshotted, and compared byte for byte afterwards, so a call that did some work before
@@ -316,7 +317,7 @@ static void test_dtypes(void) {
            "dtype -1: size 0, name \"unknown\"");
 }
 
-/* ---- conversions ---------------------------------------------------------------------------- */
+/* ---- conversions ------------------------------------------------------------------------- */
 
 static float f32_of_bits(uint32_t u) {
   float f;
@@ -420,7 +421,7 @@ static void test_conversions(tu_rng *rng) {
            first_bad, (unsigned)bits_of_f32(first_bad));
 }
 
-/* ---- tensor shapes of a problem --------------------------------------------------------------- */
+/* ---- tensor shapes of a problem ------------------------------------------------------------- */
 
 static void test_tensor_shapes(attn_ctx *ctx) {
   attn_problem p;
@@ -434,12 +435,17 @@ static void test_tensor_shapes(attn_ctx *ctx) {
     int64_t shape[4];
     attn_dtype dtype;
   } want[] = {
-      {ATTN_ROLE_Q, 4, {2, 5, 6, 8}, ATTN_DTYPE_BF16},  {ATTN_ROLE_K, 4, {2, 7, 2, 8}, ATTN_DTYPE_BF16},
-      {ATTN_ROLE_V, 4, {2, 7, 2, 4}, ATTN_DTYPE_BF16},  {ATTN_ROLE_OUT, 4, {2, 5, 6, 4}, ATTN_DTYPE_BF16},
-      {ATTN_ROLE_LSE, 3, {2, 6, 5, 1}, ATTN_DTYPE_F32}, {ATTN_ROLE_DOUT, 4, {2, 5, 6, 4}, ATTN_DTYPE_BF16},
-      {ATTN_ROLE_DQ, 4, {2, 5, 6, 8}, ATTN_DTYPE_BF16}, {ATTN_ROLE_DK, 4, {2, 7, 2, 8}, ATTN_DTYPE_BF16},
-      {ATTN_ROLE_DV, 4, {2, 7, 2, 4}, ATTN_DTYPE_BF16}, {ATTN_ROLE_BIAS, 0, {1, 1, 1, 1}, ATTN_DTYPE_F32},
-      {ATTN_ROLE_PROBS, 0, {1, 1, 1, 1}, ATTN_DTYPE_BF16},
+      {ATTN_ROLE_Q, 4, {2, 5, 6, 8}, ATTN_DTYPE_BF16},
+      {ATTN_ROLE_K, 4, {2, 7, 2, 8}, ATTN_DTYPE_BF16},
+      {ATTN_ROLE_V, 4, {2, 7, 2, 4}, ATTN_DTYPE_BF16},
+      {ATTN_ROLE_OUT, 4, {2, 5, 6, 4}, ATTN_DTYPE_BF16},
+      {ATTN_ROLE_LSE, 3, {2, 6, 5, 1}, ATTN_DTYPE_F32}, /* f32 for a bf16 problem */
+      {ATTN_ROLE_DOUT, 4, {2, 5, 6, 4}, ATTN_DTYPE_BF16},
+      {ATTN_ROLE_DQ, 4, {2, 5, 6, 8}, ATTN_DTYPE_BF16},
+      {ATTN_ROLE_DK, 4, {2, 7, 2, 8}, ATTN_DTYPE_BF16},
+      {ATTN_ROLE_DV, 4, {2, 7, 2, 4}, ATTN_DTYPE_BF16},
+      {ATTN_ROLE_BIAS, 0, {1, 1, 1, 1}, ATTN_DTYPE_F32}, /* unused: no has_bias */
+      {ATTN_ROLE_PROBS, 0, {1, 1, 1, 1}, ATTN_DTYPE_BF16}, /* unused: the flash operation */
   };
   for (size_t i = 0; i < sizeof want / sizeof want[0]; ++i) {
     int32_t ndim = -1;
@@ -482,7 +488,8 @@ static void test_tensor_shapes(attn_ctx *ctx) {
   p.heads_q = 4;
   s = attn_problem_tensor(ctx, &p, ATTN_ROLE_COUNT, NULL, NULL, NULL, NULL);
   tu_check(s == ATTN_STATUS_INVALID_ARGUMENT && has_word(attn_ctx_last_error(ctx), "role") &&
-               attn_problem_numel(&p, (attn_role)-1) == -1 && attn_problem_numel(NULL, ATTN_ROLE_Q) == -1,
+               attn_problem_numel(&p, (attn_role)-1) == -1 &&
+               attn_problem_numel(NULL, ATTN_ROLE_Q) == -1,
            "a role outside the enum is refused (%s)", attn_ctx_last_error(ctx));
   tu_check(attn_problem_tensor(ctx, &p, ATTN_ROLE_Q, NULL, NULL, NULL, NULL) == ATTN_STATUS_OK &&
                attn_ctx_last_error(ctx)[0] == '\0',

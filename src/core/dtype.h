@@ -27,7 +27,9 @@ static inline float attn_f32_from_bits(uint32_t u) {
   return f;
 }
 
-static inline float attn_inline_bf16_to_f32(uint16_t h) { return attn_f32_from_bits((uint32_t)h << 16); }
+static inline float attn_inline_bf16_to_f32(uint16_t h) {
+  return attn_f32_from_bits((uint32_t)h << 16);
+}
 
 static inline uint16_t attn_inline_f32_to_bf16(float f) {
   uint32_t u = attn_f32_bits(f);
@@ -93,8 +95,12 @@ static inline void attn_store(void *data, attn_dtype dtype, int64_t index, doubl
   case ATTN_DTYPE_U8: ((uint8_t *)data)[index] = (uint8_t)value; break;
   case ATTN_DTYPE_I32: ((int32_t *)data)[index] = (int32_t)value; break;
   case ATTN_DTYPE_F32: ((float *)data)[index] = (float)value; break;
-  case ATTN_DTYPE_F16: ((uint16_t *)data)[index] = attn_inline_f32_to_f16(attn_f64_to_f32_odd(value)); break;
-  case ATTN_DTYPE_BF16: ((uint16_t *)data)[index] = attn_inline_f32_to_bf16(attn_f64_to_f32_odd(value)); break;
+  case ATTN_DTYPE_F16:
+    ((uint16_t *)data)[index] = attn_inline_f32_to_f16(attn_f64_to_f32_odd(value));
+    break;
+  case ATTN_DTYPE_BF16:
+    ((uint16_t *)data)[index] = attn_inline_f32_to_bf16(attn_f64_to_f32_odd(value));
+    break;
   case ATTN_DTYPE_F64: ((double *)data)[index] = value; break;
   case ATTN_DTYPE_COUNT: break;
   }
@@ -104,8 +110,10 @@ static inline void attn_store(void *data, attn_dtype dtype, int64_t index, doubl
 static inline double attn_round_to(attn_dtype dtype, double value) {
   switch (dtype) {
   case ATTN_DTYPE_F32: return (float)value;
-  case ATTN_DTYPE_F16: return attn_inline_f16_to_f32(attn_inline_f32_to_f16(attn_f64_to_f32_odd(value)));
-  case ATTN_DTYPE_BF16: return attn_inline_bf16_to_f32(attn_inline_f32_to_bf16(attn_f64_to_f32_odd(value)));
+  case ATTN_DTYPE_F16:
+    return attn_inline_f16_to_f32(attn_inline_f32_to_f16(attn_f64_to_f32_odd(value)));
+  case ATTN_DTYPE_BF16:
+    return attn_inline_bf16_to_f32(attn_inline_f32_to_bf16(attn_f64_to_f32_odd(value)));
   default: return value;
   }
 }
