@@ -25,7 +25,9 @@
  * a second plan of a shape builds no graph (the cache's counters say so) and is made in a fraction
  * of the first one's time (both printed), both plans pass the reference check with the same
  * forward bits, a strided layout's graphs are shared too, and graphs evicted (bound 0) while plans
- * hold them keep running for those plans and are freed with the last of them.
+ * hold them keep running for those plans and are freed with the last of them; 4 threads, each with
+ * its own context, plan, handle and stream, run one shared graph at once and get the bits of a
+ * single-threaded run.
  *
  * ATTN_CUDNN_QUICK=1 runs three small cases only (for compute-sanitizer).
  */
@@ -45,6 +47,7 @@
 #include "gputest.h"
 #include "impl/cudnn/cudnn_graph.h" /* the graph cache's counters */
 #include <cudnn_backend.h>
+#include <pthread.h>
 #include <time.h>
 #endif
 
@@ -697,6 +700,102 @@ static void test_graph_cache(void) {
   hcase_free(&c);
 }
 
+/* One thread of test_graph_cache_threads: its own context and plan (sharing the cached graphs),
+ * stream, workspace and copies of the inputs; 20 forward passes; the last out must equal `expect`
+ * bit for bit. Failures go to why (tu_check is not thread-safe). */
+typedef struct shared_graph_run {
+  const hcase *c;
+  const tu_buf *expect;
+  int ok;
+  char why[256];
+} shared_graph_run;
+
+static void *shared_graph_thread(void *arg) {
+  shared_graph_run *r = arg;
+  const attn_problem *p = &r->c->p;
+  r->ok = 0;
+  attn_ctx *tctx = NULL;
+  if (attn_ctx_create(&tctx) != ATTN_STATUS_OK) {
+    snprintf(r->why, sizeof r->why, "attn_ctx_create failed");
+    return NULL;
+  }
+  attn_select sel;
+  attn_select_init(&sel);
+  sel.impl = "cudnn", sel.config = "atomic";
+  attn_plan *plan = NULL;
+  if (attn_plan_create(tctx, p, &sel, &plan) != ATTN_STATUS_OK) {
+    snprintf(r->why, sizeof r->why, "plan: %s", attn_ctx_last_error(tctx));
+    attn_ctx_destroy(tctx);
+    return NULL;
+  }
+  tu_gpu_exec exec = tu_gpu_exec_create(plan);
+  gtensor q = g_alloc(p, ATTN_ROLE_Q, 0, &r->c->q), k = g_alloc(p, ATTN_ROLE_K, 0, &r->c->k),
+          v = g_alloc(p, ATTN_ROLE_V, 0, &r->c->v), out = g_alloc(p, ATTN_ROLE_OUT, 0, NULL),
+          lse = g_alloc(p, ATTN_ROLE_LSE, 0, NULL);
+  attn_inputs in;
+  attn_inputs_init(&in);
+  in.q = q.t, in.k = k.t, in.v = v.t;
+  attn_outputs o;
+  attn_outputs_init(&o);
+  o.out = out.t, o.lse = lse.t;
+  attn_status st = ATTN_STATUS_OK;
+  for (int i = 0; i < 20 && st == ATTN_STATUS_OK; ++i)
+    st = attn_plan_forward(plan, &in, exec.workspace, exec.workspace_size, &o);
+  TU_CUDA_CHECK(cudaStreamSynchronize(exec.stream));
+  if (st != ATTN_STATUS_OK) {
+    snprintf(r->why, sizeof r->why, "forward: %s", attn_ctx_last_error(tctx));
+  } else {
+    tu_buf got = g_fetch(&out, (attn_dtype)p->dtype);
+    r->ok = same_bits(&got, r->expect);
+    if (!r->ok) snprintf(r->why, sizeof r->why, "out differs from the single-threaded run's");
+    tu_buf_free(&got);
+  }
+  g_free(&q), g_free(&k), g_free(&v), g_free(&out), g_free(&lse);
+  tu_gpu_exec_destroy(&exec);
+  attn_plan_destroy(plan);
+  attn_ctx_destroy(tctx);
+  return NULL;
+}
+
+static void test_graph_cache_threads(void) {
+  const char *name = "graph cache, 4 threads sharing one graph, b2 h8/2 causal 200x200 d64";
+  hcase c;
+  memset(&c, 0, sizeof c);
+  snprintf(c.name, sizeof c.name, "%s", name);
+  c.p = tu_gpu_problem(2, 200, 200, 8, 2, 64, ATTN_DTYPE_BF16);
+  c.p.causal = 1;
+  c.no_lse = 1; /* forward only: the single-threaded run below */
+  fill(&c);
+  attn_plan *plan = cudnn_plan(name, &c.p, "atomic");
+  results single;
+  if (plan == NULL || !run_plan(name, &c, ctx, plan, &single, NULL)) {
+    attn_plan_destroy(plan);
+    hcase_free(&c);
+    return;
+  }
+  attn_cudnn_cache_stats before = cache_stats();
+  enum { NTHREADS = 4 };
+  pthread_t threads[NTHREADS];
+  shared_graph_run runs[NTHREADS];
+  for (int i = 0; i < NTHREADS; ++i) {
+    memset(&runs[i], 0, sizeof runs[i]);
+    runs[i].c = &c, runs[i].expect = &single.out;
+    pthread_create(&threads[i], NULL, shared_graph_thread, &runs[i]);
+  }
+  for (int i = 0; i < NTHREADS; ++i) {
+    pthread_join(threads[i], NULL);
+    tu_check(runs[i].ok, "%s: thread %d: %s", name, i, runs[i].ok ? "same bits" : runs[i].why);
+  }
+  attn_cudnn_cache_stats after = cache_stats();
+  tu_check(after.builds == before.builds && after.hits - before.hits >= NTHREADS,
+           "%s: the threads' plans built nothing (%llu built, %llu hits)", name,
+           (unsigned long long)(after.builds - before.builds),
+           (unsigned long long)(after.hits - before.hits));
+  results_free(&single);
+  attn_plan_destroy(plan);
+  hcase_free(&c);
+}
+
 /* ---- the executor across implementations ----------------------------------------------------- */
 
 /* Autotuning (forward + backward) a bf16 causal GQA problem that both GPU implementations run times
@@ -977,6 +1076,7 @@ int main(int argc, char **argv) {
   }
   int quick = getenv("ATTN_CUDNN_QUICK") != NULL;
   test_graph_cache();
+  if (!quick) test_graph_cache_threads();
   test_grid(quick);
   if (!quick) {
     test_determinism();
