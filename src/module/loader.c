@@ -195,6 +195,13 @@ const attn_gpu_ops *attn_module_gpu(void) {
   return loaded_gpu;
 }
 
+const attn_module_table *attn_module_table_named(const char *name) {
+  attn_modules_load();
+  for (int i = 0; i < SLOT_COUNT; ++i)
+    if (name != NULL && strcmp(slots[i].name, name) == 0) return slots[i].table;
+  return NULL;
+}
+
 int32_t attn_module_count(void) { return SLOT_COUNT; }
 
 attn_status attn_module_info(int32_t index, attn_module_status *status) {

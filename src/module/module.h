@@ -32,6 +32,9 @@ typedef struct attn_module_table {
   const attn_impl *const *impls; /* in order of preference */
   int32_t impl_count;
   const attn_gpu_ops *gpu; /* the CUDA runtime services of gpu.h, or NULL */
+  /* What the project's own tests may call inside the module (a struct of the module's, e.g.
+   * attn_cudnn_test_hooks), or NULL: a module exports nothing else, so tests reach it here. */
+  const void *test_hooks;
 } attn_module_table;
 
 /* The type of ATTN_MODULE_ENTRY. */
@@ -52,5 +55,8 @@ const attn_impl *const *attn_module_impls(int32_t *count);
 
 /* The GPU services of the first loaded module that has them, or NULL. */
 const attn_gpu_ops *attn_module_gpu(void);
+
+/* The table of the loaded module of that name ("cuda", "cudnn"), or NULL; for tests. */
+const attn_module_table *attn_module_table_named(const char *name);
 
 #endif /* ATTN_MODULE_MODULE_H */

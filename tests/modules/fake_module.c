@@ -76,6 +76,7 @@ static const attn_module_table fake_table = {FAKE_ABI,
                                              FAKE_NAME,
                                              fake_impls,
                                              1,
+                                             NULL,
                                              NULL};
 
 __attribute__((visibility("default"))) const attn_module_table *attn_module_entry_v1(void);

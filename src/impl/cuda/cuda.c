@@ -344,6 +344,7 @@ const attn_impl attn_cuda_impl = {
  * services. src/module/entry.c exports it; libattn_gpu.a links it in directly. */
 static const attn_impl *const cuda_module_impls[] = {&attn_cuda_impl};
 static const attn_module_table cuda_module_table = {ATTN_MODULE_TABLE_HEADER, "cuda",
-                                                    cuda_module_impls, 1, &attn_gpu_runtime_ops};
+                                                    cuda_module_impls, 1, &attn_gpu_runtime_ops,
+                                                    NULL};
 const attn_module_table *attn_cuda_module(void);
 const attn_module_table *attn_cuda_module(void) { return &cuda_module_table; }

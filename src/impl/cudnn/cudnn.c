@@ -14,8 +14,9 @@
  * (cudnn-frontend's set_deterministic_algorithm(true)); the section "configurations" says how each
  * is built, and config_deterministic declares only the second to a deterministic policy.
  *
- * Graph building is slow (heuristics, sometimes run-time compilation), so a plan builds its graphs
- * once in plan_init for the dense layout and keeps one more graph per strided layout it meets.
+ * Graph building is slow (heuristics, sometimes run-time compilation: 85-90 ms a graph on an H200),
+ * so a plan takes its graphs in plan_init for the dense layout and one more per strided layout it
+ * meets, from the process-wide cache of cudnn_cache.c: the second plan of a shape builds nothing.
  * cuDNN's version and the GPU's compute capability are checked at run time: a library or a GPU
  * too old is UNSUPPORTED, never a crash.
  *
@@ -279,14 +280,15 @@ static size_t seqlen_bytes(const attn_problem *p) {
 
 typedef struct layout_graphs {
   cg_layout layout;
+  cg_shared *shared; /* the plan's reference to the cached graph */
   cg_graph *graph;
 } layout_graphs;
 
 typedef struct cudnn_state {
   attn_problem problem;
-  cg_spec base; /* the spec of the dense layout */
-  cudnnHandle_t handle;
-  int32_t config; /* CUDNN_CONFIG_* */
+  cg_spec base;         /* the spec of the dense layout */
+  cudnnHandle_t handle; /* the plan's run handle, from the pool of cudnn_cache.c */
+  int32_t config;       /* CUDNN_CONFIG_* */
   int version, sm;
   /* graphs per pass: [0] forward, [1] backward, [2] backward with dbias; slot 0 is dense */
   layout_graphs graphs[3][1 + ATTN_CUDNN_LAYOUTS];
@@ -397,8 +399,8 @@ static void leave_device(const attn_problem *p, int previous) {
 static void free_state(cudnn_state *st) {
   if (st == NULL) return;
   for (int pass = 0; pass < 3; ++pass)
-    for (int i = 0; i < st->ngraphs[pass]; ++i) attn_cudnn_graph_free(st->graphs[pass][i].graph);
-  if (st->handle != NULL) cudnnDestroy(st->handle);
+    for (int i = 0; i < st->ngraphs[pass]; ++i) attn_cudnn_graph_put(st->graphs[pass][i].shared);
+  attn_cudnn_handle_give(st->problem.device_index, st->handle);
   free(st->full_q);
   free(st->full_kv);
   free(st);
@@ -435,7 +437,7 @@ static attn_status cudnn_plan_init(const attn_problem *p, int32_t config, void *
   }
   base_spec(p, st->version, st->sm, &st->base);
   st->base.deterministic = config == CUDNN_CONFIG_DETERMINISTIC;
-  ATTN_CUDNN_CHECK(&err, cudnnCreate(&st->handle));
+  st->handle = attn_cudnn_handle_take(p->device_index, &err);
   st->full_q = malloc((size_t)p->batch * sizeof(int32_t));
   st->full_kv = malloc((size_t)p->batch * sizeof(int32_t));
   if (err.status == ATTN_STATUS_OK && (st->full_q == NULL || st->full_kv == NULL)) {
@@ -456,8 +458,8 @@ static attn_status cudnn_plan_init(const attn_problem *p, int32_t config, void *
     cg_spec spec = pass_spec(st, pass);
     char pass_why[ATTN_MESSAGE_SIZE] = "";
     cg_err perr = {ATTN_STATUS_OK, pass_why, sizeof pass_why};
-    cg_graph *g = attn_cudnn_graph_build(st->handle, &spec, &perr);
-    if (g == NULL) {
+    cg_shared *shared = attn_cudnn_graph_get(p->device_index, &spec, &perr);
+    if (shared == NULL) {
       if (pass == 0) {
         err.status = perr.status;
         attn_format(why, why_size, "%s", pass_why);
@@ -466,7 +468,9 @@ static attn_status cudnn_plan_init(const attn_problem *p, int32_t config, void *
       }
       continue;
     }
+    cg_graph *g = attn_cudnn_shared_graph(shared);
     st->graphs[pass][0].layout = spec.st;
+    st->graphs[pass][0].shared = shared;
     st->graphs[pass][0].graph = g;
     st->ngraphs[pass] = 1;
     st->plan_ws[pass] = attn_cudnn_graph_workspace(g);
@@ -501,7 +505,8 @@ static size_t cudnn_workspace_size(const attn_problem *p, int32_t config, const 
 
 /* ---- running ------------------------------------------------------------------------------------- */
 
-/* The graph of a pass for the run's layout: the dense one, one built before, or a new one. */
+/* The graph of a pass for the run's layout: the dense one, one the plan used before, or one from
+ * the cache (built now when no plan had it). */
 static cg_graph *graph_for(cudnn_state *st, int pass, const cg_layout *layout,
                            size_t workspace_size, cg_err *err) {
   if (st->why_not[pass][0] != '\0') {
@@ -514,8 +519,9 @@ static cg_graph *graph_for(cudnn_state *st, int pass, const cg_layout *layout,
       return st->graphs[pass][i].graph;
   cg_spec spec = pass_spec(st, pass);
   spec.st = *layout;
-  cg_graph *g = attn_cudnn_graph_build(st->handle, &spec, err);
-  if (g == NULL) return NULL;
+  cg_shared *shared = attn_cudnn_graph_get(st->problem.device_index, &spec, err);
+  if (shared == NULL) return NULL;
+  cg_graph *g = attn_cudnn_shared_graph(shared);
   size_t own = pass == 0 ? forward_workspace(&st->problem, 0)
                          : backward_workspace(&st->problem, st->config, 0);
   if (align_up(attn_cudnn_graph_workspace(g)) + own > workspace_size) {
@@ -524,17 +530,18 @@ static cg_graph *graph_for(cudnn_state *st, int pass, const cg_layout *layout,
                 "this strided layout needs %zu bytes of workspace, more than the %zu reported for "
                 "the dense layout",
                 align_up(attn_cudnn_graph_workspace(g)) + own, workspace_size);
-    attn_cudnn_graph_free(g);
+    attn_cudnn_graph_put(shared);
     return NULL;
   }
   int n = st->ngraphs[pass];
   if (n == 1 + ATTN_CUDNN_LAYOUTS) { /* replace the oldest strided graph */
-    attn_cudnn_graph_free(st->graphs[pass][1].graph);
+    attn_cudnn_graph_put(st->graphs[pass][1].shared);
     memmove(&st->graphs[pass][1], &st->graphs[pass][2],
             (size_t)(ATTN_CUDNN_LAYOUTS - 1) * sizeof st->graphs[pass][0]);
     n--;
   }
   st->graphs[pass][n].layout = *layout;
+  st->graphs[pass][n].shared = shared;
   st->graphs[pass][n].graph = g;
   st->ngraphs[pass] = n + 1;
   return g;
@@ -847,10 +854,14 @@ const attn_impl attn_cudnn_impl = {
     .config_deterministic = cudnn_config_deterministic,
 };
 
-/* The module libattn_cudnn.so (src/module/module.h): this implementation and the CUDA runtime
- * services. src/module/entry.c exports it; libattn_gpu.a links it in directly. */
+/* The module libattn_cudnn.so (src/module/module.h): this implementation, the CUDA runtime
+ * services and the graph cache's counters for test_cudnn. src/module/entry.c exports it;
+ * libattn_gpu.a links it in directly. */
 static const attn_impl *const cudnn_module_impls[] = {&attn_cudnn_impl};
+static const attn_cudnn_test_hooks cudnn_test_hooks = {attn_cudnn_graph_cache_stats,
+                                                       attn_cudnn_graph_cache_set_capacity};
 static const attn_module_table cudnn_module_table = {ATTN_MODULE_TABLE_HEADER, "cudnn",
-                                                     cudnn_module_impls, 1, &attn_gpu_runtime_ops};
+                                                     cudnn_module_impls,       1,
+                                                     &attn_gpu_runtime_ops,    &cudnn_test_hooks};
 const attn_module_table *attn_cudnn_module(void);
 const attn_module_table *attn_cudnn_module(void) { return &cudnn_module_table; }
