@@ -3,7 +3,8 @@
  *
  *   attn info                    library version, CPU, GPUs, implementations, cache file
  *   attn bench [opts] PROBLEM... check each supporting implementation x configuration against the
- *                                f64 reference, then time it; a table, --csv or --json
+ *                                f64 reference (a sample of a large problem's rows), then time it;
+ *                                a table, --csv or --json
  *   attn tune [opts] PROBLEM...  autotune into the persistent cache (progress bar on a terminal)
  *   attn check [opts] PROBLEM... compare every implementation with the reference; print the errors
  *
@@ -75,7 +76,11 @@ static const char *usage_bench =
     "threads used. A GPU problem (device=cuda[:N]) runs its inputs, outputs and workspace in\n"
     "device memory, each timed run ending when the GPU has finished; its table shows TFLOP/s and\n"
     "no %peak (nothing measures a GPU peak: peak_fraction is empty in --csv, null in --json).\n"
-    "The reference runs on the CPU in f64: keep checked problems small enough for it.\n"
+    "The f64 reference runs once per problem, on every CPU of the host. A problem whose\n"
+    "reference costs more than 2^31 multiply-adds has a seeded sample checked (256 query rows\n"
+    "with the first, last and tile-boundary ones, and for --backward the keys of one or two\n"
+    "(batch, kv head) slices); the line above the table says which rows were checked.\n"
+    "ATTN_BENCH_ROWS=all checks every row, =N samples N query rows; `attn check` checks all.\n"
     "Without a PROBLEM it runs the default table (`make bench`, the README's main job).\n"
     "  --backward       time forward + backward (and check the gradients)\n"
     "  --impl NAME      only this implementation     --config NAME  only this configuration\n"
@@ -112,8 +117,8 @@ static const char *usage_check =
     "usage: attn check [options] PROBLEM...\n"
     "Compares every implementation x configuration that supports each problem with the f64\n"
     "reference and prints max |error| against the tolerance of SPEC.md for out and lse (and dq,\n"
-    "dk, dv with --backward). A GPU problem (device=cuda[:N]) runs on that GPU on the same\n"
-    "inputs, copied there, and its outputs are copied back to be compared on the host.\n"
+    "dk, dv with --backward) over every row. A GPU problem (device=cuda[:N]) runs on that GPU\n"
+    "on the same inputs, copied there; its outputs come back to the host to be compared.\n"
     "  --backward       check the gradients too\n"
     "  --impl NAME      only this implementation     --platform P  only this platform\n"
     "  --seed N         seed of the random inputs (default 1)\n"
@@ -429,7 +434,8 @@ static int read_sample_rows(int64_t *rows) {
   char *end;
   long long v = strtoll(text, &end, 10);
   if (*end == '\0' && end != text && v >= 0) return *rows = v, 1;
-  fprintf(stderr, "attn: ATTN_BENCH_ROWS=%s: use auto, all, or a whole number of query rows\n", text);
+  fprintf(stderr, "attn: ATTN_BENCH_ROWS=%s: use auto, all, or a whole number of query rows\n",
+          text);
   return 0;
 }
 

@@ -107,20 +107,28 @@ static attn_status mirror_to_device(attn_ctx *ctx, h_data *d) {
   return st;
 }
 
-attn_status h_data_make(attn_ctx *ctx, h_data *d, const attn_problem *problem, uint64_t seed,
-                        int backward) {
-  memset(d, 0, sizeof *d);
-  d->problem = *problem;
-  const attn_problem *p = &d->problem;
-  if (!alloc_roles(d, backward)) goto oom;
-  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (int r = 0; r < ATTN_ROLE_COUNT; ++r) {
-    attn_role role = (attn_role)r;
-    void *buf = d->host.role[r];
-    if (buf == NULL || !input_role(role)) continue;
-    int64_t n = attn_role_numel(p, role);
-    attn_dtype dtype = attn_role_dtype(p, role);
-    for (int64_t i = 0; i < n; ++i) {
+/* splitmix64's finaliser: a well-mixed 64-bit value from any input. */
+static uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/* Draws the values of an input tensor: blocks of 2^16 elements, each from its own stream of
+ * (seed, role, block), so that the threads fill a decode problem's gigabytes of k and v in
+ * seconds, and the values depend on neither the thread count nor the device. */
+enum { FILL_BLOCK = 1 << 16 };
+static void fill_input(h_data *d, attn_role role, uint64_t seed) {
+  void *buf = d->host.role[role];
+  int64_t n = attn_role_numel(&d->problem, role);
+  attn_dtype dtype = attn_role_dtype(&d->problem, role);
+  const int64_t blocks = (n + FILL_BLOCK - 1) / FILL_BLOCK;
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t block = 0; block < blocks; ++block) {
+    uint64_t state = mix64(mix64(seed) ^ mix64(((uint64_t)role << 48) + (uint64_t)block));
+    int64_t end = (block + 1) * FILL_BLOCK < n ? (block + 1) * FILL_BLOCK : n;
+    for (int64_t i = block * FILL_BLOCK; i < end; ++i) {
       double u = uniform(&state);
       if (role == ATTN_ROLE_MASK)
         ((uint8_t *)buf)[i] = u < 0.8;
@@ -132,6 +140,17 @@ attn_status h_data_make(attn_ctx *ctx, h_data *d, const attn_problem *problem, u
         attn_store(buf, dtype, i, 2.0 * u - 1.0);
     }
   }
+}
+
+attn_status h_data_make(attn_ctx *ctx, h_data *d, const attn_problem *problem, uint64_t seed,
+                        int backward) {
+  memset(d, 0, sizeof *d);
+  d->problem = *problem;
+  const attn_problem *p = &d->problem;
+  if (!alloc_roles(d, backward)) goto oom;
+  for (int r = 0; r < ATTN_ROLE_COUNT; ++r)
+    if (d->host.role[r] != NULL && input_role((attn_role)r)) fill_input(d, (attn_role)r, seed);
+  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1; /* the varlen lengths' stream */
   int64_t B = p->batch;
   h_buffers *h = &d->host;
   if (p->varlen == ATTN_VARLEN_PACKED) {
@@ -294,9 +313,8 @@ static attn_status zero_outputs(attn_ctx *ctx, h_data *d) {
     memset(d->host.role[r], 0, bytes);
     if (d->gpu == NULL) continue;
     char why[512] = "";
-    attn_status st =
-        d->gpu->upload(d->problem.device_index, d->device.role[r], d->host.role[r], bytes, why,
-                       sizeof why);
+    attn_status st = d->gpu->upload(d->problem.device_index, d->device.role[r], d->host.role[r],
+                                    bytes, why, sizeof why);
     if (st != ATTN_STATUS_OK) return attn_fail(ctx, st, "%s", why);
   }
   return ATTN_STATUS_OK;
@@ -331,7 +349,7 @@ struct h_oracle {
   attn_inputs in;        /* data's host inputs, resolved */
   attn_tensor dout;
   attn_dtype dtype;
-  int low; /* f16/bf16: the naive run sets the tolerance */
+  int low;            /* f16/bf16: the naive run sets the tolerance */
   ref_results res[2]; /* ORACLE in f64; NAIVE in the dtype, rounded as the dtype's kernel would */
   int64_t *query_ids, nquery;
   key_slice *slices;
@@ -466,9 +484,9 @@ static int choose_key_slices(h_oracle *o, int64_t want, uint64_t *state) {
     key_slice *s = &o->slices[o->nslices];
     int64_t len_k, cap;
     entry_rows(p, &o->in, b, 1, &s->token0, &len_k, &cap);
-    if (o->rows.sampled) { /* the first slice up to H_SLICE_WORK, both within it */
+    if (o->rows.sampled) { /* the first slice up to 4 x H_SLICE_WORK, both within 1 x */
       double w = slice_work(p, len_q, len_k);
-      if (n == 0 ? w > (double)H_SLICE_WORK : work + w > (double)H_SLICE_WORK) break;
+      if (n == 0 ? w > 4.0 * (double)H_SLICE_WORK : work + w > (double)H_SLICE_WORK) break;
       work += w;
     }
     s->b = b, s->g = g;
@@ -655,7 +673,8 @@ static tol_err compare_rows(const h_oracle *o, int which, const void *a, attn_dt
   if (which == 1) {
     for (int64_t n = 0; n < o->nquery; ++n) {
       int64_t id = o->query_ids[n], at = lse_index(p, id % p->heads_q, id / p->heads_q);
-      tol_err_add(&e, at, attn_load(a, a_dtype, at), attn_load(r->lse, attn_stat_dtype(r_dtype), at));
+      tol_err_add(&e, at, attn_load(a, a_dtype, at),
+                  attn_load(r->lse, attn_stat_dtype(r_dtype), at));
     }
   } else if (which == 0 || which == 2) {
     int64_t width = which == 0 ? p->head_dim_v : p->head_dim;
@@ -743,15 +762,16 @@ attn_status h_oracle_make(attn_ctx *ctx, const attn_problem *problem, int backwa
 
   int64_t query_total = token_rows(p, 0) * p->heads_q;
   double work = (double)query_total * (double)p->seqlen_k * (double)(p->head_dim + p->head_dim_v);
-  int64_t want = sample_rows == H_SAMPLE_AUTO ? (work > (double)H_FULL_CHECK_WORK ? H_SAMPLE_ROWS : 0)
-                                              : sample_rows;
+  int64_t want = sample_rows == H_SAMPLE_AUTO
+                     ? (work > (double)H_FULL_CHECK_WORK ? H_SAMPLE_ROWS : 0)
+                     : sample_rows;
   o->rows.sampled = want > 0 && want < query_total;
   o->rows.seed = seed;
   uint64_t state = seed * 0x2545f4914f6cdd1dull + 7; /* apart from the inputs' stream */
   id_list query = {NULL, 0, 0}, forward = {NULL, 0, 0};
-  int made = choose_query_rows(o, want, &state, &query) &&
-             (!backward || (choose_key_slices(o, want / 2 > 0 ? want / 2 : 1, &state) &&
-                            list_key_ids(o)));
+  int made =
+      choose_query_rows(o, want, &state, &query) &&
+      (!backward || (choose_key_slices(o, want / 2 > 0 ? want / 2 : 1, &state) && list_key_ids(o)));
   o->query_ids = query.v, o->nquery = query.n;
   /* The forward runs on the checked rows and on every query row of the key slices. */
   for (int64_t n = 0; made && n < query.n; ++n) made = id_push(&forward, query.v[n]);
@@ -761,7 +781,8 @@ attn_status h_oracle_make(attn_ctx *ctx, const attn_problem *problem, int backwa
     int64_t token0, len_q, cap, group = p->heads_q / p->heads_kv;
     entry_rows(p, &o->in, k->b, 0, &token0, &len_q, &cap);
     for (int64_t h = k->g * group; made && h < (k->g + 1) * group; ++h)
-      for (int64_t i = 0; made && i < len_q; ++i) made = id_push(&forward, (token0 + i) * p->heads_q + h);
+      for (int64_t i = 0; made && i < len_q; ++i)
+        made = id_push(&forward, (token0 + i) * p->heads_q + h);
   }
   if (made) id_sort_unique(&forward);
   made = made && alloc_results(o, ORACLE) && (!o->low || alloc_results(o, NAIVE));
@@ -813,7 +834,7 @@ void h_oracle_describe(const h_oracle *o, char *text, size_t size) {
              "; dk and dv unchecked: the reference of one batch entry's keys needs all %lld of its "
              "query rows, more than %.0e multiply-adds",
              (long long)(o->resolved.seqlen_q * (o->resolved.heads_q / o->resolved.heads_kv)),
-             (double)H_SLICE_WORK);
+             4.0 * (double)H_SLICE_WORK);
 }
 
 void h_oracle_free(h_oracle *o) {
@@ -870,8 +891,8 @@ static int compare_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-attn_status h_time(attn_ctx *ctx, h_oracle *o, const char *impl, const char *config,
-                   int warmup, int reps, double min_seconds, double *median_us, int *runs) {
+attn_status h_time(attn_ctx *ctx, h_oracle *o, const char *impl, const char *config, int warmup,
+                   int reps, double min_seconds, double *median_us, int *runs) {
   *median_us = 0.0;
   *runs = 0;
   h_data *d = &o->data;

@@ -69,10 +69,10 @@ int32_t h_gpu_count(char *why, size_t why_size);
  * (head, token) for out, lse and dq, always including the first and last rows of the first and
  * last batch entries and rows at tile boundaries (16, 32, 64, 128) besides random ones; and for dk
  * and dv, the key rows of one or two (batch entry, kv head) slices, whose reference needs every
- * query row of the slice (H_SLICE_WORK bounds that work; past it dk and dv go unchecked, and the
- * oracle says so). */
+ * query row of the slice (H_SLICE_WORK bounds that work; past 4 times it dk and dv go unchecked,
+ * and the oracle says so). */
 #define H_FULL_CHECK_WORK (1LL << 31) /* about 2 s of the reference on one core */
-#define H_SLICE_WORK (1LL << 35)
+#define H_SLICE_WORK (1LL << 34)      /* two slices within it; one alone may take 4 times that */
 #define H_SAMPLE_ROWS 256 /* query rows sampled by default; half as many keys per slice */
 
 typedef struct h_oracle h_oracle;
@@ -80,11 +80,11 @@ typedef struct h_oracle h_oracle;
 /* What an oracle checks. Rows count (head, token) pairs: Hq x the token rows of q for query rows,
  * Hkv x those of k for key rows. */
 typedef struct h_rows {
-  int sampled;                  /* 0: every row */
+  int sampled; /* 0: every row */
   int64_t query_checked, query_total;
   int64_t key_checked, key_total; /* 0 and 0 for a forward-only oracle */
   uint64_t seed;
-  int keys_skipped;             /* backward, sampled: no slice was cheap enough to check dk, dv */
+  int keys_skipped; /* backward, sampled: no slice was cheap enough to check dk, dv */
 } h_rows;
 
 /* Makes the oracle of the problem: sample_rows 0 checks every row, N > 0 samples N query rows

@@ -11,11 +11,11 @@
  * harness.c), not by the tests folder's glob.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "../tests/testutil.h"
 #include "core/dtype.h"
 #include "core/tensors.h"
 #include "harness.h"
 #include "plan/registry.h"
-#include "../tests/testutil.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -105,8 +105,8 @@ static void check_problem(attn_ctx *ctx, const char *text, int backward, int64_t
   char said[512];
   h_oracle_describe(o, said, sizeof said);
   printf("  %s%s: %s\n", text, backward ? " (backward)" : "", said);
-  int64_t want = sample_rows > 0 && sample_rows < rows->query_total ? sample_rows
-                                                                    : rows->query_total;
+  int64_t want =
+      sample_rows > 0 && sample_rows < rows->query_total ? sample_rows : rows->query_total;
   tu_check(rows->sampled == (sample_rows > 0 && sample_rows < rows->query_total),
            "%s: sampled exactly when fewer rows are asked for", text);
   tu_check(nq == rows->query_checked && nq >= want && nq <= rows->query_total,
@@ -169,7 +169,7 @@ int main(void) {
   attn_ctx *ctx = NULL;
   attn_ctx_create(&ctx);
   static const char *const problems[] = {
-      "b2 hq4 hkv2 sq150 sk140 d16 f32 causal",       /* GQA, rows past tile 128 */
+      "b2 hq4 hkv2 sq150 sk140 d16 f32 causal", /* GQA, rows past tile 128 */
       "b3 hq2 hkv1 sq40 sk33 d8 bf16 varlen=packed:100,90",
       "b3 hq2 sq40 sk50 d8 f16 varlen=padded",
       "b2 hq2 sq37 sk41 d8 f64 bias=2x1x37x41 alibi=h dropout=0.2 softcap=4",

@@ -359,8 +359,8 @@ static void backward_row(const ref_args *a, const attn_run *run, const ref_row *
   const attn_problem *p = a->p;
   const attn_outputs *fwd = run->outputs;
   const attn_tensor *k = &a->in->k, *v = &a->in->v;
-  double lse = attn_load(fwd->lse.data, a->result_stat_dtype,
-                         lse_at(p, &fwd->lse, r->b, r->h, q_row(r)));
+  double lse =
+      attn_load(fwd->lse.data, a->result_stat_dtype, lse_at(p, &fwd->lse, r->b, r->h, q_row(r)));
   for (int64_t d = 0; d < p->head_dim; ++d) s->dq[d] = 0.0;
 
   /* A fully masked row (lse = -inf) contributes nothing, and its dq is 0. */
