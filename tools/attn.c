@@ -515,8 +515,7 @@ static int run_problems_with(options *o_in, int check) {
      * problem, check compares them all. */
     if (h_oracle_make(ctx, &b.problem, o.backward, o.seed, check ? 0 : sample_rows, &b.oracle) !=
         ATTN_STATUS_OK) {
-      fprintf(stderr, "attn: \"%s\": the reference could not be made: %s\n", b.text,
-              attn_ctx_last_error(ctx));
+      fprintf(stderr, "attn: \"%s\": %s\n", b.text, attn_ctx_last_error(ctx)); /* said once */
       library_error = 1;
       continue;
     }
