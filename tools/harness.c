@@ -795,6 +795,8 @@ attn_status h_oracle_make(attn_ctx *ctx, const attn_problem *problem, int backwa
   o->rows.query_total = query_total;
   o->rows.key_checked = backward ? o->nkeys : 0;
   o->rows.key_total = backward ? token_rows(p, 1) * p->heads_kv : 0;
+  /* A sample whose edge rows are all there is was no sample. */
+  if (o->nquery == query_total && o->rows.key_checked == o->rows.key_total) o->rows.sampled = 0;
   st = evaluate(ctx, o, &forward);
   free(forward.v);
   if (st != ATTN_STATUS_OK) return h_oracle_free(o), st;
