@@ -390,8 +390,8 @@ static void id_sort_unique(id_list *l) {
 }
 
 /* Rows of one sequence where kernels change behaviour: the first and last, the first past its end
- * (a padded row), the last of the tensor, and both sides of every tile boundary of 16, 32, 64 and 128 rows at the start and
- * at the last tile. Positions in [0, cap) of a sequence of len real rows. */
+ * (a padded row), the last of the tensor, and both sides of the tile boundaries of 16, 32, 64 and
+ * 128 rows at the start and at the last tile. Positions in [0, cap) of a sequence of len rows. */
 static int edge_rows(int64_t len, int64_t cap, int64_t rows[32]) {
   int n = 0;
   const int64_t fixed[6] = {0, 1, len - 2, len - 1, len, cap - 1};
@@ -449,8 +449,10 @@ static int choose_query_rows(h_oracle *o, int64_t want, uint64_t *state, id_list
   if (p->varlen == ATTN_VARLEN_PACKED && p->total_q > o->in.cu_seqlens_q[p->batch])
     if (!id_push(ids, (p->total_q - 1) * hq + hq - 1)) return 0; /* a row past every sequence */
   id_sort_unique(ids);
-  for (int tries = 0; ids->n < want && tries < 8; ++tries) {
-    while (ids->n < want + want / 8)
+  /* Each round draws as many rows as are missing: duplicates only leave some missing, so the
+   * sample ends at exactly want rows (or the edge rows, if they are more). */
+  for (int round = 0; ids->n < want && round < 64; ++round) {
+    for (int64_t missing = want - ids->n; missing > 0; --missing)
       if (!id_push(ids, draw(state, total))) return 0;
     id_sort_unique(ids);
   }
@@ -500,8 +502,8 @@ static int choose_key_slices(h_oracle *o, int64_t want, uint64_t *state) {
       for (int i = 0; i < e; ++i)
         if (!id_push(&keys, rows[i])) return free(keys.v), 0;
       id_sort_unique(&keys);
-      for (int tries = 0; keys.n < want && tries < 8; ++tries) {
-        while (keys.n < want + want / 8)
+      for (int round = 0; keys.n < want && round < 64; ++round) { /* as for query rows */
+        for (int64_t missing = want - keys.n; missing > 0; --missing)
           if (!id_push(&keys, draw(state, cap))) return free(keys.v), 0;
         id_sort_unique(&keys);
       }
