@@ -177,7 +177,7 @@ int main(void) {
   };
   for (size_t i = 0; i < sizeof problems / sizeof *problems; ++i)
     for (int backward = 0; backward <= 1; ++backward) {
-      check_problem(ctx, problems[i], backward, 24, &rng); /* sampled */
+      check_problem(ctx, problems[i], backward, 64, &rng); /* sampled: edges and random rows */
       check_problem(ctx, problems[i], backward, 0, &rng);  /* every row */
     }
   attn_ctx_destroy(ctx);
