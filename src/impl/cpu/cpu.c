@@ -62,8 +62,9 @@ static int max_threads(void) {
 
 /* ---- instruction set ------------------------------------------------------------------------ */
 
-/* The best kernel table this machine runs, lowered by ATTN_CPU_ISA=generic|avx2|avx512 (a debug and
- * test switch: it never raises the choice above what cpuid reports). Read per plan. */
+/* The best kernel table this machine runs, lowered by ATTN_CPU_ISA=generic|avx2|avx512|avx512bf16|amx
+ * (a debug and test switch: it never raises the choice above what cpuid reports; amx and
+ * avx512bf16 concern bf16 problems only). Read per plan. */
 static const attn_cpu_kernels *select_kernels(attn_dtype dtype) {
   const attn_cpu_kernels *best = &attn_cpu_kernels_generic;
 #ifdef ATTN_CPU_X86
@@ -74,17 +75,21 @@ static const attn_cpu_kernels *select_kernels(attn_dtype dtype) {
                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                    __builtin_cpu_supports("avx512dq");
   int has_bf16 = has_avx512 && __builtin_cpu_supports("avx512bf16");
-  if (has_bf16 && dtype == ATTN_DTYPE_BF16) best = &attn_cpu_kernels_avx512bf16;
+  int has_amx = has_bf16 && dtype == ATTN_DTYPE_BF16 && attn_cpu_amx_usable();
+  if (has_amx) best = &attn_cpu_kernels_amx;
+  else if (has_bf16 && dtype == ATTN_DTYPE_BF16) best = &attn_cpu_kernels_avx512bf16;
   else if (has_avx512) best = &attn_cpu_kernels_avx512;
   else if (has_avx2) best = &attn_cpu_kernels_avx2;
   const char *force = getenv("ATTN_CPU_ISA");
   if (force != NULL) {
-    int rank = best == &attn_cpu_kernels_avx512bf16 ? 3 : best == &attn_cpu_kernels_avx512 ? 2
+    int rank = best == &attn_cpu_kernels_amx ? 4 : best == &attn_cpu_kernels_avx512bf16 ? 3
+             : best == &attn_cpu_kernels_avx512 ? 2
              : best == &attn_cpu_kernels_avx2       ? 1
                                                      : 0;
     if (strcmp(force, "generic") == 0) best = &attn_cpu_kernels_generic;
     else if (strcmp(force, "avx2") == 0 && rank > 1) best = &attn_cpu_kernels_avx2;
     else if (strcmp(force, "avx512") == 0 && rank > 2) best = &attn_cpu_kernels_avx512;
+    else if (strcmp(force, "avx512bf16") == 0 && rank > 3) best = &attn_cpu_kernels_avx512bf16;
   }
 #else
   (void)dtype;
