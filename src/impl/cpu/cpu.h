@@ -36,6 +36,18 @@ typedef struct attn_cpu_kernels {
   void (*gemm_exact)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
                      const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
                      void *scratch);
+  /* Optional (NULL in all but the AMX table): B operands the driver multiplies many times (a key
+   * block's K^T, V, K) packed once. pack_b writes rows 2p and 2p + 1 of the f32 [k x n] matrix b
+   * (row stride ldb; n a multiple of ATTN_CPU_NPAD) as bf16 pairs: out[p * ldo + 2c + t] =
+   * bf16(b[(2p + t) * ldb + c]), p < ceil(k / 2), the partner of an odd last row 0; ldo >= 2n.
+   * gemm_packed is gemm (exact = 0) or gemm_exact (exact = 1) with such a B: pair rows ldb elements
+   * apart, reading only rows < k (rows of the packed memory past k may hold anything finite or
+   * not). The driver's column offsets move b by 2 elements per column, its row offsets (even) by
+   * ldb per pair. */
+  void (*pack_b)(const float *b, int64_t ldb, int64_t k, int64_t n, uint16_t *out, int64_t ldo);
+  void (*gemm_packed)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
+                      const uint16_t *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
+                      int exact, void *scratch);
   /* max of x[0..n), -inf when n = 0 or every element is -inf. */
   float (*row_max)(const float *x, int64_t n);
   /* x[j] = exp(x[j] - m) for j < n (exactly 0 where x[j] = -inf), returning their sum. m finite. */

@@ -234,22 +234,32 @@ static void pack_b(const float *b, int64_t ldb, int64_t k, int64_t n, int64_t kp
 typedef struct amx_operands {
   const uint16_t *a; /* [mp][lda] bf16 */
   int64_t lda;       /* elements */
-  const uint16_t *b; /* [kp / 2][n][2] bf16 */
-  int64_t n, kp;     /* B's columns and depth (a multiple of 32) */
-  int64_t ksteps;    /* steps of 32 along A's rows: kp / 32, twice that for [hi | lo] x [B ; B] */
+  const uint16_t *b; /* pair rows of B, ldb elements apart; 16 of them per step of 32 along k */
+  int64_t ldb;
+  const uint16_t *tail; /* the last, partial step's 16 pair rows (zero past k), 2n apart; or NULL */
+  int64_t ldtail;
+  int64_t bsteps;       /* steps of B: full ones in b, then one in tail if any */
+  int64_t ksteps;       /* steps along A's rows: bsteps, twice that for [hi | lo] x [B ; B] */
 } amx_operands;
 
-/* A's tile at rows i, step s; B's at step s (wrapping around for the [B ; B] product), columns j. */
+/* A's tile at rows i, step s; B's at step s (wrapping around for the [B ; B] product), columns j,
+ * and the byte stride of its rows. */
 ALWAYS_INLINE const uint16_t *a_at(const amx_operands *o, int64_t i, int64_t s) {
   return o->a + i * o->lda + s * 32;
 }
-ALWAYS_INLINE const uint16_t *b_at(const amx_operands *o, int64_t s, int64_t j) {
-  return o->b + (s % (o->kp / 32)) * 16 * o->n * 2 + j * 2;
+ALWAYS_INLINE const uint16_t *b_at(const amx_operands *o, int64_t s, int64_t j, int64_t *stride) {
+  s %= o->bsteps;
+  if (o->tail != NULL && s == o->bsteps - 1) {
+    *stride = o->ldtail * 2;
+    return o->tail + j * 2;
+  }
+  *stride = o->ldb * 2;
+  return o->b + s * 16 * o->ldb + j * 2;
 }
 
 /* C[i..i+32, j..j+32] (all inside C) from four tiles. */
 static void block_2x2(const amx_operands *o, int64_t i, int64_t j, float *c, int64_t ldc, int acc) {
-  const int64_t sa = o->lda * 2, sb = o->n * 4, sc = ldc * 4;
+  const int64_t sa = o->lda * 2, sc = ldc * 4;
   float *c00 = c + i * ldc + j, *c01 = c00 + 16, *c10 = c00 + 16 * ldc, *c11 = c10 + 16;
   if (acc) {
     TILE_LOAD(0, c00, sc);
@@ -263,10 +273,12 @@ static void block_2x2(const amx_operands *o, int64_t i, int64_t j, float *c, int
     TILE_ZERO(3);
   }
   for (int64_t s = 0; s < o->ksteps; ++s) {
+    int64_t sb;
+    const uint16_t *b0 = b_at(o, s, j, &sb);
     TILE_LOAD(4, a_at(o, i, s), sa);
     TILE_LOAD(5, a_at(o, i + 16, s), sa);
-    TILE_LOAD(6, b_at(o, s, j), sb);
-    TILE_LOAD(7, b_at(o, s, j + 16), sb);
+    TILE_LOAD(6, b0, sb);
+    TILE_LOAD(7, b0 + 32, sb);
     TILE_DP(0, 4, 6);
     TILE_DP(1, 4, 7);
     TILE_DP(2, 5, 6);
@@ -281,7 +293,7 @@ static void block_2x2(const amx_operands *o, int64_t i, int64_t j, float *c, int
 /* C[i..i+rows, j..j+16] from one tile, rows <= 16; stage: 256 floats when rows < 16. */
 static void block_1x1(const amx_operands *o, int64_t i, int64_t j, int64_t rows, float *c,
                       int64_t ldc, int acc, float *stage) {
-  const int64_t sa = o->lda * 2, sb = o->n * 4;
+  const int64_t sa = o->lda * 2;
   float *cij = c + i * ldc + j;
   float *dst = rows == 16 ? cij : stage;
   const int64_t sd = rows == 16 ? ldc * 4 : 64;
@@ -296,8 +308,10 @@ static void block_1x1(const amx_operands *o, int64_t i, int64_t j, int64_t rows,
     TILE_ZERO(0);
   }
   for (int64_t s = 0; s < o->ksteps; ++s) {
+    int64_t sb;
+    const uint16_t *b0 = b_at(o, s, j, &sb);
     TILE_LOAD(4, a_at(o, i, s), sa);
-    TILE_LOAD(6, b_at(o, s, j), sb);
+    TILE_LOAD(6, b0, sb);
     TILE_DP(0, 4, 6);
   }
   TILE_STORE(0, dst, sd);
@@ -305,17 +319,38 @@ static void block_1x1(const amx_operands *o, int64_t i, int64_t j, int64_t rows,
     for (int64_t r = 0; r < rows; ++r) memcpy(cij + r * ldc, stage + r * 16, 16 * sizeof(float));
 }
 
-/* C = (accumulate ? C : 0) + A B (exact = 0) or + (A_hi + A_lo) B (exact = 1). Scratch (cpu.h's
- * ATTN_CPU_GEMM_SCRATCH): B's pairs, then A's rows, then the staging tile. */
+/* Scratch (cpu.h's ATTN_CPU_GEMM_SCRATCH): B's pairs (or the partial step's), A's rows, staging. */
+static void run_blocks(amx_operands *o, int64_t m, int64_t n, float *c, int64_t ldc,
+                       int accumulate, float *stage) {
+  MEMORY_BARRIER();
+  TILE_CONFIG(&amx_config);
+  for (int64_t i = 0; i < m; i += 32) {
+    for (int64_t j = 0; j < n; j += 32) {
+      if (i + 32 <= m && j + 32 <= n) {
+        block_2x2(o, i, j, c, ldc, accumulate);
+        continue;
+      }
+      for (int64_t ii = i; ii < i + 32 && ii < m; ii += 16)
+        for (int64_t jj = j; jj < j + 32 && jj < n; jj += 16)
+          block_1x1(o, ii, jj, m - ii < 16 ? m - ii : 16, c, ldc, accumulate, stage);
+    }
+  }
+  TILE_RELEASE();
+}
+
+static int zero_or_done(int64_t m, int64_t n, int64_t k, float *c, int64_t ldc, int accumulate) {
+  if (m <= 0 || n <= 0) return 1;
+  if (k > 0) return 0;
+  if (!accumulate)
+    for (int64_t r = 0; r < m; ++r) memset(c + r * ldc, 0, (size_t)n * sizeof(float));
+  return 1;
+}
+
+/* C = (accumulate ? C : 0) + A B (exact = 0) or + (A_hi + A_lo) B (exact = 1). */
 static void gemm_amx_any(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
                          const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
                          void *scratch, int exact) {
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) {
-    if (!accumulate)
-      for (int64_t r = 0; r < m; ++r) memset(c + r * ldc, 0, (size_t)n * sizeof(float));
-    return;
-  }
+  if (zero_or_done(m, n, k, c, ldc, accumulate)) return;
   const int64_t kp = (k + 31) / 32 * 32, mp = (m + 15) / 16 * 16;
   uint16_t *bp = (uint16_t *)scratch;
   uint16_t *ap = bp + kp * n;
@@ -324,21 +359,8 @@ static void gemm_amx_any(int64_t m, int64_t n, int64_t k, const float *a, int64_
   pack_b(b, ldb, k, n, kp, bp);
   pack_a(a, lda, trans_a, m, k, mp, kp, 0, ap, lda_p);
   if (exact) pack_a(a, lda, trans_a, m, k, mp, kp, 1, ap + kp, lda_p);
-  amx_operands o = {ap, lda_p, bp, n, kp, lda_p / 32};
-  MEMORY_BARRIER();
-  TILE_CONFIG(&amx_config);
-  for (int64_t i = 0; i < m; i += 32) {
-    for (int64_t j = 0; j < n; j += 32) {
-      if (i + 32 <= m && j + 32 <= n) {
-        block_2x2(&o, i, j, c, ldc, accumulate);
-        continue;
-      }
-      for (int64_t ii = i; ii < i + 32 && ii < m; ii += 16)
-        for (int64_t jj = j; jj < j + 32 && jj < n; jj += 16)
-          block_1x1(&o, ii, jj, m - ii < 16 ? m - ii : 16, c, ldc, accumulate, stage);
-    }
-  }
-  TILE_RELEASE();
+  amx_operands o = {ap, lda_p, bp, 2 * n, NULL, 0, kp / 32, lda_p / 32};
+  run_blocks(&o, m, n, c, ldc, accumulate, stage);
 }
 
 static void gemm_amx(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
@@ -353,10 +375,61 @@ static void gemm_amx_exact(int64_t m, int64_t n, int64_t k, const float *a, int6
   gemm_amx_any(m, n, k, a, lda, trans_a, b, ldb, c, ldc, accumulate, scratch, 1);
 }
 
+/* cpu.h's pack_b: ceil(k / 2) pair rows of n columns, ldo elements apart; the odd row's partner 0. */
+static void pack_b_amx(const float *b, int64_t ldb, int64_t k, int64_t n, uint16_t *out,
+                       int64_t ldo) {
+  const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                       39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  for (int64_t p = 0; 2 * p < k; ++p) {
+    const float *r0 = b + 2 * p * ldb;
+    const float *r1 = 2 * p + 1 < k ? r0 + ldb : NULL;
+    uint16_t *o = out + p * ldo;
+    for (int64_t c = 0; c < n; c += 16) {
+      const __m256i h0 = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(r0 + c));
+      const __m256i h1 =
+          r1 != NULL ? (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(r1 + c)) : _mm256_setzero_si256();
+      _mm512_storeu_si512((void *)(o + 2 * c), _mm512_permutex2var_epi16(
+                                                   _mm512_castsi256_si512(h0), idx,
+                                                   _mm512_castsi256_si512(h1)));
+    }
+  }
+}
+
+/* cpu.h's gemm_packed: whole steps of 32 along k read the packed B in place; the last, partial one
+ * is copied into the scratch with the rows past k zeroed (the packed rows there may hold other
+ * keys' values, and 0 * inf would be NaN). */
+static void gemm_packed_amx(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                            int trans_a, const uint16_t *b, int64_t ldb, float *c, int64_t ldc,
+                            int accumulate, int exact, void *scratch) {
+  if (zero_or_done(m, n, k, c, ldc, accumulate)) return;
+  const int64_t kp = (k + 31) / 32 * 32, mp = (m + 15) / 16 * 16;
+  const int64_t full = k / 32, rem = k - full * 32;
+  uint16_t *tail = (uint16_t *)scratch;
+  uint16_t *ap = tail + 32 * n;
+  const int64_t lda_p = exact ? 2 * kp : kp;
+  float *stage = (float *)(((uintptr_t)(ap + mp * lda_p) + 63) & ~(uintptr_t)63);
+  if (rem > 0) {
+    const uint16_t *src = b + full * 16 * ldb;
+    const int64_t pairs = (rem + 1) / 2;
+    for (int64_t p = 0; p < 16; ++p) {
+      if (p < pairs) memcpy(tail + p * 2 * n, src + p * ldb, (size_t)(2 * n) * sizeof(uint16_t));
+      else memset(tail + p * 2 * n, 0, (size_t)(2 * n) * sizeof(uint16_t));
+    }
+    if (rem % 2 == 1) /* the last pair's second row is row k: not ours */
+      for (int64_t col = 0; col < n; ++col) tail[(pairs - 1) * 2 * n + 2 * col + 1] = 0;
+  }
+  pack_a(a, lda, trans_a, m, k, mp, kp, 0, ap, lda_p);
+  if (exact) pack_a(a, lda, trans_a, m, k, mp, kp, 1, ap + kp, lda_p);
+  amx_operands o = {ap, lda_p, b, ldb, rem > 0 ? tail : NULL, 2 * n, kp / 32, lda_p / 32};
+  run_blocks(&o, m, n, c, ldc, accumulate, stage);
+}
+
 const attn_cpu_kernels attn_cpu_kernels_amx = {
     .name = "amx",
     .gemm = gemm_amx,
     .gemm_exact = gemm_amx_exact,
+    .pack_b = pack_b_amx,
+    .gemm_packed = gemm_packed_amx,
     .row_max = attn_cpu_row_max_avx512,
     .exp_sum = attn_cpu_exp_sum_avx512,
     .scale = attn_cpu_scale_avx512,
