@@ -167,6 +167,33 @@ ALWAYS_INLINE __m256i round_bf16(__m512 x, int lo) {
   return (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(x, back));
 }
 
+/* r[i] = the column i of the 16 x 16 matrix of 32-bit words whose rows were r[0..16). */
+ALWAYS_INLINE void transpose16(__m512i r[16]) {
+  __m512i t[16], u[16], v[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 4; ++g) { /* u[4g + j], 128-bit lane L: rows 4g..4g+3 of column 4L + j */
+    u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g + 0], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g + 0], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    v[j] = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88); /* lanes 0 and 2 of both */
+    v[4 + j] = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xdd); /* lanes 1 and 3 */
+    v[8 + j] = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
+    v[12 + j] = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xdd);
+  }
+  for (int j = 0; j < 4; ++j) {
+    r[j] = _mm512_shuffle_i32x4(v[j], v[8 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_i32x4(v[j], v[8 + j], 0xdd);
+    r[4 + j] = _mm512_shuffle_i32x4(v[4 + j], v[12 + j], 0x88);
+    r[12 + j] = _mm512_shuffle_i32x4(v[4 + j], v[12 + j], 0xdd);
+  }
+}
+
 /* A rows: out[r * ldo + kk] = bf16(A(r, kk)) (or its lo term) for r < mp, kk < kp, zero where r >= m
  * or kk >= k. A(r, kk) = a[r * lda + kk] (trans_a = 0) or a[kk * lda + r]. */
 static void pack_a(const float *a, int64_t lda, int trans_a, int64_t m, int64_t k, int64_t mp,
@@ -186,21 +213,23 @@ static void pack_a(const float *a, int64_t lda, int trans_a, int64_t m, int64_t 
     }
     return;
   }
-  /* Transposed: two source rows (kk, kk + 1) give 16 words (r, kk / 2), scattered down the rows. */
+  /* Transposed: two source rows (kk, kk + 1) give 16 words (r..r+15, kk / 2): 16 such (32 source
+   * rows) make a 16 x 16 block of words whose transpose is 16 rows of out, 64 bytes each. */
   const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
                                        39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i rows = _mm512_mullo_epi32(
-      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-      _mm512_set1_epi32((int)(ldo / 2)));
-  for (int64_t kk = 0; kk < kp; kk += 2) {
+  for (int64_t kk = 0; kk < kp; kk += 32) {
     for (int64_t r = 0; r < mp; r += 16) {
       const __mmask16 mask = mask_of(m - r);
-      __m256i h0 = _mm256_setzero_si256(), h1 = _mm256_setzero_si256();
-      if (kk < k) h0 = round_bf16(_mm512_maskz_loadu_ps(mask, a + kk * lda + r), lo);
-      if (kk + 1 < k) h1 = round_bf16(_mm512_maskz_loadu_ps(mask, a + (kk + 1) * lda + r), lo);
-      const __m512i w =
-          _mm512_permutex2var_epi16(_mm512_castsi256_si512(h0), idx, _mm512_castsi256_si512(h1));
-      _mm512_i32scatter_epi32((void *)(out + r * ldo + kk), rows, w, 4);
+      __m512i w[16];
+      for (int p = 0; p < 16; ++p) {
+        const int64_t k0 = kk + 2 * p;
+        __m256i h0 = _mm256_setzero_si256(), h1 = _mm256_setzero_si256();
+        if (k0 < k) h0 = round_bf16(_mm512_maskz_loadu_ps(mask, a + k0 * lda + r), lo);
+        if (k0 + 1 < k) h1 = round_bf16(_mm512_maskz_loadu_ps(mask, a + (k0 + 1) * lda + r), lo);
+        w[p] = _mm512_permutex2var_epi16(_mm512_castsi256_si512(h0), idx, _mm512_castsi256_si512(h1));
+      }
+      transpose16(w);
+      for (int i = 0; i < 16; ++i) _mm512_storeu_si512((void *)(out + (r + i) * ldo + kk), w[i]);
     }
   }
 }
