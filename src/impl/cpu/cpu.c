@@ -3,7 +3,8 @@
  * vectorised through a per-instruction-set kernel table (cpu.h) and threaded with OpenMP.
  *
  * Forward (per phase, a group of (batch, kv head) pairs whose packed K/V fits a memory budget):
- *   1. pack K^T in key blocks ([D][bk] per block) and V ([Tk][Dv padded]) as f32, once per call;
+ *   1. pack K^T in key blocks ([D][bk] per block) and V ([Tk][Dv padded]) as f32 (as bf16 pairs
+ *      for a table with pack_b: AMX), once per call;
  *   2. threads take (pair, query head of the group, query block) items dynamically, heaviest first;
  *      each loads its query block and walks the key blocks its causal mask / window
  *      can see: S = s Q K^T (gemm, then the scale in f32), per-element features (bias, ALiBi, soft cap, masks) only where
@@ -14,7 +15,9 @@
  *   take (pair, key block) items; each packs K, K^T, V^T of its block once and walks every query
  *   block of every head of the group that sees it: S, P = exp(S - lse), dP = dout V^T, dropout,
  *   dS = P (dP - Delta) (times the soft cap's derivative), dV += P'^T dout, dK += dS^T Q s,
- *   dQ += dS K into a per-thread f32 accumulator summed over threads at the end of the phase.
+ *   dQ += dS K into the phase's one f32 accumulator, under a lock per query block (threads on other
+ *   key blocks of the pair add to the same rows; per-thread copies would grow with the thread
+ *   count and end each phase in a reduction), then dq = s * accumulator.
  *   dbias sums dS over the broadcast dims; dsinks = -sum exp(a_t - lse) Delta.
  * Nothing of size Tq x Tk exists: the tiles are bq x bk, the packs per (batch, kv head).
  * Every sum is in f32, whatever the input dtype; inputs are converted when packed.
