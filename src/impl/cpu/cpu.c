@@ -472,10 +472,10 @@ static int64_t fwd_chunk(const attn_problem *p, const fwd_layout *l) {
   return max64(1, min64(chunk, npairs));
 }
 
-static int64_t bwd_chunk(const attn_problem *p, const bwd_layout *l, int64_t threads) {
+/* Pairs per backward phase: nothing of a phase grows with the thread count. */
+static int64_t bwd_chunk(const attn_problem *p, const bwd_layout *l) {
   int64_t npairs = p->batch * p->heads_kv;
   if (p->has_bias) return 1; /* dbias elements broadcast over pairs must have one writer */
-  (void)threads; /* nothing of a phase grows with the thread count */
   int64_t per = l->per_pair;
   int64_t chunk = per > 0 ? PHASE_BUDGET / (int64_t)sizeof(float) / per : npairs;
   return max64(1, min64(chunk, npairs));
@@ -491,7 +491,7 @@ static size_t cpu_workspace_size(const attn_problem *p, int32_t config, const vo
     return (size_t)(fwd_chunk(p, &l) * l.slot + threads * l.per_thread) * sizeof(float);
   }
   bwd_layout l = bwd_layout_of(p, bq, bk);
-  int64_t chunk = bwd_chunk(p, &l, threads);
+  int64_t chunk = bwd_chunk(p, &l);
   return (size_t)(l.shared + chunk * l.per_pair +
                   threads * (l.per_thread_fixed + l.per_thread_dbias)) *
          sizeof(float);
@@ -977,7 +977,7 @@ static attn_status cpu_backward(const attn_run *run) {
   const bwd_layout lay = bwd_layout_of(p, c.bq, c.bk);
   /* The chunk was fixed by workspace_size; recompute it the same way, shrink it until one thread
    * fits what the workspace holds, then fit the threads. */
-  int64_t chunk = bwd_chunk(p, &lay, max_threads());
+  int64_t chunk = bwd_chunk(p, &lay);
   const int64_t room = (int64_t)(run->workspace_size / sizeof(float));
   while (chunk > 1 && lay.shared + chunk * lay.per_pair + lay.per_thread_fixed + lay.per_thread_dbias > room)
     --chunk;
