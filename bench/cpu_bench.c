@@ -20,6 +20,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
 #include "core/dtype.h"
+#include "impl/cpu/cpu.h"
 #include "peak.h"
 #include "plan/plan.h"
 
@@ -325,14 +326,18 @@ int main(int argc, char **argv) {
     double tf = time_pass(ctx, plan, &x, 0, o.reps);
     double tb = time_pass(ctx, plan, &x, 1, o.reps);
     double pk = peak.gflops * th;
+    /* the configuration, and for "cpu" the kernel table that ran it (cpuid, ATTN_CPU_ISA) */
+    char cfg[96];
+    snprintf(cfg, sizeof cfg, "%s%s%s", attn_plan_config_name(plan),
+             strcmp(attn_plan_impl_name(plan), "cpu") == 0 ? "@" : "",
+             strcmp(attn_plan_impl_name(plan), "cpu") == 0 ? attn_cpu_isa_name(o.dtype) : "");
     if (o.csv)
-      printf("libattn,%s,%s,%d,%.6f,%.6f,%.2f,%.2f,%.4f,%.4f,%.2f\n", desc,
-             attn_plan_config_name(plan), th, tf, tb, fwd_flop / tf * 1e-9, bwd_flop / tb * 1e-9,
+      printf("libattn,%s,%s,%d,%.6f,%.6f,%.2f,%.2f,%.4f,%.4f,%.2f\n", desc, cfg, th, tf, tb, fwd_flop / tf * 1e-9, bwd_flop / tb * 1e-9,
              fwd_flop / tf * 1e-9 / pk, bwd_flop / tb * 1e-9 / pk, pk);
     else
       printf("%s %s %s threads %d: fwd %8.2f ms %7.1f GFLOP/s %5.1f%% | bwd %8.2f ms %7.1f GFLOP/s "
              "%5.1f%%\n",
-             desc, attn_plan_impl_name(plan), attn_plan_config_name(plan), th, tf * 1e3,
+             desc, attn_plan_impl_name(plan), cfg, th, tf * 1e3,
              fwd_flop / tf * 1e-9, 100.0 * fwd_flop / tf * 1e-9 / pk, tb * 1e3,
              bwd_flop / tb * 1e-9, 100.0 * bwd_flop / tb * 1e-9 / pk);
     fflush(stdout);

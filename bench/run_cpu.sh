@@ -11,23 +11,35 @@
 #              median (for each program alike), which filters out other processes on a shared machine
 # Problems: B=1, Hq=16, T=4096, D in {128, 64}, causal in {0, 1}, f32 and bf16 (the issue's targets).
 # Each cpu_bench row is checked against the f64 reference (at T=256) before it is timed.
+# Environment (optional): DTYPES (default "f32 bf16"), DIMS ("128 64"), CAUSALS ("0 1"), T (4096),
+#   HQ (16); ISAS ("auto"): kernel tables to time libattn with (ATTN_CPU_ISA), each a row of its own
+#   ("auto" = what cpuid picks; avx512bf16 and amx only for bf16 problems); CONFIG: a cpu_bench
+#   --config for every libattn row; CSV: a file that keeps every raw row. The config column says
+#   which kernel table ran (config@table).
 set -eu
 build=$1 python=$2 threads=${3:-1 2} reps=${4:-5} rounds=${5:-1}
 here=$(cd "$(dirname "$0")" && pwd)
+dtypes=${DTYPES:-f32 bf16} dims=${DIMS:-128 64} causals=${CAUSALS:-0 1} t=${T:-4096} hq=${HQ:-16}
+isas=${ISAS:-auto}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 
 round=0
 while [ "$round" -lt "$rounds" ]; do
 round=$((round + 1))
-for dtype in f32 bf16; do
-  for d in 128 64; do
-    for causal in 0 1; do
+for dtype in $dtypes; do
+  for d in $dims; do
+    for causal in $causals; do
       for th in $threads; do
-        "$build/bench/cpu_bench" --t 4096 --hq 16 --d "$d" --causal "$causal" --dtype "$dtype" \
-          --threads "$th" --reps "$reps" --csv | tee -a "$out"
+        for isa in $isas; do
+          case $isa in avx512bf16|amx) [ "$dtype" = bf16 ] || continue ;; esac
+          if [ "$isa" = auto ]; then force=; else force=$isa; fi
+          env ${force:+ATTN_CPU_ISA=$force} "$build/bench/cpu_bench" --t "$t" --hq "$hq" \
+            --d "$d" --causal "$causal" --dtype "$dtype" --threads "$th" --reps "$reps" \
+            ${CONFIG:+--config "$CONFIG"} --csv | tee -a "$out"
+        done
         if [ "$python" != none ]; then
-          "$python" "$here/torch_sdpa.py" --t 4096 --hq 16 --d "$d" --causal "$causal" \
+          "$python" "$here/torch_sdpa.py" --t "$t" --hq "$hq" --d "$d" --causal "$causal" \
             --dtype "$dtype" --threads "$th" --reps "$reps" | tee -a "$out"
         fi
       done
@@ -35,11 +47,12 @@ for dtype in f32 bf16; do
   done
 done
 done
+if [ -n "${CSV:-}" ]; then cat "$out" >> "$CSV"; fi
 
 # The table: one line per problem and thread count.
 echo
 awk -F, '
-  $1 == "libattn" { key = $2 "|" $4; cfg[key] = $3
+  $1 == "libattn" { isa = $3; sub(/^[^@]*@?/, "", isa); key = $2 "|" $4 "|" isa; cfg[key] = $3
                     if (!(key in lf)) order[n++] = key
                     if (!(key in lf) || $5 < lf[key]) { lf[key] = $5; gf[key] = $7; pf[key] = $9 }
                     if (!(key in lb) || $6 < lb[key]) { lb[key] = $6; gb[key] = $8; pb[key] = $10 } }
@@ -50,13 +63,13 @@ awk -F, '
     printf "| problem | threads | config | fwd ms | fwd GFLOP/s | fwd %%peak | bwd ms | bwd GFLOP/s | bwd %%peak | torch fwd ms | torch bwd ms | fwd speedup | bwd speedup |\n"
     printf "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     for (i = 0; i < n; ++i) {
-      k = order[i]; split(k, parts, "|")
+      split(order[i], parts, "|"); k = parts[1] "|" parts[2]; lk = order[i]
       tfs = (k in tf) ? sprintf("%.1f", tf[k] * 1e3) : "-"
       tbs = (k in tb) ? sprintf("%.1f", tb[k] * 1e3) : "-"
-      rf = (k in tf) ? sprintf("%.2fx", tf[k] / lf[k]) : "-"
-      rb = (k in tb) ? sprintf("%.2fx", tb[k] / lb[k]) : "-"
+      rf = (k in tf) ? sprintf("%.2fx", tf[k] / lf[lk]) : "-"
+      rb = (k in tb) ? sprintf("%.2fx", tb[k] / lb[lk]) : "-"
       printf "| %s | %s | %s | %.1f | %.1f | %.1f%% | %.1f | %.1f | %.1f%% | %s | %s | %s | %s |\n",
-        parts[1], parts[2], cfg[k], lf[k] * 1e3, gf[k], pf[k] * 100, lb[k] * 1e3, gb[k], pb[k] * 100,
-        tfs, tbs, rf, rb
+        parts[1], parts[2], cfg[lk], lf[lk] * 1e3, gf[lk], pf[lk] * 100, lb[lk] * 1e3, gb[lk],
+        pb[lk] * 100, tfs, tbs, rf, rb
     }
   }' "$out"

@@ -4,9 +4,10 @@
  * tile size, every feature of SPEC.md alone and combined, strided (permuted, padded, non-unit last
  * dim) inputs and outputs, f32/f16/bf16, forward (out, lse) and backward (dq, dk, dv, dbias,
  * dsinks). The "cpu" implementation runs once per instruction-set path (ATTN_CPU_ISA unset: the
- * best, which for bf16 is the bf16 dot-product kernel; avx512, avx2, generic; a path above the
- * machine's is lowered to what it runs), on 1 and 2 threads, with its smallest, largest and
- * default block sizes.
+ * best, which for bf16 is the AMX or the bf16 dot-product kernel; avx512, avx2, generic; a path
+ * above the machine's is lowered to what it runs; for bf16 problems also avx512bf16 and amx, each
+ * skipped, with a line saying so, where the machine lacks it), on 1 and 2 threads, with its
+ * smallest, largest and default block sizes.
  *
  * Tolerance: SPEC.md's rule, tests/tolerance.h (f32: max|a - r| <= 1e-4 * max(1, max|r|);
  * f16/bf16, inputs rounded to the dtype and the same values fed to the reference: err <= 2 *
@@ -24,6 +25,7 @@
 #include "attn.h"
 #include "core/dtype.h"
 #include "core/tensors.h"
+#include "impl/cpu/cpu.h"
 #include "plan/plan.h"
 #include "testutil.h"
 
@@ -502,9 +504,10 @@ int main(int argc, char **argv) {
         printf("skip %s %s: %s\n", c->name, impl, attn_ctx_last_error(ctx));
         continue;
       }
-      /* the cpu implementation: each instruction-set path, and 1 and 2 threads */
-      static const char *isas[] = {NULL, "avx512", "avx2", "generic"};
-      int n_variants = strcmp(impl, "cpu") == 0 ? 4 : 1;
+      /* the cpu implementation: each instruction-set path, and 1 and 2 threads; the bf16 ones
+       * (amx, avx512bf16) for bf16 problems, each reported skipped where the machine lacks it */
+      static const char *isas[] = {NULL, "avx512", "avx2", "generic", "avx512bf16", "amx"};
+      int n_variants = strcmp(impl, "cpu") == 0 ? (c->p.dtype == ATTN_DTYPE_BF16 ? 6 : 4) : 1;
       for (int v = 0; v < n_variants; ++v) {
         if (n_variants > 1) {
           if (isas[v] == NULL) {
@@ -514,10 +517,18 @@ int main(int argc, char **argv) {
             setenv("ATTN_CPU_ISA", isas[v], 1);
           }
         }
-        int threads = v == 2 ? 1 : 2;
+        if (v >= 4 && strcmp(attn_cpu_isa_name(c->p.dtype), isas[v]) != 0) {
+          static int said[6];
+          if (!said[v]++)
+            printf("skip cpu isa=%s on every bf16 case: this machine runs %s\n", isas[v],
+                   attn_cpu_isa_name(c->p.dtype));
+          continue;
+        }
+        int threads = v == 2 || v == 5 ? 1 : 2;
         attn_ctx_set_num_threads(ctx, threads);
-        /* the smallest and the largest blocks on two of the paths, the default on the others */
-        static const char *configs[] = {NULL, "bq32_bk64", "bq128_bk256", NULL};
+        /* the smallest and the largest blocks on some paths, the default on the others */
+        static const char *configs[] = {NULL, "bq32_bk64", "bq128_bk256", NULL, "bq128_bk64",
+                                        "bq32_bk256"};
         const char *config = n_variants > 1 ? configs[v] : NULL;
         result got = run_impl(ctx, &c->p, &d, impl, config, c->strided, ATTN_DTYPE_F64);
         char variant[96];

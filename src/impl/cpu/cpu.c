@@ -3,7 +3,8 @@
  * vectorised through a per-instruction-set kernel table (cpu.h) and threaded with OpenMP.
  *
  * Forward (per phase, a group of (batch, kv head) pairs whose packed K/V fits a memory budget):
- *   1. pack K^T in key blocks ([D][bk] per block) and V ([Tk][Dv padded]) as f32, once per call;
+ *   1. pack K^T in key blocks ([D][bk] per block) and V ([Tk][Dv padded]) as f32 (as bf16 pairs
+ *      for a table with pack_b: AMX), once per call;
  *   2. threads take (pair, query head of the group, query block) items dynamically, heaviest first;
  *      each loads its query block and walks the key blocks its causal mask / window
  *      can see: S = s Q K^T (gemm, then the scale in f32), per-element features (bias, ALiBi, soft cap, masks) only where
@@ -14,7 +15,9 @@
  *   take (pair, key block) items; each packs K, K^T, V^T of its block once and walks every query
  *   block of every head of the group that sees it: S, P = exp(S - lse), dP = dout V^T, dropout,
  *   dS = P (dP - Delta) (times the soft cap's derivative), dV += P'^T dout, dK += dS^T Q s,
- *   dQ += dS K into a per-thread f32 accumulator summed over threads at the end of the phase.
+ *   dQ += dS K into the phase's one f32 accumulator, under a lock per query block (threads on other
+ *   key blocks of the pair add to the same rows; per-thread copies would grow with the thread
+ *   count and end each phase in a reduction), then dq = s * accumulator.
  *   dbias sums dS over the broadcast dims; dsinks = -sum exp(a_t - lse) Delta.
  * Nothing of size Tq x Tk exists: the tiles are bq x bk, the packs per (batch, kv head).
  * Every sum is in f32, whatever the input dtype; inputs are converted when packed.
@@ -33,6 +36,13 @@
 
 #ifdef _OPENMP
 #include <omp.h>
+#include <stdatomic.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#else
+#define cpu_relax() ((void)0)
 #endif
 
 /* ---- configurations ------------------------------------------------------------------------- */
@@ -62,8 +72,9 @@ static int max_threads(void) {
 
 /* ---- instruction set ------------------------------------------------------------------------ */
 
-/* The best kernel table this machine runs, lowered by ATTN_CPU_ISA=generic|avx2|avx512 (a debug and
- * test switch: it never raises the choice above what cpuid reports). Read per plan. */
+/* The best kernel table this machine runs, lowered by ATTN_CPU_ISA=generic|avx2|avx512|avx512bf16|amx
+ * (a debug and test switch: it never raises the choice above what cpuid reports; amx and
+ * avx512bf16 concern bf16 problems only). Read per plan. */
 static const attn_cpu_kernels *select_kernels(attn_dtype dtype) {
   const attn_cpu_kernels *best = &attn_cpu_kernels_generic;
 #ifdef ATTN_CPU_X86
@@ -74,17 +85,21 @@ static const attn_cpu_kernels *select_kernels(attn_dtype dtype) {
                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                    __builtin_cpu_supports("avx512dq");
   int has_bf16 = has_avx512 && __builtin_cpu_supports("avx512bf16");
-  if (has_bf16 && dtype == ATTN_DTYPE_BF16) best = &attn_cpu_kernels_avx512bf16;
+  int has_amx = has_bf16 && dtype == ATTN_DTYPE_BF16 && attn_cpu_amx_usable();
+  if (has_amx) best = &attn_cpu_kernels_amx;
+  else if (has_bf16 && dtype == ATTN_DTYPE_BF16) best = &attn_cpu_kernels_avx512bf16;
   else if (has_avx512) best = &attn_cpu_kernels_avx512;
   else if (has_avx2) best = &attn_cpu_kernels_avx2;
   const char *force = getenv("ATTN_CPU_ISA");
   if (force != NULL) {
-    int rank = best == &attn_cpu_kernels_avx512bf16 ? 3 : best == &attn_cpu_kernels_avx512 ? 2
+    int rank = best == &attn_cpu_kernels_amx ? 4 : best == &attn_cpu_kernels_avx512bf16 ? 3
+             : best == &attn_cpu_kernels_avx512 ? 2
              : best == &attn_cpu_kernels_avx2       ? 1
                                                      : 0;
     if (strcmp(force, "generic") == 0) best = &attn_cpu_kernels_generic;
     else if (strcmp(force, "avx2") == 0 && rank > 1) best = &attn_cpu_kernels_avx2;
     else if (strcmp(force, "avx512") == 0 && rank > 2) best = &attn_cpu_kernels_avx512;
+    else if (strcmp(force, "avx512bf16") == 0 && rank > 3) best = &attn_cpu_kernels_avx512bf16;
   }
 #else
   (void)dtype;
@@ -401,11 +416,13 @@ typedef struct fwd_layout {
 
 typedef struct bwd_layout {
   int64_t shared;     /* dbias accumulator */
-  int64_t per_pair;   /* lse and Delta of one pair's rows */
+  int64_t per_pair;   /* lse, Delta, the dQ accumulator and its locks of one pair's rows */
   int64_t per_thread_fixed; /* tiles */
-  int64_t per_thread_pair;  /* dQ accumulator of one pair */
   int64_t per_thread_dbias; /* a private dbias accumulator (bias broadcast over keys) */
 } bwd_layout;
+
+/* One lock per 64 bytes, so threads spinning on neighbouring query blocks share no cache line. */
+#define LOCK_STRIDE 16
 
 /* Floats of gemm scratch per thread: the largest product either pass makes. */
 static int64_t gemm_scratch_floats(const attn_problem *p, int64_t bq, int64_t bk) {
@@ -415,6 +432,9 @@ static int64_t gemm_scratch_floats(const attn_problem *p, int64_t bq, int64_t bk
   return round_up((int64_t)(ATTN_CPU_GEMM_SCRATCH(m, n, k) / sizeof(float)) + 1, 16);
 }
 
+/* Floats that hold a [k x n] matrix as pack_b's bf16 pairs (cpu.h). */
+static int64_t packed_floats(int64_t k, int64_t n) { return round_up((k + 1) / 2 * n, 16); }
+
 static fwd_layout fwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
   const int64_t D = p->head_dim, Dvp = round_up(p->head_dim_v, ATTN_CPU_NPAD);
   const int64_t Dp = round_up(D, ATTN_CPU_NPAD);
@@ -422,7 +442,8 @@ static fwd_layout fwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
   fwd_layout l;
   l.slot = round_up(nkb * bk * D, 16) + round_up(nkb * bk * Dvp, 16);
   l.per_thread = round_up(bq * Dp, 16) + round_up(bq * bk, 16) + round_up(bq * Dvp, 16) +
-                 2 * round_up(bq, 16) + gemm_scratch_floats(p, bq, bk);
+                 2 * round_up(bq, 16) + gemm_scratch_floats(p, bq, bk) +
+                 round_up(max64(D * bk, bk * Dvp), 16); /* f32 block before pack_b */
   return l;
 }
 
@@ -434,12 +455,13 @@ static bwd_layout bwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
   int64_t nbias = p->has_bias ? attn_role_numel(p, ATTN_ROLE_BIAS) : 0;
   int private_dbias = p->has_bias && p->bias_shape[3] == 1;
   l.shared = private_dbias ? 0 : round_up(nbias, 16);
-  l.per_pair = 2 * round_up(group * p->seqlen_q, 16);
+  l.per_pair = 2 * round_up(group * p->seqlen_q, 16) + round_up(group * p->seqlen_q * Dp, 16) +
+               group * ((p->seqlen_q + bq - 1) / bq) * LOCK_STRIDE;
   int64_t tiles = 2 + (p->dropout_p > 0.0) + (p->softcap > 0.0);
   l.per_thread_fixed = round_up(bk * Dp, 16) * 2 + round_up(D * bk, 16) + round_up(Dv * bk, 16) +
                        round_up(bk * Dvp, 16) + round_up(bq * Dp, 16) + round_up(bq * Dvp, 16) +
-                       tiles * round_up(bq * bk, 16) + gemm_scratch_floats(p, bq, bk);
-  l.per_thread_pair = round_up(group * p->seqlen_q * Dp, 16);
+                       tiles * round_up(bq * bk, 16) + gemm_scratch_floats(p, bq, bk) +
+                       packed_floats(D, bk) + packed_floats(Dv, bk) + packed_floats(bk, Dp);
   l.per_thread_dbias = private_dbias ? round_up(nbias, 16) : 0;
   return l;
 }
@@ -450,10 +472,11 @@ static int64_t fwd_chunk(const attn_problem *p, const fwd_layout *l) {
   return max64(1, min64(chunk, npairs));
 }
 
-static int64_t bwd_chunk(const attn_problem *p, const bwd_layout *l, int64_t threads) {
+/* Pairs per backward phase: nothing of a phase grows with the thread count. */
+static int64_t bwd_chunk(const attn_problem *p, const bwd_layout *l) {
   int64_t npairs = p->batch * p->heads_kv;
   if (p->has_bias) return 1; /* dbias elements broadcast over pairs must have one writer */
-  int64_t per = l->per_pair + threads * l->per_thread_pair;
+  int64_t per = l->per_pair;
   int64_t chunk = per > 0 ? PHASE_BUDGET / (int64_t)sizeof(float) / per : npairs;
   return max64(1, min64(chunk, npairs));
 }
@@ -468,9 +491,9 @@ static size_t cpu_workspace_size(const attn_problem *p, int32_t config, const vo
     return (size_t)(fwd_chunk(p, &l) * l.slot + threads * l.per_thread) * sizeof(float);
   }
   bwd_layout l = bwd_layout_of(p, bq, bk);
-  int64_t chunk = bwd_chunk(p, &l, threads);
+  int64_t chunk = bwd_chunk(p, &l);
   return (size_t)(l.shared + chunk * l.per_pair +
-                  threads * (l.per_thread_fixed + chunk * l.per_thread_pair + l.per_thread_dbias)) *
+                  threads * (l.per_thread_fixed + l.per_thread_dbias)) *
          sizeof(float);
 }
 
@@ -528,7 +551,7 @@ static void forward_outside_rows(const cpu_run *c, const attn_outputs *out) {
 /* ---- forward ------------------------------------------------------------------------------------- */
 
 /* Packs key block kb of a pair: K^T as [D][bk] (columns past the sequence zero) and V rows as
- * [bk][Dvp] (padding columns zero). */
+ * [bk][Dvp] (padding columns zero); either may be NULL. */
 static void pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float *kt, float *v) {
   const attn_inputs *in = c->in;
   const int64_t j0 = kb * c->bk, nk = min64(c->bk, s->s.len_k - j0);
@@ -536,22 +559,24 @@ static void pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float 
   const int64_t kds = token_dstride(c, &in->k), vds = token_dstride(c, &in->v);
   for (int64_t jj = 0; jj < nk; ++jj) {
     const int64_t krow = s->s.k_row0 + j0 + jj;
-    for (int64_t d0 = 0; d0 < c->D; d0 += 4096) {
+    for (int64_t d0 = 0; kt != NULL && d0 < c->D; d0 += 4096) {
       int64_t n = min64(4096, c->D - d0);
       load_vec(c, in->k.data, token_off(c, &in->k, s->b, krow, s->g) + d0 * kds, kds, n, 1.0f,
                row);
       for (int64_t d = 0; d < n; ++d) kt[(d0 + d) * c->bk + jj] = row[d];
     }
+    if (v == NULL) continue;
     float *vr = v + jj * c->Dvp;
     load_vec(c, in->v.data, token_off(c, &in->v, s->b, krow, s->g), vds, c->Dv, 1.0f, vr);
     for (int64_t d = c->Dv; d < c->Dvp; ++d) vr[d] = 0.0f;
   }
-  for (int64_t d = 0; d < c->D; ++d)
+  for (int64_t d = 0; kt != NULL && d < c->D; ++d)
     for (int64_t jj = nk; jj < c->bk; ++jj) kt[d * c->bk + jj] = 0.0f;
 }
 
 typedef struct fwd_thread {
   float *q, *s, *o, *m, *l;
+  float *tmp;    /* a key block in f32 before pack_b */
   void *scratch; /* gemm's */
 } fwd_thread;
 
@@ -588,7 +613,11 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
     const int64_t j0 = kb * bk + off, nkp = round_up(nk, ATTN_CPU_NPAD);
     const float *kt = kt_all + kb * c->D * bk + off;
     const float *v = v_all + (kb * bk + off) * c->Dvp;
-    k->gemm(rows, nkp, c->D, t->q, c->Dp, 0, kt, bk, t->s, bk, 0, t->scratch);
+    if (k->gemm_packed != NULL)
+      k->gemm_packed(rows, nkp, c->D, t->q, c->Dp, 0, (const uint16_t *)(kt_all + kb * c->D * bk) + 2 * off,
+                     2 * bk, t->s, bk, 0, 0, t->scratch);
+    else
+      k->gemm(rows, nkp, c->D, t->q, c->Dp, 0, kt, bk, t->s, bk, 0, t->scratch);
     for (int64_t r = 0; r < rows; ++r) k->scale(t->s + r * bk, nk, c->scale);
     apply_masks(c, s, h, i0, rows, j0, nk, t->s, bk, NULL);
     for (int64_t r = 0; r < rows; ++r) {
@@ -608,7 +637,12 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
         for (int64_t jj = 0; jj < nk; ++jj) x[jj] = keep[jj] ? x[jj] : 0.0f;
       }
     }
-    k->gemm_exact(rows, c->Dvp, nk, t->s, bk, 0, v, c->Dvp, t->o, c->Dvp, 1, t->scratch);
+    if (k->gemm_packed != NULL)
+      k->gemm_packed(rows, c->Dvp, nk, t->s, bk, 0,
+                     (const uint16_t *)(v_all + kb * bk * c->Dvp) + off * c->Dvp, 2 * c->Dvp, t->o,
+                     c->Dvp, 1, 1, t->scratch);
+    else
+      k->gemm_exact(rows, c->Dvp, nk, t->s, bk, 0, v, c->Dvp, t->o, c->Dvp, 1, t->scratch);
   }
 
   const int64_t ods = token_dstride(c, &out->out);
@@ -652,7 +686,8 @@ static attn_status cpu_forward(const attn_run *run) {
     t.o = t.s + round_up(c.bq * c.bk, 16);
     t.m = t.o + round_up(c.bq * c.Dvp, 16);
     t.l = t.m + round_up(c.bq, 16);
-    t.scratch = t.l + round_up(c.bq, 16);
+    t.tmp = t.l + round_up(c.bq, 16);
+    t.scratch = t.tmp + round_up(max64(c.D * c.bk, c.bk * c.Dvp), 16);
     for (int64_t ph = 0; ph < nphases; ++ph) {
       const int64_t pair0 = ph * c.chunk, npair = min64(c.chunk, c.npairs - pair0);
       const int64_t npack = npair * c.nkb;
@@ -664,7 +699,16 @@ static attn_status cpu_forward(const attn_run *run) {
         const cpu_seq s = make_seq(&c, pair0 + pr);
         if (kb * c.bk >= s.s.len_k) continue;
         float *slot = packs + pr * lay.slot;
-        pack_kv_block(&c, &s, kb, slot + kb * c.D * c.bk, slot + kt_size + kb * c.bk * c.Dvp);
+        float *kt = slot + kb * c.D * c.bk, *v = slot + kt_size + kb * c.bk * c.Dvp;
+        if (c.kern->pack_b == NULL) {
+          pack_kv_block(&c, &s, kb, kt, v);
+        } else { /* as bf16 pairs, in the f32 block's place (they take at most as many bytes) */
+          const int64_t nk = min64(c.bk, s.s.len_k - kb * c.bk);
+          pack_kv_block(&c, &s, kb, t.tmp, NULL);
+          c.kern->pack_b(t.tmp, c.bk, c.D, c.bk, (uint16_t *)kt, 2 * c.bk);
+          pack_kv_block(&c, &s, kb, NULL, t.tmp);
+          c.kern->pack_b(t.tmp, c.Dvp, nk, c.Dvp, (uint16_t *)v, 2 * c.Dvp);
+        }
       }
       /* Heaviest first: later query blocks see more keys under a bottom-right causal mask. */
       const int64_t nwork = npair * c.group * c.nqb;
@@ -687,16 +731,39 @@ static attn_status cpu_forward(const attn_run *run) {
 /* ---- backward ------------------------------------------------------------------------------------ */
 
 typedef struct bwd_thread {
-  float *kr, *kt, *vt, *dk, *dv, *q, *dout, *sp, *dp, *pd, *dc, *dq, *dbias;
+  float *kr, *kt, *vt, *dk, *dv, *q, *dout, *sp, *dp, *pd, *dc, *dbias;
+  uint16_t *ktp, *vtp, *krp; /* kt, vt, kr as pack_b's pairs (tables with gemm_packed) */
   void *scratch; /* gemm's */
 } bwd_thread;
 
 typedef struct bwd_shared {
   float *dbias;      /* shared dbias accumulator (or NULL) */
   float *lse, *delta; /* [chunk][group][Tq] */
+  float *dq;          /* [chunk][group][Tq][Dp]: dQ / s of the phase, summed over key blocks */
+  float *locks;       /* [chunk][group][nqb] locks of dq's query blocks, LOCK_STRIDE floats apart */
   float *thread_base;
   int64_t per_thread;
 } bwd_shared;
+
+/* dq's query blocks take every key block's dS K, from whichever thread runs it: one lock per block
+ * (a spin lock: it is held for one bq x D x bk product, and threads walk the blocks in different
+ * orders, so they rarely meet). Without OpenMP there is one thread and no lock. */
+#ifdef _OPENMP
+static atomic_int *dq_lock(const bwd_shared *sh, int64_t unit) {
+  return (atomic_int *)(void *)(sh->locks + unit * LOCK_STRIDE);
+}
+static void lock_dq(const bwd_shared *sh, int64_t unit) {
+  atomic_int *l = dq_lock(sh, unit);
+  while (atomic_exchange_explicit(l, 1, memory_order_acquire) != 0)
+    while (atomic_load_explicit(l, memory_order_relaxed) != 0) cpu_relax();
+}
+static void unlock_dq(const bwd_shared *sh, int64_t unit) {
+  atomic_store_explicit(dq_lock(sh, unit), 0, memory_order_release);
+}
+#else
+static void lock_dq(const bwd_shared *sh, int64_t unit) { (void)sh, (void)unit; }
+static void unlock_dq(const bwd_shared *sh, int64_t unit) { (void)sh, (void)unit; }
+#endif
 
 /* Dense index of dbias element (b, head of h, i, 0) and its stride along j in the accumulator. */
 static int64_t dbias_row(const cpu_run *c, int64_t b, int64_t h, int64_t i, int64_t *jstride) {
@@ -735,6 +802,12 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
   }
   memset(t->dk, 0, (size_t)(nk * c->Dp) * sizeof(float));
   memset(t->dv, 0, (size_t)(nk * c->Dvp) * sizeof(float));
+  const int packed = k->gemm_packed != NULL; /* K^T, V^T and K as bf16 pairs, once per block */
+  if (packed) {
+    k->pack_b(t->kt, bk, c->D, bk, t->ktp, 2 * bk);
+    k->pack_b(t->vt, bk, c->Dv, bk, t->vtp, 2 * bk);
+    k->pack_b(t->kr, c->Dp, nk, c->Dp, t->krp, 2 * c->Dp);
+  }
 
   int64_t i_lo, i_hi;
   query_row_range(c, s, j0, nk, &i_lo, &i_hi);
@@ -744,8 +817,14 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
     const int64_t h = s->g * c->group + hh;
     const float *lse = sh->lse + (pr * c->group + hh) * c->Tq;
     const float *delta = sh->delta + (pr * c->group + hh) * c->Tq;
-    float *dq = t->dq + (pr * c->group + hh) * c->Tq * c->Dp;
-    for (int64_t qb = i_lo / bq; qb * bq < i_hi; ++qb) {
+    float *dq = sh->dq + (pr * c->group + hh) * c->Tq * c->Dp;
+    /* Threads on other key blocks of this pair walk the same query blocks: each starts at its own
+     * place in the range (key block kb at kb / nkb of the way), so they seldom want the same
+     * query block's lock at once. */
+    const int64_t qb_lo = i_lo / bq, nqb_seen = i_hi > i_lo ? (i_hi - 1) / bq + 1 - qb_lo : 0;
+    const int64_t start = nqb_seen > 0 ? kb * nqb_seen / c->nkb : 0;
+    for (int64_t step = 0; step < nqb_seen; ++step) {
+      const int64_t qb = qb_lo + (start + step) % nqb_seen;
       const int64_t i0 = qb * bq, rows = min64(bq, s->s.len_q - i0);
       /* the columns of the block these rows can see: [off, off + tnk) */
       int64_t off, tnk;
@@ -759,10 +838,18 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
         load_vec(c, c->run->dout->data, token_off(c, c->run->dout, s->b, row, h), dods, c->Dv,
                  1.0f, t->dout + r * c->Dvp);
       }
-      k->gemm(rows, tnkp, c->D, t->q, c->Dp, 0, t->kt + off, bk, t->sp, bk, 0, t->scratch);
+      if (packed)
+        k->gemm_packed(rows, tnkp, c->D, t->q, c->Dp, 0, t->ktp + 2 * off, 2 * bk, t->sp, bk, 0, 0,
+                       t->scratch);
+      else
+        k->gemm(rows, tnkp, c->D, t->q, c->Dp, 0, t->kt + off, bk, t->sp, bk, 0, t->scratch);
       for (int64_t r = 0; r < rows; ++r) k->scale(t->sp + r * bk, tnk, c->scale);
       apply_masks(c, s, h, i0, rows, tj0, tnk, t->sp, bk, t->dc);
-      k->gemm(rows, tnkp, c->Dv, t->dout, c->Dvp, 0, t->vt + off, bk, t->dp, bk, 0, t->scratch);
+      if (packed)
+        k->gemm_packed(rows, tnkp, c->Dv, t->dout, c->Dvp, 0, t->vtp + 2 * off, 2 * bk, t->dp, bk,
+                       0, 0, t->scratch);
+      else
+        k->gemm(rows, tnkp, c->Dv, t->dout, c->Dvp, 0, t->vt + off, bk, t->dp, bk, 0, t->scratch);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
         float *pr_ = t->sp + r * bk, *dp = t->dp + r * bk;
@@ -795,7 +882,14 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
       }
       k->gemm(tnk, c->Dvp, rows, c->dropout ? t->pd : t->sp, bk, 1, t->dout, c->Dvp, t->dv + off * c->Dvp, c->Dvp, 1, t->scratch);
       k->gemm(tnk, c->Dp, rows, t->dp, bk, 1, t->q, c->Dp, t->dk + off * c->Dp, c->Dp, 1, t->scratch);
-      k->gemm(rows, c->Dp, tnk, t->dp, bk, 0, t->kr + off * c->Dp, c->Dp, dq + i0 * c->Dp, c->Dp, 1, t->scratch);
+      const int64_t unit = (pr * c->group + hh) * c->nqb + qb;
+      lock_dq(sh, unit);
+      if (packed)
+        k->gemm_packed(rows, c->Dp, tnk, t->dp, bk, 0, t->krp + off * c->Dp, 2 * c->Dp,
+                       dq + i0 * c->Dp, c->Dp, 1, 0, t->scratch);
+      else
+        k->gemm(rows, c->Dp, tnk, t->dp, bk, 0, t->kr + off * c->Dp, c->Dp, dq + i0 * c->Dp, c->Dp, 1, t->scratch);
+      unlock_dq(sh, unit);
     }
   }
 
@@ -881,15 +975,13 @@ static attn_status cpu_backward(const attn_run *run) {
   cpu_run c = make_cpu_run(run);
   const attn_problem *p = c.p;
   const bwd_layout lay = bwd_layout_of(p, c.bq, c.bk);
-  /* The chunk was fixed by workspace_size for the thread count of that moment; recompute it the
-   * same way, shrink it until one thread fits what the workspace holds (the thread count may have
-   * changed since), then fit the threads. */
-  int64_t chunk = bwd_chunk(p, &lay, max_threads());
+  /* The chunk was fixed by workspace_size; recompute it the same way, shrink it until one thread
+   * fits what the workspace holds, then fit the threads. */
+  int64_t chunk = bwd_chunk(p, &lay);
   const int64_t room = (int64_t)(run->workspace_size / sizeof(float));
-  while (chunk > 1 && lay.shared + chunk * (lay.per_pair + lay.per_thread_pair) +
-                              lay.per_thread_fixed + lay.per_thread_dbias > room)
+  while (chunk > 1 && lay.shared + chunk * lay.per_pair + lay.per_thread_fixed + lay.per_thread_dbias > room)
     --chunk;
-  const int64_t per_thread = lay.per_thread_fixed + chunk * lay.per_thread_pair + lay.per_thread_dbias;
+  const int64_t per_thread = lay.per_thread_fixed + lay.per_thread_dbias;
   c.nthreads = run_threads(run, lay.shared + chunk * lay.per_pair, per_thread);
   c.chunk = chunk;
   const int want_dbias = p->has_bias && run->grads->dbias.data != NULL;
@@ -901,6 +993,8 @@ static attn_status cpu_backward(const attn_run *run) {
   sh.dbias = lay.shared > 0 ? ws : NULL;
   sh.lse = ws + lay.shared;
   sh.delta = sh.lse + round_up(chunk * c.group * c.Tq, 16);
+  sh.dq = sh.delta + round_up(chunk * c.group * c.Tq, 16);
+  sh.locks = sh.dq + round_up(chunk * c.group * c.Tq * c.Dp, 16);
   sh.thread_base = ws + lay.shared + chunk * lay.per_pair;
   sh.per_thread = per_thread;
   if (want_dbias && !private_dbias) memset(sh.dbias, 0, (size_t)nbias * sizeof(float));
@@ -930,9 +1024,11 @@ static attn_status cpu_backward(const attn_run *run) {
     t.pd = NULL, t.dc = NULL;
     if (c.dropout) t.pd = next, next += round_up(c.bq * c.bk, 16);
     if (c.softcap > 0.0f) t.dc = next, next += round_up(c.bq * c.bk, 16);
+    t.ktp = (uint16_t *)next, next += packed_floats(c.D, c.bk);
+    t.vtp = (uint16_t *)next, next += packed_floats(c.Dv, c.bk);
+    t.krp = (uint16_t *)next, next += packed_floats(c.bk, c.Dp);
     t.scratch = next;
-    t.dq = tb + lay.per_thread_fixed;
-    t.dbias = private_dbias ? t.dq + chunk * lay.per_thread_pair : NULL;
+    t.dbias = private_dbias ? tb + lay.per_thread_fixed : NULL;
     /* Padding columns of the tiles stay zero: loads only write the first D (Dv) of each row. */
     memset(tb, 0, (size_t)lay.per_thread_fixed * sizeof(float));
     if (want_dbias && private_dbias) memset(t.dbias, 0, (size_t)nbias * sizeof(float));
@@ -940,19 +1036,28 @@ static attn_status cpu_backward(const attn_run *run) {
 
     for (int64_t ph = 0; ph < nphases; ++ph) {
       const int64_t pair0 = ph * chunk, npair = min64(chunk, c.npairs - pair0);
-      memset(t.dq, 0, (size_t)(npair * lay.per_thread_pair) * sizeof(float));
-      /* lse and Delta = rowsum(dout * out) of every row of the phase */
-      const int64_t nrows = npair * c.group;
+      /* Per query block of every (pair, head) of the phase: lse, Delta = rowsum(dout * out), the
+       * dQ accumulator zeroed (by the thread that later stores it: the same static split) and
+       * its lock opened. Units of one query block keep every thread busy however few pairs. */
+      const int64_t nunits = npair * c.group * c.nqb;
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
-      for (int64_t it = 0; it < nrows; ++it) {
+      for (int64_t u = 0; u < nunits; ++u) {
+        const int64_t it = u / c.nqb, qb = u % c.nqb;
         const int64_t pr = it / c.group, hh = it % c.group;
         const cpu_seq s = make_seq(&c, pair0 + pr);
         const int64_t h = s.g * c.group + hh;
         float *lse = sh.lse + it * c.Tq, *delta = sh.delta + it * c.Tq;
         float o[ATTN_CPU_NPAD], d_[ATTN_CPU_NPAD];
-        for (int64_t i = 0; i < s.s.len_q; ++i) {
+#ifdef _OPENMP
+        atomic_init(dq_lock(&sh, u), 0);
+#endif
+        const int64_t i_end = min64(s.s.len_q, (qb + 1) * c.bq);
+        if (qb * c.bq < i_end)
+          memset(sh.dq + (it * c.Tq + qb * c.bq) * c.Dp, 0,
+                 (size_t)((i_end - qb * c.bq) * c.Dp) * sizeof(float));
+        for (int64_t i = qb * c.bq; i < i_end; ++i) {
           const int64_t row = s.s.q_row0 + i;
           lse[i] = ((const float *)fwd->lse.data)[lse_off(&c, &fwd->lse, s.b, h, row)];
           float acc = 0.0f;
@@ -969,6 +1074,8 @@ static attn_status cpu_backward(const attn_run *run) {
           delta[i] = acc;
         }
       }
+      /* Key blocks, heaviest first under a causal mask (the first key blocks see the most query
+       * rows), pairs interleaved so threads start on different pairs' dQ. */
       const int64_t nwork = npair * c.nkb;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
@@ -979,37 +1086,26 @@ static attn_status cpu_backward(const attn_run *run) {
         if (kb * c.bk >= s.s.len_k) continue;
         backward_item(&c, &sh, &t, pr, &s, kb, dbias);
       }
-      /* dq = s * (sum over threads of their accumulators) */
+      /* dq = s * the accumulator, per query block as above */
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
-      for (int64_t it = 0; it < nrows; ++it) {
+      for (int64_t u = 0; u < nunits; ++u) {
+        const int64_t it = u / c.nqb, qb = u % c.nqb;
         const int64_t pr = it / c.group, hh = it % c.group;
         const cpu_seq s = make_seq(&c, pair0 + pr);
         const int64_t h = s.g * c.group + hh;
-        float sum[4096];
-        for (int64_t i = 0; i < s.s.len_q; ++i) {
-          const int64_t row = s.s.q_row0 + i;
-          for (int64_t d0 = 0; d0 < c.D; d0 += 4096) {
-            const int64_t n = min64(4096, c.D - d0);
-            memset(sum, 0, (size_t)n * sizeof(float));
-            for (int th = 0; th < c.nthreads; ++th) {
-              const float *acc = sh.thread_base + (int64_t)th * per_thread + lay.per_thread_fixed +
-                                 (it * c.Tq + i) * c.Dp + d0;
-              for (int64_t d = 0; d < n; ++d) sum[d] += acc[d];
-            }
-            store_vec(&c, g->dq.data,
-                      token_off(&c, &g->dq, s.b, row, h) + d0 * token_dstride(&c, &g->dq),
-                      token_dstride(&c, &g->dq), n, sum, c.scale);
-          }
-        }
+        const int64_t i_end = min64(s.s.len_q, (qb + 1) * c.bq);
+        for (int64_t i = qb * c.bq; i < i_end; ++i)
+          store_vec(&c, g->dq.data, token_off(&c, &g->dq, s.b, s.s.q_row0 + i, h),
+                    token_dstride(&c, &g->dq), c.D, sh.dq + (it * c.Tq + i) * c.Dp, c.scale);
       }
     }
   }
 
   if (want_dbias) {
     if (private_dbias) {
-      float *acc = sh.thread_base + lay.per_thread_fixed + chunk * lay.per_thread_pair;
+      float *acc = sh.thread_base + lay.per_thread_fixed;
       for (int th = 1; th < c.nthreads; ++th) {
         const float *other = acc + (int64_t)th * per_thread;
         for (int64_t e = 0; e < nbias; ++e) acc[e] += other[e];

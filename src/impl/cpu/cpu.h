@@ -14,11 +14,14 @@
 /* Column counts handed to gemm are multiples of this; packed tiles pad their rows to it. */
 #define ATTN_CPU_NPAD 16
 
-/* Bytes of gemm scratch for an m x n x k product: both operands as bf16 pairs along k. */
-#define ATTN_CPU_GEMM_SCRATCH(m, n, k) ((size_t)(2 * (((k) + 1) / 2) * (((m) + 15) / 16 * 16 + (n))) * 2 + 256)
+/* Bytes of gemm scratch for an m x n x k product: both operands as bf16 along k padded to 32 (AMX
+ * tiles; the AVX-512 bf16 kernel needs less), A twice (the AMX gemm_exact's hi and lo terms), and
+ * a staging tile. */
+#define ATTN_CPU_GEMM_SCRATCH(m, n, k)                                                             \
+  ((size_t)((((k) + 31) / 32 * 32) * (2 * (((m) + 31) / 32 * 32) + (n))) * 2 + 4096)
 
 typedef struct attn_cpu_kernels {
-  const char *name; /* "generic", "avx2", "avx512" */
+  const char *name; /* "generic", "avx2", "avx512", "avx512bf16", "amx" */
   /* C[m x n] = (accumulate ? C : 0) + A B with f32 accumulation, where A(r, k) = a[r * lda + k]
    * (trans_a = 0) or a[k * lda + r] (trans_a = 1), B is row-major [k x n] with row stride ldb, C
    * row-major with row stride ldc. n is a multiple of ATTN_CPU_NPAD; every row of B and C holds n
@@ -33,6 +36,18 @@ typedef struct attn_cpu_kernels {
   void (*gemm_exact)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
                      const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
                      void *scratch);
+  /* Optional (NULL in all but the AMX table): B operands the driver multiplies many times (a key
+   * block's K^T, V, K) packed once. pack_b writes rows 2p and 2p + 1 of the f32 [k x n] matrix b
+   * (row stride ldb; n a multiple of ATTN_CPU_NPAD) as bf16 pairs: out[p * ldo + 2c + t] =
+   * bf16(b[(2p + t) * ldb + c]), p < ceil(k / 2), the partner of an odd last row 0; ldo >= 2n.
+   * gemm_packed is gemm (exact = 0) or gemm_exact (exact = 1) with such a B: pair rows ldb elements
+   * apart, reading only rows < k (rows of the packed memory past k may hold anything finite or
+   * not). The driver's column offsets move b by 2 elements per column, its row offsets (even) by
+   * ldb per pair. */
+  void (*pack_b)(const float *b, int64_t ldb, int64_t k, int64_t n, uint16_t *out, int64_t ldo);
+  void (*gemm_packed)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
+                      const uint16_t *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
+                      int exact, void *scratch);
   /* max of x[0..n), -inf when n = 0 or every element is -inf. */
   float (*row_max)(const float *x, int64_t n);
   /* x[j] = exp(x[j] - m) for j < n (exactly 0 where x[j] = -inf), returning their sum. m finite. */
@@ -71,6 +86,12 @@ extern const attn_cpu_kernels attn_cpu_kernels_avx512;
  * (exact for bf16 inputs; P, dS and the scaled q are rounded, as FlashAttention does) and
  * accumulates pairs of products in f32 with vdpbf16ps, twice the f32 FMA rate. */
 extern const attn_cpu_kernels attn_cpu_kernels_avx512bf16;
+/* AMX-BF16 (kernels_amx.c): the bf16 table's products on tiles (tdpbf16ps), the rest its
+ * AVX-512 kernels; for bf16 problems only, and only when attn_cpu_amx_usable(). */
+extern const attn_cpu_kernels attn_cpu_kernels_amx;
+/* 1 when the processor has AMX-TILE and AMX-BF16, the OS saves their state and (Linux) granted it
+ * to this process (asked once); 0 otherwise, and always where the compiler had no AMX. */
+int attn_cpu_amx_usable(void);
 /* The AVX-512 kernels shared by both AVX-512 tables. */
 void attn_cpu_gemm_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
                           const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
@@ -86,7 +107,7 @@ void attn_cpu_dropout_keep_avx512(uint64_t seed, uint32_t threshold, int64_t b, 
                                   int64_t i, int64_t j0, int64_t n, uint8_t *keep);
 #endif
 
-/* The kernel table a new plan of "cpu" would use now ("generic", "avx2", "avx512"): cpuid lowered
+/* The kernel table a new plan of "cpu" would use now (its name, as above): cpuid lowered
  * by ATTN_CPU_ISA. For benchmarks that report which path ran. */
 const char *attn_cpu_isa_name(int dtype);
 
