@@ -2,7 +2,7 @@
 # gpu/run.sh - the whole GPU check of libattn in one call, for a lent GPU machine (or any Linux box
 # with an NVIDIA GPU, the CUDA toolkit, cuDNN and PyTorch).
 #
-# usage: gpu/run.sh [cuda] [cudnn] [build] [test] [bench] [sanitize] [lab] [ncu]
+# usage: gpu/run.sh [cuda] [cudnn] [build] [test] [cli] [bench] [sanitize] [lab] [ncu]
 #
 # Implementations (none named: both):
 #   cuda      libattn's own kernels (src/impl/cuda)
@@ -14,6 +14,8 @@
 #             cuDNN that PyTorch's wheels ship when there is one, so both sides of the benchmark
 #             run the same cuDNN, else the toolkit's.
 #   test      tests/test_<impl> against the reference, with the golden cases of $GOLDEN
+#   cli       the tests modules (the real modules load) and cli_gpu (attn check / bench on GPU
+#             problems), and `attn bench` of two large problems, timed whole with their check
 #   lab       cuda only: the kernel lab, dev/cuda/fwd_tiles.cu and bwd_tiles.cu, built and run
 #   ncu       cuda only, implies lab: Nsight Compute on one lab launch of the D = 128 forward
 #             (64-key tiles) and of the atomic backward (v5); reports in /tmp/ncu_{fwd,bwd}.ncu-rep
@@ -52,7 +54,7 @@ impls="" steps=""
 for arg in "$@"; do
   case $arg in
   cuda | cudnn) impls="$impls $arg" ;;
-  build | test | bench | sanitize | lab | ncu) steps="$steps $arg" ;;
+  build | test | cli | bench | sanitize | lab | ncu) steps="$steps $arg" ;;
   -h | --help) usage && exit 0 ;;
   *) die "unknown argument '$arg' (see gpu/run.sh --help)" ;;
   esac
@@ -140,7 +142,7 @@ if step build; then
   # every program below finds them through ATTN_MODULE_PATH (exported after the build).
   args=(-DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCH=OFF
         -DATTN_CUDA_SPILL_WARNINGS=ON)
-  targets=(attn_static attn_tool)
+  targets=(attn_static attn_shared attn_tool attn_fake_modules)
   if impl cuda; then args+=(-DATTN_WITH_CUDA=ON) targets+=(attn_cuda_module test_cuda); else args+=(-DATTN_WITH_CUDA=OFF); fi
   if impl cudnn; then
     args+=(-DATTN_WITH_CUDNN=ON -DATTN_CUDNN_INCLUDE_DIR="$CUDNN_DIR/include" -DATTN_CUDNN_LIBRARY="$CUDNN_LIB")
@@ -202,6 +204,25 @@ if step test; then
     echo "test_$i rc=$rc in $((SECONDS - t0)) s: $(tail -1 "$OUT/$i/test.log")"
     grep -E "^FAIL|^FATAL" "$OUT/$i/test.log" | head -40
   done
+fi
+
+# ---- the attn command on GPU problems, and the modules --------------------------------------------
+# The tests cli_gpu (attn check / bench with device=cuda) and modules (the real modules load, beside
+# the stand-ins), then the bench problems issue 11 timed out on, each timed whole, its check included.
+if step cli; then
+  echo "== cli"
+  (cd "$BUILD" && timeout "$(limit 200)" ctest -R '^(modules|cli_gpu)$' --output-on-failure) \
+    >"$OUT/cli.log" 2>&1
+  echo "ctest modules cli_gpu rc=$?: $(grep -E 'tests passed|tests failed' "$OUT/cli.log")"
+  grep -E "^FAIL" "$OUT/cli.log" | head -20
+  for args in "--backward|b2 hq16 sq8192 d128 bf16 device=cuda" "|b64 hq32 hkv8 sq1 sk16384 d128 bf16 device=cuda"; do
+    flags=${args%%|*} problem=${args#*|}
+    t0=$SECONDS
+    # shellcheck disable=SC2086 # flags: one word or none
+    timeout "$(limit 120)" "$BUILD/tools/attn" bench $flags --reps 5 "$problem" >>"$OUT/cli_bench.log" 2>&1
+    echo "attn bench $flags \"$problem\": rc=$? in $((SECONDS - t0)) s"
+  done
+  cat "$OUT/cli_bench.log"
 fi
 
 # ---- kernel lab and Nsight Compute (cuda) ---------------------------------------------------------
