@@ -286,9 +286,8 @@ typedef struct layout_graphs {
 
 typedef struct cudnn_state {
   attn_problem problem;
-  cg_spec base;         /* the spec of the dense layout */
-  cudnnHandle_t handle; /* the plan's run handle, from the pool of cudnn_cache.c */
-  int32_t config;       /* CUDNN_CONFIG_* */
+  cg_spec base;   /* the spec of the dense layout */
+  int32_t config; /* CUDNN_CONFIG_* */
   int version, sm;
   /* graphs per pass: [0] forward, [1] backward, [2] backward with dbias; slot 0 is dense */
   layout_graphs graphs[3][1 + ATTN_CUDNN_LAYOUTS];
@@ -400,7 +399,6 @@ static void free_state(cudnn_state *st) {
   if (st == NULL) return;
   for (int pass = 0; pass < 3; ++pass)
     for (int i = 0; i < st->ngraphs[pass]; ++i) attn_cudnn_graph_put(st->graphs[pass][i].shared);
-  attn_cudnn_handle_give(st->problem.device_index, st->handle);
   free(st->full_q);
   free(st->full_kv);
   free(st);
@@ -437,7 +435,6 @@ static attn_status cudnn_plan_init(const attn_problem *p, int32_t config, void *
   }
   base_spec(p, st->version, st->sm, &st->base);
   st->base.deterministic = config == CUDNN_CONFIG_DETERMINISTIC;
-  st->handle = attn_cudnn_handle_take(p->device_index, &err);
   st->full_q = malloc((size_t)p->batch * sizeof(int32_t));
   st->full_kv = malloc((size_t)p->batch * sizeof(int32_t));
   if (err.status == ATTN_STATUS_OK && (st->full_q == NULL || st->full_kv == NULL)) {
@@ -730,7 +727,10 @@ static attn_status cudnn_forward(const attn_run *run) {
   int previous;
   if (enter_device(p, &previous, &err)) return err.status;
   cg_graph *g = graph_for(st, 0, &layout, run->workspace_size, &err);
-  if (g != NULL) {
+  /* A handle per run, from the pool (cudnn_cache.c), not per plan: a plan then costs no
+   * cudnnCreate, and plans that are not running hold none. */
+  cudnnHandle_t handle = g != NULL ? attn_cudnn_handle_take(p->device_index, &err) : NULL;
+  if (handle != NULL) {
     void *ptrs[CG_UID_COUNT] = {0};
     char *own;
     bind_common(run, g, ptrs, &own);
@@ -738,7 +738,7 @@ static attn_status cudnn_forward(const attn_run *run) {
     ptrs[CG_UID_O] = out->out.data;
     ptrs[CG_UID_STATS] = lse->data;
     cudaStream_t stream = (cudaStream_t)run->stream;
-    ATTN_CUDNN_CHECK(&err, cudnnSetStream(st->handle, stream));
+    ATTN_CUDNN_CHECK(&err, cudnnSetStream(handle, stream));
     if (attn_cudnn_graph_spec(g)->full_padding)
       bind_full_lengths(st, own + stats_bytes(p), ptrs, stream, &err);
     if (p->varlen == ATTN_VARLEN_PADDED) {
@@ -750,7 +750,8 @@ static attn_status cudnn_forward(const attn_run *run) {
         fill_lse_neg_inf(p, &out->lse, stream, &err);
     }
     if (err.status == ATTN_STATUS_OK)
-      attn_cudnn_graph_execute(g, st->handle, ptrs, run->workspace, &err);
+      attn_cudnn_graph_execute(g, handle, ptrs, run->workspace, &err);
+    attn_cudnn_handle_give(p->device_index, handle);
   }
   leave_device(p, previous);
   return err.status;
@@ -800,7 +801,8 @@ static attn_status cudnn_backward(const attn_run *run) {
   int previous;
   if (enter_device(p, &previous, &err)) return err.status;
   cg_graph *g = graph_for(st, pass, &layout, run->workspace_size, &err);
-  if (g != NULL) {
+  cudnnHandle_t handle = g != NULL ? attn_cudnn_handle_take(p->device_index, &err) : NULL;
+  if (handle != NULL) {
     const cg_spec *spec = attn_cudnn_graph_spec(g);
     void *ptrs[CG_UID_COUNT] = {0};
     char *own;
@@ -816,7 +818,7 @@ static attn_status cudnn_backward(const attn_run *run) {
     ptrs[CG_UID_DQ_ACCUM] = cg_dq_accumulated(spec) ? own + stats_bytes(p) : NULL;
     char *seq = own + stats_bytes(p) + dq_accum_bytes(p, run->config);
     cudaStream_t stream = (cudaStream_t)run->stream;
-    ATTN_CUDNN_CHECK(&err, cudnnSetStream(st->handle, stream));
+    ATTN_CUDNN_CHECK(&err, cudnnSetStream(handle, stream));
     if (spec->full_padding) bind_full_lengths(st, seq, ptrs, stream, &err);
     if (spec->version < 90600 && cg_dq_accumulated(spec))
       ATTN_CUDA_CHECK(
@@ -832,7 +834,8 @@ static attn_status cudnn_backward(const attn_run *run) {
       zero_bthd(&gr->dv, shape, es, stream, &err);
     }
     if (err.status == ATTN_STATUS_OK)
-      attn_cudnn_graph_execute(g, st->handle, ptrs, run->workspace, &err);
+      attn_cudnn_graph_execute(g, handle, ptrs, run->workspace, &err);
+    attn_cudnn_handle_give(p->device_index, handle);
   }
   leave_device(p, previous);
   return err.status;

@@ -23,7 +23,7 @@
 /* Graphs kept when $ATTN_CUDNN_GRAPH_CACHE does not say. A graph holds a few megabytes of host
  * memory in cuDNN (descriptors, the engine's compiled kernels). */
 #define CG_CACHE_DEFAULT 64
-/* Idle run handles kept for later plans, over all devices; more are destroyed. */
+/* Idle run handles kept for later runs, over all devices; more are destroyed. */
 #define CG_IDLE_HANDLES 32
 
 /* A cached value: a built graph, or why it could not be built. */

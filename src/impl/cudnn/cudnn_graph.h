@@ -117,8 +117,9 @@ attn_status attn_cudnn_graph_execute(cg_graph *graph, cudnnHandle_t handle,
  * cache holds at most 64 graphs ($ATTN_CUDNN_GRAPH_CACHE overrides the bound; 0 shares nothing),
  * least recently used out first; a graph pushed out while plans hold it is freed by the last one.
  *
- * Graphs are built with a handle the cache keeps per device (a plan's own handle may be destroyed
- * before a graph it built), one build at a time, and run with the running plan's handle; runs of
+ * Graphs are built with a handle the cache keeps per device (a run handle goes back to the pool and
+ * may be destroyed before a graph it ran), one build at a time, and run with a handle each run
+ * borrows from the pool; runs of
  * one graph from several threads are serialised on the graph for the time cuDNN takes to queue
  * them (cuDNN's engineers report known thread-safety limits when one backend execution plan is
  * executed from several threads at once: pytorch/pytorch#103939); the GPU work still overlaps. */
@@ -132,8 +133,9 @@ cg_shared *attn_cudnn_graph_get(int device, const cg_spec *spec, cg_err *err);
 cg_graph *attn_cudnn_shared_graph(const cg_shared *shared);
 void attn_cudnn_graph_put(cg_shared *shared); /* NULL is ignored */
 
-/* Handles for running, pooled per device (creating one costs more than a cached plan); the current
- * device must be `device`. Taking one fails only as cudnnCreate fails. */
+/* Handles for running, pooled per device: a run takes one and gives it back, so making a plan costs
+ * no cudnnCreate (a millisecond, more than a cached plan). The current device must be `device`.
+ * Taking one fails only as cudnnCreate fails. */
 cudnnHandle_t attn_cudnn_handle_take(int device, cg_err *err);
 void attn_cudnn_handle_give(int device, cudnnHandle_t handle);
 
