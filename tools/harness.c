@@ -9,6 +9,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "harness.h"
 
+#include "capacity.h"
+
 #include "core/ctx.h"
 #include "core/dtype.h"
 #include "core/tensors.h"
@@ -17,6 +19,7 @@
 #include "../tests/tolerance.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,6 +114,11 @@ attn_status h_data_make(attn_ctx *ctx, h_data *d, const attn_problem *problem, u
   memset(d, 0, sizeof *d);
   d->problem = *problem;
   const attn_problem *p = &d->problem;
+  /* Refused before allocating: calloc of more than the machine has can succeed (overcommit), and
+   * filling it then grinds for minutes or is killed. */
+  char why[512];
+  if (!h_fits(p, h_need_of(p, backward, H_USE_RUN), "the tensors of a run", why, sizeof why))
+    return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "%s", why);
   if (!alloc_roles(d, backward)) goto oom;
   uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1;
   for (int r = 0; r < ATTN_ROLE_COUNT; ++r) {
@@ -275,10 +283,25 @@ static attn_status plan_open(attn_ctx *ctx, const h_data *d, const char *impl, c
   sel.impl = impl;
   sel.config = config;
   attn_status st = attn_plan_create(ctx, &d->problem, &sel, &r->plan);
-  if (st != ATTN_STATUS_OK || d->gpu == NULL) return st;
+  if (st != ATTN_STATUS_OK) return st;
   size_t forward = 0, both = 0;
   st = attn_plan_workspace_size(r->plan, &forward, &both);
-  r->workspace_size = backward && both > forward ? both : forward;
+  size_t need = backward && both > forward ? both : forward;
+  /* Said once, truthfully, rather than left to a failed (or, overcommitted, grinding) allocation:
+   * SIZE_MAX is the library's saturated answer for a workspace no size_t can count. */
+  double host = h_host_available();
+  char needed[64], have[64];
+  h_format_bytes((double)need, needed, sizeof needed);
+  h_format_bytes(host, have, sizeof have);
+  if (st == ATTN_STATUS_OK && need == SIZE_MAX)
+    st = attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "%s needs more workspace than a size_t counts",
+                   impl);
+  else if (st == ATTN_STATUS_OK && d->gpu == NULL && host > 0.0 && (double)need > host)
+    st = attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY,
+                   "%s needs %s of workspace, more than the %s of host memory available", impl,
+                   needed, have);
+  if (st != ATTN_STATUS_OK || d->gpu == NULL) return st; /* a CPU plan allocates its own */
+  r->workspace_size = need;
   if (st == ATTN_STATUS_OK && r->workspace_size > 0) {
     char why[512] = "";
     st = d->gpu->alloc(d->problem.device_index, r->workspace_size, &r->workspace, why, sizeof why);

@@ -1,0 +1,133 @@
+/*
+ * tools/capacity.c - whether a problem fits this machine's memory (capacity.h).
+ */
+#define _DEFAULT_SOURCE /* sysconf's _SC_AVPHYS_PAGES, where /proc/meminfo is missing */
+#include "capacity.h"
+
+#include "core/dtype.h"
+#include "core/gpu.h"
+#include "core/tensors.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Bytes of one role's buffer, at least one element (harness.c's role_bytes, in double). */
+static double role_bytes(const attn_problem *p, attn_role role) {
+  int64_t n = attn_role_numel(p, role);
+  return (double)(n > 0 ? n : 1) * (double)attn_dtype_size(attn_role_dtype(p, role));
+}
+
+double h_tensor_bytes(const attn_problem *p, int backward) {
+  double bytes = 0.0;
+  for (int r = 0; r < ATTN_ROLE_COUNT; ++r)
+    if (attn_role_needed(p, (attn_role)r, backward)) bytes += role_bytes(p, (attn_role)r);
+  return bytes;
+}
+
+/* The problem as the reference runs it on the host: f64 (harness.c's h_data_convert). */
+static attn_problem on_host(const attn_problem *p, attn_dtype dtype) {
+  attn_problem h = *p;
+  h.dtype = dtype;
+  h.device = ATTN_DEVICE_CPU;
+  h.device_index = 0;
+  if (h.has_bias && dtype == ATTN_DTYPE_F64) h.bias_dtype = ATTN_DTYPE_F64;
+  return h;
+}
+
+/* The workspace the reference's plan of p asks for; 0 when it cannot say. A private context, so
+ * that the caller's last error is not overwritten by a question. */
+static double reference_workspace(const attn_problem *p, int backward) {
+  attn_ctx *ctx = NULL;
+  if (attn_ctx_create(&ctx) != ATTN_STATUS_OK) return 0.0;
+  attn_select sel;
+  attn_select_init(&sel);
+  sel.impl = "ref";
+  attn_plan *plan = NULL;
+  size_t forward = 0, both = 0;
+  if (attn_plan_create(ctx, p, &sel, &plan) == ATTN_STATUS_OK)
+    attn_plan_workspace_size(plan, &forward, &both);
+  attn_plan_destroy(plan);
+  attn_ctx_destroy(ctx);
+  return (double)(backward && both > forward ? both : forward);
+}
+
+h_need h_need_of(const attn_problem *p, int backward, h_use use) {
+  h_need need = {0.0, 0.0};
+  double run = h_tensor_bytes(p, backward);
+  if (p->device == ATTN_DEVICE_CPU)
+    need.host = run;
+  else /* made on the host, then copied to the device; the host copy stays for the comparison */
+    need.host = need.device = run;
+  if (use == H_USE_CHECK) {
+    attn_problem oracle = on_host(p, ATTN_DTYPE_F64);
+    need.host += h_tensor_bytes(&oracle, backward) + reference_workspace(&oracle, backward);
+    if (p->dtype == ATTN_DTYPE_F16 || p->dtype == ATTN_DTYPE_BF16) { /* the naive copy */
+      attn_problem naive = on_host(p, (attn_dtype)p->dtype);
+      need.host += h_tensor_bytes(&naive, backward);
+    }
+  }
+  return need;
+}
+
+double h_host_available(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (f != NULL) {
+    char line[256];
+    unsigned long long kib = 0;
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f) != NULL)
+      found = sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+    fclose(f);
+    if (found) return (double)kib * 1024.0;
+  }
+#ifdef _SC_AVPHYS_PAGES
+  long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) return (double)pages * (double)page;
+#endif
+  return 0.0;
+}
+
+void h_format_bytes(double bytes, char *buf, size_t size) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (u < 4 && bytes >= 1024.0) bytes /= 1024.0, ++u;
+  if (u == 0)
+    snprintf(buf, size, "%.0f B", bytes);
+  else
+    snprintf(buf, size, bytes < 1e4 ? "%.1f %s" : "%.3g %s", bytes, units[u]);
+}
+
+int h_fits(const attn_problem *p, h_need need, const char *what, char *why, size_t why_size) {
+  char needed[64], have[64];
+  double available = h_host_available();
+  if (available > 0.0 && need.host > available) {
+    h_format_bytes(need.host, needed, sizeof needed);
+    h_format_bytes(available, have, sizeof have);
+    snprintf(why, why_size, "needs %s of host memory (%s), more than the %s available", needed,
+             what, have);
+    return 0;
+  }
+  if (p->device == ATTN_DEVICE_CPU || need.device <= 0.0) return 1;
+  /* Nothing in the GPU services says how much device memory is free; one allocation of the whole
+   * amount answers, and fails at once when it is too much. */
+  h_format_bytes(need.device, needed, sizeof needed);
+  const attn_gpu_ops *gpu = attn_gpu();
+  if (gpu == NULL) return 1; /* the device check says why the problem cannot run */
+  if (need.device >= (double)SIZE_MAX) {
+    snprintf(why, why_size, "needs %s of memory on cuda:%d (%s), more than any GPU has", needed,
+             (int)p->device_index, what);
+    return 0;
+  }
+  void *probe = NULL;
+  char reason[256] = "";
+  if (gpu->alloc(p->device_index, (size_t)need.device, &probe, reason, sizeof reason) !=
+      ATTN_STATUS_OK) {
+    snprintf(why, why_size, "needs %s of memory on cuda:%d (%s), and that much cannot be allocated "
+             "there (%s)", needed, (int)p->device_index, what, reason);
+    return 0;
+  }
+  gpu->release(p->device_index, probe);
+  return 1;
+}
