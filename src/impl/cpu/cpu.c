@@ -25,6 +25,7 @@
 #include "core/ctx.h"
 #include "core/dtype.h"
 #include "core/philox.h"
+#include "core/saturate.h"
 #include "core/tensors.h"
 
 #include <math.h>
@@ -407,12 +408,21 @@ typedef struct bwd_layout {
   int64_t per_thread_dbias; /* a private dbias accumulator (bias broadcast over keys) */
 } bwd_layout;
 
-/* Floats of gemm scratch per thread: the largest product either pass makes. */
+/* The layouts below count with saturating arithmetic (core/saturate.h): validation admits head
+ * dims and lengths whose products pass 2^63, and the workspace query must then say SIZE_MAX rather
+ * than a wrapped size. Problems whose workspace can exist get the exact plain-arithmetic values. */
+static int64_t sadd(int64_t a, int64_t b) { return attn_sat_add64(a, b); }
+static int64_t smul(int64_t a, int64_t b) { return attn_sat_mul64(a, b); }
+static int64_t sround(int64_t x) { return attn_sat_round_up64(x, 16); }
+
+/* Floats of gemm scratch per thread: the largest product either pass makes; ATTN_CPU_GEMM_SCRATCH
+ * (cpu.h), 2 * ceil(k / 2) * (round16(m) + n) bf16 pairs of 2 bytes plus 256, counted saturating. */
 static int64_t gemm_scratch_floats(const attn_problem *p, int64_t bq, int64_t bk) {
   const int64_t Dp = round_up(p->head_dim, ATTN_CPU_NPAD), Dvp = round_up(p->head_dim_v, ATTN_CPU_NPAD);
   const int64_t m = max64(bq, bk), n = max64(bk, max64(Dp, Dvp));
   const int64_t k = max64(max64(p->head_dim, p->head_dim_v), max64(bk, bq));
-  return round_up((int64_t)(ATTN_CPU_GEMM_SCRATCH(m, n, k) / sizeof(float)) + 1, 16);
+  const int64_t bytes = sadd(smul(smul(2 * ((k + 1) / 2), sadd(round_up(m, 16), n)), 2), 256);
+  return sround(sadd(bytes / (int64_t)sizeof(float), 1));
 }
 
 static fwd_layout fwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
@@ -420,9 +430,9 @@ static fwd_layout fwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
   const int64_t Dp = round_up(D, ATTN_CPU_NPAD);
   const int64_t nkb = (p->seqlen_k + bk - 1) / bk;
   fwd_layout l;
-  l.slot = round_up(nkb * bk * D, 16) + round_up(nkb * bk * Dvp, 16);
-  l.per_thread = round_up(bq * Dp, 16) + round_up(bq * bk, 16) + round_up(bq * Dvp, 16) +
-                 2 * round_up(bq, 16) + gemm_scratch_floats(p, bq, bk);
+  l.slot = sadd(sround(smul(nkb * bk, D)), sround(smul(nkb * bk, Dvp)));
+  l.per_thread = sadd(sadd(sadd(sround(smul(bq, Dp)), sround(bq * bk)), sround(smul(bq, Dvp))),
+                      sadd(2 * sround(bq), gemm_scratch_floats(p, bq, bk)));
   return l;
 }
 
@@ -433,14 +443,16 @@ static bwd_layout bwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
   bwd_layout l;
   int64_t nbias = p->has_bias ? attn_role_numel(p, ATTN_ROLE_BIAS) : 0;
   int private_dbias = p->has_bias && p->bias_shape[3] == 1;
-  l.shared = private_dbias ? 0 : round_up(nbias, 16);
-  l.per_pair = 2 * round_up(group * p->seqlen_q, 16);
+  l.shared = private_dbias ? 0 : sround(nbias);
+  l.per_pair = smul(2, sround(smul(group, p->seqlen_q)));
   int64_t tiles = 2 + (p->dropout_p > 0.0) + (p->softcap > 0.0);
-  l.per_thread_fixed = round_up(bk * Dp, 16) * 2 + round_up(D * bk, 16) + round_up(Dv * bk, 16) +
-                       round_up(bk * Dvp, 16) + round_up(bq * Dp, 16) + round_up(bq * Dvp, 16) +
-                       tiles * round_up(bq * bk, 16) + gemm_scratch_floats(p, bq, bk);
-  l.per_thread_pair = round_up(group * p->seqlen_q * Dp, 16);
-  l.per_thread_dbias = private_dbias ? round_up(nbias, 16) : 0;
+  int64_t fixed = sadd(smul(sround(smul(bk, Dp)), 2), sround(smul(D, bk)));
+  fixed = sadd(fixed, sadd(sround(smul(Dv, bk)), sround(smul(bk, Dvp))));
+  fixed = sadd(fixed, sadd(sround(smul(bq, Dp)), sround(smul(bq, Dvp))));
+  l.per_thread_fixed =
+      sadd(sadd(fixed, smul(tiles, sround(bq * bk))), gemm_scratch_floats(p, bq, bk));
+  l.per_thread_pair = sround(smul(smul(group, p->seqlen_q), Dp));
+  l.per_thread_dbias = private_dbias ? sround(nbias) : 0;
   return l;
 }
 
@@ -453,7 +465,7 @@ static int64_t fwd_chunk(const attn_problem *p, const fwd_layout *l) {
 static int64_t bwd_chunk(const attn_problem *p, const bwd_layout *l, int64_t threads) {
   int64_t npairs = p->batch * p->heads_kv;
   if (p->has_bias) return 1; /* dbias elements broadcast over pairs must have one writer */
-  int64_t per = l->per_pair + threads * l->per_thread_pair;
+  int64_t per = sadd(l->per_pair, smul(threads, l->per_thread_pair));
   int64_t chunk = per > 0 ? PHASE_BUDGET / (int64_t)sizeof(float) / per : npairs;
   return max64(1, min64(chunk, npairs));
 }
@@ -465,13 +477,15 @@ static size_t cpu_workspace_size(const attn_problem *p, int32_t config, const vo
   const int64_t threads = max_threads();
   if (!backward) {
     fwd_layout l = fwd_layout_of(p, bq, bk);
-    return (size_t)(fwd_chunk(p, &l) * l.slot + threads * l.per_thread) * sizeof(float);
+    return attn_sat_bytes(sadd(smul(fwd_chunk(p, &l), l.slot), smul(threads, l.per_thread)),
+                          sizeof(float));
   }
   bwd_layout l = bwd_layout_of(p, bq, bk);
   int64_t chunk = bwd_chunk(p, &l, threads);
-  return (size_t)(l.shared + chunk * l.per_pair +
-                  threads * (l.per_thread_fixed + chunk * l.per_thread_pair + l.per_thread_dbias)) *
-         sizeof(float);
+  int64_t per_thread = sadd(sadd(l.per_thread_fixed, smul(chunk, l.per_thread_pair)),
+                            l.per_thread_dbias);
+  return attn_sat_bytes(sadd(sadd(l.shared, smul(chunk, l.per_pair)), smul(threads, per_thread)),
+                        sizeof(float));
 }
 
 /* Threads to use: the context's count (0 = OpenMP's), one inside a caller's parallel region, and no
