@@ -71,7 +71,34 @@ h_need h_need_of(const attn_problem *p, int backward, h_use use) {
   return need;
 }
 
+/* The first number in a file, or -1 (also for "max", cgroup v2's "no limit"). */
+static double read_number(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return -1.0;
+  unsigned long long v = 0;
+  int ok = fscanf(f, "%llu", &v) == 1;
+  fclose(f);
+  return ok ? (double)v : -1.0;
+}
+
+/* Room left under the memory limit of this process's control group as a container sees it (v2,
+ * then v1), or -1 when there is none: in a container MemAvailable is the host's, and going past
+ * the group's limit is the OOM killer, not a failed allocation. */
+static double cgroup_room(void) {
+  static const char *const files[2][2] = {
+      {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+      {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+  for (int v = 0; v < 2; ++v) {
+    double limit = read_number(files[v][0]), used = read_number(files[v][1]);
+    if (limit < 0.0 || used < 0.0) continue;
+    if (limit >= 0x1p60) return -1.0; /* "unlimited" is written as a page-rounded 2^63 in v1 */
+    return limit > used ? limit - used : 0.0;
+  }
+  return -1.0;
+}
+
 double h_host_available(void) {
+  double available = 0.0;
   FILE *f = fopen("/proc/meminfo", "r");
   if (f != NULL) {
     char line[256];
@@ -80,13 +107,17 @@ double h_host_available(void) {
     while (!found && fgets(line, sizeof line, f) != NULL)
       found = sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
     fclose(f);
-    if (found) return (double)kib * 1024.0;
+    if (found) available = (double)kib * 1024.0;
   }
 #ifdef _SC_AVPHYS_PAGES
-  long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  if (pages > 0 && page > 0) return (double)pages * (double)page;
+  if (available == 0.0) {
+    long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) available = (double)pages * (double)page;
+  }
 #endif
-  return 0.0;
+  double room = cgroup_room();
+  if (room >= 0.0 && (available == 0.0 || room < available)) available = room;
+  return available;
 }
 
 void h_format_bytes(double bytes, char *buf, size_t size) {

@@ -38,7 +38,8 @@ double h_tensor_bytes(const attn_problem *problem, int backward);
  * H_USE_CHECK it counts the reference's workspace, asked of a plan in a private context. */
 h_need h_need_of(const attn_problem *problem, int backward, h_use use);
 
-/* Bytes of host memory available now (Linux: MemAvailable), 0 when unknown. */
+/* Bytes of host memory available now (Linux: MemAvailable, less where the control group's limit
+ * leaves less room), 0 when unknown. */
 double h_host_available(void);
 
 /* 1 when need fits: host bytes within what is available now, and a GPU problem's device bytes
