@@ -74,6 +74,12 @@ for cmd in check bench tune; do
   [ "$(wc -l <"$DIR/err")" -eq 1 ] && ok "attn $cmd says it once" || bad "attn $cmd said: $(cat "$DIR/err")"
   grep -Eq "error|nothing to tune|machine:|^  (ref|cpu) " "$DIR/out" && bad "attn $cmd printed rows: $(cat "$DIR/out")" || ok "attn $cmd printed no rows"
 done
+# Under an address-space limit (ulimit -v) the memory there is, is the limit's room, not the
+# machine's. Skipped where the program cannot start under one (sanitizers reserve terabytes).
+if (ulimit -v 1000000 && "$ATTN" --version) >/dev/null 2>&1; then
+  expect 3 "a problem past ulimit -v is refused" sh -c 'ulimit -v 1000000; exec "$0" check "$1"' "$ATTN" "b1 hq8 sq1000000 d16 f32"
+  has "needs [0-9.]+ GiB of host memory .*, more than the [0-9.]+ [KM]iB available" "the limit's room is what is available" "$DIR/err"
+fi
 
 expect 0 "attn info" "$ATTN" info
 has "^libattn [0-9]+\.[0-9]+\.[0-9]+" "info prints the version"

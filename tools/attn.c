@@ -642,7 +642,7 @@ static int cmd_tune(int argc, char **argv) {
     rc = read_problem(ctx, o.problems[i], &p);
     if (rc >= 0) break;
     /* The tuner times candidates on scratch tensors of the problem's size, on its device. */
-    if (!runnable_here(ctx, &p, o.problems[i], &o, H_USE_RUN)) {
+    if (!runnable_here(ctx, &p, o.problems[i], &o, H_USE_TUNE)) {
       library_error = 1;
       continue;
     }

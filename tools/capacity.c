@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 /* Bytes of one role's buffer, at least one element (harness.c's role_bytes, in double). */
@@ -55,9 +56,14 @@ static double reference_workspace(const attn_problem *p, int backward) {
 
 h_need h_need_of(const attn_problem *p, int backward, h_use use) {
   h_need need = {0.0, 0.0};
-  double run = h_tensor_bytes(p, backward);
+  double run = h_tensor_bytes(p, backward), largest = 0.0;
+  for (int r = 0; r < ATTN_ROLE_COUNT; ++r)
+    if (attn_role_needed(p, (attn_role)r, backward) && role_bytes(p, (attn_role)r) > largest)
+      largest = role_bytes(p, (attn_role)r);
   if (p->device == ATTN_DEVICE_CPU)
     need.host = run;
+  else if (use == H_USE_TUNE) /* each scratch tensor is made on the host, copied, then freed */
+    need.host = largest, need.device = run;
   else /* made on the host, then copied to the device; the host copy stays for the comparison */
     need.host = need.device = run;
   if (use == H_USE_CHECK) {
@@ -97,6 +103,24 @@ static double cgroup_room(void) {
   return -1.0;
 }
 
+/* Room left under this process's address-space limit (ulimit -v), or -1 when there is none:
+ * past it malloc fails however much memory the machine has. */
+static double rlimit_room(void) {
+  struct rlimit limit;
+  if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return -1.0;
+  double used = 0.0;
+  FILE *f = fopen("/proc/self/status", "r");
+  if (f != NULL) {
+    char line[256];
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof line, f) != NULL)
+      if (sscanf(line, "VmSize: %llu kB", &kib) == 1) used = (double)kib * 1024.0;
+    fclose(f);
+  }
+  double cap = (double)limit.rlim_cur;
+  return cap > used ? cap - used : 0.0;
+}
+
 double h_host_available(void) {
   double available = 0.0;
   FILE *f = fopen("/proc/meminfo", "r");
@@ -115,8 +139,9 @@ double h_host_available(void) {
     if (pages > 0 && page > 0) available = (double)pages * (double)page;
   }
 #endif
-  double room = cgroup_room();
-  if (room >= 0.0 && (available == 0.0 || room < available)) available = room;
+  double rooms[2] = {cgroup_room(), rlimit_room()};
+  for (int i = 0; i < 2; ++i)
+    if (rooms[i] >= 0.0 && (available == 0.0 || rooms[i] < available)) available = rooms[i];
   return available;
 }
 

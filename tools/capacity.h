@@ -19,7 +19,10 @@
 
 /* What a command does with a problem, which decides the memory it needs. */
 typedef enum h_use {
-  H_USE_RUN,   /* one run: its tensors (and a GPU problem's on the device), e.g. timing or tuning */
+  H_USE_RUN,   /* one run: its tensors, on the host and for a GPU problem on the device as well
+                  (the harness keeps the host copy), e.g. timing */
+  H_USE_TUNE,  /* the tuner's scratch tensors: on the problem's device; a GPU problem's pass
+                  through the host one tensor at a time */
   H_USE_CHECK, /* a run compared with the reference: also the f64 copy (and for f16/bf16 the
                   naive copy) of every tensor on the host, and the reference's workspace */
 } h_use;
@@ -39,7 +42,7 @@ double h_tensor_bytes(const attn_problem *problem, int backward);
 h_need h_need_of(const attn_problem *problem, int backward, h_use use);
 
 /* Bytes of host memory available now (Linux: MemAvailable, less where the control group's limit
- * leaves less room), 0 when unknown. */
+ * or the address-space limit, ulimit -v, leaves less room), 0 when unknown. */
 double h_host_available(void);
 
 /* 1 when need fits: host bytes within what is available now, and a GPU problem's device bytes
