@@ -78,8 +78,7 @@ static void test_workspace_exact(attn_ctx *ctx) {
   const uint64_t want_backward = (tk * (d + d) + 2 * d + d) * 8 + align;
   tu_check(forward == want_forward && backward == want_backward,
            "ref \"%s\": exact workspace (forward %zu want %llu, backward %zu want %llu)", text,
-           forward, (unsigned long long)want_forward, backward,
-           (unsigned long long)want_backward);
+           forward, (unsigned long long)want_forward, backward, (unsigned long long)want_backward);
   attn_plan_destroy(plan);
 }
 

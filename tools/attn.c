@@ -14,7 +14,7 @@
  *
  * Exit codes, for scripts: 0 success; 1 a check failed (check, or the validation step of bench);
  * 2 usage error (unknown option, unreadable or invalid problem); 3 library error (out of memory,
- * no implementation can run a problem, I/O).
+ * a problem larger than the memory there is, no implementation can run a problem, I/O).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
@@ -66,6 +66,9 @@ static const char *usage_main =
     "  alibi=h|bh sinks=S[:shared] segments varlen=packed:TQ,TK|padded op=sdpa device=cuda[:N]\n"
     "A problem runs on its device: the CPU, or with device=cuda[:N] that GPU (`attn info` lists\n"
     "them); bench and check compare either with the f64 reference on the CPU.\n"
+    "\n"
+    "A problem that cannot run here (no such device, no implementation, more memory than there\n"
+    "is) is refused with one line before anything is measured.\n"
     "\n"
     "exit codes: 0 ok, 1 check failure, 2 usage error, 3 library error\n";
 

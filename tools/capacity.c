@@ -93,7 +93,8 @@ static double read_number(const char *path) {
 static double cgroup_room(void) {
   static const char *const files[2][2] = {
       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
-      {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+      {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+       "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
   for (int v = 0; v < 2; ++v) {
     double limit = read_number(files[v][0]), used = read_number(files[v][1]);
     if (limit < 0.0 || used < 0.0) continue;
@@ -180,8 +181,10 @@ int h_fits(const attn_problem *p, h_need need, const char *what, char *why, size
   char reason[256] = "";
   if (gpu->alloc(p->device_index, (size_t)need.device, &probe, reason, sizeof reason) !=
       ATTN_STATUS_OK) {
-    snprintf(why, why_size, "needs %s of memory on cuda:%d (%s), and that much cannot be allocated "
-             "there (%s)", needed, (int)p->device_index, what, reason);
+    snprintf(why, why_size,
+             "needs %s of memory on cuda:%d (%s), and that much cannot be allocated "
+             "there (%s)",
+             needed, (int)p->device_index, what, reason);
     return 0;
   }
   gpu->release(p->device_index, probe);
