@@ -49,7 +49,7 @@ for case in "bench --reps abc:--reps: abc is not a whole number >= 1" \
   has "^attn: $message" "attn $args names the option and its rule" "$DIR/err"
 done
 expect 2 "an unknown --impl is a usage error" "$ATTN" bench --impl nope "$P1"
-has "--impl nope: no implementation has that name \(this build has: .*ref" "the message lists the known names" "$DIR/err"
+has "--impl nope: no implementation has that name \(available here: .*ref" "the message lists the known names" "$DIR/err"
 [ ! -s "$DIR/out" ] && ok "nothing measured or printed for an unknown --impl" || bad "an unknown --impl printed: $(cat "$DIR/out")"
 
 # Problem strings: each key's form, duplicate fields, and nan/inf left to validation's rule.

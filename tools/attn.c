@@ -257,7 +257,9 @@ static int parse_options(int argc, char **argv, const char *usage, options *o) {
     if (!known) {
       char names[512];
       impl_names(names, sizeof names);
-      fprintf(stderr, "attn: --impl %s: no implementation has that name (this build has: %s)\n%s",
+      fprintf(stderr,
+              "attn: --impl %s: no implementation has that name (available here: %s; "
+              "`attn info` says why any other is missing)\n%s",
               o->impl, names, usage);
       return EXIT_USAGE;
     }
