@@ -260,8 +260,10 @@ int h_device_usable(const attn_problem *problem, char *why, size_t why_size) {
   int32_t count = h_gpu_count(why, why_size);
   if (count == 0) return 0;
   if (problem->device_index >= count) {
-    snprintf(why, why_size, "device_index=%d but only %d CUDA device%s present",
-             (int)problem->device_index, (int)count, count == 1 ? " is" : "s are");
+    char last[32] = "";
+    if (count > 1) snprintf(last, sizeof last, " to cuda:%d", (int)count - 1);
+    snprintf(why, why_size, "there is no cuda:%d: this machine has %d CUDA device%s (cuda:0%s)",
+             (int)problem->device_index, (int)count, count == 1 ? "" : "s", last);
     return 0;
   }
   return 1;
