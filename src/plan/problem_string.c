@@ -154,24 +154,32 @@ static int parse_int(const char *s, size_t n, int64_t *out) {
 
 /* A number as strtod reads it, "nan" and "inf" included: validation, not the parser, refuses a
  * value by the rule it breaks (SPEC.md "Errors"), so scale=nan gets "scale must be finite". A
- * number too large for a double reads as inf, for the same reason; one too small reads as 0 and is
- * refused (*underflow set), since 0 means "the default" for scale and "off" for softcap. */
-static int parse_double(const char *s, size_t n, double *out, int *underflow) {
+ * number too large for a double reads as inf, for the same reason; one so small that it reads as 0
+ * is refused (underflows_to_zero says so), since 0 means "the default" for scale and "off" for
+ * softcap. */
+static int parse_double(const char *s, size_t n, double *out) {
   char tmp[64];
-  *underflow = 0;
   if (n == 0 || n >= sizeof tmp) return 0;
   memcpy(tmp, s, n);
   tmp[n] = '\0';
   char *end;
   errno = 0;
   double v = strtod(tmp, &end);
-  if (*end != '\0' || end == tmp) return 0;
-  if (errno == ERANGE && v == 0.0) {
-    *underflow = 1;
-    return 0;
-  }
+  if (*end != '\0' || end == tmp || (errno == ERANGE && v == 0.0)) return 0;
   *out = v;
   return 1;
+}
+
+/* Whether the text is a number whose only fault is reading as 0 (e.g. 1e-400). */
+static int underflows_to_zero(const char *s, size_t n) {
+  char tmp[64];
+  if (n == 0 || n >= sizeof tmp) return 0;
+  memcpy(tmp, s, n);
+  tmp[n] = '\0';
+  char *end;
+  errno = 0;
+  double v = strtod(tmp, &end);
+  return *end == '\0' && end != tmp && errno == ERANGE && v == 0.0;
 }
 
 static int parse_dtype(const char *s, size_t n, int32_t *out) {
@@ -329,53 +337,47 @@ attn_status attn_problem_parse(attn_ctx *ctx, const char *text, attn_problem *pr
       size_t vn = n - kn - 1;
       const char *colon = memchr(val, ':', vn);
       size_t head = colon ? (size_t)(colon - val) : vn;
+      /* The field the key sets, claimed before its value is read; unknown keys are said below. */
       const struct value_key *key = NULL;
       for (size_t k = 0; k < sizeof value_keys / sizeof *value_keys; ++k)
         if (token_is(tok, kn, value_keys[k].key)) key = &value_keys[k];
-      if (key == NULL) {
-        ok = 0;
-      } else {
-        TRY_CLAIM(key->f);
-      }
-      int underflow = 0;
-      if (key == NULL) {
-        /* not understood: said below */
-      } else if (key->f == F_WINDOW) {
+      if (key != NULL) TRY_CLAIM(key->f);
+      if (token_is(tok, kn, "window")) {
         const char *comma = memchr(val, ',', vn);
         ok = comma != NULL && parse_int(val, (size_t)(comma - val), &p.window_left) &&
              parse_int(comma + 1, vn - (size_t)(comma - val) - 1, &p.window_right);
-      } else if (key->f == F_ALIGN) {
+      } else if (token_is(tok, kn, "align")) {
         if (token_is(val, vn, "tl"))
           p.align = ATTN_ALIGN_TOP_LEFT;
         else if (token_is(val, vn, "br"))
           p.align = ATTN_ALIGN_BOTTOM_RIGHT;
         else
           ok = 0;
-      } else if (key->f == F_SCALE) {
-        ok = parse_double(val, vn, &p.scale, &underflow);
-      } else if (key->f == F_SOFTCAP) {
-        ok = parse_double(val, vn, &p.softcap, &underflow);
-      } else if (key->f == F_DROPOUT) {
-        ok = parse_double(val, vn, &p.dropout_p, &underflow);
-      } else if (key->f == F_BIAS) {
+      } else if (token_is(tok, kn, "scale")) {
+        ok = parse_double(val, vn, &p.scale);
+      } else if (token_is(tok, kn, "softcap")) {
+        ok = parse_double(val, vn, &p.softcap);
+      } else if (token_is(tok, kn, "dropout")) {
+        ok = parse_double(val, vn, &p.dropout_p);
+      } else if (token_is(tok, kn, "bias")) {
         p.has_bias = 1;
         ok = parse_shape(val, head, p.bias_shape) &&
              (colon == NULL || parse_dtype(colon + 1, vn - head - 1, &p.bias_dtype));
-      } else if (key->f == F_MASK) {
+      } else if (token_is(tok, kn, "mask")) {
         p.has_mask = 1;
         ok = parse_shape(val, vn, p.mask_shape);
-      } else if (key->f == F_ALIBI) {
+      } else if (token_is(tok, kn, "alibi")) {
         if (token_is(val, vn, "h"))
           p.alibi = ATTN_ALIBI_PER_HEAD;
         else if (token_is(val, vn, "bh"))
           p.alibi = ATTN_ALIBI_PER_BATCH_HEAD;
         else
           ok = 0;
-      } else if (key->f == F_SINKS) {
+      } else if (token_is(tok, kn, "sinks")) {
         ok = parse_int(val, head, &p.num_sinks) &&
              (colon == NULL || token_is(colon + 1, vn - head - 1, "shared"));
         p.sinks_shared = colon != NULL;
-      } else if (key->f == F_VARLEN) {
+      } else if (token_is(tok, kn, "varlen")) {
         if (token_is(val, vn, "padded")) {
           p.varlen = ATTN_VARLEN_PADDED;
         } else if (token_is(val, head, "packed") && colon != NULL) {
@@ -388,14 +390,14 @@ attn_status attn_problem_parse(attn_ctx *ctx, const char *text, attn_problem *pr
         } else {
           ok = 0;
         }
-      } else if (key->f == F_OPERATION) {
+      } else if (token_is(tok, kn, "op")) {
         if (token_is(val, vn, "sdpa"))
           p.operation = ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION;
         else if (token_is(val, vn, "flash"))
           p.operation = ATTN_OPERATION_FLASH_ATTENTION;
         else
           ok = 0;
-      } else if (key->f == F_DEVICE) {
+      } else if (token_is(tok, kn, "device")) {
         int64_t index = 0;
         if (token_is(val, head, "cpu"))
           p.device = ATTN_DEVICE_CPU;
@@ -406,10 +408,13 @@ attn_status attn_problem_parse(attn_ctx *ctx, const char *text, attn_problem *pr
         if (ok && colon != NULL)
           ok = parse_int(colon + 1, vn - head - 1, &index) && index >= 0 && index <= INT32_MAX;
         p.device_index = (int32_t)index;
-      } else if (key->f == F_DTYPE) {
+      } else if (token_is(tok, kn, "dtype")) {
         ok = parse_dtype(val, vn, &p.dtype);
+      } else {
+        ok = 0;
       }
-      if (!ok && underflow)
+      const int number = key != NULL && (key->f == F_SCALE || key->f == F_SOFTCAP || key->f == F_DROPOUT);
+      if (!ok && number && underflows_to_zero(val, vn))
         return BAD("problem string token \"%.*s\": the number is too small for a double and "
                    "would read as 0 (write 0 for the default)",
                    shown, tok);
