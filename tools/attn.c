@@ -253,7 +253,8 @@ static int parse_options(int argc, char **argv, const char *usage, options *o) {
   if (o->csv && o->json) return usage_error(usage, "%s", "--csv and --json exclude each other");
   if (o->impl != NULL) { /* refused here, before any measuring, rather than as an empty table */
     int known = 0;
-    for (int32_t i = 0; i < attn_impl_count(); ++i) known |= strcmp(o->impl, attn_impl_name(i)) == 0;
+    for (int32_t i = 0; i < attn_impl_count(); ++i)
+      known |= strcmp(o->impl, attn_impl_name(i)) == 0;
     if (!known) {
       char names[512];
       impl_names(names, sizeof names);
@@ -288,9 +289,10 @@ static int read_problem(attn_ctx *ctx, const char *text, attn_problem *p) {
   return -1;
 }
 
-/* Calls fn for each implementation x configuration that matches the options and supports p (fn NULL:
- * only counts them). The reasons of the implementations of p's device that do not support it go
- * to skipped as "name: why; ..." when it is not NULL, else to the table as "  skipped:" lines. */
+/* Calls fn for each implementation x configuration that matches the options and supports p (fn
+ * NULL: only counts them). Why the implementations of p's device that do not support it say so
+ * goes to skipped as "name: why; ..." when it is not NULL, else to the table as "  skipped:"
+ * lines. */
 typedef int (*candidate_fn)(void *user, const char *impl, const char *config);
 
 static int each_candidate(attn_ctx *ctx, const attn_problem *p, const options *o, candidate_fn fn,
@@ -356,8 +358,9 @@ static int runnable_here(attn_ctx *ctx, const attn_problem *p, const char *text,
             skipped[0] ? " (" : "", skipped, skipped[0] ? ")" : "");
     return 0;
   }
-  const char *what = use == H_USE_CHECK ? "its tensors, and the reference's f64 copies and workspace"
-                                        : "its tensors";
+  const char *what = use == H_USE_CHECK
+                         ? "its tensors, and the reference's f64 copies and workspace"
+                         : "its tensors";
   if (!h_fits(p, h_need_of(p, o->backward, use), what, why, sizeof why)) {
     fprintf(stderr, "attn: \"%s\" cannot run here: %s\n", text, why);
     return 0;

@@ -247,9 +247,11 @@ static const struct size_key {
   const char *letters;
   field first, second; /* second == first when it sets one field */
 } size_keys[] = {
-    {"b", F_BATCH, F_BATCH},       {"hq", F_HEADS_Q, F_HEADS_Q},     {"hkv", F_HEADS_KV, F_HEADS_KV},
-    {"h", F_HEADS_Q, F_HEADS_KV},  {"sq", F_SEQLEN_Q, F_SEQLEN_Q},   {"sk", F_SEQLEN_K, F_SEQLEN_K},
-    {"s", F_SEQLEN_Q, F_SEQLEN_K}, {"d", F_HEAD_DIM, F_HEAD_DIM},    {"dv", F_HEAD_DIM_V, F_HEAD_DIM_V},
+    {"b", F_BATCH, F_BATCH},          {"hq", F_HEADS_Q, F_HEADS_Q},
+    {"hkv", F_HEADS_KV, F_HEADS_KV},  {"h", F_HEADS_Q, F_HEADS_KV},
+    {"sq", F_SEQLEN_Q, F_SEQLEN_Q},   {"sk", F_SEQLEN_K, F_SEQLEN_K},
+    {"s", F_SEQLEN_Q, F_SEQLEN_K},    {"d", F_HEAD_DIM, F_HEAD_DIM},
+    {"dv", F_HEAD_DIM_V, F_HEAD_DIM_V},
 };
 
 /* The key=value tokens: the field each sets and the form its value must have. */
@@ -413,7 +415,8 @@ attn_status attn_problem_parse(attn_ctx *ctx, const char *text, attn_problem *pr
       } else {
         ok = 0;
       }
-      const int number = key != NULL && (key->f == F_SCALE || key->f == F_SOFTCAP || key->f == F_DROPOUT);
+      const int number =
+          key != NULL && (key->f == F_SCALE || key->f == F_SOFTCAP || key->f == F_DROPOUT);
       if (!ok && number && underflows_to_zero(val, vn))
         return BAD("problem string token \"%.*s\": the number is too small for a double and "
                    "would read as 0 (write 0 for the default)",
