@@ -25,10 +25,10 @@
 #include "core/ctx.h"
 #include "core/dtype.h"
 #include "core/philox.h"
-#include "core/saturate.h"
 #include "core/tensors.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -408,21 +408,12 @@ typedef struct bwd_layout {
   int64_t per_thread_dbias; /* a private dbias accumulator (bias broadcast over keys) */
 } bwd_layout;
 
-/* The layouts below count with saturating arithmetic (core/saturate.h): validation admits head
- * dims and lengths whose products pass 2^63, and the workspace query must then say SIZE_MAX rather
- * than a wrapped size. Problems whose workspace can exist get the exact plain-arithmetic values. */
-static int64_t sadd(int64_t a, int64_t b) { return attn_sat_add64(a, b); }
-static int64_t smul(int64_t a, int64_t b) { return attn_sat_mul64(a, b); }
-static int64_t sround(int64_t x) { return attn_sat_round_up64(x, 16); }
-
-/* Floats of gemm scratch per thread: the largest product either pass makes; ATTN_CPU_GEMM_SCRATCH
- * (cpu.h), 2 * ceil(k / 2) * (round16(m) + n) bf16 pairs of 2 bytes plus 256, counted saturating. */
+/* Floats of gemm scratch per thread: the largest product either pass makes. */
 static int64_t gemm_scratch_floats(const attn_problem *p, int64_t bq, int64_t bk) {
   const int64_t Dp = round_up(p->head_dim, ATTN_CPU_NPAD), Dvp = round_up(p->head_dim_v, ATTN_CPU_NPAD);
   const int64_t m = max64(bq, bk), n = max64(bk, max64(Dp, Dvp));
   const int64_t k = max64(max64(p->head_dim, p->head_dim_v), max64(bk, bq));
-  const int64_t bytes = sadd(smul(smul(2 * ((k + 1) / 2), sadd(round_up(m, 16), n)), 2), 256);
-  return sround(sadd(bytes / (int64_t)sizeof(float), 1));
+  return round_up((int64_t)(ATTN_CPU_GEMM_SCRATCH(m, n, k) / sizeof(float)) + 1, 16);
 }
 
 static fwd_layout fwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
@@ -430,9 +421,9 @@ static fwd_layout fwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
   const int64_t Dp = round_up(D, ATTN_CPU_NPAD);
   const int64_t nkb = (p->seqlen_k + bk - 1) / bk;
   fwd_layout l;
-  l.slot = sadd(sround(smul(nkb * bk, D)), sround(smul(nkb * bk, Dvp)));
-  l.per_thread = sadd(sadd(sadd(sround(smul(bq, Dp)), sround(bq * bk)), sround(smul(bq, Dvp))),
-                      sadd(2 * sround(bq), gemm_scratch_floats(p, bq, bk)));
+  l.slot = round_up(nkb * bk * D, 16) + round_up(nkb * bk * Dvp, 16);
+  l.per_thread = round_up(bq * Dp, 16) + round_up(bq * bk, 16) + round_up(bq * Dvp, 16) +
+                 2 * round_up(bq, 16) + gemm_scratch_floats(p, bq, bk);
   return l;
 }
 
@@ -443,16 +434,14 @@ static bwd_layout bwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
   bwd_layout l;
   int64_t nbias = p->has_bias ? attn_role_numel(p, ATTN_ROLE_BIAS) : 0;
   int private_dbias = p->has_bias && p->bias_shape[3] == 1;
-  l.shared = private_dbias ? 0 : sround(nbias);
-  l.per_pair = smul(2, sround(smul(group, p->seqlen_q)));
+  l.shared = private_dbias ? 0 : round_up(nbias, 16);
+  l.per_pair = 2 * round_up(group * p->seqlen_q, 16);
   int64_t tiles = 2 + (p->dropout_p > 0.0) + (p->softcap > 0.0);
-  int64_t fixed = sadd(smul(sround(smul(bk, Dp)), 2), sround(smul(D, bk)));
-  fixed = sadd(fixed, sadd(sround(smul(Dv, bk)), sround(smul(bk, Dvp))));
-  fixed = sadd(fixed, sadd(sround(smul(bq, Dp)), sround(smul(bq, Dvp))));
-  l.per_thread_fixed =
-      sadd(sadd(fixed, smul(tiles, sround(bq * bk))), gemm_scratch_floats(p, bq, bk));
-  l.per_thread_pair = sround(smul(smul(group, p->seqlen_q), Dp));
-  l.per_thread_dbias = private_dbias ? sround(nbias) : 0;
+  l.per_thread_fixed = round_up(bk * Dp, 16) * 2 + round_up(D * bk, 16) + round_up(Dv * bk, 16) +
+                       round_up(bk * Dvp, 16) + round_up(bq * Dp, 16) + round_up(bq * Dvp, 16) +
+                       tiles * round_up(bq * bk, 16) + gemm_scratch_floats(p, bq, bk);
+  l.per_thread_pair = round_up(group * p->seqlen_q * Dp, 16);
+  l.per_thread_dbias = private_dbias ? round_up(nbias, 16) : 0;
   return l;
 }
 
@@ -465,9 +454,27 @@ static int64_t fwd_chunk(const attn_problem *p, const fwd_layout *l) {
 static int64_t bwd_chunk(const attn_problem *p, const bwd_layout *l, int64_t threads) {
   int64_t npairs = p->batch * p->heads_kv;
   if (p->has_bias) return 1; /* dbias elements broadcast over pairs must have one writer */
-  int64_t per = sadd(l->per_pair, smul(threads, l->per_thread_pair));
+  int64_t per = l->per_pair + threads * l->per_thread_pair;
   int64_t chunk = per > 0 ? PHASE_BUDGET / (int64_t)sizeof(float) / per : npairs;
   return max64(1, min64(chunk, npairs));
+}
+
+/* Whether the layouts' int64 arithmetic stays exact for p: a bound, in double, on every term they
+ * add up (tiles and gemm scratch of head-dim and block sizes, per-thread dQ rows, packed K/V and
+ * phase buffers, the dbias accumulator), generous by a constant factor. Validation admits tensors
+ * of 2^56 elements, so a head dim of 2^40 squares past 2^64; such a problem's workspace is reported
+ * as SIZE_MAX (core/saturate.h) instead of a wrapped size. The slack only ever turns workspaces
+ * beyond an exbibyte into SIZE_MAX, which no machine allocates either way. */
+static int workspace_countable(const attn_problem *p, int64_t threads) {
+  const double M = (double)max64(p->head_dim, p->head_dim_v) + 16.0, X = 256.0;
+  const double group = (double)(p->heads_q / p->heads_kv);
+  const double L = fmax(group * (double)p->seqlen_q, (double)p->seqlen_k) + 256.0;
+  const double bias = p->has_bias ? (double)attn_role_numel(p, ATTN_ROLE_BIAS) : 0.0;
+  const double floats = ((double)threads + 1.0) * (16.0 * M * M + 64.0 * X * M + 16.0 * X * X +
+                                                   8.0 * L * (M + 20.0) + 2.0 * bias +
+                                                   (double)PHASE_BUDGET / sizeof(float));
+  const double limit = fmin(0x1p62, (double)SIZE_MAX);
+  return floats * sizeof(float) < limit;
 }
 
 static size_t cpu_workspace_size(const attn_problem *p, int32_t config, const void *state,
@@ -475,17 +482,16 @@ static size_t cpu_workspace_size(const attn_problem *p, int32_t config, const vo
   (void)state;
   const int64_t bq = cfg_bq[config / N_BK], bk = cfg_bk[config % N_BK];
   const int64_t threads = max_threads();
+  if (!workspace_countable(p, threads)) return SIZE_MAX;
   if (!backward) {
     fwd_layout l = fwd_layout_of(p, bq, bk);
-    return attn_sat_bytes(sadd(smul(fwd_chunk(p, &l), l.slot), smul(threads, l.per_thread)),
-                          sizeof(float));
+    return (size_t)(fwd_chunk(p, &l) * l.slot + threads * l.per_thread) * sizeof(float);
   }
   bwd_layout l = bwd_layout_of(p, bq, bk);
   int64_t chunk = bwd_chunk(p, &l, threads);
-  int64_t per_thread = sadd(sadd(l.per_thread_fixed, smul(chunk, l.per_thread_pair)),
-                            l.per_thread_dbias);
-  return attn_sat_bytes(sadd(sadd(l.shared, smul(chunk, l.per_pair)), smul(threads, per_thread)),
-                        sizeof(float));
+  return (size_t)(l.shared + chunk * l.per_pair +
+                  threads * (l.per_thread_fixed + chunk * l.per_thread_pair + l.per_thread_dbias)) *
+         sizeof(float);
 }
 
 /* Threads to use: the context's count (0 = OpenMP's), one inside a caller's parallel region, and no
