@@ -136,13 +136,15 @@ if step lab; then
 fi
 if step build; then
   echo "== build"
-  # cuDNN is looked for only when ATTN_WITH_CUDA is not OFF, so a cudnn-only build leaves it AUTO.
-  args=(-DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCH=OFF)
-  targets=(attn_static)
-  if impl cuda; then args+=(-DATTN_WITH_CUDA=ON) targets+=(test_cuda); else args+=(-DATTN_WITH_CUDA=AUTO); fi
+  # The implementations are run-time modules (libattn_cuda.so, libattn_cudnn.so) beside libattn.a;
+  # every program below finds them through ATTN_MODULE_PATH (exported after the build).
+  args=(-DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCH=OFF
+        -DATTN_CUDA_SPILL_WARNINGS=ON)
+  targets=(attn_static attn_tool)
+  if impl cuda; then args+=(-DATTN_WITH_CUDA=ON) targets+=(attn_cuda_module test_cuda); else args+=(-DATTN_WITH_CUDA=OFF); fi
   if impl cudnn; then
     args+=(-DATTN_WITH_CUDNN=ON -DATTN_CUDNN_INCLUDE_DIR="$CUDNN_DIR/include" -DATTN_CUDNN_LIBRARY="$CUDNN_LIB")
-    targets+=(test_cudnn)
+    targets+=(attn_cudnn_module test_cudnn)
   else
     args+=(-DATTN_WITH_CUDNN=OFF)
   fi
@@ -175,6 +177,8 @@ if step build; then
     [ $rc -eq 0 ] || tail -20 "$OUT/build.log"
   done
 fi
+
+export ATTN_MODULE_PATH="$PWD/$BUILD"
 
 # Runs only when the program exists, else says why with rc=127.
 built() {

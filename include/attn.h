@@ -109,6 +109,15 @@ ATTN_API size_t attn_dtype_size(attn_dtype dtype);
 /* "f32", "f16", "bf16", "f64", "u8", "i32"; "unknown" outside the enum. */
 ATTN_API const char *attn_dtype_name(attn_dtype dtype);
 
+/* Conversions between f32 and the 16-bit formats, held in uint16_t: bf16 (bfloat16) and f16 (IEEE
+ * binary16). f32 -> 16 bits rounds to nearest, ties to even (what PyTorch's .to() and the GPU
+ * conversions do), overflows to infinity and keeps NaN a NaN; 16 bits -> f32 is exact. These are
+ * the library's own conversions, so values prepared with them are the ones it reads. */
+ATTN_API uint16_t attn_f32_to_bf16(float value);
+ATTN_API float attn_bf16_to_f32(uint16_t bits);
+ATTN_API uint16_t attn_f32_to_f16(float value);
+ATTN_API float attn_f16_to_f32(uint16_t bits);
+
 /* The two operations of SPEC.md. Both compute the same function; scaled_dot_product_attention
  * materialises the scores of one (batch, head) and may return the probabilities. */
 typedef enum attn_operation {
@@ -197,6 +206,34 @@ typedef struct attn_problem {
 /* Fills *problem with the defaults above and zero sizes. Never allocates. */
 ATTN_API void attn_problem_init(attn_problem *problem);
 
+/* The tensors of a problem, by role: the fields of attn_inputs, attn_outputs, the dout argument
+ * and attn_grads. Values are only ever appended. */
+typedef enum attn_role {
+  ATTN_ROLE_Q,
+  ATTN_ROLE_K,
+  ATTN_ROLE_V,
+  ATTN_ROLE_BIAS,
+  ATTN_ROLE_MASK,
+  ATTN_ROLE_ALIBI, /* alibi_slopes */
+  ATTN_ROLE_SINKS,
+  ATTN_ROLE_Q_SEGMENT_IDS,
+  ATTN_ROLE_KV_SEGMENT_IDS,
+  ATTN_ROLE_OUT,
+  ATTN_ROLE_LSE,
+  ATTN_ROLE_PROBS,
+  ATTN_ROLE_DOUT,
+  ATTN_ROLE_DQ,
+  ATTN_ROLE_DK,
+  ATTN_ROLE_DV,
+  ATTN_ROLE_DBIAS,
+  ATTN_ROLE_DSINKS,
+  ATTN_ROLE_COUNT
+} attn_role;
+
+/* "q", "k", ..., "dsinks": the name of the struct field that holds the role's tensor
+ * ("alibi_slopes" for ATTN_ROLE_ALIBI); "unknown" outside the enum. Static storage. */
+ATTN_API const char *attn_role_name(attn_role role);
+
 /* ---------------------------------------------------------------------------------------------
  * Tensors: a borrowed pointer and strides. Shapes come from the problem; each tensor's dimensions
  * are listed at the field that holds it.
@@ -206,10 +243,22 @@ ATTN_API void attn_problem_init(attn_problem *problem);
 
 typedef struct attn_tensor {
   void *data;                    /* borrowed for the call; NULL = not given */
-  int64_t stride[ATTN_MAX_DIMS]; /* in elements, one per dimension of the tensor's shape. All zero
-                                    (the default) means dense C order. A stride of 0 broadcasts an
-                                    input along that dimension; outputs must not broadcast. */
+  int64_t stride[ATTN_MAX_DIMS]; /* in elements, one per dimension of the tensor's shape (entries
+                                    past its last dimension are ignored). See below. */
 } attn_tensor;
+
+/* Strides. The four strides are read as one: when all four are 0 (what attn_tensor_dense and the
+ * _init functions give) the tensor is dense in C order for its shape and every stride is implied;
+ * otherwise every stride is taken as written, and a stride of 0 then broadcasts an input along
+ * that dimension (one slice read for every index). Outputs must not broadcast or overlap.
+ *   - PyTorch's attention layout [B, H, T, D] (contiguous, as scaled_dot_product_attention takes
+ *     it) is the library's [B, T, H, D] read with strides {H*T*D, D, T*D, 1}: a torch tensor's
+ *     strides (s0, s1, s2, s3) over [B, H, T, D] are passed as {s0, s2, s1, s3}; no copy.
+ *   - Broadcasting every dimension of size > 1 would write all-zero strides, which mean dense: give
+ *     a dimension of size 1 (any stride is harmless there) or an entry past the last dimension a
+ *     nonzero stride to mark the strides as explicit, e.g. alibi slopes [Hq] shared by every head:
+ *     {0, 1, 0, 0}.
+ * Strides are in elements (not bytes) and may differ between tensors and between runs of a plan. */
 
 /* A dense tensor over data. */
 ATTN_API attn_tensor attn_tensor_dense(void *data);
@@ -239,9 +288,10 @@ ATTN_API void attn_inputs_init(attn_inputs *inputs);
 /* Results of the forward pass; also the out and lse handed to the backward pass. */
 typedef struct attn_outputs {
   attn_tensor out;   /* [B, Tq, Hq, Dv]; packed: [total_q, Hq, Dv]. Required. */
-  attn_tensor lse;   /* [B, Hq, Tq]; packed: [Hq, total_q]. f32 (f64 with an F64 problem); natural
-                        log; -inf on fully masked and padded rows. Optional in the forward pass,
-                        required by the backward pass. */
+  attn_tensor lse;   /* [B, Hq, Tq]; packed: [Hq, total_q]. Always f32, also for f16 and bf16
+                        problems (f64 only with an F64 problem); natural log; -inf on fully masked
+                        and padded rows. Optional in the forward pass, required by the backward
+                        pass. */
   attn_tensor probs; /* [B, Hq, Tq, Tk] of the problem's dtype: the probabilities after dropout,
                         P'/Z. scaled_dot_product_attention only; optional. Varlen: indexed by
                         sequence and in-sequence position, zero outside each sequence. */
@@ -293,8 +343,50 @@ ATTN_API attn_status attn_ctx_set_log_callback(attn_ctx *ctx, attn_log_fn fn, vo
 ATTN_API attn_status attn_ctx_set_num_threads(attn_ctx *ctx, int32_t num_threads);
 
 /* ---------------------------------------------------------------------------------------------
- * Registry: the implementations compiled into this library, in order of preference.
+ * Tensor shapes of a problem: what to allocate for each role (attn_role, above).
  * ------------------------------------------------------------------------------------------- */
+
+/* The tensor of one role for a problem, as the library reads or writes it densely: its number of
+ * dimensions, shape (the dimensions at its field above; entries past ndim are set to 1), element
+ * count and dtype (lse, alibi slopes, sinks and dsinks are f32 whatever the problem's dtype, f64
+ * for an F64 problem). A role the problem does not use (bias without has_bias, probs for the flash
+ * operation, ...) has ndim 0 and numel 0. Any output pointer may be NULL, and ctx too (then no
+ * message is kept). INVALID_ARGUMENT, naming the rule, for an invalid problem or a role outside
+ * the enum. */
+ATTN_API attn_status attn_problem_tensor(attn_ctx *ctx, const attn_problem *problem,
+                                         attn_role role, int32_t *ndim /* out */,
+                                         int64_t shape[ATTN_MAX_DIMS] /* out */,
+                                         int64_t *numel /* out */, attn_dtype *dtype /* out */);
+/* The element count of attn_problem_tensor without a context: 0 for a role the problem does not
+ * use, -1 for an invalid problem or role. Allocate numel * attn_dtype_size(dtype) bytes. */
+ATTN_API int64_t attn_problem_numel(const attn_problem *problem, attn_role role);
+
+/* ---------------------------------------------------------------------------------------------
+ * Registry: the implementations of this library, in order of preference.
+ *
+ * The CPU implementations (cpu, ref) are part of the library. The GPU ones live in modules that the
+ * library loads at run time, the first time any function below (or a plan) needs the list:
+ * libattn_cudnn.so (cudnn; needs the CUDA runtime and cuDNN 9) and libattn_cuda.so (cuda; needs the
+ * CUDA runtime). They are looked for in the folders of $ATTN_MODULE_PATH (colon-separated; when set,
+ * nowhere else), else in the folder of the library itself, then by the dynamic loader's own search
+ * (rpath, LD_LIBRARY_PATH, the system folders). A module that is absent or cannot load leaves the
+ * others working; attn_module_info says which loaded and why one did not. libattn_gpu.a, made
+ * beside the modules, is the static library with them linked in: it loads nothing.
+ * ------------------------------------------------------------------------------------------- */
+
+/* What became of one GPU module. */
+typedef struct attn_module_status {
+  const char *name;    /* "cudnn", "cuda" */
+  int32_t loaded;      /* 1 when its implementations are in the registry */
+  const char *path;    /* the file loaded or tried last; "" when none was found */
+  const char *message; /* why it is not loaded (dlopen's error, a wrong ABI, not found); "" if it is */
+} attn_module_status;
+
+/* Number of modules the library knows (loaded or not). */
+ATTN_API int32_t attn_module_count(void);
+/* Status of module index (0 .. count-1); INVALID_ARGUMENT outside that range. The strings are the
+ * library's and live as long as the process. */
+ATTN_API attn_status attn_module_info(int32_t index, attn_module_status *status /* out */);
 
 /* Number of registered implementations (the reference is always present and always last). */
 ATTN_API int32_t attn_impl_count(void);
@@ -334,7 +426,13 @@ ATTN_API attn_status attn_plan_create(attn_ctx *ctx, const attn_problem *problem
 /* Frees a plan. NULL is harmless. */
 ATTN_API void attn_plan_destroy(attn_plan *plan);
 
-/* Bytes of workspace the forward and backward passes need (either pointer may be NULL). */
+/* Bytes of workspace the forward and backward passes need (either pointer may be NULL). The
+ * workspace is scratch for the duration of one call: nothing passes through it from the forward to
+ * the backward pass (the backward reads out and lse from its `forward` argument), so one buffer of
+ * max(forward_bytes, backward_bytes) serves both passes of a plan, and any number of plans, as
+ * long as no two calls use it at the same time (on a GPU: calls queued on one stream, or ordered
+ * by events; a call returns before the device is done with its workspace). The sizes are fixed
+ * when the plan is made. */
 ATTN_API attn_status attn_plan_workspace_size(const attn_plan *plan, size_t *forward_bytes,
                                               size_t *backward_bytes);
 /* The selected implementation's name and configuration. Owned by the plan; never NULL. */

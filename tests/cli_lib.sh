@@ -5,7 +5,7 @@
 DIR=$(mktemp -d "${TMPDIR:-/tmp}/attn_cli_XXXXXX")
 trap 'rm -rf "$DIR"' EXIT
 export ATTN_CACHE_PATH="$DIR/cache.txt"
-unset ATTN_AUTOTUNE
+unset ATTN_AUTOTUNE ATTN_BENCH_ROWS
 pass=0
 fail=0
 ok() { pass=$((pass + 1)); echo "PASS $1"; }

@@ -1,8 +1,10 @@
 /*
  * tests/test_api.c - the contract of attn.h, exercised through the public API only: status strings,
- * version, NULL handling, dtype queries, logging, every invalid input of SPEC.md "Errors" (refused
- * with INVALID_ARGUMENT, a message naming the argument, and nothing written), and the valid edge
- * problems (empty, no keys, caller workspace, the conveniences against the plan path).
+ * version, NULL handling, dtype queries, the bf16/f16 conversions (every pattern, and random f32
+ * values against round-to-nearest-even by definition), the tensor shapes of a problem, logging,
+ * every invalid input of SPEC.md "Errors" (refused with INVALID_ARGUMENT, a message naming the
+ * argument, and nothing written), the valid edge problems (empty, no keys, caller workspace, the
+ * conveniences against the plan path), and a broadcast 1-D input.
  *
  * Every refusal is checked the same way: all buffers of the run (inputs and outputs) are filled
  * first, snapshotted, and compared byte for byte afterwards, so a call that did some work before
@@ -313,6 +315,220 @@ static void test_dtypes(void) {
            "dtype COUNT: size 0, name \"unknown\"");
   tu_check(attn_dtype_size((attn_dtype)-1) == 0 && strcmp(attn_dtype_name((attn_dtype)-1), "unknown") == 0,
            "dtype -1: size 0, name \"unknown\"");
+}
+
+/* ---- conversions ------------------------------------------------------------------------- */
+
+static float f32_of_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static uint32_t bits_of_f32(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+/* IEEE binary16 decoded by its definition, independently of the library. */
+static double f16_value(uint16_t h) {
+  int sign = h >> 15, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
+  return sign ? -v : v;
+}
+
+static double bf16_value(uint16_t h) { return (double)f32_of_bits((uint32_t)h << 16); }
+
+/* Whether h is x rounded to nearest, ties to even, among the finite patterns of a 16-bit format
+ * (or its infinity past the largest finite value plus half an ulp): compared with both neighbours
+ * of h in magnitude. */
+static int nearest_even(double (*value)(uint16_t), uint16_t h, float x, uint16_t inf_bits) {
+  double ax = fabs((double)x);
+  uint16_t mag = h & 0x7fff;
+  if (((h >> 15) != 0) != (signbit(x) != 0)) return 0;
+  if (mag == inf_bits) { /* overflow: x must be at least max + ulp / 2 */
+    double max = value((uint16_t)(inf_bits - 1)), below = value((uint16_t)(inf_bits - 2));
+    return ax >= max + (max - below) / 2;
+  }
+  double d = fabs(ax - value(mag));
+  if (mag > 0 && fabs(ax - value((uint16_t)(mag - 1))) < d) return 0;
+  double up = fabs(ax - value((uint16_t)(mag + 1)));
+  if (mag + 1 < inf_bits && up < d) return 0;
+  if ((mag > 0 && fabs(ax - value((uint16_t)(mag - 1))) == d) || up == d) return (mag & 1) == 0;
+  return 1;
+}
+
+static void test_conversions(tu_rng *rng) {
+  /* known values: exact ones, the ties of round-to-nearest-even, overflow, NaN */
+  tu_check(attn_f32_to_bf16(1.0f) == 0x3f80 && attn_f32_to_bf16(-2.0f) == 0xc000 &&
+               attn_bf16_to_f32(0x3f80) == 1.0f && attn_bf16_to_f32(0xc0a0) == -5.0f,
+           "bf16: exact values");
+  tu_check(attn_f32_to_bf16(f32_of_bits(0x3f808000u)) == 0x3f80 &&
+               attn_f32_to_bf16(f32_of_bits(0x3f818000u)) == 0x3f82 &&
+               attn_f32_to_bf16(f32_of_bits(0x3f808001u)) == 0x3f81,
+           "bf16: a tie rounds to the even neighbour, past the tie rounds up");
+  tu_check(attn_f32_to_bf16(f32_of_bits(0x7f7fffffu)) == 0x7f80 &&
+               attn_f32_to_bf16(INFINITY) == 0x7f80 && attn_f32_to_bf16(-INFINITY) == 0xff80,
+           "bf16: the largest f32 rounds to infinity");
+  tu_check(isnan(attn_bf16_to_f32(attn_f32_to_bf16(NAN))) &&
+               isnan(attn_bf16_to_f32(attn_f32_to_bf16(f32_of_bits(0x7f800001u)))),
+           "bf16: NaN stays NaN (also one whose payload would truncate to infinity)");
+  tu_check(attn_f32_to_f16(1.0f) == 0x3c00 && attn_f32_to_f16(65504.0f) == 0x7bff &&
+               attn_f32_to_f16(-0.5f) == 0xb800 && attn_f16_to_f32(0x3c01) == 1.0f + 0x1p-10f,
+           "f16: exact values");
+  tu_check(attn_f32_to_f16(65520.0f) == 0x7c00 && attn_f32_to_f16(65519.0f) == 0x7bff &&
+               attn_f32_to_f16(1e10f) == 0x7c00 && attn_f32_to_f16(-1e10f) == 0xfc00,
+           "f16: 65520 (the tie past the largest finite value) and beyond overflow to infinity");
+  tu_check(attn_f32_to_f16(0x1p-24f) == 0x0001 && attn_f32_to_f16(0x1p-25f) == 0x0000 &&
+               attn_f32_to_f16(0x3p-25f) == 0x0002 && attn_f16_to_f32(0x0001) == 0x1p-24f &&
+               attn_f32_to_f16(1.0f + 0x1p-11f) == 0x3c00 &&
+               attn_f32_to_f16(1.0f + 0x3p-11f) == 0x3c02,
+           "f16: subnormals and ties round to nearest even");
+  tu_check(isnan(attn_f16_to_f32(attn_f32_to_f16(NAN))), "f16: NaN stays NaN");
+
+  /* every 16-bit pattern decodes to its definition and encodes back to itself */
+  int bad_bf16 = -1, bad_f16 = -1;
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    uint16_t b = (uint16_t)h;
+    float fb = attn_bf16_to_f32(b), fh = attn_f16_to_f32(b);
+    if (!isnan(fb) && (attn_f32_to_bf16(fb) != b || (double)fb != bf16_value(b)) && bad_bf16 < 0)
+      bad_bf16 = (int)h;
+    int h_nan = ((h >> 10) & 0x1f) == 31 && (h & 0x3ff) != 0;
+    if (!h_nan && (attn_f32_to_f16(fh) != b || (double)fh != f16_value(b)) && bad_f16 < 0)
+      bad_f16 = (int)h;
+  }
+  tu_check(bad_bf16 < 0, "bf16: all 65536 patterns decode exactly and round-trip (first bad: %d)",
+           bad_bf16);
+  tu_check(bad_f16 < 0, "f16: all 65536 patterns decode exactly and round-trip (first bad: %d)",
+           bad_f16);
+
+  /* random f32 values over every exponent: each rounds to its nearest pattern, ties to even */
+  int bad = 0;
+  float first_bad = 0.0f;
+  for (int i = 0; i < 200000 && bad == 0; ++i) {
+    uint32_t u = (uint32_t)tu_int(rng, 0, 0xffffffffLL);
+    if (i % 4 == 0) u &= 0xffff8000u, u |= 0x8000u * (uint32_t)(i % 8 == 0); /* exact ties */
+    float x = f32_of_bits(u);
+    if (isnan(x) || isinf(x)) continue;
+    if (!nearest_even(bf16_value, attn_f32_to_bf16(x), x, 0x7f80) ||
+        (fabsf(x) < 1e6f && !nearest_even(f16_value, attn_f32_to_f16(x), x, 0x7c00)) ||
+        (fabsf(x) >= 1e6f && (attn_f32_to_f16(x) & 0x7fff) != 0x7c00))
+      bad = 1, first_bad = x;
+  }
+  tu_check(!bad, "random f32 values round to the nearest bf16 and f16, ties to even (first bad: "
+                 "%a, bits %08x)",
+           first_bad, (unsigned)bits_of_f32(first_bad));
+}
+
+/* ---- tensor shapes of a problem ------------------------------------------------------------- */
+
+static void test_tensor_shapes(attn_ctx *ctx) {
+  attn_problem p;
+  attn_problem_init(&p);
+  p.dtype = ATTN_DTYPE_BF16;
+  p.batch = 2, p.seqlen_q = 5, p.seqlen_k = 7, p.heads_q = 6, p.heads_kv = 2, p.head_dim = 8;
+  p.head_dim_v = 4;
+  static const struct {
+    attn_role role;
+    int32_t ndim;
+    int64_t shape[4];
+    attn_dtype dtype;
+  } want[] = {
+      {ATTN_ROLE_Q, 4, {2, 5, 6, 8}, ATTN_DTYPE_BF16},
+      {ATTN_ROLE_K, 4, {2, 7, 2, 8}, ATTN_DTYPE_BF16},
+      {ATTN_ROLE_V, 4, {2, 7, 2, 4}, ATTN_DTYPE_BF16},
+      {ATTN_ROLE_OUT, 4, {2, 5, 6, 4}, ATTN_DTYPE_BF16},
+      {ATTN_ROLE_LSE, 3, {2, 6, 5, 1}, ATTN_DTYPE_F32}, /* f32 for a bf16 problem */
+      {ATTN_ROLE_DOUT, 4, {2, 5, 6, 4}, ATTN_DTYPE_BF16},
+      {ATTN_ROLE_DQ, 4, {2, 5, 6, 8}, ATTN_DTYPE_BF16},
+      {ATTN_ROLE_DK, 4, {2, 7, 2, 8}, ATTN_DTYPE_BF16},
+      {ATTN_ROLE_DV, 4, {2, 7, 2, 4}, ATTN_DTYPE_BF16},
+      {ATTN_ROLE_BIAS, 0, {1, 1, 1, 1}, ATTN_DTYPE_F32}, /* unused: no has_bias */
+      {ATTN_ROLE_PROBS, 0, {1, 1, 1, 1}, ATTN_DTYPE_BF16}, /* unused: the flash operation */
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; ++i) {
+    int32_t ndim = -1;
+    int64_t shape[4] = {-1, -1, -1, -1}, numel = -1, expect = want[i].ndim == 0 ? 0 : 1;
+    attn_dtype dtype = ATTN_DTYPE_COUNT;
+    attn_status s = attn_problem_tensor(ctx, &p, want[i].role, &ndim, shape, &numel, &dtype);
+    for (int d = 0; d < want[i].ndim; ++d) expect *= want[i].shape[d];
+    tu_check(s == ATTN_STATUS_OK && ndim == want[i].ndim &&
+                 memcmp(shape, want[i].shape, sizeof shape) == 0 && numel == expect &&
+                 attn_problem_numel(&p, want[i].role) == expect && dtype == want[i].dtype,
+             "tensor %s of a bf16 GQA problem: ndim %d shape [%lld, %lld, %lld, %lld] numel %lld "
+             "dtype %s (want ndim %d, numel %lld, %s)",
+             attn_role_name(want[i].role), ndim, (long long)shape[0], (long long)shape[1],
+             (long long)shape[2], (long long)shape[3], (long long)numel, attn_dtype_name(dtype),
+             want[i].ndim, (long long)expect, attn_dtype_name(want[i].dtype));
+  }
+  /* a bias, the SDPA probabilities, packed varlen */
+  p.has_bias = 1, p.bias_dtype = ATTN_DTYPE_BF16;
+  p.bias_shape[0] = 1, p.bias_shape[1] = 6, p.bias_shape[2] = 5, p.bias_shape[3] = 7;
+  p.operation = ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION;
+  tu_check(attn_problem_numel(&p, ATTN_ROLE_BIAS) == 210 &&
+               attn_problem_numel(&p, ATTN_ROLE_DBIAS) == 210 &&
+               attn_problem_numel(&p, ATTN_ROLE_PROBS) == 2 * 6 * 5 * 7,
+           "bias [1, 6, 5, 7] and the probabilities [2, 6, 5, 7] counted");
+  attn_problem_init(&p);
+  p.batch = 3, p.seqlen_q = 9, p.seqlen_k = 11, p.heads_q = 4, p.heads_kv = 4, p.head_dim = 16;
+  p.varlen = ATTN_VARLEN_PACKED, p.total_q = 20, p.total_k = 25;
+  int32_t ndim = 0;
+  int64_t shape[4];
+  attn_status s = attn_problem_tensor(ctx, &p, ATTN_ROLE_Q, &ndim, shape, NULL, NULL);
+  tu_check(s == ATTN_STATUS_OK && ndim == 3 && shape[0] == 20 && shape[1] == 4 &&
+               shape[2] == 16 && shape[3] == 1 && attn_problem_numel(&p, ATTN_ROLE_LSE) == 4 * 20,
+           "packed varlen: q is [total_q, Hq, D], lse [Hq, total_q]");
+  /* refusals */
+  p.heads_q = 6;
+  s = attn_problem_tensor(ctx, &p, ATTN_ROLE_Q, NULL, NULL, NULL, NULL);
+  tu_check(s == ATTN_STATUS_INVALID_ARGUMENT && has_word(attn_ctx_last_error(ctx), "heads_q") &&
+               attn_problem_numel(&p, ATTN_ROLE_Q) == -1,
+           "an invalid problem is refused naming the rule (%s)", attn_ctx_last_error(ctx));
+  p.heads_q = 4;
+  s = attn_problem_tensor(ctx, &p, ATTN_ROLE_COUNT, NULL, NULL, NULL, NULL);
+  tu_check(s == ATTN_STATUS_INVALID_ARGUMENT && has_word(attn_ctx_last_error(ctx), "role") &&
+               attn_problem_numel(&p, (attn_role)-1) == -1 &&
+               attn_problem_numel(NULL, ATTN_ROLE_Q) == -1,
+           "a role outside the enum is refused (%s)", attn_ctx_last_error(ctx));
+  tu_check(attn_problem_tensor(ctx, &p, ATTN_ROLE_Q, NULL, NULL, NULL, NULL) == ATTN_STATUS_OK &&
+               attn_ctx_last_error(ctx)[0] == '\0',
+           "a successful query clears the last error");
+  tu_check(strcmp(attn_role_name(ATTN_ROLE_ALIBI), "alibi_slopes") == 0 &&
+               strcmp(attn_role_name(ATTN_ROLE_DSINKS), "dsinks") == 0 &&
+               strcmp(attn_role_name(ATTN_ROLE_COUNT), "unknown") == 0,
+           "role names are the struct fields'");
+}
+
+/* All-zero strides mean dense, so a 1-D input broadcast along its only dimension marks its strides
+ * explicit with a nonzero entry past its last dimension (attn.h, "Strides"): ALiBi slopes [Hq]
+ * read as {0, 1, 0, 0} give what slopes written out for every head give. */
+static void test_broadcast_strides(attn_ctx *ctx, tu_rng *rng) {
+  enum { T = 9, H = 3, D = 8 };
+  float q[T * H * D], k[T * H * D], v[T * H * D], out_b[T * H * D], out_d[T * H * D];
+  float one_slope = 0.25f, slopes[H] = {0.25f, 0.25f, 0.25f};
+  for (int i = 0; i < T * H * D; ++i)
+    q[i] = (float)tu_uniform(rng, -1, 1), k[i] = (float)tu_uniform(rng, -1, 1),
+    v[i] = (float)tu_uniform(rng, -1, 1);
+  attn_problem p;
+  attn_problem_init(&p);
+  p.batch = 1, p.seqlen_q = T, p.seqlen_k = T, p.heads_q = H, p.heads_kv = H, p.head_dim = D;
+  p.causal = 1, p.alibi = ATTN_ALIBI_PER_HEAD;
+  attn_inputs in;
+  attn_inputs_init(&in);
+  in.q = attn_tensor_dense(q), in.k = attn_tensor_dense(k), in.v = attn_tensor_dense(v);
+  in.alibi_slopes = attn_tensor_dense(slopes);
+  attn_outputs o;
+  attn_outputs_init(&o);
+  o.out = attn_tensor_dense(out_d);
+  attn_status s1 = attn_forward(ctx, &p, &in, &o);
+  in.alibi_slopes.data = &one_slope;
+  in.alibi_slopes.stride[0] = 0, in.alibi_slopes.stride[1] = 1;
+  o.out = attn_tensor_dense(out_b);
+  attn_status s2 = attn_forward(ctx, &p, &in, &o);
+  tu_check(s1 == ATTN_STATUS_OK && s2 == ATTN_STATUS_OK && memcmp(out_b, out_d, sizeof out_b) == 0,
+           "one ALiBi slope broadcast over the heads with strides {0, 1, 0, 0} (%s)",
+           attn_ctx_last_error(ctx));
 }
 
 /* ---- logging ------------------------------------------------------------------------------- */
@@ -975,6 +1191,7 @@ int main(void) {
   test_version();
   test_null_handling();
   test_dtypes();
+  test_conversions(&rng);
   test_logging();
 
   attn_ctx *ctx = NULL;
@@ -991,6 +1208,8 @@ int main(void) {
   test_interleaved_grads(ctx, &rng);
   test_edges(ctx, &f, &rng);
   test_registry(ctx);
+  test_tensor_shapes(ctx);
+  test_broadcast_strides(ctx, &rng);
   fixture_free(&f);
   attn_ctx_destroy(ctx);
   return tu_finish();

@@ -99,7 +99,7 @@ expect 0 "attn bench (table)" "$ATTN" bench --reps 2 --min-time 0 "$P1"
 has "^  ref +default +ok .* [0-9]+\.[0-9] " "bench prints a checked, timed row"
 has "^machine: .*f32 FMA peak [0-9.]+ GFLOP/s per thread" "bench states the machine and its measured peak"
 expect 0 "attn bench --csv" "$ATTN" bench --csv --reps 2 --min-time 0 "$P1" "$P2"
-has "^problem,impl,config,check,err_over_tol,median_us,gflops,peak_fraction,runs$" "csv header"
+has "^problem,impl,config,check,err_over_tol,median_us,gflops,peak_fraction,runs,checked_query_rows,query_rows,checked_key_rows,key_rows$" "csv header"
 has "^\"$P2\",ref,default,ok," "csv rows quote the problem"
 [ "$(grep -c ',ref,' "$DIR/out")" -eq 2 ] && ok "one csv row per problem and candidate" || bad "csv rows"
 expect 0 "attn bench --json --backward" "$ATTN" bench --json --backward --reps 1 --min-time 0 "$P1"
@@ -110,6 +110,22 @@ if command -v python3 >/dev/null 2>&1; then
     && ok "the json output parses" || bad "the json output does not parse"
 fi
 expect 2 "--csv and --json exclude each other" "$ATTN" bench --csv --json "$P1"
+
+# The reference once per problem; every row of a small problem, a seeded sample of a large one
+# (ATTN_BENCH_ROWS=N asks for a sample of N here, so a small problem takes the sampled path).
+# tools/test_harness.c corrupts sampled rows and expects the check to fail.
+P3="b2 hq4 hkv2 sq150 sk140 d16 f32 causal"
+expect 0 "bench checks every row of a small problem" "$ATTN" bench --reps 1 --min-time 0 --impl ref "$P1"
+has "^  checked against the f64 reference: every row$" "bench says every row was checked"
+expect 0 "bench of a sampled problem" env ATTN_BENCH_ROWS=24 "$ATTN" bench --reps 1 --min-time 0 --warmup 0 --impl cpu "$P3"
+has "^  checked against the f64 reference: [0-9]+ of 1200 query rows \(sampled, seed 1\)$" "bench says how many rows it sampled"
+has "^  cpu +bq32_bk64 +ok " "the sampled check passes a correct implementation"
+expect 0 "bench --backward of a sampled problem" env ATTN_BENCH_ROWS=24 "$ATTN" bench --backward --json --seed 5 --reps 1 --min-time 0 --warmup 0 --impl ref "$P3"
+has "\"checked_query_rows\": [0-9]+, \"query_rows\": 1200, \"checked_key_rows\": [1-9][0-9]*, \"key_rows\": 560, \"check_seed\": 5" "json gives the checked query and key rows and the seed"
+expect 0 "check compares every row whatever ATTN_BENCH_ROWS says" env ATTN_BENCH_ROWS=24 "$ATTN" check --impl ref "$P3"
+has "^  checked against the f64 reference: every row$" "check says every row was checked"
+expect 2 "a bad ATTN_BENCH_ROWS is a usage error" env ATTN_BENCH_ROWS=some "$ATTN" bench "$P1"
+has "ATTN_BENCH_ROWS=some" "the message names the variable" "$DIR/err"
 
 # tune: with one configuration per implementation there may be nothing to time; either way the
 # command succeeds, reports what it chose, and only measured results reach the cache file.

@@ -20,7 +20,7 @@ VARLEN="b3 hq4 hkv2 sq40 sk40 d64 bf16 causal varlen=packed:100,110 device=cuda"
 if ! "$ATTN" info >"$DIR/info" 2>&1 || ! grep -q "^gpu 0: " "$DIR/info"; then
   sed 's/^/  | /' "$DIR/info"
   expect 3 "a GPU problem without a usable GPU is a library error" "$ATTN" check "$FWD"
-  has "^attn: \"$FWD\": .*(CUDA runtime|CUDA device)" "the one line names the problem and the reason" "$DIR/err"
+  has "^attn: \"$FWD\": .*(GPU module|CUDA device)" "the one line names the problem and the reason" "$DIR/err"
   [ "$(wc -l <"$DIR/err")" -eq 1 ] && ok "the refusal is one line" || bad "the refusal is one line"
   echo "SKIP: no usable GPU ($(grep '^gpus' "$DIR/info"))"
   echo "$pass passed, $fail failed"
@@ -43,11 +43,16 @@ has "^gpu 0: cuda " "bench states the GPU"
 has "TFLOP/s +%peak" "a GPU table counts TFLOP/s"
 has "^  cuda +deterministic +ok .* [0-9]+\.[0-9]{3} +- +[0-9]+$" "a GPU row is timed, without %peak"
 expect 0 "attn bench --csv on the GPU" "$ATTN" bench --csv --impl cuda --reps 2 --min-time 0 "$FWD"
-has "^\"$FWD\",cuda,deterministic,ok,[^,]+,[0-9.]+,[0-9.e+]+,,[0-9]+$" "csv: peak_fraction empty"
+has "^\"$FWD\",cuda,deterministic,ok,[^,]+,[0-9.]+,[0-9.e+]+,,[0-9]+,1232,1232,0,0$" "csv: peak_fraction empty, every row checked"
 expect 0 "attn bench --json --backward on the GPU" "$ATTN" bench --json --backward --impl cuda --reps 2 --min-time 0 "$BWD"
 if command -v python3 >/dev/null 2>&1; then
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d and all(r["median_us"] > 0 and r["peak_fraction"] is None for r in d)' "$DIR/out" \
     && ok "json parses, times every row, peak_fraction null" || bad "json output"
 fi
+# The sampled check of a large problem, asked for here on small ones (ATTN_BENCH_ROWS): the device's
+# outputs compared on the sampled query rows and, backward, on a slice's key rows.
+expect 0 "attn bench --backward, sampled, on the GPU" env ATTN_BENCH_ROWS=24 "$ATTN" bench --backward --impl cuda --reps 1 --min-time 0 "$BWD"
+has "^  checked against the f64 reference: [0-9]+ of 333 query rows and [0-9]+ of 159 key rows \(sampled, seed 1\)$" "bench says which rows it sampled"
+has "^  cuda +deterministic +ok " "the sampled check passes the cuda implementation"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -21,6 +21,14 @@
  * with dbias). Autotuning across implementations: a causal GQA problem tuned forward + backward
  * times cudnn's and cuda's configurations and the winner passes the reference check.
  *
+ * Graph cache (src/impl/cudnn/cudnn_cache.c), first of all so the process's first plan is timed:
+ * a second plan of a shape builds no graph (the cache's counters say so) and is made in a fraction
+ * of the first one's time (both printed), both plans pass the reference check with the same
+ * forward bits, a strided layout's graphs are shared too, and graphs evicted (bound 0) while plans
+ * hold them keep running for those plans and are freed with the last of them; 4 threads, each with
+ * its own context, plan, handle and stream, run one shared graph at once and get the bits of a
+ * single-threaded run.
+ *
  * ATTN_CUDNN_QUICK=1 runs three small cases only (for compute-sanitizer).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -37,7 +45,11 @@
 
 #ifdef ATTN_HAVE_CUDNN
 #include "gputest.h"
+#include "impl/cudnn/cudnn_graph.h" /* the graph cache's counters */
+#include "module/module.h"
 #include <cudnn_backend.h>
+#include <pthread.h>
+#include <time.h>
 #endif
 
 #ifndef ATTN_HAVE_CUDNN
@@ -51,7 +63,7 @@ int main(void) {
 
 static attn_ctx *ctx;
 
-/* ---- unsupported problems: checked with or without a GPU --------------------------------------- */
+/* ---- unsupported problems: checked with or without a GPU ------------------------------------- */
 
 static void test_unsupported(void) {
   attn_problem base = tu_gpu_problem(2, 64, 64, 4, 4, 64, ATTN_DTYPE_BF16), p;
@@ -74,8 +86,8 @@ static void test_unsupported(void) {
   tu_gpu_expect_unsupported(ctx, "cudnn", "alibi per batch", p, "alibi");
   p = base, p.alibi = ATTN_ALIBI_PER_HEAD;
   tu_gpu_expect_unsupported(ctx, "cudnn", "alibi without causal", p, "alibi");
-  p = base, p.has_bias = 1, p.bias_dtype = ATTN_DTYPE_F32, p.bias_shape[0] = 1,
-  p.bias_shape[1] = 1, p.bias_shape[2] = 64, p.bias_shape[3] = 64;
+  p = base, p.has_bias = 1, p.bias_dtype = ATTN_DTYPE_F32, p.bias_shape[0] = 1, p.bias_shape[1] = 1,
+  p.bias_shape[2] = 64, p.bias_shape[3] = 64;
   tu_gpu_expect_unsupported(ctx, "cudnn", "f32 bias", p, "bias_dtype");
   p = base, p.heads_kv = 2, p.has_bias = 1, p.bias_dtype = ATTN_DTYPE_BF16, p.bias_shape[0] = 1,
   p.bias_shape[1] = 2, p.bias_shape[2] = 64, p.bias_shape[3] = 64;
@@ -99,7 +111,7 @@ static void test_unsupported(void) {
 
 typedef struct hcase {
   char name[96];
-  attn_problem p; /* dtype f16/bf16, device CUDA */
+  attn_problem p;                    /* dtype f16/bf16, device CUDA */
   tu_buf q, k, v, dout, bias, alibi; /* q..dout, bias in p.dtype; alibi f32 */
   int32_t seqlens_q[64], seqlens_k[64];
   int bhsd;       /* q, k, v, out, dout and grads in [B, H, T, D] memory order */
@@ -508,11 +520,12 @@ static void test_grid(int quick) {
   run_random("long causal 1000", p, 0, 0, 0, NULL, NULL);
   p = tu_gpu_problem(2, 96, 96, 4, 2, 64, F16), p.causal = 1;
   run_random("strided [B,H,T,D] layout", p, 1, 0, 0, NULL, NULL);
-  p = tu_gpu_problem(2, 63, 65, 2, 2, 64, BF), p.operation = ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION;
+  p = tu_gpu_problem(2, 63, 65, 2, 2, 64, BF),
+  p.operation = ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION;
   run_random("sdpa operation, no lse", p, 0, 1, 0, NULL, NULL);
 }
 
-/* ---- determinism ------------------------------------------------------------------------------ */
+/* ---- determinism ----------------------------------------------------------------------------- */
 
 static int same_bits(const tu_buf *a, const tu_buf *b) {
   return a->n == b->n && a->dtype == b->dtype &&
@@ -575,6 +588,227 @@ static void test_determinism(void) {
     }
     hcase_free(&c);
   }
+}
+
+/* ---- the graph cache ------------------------------------------------------------------------- */
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* The cache lives in the module libattn_cudnn.so, which exports nothing but its table: the table's
+ * test hooks reach it. */
+static const attn_cudnn_test_hooks *cache_hooks(void) {
+  const attn_module_table *t = attn_module_table_named("cudnn");
+  if (t == NULL || t->test_hooks == NULL) {
+    fprintf(stderr, "FATAL: the cudnn module is not loaded or has no test hooks\n");
+    exit(1);
+  }
+  return (const attn_cudnn_test_hooks *)t->test_hooks;
+}
+
+static attn_cudnn_cache_stats cache_stats(void) {
+  attn_cudnn_cache_stats s;
+  cache_hooks()->cache_stats(&s);
+  return s;
+}
+
+/* A plan of p timed on the wall clock, in *ms. */
+static attn_plan *timed_plan(const char *name, const attn_problem *p, double *ms) {
+  double t0 = now_ms();
+  attn_plan *plan = cudnn_plan(name, p, "atomic");
+  *ms = now_ms() - t0;
+  return plan;
+}
+
+static void test_graph_cache(void) {
+  const char *name = "graph cache gqa 8/2 causal 96x160 d64";
+  attn_problem p = tu_gpu_problem(2, 96, 160, 8, 2, 64, ATTN_DTYPE_BF16);
+  p.causal = 1;
+  hcase c;
+  memset(&c, 0, sizeof c);
+  snprintf(c.name, sizeof c.name, "%s", name);
+  c.p = p;
+  fill(&c);
+
+  attn_cudnn_cache_stats s0 = cache_stats();
+  double first_ms, second_ms;
+  attn_plan *first = timed_plan(name, &p, &first_ms);
+  attn_cudnn_cache_stats s1 = cache_stats();
+  attn_plan *second = timed_plan(name, &p, &second_ms);
+  attn_cudnn_cache_stats s2 = cache_stats();
+  printf("%s: plan creation: first %.1f ms (%llu graphs built), second %.3f ms (%llu built, %llu "
+         "taken from the cache); cache bound %zu\n",
+         name, first_ms, (unsigned long long)(s1.builds - s0.builds), second_ms,
+         (unsigned long long)(s2.builds - s1.builds), (unsigned long long)(s2.hits - s1.hits),
+         s2.capacity);
+  if (first == NULL || second == NULL) {
+    attn_plan_destroy(first), attn_plan_destroy(second), hcase_free(&c);
+    return;
+  }
+  tu_check(s1.builds - s0.builds == 2,
+           "%s: the first plan builds its forward and backward graphs "
+           "(%llu built)",
+           name, (unsigned long long)(s1.builds - s0.builds));
+  tu_check(s2.builds == s1.builds && s2.hits - s1.hits == 2,
+           "%s: the second plan builds nothing and takes both graphs from the cache (%llu built, "
+           "%llu hits)",
+           name, (unsigned long long)(s2.builds - s1.builds),
+           (unsigned long long)(s2.hits - s1.hits));
+  tu_check(second_ms * 4 < first_ms,
+           "%s: the second plan takes a fraction of the first's time "
+           "(%.3f ms against %.1f ms)",
+           name, second_ms, first_ms);
+
+  /* Both plans are right, and the shared forward graph gives both the same bits. */
+  check_case(&c, ctx, first);
+  check_case(&c, ctx, second);
+  results r1, r2;
+  if (run_plan(name, &c, ctx, first, &r1, NULL) && run_plan(name, &c, ctx, second, &r2, NULL))
+    tu_check(same_bits(&r1.out, &r2.out) && same_bits(&r1.lse, &r2.lse),
+             "%s: both plans give the same out and lse bits", name);
+  results_free(&r1), results_free(&r2);
+
+  /* A strided layout: the first plan builds its graphs at run time, the second shares them. */
+  c.bhsd = 1;
+  attn_cudnn_cache_stats s3 = cache_stats();
+  check_case(&c, ctx, first);
+  attn_cudnn_cache_stats s4 = cache_stats();
+  check_case(&c, ctx, second);
+  attn_cudnn_cache_stats s5 = cache_stats();
+  tu_check(s4.builds - s3.builds == 2 && s5.builds == s4.builds && s5.hits - s4.hits == 2,
+           "%s: a [B, H, T, D] layout's graphs are built once and shared (built %llu then %llu)",
+           name, (unsigned long long)(s4.builds - s3.builds),
+           (unsigned long long)(s5.builds - s4.builds));
+  c.bhsd = 0;
+
+  /* Bound 0: every graph leaves the cache at once, but the plans still hold and run theirs. */
+  cache_hooks()->cache_set_capacity(0);
+  attn_cudnn_cache_stats s6 = cache_stats();
+  tu_check(s6.entries == 0 && s6.detached >= 4,
+           "%s: bound 0 empties the cache; the plans' graphs stay alive (%zu entries, %zu held)",
+           name, s6.entries, s6.detached);
+  check_case(&c, ctx, first);
+  c.bhsd = 1;
+  check_case(&c, ctx, second);
+  c.bhsd = 0;
+  double third_ms;
+  attn_plan *third = timed_plan(name, &p, &third_ms);
+  attn_cudnn_cache_stats s7 = cache_stats();
+  printf("%s: plan creation with bound 0 (a warm process builds both graphs): %.1f ms\n", name,
+         third_ms);
+  tu_check(s7.builds - s6.builds == 2, "%s: with bound 0 a new plan builds its own graphs (%llu)",
+           name, (unsigned long long)(s7.builds - s6.builds));
+  if (third != NULL) check_case(&c, ctx, third);
+  attn_plan_destroy(first);
+  check_case(&c, ctx, second); /* the graphs it shared with the destroyed plan are still there */
+  attn_plan_destroy(second);
+  attn_plan_destroy(third);
+  attn_cudnn_cache_stats s8 = cache_stats();
+  tu_check(s8.detached == 0 && s8.frees - s6.frees >= 6,
+           "%s: the evicted graphs are freed with the last plan holding them (%zu held, %llu "
+           "freed)",
+           name, s8.detached, (unsigned long long)(s8.frees - s6.frees));
+  cache_hooks()->cache_set_capacity(s0.capacity);
+  hcase_free(&c);
+}
+
+/* One thread of test_graph_cache_threads: its own context and plan (sharing the cached graphs),
+ * stream, workspace and copies of the inputs; 20 forward passes; the last out must equal `expect`
+ * bit for bit. Failures go to why (tu_check is not thread-safe). */
+typedef struct shared_graph_run {
+  const hcase *c;
+  const tu_buf *expect;
+  int ok;
+  char why[256];
+} shared_graph_run;
+
+static void *shared_graph_thread(void *arg) {
+  shared_graph_run *r = arg;
+  const attn_problem *p = &r->c->p;
+  r->ok = 0;
+  attn_ctx *tctx = NULL;
+  if (attn_ctx_create(&tctx) != ATTN_STATUS_OK) {
+    snprintf(r->why, sizeof r->why, "attn_ctx_create failed");
+    return NULL;
+  }
+  attn_select sel;
+  attn_select_init(&sel);
+  sel.impl = "cudnn", sel.config = "atomic";
+  attn_plan *plan = NULL;
+  if (attn_plan_create(tctx, p, &sel, &plan) != ATTN_STATUS_OK) {
+    snprintf(r->why, sizeof r->why, "plan: %s", attn_ctx_last_error(tctx));
+    attn_ctx_destroy(tctx);
+    return NULL;
+  }
+  tu_gpu_exec exec = tu_gpu_exec_create(plan);
+  gtensor q = g_alloc(p, ATTN_ROLE_Q, 0, &r->c->q), k = g_alloc(p, ATTN_ROLE_K, 0, &r->c->k),
+          v = g_alloc(p, ATTN_ROLE_V, 0, &r->c->v), out = g_alloc(p, ATTN_ROLE_OUT, 0, NULL),
+          lse = g_alloc(p, ATTN_ROLE_LSE, 0, NULL);
+  attn_inputs in;
+  attn_inputs_init(&in);
+  in.q = q.t, in.k = k.t, in.v = v.t;
+  attn_outputs o;
+  attn_outputs_init(&o);
+  o.out = out.t, o.lse = lse.t;
+  attn_status st = ATTN_STATUS_OK;
+  for (int i = 0; i < 20 && st == ATTN_STATUS_OK; ++i)
+    st = attn_plan_forward(plan, &in, exec.workspace, exec.workspace_size, &o);
+  TU_CUDA_CHECK(cudaStreamSynchronize(exec.stream));
+  if (st != ATTN_STATUS_OK) {
+    snprintf(r->why, sizeof r->why, "forward: %s", attn_ctx_last_error(tctx));
+  } else {
+    tu_buf got = g_fetch(&out, (attn_dtype)p->dtype);
+    r->ok = same_bits(&got, r->expect);
+    if (!r->ok) snprintf(r->why, sizeof r->why, "out differs from the single-threaded run's");
+    tu_buf_free(&got);
+  }
+  g_free(&q), g_free(&k), g_free(&v), g_free(&out), g_free(&lse);
+  tu_gpu_exec_destroy(&exec);
+  attn_plan_destroy(plan);
+  attn_ctx_destroy(tctx);
+  return NULL;
+}
+
+static void test_graph_cache_threads(void) {
+  const char *name = "graph cache, 4 threads sharing one graph, b2 h8/2 causal 200x200 d64";
+  hcase c;
+  memset(&c, 0, sizeof c);
+  snprintf(c.name, sizeof c.name, "%s", name);
+  c.p = tu_gpu_problem(2, 200, 200, 8, 2, 64, ATTN_DTYPE_BF16);
+  c.p.causal = 1;
+  c.no_lse = 1; /* forward only: the single-threaded run below */
+  fill(&c);
+  attn_plan *plan = cudnn_plan(name, &c.p, "atomic");
+  results single;
+  if (plan == NULL || !run_plan(name, &c, ctx, plan, &single, NULL)) {
+    attn_plan_destroy(plan);
+    hcase_free(&c);
+    return;
+  }
+  attn_cudnn_cache_stats before = cache_stats();
+  enum { NTHREADS = 4 };
+  pthread_t threads[NTHREADS];
+  shared_graph_run runs[NTHREADS];
+  for (int i = 0; i < NTHREADS; ++i) {
+    memset(&runs[i], 0, sizeof runs[i]);
+    runs[i].c = &c, runs[i].expect = &single.out;
+    pthread_create(&threads[i], NULL, shared_graph_thread, &runs[i]);
+  }
+  for (int i = 0; i < NTHREADS; ++i) {
+    pthread_join(threads[i], NULL);
+    tu_check(runs[i].ok, "%s: thread %d: %s", name, i, runs[i].ok ? "same bits" : runs[i].why);
+  }
+  attn_cudnn_cache_stats after = cache_stats();
+  tu_check(after.builds == before.builds && after.hits - before.hits >= NTHREADS,
+           "%s: the threads' plans built nothing (%llu built, %llu hits)", name,
+           (unsigned long long)(after.builds - before.builds),
+           (unsigned long long)(after.hits - before.hits));
+  results_free(&single);
+  attn_plan_destroy(plan);
+  hcase_free(&c);
 }
 
 /* ---- the executor across implementations ----------------------------------------------------- */
@@ -653,7 +887,8 @@ static void test_run_checks(void) {
   char *b = buf;
   attn_inputs in;
   attn_inputs_init(&in);
-  in.q = attn_tensor_dense(b), in.k = attn_tensor_dense(b + 65536), in.v = attn_tensor_dense(b + 131072);
+  in.q = attn_tensor_dense(b), in.k = attn_tensor_dense(b + 65536),
+  in.v = attn_tensor_dense(b + 131072);
   attn_outputs o;
   attn_outputs_init(&o);
   o.out = attn_tensor_dense(b + 262144);
@@ -698,7 +933,7 @@ static void test_run_checks(void) {
   cudaFree(buf);
 }
 
-/* ---- golden cases ------------------------------------------------------------------------------ */
+/* ---- golden cases ---------------------------------------------------------------------------- */
 
 static double *read_f64(const char *dir, const char *file, int64_t n) {
   char path[1200];
@@ -742,23 +977,38 @@ static int parse_case(const char *dir, hcase *c, int *has_dbias) {
     const char *v = line + off;
     long long a[4] = {0, 0, 0, 0};
     int n = sscanf(v, "%lld %lld %lld %lld", &a[0], &a[1], &a[2], &a[3]);
-    if (!strcmp(key, "name")) snprintf(c->name, sizeof c->name, "golden %.60s", v);
-    else if (!strcmp(key, "B")) p->batch = a[0];
-    else if (!strcmp(key, "Tq")) p->seqlen_q = a[0];
-    else if (!strcmp(key, "Tk")) p->seqlen_k = a[0];
-    else if (!strcmp(key, "Hq")) p->heads_q = a[0];
-    else if (!strcmp(key, "Hkv")) p->heads_kv = a[0];
-    else if (!strcmp(key, "D")) p->head_dim = a[0];
-    else if (!strcmp(key, "Dv")) p->head_dim_v = a[0];
-    else if (!strcmp(key, "scale")) p->scale = strtod(v, NULL);
-    else if (!strcmp(key, "causal")) p->causal = (int32_t)a[0];
-    else if (!strcmp(key, "align")) p->align = strncmp(v, "top_left", 8) == 0;
-    else if (!strcmp(key, "window_left")) p->window_left = a[0];
-    else if (!strcmp(key, "window_right")) p->window_right = a[0];
-    else if (!strcmp(key, "softcap")) p->softcap = strtod(v, NULL);
-    else if (!strcmp(key, "dropout_p")) p->dropout_p = strtod(v, NULL);
+    if (!strcmp(key, "name"))
+      snprintf(c->name, sizeof c->name, "golden %.60s", v);
+    else if (!strcmp(key, "B"))
+      p->batch = a[0];
+    else if (!strcmp(key, "Tq"))
+      p->seqlen_q = a[0];
+    else if (!strcmp(key, "Tk"))
+      p->seqlen_k = a[0];
+    else if (!strcmp(key, "Hq"))
+      p->heads_q = a[0];
+    else if (!strcmp(key, "Hkv"))
+      p->heads_kv = a[0];
+    else if (!strcmp(key, "D"))
+      p->head_dim = a[0];
+    else if (!strcmp(key, "Dv"))
+      p->head_dim_v = a[0];
+    else if (!strcmp(key, "scale"))
+      p->scale = strtod(v, NULL);
+    else if (!strcmp(key, "causal"))
+      p->causal = (int32_t)a[0];
+    else if (!strcmp(key, "align"))
+      p->align = strncmp(v, "top_left", 8) == 0;
+    else if (!strcmp(key, "window_left"))
+      p->window_left = a[0];
+    else if (!strcmp(key, "window_right"))
+      p->window_right = a[0];
+    else if (!strcmp(key, "softcap"))
+      p->softcap = strtod(v, NULL);
+    else if (!strcmp(key, "dropout_p"))
+      p->dropout_p = strtod(v, NULL);
     else if (!strcmp(key, "varlen"))
-      p->varlen = !strncmp(v, "packed", 6) ? ATTN_VARLEN_PACKED
+      p->varlen = !strncmp(v, "packed", 6)   ? ATTN_VARLEN_PACKED
                   : !strncmp(v, "padded", 6) ? ATTN_VARLEN_PADDED
                                              : ATTN_VARLEN_NONE;
     else if (!strcmp(key, "seqlens_q") || !strcmp(key, "seqlens_k")) {
@@ -774,11 +1024,16 @@ static int parse_case(const char *dir, hcase *c, int *has_dbias) {
     } else if (!strcmp(key, "bias_shape") && n == 4) {
       p->has_bias = 1;
       for (int i = 0; i < 4; ++i) p->bias_shape[i] = a[i];
-    } else if (!strcmp(key, "mask_shape")) p->has_mask = 1;
-    else if (!strcmp(key, "alibi_shape")) p->alibi = n == 1 ? ATTN_ALIBI_PER_HEAD : ATTN_ALIBI_PER_BATCH_HEAD;
-    else if (!strcmp(key, "sinks_shape")) p->num_sinks = n == 1 ? a[0] : a[1];
-    else if (!strcmp(key, "files")) *has_dbias = strstr(v, "dbias.f64") != NULL;
-    else if (!strcmp(key, "cu_seqlens_q")) p->varlen = ATTN_VARLEN_PACKED;
+    } else if (!strcmp(key, "mask_shape"))
+      p->has_mask = 1;
+    else if (!strcmp(key, "alibi_shape"))
+      p->alibi = n == 1 ? ATTN_ALIBI_PER_HEAD : ATTN_ALIBI_PER_BATCH_HEAD;
+    else if (!strcmp(key, "sinks_shape"))
+      p->num_sinks = n == 1 ? a[0] : a[1];
+    else if (!strcmp(key, "files"))
+      *has_dbias = strstr(v, "dbias.f64") != NULL;
+    else if (!strcmp(key, "cu_seqlens_q"))
+      p->varlen = ATTN_VARLEN_PACKED;
   }
   fclose(f);
   char *nl = strchr(c->name, '\n');
@@ -788,12 +1043,17 @@ static int parse_case(const char *dir, hcase *c, int *has_dbias) {
 }
 
 /* Cases whose every feature cuDNN runs: each must be supported and pass. */
-static const char *const golden_supported[] = {
-    "alibi", "basic", "bias_broadcast", "bias_full", "causal_q_longer", "causal_q_shorter",
-    "causal_square",
-    "causal_top_left", "cross_len", "decode_one_query", "dv_differs", "gqa", "head_dim_128",
-    "head_dim_80", "long_causal", "mqa", "scale_custom", "varlen_padded", "window_causal",
-    "window_diagonal", "window_two_sided"};
+static const char *const golden_supported[] = {"alibi",           "basic",
+                                               "bias_broadcast",  "bias_full",
+                                               "causal_q_longer", "causal_q_shorter",
+                                               "causal_square",   "causal_top_left",
+                                               "cross_len",       "decode_one_query",
+                                               "dv_differs",      "gqa",
+                                               "head_dim_128",    "head_dim_80",
+                                               "long_causal",     "mqa",
+                                               "scale_custom",    "varlen_padded",
+                                               "window_causal",   "window_diagonal",
+                                               "window_two_sided"};
 
 static void test_golden(const char *root) {
   int nsup = (int)(sizeof golden_supported / sizeof golden_supported[0]);
@@ -827,9 +1087,9 @@ static void test_golden(const char *root) {
       c.dout = read_f32(dir, "dout.f32", attn_role_numel(p, ATTN_ROLE_DOUT), dt);
       c.bias = p->has_bias ? read_f32(dir, "bias.f32", attn_role_numel(p, ATTN_ROLE_BIAS), dt)
                            : tu_buf_new(dt, 0);
-      c.alibi = p->alibi ? read_f32(dir, "alibi.f32", attn_role_numel(p, ATTN_ROLE_ALIBI),
-                                    ATTN_DTYPE_F32)
-                         : tu_buf_new(ATTN_DTYPE_F32, 0);
+      c.alibi =
+          p->alibi ? read_f32(dir, "alibi.f32", attn_role_numel(p, ATTN_ROLE_ALIBI), ATTN_DTYPE_F32)
+                   : tu_buf_new(ATTN_DTYPE_F32, 0);
       c.want_dbias = has_dbias;
       c.e_out = read_f64(dir, "out.f64", attn_role_numel(p, ATTN_ROLE_OUT));
       c.e_lse = read_f64(dir, "lse.f64", attn_role_numel(p, ATTN_ROLE_LSE));
@@ -856,14 +1116,18 @@ int main(int argc, char **argv) {
     return tu_gpu_skipped();
   }
   int quick = getenv("ATTN_CUDNN_QUICK") != NULL;
+  test_graph_cache();
+  if (!quick) test_graph_cache_threads();
   test_grid(quick);
   if (!quick) {
     test_determinism();
     test_autotune();
     test_run_checks();
     const char *golden = argc > 1 ? argv[1] : getenv("ATTN_GOLDEN_DIR");
-    if (golden != NULL) test_golden(golden);
-    else printf("golden cases: no folder given (argument or ATTN_GOLDEN_DIR): not run\n");
+    if (golden != NULL)
+      test_golden(golden);
+    else
+      printf("golden cases: no folder given (argument or ATTN_GOLDEN_DIR): not run\n");
   }
   int rc = tu_finish();
   attn_ctx_destroy(ctx);

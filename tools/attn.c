@@ -3,7 +3,8 @@
  *
  *   attn info                    library version, CPU, GPUs, implementations, cache file
  *   attn bench [opts] PROBLEM... check each supporting implementation x configuration against the
- *                                f64 reference, then time it; a table, --csv or --json
+ *                                f64 reference (a sample of a large problem's rows), then time it;
+ *                                a table, --csv or --json
  *   attn tune [opts] PROBLEM...  autotune into the persistent cache (progress bar on a terminal)
  *   attn check [opts] PROBLEM... compare every implementation with the reference; print the errors
  *
@@ -81,7 +82,11 @@ static const char *usage_bench =
     "threads used. A GPU problem (device=cuda[:N]) runs its inputs, outputs and workspace in\n"
     "device memory, each timed run ending when the GPU has finished; its table shows TFLOP/s and\n"
     "no %peak (nothing measures a GPU peak: peak_fraction is empty in --csv, null in --json).\n"
-    "The reference runs on the CPU in f64: keep checked problems small enough for it.\n"
+    "The f64 reference runs once per problem, on every CPU of the host. A problem whose\n"
+    "reference costs more than 2^31 multiply-adds has a seeded sample checked (256 query rows\n"
+    "with the first, last and tile-boundary ones, and for --backward the keys of one or two\n"
+    "(batch, kv head) slices); the line above the table says which rows were checked.\n"
+    "ATTN_BENCH_ROWS=all checks every row, =N samples N query rows; `attn check` checks all.\n"
     "Without a PROBLEM it runs the default table (`make bench`, the README's main job).\n"
     "  --backward       time forward + backward (and check the gradients)\n"
     "  --impl NAME      only this implementation     --config NAME  only this configuration\n"
@@ -118,8 +123,8 @@ static const char *usage_check =
     "usage: attn check [options] PROBLEM...\n"
     "Compares every implementation x configuration that supports each problem with the f64\n"
     "reference and prints max |error| against the tolerance of SPEC.md for out and lse (and dq,\n"
-    "dk, dv with --backward). A GPU problem (device=cuda[:N]) runs on that GPU on the same\n"
-    "inputs, copied there, and its outputs are copied back to be compared on the host.\n"
+    "dk, dv with --backward) over every row. A GPU problem (device=cuda[:N]) runs on that GPU\n"
+    "on the same inputs, copied there; its outputs come back to the host to be compared.\n"
     "  --backward       check the gradients too\n"
     "  --impl NAME      only this implementation     --platform P  only this platform\n"
     "  --seed N         seed of the random inputs (default 1)\n"
@@ -359,7 +364,7 @@ static int runnable_here(attn_ctx *ctx, const attn_problem *p, const char *text,
     return 0;
   }
   const char *what = use == H_USE_CHECK
-                         ? "its tensors, and the reference's f64 copies and workspace"
+                         ? "its tensors, and the reference's f64 results"
                          : "its tensors";
   if (!h_fits(p, h_need_of(p, o->backward, use), what, why, sizeof why)) {
     fprintf(stderr, "attn: \"%s\" cannot run here: %s\n", text, why);
@@ -373,12 +378,12 @@ static int runnable_here(attn_ctx *ctx, const attn_problem *p, const char *text,
 /* `attn bench` without a PROBLEM: small enough that the f64 reference, timed beside the fast
  * implementations, keeps the whole table around a minute on a 2-core machine. */
 static const char *const default_forward[] = {
-    "b1 hq8 hkv8 sq512 sk512 d64 f32",                /* the plain problem */
-    "b1 hq8 hkv8 sq512 sk512 d64 f32 causal",         /* causal */
-    "b1 hq8 hkv2 sq512 sk512 d64 f32 causal",         /* grouped-query: 4 query heads per kv head */
-    "b1 hq8 hkv8 sq512 sk512 d64 bf16 causal",        /* bf16 inputs, f32 accumulation */
-    "b1 hq8 hkv8 sq512 sk512 d64 f16 causal",         /* f16 inputs */
-    "b1 hq8 hkv8 sq512 sk512 d64 f32 window=127,0",   /* sliding window of 128 keys */
+    "b1 hq8 hkv8 sq512 sk512 d64 f32",              /* the plain problem */
+    "b1 hq8 hkv8 sq512 sk512 d64 f32 causal",       /* causal */
+    "b1 hq8 hkv2 sq512 sk512 d64 f32 causal",       /* grouped-query: 4 query heads per kv head */
+    "b1 hq8 hkv8 sq512 sk512 d64 bf16 causal",      /* bf16 inputs, f32 accumulation */
+    "b1 hq8 hkv8 sq512 sk512 d64 f16 causal",       /* f16 inputs */
+    "b1 hq8 hkv8 sq512 sk512 d64 f32 window=127,0", /* sliding window of 128 keys */
 };
 static const char *const default_backward[] = {
     "b1 hq8 hkv8 sq512 sk512 d64 f32 causal",  /* backward: dq, dk, dv */
@@ -409,6 +414,7 @@ typedef struct bench_state {
   const options *o;
   const char *text;
   attn_problem problem;
+  h_oracle *oracle; /* the problem's reference, made once for all its candidates */
   int failed, library_error, rows;
   double peak_gflops; /* of the machine, for the threads used; 0 for a GPU problem (none) */
 } bench_state;
@@ -425,7 +431,7 @@ static void json_string(const char *s) {
 static int bench_one(void *user, const char *impl, const char *config) {
   bench_state *b = user;
   const options *o = b->o;
-  h_check c = h_check_run(b->ctx, &b->problem, impl, config, o->backward, o->seed);
+  h_check c = h_check_run(b->ctx, b->oracle, impl, config);
   double median = 0.0, gflops = 0.0;
   int runs = 0;
   const char *verdict = "ok";
@@ -442,8 +448,8 @@ static int bench_one(void *user, const char *impl, const char *config) {
     b->failed = 1;
   } else {
     int warmup = o->warmup >= 0 ? o->warmup : 2;
-    attn_status st = h_time(b->ctx, &b->problem, impl, config, o->backward, warmup, o->reps,
-                            o->min_time, o->seed, &median, &runs);
+    attn_status st =
+        h_time(b->ctx, b->oracle, impl, config, warmup, o->reps, o->min_time, &median, &runs);
     if (st != ATTN_STATUS_OK) {
       verdict = "error";
       snprintf(why, sizeof why, "%s", attn_ctx_last_error(b->ctx));
@@ -458,10 +464,13 @@ static int bench_one(void *user, const char *impl, const char *config) {
   const int on_gpu = b->problem.device != ATTN_DEVICE_CPU;
   double peak_fraction = !on_gpu && b->peak_gflops > 0 ? gflops / b->peak_gflops : 0.0;
   char peak_text[32] = "";
+  const h_rows *checked = h_oracle_rows(b->oracle);
   if (o->csv) {
     if (!on_gpu) snprintf(peak_text, sizeof peak_text, "%.4g", peak_fraction);
-    printf("\"%s\",%s,%s,%s,%.3g,%.3f,%.4g,%s,%d\n", b->text, impl, config, verdict, ratio, median,
-           gflops, peak_text, runs);
+    printf("\"%s\",%s,%s,%s,%.3g,%.3f,%.4g,%s,%d,%lld,%lld,%lld,%lld\n", b->text, impl, config,
+           verdict, ratio, median, gflops, peak_text, runs, (long long)checked->query_checked,
+           (long long)checked->query_total, (long long)checked->key_checked,
+           (long long)checked->key_total);
   } else if (o->json) {
     if (on_gpu)
       snprintf(peak_text, sizeof peak_text, "null");
@@ -474,8 +483,13 @@ static int bench_one(void *user, const char *impl, const char *config) {
     printf(", \"config\": ");
     json_string(config);
     printf(", \"check\": \"%s\", \"err_over_tol\": %.3g, \"median_us\": %.3f, \"gflops\": %.4g, "
-           "\"peak_fraction\": %s, \"runs\": %d, \"pass\": \"%s\"}",
-           verdict, ratio, median, gflops, peak_text, runs, o->backward ? "fwd+bwd" : "fwd");
+           "\"peak_fraction\": %s, \"runs\": %d, \"pass\": \"%s\", \"checked_query_rows\": %lld, "
+           "\"query_rows\": %lld, \"checked_key_rows\": %lld, \"key_rows\": %lld, "
+           "\"check_seed\": %llu}",
+           verdict, ratio, median, gflops, peak_text, runs, o->backward ? "fwd+bwd" : "fwd",
+           (long long)checked->query_checked, (long long)checked->query_total,
+           (long long)checked->key_checked, (long long)checked->key_total,
+           (unsigned long long)checked->seed);
   } else {
     /* A GPU's rate reads in TFLOP/s, as GPU rates are quoted (the table's header names the unit). */
     if (on_gpu)
@@ -491,7 +505,7 @@ static int bench_one(void *user, const char *impl, const char *config) {
 
 static int check_one(void *user, const char *impl, const char *config) {
   bench_state *b = user;
-  h_check c = h_check_run(b->ctx, &b->problem, impl, config, b->o->backward, b->o->seed);
+  h_check c = h_check_run(b->ctx, b->oracle, impl, config);
   if (c.status != ATTN_STATUS_OK) {
     printf("  %-8s %-16s error: %s\n", impl, config, attn_ctx_last_error(b->ctx));
     b->library_error = 1;
@@ -507,6 +521,22 @@ static int check_one(void *user, const char *impl, const char *config) {
 }
 
 static int run_problems_with(options *o, int check);
+
+/* ATTN_BENCH_ROWS: how many query rows bench checks against the reference: "all" (or 0) every one,
+ * N a seeded sample of N (and N / 2 keys per slice) whenever there are more, unset or "auto" a
+ * sample of H_SAMPLE_ROWS for a problem whose reference costs more than H_FULL_CHECK_WORK. */
+static int read_sample_rows(int64_t *rows) {
+  const char *text = getenv("ATTN_BENCH_ROWS");
+  *rows = H_SAMPLE_AUTO;
+  if (text == NULL || text[0] == '\0' || strcmp(text, "auto") == 0) return 1;
+  if (strcmp(text, "all") == 0) return *rows = 0, 1;
+  char *end;
+  long long v = strtoll(text, &end, 10);
+  if (*end == '\0' && end != text && v >= 0) return *rows = v, 1;
+  fprintf(stderr, "attn: ATTN_BENCH_ROWS=%s: use auto, all, or a whole number of query rows\n",
+          text);
+  return 0;
+}
 
 static int run_problems(int argc, char **argv, const char *usage, int check) {
   options o;
@@ -544,8 +574,14 @@ static int run_problems_with(options *o_in, int check) {
   static machine_peak peak;       /* measured once per process, before the first CPU problem */
   static int32_t gpu_stated = -1; /* the GPU whose fingerprint the table stated last */
   int failed = 0, library_error = 0, rows = 0;
+  int64_t sample_rows = H_SAMPLE_AUTO;
+  if (!check && !read_sample_rows(&sample_rows)) {
+    attn_ctx_destroy(ctx);
+    return EXIT_USAGE;
+  }
   if (!check && o.csv)
-    printf("problem,impl,config,check,err_over_tol,median_us,gflops,peak_fraction,runs\n");
+    printf("problem,impl,config,check,err_over_tol,median_us,gflops,peak_fraction,runs,"
+           "checked_query_rows,query_rows,checked_key_rows,key_rows\n");
   if (!check && o.json) printf("[\n");
   for (int i = 0; i < o.nproblems && rc < 0; ++i) {
     bench_state b;
@@ -571,14 +607,26 @@ static int run_problems_with(options *o_in, int check) {
       printf("gpu %d: %s\n\n", (int)b.problem.device_index, fingerprint);
       gpu_stated = b.problem.device_index;
     }
+    if (table) printf("%s%s\n", canonical, o.backward ? "  (forward + backward)" : "");
+    /* The reference once for every candidate (harness.h): bench samples the rows of a large
+     * problem, check compares them all. */
+    if (h_oracle_make(ctx, &b.problem, o.backward, o.seed, check ? 0 : sample_rows, &b.oracle) !=
+        ATTN_STATUS_OK) {
+      fprintf(stderr, "attn: \"%s\": %s\n", b.text, attn_ctx_last_error(ctx)); /* said once */
+      library_error = 1;
+      continue;
+    }
     if (table) {
-      printf("%s%s\n", canonical, o.backward ? "  (forward + backward)" : "");
+      char rows[512];
+      h_oracle_describe(b.oracle, rows, sizeof rows);
+      printf("  checked against the f64 reference: %s\n", rows);
       if (!check)
         printf("  %-8s %-16s %-5s %8s %12s %9s %7s %5s\n", "impl", "config", "check", "err/tol",
                "median_us", on_gpu ? "TFLOP/s" : "GFLOP/s", "%peak", "runs");
     }
     int count = 0;
     each_candidate(ctx, &b.problem, &o, check ? check_one : bench_one, &b, &count, NULL, 0);
+    h_oracle_free(b.oracle);
     failed |= b.failed;
     library_error |= b.library_error;
     rows = b.rows;
@@ -723,6 +771,16 @@ static int cmd_info(int argc, char **argv) {
   printf("libattn %s\n", attn_version_string());
   printf("cpu: %s, %d logical CPUs\n", cpu->model, cpu->logical_cpus);
   printf("cpu features: %s\n", cpu->feature_names[0] ? cpu->feature_names : "(none detected)");
+  /* The GPU modules: which loaded, from where, and why one did not (tests/test_modules.sh). */
+  printf("gpu modules:\n");
+  for (int32_t i = 0; i < attn_module_count(); ++i) {
+    attn_module_status m;
+    if (attn_module_info(i, &m) != ATTN_STATUS_OK) continue;
+    if (m.loaded)
+      printf("  %-6s loaded from %s\n", m.name, m.path);
+    else
+      printf("  %-6s not loaded: %s\n", m.name, m.message);
+  }
   /* Only usable GPUs get a "gpu N:" line: scripts (tests/test_cli_gpu.sh) look for one. */
   char why[512];
   int32_t gpus = h_gpu_count(why, sizeof why);

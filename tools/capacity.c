@@ -14,6 +14,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 /* Bytes of one role's buffer, at least one element (harness.c's role_bytes, in double). */
 static double role_bytes(const attn_problem *p, attn_role role) {
   int64_t n = attn_role_numel(p, role);
@@ -27,31 +31,35 @@ double h_tensor_bytes(const attn_problem *p, int backward) {
   return bytes;
 }
 
-/* The problem as the reference runs it on the host: f64 (harness.c's h_data_convert). */
-static attn_problem on_host(const attn_problem *p, attn_dtype dtype) {
-  attn_problem h = *p;
-  h.dtype = dtype;
-  h.device = ATTN_DEVICE_CPU;
-  h.device_index = 0;
-  if (h.has_bias && dtype == ATTN_DTYPE_F64) h.bias_dtype = ATTN_DTYPE_F64;
-  return h;
+/* Bytes of a role's buffer at a given element size (the reference's results: f64, or the naive
+ * run's in the problem's dtype). */
+static double role_bytes_as(const attn_problem *p, attn_role role, size_t element) {
+  int64_t n = attn_role_numel(p, role);
+  return (double)(n > 0 ? n : 1) * (double)element;
 }
 
-/* The workspace the reference's plan of p asks for; 0 when it cannot say. A private context, so
- * that the caller's last error is not overwritten by a question. */
-static double reference_workspace(const attn_problem *p, int backward) {
-  attn_ctx *ctx = NULL;
-  if (attn_ctx_create(&ctx) != ATTN_STATUS_OK) return 0.0;
-  attn_select sel;
-  attn_select_init(&sel);
-  sel.impl = "ref";
-  attn_plan *plan = NULL;
-  size_t forward = 0, both = 0;
-  if (attn_plan_create(ctx, p, &sel, &plan) == ATTN_STATUS_OK)
-    attn_plan_workspace_size(plan, &forward, &both);
-  attn_plan_destroy(plan);
-  attn_ctx_destroy(ctx);
-  return (double)(backward && both > forward ? both : forward);
+/* What the oracle (harness.c: h_oracle_make) keeps beside the data: the reference's out, lse and
+ * (backward) dq in f64, dk and dv as f64 sums (counted for every key: a full check has them all),
+ * the same again in the problem's dtype for f16/bf16 (the naive run), and per thread an f64
+ * accumulator of one (batch, kv head)'s key gradients. */
+static double oracle_bytes(const attn_problem *p, int backward) {
+  const int low = p->dtype == ATTN_DTYPE_F16 || p->dtype == ATTN_DTYPE_BF16;
+  const size_t dtype = attn_dtype_size((attn_dtype)p->dtype);
+  const size_t stat = attn_dtype_size(attn_stat_dtype((attn_dtype)p->dtype));
+  double bytes = role_bytes_as(p, ATTN_ROLE_OUT, 8) + role_bytes_as(p, ATTN_ROLE_LSE, 8);
+  if (low) bytes += role_bytes_as(p, ATTN_ROLE_OUT, dtype) + role_bytes_as(p, ATTN_ROLE_LSE, stat);
+  if (!backward) return bytes;
+  const double runs = low ? 2.0 : 1.0;
+  bytes += role_bytes_as(p, ATTN_ROLE_DQ, 8) + (low ? role_bytes_as(p, ATTN_ROLE_DQ, dtype) : 0.0);
+  bytes += runs * (role_bytes_as(p, ATTN_ROLE_DK, 8) + role_bytes_as(p, ATTN_ROLE_DV, 8));
+  int threads = 1;
+#ifdef _OPENMP
+  threads = omp_get_max_threads();
+#endif
+  const double keys = (double)(p->varlen == ATTN_VARLEN_PACKED ? p->total_k : p->seqlen_k);
+  const double dv = (double)(p->head_dim_v > 0 ? p->head_dim_v : p->head_dim);
+  bytes += (double)threads * keys * ((double)p->head_dim + dv) * runs * 8.0;
+  return bytes;
 }
 
 h_need h_need_of(const attn_problem *p, int backward, h_use use) {
@@ -66,14 +74,7 @@ h_need h_need_of(const attn_problem *p, int backward, h_use use) {
     need.host = largest, need.device = run;
   else /* made on the host, then copied to the device; the host copy stays for the comparison */
     need.host = need.device = run;
-  if (use == H_USE_CHECK) {
-    attn_problem oracle = on_host(p, ATTN_DTYPE_F64);
-    need.host += h_tensor_bytes(&oracle, backward) + reference_workspace(&oracle, backward);
-    if (p->dtype == ATTN_DTYPE_F16 || p->dtype == ATTN_DTYPE_BF16) { /* the naive copy */
-      attn_problem naive = on_host(p, (attn_dtype)p->dtype);
-      need.host += h_tensor_bytes(&naive, backward);
-    }
-  }
+  if (use == H_USE_CHECK) need.host += oracle_bytes(p, backward);
   return need;
 }
 

@@ -23,8 +23,8 @@ typedef enum h_use {
                   (the harness keeps the host copy), e.g. timing */
   H_USE_TUNE,  /* the tuner's scratch tensors: on the problem's device; a GPU problem's pass
                   through the host one tensor at a time */
-  H_USE_CHECK, /* a run compared with the reference: also the f64 copy (and for f16/bf16 the
-                  naive copy) of every tensor on the host, and the reference's workspace */
+  H_USE_CHECK, /* a run compared with the reference: also the reference's f64 results on the
+                  host (and for f16/bf16 the naive run's), as the oracle of harness.h keeps them */
 } h_use;
 
 /* Bytes of memory needed, on the host and on the problem's GPU (0 for a CPU problem). */
@@ -36,9 +36,8 @@ typedef struct h_need {
  * the gradients too, at their dtypes (at least one element each, as the harness allocates). */
 double h_tensor_bytes(const attn_problem *problem, int backward);
 
-/* What a use of the problem needs, before any implementation's workspace (the caller adds the one
- * of the implementation it runs: to host for a CPU problem, to device for a GPU one). For
- * H_USE_CHECK it counts the reference's workspace, asked of a plan in a private context. */
+/* What a use of the problem needs, before any implementation's workspace (the harness checks each
+ * plan's own when it makes it). */
 h_need h_need_of(const attn_problem *problem, int backward, h_use use);
 
 /* Bytes of host memory available now (Linux: MemAvailable, less where the control group's limit
@@ -48,7 +47,7 @@ double h_host_available(void);
 /* 1 when need fits: host bytes within what is available now, and a GPU problem's device bytes
  * allocatable on its device (probed with one allocation, released at once). Else 0 and one
  * sentence in why, "needs 21.4 GiB of host memory ..., more than the 7.9 GiB available". what
- * names what is counted, e.g. "its tensors and the reference's f64 copies". */
+ * names what is counted, e.g. "its tensors, and the reference's f64 results". */
 int h_fits(const attn_problem *problem, h_need need, const char *what, char *why, size_t why_size);
 
 /* A byte count for people: "512 B", "3.0 KiB", "21.4 GiB", "1.2e+06 TiB". */

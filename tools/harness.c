@@ -14,7 +14,8 @@
 #include "core/ctx.h"
 #include "core/dtype.h"
 #include "core/tensors.h"
-#include "plan/plan.h"
+#include "impl/ref/ref_rows.h"
+#include "plan/validate.h"
 /* SPEC.md's tolerance rule, the tests' own: a header of static inline functions, no test code. */
 #include "../tests/tolerance.h"
 
@@ -109,25 +110,28 @@ static attn_status mirror_to_device(attn_ctx *ctx, h_data *d) {
   return st;
 }
 
-attn_status h_data_make(attn_ctx *ctx, h_data *d, const attn_problem *problem, uint64_t seed,
-                        int backward) {
-  memset(d, 0, sizeof *d);
-  d->problem = *problem;
-  const attn_problem *p = &d->problem;
-  /* Refused before allocating: calloc of more than the machine has can succeed (overcommit), and
-   * filling it then grinds for minutes or is killed. */
-  char why[512];
-  if (!h_fits(p, h_need_of(p, backward, H_USE_RUN), "the tensors of a run", why, sizeof why))
-    return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "%s", why);
-  if (!alloc_roles(d, backward)) goto oom;
-  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (int r = 0; r < ATTN_ROLE_COUNT; ++r) {
-    attn_role role = (attn_role)r;
-    void *buf = d->host.role[r];
-    if (buf == NULL || !input_role(role)) continue;
-    int64_t n = attn_role_numel(p, role);
-    attn_dtype dtype = attn_role_dtype(p, role);
-    for (int64_t i = 0; i < n; ++i) {
+/* splitmix64's finaliser: a well-mixed 64-bit value from any input. */
+static uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/* Draws the values of an input tensor: blocks of 2^16 elements, each from its own stream of
+ * (seed, role, block), so that the threads fill a decode problem's gigabytes of k and v in
+ * seconds, and the values depend on neither the thread count nor the device. */
+enum { FILL_BLOCK = 1 << 16 };
+static void fill_input(h_data *d, attn_role role, uint64_t seed) {
+  void *buf = d->host.role[role];
+  int64_t n = attn_role_numel(&d->problem, role);
+  attn_dtype dtype = attn_role_dtype(&d->problem, role);
+  const int64_t blocks = (n + FILL_BLOCK - 1) / FILL_BLOCK;
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t block = 0; block < blocks; ++block) {
+    uint64_t state = mix64(mix64(seed) ^ mix64(((uint64_t)role << 48) + (uint64_t)block));
+    int64_t end = (block + 1) * FILL_BLOCK < n ? (block + 1) * FILL_BLOCK : n;
+    for (int64_t i = block * FILL_BLOCK; i < end; ++i) {
       double u = uniform(&state);
       if (role == ATTN_ROLE_MASK)
         ((uint8_t *)buf)[i] = u < 0.8;
@@ -139,6 +143,22 @@ attn_status h_data_make(attn_ctx *ctx, h_data *d, const attn_problem *problem, u
         attn_store(buf, dtype, i, 2.0 * u - 1.0);
     }
   }
+}
+
+attn_status h_data_make(attn_ctx *ctx, h_data *d, const attn_problem *problem, uint64_t seed,
+                        int backward) {
+  memset(d, 0, sizeof *d);
+  d->problem = *problem;
+  const attn_problem *p = &d->problem;
+  /* Refused before allocating: calloc of more than the machine has can succeed (overcommit), and
+   * filling it then grinds for minutes or is killed. */
+  char why[512];
+  if (!h_fits(p, h_need_of(p, backward, H_USE_RUN), "the tensors of a run", why, sizeof why))
+    return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "%s", why);
+  if (!alloc_roles(d, backward)) goto oom;
+  for (int r = 0; r < ATTN_ROLE_COUNT; ++r)
+    if (d->host.role[r] != NULL && input_role((attn_role)r)) fill_input(d, (attn_role)r, seed);
+  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1; /* the varlen lengths' stream */
   int64_t B = p->batch;
   h_buffers *h = &d->host;
   if (p->varlen == ATTN_VARLEN_PACKED) {
@@ -188,42 +208,6 @@ attn_status h_data_download(attn_ctx *ctx, h_data *d) {
   return ATTN_STATUS_OK;
 }
 
-int h_data_convert(h_data *dst, const h_data *src, attn_dtype dtype, int backward) {
-  memset(dst, 0, sizeof *dst);
-  dst->problem = src->problem;
-  dst->problem.dtype = dtype;
-  dst->problem.device = ATTN_DEVICE_CPU;
-  dst->problem.device_index = 0;
-  if (dst->problem.has_bias && dtype == ATTN_DTYPE_F64) dst->problem.bias_dtype = ATTN_DTYPE_F64;
-  if (!alloc_roles(dst, backward)) return 0;
-  for (int r = 0; r < ATTN_ROLE_COUNT; ++r) {
-    attn_role role = (attn_role)r;
-    if (dst->host.role[r] == NULL || src->host.role[r] == NULL || !input_role(role)) continue;
-    int64_t n = attn_role_numel(&src->problem, role);
-    attn_dtype from = attn_role_dtype(&src->problem, role),
-               to = attn_role_dtype(&dst->problem, role);
-    if (from == to) {
-      memcpy(dst->host.role[r], src->host.role[r], (size_t)n * attn_dtype_size(from));
-      continue;
-    }
-    for (int64_t i = 0; i < n; ++i)
-      attn_store(dst->host.role[r], to, i, attn_load(src->host.role[r], from, i));
-  }
-  h_buffers from_host = src->host; /* a copy, since length_array takes writable buffers */
-  for (int i = 0; i < LENGTH_ARRAYS; ++i) {
-    int64_t n;
-    const int32_t *from = *length_array(&from_host, i, src->problem.batch, &n);
-    int32_t **to = length_array(&dst->host, i, src->problem.batch, &n);
-    if (from == NULL) continue;
-    *to = malloc((size_t)(n > 0 ? n : 1) * sizeof *from);
-    if (*to == NULL) return 0;
-    memcpy(*to, from, (size_t)n * sizeof *from);
-  }
-  bind(dst, &dst->host);
-  dst->in.dropout_seed = src->in.dropout_seed;
-  return 1;
-}
-
 void h_data_free(h_data *d) {
   for (int r = 0; r < ATTN_ROLE_COUNT; ++r) {
     free(d->host.role[r]);
@@ -242,8 +226,8 @@ int32_t h_gpu_count(char *why, size_t why_size) {
   const attn_gpu_ops *gpu = attn_gpu();
   if (gpu == NULL) {
     snprintf(why, why_size,
-             "this build has no CUDA runtime (neither the cuda nor the cudnn "
-             "implementation is compiled in)");
+             "no GPU module loaded (libattn_cuda.so, libattn_cudnn.so: the \"gpu modules\" "
+             "lines of `attn info` say why)");
     return 0;
   }
   int32_t count = 0;
@@ -336,70 +320,584 @@ static void plan_close(plan_run *r, const h_data *d) {
 
 /* Runs exactly impl/config once on the data and brings its outputs to d->host. */
 static attn_status run_exact(attn_ctx *ctx, h_data *d, const char *impl, const char *config,
-                             int backward, attn_dtype rounding) {
+                             int backward) {
   plan_run r;
   attn_status st = plan_open(ctx, d, impl, config, backward, &r);
-  if (st == ATTN_STATUS_OK && rounding != ATTN_DTYPE_F64) attn_plan_set_rounding(r.plan, rounding);
   if (st == ATTN_STATUS_OK) st = plan_pass(ctx, &r, d, backward);
   if (st == ATTN_STATUS_OK) st = h_data_download(ctx, d);
   plan_close(&r, d);
   return st;
 }
 
+/* Zeroes the outputs of d (and of its device copy), so that every run starts from the state a
+ * fresh allocation had and a row a candidate leaves unwritten cannot show an earlier one's. */
+static attn_status zero_outputs(attn_ctx *ctx, h_data *d) {
+  for (int r = 0; r < ATTN_ROLE_COUNT; ++r) {
+    if (d->host.role[r] == NULL || input_role((attn_role)r)) continue;
+    size_t bytes = role_bytes(&d->problem, (attn_role)r);
+    memset(d->host.role[r], 0, bytes);
+    if (d->gpu == NULL) continue;
+    char why[512] = "";
+    attn_status st = d->gpu->upload(d->problem.device_index, d->device.role[r], d->host.role[r],
+                                    bytes, why, sizeof why);
+    if (st != ATTN_STATUS_OK) return attn_fail(ctx, st, "%s", why);
+  }
+  return ATTN_STATUS_OK;
+}
+
+/* ---- the oracle -------------------------------------------------------------------------------- */
+
+/* The keys of one batch entry and kv head whose dk and dv are checked: keys j of the entry (key
+ * token token0 + j), and the query rows that reach them, all of the entry's rows of the group's
+ * query heads. For packed varlen, the rows past every sequence form one more slice, b = batch,
+ * that no query row reaches: their gradients are 0. */
+typedef struct key_slice {
+  int64_t b, g, token0;
+  int64_t *keys, count;
+  int64_t first; /* index of its first key in the oracle's dk and dv rows */
+} key_slice;
+
+/* The results of one run of the reference on the checked rows: full-size out, lse and dq (only the
+ * checked rows written; the key gradients read the forward's rows there), and dk, dv of the
+ * checked key rows, [checked, D] and [checked, Dv]. */
+typedef struct ref_results {
+  void *out, *lse, *dq;
+  double *dk, *dv;
+} ref_results;
+
+enum { ORACLE, NAIVE };
+
+struct h_oracle {
+  h_data data;
+  int backward;
+  attn_problem resolved; /* the problem on the host, validated and resolved: what ref runs */
+  attn_inputs in;        /* data's host inputs, resolved */
+  attn_tensor dout;
+  attn_dtype dtype;
+  int low;            /* f16/bf16: the naive run sets the tolerance */
+  ref_results res[2]; /* ORACLE in f64; NAIVE in the dtype, rounded as the dtype's kernel would */
+  int64_t *query_ids, nquery;
+  key_slice *slices;
+  int nslices;
+  int64_t *key_ids, nkeys;
+  double naive_err[5]; /* f16/bf16: the naive run's error on the checked rows, per output */
+  h_rows rows;
+};
+
+/* ids: a growable array of row ids. */
+typedef struct id_list {
+  int64_t *v, n, cap;
+} id_list;
+
+static int id_push(id_list *l, int64_t id) {
+  if (l->n == l->cap) {
+    int64_t cap = l->cap ? 2 * l->cap : 64;
+    int64_t *more = realloc(l->v, (size_t)cap * sizeof *more);
+    if (more == NULL) return 0;
+    l->v = more, l->cap = cap;
+  }
+  l->v[l->n++] = id;
+  return 1;
+}
+
+static int compare_id(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+static void id_sort_unique(id_list *l) {
+  if (l->n == 0) return;
+  qsort(l->v, (size_t)l->n, sizeof *l->v, compare_id);
+  int64_t kept = 1;
+  for (int64_t i = 1; i < l->n; ++i)
+    if (l->v[i] != l->v[kept - 1]) l->v[kept++] = l->v[i];
+  l->n = kept;
+}
+
+/* Rows of one sequence where kernels change behaviour: the first and last, the first past its end
+ * (a padded row), the last of the tensor, and both sides of the tile boundaries of 16, 32, 64 and
+ * 128 rows at the start and at the last tile. Positions in [0, cap) of a sequence of len rows. */
+static int edge_rows(int64_t len, int64_t cap, int64_t rows[32]) {
+  int n = 0;
+  const int64_t fixed[6] = {0, 1, len - 2, len - 1, len, cap - 1};
+  for (int i = 0; i < 6; ++i) rows[n++] = fixed[i];
+  for (int64_t tile = 16; tile <= 128; tile *= 2) {
+    int64_t last = len > 0 ? (len - 1) / tile * tile : 0;
+    rows[n++] = tile - 1, rows[n++] = tile, rows[n++] = last - 1, rows[n++] = last;
+  }
+  int kept = 0;
+  for (int i = 0; i < n; ++i)
+    if (rows[i] >= 0 && rows[i] < cap) rows[kept++] = rows[i];
+  return kept;
+}
+
+/* Token rows of batch entry b in the q (or k) tensor: the first, the real length, and how many
+ * tensor rows it has (Tq dense, its length packed). */
+static void entry_rows(const attn_problem *p, const attn_inputs *in, int64_t b, int keys,
+                       int64_t *token0, int64_t *len, int64_t *cap) {
+  attn_seq s = attn_seq_of(p, in, b);
+  int packed = p->varlen == ATTN_VARLEN_PACKED;
+  *token0 = packed ? (keys ? s.k_row0 : s.q_row0) : b * (keys ? p->seqlen_k : p->seqlen_q);
+  *len = keys ? s.len_k : s.len_q;
+  *cap = packed ? *len : (keys ? p->seqlen_k : p->seqlen_q);
+}
+
+static int64_t token_rows(const attn_problem *p, int keys) {
+  if (p->varlen == ATTN_VARLEN_PACKED) return keys ? p->total_k : p->total_q;
+  return p->batch * (keys ? p->seqlen_k : p->seqlen_q);
+}
+
+static int64_t draw(uint64_t *state, int64_t n) {
+  int64_t v = (int64_t)(uniform(state) * (double)n);
+  return v < n ? v : n - 1;
+}
+
+/* The query rows to check: every one, or the edge rows of the first, the last and a random batch
+ * entry (heads first, last and random), then random rows up to want. */
+static int choose_query_rows(h_oracle *o, int64_t want, uint64_t *state, id_list *ids) {
+  const attn_problem *p = &o->resolved;
+  int64_t hq = p->heads_q, total = token_rows(p, 0) * hq;
+  if (!o->rows.sampled) {
+    for (int64_t id = 0; id < total; ++id)
+      if (!id_push(ids, id)) return 0;
+    return 1;
+  }
+  const int64_t entries[3] = {0, p->batch - 1, draw(state, p->batch)};
+  const int64_t heads[3] = {0, hq - 1, draw(state, hq)};
+  for (int e = 0; e < 3; ++e) {
+    int64_t token0, len, cap, rows[32];
+    entry_rows(p, &o->in, entries[e], 0, &token0, &len, &cap);
+    int n = edge_rows(len, cap, rows);
+    for (int i = 0; i < n; ++i)
+      if (!id_push(ids, (token0 + rows[i]) * hq + heads[e])) return 0;
+  }
+  if (p->varlen == ATTN_VARLEN_PACKED && p->total_q > o->in.cu_seqlens_q[p->batch])
+    if (!id_push(ids, (p->total_q - 1) * hq + hq - 1)) return 0; /* a row past every sequence */
+  id_sort_unique(ids);
+  /* Each round draws as many rows as are missing: duplicates only leave some missing, so the
+   * sample ends at exactly want rows (or the edge rows, if they are more). */
+  for (int round = 0; ids->n < want && round < 64; ++round) {
+    for (int64_t missing = want - ids->n; missing > 0; --missing)
+      if (!id_push(ids, draw(state, total))) return 0;
+    id_sort_unique(ids);
+  }
+  return 1;
+}
+
+/* Multiply-adds of the reference's forward over every query row of a slice. */
+static double slice_work(const attn_problem *p, int64_t len_q, int64_t len_k) {
+  return (double)(p->heads_q / p->heads_kv) * (double)len_q * (double)len_k *
+         (double)(p->head_dim + p->head_dim_v);
+}
+
+/* The key slices to check: all of them; or the last (batch entry, kv head) and, if the work
+ * allows, a random second one, with their edge keys and random ones up to want each. */
+static int choose_key_slices(h_oracle *o, int64_t want, uint64_t *state) {
+  const attn_problem *p = &o->resolved;
+  int packed_rest = p->varlen == ATTN_VARLEN_PACKED && p->total_k > o->in.cu_seqlens_k[p->batch];
+  int64_t max_slices = o->rows.sampled ? 3 : (p->batch + 1) * p->heads_kv;
+  o->slices = calloc((size_t)max_slices, sizeof *o->slices);
+  if (o->slices == NULL) return 0;
+  /* Slices by index b * Hkv + g: sampled, the last one, then a random other one. */
+  const int64_t all = p->batch * p->heads_kv;
+  const int64_t picks[2] = {all - 1, all > 1 ? draw(state, all - 1) : 0};
+  int64_t count = o->rows.sampled ? (all > 1 ? 2 : 1) : all;
+  double work = 0.0;
+  for (int64_t n = 0; n < count; ++n) {
+    int64_t index = o->rows.sampled ? picks[n] : n;
+    int64_t b = index / p->heads_kv, g = index % p->heads_kv;
+    int64_t qtoken0, len_q, qcap;
+    entry_rows(p, &o->in, b, 0, &qtoken0, &len_q, &qcap);
+    key_slice *s = &o->slices[o->nslices];
+    int64_t len_k, cap;
+    entry_rows(p, &o->in, b, 1, &s->token0, &len_k, &cap);
+    if (o->rows.sampled) { /* the first slice up to 4 x H_SLICE_WORK, both within 1 x */
+      double w = slice_work(p, len_q, len_k);
+      if (n == 0 ? w > 4.0 * (double)H_SLICE_WORK : work + w > (double)H_SLICE_WORK) break;
+      work += w;
+    }
+    s->b = b, s->g = g;
+    id_list keys = {NULL, 0, 0};
+    if (!o->rows.sampled || cap <= want) {
+      for (int64_t j = 0; j < cap; ++j)
+        if (!id_push(&keys, j)) return free(keys.v), 0;
+    } else {
+      int64_t rows[32];
+      int e = edge_rows(len_k, cap, rows);
+      for (int i = 0; i < e; ++i)
+        if (!id_push(&keys, rows[i])) return free(keys.v), 0;
+      id_sort_unique(&keys);
+      for (int round = 0; keys.n < want && round < 64; ++round) { /* as for query rows */
+        for (int64_t missing = want - keys.n; missing > 0; --missing)
+          if (!id_push(&keys, draw(state, cap))) return free(keys.v), 0;
+        id_sort_unique(&keys);
+      }
+    }
+    s->keys = keys.v, s->count = keys.n;
+    o->nslices++;
+  }
+  if (o->rows.sampled && o->nslices == 0) o->rows.keys_skipped = 1;
+  /* Rows of k past every sequence (packed): all of them for every kv head, or the last one. */
+  for (int64_t g = o->rows.sampled ? p->heads_kv - 1 : 0; packed_rest && g < p->heads_kv; ++g) {
+    if (o->rows.keys_skipped) break;
+    key_slice *s = &o->slices[o->nslices];
+    int64_t rest = p->total_k - o->in.cu_seqlens_k[p->batch];
+    s->b = p->batch, s->g = g, s->token0 = o->in.cu_seqlens_k[p->batch];
+    s->count = o->rows.sampled ? 1 : rest;
+    s->keys = malloc((size_t)s->count * sizeof *s->keys);
+    if (s->keys == NULL) return 0;
+    for (int64_t j = 0; j < s->count; ++j) s->keys[j] = o->rows.sampled ? rest - 1 : j;
+    o->nslices++;
+  }
+  return 1;
+}
+
+/* The key ids (token * Hkv + kv head) of the slices, in slice order, and each slice's first. */
+static int list_key_ids(h_oracle *o) {
+  const attn_problem *p = &o->resolved;
+  int64_t n = 0;
+  for (int s = 0; s < o->nslices; ++s) n += o->slices[s].count;
+  o->key_ids = malloc((size_t)(n > 0 ? n : 1) * sizeof *o->key_ids);
+  if (o->key_ids == NULL) return 0;
+  o->nkeys = n;
+  int64_t at = 0;
+  for (int s = 0; s < o->nslices; ++s) {
+    key_slice *k = &o->slices[s];
+    k->first = at;
+    for (int64_t j = 0; j < k->count; ++j)
+      o->key_ids[at++] = (k->token0 + k->keys[j]) * p->heads_kv + k->g;
+  }
+  return 1;
+}
+
+/* The run of the reference on the oracle's inputs whose results go to res (in results_dtype). */
+typedef struct ref_run {
+  attn_run run;
+  attn_outputs out;
+  attn_grads grads;
+  attn_dtype results;
+} ref_run;
+
+static void ref_run_init(ref_run *r, const h_oracle *o, int which) {
+  const attn_problem *p = &o->resolved;
+  memset(r, 0, sizeof *r);
+  r->results = which == ORACLE ? ATTN_DTYPE_F64 : o->dtype;
+  r->out.out = attn_role_resolve(p, ATTN_ROLE_OUT, attn_tensor_dense(o->res[which].out));
+  r->out.lse = attn_role_resolve(p, ATTN_ROLE_LSE, attn_tensor_dense(o->res[which].lse));
+  r->grads.dq = attn_role_resolve(p, ATTN_ROLE_DQ, attn_tensor_dense(o->res[which].dq));
+  r->run.problem = p;
+  r->run.inputs = &o->in;
+  r->run.outputs = &r->out;
+  r->run.dout = &o->dout;
+  r->run.grads = &r->grads;
+  r->run.round_to = which == ORACLE ? ATTN_DTYPE_F64 : o->dtype;
+}
+
+#ifdef _OPENMP
+#include <omp.h>
+static int max_threads(void) { return omp_get_max_threads(); }
+static int thread_index(void) { return omp_get_thread_num(); }
+#else
+static int max_threads(void) { return 1; }
+static int thread_index(void) { return 0; }
+#endif
+
+/* Evaluates the reference on the oracle's rows, on every thread: the forward of the checked query
+ * rows and of every query row of the key slices, dq of the checked rows, then each slice's keys,
+ * whose sums over the threads' partial sums are taken in thread order (a static schedule), so the
+ * results do not depend on timing. */
+static attn_status evaluate(attn_ctx *ctx, h_oracle *o, const id_list *forward_ids) {
+  const attn_problem *p = &o->resolved;
+  const int runs = o->low ? 2 : 1, threads = max_threads();
+  const int64_t hq = p->heads_q, group = p->heads_q / p->heads_kv;
+  const int64_t d = p->head_dim, dv = p->head_dim_v;
+  int64_t max_keys = 0;
+  for (int s = 0; s < o->nslices; ++s)
+    if (o->slices[s].count > max_keys) max_keys = o->slices[s].count;
+  size_t scratch_size = (attn_ref_row_scratch_size(p) + 63) / 64 * 64;
+  size_t acc_doubles = o->backward ? (size_t)(max_keys * (d + dv) * runs) : 0;
+  char *scratch = malloc((size_t)threads * scratch_size);
+  double *acc = malloc((size_t)threads * (acc_doubles > 0 ? acc_doubles : 1) * sizeof(double));
+  if (scratch == NULL || acc == NULL) {
+    free(scratch), free(acc);
+    return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY,
+                     "out of memory for the reference's scratch (%d threads)", threads);
+  }
+  ref_run r[2];
+  for (int w = 0; w < runs; ++w) ref_run_init(&r[w], o, w);
+
+  const int64_t nforward = forward_ids->n;
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t n = 0; n < nforward; ++n) {
+    void *mine = scratch + (size_t)thread_index() * scratch_size;
+    int64_t id = forward_ids->v[n];
+    for (int w = 0; w < runs; ++w)
+      attn_ref_forward_row(&r[w].run, r[w].results, id % hq, id / hq, mine);
+  }
+  if (o->backward) {
+    const int64_t nquery = o->nquery;
+#pragma omp parallel for schedule(dynamic, 4)
+    for (int64_t n = 0; n < nquery; ++n) {
+      void *mine = scratch + (size_t)thread_index() * scratch_size;
+      int64_t id = o->query_ids[n];
+      for (int w = 0; w < runs; ++w)
+        attn_ref_dq_row(&r[w].run, r[w].results, id % hq, id / hq, mine);
+    }
+  }
+  for (int s = 0; o->backward && s < o->nslices; ++s) {
+    const key_slice *k = &o->slices[s];
+    int64_t token0 = 0, len_q = 0, cap;
+    if (k->b < p->batch) entry_rows(p, &o->in, k->b, 0, &token0, &len_q, &cap);
+    const int64_t rows = group * len_q, per_run = k->count * (d + dv);
+#pragma omp parallel
+    {
+      double *mine = acc + (size_t)thread_index() * acc_doubles;
+      void *space = scratch + (size_t)thread_index() * scratch_size;
+      memset(mine, 0, (size_t)(per_run * runs) * sizeof *mine);
+#pragma omp for schedule(static)
+      for (int64_t n = 0; n < rows; ++n) {
+        int64_t h = k->g * group + n / len_q, token = token0 + n % len_q;
+        for (int w = 0; w < runs; ++w)
+          attn_ref_key_grads_row(&r[w].run, r[w].results, h, token, k->keys, k->count,
+                                 mine + w * per_run, mine + w * per_run + k->count * d, space);
+      }
+    }
+    for (int w = 0; w < runs; ++w) {
+      double *dk = o->res[w].dk + k->first * d, *dvs = o->res[w].dv + k->first * dv;
+      for (int t = 0; t < threads; ++t) {
+        const double *part = acc + (size_t)t * acc_doubles + w * per_run;
+        for (int64_t e = 0; e < k->count * d; ++e) dk[e] += part[e];
+        for (int64_t e = 0; e < k->count * dv; ++e) dvs[e] += part[k->count * d + e];
+      }
+      /* The whole reference stores its f64 sums in the output dtype; the naive run's are so. */
+      if (w == NAIVE) {
+        for (int64_t e = 0; e < k->count * d; ++e) dk[e] = attn_round_to(o->dtype, dk[e]);
+        for (int64_t e = 0; e < k->count * dv; ++e) dvs[e] = attn_round_to(o->dtype, dvs[e]);
+      }
+    }
+  }
+  free(scratch);
+  free(acc);
+  return ATTN_STATUS_OK;
+}
+
 static const attn_role compared_roles[5] = {ATTN_ROLE_OUT, ATTN_ROLE_LSE, ATTN_ROLE_DQ,
                                             ATTN_ROLE_DK, ATTN_ROLE_DV};
 static const char *const compared_names[5] = {"out", "lse", "dq", "dk", "dv"};
 
-/* The difference of a role of a from the same role of r (tolerance.h). */
-static tol_err compare(const h_data *a, const h_data *r, attn_role role) {
-  int64_t n = attn_role_numel(&a->problem, role);
-  attn_dtype ta = attn_role_dtype(&a->problem, role), tr = attn_role_dtype(&r->problem, role);
+/* Index of lse[head, token] in a dense lse: [B, Hq, Tq], or [Hq, total_q] packed. */
+static int64_t lse_index(const attn_problem *p, int64_t head, int64_t token) {
+  if (p->varlen == ATTN_VARLEN_PACKED) return head * p->total_q + token;
+  return (token / p->seqlen_q * p->heads_q + head) * p->seqlen_q + token % p->seqlen_q;
+}
+
+/* The difference, over the checked rows, of output `which` (0..4 as compared_roles) of the
+ * candidate's host data from the results r of a reference run (in dtype r_dtype). */
+static tol_err compare_rows(const h_oracle *o, int which, const void *a, attn_dtype a_dtype,
+                            const ref_results *r, attn_dtype r_dtype) {
+  const attn_problem *p = &o->resolved;
   tol_err e = tol_err_init();
-  for (int64_t i = 0; i < n; ++i)
-    tol_err_add(&e, i, attn_load(a->host.role[role], ta, i), attn_load(r->host.role[role], tr, i));
+  if (which == 1) {
+    for (int64_t n = 0; n < o->nquery; ++n) {
+      int64_t id = o->query_ids[n], at = lse_index(p, id % p->heads_q, id / p->heads_q);
+      tol_err_add(&e, at, attn_load(a, a_dtype, at),
+                  attn_load(r->lse, attn_stat_dtype(r_dtype), at));
+    }
+  } else if (which == 0 || which == 2) {
+    int64_t width = which == 0 ? p->head_dim_v : p->head_dim;
+    const void *ref = which == 0 ? r->out : r->dq;
+    for (int64_t n = 0; n < o->nquery; ++n)
+      for (int64_t d = 0; d < width; ++d) {
+        int64_t at = o->query_ids[n] * width + d;
+        tol_err_add(&e, at, attn_load(a, a_dtype, at), attn_load(ref, r_dtype, at));
+      }
+  } else {
+    int64_t width = which == 3 ? p->head_dim : p->head_dim_v;
+    const double *ref = which == 3 ? r->dk : r->dv;
+    for (int64_t n = 0; n < o->nkeys; ++n)
+      for (int64_t d = 0; d < width; ++d) {
+        int64_t at = o->key_ids[n] * width + d;
+        tol_err_add(&e, at, attn_load(a, a_dtype, at), ref[n * width + d]);
+      }
+  }
   return e;
 }
 
-h_check h_check_run(attn_ctx *ctx, const attn_problem *problem, const char *impl,
-                    const char *config, int backward, uint64_t seed) {
+/* err(naive) of the tolerance rule for each output: the naive run against the oracle. */
+static void measure_naive(h_oracle *o) {
+  const attn_problem *p = &o->resolved;
+  const ref_results *naive = &o->res[NAIVE], *exact = &o->res[ORACLE];
+  attn_dtype stat = attn_stat_dtype(o->dtype);
+  tol_err e[5];
+  e[0] = compare_rows(o, 0, naive->out, o->dtype, exact, ATTN_DTYPE_F64);
+  e[1] = compare_rows(o, 1, naive->lse, stat, exact, ATTN_DTYPE_F64);
+  if (o->backward) {
+    e[2] = compare_rows(o, 2, naive->dq, o->dtype, exact, ATTN_DTYPE_F64);
+    e[3] = tol_compare(naive->dk, exact->dk, o->nkeys * p->head_dim);
+    e[4] = tol_compare(naive->dv, exact->dv, o->nkeys * p->head_dim_v);
+  }
+  for (int i = 0; i < (o->backward ? 5 : 2); ++i) o->naive_err[i] = tol_naive_error(&e[i], NULL);
+}
+
+static int alloc_results(h_oracle *o, int which) {
+  const attn_problem *p = &o->resolved;
+  attn_dtype t = which == ORACLE ? ATTN_DTYPE_F64 : o->dtype;
+  ref_results *r = &o->res[which];
+  r->out = calloc((size_t)attn_role_numel(p, ATTN_ROLE_OUT), attn_dtype_size(t));
+  r->lse = calloc((size_t)attn_role_numel(p, ATTN_ROLE_LSE), attn_dtype_size(attn_stat_dtype(t)));
+  if (r->out == NULL || r->lse == NULL) return 0;
+  if (!o->backward) return 1;
+  size_t keys = (size_t)(o->nkeys > 0 ? o->nkeys : 1);
+  r->dq = calloc((size_t)attn_role_numel(p, ATTN_ROLE_DQ), attn_dtype_size(t));
+  r->dk = calloc(keys * (size_t)p->head_dim, sizeof(double));
+  r->dv = calloc(keys * (size_t)p->head_dim_v, sizeof(double));
+  return r->dq != NULL && r->dk != NULL && r->dv != NULL;
+}
+
+/* The data's host inputs as a plan would pass them to ref: every tensor with explicit strides. */
+static void resolve_inputs(h_oracle *o) {
+  h_data view = o->data; /* a copy: binding it to the host leaves the data's device binding */
+  bind(&view, &view.host);
+  o->in = view.in;
+  o->dout = view.dout;
+  attn_outputs unused_out;
+  attn_grads unused_grads;
+  for (int r = 0; r < ATTN_ROLE_COUNT; ++r) {
+    attn_role role = (attn_role)r;
+    if (!input_role(role) || o->data.host.role[r] == NULL) continue;
+    attn_tensor *t = attn_role_field(role, &o->in, &unused_out, &o->dout, &unused_grads);
+    *t = attn_role_resolve(&o->resolved, role, *t);
+  }
+}
+
+attn_status h_oracle_make(attn_ctx *ctx, const attn_problem *problem, int backward, uint64_t seed,
+                          int64_t sample_rows, h_oracle **oracle) {
+  *oracle = NULL;
+  h_oracle *o = calloc(1, sizeof *o);
+  if (o == NULL) return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for the oracle");
+  attn_status st = h_data_make(ctx, &o->data, problem, seed, backward);
+  if (st != ATTN_STATUS_OK) return free(o), st;
+  o->backward = backward;
+  attn_problem host = *problem;
+  host.device = ATTN_DEVICE_CPU, host.device_index = 0;
+  st = attn_validate_problem(ctx, &host, &o->resolved);
+  if (st != ATTN_STATUS_OK) return h_oracle_free(o), st;
+  const attn_problem *p = &o->resolved;
+  o->dtype = (attn_dtype)p->dtype;
+  o->low = o->dtype == ATTN_DTYPE_F16 || o->dtype == ATTN_DTYPE_BF16;
+  resolve_inputs(o);
+
+  int64_t query_total = token_rows(p, 0) * p->heads_q;
+  double work = (double)query_total * (double)p->seqlen_k * (double)(p->head_dim + p->head_dim_v);
+  int64_t want = sample_rows == H_SAMPLE_AUTO
+                     ? (work > (double)H_FULL_CHECK_WORK ? H_SAMPLE_ROWS : 0)
+                     : sample_rows;
+  o->rows.sampled = want > 0 && want < query_total;
+  o->rows.seed = seed;
+  uint64_t state = seed * 0x2545f4914f6cdd1dull + 7; /* apart from the inputs' stream */
+  id_list query = {NULL, 0, 0}, forward = {NULL, 0, 0};
+  int made =
+      choose_query_rows(o, want, &state, &query) &&
+      (!backward || (choose_key_slices(o, want / 2 > 0 ? want / 2 : 1, &state) && list_key_ids(o)));
+  o->query_ids = query.v, o->nquery = query.n;
+  /* The forward runs on the checked rows and on every query row of the key slices. */
+  for (int64_t n = 0; made && n < query.n; ++n) made = id_push(&forward, query.v[n]);
+  for (int s = 0; made && backward && o->rows.sampled && s < o->nslices; ++s) {
+    const key_slice *k = &o->slices[s];
+    if (k->b >= p->batch) continue;
+    int64_t token0, len_q, cap, group = p->heads_q / p->heads_kv;
+    entry_rows(p, &o->in, k->b, 0, &token0, &len_q, &cap);
+    for (int64_t h = k->g * group; made && h < (k->g + 1) * group; ++h)
+      for (int64_t i = 0; made && i < len_q; ++i)
+        made = id_push(&forward, (token0 + i) * p->heads_q + h);
+  }
+  if (made) id_sort_unique(&forward);
+  made = made && alloc_results(o, ORACLE) && (!o->low || alloc_results(o, NAIVE));
+  if (!made) {
+    free(forward.v);
+    h_oracle_free(o);
+    return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for the reference's results");
+  }
+  o->rows.query_checked = o->nquery;
+  o->rows.query_total = query_total;
+  o->rows.key_checked = backward ? o->nkeys : 0;
+  o->rows.key_total = backward ? token_rows(p, 1) * p->heads_kv : 0;
+  /* A sample whose edge rows are all there is was no sample. */
+  if (o->nquery == query_total && o->rows.key_checked == o->rows.key_total) o->rows.sampled = 0;
+  st = evaluate(ctx, o, &forward);
+  free(forward.v);
+  if (st != ATTN_STATUS_OK) return h_oracle_free(o), st;
+  if (o->low) measure_naive(o);
+  *oracle = o;
+  return attn_succeed(ctx);
+}
+
+const h_rows *h_oracle_rows(const h_oracle *o) { return &o->rows; }
+
+int64_t h_oracle_query_ids(const h_oracle *o, const int64_t **ids) {
+  *ids = o->query_ids;
+  return o->nquery;
+}
+
+int64_t h_oracle_key_ids(const h_oracle *o, const int64_t **ids) {
+  *ids = o->key_ids;
+  return o->nkeys;
+}
+
+void h_oracle_describe(const h_oracle *o, char *text, size_t size) {
+  const h_rows *r = &o->rows;
+  if (!r->sampled) {
+    snprintf(text, size, "every row");
+    return;
+  }
+  int n = snprintf(text, size, "%lld of %lld query rows", (long long)r->query_checked,
+                   (long long)r->query_total);
+  if (n < 0 || (size_t)n >= size) return;
+  if (o->backward && !r->keys_skipped)
+    n += snprintf(text + n, size - (size_t)n, " and %lld of %lld key rows",
+                  (long long)r->key_checked, (long long)r->key_total);
+  if (n < 0 || (size_t)n >= size) return;
+  n += snprintf(text + n, size - (size_t)n, " (sampled, seed %llu)", (unsigned long long)r->seed);
+  if (n >= 0 && (size_t)n < size && o->backward && r->keys_skipped)
+    snprintf(text + n, size - (size_t)n,
+             "; dk and dv unchecked: the reference of one batch entry's keys needs all %lld of its "
+             "query rows, more than %.0e multiply-adds",
+             (long long)(o->resolved.seqlen_q * (o->resolved.heads_q / o->resolved.heads_kv)),
+             4.0 * (double)H_SLICE_WORK);
+}
+
+void h_oracle_free(h_oracle *o) {
+  if (o == NULL) return;
+  h_data_free(&o->data);
+  for (int w = 0; w < 2; ++w) {
+    free(o->res[w].out), free(o->res[w].lse), free(o->res[w].dq);
+    free(o->res[w].dk), free(o->res[w].dv);
+  }
+  for (int s = 0; s < o->nslices; ++s) free(o->slices[s].keys);
+  free(o->slices);
+  free(o->query_ids);
+  free(o->key_ids);
+  free(o);
+}
+
+h_check h_check_run(attn_ctx *ctx, h_oracle *o, const char *impl, const char *config) {
   h_check c;
   memset(&c, 0, sizeof c);
-  h_data data, oracle, naive;
-  memset(&oracle, 0, sizeof oracle);
-  memset(&naive, 0, sizeof naive);
-  attn_dtype dtype = (attn_dtype)problem->dtype;
-  int low = dtype == ATTN_DTYPE_F16 || dtype == ATTN_DTYPE_BF16;
-  c.status = h_data_make(ctx, &data, problem, seed, backward);
-  if (c.status != ATTN_STATUS_OK) goto done;
-  /* The reference runs on the host, from the host copy of the inputs the implementation reads. */
-  if (!h_data_convert(&oracle, &data, ATTN_DTYPE_F64, backward) ||
-      (low && !h_data_convert(&naive, &data, dtype, backward))) {
-    c.status = attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY,
-                         "out of memory allocating the reference's copy of the data");
-    goto done;
-  }
-  c.status = run_exact(ctx, &oracle, "ref", NULL, backward, ATTN_DTYPE_F64);
-  if (c.status == ATTN_STATUS_OK && low)
-    c.status = run_exact(ctx, &naive, "ref", NULL, backward, dtype);
-  if (c.status != ATTN_STATUS_OK) {
-    snprintf(c.worst, sizeof c.worst, "reference");
-    goto done;
-  }
-  c.status = run_exact(ctx, &data, impl, config, backward, ATTN_DTYPE_F64);
-  if (c.status != ATTN_STATUS_OK) goto done;
+  h_data *d = &o->data;
+  c.status = zero_outputs(ctx, d);
+  if (c.status == ATTN_STATUS_OK) c.status = run_exact(ctx, d, impl, config, o->backward);
+  if (c.status != ATTN_STATUS_OK) return c;
   c.ok = 1;
   double worst = -1.0;
-  for (int i = 0; i < (backward ? 5 : 2); ++i) {
+  int outputs = !o->backward ? 2 : o->rows.keys_skipped ? 3 : 5;
+  for (int i = 0; i < outputs; ++i) {
     attn_role role = compared_roles[i];
-    tol_err e = compare(&data, &oracle, role);
-    double naive_err = 0.0; /* the f32 rule needs none */
-    if (low) {
-      tol_err en = compare(&naive, &oracle, role);
-      naive_err = tol_naive_error(&en, NULL);
-    }
+    attn_dtype a_dtype = attn_role_dtype(&d->problem, role);
+    tol_err e = compare_rows(o, i, d->host.role[role], a_dtype, &o->res[ORACLE], ATTN_DTYPE_F64);
+    double naive_err = o->naive_err[i]; /* 0 for f32, whose rule needs none */
     c.err[i] = e.nonfinite != 0 ? INFINITY : e.max_abs;
     c.ref[i] = e.max_ref;
-    c.tol[i] = tol_bound(dtype, i < 2 ? TOL_FORWARD : TOL_GRADIENT, c.ref[i], naive_err);
+    c.tol[i] = tol_bound(o->dtype, i < 2 ? TOL_FORWARD : TOL_GRADIENT, c.ref[i], naive_err);
     c.compared++;
     double ratio = c.tol[i] > 0 ? c.err[i] / c.tol[i] : (c.err[i] > 0 ? INFINITY : 0.0);
     if (!tol_ok(&e, c.tol[i])) c.ok = 0;
@@ -408,10 +906,6 @@ h_check h_check_run(attn_ctx *ctx, const attn_problem *problem, const char *impl
       snprintf(c.worst, sizeof c.worst, "%s", compared_names[i]);
     }
   }
-done:
-  h_data_free(&data);
-  h_data_free(&oracle);
-  h_data_free(&naive);
   return c;
 }
 
@@ -426,17 +920,15 @@ static int compare_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-attn_status h_time(attn_ctx *ctx, const attn_problem *problem, const char *impl, const char *config,
-                   int backward, int warmup, int reps, double min_seconds, uint64_t seed,
-                   double *median_us, int *runs) {
+attn_status h_time(attn_ctx *ctx, h_oracle *o, const char *impl, const char *config, int warmup,
+                   int reps, double min_seconds, double *median_us, int *runs) {
   *median_us = 0.0;
   *runs = 0;
-  h_data d;
-  attn_status st = h_data_make(ctx, &d, problem, seed, backward);
-  if (st != ATTN_STATUS_OK) return st;
+  h_data *d = &o->data;
+  const int backward = o->backward;
   plan_run r;
-  st = plan_open(ctx, &d, impl, config, backward, &r);
-  for (int i = 0; st == ATTN_STATUS_OK && i < warmup; ++i) st = plan_pass(ctx, &r, &d, backward);
+  attn_status st = plan_open(ctx, d, impl, config, backward, &r);
+  for (int i = 0; st == ATTN_STATUS_OK && i < warmup; ++i) st = plan_pass(ctx, &r, d, backward);
   int cap = reps > 16 ? reps : 16, n = 0;
   double *times = malloc((size_t)cap * sizeof *times);
   if (st == ATTN_STATUS_OK && times == NULL)
@@ -453,7 +945,7 @@ attn_status h_time(attn_ctx *ctx, const attn_problem *problem, const char *impl,
       cap *= 2;
     }
     double t0 = now_us();
-    st = plan_pass(ctx, &r, &d, backward);
+    st = plan_pass(ctx, &r, d, backward);
     times[n++] = now_us() - t0;
   }
   if (st == ATTN_STATUS_OK && n > 0) {
@@ -462,8 +954,7 @@ attn_status h_time(attn_ctx *ctx, const attn_problem *problem, const char *impl,
     *runs = n;
   }
   free(times);
-  plan_close(&r, &d);
-  h_data_free(&d);
+  plan_close(&r, d);
   return st;
 }
 

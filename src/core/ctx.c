@@ -108,11 +108,3 @@ attn_status attn_succeed(attn_ctx *ctx) {
   }
   return ATTN_STATUS_OK;
 }
-
-void attn_format(char *buf, size_t size, const char *fmt, ...) {
-  if (buf == NULL || size == 0) return;
-  va_list args;
-  va_start(args, fmt);
-  vsnprintf(buf, size, fmt, args);
-  va_end(args);
-}

@@ -1,5 +1,5 @@
 /*
- * src/core/dtype.c - the public dtype queries.
+ * src/core/dtype.c - the public dtype queries and conversions.
  */
 #include "core/dtype.h"
 
@@ -28,3 +28,10 @@ const char *attn_dtype_name(attn_dtype dtype) {
   }
   return "unknown";
 }
+
+/* The public conversions are dtype.h's inline ones, so a user's values round exactly as the
+ * library's own. */
+uint16_t attn_f32_to_bf16(float value) { return attn_inline_f32_to_bf16(value); }
+float attn_bf16_to_f32(uint16_t bits) { return attn_inline_bf16_to_f32(bits); }
+uint16_t attn_f32_to_f16(float value) { return attn_inline_f32_to_f16(value); }
+float attn_f16_to_f32(uint16_t bits) { return attn_inline_f16_to_f32(bits); }

@@ -2,7 +2,9 @@
  * src/core/dtype.h - element types: sizes, names, and exact conversions between f64/f32 and the
  * 16-bit formats (IEEE binary16 and bfloat16), rounding to nearest even.
  *
- * These are plain C so that every backend's host code and the tests share one definition.
+ * These are plain C so that every backend's host code and the tests share one definition. The
+ * attn_inline_* conversions are the bodies of attn.h's public attn_f32_to_bf16 and friends
+ * (dtype.c), inline here for the loops that convert element by element.
  */
 #ifndef ATTN_CORE_DTYPE_H
 #define ATTN_CORE_DTYPE_H
@@ -25,16 +27,18 @@ static inline float attn_f32_from_bits(uint32_t u) {
   return f;
 }
 
-static inline float attn_bf16_to_f32(uint16_t h) { return attn_f32_from_bits((uint32_t)h << 16); }
+static inline float attn_inline_bf16_to_f32(uint16_t h) {
+  return attn_f32_from_bits((uint32_t)h << 16);
+}
 
-static inline uint16_t attn_f32_to_bf16(float f) {
+static inline uint16_t attn_inline_f32_to_bf16(float f) {
   uint32_t u = attn_f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
   u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even */
   return (uint16_t)(u >> 16);
 }
 
-static inline float attn_f16_to_f32(uint16_t h) {
+static inline float attn_inline_f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   uint32_t exponent = (h >> 10) & 0x1fu;
   uint32_t mantissa = h & 0x3ffu;
@@ -46,7 +50,7 @@ static inline float attn_f16_to_f32(uint16_t h) {
   return attn_f32_from_bits(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 
-static inline uint16_t attn_f32_to_f16(float f) {
+static inline uint16_t attn_inline_f32_to_f16(float f) {
   uint32_t u = attn_f32_bits(f);
   uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
   uint32_t magnitude = u & 0x7fffffffu;
@@ -74,8 +78,8 @@ static inline float attn_f64_to_f32_odd(double d) {
 static inline double attn_load(const void *data, attn_dtype dtype, int64_t index) {
   switch (dtype) {
   case ATTN_DTYPE_F32: return ((const float *)data)[index];
-  case ATTN_DTYPE_F16: return attn_f16_to_f32(((const uint16_t *)data)[index]);
-  case ATTN_DTYPE_BF16: return attn_bf16_to_f32(((const uint16_t *)data)[index]);
+  case ATTN_DTYPE_F16: return attn_inline_f16_to_f32(((const uint16_t *)data)[index]);
+  case ATTN_DTYPE_BF16: return attn_inline_bf16_to_f32(((const uint16_t *)data)[index]);
   case ATTN_DTYPE_F64: return ((const double *)data)[index];
   case ATTN_DTYPE_U8: return ((const uint8_t *)data)[index];
   case ATTN_DTYPE_I32: return ((const int32_t *)data)[index];
@@ -91,8 +95,12 @@ static inline void attn_store(void *data, attn_dtype dtype, int64_t index, doubl
   case ATTN_DTYPE_U8: ((uint8_t *)data)[index] = (uint8_t)value; break;
   case ATTN_DTYPE_I32: ((int32_t *)data)[index] = (int32_t)value; break;
   case ATTN_DTYPE_F32: ((float *)data)[index] = (float)value; break;
-  case ATTN_DTYPE_F16: ((uint16_t *)data)[index] = attn_f32_to_f16(attn_f64_to_f32_odd(value)); break;
-  case ATTN_DTYPE_BF16: ((uint16_t *)data)[index] = attn_f32_to_bf16(attn_f64_to_f32_odd(value)); break;
+  case ATTN_DTYPE_F16:
+    ((uint16_t *)data)[index] = attn_inline_f32_to_f16(attn_f64_to_f32_odd(value));
+    break;
+  case ATTN_DTYPE_BF16:
+    ((uint16_t *)data)[index] = attn_inline_f32_to_bf16(attn_f64_to_f32_odd(value));
+    break;
   case ATTN_DTYPE_F64: ((double *)data)[index] = value; break;
   case ATTN_DTYPE_COUNT: break;
   }
@@ -102,8 +110,10 @@ static inline void attn_store(void *data, attn_dtype dtype, int64_t index, doubl
 static inline double attn_round_to(attn_dtype dtype, double value) {
   switch (dtype) {
   case ATTN_DTYPE_F32: return (float)value;
-  case ATTN_DTYPE_F16: return attn_f16_to_f32(attn_f32_to_f16(attn_f64_to_f32_odd(value)));
-  case ATTN_DTYPE_BF16: return attn_bf16_to_f32(attn_f32_to_bf16(attn_f64_to_f32_odd(value)));
+  case ATTN_DTYPE_F16:
+    return attn_inline_f16_to_f32(attn_inline_f32_to_f16(attn_f64_to_f32_odd(value)));
+  case ATTN_DTYPE_BF16:
+    return attn_inline_bf16_to_f32(attn_inline_f32_to_bf16(attn_f64_to_f32_odd(value)));
   default: return value;
   }
 }

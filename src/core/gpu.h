@@ -32,7 +32,7 @@ typedef struct attn_gpu_ops {
   attn_status (*device_count)(int32_t *count, char *why, size_t why_size);
 } attn_gpu_ops;
 
-/* The services, or NULL when this build has no CUDA runtime (no CUDA or cuDNN implementation). */
+/* The services of the first GPU module that loaded (src/module), or NULL when none did. */
 const attn_gpu_ops *attn_gpu(void);
 
 #endif /* ATTN_CORE_GPU_H */

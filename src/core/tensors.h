@@ -10,30 +10,7 @@
 
 #include "attn.h"
 
-typedef enum attn_role {
-  ATTN_ROLE_Q,
-  ATTN_ROLE_K,
-  ATTN_ROLE_V,
-  ATTN_ROLE_BIAS,
-  ATTN_ROLE_MASK,
-  ATTN_ROLE_ALIBI,
-  ATTN_ROLE_SINKS,
-  ATTN_ROLE_Q_SEGMENT_IDS,
-  ATTN_ROLE_KV_SEGMENT_IDS,
-  ATTN_ROLE_OUT,
-  ATTN_ROLE_LSE,
-  ATTN_ROLE_PROBS,
-  ATTN_ROLE_DOUT,
-  ATTN_ROLE_DQ,
-  ATTN_ROLE_DK,
-  ATTN_ROLE_DV,
-  ATTN_ROLE_DBIAS,
-  ATTN_ROLE_DSINKS,
-  ATTN_ROLE_COUNT
-} attn_role;
-
-/* "q", "k", ..., "dsinks": the names used in messages, equal to the fields of the public structs. */
-const char *attn_role_name(attn_role role);
+/* attn_role and attn_role_name are public (attn.h). */
 
 /* Whether the problem uses this tensor at all (bias only with has_bias, and so on). */
 int attn_role_used(const attn_problem *problem, attn_role role);

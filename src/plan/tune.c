@@ -56,7 +56,8 @@ static attn_status to_device(const attn_scratch *s, void **buf, size_t bytes, ch
                              size_t why_size) {
   void *dev = NULL;
   attn_status status = s->gpu->alloc(s->device_index, bytes, &dev, why, why_size);
-  if (status == ATTN_STATUS_OK) status = s->gpu->upload(s->device_index, dev, *buf, bytes, why, why_size);
+  if (status == ATTN_STATUS_OK)
+    status = s->gpu->upload(s->device_index, dev, *buf, bytes, why, why_size);
   if (status != ATTN_STATUS_OK) {
     s->gpu->release(s->device_index, dev);
     dev = NULL;
@@ -77,7 +78,9 @@ attn_status attn_scratch_create(const attn_problem *p, int backward, attn_scratc
     s->device_index = p->device_index;
     if (s->gpu == NULL) {
       attn_scratch_destroy(s);
-      attn_format(why, why_size, "timing a GPU problem needs the CUDA runtime, and this build has none");
+      attn_format(why, why_size,
+                  "timing a GPU problem needs the CUDA runtime of a GPU module, and none loaded "
+                  "(attn_module_info says why)");
       return ATTN_STATUS_UNSUPPORTED;
     }
   }
@@ -102,7 +105,8 @@ attn_status attn_scratch_create(const attn_problem *p, int backward, attn_scratc
       else
         attn_store(s->data[r], dtype, i, role == ATTN_ROLE_ALIBI ? 0.5 * u : 2.0 * u - 1.0);
     }
-    if (s->gpu != NULL && (status = to_device(s, &s->data[r], bytes, why, why_size)) != ATTN_STATUS_OK)
+    if (s->gpu != NULL &&
+        (status = to_device(s, &s->data[r], bytes, why, why_size)) != ATTN_STATUS_OK)
       goto fail;
     *slot = attn_tensor_dense(s->data[r]);
   }
@@ -113,11 +117,14 @@ attn_status attn_scratch_create(const attn_problem *p, int backward, attn_scratc
     *k = packed ? even_cu_seqlens(p->batch, p->total_k) : full_seqlens(p->batch, p->seqlen_k);
     if (*q == NULL || *k == NULL) goto oom;
     const size_t bytes = (size_t)(p->batch + packed) * sizeof(int32_t);
-    if (s->gpu != NULL && ((status = to_device(s, (void **)q, bytes, why, why_size)) != ATTN_STATUS_OK ||
-                           (status = to_device(s, (void **)k, bytes, why, why_size)) != ATTN_STATUS_OK))
+    if (s->gpu != NULL &&
+        ((status = to_device(s, (void **)q, bytes, why, why_size)) != ATTN_STATUS_OK ||
+         (status = to_device(s, (void **)k, bytes, why, why_size)) != ATTN_STATUS_OK))
       goto fail;
-    if (packed) s->inputs.cu_seqlens_q = s->cu_q, s->inputs.cu_seqlens_k = s->cu_k;
-    else s->inputs.seqlens_q = s->len_q, s->inputs.seqlens_k = s->len_k;
+    if (packed)
+      s->inputs.cu_seqlens_q = s->cu_q, s->inputs.cu_seqlens_k = s->cu_k;
+    else
+      s->inputs.seqlens_q = s->len_q, s->inputs.seqlens_k = s->len_k;
   }
   s->inputs.dropout_seed = 1234;
   *out = s;
@@ -131,8 +138,10 @@ fail: /* why says what failed */
 }
 
 static void release(const attn_scratch *s, void *buf) {
-  if (s->gpu != NULL) s->gpu->release(s->device_index, buf);
-  else free(buf);
+  if (s->gpu != NULL)
+    s->gpu->release(s->device_index, buf);
+  else
+    free(buf);
 }
 
 void attn_scratch_destroy(attn_scratch *s) {
@@ -184,8 +193,8 @@ static attn_status run_once(attn_plan *plan, attn_scratch *s, int backward, void
                             size_t workspace_size, char *why, size_t why_size) {
   attn_status status = attn_plan_forward(plan, &s->inputs, workspace, workspace_size, &s->outputs);
   if (status == ATTN_STATUS_OK && backward)
-    status = attn_plan_backward(plan, &s->inputs, &s->outputs, &s->dout, workspace,
-                                workspace_size, &s->grads);
+    status = attn_plan_backward(plan, &s->inputs, &s->outputs, &s->dout, workspace, workspace_size,
+                                &s->grads);
   if (status == ATTN_STATUS_OK && s->gpu != NULL)
     status = s->gpu->synchronize(s->device_index, why, why_size);
   return status;
@@ -217,7 +226,8 @@ attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_i
     status = attn_plan_workspace_size(plan, &fwd, &bwd);
     workspace_size = policy->tune_backward && bwd > fwd ? bwd : fwd;
     if (status == ATTN_STATUS_OK && workspace_size > 0)
-      status = scratch->gpu->alloc(scratch->device_index, workspace_size, &workspace, why, why_size);
+      status =
+          scratch->gpu->alloc(scratch->device_index, workspace_size, &workspace, why, why_size);
   }
   int n_max = policy->measure_iters > 0 ? policy->measure_iters : 1;
   double *times = malloc(2 * (size_t)n_max * sizeof *times);
@@ -226,7 +236,8 @@ attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_i
   double budget_us = policy->max_seconds * 1e6;
   for (int i = 0; status == ATTN_STATUS_OK && i < policy->warmup_iters; ++i) {
     double t0 = now_us();
-    status = run_once(plan, scratch, policy->tune_backward, workspace, workspace_size, why, why_size);
+    status =
+        run_once(plan, scratch, policy->tune_backward, workspace, workspace_size, why, why_size);
     double t1 = now_us();
     if (t1 - start > budget_us || (cutoff_us > 0.0 && t1 - t0 > cutoff_us)) break;
   }
@@ -234,7 +245,8 @@ attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_i
   double last_median = -1.0;
   while (status == ATTN_STATUS_OK && n < n_max) {
     double t0 = now_us();
-    status = run_once(plan, scratch, policy->tune_backward, workspace, workspace_size, why, why_size);
+    status =
+        run_once(plan, scratch, policy->tune_backward, workspace, workspace_size, why, why_size);
     double t1 = now_us();
     if (status != ATTN_STATUS_OK) break;
     times[n++] = t1 - t0;

@@ -2,12 +2,12 @@
 # tests/install/consumer_test.sh - run by CTest as the test `install`.
 #
 # Installs the build into a temporary prefix, then builds examples/hello.c against the installed
-# files (pkg-config shared + rpath, pkg-config static, CMake find_package shared and static), runs
+# files (the README's pkg-config lines, shared and static; CMake find_package shared and static), runs
 # each program and checks it exits 0 and prints its result. Exits 77 (skip) without pkg-config.
 #
-# usage: consumer_test.sh BUILD_DIR LIBDIR HELLO_C CONSUMER_DIR CC CMAKE GENERATOR [EXTRA_CFLAGS]
+# usage: consumer_test.sh BUILD_DIR LIBDIR HELLO_C CONSUMER_DIR CC CMAKE GENERATOR README [EXTRA_CFLAGS]
 set -eu
-build=$1 libdir_rel=$2 hello=$3 consumer=$4 cc=$5 cmake=$6 generator=$7 extra=${8:-}
+build=$1 libdir_rel=$2 hello=$3 consumer=$4 cc=$5 cmake=$6 generator=$7 readme=$8 extra=${9:-}
 
 if ! command -v pkg-config >/dev/null 2>&1; then
   echo "SKIP: pkg-config is not installed (apt-get install pkg-config)"
@@ -30,33 +30,43 @@ run() { # run NAME PROGRAM: the program must exit 0 and print out[0]
   cat "$tmp/install.log"; echo "FAIL: cmake --install"; exit 1; }
 libdir=$prefix/$libdir_rel
 for f in "$prefix/include/attn.h" "$libdir/libattn.a" "$libdir/libattn.so" \
-         "$libdir/pkgconfig/attn.pc" "$libdir/cmake/attn/attnConfig.cmake" \
+         "$libdir/pkgconfig/attn.pc" "$libdir/pkgconfig/attn-static.pc" "$libdir/cmake/attn/attnConfig.cmake" \
          "$libdir/cmake/attn/attnConfigVersion.cmake" "$libdir/cmake/attn/attnTargets.cmake"; do
   [ -e "$f" ] || { echo "FAIL: $f was not installed"; exit 1; }
 done
 echo "PASS installed into $prefix"
+# The exported targets are relocatable and name no library of this machine's CUDA installation
+# (the GPU implementations are modules, loaded at run time).
+if grep -il 'cuda\|cudnn' "$libdir"/cmake/attn/attnTargets*.cmake "$libdir"/pkgconfig/*.pc; then
+  echo "FAIL: the installed CMake package or pkg-config files name CUDA"; exit 1
+fi
 
-# pkg-config, shared library, found at run time through the rpath.
+# pkg-config: the README's own lines (those starting `cc app.c`), run as written with app.c =
+# hello.c, so the README cannot show a link line that fails. The first links the shared library
+# (found at run time through the rpath), the second the static one.
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
-cflags=$(pkg-config --cflags attn)
-libs=$(pkg-config --libs attn)
 pclibdir=$(pkg-config --variable=libdir attn)
 [ "$(cd "$pclibdir" && pwd -P)" = "$(cd "$libdir" && pwd -P)" ] || {
   echo "FAIL: attn.pc says libdir=$pclibdir, the library is in $libdir"; exit 1; }
-# shellcheck disable=SC2086 # flags are words
-"$cc" $extra -std=c11 -Wall -Wextra -Wpedantic -Werror $cflags "$hello" -o "$tmp/hello_pc_shared" \
-  $libs -Wl,-rpath,"$libdir"
-run pkg-config-shared "$tmp/hello_pc_shared"
-
-# pkg-config, static library: -Bstatic picks libattn.a although libattn.so sits beside it.
-static_libs=$(pkg-config --static --libs-only-l attn | sed 's/-lattn//')
-# shellcheck disable=SC2086
-"$cc" $extra -std=c11 $cflags "$hello" -o "$tmp/hello_pc_static" \
-  $(pkg-config --static --libs-only-L attn) -Wl,-Bstatic -lattn -Wl,-Bdynamic $static_libs
-if command -v readelf >/dev/null 2>&1 && readelf -d "$tmp/hello_pc_static" | grep -q 'libattn'; then
-  echo "FAIL: hello_pc_static depends on the shared libattn"; exit 1
+grep '^cc app.c ' "$readme" >"$tmp/readme_lines" || { echo "FAIL: no 'cc app.c' line in $readme"; exit 1; }
+[ "$(wc -l <"$tmp/readme_lines")" -eq 2 ] || {
+  echo "FAIL: expected the README's two link lines (shared, static):"; cat "$tmp/readme_lines"; exit 1; }
+n=0
+while IFS= read -r line; do
+  n=$((n + 1))
+  echo "README line $n: $line"
+  cmd=$(printf '%s' "$line" | sed -e 's/ *#.*$//' -e "s|^cc app.c|\"\$cc\" \$extra \"\$hello\"|")
+  eval "$cmd -o \"\$tmp/hello_readme_$n\"" || { echo "FAIL: README line $n did not build"; exit 1; }
+done <"$tmp/readme_lines"
+run readme-shared "$tmp/hello_readme_1"
+run readme-static "$tmp/hello_readme_2"
+if command -v readelf >/dev/null 2>&1; then
+  readelf -d "$tmp/hello_readme_1" | grep -q 'libattn\.so' || {
+    echo "FAIL: README line 1 does not link the shared libattn"; exit 1; }
+  if readelf -d "$tmp/hello_readme_2" | grep -q 'libattn'; then
+    echo "FAIL: README line 2 (static) depends on the shared libattn"; exit 1
+  fi
 fi
-run pkg-config-static "$tmp/hello_pc_static"
 
 # CMake: find_package(attn CONFIG REQUIRED) with attn::attn and attn::attn_static.
 "$cmake" -S "$consumer" -B "$tmp/consumer" -G "$generator" -DCMAKE_BUILD_TYPE=Release \

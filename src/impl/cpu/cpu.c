@@ -162,8 +162,8 @@ static cpu_seq make_seq(const cpu_run *c, int64_t pair) {
 static inline float load1(const void *base, attn_dtype dt, int64_t off) {
   switch (dt) {
   case ATTN_DTYPE_F32: return ((const float *)base)[off];
-  case ATTN_DTYPE_F16: return attn_f16_to_f32(((const uint16_t *)base)[off]);
-  case ATTN_DTYPE_BF16: return attn_bf16_to_f32(((const uint16_t *)base)[off]);
+  case ATTN_DTYPE_F16: return attn_inline_f16_to_f32(((const uint16_t *)base)[off]);
+  case ATTN_DTYPE_BF16: return attn_inline_bf16_to_f32(((const uint16_t *)base)[off]);
   default: return 0.0f;
   }
 }
@@ -171,8 +171,8 @@ static inline float load1(const void *base, attn_dtype dt, int64_t off) {
 static inline void store1(void *base, attn_dtype dt, int64_t off, float v) {
   switch (dt) {
   case ATTN_DTYPE_F32: ((float *)base)[off] = v; break;
-  case ATTN_DTYPE_F16: ((uint16_t *)base)[off] = attn_f32_to_f16(v); break;
-  case ATTN_DTYPE_BF16: ((uint16_t *)base)[off] = attn_f32_to_bf16(v); break;
+  case ATTN_DTYPE_F16: ((uint16_t *)base)[off] = attn_inline_f32_to_f16(v); break;
+  case ATTN_DTYPE_BF16: ((uint16_t *)base)[off] = attn_inline_f32_to_bf16(v); break;
   default: break;
   }
 }

@@ -198,7 +198,7 @@ static void load_f16_avx2(const uint16_t *src, int64_t n, float s, float *dst) {
   for (; d + 8 <= n; d += 8)
     _mm256_storeu_ps(
         dst + d, _mm256_mul_ps(sv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + d)))));
-  for (; d < n; ++d) dst[d] = s * attn_f16_to_f32(src[d]);
+  for (; d < n; ++d) dst[d] = s * attn_inline_f16_to_f32(src[d]);
 }
 
 static void store_f16_avx2(uint16_t *dst, int64_t n, const float *src, float s) {
@@ -208,7 +208,7 @@ static void store_f16_avx2(uint16_t *dst, int64_t n, const float *src, float s) 
     _mm_storeu_si128((__m128i *)(dst + d),
                      _mm256_cvtps_ph(_mm256_mul_ps(sv, _mm256_loadu_ps(src + d)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  for (; d < n; ++d) dst[d] = attn_f32_to_f16(s * src[d]);
+  for (; d < n; ++d) dst[d] = attn_inline_f32_to_f16(s * src[d]);
 }
 
 const attn_cpu_kernels attn_cpu_kernels_avx2 = {

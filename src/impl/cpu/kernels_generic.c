@@ -59,11 +59,11 @@ void attn_cpu_softcap_generic(float *x, float *dc, int64_t n, float cap) {
 }
 
 void attn_cpu_load_f16_generic(const uint16_t *src, int64_t n, float s, float *dst) {
-  for (int64_t d = 0; d < n; ++d) dst[d] = s * attn_f16_to_f32(src[d]);
+  for (int64_t d = 0; d < n; ++d) dst[d] = s * attn_inline_f16_to_f32(src[d]);
 }
 
 void attn_cpu_store_f16_generic(uint16_t *dst, int64_t n, const float *src, float s) {
-  for (int64_t d = 0; d < n; ++d) dst[d] = attn_f32_to_f16(s * src[d]);
+  for (int64_t d = 0; d < n; ++d) dst[d] = attn_inline_f32_to_f16(s * src[d]);
 }
 
 void attn_cpu_dropout_keep_generic(uint64_t seed, uint32_t threshold, int64_t b, int64_t h,

@@ -19,6 +19,8 @@
 #include "core/philox.h"
 #include "core/tensors.h"
 #include "impl/cuda/cuda_launch.h"
+#include "module/gpu_runtime.h"
+#include "module/module.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -27,7 +29,9 @@
 #define ATTN_CUDA_MAX_LEN ((int64_t)1 << 30)
 #define ATTN_CUDA_ALIGN 256
 
-static size_t align_up(size_t n) { return (n + ATTN_CUDA_ALIGN - 1) & ~(size_t)(ATTN_CUDA_ALIGN - 1); }
+static size_t align_up(size_t n) {
+  return (n + ATTN_CUDA_ALIGN - 1) & ~(size_t)(ATTN_CUDA_ALIGN - 1);
+}
 
 static int64_t rows_q(const attn_problem *p) {
   return p->varlen == ATTN_VARLEN_PACKED ? p->total_q : p->batch * p->seqlen_q;
@@ -48,8 +52,10 @@ static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_si
     return ATTN_STATUS_UNSUPPORTED;
   }
   if (p->head_dim % 8 != 0 || p->head_dim_v % 8 != 0) {
-    attn_format(why, why_size, "head_dim=%lld, head_dim_v=%lld: the cuda kernels need multiples of 8 "
-                "(16-byte copies)", (long long)p->head_dim, (long long)p->head_dim_v);
+    attn_format(why, why_size,
+                "head_dim=%lld, head_dim_v=%lld: the cuda kernels need multiples of 8 "
+                "(16-byte copies)",
+                (long long)p->head_dim, (long long)p->head_dim_v);
     return ATTN_STATUS_UNSUPPORTED;
   }
   if (p->head_dim > 256 || p->head_dim_v > 256) {
@@ -58,7 +64,8 @@ static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_si
     return ATTN_STATUS_UNSUPPORTED;
   }
   if (p->batch > 65535 || p->heads_q > 65535) {
-    attn_format(why, why_size, "batch=%lld, heads_q=%lld: the cuda grid allows at most 65535 of each",
+    attn_format(why, why_size,
+                "batch=%lld, heads_q=%lld: the cuda grid allows at most 65535 of each",
                 (long long)p->batch, (long long)p->heads_q);
     return ATTN_STATUS_UNSUPPORTED;
   }
@@ -70,12 +77,14 @@ static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_si
   int cc = 0;
   size_t smem = 0;
   char dev_why[512] = "";
-  if (attn_cuda_device_info(p->device_index, &cc, &smem, dev_why, sizeof dev_why) != ATTN_STATUS_OK) {
+  if (attn_cuda_device_info(p->device_index, &cc, &smem, dev_why, sizeof dev_why) !=
+      ATTN_STATUS_OK) {
     attn_format(why, why_size, "no usable CUDA device: %s", dev_why);
     return ATTN_STATUS_UNSUPPORTED;
   }
   if (cc < 80) {
-    attn_format(why, why_size, "device %d has compute capability %d.%d: the cuda kernels need 8.0 or newer",
+    attn_format(why, why_size,
+                "device %d has compute capability %d.%d: the cuda kernels need 8.0 or newer",
                 (int)p->device_index, cc / 10, cc % 10);
     return ATTN_STATUS_UNSUPPORTED;
   }
@@ -84,8 +93,9 @@ static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_si
   size_t need_fwd = attn_cuda_smem_bytes(kd, 0);
   if (need_fwd > need) need = need_fwd;
   if (need > smem) {
-    attn_format(why, why_size, "head dim %d needs %zu bytes of shared memory per block; device %d offers %zu",
-                kd, need, (int)p->device_index, smem);
+    attn_format(why, why_size,
+                "head dim %d needs %zu bytes of shared memory per block; device %d offers %zu", kd,
+                need, (int)p->device_index, smem);
     return ATTN_STATUS_UNSUPPORTED;
   }
   return ATTN_STATUS_OK;
@@ -111,8 +121,9 @@ static void cuda_config_name(const attn_problem *problem, int32_t config, char *
  * when dbias is summed over broadcast dims of the bias, which every configuration does with
  * atomics (the problem does not say whether dbias is asked for, so this answers for the worst). */
 static int cuda_config_deterministic(const attn_problem *p, int32_t config) {
-  int broadcast_bias = p->has_bias && (p->bias_shape[0] != p->batch || p->bias_shape[1] != p->heads_q ||
-                                       p->bias_shape[2] != p->seqlen_q || p->bias_shape[3] != p->seqlen_k);
+  int broadcast_bias =
+      p->has_bias && (p->bias_shape[0] != p->batch || p->bias_shape[1] != p->heads_q ||
+                      p->bias_shape[2] != p->seqlen_q || p->bias_shape[3] != p->seqlen_k);
   return config != CUDA_CONFIG_ATOMIC && !broadcast_bias;
 }
 
@@ -129,7 +140,8 @@ static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const v
   if (!backward) return 0;
   size_t bytes = align_up((size_t)(p->heads_q * rows_q(p)) * sizeof(float));
   if (p->has_bias) bytes += align_up((size_t)attn_role_numel(p, ATTN_ROLE_BIAS) * sizeof(float));
-  if (config == CUDA_CONFIG_ATOMIC) bytes += align_up((size_t)(p->heads_q * rows_q(p) * p->head_dim) * sizeof(float));
+  if (config == CUDA_CONFIG_ATOMIC)
+    bytes += align_up((size_t)(p->heads_q * rows_q(p) * p->head_dim) * sizeof(float));
   return bytes;
 }
 
@@ -141,24 +153,29 @@ typedef struct token_strides {
 
 /* Strides (batch, row, head) of a token tensor in the kernels' addressing, after checking what the
  * 16-byte copies need: contiguous last dimension, other strides and the base 16-byte aligned. */
-static int token_layout(const attn_problem *p, const attn_tensor *t, const char *name, int64_t heads,
-                        token_strides *out, char *why, size_t why_size) {
+static int token_layout(const attn_problem *p, const attn_tensor *t, const char *name,
+                        int64_t heads, token_strides *out, char *why, size_t why_size) {
   int64_t shape[ATTN_MAX_DIMS];
   attn_role role = ATTN_ROLE_Q; /* any token role: only the number of dims matters here */
   int ndim = attn_role_shape(p, role, shape);
   int64_t sb, sr, sh, sd;
-  if (ndim == 3) sb = 0, sr = t->stride[0], sh = t->stride[1], sd = t->stride[2];
-  else sb = t->stride[0], sr = t->stride[1], sh = t->stride[2], sd = t->stride[3];
+  if (ndim == 3)
+    sb = 0, sr = t->stride[0], sh = t->stride[1], sd = t->stride[2];
+  else
+    sb = t->stride[0], sr = t->stride[1], sh = t->stride[2], sd = t->stride[3];
   if (heads == 1) sh = 0;
   if (ndim == 4 && p->batch == 1) sb = 0;
   if (sd != 1) {
-    attn_format(why, why_size, "%s.stride[%d]=%lld: the cuda kernels need a contiguous last dimension",
-                name, ndim - 1, (long long)sd);
+    attn_format(why, why_size,
+                "%s.stride[%d]=%lld: the cuda kernels need a contiguous last dimension", name,
+                ndim - 1, (long long)sd);
     return 0;
   }
   if (sb % 8 != 0 || sr % 8 != 0 || sh % 8 != 0 || ((uintptr_t)t->data % 16) != 0) {
-    attn_format(why, why_size, "%s: the cuda kernels need 16-byte aligned data and strides that are "
-                "multiples of 8 elements", name);
+    attn_format(why, why_size,
+                "%s: the cuda kernels need 16-byte aligned data and strides that are "
+                "multiples of 8 elements",
+                name);
     return 0;
   }
   out->b = sb, out->r = sr, out->h = sh;
@@ -177,7 +194,8 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
   size_t ws = run->why_size;
   memset(k, 0, sizeof *k);
   k->device_index = p->device_index;
-  k->batch = (int32_t)p->batch, k->seqlen_q = (int32_t)p->seqlen_q, k->seqlen_k = (int32_t)p->seqlen_k;
+  k->batch = (int32_t)p->batch, k->seqlen_q = (int32_t)p->seqlen_q,
+  k->seqlen_k = (int32_t)p->seqlen_k;
   k->heads_q = (int32_t)p->heads_q, k->heads_kv = (int32_t)p->heads_kv;
   k->group = (int32_t)(p->heads_q / p->heads_kv);
   k->d = (int32_t)p->head_dim, k->dv = (int32_t)p->head_dim_v;
@@ -196,15 +214,18 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
 
   if (out->lse.data != NULL) {
     k->lse = (float *)out->lse.data;
-    if (p->varlen == ATTN_VARLEN_PACKED) k->lse_b = 0, k->lse_h = out->lse.stride[0], k->lse_r = out->lse.stride[1];
-    else k->lse_b = out->lse.stride[0], k->lse_h = out->lse.stride[1], k->lse_r = out->lse.stride[2];
+    if (p->varlen == ATTN_VARLEN_PACKED)
+      k->lse_b = 0, k->lse_h = out->lse.stride[0], k->lse_r = out->lse.stride[1];
+    else
+      k->lse_b = out->lse.stride[0], k->lse_h = out->lse.stride[1], k->lse_r = out->lse.stride[2];
   }
 
   if (p->has_bias) {
     const int64_t *sh = p->bias_shape;
     k->bias = in->bias.data;
-    for (int d = 0; d < 4; ++d) k->bias_s[d] = bstride(sh, in->bias.stride, d), k->bias_shape[d] = sh[d];
-    k->bias_elem = p->bias_dtype == ATTN_DTYPE_F32 ? ATTN_CUDA_ELEM_F32
+    for (int d = 0; d < 4; ++d)
+      k->bias_s[d] = bstride(sh, in->bias.stride, d), k->bias_shape[d] = sh[d];
+    k->bias_elem = p->bias_dtype == ATTN_DTYPE_F32    ? ATTN_CUDA_ELEM_F32
                    : p->bias_dtype == ATTN_DTYPE_BF16 ? ATTN_CUDA_ELEM_BF16
                                                       : ATTN_CUDA_ELEM_F16;
     k->bias_head_mode = sh[1] == p->heads_q ? 1 : sh[1] == p->heads_kv ? 2 : 0;
@@ -217,14 +238,17 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
     k->alibi = (const float *)in->alibi_slopes.data;
     if (p->alibi == ATTN_ALIBI_PER_BATCH_HEAD)
       k->alibi_b = in->alibi_slopes.stride[0], k->alibi_h = in->alibi_slopes.stride[1];
-    else k->alibi_b = 0, k->alibi_h = in->alibi_slopes.stride[0];
+    else
+      k->alibi_b = 0, k->alibi_h = in->alibi_slopes.stride[0];
   }
   if (p->num_sinks > 0) {
     k->sinks = (const float *)in->sinks.data;
     k->num_sinks = (int32_t)p->num_sinks;
     k->sinks_shared = p->sinks_shared;
-    if (p->sinks_shared) k->sinks_h = 0, k->sinks_t = in->sinks.stride[0];
-    else k->sinks_h = in->sinks.stride[0], k->sinks_t = in->sinks.stride[1];
+    if (p->sinks_shared)
+      k->sinks_h = 0, k->sinks_t = in->sinks.stride[0];
+    else
+      k->sinks_h = in->sinks.stride[0], k->sinks_t = in->sinks.stride[1];
   }
   if (p->has_segment_ids) {
     k->q_seg = (const int32_t *)in->q_segment_ids.data;
@@ -254,7 +278,8 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
 
   if (backward) {
     const attn_grads *g = run->grads;
-    if (!token_layout(p, run->dout, "dout", p->heads_q, &s, why, ws)) return ATTN_STATUS_UNSUPPORTED;
+    if (!token_layout(p, run->dout, "dout", p->heads_q, &s, why, ws))
+      return ATTN_STATUS_UNSUPPORTED;
     k->dout = run->dout->data, k->do_b = s.b, k->do_r = s.r, k->do_h = s.h;
     if (!token_layout(p, &g->dq, "dq", p->heads_q, &s, why, ws)) return ATTN_STATUS_UNSUPPORTED;
     k->dq_out = g->dq.data, k->dq_b = s.b, k->dq_r = s.r, k->dq_h = s.h;
@@ -274,8 +299,10 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
     if (run->config == CUDA_CONFIG_ATOMIC) k->dq_accum = (float *)w;
     if (p->num_sinks > 0 && g->dsinks.data != NULL) {
       k->dsinks = (float *)g->dsinks.data;
-      if (p->sinks_shared) k->dsinks_h = 0, k->dsinks_t = g->dsinks.stride[0];
-      else k->dsinks_h = g->dsinks.stride[0], k->dsinks_t = g->dsinks.stride[1];
+      if (p->sinks_shared)
+        k->dsinks_h = 0, k->dsinks_t = g->dsinks.stride[0];
+      else
+        k->dsinks_h = g->dsinks.stride[0], k->dsinks_t = g->dsinks.stride[1];
     }
   }
   return ATTN_STATUS_OK;
@@ -312,3 +339,12 @@ const attn_impl attn_cuda_impl = {
     .backward = cuda_backward,
     .config_deterministic = cuda_config_deterministic,
 };
+
+/* The module libattn_cuda.so (src/module/module.h): this implementation and the CUDA runtime
+ * services. src/module/entry.c exports it; libattn_gpu.a links it in directly. */
+static const attn_impl *const cuda_module_impls[] = {&attn_cuda_impl};
+static const attn_module_table cuda_module_table = {ATTN_MODULE_TABLE_HEADER, "cuda",
+                                                    cuda_module_impls, 1, &attn_gpu_runtime_ops,
+                                                    NULL};
+const attn_module_table *attn_cuda_module(void);
+const attn_module_table *attn_cuda_module(void) { return &cuda_module_table; }

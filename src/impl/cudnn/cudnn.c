@@ -14,8 +14,9 @@
  * (cudnn-frontend's set_deterministic_algorithm(true)); the section "configurations" says how each
  * is built, and config_deterministic declares only the second to a deterministic policy.
  *
- * Graph building is slow (heuristics, sometimes run-time compilation), so a plan builds its graphs
- * once in plan_init for the dense layout and keeps one more graph per strided layout it meets.
+ * Graph building is slow (heuristics, sometimes run-time compilation: 85-90 ms a graph on an H200),
+ * so a plan takes its graphs in plan_init for the dense layout and one more per strided layout it
+ * meets, from the process-wide cache of cudnn_cache.c: the second plan of a shape builds nothing.
  * cuDNN's version and the GPU's compute capability are checked at run time: a library or a GPU
  * too old is UNSUPPORTED, never a crash.
  *
@@ -26,6 +27,8 @@
 #include "core/tensors.h"
 #include "impl/cudnn/cudnn_graph.h"
 #include "impl/impl.h"
+#include "module/gpu_runtime.h"
+#include "module/module.h"
 
 #include <cuda_runtime_api.h>
 
@@ -124,8 +127,7 @@ static attn_status problem_supported(const attn_problem *p, int version, int sm,
     NO("varlen=packed: packed sequences are not supported (use varlen=padded)");
   if (p->alibi == ATTN_ALIBI_PER_BATCH_HEAD)
     NO("alibi=per_batch_head: only per-head ALiBi slopes [Hq] are supported");
-  if (p->seqlen_k == 0 && p->seqlen_q > 0)
-    NO("seqlen_k=0: rows without any key are not supported");
+  if (p->seqlen_k == 0 && p->seqlen_q > 0) NO("seqlen_k=0: rows without any key are not supported");
   if (p->seqlen_q == 1 && p->seqlen_k == 1) NO("seqlen_q=1 and seqlen_k=1 is not supported");
   if (p->head_dim % 8 != 0 || p->head_dim_v % 8 != 0)
     NO("head_dim=%lld, head_dim_v=%lld: both must be multiples of 8", (long long)p->head_dim,
@@ -257,7 +259,9 @@ static int cudnn_config_deterministic(const attn_problem *p, int32_t config) {
   return sm != 0 && !deterministic_refused(p, (int)cudnnGetVersion(), sm, why, sizeof why);
 }
 
-static size_t align_up(size_t n) { return (n + ATTN_CUDNN_ALIGN - 1) & ~(size_t)(ATTN_CUDNN_ALIGN - 1); }
+static size_t align_up(size_t n) {
+  return (n + ATTN_CUDNN_ALIGN - 1) & ~(size_t)(ATTN_CUDNN_ALIGN - 1);
+}
 
 /* The implementation's own pieces of the workspace, after cuDNN's. */
 static size_t stats_bytes(const attn_problem *p) {
@@ -276,14 +280,15 @@ static size_t seqlen_bytes(const attn_problem *p) {
 
 typedef struct layout_graphs {
   cg_layout layout;
+  cg_shared *shared; /* the plan's reference to the cached graph */
   cg_graph *graph;
 } layout_graphs;
 
 typedef struct cudnn_state {
   attn_problem problem;
-  cg_spec base;           /* the spec of the dense layout */
-  cudnnHandle_t handle;
-  int32_t config; /* CUDNN_CONFIG_* */
+  cg_spec base;         /* the spec of the dense layout */
+  cudnnHandle_t handle; /* the plan's run handle, from the pool of cudnn_cache.c */
+  int32_t config;       /* CUDNN_CONFIG_* */
   int version, sm;
   /* graphs per pass: [0] forward, [1] backward, [2] backward with dbias; slot 0 is dense */
   layout_graphs graphs[3][1 + ATTN_CUDNN_LAYOUTS];
@@ -370,8 +375,8 @@ static cg_spec pass_spec(const cudnn_state *st, int pass) {
   cg_spec s = st->base;
   s.backward = pass > 0;
   s.with_dbias = pass == 2;
-  if (!s.padded && (rows_without_keys(&st->problem) ||
-                    (s.backward && s.version <= 91500 && s.tk % 128 != 0))) {
+  if (!s.padded &&
+      (rows_without_keys(&st->problem) || (s.backward && s.version <= 91500 && s.tk % 128 != 0))) {
     s.padded = 1;
     s.full_padding = 1;
   }
@@ -382,7 +387,8 @@ static cg_spec pass_spec(const cudnn_state *st, int pass) {
 static int enter_device(const attn_problem *p, int *previous, cg_err *err) {
   *previous = -1;
   if (ATTN_CUDA_CHECK(err, cudaGetDevice(previous))) return 1;
-  if (*previous != p->device_index && ATTN_CUDA_CHECK(err, cudaSetDevice(p->device_index))) return 1;
+  if (*previous != p->device_index && ATTN_CUDA_CHECK(err, cudaSetDevice(p->device_index)))
+    return 1;
   return 0;
 }
 
@@ -393,8 +399,8 @@ static void leave_device(const attn_problem *p, int previous) {
 static void free_state(cudnn_state *st) {
   if (st == NULL) return;
   for (int pass = 0; pass < 3; ++pass)
-    for (int i = 0; i < st->ngraphs[pass]; ++i) attn_cudnn_graph_free(st->graphs[pass][i].graph);
-  if (st->handle != NULL) cudnnDestroy(st->handle);
+    for (int i = 0; i < st->ngraphs[pass]; ++i) attn_cudnn_graph_put(st->graphs[pass][i].shared);
+  attn_cudnn_handle_give(st->problem.device_index, st->handle);
   free(st->full_q);
   free(st->full_kv);
   free(st);
@@ -431,7 +437,7 @@ static attn_status cudnn_plan_init(const attn_problem *p, int32_t config, void *
   }
   base_spec(p, st->version, st->sm, &st->base);
   st->base.deterministic = config == CUDNN_CONFIG_DETERMINISTIC;
-  ATTN_CUDNN_CHECK(&err, cudnnCreate(&st->handle));
+  st->handle = attn_cudnn_handle_take(p->device_index, &err);
   st->full_q = malloc((size_t)p->batch * sizeof(int32_t));
   st->full_kv = malloc((size_t)p->batch * sizeof(int32_t));
   if (err.status == ATTN_STATUS_OK && (st->full_q == NULL || st->full_kv == NULL)) {
@@ -452,8 +458,8 @@ static attn_status cudnn_plan_init(const attn_problem *p, int32_t config, void *
     cg_spec spec = pass_spec(st, pass);
     char pass_why[ATTN_MESSAGE_SIZE] = "";
     cg_err perr = {ATTN_STATUS_OK, pass_why, sizeof pass_why};
-    cg_graph *g = attn_cudnn_graph_build(st->handle, &spec, &perr);
-    if (g == NULL) {
+    cg_shared *shared = attn_cudnn_graph_get(p->device_index, &spec, &perr);
+    if (shared == NULL) {
       if (pass == 0) {
         err.status = perr.status;
         attn_format(why, why_size, "%s", pass_why);
@@ -462,7 +468,9 @@ static attn_status cudnn_plan_init(const attn_problem *p, int32_t config, void *
       }
       continue;
     }
+    cg_graph *g = attn_cudnn_shared_graph(shared);
     st->graphs[pass][0].layout = spec.st;
+    st->graphs[pass][0].shared = shared;
     st->graphs[pass][0].graph = g;
     st->ngraphs[pass] = 1;
     st->plan_ws[pass] = attn_cudnn_graph_workspace(g);
@@ -497,9 +505,10 @@ static size_t cudnn_workspace_size(const attn_problem *p, int32_t config, const 
 
 /* ---- running ------------------------------------------------------------------------------------- */
 
-/* The graph of a pass for the run's layout: the dense one, one built before, or a new one. */
-static cg_graph *graph_for(cudnn_state *st, int pass, const cg_layout *layout, size_t workspace_size,
-                           cg_err *err) {
+/* The graph of a pass for the run's layout: the dense one, one the plan used before, or one from
+ * the cache (built now when no plan had it). */
+static cg_graph *graph_for(cudnn_state *st, int pass, const cg_layout *layout,
+                           size_t workspace_size, cg_err *err) {
   if (st->why_not[pass][0] != '\0') {
     err->status = ATTN_STATUS_UNSUPPORTED;
     attn_format(err->why, err->why_size, "%s", st->why_not[pass]);
@@ -510,27 +519,29 @@ static cg_graph *graph_for(cudnn_state *st, int pass, const cg_layout *layout, s
       return st->graphs[pass][i].graph;
   cg_spec spec = pass_spec(st, pass);
   spec.st = *layout;
-  cg_graph *g = attn_cudnn_graph_build(st->handle, &spec, err);
-  if (g == NULL) return NULL;
+  cg_shared *shared = attn_cudnn_graph_get(st->problem.device_index, &spec, err);
+  if (shared == NULL) return NULL;
+  cg_graph *g = attn_cudnn_shared_graph(shared);
   size_t own = pass == 0 ? forward_workspace(&st->problem, 0)
-                          : backward_workspace(&st->problem, st->config, 0);
+                         : backward_workspace(&st->problem, st->config, 0);
   if (align_up(attn_cudnn_graph_workspace(g)) + own > workspace_size) {
     err->status = ATTN_STATUS_UNSUPPORTED;
     attn_format(err->why, err->why_size,
                 "this strided layout needs %zu bytes of workspace, more than the %zu reported for "
                 "the dense layout",
                 align_up(attn_cudnn_graph_workspace(g)) + own, workspace_size);
-    attn_cudnn_graph_free(g);
+    attn_cudnn_graph_put(shared);
     return NULL;
   }
   int n = st->ngraphs[pass];
   if (n == 1 + ATTN_CUDNN_LAYOUTS) { /* replace the oldest strided graph */
-    attn_cudnn_graph_free(st->graphs[pass][1].graph);
+    attn_cudnn_graph_put(st->graphs[pass][1].shared);
     memmove(&st->graphs[pass][1], &st->graphs[pass][2],
             (size_t)(ATTN_CUDNN_LAYOUTS - 1) * sizeof st->graphs[pass][0]);
     n--;
   }
   st->graphs[pass][n].layout = *layout;
+  st->graphs[pass][n].shared = shared;
   st->graphs[pass][n].graph = g;
   st->ngraphs[pass] = n + 1;
   return g;
@@ -559,8 +570,9 @@ static int check_tensor(const char *name, const attn_tensor *t, int ndim, size_t
     int last = d == ndim - 1;
     if (last && (rules & LAST_CONTIGUOUS) && s != 1) {
       err->status = ATTN_STATUS_UNSUPPORTED;
-      attn_format(err->why, err->why_size, "%s.stride[%d]=%lld: the last dimension must be contiguous",
-                  name, d, (long long)s);
+      attn_format(err->why, err->why_size,
+                  "%s.stride[%d]=%lld: the last dimension must be contiguous", name, d,
+                  (long long)s);
       return 1;
     }
     if (!last && (rules & STRIDES_16B) && ((s * (int64_t)es) % 16 != 0 || s < 0)) {
@@ -598,8 +610,8 @@ static void zero_bthd(const attn_tensor *t, const int64_t shape[4], size_t es, c
 
 /* Writes -inf over lse [B, Hq, Tq]: cuMemsetD2D32Async, reached through the runtime so that the
  * library does not link the driver. */
-typedef int (*memset_d2d32_fn)(unsigned long long dst, size_t pitch, unsigned int value, size_t width,
-                               size_t height, cudaStream_t stream);
+typedef int (*memset_d2d32_fn)(unsigned long long dst, size_t pitch, unsigned int value,
+                               size_t width, size_t height, cudaStream_t stream);
 
 static void fill_lse_neg_inf(const attn_problem *p, const attn_tensor *t, cudaStream_t stream,
                              cg_err *err) {
@@ -627,7 +639,8 @@ static void fill_lse_neg_inf(const attn_problem *p, const attn_tensor *t, cudaSt
       r = 0;
     for (int64_t h = 0; r == 0 && t->stride[2] != 1 && h < p->heads_q; ++h)
       r = memset_d2d32(base + (unsigned long long)(h * t->stride[1]) * sizeof(float),
-                       (size_t)t->stride[2] * sizeof(float), neg_inf, 1, (size_t)p->seqlen_q, stream);
+                       (size_t)t->stride[2] * sizeof(float), neg_inf, 1, (size_t)p->seqlen_q,
+                       stream);
     if (r != 0) {
       err->status = ATTN_STATUS_DEVICE_ERROR;
       attn_format(err->why, err->why_size, "cuMemsetD2D32Async failed with CUresult %d (%s:%d)", r,
@@ -806,8 +819,8 @@ static attn_status cudnn_backward(const attn_run *run) {
     ATTN_CUDNN_CHECK(&err, cudnnSetStream(st->handle, stream));
     if (spec->full_padding) bind_full_lengths(st, seq, ptrs, stream, &err);
     if (spec->version < 90600 && cg_dq_accumulated(spec))
-      ATTN_CUDA_CHECK(&err, cudaMemsetAsync(ptrs[CG_UID_DQ_ACCUM], 0,
-                                            dq_accum_bytes(p, run->config), stream));
+      ATTN_CUDA_CHECK(
+          &err, cudaMemsetAsync(ptrs[CG_UID_DQ_ACCUM], 0, dq_accum_bytes(p, run->config), stream));
     if (p->varlen == ATTN_VARLEN_PADDED) {
       /* Gradients of padded rows are zero by definition; the kernels may skip those rows. */
       int64_t shape[4];
@@ -840,3 +853,15 @@ const attn_impl attn_cudnn_impl = {
     .backward = cudnn_backward,
     .config_deterministic = cudnn_config_deterministic,
 };
+
+/* The module libattn_cudnn.so (src/module/module.h): this implementation, the CUDA runtime
+ * services and the graph cache's counters for test_cudnn. src/module/entry.c exports it;
+ * libattn_gpu.a links it in directly. */
+static const attn_impl *const cudnn_module_impls[] = {&attn_cudnn_impl};
+static const attn_cudnn_test_hooks cudnn_test_hooks = {attn_cudnn_graph_cache_stats,
+                                                       attn_cudnn_graph_cache_set_capacity};
+static const attn_module_table cudnn_module_table = {ATTN_MODULE_TABLE_HEADER, "cudnn",
+                                                     cudnn_module_impls,       1,
+                                                     &attn_gpu_runtime_ops,    &cudnn_test_hooks};
+const attn_module_table *attn_cudnn_module(void);
+const attn_module_table *attn_cudnn_module(void) { return &cudnn_module_table; }

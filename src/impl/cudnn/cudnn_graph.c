@@ -15,6 +15,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,10 @@ struct cg_graph {
   int nscalars;
   int64_t next_virtual_uid;
   cg_err *err;
+  /* Held while a run is queued: a graph is shared by plans (cudnn_cache.c), and cuDNN's backend
+   * has known thread-safety limits when one execution plan is executed from several threads. */
+  pthread_mutex_t run_lock;
+  int run_lock_made;
 };
 
 /* ---- errors ----------------------------------------------------------------------------------- */
@@ -703,6 +708,15 @@ cg_graph *attn_cudnn_graph_build(cudnnHandle_t handle, const cg_spec *spec, cg_e
   g->spec = *spec;
   g->err = err;
   g->next_virtual_uid = CG_VIRTUAL_UID0;
+  g->run_lock_made = pthread_mutex_init(&g->run_lock, NULL) == 0;
+  if (!g->run_lock_made) {
+    err->status = ATTN_STATUS_INTERNAL;
+    attn_format(err->why, err->why_size, "cannot create a mutex for a cuDNN graph");
+  }
+  if (err->status != ATTN_STATUS_OK) {
+    attn_cudnn_graph_free(g);
+    return NULL;
+  }
   if (spec->backward) build_backward(g);
   else build_forward(g);
   if (err->status == ATTN_STATUS_OK) make_plan(g, handle);
@@ -718,6 +732,7 @@ void attn_cudnn_graph_free(cg_graph *g) {
   if (g == NULL) return;
   if (g->plan != NULL) cudnnBackendDestroyDescriptor(g->plan);
   for (int i = g->ndesc - 1; i >= 0; --i) cudnnBackendDestroyDescriptor(g->desc[i]);
+  if (g->run_lock_made) pthread_mutex_destroy(&g->run_lock);
   free(g);
 }
 
@@ -740,9 +755,12 @@ attn_status attn_cudnn_graph_execute(cg_graph *g, cudnnHandle_t handle,
     data[n++] = &g->scalar[i];
   }
   cudnnBackendDescriptor_t pack = NULL;
+  pthread_mutex_lock(&g->run_lock);
   if (ATTN_CUDNN_CHECK(err, cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR,
-                                                         &pack)))
+                                                         &pack))) {
+    pthread_mutex_unlock(&g->run_lock);
     return err->status;
+  }
   ATTN_CUDNN_CHECK(err, cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
                                                  CUDNN_TYPE_INT64, n, uids));
   ATTN_CUDNN_CHECK(err, cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
@@ -752,5 +770,6 @@ attn_status attn_cudnn_graph_execute(cg_graph *g, cudnnHandle_t handle,
   ATTN_CUDNN_CHECK(err, cudnnBackendFinalize(pack));
   ATTN_CUDNN_CHECK(err, cudnnBackendExecute(handle, g->plan, pack));
   cudnnBackendDestroyDescriptor(pack);
+  pthread_mutex_unlock(&g->run_lock);
   return err->status;
 }

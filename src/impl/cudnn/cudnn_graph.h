@@ -108,4 +108,48 @@ size_t attn_cudnn_graph_workspace(const cg_graph *graph);
 attn_status attn_cudnn_graph_execute(cg_graph *graph, cudnnHandle_t handle,
                                      void *const ptrs[CG_UID_COUNT], void *workspace, cg_err *err);
 
+/* ---- graphs shared by plans: the process-wide cache (cudnn_cache.c) ---------------------------
+ *
+ * Building a graph takes 85-90 ms on an H200 (heuristics, sometimes run-time compilation), so built
+ * graphs are kept per process, keyed by the device and every field of the spec (pass,
+ * configuration, dtype, shapes, the strides the graph bakes in, features, cuDNN version, compute
+ * capability): the second plan of a shape takes its graphs from the cache in microseconds. The
+ * cache holds at most 64 graphs ($ATTN_CUDNN_GRAPH_CACHE overrides the bound; 0 shares nothing),
+ * least recently used out first; a graph pushed out while plans hold it is freed by the last one.
+ *
+ * Graphs are built with a handle the cache keeps per device (a plan's own handle may be destroyed
+ * before a graph it built), one build at a time, and run with the running plan's handle; runs of
+ * one graph from several threads are serialised on the graph for the time cuDNN takes to queue
+ * them (cuDNN's engineers report known thread-safety limits when one backend execution plan is
+ * executed from several threads at once: pytorch/pytorch#103939); the GPU work still overlaps. */
+typedef struct gc_entry cg_shared; /* a reference to an entry of the cache (graph_cache.h) */
+
+/* The graph of spec for the current device (which must be `device`), from the cache or built now,
+ * with a reference the caller gives back with attn_cudnn_graph_put. NULL with err filled when it
+ * cannot be built; an UNSUPPORTED refusal is cached too, so the next plan of the spec is refused at
+ * once with the same reason. */
+cg_shared *attn_cudnn_graph_get(int device, const cg_spec *spec, cg_err *err);
+cg_graph *attn_cudnn_shared_graph(const cg_shared *shared);
+void attn_cudnn_graph_put(cg_shared *shared); /* NULL is ignored */
+
+/* Handles for running, pooled per device (creating one costs more than a cached plan); the current
+ * device must be `device`. Taking one fails only as cudnnCreate fails. */
+cudnnHandle_t attn_cudnn_handle_take(int device, cg_err *err);
+void attn_cudnn_handle_give(int device, cudnnHandle_t handle);
+
+/* For tests (test_cudnn.c) and the benchmark: the cache's counters, and a new bound (evicts at
+ * once; plans keep what they hold). */
+typedef struct attn_cudnn_cache_stats {
+  uint64_t hits, misses, builds, evictions, frees;
+  size_t entries, detached, capacity;
+} attn_cudnn_cache_stats;
+void attn_cudnn_graph_cache_stats(attn_cudnn_cache_stats *stats);
+void attn_cudnn_graph_cache_set_capacity(size_t capacity);
+
+/* Those two as the module's test hooks (attn_module_table.test_hooks of libattn_cudnn.so). */
+typedef struct attn_cudnn_test_hooks {
+  void (*cache_stats)(attn_cudnn_cache_stats *stats);
+  void (*cache_set_capacity)(size_t capacity);
+} attn_cudnn_test_hooks;
+
 #endif /* ATTN_IMPL_CUDNN_GRAPH_H */

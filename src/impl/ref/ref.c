@@ -11,6 +11,7 @@
  * logit x_ij, row max m, normaliser Z, dropout keep mask keep_ij, and lse_i = m + log Z.
  */
 #include "impl/impl.h"
+#include "impl/ref/ref_rows.h"
 
 #include "core/ctx.h"
 #include "core/dtype.h"
@@ -25,8 +26,12 @@
 typedef struct ref_args {
   const attn_problem *p;
   const attn_inputs *in;
-  attn_dtype dtype;      /* q, k, v, out, dout, grads */
-  attn_dtype stat_dtype; /* lse, alibi slopes, sinks, dsinks */
+  attn_dtype dtype;      /* q, k, v, dout (and every output of a plan's run) */
+  attn_dtype stat_dtype; /* alibi slopes, sinks, dsinks (and lse of a plan's run) */
+  /* The dtypes out, dq (result_dtype) and lse (result_stat_dtype) are written and read in: the
+   * problem's for a plan's run; f64 where the attn tool evaluates chosen rows (ref_rows.h), so that
+   * its oracle reads a low-precision problem's inputs where they lie, with no f64 copy of them. */
+  attn_dtype result_dtype, result_stat_dtype;
   int64_t group;         /* query heads per KV head: Hq / Hkv */
   uint32_t drop_threshold;
   double keep_scale;     /* 1 / (1 - p_drop): the weight of a kept probability */
@@ -47,6 +52,8 @@ static ref_args make_args(const attn_run *run) {
   a.in = run->inputs;
   a.dtype = (attn_dtype)p->dtype;
   a.stat_dtype = attn_stat_dtype(a.dtype);
+  a.result_dtype = a.dtype;
+  a.result_stat_dtype = a.stat_dtype;
   a.group = p->heads_q / p->heads_kv;
   a.drop_threshold = attn_dropout_threshold(p->dropout_p);
   a.keep_scale = 1.0 / (1.0 - p->dropout_p);
@@ -199,9 +206,9 @@ static void write_empty_row(const ref_args *a, const attn_outputs *out, int64_t 
                             int64_t row) {
   const attn_problem *p = a->p;
   for (int64_t d = 0; d < p->head_dim_v; ++d)
-    attn_store(out->out.data, a->dtype, token_at(p, &out->out, b, row, h, d), 0.0);
+    attn_store(out->out.data, a->result_dtype, token_at(p, &out->out, b, row, h, d), 0.0);
   if (out->lse.data != NULL)
-    attn_store(out->lse.data, a->stat_dtype, lse_at(p, &out->lse, b, h, row), -INFINITY);
+    attn_store(out->lse.data, a->result_stat_dtype, lse_at(p, &out->lse, b, h, row), -INFINITY);
 }
 
 static void forward_row(const ref_args *a, const attn_outputs *out, const ref_row *r,
@@ -252,9 +259,11 @@ static void forward_row(const ref_args *a, const attn_outputs *out, const ref_ro
     }
   }
   for (int64_t d = 0; d < p->head_dim_v; ++d)
-    attn_store(out->out.data, a->dtype, token_at(p, &out->out, r->b, q_row(r), r->h, d), s->acc[d]);
+    attn_store(out->out.data, a->result_dtype, token_at(p, &out->out, r->b, q_row(r), r->h, d),
+               s->acc[d]);
   if (out->lse.data != NULL)
-    attn_store(out->lse.data, a->stat_dtype, lse_at(p, &out->lse, r->b, r->h, q_row(r)), m + log(z));
+    attn_store(out->lse.data, a->result_stat_dtype, lse_at(p, &out->lse, r->b, r->h, q_row(r)),
+               m + log(z));
 }
 
 /* Writes values[e] (or 0 when values is NULL) to element e, in dense C order, of an output tensor
@@ -318,14 +327,22 @@ static attn_status ref_forward(const attn_run *run) {
 /* Gradient accumulators in double, dense in the canonical layout; written to the outputs at the end
  * so that sums over GQA groups, query rows and broadcast dims never round to the output dtype. */
 typedef struct ref_backward_scratch {
-  double *dk;     /* [rows_k, Hkv, D] */
-  double *dv;     /* [rows_k, Hkv, Dv] */
-  double *dbias;  /* dense bias shape */
-  double *dsinks; /* [Hq, S] or [S] */
+  double *dk;     /* [rows_k, Hkv, D]; or [count, D] by position in a key list; NULL: not wanted */
+  double *dv;     /* [rows_k, Hkv, Dv]; or [count, Dv] likewise */
+  double *dbias;  /* dense bias shape; NULL: not wanted */
+  double *dsinks; /* [Hq, S] or [S]; NULL: not wanted */
   double *dq;     /* [D] of the current row */
   double *q;      /* [D] the query row */
   double *dout;   /* [Dv] the output gradient row */
 } ref_backward_scratch;
+
+/* The keys a backward row visits: every key of its sequence (the whole pass), or a list of keys j
+ * of the sequence, whose dk and dv then accumulate by their position in the list (the attn tool's
+ * sampled check, ref_rows.h). */
+typedef struct ref_keys {
+  const int64_t *list; /* NULL: every key */
+  int64_t count;
+} ref_keys;
 
 /* Rows of k and v: B * Tk dense, total_k packed. Row of key j of batch entry b in that numbering. */
 static int64_t rows_k(const attn_problem *p) {
@@ -336,12 +353,15 @@ static int64_t acc_k_row(const attn_problem *p, const ref_row *r, int64_t j) {
   return p->varlen == ATTN_VARLEN_PACKED ? k_row(r, j) : r->b * p->seqlen_k + j;
 }
 
+/* The backward pass of row r over the keys ks: adds to the accumulators of s that are set, and
+ * writes the row's dq once it has visited every key. */
 static void backward_row(const ref_args *a, const attn_run *run, const ref_row *r,
-                         const ref_backward_scratch *s) {
+                         const ref_backward_scratch *s, ref_keys ks) {
   const attn_problem *p = a->p;
   const attn_outputs *fwd = run->outputs;
   const attn_tensor *k = &a->in->k, *v = &a->in->v;
-  double lse = attn_load(fwd->lse.data, a->stat_dtype, lse_at(p, &fwd->lse, r->b, r->h, q_row(r)));
+  double lse =
+      attn_load(fwd->lse.data, a->result_stat_dtype, lse_at(p, &fwd->lse, r->b, r->h, q_row(r)));
   for (int64_t d = 0; d < p->head_dim; ++d) s->dq[d] = 0.0;
 
   /* A fully masked row (lse = -inf) contributes nothing, and its dq is 0. */
@@ -351,16 +371,18 @@ static void backward_row(const ref_args *a, const attn_run *run, const ref_row *
     /* Delta_i = dot(dout_i, out_i) */
     double delta = 0.0;
     for (int64_t d = 0; d < p->head_dim_v; ++d)
-      delta += s->dout[d] * attn_load(fwd->out.data, a->dtype,
+      delta += s->dout[d] * attn_load(fwd->out.data, a->result_dtype,
                                       token_at(p, &fwd->out, r->b, q_row(r), r->h, d));
-    for (int64_t j = 0; j < r->seq.len_k; ++j) {
+    int64_t visits = ks.list != NULL ? ks.count : r->seq.len_k;
+    for (int64_t n = 0; n < visits; ++n) {
+      int64_t j = ks.list != NULL ? ks.list[n] : n;
       if (!visible(a, r, j)) continue;
       double pre, x = logit(a, r, s->q, j, &pre);
       double prob = exp(x - lse); /* P_ij = p_ij / Z, before dropout */
       int keep = kept(a, r, j);
       /* dP'_ij = dot(dout_i, v_j); dP_ij = keep ? dP'_ij / (1 - p_drop) : 0 */
       double dp = 0.0;
-      int64_t kr = k_row(r, j), ar = acc_k_row(p, r, j);
+      int64_t kr = k_row(r, j);
       for (int64_t d = 0; d < p->head_dim_v; ++d)
         dp += s->dout[d] * attn_load(v->data, a->dtype, token_at(p, v, r->b, kr, r->g, d));
       dp = attn_round_to(a->round_to, dp);
@@ -373,24 +395,26 @@ static void backward_row(const ref_args *a, const attn_run *run, const ref_row *
       }
       dx = attn_round_to(a->round_to, dx);
       /* dq_i += s dX_ij k_j;  dk_j += s dX_ij q_i;  dv_j += (p'_ij / Z_i) dout_i */
-      double *dk = s->dk + (ar * p->heads_kv + r->g) * p->head_dim;
-      double *dv = s->dv + (ar * p->heads_kv + r->g) * p->head_dim_v;
-      for (int64_t d = 0; d < p->head_dim; ++d) {
+      for (int64_t d = 0; d < p->head_dim; ++d)
         s->dq[d] += p->scale * dx * attn_load(k->data, a->dtype, token_at(p, k, r->b, kr, r->g, d));
-        dk[d] += p->scale * dx * s->q[d];
+      if (s->dk != NULL) {
+        int64_t slot = ks.list != NULL ? n : acc_k_row(p, r, j) * p->heads_kv + r->g;
+        double *dk = s->dk + slot * p->head_dim, *dv = s->dv + slot * p->head_dim_v;
+        for (int64_t d = 0; d < p->head_dim; ++d) dk[d] += p->scale * dx * s->q[d];
+        double weight = keep ? prob * a->keep_scale : 0.0;
+        for (int64_t d = 0; d < p->head_dim_v; ++d) dv[d] += weight * s->dout[d];
       }
-      double weight = keep ? prob * a->keep_scale : 0.0;
-      for (int64_t d = 0; d < p->head_dim_v; ++d) dv[d] += weight * s->dout[d];
       /* dbias = dX summed over the broadcast dims of bias */
-      if (p->has_bias) s->dbias[bias_dense_index(p, r, j)] += dx;
+      if (p->has_bias && s->dbias != NULL) s->dbias[bias_dense_index(p, r, j)] += dx;
     }
     /* dsinks[h, t] = -sum_{b,i} exp(a_t - lse_i) Delta_i */
-    for (int64_t t = 0; t < p->num_sinks; ++t)
+    for (int64_t t = 0; t < p->num_sinks && s->dsinks != NULL; ++t)
       s->dsinks[sink_index(p, r, t)] -= exp(sink_logit(a, r, t) - lse) * delta;
   }
+  if (ks.list != NULL) return; /* dq has only some keys' terms */
   for (int64_t d = 0; d < p->head_dim; ++d)
-    attn_store(run->grads->dq.data, a->dtype, token_at(p, &run->grads->dq, r->b, q_row(r), r->h, d),
-               s->dq[d]);
+    attn_store(run->grads->dq.data, a->result_dtype,
+               token_at(p, &run->grads->dq, r->b, q_row(r), r->h, d), s->dq[d]);
 }
 
 static attn_status ref_backward(const attn_run *run) {
@@ -413,12 +437,13 @@ static attn_status ref_backward(const attn_run *run) {
 
   /* dq rows outside every sequence are 0 */
   write_dense(p, ATTN_ROLE_DQ, &g->dq, NULL);
+  const ref_keys every_key = {NULL, 0};
   for (int64_t b = 0; b < p->batch; ++b) {
     attn_seq seq = attn_seq_of(p, run->inputs, b);
     for (int64_t h = 0; h < p->heads_q; ++h)
       for (int64_t i = 0; i < seq.len_q; ++i) {
         ref_row r = make_row(&a, b, h, i);
-        backward_row(&a, run, &r, &s);
+        backward_row(&a, run, &r, &s, every_key);
       }
   }
   /* The accumulators are dense in the canonical layout, which is the role's dense shape. */
@@ -427,6 +452,103 @@ static attn_status ref_backward(const attn_run *run) {
   if (g->dbias.data != NULL) write_dense(p, ATTN_ROLE_DBIAS, &g->dbias, s.dbias);
   if (g->dsinks.data != NULL) write_dense(p, ATTN_ROLE_DSINKS, &g->dsinks, s.dsinks);
   return ATTN_STATUS_OK;
+}
+
+/* ---- chosen rows, for the attn tool's oracle (ref_rows.h) -------------------------------------- */
+
+/* The arguments of a run whose results are in results_dtype (f64 for the oracle). */
+static ref_args rows_args(const attn_run *run, attn_dtype results_dtype) {
+  ref_args a = make_args(run);
+  a.result_dtype = results_dtype;
+  a.result_stat_dtype = attn_stat_dtype(results_dtype);
+  return a;
+}
+
+/* The (batch entry, row) of query row `token` of the tensors: dense b * Tq + i; packed the packed
+ * row, whose entry is the one whose range holds it. 0 when it lies in no sequence (a padded row
+ * past len_q[b], a packed row past cu_seqlens_q[B]), with *b the entry whose tensor rows hold it
+ * (0 past the packed sequences) and *i its row there. */
+static int locate_query(const attn_problem *p, const attn_inputs *in, int64_t token, int64_t *b,
+                        int64_t *i) {
+  if (p->varlen != ATTN_VARLEN_PACKED) {
+    *b = token / p->seqlen_q, *i = token % p->seqlen_q;
+    return *i < attn_seq_of(p, in, *b).len_q;
+  }
+  *b = 0, *i = token;
+  for (int64_t e = 0; e < p->batch; ++e)
+    if (token >= in->cu_seqlens_q[e] && token < in->cu_seqlens_q[e + 1]) {
+      *b = e, *i = token - in->cu_seqlens_q[e];
+      return 1;
+    }
+  return 0;
+}
+
+size_t attn_ref_row_scratch_size(const attn_problem *p) {
+  return (size_t)(p->seqlen_k + 2 * p->head_dim_v + 3 * p->head_dim) * sizeof(double) +
+         (size_t)p->seqlen_k;
+}
+
+/* One block of scratch: the forward row's x [Tk], acc [Dv] and q [D], then the backward row's dq
+ * [D], q [D] and dout [Dv], then the forward row's visibility [Tk] (bytes). */
+static ref_forward_scratch forward_scratch(const attn_problem *p, void *scratch) {
+  ref_forward_scratch s;
+  s.x = (double *)scratch;
+  s.acc = s.x + p->seqlen_k;
+  s.q = s.acc + p->head_dim_v;
+  s.v = (unsigned char *)(s.q + 3 * p->head_dim + p->head_dim_v);
+  return s;
+}
+
+static ref_backward_scratch backward_scratch(const attn_problem *p, void *scratch) {
+  ref_backward_scratch s;
+  memset(&s, 0, sizeof s);
+  s.dq = (double *)scratch + p->seqlen_k + p->head_dim_v + p->head_dim;
+  s.q = s.dq + p->head_dim;
+  s.dout = s.q + p->head_dim;
+  return s;
+}
+
+void attn_ref_forward_row(const attn_run *run, attn_dtype results_dtype, int64_t head,
+                          int64_t token, void *scratch) {
+  ref_args a = rows_args(run, results_dtype);
+  int64_t b, i;
+  if (!locate_query(run->problem, run->inputs, token, &b, &i)) {
+    write_empty_row(&a, run->outputs, b, head, i);
+    return;
+  }
+  ref_row r = make_row(&a, b, head, i);
+  ref_forward_scratch s = forward_scratch(run->problem, scratch);
+  forward_row(&a, run->outputs, &r, &s);
+}
+
+void attn_ref_dq_row(const attn_run *run, attn_dtype results_dtype, int64_t head, int64_t token,
+                     void *scratch) {
+  const attn_problem *p = run->problem;
+  ref_args a = rows_args(run, results_dtype);
+  int64_t b, i;
+  if (!locate_query(p, run->inputs, token, &b, &i)) { /* rows outside every sequence: dq = 0 */
+    const attn_tensor *dq = &run->grads->dq;
+    for (int64_t d = 0; d < p->head_dim; ++d)
+      attn_store(dq->data, results_dtype, token_at(p, dq, b, i, head, d), 0.0);
+    return;
+  }
+  ref_row r = make_row(&a, b, head, i);
+  ref_backward_scratch s = backward_scratch(p, scratch);
+  const ref_keys every_key = {NULL, 0};
+  backward_row(&a, run, &r, &s, every_key);
+}
+
+void attn_ref_key_grads_row(const attn_run *run, attn_dtype results_dtype, int64_t head,
+                            int64_t token, const int64_t *keys, int64_t count, double *dk,
+                            double *dv, void *scratch) {
+  ref_args a = rows_args(run, results_dtype);
+  int64_t b, i;
+  if (!locate_query(run->problem, run->inputs, token, &b, &i)) return; /* adds nothing */
+  ref_row r = make_row(&a, b, head, i);
+  ref_backward_scratch s = backward_scratch(run->problem, scratch);
+  s.dk = dk, s.dv = dv;
+  const ref_keys listed = {keys, count};
+  backward_row(&a, run, &r, &s, listed);
 }
 
 /* ---- the contract ------------------------------------------------------------------------------ */

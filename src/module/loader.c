@@ -1,0 +1,216 @@
+/*
+ * src/module/loader.c - finds and loads the GPU modules (module.h), once per process.
+ *
+ * Where a module is looked for: each folder of $ATTN_MODULE_PATH when it is set (and nowhere else,
+ * so a user or a test can point the library at one build, or at an empty folder to run CPU-only);
+ * otherwise the folder of the object that holds this code (libattn.so, or the program that linked
+ * libattn.a), then the dynamic loader's own search by file name (the caller's rpath,
+ * LD_LIBRARY_PATH, ld.so.cache). The first copy that loads and passes the ABI check is kept; a
+ * module that is found but fails keeps the reason for attn_module_info.
+ *
+ * A build with ATTN_STATIC_GPU has the modules' tables linked in (libattn_gpu.a) and opens nothing.
+ */
+#define _GNU_SOURCE /* dladdr */
+#include "module/module.h"
+
+#include "core/ctx.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifdef ATTN_STATIC_GPU
+const attn_module_table *attn_cudnn_module(void);
+const attn_module_table *attn_cuda_module(void);
+#endif
+
+/* The modules, in the registry's order of preference: cuDNN's engines before our own kernels. */
+typedef struct module_slot {
+  const char *name;
+  const char *file;
+#ifdef ATTN_STATIC_GPU
+  const attn_module_table *(*builtin)(void);
+#endif
+  const attn_module_table *table; /* NULL until loaded */
+  char path[1024];
+  char message[512];
+} module_slot;
+
+static module_slot slots[] = {
+#ifdef ATTN_STATIC_GPU
+    {"cudnn", "libattn_cudnn.so", attn_cudnn_module, NULL, "", ""},
+    {"cuda", "libattn_cuda.so", attn_cuda_module, NULL, "", ""},
+#else
+    {"cudnn", "libattn_cudnn.so", NULL, "", ""},
+    {"cuda", "libattn_cuda.so", NULL, "", ""},
+#endif
+};
+enum { SLOT_COUNT = sizeof slots / sizeof slots[0] };
+
+/* Every loaded module's implementations; the registry puts them before cpu and ref. */
+static const attn_impl *loaded_impls[16];
+static int32_t loaded_count = 0;
+static const attn_gpu_ops *loaded_gpu = NULL;
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+
+/* OK when the table was built from the same contract as this library; else the reason in msg. */
+static int table_ok(const attn_module_table *t, const char *name, char *msg, size_t size) {
+  if (t == NULL) {
+    attn_format(msg, size, "its entry returned no table");
+    return 0;
+  }
+  if (t->abi != ATTN_MODULE_ABI || t->problem_size != sizeof(attn_problem) ||
+      t->impl_size != sizeof(attn_impl) || t->run_size != sizeof(attn_run) ||
+      t->gpu_ops_size != sizeof(attn_gpu_ops)) {
+    attn_format(msg, size,
+                "built for module ABI %d (struct sizes %zu/%zu/%zu/%zu), this library has ABI %d "
+                "(%zu/%zu/%zu/%zu): use the module of the same libattn build",
+                (int)t->abi, t->problem_size, t->impl_size, t->run_size, t->gpu_ops_size,
+                ATTN_MODULE_ABI, sizeof(attn_problem), sizeof(attn_impl), sizeof(attn_run),
+                sizeof(attn_gpu_ops));
+    return 0;
+  }
+  if (t->name == NULL || strcmp(t->name, name) != 0) {
+    attn_format(msg, size, "it calls itself \"%s\", not \"%s\"", t->name ? t->name : "(null)",
+                name);
+    return 0;
+  }
+  if (t->impl_count < 0 || (t->impl_count > 0 && t->impls == NULL) ||
+      loaded_count + t->impl_count > (int32_t)(sizeof loaded_impls / sizeof loaded_impls[0])) {
+    attn_format(msg, size, "its table lists %d implementations", (int)t->impl_count);
+    return 0;
+  }
+  return 1;
+}
+
+static void adopt(module_slot *s, const attn_module_table *t) {
+  s->table = t;
+  s->message[0] = '\0';
+  for (int32_t i = 0; i < t->impl_count; ++i) loaded_impls[loaded_count++] = t->impls[i];
+  if (loaded_gpu == NULL) loaded_gpu = t->gpu;
+}
+
+#ifndef ATTN_STATIC_GPU
+/* dlopen's last error, or a fallback; dlerror() clears it, so it is read once. */
+static const char *dl_error(void) {
+  const char *e = dlerror();
+  return e != NULL ? e : "unknown dlopen error";
+}
+
+/* Tries one file (a path, or a bare name for the loader's search). 1 when the module was adopted;
+ * 0 otherwise, with the reason in the slot. */
+static int try_open(module_slot *s, const char *file) {
+  attn_format(s->path, sizeof s->path, "%s", file);
+  void *handle = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+  if (handle == NULL) {
+    attn_format(s->message, sizeof s->message, "%s", dl_error());
+    return 0;
+  }
+  attn_module_entry_fn entry;
+  void *sym = dlsym(handle, ATTN_MODULE_ENTRY);
+  /* ISO C has no function-pointer cast from void *; POSIX guarantees that this copy works. */
+  memcpy(&entry, &sym, sizeof entry);
+  if (sym == NULL) {
+    attn_format(s->message, sizeof s->message, "%s: no %s: not a libattn module", file,
+                ATTN_MODULE_ENTRY);
+    dlclose(handle);
+    return 0;
+  }
+  const attn_module_table *t = entry();
+  if (!table_ok(t, s->name, s->message, sizeof s->message)) {
+    dlclose(handle);
+    return 0;
+  }
+  Dl_info where; /* the file the loader's search chose, for attn_module_info */
+  if (dladdr(sym, &where) != 0 && where.dli_fname != NULL)
+    attn_format(s->path, sizeof s->path, "%s", where.dli_fname);
+  adopt(s, t); /* never closed: its implementations stay in the registry */
+  return 1;
+}
+
+/* Tries s->file in one folder; 0 without a word when the folder has no such file. */
+static int try_folder(module_slot *s, const char *folder, size_t len, int *found) {
+  char path[1024];
+  if (len == 0 || len + 1 + strlen(s->file) >= sizeof path) return 0;
+  memcpy(path, folder, len);
+  path[len] = '/';
+  strcpy(path + len + 1, s->file);
+  if (access(path, F_OK) != 0) return 0;
+  *found = 1;
+  return try_open(s, path);
+}
+
+static void load_one(module_slot *s) {
+  int found = 0;
+  const char *list = getenv("ATTN_MODULE_PATH");
+  if (list != NULL) {
+    for (const char *p = list; *p != '\0';) {
+      size_t len = strcspn(p, ":");
+      if (try_folder(s, p, len, &found)) return;
+      p += len;
+      if (*p == ':') ++p;
+    }
+    if (!found)
+      attn_format(s->message, sizeof s->message, "%s is in no folder of ATTN_MODULE_PATH=%s",
+                  s->file, list);
+    return;
+  }
+  Dl_info self;
+  if (dladdr(&load_once, &self) != 0 && self.dli_fname != NULL) {
+    const char *slash = strrchr(self.dli_fname, '/');
+    if (slash != NULL && try_folder(s, self.dli_fname, (size_t)(slash - self.dli_fname), &found))
+      return;
+  }
+  if (found) return; /* beside the library but broken: that reason is the one to report */
+  if (try_open(s, s->file)) return;
+  s->path[0] = '\0';
+  /* The loader's own message says whether the file or one of its libraries is missing. */
+}
+#endif
+
+static void load_all(void) {
+  for (int i = 0; i < SLOT_COUNT; ++i) {
+#ifdef ATTN_STATIC_GPU
+    const attn_module_table *t = slots[i].builtin();
+    if (table_ok(t, slots[i].name, slots[i].message, sizeof slots[i].message)) adopt(&slots[i], t);
+    attn_format(slots[i].path, sizeof slots[i].path, "(linked in)");
+#else
+    load_one(&slots[i]);
+#endif
+  }
+}
+
+void attn_modules_load(void) { pthread_once(&load_once, load_all); }
+
+const attn_impl *const *attn_module_impls(int32_t *count) {
+  attn_modules_load();
+  *count = loaded_count;
+  return loaded_impls;
+}
+
+const attn_gpu_ops *attn_module_gpu(void) {
+  attn_modules_load();
+  return loaded_gpu;
+}
+
+const attn_module_table *attn_module_table_named(const char *name) {
+  attn_modules_load();
+  for (int i = 0; i < SLOT_COUNT; ++i)
+    if (name != NULL && strcmp(slots[i].name, name) == 0) return slots[i].table;
+  return NULL;
+}
+
+int32_t attn_module_count(void) { return SLOT_COUNT; }
+
+attn_status attn_module_info(int32_t index, attn_module_status *status) {
+  if (status == NULL || index < 0 || index >= SLOT_COUNT) return ATTN_STATUS_INVALID_ARGUMENT;
+  attn_modules_load();
+  const module_slot *s = &slots[index];
+  status->name = s->name;
+  status->loaded = s->table != NULL;
+  status->path = s->path;
+  status->message = s->message;
+  return ATTN_STATUS_OK;
+}
