@@ -465,7 +465,8 @@ static int64_t bwd_chunk(const attn_problem *p, const bwd_layout *l, int64_t thr
  * of 2^56 elements, so a head dim of 2^40 squares past 2^64; such a problem's workspace is reported
  * as SIZE_MAX (core/saturate.h) instead of a wrapped size. The slack only ever turns workspaces
  * beyond an exbibyte into SIZE_MAX, which no machine allocates either way. */
-static int workspace_countable(const attn_problem *p, int64_t threads) {
+static int workspace_countable(const attn_problem *p) {
+  const int64_t threads = max_threads();
   const double M = (double)max64(p->head_dim, p->head_dim_v) + 16.0, X = 256.0;
   const double group = (double)(p->heads_q / p->heads_kv);
   const double L = fmax(group * (double)p->seqlen_q, (double)p->seqlen_k) + 256.0;
@@ -479,10 +480,10 @@ static int workspace_countable(const attn_problem *p, int64_t threads) {
 
 static size_t cpu_workspace_size(const attn_problem *p, int32_t config, const void *state,
                                  int backward) {
+  if (!workspace_countable(p)) return SIZE_MAX;
   (void)state;
   const int64_t bq = cfg_bq[config / N_BK], bk = cfg_bk[config % N_BK];
   const int64_t threads = max_threads();
-  if (!workspace_countable(p, threads)) return SIZE_MAX;
   if (!backward) {
     fwd_layout l = fwd_layout_of(p, bq, bk);
     return (size_t)(fwd_chunk(p, &l) * l.slot + threads * l.per_thread) * sizeof(float);
