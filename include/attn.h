@@ -483,9 +483,10 @@ ATTN_API attn_status attn_backward(attn_ctx *ctx, const attn_problem *problem,
  * like snprintf. The problem is not validated; a NULL problem gives "". Thread safe. */
 ATTN_API size_t attn_problem_to_string(const attn_problem *problem, char *buf, size_t size);
 /* Parses a problem string into *problem (filled by attn_problem_init first, then by the tokens).
- * INVALID_ARGUMENT naming the token and what was expected when a token is not understood; the
- * result is not validated (attn_plan_create does that). attn_problem_parse(attn_problem_to_string(p))
- * gives back p's fields. */
+ * INVALID_ARGUMENT naming the token and what was expected when a token is not understood, and
+ * naming both tokens when two set one field ("b1 b2", "bf16 f16"); the result is not validated
+ * (attn_plan_create does that, so "scale=nan" parses and is refused there by its rule).
+ * attn_problem_parse(attn_problem_to_string(p)) gives back p's fields. */
 ATTN_API attn_status attn_problem_parse(attn_ctx *ctx, const char *text, attn_problem *problem /* out */);
 
 /* ---------------------------------------------------------------------------------------------

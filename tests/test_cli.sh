@@ -24,6 +24,62 @@ has "wat" "the message names the bad token" "$DIR/err"
 expect 2 "an invalid problem is a usage error" "$ATTN" check "b1 hq3 hkv2 sq4 d8"
 has "heads_q=3 is not a multiple of heads_kv=2" "the message states the rule" "$DIR/err"
 expect 3 "a problem no implementation can run is a library error" "$ATTN" bench --impl ref "b1 hq2 sq4 d8 device=cuda"
+has "cuda" "the message names the device" "$DIR/err"
+grep -Eq "device [0-9]|\.(c|cu|cuh):[0-9]" "$DIR/err" && bad "device numbers or source paths in: $(cat "$DIR/err")" || ok "no device numbers or source paths"
+if "$ATTN" info | grep -q "^gpus: none usable"; then
+  expect 3 "tune refuses a GPU problem on a machine without a GPU" "$ATTN" tune "b1 hq2 sq4 d8 device=cuda"
+  has "cuda" "the message names the device" "$DIR/err"
+  grep -Eq "device [0-9]|\.(c|cu|cuh):[0-9]" "$DIR/err" && bad "tune: device numbers or source paths in: $(cat "$DIR/err")" || ok "tune: no device numbers or source paths"
+fi
+
+# Every numeric option names itself and its rule (issue 11), and is a usage error.
+for case in "bench --reps abc:--reps: abc is not a whole number >= 1" \
+            "bench --reps 0:--reps: 0 is not a whole number >= 1" \
+            "bench --threads -3:--threads: -3 is not a whole number >= 0" \
+            "bench --warmup -1:--warmup: -1 is not a whole number >= 0" \
+            "tune --iters 0:--iters: 0 is not a whole number >= 1" \
+            "bench --reps 99999999999:--reps: 99999999999 is not a whole number <= 2147483647" \
+            "bench --seed -1:--seed: -1 is not a whole number from 0" \
+            "check --seed 1x:--seed: 1x is not a whole number from 0" \
+            "bench --min-time abc:--min-time: abc is not a number of seconds >= 0" \
+            "tune --max-seconds -1:--max-seconds: -1 is not a number of seconds >= 0"; do
+  args=${case%%:*}; message=${case#*:}
+  # shellcheck disable=SC2086 # the command and option are meant to split
+  expect 2 "attn $args is a usage error" "$ATTN" $args "$P1"
+  has "^attn: $message" "attn $args names the option and its rule" "$DIR/err"
+done
+expect 2 "an unknown --impl is a usage error" "$ATTN" bench --impl nope "$P1"
+has "--impl nope: no implementation has that name \(available here: .*ref" "the message lists the known names" "$DIR/err"
+[ ! -s "$DIR/out" ] && ok "nothing measured or printed for an unknown --impl" || bad "an unknown --impl printed: $(cat "$DIR/out")"
+
+# Problem strings: each key's form, duplicate fields, and nan/inf left to validation's rule.
+expect 2 "window=5 is a usage error" "$ATTN" check "b1 hq2 sq4 d8 window=5"
+has "window=5.*expected window=L,R" "the message gives the window's form" "$DIR/err"
+expect 2 "a duplicate size is a usage error" "$ATTN" check "b1 b2 hq2 sq4 d8"
+has "\"b1\" and \"b2\" both set batch" "the message names both tokens" "$DIR/err"
+expect 2 "two dtypes are a usage error" "$ATTN" check "b1 hq2 sq4 d8 bf16 f16"
+has "\"bf16\" and \"f16\" both set dtype" "the message names both dtypes" "$DIR/err"
+for value in nan inf; do
+  expect 2 "scale=$value is a usage error" "$ATTN" check "b1 hq2 sq4 d8 scale=$value"
+  has "scale=$value must be finite" "scale=$value is refused by validation's rule" "$DIR/err"
+done
+
+# A problem that cannot fit (issue 19: 3037000500^2 elements pass the 2^56 rule) is refused at
+# once with one message saying how much it needs, by every command, before measuring anything.
+HUGE="b1 hq1 sq3037000500 sk3037000500 d1"
+for cmd in check bench tune; do
+  expect 3 "attn $cmd of a problem too large for memory is a library error" "$ATTN" "$cmd" "$HUGE"
+  has "cannot run here: needs [0-9.]+ [KMGT]iB of host memory .*, more than the [0-9.]+ [KMGT]iB available" \
+    "attn $cmd says how much memory it needs and how much there is" "$DIR/err"
+  [ "$(wc -l <"$DIR/err")" -eq 1 ] && ok "attn $cmd says it once" || bad "attn $cmd said: $(cat "$DIR/err")"
+  grep -Eq "error|nothing to tune|machine:|^  (ref|cpu) " "$DIR/out" && bad "attn $cmd printed rows: $(cat "$DIR/out")" || ok "attn $cmd printed no rows"
+done
+# Under an address-space limit (ulimit -v) the memory there is, is the limit's room, not the
+# machine's. Skipped where the program cannot start under one (sanitizers reserve terabytes).
+if (ulimit -v 1000000 && "$ATTN" --version) >/dev/null 2>&1; then
+  expect 3 "a problem past ulimit -v is refused" sh -c 'ulimit -v 1000000; exec "$0" check "$1"' "$ATTN" "b1 hq8 sq1000000 d16 f32"
+  has "needs [0-9.]+ GiB of host memory .*, more than the [0-9.]+ [KM]iB available" "the limit's room is what is available" "$DIR/err"
+fi
 
 expect 0 "attn info" "$ATTN" info
 has "^libattn [0-9]+\.[0-9]+\.[0-9]+" "info prints the version"

@@ -15,14 +15,17 @@
  *
  * Exit codes, for scripts: 0 success; 1 a check failed (check, or the validation step of bench);
  * 2 usage error (unknown option, unreadable or invalid problem); 3 library error (out of memory,
- * no implementation can run a problem, I/O).
+ * a problem larger than the memory there is, no implementation can run a problem, I/O).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
 #include "core/device.h"
+#include "capacity.h"
 #include "harness.h"
 #include "peak.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +67,9 @@ static const char *usage_main =
     "  alibi=h|bh sinks=S[:shared] segments varlen=packed:TQ,TK|padded op=sdpa device=cuda[:N]\n"
     "A problem runs on its device: the CPU, or with device=cuda[:N] that GPU (`attn info` lists\n"
     "them); bench and check compare either with the f64 reference on the CPU.\n"
+    "\n"
+    "A problem that cannot run here (no such device, no implementation, more memory than there\n"
+    "is) is refused with one line before anything is measured.\n"
     "\n"
     "exit codes: 0 ok, 1 check failure, 2 usage error, 3 library error\n";
 
@@ -139,12 +145,43 @@ static int usage_error(const char *usage, const char *fmt, const char *arg) {
   return EXIT_USAGE;
 }
 
-static int parse_int_arg(const char *s, long lo, long *out) {
+/* A whole number option in [lo, hi]: 1 with *out set, else 0 with the message printed, naming the
+ * option and its rule, e.g. "--threads: -3 is not a whole number >= 0". */
+static int whole_option(const char *usage, const char *option, const char *text, long long lo,
+                        long long hi, long long *out) {
   char *end;
-  long v = strtol(s, &end, 10);
-  if (*end != '\0' || end == s || v < lo) return 0;
-  *out = v;
-  return 1;
+  errno = 0;
+  long long v = strtoll(text, &end, 10);
+  int number = end != text && *end == '\0' && errno == 0;
+  if (number && v >= lo && v <= hi) {
+    *out = v;
+    return 1;
+  }
+  fprintf(stderr, "attn: %s: %s is not a whole number %s %lld\n%s", option, text,
+          number && v > hi ? "<=" : ">=", number && v > hi ? hi : lo, usage);
+  return 0;
+}
+
+/* The seed: any whole number of 64 bits. */
+static int seed_option(const char *usage, const char *text, uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(text, &end, 10);
+  if (end != text && *end == '\0' && errno == 0 && strchr(text, '-') == NULL) {
+    *out = (uint64_t)v;
+    return 1;
+  }
+  fprintf(stderr, "attn: --seed: %s is not a whole number from 0 to %llu\n%s", text,
+          (unsigned long long)UINT64_MAX, usage);
+  return 0;
+}
+
+/* The implementations' names, "ref, cpu, ...", for the message of an unknown one. */
+static void impl_names(char *buf, size_t size) {
+  size_t len = 0;
+  buf[0] = '\0';
+  for (int32_t i = 0; i < attn_impl_count() && len < size; ++i)
+    len += (size_t)snprintf(buf + len, size - len, "%s%s", i ? ", " : "", attn_impl_name(i));
 }
 
 /* Parses options; returns -1 to go on, or an exit code. */
@@ -155,7 +192,6 @@ static int parse_options(int argc, char **argv, const char *usage, options *o) {
   for (int i = 0; i < argc; ++i) {
     const char *a = argv[i];
     const char *next = i + 1 < argc ? argv[i + 1] : NULL;
-    long v;
 #define NEED_VALUE                                                                                 \
   if (next == NULL) return usage_error(usage, "option %s needs a value", a);                       \
   ++i
@@ -187,28 +223,27 @@ static int parse_options(int argc, char **argv, const char *usage, options *o) {
       if (found < 0)
         return usage_error(usage, "--platform %s: use auto, ref, cpu, cuda or cudnn", next);
       o->platform = found;
-    } else if (strcmp(a, "--reps") == 0 || strcmp(a, "--warmup") == 0 ||
-               strcmp(a, "--iters") == 0 || strcmp(a, "--threads") == 0 ||
-               strcmp(a, "--seed") == 0) {
+    } else if (strcmp(a, "--reps") == 0 || strcmp(a, "--iters") == 0) {
       NEED_VALUE;
-      if (!parse_int_arg(next, strcmp(a, "--reps") == 0 || strcmp(a, "--iters") == 0 ? 1 : 0, &v))
-        return usage_error(usage, "option needs a whole number in range, not \"%s\"", next);
-      if (strcmp(a, "--reps") == 0)
-        o->reps = (int)v;
-      else if (strcmp(a, "--warmup") == 0)
-        o->warmup = (int)v;
-      else if (strcmp(a, "--iters") == 0)
-        o->iters = (int)v;
-      else if (strcmp(a, "--threads") == 0)
-        o->threads = (int)v;
-      else
-        o->seed = (uint64_t)v;
+      long long v;
+      if (!whole_option(usage, a, next, 1, INT_MAX, &v)) return EXIT_USAGE;
+      *(strcmp(a, "--reps") == 0 ? &o->reps : &o->iters) = (int)v;
+    } else if (strcmp(a, "--warmup") == 0 || strcmp(a, "--threads") == 0) {
+      NEED_VALUE;
+      long long v;
+      if (!whole_option(usage, a, next, 0, INT_MAX, &v)) return EXIT_USAGE;
+      *(strcmp(a, "--warmup") == 0 ? &o->warmup : &o->threads) = (int)v;
+    } else if (strcmp(a, "--seed") == 0) {
+      NEED_VALUE;
+      if (!seed_option(usage, next, &o->seed)) return EXIT_USAGE;
     } else if (strcmp(a, "--min-time") == 0 || strcmp(a, "--max-seconds") == 0) {
       NEED_VALUE;
       char *end;
       double d = strtod(next, &end);
-      if (*end != '\0' || end == next || !(d >= 0.0) || !isfinite(d))
-        return usage_error(usage, "option needs a number of seconds, not \"%s\"", next);
+      if (*end != '\0' || end == next || !(d >= 0.0) || !isfinite(d)) {
+        fprintf(stderr, "attn: %s: %s is not a number of seconds >= 0\n%s", a, next, usage);
+        return EXIT_USAGE;
+      }
       if (strcmp(a, "--min-time") == 0)
         o->min_time = d;
       else
@@ -221,6 +256,20 @@ static int parse_options(int argc, char **argv, const char *usage, options *o) {
 #undef NEED_VALUE
   }
   if (o->csv && o->json) return usage_error(usage, "%s", "--csv and --json exclude each other");
+  if (o->impl != NULL) { /* refused here, before any measuring, rather than as an empty table */
+    int known = 0;
+    for (int32_t i = 0; i < attn_impl_count(); ++i)
+      known |= strcmp(o->impl, attn_impl_name(i)) == 0;
+    if (!known) {
+      char names[512];
+      impl_names(names, sizeof names);
+      fprintf(stderr,
+              "attn: --impl %s: no implementation has that name (available here: %s; "
+              "`attn info` says why any other is missing)\n%s",
+              o->impl, names, usage);
+      return EXIT_USAGE;
+    }
+  }
   return -1;
 }
 
@@ -245,19 +294,28 @@ static int read_problem(attn_ctx *ctx, const char *text, attn_problem *p) {
   return -1;
 }
 
-/* Calls fn for each implementation x configuration that matches the options and supports p. */
+/* Calls fn for each implementation x configuration that matches the options and supports p (fn
+ * NULL: only counts them). Why the implementations of p's device that do not support it say so
+ * goes to skipped as "name: why; ..." when it is not NULL, else to the table as "  skipped:"
+ * lines. */
 typedef int (*candidate_fn)(void *user, const char *impl, const char *config);
 
 static int each_candidate(attn_ctx *ctx, const attn_problem *p, const options *o, candidate_fn fn,
-                          void *user, int *count) {
+                          void *user, int *count, char *skipped, size_t skipped_size) {
   *count = 0;
+  size_t said = 0;
+  if (skipped != NULL) skipped[0] = '\0';
   for (int32_t i = 0; i < attn_impl_count(); ++i) {
     const char *name = attn_impl_name(i);
     if (o->impl != NULL && strcmp(o->impl, name) != 0) continue;
     if (o->platform != ATTN_PLATFORM_AUTO && attn_impl_platform(i) != o->platform) continue;
     if (attn_impl_device(i) != p->device) continue; /* runs elsewhere: nothing to say */
     if (attn_impl_supports(ctx, name, p) != ATTN_STATUS_OK) {
-      if (!o->csv && !o->json) printf("  skipped: %s\n", attn_ctx_last_error(ctx));
+      if (skipped == NULL && !o->csv && !o->json)
+        printf("  skipped: %s\n", attn_ctx_last_error(ctx));
+      else if (skipped != NULL && said < skipped_size)
+        said += (size_t)snprintf(skipped + said, skipped_size - said, "%s%s", said ? "; " : "",
+                                 attn_ctx_last_error(ctx));
       continue;
     }
     int32_t n = 0;
@@ -267,11 +325,52 @@ static int each_candidate(attn_ctx *ctx, const attn_problem *p, const options *o
       attn_impl_config_name(ctx, name, p, c, config, sizeof config);
       if (o->config != NULL && strcmp(o->config, config) != 0) continue;
       ++*count;
+      if (fn == NULL) continue;
       int rc = fn(user, name, config);
       if (rc >= 0) return rc;
     }
   }
   return -1;
+}
+
+/* The device a problem runs on, as `attn info` and problem strings write it: cpu, cuda:N. */
+static const char *device_label(const attn_problem *p, char *buf, size_t size) {
+  if (p->device == ATTN_DEVICE_CPU)
+    snprintf(buf, size, "cpu");
+  else
+    snprintf(buf, size, "cuda:%d", (int)p->device_index);
+  return buf;
+}
+
+/* Whether the problem can run here at all: its device present, an implementation matching the
+ * options for it, and memory for what the command does with it (use; backward: with the
+ * gradients). Otherwise 0, with one message on stderr saying why, before anything is measured
+ * or a table started. */
+static int runnable_here(attn_ctx *ctx, const attn_problem *p, const char *text, const options *o,
+                         h_use use) {
+  char why[2048], skipped[1536], device[32];
+  if (!h_device_usable(p, why, sizeof why)) {
+    fprintf(stderr, "attn: \"%s\": %s\n", text, why);
+    return 0;
+  }
+  int count = 0;
+  each_candidate(ctx, p, o, NULL, NULL, &count, skipped, sizeof skipped);
+  if (count == 0) {
+    fprintf(stderr, "attn: \"%s\": no implementation that runs on %s%s supports it%s%s%s\n",
+            text, device_label(p, device, sizeof device),
+            o->impl || o->config || o->platform != ATTN_PLATFORM_AUTO ? " and matches the options"
+                                                                      : "",
+            skipped[0] ? " (" : "", skipped, skipped[0] ? ")" : "");
+    return 0;
+  }
+  const char *what = use == H_USE_CHECK
+                         ? "its tensors, and the reference's f64 results"
+                         : "its tensors";
+  if (!h_fits(p, h_need_of(p, o->backward, use), what, why, sizeof why)) {
+    fprintf(stderr, "attn: \"%s\" cannot run here: %s\n", text, why);
+    return 0;
+  }
+  return 1;
 }
 
 /* ---- bench and check --------------------------------------------------------------------------- */
@@ -494,10 +593,8 @@ static int run_problems_with(options *o_in, int check) {
     attn_problem_to_string(&b.problem, canonical, sizeof canonical);
     const int on_gpu = b.problem.device != ATTN_DEVICE_CPU;
     const int table = check || (!o.csv && !o.json);
-    char why[512];
-    if (!h_device_usable(&b.problem, why, sizeof why)) {
-      /* Said once here, instead of once per implementation by each that cannot run it. */
-      fprintf(stderr, "attn: \"%s\": %s\n", b.text, why);
+    /* Bench and check both compare with the reference, so both need its copies. */
+    if (!runnable_here(ctx, &b.problem, b.text, &o, H_USE_CHECK)) {
       library_error = 1;
       continue;
     }
@@ -528,12 +625,8 @@ static int run_problems_with(options *o_in, int check) {
                "median_us", on_gpu ? "TFLOP/s" : "GFLOP/s", "%peak", "runs");
     }
     int count = 0;
-    each_candidate(ctx, &b.problem, &o, check ? check_one : bench_one, &b, &count);
+    each_candidate(ctx, &b.problem, &o, check ? check_one : bench_one, &b, &count, NULL, 0);
     h_oracle_free(b.oracle);
-    if (count == 0) {
-      fprintf(stderr, "attn: no implementation matching the options supports \"%s\"\n", b.text);
-      library_error = 1;
-    }
     failed |= b.failed;
     library_error |= b.library_error;
     rows = b.rows;
@@ -548,18 +641,22 @@ static int run_problems_with(options *o_in, int check) {
 
 typedef struct tune_state {
   int tty, quiet;
-  int kind; /* the last event's kind */
+  int kind;    /* the last event's kind */
+  int started; /* a TUNE_START since the plan began: measuring was tried */
   int warnings;
+  char failure[512]; /* the last failure's message: why tuning gave up, when it did */
 } tune_state;
 
 static void tune_event(void *user, const attn_event *ev) {
   tune_state *t = user;
   if (ev->kind == ATTN_EVENT_KIND_FAILURE) {
     fprintf(stderr, "attn: warning: %s\n", ev->message);
+    snprintf(t->failure, sizeof t->failure, "%s", ev->message);
     t->warnings++;
     return;
   }
   t->kind = ev->kind;
+  if (ev->kind == ATTN_EVENT_KIND_TUNE_START) t->started = 1;
   if (ev->kind == ATTN_EVENT_KIND_TUNE_CANDIDATE && t->tty && !t->quiet) {
     int width = 30, done = (ev->index + 1) * width / (ev->count > 0 ? ev->count : 1);
     printf("\r  [%.*s%*s] %d/%d %-28.28s", done, "##############################", width - done, "",
@@ -587,7 +684,7 @@ static int cmd_tune(int argc, char **argv) {
   pol.max_seconds = o.max_seconds;
   pol.cache_path = o.cache;
   attn_ctx_set_policy(ctx, &pol);
-  tune_state t = {isatty(STDOUT_FILENO), o.quiet, -1, 0};
+  tune_state t = {isatty(STDOUT_FILENO), o.quiet, -1, 0, 0, ""};
   attn_ctx_set_event_callback(ctx, tune_event, &t);
   char path[4096];
   attn_cache_get_path(ctx, path, sizeof path);
@@ -600,11 +697,18 @@ static int cmd_tune(int argc, char **argv) {
     attn_problem p;
     rc = read_problem(ctx, o.problems[i], &p);
     if (rc >= 0) break;
+    /* The tuner times candidates on scratch tensors of the problem's size, on its device. */
+    if (!runnable_here(ctx, &p, o.problems[i], &o, H_USE_TUNE)) {
+      library_error = 1;
+      continue;
+    }
     attn_select sel;
     attn_select_init(&sel);
     sel.impl = o.impl;
     sel.platform = o.platform;
     t.kind = -1;
+    t.started = 0;
+    t.failure[0] = '\0';
     int warnings = t.warnings;
     attn_plan *plan = NULL;
     attn_status st = attn_plan_create(ctx, &p, &sel, &plan);
@@ -613,6 +717,15 @@ static int cmd_tune(int argc, char **argv) {
     if (st != ATTN_STATUS_OK) {
       fprintf(stderr, "attn: %s: %s\n", canonical, attn_ctx_last_error(ctx));
       library_error = 1;
+      continue;
+    }
+    /* Measuring began but chose nothing: every candidate (or the scratch data) failed and the plan
+     * fell back to the heuristic's pick, which is not a tuning result. */
+    if (t.started && t.kind != ATTN_EVENT_KIND_TUNE_FINISH) {
+      fprintf(stderr, "attn: %s: not tuned: %s\n", canonical,
+              t.failure[0] ? t.failure : "no candidate could be timed");
+      library_error = 1;
+      attn_plan_destroy(plan);
       continue;
     }
     const char *how = t.kind == ATTN_EVENT_KIND_TUNE_FINISH        ? "tuned"

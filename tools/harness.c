@@ -9,6 +9,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "harness.h"
 
+#include "capacity.h"
+
 #include "core/ctx.h"
 #include "core/dtype.h"
 #include "core/tensors.h"
@@ -18,6 +20,7 @@
 #include "../tests/tolerance.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,6 +150,11 @@ attn_status h_data_make(attn_ctx *ctx, h_data *d, const attn_problem *problem, u
   memset(d, 0, sizeof *d);
   d->problem = *problem;
   const attn_problem *p = &d->problem;
+  /* Refused before allocating: calloc of more than the machine has can succeed (overcommit), and
+   * filling it then grinds for minutes or is killed. */
+  char why[512];
+  if (!h_fits(p, h_need_of(p, backward, H_USE_RUN), "the tensors of a run", why, sizeof why))
+    return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "%s", why);
   if (!alloc_roles(d, backward)) goto oom;
   for (int r = 0; r < ATTN_ROLE_COUNT; ++r)
     if (d->host.role[r] != NULL && input_role((attn_role)r)) fill_input(d, (attn_role)r, seed);
@@ -236,8 +244,10 @@ int h_device_usable(const attn_problem *problem, char *why, size_t why_size) {
   int32_t count = h_gpu_count(why, why_size);
   if (count == 0) return 0;
   if (problem->device_index >= count) {
-    snprintf(why, why_size, "device_index=%d but only %d CUDA device%s present",
-             (int)problem->device_index, (int)count, count == 1 ? " is" : "s are");
+    char last[32] = "";
+    if (count > 1) snprintf(last, sizeof last, " to cuda:%d", (int)count - 1);
+    snprintf(why, why_size, "there is no cuda:%d: this machine has %d CUDA device%s (cuda:0%s)",
+             (int)problem->device_index, (int)count, count == 1 ? "" : "s", last);
     return 0;
   }
   return 1;
@@ -259,10 +269,25 @@ static attn_status plan_open(attn_ctx *ctx, const h_data *d, const char *impl, c
   sel.impl = impl;
   sel.config = config;
   attn_status st = attn_plan_create(ctx, &d->problem, &sel, &r->plan);
-  if (st != ATTN_STATUS_OK || d->gpu == NULL) return st;
+  if (st != ATTN_STATUS_OK) return st;
   size_t forward = 0, both = 0;
   st = attn_plan_workspace_size(r->plan, &forward, &both);
-  r->workspace_size = backward && both > forward ? both : forward;
+  size_t need = backward && both > forward ? both : forward;
+  /* Said once, truthfully, rather than left to a failed (or, overcommitted, grinding) allocation:
+   * SIZE_MAX is the library's saturated answer for a workspace no size_t can count. */
+  double host = h_host_available();
+  char needed[64], have[64];
+  h_format_bytes((double)need, needed, sizeof needed);
+  h_format_bytes(host, have, sizeof have);
+  if (st == ATTN_STATUS_OK && need == SIZE_MAX)
+    st = attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "%s needs more workspace than a size_t counts",
+                   impl);
+  else if (st == ATTN_STATUS_OK && d->gpu == NULL && host > 0.0 && (double)need > host)
+    st = attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY,
+                   "%s needs %s of workspace, more than the %s of host memory available", impl,
+                   needed, have);
+  if (st != ATTN_STATUS_OK || d->gpu == NULL) return st; /* a CPU plan allocates its own */
+  r->workspace_size = need;
   if (st == ATTN_STATUS_OK && r->workspace_size > 0) {
     char why[512] = "";
     st = d->gpu->alloc(d->problem.device_index, r->workspace_size, &r->workspace, why, sizeof why);

@@ -9,6 +9,7 @@
 #include "plan/plan.h"
 
 #include "core/ctx.h"
+#include "core/saturate.h"
 #include "plan/exec.h"
 #include "plan/registry.h"
 #include "plan/validate.h"
@@ -38,8 +39,7 @@ struct attn_plan {
 static attn_status impl_supports(const attn_impl *impl, const attn_problem *p, char *why,
                                  size_t why_size) {
   if (impl->device != p->device) {
-    attn_format(why, why_size, "runs on device %d, the problem's tensors are on device %d",
-                (int)impl->device, (int)p->device);
+    attn_device_mismatch(impl->device, p, why, why_size);
     return ATTN_STATUS_UNSUPPORTED;
   }
   why[0] = '\0';
@@ -119,9 +119,11 @@ void attn_plan_destroy(attn_plan *plan) {
   free(plan);
 }
 
+/* The implementation's size plus the alignment slack; SIZE_MAX stays SIZE_MAX (core/saturate.h),
+ * so that a workspace too large to count is never reported as a small wrapped size. */
 static size_t padded_workspace(const attn_plan *plan, int backward) {
   size_t bytes = plan->impl->workspace_size(&plan->problem, plan->config, plan->state, backward);
-  return bytes == 0 ? 0 : bytes + ATTN_WORKSPACE_ALIGN;
+  return bytes == 0 ? 0 : attn_sat_add_size(bytes, ATTN_WORKSPACE_ALIGN);
 }
 
 attn_status attn_plan_workspace_size(const attn_plan *plan, size_t *forward_bytes,

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,6 +152,11 @@ static int parse_int(const char *s, size_t n, int64_t *out) {
   return 1;
 }
 
+/* A number as strtod reads it, "nan" and "inf" included: validation, not the parser, refuses a
+ * value by the rule it breaks (SPEC.md "Errors"), so scale=nan gets "scale must be finite". A
+ * number too large for a double reads as inf, for the same reason; one so small that it reads as 0
+ * is refused (underflows_to_zero says so), since 0 means "the default" for scale and "off" for
+ * softcap. */
 static int parse_double(const char *s, size_t n, double *out) {
   char tmp[64];
   if (n == 0 || n >= sizeof tmp) return 0;
@@ -159,9 +165,21 @@ static int parse_double(const char *s, size_t n, double *out) {
   char *end;
   errno = 0;
   double v = strtod(tmp, &end);
-  if (errno != 0 || *end != '\0' || end == tmp || !isfinite(v)) return 0;
+  if (*end != '\0' || end == tmp || (errno == ERANGE && v == 0.0)) return 0;
   *out = v;
   return 1;
+}
+
+/* Whether the text is a number whose only fault is reading as 0 (e.g. 1e-400). */
+static int underflows_to_zero(const char *s, size_t n) {
+  char tmp[64];
+  if (n == 0 || n >= sizeof tmp) return 0;
+  memcpy(tmp, s, n);
+  tmp[n] = '\0';
+  char *end;
+  errno = 0;
+  double v = strtod(tmp, &end);
+  return *end == '\0' && end != tmp && errno == ERANGE && v == 0.0;
 }
 
 static int parse_dtype(const char *s, size_t n, int32_t *out) {
@@ -194,13 +212,85 @@ static int token_is(const char *tok, size_t n, const char *word) {
   return strlen(word) == n && strncmp(tok, word, n) == 0;
 }
 
+/* The fields a token sets; each may be set by one token only. */
+typedef enum field {
+  F_BATCH, F_HEADS_Q, F_HEADS_KV, F_SEQLEN_Q, F_SEQLEN_K, F_HEAD_DIM, F_HEAD_DIM_V, F_DTYPE,
+  F_CAUSAL, F_WINDOW, F_ALIGN, F_SCALE, F_SOFTCAP, F_DROPOUT, F_BIAS, F_MASK, F_ALIBI, F_SINKS,
+  F_SEGMENTS, F_VARLEN, F_OPERATION, F_DEVICE, F_COUNT
+} field;
+
+static const char *const field_names[F_COUNT] = {
+    "batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "head_dim_v", "dtype",
+    "causal", "the window", "align", "scale", "softcap", "dropout_p", "the bias", "the mask",
+    "alibi", "the sinks", "segment ids", "varlen", "the operation", "the device"};
+
+/* The token that set each field so far (NULL: none). */
+typedef struct claims {
+  const char *tok[F_COUNT];
+  size_t len[F_COUNT];
+} claims;
+
+/* Records that tok sets f; INVALID_ARGUMENT naming both tokens when another one already did, since
+ * which of "b1 b2" was meant is a guess the parser should not make. */
+static attn_status claim(attn_ctx *ctx, claims *c, field f, const char *tok, size_t n) {
+  if (c->tok[f] != NULL)
+    return BAD("problem string tokens \"%.*s\" and \"%.*s\" both set %s: give it once",
+               (int)(c->len[f] < 100 ? c->len[f] : 100), c->tok[f], (int)(n < 100 ? n : 100), tok,
+               field_names[f]);
+  c->tok[f] = tok;
+  c->len[f] = n;
+  return ATTN_STATUS_OK;
+}
+
+/* The size tokens, letters then a whole number: the fields each sets. */
+static const struct size_key {
+  const char *letters;
+  field first, second; /* second == first when it sets one field */
+} size_keys[] = {
+    {"b", F_BATCH, F_BATCH},          {"hq", F_HEADS_Q, F_HEADS_Q},
+    {"hkv", F_HEADS_KV, F_HEADS_KV},  {"h", F_HEADS_Q, F_HEADS_KV},
+    {"sq", F_SEQLEN_Q, F_SEQLEN_Q},   {"sk", F_SEQLEN_K, F_SEQLEN_K},
+    {"s", F_SEQLEN_Q, F_SEQLEN_K},    {"d", F_HEAD_DIM, F_HEAD_DIM},
+    {"dv", F_HEAD_DIM_V, F_HEAD_DIM_V},
+};
+
+/* The key=value tokens: the field each sets and the form its value must have. */
+static const struct value_key {
+  const char *key;
+  field f;
+  const char *form;
+} value_keys[] = {
+    {"window", F_WINDOW, "window=L,R: two whole numbers, the keys visible left and right of the "
+                         "diagonal (-1 = unbounded), e.g. window=256,0"},
+    {"align", F_ALIGN, "align=tl (top-left) or align=br (bottom-right, the default)"},
+    {"scale", F_SCALE, "scale=S, a number (0 = 1/sqrt(head_dim))"},
+    {"softcap", F_SOFTCAP, "softcap=C, a number (0 = off)"},
+    {"dropout", F_DROPOUT, "dropout=P, a number in [0, 1)"},
+    {"bias", F_BIAS, "bias=BxHxTqxTk or bias=BxHxTqxTk:DTYPE (f32, f16, bf16 or f64), four whole "
+                     "numbers"},
+    {"mask", F_MASK, "mask=BxHxTqxTk, four whole numbers"},
+    {"alibi", F_ALIBI, "alibi=h (a slope per head) or alibi=bh (per batch entry and head)"},
+    {"sinks", F_SINKS, "sinks=S or sinks=S:shared, S a whole number"},
+    {"varlen", F_VARLEN, "varlen=packed:TQ,TK (the total query and key rows) or varlen=padded"},
+    {"op", F_OPERATION, "op=sdpa or op=flash"},
+    {"device", F_DEVICE, "device=cpu, device=cuda or device=cuda:N, N >= 0"},
+    {"dtype", F_DTYPE, "dtype=f32, dtype=f16, dtype=bf16 or dtype=f64"},
+};
+
+#define TRY_CLAIM(f)                                                                               \
+  do {                                                                                             \
+    attn_status claimed_ = claim(ctx, &c, (f), tok, n);                                            \
+    if (claimed_ != ATTN_STATUS_OK) return claimed_;                                               \
+  } while (0)
+
 attn_status attn_problem_parse(attn_ctx *ctx, const char *text, attn_problem *problem) {
   if (ctx == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
   if (text == NULL) return BAD("text is NULL: a problem string is required");
   if (problem == NULL) return BAD("problem is NULL");
   attn_problem p;
   attn_problem_init(&p);
-  int have_b = 0, have_hq = 0, have_hkv = 0, have_sq = 0, have_sk = 0, have_d = 0;
+  claims c;
+  memset(&c, 0, sizeof c);
   const char *s = text;
   while (*s) {
     while (*s && isspace((unsigned char)*s)) ++s;
@@ -208,6 +298,7 @@ attn_status attn_problem_parse(attn_ctx *ctx, const char *text, attn_problem *pr
     const char *tok = s;
     while (*s && !isspace((unsigned char)*s)) ++s;
     size_t n = (size_t)(s - tok);
+    const int shown = (int)(n < 200 ? n : 200);
     const char *eq = memchr(tok, '=', n);
     int ok = 1;
     int32_t dt;
@@ -215,34 +306,30 @@ attn_status attn_problem_parse(attn_ctx *ctx, const char *text, attn_problem *pr
       /* sizes: letters then digits */
       size_t letters = 0;
       while (letters < n && isalpha((unsigned char)tok[letters])) ++letters;
+      const struct size_key *size = NULL;
+      for (size_t k = 0; k < sizeof size_keys / sizeof *size_keys; ++k)
+        if (token_is(tok, letters, size_keys[k].letters)) size = &size_keys[k];
       int64_t v = 0;
       if (parse_dtype(tok, n, &dt)) {
+        TRY_CLAIM(F_DTYPE);
         p.dtype = dt;
       } else if (token_is(tok, n, "causal")) {
+        TRY_CLAIM(F_CAUSAL);
         p.causal = 1;
       } else if (token_is(tok, n, "segments")) {
+        TRY_CLAIM(F_SEGMENTS);
         p.has_segment_ids = 1;
-      } else if (letters > 0 && letters < n && parse_int(tok + letters, n - letters, &v)) {
-        if (token_is(tok, letters, "b"))
-          p.batch = v, have_b = 1;
-        else if (token_is(tok, letters, "hq"))
-          p.heads_q = v, have_hq = 1;
-        else if (token_is(tok, letters, "hkv"))
-          p.heads_kv = v, have_hkv = 1;
-        else if (token_is(tok, letters, "h"))
-          p.heads_q = p.heads_kv = v, have_hq = have_hkv = 1;
-        else if (token_is(tok, letters, "sq"))
-          p.seqlen_q = v, have_sq = 1;
-        else if (token_is(tok, letters, "sk"))
-          p.seqlen_k = v, have_sk = 1;
-        else if (token_is(tok, letters, "s"))
-          p.seqlen_q = p.seqlen_k = v, have_sq = have_sk = 1;
-        else if (token_is(tok, letters, "d"))
-          p.head_dim = v, have_d = 1;
-        else if (token_is(tok, letters, "dv"))
-          p.head_dim_v = v;
-        else
-          ok = 0;
+      } else if (size != NULL) {
+        if (!parse_int(tok + letters, n - letters, &v))
+          return BAD("problem string token \"%.*s\": %s needs a whole number, as in %s4", shown,
+                     tok, size->letters, size->letters);
+        TRY_CLAIM(size->first);
+        if (size->second != size->first) TRY_CLAIM(size->second);
+        int64_t *fields[F_COUNT] = {[F_BATCH] = &p.batch,       [F_HEADS_Q] = &p.heads_q,
+                                    [F_HEADS_KV] = &p.heads_kv, [F_SEQLEN_Q] = &p.seqlen_q,
+                                    [F_SEQLEN_K] = &p.seqlen_k, [F_HEAD_DIM] = &p.head_dim,
+                                    [F_HEAD_DIM_V] = &p.head_dim_v};
+        *fields[size->first] = *fields[size->second] = v;
       } else {
         ok = 0;
       }
@@ -252,6 +339,11 @@ attn_status attn_problem_parse(attn_ctx *ctx, const char *text, attn_problem *pr
       size_t vn = n - kn - 1;
       const char *colon = memchr(val, ':', vn);
       size_t head = colon ? (size_t)(colon - val) : vn;
+      /* The field the key sets, claimed before its value is read; unknown keys are said below. */
+      const struct value_key *key = NULL;
+      for (size_t k = 0; k < sizeof value_keys / sizeof *value_keys; ++k)
+        if (token_is(tok, kn, value_keys[k].key)) key = &value_keys[k];
+      if (key != NULL) TRY_CLAIM(key->f);
       if (token_is(tok, kn, "window")) {
         const char *comma = memchr(val, ',', vn);
         ok = comma != NULL && parse_int(val, (size_t)(comma - val), &p.window_left) &&
@@ -315,28 +407,39 @@ attn_status attn_problem_parse(attn_ctx *ctx, const char *text, attn_problem *pr
           p.device = ATTN_DEVICE_CUDA;
         else
           ok = 0;
-        if (ok && colon != NULL) ok = parse_int(colon + 1, vn - head - 1, &index) && index >= 0;
+        if (ok && colon != NULL)
+          ok = parse_int(colon + 1, vn - head - 1, &index) && index >= 0 && index <= INT32_MAX;
         p.device_index = (int32_t)index;
       } else if (token_is(tok, kn, "dtype")) {
         ok = parse_dtype(val, vn, &p.dtype);
       } else {
         ok = 0;
       }
+      const int number =
+          key != NULL && (key->f == F_SCALE || key->f == F_SOFTCAP || key->f == F_DROPOUT);
+      if (!ok && number && underflows_to_zero(val, vn))
+        return BAD("problem string token \"%.*s\": the number is too small for a double and "
+                   "would read as 0 (write 0 for the default)",
+                   shown, tok);
+      if (!ok && key != NULL)
+        return BAD("problem string token \"%.*s\" is not understood: expected %s", shown, tok,
+                   key->form);
     }
     if (!ok)
       return BAD("problem string token \"%.*s\" is not understood (expected e.g. \"b4 hq32 hkv8 "
                  "sq4096 sk4096 d128 bf16 causal window=256,0 softcap=30 sinks=4\"; attn.h lists "
                  "every token)",
-                 (int)(n < 200 ? n : 200), tok);
+                 shown, tok);
   }
-  if (!have_hq)
+  if (c.tok[F_HEADS_Q] == NULL)
     return BAD("problem string \"%s\" has no hq<heads> token (heads_q is required)", text);
-  if (!have_sq)
+  if (c.tok[F_SEQLEN_Q] == NULL)
     return BAD("problem string \"%s\" has no sq<length> token (seqlen_q is required)", text);
-  if (!have_d) return BAD("problem string \"%s\" has no d<dim> token (head_dim is required)", text);
-  if (!have_b) p.batch = 1;
-  if (!have_hkv) p.heads_kv = p.heads_q;
-  if (!have_sk) p.seqlen_k = p.seqlen_q;
+  if (c.tok[F_HEAD_DIM] == NULL)
+    return BAD("problem string \"%s\" has no d<dim> token (head_dim is required)", text);
+  if (c.tok[F_BATCH] == NULL) p.batch = 1;
+  if (c.tok[F_HEADS_KV] == NULL) p.heads_kv = p.heads_q;
+  if (c.tok[F_SEQLEN_K] == NULL) p.seqlen_k = p.seqlen_q;
   *problem = p;
   return attn_succeed(ctx);
 }

@@ -269,12 +269,11 @@ static attn_status find_supporting(attn_ctx *ctx, const char *name, const attn_p
   if (*impl == NULL)
     return INVALID("name=\"%s\" is not a registered implementation (attn_impl_name lists them)",
                    name);
-  if ((*impl)->device != resolved->device)
-    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
-                     "%s: runs on device %d, the problem's tensors "
-                     "are on device %d",
-                     name, (int)(*impl)->device, (int)resolved->device);
   char why[ATTN_MESSAGE_SIZE] = "";
+  if ((*impl)->device != resolved->device) {
+    attn_device_mismatch((*impl)->device, resolved, why, sizeof why);
+    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED, "%s: %s", name, why);
+  }
   if ((*impl)->supports(resolved, why, sizeof why) != ATTN_STATUS_OK)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED, "%s: %s", name, why);
   return ATTN_STATUS_OK;
@@ -390,8 +389,7 @@ static attn_status gather(attn_ctx *ctx, const attn_problem *p, const attn_selec
       continue;
     }
     if (impl->device != p->device) {
-      attn_format(why, sizeof why, "runs on device %d, the problem's tensors are on device %d",
-                  (int)impl->device, (int)p->device);
+      attn_device_mismatch(impl->device, p, why, sizeof why);
       add_reason(reasons, sizeof reasons, impl->name, why);
       continue;
     }

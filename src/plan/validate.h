@@ -10,6 +10,8 @@
 
 #include "attn.h"
 
+#include <stddef.h>
+
 /* Checks the problem and writes into *resolved a copy with defaults made explicit: head_dim_v,
  * scale, and causal folded into window_right = 0. */
 attn_status attn_validate_problem(attn_ctx *ctx, const attn_problem *problem,
@@ -26,5 +28,10 @@ attn_status attn_validate_backward(attn_ctx *ctx, const attn_problem *problem,
                                    const attn_tensor *dout, const attn_grads *grads,
                                    attn_inputs *inputs_resolved, attn_outputs *forward_resolved,
                                    attn_tensor *dout_resolved, attn_grads *grads_resolved);
+
+/* Why an implementation of impl_device cannot run a problem on another device, in the device names
+ * of problem strings: "runs on the cpu, the problem's tensors are on cuda:1". */
+void attn_device_mismatch(int32_t impl_device, const attn_problem *problem, char *why,
+                          size_t why_size);
 
 #endif /* ATTN_PLAN_VALIDATE_H */

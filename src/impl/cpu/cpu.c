@@ -31,6 +31,7 @@
 #include "core/tensors.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -481,8 +482,28 @@ static int64_t bwd_chunk(const attn_problem *p, const bwd_layout *l) {
   return max64(1, min64(chunk, npairs));
 }
 
+/* Whether the layouts' int64 arithmetic stays exact for p: a bound, in double, on every term they
+ * add up (tiles and gemm scratch of head-dim and block sizes, per-thread dQ rows, packed K/V and
+ * phase buffers, the dbias accumulator), generous by a constant factor. Validation admits tensors
+ * of 2^56 elements, so a head dim of 2^40 squares past 2^64; such a problem's workspace is reported
+ * as SIZE_MAX (core/saturate.h) instead of a wrapped size. The slack only ever turns workspaces
+ * beyond an exbibyte into SIZE_MAX, which no machine allocates either way. */
+static int workspace_countable(const attn_problem *p) {
+  const int64_t threads = max_threads();
+  const double M = (double)max64(p->head_dim, p->head_dim_v) + 16.0, X = 256.0;
+  const double group = (double)(p->heads_q / p->heads_kv);
+  const double L = fmax(group * (double)p->seqlen_q, (double)p->seqlen_k) + 256.0;
+  const double bias = p->has_bias ? (double)attn_role_numel(p, ATTN_ROLE_BIAS) : 0.0;
+  const double floats = ((double)threads + 1.0) * (16.0 * M * M + 64.0 * X * M + 16.0 * X * X +
+                                                   8.0 * L * (M + 20.0) + 2.0 * bias +
+                                                   (double)PHASE_BUDGET / sizeof(float));
+  const double limit = fmin(0x1p62, (double)SIZE_MAX);
+  return floats * sizeof(float) < limit;
+}
+
 static size_t cpu_workspace_size(const attn_problem *p, int32_t config, const void *state,
                                  int backward) {
+  if (!workspace_countable(p)) return SIZE_MAX;
   (void)state;
   const int64_t bq = cfg_bq[config / N_BK], bk = cfg_bk[config % N_BK];
   const int64_t threads = max_threads();

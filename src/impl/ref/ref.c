@@ -16,6 +16,7 @@
 #include "core/ctx.h"
 #include "core/dtype.h"
 #include "core/philox.h"
+#include "core/saturate.h"
 #include "core/tensors.h"
 
 #include <math.h>
@@ -576,14 +577,19 @@ static size_t ref_workspace_size(const attn_problem *p, int32_t config, const vo
                                  int backward) {
   (void)state;
   (void)config;
-  if (!backward) /* x and visibility of one row, the output accumulator, the query row */
-    return (size_t)(p->seqlen_k + p->head_dim_v + p->head_dim) * sizeof(double) +
-           (size_t)p->seqlen_k;
-  int64_t doubles = rows_k(p) * p->heads_kv * (p->head_dim + p->head_dim_v) + 2 * p->head_dim +
-                    p->head_dim_v;
-  if (p->has_bias) doubles += attn_role_numel(p, ATTN_ROLE_BIAS);
-  if (p->num_sinks > 0) doubles += attn_role_numel(p, ATTN_ROLE_SINKS);
-  return (size_t)doubles * sizeof(double);
+  /* Saturating (core/saturate.h): the sizes validation admits keep these in range on a 64-bit
+   * size_t, but not on a 32-bit one, where the query must say SIZE_MAX rather than wrap. */
+  if (!backward) { /* x and visibility of one row, the output accumulator, the query row */
+    int64_t row = attn_sat_add64(attn_sat_add64(p->seqlen_k, p->head_dim_v), p->head_dim);
+    return attn_sat_add_size(attn_sat_bytes(row, sizeof(double)),
+                             attn_sat_bytes(p->seqlen_k, 1));
+  }
+  int64_t doubles = attn_sat_mul64(attn_sat_mul64(rows_k(p), p->heads_kv),
+                                   attn_sat_add64(p->head_dim, p->head_dim_v));
+  doubles = attn_sat_add64(doubles, 2 * p->head_dim + p->head_dim_v);
+  if (p->has_bias) doubles = attn_sat_add64(doubles, attn_role_numel(p, ATTN_ROLE_BIAS));
+  if (p->num_sinks > 0) doubles = attn_sat_add64(doubles, attn_role_numel(p, ATTN_ROLE_SINKS));
+  return attn_sat_bytes(doubles, sizeof(double));
 }
 
 const attn_impl attn_ref_impl = {
