@@ -1,0 +1,593 @@
+/*
+ * src/dist/dist_plan.c - distributed plans: the spec's checks, the collective agreement check, the
+ * local problem, sub-communicators, and runs whose sequence is not split.
+ *
+ * The path of attn_dist_plan_create: validate the global problem and the spec on each rank ->
+ * load the transport and duplicate the caller's communicator -> allgather every rank's
+ * fingerprint (problem, spec, and its local verdict with the message) so that every rank returns
+ * the same status, naming the field and the ranks that disagree -> split off the sequence ring and
+ * the dsinks reduction groups -> plan the local problem (ns == 1) or its blocks (ns > 1).
+ */
+#include "dist/dist.h"
+
+#include "core/ctx.h"
+#include "core/dtype.h"
+#include "plan/plan.h"
+#include "plan/validate.h"
+#include "impl/impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DIST_MESSAGE 1024
+
+void attn_dist_spec_init(attn_dist_spec *spec) {
+  if (spec == NULL) return;
+  memset(spec, 0, sizeof *spec);
+  spec->num_axes = 1;
+  for (int a = 0; a < ATTN_DIST_MAX_AXES; ++a) spec->axis_size[a] = a == 0 ? 0 : 1;
+  spec->axis_dim[0] = ATTN_DIST_DIM_SEQUENCE;
+  spec->strategy = ATTN_DIST_STRATEGY_AUTO;
+  spec->layout = ATTN_DIST_LAYOUT_CONTIGUOUS;
+  spec->timeout_seconds = 300.0;
+}
+
+void attn_dist_strides(const attn_tensor *t, const int64_t *shape, int ndim, int64_t stride[4]) {
+  int all_zero = 1;
+  for (int d = 0; d < ndim; ++d) all_zero &= t->stride[d] == 0;
+  int64_t s = 1;
+  for (int d = ndim - 1; d >= 0; --d) {
+    stride[d] = all_zero ? s : t->stride[d];
+    s *= shape[d];
+  }
+  for (int d = ndim; d < 4; ++d) stride[d] = 0;
+}
+
+int64_t attn_dist_layout_position(int32_t layout, int32_t num_ranks, int64_t seqlen, int32_t rank,
+                                  int64_t index) {
+  if (num_ranks < 1 || rank < 0 || rank >= num_ranks || seqlen < 0) return -1;
+  if (layout == ATTN_DIST_LAYOUT_CONTIGUOUS) {
+    if (seqlen % num_ranks != 0) return -1;
+    int64_t n = seqlen / num_ranks;
+    return index < 0 || index >= n ? -1 : rank * n + index;
+  }
+  if (layout == ATTN_DIST_LAYOUT_ZIGZAG) {
+    if (seqlen % (2 * (int64_t)num_ranks) != 0) return -1;
+    int64_t c = seqlen / (2 * (int64_t)num_ranks);
+    if (index < 0 || index >= 2 * c) return -1;
+    return index < c ? rank * c + index : (2 * (int64_t)num_ranks - 1 - rank) * c + (index - c);
+  }
+  return -1;
+}
+
+attn_status attn_dist_permute_sequence(int32_t layout, int32_t num_ranks, int32_t to_layout,
+                                       const void *src, void *dst, int64_t outer, int64_t seqlen,
+                                       size_t inner_bytes) {
+  if (src == NULL || dst == NULL || outer < 0 || num_ranks < 1 ||
+      (seqlen > 0 && attn_dist_layout_position(layout, num_ranks, seqlen, 0, 0) < 0))
+    return ATTN_STATUS_INVALID_ARGUMENT;
+  const int64_t per_rank = seqlen / num_ranks;
+  for (int64_t o = 0; o < outer; ++o)
+    for (int32_t r = 0; r < num_ranks; ++r)
+      for (int64_t i = 0; i < per_rank; ++i) {
+        int64_t global = attn_dist_layout_position(layout, num_ranks, seqlen, r, i);
+        int64_t placed = r * per_rank + i;
+        int64_t from = to_layout ? global : placed, to = to_layout ? placed : global;
+        memcpy((char *)dst + (size_t)(o * seqlen + to) * inner_bytes,
+               (const char *)src + (size_t)(o * seqlen + from) * inner_bytes, inner_bytes);
+      }
+  return ATTN_STATUS_OK;
+}
+
+int64_t attn_dist_chunk_start(const attn_dist_plan *plan, int64_t T, int32_t r, int32_t chunk) {
+  const int64_t chunk_len = T / ((int64_t)plan->ns * plan->chunks);
+  if (plan->layout == ATTN_DIST_LAYOUT_ZIGZAG)
+    return (chunk == 0 ? r : 2 * (int64_t)plan->ns - 1 - r) * chunk_len;
+  return (int64_t)r * chunk_len;
+}
+
+/* ---- the agreement check --------------------------------------------------------------------- */
+
+/* One rank's view, compared field by field across the ranks. Values are int64 (doubles by their
+ * bits), so a field either matches exactly or names itself. */
+#define FP_FIELDS(X)                                                                               \
+  X("problem.operation", p->operation) X("problem.dtype", p->dtype) X("problem.device", p->device) \
+  X("problem.batch", p->batch) X("problem.seqlen_q", p->seqlen_q)                                 \
+  X("problem.seqlen_k", p->seqlen_k) X("problem.heads_q", p->heads_q)                             \
+  X("problem.heads_kv", p->heads_kv) X("problem.head_dim", p->head_dim)                           \
+  X("problem.head_dim_v", p->head_dim_v) X("problem.scale", bits(p->scale))                       \
+  X("problem.causal", p->causal) X("problem.align", p->align)                                     \
+  X("problem.window_left", p->window_left) X("problem.window_right", p->window_right)             \
+  X("problem.softcap", bits(p->softcap)) X("problem.dropout_p", bits(p->dropout_p))               \
+  X("problem.has_bias", p->has_bias) X("problem.bias_dtype", p->bias_dtype)                       \
+  X("problem.bias_shape[0]", p->bias_shape[0]) X("problem.bias_shape[1]", p->bias_shape[1])       \
+  X("problem.bias_shape[2]", p->bias_shape[2]) X("problem.bias_shape[3]", p->bias_shape[3])       \
+  X("problem.has_mask", p->has_mask) X("problem.mask_shape[0]", p->mask_shape[0])                 \
+  X("problem.mask_shape[1]", p->mask_shape[1]) X("problem.mask_shape[2]", p->mask_shape[2])       \
+  X("problem.mask_shape[3]", p->mask_shape[3]) X("problem.alibi", p->alibi)                       \
+  X("problem.num_sinks", p->num_sinks) X("problem.sinks_shared", p->sinks_shared)                 \
+  X("problem.has_segment_ids", p->has_segment_ids) X("problem.varlen", p->varlen)                 \
+  X("problem.total_q", p->total_q) X("problem.total_k", p->total_k)                               \
+  X("spec.num_axes", s->num_axes) X("spec.axis_size[0]", s->axis_size[0])                         \
+  X("spec.axis_size[1]", s->axis_size[1]) X("spec.axis_size[2]", s->axis_size[2])                 \
+  X("spec.axis_size[3]", s->axis_size[3]) X("spec.axis_dim[0]", s->axis_dim[0])                   \
+  X("spec.axis_dim[1]", s->axis_dim[1]) X("spec.axis_dim[2]", s->axis_dim[2])                     \
+  X("spec.axis_dim[3]", s->axis_dim[3]) X("spec.strategy", s->strategy)                           \
+  X("spec.layout", s->layout) X("spec.timeout_seconds", bits(s->timeout_seconds))
+
+static int64_t bits(double d) {
+  int64_t i;
+  memcpy(&i, &d, sizeof i);
+  return i;
+}
+
+#define FP_COUNT_ONE(name, value) +1
+enum { FP_COUNT = 0 FP_FIELDS(FP_COUNT_ONE) };
+
+typedef struct fingerprint {
+  int64_t status; /* the rank's local verdict on its arguments */
+  int64_t value[FP_COUNT];
+  char message[512];
+} fingerprint;
+
+static void fill_fingerprint(fingerprint *f, const attn_problem *p, const attn_dist_spec *s) {
+  int k = 0;
+#define FP_FILL_ONE(name, v) f->value[k++] = (int64_t)(v);
+  FP_FIELDS(FP_FILL_ONE)
+#undef FP_FILL_ONE
+}
+
+static const char *fingerprint_name(int index) {
+  static const char *const names[] = {
+#define FP_NAME_ONE(name, v) name,
+      FP_FIELDS(FP_NAME_ONE)
+#undef FP_NAME_ONE
+  };
+  return names[index];
+}
+
+/* Writes "1, 3" (the ranks whose value of field differs from rank 0's; at most a few) into buf. */
+static void differing_ranks(const fingerprint *all, int32_t n, int field, char *buf, size_t size) {
+  size_t used = 0;
+  int listed = 0;
+  buf[0] = '\0';
+  for (int32_t r = 1; r < n && used + 16 < size; ++r) {
+    if (all[r].value[field] == all[0].value[field]) continue;
+    if (listed == 8) {
+      snprintf(buf + used, size - used, ", ...");
+      break;
+    }
+    used += (size_t)snprintf(buf + used, size - used, "%s%d", listed ? ", " : "", (int)r);
+    ++listed;
+  }
+}
+
+/* ---- the local problem ----------------------------------------------------------------------- */
+
+/* The mesh: axis sizes resolved, one axis at most per dimension. */
+static attn_status check_spec(attn_ctx *ctx, const attn_dist_spec *in, int32_t world_size,
+                              attn_dist_spec *out) {
+  *out = *in;
+  if (in->num_axes < 1 || in->num_axes > ATTN_DIST_MAX_AXES)
+    return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "spec.num_axes=%d is not in 1..%d",
+                     (int)in->num_axes, ATTN_DIST_MAX_AXES);
+  int seen[ATTN_DIST_DIM_COUNT] = {0};
+  int64_t product = 1;
+  for (int a = 0; a < in->num_axes; ++a) {
+    if (in->axis_dim[a] < 0 || in->axis_dim[a] >= ATTN_DIST_DIM_COUNT)
+      return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                       "spec.axis_dim[%d]=%d is not an attn_dist_dim (NONE, BATCH, HEADS, SEQUENCE)",
+                       a, (int)in->axis_dim[a]);
+    if (in->axis_dim[a] != ATTN_DIST_DIM_NONE && seen[in->axis_dim[a]]++)
+      return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                       "spec.axis_dim[%d]=%d: that dimension is already split by another axis; "
+                       "each of batch, heads and sequence is split by one axis at most",
+                       a, (int)in->axis_dim[a]);
+    if (in->axis_size[a] < 0 || (in->axis_size[a] == 0 && a != 0))
+      return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                       "spec.axis_size[%d]=%d must be >= 1 (0 is allowed for axis 0 only)", a,
+                       (int)in->axis_size[a]);
+    if (a > 0) product *= in->axis_size[a];
+  }
+  if (in->axis_size[0] == 0) {
+    if (world_size % product != 0)
+      return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                       "spec.axis_size[0]=0 (the rest of the ranks): the communicator's %d ranks "
+                       "are not a multiple of the other axes' %lld",
+                       (int)world_size, (long long)product);
+    out->axis_size[0] = (int32_t)(world_size / product);
+  }
+  product *= out->axis_size[0];
+  if (product != world_size)
+    return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                     "spec.axis_size: the mesh has %lld ranks, the communicator %d; the product "
+                     "of the axis sizes must equal the communicator's size",
+                     (long long)product, (int)world_size);
+  for (int a = in->num_axes; a < ATTN_DIST_MAX_AXES; ++a) out->axis_size[a] = 1, out->axis_dim[a] = 0;
+  if (in->strategy < 0 || in->strategy >= ATTN_DIST_STRATEGY_COUNT)
+    return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "spec.strategy=%d is not an attn_dist_strategy",
+                     (int)in->strategy);
+  if (in->layout < 0 || in->layout >= ATTN_DIST_LAYOUT_COUNT)
+    return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "spec.layout=%d is not an attn_dist_layout",
+                     (int)in->layout);
+  if (!(in->timeout_seconds > 0.0))
+    return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "spec.timeout_seconds=%g must be > 0",
+                     in->timeout_seconds);
+  return ATTN_STATUS_OK;
+}
+
+/* The split counts, the local problem and this rank's offsets; refuses sizes that do not divide and
+ * what the layer cannot run. */
+static attn_status make_local(attn_dist_plan *plan, int32_t world_rank) {
+  attn_ctx *ctx = plan->ctx;
+  const attn_problem *g = &plan->global;
+  const attn_dist_spec *s = &plan->spec;
+  plan->nb = plan->nh = plan->ns = 1;
+  int32_t cb = 0, ch = 0, cs = 0;
+  int32_t rest = world_rank;
+  for (int a = s->num_axes - 1; a >= 0; --a) {
+    plan->coords[a] = rest % s->axis_size[a];
+    rest /= s->axis_size[a];
+  }
+  for (int a = 0; a < s->num_axes; ++a) {
+    if (s->axis_dim[a] == ATTN_DIST_DIM_BATCH) plan->nb = s->axis_size[a], cb = plan->coords[a];
+    if (s->axis_dim[a] == ATTN_DIST_DIM_HEADS) plan->nh = s->axis_size[a], ch = plan->coords[a];
+    if (s->axis_dim[a] == ATTN_DIST_DIM_SEQUENCE) plan->ns = s->axis_size[a], cs = plan->coords[a];
+  }
+  plan->seq_rank = cs;
+  plan->layout = s->layout;
+  plan->chunks = s->layout == ATTN_DIST_LAYOUT_ZIGZAG ? 2 : 1;
+  plan->strategy = s->strategy == ATTN_DIST_STRATEGY_AUTO ? ATTN_DIST_STRATEGY_RING : s->strategy;
+
+  if (g->batch % plan->nb != 0)
+    return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                     "batch=%lld is not a multiple of the %d ranks that split it",
+                     (long long)g->batch, (int)plan->nb);
+  if (g->heads_kv % plan->nh != 0)
+    return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                     "heads_kv=%lld is not a multiple of the %d ranks that split heads (heads are "
+                     "split in whole KV groups)", (long long)g->heads_kv, (int)plan->nh);
+  if (g->varlen == ATTN_VARLEN_PACKED && (plan->nb > 1 || plan->ns > 1 || plan->nh > 1))
+    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                     "varlen=packed under a split: not implemented yet (each rank's total_q and "
+                     "total_k differ); use padded varlen or dense tensors with segment ids");
+  if (plan->ns > 1) {
+    const int64_t parts = (int64_t)plan->ns * plan->chunks;
+    if (g->seqlen_q % parts != 0 || g->seqlen_k % parts != 0)
+      return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                       "seqlen_q=%lld and seqlen_k=%lld must be multiples of %lld (%d sequence "
+                       "ranks x %d chunks per rank of the %s layout)",
+                       (long long)g->seqlen_q, (long long)g->seqlen_k, (long long)parts,
+                       (int)plan->ns, (int)plan->chunks,
+                       plan->layout == ATTN_DIST_LAYOUT_ZIGZAG ? "zigzag" : "contiguous");
+    if (plan->layout == ATTN_DIST_LAYOUT_ZIGZAG && g->seqlen_q != g->seqlen_k)
+      return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                       "layout=zigzag needs seqlen_q == seqlen_k (%lld != %lld)",
+                       (long long)g->seqlen_q, (long long)g->seqlen_k);
+    if (g->varlen != ATTN_VARLEN_NONE)
+      return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                       "varlen under sequence sharding: not implemented yet; use segment ids");
+  }
+
+  attn_problem *l = &plan->local;
+  *l = *g;
+  const int64_t group = g->heads_q / g->heads_kv;
+  l->batch = g->batch / plan->nb;
+  l->heads_kv = g->heads_kv / plan->nh;
+  l->heads_q = l->heads_kv * group;
+  l->seqlen_q = g->seqlen_q / plan->ns;
+  l->seqlen_k = g->seqlen_k / plan->ns;
+  plan->b0 = (int64_t)cb * l->batch;
+  plan->h0 = (int64_t)ch * l->heads_q;
+  /* bias and mask: batch and head dims of full extent are sliced; Tq rows too; Tk stays whole. */
+  int64_t *shapes[2] = {l->bias_shape, l->mask_shape};
+  for (int t = 0; t < 2; ++t) {
+    int64_t *sh = shapes[t];
+    if (sh[0] == g->batch && sh[0] != 1) sh[0] = l->batch;
+    if (sh[1] == g->heads_q && sh[1] != 1) sh[1] = l->heads_q;
+    else if (sh[1] == g->heads_kv && sh[1] != 1) sh[1] = l->heads_kv;
+    if (sh[2] == g->seqlen_q && sh[2] != 1) sh[2] = l->seqlen_q;
+  }
+  return ATTN_STATUS_OK;
+}
+
+/* Creates a plan for a sub-problem with the caller's selection, and checks that its
+ * implementation can be placed at global positions. */
+static attn_status plan_sub(attn_dist_plan *plan, const attn_problem *p, const attn_select *select,
+                            attn_plan **out) {
+  attn_status status = attn_plan_create(plan->ctx, p, select, out);
+  if (status != ATTN_STATUS_OK) return status;
+  attn_positions probe;
+  memset(&probe, 0, sizeof probe);
+  return attn_plan_set_positions(*out, &probe);
+}
+
+/* The sub-plans: the whole local problem (no sequence split) or one block and the sinks. */
+static attn_status make_sub_plans(attn_dist_plan *plan, const attn_select *select) {
+  if (plan->ns == 1) return plan_sub(plan, &plan->local, select, &plan->local_plan);
+  attn_problem *b = &plan->block;
+  *b = plan->local;
+  b->seqlen_q = plan->local.seqlen_q / plan->chunks;
+  b->seqlen_k = plan->local.seqlen_k / plan->chunks;
+  b->num_sinks = 0; /* sinks enter once, through the sinks plan */
+  b->sinks_shared = 0;
+  if (b->has_bias) {
+    if (b->bias_shape[2] != 1) b->bias_shape[2] = b->seqlen_q;
+    if (b->bias_shape[3] != 1) b->bias_shape[3] = b->seqlen_k;
+  }
+  if (b->has_mask) {
+    if (b->mask_shape[2] != 1) b->mask_shape[2] = b->seqlen_q;
+    if (b->mask_shape[3] != 1) b->mask_shape[3] = b->seqlen_k;
+  }
+  attn_status status = plan_sub(plan, b, select, &plan->block_plan);
+  if (status != ATTN_STATUS_OK || plan->local.num_sinks == 0) return status;
+  /* The sinks of a row, alone: its queries against no keys give out = 0 and lse = logsumexp of
+   * the sinks (SPEC.md step 8), and backward dsinks; merged once like any block. */
+  attn_problem *sp = &plan->sinks_problem;
+  attn_problem_init(sp);
+  sp->operation = ATTN_OPERATION_FLASH_ATTENTION;
+  sp->dtype = plan->local.dtype;
+  sp->device = plan->local.device;
+  sp->device_index = plan->local.device_index;
+  sp->batch = plan->local.batch;
+  sp->seqlen_q = plan->local.seqlen_q;
+  sp->seqlen_k = 0;
+  sp->heads_q = plan->local.heads_q;
+  sp->heads_kv = plan->local.heads_kv;
+  sp->head_dim = plan->local.head_dim;
+  sp->head_dim_v = plan->local.head_dim_v;
+  sp->scale = plan->local.scale;
+  sp->num_sinks = plan->local.num_sinks;
+  sp->sinks_shared = plan->local.sinks_shared;
+  return plan_sub(plan, sp, select, &plan->sinks_plan);
+}
+
+/* Sub-communicators: the sequence ring (the ranks that differ only in the sequence coordinate),
+ * and the dsinks group (every rank holding the same sink slice: those that differ only along
+ * batch and sequence, and heads too when the sinks are shared). Collective. */
+static attn_status make_groups(attn_dist_plan *plan, char *why, size_t why_size) {
+  const attn_dist_spec *s = &plan->spec;
+  int32_t seq_color = 0, seq_key = 0, sink_color = 0, sink_key = 0;
+  for (int a = 0; a < s->num_axes; ++a) {
+    const int dim = s->axis_dim[a];
+    const int32_t c = plan->coords[a], n = s->axis_size[a];
+    if (dim == ATTN_DIST_DIM_SEQUENCE) seq_key = c;
+    else seq_color = seq_color * n + c;
+    const int summed = dim == ATTN_DIST_DIM_BATCH || dim == ATTN_DIST_DIM_SEQUENCE ||
+                       (dim == ATTN_DIST_DIM_HEADS && plan->local.sinks_shared);
+    if (summed) sink_key = sink_key * n + c;
+    else sink_color = sink_color * n + c;
+  }
+  attn_status status = ATTN_STATUS_OK;
+  if (plan->ns > 1)
+    status = (attn_status)plan->ops->split(plan->world, seq_color, seq_key, &plan->seq_comm, why,
+                                           why_size);
+  if (status == ATTN_STATUS_OK && plan->local.num_sinks > 0)
+    status = (attn_status)plan->ops->split(plan->world, sink_color, sink_key, &plan->sinks_comm,
+                                           why, why_size);
+  return status;
+}
+
+attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
+                                  const attn_dist_spec *spec, int32_t transport, void *comm,
+                                  const attn_select *select, attn_dist_plan **plan_out) {
+  if (ctx == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
+  if (plan_out == NULL) return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "plan is NULL");
+  *plan_out = NULL;
+  if (spec == NULL) return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "spec is NULL");
+  if (comm == NULL)
+    return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                     "comm is NULL: pass a pointer to the caller's MPI_Comm or ncclComm_t");
+  if (problem == NULL) return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "problem is NULL");
+  char why[DIST_MESSAGE] = "";
+  const attn_transport_ops *ops = NULL;
+  /* Failing here is the same on every rank of one build, so returning before any collective
+   * cannot strand a peer. */
+  attn_status status = attn_dist_load_transport(transport, &ops, why, sizeof why);
+  if (status != ATTN_STATUS_OK) return attn_fail(ctx, status, "%s", why);
+  attn_dist_plan *plan = calloc(1, sizeof *plan);
+  if (plan == NULL) return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory making a plan");
+  plan->ctx = ctx;
+  plan->ops = ops;
+  status = (attn_status)ops->create(comm, &plan->world, why, sizeof why);
+  if (status != ATTN_STATUS_OK) {
+    free(plan);
+    return attn_fail(ctx, status, "%s transport: %s", ops->name, why);
+  }
+  const int32_t world_rank = ops->rank(plan->world), world_size = ops->size(plan->world);
+
+  /* Local verdict: checks that need no peer. Its status and message travel in the fingerprint. */
+  status = attn_validate_problem(ctx, problem, &plan->global);
+  if (status == ATTN_STATUS_OK) status = check_spec(ctx, spec, world_size, &plan->spec);
+  if (status == ATTN_STATUS_OK) status = make_local(plan, world_rank);
+  if (status == ATTN_STATUS_OK && plan->global.device != ATTN_DEVICE_CPU && transport == ATTN_DIST_TRANSPORT_MPI)
+    status = attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                       "transport=MPI carries CPU tensors; device=cuda needs transport=NCCL");
+
+  fingerprint *all = calloc((size_t)world_size + 1, sizeof *all);
+  if (all == NULL) {
+    /* The peers wait in the allgather below until their timeout: the best a rank without memory
+     * can do is not to hang itself. */
+    ops->destroy(plan->world);
+    free(plan);
+    return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for the agreement check");
+  }
+  fingerprint *mine = &all[world_size];
+  mine->status = status;
+  snprintf(mine->message, sizeof mine->message, "%s", status == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
+  fill_fingerprint(mine, problem, spec);
+  attn_status comm_status = (attn_status)ops->allgather(plan->world, mine, all, sizeof *mine,
+                                                        spec->timeout_seconds > 0 ? spec->timeout_seconds : 300.0,
+                                                        why, sizeof why);
+  if (comm_status != ATTN_STATUS_OK) {
+    status = attn_fail(ctx, comm_status, "the plan's agreement check: %s", why);
+  } else if (status == ATTN_STATUS_OK) {
+    /* Every rank reaches the same verdict from the same gathered table. */
+    for (int32_t r = 0; r < world_size && status == ATTN_STATUS_OK; ++r)
+      if (all[r].status != ATTN_STATUS_OK)
+        status = attn_fail(ctx, (attn_status)all[r].status, "rank %d refused the problem: %s",
+                           (int)r, all[r].message);
+    for (int f = 0; f < FP_COUNT && status == ATTN_STATUS_OK; ++f) {
+      char ranks[128];
+      differing_ranks(all, world_size, f, ranks, sizeof ranks);
+      if (ranks[0] != '\0')
+        status = attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                           "%s differs between ranks: rank 0 has %lld, rank(s) %s another value; "
+                           "every rank must describe the same global problem and spec",
+                           fingerprint_name(f), (long long)all[0].value[f], ranks);
+    }
+  }
+  free(all);
+  if (status == ATTN_STATUS_OK) {
+    status = make_groups(plan, why, sizeof why);
+    if (status != ATTN_STATUS_OK) status = attn_fail(ctx, status, "%s transport: %s", ops->name, why);
+  }
+  /* Sub-plans depend only on the agreed problem, so every rank succeeds or fails alike. */
+  if (status == ATTN_STATUS_OK) status = make_sub_plans(plan, select);
+  if (status != ATTN_STATUS_OK) {
+    char keep[ATTN_MESSAGE_SIZE];
+    snprintf(keep, sizeof keep, "%s", attn_ctx_last_error(ctx));
+    attn_dist_plan_destroy(plan);
+    return attn_fail(ctx, status, "%s", keep);
+  }
+  *plan_out = plan;
+  return attn_succeed(ctx);
+}
+
+void attn_dist_plan_destroy(attn_dist_plan *plan) {
+  if (plan == NULL) return;
+  attn_plan_destroy(plan->local_plan);
+  attn_plan_destroy(plan->block_plan);
+  attn_plan_destroy(plan->sinks_plan);
+  if (plan->sinks_comm != NULL) plan->ops->destroy(plan->sinks_comm);
+  if (plan->seq_comm != NULL) plan->ops->destroy(plan->seq_comm);
+  plan->ops->destroy(plan->world);
+  free(plan->scratch);
+  free(plan);
+}
+
+attn_status attn_dist_plan_local_problem(const attn_dist_plan *plan, attn_problem *local,
+                                         int32_t *coords) {
+  if (plan == NULL || local == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
+  *local = plan->local;
+  if (coords != NULL) memcpy(coords, plan->coords, sizeof plan->coords);
+  return ATTN_STATUS_OK;
+}
+
+int32_t attn_dist_plan_strategy(const attn_dist_plan *plan) {
+  return plan == NULL ? ATTN_DIST_STRATEGY_AUTO : plan->strategy;
+}
+
+const char *attn_dist_plan_impl_name(const attn_dist_plan *plan) {
+  if (plan == NULL) return "";
+  return attn_plan_impl_name(plan->local_plan != NULL ? plan->local_plan : plan->block_plan);
+}
+
+attn_status attn_dist_plan_set_stream(attn_dist_plan *plan, void *stream) {
+  if (plan == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
+  if (plan->ops->set_stream != NULL) plan->ops->set_stream(plan->world, stream);
+  attn_plan *plans[3] = {plan->local_plan, plan->block_plan, plan->sinks_plan};
+  for (int i = 0; i < 3; ++i)
+    if (plans[i] != NULL) attn_plan_set_stream(plans[i], stream);
+  return attn_succeed(plan->ctx);
+}
+
+/* ---- runs without a sequence split: the local problem at its global batch and head offsets ---- */
+
+static attn_positions local_positions(const attn_dist_plan *plan) {
+  attn_positions pos;
+  memset(&pos, 0, sizeof pos);
+  pos.batch0 = plan->b0;
+  pos.head0 = plan->h0;
+  return pos;
+}
+
+/* Sums dsinks (f32, or f64 for an f64 problem) over the ranks that share the sink slice. */
+static attn_status reduce_dsinks(attn_dist_plan *plan, const attn_tensor *dsinks) {
+  if (plan->sinks_comm == NULL || dsinks->data == NULL) return ATTN_STATUS_OK;
+  const attn_problem *l = &plan->local;
+  const int f64 = l->dtype == ATTN_DTYPE_F64;
+  const int64_t heads = l->sinks_shared ? 1 : l->heads_q, S = l->num_sinks;
+  int64_t shape[2] = {heads, S}, stride[4];
+  const int ndim = l->sinks_shared ? 1 : 2;
+  if (l->sinks_shared) shape[0] = S;
+  attn_dist_strides(dsinks, shape, ndim, stride);
+  double *buf = malloc((size_t)(heads * S) * sizeof(double));
+  if (buf == NULL) return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for dsinks");
+  const attn_dtype dt = f64 ? ATTN_DTYPE_F64 : ATTN_DTYPE_F32;
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t t = 0; t < S; ++t)
+      buf[h * S + t] = attn_load(dsinks->data, dt, l->sinks_shared ? t * stride[0] : h * stride[0] + t * stride[1]);
+  char why[DIST_MESSAGE] = "";
+  attn_status status = (attn_status)plan->ops->allreduce_sum(
+      plan->sinks_comm, buf, (size_t)(heads * S), ATTN_TRANSPORT_F64, plan->spec.timeout_seconds,
+      why, sizeof why);
+  if (status == ATTN_STATUS_OK)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t t = 0; t < S; ++t)
+        attn_store(dsinks->data, dt, l->sinks_shared ? t * stride[0] : h * stride[0] + t * stride[1],
+                   buf[h * S + t]);
+  free(buf);
+  if (status != ATTN_STATUS_OK) {
+    plan->broken = 1;
+    return attn_fail(plan->ctx, status, "summing dsinks over the ranks: %s", why);
+  }
+  return ATTN_STATUS_OK;
+}
+
+/* Whether dbias needs a sum over ranks: its bias is broadcast (size 1) along a split dimension. */
+static int dbias_needs_sum(const attn_dist_plan *plan) {
+  const attn_problem *g = &plan->global;
+  return (plan->nb > 1 && g->bias_shape[0] == 1) || (plan->nh > 1 && g->bias_shape[1] == 1) ||
+         (plan->ns > 1 && (g->bias_shape[2] == 1 || g->bias_shape[3] == 1));
+}
+
+static attn_status check_run(attn_dist_plan *plan) {
+  if (plan->broken)
+    return attn_fail(plan->ctx, ATTN_STATUS_IO_ERROR,
+                     "an earlier transfer of this plan failed; its peers' state is unknown: "
+                     "destroy the plan");
+  return ATTN_STATUS_OK;
+}
+
+attn_status attn_dist_plan_forward(attn_dist_plan *plan, const attn_inputs *inputs,
+                                   const attn_outputs *outputs) {
+  if (plan == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
+  attn_status status = check_run(plan);
+  if (status != ATTN_STATUS_OK) return status;
+  if (inputs == NULL || outputs == NULL)
+    return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT, "%s is NULL",
+                     inputs == NULL ? "inputs" : "outputs");
+  if (plan->ns > 1) return attn_dist_ring_forward(plan, inputs, outputs);
+  attn_positions pos = local_positions(plan);
+  attn_plan_set_positions(plan->local_plan, &pos);
+  return attn_plan_forward(plan->local_plan, inputs, NULL, 0, outputs);
+}
+
+attn_status attn_dist_plan_backward(attn_dist_plan *plan, const attn_inputs *inputs,
+                                    const attn_outputs *forward, const attn_tensor *dout,
+                                    const attn_grads *grads) {
+  if (plan == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
+  attn_status status = check_run(plan);
+  if (status != ATTN_STATUS_OK) return status;
+  if (inputs == NULL || forward == NULL || dout == NULL || grads == NULL)
+    return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT, "%s is NULL",
+                     inputs == NULL ? "inputs" : forward == NULL ? "forward" : dout == NULL ? "dout" : "grads");
+  if (grads->dbias.data != NULL && dbias_needs_sum(plan))
+    return attn_fail(plan->ctx, ATTN_STATUS_UNSUPPORTED,
+                     "dbias of a bias broadcast (size 1) along a split dimension needs a sum over "
+                     "ranks: not implemented yet; give the bias that dimension's full extent");
+  if (plan->ns > 1) return attn_dist_ring_backward(plan, inputs, forward, dout, grads);
+  attn_positions pos = local_positions(plan);
+  attn_plan_set_positions(plan->local_plan, &pos);
+  status = attn_plan_backward(plan->local_plan, inputs, forward, dout, NULL, 0, grads);
+  if (status != ATTN_STATUS_OK) return status;
+  status = reduce_dsinks(plan, &grads->dsinks);
+  return status == ATTN_STATUS_OK ? attn_succeed(plan->ctx) : status;
+}
+
+attn_status attn_dist_reduce_dsinks(attn_dist_plan *plan, const attn_tensor *dsinks) {
+  return reduce_dsinks(plan, dsinks);
+}
