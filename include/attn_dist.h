@@ -79,10 +79,14 @@ typedef enum attn_dist_dim {
 
 /* How a sequence-split problem is computed. */
 typedef enum attn_dist_strategy {
-  ATTN_DIST_STRATEGY_AUTO = 0, /* the plan's choice (today: ring) */
+  ATTN_DIST_STRATEGY_AUTO = 0, /* the plan's choice (today: ring; not measured yet) */
   ATTN_DIST_STRATEGY_RING = 1, /* K/V blocks travel around the ring of the sequence axis, their
                                   transfer overlapped with the attention of the block in hand;
                                   partial results merged through their lse */
+  ATTN_DIST_STRATEGY_ALL_TO_ALL = 2, /* "Ulysses": all-to-all exchanges make the sequence-split
+                                        tensors head-split (every position, 1/n of the heads),
+                                        the heads are computed whole, and the results go back;
+                                        the local heads_kv must be a multiple of n */
   ATTN_DIST_STRATEGY_COUNT
 } attn_dist_strategy;
 

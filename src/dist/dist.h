@@ -32,7 +32,8 @@ struct attn_dist_plan {
   void *sinks_comm; /* the ranks whose dsinks are summed together (NULL when no reduction) */
 
   attn_plan *local_plan; /* ns == 1: the whole local problem */
-  attn_plan *block_plan; /* ns > 1: one chunk of queries against one chunk of keys */
+  attn_plan *block_plan; /* ns > 1: ring: one chunk of queries against one chunk of keys;
+                            all-to-all: the whole sequence for 1/ns of the local heads */
   attn_plan *sinks_plan; /* ns > 1 with sinks: the local queries against no keys, only sinks */
   attn_problem block;    /* the block plan's problem */
   attn_problem sinks_problem;
@@ -61,6 +62,13 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
 attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
                                     const attn_outputs *fwd, const attn_tensor *dout,
                                     const attn_grads *grads);
+
+/* Sequence-split runs, all-to-all strategy (ulysses.c). */
+attn_status attn_dist_ulysses_forward(attn_dist_plan *plan, const attn_inputs *in,
+                                      const attn_outputs *out);
+attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *in,
+                                       const attn_outputs *fwd, const attn_tensor *dout,
+                                       const attn_grads *grads);
 
 /* Sums dsinks over the ranks that share the sink slice (dist_plan.c). */
 attn_status attn_dist_reduce_dsinks(attn_dist_plan *plan, const attn_tensor *dsinks);

@@ -269,6 +269,11 @@ static attn_status make_local(attn_dist_plan *plan, int32_t world_rank) {
     if (g->varlen != ATTN_VARLEN_NONE)
       return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                        "varlen under sequence sharding: not implemented yet; use segment ids");
+    if (plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL && (g->heads_kv / plan->nh) % plan->ns != 0)
+      return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                       "strategy=all-to-all: the %lld local KV heads are not a multiple of the %d "
+                       "sequence ranks (each takes whole KV groups)",
+                       (long long)(g->heads_kv / plan->nh), (int)plan->ns);
   }
 
   attn_problem *l = &plan->local;
@@ -308,6 +313,23 @@ static attn_status plan_sub(attn_dist_plan *plan, const attn_problem *p, const a
 static attn_status make_sub_plans(attn_dist_plan *plan, const attn_select *select) {
   if (plan->ns == 1) return plan_sub(plan, &plan->local, select, &plan->local_plan);
   attn_problem *b = &plan->block;
+  if (plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL) {
+    /* The whole sequence for 1/ns of the local heads (whole KV groups); sinks included. */
+    const attn_problem *l = &plan->local;
+    *b = *l;
+    b->heads_q = l->heads_q / plan->ns;
+    b->heads_kv = l->heads_kv / plan->ns;
+    b->seqlen_q = plan->global.seqlen_q;
+    b->seqlen_k = plan->global.seqlen_k;
+    int64_t *shapes[2] = {b->bias_shape, b->mask_shape};
+    for (int t = 0; t < 2; ++t) {
+      int64_t *sh = shapes[t];
+      if (sh[1] == l->heads_q && sh[1] != 1) sh[1] = b->heads_q;
+      else if (sh[1] == l->heads_kv && sh[1] != 1) sh[1] = b->heads_kv;
+      if (sh[2] != 1) sh[2] = b->seqlen_q;
+    }
+    return plan_sub(plan, b, select, &plan->block_plan);
+  }
   *b = plan->local;
   b->seqlen_q = plan->local.seqlen_q / plan->chunks;
   b->seqlen_k = plan->local.seqlen_k / plan->chunks;
@@ -560,7 +582,10 @@ attn_status attn_dist_plan_forward(attn_dist_plan *plan, const attn_inputs *inpu
   if (inputs == NULL || outputs == NULL)
     return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT, "%s is NULL",
                      inputs == NULL ? "inputs" : "outputs");
-  if (plan->ns > 1) return attn_dist_ring_forward(plan, inputs, outputs);
+  if (plan->ns > 1)
+    return plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL
+               ? attn_dist_ulysses_forward(plan, inputs, outputs)
+               : attn_dist_ring_forward(plan, inputs, outputs);
   attn_positions pos = local_positions(plan);
   attn_plan_set_positions(plan->local_plan, &pos);
   return attn_plan_forward(plan->local_plan, inputs, NULL, 0, outputs);
@@ -579,7 +604,10 @@ attn_status attn_dist_plan_backward(attn_dist_plan *plan, const attn_inputs *inp
     return attn_fail(plan->ctx, ATTN_STATUS_UNSUPPORTED,
                      "dbias of a bias broadcast (size 1) along a split dimension needs a sum over "
                      "ranks: not implemented yet; give the bias that dimension's full extent");
-  if (plan->ns > 1) return attn_dist_ring_backward(plan, inputs, forward, dout, grads);
+  if (plan->ns > 1)
+    return plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL
+               ? attn_dist_ulysses_backward(plan, inputs, forward, dout, grads)
+               : attn_dist_ring_backward(plan, inputs, forward, dout, grads);
   attn_positions pos = local_positions(plan);
   attn_plan_set_positions(plan->local_plan, &pos);
   status = attn_plan_backward(plan->local_plan, inputs, forward, dout, NULL, 0, grads);

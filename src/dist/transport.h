@@ -53,6 +53,10 @@ typedef struct attn_transport_ops {
   /* Every rank's `bytes` bytes of send, concatenated in rank order into recv. Collective. */
   int32_t (*allgather)(void *self, const void *send, void *recv, size_t bytes, double timeout_s,
                        char *why, size_t why_size);
+  /* Block j of send (`bytes` bytes at send + j * bytes) goes to rank j; block i of recv comes
+   * from rank i (MPI_Alltoall). Collective. */
+  int32_t (*alltoall)(void *self, const void *send, void *recv, size_t bytes, double timeout_s,
+                      char *why, size_t why_size);
   /* Element-wise sum over the ranks, in place. Collective. */
   int32_t (*allreduce_sum)(void *self, void *buf, size_t count, int32_t type, double timeout_s,
                            char *why, size_t why_size);

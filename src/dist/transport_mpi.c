@@ -195,6 +195,19 @@ static int32_t mpi_allgather(void *self, const void *send, void *recv, size_t by
   return wait_request(&r, timeout_s, "an allgather", why, why_size);
 }
 
+static int32_t mpi_alltoall(void *self, const void *send, void *recv, size_t bytes,
+                            double timeout_s, char *why, size_t why_size) {
+  mpi_self *s = self;
+  MPI_Datatype type;
+  int count;
+  int32_t status = count_of(bytes, &type, &count, why, why_size);
+  if (status != ATTN_STATUS_OK) return status;
+  MPI_Request r;
+  int code = MPI_Ialltoall(send, count, type, recv, count, type, s->comm, &r);
+  if (code != MPI_SUCCESS) return mpi_fail(code, "MPI_Ialltoall", why, why_size);
+  return wait_request(&r, timeout_s, "an all-to-all", why, why_size);
+}
+
 static int32_t mpi_allreduce_sum(void *self, void *buf, size_t count, int32_t type,
                                  double timeout_s, char *why, size_t why_size) {
   mpi_self *s = self;
@@ -221,6 +234,7 @@ static const attn_transport_ops mpi_ops = {
     .irecv = mpi_irecv,
     .wait = mpi_wait,
     .allgather = mpi_allgather,
+    .alltoall = mpi_alltoall,
     .allreduce_sum = mpi_allreduce_sum,
     .set_stream = NULL,
 };

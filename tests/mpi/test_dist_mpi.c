@@ -411,10 +411,14 @@ static void grid(uint64_t seed) {
   struct {
     const char *name;
     attn_dist_spec spec;
-  } meshes[8];
+  } meshes[12];
   int nm = 0;
   meshes[nm].name = "seq-contiguous", meshes[nm++].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_CONTIGUOUS);
   meshes[nm].name = "seq-zigzag", meshes[nm++].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_ZIGZAG);
+  meshes[nm].name = "seq-alltoall", meshes[nm].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_CONTIGUOUS);
+  meshes[nm++].spec.strategy = ATTN_DIST_STRATEGY_ALL_TO_ALL;
+  meshes[nm].name = "seq-alltoall-zigzag", meshes[nm].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_ZIGZAG);
+  meshes[nm++].spec.strategy = ATTN_DIST_STRATEGY_ALL_TO_ALL;
   meshes[nm].name = "batch", meshes[nm++].spec = spec_1d(ATTN_DIST_DIM_BATCH, 0);
   meshes[nm].name = "heads", meshes[nm++].spec = spec_1d(ATTN_DIST_DIM_HEADS, 0);
   if (n == 4) {
@@ -429,6 +433,10 @@ static void grid(uint64_t seed) {
     meshes[nm].name = "heads2xseq2", meshes[nm++].spec = s;
     s.axis_dim[0] = ATTN_DIST_DIM_NONE;
     meshes[nm].name = "replica2xseq2", meshes[nm++].spec = s;
+    s.axis_dim[0] = ATTN_DIST_DIM_HEADS;
+    s.strategy = ATTN_DIST_STRATEGY_ALL_TO_ALL;
+    s.layout = ATTN_DIST_LAYOUT_ZIGZAG;
+    meshes[nm].name = "heads2xseq2-alltoall-zigzag", meshes[nm++].spec = s;
   }
   for (int m = 0; m < nm; ++m)
     for (size_t f = 0; f < sizeof feature_sets / sizeof feature_sets[0]; ++f) {
