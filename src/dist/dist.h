@@ -30,6 +30,7 @@ struct attn_dist_plan {
   void *world;      /* the transport's communicator over every rank */
   void *seq_comm;   /* the ranks of this rank's sequence ring (NULL when ns == 1) */
   void *sinks_comm; /* the ranks whose dsinks are summed together (NULL when no reduction) */
+  void *bias_comm;  /* the ranks whose dbias is summed together (NULL when none need to be) */
 
   attn_plan *local_plan; /* ns == 1: the whole local problem */
   attn_plan *block_plan; /* ns > 1: ring: one chunk of queries against one chunk of keys;
@@ -72,5 +73,8 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
 
 /* Sums dsinks over the ranks that share the sink slice (dist_plan.c). */
 attn_status attn_dist_reduce_dsinks(attn_dist_plan *plan, const attn_tensor *dsinks);
+/* Sums a dense double copy of the local dbias over the ranks whose bias is broadcast along the
+ * dimension they split (nothing when there are none). */
+attn_status attn_dist_reduce_dbias(attn_dist_plan *plan, double *dbias);
 
 #endif /* ATTN_DIST_DIST_H */

@@ -371,7 +371,9 @@ static attn_status make_sub_plans(attn_dist_plan *plan, const attn_select *selec
  * batch and sequence, and heads too when the sinks are shared). Collective. */
 static attn_status make_groups(attn_dist_plan *plan, char *why, size_t why_size) {
   const attn_dist_spec *s = &plan->spec;
-  int32_t seq_color = 0, seq_key = 0, sink_color = 0, sink_key = 0;
+  int32_t seq_color = 0, seq_key = 0, sink_color = 0, sink_key = 0, bias_color = 0, bias_key = 0;
+  int bias_summed_axes = 0;
+  const int64_t *bs = plan->global.bias_shape;
   for (int a = 0; a < s->num_axes; ++a) {
     const int dim = s->axis_dim[a];
     const int32_t c = plan->coords[a], n = s->axis_size[a];
@@ -381,6 +383,14 @@ static attn_status make_groups(attn_dist_plan *plan, char *why, size_t why_size)
                        (dim == ATTN_DIST_DIM_HEADS && plan->local.sinks_shared);
     if (summed) sink_key = sink_key * n + c;
     else sink_color = sink_color * n + c;
+    /* dbias: summed along an axis that splits a dimension the bias broadcasts (size 1). */
+    const int bias_summed = plan->global.has_bias && n > 1 &&
+                            ((dim == ATTN_DIST_DIM_BATCH && bs[0] == 1) ||
+                             (dim == ATTN_DIST_DIM_HEADS && bs[1] == 1) ||
+                             (dim == ATTN_DIST_DIM_SEQUENCE && bs[2] == 1));
+    bias_summed_axes += bias_summed;
+    if (bias_summed) bias_key = bias_key * n + c;
+    else bias_color = bias_color * n + c;
   }
   attn_status status = ATTN_STATUS_OK;
   if (plan->ns > 1)
@@ -388,6 +398,9 @@ static attn_status make_groups(attn_dist_plan *plan, char *why, size_t why_size)
                                            why_size);
   if (status == ATTN_STATUS_OK && plan->local.num_sinks > 0)
     status = (attn_status)plan->ops->split(plan->world, sink_color, sink_key, &plan->sinks_comm,
+                                           why, why_size);
+  if (status == ATTN_STATUS_OK && bias_summed_axes > 0)
+    status = (attn_status)plan->ops->split(plan->world, bias_color, bias_key, &plan->bias_comm,
                                            why, why_size);
   return status;
 }
@@ -484,6 +497,7 @@ void attn_dist_plan_destroy(attn_dist_plan *plan) {
   attn_plan_destroy(plan->block_plan);
   attn_plan_destroy(plan->sinks_plan);
   if (plan->sinks_comm != NULL) plan->ops->destroy(plan->sinks_comm);
+  if (plan->bias_comm != NULL) plan->ops->destroy(plan->bias_comm);
   if (plan->seq_comm != NULL) plan->ops->destroy(plan->seq_comm);
   plan->ops->destroy(plan->world);
   free(plan->scratch);
@@ -559,11 +573,45 @@ static attn_status reduce_dsinks(attn_dist_plan *plan, const attn_tensor *dsinks
   return ATTN_STATUS_OK;
 }
 
-/* Whether dbias needs a sum over ranks: its bias is broadcast (size 1) along a split dimension. */
-static int dbias_needs_sum(const attn_dist_plan *plan) {
-  const attn_problem *g = &plan->global;
-  return (plan->nb > 1 && g->bias_shape[0] == 1) || (plan->nh > 1 && g->bias_shape[1] == 1) ||
-         (plan->ns > 1 && (g->bias_shape[2] == 1 || g->bias_shape[3] == 1));
+attn_status attn_dist_reduce_dbias(attn_dist_plan *plan, double *dbias) {
+  if (plan->bias_comm == NULL) return ATTN_STATUS_OK;
+  const int64_t *s = plan->local.bias_shape;
+  char why[DIST_MESSAGE] = "";
+  attn_status status = (attn_status)plan->ops->allreduce_sum(
+      plan->bias_comm, dbias, (size_t)(s[0] * s[1] * s[2] * s[3]), ATTN_TRANSPORT_F64,
+      plan->spec.timeout_seconds, why, sizeof why);
+  if (status != ATTN_STATUS_OK) {
+    plan->broken = 1;
+    return attn_fail(plan->ctx, status, "summing dbias over the ranks: %s", why);
+  }
+  return ATTN_STATUS_OK;
+}
+
+/* The caller's dbias summed over the ranks of plan->bias_comm, in place. */
+static attn_status reduce_dbias_tensor(attn_dist_plan *plan, const attn_tensor *dbias) {
+  if (plan->bias_comm == NULL || dbias->data == NULL) return ATTN_STATUS_OK;
+  const int64_t *s = plan->local.bias_shape;
+  const attn_dtype dt = (attn_dtype)plan->local.bias_dtype;
+  int64_t st[4];
+  attn_dist_strides(dbias, s, 4, st);
+  double *buf = malloc((size_t)(s[0] * s[1] * s[2] * s[3]) * sizeof(double) + 1);
+  if (buf == NULL) return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for dbias");
+  int64_t e = 0;
+  for (int64_t a = 0; a < s[0]; ++a)
+    for (int64_t b = 0; b < s[1]; ++b)
+      for (int64_t c = 0; c < s[2]; ++c)
+        for (int64_t d = 0; d < s[3]; ++d)
+          buf[e++] = attn_load(dbias->data, dt, a * st[0] + b * st[1] + c * st[2] + d * st[3]);
+  attn_status status = attn_dist_reduce_dbias(plan, buf);
+  e = 0;
+  if (status == ATTN_STATUS_OK)
+    for (int64_t a = 0; a < s[0]; ++a)
+      for (int64_t b = 0; b < s[1]; ++b)
+        for (int64_t c = 0; c < s[2]; ++c)
+          for (int64_t d = 0; d < s[3]; ++d)
+            attn_store(dbias->data, dt, a * st[0] + b * st[1] + c * st[2] + d * st[3], buf[e++]);
+  free(buf);
+  return status;
 }
 
 static attn_status check_run(attn_dist_plan *plan) {
@@ -600,10 +648,11 @@ attn_status attn_dist_plan_backward(attn_dist_plan *plan, const attn_inputs *inp
   if (inputs == NULL || forward == NULL || dout == NULL || grads == NULL)
     return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT, "%s is NULL",
                      inputs == NULL ? "inputs" : forward == NULL ? "forward" : dout == NULL ? "dout" : "grads");
-  if (grads->dbias.data != NULL && dbias_needs_sum(plan))
+  if (grads->dbias.data != NULL && plan->ns > 1 && plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL &&
+      (plan->global.bias_shape[1] == 1 || plan->global.bias_shape[2] == 1))
     return attn_fail(plan->ctx, ATTN_STATUS_UNSUPPORTED,
-                     "dbias of a bias broadcast (size 1) along a split dimension needs a sum over "
-                     "ranks: not implemented yet; give the bias that dimension's full extent");
+                     "dbias of a bias broadcast over heads or query rows under the all-to-all "
+                     "strategy: not implemented; use the ring strategy for it");
   if (plan->ns > 1)
     return plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL
                ? attn_dist_ulysses_backward(plan, inputs, forward, dout, grads)
@@ -613,6 +662,7 @@ attn_status attn_dist_plan_backward(attn_dist_plan *plan, const attn_inputs *inp
   status = attn_plan_backward(plan->local_plan, inputs, forward, dout, NULL, 0, grads);
   if (status != ATTN_STATUS_OK) return status;
   status = reduce_dsinks(plan, &grads->dsinks);
+  if (status == ATTN_STATUS_OK) status = reduce_dbias_tensor(plan, &grads->dbias);
   return status == ATTN_STATUS_OK ? attn_succeed(plan->ctx) : status;
 }
 

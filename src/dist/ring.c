@@ -459,18 +459,23 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
   memset(dkv[0], 0, dkv_acc);
   memset(dqa, 0, dq_acc);
   pack_kv(&g, in, kv[0]);
-  if (grads->dbias.data != NULL) {
-    /* Blocks write their part of dbias; the parts no block sees stay 0. */
-    const size_t bes = attn_dtype_size((attn_dtype)l->bias_dtype);
-    const int64_t *bs = l->bias_shape;
-    for (int64_t a = 0; a < bs[0]; ++a)
-      for (int64_t b = 0; b < bs[1]; ++b)
-        for (int64_t c = 0; c < bs[2]; ++c)
-          for (int64_t d = 0; d < bs[3]; ++d)
-            memset((char *)grads->dbias.data +
-                       (size_t)(a * dbias_s[0] + b * dbias_s[1] + c * dbias_s[2] + d * dbias_s[3]) * bes,
-                   0, bes);
+  /* dbias: each block's part is added into a double accumulator of the local dbias's shape (blocks
+   * meet in one place when the bias broadcasts rows or keys); written out at the end. */
+  const int64_t *bsh = l->bias_shape;
+  const int64_t dbias_n = grads->dbias.data != NULL ? bsh[0] * bsh[1] * bsh[2] * bsh[3] : 0;
+  const int64_t blk_rows = bsh[2] != 1 ? g.nq : 1, blk_cols = bsh[3] != 1 ? g.nk : 1;
+  double *dbias_acc = NULL;
+  char *dbias_blk = NULL;
+  if (dbias_n > 0) {
+    dbias_acc = calloc((size_t)dbias_n, sizeof(double));
+    dbias_blk = malloc((size_t)(bsh[0] * bsh[1] * blk_rows * blk_cols) * attn_dtype_size((attn_dtype)l->bias_dtype));
+    if (dbias_acc == NULL || dbias_blk == NULL) {
+      free(dbias_acc);
+      free(dbias_blk);
+      return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for dbias");
+    }
   }
+
 
   const int32_t last = last_step(&g), next = (g.r + 1) % g.n, prev = (g.r + g.n - 1) % g.n;
   int cur = 0, dcur = 0; /* the K/V slice and the dK/dV sums in hand */
@@ -479,7 +484,7 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
     transfer t = {NULL, NULL};
     if (s < last) {
       status = start_shift(&g, kv[cur], kv[1 - cur], g.kv_bytes, next, prev, TAG_KV, &t);
-      if (status != ATTN_STATUS_OK) return status;
+      if (status != ATTN_STATUS_OK) goto done;
     }
     for (int32_t a = 0; a < g.C && status == ATTN_STATUS_OK; ++a)
       for (int32_t c = 0; c < g.C && status == ATTN_STATUS_OK; ++c) {
@@ -503,13 +508,7 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
         bg.dq = attn_tensor_dense(qb);
         bg.dk = attn_tensor_dense(kb);
         bg.dv = attn_tensor_dense(vb);
-        if (grads->dbias.data != NULL) {
-          const size_t bes = attn_dtype_size((attn_dtype)l->bias_dtype);
-          int64_t off = (l->bias_shape[2] != 1 ? q_row * dbias_s[2] : 0) +
-                        (l->bias_shape[3] != 1 ? k0 * dbias_s[3] : 0);
-          bg.dbias.data = (char *)grads->dbias.data + (size_t)off * bes;
-          memcpy(bg.dbias.stride, dbias_s, sizeof dbias_s);
-        }
+        if (dbias_blk != NULL) bg.dbias = attn_tensor_dense(dbias_blk);
         status = place_block(&g, a, src, c);
         if (status == ATTN_STATUS_OK)
           status = attn_plan_backward(plan->block_plan, &bi, &bf, &bd, NULL, 0, &bg);
@@ -519,15 +518,27 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
           add_rows(&g, dkv[dcur], g.Tk, (int64_t)c * g.nk, g.nk, g.Hkv, g.D, kb);
           add_rows(&g, dkv[dcur] + g.B * g.Tk * g.Hkv * g.D, g.Tk, (int64_t)c * g.nk, g.nk, g.Hkv,
                    g.Dv, vb);
+          if (dbias_blk != NULL) {
+            const int64_t r0 = bsh[2] != 1 ? q_row : 0, c0 = bsh[3] != 1 ? k0 : 0;
+            int64_t e = 0;
+            for (int64_t i0 = 0; i0 < bsh[0]; ++i0)
+              for (int64_t i1 = 0; i1 < bsh[1]; ++i1)
+                for (int64_t i2 = 0; i2 < blk_rows; ++i2)
+                  for (int64_t i3 = 0; i3 < blk_cols; ++i3, ++e)
+                    dbias_acc[((i0 * bsh[1] + i1) * bsh[2] + r0 + i2) * bsh[3] + c0 + i3] +=
+                        attn_load(dbias_blk, (attn_dtype)l->bias_dtype, e);
+          }
         }
       }
     if (status != ATTN_STATUS_OK) {
       abandon(&g, &t);
+      free(dbias_acc);
+      free(dbias_blk);
       return status;
     }
     if (s < last) {
       status = finish_shift(&g, &t, next, prev);
-      if (status != ATTN_STATUS_OK) return status;
+      if (status != ATTN_STATUS_OK) goto done;
       cur = 1 - cur;
     }
     /* The dK/dV sums of the slice in hand move on with it; after the last step they go straight
@@ -538,7 +549,7 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
       transfer d = {NULL, NULL};
       status = start_shift(&g, dkv[dcur], dkv[1 - dcur], dkv_acc, to, from, TAG_DKV, &d);
       if (status == ATTN_STATUS_OK) status = finish_shift(&g, &d, to, from);
-      if (status != ATTN_STATUS_OK) return status;
+      if (status != ATTN_STATUS_OK) goto done;
       dcur = 1 - dcur;
     }
   }
@@ -565,9 +576,22 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
     sf.out = fwd->out;
     sf.lse = fwd->lse;
     status = attn_plan_backward(plan->sinks_plan, &si, &sf, dout, NULL, 0, &sg);
-    if (status != ATTN_STATUS_OK) return status;
-    status = attn_dist_reduce_dsinks(plan, &grads->dsinks);
-    if (status != ATTN_STATUS_OK) return status;
+    if (status == ATTN_STATUS_OK) status = attn_dist_reduce_dsinks(plan, &grads->dsinks);
+    if (status != ATTN_STATUS_OK) goto done;
   }
-  return attn_succeed(ctx);
+  if (dbias_acc != NULL) {
+    status = attn_dist_reduce_dbias(plan, dbias_acc);
+    if (status != ATTN_STATUS_OK) goto done;
+    for (int64_t i0 = 0; i0 < bsh[0]; ++i0)
+      for (int64_t i1 = 0; i1 < bsh[1]; ++i1)
+        for (int64_t i2 = 0; i2 < bsh[2]; ++i2)
+          for (int64_t i3 = 0; i3 < bsh[3]; ++i3)
+            attn_store(grads->dbias.data, (attn_dtype)l->bias_dtype,
+                       i0 * dbias_s[0] + i1 * dbias_s[1] + i2 * dbias_s[2] + i3 * dbias_s[3],
+                       dbias_acc[((i0 * bsh[1] + i1) * bsh[2] + i2) * bsh[3] + i3]);
+  }
+done:
+  free(dbias_acc);
+  free(dbias_blk);
+  return status == ATTN_STATUS_OK ? attn_succeed(ctx) : status;
 }

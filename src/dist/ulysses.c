@@ -307,10 +307,6 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
     return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                      "q, k, v, forward.out, forward.lse, dout, dq, dk and dv are required (one is NULL)");
   const attn_problem *l = &plan->local, *u = &plan->block;
-  if (grads->dbias.data != NULL && l->bias_shape[1] == 1)
-    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
-                     "dbias of a bias broadcast over heads under the all-to-all strategy needs a "
-                     "sum over ranks: not implemented yet");
   exch x = {plan, plan->ns, plan->seq_rank};
   const attn_dtype dt = (attn_dtype)l->dtype, st = attn_stat_dtype(dt);
   const size_t es = attn_dtype_size(dt), ses = attn_dtype_size(st);
@@ -372,6 +368,27 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
   if (status == ATTN_STATUS_OK && h.dbias != NULL) {
     view vb = make_view(&grads->dbias, l->bias_shape, 4, attn_dtype_size((attn_dtype)l->bias_dtype));
     status = from_heads(&x, h.dbias, 2, 1, Tq, &vb);
+    /* Broadcast over batch with the batch split: the other batch ranks' shares. */
+    if (status == ATTN_STATUS_OK && plan->bias_comm != NULL) {
+      const int64_t *s = l->bias_shape;
+      double *buf = malloc((size_t)(s[0] * s[1] * s[2] * s[3]) * sizeof(double) + 1);
+      if (buf == NULL) status = attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for dbias");
+      const attn_dtype bdt = (attn_dtype)l->bias_dtype;
+      int64_t e = 0;
+      for (int64_t a = 0; buf != NULL && a < s[0]; ++a)
+        for (int64_t b = 0; b < s[1]; ++b)
+          for (int64_t c = 0; c < s[2]; ++c)
+            for (int64_t d = 0; d < s[3]; ++d)
+              buf[e++] = attn_load(vb.data, bdt, a * vb.stride[0] + b * vb.stride[1] + c * vb.stride[2] + d * vb.stride[3]);
+      if (buf != NULL) status = attn_dist_reduce_dbias(plan, buf);
+      e = 0;
+      for (int64_t a = 0; buf != NULL && status == ATTN_STATUS_OK && a < s[0]; ++a)
+        for (int64_t b = 0; b < s[1]; ++b)
+          for (int64_t c = 0; c < s[2]; ++c)
+            for (int64_t d = 0; d < s[3]; ++d)
+              attn_store(vb.data, bdt, a * vb.stride[0] + b * vb.stride[1] + c * vb.stride[2] + d * vb.stride[3], buf[e++]);
+      free(buf);
+    }
   }
   if (status == ATTN_STATUS_OK && h.dsinks != NULL) {
     /* This rank's heads' share of dsinks, zero for the others; the sum over the ranks that share

@@ -347,7 +347,7 @@ static attn_problem base_problem(int32_t n) {
 
 enum { F_CAUSAL = 1, F_WINDOW = 2, F_ALIBI = 4, F_BIAS = 8, F_MASK = 16, F_SINKS = 32,
        F_SEGMENTS = 64, F_SOFTCAP = 128, F_DROPOUT = 256, F_TOPLEFT = 512, F_CROSS = 1024,
-       F_SHARED_SINKS = 2048, F_BIAS_BCAST = 4096 };
+       F_SHARED_SINKS = 2048, F_BIAS_BCAST = 4096, F_BIAS_ROWS = 8192 };
 
 static attn_problem with_features(attn_problem p, int f) {
   if (f & F_CROSS) p.seqlen_q = p.seqlen_k / 2; /* Tq != Tk: the alignments differ */
@@ -363,6 +363,10 @@ static attn_problem with_features(attn_problem p, int f) {
   if (f & F_BIAS_BCAST) {
     p.has_bias = 1;
     p.bias_shape[0] = 1, p.bias_shape[1] = p.heads_q, p.bias_shape[2] = p.seqlen_q, p.bias_shape[3] = p.seqlen_k;
+  }
+  if (f & F_BIAS_ROWS) { /* one row for every query, per head: summed over rows and ranks */
+    p.has_bias = 1;
+    p.bias_shape[0] = 1, p.bias_shape[1] = p.heads_q, p.bias_shape[2] = 1, p.bias_shape[3] = p.seqlen_k;
   }
   if (f & F_MASK) {
     p.has_mask = 1;
@@ -388,6 +392,7 @@ static const struct {
     {"alibi", F_ALIBI | F_CAUSAL},
     {"bias", F_BIAS},
     {"bias-broadcast", F_BIAS_BCAST},
+    {"bias-rows", F_BIAS_ROWS | F_CAUSAL},
     {"mask", F_MASK},
     {"sinks", F_SINKS},
     {"shared-sinks", F_SHARED_SINKS | F_CAUSAL},
@@ -450,8 +455,10 @@ static void grid(uint64_t seed) {
       c.p = with_features(base_problem(n), feat);
       c.spec = meshes[m].spec;
       c.want_dsinks = c.p.num_sinks > 0;
-      /* dbias where no rank has to sum it: a bias broadcast along a split dim is refused. */
-      c.want_dbias = (feat & F_BIAS) != 0;
+      /* dbias everywhere but where the all-to-all strategy refuses it (a bias broadcast over
+       * heads or rows). */
+      c.want_dbias = (feat & (F_BIAS | F_BIAS_BCAST | F_BIAS_ROWS)) != 0 &&
+                     !(meshes[m].spec.strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL && (feat & F_BIAS_ROWS));
       run_case(&c, seed + f);
     }
   /* One low-precision case per sharding of the sequence. */
