@@ -156,6 +156,19 @@ ATTN_API attn_status attn_dist_plan_local_problem(const attn_dist_plan *plan,
 ATTN_API int32_t attn_dist_plan_strategy(const attn_dist_plan *plan);
 ATTN_API const char *attn_dist_plan_impl_name(const attn_dist_plan *plan);
 
+/* Where the time of this rank's last forward or backward run went. */
+typedef struct attn_dist_stats {
+  double total_seconds;   /* the whole call */
+  double compute_seconds; /* in the single-device blocks */
+  double wait_seconds;    /* blocked waiting for transfers: the communication that was not hidden */
+  int64_t bytes_sent;     /* by this rank, point-to-point and collective payloads */
+  int32_t steps;          /* ring steps run (all-to-all: exchanges; 0 without a sequence split) */
+} attn_dist_stats;
+
+/* The stats of the plan's last run on this rank. INVALID_ARGUMENT for NULL pointers. */
+ATTN_API attn_status attn_dist_plan_last_stats(const attn_dist_plan *plan,
+                                               attn_dist_stats *stats /* out */);
+
 /* The stream (a cudaStream_t) the plan's NCCL transfers and GPU blocks run on; NULL = default.
  * Borrowed. */
 ATTN_API attn_status attn_dist_plan_set_stream(attn_dist_plan *plan, void *stream);

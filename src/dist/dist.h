@@ -43,8 +43,13 @@ struct attn_dist_plan {
   void *scratch;
   size_t scratch_size;
 
+  attn_dist_stats stats; /* of the last run */
+
   int broken; /* a transfer failed: the peers' state is unknown, further runs are refused */
 };
+
+/* Seconds on a monotonic clock. */
+double attn_dist_now(void);
 
 /* The transport's table, loaded once from its module (transports.c). */
 attn_status attn_dist_load_transport(int32_t transport, const attn_transport_ops **ops, char *why,

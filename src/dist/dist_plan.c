@@ -8,6 +8,7 @@
  * the same status, naming the field and the ranks that disagree -> split off the sequence ring and
  * the dsinks reduction groups -> plan the local problem (ns == 1) or its blocks (ns > 1).
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "dist/dist.h"
 
 #include "core/ctx.h"
@@ -20,8 +21,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define DIST_MESSAGE 1024
+
+double attn_dist_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+attn_status attn_dist_plan_last_stats(const attn_dist_plan *plan, attn_dist_stats *stats) {
+  if (plan == NULL || stats == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
+  *stats = plan->stats;
+  return ATTN_STATUS_OK;
+}
 
 void attn_dist_spec_init(attn_dist_spec *spec) {
   if (spec == NULL) return;
@@ -630,13 +644,20 @@ attn_status attn_dist_plan_forward(attn_dist_plan *plan, const attn_inputs *inpu
   if (inputs == NULL || outputs == NULL)
     return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT, "%s is NULL",
                      inputs == NULL ? "inputs" : "outputs");
-  if (plan->ns > 1)
-    return plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL
-               ? attn_dist_ulysses_forward(plan, inputs, outputs)
-               : attn_dist_ring_forward(plan, inputs, outputs);
-  attn_positions pos = local_positions(plan);
-  attn_plan_set_positions(plan->local_plan, &pos);
-  return attn_plan_forward(plan->local_plan, inputs, NULL, 0, outputs);
+  memset(&plan->stats, 0, sizeof plan->stats);
+  const double start = attn_dist_now();
+  if (plan->ns > 1) {
+    status = plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL
+                 ? attn_dist_ulysses_forward(plan, inputs, outputs)
+                 : attn_dist_ring_forward(plan, inputs, outputs);
+  } else {
+    attn_positions pos = local_positions(plan);
+    attn_plan_set_positions(plan->local_plan, &pos);
+    status = attn_plan_forward(plan->local_plan, inputs, NULL, 0, outputs);
+    plan->stats.compute_seconds = attn_dist_now() - start;
+  }
+  plan->stats.total_seconds = attn_dist_now() - start;
+  return status;
 }
 
 attn_status attn_dist_plan_backward(attn_dist_plan *plan, const attn_inputs *inputs,
@@ -653,16 +674,25 @@ attn_status attn_dist_plan_backward(attn_dist_plan *plan, const attn_inputs *inp
     return attn_fail(plan->ctx, ATTN_STATUS_UNSUPPORTED,
                      "dbias of a bias broadcast over heads or query rows under the all-to-all "
                      "strategy: not implemented; use the ring strategy for it");
-  if (plan->ns > 1)
-    return plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL
-               ? attn_dist_ulysses_backward(plan, inputs, forward, dout, grads)
-               : attn_dist_ring_backward(plan, inputs, forward, dout, grads);
+  memset(&plan->stats, 0, sizeof plan->stats);
+  const double start = attn_dist_now();
+  if (plan->ns > 1) {
+    status = plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL
+                 ? attn_dist_ulysses_backward(plan, inputs, forward, dout, grads)
+                 : attn_dist_ring_backward(plan, inputs, forward, dout, grads);
+    plan->stats.total_seconds = attn_dist_now() - start;
+    return status;
+  }
   attn_positions pos = local_positions(plan);
   attn_plan_set_positions(plan->local_plan, &pos);
   status = attn_plan_backward(plan->local_plan, inputs, forward, dout, NULL, 0, grads);
+  plan->stats.compute_seconds = attn_dist_now() - start;
   if (status != ATTN_STATUS_OK) return status;
+  const double reduce_start = attn_dist_now();
   status = reduce_dsinks(plan, &grads->dsinks);
   if (status == ATTN_STATUS_OK) status = reduce_dbias_tensor(plan, &grads->dbias);
+  plan->stats.wait_seconds = attn_dist_now() - reduce_start;
+  plan->stats.total_seconds = attn_dist_now() - start;
   return status == ATTN_STATUS_OK ? attn_succeed(plan->ctx) : status;
 }
 

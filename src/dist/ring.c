@@ -266,10 +266,11 @@ static attn_status start_shift(ring *g, const void *send_buf, void *recv_buf, si
     plan->broken = 1;
     return attn_fail(plan->ctx, status, "ring rank %d: %s", (int)g->r, why);
   }
+  plan->stats.bytes_sent += (int64_t)bytes;
   return ATTN_STATUS_OK;
 }
 
-static attn_status finish_shift(ring *g, transfer *t, int32_t to, int32_t from) {
+static attn_status finish_shift_wait(ring *g, transfer *t, int32_t to, int32_t from) {
   attn_dist_plan *plan = g->plan;
   char why[512] = "";
   attn_status status = (attn_status)plan->ops->wait(plan->seq_comm, t->recv, plan->spec.timeout_seconds,
@@ -291,6 +292,14 @@ static attn_status finish_shift(ring *g, transfer *t, int32_t to, int32_t from) 
                      (int)to, why);
   }
   return ATTN_STATUS_OK;
+}
+
+/* Completes a shift; the time blocked here is the communication the blocks did not hide. */
+static attn_status finish_shift(ring *g, transfer *t, int32_t to, int32_t from) {
+  const double start = attn_dist_now();
+  attn_status status = finish_shift_wait(g, t, to, from);
+  g->plan->stats.wait_seconds += attn_dist_now() - start;
+  return status;
 }
 
 /* After a failed block, the transfers in flight still have to be waited for (briefly) so their
@@ -335,6 +344,7 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
 
   const int32_t last = last_step(&g), next = (g.r + 1) % g.n, prev = (g.r + g.n - 1) % g.n;
   int cur = 0;
+  plan->stats.steps = last + 1;
   for (int32_t s = 0; s <= last; ++s) {
     const int32_t src = ((g.r - s) % g.n + g.n) % g.n;
     transfer t = {NULL, NULL};
@@ -352,7 +362,9 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
         bo.out = attn_tensor_dense(ob);
         bo.lse = attn_tensor_dense(lb);
         status = place_block(&g, a, src, c);
+        const double t0 = attn_dist_now();
         if (status == ATTN_STATUS_OK) status = attn_plan_forward(plan->block_plan, &bi, NULL, 0, &bo);
+        plan->stats.compute_seconds += attn_dist_now() - t0;
         if (status == ATTN_STATUS_OK) merge(&g, ob, lb, (int64_t)a * g.nq, g.nq, ao, al);
       }
     if (status != ATTN_STATUS_OK) {
@@ -478,6 +490,7 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
 
 
   const int32_t last = last_step(&g), next = (g.r + 1) % g.n, prev = (g.r + g.n - 1) % g.n;
+  plan->stats.steps = last + 1;
   int cur = 0, dcur = 0; /* the K/V slice and the dK/dV sums in hand */
   for (int32_t s = 0; s <= last; ++s) {
     const int32_t src = ((g.r - s) % g.n + g.n) % g.n;
@@ -510,8 +523,10 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
         bg.dv = attn_tensor_dense(vb);
         if (dbias_blk != NULL) bg.dbias = attn_tensor_dense(dbias_blk);
         status = place_block(&g, a, src, c);
+        const double t0 = attn_dist_now();
         if (status == ATTN_STATUS_OK)
           status = attn_plan_backward(plan->block_plan, &bi, &bf, &bd, NULL, 0, &bg);
+        plan->stats.compute_seconds += attn_dist_now() - t0;
         if (status == ATTN_STATUS_OK) {
           add_rows(&g, dqa, g.Tq, q_row, g.nq, g.Hq, g.D, qb);
           /* dK and dV of the slice in hand: [B, Tk, Hkv, D] then [B, Tk, Hkv, Dv]. */

@@ -47,8 +47,12 @@ typedef struct exch {
 
 static attn_status exchange(exch *x, const void *send, void *recv, size_t bytes) {
   char why[512] = "";
+  const double start = attn_dist_now();
   attn_status status = (attn_status)x->plan->ops->alltoall(x->plan->seq_comm, send, recv, bytes,
                                                            x->plan->spec.timeout_seconds, why, sizeof why);
+  x->plan->stats.wait_seconds += attn_dist_now() - start;
+  x->plan->stats.bytes_sent += (int64_t)(bytes * (size_t)(x->n - 1));
+  x->plan->stats.steps += 1;
   if (status != ATTN_STATUS_OK) {
     x->plan->broken = 1;
     return attn_fail(x->plan->ctx, status, "all-to-all over the sequence ranks: %s", why);
@@ -281,7 +285,9 @@ attn_status attn_dist_ulysses_forward(attn_dist_plan *plan, const attn_inputs *i
     ho.lse = attn_tensor_dense(h.lse);
     /* A block that fails here fails on every rank alike (the same agreed problem); should one
      * rank fail alone, its peers' next exchange ends at the plan's timeout. */
+    const double t0 = attn_dist_now();
     status = attn_plan_forward(plan->block_plan, &hi, NULL, 0, &ho);
+    plan->stats.compute_seconds += attn_dist_now() - t0;
   }
   const int64_t os[4] = {l->batch, l->seqlen_q, l->heads_q, l->head_dim_v};
   const int64_t ls[3] = {l->batch, l->heads_q, l->seqlen_q};
@@ -356,7 +362,9 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
     hg.dq = attn_tensor_dense(h.dq), hg.dk = attn_tensor_dense(h.dk), hg.dv = attn_tensor_dense(h.dv);
     if (h.dbias != NULL) hg.dbias = attn_tensor_dense(h.dbias);
     if (h.dsinks != NULL) hg.dsinks = attn_tensor_dense(h.dsinks);
+    const double t0 = attn_dist_now();
     status = attn_plan_backward(plan->block_plan, &hi, &hf, &hd, NULL, 0, &hg);
+    plan->stats.compute_seconds += attn_dist_now() - t0;
   }
   if (status == ATTN_STATUS_OK) {
     view vq = make_view(&grads->dq, qs, 4, es), vk = make_view(&grads->dk, ks, 4, es);
