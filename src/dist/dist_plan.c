@@ -454,6 +454,14 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
   if (status == ATTN_STATUS_OK && plan->global.device != ATTN_DEVICE_CPU && transport == ATTN_DIST_TRANSPORT_MPI)
     status = attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                        "transport=MPI carries CPU tensors; device=cuda needs transport=NCCL");
+  if (status == ATTN_STATUS_OK && transport == ATTN_DIST_TRANSPORT_NCCL && plan->global.device == ATTN_DEVICE_CPU)
+    status = attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                       "transport=NCCL carries CUDA tensors; device=cpu needs transport=MPI");
+  if (status == ATTN_STATUS_OK && plan->global.device != ATTN_DEVICE_CPU)
+    status = attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                       "device=cuda: the distributed layer's merges and exchanges run on host memory "
+                       "and the cuda implementation does not yet run blocks at global positions; "
+                       "only CPU tensors over MPI for now (docs/DISTRIBUTED.md)");
 
   fingerprint *all = calloc((size_t)world_size + 1, sizeof *all);
   if (all == NULL) {
@@ -537,7 +545,11 @@ const char *attn_dist_plan_impl_name(const attn_dist_plan *plan) {
 
 attn_status attn_dist_plan_set_stream(attn_dist_plan *plan, void *stream) {
   if (plan == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
-  if (plan->ops->set_stream != NULL) plan->ops->set_stream(plan->world, stream);
+  if (plan->ops->set_stream != NULL) {
+    void *comms[4] = {plan->world, plan->seq_comm, plan->sinks_comm, plan->bias_comm};
+    for (int i = 0; i < 4; ++i)
+      if (comms[i] != NULL) plan->ops->set_stream(comms[i], stream);
+  }
   attn_plan *plans[3] = {plan->local_plan, plan->block_plan, plan->sinks_plan};
   for (int i = 0; i < 3; ++i)
     if (plans[i] != NULL) attn_plan_set_stream(plans[i], stream);

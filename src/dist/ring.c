@@ -257,9 +257,14 @@ static attn_status start_shift(ring *g, const void *send_buf, void *recv_buf, si
   attn_dist_plan *plan = g->plan;
   char why[512] = "";
   t->send = t->recv = NULL;
-  attn_status status = (attn_status)plan->ops->irecv(plan->seq_comm, recv_buf, bytes, from, tag,
-                                                     &t->recv, why, sizeof why);
-  if (status == ATTN_STATUS_OK)
+  attn_status status;
+  if (plan->ops->shift != NULL) /* one grouped operation: its request waits for both halves */
+    status = (attn_status)plan->ops->shift(plan->seq_comm, send_buf, to, recv_buf, from, bytes, tag,
+                                           &t->recv, why, sizeof why);
+  else
+    status = (attn_status)plan->ops->irecv(plan->seq_comm, recv_buf, bytes, from, tag, &t->recv,
+                                           why, sizeof why);
+  if (status == ATTN_STATUS_OK && plan->ops->shift == NULL)
     status = (attn_status)plan->ops->isend(plan->seq_comm, send_buf, bytes, to, tag, &t->send, why,
                                            sizeof why);
   if (status != ATTN_STATUS_OK) {

@@ -8,7 +8,8 @@
  * function, which returns the table. The module includes only this header and attn.h.
  *
  * Conventions: functions return an attn_status (as int32_t); a failure writes a message into
- * why[why_size]. Every wait is bounded by a timeout in seconds, so a peer that died or went to a
+ * why[why_size]. Point-to-point transfers, shift and alltoall move memory on the tensors' device;
+ * allgather and allreduce_sum take host memory (small: the plan's agreement check, dsinks, dbias). Every wait is bounded by a timeout in seconds, so a peer that died or went to a
  * different call gives IO_ERROR, never a hang. Point-to-point calls are nonblocking and complete in
  * wait(); requests are opaque handles made by isend/irecv and released by wait (also on failure).
  */
@@ -48,6 +49,11 @@ typedef struct attn_transport_ops {
                    void **request, char *why, size_t why_size);
   int32_t (*irecv)(void *self, void *buf, size_t bytes, int32_t peer, int32_t tag, void **request,
                    char *why, size_t why_size);
+  /* Optional (NULL: the algorithms post irecv then isend): sends send_buf to rank `to` while
+   * receiving recv_buf from rank `from`, as one operation, with one request. NCCL needs it: its
+   * point-to-point operations must be grouped to make a ring without deadlock. */
+  int32_t (*shift)(void *self, const void *send_buf, int32_t to, void *recv_buf, int32_t from,
+                   size_t bytes, int32_t tag, void **request, char *why, size_t why_size);
   /* Completes and releases a request; IO_ERROR after timeout_s seconds without completion. */
   int32_t (*wait)(void *self, void *request, double timeout_s, char *why, size_t why_size);
   /* Every rank's `bytes` bytes of send, concatenated in rank order into recv. Collective. */

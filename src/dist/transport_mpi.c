@@ -232,6 +232,7 @@ static const attn_transport_ops mpi_ops = {
     .split = mpi_split,
     .isend = mpi_isend,
     .irecv = mpi_irecv,
+    .shift = NULL, /* MPI pairs an Irecv and an Isend without deadlock */
     .wait = mpi_wait,
     .allgather = mpi_allgather,
     .alltoall = mpi_alltoall,
