@@ -79,7 +79,10 @@ typedef enum attn_dist_dim {
 
 /* How a sequence-split problem is computed. */
 typedef enum attn_dist_strategy {
-  ATTN_DIST_STRATEGY_AUTO = 0, /* the plan's choice (today: ring; not measured yet) */
+  ATTN_DIST_STRATEGY_AUTO = 0, /* the plan's choice: where both can run, the context's cache,
+                                  else (policy on_miss AUTOTUNE) both timed on scratch shards by
+                                  every rank, the slowest rank's time deciding, and the result
+                                  cached under a key that holds the mesh; else the ring */
   ATTN_DIST_STRATEGY_RING = 1, /* K/V blocks travel around the ring of the sequence axis, their
                                   transfer overlapped with the attention of the block in hand;
                                   partial results merged through their lse */

@@ -76,6 +76,13 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
                                        const attn_outputs *fwd, const attn_tensor *dout,
                                        const attn_grads *grads);
 
+/* The sub-plans of plan->strategy (dist_plan.c), and their release. */
+attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *select);
+void attn_dist_free_sub_plans(attn_dist_plan *plan);
+/* Strategy AUTO: sets plan->strategy (and its sub-plans) from the cache or by measuring
+ * (choose.c). Collective. */
+attn_status attn_dist_choose_strategy(attn_dist_plan *plan, const attn_select *select);
+
 /* Sums dsinks over the ranks that share the sink slice (dist_plan.c). */
 attn_status attn_dist_reduce_dsinks(attn_dist_plan *plan, const attn_tensor *dsinks);
 /* Sums a dense double copy of the local dbias over the ranks whose bias is broadcast along the

@@ -324,7 +324,14 @@ static attn_status plan_sub(attn_dist_plan *plan, const attn_problem *p, const a
 }
 
 /* The sub-plans: the whole local problem (no sequence split) or one block and the sinks. */
-static attn_status make_sub_plans(attn_dist_plan *plan, const attn_select *select) {
+void attn_dist_free_sub_plans(attn_dist_plan *plan) {
+  attn_plan_destroy(plan->local_plan);
+  attn_plan_destroy(plan->block_plan);
+  attn_plan_destroy(plan->sinks_plan);
+  plan->local_plan = plan->block_plan = plan->sinks_plan = NULL;
+}
+
+attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *select) {
   if (plan->ns == 1) return plan_sub(plan, &plan->local, select, &plan->local_plan);
   attn_problem *b = &plan->block;
   if (plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL) {
@@ -502,7 +509,13 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
     if (status != ATTN_STATUS_OK) status = attn_fail(ctx, status, "%s transport: %s", ops->name, why);
   }
   /* Sub-plans depend only on the agreed problem, so every rank succeeds or fails alike. */
-  if (status == ATTN_STATUS_OK) status = make_sub_plans(plan, select);
+  if (status == ATTN_STATUS_OK) {
+    const int a2a_possible = plan->ns > 1 && (plan->local.heads_kv % plan->ns) == 0;
+    if (spec->strategy == ATTN_DIST_STRATEGY_AUTO && a2a_possible)
+      status = attn_dist_choose_strategy(plan, select);
+    else
+      status = attn_dist_make_sub_plans(plan, select);
+  }
   if (status != ATTN_STATUS_OK) {
     char keep[ATTN_MESSAGE_SIZE];
     snprintf(keep, sizeof keep, "%s", attn_ctx_last_error(ctx));
@@ -515,9 +528,7 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
 
 void attn_dist_plan_destroy(attn_dist_plan *plan) {
   if (plan == NULL) return;
-  attn_plan_destroy(plan->local_plan);
-  attn_plan_destroy(plan->block_plan);
-  attn_plan_destroy(plan->sinks_plan);
+  attn_dist_free_sub_plans(plan);
   if (plan->sinks_comm != NULL) plan->ops->destroy(plan->sinks_comm);
   if (plan->bias_comm != NULL) plan->ops->destroy(plan->bias_comm);
   if (plan->seq_comm != NULL) plan->ops->destroy(plan->seq_comm);

@@ -418,8 +418,10 @@ static void grid(uint64_t seed) {
     attn_dist_spec spec;
   } meshes[12];
   int nm = 0;
-  meshes[nm].name = "seq-contiguous", meshes[nm++].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_CONTIGUOUS);
-  meshes[nm].name = "seq-zigzag", meshes[nm++].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_ZIGZAG);
+  meshes[nm].name = "seq-contiguous", meshes[nm].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_CONTIGUOUS);
+  meshes[nm++].spec.strategy = ATTN_DIST_STRATEGY_RING;
+  meshes[nm].name = "seq-zigzag", meshes[nm].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_ZIGZAG);
+  meshes[nm++].spec.strategy = ATTN_DIST_STRATEGY_RING;
   meshes[nm].name = "seq-alltoall", meshes[nm].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_CONTIGUOUS);
   meshes[nm++].spec.strategy = ATTN_DIST_STRATEGY_ALL_TO_ALL;
   meshes[nm].name = "seq-alltoall-zigzag", meshes[nm].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_ZIGZAG);
@@ -432,6 +434,7 @@ static void grid(uint64_t seed) {
     s.num_axes = 2, s.axis_size[0] = 2, s.axis_size[1] = 2;
     s.axis_dim[0] = ATTN_DIST_DIM_BATCH, s.axis_dim[1] = ATTN_DIST_DIM_SEQUENCE;
     s.layout = ATTN_DIST_LAYOUT_ZIGZAG;
+    s.strategy = ATTN_DIST_STRATEGY_RING;
     meshes[nm].name = "batch2xseq2-zigzag", meshes[nm++].spec = s;
     s.axis_dim[0] = ATTN_DIST_DIM_HEADS;
     s.layout = ATTN_DIST_LAYOUT_CONTIGUOUS;
@@ -546,6 +549,56 @@ static void refusals(void) {
   attn_dist_plan_destroy(plan);
 }
 
+/* Strategy AUTO: measured once (both strategies, every rank), cached under a key that holds the
+ * mesh, found again by a context that does not measure; a context with no cache takes the ring. */
+static void auto_strategy(uint64_t seed) {
+  char path[256];
+  long id = world_rank == 0 ? (long)seed % 1000000 : 0;
+  MPI_Bcast(&id, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+  snprintf(path, sizeof path, "/tmp/attn-dist-test-cache-%ld.txt", id);
+  attn_ctx *tuning = NULL, *reading = NULL, *plain = NULL;
+  attn_ctx_create(&tuning), attn_ctx_create(&reading), attn_ctx_create(&plain);
+  attn_ctx *all[3] = {tuning, reading, plain};
+  for (int i = 0; i < 3; ++i) {
+    attn_ctx_set_num_threads(all[i], 1);
+    attn_policy pol;
+    attn_ctx_get_policy(all[i], &pol);
+    pol.on_miss = i == 0 ? ATTN_ON_MISS_AUTOTUNE : ATTN_ON_MISS_HEURISTICS;
+    pol.cache_path = i == 2 ? "" : path;
+    pol.tune_backward = 1;
+    attn_ctx_set_policy(all[i], &pol);
+  }
+  attn_problem p = with_features(base_problem(world_size), F_CAUSAL);
+  attn_dist_spec spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_ZIGZAG);
+  MPI_Comm comm = MPI_COMM_WORLD;
+  attn_dist_plan *plans[3] = {NULL, NULL, NULL};
+  int32_t chosen[3] = {-1, -1, -1};
+  for (int i = 0; i < 3; ++i) {
+    attn_status st = attn_dist_plan_create(all[i], &p, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plans[i]);
+    tu_check(st == ATTN_STATUS_OK, "rank %d: auto strategy plan %d: %s", world_rank, i, attn_ctx_last_error(all[i]));
+    chosen[i] = attn_dist_plan_strategy(plans[i]);
+    attn_dist_plan_destroy(plans[i]);
+  }
+  int64_t mem = 0, disk = 0;
+  attn_cache_count(tuning, &mem, &disk);
+  tu_check(chosen[0] == ATTN_DIST_STRATEGY_RING || chosen[0] == ATTN_DIST_STRATEGY_ALL_TO_ALL,
+           "rank %d: autotuned strategy %d", world_rank, (int)chosen[0]);
+  tu_check(mem >= 1 && disk >= 1, "rank %d: the measured strategy is cached (memory %lld, file %lld)",
+           world_rank, (long long)mem, (long long)disk);
+  tu_check(chosen[1] == chosen[0], "rank %d: a context reading the cache file takes the measured "
+           "strategy (%d, measured %d)", world_rank, (int)chosen[1], (int)chosen[0]);
+  tu_check(chosen[2] == ATTN_DIST_STRATEGY_RING, "rank %d: no cache, no measuring: the ring (%d)",
+           world_rank, (int)chosen[2]);
+  for (int i = 0; i < 3; ++i) attn_ctx_destroy(all[i]);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank == 0) {
+    remove(path);
+    char lock[300];
+    snprintf(lock, sizeof lock, "%s.lock", path);
+    remove(lock);
+  }
+}
+
 static void helpers(void) {
   /* Zigzag over 2 ranks of 8: rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2. */
   const int64_t want[8] = {0, 1, 6, 7, 2, 3, 4, 5};
@@ -573,12 +626,17 @@ int main(int argc, char **argv) {
   MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
   attn_ctx_create(&ctx);
   attn_ctx_set_num_threads(ctx, 1); /* oversubscribed: one thread per rank */
+  attn_policy policy; /* no cache file: the grid's AUTO plans must not depend on the machine's */
+  attn_ctx_get_policy(ctx, &policy);
+  policy.cache_path = "";
+  attn_ctx_set_policy(ctx, &policy);
   char why[512];
   if (!attn_dist_transport_available(ATTN_DIST_TRANSPORT_MPI, why, sizeof why)) {
     if (world_rank == 0) fprintf(stderr, "MPI transport not available: %s\n", why);
     tu_check(0, "MPI transport loads");
   } else {
     helpers();
+    auto_strategy(seed);
     grid(seed);
     refusals();
   }
