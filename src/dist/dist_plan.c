@@ -13,6 +13,7 @@
 
 #include "core/ctx.h"
 #include "core/dtype.h"
+#include "core/gpu.h"
 #include "plan/plan.h"
 #include "plan/validate.h"
 #include "impl/impl.h"
@@ -312,12 +313,18 @@ static attn_status make_local(attn_dist_plan *plan, int32_t world_rank) {
   return ATTN_STATUS_OK;
 }
 
+/* Whether the sub-plans need global positions: blocks of a split sequence always; the local
+ * problem of a batch or head split only for dropout's counters (nothing else sees b or h). */
+static int needs_positions(const attn_dist_plan *plan) {
+  return plan->ns > 1 || plan->global.dropout_p > 0.0;
+}
+
 /* Creates a plan for a sub-problem with the caller's selection, and checks that its
- * implementation can be placed at global positions. */
+ * implementation can be placed at global positions when the plan needs them. */
 static attn_status plan_sub(attn_dist_plan *plan, const attn_problem *p, const attn_select *select,
                             attn_plan **out) {
   attn_status status = attn_plan_create(plan->ctx, p, select, out);
-  if (status != ATTN_STATUS_OK) return status;
+  if (status != ATTN_STATUS_OK || !needs_positions(plan)) return status;
   attn_positions probe;
   memset(&probe, 0, sizeof probe);
   return attn_plan_set_positions(*out, &probe);
@@ -464,11 +471,12 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
   if (status == ATTN_STATUS_OK && transport == ATTN_DIST_TRANSPORT_NCCL && plan->global.device == ATTN_DEVICE_CPU)
     status = attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                        "transport=NCCL carries CUDA tensors; device=cpu needs transport=MPI");
-  if (status == ATTN_STATUS_OK && plan->global.device != ATTN_DEVICE_CPU)
+  if (status == ATTN_STATUS_OK && plan->global.device != ATTN_DEVICE_CPU && plan->ns > 1)
     status = attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
-                       "device=cuda: the distributed layer's merges and exchanges run on host memory "
-                       "and the cuda implementation does not yet run blocks at global positions; "
-                       "only CPU tensors over MPI for now (docs/DISTRIBUTED.md)");
+                       "device=cuda with a split sequence: the ring's merges and the all-to-all's "
+                       "reordering run on host memory, and the cuda implementation does not yet run "
+                       "blocks at global positions; batch and head splits of CUDA tensors work "
+                       "(docs/DISTRIBUTED.md)");
 
   fingerprint *all = calloc((size_t)world_size + 1, sizeof *all);
   if (all == NULL) {
@@ -577,37 +585,88 @@ static attn_positions local_positions(const attn_dist_plan *plan) {
   return pos;
 }
 
+/* Copies a caller's tensor of `shape` into doubles (to_tensor = 0) or doubles into it (1). Host
+ * tensors may have any strides; device tensors (CUDA plans) must be dense and go through the core's
+ * GPU services. */
+static attn_status tensor_doubles(attn_dist_plan *plan, const attn_tensor *t, const int64_t *shape,
+                                  int ndim, attn_dtype dt, double *buf, int to_tensor,
+                                  const char *name) {
+  int64_t dims[4] = {1, 1, 1, 1}, st[4] = {0, 0, 0, 0}, n = 1;
+  attn_dist_strides(t, shape, ndim, st);
+  for (int d = 0; d < ndim; ++d) dims[4 - ndim + d] = shape[d], n *= shape[d];
+  int64_t stride[4] = {0, 0, 0, 0};
+  for (int d = 0; d < ndim; ++d) stride[4 - ndim + d] = st[d];
+  const size_t es = attn_dtype_size(dt);
+  void *host = t->data, *staging = NULL;
+  const attn_gpu_ops *gpu = NULL;
+  char why[DIST_MESSAGE] = "";
+  if (plan->local.device != ATTN_DEVICE_CPU) {
+    int64_t want = 1;
+    for (int d = 3; d >= 0; --d) {
+      if (dims[d] > 1 && stride[d] != want)
+        return attn_fail(plan->ctx, ATTN_STATUS_UNSUPPORTED,
+                         "grads.%s on the GPU must be dense to be summed over the ranks", name);
+      want *= dims[d];
+    }
+    gpu = attn_gpu();
+    if (gpu == NULL)
+      return attn_fail(plan->ctx, ATTN_STATUS_DEVICE_ERROR, "this build has no CUDA runtime");
+    staging = malloc((size_t)n * es + 1);
+    if (staging == NULL) return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory");
+    if (!to_tensor &&
+        gpu->download(plan->local.device_index, staging, t->data, (size_t)n * es, why, sizeof why) != ATTN_STATUS_OK) {
+      free(staging);
+      return attn_fail(plan->ctx, ATTN_STATUS_DEVICE_ERROR, "grads.%s: %s", name, why);
+    }
+    host = staging;
+    for (int d = 3, w = 1; d >= 0; --d) stride[d] = w, w *= (int)dims[d];
+  }
+  int64_t e = 0;
+  for (int64_t a = 0; a < dims[0]; ++a)
+    for (int64_t b = 0; b < dims[1]; ++b)
+      for (int64_t c = 0; c < dims[2]; ++c)
+        for (int64_t d = 0; d < dims[3]; ++d, ++e) {
+          const int64_t off = a * stride[0] + b * stride[1] + c * stride[2] + d * stride[3];
+          if (to_tensor) attn_store(host, dt, off, buf[e]);
+          else buf[e] = attn_load(host, dt, off);
+        }
+  attn_status status = ATTN_STATUS_OK;
+  if (staging != NULL && to_tensor &&
+      gpu->upload(plan->local.device_index, t->data, staging, (size_t)n * es, why, sizeof why) != ATTN_STATUS_OK)
+    status = attn_fail(plan->ctx, ATTN_STATUS_DEVICE_ERROR, "grads.%s: %s", name, why);
+  free(staging);
+  return status;
+}
+
+/* Sums a tensor over the ranks of comm, in place, through doubles. */
+static attn_status reduce_tensor(attn_dist_plan *plan, void *comm, const attn_tensor *t,
+                                 const int64_t *shape, int ndim, attn_dtype dt, const char *name) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  double *buf = malloc((size_t)n * sizeof(double) + 1);
+  if (buf == NULL) return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for %s", name);
+  attn_status status = tensor_doubles(plan, t, shape, ndim, dt, buf, 0, name);
+  char why[DIST_MESSAGE] = "";
+  if (status == ATTN_STATUS_OK) {
+    status = (attn_status)plan->ops->allreduce_sum(comm, buf, (size_t)n, ATTN_TRANSPORT_F64,
+                                                   plan->spec.timeout_seconds, why, sizeof why);
+    if (status != ATTN_STATUS_OK) {
+      plan->broken = 1;
+      status = attn_fail(plan->ctx, status, "summing %s over the ranks: %s", name, why);
+    }
+  }
+  if (status == ATTN_STATUS_OK) status = tensor_doubles(plan, t, shape, ndim, dt, buf, 1, name);
+  free(buf);
+  return status;
+}
+
 /* Sums dsinks (f32, or f64 for an f64 problem) over the ranks that share the sink slice. */
 static attn_status reduce_dsinks(attn_dist_plan *plan, const attn_tensor *dsinks) {
   if (plan->sinks_comm == NULL || dsinks->data == NULL) return ATTN_STATUS_OK;
   const attn_problem *l = &plan->local;
-  const int f64 = l->dtype == ATTN_DTYPE_F64;
-  const int64_t heads = l->sinks_shared ? 1 : l->heads_q, S = l->num_sinks;
-  int64_t shape[2] = {heads, S}, stride[4];
-  const int ndim = l->sinks_shared ? 1 : 2;
-  if (l->sinks_shared) shape[0] = S;
-  attn_dist_strides(dsinks, shape, ndim, stride);
-  double *buf = malloc((size_t)(heads * S) * sizeof(double));
-  if (buf == NULL) return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for dsinks");
-  const attn_dtype dt = f64 ? ATTN_DTYPE_F64 : ATTN_DTYPE_F32;
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t t = 0; t < S; ++t)
-      buf[h * S + t] = attn_load(dsinks->data, dt, l->sinks_shared ? t * stride[0] : h * stride[0] + t * stride[1]);
-  char why[DIST_MESSAGE] = "";
-  attn_status status = (attn_status)plan->ops->allreduce_sum(
-      plan->sinks_comm, buf, (size_t)(heads * S), ATTN_TRANSPORT_F64, plan->spec.timeout_seconds,
-      why, sizeof why);
-  if (status == ATTN_STATUS_OK)
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t t = 0; t < S; ++t)
-        attn_store(dsinks->data, dt, l->sinks_shared ? t * stride[0] : h * stride[0] + t * stride[1],
-                   buf[h * S + t]);
-  free(buf);
-  if (status != ATTN_STATUS_OK) {
-    plan->broken = 1;
-    return attn_fail(plan->ctx, status, "summing dsinks over the ranks: %s", why);
-  }
-  return ATTN_STATUS_OK;
+  const int64_t shape[2] = {l->sinks_shared ? l->num_sinks : l->heads_q, l->num_sinks};
+  return reduce_tensor(plan, plan->sinks_comm, dsinks, shape, l->sinks_shared ? 1 : 2,
+                       attn_stat_dtype((attn_dtype)l->dtype), "dsinks");
 }
 
 attn_status attn_dist_reduce_dbias(attn_dist_plan *plan, double *dbias) {
@@ -627,28 +686,8 @@ attn_status attn_dist_reduce_dbias(attn_dist_plan *plan, double *dbias) {
 /* The caller's dbias summed over the ranks of plan->bias_comm, in place. */
 static attn_status reduce_dbias_tensor(attn_dist_plan *plan, const attn_tensor *dbias) {
   if (plan->bias_comm == NULL || dbias->data == NULL) return ATTN_STATUS_OK;
-  const int64_t *s = plan->local.bias_shape;
-  const attn_dtype dt = (attn_dtype)plan->local.bias_dtype;
-  int64_t st[4];
-  attn_dist_strides(dbias, s, 4, st);
-  double *buf = malloc((size_t)(s[0] * s[1] * s[2] * s[3]) * sizeof(double) + 1);
-  if (buf == NULL) return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for dbias");
-  int64_t e = 0;
-  for (int64_t a = 0; a < s[0]; ++a)
-    for (int64_t b = 0; b < s[1]; ++b)
-      for (int64_t c = 0; c < s[2]; ++c)
-        for (int64_t d = 0; d < s[3]; ++d)
-          buf[e++] = attn_load(dbias->data, dt, a * st[0] + b * st[1] + c * st[2] + d * st[3]);
-  attn_status status = attn_dist_reduce_dbias(plan, buf);
-  e = 0;
-  if (status == ATTN_STATUS_OK)
-    for (int64_t a = 0; a < s[0]; ++a)
-      for (int64_t b = 0; b < s[1]; ++b)
-        for (int64_t c = 0; c < s[2]; ++c)
-          for (int64_t d = 0; d < s[3]; ++d)
-            attn_store(dbias->data, dt, a * st[0] + b * st[1] + c * st[2] + d * st[3], buf[e++]);
-  free(buf);
-  return status;
+  return reduce_tensor(plan, plan->bias_comm, dbias, plan->local.bias_shape, 4,
+                       (attn_dtype)plan->local.bias_dtype, "dbias");
 }
 
 static attn_status check_run(attn_dist_plan *plan) {
@@ -675,7 +714,7 @@ attn_status attn_dist_plan_forward(attn_dist_plan *plan, const attn_inputs *inpu
                  : attn_dist_ring_forward(plan, inputs, outputs);
   } else {
     attn_positions pos = local_positions(plan);
-    attn_plan_set_positions(plan->local_plan, &pos);
+    if (needs_positions(plan)) attn_plan_set_positions(plan->local_plan, &pos);
     status = attn_plan_forward(plan->local_plan, inputs, NULL, 0, outputs);
     plan->stats.compute_seconds = attn_dist_now() - start;
   }
@@ -707,7 +746,7 @@ attn_status attn_dist_plan_backward(attn_dist_plan *plan, const attn_inputs *inp
     return status;
   }
   attn_positions pos = local_positions(plan);
-  attn_plan_set_positions(plan->local_plan, &pos);
+  if (needs_positions(plan)) attn_plan_set_positions(plan->local_plan, &pos);
   status = attn_plan_backward(plan->local_plan, inputs, forward, dout, NULL, 0, grads);
   plan->stats.compute_seconds = attn_dist_now() - start;
   if (status != ATTN_STATUS_OK) return status;
