@@ -49,6 +49,10 @@
  * differ), and every wait is bounded by spec.timeout_seconds (IO_ERROR naming the peer). A plan
  * whose communication failed refuses further runs with IO_ERROR.
  *
+ * Devices: CPU tensors over MPI, every split. CUDA tensors over NCCL: batch and head splits
+ * (without dropout for now); a split sequence of CUDA tensors is UNSUPPORTED until the GPU ring
+ * exists (docs/DISTRIBUTED.md).
+ *
  * Thread safety: a plan is used by one thread at a time, like the context it was made with. Calls
  * of a plan are collective: every rank of the plan's mesh makes them, in the same order.
  */
