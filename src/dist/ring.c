@@ -467,12 +467,15 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
   const size_t dkv_acc = (size_t)nkd * sizeof(double);
   const size_t dq_acc = (size_t)(g.B * g.Tq * g.Hq * g.D) * sizeof(double);
   char *base = NULL;
-  attn_status status = get_scratch(plan, 2 * g.kv_bytes + dq_blk + dk_blk + dv_blk + 2 * dkv_acc + dq_acc, &base);
+  attn_status status = get_scratch(plan, 2 * g.kv_bytes + dq_blk + dk_blk + dv_blk + 3 * dkv_acc + dq_acc, &base);
   if (status != ATTN_STATUS_OK) return status;
   char *kv[2] = {base, base + g.kv_bytes};
   char *qb = base + 2 * g.kv_bytes, *kb = qb + dq_blk, *vb = kb + dk_blk;
+  /* dkv: the travelling dK/dV sums (one in hand, one arriving); step: this step's blocks' share,
+   * summed apart so the sums of the previous step can still be in flight while it is computed. */
   double *dkv[2] = {(double *)(vb + dv_blk), (double *)(vb + dv_blk + dkv_acc)};
-  double *dqa = (double *)(vb + dv_blk + 2 * dkv_acc);
+  double *step = (double *)(vb + dv_blk + 2 * dkv_acc);
+  double *dqa = (double *)(vb + dv_blk + 3 * dkv_acc);
   memset(dkv[0], 0, dkv_acc);
   memset(dqa, 0, dq_acc);
   pack_kv(&g, in, kv[0]);
@@ -497,13 +500,19 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
   const int32_t last = last_step(&g), next = (g.r + 1) % g.n, prev = (g.r + g.n - 1) % g.n;
   plan->stats.steps = last + 1;
   int cur = 0, dcur = 0; /* the K/V slice and the dK/dV sums in hand */
+  transfer dt = {NULL, NULL}; /* the dK/dV exchange in flight, and its peers */
+  int32_t dto = 0, dfrom = 0;
   for (int32_t s = 0; s <= last; ++s) {
     const int32_t src = ((g.r - s) % g.n + g.n) % g.n;
     transfer t = {NULL, NULL};
     if (s < last) {
       status = start_shift(&g, kv[cur], kv[1 - cur], g.kv_bytes, next, prev, TAG_KV, &t);
-      if (status != ATTN_STATUS_OK) goto done;
+      if (status != ATTN_STATUS_OK) {
+        abandon(&g, &dt);
+        goto done;
+      }
     }
+    memset(step, 0, dkv_acc);
     for (int32_t a = 0; a < g.C && status == ATTN_STATUS_OK; ++a)
       for (int32_t c = 0; c < g.C && status == ATTN_STATUS_OK; ++c) {
         if (!block_visible(&g, block_offset(&g, g.r, a, src, c))) continue;
@@ -535,8 +544,8 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
         if (status == ATTN_STATUS_OK) {
           add_rows(&g, dqa, g.Tq, q_row, g.nq, g.Hq, g.D, qb);
           /* dK and dV of the slice in hand: [B, Tk, Hkv, D] then [B, Tk, Hkv, Dv]. */
-          add_rows(&g, dkv[dcur], g.Tk, (int64_t)c * g.nk, g.nk, g.Hkv, g.D, kb);
-          add_rows(&g, dkv[dcur] + g.B * g.Tk * g.Hkv * g.D, g.Tk, (int64_t)c * g.nk, g.nk, g.Hkv,
+          add_rows(&g, step, g.Tk, (int64_t)c * g.nk, g.nk, g.Hkv, g.D, kb);
+          add_rows(&g, step + g.B * g.Tk * g.Hkv * g.D, g.Tk, (int64_t)c * g.nk, g.nk, g.Hkv,
                    g.Dv, vb);
           if (dbias_blk != NULL) {
             const int64_t r0 = bsh[2] != 1 ? q_row : 0, c0 = bsh[3] != 1 ? k0 : 0;
@@ -552,26 +561,38 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
       }
     if (status != ATTN_STATUS_OK) {
       abandon(&g, &t);
-      free(dbias_acc);
-      free(dbias_blk);
-      return status;
+      abandon(&g, &dt);
+      goto done;
     }
     if (s < last) {
       status = finish_shift(&g, &t, next, prev);
-      if (status != ATTN_STATUS_OK) goto done;
+      if (status != ATTN_STATUS_OK) {
+        abandon(&g, &dt);
+        goto done;
+      }
       cur = 1 - cur;
     }
-    /* The dK/dV sums of the slice in hand move on with it; after the last step they go straight
-     * home to the slice's owner (src), and this rank receives its own from the rank holding it. */
-    const int32_t to = s < last ? next : src;
-    const int32_t from = s < last ? prev : (g.r + s) % g.n;
-    if (to != g.r) {
-      transfer d = {NULL, NULL};
-      status = start_shift(&g, dkv[dcur], dkv[1 - dcur], dkv_acc, to, from, TAG_DKV, &d);
-      if (status == ATTN_STATUS_OK) status = finish_shift(&g, &d, to, from);
+    /* The sums that travelled with this slice so far arrive now (sent at the end of the previous
+     * step, in flight during this step's blocks); this step's share joins them. */
+    if (dt.recv != NULL || dt.send != NULL) {
+      status = finish_shift(&g, &dt, dto, dfrom);
       if (status != ATTN_STATUS_OK) goto done;
       dcur = 1 - dcur;
     }
+    for (int64_t e = 0; e < nkd; ++e) dkv[dcur][e] += step[e];
+    /* They move on with the slice; after the last step they go straight home to the slice's
+     * owner (src), and this rank receives its own from the rank holding it. */
+    dto = s < last ? next : src;
+    dfrom = s < last ? prev : (g.r + s) % g.n;
+    if (dto != g.r) {
+      status = start_shift(&g, dkv[dcur], dkv[1 - dcur], dkv_acc, dto, dfrom, TAG_DKV, &dt);
+      if (status != ATTN_STATUS_OK) goto done;
+    }
+  }
+  if (dt.recv != NULL || dt.send != NULL) {
+    status = finish_shift(&g, &dt, dto, dfrom);
+    if (status != ATTN_STATUS_OK) goto done;
+    dcur = 1 - dcur;
   }
 
   write_rows(&g, dqa, g.Tq, g.Hq, g.D, &grads->dq, dq_s);
