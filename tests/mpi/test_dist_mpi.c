@@ -599,6 +599,41 @@ static void auto_strategy(uint64_t seed) {
   }
 }
 
+/* The ring ends early when a window hides the rest: causal with 2 keys of left window, contiguous
+ * chunks of 8: every query sees its own chunk and the last keys of the previous one, so 2 steps
+ * run whatever the ranks; the stats of the run say so. */
+static void early_end(void) {
+  attn_problem p = with_features(base_problem(world_size), F_CAUSAL);
+  p.window_left = 2;
+  attn_dist_spec spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_CONTIGUOUS);
+  spec.strategy = ATTN_DIST_STRATEGY_RING;
+  MPI_Comm comm = MPI_COMM_WORLD;
+  attn_dist_plan *plan = NULL;
+  attn_status st = attn_dist_plan_create(ctx, &p, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
+  tu_check(st == ATTN_STATUS_OK, "rank %d: early-end plan: %s", world_rank, attn_ctx_last_error(ctx));
+  if (st != ATTN_STATUS_OK) return;
+  attn_problem l;
+  attn_dist_plan_local_problem(plan, &l, NULL);
+  tu_buf q = tu_buf_new(ATTN_DTYPE_F32, l.batch * l.seqlen_q * l.heads_q * l.head_dim);
+  tu_buf k = tu_buf_new(ATTN_DTYPE_F32, l.batch * l.seqlen_k * l.heads_kv * l.head_dim);
+  tu_buf v = tu_buf_new(ATTN_DTYPE_F32, l.batch * l.seqlen_k * l.heads_kv * l.head_dim_v);
+  tu_buf out = tu_buf_new(ATTN_DTYPE_F32, l.batch * l.seqlen_q * l.heads_q * l.head_dim_v);
+  attn_inputs in;
+  attn_inputs_init(&in);
+  in.q = tu_tensor(&q), in.k = tu_tensor(&k), in.v = tu_tensor(&v);
+  attn_outputs o;
+  attn_outputs_init(&o);
+  o.out = tu_tensor(&out);
+  st = attn_dist_plan_forward(plan, &in, &o);
+  attn_dist_stats stats;
+  attn_dist_plan_last_stats(plan, &stats);
+  tu_check(st == ATTN_STATUS_OK && stats.steps == 2 && stats.bytes_sent > 0 && stats.total_seconds > 0,
+           "rank %d: a window ends the ring after 2 of %d steps (%d steps, %lld bytes)", world_rank,
+           world_size, (int)stats.steps, (long long)stats.bytes_sent);
+  tu_buf_free(&q), tu_buf_free(&k), tu_buf_free(&v), tu_buf_free(&out);
+  attn_dist_plan_destroy(plan);
+}
+
 static void helpers(void) {
   /* Zigzag over 2 ranks of 8: rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2. */
   const int64_t want[8] = {0, 1, 6, 7, 2, 3, 4, 5};
@@ -637,6 +672,7 @@ int main(int argc, char **argv) {
   } else {
     helpers();
     auto_strategy(seed);
+    early_end();
     grid(seed);
     refusals();
   }
