@@ -43,10 +43,11 @@ static int parse_mesh(const char *text, attn_dist_spec *spec) {
     char *colon = strchr(tok, ':');
     if (colon == NULL || spec->num_axes == ATTN_DIST_MAX_AXES) return 0;
     *colon = '\0';
-    int dim = strcmp(tok, "batch") == 0 ? ATTN_DIST_DIM_BATCH
+    int dim = strcmp(tok, "batch") == 0   ? ATTN_DIST_DIM_BATCH
               : strcmp(tok, "heads") == 0 ? ATTN_DIST_DIM_HEADS
-              : strcmp(tok, "seq") == 0 ? ATTN_DIST_DIM_SEQUENCE
-              : strcmp(tok, "none") == 0 ? ATTN_DIST_DIM_NONE : -1;
+              : strcmp(tok, "seq") == 0   ? ATTN_DIST_DIM_SEQUENCE
+              : strcmp(tok, "none") == 0  ? ATTN_DIST_DIM_NONE
+                                          : -1;
     if (dim < 0) return 0;
     spec->axis_dim[spec->num_axes] = dim;
     spec->axis_size[spec->num_axes] = atoi(colon + 1);
@@ -59,7 +60,8 @@ static void fill(void *data, attn_dtype dt, int64_t n, unsigned seed) {
   for (int64_t i = 0; i < n; ++i) {
     seed = seed * 1664525u + 1013904223u;
     float x = (float)((seed >> 8) & 0xffff) / 32768.0f - 1.0f;
-    if (dt == ATTN_DTYPE_F32) ((float *)data)[i] = x;
+    if (dt == ATTN_DTYPE_F32)
+      ((float *)data)[i] = x;
     else { /* bf16 / f16 bits of small values: the top half of the f32 is bf16; f16 gets 1.0 */
       uint32_t u;
       memcpy(&u, &x, 4);
@@ -81,14 +83,17 @@ int main(int argc, char **argv) {
     const char *v = i + 1 < argc ? argv[i + 1] : "";
     if (strcmp(a, "--mesh") == 0 && ++i) {
       if (!parse_mesh(v, &spec)) {
-        if (rank == 0) fprintf(stderr, "--mesh %s: expected dim:n[,dim:n] with dim batch|heads|seq|none\n", v);
+        if (rank == 0)
+          fprintf(stderr, "--mesh %s: expected dim:n[,dim:n] with dim batch|heads|seq|none\n", v);
         MPI_Finalize();
         return 2;
       }
     } else if (strcmp(a, "--strategy") == 0 && ++i) {
-      spec.strategy = strcmp(v, "alltoall") == 0 ? ATTN_DIST_STRATEGY_ALL_TO_ALL : ATTN_DIST_STRATEGY_RING;
+      spec.strategy =
+          strcmp(v, "alltoall") == 0 ? ATTN_DIST_STRATEGY_ALL_TO_ALL : ATTN_DIST_STRATEGY_RING;
     } else if (strcmp(a, "--layout") == 0 && ++i) {
-      spec.layout = strcmp(v, "zigzag") == 0 ? ATTN_DIST_LAYOUT_ZIGZAG : ATTN_DIST_LAYOUT_CONTIGUOUS;
+      spec.layout =
+          strcmp(v, "zigzag") == 0 ? ATTN_DIST_LAYOUT_ZIGZAG : ATTN_DIST_LAYOUT_CONTIGUOUS;
     } else if (strcmp(a, "--threads") == 0 && ++i) {
       threads = atoi(v);
     } else if (strcmp(a, "--iters") == 0 && ++i) {
@@ -106,7 +111,8 @@ int main(int argc, char **argv) {
     }
   }
   if (problem_text == NULL) {
-    if (rank == 0) fprintf(stderr, "usage: attn_dist_bench \"<problem string>\" [--mesh seq:N] ...\n");
+    if (rank == 0)
+      fprintf(stderr, "usage: attn_dist_bench \"<problem string>\" [--mesh seq:N] ...\n");
     MPI_Finalize();
     return 2;
   }
@@ -117,7 +123,8 @@ int main(int argc, char **argv) {
   attn_dist_plan *plan = NULL;
   MPI_Comm comm = MPI_COMM_WORLD;
   if (attn_problem_parse(ctx, problem_text, &p) != ATTN_STATUS_OK ||
-      attn_dist_plan_create(ctx, &p, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan) != ATTN_STATUS_OK) {
+      attn_dist_plan_create(ctx, &p, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan) !=
+          ATTN_STATUS_OK) {
     if (rank == 0) fprintf(stderr, "attn_dist_bench: %s\n", attn_ctx_last_error(ctx));
     attn_ctx_destroy(ctx);
     MPI_Finalize();
@@ -128,13 +135,17 @@ int main(int argc, char **argv) {
   const attn_dtype dt = (attn_dtype)l.dtype;
   const size_t es = attn_dtype_size(dt);
   const int64_t Dv = l.head_dim_v ? l.head_dim_v : l.head_dim;
-  const int64_t nq = l.batch * l.seqlen_q * l.heads_q * l.head_dim, nk = l.batch * l.seqlen_k * l.heads_kv * l.head_dim;
-  const int64_t nv = l.batch * l.seqlen_k * l.heads_kv * Dv, no = l.batch * l.seqlen_q * l.heads_q * Dv;
+  const int64_t nq = l.batch * l.seqlen_q * l.heads_q * l.head_dim,
+                nk = l.batch * l.seqlen_k * l.heads_kv * l.head_dim;
+  const int64_t nv = l.batch * l.seqlen_k * l.heads_kv * Dv,
+                no = l.batch * l.seqlen_q * l.heads_q * Dv;
   void *q = malloc((size_t)nq * es), *k = malloc((size_t)nk * es), *v = malloc((size_t)nv * es);
-  void *out = malloc((size_t)no * es), *dout = malloc((size_t)no * es), *dq = malloc((size_t)nq * es);
+  void *out = malloc((size_t)no * es), *dout = malloc((size_t)no * es),
+       *dq = malloc((size_t)nq * es);
   void *dk = malloc((size_t)nk * es), *dv = malloc((size_t)nv * es);
   float *lse = malloc((size_t)(l.batch * l.heads_q * l.seqlen_q) * sizeof(float));
-  fill(q, dt, nq, 1u + (unsigned)rank), fill(k, dt, nk, 2u + (unsigned)rank), fill(v, dt, nv, 3u + (unsigned)rank);
+  fill(q, dt, nq, 1u + (unsigned)rank), fill(k, dt, nk, 2u + (unsigned)rank),
+      fill(v, dt, nv, 3u + (unsigned)rank);
   fill(dout, dt, no, 4u + (unsigned)rank);
   attn_inputs in;
   attn_inputs_init(&in);
@@ -147,7 +158,8 @@ int main(int argc, char **argv) {
   g.dq = attn_tensor_dense(dq), g.dk = attn_tensor_dense(dk), g.dv = attn_tensor_dense(dv);
   attn_tensor dout_t = attn_tensor_dense(dout);
 
-  double *times = calloc((size_t)iters, sizeof(double)), *waits = calloc((size_t)iters, sizeof(double));
+  double *times = calloc((size_t)iters, sizeof(double)),
+         *waits = calloc((size_t)iters, sizeof(double));
   double *computes = calloc((size_t)iters, sizeof(double));
   int steps = 0, ok = 1;
   int64_t bytes = 0;
@@ -190,7 +202,8 @@ int main(int argc, char **argv) {
   double worst = 0.0;
   MPI_Reduce(&t, &worst, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
   printf("rank %d: %.3f ms per %s, blocks %.3f ms, waiting %.3f ms, %d steps, %.1f MB sent\n", rank,
-         1e3 * t, backward ? "forward+backward" : "forward", 1e3 * c, 1e3 * w, steps, (double)bytes / 1e6);
+         1e3 * t, backward ? "forward+backward" : "forward", 1e3 * c, 1e3 * w, steps,
+         (double)bytes / 1e6);
   fflush(stdout);
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0 && ok) {
@@ -201,8 +214,9 @@ int main(int argc, char **argv) {
     if (backward) flops *= 3.5;              /* + dV, dP, dQ, dK (and S again): 2.5x forward */
     const double hidden = steps > 1 && alone > 0 ? 1.0 - w / ((steps - 1) * alone) : 0.0;
     printf("%s, %d ranks (%s): %.3f ms (slowest rank), %.2f GFLOP/s; transfer alone %.3f ms per "
-           "step, hidden %.0f%%\n", problem_text, size, attn_dist_plan_impl_name(plan), 1e3 * worst,
-           flops / worst / 1e9, 1e3 * alone, 100.0 * (hidden < 0 ? 0 : hidden));
+           "step, hidden %.0f%%\n",
+           problem_text, size, attn_dist_plan_impl_name(plan), 1e3 * worst, flops / worst / 1e9,
+           1e3 * alone, 100.0 * (hidden < 0 ? 0 : hidden));
   }
   attn_dist_plan_destroy(plan);
   attn_ctx_destroy(ctx);

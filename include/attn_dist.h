@@ -204,9 +204,10 @@ ATTN_API int64_t attn_dist_layout_position(int32_t layout, int32_t num_ranks, in
  * attn_dist_layout_position gives it in the concatenation of the ranks' shards (rank 0's first),
  * to_layout = 0 undoes it. src and dst must not overlap. INVALID_ARGUMENT for a NULL pointer or
  * sizes that do not divide. */
-ATTN_API attn_status attn_dist_permute_sequence(int32_t layout, int32_t num_ranks, int32_t to_layout,
-                                                const void *src, void *dst /* out */,
-                                                int64_t outer, int64_t seqlen, size_t inner_bytes);
+ATTN_API attn_status attn_dist_permute_sequence(int32_t layout, int32_t num_ranks,
+                                                int32_t to_layout, const void *src,
+                                                void *dst /* out */, int64_t outer, int64_t seqlen,
+                                                size_t inner_bytes);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -79,24 +79,30 @@ static void free_shards(shards *s) {
 static int make_shards(const attn_dist_plan *plan, shards *s) {
   const attn_problem *l = &plan->local;
   const attn_dtype dt = (attn_dtype)l->dtype, st = attn_stat_dtype(dt);
-  const int64_t B = l->batch, Tq = l->seqlen_q, Tk = l->seqlen_k, Hq = l->heads_q, Hkv = l->heads_kv;
+  const int64_t B = l->batch, Tq = l->seqlen_q, Tk = l->seqlen_k, Hq = l->heads_q,
+                Hkv = l->heads_kv;
   const int64_t D = l->head_dim, Dv = l->head_dim_v;
   memset(s, 0, sizeof *s);
   attn_inputs_init(&s->in);
   attn_outputs_init(&s->out);
   attn_grads_init(&s->grads);
-  void *q = scratch_tensor(s, dt, B * Tq * Hq * D, 0, 1), *k = scratch_tensor(s, dt, B * Tk * Hkv * D, 0, 1);
-  void *v = scratch_tensor(s, dt, B * Tk * Hkv * Dv, 0, 1), *out = scratch_tensor(s, dt, B * Tq * Hq * Dv, 0, 0);
-  void *lse = scratch_tensor(s, st, B * Hq * Tq, 0, 0), *dout = scratch_tensor(s, dt, B * Tq * Hq * Dv, 0, 1);
-  void *dq = scratch_tensor(s, dt, B * Tq * Hq * D, 0, 0), *dk = scratch_tensor(s, dt, B * Tk * Hkv * D, 0, 0);
+  void *q = scratch_tensor(s, dt, B * Tq * Hq * D, 0, 1),
+       *k = scratch_tensor(s, dt, B * Tk * Hkv * D, 0, 1);
+  void *v = scratch_tensor(s, dt, B * Tk * Hkv * Dv, 0, 1),
+       *out = scratch_tensor(s, dt, B * Tq * Hq * Dv, 0, 0);
+  void *lse = scratch_tensor(s, st, B * Hq * Tq, 0, 0),
+       *dout = scratch_tensor(s, dt, B * Tq * Hq * Dv, 0, 1);
+  void *dq = scratch_tensor(s, dt, B * Tq * Hq * D, 0, 0),
+       *dk = scratch_tensor(s, dt, B * Tk * Hkv * D, 0, 0);
   void *dv = scratch_tensor(s, dt, B * Tk * Hkv * Dv, 0, 0);
-  if (dv == NULL || q == NULL || k == NULL || v == NULL || out == NULL || lse == NULL || dout == NULL ||
-      dq == NULL || dk == NULL)
+  if (dv == NULL || q == NULL || k == NULL || v == NULL || out == NULL || lse == NULL ||
+      dout == NULL || dq == NULL || dk == NULL)
     return 0;
   s->in.q = attn_tensor_dense(q), s->in.k = attn_tensor_dense(k), s->in.v = attn_tensor_dense(v);
   s->out.out = attn_tensor_dense(out), s->out.lse = attn_tensor_dense(lse);
   s->dout = attn_tensor_dense(dout);
-  s->grads.dq = attn_tensor_dense(dq), s->grads.dk = attn_tensor_dense(dk), s->grads.dv = attn_tensor_dense(dv);
+  s->grads.dq = attn_tensor_dense(dq), s->grads.dk = attn_tensor_dense(dk),
+  s->grads.dv = attn_tensor_dense(dv);
   if (l->has_bias) {
     const int64_t *b = l->bias_shape;
     void *p = scratch_tensor(s, (attn_dtype)l->bias_dtype, b[0] * b[1] * b[2] * b[3], 0, 1);
@@ -120,7 +126,8 @@ static int make_shards(const attn_dist_plan *plan, shards *s) {
     s->in.sinks = attn_tensor_dense(p);
   }
   if (l->has_segment_ids) {
-    void *a = scratch_tensor(s, ATTN_DTYPE_I32, B * Tq, 0, 0), *b = scratch_tensor(s, ATTN_DTYPE_I32, B * Tk, 0, 0);
+    void *a = scratch_tensor(s, ATTN_DTYPE_I32, B * Tq, 0, 0),
+         *b = scratch_tensor(s, ATTN_DTYPE_I32, B * Tk, 0, 0);
     if (a == NULL || b == NULL) return 0;
     s->in.q_segment_ids = attn_tensor_dense(a), s->in.kv_segment_ids = attn_tensor_dense(b);
   }
@@ -135,7 +142,8 @@ static double time_runs(attn_dist_plan *plan, shards *s, int backward, int runs)
   for (int r = 0; r <= runs && r < 8; ++r) {
     const double t0 = attn_dist_now();
     ok &= attn_dist_plan_forward(plan, &s->in, &s->out) == ATTN_STATUS_OK;
-    if (backward) ok &= attn_dist_plan_backward(plan, &s->in, &s->out, &s->dout, &s->grads) == ATTN_STATUS_OK;
+    if (backward)
+      ok &= attn_dist_plan_backward(plan, &s->in, &s->out, &s->dout, &s->grads) == ATTN_STATUS_OK;
     times[r] = attn_dist_now() - t0;
     if (!ok || plan->broken) return -1.0;
   }
@@ -171,7 +179,8 @@ attn_status attn_dist_choose_strategy(attn_dist_plan *plan, const attn_select *s
     if (hit != NULL) attn_cache_table_put(&e->memory, hit);
   }
   if (hit != NULL)
-    mine = strcmp(hit->config, "alltoall") == 0 ? ATTN_DIST_STRATEGY_ALL_TO_ALL : ATTN_DIST_STRATEGY_RING;
+    mine = strcmp(hit->config, "alltoall") == 0 ? ATTN_DIST_STRATEGY_ALL_TO_ALL
+                                                : ATTN_DIST_STRATEGY_RING;
 
   int32_t *answers = calloc((size_t)plan->ops->size(plan->world), sizeof *answers);
   if (answers == NULL) return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory");
@@ -214,8 +223,9 @@ attn_status attn_dist_choose_strategy(attn_dist_plan *plan, const attn_select *s
       return attn_fail(ctx, gs, "the strategy's timing exchange: %s", why);
     }
     if (worst[0] >= 0 || worst[1] >= 0) {
-      agreed = worst[1] >= 0 && (worst[0] < 0 || worst[1] < worst[0]) ? ATTN_DIST_STRATEGY_ALL_TO_ALL
-                                                                        : ATTN_DIST_STRATEGY_RING;
+      agreed = worst[1] >= 0 && (worst[0] < 0 || worst[1] < worst[0])
+                   ? ATTN_DIST_STRATEGY_ALL_TO_ALL
+                   : ATTN_DIST_STRATEGY_RING;
       attn_log(ctx, ATTN_LOG_LEVEL_INFO, "dist: autotuned: ring %.3f ms, all-to-all %.3f ms: %s",
                1e3 * worst[0], 1e3 * worst[1], strategy_name(agreed));
       attn_cache_entry entry;
@@ -233,7 +243,8 @@ attn_status attn_dist_choose_strategy(attn_dist_plan *plan, const attn_select *s
         attn_cache_write(ctx, path, &one);
       }
     }
-    if (status != ATTN_STATUS_OK) attn_succeed(ctx); /* the all-to-all plan failing only rules it out */
+    if (status != ATTN_STATUS_OK)
+      attn_succeed(ctx); /* the all-to-all plan failing only rules it out */
   }
   if (agreed == 0) agreed = ATTN_DIST_STRATEGY_RING; /* heuristic */
   if (plan->strategy != agreed) {

@@ -21,9 +21,9 @@ struct attn_dist_plan {
   attn_problem local;  /* this rank's shards */
   attn_dist_spec spec; /* with axis sizes resolved */
   int32_t coords[ATTN_DIST_MAX_AXES];
-  int32_t nb, nh, ns;        /* ranks along the batch, heads and sequence splits (1 = not split) */
-  int32_t seq_rank;          /* this rank's coordinate along the sequence axis */
-  int64_t b0, h0;            /* global index of the local batch entry 0 and query head 0 */
+  int32_t nb, nh, ns; /* ranks along the batch, heads and sequence splits (1 = not split) */
+  int32_t seq_rank;   /* this rank's coordinate along the sequence axis */
+  int64_t b0, h0;     /* global index of the local batch entry 0 and query head 0 */
   int32_t strategy, layout, chunks; /* chunks: sequence chunks per rank (2 for zigzag) */
 
   const attn_transport_ops *ops;

@@ -14,9 +14,9 @@
 #include "core/ctx.h"
 #include "core/dtype.h"
 #include "core/gpu.h"
+#include "impl/impl.h"
 #include "plan/plan.h"
 #include "plan/validate.h"
-#include "impl/impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -107,30 +107,56 @@ int64_t attn_dist_chunk_start(const attn_dist_plan *plan, int64_t T, int32_t r, 
 
 /* One rank's view, compared field by field across the ranks. Values are int64 (doubles by their
  * bits), so a field either matches exactly or names itself. */
+/* clang-format off */
 #define FP_FIELDS(X)                                                                               \
-  X("problem.operation", p->operation) X("problem.dtype", p->dtype) X("problem.device", p->device) \
-  X("problem.batch", p->batch) X("problem.seqlen_q", p->seqlen_q)                                 \
-  X("problem.seqlen_k", p->seqlen_k) X("problem.heads_q", p->heads_q)                             \
-  X("problem.heads_kv", p->heads_kv) X("problem.head_dim", p->head_dim)                           \
-  X("problem.head_dim_v", p->head_dim_v) X("problem.scale", bits(p->scale))                       \
-  X("problem.causal", p->causal) X("problem.align", p->align)                                     \
-  X("problem.window_left", p->window_left) X("problem.window_right", p->window_right)             \
-  X("problem.softcap", bits(p->softcap)) X("problem.dropout_p", bits(p->dropout_p))               \
-  X("problem.has_bias", p->has_bias) X("problem.bias_dtype", p->bias_dtype)                       \
-  X("problem.bias_shape[0]", p->bias_shape[0]) X("problem.bias_shape[1]", p->bias_shape[1])       \
-  X("problem.bias_shape[2]", p->bias_shape[2]) X("problem.bias_shape[3]", p->bias_shape[3])       \
-  X("problem.has_mask", p->has_mask) X("problem.mask_shape[0]", p->mask_shape[0])                 \
-  X("problem.mask_shape[1]", p->mask_shape[1]) X("problem.mask_shape[2]", p->mask_shape[2])       \
-  X("problem.mask_shape[3]", p->mask_shape[3]) X("problem.alibi", p->alibi)                       \
-  X("problem.num_sinks", p->num_sinks) X("problem.sinks_shared", p->sinks_shared)                 \
-  X("problem.has_segment_ids", p->has_segment_ids) X("problem.varlen", p->varlen)                 \
-  X("problem.total_q", p->total_q) X("problem.total_k", p->total_k)                               \
-  X("spec.num_axes", s->num_axes) X("spec.axis_size[0]", s->axis_size[0])                         \
-  X("spec.axis_size[1]", s->axis_size[1]) X("spec.axis_size[2]", s->axis_size[2])                 \
-  X("spec.axis_size[3]", s->axis_size[3]) X("spec.axis_dim[0]", s->axis_dim[0])                   \
-  X("spec.axis_dim[1]", s->axis_dim[1]) X("spec.axis_dim[2]", s->axis_dim[2])                     \
-  X("spec.axis_dim[3]", s->axis_dim[3]) X("spec.strategy", s->strategy)                           \
-  X("spec.layout", s->layout) X("spec.timeout_seconds", bits(s->timeout_seconds))
+  X("problem.operation", p->operation)                                                             \
+  X("problem.dtype", p->dtype)                                                                     \
+  X("problem.device", p->device)                                                                   \
+  X("problem.batch", p->batch)                                                                     \
+  X("problem.seqlen_q", p->seqlen_q)                                                               \
+  X("problem.seqlen_k", p->seqlen_k)                                                               \
+  X("problem.heads_q", p->heads_q)                                                                 \
+  X("problem.heads_kv", p->heads_kv)                                                               \
+  X("problem.head_dim", p->head_dim)                                                               \
+  X("problem.head_dim_v", p->head_dim_v)                                                           \
+  X("problem.scale", bits(p->scale))                                                               \
+  X("problem.causal", p->causal)                                                                   \
+  X("problem.align", p->align)                                                                     \
+  X("problem.window_left", p->window_left)                                                         \
+  X("problem.window_right", p->window_right)                                                       \
+  X("problem.softcap", bits(p->softcap))                                                           \
+  X("problem.dropout_p", bits(p->dropout_p))                                                       \
+  X("problem.has_bias", p->has_bias)                                                               \
+  X("problem.bias_dtype", p->bias_dtype)                                                           \
+  X("problem.bias_shape[0]", p->bias_shape[0])                                                     \
+  X("problem.bias_shape[1]", p->bias_shape[1])                                                     \
+  X("problem.bias_shape[2]", p->bias_shape[2])                                                     \
+  X("problem.bias_shape[3]", p->bias_shape[3])                                                     \
+  X("problem.has_mask", p->has_mask)                                                               \
+  X("problem.mask_shape[0]", p->mask_shape[0])                                                     \
+  X("problem.mask_shape[1]", p->mask_shape[1])                                                     \
+  X("problem.mask_shape[2]", p->mask_shape[2])                                                     \
+  X("problem.mask_shape[3]", p->mask_shape[3])                                                     \
+  X("problem.alibi", p->alibi)                                                                     \
+  X("problem.num_sinks", p->num_sinks)                                                             \
+  X("problem.sinks_shared", p->sinks_shared)                                                       \
+  X("problem.has_segment_ids", p->has_segment_ids)                                                 \
+  X("problem.varlen", p->varlen)                                                                   \
+  X("problem.total_q", p->total_q)                                                                 \
+  X("problem.total_k", p->total_k)                                                                 \
+  X("spec.num_axes", s->num_axes)                                                                  \
+  X("spec.axis_size[0]", s->axis_size[0])                                                          \
+  X("spec.axis_size[1]", s->axis_size[1])                                                          \
+  X("spec.axis_size[2]", s->axis_size[2])                                                          \
+  X("spec.axis_size[3]", s->axis_size[3])                                                          \
+  X("spec.axis_dim[0]", s->axis_dim[0])                                                            \
+  X("spec.axis_dim[1]", s->axis_dim[1])                                                            \
+  X("spec.axis_dim[2]", s->axis_dim[2])                                                            \
+  X("spec.axis_dim[3]", s->axis_dim[3])                                                            \
+  X("spec.strategy", s->strategy)                                                                  \
+  X("spec.layout", s->layout)                                                                      \
+  X("spec.timeout_seconds", bits(s->timeout_seconds))
+/* clang-format on */
 
 static int64_t bits(double d) {
   int64_t i;
@@ -192,9 +218,10 @@ static attn_status check_spec(attn_ctx *ctx, const attn_dist_spec *in, int32_t w
   int64_t product = 1;
   for (int a = 0; a < in->num_axes; ++a) {
     if (in->axis_dim[a] < 0 || in->axis_dim[a] >= ATTN_DIST_DIM_COUNT)
-      return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
-                       "spec.axis_dim[%d]=%d is not an attn_dist_dim (NONE, BATCH, HEADS, SEQUENCE)",
-                       a, (int)in->axis_dim[a]);
+      return attn_fail(
+          ctx, ATTN_STATUS_INVALID_ARGUMENT,
+          "spec.axis_dim[%d]=%d is not an attn_dist_dim (NONE, BATCH, HEADS, SEQUENCE)", a,
+          (int)in->axis_dim[a]);
     if (in->axis_dim[a] != ATTN_DIST_DIM_NONE && seen[in->axis_dim[a]]++)
       return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                        "spec.axis_dim[%d]=%d: that dimension is already split by another axis; "
@@ -220,10 +247,11 @@ static attn_status check_spec(attn_ctx *ctx, const attn_dist_spec *in, int32_t w
                      "spec.axis_size: the mesh has %lld ranks, the communicator %d; the product "
                      "of the axis sizes must equal the communicator's size",
                      (long long)product, (int)world_size);
-  for (int a = in->num_axes; a < ATTN_DIST_MAX_AXES; ++a) out->axis_size[a] = 1, out->axis_dim[a] = 0;
+  for (int a = in->num_axes; a < ATTN_DIST_MAX_AXES; ++a)
+    out->axis_size[a] = 1, out->axis_dim[a] = 0;
   if (in->strategy < 0 || in->strategy >= ATTN_DIST_STRATEGY_COUNT)
-    return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "spec.strategy=%d is not an attn_dist_strategy",
-                     (int)in->strategy);
+    return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                     "spec.strategy=%d is not an attn_dist_strategy", (int)in->strategy);
   if (in->layout < 0 || in->layout >= ATTN_DIST_LAYOUT_COUNT)
     return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "spec.layout=%d is not an attn_dist_layout",
                      (int)in->layout);
@@ -263,7 +291,8 @@ static attn_status make_local(attn_dist_plan *plan, int32_t world_rank) {
   if (g->heads_kv % plan->nh != 0)
     return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                      "heads_kv=%lld is not a multiple of the %d ranks that split heads (heads are "
-                     "split in whole KV groups)", (long long)g->heads_kv, (int)plan->nh);
+                     "split in whole KV groups)",
+                     (long long)g->heads_kv, (int)plan->nh);
   if (g->varlen == ATTN_VARLEN_PACKED && (plan->nb > 1 || plan->ns > 1 || plan->nh > 1))
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                      "varlen=packed under a split: not implemented yet (each rank's total_q and "
@@ -306,8 +335,10 @@ static attn_status make_local(attn_dist_plan *plan, int32_t world_rank) {
   for (int t = 0; t < 2; ++t) {
     int64_t *sh = shapes[t];
     if (sh[0] == g->batch && sh[0] != 1) sh[0] = l->batch;
-    if (sh[1] == g->heads_q && sh[1] != 1) sh[1] = l->heads_q;
-    else if (sh[1] == g->heads_kv && sh[1] != 1) sh[1] = l->heads_kv;
+    if (sh[1] == g->heads_q && sh[1] != 1)
+      sh[1] = l->heads_q;
+    else if (sh[1] == g->heads_kv && sh[1] != 1)
+      sh[1] = l->heads_kv;
     if (sh[2] == g->seqlen_q && sh[2] != 1) sh[2] = l->seqlen_q;
   }
   return ATTN_STATUS_OK;
@@ -352,8 +383,10 @@ attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *se
     int64_t *shapes[2] = {b->bias_shape, b->mask_shape};
     for (int t = 0; t < 2; ++t) {
       int64_t *sh = shapes[t];
-      if (sh[1] == l->heads_q && sh[1] != 1) sh[1] = b->heads_q;
-      else if (sh[1] == l->heads_kv && sh[1] != 1) sh[1] = b->heads_kv;
+      if (sh[1] == l->heads_q && sh[1] != 1)
+        sh[1] = b->heads_q;
+      else if (sh[1] == l->heads_kv && sh[1] != 1)
+        sh[1] = b->heads_kv;
       if (sh[2] != 1) sh[2] = b->seqlen_q;
     }
     return plan_sub(plan, b, select, &plan->block_plan);
@@ -405,20 +438,26 @@ static attn_status make_groups(attn_dist_plan *plan, char *why, size_t why_size)
   for (int a = 0; a < s->num_axes; ++a) {
     const int dim = s->axis_dim[a];
     const int32_t c = plan->coords[a], n = s->axis_size[a];
-    if (dim == ATTN_DIST_DIM_SEQUENCE) seq_key = c;
-    else seq_color = seq_color * n + c;
+    if (dim == ATTN_DIST_DIM_SEQUENCE)
+      seq_key = c;
+    else
+      seq_color = seq_color * n + c;
     const int summed = dim == ATTN_DIST_DIM_BATCH || dim == ATTN_DIST_DIM_SEQUENCE ||
                        (dim == ATTN_DIST_DIM_HEADS && plan->local.sinks_shared);
-    if (summed) sink_key = sink_key * n + c;
-    else sink_color = sink_color * n + c;
+    if (summed)
+      sink_key = sink_key * n + c;
+    else
+      sink_color = sink_color * n + c;
     /* dbias: summed along an axis that splits a dimension the bias broadcasts (size 1). */
-    const int bias_summed = plan->global.has_bias && n > 1 &&
-                            ((dim == ATTN_DIST_DIM_BATCH && bs[0] == 1) ||
-                             (dim == ATTN_DIST_DIM_HEADS && bs[1] == 1) ||
-                             (dim == ATTN_DIST_DIM_SEQUENCE && bs[2] == 1));
+    const int bias_summed =
+        plan->global.has_bias && n > 1 &&
+        ((dim == ATTN_DIST_DIM_BATCH && bs[0] == 1) || (dim == ATTN_DIST_DIM_HEADS && bs[1] == 1) ||
+         (dim == ATTN_DIST_DIM_SEQUENCE && bs[2] == 1));
     bias_summed_axes += bias_summed;
-    if (bias_summed) bias_key = bias_key * n + c;
-    else bias_color = bias_color * n + c;
+    if (bias_summed)
+      bias_key = bias_key * n + c;
+    else
+      bias_color = bias_color * n + c;
   }
   attn_status status = ATTN_STATUS_OK;
   if (plan->ns > 1)
@@ -428,8 +467,8 @@ static attn_status make_groups(attn_dist_plan *plan, char *why, size_t why_size)
     status = (attn_status)plan->ops->split(plan->world, sink_color, sink_key, &plan->sinks_comm,
                                            why, why_size);
   if (status == ATTN_STATUS_OK && bias_summed_axes > 0)
-    status = (attn_status)plan->ops->split(plan->world, bias_color, bias_key, &plan->bias_comm,
-                                           why, why_size);
+    status = (attn_status)plan->ops->split(plan->world, bias_color, bias_key, &plan->bias_comm, why,
+                                           why_size);
   return status;
 }
 
@@ -465,18 +504,21 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
   status = attn_validate_problem(ctx, problem, &plan->global);
   if (status == ATTN_STATUS_OK) status = check_spec(ctx, spec, world_size, &plan->spec);
   if (status == ATTN_STATUS_OK) status = make_local(plan, world_rank);
-  if (status == ATTN_STATUS_OK && plan->global.device != ATTN_DEVICE_CPU && transport == ATTN_DIST_TRANSPORT_MPI)
+  if (status == ATTN_STATUS_OK && plan->global.device != ATTN_DEVICE_CPU &&
+      transport == ATTN_DIST_TRANSPORT_MPI)
     status = attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                        "transport=MPI carries CPU tensors; device=cuda needs transport=NCCL");
-  if (status == ATTN_STATUS_OK && transport == ATTN_DIST_TRANSPORT_NCCL && plan->global.device == ATTN_DEVICE_CPU)
+  if (status == ATTN_STATUS_OK && transport == ATTN_DIST_TRANSPORT_NCCL &&
+      plan->global.device == ATTN_DEVICE_CPU)
     status = attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                        "transport=NCCL carries CUDA tensors; device=cpu needs transport=MPI");
   if (status == ATTN_STATUS_OK && plan->global.device != ATTN_DEVICE_CPU && plan->ns > 1)
-    status = attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
-                       "device=cuda with a split sequence: the ring's merges and the all-to-all's "
-                       "reordering run on host memory, and the cuda implementation does not yet run "
-                       "blocks at global positions; batch and head splits of CUDA tensors work "
-                       "(docs/DISTRIBUTED.md)");
+    status =
+        attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                  "device=cuda with a split sequence: the ring's merges and the all-to-all's "
+                  "reordering run on host memory, and the cuda implementation does not yet run "
+                  "blocks at global positions; batch and head splits of CUDA tensors work "
+                  "(docs/DISTRIBUTED.md)");
 
   fingerprint *all = calloc((size_t)world_size + 1, sizeof *all);
   if (all == NULL) {
@@ -488,11 +530,12 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
   }
   fingerprint *mine = &all[world_size];
   mine->status = status;
-  snprintf(mine->message, sizeof mine->message, "%s", status == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
+  snprintf(mine->message, sizeof mine->message, "%s",
+           status == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
   fill_fingerprint(mine, problem, spec);
-  attn_status comm_status = (attn_status)ops->allgather(plan->world, mine, all, sizeof *mine,
-                                                        spec->timeout_seconds > 0 ? spec->timeout_seconds : 300.0,
-                                                        why, sizeof why);
+  attn_status comm_status = (attn_status)ops->allgather(
+      plan->world, mine, all, sizeof *mine,
+      spec->timeout_seconds > 0 ? spec->timeout_seconds : 300.0, why, sizeof why);
   if (comm_status != ATTN_STATUS_OK) {
     status = attn_fail(ctx, comm_status, "the plan's agreement check: %s", why);
   } else if (status == ATTN_STATUS_OK) {
@@ -514,7 +557,8 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
   free(all);
   if (status == ATTN_STATUS_OK) {
     status = make_groups(plan, why, sizeof why);
-    if (status != ATTN_STATUS_OK) status = attn_fail(ctx, status, "%s transport: %s", ops->name, why);
+    if (status != ATTN_STATUS_OK)
+      status = attn_fail(ctx, status, "%s transport: %s", ops->name, why);
   }
   /* Sub-plans depend only on the agreed problem, so every rank succeeds or fails alike. */
   if (status == ATTN_STATUS_OK) {
@@ -613,8 +657,8 @@ static attn_status tensor_doubles(attn_dist_plan *plan, const attn_tensor *t, co
       return attn_fail(plan->ctx, ATTN_STATUS_DEVICE_ERROR, "this build has no CUDA runtime");
     staging = malloc((size_t)n * es + 1);
     if (staging == NULL) return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory");
-    if (!to_tensor &&
-        gpu->download(plan->local.device_index, staging, t->data, (size_t)n * es, why, sizeof why) != ATTN_STATUS_OK) {
+    if (!to_tensor && gpu->download(plan->local.device_index, staging, t->data, (size_t)n * es, why,
+                                    sizeof why) != ATTN_STATUS_OK) {
       free(staging);
       return attn_fail(plan->ctx, ATTN_STATUS_DEVICE_ERROR, "grads.%s: %s", name, why);
     }
@@ -627,12 +671,15 @@ static attn_status tensor_doubles(attn_dist_plan *plan, const attn_tensor *t, co
       for (int64_t c = 0; c < dims[2]; ++c)
         for (int64_t d = 0; d < dims[3]; ++d, ++e) {
           const int64_t off = a * stride[0] + b * stride[1] + c * stride[2] + d * stride[3];
-          if (to_tensor) attn_store(host, dt, off, buf[e]);
-          else buf[e] = attn_load(host, dt, off);
+          if (to_tensor)
+            attn_store(host, dt, off, buf[e]);
+          else
+            buf[e] = attn_load(host, dt, off);
         }
   attn_status status = ATTN_STATUS_OK;
   if (staging != NULL && to_tensor &&
-      gpu->upload(plan->local.device_index, t->data, staging, (size_t)n * es, why, sizeof why) != ATTN_STATUS_OK)
+      gpu->upload(plan->local.device_index, t->data, staging, (size_t)n * es, why, sizeof why) !=
+          ATTN_STATUS_OK)
     status = attn_fail(plan->ctx, ATTN_STATUS_DEVICE_ERROR, "grads.%s: %s", name, why);
   free(staging);
   return status;
@@ -644,7 +691,8 @@ static attn_status reduce_tensor(attn_dist_plan *plan, void *comm, const attn_te
   int64_t n = 1;
   for (int d = 0; d < ndim; ++d) n *= shape[d];
   double *buf = malloc((size_t)n * sizeof(double) + 1);
-  if (buf == NULL) return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for %s", name);
+  if (buf == NULL)
+    return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for %s", name);
   attn_status status = tensor_doubles(plan, t, shape, ndim, dt, buf, 0, name);
   char why[DIST_MESSAGE] = "";
   if (status == ATTN_STATUS_OK) {
@@ -730,8 +778,12 @@ attn_status attn_dist_plan_backward(attn_dist_plan *plan, const attn_inputs *inp
   if (status != ATTN_STATUS_OK) return status;
   if (inputs == NULL || forward == NULL || dout == NULL || grads == NULL)
     return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT, "%s is NULL",
-                     inputs == NULL ? "inputs" : forward == NULL ? "forward" : dout == NULL ? "dout" : "grads");
-  if (grads->dbias.data != NULL && plan->ns > 1 && plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL &&
+                     inputs == NULL    ? "inputs"
+                     : forward == NULL ? "forward"
+                     : dout == NULL    ? "dout"
+                                       : "grads");
+  if (grads->dbias.data != NULL && plan->ns > 1 &&
+      plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL &&
       (plan->global.bias_shape[1] == 1 || plan->global.bias_shape[2] == 1))
     return attn_fail(plan->ctx, ATTN_STATUS_UNSUPPORTED,
                      "dbias of a bias broadcast over heads or query rows under the all-to-all "

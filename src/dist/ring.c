@@ -35,14 +35,14 @@
 /* Everything one run shares: sizes of the local problem and of its blocks. */
 typedef struct ring {
   attn_dist_plan *plan;
-  const attn_problem *l; /* local problem */
-  attn_dtype dt, stat;   /* tensors, and lse / sinks */
-  size_t es;             /* bytes per tensor element */
+  const attn_problem *l;                     /* local problem */
+  attn_dtype dt, stat;                       /* tensors, and lse / sinks */
+  size_t es;                                 /* bytes per tensor element */
   int64_t B, Hq, Hkv, D, Dv, Tq, Tk, nq, nk; /* local sizes; nq, nk: chunk lengths */
-  int32_t n, r, C;       /* ring size, this rank's place in it, chunks per rank */
-  int64_t o_global;      /* alignment offset of the global problem */
-  int64_t wl, wr;        /* window of the global problem, causal folded in (-1 = unbounded) */
-  int seg;               /* segment ids travel with K/V */
+  int32_t n, r, C;  /* ring size, this rank's place in it, chunks per rank */
+  int64_t o_global; /* alignment offset of the global problem */
+  int64_t wl, wr;   /* window of the global problem, causal folded in (-1 = unbounded) */
+  int seg;          /* segment ids travel with K/V */
   size_t k_bytes, v_bytes, seg_bytes, kv_bytes; /* one travelling K/V slice, packed */
   /* strides of the caller's tensors */
   int64_t qs[4], ks[4], vs[4], bias_s[4], mask_s[4], qseg_s[4], kseg_s[4], os[4], lses[4];
@@ -167,7 +167,8 @@ static void pack_kv(const ring *g, const attn_inputs *in, char *buf) {
   if (g->seg)
     for (int64_t b = 0; b < g->B; ++b)
       for (int64_t t = 0; t < g->Tk; ++t)
-        seg[b * g->Tk + t] = ((const int32_t *)in->kv_segment_ids.data)[b * g->kseg_s[0] + t * g->kseg_s[1]];
+        seg[b * g->Tk + t] =
+            ((const int32_t *)in->kv_segment_ids.data)[b * g->kseg_s[0] + t * g->kseg_s[1]];
 }
 
 /* ---- one block ------------------------------------------------------------------------------- */
@@ -278,8 +279,8 @@ static attn_status start_shift(ring *g, const void *send_buf, void *recv_buf, si
 static attn_status finish_shift_wait(ring *g, transfer *t, int32_t to, int32_t from) {
   attn_dist_plan *plan = g->plan;
   char why[512] = "";
-  attn_status status = (attn_status)plan->ops->wait(plan->seq_comm, t->recv, plan->spec.timeout_seconds,
-                                                    why, sizeof why);
+  attn_status status = (attn_status)plan->ops->wait(plan->seq_comm, t->recv,
+                                                    plan->spec.timeout_seconds, why, sizeof why);
   t->recv = NULL;
   if (status != ATTN_STATUS_OK) {
     plan->ops->wait(plan->seq_comm, t->send, 0.0, why + strlen(why), 0);
@@ -324,8 +325,10 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
   attn_ctx *ctx = plan->ctx;
   if (in->q.data == NULL || in->k.data == NULL || in->v.data == NULL || out->out.data == NULL)
     return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "%s is NULL",
-                     in->q.data == NULL ? "inputs.q" : in->k.data == NULL ? "inputs.k"
-                     : in->v.data == NULL ? "inputs.v" : "outputs.out");
+                     in->q.data == NULL   ? "inputs.q"
+                     : in->k.data == NULL ? "inputs.k"
+                     : in->v.data == NULL ? "inputs.v"
+                                          : "outputs.out");
   if (out->probs.data != NULL)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                      "outputs.probs under sequence sharding: the probabilities of a row are spread "
@@ -338,7 +341,8 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
   const size_t acc_out = (size_t)(g.B * g.Tq * g.Hq * g.Dv) * sizeof(double);
   const size_t acc_lse = (size_t)(g.B * g.Hq * g.Tq) * sizeof(double);
   char *base = NULL;
-  attn_status status = get_scratch(plan, 2 * g.kv_bytes + out_blk + lse_blk + acc_out + acc_lse, &base);
+  attn_status status =
+      get_scratch(plan, 2 * g.kv_bytes + out_blk + lse_blk + acc_out + acc_lse, &base);
   if (status != ATTN_STATUS_OK) return status;
   char *kv[2] = {base, base + g.kv_bytes};
   char *ob = base + 2 * g.kv_bytes, *lb = ob + out_blk;
@@ -368,7 +372,8 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
         bo.lse = attn_tensor_dense(lb);
         status = place_block(&g, a, src, c);
         const double t0 = attn_dist_now();
-        if (status == ATTN_STATUS_OK) status = attn_plan_forward(plan->block_plan, &bi, NULL, 0, &bo);
+        if (status == ATTN_STATUS_OK)
+          status = attn_plan_forward(plan->block_plan, &bi, NULL, 0, &bo);
         plan->stats.compute_seconds += attn_dist_now() - t0;
         if (status == ATTN_STATUS_OK) merge(&g, ob, lb, (int64_t)a * g.nq, g.nq, ao, al);
       }
@@ -404,7 +409,8 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
       for (int64_t h = 0; h < g.Hq; ++h) {
         const double *acc = ao + ((b * g.Tq + i) * g.Hq + h) * g.Dv;
         const int64_t at = b * g.os[0] + i * g.os[1] + h * g.os[2];
-        for (int64_t d = 0; d < g.Dv; ++d) attn_store(out->out.data, g.dt, at + d * g.os[3], acc[d]);
+        for (int64_t d = 0; d < g.Dv; ++d)
+          attn_store(out->out.data, g.dt, at + d * g.os[3], acc[d]);
         if (out->lse.data != NULL)
           attn_store(out->lse.data, g.stat, b * g.lses[0] + h * g.lses[1] + i * g.lses[2],
                      al[(b * g.Hq + h) * g.Tq + i]);
@@ -467,7 +473,8 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
   const size_t dkv_acc = (size_t)nkd * sizeof(double);
   const size_t dq_acc = (size_t)(g.B * g.Tq * g.Hq * g.D) * sizeof(double);
   char *base = NULL;
-  attn_status status = get_scratch(plan, 2 * g.kv_bytes + dq_blk + dk_blk + dv_blk + 3 * dkv_acc + dq_acc, &base);
+  attn_status status =
+      get_scratch(plan, 2 * g.kv_bytes + dq_blk + dk_blk + dv_blk + 3 * dkv_acc + dq_acc, &base);
   if (status != ATTN_STATUS_OK) return status;
   char *kv[2] = {base, base + g.kv_bytes};
   char *qb = base + 2 * g.kv_bytes, *kb = qb + dq_blk, *vb = kb + dk_blk;
@@ -488,7 +495,8 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
   char *dbias_blk = NULL;
   if (dbias_n > 0) {
     dbias_acc = calloc((size_t)dbias_n, sizeof(double));
-    dbias_blk = malloc((size_t)(bsh[0] * bsh[1] * blk_rows * blk_cols) * attn_dtype_size((attn_dtype)l->bias_dtype));
+    dbias_blk = malloc((size_t)(bsh[0] * bsh[1] * blk_rows * blk_cols) *
+                       attn_dtype_size((attn_dtype)l->bias_dtype));
     if (dbias_acc == NULL || dbias_blk == NULL) {
       free(dbias_acc);
       free(dbias_blk);
@@ -496,10 +504,9 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
     }
   }
 
-
   const int32_t last = last_step(&g), next = (g.r + 1) % g.n, prev = (g.r + g.n - 1) % g.n;
   plan->stats.steps = last + 1;
-  int cur = 0, dcur = 0; /* the K/V slice and the dK/dV sums in hand */
+  int cur = 0, dcur = 0;      /* the K/V slice and the dK/dV sums in hand */
   transfer dt = {NULL, NULL}; /* the dK/dV exchange in flight, and its peers */
   int32_t dto = 0, dfrom = 0;
   for (int32_t s = 0; s <= last; ++s) {
@@ -545,8 +552,8 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
           add_rows(&g, dqa, g.Tq, q_row, g.nq, g.Hq, g.D, qb);
           /* dK and dV of the slice in hand: [B, Tk, Hkv, D] then [B, Tk, Hkv, Dv]. */
           add_rows(&g, step, g.Tk, (int64_t)c * g.nk, g.nk, g.Hkv, g.D, kb);
-          add_rows(&g, step + g.B * g.Tk * g.Hkv * g.D, g.Tk, (int64_t)c * g.nk, g.nk, g.Hkv,
-                   g.Dv, vb);
+          add_rows(&g, step + g.B * g.Tk * g.Hkv * g.D, g.Tk, (int64_t)c * g.nk, g.nk, g.Hkv, g.Dv,
+                   vb);
           if (dbias_blk != NULL) {
             const int64_t r0 = bsh[2] != 1 ? q_row : 0, c0 = bsh[3] != 1 ? k0 : 0;
             int64_t e = 0;

@@ -36,7 +36,8 @@ static double now_seconds(void) {
 static int32_t mpi_fail(int code, const char *what, char *why, size_t why_size) {
   char text[MPI_MAX_ERROR_STRING] = "";
   int len = 0;
-  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "code %d", code);
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS)
+    snprintf(text, sizeof text, "code %d", code);
   snprintf(why, why_size, "%s failed: %s", what, text);
   return ATTN_STATUS_IO_ERROR;
 }
@@ -54,8 +55,10 @@ static int32_t wait_request(MPI_Request *request, double timeout_s, const char *
     if (done) return ATTN_STATUS_OK;
     if (polls > 1000) {
       if (now_seconds() - start > timeout_s) {
-        snprintf(why, why_size, "%s did not complete within %.0f s (a peer failed or is not in "
-                 "the same call)", what, timeout_s);
+        snprintf(why, why_size,
+                 "%s did not complete within %.0f s (a peer failed or is not in "
+                 "the same call)",
+                 what, timeout_s);
         return ATTN_STATUS_IO_ERROR;
       }
       const struct timespec pause = {0, 20000};
@@ -216,8 +219,9 @@ static int32_t mpi_allreduce_sum(void *self, void *buf, size_t count, int32_t ty
     return ATTN_STATUS_UNSUPPORTED;
   }
   MPI_Request r;
-  int code = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count,
-                            type == ATTN_TRANSPORT_F64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, s->comm, &r);
+  int code =
+      MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count,
+                     type == ATTN_TRANSPORT_F64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, s->comm, &r);
   if (code != MPI_SUCCESS) return mpi_fail(code, "MPI_Iallreduce", why, why_size);
   return wait_request(&r, timeout_s, "an allreduce", why, why_size);
 }

@@ -110,8 +110,10 @@ static int32_t wait_event(nccl_self *s, cudaEvent_t ev, double timeout_s, const 
       if (now_seconds() - start > timeout_s) {
         ncclCommAbort(s->comm);
         s->aborted = 1;
-        snprintf(why, why_size, "%s did not complete within %.0f s (a peer failed or is not in "
-                 "the same call); the plan's communicator was aborted", what, timeout_s);
+        snprintf(why, why_size,
+                 "%s did not complete within %.0f s (a peer failed or is not in "
+                 "the same call); the plan's communicator was aborted",
+                 what, timeout_s);
         return ATTN_STATUS_IO_ERROR;
       }
       const struct timespec pause = {0, 20000};

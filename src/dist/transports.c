@@ -85,7 +85,8 @@ static const attn_transport_ops *open_module(const transport_entry *t, char *why
   if (dladdr(&anchor, &info) != 0 && info.dli_fname != NULL) {
     const char *slash = strrchr(info.dli_fname, '/');
     if (slash != NULL) {
-      snprintf(path, sizeof path, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname, t->file);
+      snprintf(path, sizeof path, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname,
+               t->file);
       const attn_transport_ops *ops = try_open(t, path, why, why_size);
       if (ops != NULL) return ops;
     }
@@ -105,9 +106,10 @@ attn_status attn_dist_load_transport(int32_t transport, const attn_transport_ops
       char err[1024] = "";
       loaded[i] = open_module(&transports[i], err, sizeof err);
       if (loaded[i] == NULL)
-        snprintf(why, why_size, "the %s transport module %s could not be loaded (%s); build libattn "
-                 "with %s found, or set ATTN_MODULE_PATH to its folder", transports[i].name,
-                 transports[i].file, err, transports[i].name);
+        snprintf(why, why_size,
+                 "the %s transport module %s could not be loaded (%s); build libattn "
+                 "with %s found, or set ATTN_MODULE_PATH to its folder",
+                 transports[i].name, transports[i].file, err, transports[i].name);
     }
     *ops = loaded[i];
     pthread_mutex_unlock(&load_lock);

@@ -36,7 +36,8 @@ static view make_view(const attn_tensor *t, const int64_t *shape, int ndim, size
   v.es = es;
   int64_t stride[4];
   attn_dist_strides(t, shape, ndim, stride);
-  for (int d = 0; d < 4; ++d) v.dim[d] = d < ndim ? shape[d] : 1, v.stride[d] = d < ndim ? stride[d] : 0;
+  for (int d = 0; d < 4; ++d)
+    v.dim[d] = d < ndim ? shape[d] : 1, v.stride[d] = d < ndim ? stride[d] : 0;
   return v;
 }
 
@@ -48,8 +49,8 @@ typedef struct exch {
 static attn_status exchange(exch *x, const void *send, void *recv, size_t bytes) {
   char why[512] = "";
   const double start = attn_dist_now();
-  attn_status status = (attn_status)x->plan->ops->alltoall(x->plan->seq_comm, send, recv, bytes,
-                                                           x->plan->spec.timeout_seconds, why, sizeof why);
+  attn_status status = (attn_status)x->plan->ops->alltoall(
+      x->plan->seq_comm, send, recv, bytes, x->plan->spec.timeout_seconds, why, sizeof why);
   x->plan->stats.wait_seconds += attn_dist_now() - start;
   x->plan->stats.bytes_sent += (int64_t)(bytes * (size_t)(x->n - 1));
   x->plan->stats.steps += 1;
@@ -71,7 +72,8 @@ static attn_status to_heads(exch *x, const view *src, int tdim, int hdim, int64_
   const int64_t block = bd[0] * bd[1] * bd[2] * bd[3];
   const size_t bytes = (size_t)block * src->es;
   char *send = malloc(2 * (size_t)x->n * bytes + 1);
-  if (send == NULL) return attn_fail(x->plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for an all-to-all");
+  if (send == NULL)
+    return attn_fail(x->plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for an all-to-all");
   char *recv = send + (size_t)x->n * bytes;
   for (int32_t j = 0; j < x->n; ++j) {
     char *at = send + (size_t)j * bytes;
@@ -112,7 +114,8 @@ static attn_status to_heads(exch *x, const view *src, int tdim, int hdim, int64_
 
 /* The inverse: head-split src (dense, dims of dst with dim[tdim] = T and dim[hdim] = H / n) ->
  * the caller's sequence-split dst. */
-static attn_status from_heads(exch *x, const char *src, int tdim, int hdim, int64_t T, const view *dst) {
+static attn_status from_heads(exch *x, const char *src, int tdim, int hdim, int64_t T,
+                              const view *dst) {
   int64_t bd[4];
   memcpy(bd, dst->dim, sizeof bd);
   const int64_t hn = dst->dim[hdim] / x->n;
@@ -123,7 +126,8 @@ static attn_status from_heads(exch *x, const char *src, int tdim, int hdim, int6
   const int64_t block = bd[0] * bd[1] * bd[2] * bd[3];
   const size_t bytes = (size_t)block * dst->es;
   char *send = malloc(2 * (size_t)x->n * bytes + 1);
-  if (send == NULL) return attn_fail(x->plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for an all-to-all");
+  if (send == NULL)
+    return attn_fail(x->plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for an all-to-all");
   char *recv = send + (size_t)x->n * bytes;
   for (int32_t j = 0; j < x->n; ++j) {
     char *at = send + (size_t)j * bytes;
@@ -164,8 +168,8 @@ typedef struct heads {
 } heads;
 
 static void free_heads(heads *h) {
-  char *all[] = {h->q, h->k, h->v, h->bias, h->mask, h->qseg, h->kseg, h->out, h->lse, h->dout,
-                 h->dq, h->dk, h->dv, h->dbias, h->dsinks};
+  char *all[] = {h->q,   h->k,    h->v,  h->bias, h->mask, h->qseg,  h->kseg,  h->out,
+                 h->lse, h->dout, h->dq, h->dk,   h->dv,   h->dbias, h->dsinks};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) free(all[i]);
 }
 
@@ -177,17 +181,20 @@ static attn_status gather_inputs(attn_dist_plan *plan, exch *x, const attn_input
   const attn_problem *l = &plan->local, *u = &plan->block;
   const attn_dtype dt = (attn_dtype)l->dtype, st = attn_stat_dtype(dt);
   const size_t es = attn_dtype_size(dt), ses = attn_dtype_size(st);
-  const int64_t B = l->batch, Tql = l->seqlen_q, Tkl = l->seqlen_k, Hq = l->heads_q, Hkv = l->heads_kv;
+  const int64_t B = l->batch, Tql = l->seqlen_q, Tkl = l->seqlen_k, Hq = l->heads_q,
+                Hkv = l->heads_kv;
   const int64_t Tq = u->seqlen_q, Tk = u->seqlen_k, hn = u->heads_q, kn = u->heads_kv;
   *hi = *in;
   const int64_t qs[4] = {B, Tql, Hq, l->head_dim}, ks[4] = {B, Tkl, Hkv, l->head_dim};
   const int64_t vs[4] = {B, Tkl, Hkv, l->head_dim_v};
-  view vq = make_view(&in->q, qs, 4, es), vk = make_view(&in->k, ks, 4, es), vv = make_view(&in->v, vs, 4, es);
+  view vq = make_view(&in->q, qs, 4, es), vk = make_view(&in->k, ks, 4, es),
+       vv = make_view(&in->v, vs, 4, es);
   h->q = alloc_bytes((size_t)(B * Tq * hn * l->head_dim) * es);
   h->k = alloc_bytes((size_t)(B * Tk * kn * l->head_dim) * es);
   h->v = alloc_bytes((size_t)(B * Tk * kn * l->head_dim_v) * es);
   if (h->q == NULL || h->k == NULL || h->v == NULL)
-    return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for the head-split q, k, v");
+    return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY,
+                     "out of memory for the head-split q, k, v");
   attn_status status = to_heads(x, &vq, 1, 2, Tq, h->q);
   if (status == ATTN_STATUS_OK) status = to_heads(x, &vk, 1, 2, Tk, h->k);
   if (status == ATTN_STATUS_OK) status = to_heads(x, &vv, 1, 2, Tk, h->v);
@@ -205,9 +212,13 @@ static attn_status gather_inputs(attn_dist_plan *plan, exch *x, const attn_input
     attn_tensor *dst = is_bias ? &hi->bias : &hi->mask;
     if (shape[2] != 1) {
       char *buf = alloc_bytes((size_t)(ushape[0] * ushape[1] * ushape[2] * ushape[3]) * bes);
-      if (buf == NULL) return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for the head-split bias");
-      if (is_bias) h->bias = buf;
-      else h->mask = buf;
+      if (buf == NULL)
+        return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY,
+                         "out of memory for the head-split bias");
+      if (is_bias)
+        h->bias = buf;
+      else
+        h->mask = buf;
       status = to_heads(x, &vb, 2, shape[1] != 1 ? 1 : -1, Tq, buf);
       if (status != ATTN_STATUS_OK) return status;
       *dst = attn_tensor_dense(buf);
@@ -259,7 +270,8 @@ attn_status attn_dist_ulysses_forward(attn_dist_plan *plan, const attn_inputs *i
                                       const attn_outputs *out) {
   attn_ctx *ctx = plan->ctx;
   if (in->q.data == NULL || in->k.data == NULL || in->v.data == NULL || out->out.data == NULL)
-    return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT, "q, k, v and out are required (one is NULL)");
+    return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                     "q, k, v and out are required (one is NULL)");
   if (out->probs.data != NULL)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                      "outputs.probs under sequence sharding: not implemented");
@@ -310,8 +322,9 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
   if (in->q.data == NULL || in->k.data == NULL || in->v.data == NULL || fwd->out.data == NULL ||
       fwd->lse.data == NULL || dout->data == NULL || grads->dq.data == NULL ||
       grads->dk.data == NULL || grads->dv.data == NULL)
-    return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
-                     "q, k, v, forward.out, forward.lse, dout, dq, dk and dv are required (one is NULL)");
+    return attn_fail(
+        ctx, ATTN_STATUS_INVALID_ARGUMENT,
+        "q, k, v, forward.out, forward.lse, dout, dq, dk and dv are required (one is NULL)");
   const attn_problem *l = &plan->local, *u = &plan->block;
   exch x = {plan, plan->ns, plan->seq_rank};
   const attn_dtype dt = (attn_dtype)l->dtype, st = attn_stat_dtype(dt);
@@ -334,14 +347,16 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
     h.dk = alloc_bytes((size_t)(B * Tk * kn * l->head_dim) * es);
     h.dv = alloc_bytes((size_t)(B * Tk * kn * l->head_dim_v) * es);
     if (grads->dbias.data != NULL)
-      h.dbias = alloc_bytes((size_t)(u->bias_shape[0] * u->bias_shape[1] * u->bias_shape[2] *
-                                     u->bias_shape[3]) * attn_dtype_size((attn_dtype)l->bias_dtype));
+      h.dbias = alloc_bytes(
+          (size_t)(u->bias_shape[0] * u->bias_shape[1] * u->bias_shape[2] * u->bias_shape[3]) *
+          attn_dtype_size((attn_dtype)l->bias_dtype));
     if (grads->dsinks.data != NULL)
       h.dsinks = alloc_bytes((size_t)((l->sinks_shared ? 1 : hn) * l->num_sinks) * ses);
     if (h.out == NULL || h.dout == NULL || h.lse == NULL || h.dq == NULL || h.dk == NULL ||
         h.dv == NULL || (grads->dbias.data != NULL && h.dbias == NULL) ||
         (grads->dsinks.data != NULL && h.dsinks == NULL))
-      status = attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for the head-split tensors");
+      status =
+          attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for the head-split tensors");
   }
   if (status == ATTN_STATUS_OK) {
     view vo = make_view(&fwd->out, os, 4, es), vd = make_view(dout, os, 4, es);
@@ -359,7 +374,8 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
     attn_tensor hd = attn_tensor_dense(h.dout);
     attn_grads hg;
     attn_grads_init(&hg);
-    hg.dq = attn_tensor_dense(h.dq), hg.dk = attn_tensor_dense(h.dk), hg.dv = attn_tensor_dense(h.dv);
+    hg.dq = attn_tensor_dense(h.dq), hg.dk = attn_tensor_dense(h.dk),
+    hg.dv = attn_tensor_dense(h.dv);
     if (h.dbias != NULL) hg.dbias = attn_tensor_dense(h.dbias);
     if (h.dsinks != NULL) hg.dsinks = attn_tensor_dense(h.dsinks);
     const double t0 = attn_dist_now();
@@ -374,27 +390,33 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
     if (status == ATTN_STATUS_OK) status = from_heads(&x, h.dv, 1, 2, Tk, &vv);
   }
   if (status == ATTN_STATUS_OK && h.dbias != NULL) {
-    view vb = make_view(&grads->dbias, l->bias_shape, 4, attn_dtype_size((attn_dtype)l->bias_dtype));
+    view vb =
+        make_view(&grads->dbias, l->bias_shape, 4, attn_dtype_size((attn_dtype)l->bias_dtype));
     status = from_heads(&x, h.dbias, 2, 1, Tq, &vb);
     /* Broadcast over batch with the batch split: the other batch ranks' shares. */
     if (status == ATTN_STATUS_OK && plan->bias_comm != NULL) {
       const int64_t *s = l->bias_shape;
       double *buf = malloc((size_t)(s[0] * s[1] * s[2] * s[3]) * sizeof(double) + 1);
-      if (buf == NULL) status = attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for dbias");
+      if (buf == NULL)
+        status = attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for dbias");
       const attn_dtype bdt = (attn_dtype)l->bias_dtype;
       int64_t e = 0;
       for (int64_t a = 0; buf != NULL && a < s[0]; ++a)
         for (int64_t b = 0; b < s[1]; ++b)
           for (int64_t c = 0; c < s[2]; ++c)
             for (int64_t d = 0; d < s[3]; ++d)
-              buf[e++] = attn_load(vb.data, bdt, a * vb.stride[0] + b * vb.stride[1] + c * vb.stride[2] + d * vb.stride[3]);
+              buf[e++] = attn_load(vb.data, bdt,
+                                   a * vb.stride[0] + b * vb.stride[1] + c * vb.stride[2] +
+                                       d * vb.stride[3]);
       if (buf != NULL) status = attn_dist_reduce_dbias(plan, buf);
       e = 0;
       for (int64_t a = 0; buf != NULL && status == ATTN_STATUS_OK && a < s[0]; ++a)
         for (int64_t b = 0; b < s[1]; ++b)
           for (int64_t c = 0; c < s[2]; ++c)
             for (int64_t d = 0; d < s[3]; ++d)
-              attn_store(vb.data, bdt, a * vb.stride[0] + b * vb.stride[1] + c * vb.stride[2] + d * vb.stride[3], buf[e++]);
+              attn_store(vb.data, bdt,
+                         a * vb.stride[0] + b * vb.stride[1] + c * vb.stride[2] + d * vb.stride[3],
+                         buf[e++]);
       free(buf);
     }
   }
@@ -407,9 +429,13 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
     for (int64_t hh = 0; hh < heads; ++hh)
       for (int64_t t = 0; t < S; ++t) {
         double value = 0.0;
-        if (l->sinks_shared) value = attn_load(h.dsinks, st, t);
-        else if (hh / hn == x.me) value = attn_load(h.dsinks, st, (hh % hn) * S + t);
-        attn_store(vs2.data, st, l->sinks_shared ? t * vs2.stride[0] : hh * vs2.stride[0] + t * vs2.stride[1], value);
+        if (l->sinks_shared)
+          value = attn_load(h.dsinks, st, t);
+        else if (hh / hn == x.me)
+          value = attn_load(h.dsinks, st, (hh % hn) * S + t);
+        attn_store(vs2.data, st,
+                   l->sinks_shared ? t * vs2.stride[0] : hh * vs2.stride[0] + t * vs2.stride[1],
+                   value);
       }
     status = attn_dist_reduce_dsinks(plan, &grads->dsinks);
   }

@@ -53,7 +53,8 @@ static double *gather4(const double *g, const int64_t s[4], const imap *m[4]) {
     for (int64_t b = 0; b < m[1]->n; ++b)
       for (int64_t c = 0; c < m[2]->n; ++c)
         for (int64_t d = 0; d < m[3]->n; ++d)
-          out[at++] = g[((m[0]->at[a] * s[1] + m[1]->at[b]) * s[2] + m[2]->at[c]) * s[3] + m[3]->at[d]];
+          out[at++] =
+              g[((m[0]->at[a] * s[1] + m[1]->at[b]) * s[2] + m[2]->at[c]) * s[3] + m[3]->at[d]];
   return out;
 }
 
@@ -92,15 +93,18 @@ static int64_t bias_numel(const int64_t s[4]) { return s[0] * s[1] * s[2] * s[3]
 /* Runs the global problem on this process alone: the oracle of the distributed run. */
 static int run_global(const attn_problem *p, uint64_t seed, global_data *g) {
   tu_rng rng = tu_rng_make(seed);
-  const attn_dtype dt = (attn_dtype)p->dtype, st = dt == ATTN_DTYPE_F64 ? ATTN_DTYPE_F64 : ATTN_DTYPE_F32;
-  const int64_t B = p->batch, Tq = p->seqlen_q, Tk = p->seqlen_k, Hq = p->heads_q, Hkv = p->heads_kv;
+  const attn_dtype dt = (attn_dtype)p->dtype,
+                   st = dt == ATTN_DTYPE_F64 ? ATTN_DTYPE_F64 : ATTN_DTYPE_F32;
+  const int64_t B = p->batch, Tq = p->seqlen_q, Tk = p->seqlen_k, Hq = p->heads_q,
+                Hkv = p->heads_kv;
   const int64_t D = p->head_dim, Dv = p->head_dim_v ? p->head_dim_v : D;
   memset(g, 0, sizeof *g);
   g->q = fill(&rng, dt, B * Tq * Hq * D, -1, 1);
   g->k = fill(&rng, dt, B * Tk * Hkv * D, -1, 1);
   g->v = fill(&rng, dt, B * Tk * Hkv * Dv, -1, 1);
   g->dout = fill(&rng, dt, B * Tq * Hq * Dv, -1, 1);
-  if (p->has_bias) g->bias = fill(&rng, (attn_dtype)p->bias_dtype, bias_numel(p->bias_shape), -1, 1);
+  if (p->has_bias)
+    g->bias = fill(&rng, (attn_dtype)p->bias_dtype, bias_numel(p->bias_shape), -1, 1);
   if (p->has_mask) {
     g->mask = fill(&rng, ATTN_DTYPE_F64, bias_numel(p->mask_shape), 0, 1);
     for (int64_t i = 0; i < bias_numel(p->mask_shape); ++i) g->mask[i] = g->mask[i] < 0.8;
@@ -112,8 +116,10 @@ static int run_global(const attn_problem *p, uint64_t seed, global_data *g) {
     g->qseg = malloc((size_t)(B * Tq) * sizeof(double));
     g->kseg = malloc((size_t)(B * Tk) * sizeof(double));
     for (int64_t b = 0; b < B; ++b) {
-      for (int64_t i = 0; i < Tq; ++i) g->qseg[b * Tq + i] = i < Tq / 3 + b ? 0 : i < Tq - 1 ? 1 : -1;
-      for (int64_t j = 0; j < Tk; ++j) g->kseg[b * Tk + j] = j < Tk / 3 + b ? 0 : j < Tk - 2 ? 1 : -1;
+      for (int64_t i = 0; i < Tq; ++i)
+        g->qseg[b * Tq + i] = i < Tq / 3 + b ? 0 : i < Tq - 1 ? 1 : -1;
+      for (int64_t j = 0; j < Tk; ++j)
+        g->kseg[b * Tk + j] = j < Tk / 3 + b ? 0 : j < Tk - 2 ? 1 : -1;
     }
   }
   tu_buf q = to_buf(dt, g->q, B * Tq * Hq * D), k = to_buf(dt, g->k, B * Tk * Hkv * D);
@@ -123,10 +129,17 @@ static int run_global(const attn_problem *p, uint64_t seed, global_data *g) {
   attn_inputs_init(&in);
   in.q = tu_tensor(&q), in.k = tu_tensor(&k), in.v = tu_tensor(&v);
   in.dropout_seed = 0x1234567890abcdefull;
-  if (p->has_bias) bias = to_buf((attn_dtype)p->bias_dtype, g->bias, bias_numel(p->bias_shape)), in.bias = tu_tensor(&bias);
-  if (p->has_mask) mask = to_buf(ATTN_DTYPE_U8, g->mask, bias_numel(p->mask_shape)), in.mask = tu_tensor(&mask);
-  if (p->alibi) alibi = to_buf(st, g->alibi, p->alibi == ATTN_ALIBI_PER_HEAD ? Hq : B * Hq), in.alibi_slopes = tu_tensor(&alibi);
-  if (p->num_sinks) sinks = to_buf(st, g->sinks, (p->sinks_shared ? 1 : Hq) * p->num_sinks), in.sinks = tu_tensor(&sinks);
+  if (p->has_bias)
+    bias = to_buf((attn_dtype)p->bias_dtype, g->bias, bias_numel(p->bias_shape)),
+    in.bias = tu_tensor(&bias);
+  if (p->has_mask)
+    mask = to_buf(ATTN_DTYPE_U8, g->mask, bias_numel(p->mask_shape)), in.mask = tu_tensor(&mask);
+  if (p->alibi)
+    alibi = to_buf(st, g->alibi, p->alibi == ATTN_ALIBI_PER_HEAD ? Hq : B * Hq),
+    in.alibi_slopes = tu_tensor(&alibi);
+  if (p->num_sinks)
+    sinks = to_buf(st, g->sinks, (p->sinks_shared ? 1 : Hq) * p->num_sinks),
+    in.sinks = tu_tensor(&sinks);
   if (p->has_segment_ids) {
     qseg = to_buf(ATTN_DTYPE_I32, g->qseg, B * Tq), kseg = to_buf(ATTN_DTYPE_I32, g->kseg, B * Tk);
     in.q_segment_ids = tu_tensor(&qseg), in.kv_segment_ids = tu_tensor(&kseg);
@@ -134,8 +147,10 @@ static int run_global(const attn_problem *p, uint64_t seed, global_data *g) {
   tu_buf out = tu_buf_new(dt, B * Tq * Hq * Dv), lse = tu_buf_new(st, B * Hq * Tq);
   tu_buf dq = tu_buf_new(dt, B * Tq * Hq * D), dk = tu_buf_new(dt, B * Tk * Hkv * D);
   tu_buf dv = tu_buf_new(dt, B * Tk * Hkv * Dv);
-  tu_buf dbias = p->has_bias ? tu_buf_new((attn_dtype)p->bias_dtype, bias_numel(p->bias_shape)) : (tu_buf){0};
-  tu_buf dsinks = p->num_sinks ? tu_buf_new(st, (p->sinks_shared ? 1 : Hq) * p->num_sinks) : (tu_buf){0};
+  tu_buf dbias =
+      p->has_bias ? tu_buf_new((attn_dtype)p->bias_dtype, bias_numel(p->bias_shape)) : (tu_buf){0};
+  tu_buf dsinks =
+      p->num_sinks ? tu_buf_new(st, (p->sinks_shared ? 1 : Hq) * p->num_sinks) : (tu_buf){0};
   attn_outputs o;
   attn_outputs_init(&o);
   o.out = tu_tensor(&out), o.lse = tu_tensor(&lse);
@@ -147,7 +162,8 @@ static int run_global(const attn_problem *p, uint64_t seed, global_data *g) {
   attn_tensor dout_t = tu_tensor(&dout);
   int ok = attn_forward(ctx, p, &in, &o) == ATTN_STATUS_OK &&
            attn_backward(ctx, p, &in, &o, &dout_t, &gr) == ATTN_STATUS_OK;
-  if (!ok) fprintf(stderr, "rank %d: global run failed: %s\n", world_rank, attn_ctx_last_error(ctx));
+  if (!ok)
+    fprintf(stderr, "rank %d: global run failed: %s\n", world_rank, attn_ctx_last_error(ctx));
   tu_buf *outs[] = {&out, &lse, &dq, &dk, &dv, &dbias, &dsinks};
   double **dst[] = {&g->out, &g->lse, &g->dq, &g->dk, &g->dv, &g->dbias, &g->dsinks};
   for (int i = 0; i < 7; ++i) {
@@ -155,15 +171,16 @@ static int run_global(const attn_problem *p, uint64_t seed, global_data *g) {
     *dst[i] = malloc((size_t)outs[i]->n * sizeof(double));
     for (int64_t e = 0; e < outs[i]->n; ++e) (*dst[i])[e] = tu_get(outs[i], e);
   }
-  tu_buf *all[] = {&q, &k, &v, &dout, &bias, &mask, &alibi, &sinks, &qseg, &kseg, &out, &lse, &dq, &dk, &dv, &dbias, &dsinks};
+  tu_buf *all[] = {&q,    &k,   &v,   &dout, &bias, &mask, &alibi, &sinks, &qseg,
+                   &kseg, &out, &lse, &dq,   &dk,   &dv,   &dbias, &dsinks};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
     if (all[i]->data != NULL) tu_buf_free(all[i]);
   return ok;
 }
 
 static void free_global(global_data *g) {
-  double *all[] = {g->q, g->k, g->v, g->dout, g->bias, g->mask, g->alibi, g->sinks, g->qseg, g->kseg,
-                   g->out, g->lse, g->dq, g->dk, g->dv, g->dbias, g->dsinks};
+  double *all[] = {g->q,    g->k,   g->v,   g->dout, g->bias, g->mask, g->alibi, g->sinks, g->qseg,
+                   g->kseg, g->out, g->lse, g->dq,   g->dk,   g->dv,   g->dbias, g->dsinks};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) free(all[i]);
 }
 
@@ -193,8 +210,10 @@ static void run_case(const dist_case *c, uint64_t seed) {
   }
   attn_dist_plan *plan = NULL;
   MPI_Comm comm = MPI_COMM_WORLD;
-  attn_status st = attn_dist_plan_create(ctx, p, &c->spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
-  tu_check(st == ATTN_STATUS_OK, "rank %d %s: plan: %s", world_rank, c->name, attn_ctx_last_error(ctx));
+  attn_status st =
+      attn_dist_plan_create(ctx, p, &c->spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
+  tu_check(st == ATTN_STATUS_OK, "rank %d %s: plan: %s", world_rank, c->name,
+           attn_ctx_last_error(ctx));
   if (st != ATTN_STATUS_OK) {
     free_global(&g);
     return;
@@ -209,8 +228,10 @@ static void run_case(const dist_case *c, uint64_t seed) {
     if (c->spec.axis_dim[a] == ATTN_DIST_DIM_HEADS) nh = n, ch = coords[a];
     if (c->spec.axis_dim[a] == ATTN_DIST_DIM_SEQUENCE) ns = n, cs = coords[a];
   }
-  const attn_dtype dt = (attn_dtype)p->dtype, sd = dt == ATTN_DTYPE_F64 ? ATTN_DTYPE_F64 : ATTN_DTYPE_F32;
-  const int64_t B = p->batch, Tq = p->seqlen_q, Tk = p->seqlen_k, Hq = p->heads_q, Hkv = p->heads_kv;
+  const attn_dtype dt = (attn_dtype)p->dtype,
+                   sd = dt == ATTN_DTYPE_F64 ? ATTN_DTYPE_F64 : ATTN_DTYPE_F32;
+  const int64_t B = p->batch, Tq = p->seqlen_q, Tk = p->seqlen_k, Hq = p->heads_q,
+                Hkv = p->heads_kv;
   const int64_t D = p->head_dim, Dv = p->head_dim_v ? p->head_dim_v : D, group = Hq / Hkv;
   imap mb = map_range(cb * (B / nb), B / nb), mhq = map_range(ch * (Hq / nh), Hq / nh);
   imap mhk = map_range(ch * (Hkv / nh), Hkv / nh);
@@ -223,16 +244,20 @@ static void run_case(const dist_case *c, uint64_t seed) {
   const imap *mv[4] = {&mb, &mtk, &mhk, &mdv}, *mo[4] = {&mb, &mtq, &mhq, &mdv};
   const imap *ml[4] = {&mb, &mhq, &mtq, &m1};
   double *lq = gather4(g.q, sq, mq), *lk = gather4(g.k, sk, mk), *lv = gather4(g.v, sv, mv);
-  double *ldout = gather4(g.dout, so, mo), *lout = gather4(g.out, so, mo), *llse = gather4(g.lse, sl, ml);
+  double *ldout = gather4(g.dout, so, mo), *lout = gather4(g.out, so, mo),
+         *llse = gather4(g.lse, sl, ml);
   double *ldq = gather4(g.dq, sq, mq), *ldk = gather4(g.dk, sk, mk), *ldv = gather4(g.dv, sv, mv);
-  const int64_t nq = mb.n * mtq.n * mhq.n * D, nk = mb.n * mtk.n * mhk.n * D, nv = mb.n * mtk.n * mhk.n * Dv;
+  const int64_t nq = mb.n * mtq.n * mhq.n * D, nk = mb.n * mtk.n * mhk.n * D,
+                nv = mb.n * mtk.n * mhk.n * Dv;
   const int64_t no = mb.n * mtq.n * mhq.n * Dv, nl = mb.n * mhq.n * mtq.n;
-  tu_buf q = to_buf(dt, lq, nq), k = to_buf(dt, lk, nk), v = to_buf(dt, lv, nv), dout = to_buf(dt, ldout, no);
+  tu_buf q = to_buf(dt, lq, nq), k = to_buf(dt, lk, nk), v = to_buf(dt, lv, nv),
+         dout = to_buf(dt, ldout, no);
   attn_inputs in;
   attn_inputs_init(&in);
   in.q = tu_tensor(&q), in.k = tu_tensor(&k), in.v = tu_tensor(&v);
   in.dropout_seed = 0x1234567890abcdefull;
-  tu_buf bias = {0}, mask = {0}, alibi = {0}, sinks = {0}, qseg = {0}, kseg = {0}, dbias = {0}, dsinks = {0};
+  tu_buf bias = {0}, mask = {0}, alibi = {0}, sinks = {0}, qseg = {0}, kseg = {0}, dbias = {0},
+         dsinks = {0};
   double *lbias = NULL, *ldbias = NULL, *ldsinks = NULL;
   int64_t nbias = 0, nsinks = 0;
   /* bias and mask: batch and head dims sliced when full, rows in the layout, all Tk columns. */
@@ -253,7 +278,9 @@ static void run_case(const dist_case *c, uint64_t seed) {
     nbias = mbias[0]->n * mbias[1]->n * mbias[2]->n * mbias[3]->n;
     bias = to_buf((attn_dtype)p->bias_dtype, lbias, nbias);
     in.bias = tu_tensor(&bias);
-    if (c->want_dbias) ldbias = gather4(g.dbias, p->bias_shape, mbias), dbias = tu_buf_new((attn_dtype)p->bias_dtype, nbias);
+    if (c->want_dbias)
+      ldbias = gather4(g.dbias, p->bias_shape, mbias),
+      dbias = tu_buf_new((attn_dtype)p->bias_dtype, nbias);
   }
   if (p->has_mask) {
     double *lm = gather4(g.mask, p->mask_shape, mmask);
@@ -296,7 +323,8 @@ static void run_case(const dist_case *c, uint64_t seed) {
   attn_outputs_init(&o);
   o.out = tu_tensor(&out), o.lse = tu_tensor(&lse);
   st = attn_dist_plan_forward(plan, &in, &o);
-  tu_check(st == ATTN_STATUS_OK, "rank %d %s: forward: %s", world_rank, c->name, attn_ctx_last_error(ctx));
+  tu_check(st == ATTN_STATUS_OK, "rank %d %s: forward: %s", world_rank, c->name,
+           attn_ctx_last_error(ctx));
   /* f32: SPEC.md's tolerance; bf16 block outputs are rounded before the merge, once more than one
    * device rounds them, so a bf16 case gets the low-precision allowance. */
   const double tol = dt == ATTN_DTYPE_F32 ? 1e-4 : dt == ATTN_DTYPE_F64 ? 1e-10 : 2e-2;
@@ -311,7 +339,8 @@ static void run_case(const dist_case *c, uint64_t seed) {
   if (ldsinks) gr.dsinks = tu_tensor(&dsinks);
   attn_tensor dout_t = tu_tensor(&dout);
   st = attn_dist_plan_backward(plan, &in, &o, &dout_t, &gr);
-  tu_check(st == ATTN_STATUS_OK, "rank %d %s: backward: %s", world_rank, c->name, attn_ctx_last_error(ctx));
+  tu_check(st == ATTN_STATUS_OK, "rank %d %s: backward: %s", world_rank, c->name,
+           attn_ctx_last_error(ctx));
   if (st == ATTN_STATUS_OK) {
     compare("dq", c->name, &dq, ldq, nq, 3 * tol);
     compare("dk", c->name, &dk, ldk, nk, 3 * tol);
@@ -320,7 +349,8 @@ static void run_case(const dist_case *c, uint64_t seed) {
     if (ldsinks) compare("dsinks", c->name, &dsinks, ldsinks, nsinks, 3 * tol);
   }
   attn_dist_plan_destroy(plan);
-  tu_buf *bufs[] = {&q, &k, &v, &dout, &bias, &mask, &alibi, &sinks, &qseg, &kseg, &dbias, &dsinks, &out, &lse, &dq, &dk, &dv};
+  tu_buf *bufs[] = {&q,    &k,     &v,      &dout, &bias, &mask, &alibi, &sinks, &qseg,
+                    &kseg, &dbias, &dsinks, &out,  &lse,  &dq,   &dk,    &dv};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i)
     if (bufs[i]->data != NULL) tu_buf_free(bufs[i]);
   double *locals[] = {lq, lk, lv, ldout, lout, llse, ldq, ldk, ldv, lbias, ldbias, ldsinks};
@@ -340,14 +370,27 @@ static attn_problem base_problem(int32_t n) {
   p.heads_kv = n;
   p.heads_q = 2 * n; /* GQA: groups of 2 */
   p.head_dim = 5;
-  p.head_dim_v = 7; /* Dv != D */
+  p.head_dim_v = 7;                /* Dv != D */
   p.seqlen_q = p.seqlen_k = 8 * n; /* 4 zigzag chunks per rank, 2 on a 2 x 2 mesh */
   return p;
 }
 
-enum { F_CAUSAL = 1, F_WINDOW = 2, F_ALIBI = 4, F_BIAS = 8, F_MASK = 16, F_SINKS = 32,
-       F_SEGMENTS = 64, F_SOFTCAP = 128, F_DROPOUT = 256, F_TOPLEFT = 512, F_CROSS = 1024,
-       F_SHARED_SINKS = 2048, F_BIAS_BCAST = 4096, F_BIAS_ROWS = 8192 };
+enum {
+  F_CAUSAL = 1,
+  F_WINDOW = 2,
+  F_ALIBI = 4,
+  F_BIAS = 8,
+  F_MASK = 16,
+  F_SINKS = 32,
+  F_SEGMENTS = 64,
+  F_SOFTCAP = 128,
+  F_DROPOUT = 256,
+  F_TOPLEFT = 512,
+  F_CROSS = 1024,
+  F_SHARED_SINKS = 2048,
+  F_BIAS_BCAST = 4096,
+  F_BIAS_ROWS = 8192
+};
 
 static attn_problem with_features(attn_problem p, int f) {
   if (f & F_CROSS) p.seqlen_q = p.seqlen_k / 2; /* Tq != Tk: the alignments differ */
@@ -362,15 +405,18 @@ static attn_problem with_features(attn_problem p, int f) {
   }
   if (f & F_BIAS_BCAST) {
     p.has_bias = 1;
-    p.bias_shape[0] = 1, p.bias_shape[1] = p.heads_q, p.bias_shape[2] = p.seqlen_q, p.bias_shape[3] = p.seqlen_k;
+    p.bias_shape[0] = 1, p.bias_shape[1] = p.heads_q, p.bias_shape[2] = p.seqlen_q,
+    p.bias_shape[3] = p.seqlen_k;
   }
   if (f & F_BIAS_ROWS) { /* one row for every query, per head: summed over rows and ranks */
     p.has_bias = 1;
-    p.bias_shape[0] = 1, p.bias_shape[1] = p.heads_q, p.bias_shape[2] = 1, p.bias_shape[3] = p.seqlen_k;
+    p.bias_shape[0] = 1, p.bias_shape[1] = p.heads_q, p.bias_shape[2] = 1,
+    p.bias_shape[3] = p.seqlen_k;
   }
   if (f & F_MASK) {
     p.has_mask = 1;
-    p.mask_shape[0] = p.batch, p.mask_shape[1] = 1, p.mask_shape[2] = p.seqlen_q, p.mask_shape[3] = p.seqlen_k;
+    p.mask_shape[0] = p.batch, p.mask_shape[1] = 1, p.mask_shape[2] = p.seqlen_q,
+    p.mask_shape[3] = p.seqlen_k;
   }
   if (f & (F_SINKS | F_SHARED_SINKS)) p.num_sinks = 2, p.sinks_shared = (f & F_SHARED_SINKS) != 0;
   if (f & F_SEGMENTS) p.has_segment_ids = 1;
@@ -400,7 +446,8 @@ static const struct {
     {"softcap", F_SOFTCAP},
     {"dropout", F_DROPOUT},
     {"dropout-causal", F_DROPOUT | F_CAUSAL},
-    {"everything", F_CAUSAL | F_ALIBI | F_BIAS | F_MASK | F_SINKS | F_SEGMENTS | F_SOFTCAP | F_DROPOUT},
+    {"everything",
+     F_CAUSAL | F_ALIBI | F_BIAS | F_MASK | F_SINKS | F_SEGMENTS | F_SOFTCAP | F_DROPOUT},
 };
 
 static attn_dist_spec spec_1d(int dim, int layout) {
@@ -418,13 +465,17 @@ static void grid(uint64_t seed) {
     attn_dist_spec spec;
   } meshes[12];
   int nm = 0;
-  meshes[nm].name = "seq-contiguous", meshes[nm].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_CONTIGUOUS);
+  meshes[nm].name = "seq-contiguous",
+  meshes[nm].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_CONTIGUOUS);
   meshes[nm++].spec.strategy = ATTN_DIST_STRATEGY_RING;
-  meshes[nm].name = "seq-zigzag", meshes[nm].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_ZIGZAG);
+  meshes[nm].name = "seq-zigzag",
+  meshes[nm].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_ZIGZAG);
   meshes[nm++].spec.strategy = ATTN_DIST_STRATEGY_RING;
-  meshes[nm].name = "seq-alltoall", meshes[nm].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_CONTIGUOUS);
+  meshes[nm].name = "seq-alltoall",
+  meshes[nm].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_CONTIGUOUS);
   meshes[nm++].spec.strategy = ATTN_DIST_STRATEGY_ALL_TO_ALL;
-  meshes[nm].name = "seq-alltoall-zigzag", meshes[nm].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_ZIGZAG);
+  meshes[nm].name = "seq-alltoall-zigzag",
+  meshes[nm].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_ZIGZAG);
   meshes[nm++].spec.strategy = ATTN_DIST_STRATEGY_ALL_TO_ALL;
   meshes[nm].name = "batch", meshes[nm++].spec = spec_1d(ATTN_DIST_DIM_BATCH, 0);
   meshes[nm].name = "heads", meshes[nm++].spec = spec_1d(ATTN_DIST_DIM_HEADS, 0);
@@ -460,8 +511,9 @@ static void grid(uint64_t seed) {
       c.want_dsinks = c.p.num_sinks > 0;
       /* dbias everywhere but where the all-to-all strategy refuses it (a bias broadcast over
        * heads or rows). */
-      c.want_dbias = (feat & (F_BIAS | F_BIAS_BCAST | F_BIAS_ROWS)) != 0 &&
-                     !(meshes[m].spec.strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL && (feat & F_BIAS_ROWS));
+      c.want_dbias =
+          (feat & (F_BIAS | F_BIAS_BCAST | F_BIAS_ROWS)) != 0 &&
+          !(meshes[m].spec.strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL && (feat & F_BIAS_ROWS));
       run_case(&c, seed + f);
     }
   /* One low-precision case per sharding of the sequence. */
@@ -486,10 +538,12 @@ static void refusals(void) {
   /* The last rank describes another problem: every rank is told which field and which rank. */
   attn_problem odd = p;
   if (world_rank == world_size - 1) odd.head_dim = 4;
-  attn_status st = attn_dist_plan_create(ctx, &odd, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
+  attn_status st =
+      attn_dist_plan_create(ctx, &odd, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
   char want[64];
   snprintf(want, sizeof want, "rank(s) %d", world_size - 1);
-  tu_check(st == ATTN_STATUS_INVALID_ARGUMENT && strstr(attn_ctx_last_error(ctx), "problem.head_dim") &&
+  tu_check(st == ATTN_STATUS_INVALID_ARGUMENT &&
+               strstr(attn_ctx_last_error(ctx), "problem.head_dim") &&
                strstr(attn_ctx_last_error(ctx), want),
            "rank %d: disagreeing ranks refused (%s)", world_rank, attn_ctx_last_error(ctx));
   attn_dist_plan_destroy(plan);
@@ -498,8 +552,10 @@ static void refusals(void) {
   odd = p;
   if (world_rank == 1) odd.head_dim = 0;
   st = attn_dist_plan_create(ctx, &odd, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
-  tu_check(st == ATTN_STATUS_INVALID_ARGUMENT && (world_rank == 1 || strstr(attn_ctx_last_error(ctx), "rank 1")),
-           "rank %d: one rank's invalid problem fails every rank (%s)", world_rank, attn_ctx_last_error(ctx));
+  tu_check(st == ATTN_STATUS_INVALID_ARGUMENT &&
+               (world_rank == 1 || strstr(attn_ctx_last_error(ctx), "rank 1")),
+           "rank %d: one rank's invalid problem fails every rank (%s)", world_rank,
+           attn_ctx_last_error(ctx));
 
   /* Sizes that do not divide, with the rule. */
   odd = p;
@@ -511,7 +567,8 @@ static void refusals(void) {
   odd.heads_kv = world_size + 1, odd.heads_q = 2 * (world_size + 1);
   attn_dist_spec hs = spec_1d(ATTN_DIST_DIM_HEADS, 0);
   st = attn_dist_plan_create(ctx, &odd, &hs, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
-  tu_check(st == ATTN_STATUS_INVALID_ARGUMENT && strstr(attn_ctx_last_error(ctx), "whole KV groups"),
+  tu_check(st == ATTN_STATUS_INVALID_ARGUMENT &&
+               strstr(attn_ctx_last_error(ctx), "whole KV groups"),
            "rank %d: heads_kv not dividing refused (%s)", world_rank, attn_ctx_last_error(ctx));
   attn_dist_spec bad = spec;
   bad.num_axes = 2, bad.axis_size[0] = world_size, bad.axis_size[1] = 2;
@@ -523,7 +580,8 @@ static void refusals(void) {
   /* A peer that never joins the run: rank 0 gets IO_ERROR after the timeout, not a hang. */
   spec.timeout_seconds = 1.0;
   st = attn_dist_plan_create(ctx, &p, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
-  tu_check(st == ATTN_STATUS_OK, "rank %d: plan for the timeout check: %s", world_rank, attn_ctx_last_error(ctx));
+  tu_check(st == ATTN_STATUS_OK, "rank %d: plan for the timeout check: %s", world_rank,
+           attn_ctx_last_error(ctx));
   if (st == ATTN_STATUS_OK && world_rank == 0) {
     const int64_t nq = p.batch * p.seqlen_q / world_size * p.heads_q * p.head_dim;
     const int64_t nk = p.batch * p.seqlen_k / world_size * p.heads_kv * p.head_dim;
@@ -574,8 +632,10 @@ static void auto_strategy(uint64_t seed) {
   attn_dist_plan *plans[3] = {NULL, NULL, NULL};
   int32_t chosen[3] = {-1, -1, -1};
   for (int i = 0; i < 3; ++i) {
-    attn_status st = attn_dist_plan_create(all[i], &p, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plans[i]);
-    tu_check(st == ATTN_STATUS_OK, "rank %d: auto strategy plan %d: %s", world_rank, i, attn_ctx_last_error(all[i]));
+    attn_status st =
+        attn_dist_plan_create(all[i], &p, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plans[i]);
+    tu_check(st == ATTN_STATUS_OK, "rank %d: auto strategy plan %d: %s", world_rank, i,
+             attn_ctx_last_error(all[i]));
     chosen[i] = attn_dist_plan_strategy(plans[i]);
     attn_dist_plan_destroy(plans[i]);
   }
@@ -583,10 +643,13 @@ static void auto_strategy(uint64_t seed) {
   attn_cache_count(tuning, &mem, &disk);
   tu_check(chosen[0] == ATTN_DIST_STRATEGY_RING || chosen[0] == ATTN_DIST_STRATEGY_ALL_TO_ALL,
            "rank %d: autotuned strategy %d", world_rank, (int)chosen[0]);
-  tu_check(mem >= 1 && disk >= 1, "rank %d: the measured strategy is cached (memory %lld, file %lld)",
-           world_rank, (long long)mem, (long long)disk);
-  tu_check(chosen[1] == chosen[0], "rank %d: a context reading the cache file takes the measured "
-           "strategy (%d, measured %d)", world_rank, (int)chosen[1], (int)chosen[0]);
+  tu_check(mem >= 1 && disk >= 1,
+           "rank %d: the measured strategy is cached (memory %lld, file %lld)", world_rank,
+           (long long)mem, (long long)disk);
+  tu_check(chosen[1] == chosen[0],
+           "rank %d: a context reading the cache file takes the measured "
+           "strategy (%d, measured %d)",
+           world_rank, (int)chosen[1], (int)chosen[0]);
   tu_check(chosen[2] == ATTN_DIST_STRATEGY_RING, "rank %d: no cache, no measuring: the ring (%d)",
            world_rank, (int)chosen[2]);
   for (int i = 0; i < 3; ++i) attn_ctx_destroy(all[i]);
@@ -609,8 +672,10 @@ static void early_end(void) {
   spec.strategy = ATTN_DIST_STRATEGY_RING;
   MPI_Comm comm = MPI_COMM_WORLD;
   attn_dist_plan *plan = NULL;
-  attn_status st = attn_dist_plan_create(ctx, &p, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
-  tu_check(st == ATTN_STATUS_OK, "rank %d: early-end plan: %s", world_rank, attn_ctx_last_error(ctx));
+  attn_status st =
+      attn_dist_plan_create(ctx, &p, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
+  tu_check(st == ATTN_STATUS_OK, "rank %d: early-end plan: %s", world_rank,
+           attn_ctx_last_error(ctx));
   if (st != ATTN_STATUS_OK) return;
   attn_problem l;
   attn_dist_plan_local_problem(plan, &l, NULL);
@@ -627,7 +692,8 @@ static void early_end(void) {
   st = attn_dist_plan_forward(plan, &in, &o);
   attn_dist_stats stats;
   attn_dist_plan_last_stats(plan, &stats);
-  tu_check(st == ATTN_STATUS_OK && stats.steps == 2 && stats.bytes_sent > 0 && stats.total_seconds > 0,
+  tu_check(st == ATTN_STATUS_OK && stats.steps == 2 && stats.bytes_sent > 0 &&
+               stats.total_seconds > 0,
            "rank %d: a window ends the ring after 2 of %d steps (%d steps, %lld bytes)", world_rank,
            world_size, (int)stats.steps, (long long)stats.bytes_sent);
   tu_buf_free(&q), tu_buf_free(&k), tu_buf_free(&v), tu_buf_free(&out);
@@ -639,16 +705,20 @@ static void helpers(void) {
   const int64_t want[8] = {0, 1, 6, 7, 2, 3, 4, 5};
   int ok = 1;
   for (int r = 0; r < 2; ++r)
-    for (int i = 0; i < 4; ++i) ok &= attn_dist_layout_position(ATTN_DIST_LAYOUT_ZIGZAG, 2, 8, r, i) == want[r * 4 + i];
+    for (int i = 0; i < 4; ++i)
+      ok &= attn_dist_layout_position(ATTN_DIST_LAYOUT_ZIGZAG, 2, 8, r, i) == want[r * 4 + i];
   tu_check(ok, "zigzag positions");
   int32_t src[2 * 8], mid[2 * 8], back[2 * 8];
   for (int i = 0; i < 16; ++i) src[i] = i;
-  ok = attn_dist_permute_sequence(ATTN_DIST_LAYOUT_ZIGZAG, 2, 1, src, mid, 2, 8, sizeof(int32_t)) == ATTN_STATUS_OK &&
-       attn_dist_permute_sequence(ATTN_DIST_LAYOUT_ZIGZAG, 2, 0, mid, back, 2, 8, sizeof(int32_t)) == ATTN_STATUS_OK;
+  ok = attn_dist_permute_sequence(ATTN_DIST_LAYOUT_ZIGZAG, 2, 1, src, mid, 2, 8, sizeof(int32_t)) ==
+           ATTN_STATUS_OK &&
+       attn_dist_permute_sequence(ATTN_DIST_LAYOUT_ZIGZAG, 2, 0, mid, back, 2, 8,
+                                  sizeof(int32_t)) == ATTN_STATUS_OK;
   for (int i = 0; i < 8; ++i) ok &= mid[8 + i] == 8 + want[i];
   for (int i = 0; i < 16; ++i) ok &= back[i] == src[i];
   tu_check(ok, "permute into the zigzag layout and back");
-  tu_check(attn_dist_permute_sequence(ATTN_DIST_LAYOUT_ZIGZAG, 3, 1, src, mid, 1, 8, 4) == ATTN_STATUS_INVALID_ARGUMENT,
+  tu_check(attn_dist_permute_sequence(ATTN_DIST_LAYOUT_ZIGZAG, 3, 1, src, mid, 1, 8, 4) ==
+               ATTN_STATUS_INVALID_ARGUMENT,
            "permute refuses a length that does not divide");
 }
 

@@ -36,7 +36,9 @@ static tu_buf slice4(const tu_buf *g, const int64_t s[4], const int64_t at[4], c
     for (int64_t b = 0; b < n[1]; ++b)
       for (int64_t c = 0; c < n[2]; ++c)
         for (int64_t d = 0; d < n[3]; ++d)
-          tu_set(&out, e++, tu_get(g, (((at[0] + a) * s[1] + at[1] + b) * s[2] + at[2] + c) * s[3] + at[3] + d));
+          tu_set(
+              &out, e++,
+              tu_get(g, (((at[0] + a) * s[1] + at[1] + b) * s[2] + at[2] + c) * s[3] + at[3] + d));
   return out;
 }
 
@@ -63,7 +65,8 @@ static void compare(int dev, const char *what, const tu_buf *a, const tu_buf *r,
     if (!(e <= err)) err = e;
   }
   pthread_mutex_lock(&report_lock);
-  tu_check(err <= tol * scale, "gpu %d %s: max error %.3g (tolerance %.3g)", dev, what, err, tol * scale);
+  tu_check(err <= tol * scale, "gpu %d %s: max error %.3g (tolerance %.3g)", dev, what, err,
+           tol * scale);
   pthread_mutex_unlock(&report_lock);
 }
 
@@ -90,16 +93,21 @@ static void *run(void *arg) {
 
   /* The same global data on every thread. */
   tu_rng rng = tu_rng_make(1234);
-  tu_buf q = tu_buf_new(ATTN_DTYPE_BF16, B * T * HQ * D), k = tu_buf_new(ATTN_DTYPE_BF16, B * T * HKV * D);
-  tu_buf v = tu_buf_new(ATTN_DTYPE_BF16, B * T * HKV * D), dout = tu_buf_new(ATTN_DTYPE_BF16, B * T * HQ * D);
+  tu_buf q = tu_buf_new(ATTN_DTYPE_BF16, B * T * HQ * D),
+         k = tu_buf_new(ATTN_DTYPE_BF16, B * T * HKV * D);
+  tu_buf v = tu_buf_new(ATTN_DTYPE_BF16, B * T * HKV * D),
+         dout = tu_buf_new(ATTN_DTYPE_BF16, B * T * HQ * D);
   tu_buf bias = tu_buf_new(ATTN_DTYPE_BF16, HQ * T * T), sinks = tu_buf_new(ATTN_DTYPE_F32, HQ * S);
-  tu_fill_uniform(&q, &rng, -1, 1), tu_fill_uniform(&k, &rng, -1, 1), tu_fill_uniform(&v, &rng, -1, 1);
-  tu_fill_uniform(&dout, &rng, -1, 1), tu_fill_uniform(&bias, &rng, -1, 1), tu_fill_uniform(&sinks, &rng, -1, 1);
+  tu_fill_uniform(&q, &rng, -1, 1), tu_fill_uniform(&k, &rng, -1, 1),
+      tu_fill_uniform(&v, &rng, -1, 1);
+  tu_fill_uniform(&dout, &rng, -1, 1), tu_fill_uniform(&bias, &rng, -1, 1),
+      tu_fill_uniform(&sinks, &rng, -1, 1);
 
   /* The oracle: the global problem on this GPU alone. */
   void *dq_ = upload(&q), *dk_ = upload(&k), *dv_ = upload(&v), *ddout = upload(&dout);
   void *dbias_in = upload(&bias), *dsinks_in = upload(&sinks);
-  tu_buf zeros_o = tu_buf_new(ATTN_DTYPE_BF16, B * T * HQ * D), zeros_l = tu_buf_new(ATTN_DTYPE_F32, B * HQ * T);
+  tu_buf zeros_o = tu_buf_new(ATTN_DTYPE_BF16, B * T * HQ * D),
+         zeros_l = tu_buf_new(ATTN_DTYPE_F32, B * HQ * T);
   void *gout = upload(&zeros_o), *glse = upload(&zeros_l), *gdq = upload(&zeros_o);
   void *gdk = upload(&k), *gdv = upload(&v), *gdbias = upload(&bias), *gdsinks = upload(&sinks);
   attn_inputs in;
@@ -114,15 +122,20 @@ static void *run(void *arg) {
   g.dq = attn_tensor_dense(gdq), g.dk = attn_tensor_dense(gdk), g.dv = attn_tensor_dense(gdv);
   g.dbias = attn_tensor_dense(gdbias), g.dsinks = attn_tensor_dense(gdsinks);
   attn_tensor dout_t = attn_tensor_dense(ddout);
-  if (attn_forward(ctx, &p, &in, &o) != ATTN_STATUS_OK || attn_backward(ctx, &p, &in, &o, &dout_t, &g) != ATTN_STATUS_OK) {
+  if (attn_forward(ctx, &p, &in, &o) != ATTN_STATUS_OK ||
+      attn_backward(ctx, &p, &in, &o, &dout_t, &g) != ATTN_STATUS_OK) {
     pthread_mutex_lock(&report_lock);
-    fprintf(stderr, "gpu %d: the single-GPU problem does not run here (%s): skipped\n", dev, attn_ctx_last_error(ctx));
+    fprintf(stderr, "gpu %d: the single-GPU problem does not run here (%s): skipped\n", dev,
+            attn_ctx_last_error(ctx));
     skipped = 1;
     pthread_mutex_unlock(&report_lock);
   }
-  tu_buf r_out = download(gout, ATTN_DTYPE_BF16, B * T * HQ * D), r_lse = download(glse, ATTN_DTYPE_F32, B * HQ * T);
-  tu_buf r_dq = download(gdq, ATTN_DTYPE_BF16, B * T * HQ * D), r_dk = download(gdk, ATTN_DTYPE_BF16, B * T * HKV * D);
-  tu_buf r_dv = download(gdv, ATTN_DTYPE_BF16, B * T * HKV * D), r_dbias = download(gdbias, ATTN_DTYPE_BF16, HQ * T * T);
+  tu_buf r_out = download(gout, ATTN_DTYPE_BF16, B * T * HQ * D),
+         r_lse = download(glse, ATTN_DTYPE_F32, B * HQ * T);
+  tu_buf r_dq = download(gdq, ATTN_DTYPE_BF16, B * T * HQ * D),
+         r_dk = download(gdk, ATTN_DTYPE_BF16, B * T * HKV * D);
+  tu_buf r_dv = download(gdv, ATTN_DTYPE_BF16, B * T * HKV * D),
+         r_dbias = download(gdbias, ATTN_DTYPE_BF16, HQ * T * T);
   tu_buf r_dsinks = download(gdsinks, ATTN_DTYPE_F32, HQ * S);
 
   /* The distributed run: this GPU's shard. Every thread makes the same collective calls, even one
@@ -131,7 +144,8 @@ static void *run(void *arg) {
   attn_dist_spec_init(&spec);
   spec.axis_dim[0] = j->axis_dim;
   attn_dist_plan *plan = NULL;
-  attn_status st = attn_dist_plan_create(ctx, &p, &spec, ATTN_DIST_TRANSPORT_NCCL, &comms[dev], NULL, &plan);
+  attn_status st =
+      attn_dist_plan_create(ctx, &p, &spec, ATTN_DIST_TRANSPORT_NCCL, &comms[dev], NULL, &plan);
   pthread_mutex_lock(&report_lock);
   tu_check(st == ATTN_STATUS_OK || skipped, "gpu %d plan (%s): %s", dev,
            j->axis_dim == ATTN_DIST_DIM_BATCH ? "batch" : "heads", attn_ctx_last_error(ctx));
@@ -149,11 +163,13 @@ static void *run(void *arg) {
     const int64_t ab[4] = {0, h0, 0, 0}, nb[4] = {1, hl, T, T};
     const int64_t as[4] = {h0, 0, 0, 0}, ns[4] = {hl, S, 1, 1};
     tu_buf lq = slice4(&q, sq, aq, nq), lk = slice4(&k, sk, ak, nk), lv = slice4(&v, sk, ak, nk);
-    tu_buf ldout = slice4(&dout, sq, aq, nq), lbias = slice4(&bias, sb, ab, nb), lsinks = slice4(&sinks, ss, as, ns);
+    tu_buf ldout = slice4(&dout, sq, aq, nq), lbias = slice4(&bias, sb, ab, nb),
+           lsinks = slice4(&sinks, ss, as, ns);
     tu_buf zo = tu_buf_new(ATTN_DTYPE_BF16, lq.n), zl = tu_buf_new(ATTN_DTYPE_F32, bl * hl * T);
     void *xq = upload(&lq), *xk = upload(&lk), *xv = upload(&lv), *xdout = upload(&ldout);
     void *xbias = upload(&lbias), *xsinks = upload(&lsinks);
-    void *xout = upload(&zo), *xlse = upload(&zl), *xdq = upload(&zo), *xdk = upload(&lk), *xdv = upload(&lv);
+    void *xout = upload(&zo), *xlse = upload(&zl), *xdq = upload(&zo), *xdk = upload(&lk),
+         *xdv = upload(&lv);
     void *xdbias = upload(&lbias), *xdsinks = upload(&lsinks);
     attn_inputs li;
     attn_inputs_init(&li);
@@ -174,12 +190,16 @@ static void *run(void *arg) {
     tu_check(st == ATTN_STATUS_OK, "gpu %d runs: %s", dev, attn_ctx_last_error(ctx));
     pthread_mutex_unlock(&report_lock);
     if (st == ATTN_STATUS_OK && !skipped) {
-      tu_buf e_out = slice4(&r_out, sq, aq, nq), e_lse = slice4(&r_lse, sl, al, nl), e_dq = slice4(&r_dq, sq, aq, nq);
+      tu_buf e_out = slice4(&r_out, sq, aq, nq), e_lse = slice4(&r_lse, sl, al, nl),
+             e_dq = slice4(&r_dq, sq, aq, nq);
       tu_buf e_dk = slice4(&r_dk, sk, ak, nk), e_dv = slice4(&r_dv, sk, ak, nk);
       tu_buf e_dbias = slice4(&r_dbias, sb, ab, nb), e_dsinks = slice4(&r_dsinks, ss, as, ns);
-      tu_buf g_out = download(xout, ATTN_DTYPE_BF16, lq.n), g_lse = download(xlse, ATTN_DTYPE_F32, zl.n);
-      tu_buf g_dq = download(xdq, ATTN_DTYPE_BF16, lq.n), g_dk = download(xdk, ATTN_DTYPE_BF16, lk.n);
-      tu_buf g_dv = download(xdv, ATTN_DTYPE_BF16, lv.n), g_dbias = download(xdbias, ATTN_DTYPE_BF16, lbias.n);
+      tu_buf g_out = download(xout, ATTN_DTYPE_BF16, lq.n),
+             g_lse = download(xlse, ATTN_DTYPE_F32, zl.n);
+      tu_buf g_dq = download(xdq, ATTN_DTYPE_BF16, lq.n),
+             g_dk = download(xdk, ATTN_DTYPE_BF16, lk.n);
+      tu_buf g_dv = download(xdv, ATTN_DTYPE_BF16, lv.n),
+             g_dbias = download(xdbias, ATTN_DTYPE_BF16, lbias.n);
       tu_buf g_dsinks = download(xdsinks, ATTN_DTYPE_F32, lsinks.n);
       /* The same implementation on the same GPU kind: equal but for the order of the sums over
        * ranks (dbias, dsinks), so bf16's rounding is the tolerance. */
@@ -187,10 +207,12 @@ static void *run(void *arg) {
       compare(dev, "dq", &g_dq, &e_dq, 2e-2), compare(dev, "dk", &g_dk, &e_dk, 2e-2);
       compare(dev, "dv", &g_dv, &e_dv, 2e-2), compare(dev, "dbias", &g_dbias, &e_dbias, 2e-2);
       compare(dev, "dsinks", &g_dsinks, &e_dsinks, 1e-3);
-      tu_buf *bufs[] = {&e_out, &e_lse, &e_dq, &e_dk, &e_dv, &e_dbias, &e_dsinks, &g_out, &g_lse, &g_dq, &g_dk, &g_dv, &g_dbias, &g_dsinks};
+      tu_buf *bufs[] = {&e_out, &e_lse, &e_dq, &e_dk, &e_dv, &e_dbias, &e_dsinks,
+                        &g_out, &g_lse, &g_dq, &g_dk, &g_dv, &g_dbias, &g_dsinks};
       for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i) tu_buf_free(bufs[i]);
     }
-    void *dev_bufs[] = {xq, xk, xv, xdout, xbias, xsinks, xout, xlse, xdq, xdk, xdv, xdbias, xdsinks};
+    void *dev_bufs[] = {xq,   xk,  xv,  xdout, xbias,  xsinks, xout,
+                        xlse, xdq, xdk, xdv,   xdbias, xdsinks};
     for (size_t i = 0; i < sizeof dev_bufs / sizeof dev_bufs[0]; ++i) cudaFree(dev_bufs[i]);
     tu_buf *hb[] = {&lq, &lk, &lv, &ldout, &lbias, &lsinks, &zo, &zl};
     for (size_t i = 0; i < sizeof hb / sizeof hb[0]; ++i) tu_buf_free(hb[i]);
@@ -202,7 +224,8 @@ static void *run(void *arg) {
   if (dev == 1) odd.head_dim = 32;
   st = attn_dist_plan_create(ctx, &odd, &spec, ATTN_DIST_TRANSPORT_NCCL, &comms[dev], NULL, &plan);
   pthread_mutex_lock(&report_lock);
-  tu_check(st == ATTN_STATUS_INVALID_ARGUMENT && strstr(attn_ctx_last_error(ctx), "problem.head_dim"),
+  tu_check(st == ATTN_STATUS_INVALID_ARGUMENT &&
+               strstr(attn_ctx_last_error(ctx), "problem.head_dim"),
            "gpu %d: disagreeing ranks refused (%s)", dev, attn_ctx_last_error(ctx));
   pthread_mutex_unlock(&report_lock);
   attn_dist_plan_destroy(plan);
@@ -211,14 +234,16 @@ static void *run(void *arg) {
   spec.axis_dim[0] = ATTN_DIST_DIM_SEQUENCE;
   st = attn_dist_plan_create(ctx, &p, &spec, ATTN_DIST_TRANSPORT_NCCL, &comms[dev], NULL, &plan);
   pthread_mutex_lock(&report_lock);
-  tu_check(st == ATTN_STATUS_UNSUPPORTED, "gpu %d: sequence split of CUDA tensors refused (%s)", dev,
-           attn_ctx_last_error(ctx));
+  tu_check(st == ATTN_STATUS_UNSUPPORTED, "gpu %d: sequence split of CUDA tensors refused (%s)",
+           dev, attn_ctx_last_error(ctx));
   pthread_mutex_unlock(&report_lock);
   attn_dist_plan_destroy(plan);
 
-  void *dev_bufs[] = {dq_, dk_, dv_, ddout, dbias_in, dsinks_in, gout, glse, gdq, gdk, gdv, gdbias, gdsinks};
+  void *dev_bufs[] = {dq_,  dk_, dv_, ddout, dbias_in, dsinks_in, gout,
+                      glse, gdq, gdk, gdv,   gdbias,   gdsinks};
   for (size_t i = 0; i < sizeof dev_bufs / sizeof dev_bufs[0]; ++i) cudaFree(dev_bufs[i]);
-  tu_buf *hb[] = {&q, &k, &v, &dout, &bias, &sinks, &zeros_o, &zeros_l, &r_out, &r_lse, &r_dq, &r_dk, &r_dv, &r_dbias, &r_dsinks};
+  tu_buf *hb[] = {&q,     &k,     &v,    &dout, &bias, &sinks,   &zeros_o, &zeros_l,
+                  &r_out, &r_lse, &r_dq, &r_dk, &r_dv, &r_dbias, &r_dsinks};
   for (size_t i = 0; i < sizeof hb / sizeof hb[0]; ++i) tu_buf_free(hb[i]);
   attn_ctx_destroy(ctx);
   return NULL;
