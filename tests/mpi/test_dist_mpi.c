@@ -129,6 +129,13 @@ static int run_global(const attn_problem *p, uint64_t seed, global_data *g) {
   attn_inputs_init(&in);
   in.q = tu_tensor(&q), in.k = tu_tensor(&k), in.v = tu_tensor(&v);
   in.dropout_seed = 0x1234567890abcdefull;
+  int32_t *seqlens = NULL;
+  if (p->varlen == ATTN_VARLEN_PADDED) {
+    seqlens = malloc(2 * (size_t)B * sizeof *seqlens);
+    for (int64_t b = 0; b < B; ++b)
+      seqlens[b] = (int32_t)(Tq - b % 3), seqlens[B + b] = (int32_t)(Tk - 2 * (b % 2));
+    in.seqlens_q = seqlens, in.seqlens_k = seqlens + B;
+  }
   if (p->has_bias)
     bias = to_buf((attn_dtype)p->bias_dtype, g->bias, bias_numel(p->bias_shape)),
     in.bias = tu_tensor(&bias);
@@ -256,6 +263,16 @@ static void run_case(const dist_case *c, uint64_t seed) {
   attn_inputs_init(&in);
   in.q = tu_tensor(&q), in.k = tu_tensor(&k), in.v = tu_tensor(&v);
   in.dropout_seed = 0x1234567890abcdefull;
+  /* Padded varlen: the lengths of the local batch entries. */
+  int32_t *lens = NULL;
+  if (p->varlen == ATTN_VARLEN_PADDED) {
+    lens = malloc(2 * (size_t)mb.n * sizeof *lens);
+    for (int64_t b = 0; b < mb.n; ++b) {
+      const int64_t gb = mb.at[b];
+      lens[b] = (int32_t)(Tq - gb % 3), lens[mb.n + b] = (int32_t)(Tk - 2 * (gb % 2));
+    }
+    in.seqlens_q = lens, in.seqlens_k = lens + mb.n;
+  }
   tu_buf bias = {0}, mask = {0}, alibi = {0}, sinks = {0}, qseg = {0}, kseg = {0}, dbias = {0},
          dsinks = {0};
   double *lbias = NULL, *ldbias = NULL, *ldsinks = NULL;
@@ -349,6 +366,7 @@ static void run_case(const dist_case *c, uint64_t seed) {
     if (ldsinks) compare("dsinks", c->name, &dsinks, ldsinks, nsinks, 3 * tol);
   }
   attn_dist_plan_destroy(plan);
+  free(lens);
   tu_buf *bufs[] = {&q,    &k,     &v,      &dout, &bias, &mask, &alibi, &sinks, &qseg,
                     &kseg, &dbias, &dsinks, &out,  &lse,  &dq,   &dk,    &dv};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i)
@@ -389,7 +407,8 @@ enum {
   F_CROSS = 1024,
   F_SHARED_SINKS = 2048,
   F_BIAS_BCAST = 4096,
-  F_BIAS_ROWS = 8192
+  F_BIAS_ROWS = 8192,
+  F_PADDED = 16384
 };
 
 static attn_problem with_features(attn_problem p, int f) {
@@ -422,6 +441,7 @@ static attn_problem with_features(attn_problem p, int f) {
   if (f & F_SEGMENTS) p.has_segment_ids = 1;
   if (f & F_SOFTCAP) p.softcap = 2.0;
   if (f & F_DROPOUT) p.dropout_p = 0.3;
+  if (f & F_PADDED) p.varlen = ATTN_VARLEN_PADDED;
   return p;
 }
 
@@ -446,6 +466,7 @@ static const struct {
     {"softcap", F_SOFTCAP},
     {"dropout", F_DROPOUT},
     {"dropout-causal", F_DROPOUT | F_CAUSAL},
+    {"padded", F_PADDED | F_CAUSAL | F_DROPOUT},
     {"everything",
      F_CAUSAL | F_ALIBI | F_BIAS | F_MASK | F_SINKS | F_SEGMENTS | F_SOFTCAP | F_DROPOUT},
 };
@@ -501,6 +522,12 @@ static void grid(uint64_t seed) {
     for (size_t f = 0; f < sizeof feature_sets / sizeof feature_sets[0]; ++f) {
       const int feat = feature_sets[f].features;
       if ((feat & F_CROSS) && meshes[m].spec.layout == ATTN_DIST_LAYOUT_ZIGZAG) continue;
+      /* Padded varlen under a split sequence is refused (checked below); batch and heads run it. */
+      int seq_split = 0;
+      for (int a = 0; a < meshes[m].spec.num_axes; ++a)
+        seq_split |= meshes[m].spec.axis_dim[a] == ATTN_DIST_DIM_SEQUENCE &&
+                     meshes[m].spec.axis_size[a] != 1;
+      if ((feat & F_PADDED) && seq_split) continue;
       dist_case c;
       memset(&c, 0, sizeof c);
       char name[160];
@@ -576,6 +603,22 @@ static void refusals(void) {
   st = attn_dist_plan_create(ctx, &p, &bad, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
   tu_check(st == ATTN_STATUS_INVALID_ARGUMENT && strstr(attn_ctx_last_error(ctx), "communicator"),
            "rank %d: mesh of the wrong size refused (%s)", world_rank, attn_ctx_last_error(ctx));
+
+  /* What the layer cannot run is UNSUPPORTED with the reason, on every rank. */
+  odd = p;
+  odd.varlen = ATTN_VARLEN_PADDED;
+  st = attn_dist_plan_create(ctx, &odd, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
+  tu_check(st == ATTN_STATUS_UNSUPPORTED && strstr(attn_ctx_last_error(ctx), "varlen"),
+           "rank %d: padded varlen under a split sequence refused (%s)", world_rank,
+           attn_ctx_last_error(ctx));
+  attn_dist_spec a2a = spec;
+  a2a.strategy = ATTN_DIST_STRATEGY_ALL_TO_ALL;
+  odd = p;
+  odd.heads_kv = 1, odd.heads_q = 2;
+  st = attn_dist_plan_create(ctx, &odd, &a2a, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
+  tu_check(st == ATTN_STATUS_INVALID_ARGUMENT && strstr(attn_ctx_last_error(ctx), "all-to-all"),
+           "rank %d: all-to-all with fewer KV heads than ranks refused (%s)", world_rank,
+           attn_ctx_last_error(ctx));
 
   /* A peer that never joins the run: rank 0 gets IO_ERROR after the timeout, not a hang. */
   spec.timeout_seconds = 1.0;
