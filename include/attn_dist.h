@@ -30,7 +30,8 @@
  * Shards. A mesh axis of size n that splits
  *   - BATCH: rank with coordinate c holds batch entries [c B/n, (c+1) B/n) of every tensor with a
  *     batch dimension of size B (bias, mask with batch dim 1 are replicated), alibi slopes [B, Hq]
- *     included; packed varlen: the sequences of its batch slice, with its own cu_seqlens from 0;
+ *     included; padded varlen: its entries' seqlens; packed varlen: the sequences of its batch
+ *     slice, with its own cu_seqlens from 0 (the local totals may differ per rank and per run);
  *   - HEADS: whole KV groups: KV heads [c Hkv/n, (c+1) Hkv/n) and their query heads; q, out, lse,
  *     alibi slopes, per-head sinks, bias and mask of head dim Hq or Hkv are sliced, dims of 1
  *     replicated, shared sinks replicated;

@@ -45,6 +45,12 @@ struct attn_dist_plan {
 
   attn_dist_stats stats; /* of the last run */
 
+  /* The caller's selection, kept to re-plan the local problem of a packed varlen batch split,
+   * whose total_q and total_k are those of each run's cu_seqlens. */
+  int has_select;
+  attn_select select;
+  char select_impl[128], select_config[128];
+
   int broken; /* a transfer failed: the peers' state is unknown, further runs are refused */
 };
 

@@ -293,10 +293,10 @@ static attn_status make_local(attn_dist_plan *plan, int32_t world_rank) {
                      "heads_kv=%lld is not a multiple of the %d ranks that split heads (heads are "
                      "split in whole KV groups)",
                      (long long)g->heads_kv, (int)plan->nh);
-  if (g->varlen == ATTN_VARLEN_PACKED && (plan->nb > 1 || plan->ns > 1 || plan->nh > 1))
+  if (g->varlen == ATTN_VARLEN_PACKED && plan->ns > 1)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
-                     "varlen=packed under a split: not implemented yet (each rank's total_q and "
-                     "total_k differ); use padded varlen or dense tensors with segment ids");
+                     "varlen=packed under a split sequence: not implemented yet (each sequence "
+                     "would be cut into 2n chunks); use segment ids on dense tensors");
   if (plan->ns > 1) {
     const int64_t parts = (int64_t)plan->ns * plan->chunks;
     if (g->seqlen_q % parts != 0 || g->seqlen_k % parts != 0)
@@ -493,6 +493,18 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
   if (plan == NULL) return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory making a plan");
   plan->ctx = ctx;
   plan->ops = ops;
+  if (select != NULL) {
+    plan->has_select = 1;
+    plan->select = *select;
+    if (select->impl != NULL) {
+      snprintf(plan->select_impl, sizeof plan->select_impl, "%s", select->impl);
+      plan->select.impl = plan->select_impl;
+    }
+    if (select->config != NULL) {
+      snprintf(plan->select_config, sizeof plan->select_config, "%s", select->config);
+      plan->select.config = plan->select_config;
+    }
+  }
   status = (attn_status)ops->create(comm, &plan->world, why, sizeof why);
   if (status != ATTN_STATUS_OK) {
     free(plan);
@@ -738,6 +750,29 @@ static attn_status reduce_dbias_tensor(attn_dist_plan *plan, const attn_tensor *
                        (attn_dtype)plan->local.bias_dtype, "dbias");
 }
 
+/* Packed varlen with the batch split: the rank's sequences hold cu_seqlens_q[B] and cu_seqlens_k[B]
+ * rows, which differ from rank to rank and may differ from run to run; the local plan is made
+ * again whenever they change (plan creation needs no peer here: the sequence is not split). */
+static attn_status replan_packed(attn_dist_plan *plan, const attn_inputs *in) {
+  attn_problem *l = &plan->local;
+  if (l->varlen != ATTN_VARLEN_PACKED || plan->nb == 1) return ATTN_STATUS_OK;
+  if (in->cu_seqlens_q == NULL || in->cu_seqlens_k == NULL)
+    return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                     "inputs.%s is NULL: packed varlen needs this rank's cu_seqlens",
+                     in->cu_seqlens_q == NULL ? "cu_seqlens_q" : "cu_seqlens_k");
+  const int64_t tq = in->cu_seqlens_q[l->batch], tk = in->cu_seqlens_k[l->batch];
+  if (tq == l->total_q && tk == l->total_k) return ATTN_STATUS_OK;
+  attn_problem next = *l;
+  next.total_q = tq, next.total_k = tk;
+  attn_plan *made = NULL;
+  attn_status status = plan_sub(plan, &next, plan->has_select ? &plan->select : NULL, &made);
+  if (status != ATTN_STATUS_OK) return status;
+  attn_plan_destroy(plan->local_plan);
+  plan->local_plan = made;
+  *l = next;
+  return ATTN_STATUS_OK;
+}
+
 static attn_status check_run(attn_dist_plan *plan) {
   if (plan->broken)
     return attn_fail(plan->ctx, ATTN_STATUS_IO_ERROR,
@@ -761,6 +796,8 @@ attn_status attn_dist_plan_forward(attn_dist_plan *plan, const attn_inputs *inpu
                  ? attn_dist_ulysses_forward(plan, inputs, outputs)
                  : attn_dist_ring_forward(plan, inputs, outputs);
   } else {
+    status = replan_packed(plan, inputs);
+    if (status != ATTN_STATUS_OK) return status;
     attn_positions pos = local_positions(plan);
     if (needs_positions(plan)) attn_plan_set_positions(plan->local_plan, &pos);
     status = attn_plan_forward(plan->local_plan, inputs, NULL, 0, outputs);
@@ -797,6 +834,8 @@ attn_status attn_dist_plan_backward(attn_dist_plan *plan, const attn_inputs *inp
     plan->stats.total_seconds = attn_dist_now() - start;
     return status;
   }
+  status = replan_packed(plan, inputs);
+  if (status != ATTN_STATUS_OK) return status;
   attn_positions pos = local_positions(plan);
   if (needs_positions(plan)) attn_plan_set_positions(plan->local_plan, &pos);
   status = attn_plan_backward(plan->local_plan, inputs, forward, dout, NULL, 0, grads);

@@ -708,6 +708,122 @@ static void auto_strategy(uint64_t seed) {
 /* The ring ends early when a window hides the rest: causal with 2 keys of left window, contiguous
  * chunks of 8: every query sees its own chunk and the last keys of the previous one, so 2 steps
  * run whatever the ranks; the stats of the run say so. */
+/* Packed varlen (THD) under a batch split (each rank its own sequences, cu_seqlens from 0, and
+ * a local total that differs per rank) and a head split (every sequence, some heads): causal and
+ * dropout, against the single-process packed problem. */
+static void packed(int dim, uint64_t seed) {
+  const int64_t B = world_size, Hkv = world_size, Hq = 2 * world_size, D = 5, Dv = 7;
+  int32_t cq[64], ck[64];
+  cq[0] = ck[0] = 0;
+  int64_t max_q = 0, max_k = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t lq = 5 + 3 * b, lk = 7 + 2 * b;
+    cq[b + 1] = cq[b] + (int32_t)lq, ck[b + 1] = ck[b] + (int32_t)lk;
+    max_q = lq > max_q ? lq : max_q, max_k = lk > max_k ? lk : max_k;
+  }
+  attn_problem p;
+  attn_problem_init(&p);
+  p.batch = B, p.heads_q = Hq, p.heads_kv = Hkv, p.head_dim = D, p.head_dim_v = Dv;
+  p.seqlen_q = max_q, p.seqlen_k = max_k, p.causal = 1, p.dropout_p = 0.2;
+  p.varlen = ATTN_VARLEN_PACKED, p.total_q = cq[B], p.total_k = ck[B];
+  const int64_t Tq = cq[B], Tk = ck[B];
+  tu_rng rng = tu_rng_make(seed);
+  tu_buf q = tu_buf_new(ATTN_DTYPE_F32, Tq * Hq * D), k = tu_buf_new(ATTN_DTYPE_F32, Tk * Hkv * D);
+  tu_buf v = tu_buf_new(ATTN_DTYPE_F32, Tk * Hkv * Dv),
+         dout = tu_buf_new(ATTN_DTYPE_F32, Tq * Hq * Dv);
+  tu_fill_uniform(&q, &rng, -1, 1), tu_fill_uniform(&k, &rng, -1, 1);
+  tu_fill_uniform(&v, &rng, -1, 1), tu_fill_uniform(&dout, &rng, -1, 1);
+  tu_buf out = tu_buf_new(ATTN_DTYPE_F32, Tq * Hq * Dv), lse = tu_buf_new(ATTN_DTYPE_F32, Hq * Tq);
+  tu_buf dq = tu_buf_new(ATTN_DTYPE_F32, Tq * Hq * D),
+         dk = tu_buf_new(ATTN_DTYPE_F32, Tk * Hkv * D);
+  tu_buf dv = tu_buf_new(ATTN_DTYPE_F32, Tk * Hkv * Dv);
+  attn_inputs in;
+  attn_inputs_init(&in);
+  in.q = tu_tensor(&q), in.k = tu_tensor(&k), in.v = tu_tensor(&v);
+  in.cu_seqlens_q = cq, in.cu_seqlens_k = ck, in.dropout_seed = 77;
+  attn_outputs o;
+  attn_outputs_init(&o);
+  o.out = tu_tensor(&out), o.lse = tu_tensor(&lse);
+  attn_grads g;
+  attn_grads_init(&g);
+  g.dq = tu_tensor(&dq), g.dk = tu_tensor(&dk), g.dv = tu_tensor(&dv);
+  attn_tensor dt = tu_tensor(&dout);
+  int ok = attn_forward(ctx, &p, &in, &o) == ATTN_STATUS_OK &&
+           attn_backward(ctx, &p, &in, &o, &dt, &g) == ATTN_STATUS_OK;
+  tu_check(ok, "rank %d packed: global run: %s", world_rank, attn_ctx_last_error(ctx));
+  /* This rank's slice: its sequences' rows (batch split) or its heads (head split). */
+  const int by_batch = dim == ATTN_DIST_DIM_BATCH;
+  const int64_t b0 = by_batch ? world_rank : 0, nb = by_batch ? 1 : B;
+  imap rq = map_range(cq[b0], cq[b0 + nb] - cq[b0]), rk = map_range(ck[b0], ck[b0 + nb] - ck[b0]);
+  imap hq = by_batch ? map_range(0, Hq) : map_range(world_rank * 2, 2);
+  imap hk = by_batch ? map_range(0, Hkv) : map_range(world_rank, 1);
+  imap m1 = map_range(0, 1), md = map_range(0, D), mdv = map_range(0, Dv);
+  double *gq = malloc((size_t)q.n * sizeof(double)), *gk = malloc((size_t)k.n * sizeof(double));
+  double *gv = malloc((size_t)v.n * sizeof(double)), *gd = malloc((size_t)dout.n * sizeof(double));
+  double *go = malloc((size_t)out.n * sizeof(double)), *gl = malloc((size_t)lse.n * sizeof(double));
+  double *gdq = malloc((size_t)dq.n * sizeof(double)), *gdk = malloc((size_t)dk.n * sizeof(double));
+  double *gdv = malloc((size_t)dv.n * sizeof(double));
+  const tu_buf *src[] = {&q, &k, &v, &dout, &out, &lse, &dq, &dk, &dv};
+  double *dst[] = {gq, gk, gv, gd, go, gl, gdq, gdk, gdv};
+  for (int i = 0; i < 9; ++i)
+    for (int64_t e = 0; e < src[i]->n; ++e) dst[i][e] = tu_get(src[i], e);
+  const int64_t sq[4] = {1, Tq, Hq, D}, sk[4] = {1, Tk, Hkv, D}, sv[4] = {1, Tk, Hkv, Dv};
+  const int64_t so[4] = {1, Tq, Hq, Dv}, sl[4] = {1, Hq, Tq, 1};
+  const imap *mq[4] = {&m1, &rq, &hq, &md}, *mk[4] = {&m1, &rk, &hk, &md};
+  const imap *mv[4] = {&m1, &rk, &hk, &mdv}, *mo[4] = {&m1, &rq, &hq, &mdv};
+  const imap *ml[4] = {&m1, &hq, &rq, &m1};
+  double *lq = gather4(gq, sq, mq), *lk = gather4(gk, sk, mk), *lv = gather4(gv, sv, mv);
+  double *ld = gather4(gd, so, mo), *lo = gather4(go, so, mo), *ll = gather4(gl, sl, ml);
+  double *ldq = gather4(gdq, sq, mq), *ldk = gather4(gdk, sk, mk), *ldv = gather4(gdv, sv, mv);
+  const int64_t nq = rq.n * hq.n * D, nk = rk.n * hk.n * D, nv = rk.n * hk.n * Dv;
+  const int64_t no = rq.n * hq.n * Dv, nl = hq.n * rq.n;
+  int32_t lcq[64], lck[64];
+  for (int64_t b = 0; b <= nb; ++b) lcq[b] = cq[b0 + b] - cq[b0], lck[b] = ck[b0 + b] - ck[b0];
+  tu_buf xq = to_buf(ATTN_DTYPE_F32, lq, nq), xk = to_buf(ATTN_DTYPE_F32, lk, nk);
+  tu_buf xv = to_buf(ATTN_DTYPE_F32, lv, nv), xd = to_buf(ATTN_DTYPE_F32, ld, no);
+  tu_buf xo = tu_buf_new(ATTN_DTYPE_F32, no), xl = tu_buf_new(ATTN_DTYPE_F32, nl);
+  tu_buf xdq = tu_buf_new(ATTN_DTYPE_F32, nq), xdk = tu_buf_new(ATTN_DTYPE_F32, nk);
+  tu_buf xdv = tu_buf_new(ATTN_DTYPE_F32, nv);
+  attn_dist_spec spec = spec_1d(dim, 0);
+  MPI_Comm comm = MPI_COMM_WORLD;
+  attn_dist_plan *plan = NULL;
+  attn_status st =
+      attn_dist_plan_create(ctx, &p, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
+  const char *name = by_batch ? "packed/batch" : "packed/heads";
+  tu_check(st == ATTN_STATUS_OK, "rank %d %s: plan: %s", world_rank, name,
+           attn_ctx_last_error(ctx));
+  if (st == ATTN_STATUS_OK) {
+    attn_inputs li;
+    attn_inputs_init(&li);
+    li.q = tu_tensor(&xq), li.k = tu_tensor(&xk), li.v = tu_tensor(&xv);
+    li.cu_seqlens_q = lcq, li.cu_seqlens_k = lck, li.dropout_seed = 77;
+    attn_outputs lout;
+    attn_outputs_init(&lout);
+    lout.out = tu_tensor(&xo), lout.lse = tu_tensor(&xl);
+    attn_grads lg;
+    attn_grads_init(&lg);
+    lg.dq = tu_tensor(&xdq), lg.dk = tu_tensor(&xdk), lg.dv = tu_tensor(&xdv);
+    attn_tensor ldt = tu_tensor(&xd);
+    st = attn_dist_plan_forward(plan, &li, &lout);
+    if (st == ATTN_STATUS_OK) st = attn_dist_plan_backward(plan, &li, &lout, &ldt, &lg);
+    tu_check(st == ATTN_STATUS_OK, "rank %d %s: runs: %s", world_rank, name,
+             attn_ctx_last_error(ctx));
+    if (st == ATTN_STATUS_OK) {
+      compare("out", name, &xo, lo, no, 1e-4), compare("lse", name, &xl, ll, nl, 1e-4);
+      compare("dq", name, &xdq, ldq, nq, 3e-4), compare("dk", name, &xdk, ldk, nk, 3e-4);
+      compare("dv", name, &xdv, ldv, nv, 3e-4);
+    }
+  }
+  attn_dist_plan_destroy(plan);
+  tu_buf *bufs[] = {&q,  &k,  &v,  &dout, &out, &lse, &dq,  &dk,  &dv,
+                    &xq, &xk, &xv, &xd,   &xo,  &xl,  &xdq, &xdk, &xdv};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i) tu_buf_free(bufs[i]);
+  double *arrays[] = {gq, gk, gv, gd, go, gl, gdq, gdk, gdv, lq, lk, lv, ld, lo, ll, ldq, ldk, ldv};
+  for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; ++i) free(arrays[i]);
+  imap *maps[] = {&rq, &rk, &hq, &hk, &m1, &md, &mdv};
+  for (size_t i = 0; i < sizeof maps / sizeof maps[0]; ++i) free(maps[i]->at);
+}
+
 static void early_end(void) {
   attn_problem p = with_features(base_problem(world_size), F_CAUSAL);
   p.window_left = 2;
@@ -786,6 +902,8 @@ int main(int argc, char **argv) {
     helpers();
     auto_strategy(seed);
     early_end();
+    packed(ATTN_DIST_DIM_BATCH, seed + 200);
+    packed(ATTN_DIST_DIM_HEADS, seed + 201);
     grid(seed);
     refusals();
   }
