@@ -308,6 +308,14 @@ static attn_status finish_shift(ring *g, transfer *t, int32_t to, int32_t from) 
   return status;
 }
 
+/* Between blocks: gives the transport a chance to move the transfers in flight along (MPI's
+ * rendezvous protocols often copy only inside MPI calls), so they overlap the next block. */
+static void progress(ring *g, const transfer *t) {
+  if (g->plan->ops->progress == NULL) return;
+  if (t->recv != NULL) g->plan->ops->progress(g->plan->seq_comm, t->recv);
+  if (t->send != NULL) g->plan->ops->progress(g->plan->seq_comm, t->send);
+}
+
 /* After a failed block, the transfers in flight still have to be waited for (briefly) so their
  * buffers are not freed under MPI; the plan is marked broken either way. */
 static void abandon(ring *g, transfer *t) {
@@ -376,6 +384,7 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
           status = attn_plan_forward(plan->block_plan, &bi, NULL, 0, &bo);
         plan->stats.compute_seconds += attn_dist_now() - t0;
         if (status == ATTN_STATUS_OK) merge(&g, ob, lb, (int64_t)a * g.nq, g.nq, ao, al);
+        progress(&g, &t);
       }
     if (status != ATTN_STATUS_OK) {
       abandon(&g, &t);
@@ -548,6 +557,8 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
         if (status == ATTN_STATUS_OK)
           status = attn_plan_backward(plan->block_plan, &bi, &bf, &bd, NULL, 0, &bg);
         plan->stats.compute_seconds += attn_dist_now() - t0;
+        progress(&g, &t);
+        progress(&g, &dt);
         if (status == ATTN_STATUS_OK) {
           add_rows(&g, dqa, g.Tq, q_row, g.nq, g.Hq, g.D, qb);
           /* dK and dV of the slice in hand: [B, Tk, Hkv, D] then [B, Tk, Hkv, Dv]. */

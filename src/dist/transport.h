@@ -54,6 +54,9 @@ typedef struct attn_transport_ops {
    * point-to-point operations must be grouped to make a ring without deadlock. */
   int32_t (*shift)(void *self, const void *send_buf, int32_t to, void *recv_buf, int32_t from,
                    size_t bytes, int32_t tag, void **request, char *why, size_t why_size);
+  /* Optional (NULL: nothing to do): lets the library move a request along without waiting, for
+   * MPI builds whose large transfers progress only inside MPI calls. The request stays valid. */
+  void (*progress)(void *self, void *request);
   /* Completes and releases a request; IO_ERROR after timeout_s seconds without completion. */
   int32_t (*wait)(void *self, void *request, double timeout_s, char *why, size_t why_size);
   /* Every rank's `bytes` bytes of send, concatenated in rank order into recv. Collective. */

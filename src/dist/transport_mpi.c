@@ -175,6 +175,14 @@ static int32_t mpi_irecv(void *self, void *buf, size_t bytes, int32_t peer, int3
   return ATTN_STATUS_OK;
 }
 
+static void mpi_progress(void *self, void *request) {
+  (void)self;
+  if (request == NULL) return;
+  int done = 0;
+  /* A completed request becomes MPI_REQUEST_NULL, which the later wait sees as complete. */
+  MPI_Test((MPI_Request *)request, &done, MPI_STATUS_IGNORE);
+}
+
 static int32_t mpi_wait(void *self, void *request, double timeout_s, char *why, size_t why_size) {
   (void)self;
   if (request == NULL) return ATTN_STATUS_OK;
@@ -237,6 +245,7 @@ static const attn_transport_ops mpi_ops = {
     .isend = mpi_isend,
     .irecv = mpi_irecv,
     .shift = NULL, /* MPI pairs an Irecv and an Isend without deadlock */
+    .progress = mpi_progress,
     .wait = mpi_wait,
     .allgather = mpi_allgather,
     .alltoall = mpi_alltoall,

@@ -344,6 +344,7 @@ static const attn_transport_ops nccl_ops = {
     .isend = t_isend,
     .irecv = t_irecv,
     .shift = t_shift,
+    .progress = NULL, /* NCCL progresses on its own kernels */
     .wait = t_wait,
     .allgather = t_allgather,
     .alltoall = t_alltoall,
