@@ -113,7 +113,10 @@ typedef enum attn_dist_layout {
 
 /* The mesh and its PartitionSpec. Ranks are numbered by the communicator; rank r has coordinates
  * (c_0, ..., c_{A-1}) with r = sum_a c_a * prod_{a' > a} axis_size[a'] (the last axis varies
- * fastest). Each of batch, heads and sequence is split by one axis at most. */
+ * fastest). Batch and heads are split by one axis at most; the sequence by two: the outer runs
+ * the ring (over groups of ranks), the inner the all-to-all (within each group), as unified
+ * sequence parallelism does (all-to-all inside a node, ring across nodes); strategy must then be
+ * AUTO or RING, and the local heads_kv a multiple of the inner axis's size. */
 typedef struct attn_dist_spec {
   int32_t num_axes;                      /* 1 .. ATTN_DIST_MAX_AXES; default 1 */
   int32_t axis_size[ATTN_DIST_MAX_AXES]; /* ranks along each axis, >= 1, product = communicator
@@ -158,6 +161,13 @@ ATTN_API void attn_dist_plan_destroy(attn_dist_plan *plan);
 ATTN_API attn_status attn_dist_plan_local_problem(const attn_dist_plan *plan,
                                                   attn_problem *local /* out */,
                                                   int32_t *coords /* out */);
+
+/* The global position of local position `index` of this rank along a split sequence of global
+ * length seqlen (pass seqlen_q for query rows, seqlen_k for keys); -1 out of range. With one
+ * sequence axis this is attn_dist_layout_position of the rank's place along it; with two (ring
+ * over the outer axis, all-to-all over the inner) the layout's chunks of each ring rank are cut in
+ * inner-axis-many parts and inner rank a holds part a of each. */
+ATTN_API int64_t attn_dist_plan_position(const attn_dist_plan *plan, int64_t seqlen, int64_t index);
 
 /* The plan's sequence strategy (attn_dist_strategy, never AUTO) and the name of the local blocks'
  * implementation ("cpu", "ref"). */

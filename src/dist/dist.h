@@ -26,6 +26,16 @@ struct attn_dist_plan {
   int64_t b0, h0;     /* global index of the local batch entry 0 and query head 0 */
   int32_t strategy, layout, chunks; /* chunks: sequence chunks per rank (2 for zigzag) */
 
+  /* The ring's view of the problem. A plain ring: the local problem over the sequence ranks. The
+   * hybrid (two sequence axes): the all-to-all over the inner axis first makes each rank hold its
+   * ring group's whole slice for 1/n_inner of the heads, and the ring runs over the outer axis. */
+  attn_problem ring_local;
+  int32_t ring_n, ring_r;     /* ranks of the ring and this rank's place in it */
+  int64_t ring_head0;         /* global index of the ring problem's query head 0 */
+  int hybrid;                 /* two sequence axes: outer ring, inner all-to-all */
+  int32_t a2a_n, a2a_r;       /* the all-to-all's ranks and this rank's place (hybrid) */
+  void *ring_comm, *a2a_comm; /* the rings's and (hybrid) the all-to-all's ranks */
+
   const attn_transport_ops *ops;
   void *world;      /* the transport's communicator over every rank */
   void *seq_comm;   /* the ranks of this rank's sequence ring (NULL when ns == 1) */

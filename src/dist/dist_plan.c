@@ -97,9 +97,9 @@ attn_status attn_dist_permute_sequence(int32_t layout, int32_t num_ranks, int32_
 }
 
 int64_t attn_dist_chunk_start(const attn_dist_plan *plan, int64_t T, int32_t r, int32_t chunk) {
-  const int64_t chunk_len = T / ((int64_t)plan->ns * plan->chunks);
+  const int64_t chunk_len = T / ((int64_t)plan->ring_n * plan->chunks);
   if (plan->layout == ATTN_DIST_LAYOUT_ZIGZAG)
-    return (chunk == 0 ? r : 2 * (int64_t)plan->ns - 1 - r) * chunk_len;
+    return (chunk == 0 ? r : 2 * (int64_t)plan->ring_n - 1 - r) * chunk_len;
   return (int64_t)r * chunk_len;
 }
 
@@ -222,10 +222,12 @@ static attn_status check_spec(attn_ctx *ctx, const attn_dist_spec *in, int32_t w
           ctx, ATTN_STATUS_INVALID_ARGUMENT,
           "spec.axis_dim[%d]=%d is not an attn_dist_dim (NONE, BATCH, HEADS, SEQUENCE)", a,
           (int)in->axis_dim[a]);
-    if (in->axis_dim[a] != ATTN_DIST_DIM_NONE && seen[in->axis_dim[a]]++)
+    /* The sequence may be split by two axes: the outer runs the ring, the inner the all-to-all. */
+    if (in->axis_dim[a] != ATTN_DIST_DIM_NONE &&
+        ++seen[in->axis_dim[a]] > (in->axis_dim[a] == ATTN_DIST_DIM_SEQUENCE ? 2 : 1))
       return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                        "spec.axis_dim[%d]=%d: that dimension is already split by another axis; "
-                       "each of batch, heads and sequence is split by one axis at most",
+                       "batch and heads are split by one axis at most, the sequence by two",
                        a, (int)in->axis_dim[a]);
     if (in->axis_size[a] < 0 || (in->axis_size[a] == 0 && a != 0))
       return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
@@ -274,11 +276,23 @@ static attn_status make_local(attn_dist_plan *plan, int32_t world_rank) {
     plan->coords[a] = rest % s->axis_size[a];
     rest /= s->axis_size[a];
   }
+  int32_t seq_axes = 0, seq_n[2] = {1, 1}, seq_c[2] = {0, 0};
   for (int a = 0; a < s->num_axes; ++a) {
     if (s->axis_dim[a] == ATTN_DIST_DIM_BATCH) plan->nb = s->axis_size[a], cb = plan->coords[a];
     if (s->axis_dim[a] == ATTN_DIST_DIM_HEADS) plan->nh = s->axis_size[a], ch = plan->coords[a];
-    if (s->axis_dim[a] == ATTN_DIST_DIM_SEQUENCE) plan->ns = s->axis_size[a], cs = plan->coords[a];
+    if (s->axis_dim[a] == ATTN_DIST_DIM_SEQUENCE)
+      seq_n[seq_axes] = s->axis_size[a], seq_c[seq_axes] = plan->coords[a], ++seq_axes;
   }
+  /* One sequence axis: the ring (or the all-to-all) over it. Two: the outer is the ring over
+   * groups, the inner the all-to-all within each group; the rank's place along the whole
+   * sequence split is group-major. */
+  plan->ns = seq_n[0] * seq_n[1];
+  cs = seq_c[0] * seq_n[1] + seq_c[1];
+  plan->hybrid = seq_axes == 2 && seq_n[1] > 1;
+  plan->ring_n = plan->hybrid ? seq_n[0] : plan->ns;
+  plan->ring_r = plan->hybrid ? seq_c[0] : cs;
+  plan->a2a_n = plan->hybrid ? seq_n[1] : 1;
+  plan->a2a_r = plan->hybrid ? seq_c[1] : 0;
   plan->seq_rank = cs;
   plan->layout = s->layout;
   plan->chunks = s->layout == ATTN_DIST_LAYOUT_ZIGZAG ? 2 : 1;
@@ -313,6 +327,16 @@ static attn_status make_local(attn_dist_plan *plan, int32_t world_rank) {
     if (g->varlen != ATTN_VARLEN_NONE)
       return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                        "varlen under sequence sharding: not implemented yet; use segment ids");
+    if (plan->hybrid && s->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL)
+      return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                       "spec.strategy=all-to-all with two sequence axes: the outer axis runs the "
+                       "ring and the inner the all-to-all; leave strategy AUTO (or RING)");
+    if (plan->hybrid && (g->heads_kv / plan->nh) % plan->a2a_n != 0)
+      return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                       "the %lld local KV heads are not a multiple of the %d ranks of the inner "
+                       "sequence axis, whose all-to-all gives each whole KV groups",
+                       (long long)(g->heads_kv / plan->nh), (int)plan->a2a_n);
+    if (plan->hybrid) plan->strategy = ATTN_DIST_STRATEGY_RING;
     if (plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL && (g->heads_kv / plan->nh) % plan->ns != 0)
       return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                        "strategy=all-to-all: the %lld local KV heads are not a multiple of the %d "
@@ -341,7 +365,41 @@ static attn_status make_local(attn_dist_plan *plan, int32_t world_rank) {
       sh[1] = l->heads_kv;
     if (sh[2] == g->seqlen_q && sh[2] != 1) sh[2] = l->seqlen_q;
   }
+  /* The ring's problem: the local one, or (hybrid) the ring group's slice of the sequence for
+   * 1/n_inner of the local heads. */
+  attn_problem *r = &plan->ring_local;
+  *r = *l;
+  plan->ring_head0 = plan->h0;
+  if (plan->hybrid) {
+    r->heads_kv = l->heads_kv / plan->a2a_n;
+    r->heads_q = l->heads_q / plan->a2a_n;
+    r->seqlen_q = g->seqlen_q / plan->ring_n;
+    r->seqlen_k = g->seqlen_k / plan->ring_n;
+    plan->ring_head0 = plan->h0 + (int64_t)plan->a2a_r * r->heads_q;
+    int64_t *rs[2] = {r->bias_shape, r->mask_shape};
+    for (int t = 0; t < 2; ++t) {
+      if (rs[t][1] == l->heads_q && rs[t][1] != 1)
+        rs[t][1] = r->heads_q;
+      else if (rs[t][1] == l->heads_kv && rs[t][1] != 1)
+        rs[t][1] = r->heads_kv;
+      if (rs[t][2] != 1) rs[t][2] = r->seqlen_q;
+    }
+  }
   return ATTN_STATUS_OK;
+}
+
+int64_t attn_dist_plan_position(const attn_dist_plan *plan, int64_t seqlen, int64_t index) {
+  if (plan == NULL || seqlen < 0 || index < 0) return -1;
+  if (plan->ns == 1) return index < seqlen ? index : -1;
+  if (seqlen % ((int64_t)plan->ns * plan->chunks) != 0 || index >= seqlen / plan->ns) return -1;
+  if (!plan->hybrid)
+    return attn_dist_layout_position(plan->layout, plan->ns, seqlen, plan->seq_rank, index);
+  /* Hybrid: the group's chunks (ring layout) are cut into a2a_n parts; this rank holds part
+   * a2a_r of each. */
+  const int64_t part = seqlen / ((int64_t)plan->ring_n * plan->chunks * plan->a2a_n);
+  const int32_t chunk = (int32_t)(index / part);
+  return attn_dist_chunk_start(plan, seqlen, plan->ring_r, chunk) + plan->a2a_r * part +
+         index % part;
 }
 
 /* Whether the sub-plans need global positions: blocks of a split sequence always; the local
@@ -372,7 +430,7 @@ void attn_dist_free_sub_plans(attn_dist_plan *plan) {
 attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *select) {
   if (plan->ns == 1) return plan_sub(plan, &plan->local, select, &plan->local_plan);
   attn_problem *b = &plan->block;
-  if (plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL) {
+  if (plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL && !plan->hybrid) {
     /* The whole sequence for 1/ns of the local heads (whole KV groups); sinks included. */
     const attn_problem *l = &plan->local;
     *b = *l;
@@ -391,9 +449,9 @@ attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *se
     }
     return plan_sub(plan, b, select, &plan->block_plan);
   }
-  *b = plan->local;
-  b->seqlen_q = plan->local.seqlen_q / plan->chunks;
-  b->seqlen_k = plan->local.seqlen_k / plan->chunks;
+  *b = plan->ring_local;
+  b->seqlen_q = plan->ring_local.seqlen_q / plan->chunks;
+  b->seqlen_k = plan->ring_local.seqlen_k / plan->chunks;
   b->num_sinks = 0; /* sinks enter once, through the sinks plan */
   b->sinks_shared = 0;
   if (b->has_bias) {
@@ -405,25 +463,25 @@ attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *se
     if (b->mask_shape[3] != 1) b->mask_shape[3] = b->seqlen_k;
   }
   attn_status status = plan_sub(plan, b, select, &plan->block_plan);
-  if (status != ATTN_STATUS_OK || plan->local.num_sinks == 0) return status;
+  if (status != ATTN_STATUS_OK || plan->ring_local.num_sinks == 0) return status;
   /* The sinks of a row, alone: its queries against no keys give out = 0 and lse = logsumexp of
    * the sinks (SPEC.md step 8), and backward dsinks; merged once like any block. */
   attn_problem *sp = &plan->sinks_problem;
   attn_problem_init(sp);
   sp->operation = ATTN_OPERATION_FLASH_ATTENTION;
-  sp->dtype = plan->local.dtype;
-  sp->device = plan->local.device;
-  sp->device_index = plan->local.device_index;
-  sp->batch = plan->local.batch;
-  sp->seqlen_q = plan->local.seqlen_q;
+  sp->dtype = plan->ring_local.dtype;
+  sp->device = plan->ring_local.device;
+  sp->device_index = plan->ring_local.device_index;
+  sp->batch = plan->ring_local.batch;
+  sp->seqlen_q = plan->ring_local.seqlen_q;
   sp->seqlen_k = 0;
-  sp->heads_q = plan->local.heads_q;
-  sp->heads_kv = plan->local.heads_kv;
-  sp->head_dim = plan->local.head_dim;
-  sp->head_dim_v = plan->local.head_dim_v;
-  sp->scale = plan->local.scale;
-  sp->num_sinks = plan->local.num_sinks;
-  sp->sinks_shared = plan->local.sinks_shared;
+  sp->heads_q = plan->ring_local.heads_q;
+  sp->heads_kv = plan->ring_local.heads_kv;
+  sp->head_dim = plan->ring_local.head_dim;
+  sp->head_dim_v = plan->ring_local.head_dim_v;
+  sp->scale = plan->ring_local.scale;
+  sp->num_sinks = plan->ring_local.num_sinks;
+  sp->sinks_shared = plan->ring_local.sinks_shared;
   return plan_sub(plan, sp, select, &plan->sinks_plan);
 }
 
@@ -433,15 +491,29 @@ attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *se
 static attn_status make_groups(attn_dist_plan *plan, char *why, size_t why_size) {
   const attn_dist_spec *s = &plan->spec;
   int32_t seq_color = 0, seq_key = 0, sink_color = 0, sink_key = 0, bias_color = 0, bias_key = 0;
+  int32_t ring_color = 0, ring_key = 0, a2a_color = 0, a2a_key = 0, seq_seen = 0;
   int bias_summed_axes = 0;
   const int64_t *bs = plan->global.bias_shape;
   for (int a = 0; a < s->num_axes; ++a) {
     const int dim = s->axis_dim[a];
     const int32_t c = plan->coords[a], n = s->axis_size[a];
     if (dim == ATTN_DIST_DIM_SEQUENCE)
-      seq_key = c;
+      seq_key = seq_key * n + c;
     else
       seq_color = seq_color * n + c;
+    /* Hybrid: the ring joins the ranks that differ only along the outer sequence axis, the
+     * all-to-all those that differ only along the inner one. */
+    const int is_ring_axis = dim == ATTN_DIST_DIM_SEQUENCE && seq_seen == 0;
+    const int is_a2a_axis = dim == ATTN_DIST_DIM_SEQUENCE && seq_seen == 1;
+    seq_seen += dim == ATTN_DIST_DIM_SEQUENCE;
+    if (is_ring_axis)
+      ring_key = c;
+    else
+      ring_color = ring_color * n + c;
+    if (is_a2a_axis)
+      a2a_key = c;
+    else
+      a2a_color = a2a_color * n + c;
     const int summed = dim == ATTN_DIST_DIM_BATCH || dim == ATTN_DIST_DIM_SEQUENCE ||
                        (dim == ATTN_DIST_DIM_HEADS && plan->local.sinks_shared);
     if (summed)
@@ -463,6 +535,14 @@ static attn_status make_groups(attn_dist_plan *plan, char *why, size_t why_size)
   if (plan->ns > 1)
     status = (attn_status)plan->ops->split(plan->world, seq_color, seq_key, &plan->seq_comm, why,
                                            why_size);
+  plan->ring_comm = plan->seq_comm;
+  if (status == ATTN_STATUS_OK && plan->hybrid) {
+    status = (attn_status)plan->ops->split(plan->world, ring_color, ring_key, &plan->ring_comm, why,
+                                           why_size);
+    if (status == ATTN_STATUS_OK)
+      status = (attn_status)plan->ops->split(plan->world, a2a_color, a2a_key, &plan->a2a_comm, why,
+                                             why_size);
+  }
   if (status == ATTN_STATUS_OK && plan->local.num_sinks > 0)
     status = (attn_status)plan->ops->split(plan->world, sink_color, sink_key, &plan->sinks_comm,
                                            why, why_size);
@@ -574,7 +654,8 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
   }
   /* Sub-plans depend only on the agreed problem, so every rank succeeds or fails alike. */
   if (status == ATTN_STATUS_OK) {
-    const int a2a_possible = plan->ns > 1 && (plan->local.heads_kv % plan->ns) == 0;
+    const int a2a_possible =
+        plan->ns > 1 && !plan->hybrid && (plan->local.heads_kv % plan->ns) == 0;
     if (spec->strategy == ATTN_DIST_STRATEGY_AUTO && a2a_possible)
       status = attn_dist_choose_strategy(plan, select);
     else
@@ -595,6 +676,8 @@ void attn_dist_plan_destroy(attn_dist_plan *plan) {
   attn_dist_free_sub_plans(plan);
   if (plan->sinks_comm != NULL) plan->ops->destroy(plan->sinks_comm);
   if (plan->bias_comm != NULL) plan->ops->destroy(plan->bias_comm);
+  if (plan->hybrid && plan->ring_comm != NULL) plan->ops->destroy(plan->ring_comm);
+  if (plan->a2a_comm != NULL) plan->ops->destroy(plan->a2a_comm);
   if (plan->seq_comm != NULL) plan->ops->destroy(plan->seq_comm);
   plan->ops->destroy(plan->world);
   free(plan->scratch);
@@ -621,8 +704,13 @@ const char *attn_dist_plan_impl_name(const attn_dist_plan *plan) {
 attn_status attn_dist_plan_set_stream(attn_dist_plan *plan, void *stream) {
   if (plan == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
   if (plan->ops->set_stream != NULL) {
-    void *comms[4] = {plan->world, plan->seq_comm, plan->sinks_comm, plan->bias_comm};
-    for (int i = 0; i < 4; ++i)
+    void *comms[6] = {plan->world,
+                      plan->seq_comm,
+                      plan->sinks_comm,
+                      plan->bias_comm,
+                      plan->hybrid ? plan->ring_comm : NULL,
+                      plan->a2a_comm};
+    for (int i = 0; i < 6; ++i)
       if (comms[i] != NULL) plan->ops->set_stream(comms[i], stream);
   }
   attn_plan *plans[3] = {plan->local_plan, plan->block_plan, plan->sinks_plan};
@@ -792,7 +880,7 @@ attn_status attn_dist_plan_forward(attn_dist_plan *plan, const attn_inputs *inpu
   memset(&plan->stats, 0, sizeof plan->stats);
   const double start = attn_dist_now();
   if (plan->ns > 1) {
-    status = plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL
+    status = plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL || plan->hybrid
                  ? attn_dist_ulysses_forward(plan, inputs, outputs)
                  : attn_dist_ring_forward(plan, inputs, outputs);
   } else {
@@ -820,15 +908,16 @@ attn_status attn_dist_plan_backward(attn_dist_plan *plan, const attn_inputs *inp
                      : dout == NULL    ? "dout"
                                        : "grads");
   if (grads->dbias.data != NULL && plan->ns > 1 &&
-      plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL &&
+      (plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL || plan->hybrid) &&
       (plan->global.bias_shape[1] == 1 || plan->global.bias_shape[2] == 1))
     return attn_fail(plan->ctx, ATTN_STATUS_UNSUPPORTED,
                      "dbias of a bias broadcast over heads or query rows under the all-to-all "
+                     "(alone or inside the ring) "
                      "strategy: not implemented; use the ring strategy for it");
   memset(&plan->stats, 0, sizeof plan->stats);
   const double start = attn_dist_now();
   if (plan->ns > 1) {
-    status = plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL
+    status = plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL || plan->hybrid
                  ? attn_dist_ulysses_backward(plan, inputs, forward, dout, grads)
                  : attn_dist_ring_backward(plan, inputs, forward, dout, grads);
     plan->stats.total_seconds = attn_dist_now() - start;

@@ -54,7 +54,7 @@ static void init_ring(ring *g, attn_dist_plan *plan, const attn_inputs *in, cons
                       const attn_tensor *lse) {
   memset(g, 0, sizeof *g);
   g->plan = plan;
-  g->l = &plan->local;
+  g->l = &plan->ring_local;
   const attn_problem *l = g->l;
   g->dt = (attn_dtype)l->dtype;
   g->stat = attn_stat_dtype(g->dt);
@@ -62,7 +62,7 @@ static void init_ring(ring *g, attn_dist_plan *plan, const attn_inputs *in, cons
   g->B = l->batch, g->Hq = l->heads_q, g->Hkv = l->heads_kv, g->D = l->head_dim;
   g->Dv = l->head_dim_v, g->Tq = l->seqlen_q, g->Tk = l->seqlen_k;
   g->C = plan->chunks, g->nq = g->Tq / g->C, g->nk = g->Tk / g->C;
-  g->n = plan->ns, g->r = plan->seq_rank;
+  g->n = plan->ring_n, g->r = plan->ring_r;
   const attn_problem *G = &plan->global;
   g->o_global = G->align == ATTN_ALIGN_BOTTOM_RIGHT ? G->seqlen_k - G->seqlen_q : 0;
   g->wl = G->window_left, g->wr = G->window_right;
@@ -217,7 +217,7 @@ static attn_status place_block(const ring *g, int32_t a, int32_t src, int32_t c)
   attn_positions pos;
   memset(&pos, 0, sizeof pos);
   pos.batch0 = g->plan->b0;
-  pos.head0 = g->plan->h0;
+  pos.head0 = g->plan->ring_head0;
   pos.row0 = attn_dist_chunk_start(g->plan, G->seqlen_q, g->r, a);
   pos.col0 = attn_dist_chunk_start(g->plan, G->seqlen_k, src, c);
   pos.has_offset = 1;
@@ -260,13 +260,13 @@ static attn_status start_shift(ring *g, const void *send_buf, void *recv_buf, si
   t->send = t->recv = NULL;
   attn_status status;
   if (plan->ops->shift != NULL) /* one grouped operation: its request waits for both halves */
-    status = (attn_status)plan->ops->shift(plan->seq_comm, send_buf, to, recv_buf, from, bytes, tag,
-                                           &t->recv, why, sizeof why);
+    status = (attn_status)plan->ops->shift(plan->ring_comm, send_buf, to, recv_buf, from, bytes,
+                                           tag, &t->recv, why, sizeof why);
   else
-    status = (attn_status)plan->ops->irecv(plan->seq_comm, recv_buf, bytes, from, tag, &t->recv,
+    status = (attn_status)plan->ops->irecv(plan->ring_comm, recv_buf, bytes, from, tag, &t->recv,
                                            why, sizeof why);
   if (status == ATTN_STATUS_OK && plan->ops->shift == NULL)
-    status = (attn_status)plan->ops->isend(plan->seq_comm, send_buf, bytes, to, tag, &t->send, why,
+    status = (attn_status)plan->ops->isend(plan->ring_comm, send_buf, bytes, to, tag, &t->send, why,
                                            sizeof why);
   if (status != ATTN_STATUS_OK) {
     plan->broken = 1;
@@ -279,17 +279,17 @@ static attn_status start_shift(ring *g, const void *send_buf, void *recv_buf, si
 static attn_status finish_shift_wait(ring *g, transfer *t, int32_t to, int32_t from) {
   attn_dist_plan *plan = g->plan;
   char why[512] = "";
-  attn_status status = (attn_status)plan->ops->wait(plan->seq_comm, t->recv,
+  attn_status status = (attn_status)plan->ops->wait(plan->ring_comm, t->recv,
                                                     plan->spec.timeout_seconds, why, sizeof why);
   t->recv = NULL;
   if (status != ATTN_STATUS_OK) {
-    plan->ops->wait(plan->seq_comm, t->send, 0.0, why + strlen(why), 0);
+    plan->ops->wait(plan->ring_comm, t->send, 0.0, why + strlen(why), 0);
     t->send = NULL;
     plan->broken = 1;
     return attn_fail(plan->ctx, status, "ring rank %d receiving from ring rank %d: %s", (int)g->r,
                      (int)from, why);
   }
-  status = (attn_status)plan->ops->wait(plan->seq_comm, t->send, plan->spec.timeout_seconds, why,
+  status = (attn_status)plan->ops->wait(plan->ring_comm, t->send, plan->spec.timeout_seconds, why,
                                         sizeof why);
   t->send = NULL;
   if (status != ATTN_STATUS_OK) {
@@ -312,16 +312,16 @@ static attn_status finish_shift(ring *g, transfer *t, int32_t to, int32_t from) 
  * rendezvous protocols often copy only inside MPI calls), so they overlap the next block. */
 static void progress(ring *g, const transfer *t) {
   if (g->plan->ops->progress == NULL) return;
-  if (t->recv != NULL) g->plan->ops->progress(g->plan->seq_comm, t->recv);
-  if (t->send != NULL) g->plan->ops->progress(g->plan->seq_comm, t->send);
+  if (t->recv != NULL) g->plan->ops->progress(g->plan->ring_comm, t->recv);
+  if (t->send != NULL) g->plan->ops->progress(g->plan->ring_comm, t->send);
 }
 
 /* After a failed block, the transfers in flight still have to be waited for (briefly) so their
  * buffers are not freed under MPI; the plan is marked broken either way. */
 static void abandon(ring *g, transfer *t) {
   char why[8];
-  if (t->recv != NULL) g->plan->ops->wait(g->plan->seq_comm, t->recv, 1.0, why, sizeof why);
-  if (t->send != NULL) g->plan->ops->wait(g->plan->seq_comm, t->send, 1.0, why, sizeof why);
+  if (t->recv != NULL) g->plan->ops->wait(g->plan->ring_comm, t->recv, 1.0, why, sizeof why);
+  if (t->send != NULL) g->plan->ops->wait(g->plan->ring_comm, t->send, 1.0, why, sizeof why);
   t->recv = t->send = NULL;
   g->plan->broken = 1;
 }
@@ -635,11 +635,13 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
     sf.out = fwd->out;
     sf.lse = fwd->lse;
     status = attn_plan_backward(plan->sinks_plan, &si, &sf, dout, NULL, 0, &sg);
-    if (status == ATTN_STATUS_OK) status = attn_dist_reduce_dsinks(plan, &grads->dsinks);
+    /* Hybrid: the all-to-all layer sums the caller's dsinks once the heads are back. */
+    if (status == ATTN_STATUS_OK && !plan->hybrid)
+      status = attn_dist_reduce_dsinks(plan, &grads->dsinks);
     if (status != ATTN_STATUS_OK) goto done;
   }
   if (dbias_acc != NULL) {
-    status = attn_dist_reduce_dbias(plan, dbias_acc);
+    if (!plan->hybrid) status = attn_dist_reduce_dbias(plan, dbias_acc);
     if (status != ATTN_STATUS_OK) goto done;
     for (int64_t i0 = 0; i0 < bsh[0]; ++i0)
       for (int64_t i1 = 0; i1 < bsh[1]; ++i1)

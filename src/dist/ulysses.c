@@ -43,14 +43,35 @@ static view make_view(const attn_tensor *t, const int64_t *shape, int ndim, size
 
 typedef struct exch {
   attn_dist_plan *plan;
+  void *comm; /* the all-to-all's ranks */
   int32_t n, me;
+  /* 0: rows arrive in natural order (the whole sequence); 1 (hybrid): in the order of the ring
+   * group's slice, whose C chunks each member holds 1/n of. */
+  int group_order;
 } exch;
+
+/* Where row t of member i's slice sits among the T rows gathered by the all-to-all. */
+static int64_t gathered_row(const exch *x, int64_t T, int32_t i, int64_t t) {
+  if (!x->group_order) return attn_dist_layout_position(x->plan->layout, x->n, T, i, t);
+  const int64_t chunk_len = T / x->plan->chunks, part = chunk_len / x->n;
+  return (t / part) * chunk_len + (int64_t)i * part + t % part;
+}
+
+static exch make_exch(attn_dist_plan *plan) {
+  exch x;
+  x.plan = plan;
+  x.comm = plan->hybrid ? plan->a2a_comm : plan->seq_comm;
+  x.n = plan->hybrid ? plan->a2a_n : plan->ns;
+  x.me = plan->hybrid ? plan->a2a_r : plan->seq_rank;
+  x.group_order = plan->hybrid;
+  return x;
+}
 
 static attn_status exchange(exch *x, const void *send, void *recv, size_t bytes) {
   char why[512] = "";
   const double start = attn_dist_now();
   attn_status status = (attn_status)x->plan->ops->alltoall(
-      x->plan->seq_comm, send, recv, bytes, x->plan->spec.timeout_seconds, why, sizeof why);
+      x->comm, send, recv, bytes, x->plan->spec.timeout_seconds, why, sizeof why);
   x->plan->stats.wait_seconds += attn_dist_now() - start;
   x->plan->stats.bytes_sent += (int64_t)(bytes * (size_t)(x->n - 1));
   x->plan->stats.steps += 1;
@@ -102,7 +123,7 @@ static attn_status to_heads(exch *x, const view *src, int tdim, int hdim, int64_
           for (int64_t i2 = 0; i2 < bd[2]; ++i2)
             for (int64_t i3 = 0; i3 < bd[3]; ++i3, ++e) {
               int64_t idx[4] = {i0, i1, i2, i3};
-              idx[tdim] = attn_dist_layout_position(x->plan->layout, x->n, T, i, idx[tdim]);
+              idx[tdim] = gathered_row(x, T, i, idx[tdim]);
               const int64_t off = ((idx[0] * dd[1] + idx[1]) * dd[2] + idx[2]) * dd[3] + idx[3];
               memcpy(dst + (size_t)off * src->es, from + (size_t)e * src->es, src->es);
             }
@@ -137,7 +158,7 @@ static attn_status from_heads(exch *x, const char *src, int tdim, int hdim, int6
         for (int64_t i2 = 0; i2 < bd[2]; ++i2)
           for (int64_t i3 = 0; i3 < bd[3]; ++i3, ++e) {
             int64_t idx[4] = {i0, i1, i2, i3};
-            idx[tdim] = attn_dist_layout_position(x->plan->layout, x->n, T, j, idx[tdim]);
+            idx[tdim] = gathered_row(x, T, j, idx[tdim]);
             const int64_t off = ((idx[0] * sd[1] + idx[1]) * sd[2] + idx[2]) * sd[3] + idx[3];
             memcpy(at + (size_t)e * dst->es, src + (size_t)off * dst->es, dst->es);
           }
@@ -176,9 +197,9 @@ static void free_heads(heads *h) {
 static char *alloc_bytes(size_t bytes) { return calloc(bytes > 0 ? bytes : 1, 1); }
 
 /* The head-split inputs of the plan's all-to-all problem, in hi (and their buffers in h). */
-static attn_status gather_inputs(attn_dist_plan *plan, exch *x, const attn_inputs *in, heads *h,
-                                 attn_inputs *hi) {
-  const attn_problem *l = &plan->local, *u = &plan->block;
+static attn_status gather_inputs(attn_dist_plan *plan, exch *x, const attn_problem *u,
+                                 const attn_inputs *in, heads *h, attn_inputs *hi) {
+  const attn_problem *l = &plan->local;
   const attn_dtype dt = (attn_dtype)l->dtype, st = attn_stat_dtype(dt);
   const size_t es = attn_dtype_size(dt), ses = attn_dtype_size(st);
   const int64_t B = l->batch, Tql = l->seqlen_q, Tkl = l->seqlen_k, Hq = l->heads_q,
@@ -275,21 +296,21 @@ attn_status attn_dist_ulysses_forward(attn_dist_plan *plan, const attn_inputs *i
   if (out->probs.data != NULL)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                      "outputs.probs under sequence sharding: not implemented");
-  exch x = {plan, plan->ns, plan->seq_rank};
-  const attn_problem *l = &plan->local, *u = &plan->block;
+  exch x = make_exch(plan);
+  const attn_problem *l = &plan->local, *u = plan->hybrid ? &plan->ring_local : &plan->block;
   const attn_dtype dt = (attn_dtype)l->dtype, st = attn_stat_dtype(dt);
   const size_t es = attn_dtype_size(dt), ses = attn_dtype_size(st);
   heads h;
   memset(&h, 0, sizeof h);
   attn_inputs hi;
-  attn_status status = gather_inputs(plan, &x, in, &h, &hi);
+  attn_status status = gather_inputs(plan, &x, u, in, &h, &hi);
   if (status == ATTN_STATUS_OK) {
     h.out = alloc_bytes((size_t)(u->batch * u->seqlen_q * u->heads_q * u->head_dim_v) * es);
     h.lse = alloc_bytes((size_t)(u->batch * u->heads_q * u->seqlen_q) * ses);
     if (h.out == NULL || h.lse == NULL)
       status = attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for the head-split out");
   }
-  if (status == ATTN_STATUS_OK) status = place(plan, &x);
+  if (status == ATTN_STATUS_OK && !plan->hybrid) status = place(plan, &x);
   if (status == ATTN_STATUS_OK) {
     attn_outputs ho;
     attn_outputs_init(&ho);
@@ -297,9 +318,13 @@ attn_status attn_dist_ulysses_forward(attn_dist_plan *plan, const attn_inputs *i
     ho.lse = attn_tensor_dense(h.lse);
     /* A block that fails here fails on every rank alike (the same agreed problem); should one
      * rank fail alone, its peers' next exchange ends at the plan's timeout. */
-    const double t0 = attn_dist_now();
-    status = attn_plan_forward(plan->block_plan, &hi, NULL, 0, &ho);
-    plan->stats.compute_seconds += attn_dist_now() - t0;
+    if (plan->hybrid) { /* the ring over the outer axis, on the group's slice of these heads */
+      status = attn_dist_ring_forward(plan, &hi, &ho);
+    } else {
+      const double t0 = attn_dist_now();
+      status = attn_plan_forward(plan->block_plan, &hi, NULL, 0, &ho);
+      plan->stats.compute_seconds += attn_dist_now() - t0;
+    }
   }
   const int64_t os[4] = {l->batch, l->seqlen_q, l->heads_q, l->head_dim_v};
   const int64_t ls[3] = {l->batch, l->heads_q, l->seqlen_q};
@@ -325,15 +350,15 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
     return attn_fail(
         ctx, ATTN_STATUS_INVALID_ARGUMENT,
         "q, k, v, forward.out, forward.lse, dout, dq, dk and dv are required (one is NULL)");
-  const attn_problem *l = &plan->local, *u = &plan->block;
-  exch x = {plan, plan->ns, plan->seq_rank};
+  const attn_problem *l = &plan->local, *u = plan->hybrid ? &plan->ring_local : &plan->block;
+  exch x = make_exch(plan);
   const attn_dtype dt = (attn_dtype)l->dtype, st = attn_stat_dtype(dt);
   const size_t es = attn_dtype_size(dt), ses = attn_dtype_size(st);
   const int64_t B = l->batch, Tq = u->seqlen_q, Tk = u->seqlen_k, hn = u->heads_q, kn = u->heads_kv;
   heads h;
   memset(&h, 0, sizeof h);
   attn_inputs hi;
-  attn_status status = gather_inputs(plan, &x, in, &h, &hi);
+  attn_status status = gather_inputs(plan, &x, u, in, &h, &hi);
   const int64_t os[4] = {B, l->seqlen_q, l->heads_q, l->head_dim_v};
   const int64_t ls[3] = {B, l->heads_q, l->seqlen_q};
   const int64_t qs[4] = {B, l->seqlen_q, l->heads_q, l->head_dim};
@@ -365,7 +390,7 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
     if (status == ATTN_STATUS_OK) status = to_heads(&x, &vd, 1, 2, Tq, h.dout);
     if (status == ATTN_STATUS_OK) status = to_heads(&x, &vl, 2, 1, Tq, h.lse);
   }
-  if (status == ATTN_STATUS_OK) status = place(plan, &x);
+  if (status == ATTN_STATUS_OK && !plan->hybrid) status = place(plan, &x);
   if (status == ATTN_STATUS_OK) {
     attn_outputs hf;
     attn_outputs_init(&hf);
@@ -378,9 +403,13 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
     hg.dv = attn_tensor_dense(h.dv);
     if (h.dbias != NULL) hg.dbias = attn_tensor_dense(h.dbias);
     if (h.dsinks != NULL) hg.dsinks = attn_tensor_dense(h.dsinks);
-    const double t0 = attn_dist_now();
-    status = attn_plan_backward(plan->block_plan, &hi, &hf, &hd, NULL, 0, &hg);
-    plan->stats.compute_seconds += attn_dist_now() - t0;
+    if (plan->hybrid) {
+      status = attn_dist_ring_backward(plan, &hi, &hf, &hd, &hg);
+    } else {
+      const double t0 = attn_dist_now();
+      status = attn_plan_backward(plan->block_plan, &hi, &hf, &hd, NULL, 0, &hg);
+      plan->stats.compute_seconds += attn_dist_now() - t0;
+    }
   }
   if (status == ATTN_STATUS_OK) {
     view vq = make_view(&grads->dq, qs, 4, es), vk = make_view(&grads->dk, ks, 4, es);

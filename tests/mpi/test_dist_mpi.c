@@ -38,6 +38,14 @@ static imap map_range(int64_t start, int64_t n) {
   return m;
 }
 
+/* The global positions of this rank's rows of a sequence of T, as the plan places them (two
+ * sequence axes place them in a layout of their own). */
+static imap map_plan(const attn_dist_plan *plan, int32_t ranks, int64_t T) {
+  imap m = {T / ranks, malloc((size_t)(T / ranks > 0 ? T / ranks : 1) * sizeof(int64_t))};
+  for (int64_t i = 0; i < m.n; ++i) m.at[i] = attn_dist_plan_position(plan, T, i);
+  return m;
+}
+
 static imap map_layout(int32_t layout, int32_t ranks, int64_t T, int32_t rank) {
   imap m = {T / ranks, malloc((size_t)(T / ranks > 0 ? T / ranks : 1) * sizeof(int64_t))};
   for (int64_t i = 0; i < m.n; ++i) m.at[i] = attn_dist_layout_position(layout, ranks, T, rank, i);
@@ -233,7 +241,7 @@ static void run_case(const dist_case *c, uint64_t seed) {
     int32_t n = c->spec.axis_size[a] ? c->spec.axis_size[a] : world_size;
     if (c->spec.axis_dim[a] == ATTN_DIST_DIM_BATCH) nb = n, cb = coords[a];
     if (c->spec.axis_dim[a] == ATTN_DIST_DIM_HEADS) nh = n, ch = coords[a];
-    if (c->spec.axis_dim[a] == ATTN_DIST_DIM_SEQUENCE) ns = n, cs = coords[a];
+    if (c->spec.axis_dim[a] == ATTN_DIST_DIM_SEQUENCE) ns *= n, cs = cs * n + coords[a];
   }
   const attn_dtype dt = (attn_dtype)p->dtype,
                    sd = dt == ATTN_DTYPE_F64 ? ATTN_DTYPE_F64 : ATTN_DTYPE_F32;
@@ -242,7 +250,19 @@ static void run_case(const dist_case *c, uint64_t seed) {
   const int64_t D = p->head_dim, Dv = p->head_dim_v ? p->head_dim_v : D, group = Hq / Hkv;
   imap mb = map_range(cb * (B / nb), B / nb), mhq = map_range(ch * (Hq / nh), Hq / nh);
   imap mhk = map_range(ch * (Hkv / nh), Hkv / nh);
-  imap mtq = map_layout(c->spec.layout, ns, Tq, cs), mtk = map_layout(c->spec.layout, ns, Tk, cs);
+  imap mtq = map_plan(plan, ns, Tq), mtk = map_plan(plan, ns, Tk);
+  { /* one sequence axis: the plan's places are the public layout's */
+    imap check = map_layout(c->spec.layout, ns, Tq, cs);
+    int same = 1;
+    for (int64_t i = 0; i < check.n; ++i) same &= check.at[i] == mtq.at[i];
+    int seq_axes = 0;
+    for (int a = 0; a < c->spec.num_axes; ++a)
+      seq_axes += c->spec.axis_dim[a] == ATTN_DIST_DIM_SEQUENCE;
+    if (seq_axes < 2)
+      tu_check(same, "rank %d %s: attn_dist_plan_position = attn_dist_layout_position", world_rank,
+               c->name);
+    free(check.at);
+  }
   imap md = map_range(0, D), mdv = map_range(0, Dv), m1 = map_range(0, 1), mTk = map_range(0, Tk);
   (void)group;
   const int64_t sq[4] = {B, Tq, Hq, D}, sk[4] = {B, Tk, Hkv, D}, sv[4] = {B, Tk, Hkv, Dv};
@@ -484,7 +504,7 @@ static void grid(uint64_t seed) {
   struct {
     const char *name;
     attn_dist_spec spec;
-  } meshes[12];
+  } meshes[16];
   int nm = 0;
   meshes[nm].name = "seq-contiguous",
   meshes[nm].spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_CONTIGUOUS);
@@ -517,6 +537,13 @@ static void grid(uint64_t seed) {
     s.strategy = ATTN_DIST_STRATEGY_ALL_TO_ALL;
     s.layout = ATTN_DIST_LAYOUT_ZIGZAG;
     meshes[nm].name = "heads2xseq2-alltoall-zigzag", meshes[nm++].spec = s;
+    /* Both sequence axes: the ring over the outer, the all-to-all within each pair. */
+    s.axis_dim[0] = ATTN_DIST_DIM_SEQUENCE;
+    s.strategy = ATTN_DIST_STRATEGY_AUTO;
+    s.layout = ATTN_DIST_LAYOUT_CONTIGUOUS;
+    meshes[nm].name = "ring2xalltoall2", meshes[nm++].spec = s;
+    s.layout = ATTN_DIST_LAYOUT_ZIGZAG;
+    meshes[nm].name = "ring2xalltoall2-zigzag", meshes[nm++].spec = s;
   }
   for (int m = 0; m < nm; ++m)
     for (size_t f = 0; f < sizeof feature_sets / sizeof feature_sets[0]; ++f) {
@@ -538,9 +565,10 @@ static void grid(uint64_t seed) {
       c.want_dsinks = c.p.num_sinks > 0;
       /* dbias everywhere but where the all-to-all strategy refuses it (a bias broadcast over
        * heads or rows). */
-      c.want_dbias =
-          (feat & (F_BIAS | F_BIAS_BCAST | F_BIAS_ROWS)) != 0 &&
-          !(meshes[m].spec.strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL && (feat & F_BIAS_ROWS));
+      c.want_dbias = (feat & (F_BIAS | F_BIAS_BCAST | F_BIAS_ROWS)) != 0 &&
+                     !((meshes[m].spec.strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL ||
+                        strncmp(meshes[m].name, "ring2x", 6) == 0) &&
+                       (feat & F_BIAS_ROWS));
       run_case(&c, seed + f);
     }
   /* One low-precision case per sharding of the sequence. */
