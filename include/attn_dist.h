@@ -36,7 +36,8 @@
  *     alibi slopes, per-head sinks, bias and mask of head dim Hq or Hkv are sliced, dims of 1
  *     replicated, shared sinks replicated;
  *   - SEQUENCE: q, out, lse, dout, dq and q_segment_ids are sliced along Tq, k, v, dk, dv and
- *     kv_segment_ids along Tk, in the plan's layout (attn_dist_layout); bias and mask keep ALL Tk
+ *     kv_segment_ids along Tk, in the plan's layout (attn_dist_layout; with two sequence axes,
+ *     attn_dist_plan_position); bias and mask keep ALL Tk
  *     columns in global (natural) order and hold the rank's local query rows (in layout order)
  *     when their Tq dim is Tq;
  *   - NONE: the ranks along the axis hold the same shards and compute the same results (data
