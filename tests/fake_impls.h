@@ -90,7 +90,8 @@ static attn_impl fake_cpu = {"cpu_fake",
                              NULL,
                              fake_forward,
                              fake_backward,
-                             NULL};
+                             NULL,
+                             0};
 static attn_impl fake_2 = {"fake2",
                            ATTN_DEVICE_CPU,
                            1,
@@ -103,7 +104,8 @@ static attn_impl fake_2 = {"fake2",
                            NULL,
                            fake_noop,
                            fake_noop,
-                           fake2_deterministic};
+                           fake2_deterministic,
+                           0};
 static attn_impl fake_cudnn = {"cudnn_fake",
                                ATTN_DEVICE_CPU,
                                1,
@@ -116,7 +118,8 @@ static attn_impl fake_cudnn = {"cudnn_fake",
                                NULL,
                                fake_noop,
                                fake_noop,
-                               NULL};
+                               NULL,
+                               0};
 
 static const attn_impl *const fake_registry[] = {&fake_cpu, &fake_2, &fake_cudnn, &attn_ref_impl};
 

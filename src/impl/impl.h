@@ -17,6 +17,23 @@
 
 #include <stddef.h>
 
+/* Where a run's problem sits inside a larger one: the distributed layer (src/dist) runs each block
+ * of a sharded problem as a problem of its own, and the block's rows, keys, heads and batch entries
+ * keep their global meaning through this. Only implementations that declare honours_positions are
+ * given one; attn_run.positions is NULL otherwise (indices are the problem's own). */
+typedef struct attn_positions {
+  int64_t batch0; /* global index of batch entry 0: the b of the Philox counter */
+  int64_t head0;  /* global index of query head 0: the h of the Philox counter */
+  int64_t row0;   /* global position of query row 0: the i of the Philox counter */
+  int64_t col0;   /* global position of key 0: the j of the Philox counter (any value, not only
+                     multiples of 4: fast paths that share one Philox call per 4 keys must check) */
+  /* 1: `offset` replaces the alignment offset o of SPEC.md (causal, windows and ALiBi), so a block
+   * whose rows start at global row0 and keys at col0 sees o = row0 - col0 + o_global. Dense
+   * problems only (the distributed layer refuses varlen under sequence sharding). */
+  int32_t has_offset;
+  int64_t offset;
+} attn_positions;
+
 /* Everything one forward or backward run needs. Tensors have explicit strides (never all-zero),
  * and pointers the problem does not use are NULL. */
 typedef struct attn_run {
@@ -35,6 +52,7 @@ typedef struct attn_run {
    * of SPEC.md's tolerance rule. ATTN_DTYPE_F64 (the default) = no rounding. Only the reference
    * honours it. */
   attn_dtype round_to;
+  const attn_positions *positions; /* NULL, or where the problem sits (honours_positions only) */
   char *why; /* message buffer for failures */
   size_t why_size;
 } attn_run;
@@ -67,6 +85,10 @@ typedef struct attn_impl {
    * bits on every run of the same inputs (one accumulating with atomics does not). A policy with
    * deterministic = 1 keeps the executor to those, unless the caller names the configuration. */
   int (*config_deterministic)(const attn_problem *problem, int32_t config);
+
+  /* 1 when forward() and backward() honour attn_run.positions (global Philox counters and
+   * alignment offset); plans of other implementations refuse attn_plan_set_positions. */
+  int32_t honours_positions;
 } attn_impl;
 
 #endif /* ATTN_IMPL_IMPL_H */

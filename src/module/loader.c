@@ -92,81 +92,103 @@ static void adopt(module_slot *s, const attn_module_table *t) {
   if (loaded_gpu == NULL) loaded_gpu = t->gpu;
 }
 
-#ifndef ATTN_STATIC_GPU
 /* dlopen's last error, or a fallback; dlerror() clears it, so it is read once. */
 static const char *dl_error(void) {
   const char *e = dlerror();
   return e != NULL ? e : "unknown dlopen error";
 }
 
-/* Tries one file (a path, or a bare name for the loader's search). 1 when the module was adopted;
- * 0 otherwise, with the reason in the slot. */
-static int try_open(module_slot *s, const char *file) {
-  attn_format(s->path, sizeof s->path, "%s", file);
+/* Tries one file (a path, or a bare name for the loader's search). The accepted symbol, or NULL
+ * with the reason in why. */
+static void *try_open(const char *file, const char *symbol, attn_module_accept_fn accept, void *arg,
+                      char *path, size_t path_size, char *why, size_t why_size) {
+  attn_format(path, path_size, "%s", file);
   void *handle = dlopen(file, RTLD_NOW | RTLD_LOCAL);
   if (handle == NULL) {
-    attn_format(s->message, sizeof s->message, "%s", dl_error());
-    return 0;
+    attn_format(why, why_size, "%s", dl_error());
+    return NULL;
   }
-  attn_module_entry_fn entry;
-  void *sym = dlsym(handle, ATTN_MODULE_ENTRY);
-  /* ISO C has no function-pointer cast from void *; POSIX guarantees that this copy works. */
-  memcpy(&entry, &sym, sizeof entry);
+  void *sym = dlsym(handle, symbol);
   if (sym == NULL) {
-    attn_format(s->message, sizeof s->message, "%s: no %s: not a libattn module", file,
-                ATTN_MODULE_ENTRY);
+    attn_format(why, why_size, "%s exports no %s: not a libattn module", file, symbol);
     dlclose(handle);
-    return 0;
+    return NULL;
   }
-  const attn_module_table *t = entry();
-  if (!table_ok(t, s->name, s->message, sizeof s->message)) {
+  if (!accept(sym, arg, why, why_size)) {
     dlclose(handle);
-    return 0;
+    return NULL;
   }
-  Dl_info where; /* the file the loader's search chose, for attn_module_info */
+  Dl_info where; /* the file the loader's search chose, for the caller's messages */
   if (dladdr(sym, &where) != 0 && where.dli_fname != NULL)
-    attn_format(s->path, sizeof s->path, "%s", where.dli_fname);
-  adopt(s, t); /* never closed: its implementations stay in the registry */
-  return 1;
+    attn_format(path, path_size, "%s", where.dli_fname);
+  why[0] = '\0';
+  return sym; /* never closed: what the module gave stays in use */
 }
 
-/* Tries s->file in one folder; 0 without a word when the folder has no such file. */
-static int try_folder(module_slot *s, const char *folder, size_t len, int *found) {
-  char path[1024];
-  if (len == 0 || len + 1 + strlen(s->file) >= sizeof path) return 0;
-  memcpy(path, folder, len);
-  path[len] = '/';
-  strcpy(path + len + 1, s->file);
-  if (access(path, F_OK) != 0) return 0;
+/* Tries file in one folder; NULL without a word when the folder has no such file. */
+static void *try_folder(const char *folder, size_t len, int *found, const char *file,
+                        const char *symbol, attn_module_accept_fn accept, void *arg, char *path,
+                        size_t path_size, char *why, size_t why_size) {
+  char candidate[1024];
+  if (len == 0 || len + 1 + strlen(file) >= sizeof candidate) return NULL;
+  memcpy(candidate, folder, len);
+  candidate[len] = '/';
+  strcpy(candidate + len + 1, file);
+  if (access(candidate, F_OK) != 0) return NULL;
   *found = 1;
-  return try_open(s, path);
+  return try_open(candidate, symbol, accept, arg, path, path_size, why, why_size);
 }
 
-static void load_one(module_slot *s) {
+void *attn_module_open(const char *file, const char *symbol, attn_module_accept_fn accept,
+                       void *arg, char *path, size_t path_size, char *why, size_t why_size) {
   int found = 0;
+  void *sym;
   const char *list = getenv("ATTN_MODULE_PATH");
   if (list != NULL) {
     for (const char *p = list; *p != '\0';) {
       size_t len = strcspn(p, ":");
-      if (try_folder(s, p, len, &found)) return;
+      sym = try_folder(p, len, &found, file, symbol, accept, arg, path, path_size, why, why_size);
+      if (sym != NULL) return sym;
       p += len;
       if (*p == ':') ++p;
     }
-    if (!found)
-      attn_format(s->message, sizeof s->message, "%s is in no folder of ATTN_MODULE_PATH=%s",
-                  s->file, list);
-    return;
+    if (!found) {
+      path[0] = '\0';
+      attn_format(why, why_size, "%s is in no folder of ATTN_MODULE_PATH=%s", file, list);
+    }
+    return NULL;
   }
   Dl_info self;
   if (dladdr(&load_once, &self) != 0 && self.dli_fname != NULL) {
     const char *slash = strrchr(self.dli_fname, '/');
-    if (slash != NULL && try_folder(s, self.dli_fname, (size_t)(slash - self.dli_fname), &found))
-      return;
+    if (slash != NULL) {
+      sym = try_folder(self.dli_fname, (size_t)(slash - self.dli_fname), &found, file, symbol,
+                       accept, arg, path, path_size, why, why_size);
+      if (sym != NULL || found) return sym; /* beside the library but broken: that reason */
+    }
   }
-  if (found) return; /* beside the library but broken: that reason is the one to report */
-  if (try_open(s, s->file)) return;
-  s->path[0] = '\0';
+  sym = try_open(file, symbol, accept, arg, path, path_size, why, why_size);
   /* The loader's own message says whether the file or one of its libraries is missing. */
+  if (sym == NULL) path[0] = '\0';
+  return sym;
+}
+
+#ifndef ATTN_STATIC_GPU
+/* attn_module_open's check of a GPU module: its table must match this library; adopted if so. */
+static int accept_table(void *symbol, void *arg, char *why, size_t why_size) {
+  module_slot *s = arg;
+  attn_module_entry_fn entry;
+  /* ISO C has no function-pointer cast from void *; POSIX guarantees that this copy works. */
+  memcpy(&entry, &symbol, sizeof entry);
+  const attn_module_table *t = entry();
+  if (!table_ok(t, s->name, why, why_size)) return 0;
+  adopt(s, t);
+  return 1;
+}
+
+static void load_one(module_slot *s) {
+  (void)attn_module_open(s->file, ATTN_MODULE_ENTRY, accept_table, s, s->path, sizeof s->path,
+                         s->message, sizeof s->message);
 }
 #endif
 

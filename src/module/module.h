@@ -56,6 +56,19 @@ const attn_impl *const *attn_module_impls(int32_t *count);
 /* The GPU services of the first loaded module that has them, or NULL. */
 const attn_gpu_ops *attn_module_gpu(void);
 
+/* What a caller of attn_module_open checks in the symbol it found: 1 keeps the module, 0 (with the
+ * reason in why) closes it and the search goes on. */
+typedef int (*attn_module_accept_fn)(void *symbol, void *arg, char *why, size_t why_size);
+
+/* The one search for run-time modules, GPU implementations and distributed transports alike:
+ * the folders of $ATTN_MODULE_PATH when it is set (and nowhere else), otherwise the folder of the
+ * object holding the core, then the dynamic loader's search by file name. Opens `file` there
+ * (RTLD_NOW | RTLD_LOCAL), looks up `symbol` and asks accept; returns the symbol of the first copy
+ * accepted, which is never closed, or NULL with the reason in why. path gets the file loaded, or
+ * the one that failed ("" when none was found). Callers serialise their own calls. */
+void *attn_module_open(const char *file, const char *symbol, attn_module_accept_fn accept, void *arg,
+                       char *path, size_t path_size, char *why, size_t why_size);
+
 /* The table of the loaded module of that name ("cuda", "cudnn"), or NULL; for tests. */
 const attn_module_table *attn_module_table_named(const char *name);
 

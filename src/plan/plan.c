@@ -31,6 +31,8 @@ struct attn_plan {
   void *state;  /* impl->plan_init's */
   void *stream; /* borrowed */
   attn_dtype round_to;
+  int has_positions; /* attn_plan_set_positions: this plan's problem is a block of a larger one */
+  attn_positions positions;
   void *owned_workspace; /* for callers that pass no workspace */
   size_t owned_workspace_size;
 };
@@ -152,6 +154,22 @@ void attn_plan_set_rounding(attn_plan *plan, attn_dtype dtype) {
   if (plan != NULL) plan->round_to = dtype;
 }
 
+attn_status attn_plan_set_positions(attn_plan *plan, const attn_positions *positions) {
+  if (plan == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
+  if (positions == NULL) {
+    plan->has_positions = 0;
+    return attn_succeed(plan->ctx);
+  }
+  if (!plan->impl->honours_positions)
+    return attn_fail(plan->ctx, ATTN_STATUS_UNSUPPORTED,
+                     "%s: does not run a block of a larger problem (global dropout counters and "
+                     "alignment offsets); the distributed layer needs one that does",
+                     plan->impl->name);
+  plan->positions = *positions;
+  plan->has_positions = 1;
+  return attn_succeed(plan->ctx);
+}
+
 /* Points run->workspace at 64-byte-aligned memory of the size the pass needs: the caller's, or the
  * plan's own for a CPU caller that passed none. */
 static attn_status bind_workspace(attn_plan *plan, int backward, void *workspace, size_t size,
@@ -194,6 +212,7 @@ static attn_run make_run(attn_plan *plan, char *why, size_t why_size) {
   run.state = plan->state;
   run.num_threads = plan->ctx->num_threads;
   run.round_to = plan->round_to;
+  run.positions = plan->has_positions ? &plan->positions : NULL;
   run.why = why;
   run.why_size = why_size;
   why[0] = '\0';

@@ -124,6 +124,7 @@ typedef struct cpu_run {
   float scale, keep_scale, softcap;
   int dropout;
   uint32_t drop_threshold;
+  const attn_positions *pos; /* where the problem sits in a larger one (src/dist), or NULL */
   int features; /* bias, ALiBi, soft cap, mask or segment ids: the per-element pass */
   int nthreads;
 } cpu_run;
@@ -159,6 +160,7 @@ static cpu_run make_cpu_run(const attn_run *run) {
   c.softcap = (float)p->softcap;
   c.dropout = p->dropout_p > 0.0;
   c.drop_threshold = attn_dropout_threshold(p->dropout_p);
+  c.pos = run->positions;
   c.features = p->has_bias || p->alibi != ATTN_ALIBI_NONE || p->softcap > 0.0 || p->has_mask ||
                p->has_segment_ids;
   return c;
@@ -168,8 +170,25 @@ static cpu_seq make_seq(const cpu_run *c, int64_t pair) {
   cpu_seq s;
   s.b = pair / c->Hkv, s.g = pair % c->Hkv;
   s.s = attn_seq_of(c->p, c->in, s.b);
-  s.o = attn_align_offset(c->p, &s.s);
+  s.o = c->pos != NULL && c->pos->has_offset ? c->pos->offset : attn_align_offset(c->p, &s.s);
   return s;
+}
+
+/* keep[jj] for keys j0 .. j0 + n - 1 of row i: the kernel table's vector Philox, with the
+ * problem's indices made global when it is a block of a larger one. The vector paths share one
+ * Philox call per 4 keys and so need a key start that is a multiple of 4; a block whose global
+ * keys start elsewhere takes the scalar rule, element by element. */
+static void dropout_keep(const cpu_run *c, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
+                         uint8_t *keep) {
+  if (c->pos != NULL) {
+    b += c->pos->batch0, h += c->pos->head0, i += c->pos->row0, j0 += c->pos->col0;
+    if (j0 % 4 != 0) {
+      for (int64_t jj = 0; jj < n; ++jj)
+        keep[jj] = (uint8_t)attn_dropout_keep(c->in->dropout_seed, c->drop_threshold, b, h, i, j0 + jj);
+      return;
+    }
+  }
+  c->kern->dropout_keep(c->in->dropout_seed, c->drop_threshold, b, h, i, j0, n, keep);
 }
 
 /* ---- element access --------------------------------------------------------------------------- */
@@ -654,7 +673,7 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
       t->m[r] = m_new;
       if (c->dropout) { /* P' = 0 where dropped; keep_scale is applied with 1 / l at the end */
         uint8_t keep[MAX_BK];
-        k->dropout_keep(c->in->dropout_seed, c->drop_threshold, s->b, h, i0 + r, j0, nk, keep);
+        dropout_keep(c, s->b, h, i0 + r, j0, nk, keep);
         for (int64_t jj = 0; jj < nk; ++jj) x[jj] = keep[jj] ? x[jj] : 0.0f;
       }
     }
@@ -884,7 +903,7 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
         if (c->dropout) {
           float *pd = t->pd + r * bk;
           uint8_t keep[MAX_BK];
-          k->dropout_keep(c->in->dropout_seed, c->drop_threshold, s->b, h, i, tj0, tnk, keep);
+          dropout_keep(c, s->b, h, i, tj0, tnk, keep);
           for (int64_t jj = 0; jj < tnk; ++jj) {
             const float ks = keep[jj] ? c->keep_scale : 0.0f;
             pd[jj] = pr_[jj] * ks;
@@ -1198,6 +1217,7 @@ const attn_impl attn_cpu_impl = {
     .plan_fini = cpu_plan_fini,
     .forward = cpu_forward,
     .backward = cpu_backward,
+    .honours_positions = 1,
 };
 
 const char *attn_cpu_isa_name(int dtype) { return select_kernels((attn_dtype)dtype)->name; }

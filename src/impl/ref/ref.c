@@ -36,6 +36,7 @@ typedef struct ref_args {
   uint32_t drop_threshold;
   double keep_scale;     /* 1 / (1 - p_drop): the weight of a kept probability */
   attn_dtype round_to;   /* F64 = exact; else the naive same-dtype computation (tests only) */
+  const attn_positions *pos; /* where the problem sits in a larger one, or NULL */
 } ref_args;
 
 /* One query row (b, h, i) and the geometry of its sequence. */
@@ -58,6 +59,7 @@ static ref_args make_args(const attn_run *run) {
   a.drop_threshold = attn_dropout_threshold(p->dropout_p);
   a.keep_scale = 1.0 / (1.0 - p->dropout_p);
   a.round_to = run->round_to;
+  a.pos = run->positions;
   return a;
 }
 
@@ -65,7 +67,7 @@ static ref_row make_row(const ref_args *a, int64_t b, int64_t h, int64_t i) {
   ref_row r;
   r.b = b, r.h = h, r.g = h / a->group, r.i = i;
   r.seq = attn_seq_of(a->p, a->in, b);
-  r.o = attn_align_offset(a->p, &r.seq);
+  r.o = a->pos != NULL && a->pos->has_offset ? a->pos->offset : attn_align_offset(a->p, &r.seq);
   return r;
 }
 
@@ -183,6 +185,9 @@ static double logit(const ref_args *a, const ref_row *r, const double *q, int64_
 /* Step 6: whether dropout keeps (b, h, i, j); always with p_drop = 0. */
 static int kept(const ref_args *a, const ref_row *r, int64_t j) {
   if (a->p->dropout_p == 0.0) return 1;
+  if (a->pos != NULL) /* a block of a larger problem: the counter takes global indices */
+    return attn_dropout_keep(a->in->dropout_seed, a->drop_threshold, r->b + a->pos->batch0,
+                             r->h + a->pos->head0, r->i + a->pos->row0, j + a->pos->col0);
   return attn_dropout_keep(a->in->dropout_seed, a->drop_threshold, r->b, r->h, r->i, j);
 }
 
@@ -605,4 +610,5 @@ const attn_impl attn_ref_impl = {
     .plan_fini = NULL,
     .forward = ref_forward,
     .backward = ref_backward,
+    .honours_positions = 1,
 };

@@ -1,0 +1,108 @@
+/*
+ * src/dist/dist.h - the distributed layer's plan and what its files share.
+ *
+ * dist_plan.c makes the plan (spec checks, the collective agreement check, the local problem, the
+ * sub-communicators) and runs problems without a split sequence; ring.c runs sequence-split ones.
+ * Every block is computed by the single-device library (attn_plan_forward/backward) on a plan
+ * placed at the block's global positions (attn_plan_set_positions).
+ */
+#ifndef ATTN_DIST_DIST_H
+#define ATTN_DIST_DIST_H
+
+#include "attn_dist.h"
+#include "dist/transport.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct attn_dist_plan {
+  attn_ctx *ctx;
+  attn_problem global; /* validated and resolved (scale, head_dim_v, causal as window_right 0) */
+  attn_problem local;  /* this rank's shards */
+  attn_dist_spec spec; /* with axis sizes resolved */
+  int32_t coords[ATTN_DIST_MAX_AXES];
+  int32_t nb, nh, ns; /* ranks along the batch, heads and sequence splits (1 = not split) */
+  int32_t seq_rank;   /* this rank's coordinate along the sequence axis */
+  int64_t b0, h0;     /* global index of the local batch entry 0 and query head 0 */
+  int32_t strategy, layout, chunks; /* chunks: sequence chunks per rank (2 for zigzag) */
+
+  /* The ring's view of the problem. A plain ring: the local problem over the sequence ranks. The
+   * hybrid (two sequence axes): the all-to-all over the inner axis first makes each rank hold its
+   * ring group's whole slice for 1/n_inner of the heads, and the ring runs over the outer axis. */
+  attn_problem ring_local;
+  int32_t ring_n, ring_r;     /* ranks of the ring and this rank's place in it */
+  int64_t ring_head0;         /* global index of the ring problem's query head 0 */
+  int hybrid;                 /* two sequence axes: outer ring, inner all-to-all */
+  int32_t a2a_n, a2a_r;       /* the all-to-all's ranks and this rank's place (hybrid) */
+  void *ring_comm, *a2a_comm; /* the rings's and (hybrid) the all-to-all's ranks */
+
+  const attn_transport_ops *ops;
+  void *world;      /* the transport's communicator over every rank */
+  void *seq_comm;   /* the ranks of this rank's sequence ring (NULL when ns == 1) */
+  void *sinks_comm; /* the ranks whose dsinks are summed together (NULL when no reduction) */
+  void *bias_comm;  /* the ranks whose dbias is summed together (NULL when none need to be) */
+
+  attn_plan *local_plan; /* ns == 1: the whole local problem */
+  attn_plan *block_plan; /* ns > 1: ring: one chunk of queries against one chunk of keys;
+                            all-to-all: the whole sequence for 1/ns of the local heads */
+  attn_plan *sinks_plan; /* ns > 1 with sinks: the local queries against no keys, only sinks */
+  attn_problem block;    /* the block plan's problem */
+  attn_problem sinks_problem;
+
+  /* Scratch of sequence-split runs, allocated on first use (ring.c). */
+  void *scratch;
+  size_t scratch_size;
+
+  attn_dist_stats stats; /* of the last run */
+
+  /* The caller's selection, kept to re-plan the local problem of a packed varlen batch split,
+   * whose total_q and total_k are those of each run's cu_seqlens. */
+  int has_select;
+  attn_select select;
+  char select_impl[128], select_config[128];
+
+  int broken; /* a transfer failed: the peers' state is unknown, further runs are refused */
+};
+
+/* Seconds on a monotonic clock. */
+double attn_dist_now(void);
+
+/* The transport's table, loaded once from its module (transports.c). */
+attn_status attn_dist_load_transport(int32_t transport, const attn_transport_ops **ops, char *why,
+                                     size_t why_size);
+
+/* Global start of sequence chunk `chunk` (0 .. plan->chunks - 1) of sequence rank r, for a global
+ * length T (Tq or Tk). */
+int64_t attn_dist_chunk_start(const attn_dist_plan *plan, int64_t T, int32_t r, int32_t chunk);
+
+/* Dense strides of a tensor of `ndim` dims of `shape` where t's are all zero; t's otherwise. */
+void attn_dist_strides(const attn_tensor *t, const int64_t *shape, int ndim, int64_t stride[4]);
+
+/* Sequence-split runs (ring.c). */
+attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
+                                   const attn_outputs *out);
+attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
+                                    const attn_outputs *fwd, const attn_tensor *dout,
+                                    const attn_grads *grads);
+
+/* Sequence-split runs, all-to-all strategy (ulysses.c). */
+attn_status attn_dist_ulysses_forward(attn_dist_plan *plan, const attn_inputs *in,
+                                      const attn_outputs *out);
+attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *in,
+                                       const attn_outputs *fwd, const attn_tensor *dout,
+                                       const attn_grads *grads);
+
+/* The sub-plans of plan->strategy (dist_plan.c), and their release. */
+attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *select);
+void attn_dist_free_sub_plans(attn_dist_plan *plan);
+/* Strategy AUTO: sets plan->strategy (and its sub-plans) from the cache or by measuring
+ * (choose.c). Collective. */
+attn_status attn_dist_choose_strategy(attn_dist_plan *plan, const attn_select *select);
+
+/* Sums dsinks over the ranks that share the sink slice (dist_plan.c). */
+attn_status attn_dist_reduce_dsinks(attn_dist_plan *plan, const attn_tensor *dsinks);
+/* Sums a dense double copy of the local dbias over the ranks whose bias is broadcast along the
+ * dimension they split (nothing when there are none). */
+attn_status attn_dist_reduce_dbias(attn_dist_plan *plan, double *dbias);
+
+#endif /* ATTN_DIST_DIST_H */
