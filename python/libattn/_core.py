@@ -91,15 +91,20 @@ def _thread():
     return st
 
 
+_KEEP = object()
+
+
 def set_policy(*, autotune=None, allow_autotune=None, tune_backward=None, deterministic=None,
-               cache_path=None, persist=None, warmup_iters=None, measure_iters=None,
+               cache_path=_KEEP, persist=None, warmup_iters=None, measure_iters=None,
                max_seconds=None):
-    """Sets the executor's policy for every thread (attn_policy; None keeps a field).
+    """Sets the executor's policy for every thread (attn_policy; an argument left out keeps its
+    field).
 
     autotune: True times the candidates on a cache miss (on_miss=AUTOTUNE), False takes the
     heuristic pick. allow_autotune: False forbids timing anything. tune_backward: time forward +
     backward (training). deterministic: only configurations that repeat their bits. cache_path:
-    the cache file ("" for none; the default is $ATTN_CACHE_PATH or ~/.cache/libattn/cache.txt).
+    the cache file ("" for none; None for the default, $ATTN_CACHE_PATH, else
+    $XDG_CACHE_HOME/libattn/cache.txt, else ~/.cache/libattn/cache.txt).
     persist: merge measured results into the file.
     """
     global _policy_version
@@ -112,11 +117,12 @@ def set_policy(*, autotune=None, allow_autotune=None, tune_backward=None, determ
     with _policy_lock:
         new = list(_policy)
         for key, value in changes.items():
-            if value is None:
-                continue
             i = _POLICY_KEYS.index(key)
             if key == "cache_path":
-                new[i] = os.fspath(value)
+                if value is not _KEEP:
+                    new[i] = None if value is None else os.fspath(value)
+            elif value is None:
+                continue
             elif key == "max_seconds":
                 new[i] = float(value)
             else:
