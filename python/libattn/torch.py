@@ -55,7 +55,7 @@ def _problem(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, cu_seqlens
     return (
         _core.OP_SDPA if sdpa else _core.OP_FLASH, _DTYPES[q.dtype],
         _core.DEVICE_CUDA if cuda else _core.DEVICE_CPU, (q.device.index or 0) if cuda else 0,
-        batch, tq, tk, hq, hkv, d, v.shape[-1], float(scale), int(causal),
+        batch, tq, tk, hq, hkv, d, 0 if v.shape[-1] == d else v.shape[-1], float(scale), int(causal),
         _core.ALIGN_TOP_LEFT if top_left else _core.ALIGN_BOTTOM_RIGHT, window_left, window_right,
         float(softcap), float(dropout_p),
         int(bias is not None), _DTYPES[bias.dtype] if bias is not None else 0, *bshape,
@@ -116,6 +116,29 @@ def _probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
 # ---- the custom operators --------------------------------------------------------------------
 
 
+def _fwd_impl(need_lse, q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
+              cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+              causal, top_left, window_left, window_right, softcap, dropout_p, seed, return_probs,
+              sdpa, impl, config, platform, deterministic):
+    """The forward pass: out, and lse / probs when asked (None otherwise)."""
+    sdpa = sdpa or return_probs  # attn.h returns probabilities from the SDPA operation only
+    problem = _problem(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, cu_seqlens_q,
+                       seqlens_q, max_seqlen_q, max_seqlen_k, scale, causal, top_left,
+                       window_left, window_right, softcap, dropout_p, sdpa)
+    plan = _core.get_plan(problem, impl, config, platform, deterministic)
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    lse = (torch.empty(_lse_shape(q, cu_seqlens_q), dtype=_stat_dtype(q), device=q.device)
+           if need_lse or return_probs else None)
+    probs = (q.new_empty(_probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k))
+             if return_probs else None)
+    ws, ws_size, _keep = _workspace(plan.forward_workspace, q.device)
+    _ext.forward(plan.capsule,
+                 _inputs(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
+                         cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, seed),
+                 _t(out), _t(lse), _t(probs), _stream(q), ws, ws_size)
+    return out, lse, probs
+
+
 @torch.library.custom_op("libattn::fwd", mutates_args=())
 def _fwd(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], mask: Optional[Tensor],
          alibi_slopes: Optional[Tensor], sinks: Optional[Tensor],
@@ -126,21 +149,12 @@ def _fwd(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], mask: Optional
          window_right: int, softcap: float, dropout_p: float, seed: int, return_probs: bool,
          sdpa: bool, impl: Optional[str], config: Optional[str], platform: int,
          deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    sdpa = sdpa or return_probs  # attn.h returns probabilities from the SDPA operation only
-    problem = _problem(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, cu_seqlens_q,
-                       seqlens_q, max_seqlen_q, max_seqlen_k, scale, causal, top_left,
-                       window_left, window_right, softcap, dropout_p, sdpa)
-    plan = _core.get_plan(problem, impl, config, platform, deterministic)
-    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
-    lse = torch.empty(_lse_shape(q, cu_seqlens_q), dtype=_stat_dtype(q), device=q.device)
-    probs = (q.new_empty(_probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k))
-             if return_probs else q.new_empty((0,)))
-    ws, ws_size, _keep = _workspace(plan.forward_workspace, q.device)
-    _ext.forward(plan.capsule,
-                 _inputs(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
-                         cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, seed),
-                 _t(out), _t(lse), _t(probs) if return_probs else None, _stream(q), ws, ws_size)
-    return out, lse, probs
+    out, lse, probs = _fwd_impl(
+        True, q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
+        cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+        causal, top_left, window_left, window_right, softcap, dropout_p, seed, return_probs, sdpa,
+        impl, config, platform, deterministic)
+    return out, lse, probs if probs is not None else q.new_empty((0,))
 
 
 @_fwd.register_fake
@@ -155,8 +169,7 @@ def _fwd_fake(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segmen
     return out, lse, probs
 
 
-@torch.library.custom_op("libattn::bwd", mutates_args=())
-def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
          bias: Optional[Tensor], mask: Optional[Tensor], alibi_slopes: Optional[Tensor],
          sinks: Optional[Tensor], q_segment_ids: Optional[Tensor],
          kv_segment_ids: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
@@ -184,6 +197,9 @@ def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
                   _t(dbias) if need_dbias else None, _t(dsinks) if need_dsinks else None,
                   _stream(q), ws, ws_size)
     return dq, dk, dv, dbias, dsinks
+
+
+_bwd = torch.library.custom_op("libattn::bwd", _bwd_impl, mutates_args=())
 
 
 @_bwd.register_fake
@@ -216,14 +232,14 @@ def _setup_context(ctx, inputs, output):
     ctx.sinks_dtype = None if sinks is None else sinks.dtype
 
 
-def _backward(ctx, dout, dlse, dprobs):
+def _backward(ctx, dout, dlse, dprobs, bwd=None):
     saved = ctx.saved_tensors
     tensors, out, lse = saved[:_TENSOR_INPUTS], saved[_TENSOR_INPUTS], saved[_TENSOR_INPUTS + 1]
     (max_seqlen_q, max_seqlen_k, scale, causal, top_left, window_left, window_right, softcap,
      dropout_p, seed, return_probs, sdpa, impl, config, platform, deterministic) = ctx.scalars
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv, dbias, dsinks = _bwd(
+    dq, dk, dv, dbias, dsinks = (bwd or _bwd)(
         dout, tensors[0], tensors[1], tensors[2], out, lse, *tensors[3:], max_seqlen_q,
         max_seqlen_k, scale, causal, top_left, window_left, window_right, softcap, dropout_p,
         seed, sdpa or return_probs, impl, config, platform, deterministic, ctx.need_dbias,
@@ -234,6 +250,34 @@ def _backward(ctx, dout, dlse, dprobs):
 
 
 _fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """Eager mode's autograd: the same implementation as the operators, without the cost of
+    PyTorch's dispatcher and custom-op wrappers (tens of microseconds per call, docs/PYTHON.md).
+    torch.compile, fake tensors and tensor subclasses take the operators."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        out, lse, probs = _fwd_impl(True, *args)
+        probs = probs if probs is not None else out.new_empty((0,))
+        _setup_context(ctx, args, (out, lse, probs))
+        ctx.mark_non_differentiable(lse, probs)
+        return out, lse, probs
+
+    @staticmethod
+    def backward(ctx, dout, dlse, dprobs):
+        return _backward(ctx, dout, dlse, dprobs, bwd=_bwd_impl)
+
+
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+_function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
+
+
+def _eager(q):
+    """True when the direct path gives what the operators would: plain tensors, no tracing."""
+    return (type(q) is Tensor and not torch.compiler.is_compiling() and not _dispatch_modes()
+            and not _function_modes())
 
 # ---- checks: every tensor's dtype, device and shape, before any pointer crosses ---------------
 
@@ -253,6 +297,8 @@ def _check_tensor(name, t, device, ndim=None):
 
 def _check_shape(name, t, expected):
     """expected: a tuple of sizes, each an int or a tuple of allowed sizes."""
+    if t.shape[:len(expected)] == expected:  # the common case, without the loop
+        return
     for d, (n, want) in enumerate(zip(t.shape, expected)):
         allowed = want if isinstance(want, tuple) else (want,)
         if n not in allowed:
@@ -444,12 +490,18 @@ def attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
      cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k) = _check_inputs(
         q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids, cu_seqlens_q,
         cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k)
-    out, lse, probs = _fwd(
-        q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids, cu_seqlens_q,
-        cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k,
-        0.0 if scale is None else float(scale), bool(causal), _ALIGNS[align], left, right,
-        float(softcap), float(dropout_p), _seed(dropout_p, dropout_seed), bool(return_probs),
-        operation == "sdpa", impl, config, _core._platform(platform), bool(deterministic))
+    args = (q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids, cu_seqlens_q,
+            cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k,
+            0.0 if scale is None else float(scale), bool(causal), _ALIGNS[align], left, right,
+            float(softcap), float(dropout_p), _seed(dropout_p, dropout_seed), bool(return_probs),
+            operation == "sdpa", impl, config, _core._platform(platform), bool(deterministic))
+    if not _eager(q):
+        out, lse, probs = _fwd(*args)
+    elif torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                         for t in (q, k, v, bias, sinks)):
+        out, lse, probs = _EagerAttention.apply(*args)
+    else:
+        out, lse, probs = _fwd_impl(return_lse, *args)
     if layout == "bhtd":
         out = out.transpose(1, 2)
     if return_probs:
