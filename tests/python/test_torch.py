@@ -495,3 +495,34 @@ def test_float32_runs_the_cpu_implementation(seed):
     problem = libattn.problem_string(lt._problem(q, k, v, None, None, None, None, None, None, None,
                                                  33, 65, 0.0, True, False, -1, -1, 0.0, 0.0, False))
     assert libattn.plan(problem).impl == "cpu"
+
+
+def test_operators_give_what_the_eager_path_gives(seed, monkeypatch):
+    """Eager calls skip the dispatcher (autograd.Function); the custom operators torch.compile
+    traces must compute the same values and gradients, feature by feature."""
+    q, k, v = qkv(2, 5, 7, 4, 2, 8, grad=True)
+    bias, sinks = randn(1, 2, 5, 7, grad=True), randn(4, 2, grad=True)
+    cu = _cu([3, 2])
+
+    def calls():
+        yield lt.attention(q, k, v, bias=bias, sinks=sinks, causal=True, softcap=3.0,
+                           dropout_p=0.2, dropout_seed=5)
+        yield lt.flash_attn_varlen_func(q[0], k[0, :5], v[0, :5], cu, cu, 3, 3, causal=True)
+        yield lt.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                              v.transpose(1, 2), bias[0, :1], enable_gqa=True)
+
+    def results():
+        out = []
+        for y in calls():
+            out.append(y.detach())
+            out.extend(torch.autograd.grad(y.square().sum(), (q, k, v, bias, sinks),
+                                           allow_unused=True))
+        return out
+
+    eager = results()
+    monkeypatch.setattr(lt, "_eager", lambda q: False)
+    ops = results()
+    for a, b in zip(eager, ops):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
