@@ -314,10 +314,30 @@ def _dense_if_all_broadcast(t):
     return t
 
 
+def _plain_qkv_ok(q, k, v):
+    """The common call's checks (dense q, k, v and nothing else) in few operations; anything in
+    doubt goes through the full checks, which name the argument."""
+    if type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor:
+        return False
+    qs, ks, vs = q.shape, k.shape, v.shape
+    dtype = q.dtype
+    return (len(qs) == 4 and len(ks) == 4 and len(vs) == 4 and dtype in _DTYPES
+            and k.dtype is dtype and v.dtype is dtype and ks[0] == qs[0] and ks[3] == qs[3]
+            and vs[:3] == ks[:3] and qs[2] % ks[2] == 0 and q.stride(3) == 1
+            and k.stride(3) == 1 and v.stride(3) == 1 and k.device == q.device
+            and v.device == q.device)
+
+
 def _check_inputs(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
                   cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k):
     """Raises ValueError/TypeError naming the argument; returns the inputs as the operator
     takes them (index tensors in int32, ALiBi slopes and sinks in the statistics dtype)."""
+    if (bias is None and mask is None and alibi_slopes is None and sinks is None
+            and q_segment_ids is None and kv_segment_ids is None and cu_seqlens_q is None
+            and cu_seqlens_k is None and seqlens_q is None and seqlens_k is None
+            and _plain_qkv_ok(q, k, v)):
+        return (q, k, v, None, None, None, None, None, None, None, None, None, None, q.shape[1],
+                k.shape[1])
     if not isinstance(q, Tensor):
         _fail("q", f"expected a torch.Tensor, got {type(q).__name__}", TypeError)
     if q.dtype not in _DTYPES:
@@ -518,9 +538,8 @@ def _flash(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
            deterministic, return_attn_probs, **varlen):
     result = attention(q, k, v, alibi_slopes=alibi_slopes, scale=softmax_scale, causal=causal,
                        window=window_size, softcap=softcap, dropout_p=dropout_p,
-                       deterministic=deterministic, return_lse=True,
-                       return_probs=return_attn_probs, **varlen)
-    return result if return_attn_probs else result[0]
+                       deterministic=deterministic, return_probs=return_attn_probs, **varlen)
+    return result
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
