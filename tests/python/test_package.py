@@ -68,3 +68,12 @@ def test_plans_are_cached_per_problem():
     assert libattn.plan("b2 hq4 hkv2 sq5 sk7 d8", impl="ref").impl == "ref"
     with pytest.raises(libattn.InvalidArgument, match="bogus"):
         libattn.plan("b2 bogus")
+
+
+def test_readme_example_runs():
+    """The README's Python example, as written there."""
+    import pathlib
+
+    text = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(block, "README.md", "exec"), {})
