@@ -198,8 +198,15 @@ def _create_plan(st, key):
     else:
         capsule = _ext.plan_new(st.ctx, problem, impl, config, platform, 0)
     plan = Plan(capsule, problem)
+    if len(st.plans) >= _MAX_PLANS:
+        # Varlen batches bring new totals every step: the cache is bounded, and a plan made again
+        # is found in the executor's own cache.
+        st.plans.clear()
     st.plans[key] = plan
     return plan
+
+
+_MAX_PLANS = 4096
 
 
 def plan(problem, *, impl=None, config=None, platform="auto", deterministic=False):

@@ -498,6 +498,9 @@ def attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
         _fail("operation", f"expected 'flash' or 'sdpa', got {operation!r}")
     if not 0.0 <= float(dropout_p) < 1.0:
         _fail("dropout_p", f"{dropout_p} is outside [0, 1)")
+    if scale is not None and float(scale) == 0.0:
+        _fail("scale", "0 is not supported (attn.h reads 0 as the default 1/sqrt(D)); pass None "
+              "for the default")
     if layout == "bhtd":
         if cu_seqlens_q is not None:
             _fail("layout", "packed varlen tensors are [total, H, D]: use layout='bthd'")

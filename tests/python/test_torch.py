@@ -438,6 +438,7 @@ def test_bad_input():
     _raises(ValueError, "sinks", lt.attention, q, k, v, sinks=randn(3, 2))
     _raises(ValueError, "kv_segment_ids", lt.attention, q, k, v, q_segment_ids=torch.zeros(2, 5))
     _raises(ValueError, "layout", lt.attention, q, k, v, layout="tbhd")
+    _raises(ValueError, "scale", lt.scaled_dot_product_attention, q, q, q, scale=0.0)
     _raises(ValueError, "platform", lt.attention, q, k, v, platform="tpu")
     _raises(libattn.Unsupported, "f64", lt.attention, q, k, v, impl="cpu")
     _raises(NotImplementedError, "block_table", lt.flash_attn_varlen_func, q[0], k[0], v[0],
@@ -526,3 +527,21 @@ def test_operators_give_what_the_eager_path_gives(seed, monkeypatch):
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_deterministic_repeats_bits(seed):
+    """deterministic=True plans under a deterministic policy. One thread: with several, the cpu
+    implementation's dq sums per-thread partials whose k blocks OpenMP's dynamic schedule deals
+    differently from run to run, so dq moves by an ulp (reported in issue 16's notes)."""
+    q, k, v = qkv(2, 65, 129, 4, 2, 64, dtype=torch.float32, grad=True)
+    libattn.set_num_threads(1)
+    try:
+        runs = []
+        for _ in range(3):
+            out = lt.flash_attn_func(q, k, v, causal=True, deterministic=True)
+            runs.append((out, *torch.autograd.grad(out.sum(), (q, k, v))))
+    finally:
+        libattn.set_num_threads(0)
+    for run in runs[1:]:
+        for a, b in zip(runs[0], run):
+            assert torch.equal(a, b)
