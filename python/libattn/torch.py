@@ -12,6 +12,7 @@ traces a model through them. Tensors cross into the C library as data pointers a
 CUDA tensors run on the current stream of their device, with no host synchronisation.
 """
 
+import operator
 from typing import Optional, Tuple
 
 import torch
@@ -383,9 +384,16 @@ def _check_inputs(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_se
         cu_seqlens_k = index("cu_seqlens_k", cu_seqlens_k, (batch + 1,))
         if batch < 1:
             _fail("cu_seqlens_q", "needs at least 2 entries (one sequence)")
+        sizes = []
         for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-            if not isinstance(value, int) or value < 0:
+            try:
+                size = operator.index(value)
+            except TypeError:
+                size = -1
+            if size < 0:
                 _fail(name, f"expected an int >= 0, got {value!r}")
+            sizes.append(size)
+        max_seqlen_q, max_seqlen_k = sizes
     else:
         max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
     tq, tk = max_seqlen_q, max_seqlen_k

@@ -454,6 +454,8 @@ def test_bad_varlen_and_sdpa_input():
             _cu([3, 3]), torch.tensor([0, 3, 9], dtype=torch.int32), 3, 9)
     _raises(ValueError, "cu_seqlens_k", lt.flash_attn_varlen_func, q, k, v, _cu([3, 3]),
             _cu([6]), 3, 6)
+    _raises(ValueError, "max_seqlen_k", lt.flash_attn_varlen_func, q, k, v, _cu([3, 3]),
+            _cu([3, 3]), 3, 3.5)
     _raises(TypeError, "cu_seqlens_q", lt.flash_attn_varlen_func, q, k, v,
             _cu([3, 3]).float(), _cu([3, 3]), 3, 3)
     query, key = randn(1, 4, 5, 8), randn(1, 2, 6, 8)
