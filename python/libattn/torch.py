@@ -85,8 +85,16 @@ def _inputs(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_
             _p(seqlens_q), _p(seqlens_k), seed)
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream(t):
-    return torch.cuda.current_stream(t.device).cuda_stream if t.device.type == "cuda" else None
+    """The cudaStream_t of t's device's current stream (None on the CPU)."""
+    if not t.is_cuda:
+        return None
+    if _raw_stream is not None:  # PyTorch's own fast query: no Stream object per call
+        return _raw_stream(t.get_device())
+    return torch.cuda.current_stream(t.device).cuda_stream
 
 
 def _workspace(nbytes, device):

@@ -124,6 +124,7 @@ def test_current_stream_and_no_host_sync(seed):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
+        assert lt._stream(q) == side.cuda_stream  # what the library is handed
         torch.cuda.set_sync_debug_mode("error")  # any synchronising call raises
         try:
             got = lt.flash_attn_func(q, k, v, causal=True)
