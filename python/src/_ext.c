@@ -19,9 +19,9 @@
 
 #include <string.h>
 
-static PyObject *attn_error_type;   /* libattn.Error(RuntimeError) */
-static PyObject *invalid_arg_type;  /* libattn.InvalidArgument(Error, ValueError) */
-static PyObject *unsupported_type;  /* libattn.Unsupported(Error) */
+static PyObject *attn_error_type;  /* libattn.Error(RuntimeError) */
+static PyObject *invalid_arg_type; /* libattn.InvalidArgument(Error, ValueError) */
+static PyObject *unsupported_type; /* libattn.Unsupported(Error) */
 
 static const char ctx_capsule_name[] = "libattn.ctx";
 static const char plan_capsule_name[] = "libattn.plan";
@@ -45,9 +45,7 @@ static attn_plan *get_plan(PyObject *capsule) {
   return (attn_plan *)PyCapsule_GetPointer(capsule, plan_capsule_name);
 }
 
-static void ctx_destructor(PyObject *capsule) {
-  attn_ctx_destroy(get_ctx(capsule));
-}
+static void ctx_destructor(PyObject *capsule) { attn_ctx_destroy(get_ctx(capsule)); }
 
 static void plan_destructor(PyObject *capsule) {
   attn_plan_destroy(get_plan(capsule));
@@ -130,14 +128,13 @@ static PyObject *problem_to_tuple(const attn_problem *p) {
   return Py_BuildValue(
       "(iiiiLLLLLLLdiiLLddiiLLLLiLLLLiLiiiLL)", p->operation, p->dtype, p->device, p->device_index,
       (long long)p->batch, (long long)p->seqlen_q, (long long)p->seqlen_k, (long long)p->heads_q,
-      (long long)p->heads_kv, (long long)p->head_dim, (long long)p->head_dim_v, p->scale,
-      p->causal, p->align, (long long)p->window_left, (long long)p->window_right, p->softcap,
-      p->dropout_p, p->has_bias, p->bias_dtype, (long long)p->bias_shape[0],
-      (long long)p->bias_shape[1], (long long)p->bias_shape[2], (long long)p->bias_shape[3],
-      p->has_mask, (long long)p->mask_shape[0], (long long)p->mask_shape[1],
-      (long long)p->mask_shape[2], (long long)p->mask_shape[3], p->alibi, (long long)p->num_sinks,
-      p->sinks_shared, p->has_segment_ids, p->varlen, (long long)p->total_q,
-      (long long)p->total_k);
+      (long long)p->heads_kv, (long long)p->head_dim, (long long)p->head_dim_v, p->scale, p->causal,
+      p->align, (long long)p->window_left, (long long)p->window_right, p->softcap, p->dropout_p,
+      p->has_bias, p->bias_dtype, (long long)p->bias_shape[0], (long long)p->bias_shape[1],
+      (long long)p->bias_shape[2], (long long)p->bias_shape[3], p->has_mask,
+      (long long)p->mask_shape[0], (long long)p->mask_shape[1], (long long)p->mask_shape[2],
+      (long long)p->mask_shape[3], p->alibi, (long long)p->num_sinks, p->sinks_shared,
+      p->has_segment_ids, p->varlen, (long long)p->total_q, (long long)p->total_k);
 }
 
 static PyObject *ext_problem_default(PyObject *self, PyObject *args) {
@@ -262,9 +259,15 @@ static int inputs_from(PyObject *tuple, attn_inputs *in) {
     return -1;
   }
   attn_inputs_init(in);
-  attn_tensor *tensors[9] = {&in->q,     &in->k,           &in->v,
-                             &in->bias,  &in->mask,        &in->alibi_slopes,
-                             &in->sinks, &in->q_segment_ids, &in->kv_segment_ids};
+  attn_tensor *tensors[9] = {&in->q,
+                             &in->k,
+                             &in->v,
+                             &in->bias,
+                             &in->mask,
+                             &in->alibi_slopes,
+                             &in->sinks,
+                             &in->q_segment_ids,
+                             &in->kv_segment_ids};
   for (int i = 0; i < 9; ++i)
     if (tensor_from(PyTuple_GET_ITEM(tuple, i), tensors[i]) != 0) return -1;
   if (pointer_from(PyTuple_GET_ITEM(tuple, 9), &in->cu_seqlens_q) != 0 ||
@@ -345,8 +348,7 @@ static PyObject *ext_backward(PyObject *self, PyObject *args) {
   if (PyErr_Occurred()) return NULL;
   attn_status status;
   PyThreadState *save = PyEval_SaveThread();
-  status =
-      attn_plan_backward(plan, &in, &fwd, &dout, ws, (size_t)ws_size, &grads);
+  status = attn_plan_backward(plan, &in, &fwd, &dout, ws, (size_t)ws_size, &grads);
   PyEval_RestoreThread(save);
   if (status != ATTN_STATUS_OK) {
     PyObject *ctx_obj = (PyObject *)PyCapsule_GetContext(plan_obj);
@@ -533,7 +535,8 @@ static PyObject *ext_registry(PyObject *self, PyObject *args) {
 static PyMethodDef ext_methods[] = {
     {"ctx_new", ext_ctx_new, METH_NOARGS, "A new attn_ctx (capsule)."},
     {"problem_default", ext_problem_default, METH_NOARGS, "attn_problem_init's fields as a tuple."},
-    {"problem_string", ext_problem_string, METH_VARARGS, "The canonical string of a problem tuple."},
+    {"problem_string", ext_problem_string, METH_VARARGS,
+     "The canonical string of a problem tuple."},
     {"problem_parse", ext_problem_parse, METH_VARARGS, "A problem tuple from its string."},
     {"plan_new", ext_plan_new, METH_VARARGS, "attn_plan_create(ctx, problem, impl, config, ...)."},
     {"plan_info", ext_plan_info, METH_VARARGS, "(impl, config, fwd bytes, bwd bytes) of a plan."},
@@ -549,9 +552,15 @@ static PyMethodDef ext_methods[] = {
     {"registry", ext_registry, METH_NOARGS, "The registered implementations."},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef ext_module = {PyModuleDef_HEAD_INIT, "_ext",
-                                        "libattn's binding over attn.h (private).", -1,
-                                        ext_methods, NULL, NULL, NULL, NULL};
+static struct PyModuleDef ext_module = {PyModuleDef_HEAD_INIT,
+                                        "_ext",
+                                        "libattn's binding over attn.h (private).",
+                                        -1,
+                                        ext_methods,
+                                        NULL,
+                                        NULL,
+                                        NULL,
+                                        NULL};
 
 PyMODINIT_FUNC PyInit__ext(void) {
   PyObject *m = PyModule_Create(&ext_module);
@@ -560,18 +569,18 @@ PyMODINIT_FUNC PyInit__ext(void) {
       "libattn.Error", "A libattn call failed; the message names the argument and the rule.",
       PyExc_RuntimeError, NULL);
   PyObject *bases = attn_error_type ? PyTuple_Pack(2, attn_error_type, PyExc_ValueError) : NULL;
-  invalid_arg_type = bases ? PyErr_NewExceptionWithDoc(
-                                 "libattn.InvalidArgument",
-                                 "An argument broke a rule of attn.h (also a ValueError).", bases,
-                                 NULL)
-                           : NULL;
+  invalid_arg_type =
+      bases ? PyErr_NewExceptionWithDoc("libattn.InvalidArgument",
+                                        "An argument broke a rule of attn.h (also a ValueError).",
+                                        bases, NULL)
+            : NULL;
   Py_XDECREF(bases);
-  unsupported_type =
-      attn_error_type ? PyErr_NewExceptionWithDoc(
-                            "libattn.Unsupported",
-                            "No implementation (or not the one asked for) can run the problem.",
-                            attn_error_type, NULL)
-                      : NULL;
+  unsupported_type = attn_error_type
+                         ? PyErr_NewExceptionWithDoc(
+                               "libattn.Unsupported",
+                               "No implementation (or not the one asked for) can run the problem.",
+                               attn_error_type, NULL)
+                         : NULL;
   if (attn_error_type == NULL || invalid_arg_type == NULL || unsupported_type == NULL ||
       PyModule_AddObjectRef(m, "Error", attn_error_type) != 0 ||
       PyModule_AddObjectRef(m, "InvalidArgument", invalid_arg_type) != 0 ||
