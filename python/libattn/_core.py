@@ -209,6 +209,15 @@ def _create_plan(st, key):
 _MAX_PLANS = 4096
 
 
+def remember(key, value):
+    """Keeps a front-end's entry (a plan and what it derived) beside this thread's plans, so a
+    change of policy forgets both."""
+    st = _thread()
+    if len(st.plans) >= _MAX_PLANS:
+        st.plans.clear()
+    st.plans[key] = value
+
+
 def plan(problem, *, impl=None, config=None, platform="auto", deterministic=False):
     """The plan libattn makes for a problem (a canonical string or a problem tuple): which
     implementation and configuration run it. Cached like the front-ends' plans."""

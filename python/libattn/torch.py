@@ -506,6 +506,78 @@ def attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
     [B, Hq, Tq] (packed: [Hq, total_q]) in float32 (float64 for float64 q); (out, lse, probs) with
     return_probs, probs [B, Hq, Tq, Tk] the probabilities after dropout.
     """
+    if ((layout == "bthd" or layout == "bhtd") and bias is None and mask is None
+            and alibi_slopes is None
+            and sinks is None and q_segment_ids is None and kv_segment_ids is None
+            and cu_seqlens_q is None and cu_seqlens_k is None and seqlens_q is None
+            and seqlens_k is None and not return_probs and dropout_p == 0
+            and type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
+            and q.dim() == 4 and k.dim() == 4 and v.dim() == 4
+            and q.stride(3) == 1 and k.stride(3) == 1 and v.stride(3) == 1
+            and not (torch.is_grad_enabled()
+                     and (q.requires_grad or k.requires_grad or v.requires_grad))
+            and _eager(q)):
+        # Inference's common call: q, k, v and scalars. Once such a call has passed the checks,
+        # its plan and output shapes are kept under everything the checks looked at, so the
+        # next call of the same kind costs one lookup (docs/PYTHON.md: the overhead).
+        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
+               v.device, layout, scale, causal, align, window, softcap, operation, impl, config,
+               platform, deterministic)
+        try:
+            plan, out_shape, lse_shape = _core._thread().plans[key]
+        except (KeyError, TypeError):  # TypeError: an unhashable argument; the checks say which
+            pass
+        else:
+            out = q.new_empty(out_shape)  # [B, Tq, Hq, Dv]
+            lse = (torch.empty(lse_shape, dtype=_stat_dtype(q), device=q.device) if return_lse
+                   else None)
+            ws, ws_size, _keep = _workspace(plan.forward_workspace, q.device)
+            qs, ks, vs = q.stride(), k.stride(), v.stride()
+            if layout == "bhtd":  # [B, H, T, D] read through [B, T, H, D] strides: no transpose
+                qs, ks, vs = ((s[0], s[2], s[1], s[3]) for s in (qs, ks, vs))
+            _ext.forward(plan.capsule, ((q.data_ptr(), *qs), (k.data_ptr(), *ks),
+                                        (v.data_ptr(), *vs), None, None, None, None,
+                                        None, None, None, None, None, None, 0),
+                         (out.data_ptr(), *out.stride()), _t(lse), None, _stream(q), ws, ws_size)
+            if layout == "bhtd":
+                out = out.transpose(1, 2)
+            return (out, lse) if return_lse else out
+        out, lse = _attention(q, k, v, scale=scale, causal=causal, align=align, window=window,
+                              softcap=softcap, return_lse=True, layout=layout,
+                              operation=operation, impl=impl, config=config, platform=platform,
+                              deterministic=deterministic)
+        result = (out, lse) if return_lse else out
+        if layout == "bhtd":
+            q, k, v, out = (t.transpose(1, 2) for t in (q, k, v, out))
+        problem = _problem(q, k, v, None, None, None, None, None, None, None, q.shape[1],
+                           k.shape[1], 0.0 if scale is None else float(scale), bool(causal),
+                           _ALIGNS[align], *_window(window), float(softcap), 0.0,
+                           operation == "sdpa")
+        try:
+            _core.remember(key, (_core.get_plan(problem, impl, config, _core._platform(platform),
+                                                bool(deterministic)), out.shape, lse.shape))
+        except TypeError:  # an unhashable argument (a list for window, say): not kept
+            pass
+        return result
+    return _attention(q, k, v, bias=bias, mask=mask, alibi_slopes=alibi_slopes, sinks=sinks,
+                      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                      cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqlens_q=seqlens_q,
+                      seqlens_k=seqlens_k, scale=scale, causal=causal, align=align, window=window,
+                      softcap=softcap, dropout_p=dropout_p, dropout_seed=dropout_seed,
+                      return_lse=return_lse, return_probs=return_probs, layout=layout,
+                      operation=operation, impl=impl, config=config, platform=platform,
+                      deterministic=deterministic)
+
+
+def _attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
+              q_segment_ids=None, kv_segment_ids=None, cu_seqlens_q=None, cu_seqlens_k=None,
+              max_seqlen_q=None, max_seqlen_k=None, seqlens_q=None, seqlens_k=None, scale=None,
+              causal=False, align="bottom_right", window=(-1, -1), softcap=0.0, dropout_p=0.0,
+              dropout_seed=None, return_lse=False, return_probs=False, layout="bthd",
+              operation="flash", impl=None, config=None, platform="auto",
+              deterministic=False):
+    """attention() past its fast path: checks every input, then runs."""
     if layout not in ("bthd", "bhtd"):
         _fail("layout", f"expected 'bthd' or 'bhtd', got {layout!r}")
     if align not in _ALIGNS:

@@ -357,13 +357,16 @@ static PyObject *ext_backward(PyObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* bench_forward(plan, inputs, out, lse, iterations) -> seconds per call of attn_plan_forward made
- * from C: the C API's own cost, the baseline the binding's overhead is measured against. */
+/* bench_forward(plan, inputs, out, lse, iterations, workspace_ptr, workspace_bytes) -> seconds per
+ * call of attn_plan_forward made from C: the C API's own cost, the baseline the binding's overhead
+ * is measured against. A GPU plan runs on the stream last set (asynchronously: the caller
+ * synchronises around the call). */
 static PyObject *ext_bench_forward(PyObject *self, PyObject *args) {
   (void)self;
-  PyObject *plan_obj, *inputs_obj, *out_obj, *lse_obj;
-  Py_ssize_t iterations;
-  if (!PyArg_ParseTuple(args, "OOOOn", &plan_obj, &inputs_obj, &out_obj, &lse_obj, &iterations))
+  PyObject *plan_obj, *inputs_obj, *out_obj, *lse_obj, *ws_obj;
+  Py_ssize_t iterations, ws_size;
+  if (!PyArg_ParseTuple(args, "OOOOnOn", &plan_obj, &inputs_obj, &out_obj, &lse_obj, &iterations,
+                        &ws_obj, &ws_size))
     return NULL;
   attn_plan *plan = get_plan(plan_obj);
   if (plan == NULL) return NULL;
@@ -373,12 +376,14 @@ static PyObject *ext_bench_forward(PyObject *self, PyObject *args) {
   if (inputs_from(inputs_obj, &in) != 0 || tensor_from(out_obj, &outs.out) != 0 ||
       tensor_from(lse_obj, &outs.lse) != 0)
     return NULL;
+  void *ws = ws_obj == Py_None ? NULL : PyLong_AsVoidPtr(ws_obj);
+  if (PyErr_Occurred()) return NULL;
   PyObject *time_mod = PyImport_ImportModule("time");
   if (time_mod == NULL) return NULL;
   PyObject *t0 = PyObject_CallMethod(time_mod, "perf_counter", NULL);
   attn_status status = ATTN_STATUS_OK;
   for (Py_ssize_t i = 0; i < iterations && status == ATTN_STATUS_OK; ++i)
-    status = attn_plan_forward(plan, &in, NULL, 0, &outs);
+    status = attn_plan_forward(plan, &in, ws, (size_t)ws_size, &outs);
   PyObject *t1 = PyObject_CallMethod(time_mod, "perf_counter", NULL);
   Py_DECREF(time_mod);
   if (t0 == NULL || t1 == NULL) {
