@@ -41,16 +41,17 @@ def run(fn, *args, **kwargs):
 
 
 def naive(q, k, v, causal):
-    """PyTorch's math SDPA in q's dtype on [B, T, H, D] tensors, bottom-right causal."""
+    """SPEC.md's naive same-dtype computation on [B, T, H, D] tensors: scores and P rounded to
+    q's dtype (PyTorch's math SDPA would compute in float32), bottom-right causal."""
     group = q.shape[2] // k.shape[2]
-    qt, kt, vt = (t.transpose(1, 2) for t in (q, k.repeat_interleave(group, 2),
-                                             v.repeat_interleave(group, 2)))
-    mask = None
+    kk, vv = k.repeat_interleave(group, 2), v.repeat_interleave(group, 2)
+    x = torch.einsum("bihd,bjhd->bhij", q, kk) * q.new_tensor(q.shape[-1] ** -0.5)
     if causal:
         tq, tk = q.shape[1], k.shape[1]
-        mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-        return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask).transpose(1, 2)
+        keep = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
+        x = x.masked_fill(~keep, float("-inf"))
+    p = torch.softmax(x, dim=-1).nan_to_num(0.0)  # rounded to the dtype; 0 on masked rows
+    return torch.einsum("bhij,bjhd->bihd", p, vv)
 
 
 def assert_spec_close(got, want64, naive_out, factor=2.0):
@@ -139,8 +140,8 @@ def test_cuda_graph_capture_and_replay(seed):
                for _ in range(3))
     dout = torch.randn(2, 128, 4, 64, device=DEV, dtype=torch.bfloat16)
 
-    def step():
-        out = lt.flash_attn_func(q, k, v, causal=True)
+    def step():  # deterministic: a replay and a fresh run compare bit for bit
+        out = lt.flash_attn_func(q, k, v, causal=True, deterministic=True)
         return (out, *torch.autograd.grad(out, (q, k, v), dout))
 
     s = torch.cuda.Stream()
@@ -168,7 +169,7 @@ def test_two_gpus_in_one_process(seed):
     outs = []
     for dev in ("cuda:0", "cuda:1"):
         qd, kd, vd = (t.to(dev).requires_grad_(True) for t in (q, k, v))
-        out = lt.flash_attn_func(qd, kd, vd, causal=True)
+        out = lt.flash_attn_func(qd, kd, vd, causal=True, deterministic=True)
         assert out.device == torch.device(dev)
         grads = torch.autograd.grad(out, (qd, kd, vd), torch.ones_like(out))
         outs.append([t.cpu() for t in (out, *grads)])
@@ -189,8 +190,8 @@ def test_torch_compile_inductor(seed):
     compiled = torch.compile(layer, fullgraph=True)
     want = torch.autograd.grad(layer(q, k, v), (q, k, v))
     got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    for g, w in zip(got, want):  # the default backward may add with atomics: not bitwise
+        torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-2)
 
 
 def test_sdpa_front_end_on_cuda(seed):
@@ -200,5 +201,6 @@ def test_sdpa_front_end_on_cuda(seed):
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         want = F.scaled_dot_product_attention(query.double(), key.double(), value.double(),
                                               is_causal=True, enable_gqa=True)
-        nout = F.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True)
-    assert_spec_close(got.cpu(), want.cpu(), nout.cpu())
+    # is_causal is top-left: with L == S it is the bottom-right mask naive() draws.
+    nout = naive(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), True)
+    assert_spec_close(got.cpu(), want.cpu(), nout.transpose(1, 2).cpu())
