@@ -263,7 +263,8 @@ def _platform(name):
 
 def cache_info():
     """What the executor's cache holds: the file's path, the number of entries in this thread's
-    memory and in the file, and the file's entries as dicts (problem, impl, config, time_us, ...)."""
+    memory and in the file, and the file's entries as dicts (problem, impl, config, time_us,
+    ...)."""
     st = _thread()
     path = _ext.cache(st.ctx, "path")
     memory, disk = _ext.cache(st.ctx, "count")

@@ -56,7 +56,8 @@ def _problem(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, cu_seqlens
     return (
         _core.OP_SDPA if sdpa else _core.OP_FLASH, _DTYPES[q.dtype],
         _core.DEVICE_CUDA if cuda else _core.DEVICE_CPU, (q.device.index or 0) if cuda else 0,
-        batch, tq, tk, hq, hkv, d, 0 if v.shape[-1] == d else v.shape[-1], float(scale), int(causal),
+        batch, tq, tk, hq, hkv, d, 0 if v.shape[-1] == d else v.shape[-1], float(scale),
+        int(causal),
         _core.ALIGN_TOP_LEFT if top_left else _core.ALIGN_BOTTOM_RIGHT, window_left, window_right,
         float(softcap), float(dropout_p),
         int(bias is not None), _DTYPES[bias.dtype] if bias is not None else 0, *bshape,
@@ -179,15 +180,15 @@ def _fwd_fake(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segmen
 
 
 def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-         bias: Optional[Tensor], mask: Optional[Tensor], alibi_slopes: Optional[Tensor],
-         sinks: Optional[Tensor], q_segment_ids: Optional[Tensor],
-         kv_segment_ids: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
-         cu_seqlens_k: Optional[Tensor], seqlens_q: Optional[Tensor],
-         seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, scale: float,
-         causal: bool, top_left: bool, window_left: int, window_right: int, softcap: float,
-         dropout_p: float, seed: int, sdpa: bool, impl: Optional[str], config: Optional[str],
-         platform: int, deterministic: bool, need_dbias: bool,
-         need_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+              bias: Optional[Tensor], mask: Optional[Tensor], alibi_slopes: Optional[Tensor],
+              sinks: Optional[Tensor], q_segment_ids: Optional[Tensor],
+              kv_segment_ids: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+              cu_seqlens_k: Optional[Tensor], seqlens_q: Optional[Tensor],
+              seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, scale: float,
+              causal: bool, top_left: bool, window_left: int, window_right: int, softcap: float,
+              dropout_p: float, seed: int, sdpa: bool, impl: Optional[str], config: Optional[str],
+              platform: int, deterministic: bool, need_dbias: bool,
+              need_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     problem = _problem(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, cu_seqlens_q,
                        seqlens_q, max_seqlen_q, max_seqlen_k, scale, causal, top_left,
                        window_left, window_right, softcap, dropout_p, sdpa)

@@ -22,7 +22,8 @@ def randn(*shape, dtype=F64, grad=False):
 
 
 def qkv(b=2, tq=5, tk=7, hq=4, hkv=2, d=8, dv=None, dtype=F64, grad=False):
-    return (randn(b, tq, hq, d, dtype=dtype, grad=grad), randn(b, tk, hkv, d, dtype=dtype, grad=grad),
+    return (randn(b, tq, hq, d, dtype=dtype, grad=grad),
+            randn(b, tk, hkv, d, dtype=dtype, grad=grad),
             randn(b, tk, hkv, dv or d, dtype=dtype, grad=grad))
 
 
@@ -85,7 +86,8 @@ def test_flash_attn_func(seed, case):
     q, k, v = qkv(b, tq, tk, c.pop("hq", 4), c.pop("hkv", 2), 9, c.pop("dv", None))
     alibi = c.pop("alibi", 0)
     hq = q.shape[2]
-    slopes = None if not alibi else torch.rand((hq,) if alibi == 1 else (b, hq), dtype=torch.float32)
+    slopes = (None if not alibi else
+              torch.rand((hq,) if alibi == 1 else (b, hq), dtype=torch.float32))
     out, lse, _ = lt.flash_attn_func(q, k, v, alibi_slopes=slopes, return_attn_probs=True, **c)
     want, want_lse = reference(q, k, v, alibi_slopes=slopes, scale=c.get("softmax_scale"),
                                causal=c.get("causal", False),
@@ -106,7 +108,8 @@ def test_flash_attn_func_gradients_match_reference(seed, case):
     alibi = c.pop("alibi", 0)
     slopes = None if not alibi else torch.rand((b, q.shape[2]), dtype=torch.float32)
     dout = randn(*q.shape[:3], v.shape[-1])
-    got = torch.autograd.grad(lt.flash_attn_func(q, k, v, alibi_slopes=slopes, **c), (q, k, v), dout)
+    got = torch.autograd.grad(lt.flash_attn_func(q, k, v, alibi_slopes=slopes, **c), (q, k, v),
+                              dout)
     ref_out, _ = reference(q, k, v, alibi_slopes=slopes, causal=c.get("causal", False),
                            window=c.get("window_size", (-1, -1)), softcap=c.get("softcap", 0))
     if case == "causal_tq_gt_tk":  # rows with no visible key: the reference's grads there are NaN
@@ -177,7 +180,8 @@ def test_padded_varlen_and_segment_ids(seed):
     qs = torch.randint(-1, 3, (3, 6))
     ks = torch.randint(0, 3, (3, 7))
     got = lt.attention(q, k, v, q_segment_ids=qs, kv_segment_ids=ks)
-    torch.testing.assert_close(got, reference(q, k, v, q_segment_ids=qs, kv_segment_ids=ks)[0], **TOL)
+    want = reference(q, k, v, q_segment_ids=qs, kv_segment_ids=ks)[0]
+    torch.testing.assert_close(got, want, **TOL)
 
 
 # ---- attention(): the features beyond FlashAttention's ---------------------------------------
@@ -247,7 +251,8 @@ def test_dropout(seed):
     torch.testing.assert_close(out, torch.einsum("bhij,bjhd->bihd", probs, v), **TOL)
     # The same seed gives the same bits; torch.manual_seed makes the drawn seed repeatable.
     a = lt.attention(q, k, v, dropout_p=p, dropout_seed=1234)
-    torch.testing.assert_close(lt.attention(q, k, v, dropout_p=p, dropout_seed=1234), a, rtol=0, atol=0)
+    again = lt.attention(q, k, v, dropout_p=p, dropout_seed=1234)
+    torch.testing.assert_close(again, a, rtol=0, atol=0)
     assert not torch.equal(lt.attention(q, k, v, dropout_p=p, dropout_seed=99), a)
     torch.manual_seed(seed)
     b = lt.flash_attn_func(q, k, v, dropout_p=p)
@@ -293,7 +298,8 @@ def test_scaled_dot_product_attention(seed, case):
 
 
 def test_sdpa_float_mask_gradient(seed):
-    query, key, value = randn(2, 3, 5, 8, grad=True), randn(2, 3, 6, 8, grad=True), randn(2, 3, 6, 8, grad=True)
+    query = randn(2, 3, 5, 8, grad=True)
+    key, value = randn(2, 3, 6, 8, grad=True), randn(2, 3, 6, 8, grad=True)
     mask = randn(5, 6, grad=True)
     dout = randn(2, 3, 5, 8)
     got = torch.autograd.grad(lt.scaled_dot_product_attention(query, key, value, mask),
@@ -314,8 +320,8 @@ def _gradcheck(fn, *inputs):
 def test_gradcheck_flash(seed):
     q, k, v = qkv(1, 3, 4, 2, 1, 3, dv=2, grad=True)
     slopes = torch.rand(2)
-    _gradcheck(lambda q, k, v: lt.flash_attn_func(q, k, v, causal=True, softcap=2.0,
-                                                  alibi_slopes=slopes, window_size=(2, -1)), q, k, v)
+    _gradcheck(lambda q, k, v: lt.flash_attn_func(
+        q, k, v, causal=True, softcap=2.0, alibi_slopes=slopes, window_size=(2, -1)), q, k, v)
 
 
 def test_gradcheck_dropout_bias_sinks(seed):
@@ -330,9 +336,11 @@ def test_gradcheck_varlen_and_sdpa(seed):
     cu_q, cu_k = _cu([2, 3]), _cu([4, 2])
     _gradcheck(lambda q, k, v: lt.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 3, 4, causal=True),
                q, k, v)
-    query, key, value = randn(1, 2, 3, 4, grad=True), randn(1, 2, 5, 4, grad=True), randn(1, 2, 5, 4, grad=True)
+    query = randn(1, 2, 3, 4, grad=True)
+    key, value = randn(1, 2, 5, 4, grad=True), randn(1, 2, 5, 4, grad=True)
     mask = randn(3, 5, grad=True)
-    _gradcheck(lambda a, b, c, m: lt.scaled_dot_product_attention(a, b, c, m), query, key, value, mask)
+    _gradcheck(lambda a, b, c, m: lt.scaled_dot_product_attention(a, b, c, m),
+               query, key, value, mask)
 
 
 # ---- FlashAttention signature compatibility ----------------------------------------------------
