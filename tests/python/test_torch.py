@@ -409,6 +409,21 @@ def test_torch_compile_fullgraph(seed):
         torch.testing.assert_close(g, w, **TOL)
 
 
+def test_torch_compile_inductor(seed):
+    """The default backend: Inductor generates C++ around the operators (about 20 s here)."""
+    q, k, v = qkv(2, 5, 7, 4, 2, 8, dtype=torch.float32, grad=True)
+
+    def layer(q, k, v):
+        return (lt.flash_attn_func(q * 2, k, v, causal=True) * 3).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True)
+    got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    want = torch.autograd.grad(layer(q, k, v), (q, k, v))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
 def test_opcheck(seed):
     q, k, v = qkv(1, 3, 4, 2, 1, 4, grad=True)
     bias = randn(1, 2, 3, 4, grad=True)
