@@ -2,7 +2,9 @@
 #
 #   make                  configure and build (Release) in build/
 #   make test             build, run every test in build/, then again in build-asan/ under
-#                         AddressSanitizer + UndefinedBehaviorSanitizer; both must pass
+#                         AddressSanitizer + UndefinedBehaviorSanitizer, then the Python
+#                         package's tests (test-python); all must pass
+#   make test-python      pip install PyTorch (PyPI) and this package into build/venv, run pytest
 #   make bench            build and run `attn bench`, the default CPU table (BENCH_ARGS adds options)
 #   make install PREFIX=/usr/local
 #   make format           clang-format -i on the C sources
@@ -28,7 +30,7 @@ endif
 SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1 \
           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all build configure test test-release test-asan bench install format clean
+.PHONY: all build configure test test-release test-asan test-python bench install format clean
 
 all: build
 
@@ -43,6 +45,7 @@ build: configure
 test:
 	$(MAKE) --no-print-directory test-release
 	$(MAKE) --no-print-directory test-asan
+	$(MAKE) --no-print-directory test-python
 
 test-release: build
 	cd $(BUILD) && $(CTEST) --output-on-failure -j $(JOBS)
@@ -54,6 +57,23 @@ test-asan:
 	  -DATTN_BUILD_BENCH=OFF $(CMAKE_ARGS) -DATTN_WITH_CUDA=OFF -DATTN_WITH_CUDNN=OFF
 	$(CMAKE) --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && $(SAN_ENV) $(CTEST) --output-on-failure -j $(JOBS)
+
+# The Python package (pyproject.toml) in a virtual environment under the build folder: PyTorch
+# from PyPI as the README says (the default wheel, with its nvidia-* wheels: about 5 GB and one to
+# three minutes, once per build folder), then `pip install .`, which builds the C library again
+# with scikit-build-core in $(BUILD)/python. CPU only: the GPU modules are tested on a GPU with
+# tests/python/gpu (docs/PYTHON.md): of CMAKE_ARGS only the warnings setting is passed on, so CI's
+# request for the GPU modules never compiles CUDA a second time. pytest runs from tests/python, so
+# the installed package is the one imported.
+PYTHON ?= python3
+VENV ?= $(BUILD)/venv
+test-python:
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q torch pytest numpy
+	CMAKE_ARGS="$(filter -DATTN_WERROR%,$(CMAKE_ARGS))" $(VENV)/bin/python -m pip install -q . \
+	  -C build-dir=$(BUILD)/python \
+	  -C cmake.define.ATTN_WITH_CUDA=OFF -C cmake.define.ATTN_WITH_CUDNN=OFF
+	cd tests/python && $(abspath $(VENV))/bin/python -m pytest -q -p no:cacheprovider --ignore=gpu .
 
 bench: configure
 	$(CMAKE) --build $(BUILD) -j $(JOBS) --target attn_tool

@@ -1,0 +1,617 @@
+/*
+ * python/src/_ext.c - libattn._ext, the one binding every Python front-end shares.
+ *
+ * A thin layer over attn.h on the CPython API: tensors cross it as integers (a data pointer and
+ * strides in elements), so it links neither PyTorch nor any other framework and one build works
+ * with every framework version. It was chosen over ctypes by measurement (docs/PYTHON.md): ctypes
+ * builds and converts the attn_inputs/attn_outputs structures field by field in Python, which
+ * costs tens of microseconds per call; here the conversion is a loop over a tuple in C.
+ *
+ * Objects are capsules: a context (attn_ctx) and plans made from it. A plan capsule keeps a
+ * reference to its context's capsule, so the context is destroyed after its last plan, as attn.h
+ * requires. The library runs with the GIL released; the Python side keeps one context per thread
+ * (attn.h: one thread at a time per context), so no two threads ever share a context.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <attn.h>
+
+#include <string.h>
+
+static PyObject *attn_error_type;  /* libattn.Error(RuntimeError) */
+static PyObject *invalid_arg_type; /* libattn.InvalidArgument(Error, ValueError) */
+static PyObject *unsupported_type; /* libattn.Unsupported(Error) */
+
+static const char ctx_capsule_name[] = "libattn.ctx";
+static const char plan_capsule_name[] = "libattn.plan";
+
+/* Raises the exception of a failed status with the context's message. Returns NULL. */
+static PyObject *raise_status(attn_status status, const char *message) {
+  PyObject *type = attn_error_type;
+  if (status == ATTN_STATUS_INVALID_ARGUMENT) type = invalid_arg_type;
+  if (status == ATTN_STATUS_UNSUPPORTED) type = unsupported_type;
+  if (status == ATTN_STATUS_OUT_OF_MEMORY) type = PyExc_MemoryError;
+  PyErr_Format(type, "%s: %s", attn_status_string(status),
+               message != NULL && message[0] != '\0' ? message : "(no message)");
+  return NULL;
+}
+
+static attn_ctx *get_ctx(PyObject *capsule) {
+  return (attn_ctx *)PyCapsule_GetPointer(capsule, ctx_capsule_name);
+}
+
+static attn_plan *get_plan(PyObject *capsule) {
+  return (attn_plan *)PyCapsule_GetPointer(capsule, plan_capsule_name);
+}
+
+static void ctx_destructor(PyObject *capsule) { attn_ctx_destroy(get_ctx(capsule)); }
+
+static void plan_destructor(PyObject *capsule) {
+  attn_plan_destroy(get_plan(capsule));
+  /* The context outlives its plans: the plan held a reference to the context's capsule. */
+  PyObject *ctx = (PyObject *)PyCapsule_GetContext(capsule);
+  Py_XDECREF(ctx);
+}
+
+static PyObject *ext_ctx_new(PyObject *self, PyObject *args) {
+  (void)self;
+  (void)args;
+  attn_ctx *ctx = NULL;
+  attn_status status = attn_ctx_create(&ctx);
+  if (status != ATTN_STATUS_OK) return raise_status(status, "attn_ctx_create failed");
+  PyObject *capsule = PyCapsule_New(ctx, ctx_capsule_name, ctx_destructor);
+  if (capsule == NULL) attn_ctx_destroy(ctx);
+  return capsule;
+}
+
+/* ---- problems: a tuple of the fields of attn_problem, in declaration order ----------------- */
+
+enum { PROBLEM_FIELDS = 36 };
+
+static int problem_from_tuple(PyObject *tuple, attn_problem *p) {
+  if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != PROBLEM_FIELDS) {
+    PyErr_Format(PyExc_TypeError, "problem: expected a tuple of %d fields", PROBLEM_FIELDS);
+    return -1;
+  }
+  attn_problem_init(p);
+  int64_t v[PROBLEM_FIELDS];
+  double scale = 0, softcap = 0, dropout = 0;
+  for (Py_ssize_t i = 0; i < PROBLEM_FIELDS; ++i) {
+    PyObject *item = PyTuple_GET_ITEM(tuple, i);
+    if (i == 11 || i == 16 || i == 17) {
+      double d = PyFloat_AsDouble(item);
+      if (d == -1.0 && PyErr_Occurred()) return -1;
+      if (i == 11) scale = d;
+      if (i == 16) softcap = d;
+      if (i == 17) dropout = d;
+      v[i] = 0;
+    } else {
+      v[i] = PyLong_AsLongLong(item);
+      if (v[i] == -1 && PyErr_Occurred()) return -1;
+    }
+  }
+  p->operation = (int32_t)v[0];
+  p->dtype = (int32_t)v[1];
+  p->device = (int32_t)v[2];
+  p->device_index = (int32_t)v[3];
+  p->batch = v[4];
+  p->seqlen_q = v[5];
+  p->seqlen_k = v[6];
+  p->heads_q = v[7];
+  p->heads_kv = v[8];
+  p->head_dim = v[9];
+  p->head_dim_v = v[10];
+  p->scale = scale;
+  p->causal = (int32_t)v[12];
+  p->align = (int32_t)v[13];
+  p->window_left = v[14];
+  p->window_right = v[15];
+  p->softcap = softcap;
+  p->dropout_p = dropout;
+  p->has_bias = (int32_t)v[18];
+  p->bias_dtype = (int32_t)v[19];
+  for (int d = 0; d < 4; ++d) p->bias_shape[d] = v[20 + d];
+  p->has_mask = (int32_t)v[24];
+  for (int d = 0; d < 4; ++d) p->mask_shape[d] = v[25 + d];
+  p->alibi = (int32_t)v[29];
+  p->num_sinks = v[30];
+  p->sinks_shared = (int32_t)v[31];
+  p->has_segment_ids = (int32_t)v[32];
+  p->varlen = (int32_t)v[33];
+  p->total_q = v[34];
+  p->total_k = v[35];
+  return 0;
+}
+
+static PyObject *problem_to_tuple(const attn_problem *p) {
+  return Py_BuildValue(
+      "(iiiiLLLLLLLdiiLLddiiLLLLiLLLLiLiiiLL)", p->operation, p->dtype, p->device, p->device_index,
+      (long long)p->batch, (long long)p->seqlen_q, (long long)p->seqlen_k, (long long)p->heads_q,
+      (long long)p->heads_kv, (long long)p->head_dim, (long long)p->head_dim_v, p->scale, p->causal,
+      p->align, (long long)p->window_left, (long long)p->window_right, p->softcap, p->dropout_p,
+      p->has_bias, p->bias_dtype, (long long)p->bias_shape[0], (long long)p->bias_shape[1],
+      (long long)p->bias_shape[2], (long long)p->bias_shape[3], p->has_mask,
+      (long long)p->mask_shape[0], (long long)p->mask_shape[1], (long long)p->mask_shape[2],
+      (long long)p->mask_shape[3], p->alibi, (long long)p->num_sinks, p->sinks_shared,
+      p->has_segment_ids, p->varlen, (long long)p->total_q, (long long)p->total_k);
+}
+
+static PyObject *ext_problem_default(PyObject *self, PyObject *args) {
+  (void)self;
+  (void)args;
+  attn_problem p;
+  attn_problem_init(&p);
+  return problem_to_tuple(&p);
+}
+
+static PyObject *ext_problem_string(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *tuple;
+  if (!PyArg_ParseTuple(args, "O", &tuple)) return NULL;
+  attn_problem p;
+  if (problem_from_tuple(tuple, &p) != 0) return NULL;
+  char buf[1024];
+  attn_problem_to_string(&p, buf, sizeof buf);
+  return PyUnicode_FromString(buf);
+}
+
+static PyObject *ext_problem_parse(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *ctx_obj;
+  const char *text;
+  if (!PyArg_ParseTuple(args, "Os", &ctx_obj, &text)) return NULL;
+  attn_ctx *ctx = get_ctx(ctx_obj);
+  if (ctx == NULL) return NULL;
+  attn_problem p;
+  attn_status status = attn_problem_parse(ctx, text, &p);
+  if (status != ATTN_STATUS_OK) return raise_status(status, attn_ctx_last_error(ctx));
+  return problem_to_tuple(&p);
+}
+
+/* ---- plans ---------------------------------------------------------------------------------- */
+
+static PyObject *ext_plan_new(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *ctx_obj, *tuple;
+  const char *impl = NULL, *config = NULL;
+  int platform = 0, backend = 0;
+  if (!PyArg_ParseTuple(args, "OOzzii", &ctx_obj, &tuple, &impl, &config, &platform, &backend))
+    return NULL;
+  attn_ctx *ctx = get_ctx(ctx_obj);
+  if (ctx == NULL) return NULL;
+  attn_problem p;
+  if (problem_from_tuple(tuple, &p) != 0) return NULL;
+  attn_select select;
+  attn_select_init(&select);
+  select.impl = impl;
+  select.config = config;
+  select.platform = platform;
+  select.backend = backend;
+  attn_plan *plan = NULL;
+  attn_status status;
+  /* Autotuning may take seconds: other Python threads run meanwhile (this context is ours). */
+  PyThreadState *save = PyEval_SaveThread();
+  status = attn_plan_create(ctx, &p, &select, &plan);
+  PyEval_RestoreThread(save);
+  if (status != ATTN_STATUS_OK) {
+    return raise_status(status, attn_ctx_last_error(ctx));
+  }
+  PyObject *capsule = PyCapsule_New(plan, plan_capsule_name, plan_destructor);
+  if (capsule == NULL) {
+    attn_plan_destroy(plan);
+    return NULL;
+  }
+  Py_INCREF(ctx_obj);
+  if (PyCapsule_SetContext(capsule, ctx_obj) != 0) {
+    Py_DECREF(ctx_obj);
+    Py_DECREF(capsule); /* the destructor destroys the plan */
+    return NULL;
+  }
+  return capsule;
+}
+
+/* (implementation, configuration, forward workspace bytes, backward workspace bytes) */
+static PyObject *ext_plan_info(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *plan_obj;
+  if (!PyArg_ParseTuple(args, "O", &plan_obj)) return NULL;
+  attn_plan *plan = get_plan(plan_obj);
+  if (plan == NULL) return NULL;
+  size_t fwd = 0, bwd = 0;
+  attn_plan_workspace_size(plan, &fwd, &bwd);
+  return Py_BuildValue("(ssnn)", attn_plan_impl_name(plan), attn_plan_config_name(plan),
+                       (Py_ssize_t)fwd, (Py_ssize_t)bwd);
+}
+
+/* A tensor is None (not given) or a tuple (data pointer, stride0, stride1, ...) of at most
+ * 1 + ATTN_MAX_DIMS integers; the strides are in elements, in the order of attn.h's shapes. */
+static int tensor_from(PyObject *obj, attn_tensor *t) {
+  memset(t, 0, sizeof *t);
+  if (obj == Py_None) return 0;
+  if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) < 1 ||
+      PyTuple_GET_SIZE(obj) > 1 + ATTN_MAX_DIMS) {
+    PyErr_SetString(PyExc_TypeError, "tensor: expected None or (data_ptr, *strides)");
+    return -1;
+  }
+  t->data = PyLong_AsVoidPtr(PyTuple_GET_ITEM(obj, 0));
+  if (t->data == NULL && PyErr_Occurred()) return -1;
+  for (Py_ssize_t d = 1; d < PyTuple_GET_SIZE(obj); ++d) {
+    t->stride[d - 1] = PyLong_AsLongLong(PyTuple_GET_ITEM(obj, d));
+    if (t->stride[d - 1] == -1 && PyErr_Occurred()) return -1;
+  }
+  return 0;
+}
+
+static int pointer_from(PyObject *obj, const int32_t **out) {
+  *out = NULL;
+  if (obj == Py_None) return 0;
+  *out = (const int32_t *)PyLong_AsVoidPtr(obj);
+  return (*out == NULL && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* The inputs tuple: (q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
+ * cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, dropout_seed); the first nine are tensors,
+ * the next four data pointers or None, the seed an integer (taken modulo 2**64). */
+static int inputs_from(PyObject *tuple, attn_inputs *in) {
+  if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != 14) {
+    PyErr_SetString(PyExc_TypeError, "inputs: expected a tuple of 14 items");
+    return -1;
+  }
+  attn_inputs_init(in);
+  attn_tensor *tensors[9] = {&in->q,
+                             &in->k,
+                             &in->v,
+                             &in->bias,
+                             &in->mask,
+                             &in->alibi_slopes,
+                             &in->sinks,
+                             &in->q_segment_ids,
+                             &in->kv_segment_ids};
+  for (int i = 0; i < 9; ++i)
+    if (tensor_from(PyTuple_GET_ITEM(tuple, i), tensors[i]) != 0) return -1;
+  if (pointer_from(PyTuple_GET_ITEM(tuple, 9), &in->cu_seqlens_q) != 0 ||
+      pointer_from(PyTuple_GET_ITEM(tuple, 10), &in->cu_seqlens_k) != 0 ||
+      pointer_from(PyTuple_GET_ITEM(tuple, 11), &in->seqlens_q) != 0 ||
+      pointer_from(PyTuple_GET_ITEM(tuple, 12), &in->seqlens_k) != 0)
+    return -1;
+  in->dropout_seed = (uint64_t)PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(tuple, 13));
+  if (PyErr_Occurred()) return -1;
+  return 0;
+}
+
+/* Stream: an integer cudaStream_t (0 = the default stream) or None for a CPU plan. */
+static int set_stream(attn_plan *plan, PyObject *stream) {
+  if (stream == Py_None) return 0;
+  void *s = PyLong_AsVoidPtr(stream);
+  if (s == NULL && PyErr_Occurred()) return -1;
+  attn_plan_set_stream(plan, s);
+  return 0;
+}
+
+/* forward(plan, inputs, out, lse, probs, stream, workspace_ptr, workspace_bytes) */
+static PyObject *ext_forward(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *plan_obj, *inputs_obj, *out_obj, *lse_obj, *probs_obj, *stream, *ws_obj;
+  Py_ssize_t ws_size;
+  if (!PyArg_ParseTuple(args, "OOOOOOOn", &plan_obj, &inputs_obj, &out_obj, &lse_obj, &probs_obj,
+                        &stream, &ws_obj, &ws_size))
+    return NULL;
+  attn_plan *plan = get_plan(plan_obj);
+  if (plan == NULL) return NULL;
+  attn_inputs in;
+  attn_outputs outs;
+  attn_outputs_init(&outs);
+  if (inputs_from(inputs_obj, &in) != 0 || tensor_from(out_obj, &outs.out) != 0 ||
+      tensor_from(lse_obj, &outs.lse) != 0 || tensor_from(probs_obj, &outs.probs) != 0 ||
+      set_stream(plan, stream) != 0)
+    return NULL;
+  void *ws = ws_obj == Py_None ? NULL : PyLong_AsVoidPtr(ws_obj);
+  if (PyErr_Occurred()) return NULL;
+  attn_status status;
+  PyThreadState *save = PyEval_SaveThread();
+  status = attn_plan_forward(plan, &in, ws, (size_t)ws_size, &outs);
+  PyEval_RestoreThread(save);
+  if (status != ATTN_STATUS_OK) {
+    PyObject *ctx_obj = (PyObject *)PyCapsule_GetContext(plan_obj);
+    return raise_status(status, attn_ctx_last_error(get_ctx(ctx_obj)));
+  }
+  Py_RETURN_NONE;
+}
+
+/* backward(plan, inputs, out, lse, dout, dq, dk, dv, dbias, dsinks, stream, workspace_ptr,
+ * workspace_bytes) */
+static PyObject *ext_backward(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *plan_obj, *inputs_obj, *out_obj, *lse_obj, *dout_obj, *dq_obj, *dk_obj, *dv_obj,
+      *dbias_obj, *dsinks_obj, *stream, *ws_obj;
+  Py_ssize_t ws_size;
+  if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOn", &plan_obj, &inputs_obj, &out_obj, &lse_obj,
+                        &dout_obj, &dq_obj, &dk_obj, &dv_obj, &dbias_obj, &dsinks_obj, &stream,
+                        &ws_obj, &ws_size))
+    return NULL;
+  attn_plan *plan = get_plan(plan_obj);
+  if (plan == NULL) return NULL;
+  attn_inputs in;
+  attn_outputs fwd;
+  attn_outputs_init(&fwd);
+  attn_grads grads;
+  attn_grads_init(&grads);
+  attn_tensor dout;
+  if (inputs_from(inputs_obj, &in) != 0 || tensor_from(out_obj, &fwd.out) != 0 ||
+      tensor_from(lse_obj, &fwd.lse) != 0 || tensor_from(dout_obj, &dout) != 0 ||
+      tensor_from(dq_obj, &grads.dq) != 0 || tensor_from(dk_obj, &grads.dk) != 0 ||
+      tensor_from(dv_obj, &grads.dv) != 0 || tensor_from(dbias_obj, &grads.dbias) != 0 ||
+      tensor_from(dsinks_obj, &grads.dsinks) != 0 || set_stream(plan, stream) != 0)
+    return NULL;
+  void *ws = ws_obj == Py_None ? NULL : PyLong_AsVoidPtr(ws_obj);
+  if (PyErr_Occurred()) return NULL;
+  attn_status status;
+  PyThreadState *save = PyEval_SaveThread();
+  status = attn_plan_backward(plan, &in, &fwd, &dout, ws, (size_t)ws_size, &grads);
+  PyEval_RestoreThread(save);
+  if (status != ATTN_STATUS_OK) {
+    PyObject *ctx_obj = (PyObject *)PyCapsule_GetContext(plan_obj);
+    return raise_status(status, attn_ctx_last_error(get_ctx(ctx_obj)));
+  }
+  Py_RETURN_NONE;
+}
+
+/* bench_forward(plan, inputs, out, lse, iterations, workspace_ptr, workspace_bytes) -> seconds per
+ * call of attn_plan_forward made from C: the C API's own cost, the baseline the binding's overhead
+ * is measured against. A GPU plan runs on the stream last set (asynchronously: the caller
+ * synchronises around the call). */
+static PyObject *ext_bench_forward(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *plan_obj, *inputs_obj, *out_obj, *lse_obj, *ws_obj;
+  Py_ssize_t iterations, ws_size;
+  if (!PyArg_ParseTuple(args, "OOOOnOn", &plan_obj, &inputs_obj, &out_obj, &lse_obj, &iterations,
+                        &ws_obj, &ws_size))
+    return NULL;
+  attn_plan *plan = get_plan(plan_obj);
+  if (plan == NULL) return NULL;
+  attn_inputs in;
+  attn_outputs outs;
+  attn_outputs_init(&outs);
+  if (inputs_from(inputs_obj, &in) != 0 || tensor_from(out_obj, &outs.out) != 0 ||
+      tensor_from(lse_obj, &outs.lse) != 0)
+    return NULL;
+  void *ws = ws_obj == Py_None ? NULL : PyLong_AsVoidPtr(ws_obj);
+  if (PyErr_Occurred()) return NULL;
+  PyObject *time_mod = PyImport_ImportModule("time");
+  if (time_mod == NULL) return NULL;
+  PyObject *t0 = PyObject_CallMethod(time_mod, "perf_counter", NULL);
+  attn_status status = ATTN_STATUS_OK;
+  for (Py_ssize_t i = 0; i < iterations && status == ATTN_STATUS_OK; ++i)
+    status = attn_plan_forward(plan, &in, ws, (size_t)ws_size, &outs);
+  PyObject *t1 = PyObject_CallMethod(time_mod, "perf_counter", NULL);
+  Py_DECREF(time_mod);
+  if (t0 == NULL || t1 == NULL) {
+    Py_XDECREF(t0);
+    Py_XDECREF(t1);
+    return NULL;
+  }
+  double seconds = PyFloat_AsDouble(t1) - PyFloat_AsDouble(t0);
+  Py_DECREF(t0);
+  Py_DECREF(t1);
+  if (status != ATTN_STATUS_OK) return raise_status(status, "attn_plan_forward failed");
+  return PyFloat_FromDouble(iterations > 0 ? seconds / (double)iterations : 0.0);
+}
+
+/* ---- context: policy, cache, threads, last error ------------------------------------------- */
+
+static PyObject *ext_last_error(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *ctx_obj;
+  if (!PyArg_ParseTuple(args, "O", &ctx_obj)) return NULL;
+  attn_ctx *ctx = get_ctx(ctx_obj);
+  if (ctx == NULL) return NULL;
+  return PyUnicode_FromString(attn_ctx_last_error(ctx));
+}
+
+/* set_policy(ctx, allow_autotune, on_miss, tune_backward, warmup_iters, measure_iters,
+ * max_seconds, persist, cache_path or None, deterministic) */
+static PyObject *ext_set_policy(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *ctx_obj;
+  attn_policy pol;
+  attn_policy_init(&pol);
+  int allow, on_miss, tune_bwd, warmup, measure, persist, det;
+  double max_seconds;
+  const char *path = NULL;
+  if (!PyArg_ParseTuple(args, "Oiiiiidizi", &ctx_obj, &allow, &on_miss, &tune_bwd, &warmup,
+                        &measure, &max_seconds, &persist, &path, &det))
+    return NULL;
+  attn_ctx *ctx = get_ctx(ctx_obj);
+  if (ctx == NULL) return NULL;
+  pol.allow_autotune = allow;
+  pol.on_miss = on_miss;
+  pol.tune_backward = tune_bwd;
+  pol.warmup_iters = warmup;
+  pol.measure_iters = measure;
+  pol.max_seconds = max_seconds;
+  pol.persist = persist;
+  pol.cache_path = path;
+  pol.deterministic = det;
+  attn_status status = attn_ctx_set_policy(ctx, &pol);
+  if (status != ATTN_STATUS_OK) return raise_status(status, attn_ctx_last_error(ctx));
+  Py_RETURN_NONE;
+}
+
+static PyObject *policy_tuple(const attn_policy *pol) {
+  return Py_BuildValue("(iiiiidizi)", pol->allow_autotune, pol->on_miss, pol->tune_backward,
+                       pol->warmup_iters, pol->measure_iters, pol->max_seconds, pol->persist,
+                       pol->cache_path, pol->deterministic);
+}
+
+static PyObject *ext_get_policy(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *ctx_obj = NULL;
+  if (!PyArg_ParseTuple(args, "|O", &ctx_obj)) return NULL;
+  attn_policy pol;
+  if (ctx_obj == NULL) { /* the defaults, with the environment's say (ATTN_AUTOTUNE) */
+    attn_policy_init(&pol);
+    return policy_tuple(&pol);
+  }
+  attn_ctx *ctx = get_ctx(ctx_obj);
+  if (ctx == NULL) return NULL;
+  attn_status status = attn_ctx_get_policy(ctx, &pol);
+  if (status != ATTN_STATUS_OK) return raise_status(status, attn_ctx_last_error(ctx));
+  return policy_tuple(&pol);
+}
+
+/* cache(ctx, what, path): "path" -> str, "count" -> (memory, disk), "clear", "import", "export" */
+static PyObject *ext_cache(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *ctx_obj;
+  const char *what, *path = NULL;
+  if (!PyArg_ParseTuple(args, "Os|z", &ctx_obj, &what, &path)) return NULL;
+  attn_ctx *ctx = get_ctx(ctx_obj);
+  if (ctx == NULL) return NULL;
+  attn_status status;
+  if (strcmp(what, "path") == 0) {
+    char buf[4096];
+    status = attn_cache_get_path(ctx, buf, sizeof buf);
+    if (status != ATTN_STATUS_OK) return raise_status(status, attn_ctx_last_error(ctx));
+    return PyUnicode_FromString(buf);
+  }
+  if (strcmp(what, "count") == 0) {
+    int64_t memory = 0, disk = 0;
+    status = attn_cache_count(ctx, &memory, &disk);
+    if (status != ATTN_STATUS_OK) return raise_status(status, attn_ctx_last_error(ctx));
+    return Py_BuildValue("(LL)", (long long)memory, (long long)disk);
+  }
+  if (strcmp(what, "clear") == 0) {
+    status = attn_cache_clear(ctx);
+  } else if (strcmp(what, "import") == 0 && path != NULL) {
+    status = attn_cache_import(ctx, path);
+  } else if (strcmp(what, "export") == 0 && path != NULL) {
+    status = attn_cache_export(ctx, path);
+  } else {
+    PyErr_Format(PyExc_ValueError, "cache: unknown request '%s' (or no path given)", what);
+    return NULL;
+  }
+  if (status != ATTN_STATUS_OK) return raise_status(status, attn_ctx_last_error(ctx));
+  Py_RETURN_NONE;
+}
+
+static PyObject *ext_set_num_threads(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *ctx_obj;
+  int n;
+  if (!PyArg_ParseTuple(args, "Oi", &ctx_obj, &n)) return NULL;
+  attn_ctx *ctx = get_ctx(ctx_obj);
+  if (ctx == NULL) return NULL;
+  attn_status status = attn_ctx_set_num_threads(ctx, n);
+  if (status != ATTN_STATUS_OK) return raise_status(status, attn_ctx_last_error(ctx));
+  Py_RETURN_NONE;
+}
+
+/* ---- the library: version and registry ------------------------------------------------------ */
+
+static PyObject *ext_version(PyObject *self, PyObject *args) {
+  (void)self;
+  (void)args;
+  return PyUnicode_FromString(attn_version_string());
+}
+
+/* [(name, platform name, device, version)] of every registered implementation, in order. */
+static PyObject *ext_registry(PyObject *self, PyObject *args) {
+  (void)self;
+  (void)args;
+  int32_t n = attn_impl_count();
+  PyObject *list = PyList_New(0);
+  if (list == NULL) return NULL;
+  for (int32_t i = 0; i < n; ++i) {
+    int32_t device = attn_impl_device(i);
+    PyObject *item =
+        Py_BuildValue("(sssi)", attn_impl_name(i), attn_platform_name(attn_impl_platform(i)),
+                      device == ATTN_DEVICE_CUDA ? "cuda" : "cpu", (int)attn_impl_version(i));
+    if (item == NULL || PyList_Append(list, item) != 0) {
+      Py_XDECREF(item);
+      Py_DECREF(list);
+      return NULL;
+    }
+    Py_DECREF(item);
+  }
+  return list;
+}
+
+/* The GPU modules: a list of {"name", "loaded", "path", "reason"} (attn_module_info). */
+static PyObject *ext_modules(PyObject *self, PyObject *args) {
+  (void)self, (void)args;
+  PyObject *list = PyList_New(0);
+  for (int32_t i = 0; list != NULL && i < attn_module_count(); ++i) {
+    attn_module_status m;
+    if (attn_module_info(i, &m) != ATTN_STATUS_OK) continue;
+    PyObject *d = Py_BuildValue("{s:s,s:O,s:s,s:s}", "name", m.name, "loaded",
+                                m.loaded ? Py_True : Py_False, "path", m.path, "reason", m.message);
+    if (d == NULL || PyList_Append(list, d) != 0) {
+      Py_XDECREF(d);
+      Py_DECREF(list);
+      return NULL;
+    }
+    Py_DECREF(d);
+  }
+  return list;
+}
+
+static PyMethodDef ext_methods[] = {
+    {"ctx_new", ext_ctx_new, METH_NOARGS, "A new attn_ctx (capsule)."},
+    {"problem_default", ext_problem_default, METH_NOARGS, "attn_problem_init's fields as a tuple."},
+    {"problem_string", ext_problem_string, METH_VARARGS,
+     "The canonical string of a problem tuple."},
+    {"problem_parse", ext_problem_parse, METH_VARARGS, "A problem tuple from its string."},
+    {"plan_new", ext_plan_new, METH_VARARGS, "attn_plan_create(ctx, problem, impl, config, ...)."},
+    {"plan_info", ext_plan_info, METH_VARARGS, "(impl, config, fwd bytes, bwd bytes) of a plan."},
+    {"forward", ext_forward, METH_VARARGS, "attn_plan_forward."},
+    {"backward", ext_backward, METH_VARARGS, "attn_plan_backward."},
+    {"bench_forward", ext_bench_forward, METH_VARARGS, "Seconds per attn_plan_forward from C."},
+    {"last_error", ext_last_error, METH_VARARGS, "attn_ctx_last_error."},
+    {"set_policy", ext_set_policy, METH_VARARGS, "attn_ctx_set_policy."},
+    {"get_policy", ext_get_policy, METH_VARARGS, "attn_ctx_get_policy (defaults without ctx)."},
+    {"cache", ext_cache, METH_VARARGS, "The executor's cache: path, count, clear, import, export."},
+    {"set_num_threads", ext_set_num_threads, METH_VARARGS, "attn_ctx_set_num_threads."},
+    {"version", ext_version, METH_NOARGS, "attn_version_string."},
+    {"registry", ext_registry, METH_NOARGS, "The registered implementations."},
+    {"modules", ext_modules, METH_NOARGS, "The GPU modules, loaded or not, and why."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef ext_module = {PyModuleDef_HEAD_INIT,
+                                        "_ext",
+                                        "libattn's binding over attn.h (private).",
+                                        -1,
+                                        ext_methods,
+                                        NULL,
+                                        NULL,
+                                        NULL,
+                                        NULL};
+
+PyMODINIT_FUNC PyInit__ext(void) {
+  PyObject *m = PyModule_Create(&ext_module);
+  if (m == NULL) return NULL;
+  attn_error_type = PyErr_NewExceptionWithDoc(
+      "libattn.Error", "A libattn call failed; the message names the argument and the rule.",
+      PyExc_RuntimeError, NULL);
+  PyObject *bases = attn_error_type ? PyTuple_Pack(2, attn_error_type, PyExc_ValueError) : NULL;
+  invalid_arg_type =
+      bases ? PyErr_NewExceptionWithDoc("libattn.InvalidArgument",
+                                        "An argument broke a rule of attn.h (also a ValueError).",
+                                        bases, NULL)
+            : NULL;
+  Py_XDECREF(bases);
+  unsupported_type = attn_error_type
+                         ? PyErr_NewExceptionWithDoc(
+                               "libattn.Unsupported",
+                               "No implementation (or not the one asked for) can run the problem.",
+                               attn_error_type, NULL)
+                         : NULL;
+  if (attn_error_type == NULL || invalid_arg_type == NULL || unsupported_type == NULL ||
+      PyModule_AddObjectRef(m, "Error", attn_error_type) != 0 ||
+      PyModule_AddObjectRef(m, "InvalidArgument", invalid_arg_type) != 0 ||
+      PyModule_AddObjectRef(m, "Unsupported", unsupported_type) != 0) {
+    Py_DECREF(m);
+    return NULL;
+  }
+  return m;
+}
