@@ -19,10 +19,11 @@
 
 /* The buffers of one run, in host or in device memory: one per attn_role (NULL where the run has no
  * such tensor), and the sequence lengths of a varlen problem (cu_seqlens when packed, seqlens when
- * padded; NULL otherwise). */
+ * padded; NULL otherwise) or of a paged cache (cache_seqlens: every sequence full, seqlen_k -
+ * seqlen_new; its block table gives each sequence distinct pages in shuffled order). */
 typedef struct h_buffers {
-  void *role[18]; /* indexed by attn_role */
-  int32_t *cu_seqlens_q, *cu_seqlens_k, *seqlens_q, *seqlens_k;
+  void *role[21]; /* indexed by attn_role */
+  int32_t *cu_seqlens_q, *cu_seqlens_k, *seqlens_q, *seqlens_k, *cache_seqlens;
 } h_buffers;
 
 /* The data of one run: inputs, and outputs for forward and (optionally) backward. host always holds

@@ -9,6 +9,9 @@
 #ifndef ATTN_IMPL_CPU_CPU_H
 #define ATTN_IMPL_CPU_CPU_H
 
+#include "impl/impl.h"
+
+#include <stddef.h>
 #include <stdint.h>
 
 /* Column counts handed to gemm are multiples of this; packed tiles pad their rows to it. */
@@ -85,6 +88,13 @@ void attn_cpu_store_f16_avx512(uint16_t *dst, int64_t n, const float *src, float
 void attn_cpu_dropout_keep_avx512(uint64_t seed, uint32_t threshold, int64_t b, int64_t h,
                                   int64_t i, int64_t j0, int64_t n, uint8_t *keep);
 #endif
+
+/* The decode path (decode.c): few queries per sequence against a dense or paged cache, split over
+ * keys and merged through lse. Whether it takes the (resolved) problem, its forward workspace, and
+ * the run (after any paged append). */
+int attn_cpu_decode_applies(const attn_problem *problem);
+size_t attn_cpu_decode_workspace(const attn_problem *problem);
+attn_status attn_cpu_decode_forward(const attn_run *run, const attn_cpu_kernels *kernels);
 
 /* The kernel table a new plan of "cpu" would use now ("generic", "avx2", "avx512"): cpuid lowered
  * by ATTN_CPU_ISA. For benchmarks that report which path ran. */

@@ -38,6 +38,13 @@ static int64_t rows_q(const attn_problem *p) {
 }
 
 static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_size) {
+  if (p->page_size > 0) {
+    attn_format(why, why_size,
+                "page_size=%lld: the cuda kernels read dense k and v; a paged cache runs on the "
+                "CPU implementations (the GPU decode kernel is issue 14's next step)",
+                (long long)p->page_size);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
   if (p->dtype != ATTN_DTYPE_BF16 && p->dtype != ATTN_DTYPE_F16) {
     attn_format(why, why_size,
                 "dtype=%s: the cuda kernels run f16 and bf16 on tensor cores (f32 would need a "

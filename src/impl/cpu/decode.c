@@ -1,0 +1,476 @@
+/*
+ * src/impl/cpu/decode.c - the "cpu" implementation's decode path: few queries per sequence against
+ * a long cache of keys and values, dense or paged (docs/DECODE.md), at the memory's read rate.
+ *
+ * Decode reads every visible K and V row once and does little arithmetic with it (the Hq/Hkv query
+ * heads times Tq queries of one KV head), so its speed is the rate at which K and V stream from
+ * memory. The tiled forward of cpu.c is built for the opposite (many queries reusing a packed K/V
+ * block) and would spend its time packing. Here:
+ *   - work items are (sequence, KV head, key split): the visible keys of a sequence (the union of
+ *     its rows' windows, so pages wholly outside the window are never touched) are cut into
+ *     `splits` ranges so that short batches still fill every thread (flash-decoding);
+ *   - GQA packing: an item holds the R = (Hq/Hkv) * Tq query rows of its KV head, so each K and V
+ *     row is read from memory once for all of them;
+ *   - K and V rows are read in place (f32 and bf16 rows with unit element stride; f16 or strided
+ *     rows are converted into a small buffer first) by vector kernels written with the compiler's
+ *     vector extensions and cloned per instruction set (AVX-512, AVX2, baseline), chosen at load;
+ *   - each item keeps an online softmax (m, l, unnormalised O) per row over key blocks of 64 and
+ *     writes it as a partial result; a second pass merges the splits of each (sequence, KV head)
+ *     through their maxima, adds the sinks once, and writes out and lse.
+ * Every sum is in f32. Features: GQA/MQA, causal, sliding windows, soft cap, sinks, ALiBi,
+ * per-sequence lengths including 0, lse. Problems with a bias, mask, segment ids or dropout, and
+ * longer query blocks, take cpu.c's tiled path (which also reads paged caches).
+ */
+#include "impl/cpu/cpu.h"
+#include "impl/impl.h"
+
+#include "core/dtype.h"
+#include "core/tensors.h"
+
+#include <math.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define KEY_BLOCK 64      /* keys per online-softmax step: S, P and the converted rows stay in L1 */
+#define MIN_SPLIT_KEYS 256 /* a split shorter than this costs more to merge than it saves */
+#define MAX_DECODE_TQ 16   /* queries per sequence the decode path takes (speculative decoding) */
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
+
+/* ---- vector kernels ------------------------------------------------------------------------------ */
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__clang__) &&      \
+    defined(__linux__)
+/* One copy of each kernel per instruction set, picked by the loader (ifunc) from cpuid. */
+#define DECODE_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define DECODE_CLONES
+#endif
+
+#if defined(__GNUC__)
+/* The helpers below pass 64-byte vectors by value; they are static and inlined into each clone, so
+ * the calling convention GCC warns may differ between instruction sets is never used across one. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+
+/* 16 elements of a row: f32, or bf16 widened (its bits are the top half of the f32's). */
+static inline v16f load16(const void *p, int bf16) {
+  if (bf16) {
+    v16h h;
+    memcpy(&h, p, sizeof h);
+    return (v16f)(__builtin_convertvector(h, v16u) << 16);
+  }
+  v16f f;
+  memcpy(&f, p, sizeof f);
+  return f;
+}
+
+static inline float hsum16(v16f a) {
+  v8f lo, hi;
+  memcpy(&lo, &a, sizeof lo);
+  memcpy(&hi, (const char *)&a + sizeof lo, sizeof hi);
+  v8f s8 = lo + hi;
+  v4f l4, h4;
+  memcpy(&l4, &s8, sizeof l4);
+  memcpy(&h4, (const char *)&s8 + sizeof l4, sizeof h4);
+  v4f s4 = l4 + h4;
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+#endif
+
+static inline float load1(const void *p, int64_t d, int bf16) {
+  return bf16 ? attn_bf16_to_f32(((const uint16_t *)p)[d]) : ((const float *)p)[d];
+}
+
+/* S[r * lds + jj] = dot(q[r * ldq ..], key row jj) for r < R, jj < nb; rows f32 or bf16. */
+DECODE_CLONES
+static void decode_dots(int64_t R, int64_t nb, int64_t D, const float *q, int64_t ldq,
+                        const void *const *rows, int bf16, float *S, int64_t lds) {
+#if defined(__GNUC__)
+  const int64_t D16 = D / 16 * 16;
+  const size_t es = bf16 ? 2 : 4;
+  for (int64_t jj = 0; jj < nb; ++jj) {
+    const char *k = rows[jj];
+    int64_t r = 0;
+    for (; r + 4 <= R; r += 4) { /* four query rows share each load of the key */
+      const float *q0 = q + r * ldq, *q1 = q0 + ldq, *q2 = q1 + ldq, *q3 = q2 + ldq;
+      v16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+      for (int64_t d = 0; d < D16; d += 16) {
+        const v16f kv = load16(k + (size_t)d * es, bf16);
+        a0 += load16(q0 + d, 0) * kv;
+        a1 += load16(q1 + d, 0) * kv;
+        a2 += load16(q2 + d, 0) * kv;
+        a3 += load16(q3 + d, 0) * kv;
+      }
+      float s0 = hsum16(a0), s1 = hsum16(a1), s2 = hsum16(a2), s3 = hsum16(a3);
+      for (int64_t d = D16; d < D; ++d) {
+        const float kd = load1(k, d, bf16);
+        s0 += q0[d] * kd, s1 += q1[d] * kd, s2 += q2[d] * kd, s3 += q3[d] * kd;
+      }
+      S[r * lds + jj] = s0, S[(r + 1) * lds + jj] = s1;
+      S[(r + 2) * lds + jj] = s2, S[(r + 3) * lds + jj] = s3;
+    }
+    for (; r < R; ++r) {
+      const float *q0 = q + r * ldq;
+      v16f a0 = {0};
+      for (int64_t d = 0; d < D16; d += 16) a0 += load16(q0 + d, 0) * load16(k + (size_t)d * es, bf16);
+      float s0 = hsum16(a0);
+      for (int64_t d = D16; d < D; ++d) s0 += q0[d] * load1(k, d, bf16);
+      S[r * lds + jj] = s0;
+    }
+  }
+#else
+  for (int64_t jj = 0; jj < nb; ++jj)
+    for (int64_t r = 0; r < R; ++r) {
+      float s = 0.0f;
+      for (int64_t d = 0; d < D; ++d) s += q[r * ldq + d] * load1(rows[jj], d, bf16);
+      S[r * lds + jj] = s;
+    }
+#endif
+}
+
+/* O[r * ldo + d] += sum_jj P[r * ldp + jj] * value row jj [d] for r < R, d < Dv; rows f32 or bf16. */
+DECODE_CLONES
+static void decode_axpys(int64_t R, int64_t nb, int64_t Dv, const float *P, int64_t ldp,
+                         const void *const *rows, int bf16, float *O, int64_t ldo) {
+#if defined(__GNUC__)
+  const int64_t D16 = Dv / 16 * 16;
+  const size_t es = bf16 ? 2 : 4;
+  int64_t r = 0;
+  for (; r + 4 <= R; r += 4) { /* four rows' accumulators stay in registers over the block */
+    const float *p0 = P + r * ldp, *p1 = p0 + ldp, *p2 = p1 + ldp, *p3 = p2 + ldp;
+    float *o0 = O + r * ldo, *o1 = o0 + ldo, *o2 = o1 + ldo, *o3 = o2 + ldo;
+    for (int64_t d = 0; d < D16; d += 16) {
+      v16f a0 = load16(o0 + d, 0), a1 = load16(o1 + d, 0), a2 = load16(o2 + d, 0),
+           a3 = load16(o3 + d, 0);
+      for (int64_t jj = 0; jj < nb; ++jj) {
+        const v16f vv = load16((const char *)rows[jj] + (size_t)d * es, bf16);
+        a0 += p0[jj] * vv, a1 += p1[jj] * vv, a2 += p2[jj] * vv, a3 += p3[jj] * vv;
+      }
+      memcpy(o0 + d, &a0, sizeof a0), memcpy(o1 + d, &a1, sizeof a1);
+      memcpy(o2 + d, &a2, sizeof a2), memcpy(o3 + d, &a3, sizeof a3);
+    }
+    for (int64_t d = D16; d < Dv; ++d)
+      for (int64_t jj = 0; jj < nb; ++jj) {
+        const float vd = load1(rows[jj], d, bf16);
+        o0[d] += p0[jj] * vd, o1[d] += p1[jj] * vd, o2[d] += p2[jj] * vd, o3[d] += p3[jj] * vd;
+      }
+  }
+  for (; r < R; ++r) {
+    const float *p0 = P + r * ldp;
+    float *o0 = O + r * ldo;
+    for (int64_t d = 0; d < D16; d += 16) {
+      v16f a0 = load16(o0 + d, 0);
+      for (int64_t jj = 0; jj < nb; ++jj)
+        a0 += p0[jj] * load16((const char *)rows[jj] + (size_t)d * es, bf16);
+      memcpy(o0 + d, &a0, sizeof a0);
+    }
+    for (int64_t d = D16; d < Dv; ++d)
+      for (int64_t jj = 0; jj < nb; ++jj) o0[d] += p0[jj] * load1(rows[jj], d, bf16);
+  }
+#else
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t jj = 0; jj < nb; ++jj)
+      for (int64_t d = 0; d < Dv; ++d) O[r * ldo + d] += P[r * ldp + jj] * load1(rows[jj], d, bf16);
+#endif
+}
+
+/* ---- the problem ---------------------------------------------------------------------------------- */
+
+int attn_cpu_decode_applies(const attn_problem *p) {
+  return p->operation == ATTN_OPERATION_FLASH_ATTENTION && p->seqlen_q >= 1 &&
+         p->seqlen_q <= MAX_DECODE_TQ && p->varlen == ATTN_VARLEN_NONE && !p->has_bias &&
+         !p->has_mask && !p->has_segment_ids && p->dropout_p == 0.0 &&
+         (p->dtype == ATTN_DTYPE_F32 || p->dtype == ATTN_DTYPE_F16 || p->dtype == ATTN_DTYPE_BF16);
+}
+
+/* Splits of each (sequence, KV head): enough items for four per thread, none shorter than
+ * MIN_SPLIT_KEYS keys of the longest sequence. */
+static int64_t decode_splits(const attn_problem *p, int threads) {
+  const int64_t pairs = p->batch * p->heads_kv;
+  const int64_t want = (4 * (int64_t)threads + pairs - 1) / pairs;
+  const int64_t most = max64(1, p->seqlen_k / MIN_SPLIT_KEYS);
+  return max64(1, min64(want, most));
+}
+
+/* Floats of the regions of the workspace. */
+typedef struct decode_layout {
+  int64_t R, Dp, Dvp;
+  int64_t partial;    /* one item's result: per row m, l and O[Dvp] */
+  int64_t per_thread; /* q rows, S/P, O, m, l, converted K and V rows */
+} decode_layout;
+
+static decode_layout layout_of(const attn_problem *p) {
+  decode_layout l;
+  l.R = p->heads_q / p->heads_kv * p->seqlen_q;
+  l.Dp = round16(p->head_dim), l.Dvp = round16(p->head_dim_v > 0 ? p->head_dim_v : p->head_dim);
+  l.partial = round16(l.R * (l.Dvp + 2));
+  l.per_thread = round16(l.R * l.Dp) + round16(l.R * KEY_BLOCK) + round16(l.R * l.Dvp) +
+                 2 * round16(l.R) + KEY_BLOCK * (l.Dp + l.Dvp);
+  return l;
+}
+
+static int decode_threads(void) {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+size_t attn_cpu_decode_workspace(const attn_problem *p) {
+  const decode_layout l = layout_of(p);
+  const int threads = decode_threads();
+  const int64_t items = p->batch * p->heads_kv * decode_splits(p, threads);
+  return (size_t)(items * l.partial + (int64_t)threads * l.per_thread) * sizeof(float);
+}
+
+/* ---- the run ------------------------------------------------------------------------------------- */
+
+typedef struct decode_run {
+  const attn_problem *p;
+  const attn_inputs *in;
+  const attn_cpu_kernels *kern;
+  attn_dtype dt;
+  decode_layout l;
+  int64_t group, splits;
+  float *partials;
+} decode_run;
+
+typedef struct decode_thread {
+  float *q, *s, *o, *m, *l, *kbuf, *vbuf;
+} decode_thread;
+
+/* The visible keys [*lo, *hi) of a sequence: the union of its rows' windows within its length. */
+static void visible_keys(const decode_run *c, const attn_seq *seq, int64_t *lo, int64_t *hi) {
+  const attn_problem *p = c->p;
+  const int64_t o = attn_align_offset(p, seq);
+  *lo = p->window_left >= 0 ? max64(0, o - p->window_left) : 0;
+  *hi = p->window_right >= 0 ? min64(seq->len_k, o + seq->len_q - 1 + p->window_right + 1)
+                             : seq->len_k;
+  if (*hi < *lo) *hi = *lo;
+}
+
+/* Offset of (key j, element 0) of KV head g of sequence b in k or v. */
+static int64_t kv_offset(const decode_run *c, const attn_tensor *t, int64_t b, int64_t j, int64_t g) {
+  if (c->p->page_size > 0) return attn_paged_offset(c->p, c->in, t, b, j, g);
+  return b * t->stride[0] + j * t->stride[1] + g * t->stride[2];
+}
+
+/* Row pointers of keys [j0, j0 + nb) of one tensor: in place when the kernels read the dtype with a
+ * unit element stride (f32, bf16), else converted to f32 in buf. Returns whether they are bf16. */
+static int key_rows(const decode_run *c, const attn_tensor *t, int64_t width, int64_t b, int64_t g,
+                    int64_t j0, int64_t nb, float *buf, int64_t ldbuf, const void **rows) {
+  const size_t es = attn_dtype_size(c->dt);
+  const int in_place = t->stride[3] == 1 && (c->dt == ATTN_DTYPE_F32 || c->dt == ATTN_DTYPE_BF16);
+  for (int64_t jj = 0; jj < nb; ++jj) {
+    const int64_t off = kv_offset(c, t, b, j0 + jj, g);
+    if (in_place) {
+      rows[jj] = (const char *)t->data + (size_t)off * es;
+      continue;
+    }
+    float *row = buf + jj * ldbuf;
+    if (c->dt == ATTN_DTYPE_F16 && t->stride[3] == 1)
+      c->kern->load_f16((const uint16_t *)t->data + off, width, 1.0f, row);
+    else
+      for (int64_t d = 0; d < width; ++d) row[d] = (float)attn_load(t->data, c->dt, off + d * t->stride[3]);
+    rows[jj] = row;
+  }
+  return in_place && c->dt == ATTN_DTYPE_BF16;
+}
+
+static float stat_at(const attn_tensor *t, int64_t off) { return ((const float *)t->data)[off]; }
+
+/* One item: rows of KV head g of sequence b against keys [k0, k1) (within the visible range);
+ * writes its partial (m, l, O) for every row. */
+static void decode_item(const decode_run *c, const decode_thread *t, int64_t b, int64_t g,
+                        const attn_seq *seq, int64_t k0, int64_t k1, float *partial) {
+  const attn_problem *p = c->p;
+  const attn_inputs *in = c->in;
+  const attn_cpu_kernels *kern = c->kern;
+  const int64_t R = c->l.R, Tq = p->seqlen_q, D = p->head_dim, Dv = p->head_dim_v;
+  const int64_t Dp = c->l.Dp, Dvp = c->l.Dvp, o = attn_align_offset(p, seq);
+  const float scale = (float)p->scale, cap = (float)p->softcap;
+  for (int64_t r = 0; r < R; ++r) {
+    t->m[r] = -INFINITY, t->l[r] = 0.0f;
+    memset(t->o + r * Dvp, 0, (size_t)Dvp * sizeof(float));
+  }
+  if (k1 > k0) {
+    /* rows r = hh * Tq + i: query i of head g * group + hh, scaled by s (f32) */
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t h = g * c->group + r / Tq, i = r % Tq;
+      const attn_tensor *qt = &in->q;
+      const int64_t off = b * qt->stride[0] + i * qt->stride[1] + h * qt->stride[2];
+      float *qr = t->q + r * Dp;
+      if (c->dt == ATTN_DTYPE_F16 && qt->stride[3] == 1)
+        kern->load_f16((const uint16_t *)qt->data + off, D, scale, qr);
+      else
+        for (int64_t d = 0; d < D; ++d) qr[d] = scale * (float)attn_load(qt->data, c->dt, off + d * qt->stride[3]);
+    }
+  }
+  const void *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
+  for (int64_t j0 = k0; j0 < k1; j0 += KEY_BLOCK) {
+    const int64_t nb = min64(KEY_BLOCK, k1 - j0);
+    int bf16 = key_rows(c, &in->k, D, b, g, j0, nb, t->kbuf, Dp, krows);
+    decode_dots(R, nb, D, t->q, Dp, krows, bf16, t->s, KEY_BLOCK);
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t h = g * c->group + r / Tq, diag = r % Tq + o;
+      float *x = t->s + r * KEY_BLOCK;
+      if (p->alibi != ATTN_ALIBI_NONE) { /* x -= slope |i + o - j| */
+        const attn_tensor *sl = &in->alibi_slopes;
+        const float slope = stat_at(sl, p->alibi == ATTN_ALIBI_PER_BATCH_HEAD
+                                            ? b * sl->stride[0] + h * sl->stride[1]
+                                            : h * sl->stride[0]);
+        const float base = (float)(diag - j0);
+        for (int64_t jj = 0; jj < nb; ++jj) x[jj] -= slope * fabsf(base - (float)jj);
+      }
+      if (cap > 0.0f) kern->softcap(x, NULL, nb, cap);
+      /* this row's window within the block (the block is the union of all rows') */
+      int64_t lo = p->window_left >= 0 ? diag - p->window_left - j0 : 0;
+      int64_t hi = p->window_right >= 0 ? diag + p->window_right - j0 + 1 : nb;
+      lo = max64(0, min64(lo, nb)), hi = max64(lo, min64(hi, nb));
+      for (int64_t jj = 0; jj < lo; ++jj) x[jj] = -INFINITY;
+      for (int64_t jj = hi; jj < nb; ++jj) x[jj] = -INFINITY;
+      /* online softmax */
+      const float m_new = fmaxf(t->m[r], kern->row_max(x, nb));
+      if (m_new == -INFINITY) { /* nothing visible to this row yet: P = 0 */
+        memset(x, 0, (size_t)nb * sizeof(float));
+        continue;
+      }
+      const float alpha = t->m[r] == m_new ? 1.0f : expf(t->m[r] - m_new);
+      t->l[r] = t->l[r] * alpha + kern->exp_sum(x, nb, m_new);
+      if (alpha != 1.0f) kern->scale(t->o + r * Dvp, Dv, alpha);
+      t->m[r] = m_new;
+    }
+    bf16 = key_rows(c, &in->v, Dv, b, g, j0, nb, t->vbuf, Dvp, vrows);
+    decode_axpys(R, nb, Dv, t->s, KEY_BLOCK, vrows, bf16, t->o, Dvp);
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    float *dst = partial + r * (Dvp + 2);
+    dst[0] = t->m[r], dst[1] = t->l[r];
+    memcpy(dst + 2, t->o + r * Dvp, (size_t)Dv * sizeof(float));
+  }
+}
+
+static void store_row(attn_dtype dt, void *base, int64_t off, int64_t stride, const float *x,
+                      int64_t n, float s) {
+  for (int64_t d = 0; d < n; ++d) {
+    const float v = s * x[d];
+    switch (dt) {
+    case ATTN_DTYPE_F32: ((float *)base)[off + d * stride] = v; break;
+    case ATTN_DTYPE_F16: ((uint16_t *)base)[off + d * stride] = attn_f32_to_f16(v); break;
+    default: ((uint16_t *)base)[off + d * stride] = attn_f32_to_bf16(v); break;
+    }
+  }
+}
+
+/* Merges the splits of (b, g) through their maxima, adds the sinks once, writes out and lse. */
+static void decode_merge(const decode_run *c, const attn_outputs *out, int64_t b, int64_t g,
+                         float *acc) {
+  const attn_problem *p = c->p;
+  const int64_t R = c->l.R, Tq = p->seqlen_q, Dv = p->head_dim_v, Dvp = c->l.Dvp;
+  const float *base = c->partials + (b * p->heads_kv + g) * c->splits * c->l.partial;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t h = g * c->group + r / Tq, i = r % Tq;
+    float m = -INFINITY;
+    for (int64_t s = 0; s < c->splits; ++s) m = fmaxf(m, base[s * c->l.partial + r * (Dvp + 2)]);
+    const attn_tensor *sk = &c->in->sinks;
+    for (int64_t a = 0; a < p->num_sinks; ++a)
+      m = fmaxf(m, stat_at(sk, p->sinks_shared ? a * sk->stride[0] : h * sk->stride[0] + a * sk->stride[1]));
+    float l = 0.0f;
+    memset(acc, 0, (size_t)Dv * sizeof(float));
+    if (m != -INFINITY) {
+      for (int64_t s = 0; s < c->splits; ++s) {
+        const float *part = base + s * c->l.partial + r * (Dvp + 2);
+        if (part[0] == -INFINITY) continue;
+        const float w = expf(part[0] - m);
+        l += w * part[1];
+        for (int64_t d = 0; d < Dv; ++d) acc[d] += w * part[2 + d];
+      }
+      for (int64_t a = 0; a < p->num_sinks; ++a)
+        l += expf(stat_at(sk, p->sinks_shared ? a * sk->stride[0] : h * sk->stride[0] + a * sk->stride[1]) - m);
+    }
+    const attn_tensor *ot = &out->out;
+    const int64_t ooff = b * ot->stride[0] + i * ot->stride[1] + h * ot->stride[2];
+    /* fully masked (no visible key, no sink): out = 0, lse = -inf */
+    store_row(c->dt, ot->data, ooff, ot->stride[3], acc, Dv, m == -INFINITY ? 0.0f : 1.0f / l);
+    if (out->lse.data != NULL) {
+      const attn_tensor *lt = &out->lse;
+      ((float *)lt->data)[b * lt->stride[0] + h * lt->stride[1] + i * lt->stride[2]] =
+          m == -INFINITY ? -INFINITY : m + logf(l);
+    }
+  }
+}
+
+attn_status attn_cpu_decode_forward(const attn_run *run, const attn_cpu_kernels *kern) {
+  const attn_problem *p = run->problem;
+  decode_run c;
+  c.p = p;
+  c.in = run->inputs;
+  c.kern = kern;
+  c.dt = (attn_dtype)p->dtype;
+  c.l = layout_of(p);
+  c.group = p->heads_q / p->heads_kv;
+  int threads = run->num_threads > 0 ? run->num_threads : decode_threads();
+#ifdef _OPENMP
+  if (omp_in_parallel()) threads = 1;
+#endif
+  /* The split count the workspace was sized for, fewer if it holds fewer (the thread count may
+   * have changed since), and no more threads than it holds. */
+  const int64_t pairs = p->batch * p->heads_kv;
+  const int64_t room = (int64_t)(run->workspace_size / sizeof(float));
+  c.splits = decode_splits(p, decode_threads());
+  while (c.splits > 1 && pairs * c.splits * c.l.partial + c.l.per_thread > room) --c.splits;
+  const int64_t fit = (room - pairs * c.splits * c.l.partial) / c.l.per_thread;
+  if (fit < threads) threads = (int)max64(1, fit);
+  c.partials = (float *)run->workspace;
+  float *thread_base = c.partials + pairs * c.splits * c.l.partial;
+  const int64_t items = pairs * c.splits;
+
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+#endif
+  {
+#ifdef _OPENMP
+    const int tid = omp_get_thread_num();
+#else
+    const int tid = 0;
+#endif
+    decode_thread t;
+    t.q = thread_base + (int64_t)tid * c.l.per_thread;
+    t.s = t.q + round16(c.l.R * c.l.Dp);
+    t.o = t.s + round16(c.l.R * KEY_BLOCK);
+    t.m = t.o + round16(c.l.R * c.l.Dvp);
+    t.l = t.m + round16(c.l.R);
+    t.kbuf = t.l + round16(c.l.R);
+    t.vbuf = t.kbuf + KEY_BLOCK * c.l.Dp;
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t pair = it / c.splits, s = it % c.splits;
+      const int64_t b = pair / p->heads_kv, g = pair % p->heads_kv;
+      const attn_seq seq = attn_seq_of(p, c.in, b);
+      int64_t lo, hi;
+      visible_keys(&c, &seq, &lo, &hi);
+      const int64_t chunk = round16((hi - lo + c.splits - 1) / c.splits);
+      const int64_t k0 = min64(hi, lo + s * chunk), k1 = min64(hi, k0 + chunk);
+      decode_item(&c, &t, b, g, &seq, k0, k1, c.partials + it * c.l.partial);
+    }
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+    for (int64_t pair = 0; pair < pairs; ++pair)
+      decode_merge(&c, run->outputs, pair / p->heads_kv, pair % p->heads_kv, t.o);
+  }
+  return ATTN_STATUS_OK;
+}
