@@ -487,3 +487,16 @@ double h_flops(const attn_problem *p, int backward) {
   double fwd = 2.0 * (double)p->batch * (double)p->heads_q * pairs * (double)(p->head_dim + dv);
   return backward ? 3.5 * fwd : fwd;
 }
+
+double h_kv_bytes(const attn_problem *p) {
+  const int64_t tq = p->seqlen_q, tk = p->seqlen_k;
+  const int64_t o = p->align == ATTN_ALIGN_BOTTOM_RIGHT ? tk - tq : 0;
+  const int64_t left = p->window_left, right = p->causal ? 0 : p->window_right;
+  int64_t lo = left < 0 ? 0 : o - left, hi = right < 0 ? tk : o + tq - 1 + right + 1;
+  if (lo < 0) lo = 0;
+  if (hi > tk) hi = tk;
+  const int64_t keys = hi > lo ? hi - lo : 0;
+  const int64_t dv = p->head_dim_v > 0 ? p->head_dim_v : p->head_dim;
+  return (double)p->batch * (double)p->heads_kv * (double)keys * (double)(p->head_dim + dv) *
+         (double)attn_dtype_size((attn_dtype)p->dtype);
+}

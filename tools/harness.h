@@ -90,4 +90,9 @@ attn_status h_time(attn_ctx *ctx, const attn_problem *problem, const char *impl,
  * that (the backward pass is 2.5 forwards). */
 double h_flops(const attn_problem *problem, int backward);
 
+/* Bytes of K and V a forward pass must read: each (sequence, KV head) reads the keys some query
+ * row sees (the union of the rows' windows; every sequence of the harness is full) once, D + Dv
+ * elements each. What a decode problem's rate is counted in. */
+double h_kv_bytes(const attn_problem *problem);
+
 #endif /* ATTN_TOOLS_HARNESS_H */

@@ -87,16 +87,55 @@ static inline float hsum16(v16f a) {
 }
 #endif
 
+/* How the kernels read K and V rows. PAIRS: bf16 rows read 32 elements at a time as two f32
+ * vectors, the even elements and the odd ones (each 32-bit lane holds one of each, the even one in
+ * its low half: a shift and a mask widen them), so q and the O accumulator are kept in the same
+ * order within each 32 columns (permute_pairs). It halves the work of widening bf16, which
+ * otherwise costs as much as the multiply-adds. Needs widths that are multiples of 32. */
+enum { ROWS_F32 = 0, ROWS_BF16 = 1, ROWS_BF16_PAIRS = 2 };
+
 static inline float load1(const void *p, int64_t d, int bf16) {
   return bf16 ? attn_bf16_to_f32(((const uint16_t *)p)[d]) : ((const float *)p)[d];
 }
 
-/* S[r * lds + jj] = dot(q[r * ldq ..], key row jj) for r < R, jj < nb; rows f32 or bf16. */
+#if defined(__GNUC__)
+static inline void load32_pairs(const void *p, v16f *even, v16f *odd) {
+  v16u x;
+  memcpy(&x, p, sizeof x);
+  *even = (v16f)(x << 16);
+  *odd = (v16f)(x & 0xffff0000u);
+}
+
+/* The four sums of a0..a3 in one tree of shuffles (a sum per vector costs four times as much). */
+static inline void hsum4(v16f a0, v16f a1, v16f a2, v16f a3, float *s) {
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define DECODE_HAVE_SHUFFLE 1
+#endif
+#endif
+#ifdef DECODE_HAVE_SHUFFLE
+  const v16f x = __builtin_shufflevector(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                 __builtin_shufflevector(a0, a1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  const v16f y = __builtin_shufflevector(a2, a3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                 __builtin_shufflevector(a2, a3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  v16f z = __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  z += __builtin_shufflevector(z, z, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  z += __builtin_shufflevector(z, z, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  s[0] = z[0], s[1] = z[4], s[2] = z[8], s[3] = z[12];
+#else
+  s[0] = hsum16(a0), s[1] = hsum16(a1), s[2] = hsum16(a2), s[3] = hsum16(a3);
+#endif
+}
+#endif
+
+/* S[r * lds + jj] = dot(q[r * ldq ..], key row jj) for r < R, jj < nb. */
 DECODE_CLONES
 static void decode_dots(int64_t R, int64_t nb, int64_t D, const float *q, int64_t ldq,
-                        const void *const *rows, int bf16, float *S, int64_t lds) {
+                        const void *const *rows, int mode, float *S, int64_t lds) {
 #if defined(__GNUC__)
-  const int64_t D16 = D / 16 * 16;
+  const int bf16 = mode != ROWS_F32;
+  const int64_t step = mode == ROWS_BF16_PAIRS ? 32 : 16, Dv = D / step * step;
   const size_t es = bf16 ? 2 : 4;
   for (int64_t jj = 0; jj < nb; ++jj) {
     const char *k = rows[jj];
@@ -104,31 +143,49 @@ static void decode_dots(int64_t R, int64_t nb, int64_t D, const float *q, int64_
     for (; r + 4 <= R; r += 4) { /* four query rows share each load of the key */
       const float *q0 = q + r * ldq, *q1 = q0 + ldq, *q2 = q1 + ldq, *q3 = q2 + ldq;
       v16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-      for (int64_t d = 0; d < D16; d += 16) {
-        const v16f kv = load16(k + (size_t)d * es, bf16);
-        a0 += load16(q0 + d, 0) * kv;
-        a1 += load16(q1 + d, 0) * kv;
-        a2 += load16(q2 + d, 0) * kv;
-        a3 += load16(q3 + d, 0) * kv;
+      if (mode == ROWS_BF16_PAIRS) {
+        for (int64_t d = 0; d < Dv; d += 32) {
+          v16f ke, ko;
+          load32_pairs(k + (size_t)d * 2, &ke, &ko);
+          a0 += load16(q0 + d, 0) * ke + load16(q0 + d + 16, 0) * ko;
+          a1 += load16(q1 + d, 0) * ke + load16(q1 + d + 16, 0) * ko;
+          a2 += load16(q2 + d, 0) * ke + load16(q2 + d + 16, 0) * ko;
+          a3 += load16(q3 + d, 0) * ke + load16(q3 + d + 16, 0) * ko;
+        }
+      } else {
+        for (int64_t d = 0; d < Dv; d += 16) {
+          const v16f kv = load16(k + (size_t)d * es, bf16);
+          a0 += load16(q0 + d, 0) * kv, a1 += load16(q1 + d, 0) * kv;
+          a2 += load16(q2 + d, 0) * kv, a3 += load16(q3 + d, 0) * kv;
+        }
       }
-      float s0 = hsum16(a0), s1 = hsum16(a1), s2 = hsum16(a2), s3 = hsum16(a3);
-      for (int64_t d = D16; d < D; ++d) {
+      float sum[4];
+      hsum4(a0, a1, a2, a3, sum);
+      for (int64_t d = Dv; d < D; ++d) {
         const float kd = load1(k, d, bf16);
-        s0 += q0[d] * kd, s1 += q1[d] * kd, s2 += q2[d] * kd, s3 += q3[d] * kd;
+        sum[0] += q0[d] * kd, sum[1] += q1[d] * kd, sum[2] += q2[d] * kd, sum[3] += q3[d] * kd;
       }
-      S[r * lds + jj] = s0, S[(r + 1) * lds + jj] = s1;
-      S[(r + 2) * lds + jj] = s2, S[(r + 3) * lds + jj] = s3;
+      for (int u = 0; u < 4; ++u) S[(r + u) * lds + jj] = sum[u];
     }
     for (; r < R; ++r) {
       const float *q0 = q + r * ldq;
       v16f a0 = {0};
-      for (int64_t d = 0; d < D16; d += 16) a0 += load16(q0 + d, 0) * load16(k + (size_t)d * es, bf16);
+      if (mode == ROWS_BF16_PAIRS) {
+        for (int64_t d = 0; d < Dv; d += 32) {
+          v16f ke, ko;
+          load32_pairs(k + (size_t)d * 2, &ke, &ko);
+          a0 += load16(q0 + d, 0) * ke + load16(q0 + d + 16, 0) * ko;
+        }
+      } else {
+        for (int64_t d = 0; d < Dv; d += 16) a0 += load16(q0 + d, 0) * load16(k + (size_t)d * es, bf16);
+      }
       float s0 = hsum16(a0);
-      for (int64_t d = D16; d < D; ++d) s0 += q0[d] * load1(k, d, bf16);
+      for (int64_t d = Dv; d < D; ++d) s0 += q0[d] * load1(k, d, bf16);
       S[r * lds + jj] = s0;
     }
   }
 #else
+  const int bf16 = mode != ROWS_F32;
   for (int64_t jj = 0; jj < nb; ++jj)
     for (int64_t r = 0; r < R; ++r) {
       float s = 0.0f;
@@ -138,28 +195,48 @@ static void decode_dots(int64_t R, int64_t nb, int64_t D, const float *q, int64_
 #endif
 }
 
-/* O[r * ldo + d] += sum_jj P[r * ldp + jj] * value row jj [d] for r < R, d < Dv; rows f32 or bf16. */
+/* O[r * ldo + d] += sum_jj P[r * ldp + jj] * value row jj [d] for r < R, d < Dv. */
 DECODE_CLONES
 static void decode_axpys(int64_t R, int64_t nb, int64_t Dv, const float *P, int64_t ldp,
-                         const void *const *rows, int bf16, float *O, int64_t ldo) {
+                         const void *const *rows, int mode, float *O, int64_t ldo) {
 #if defined(__GNUC__)
-  const int64_t D16 = Dv / 16 * 16;
+  const int bf16 = mode != ROWS_F32;
+  const int64_t step = mode == ROWS_BF16_PAIRS ? 32 : 16, Dw = Dv / step * step;
   const size_t es = bf16 ? 2 : 4;
   int64_t r = 0;
   for (; r + 4 <= R; r += 4) { /* four rows' accumulators stay in registers over the block */
     const float *p0 = P + r * ldp, *p1 = p0 + ldp, *p2 = p1 + ldp, *p3 = p2 + ldp;
     float *o0 = O + r * ldo, *o1 = o0 + ldo, *o2 = o1 + ldo, *o3 = o2 + ldo;
-    for (int64_t d = 0; d < D16; d += 16) {
-      v16f a0 = load16(o0 + d, 0), a1 = load16(o1 + d, 0), a2 = load16(o2 + d, 0),
-           a3 = load16(o3 + d, 0);
-      for (int64_t jj = 0; jj < nb; ++jj) {
-        const v16f vv = load16((const char *)rows[jj] + (size_t)d * es, bf16);
-        a0 += p0[jj] * vv, a1 += p1[jj] * vv, a2 += p2[jj] * vv, a3 += p3[jj] * vv;
+    if (mode == ROWS_BF16_PAIRS) {
+      for (int64_t d = 0; d < Dw; d += 32) {
+        v16f e0 = load16(o0 + d, 0), e1 = load16(o1 + d, 0), e2 = load16(o2 + d, 0),
+             e3 = load16(o3 + d, 0);
+        v16f f0 = load16(o0 + d + 16, 0), f1 = load16(o1 + d + 16, 0),
+             f2 = load16(o2 + d + 16, 0), f3 = load16(o3 + d + 16, 0);
+        for (int64_t jj = 0; jj < nb; ++jj) {
+          v16f ve, vo;
+          load32_pairs((const char *)rows[jj] + (size_t)d * 2, &ve, &vo);
+          e0 += p0[jj] * ve, e1 += p1[jj] * ve, e2 += p2[jj] * ve, e3 += p3[jj] * ve;
+          f0 += p0[jj] * vo, f1 += p1[jj] * vo, f2 += p2[jj] * vo, f3 += p3[jj] * vo;
+        }
+        memcpy(o0 + d, &e0, sizeof e0), memcpy(o1 + d, &e1, sizeof e1);
+        memcpy(o2 + d, &e2, sizeof e2), memcpy(o3 + d, &e3, sizeof e3);
+        memcpy(o0 + d + 16, &f0, sizeof f0), memcpy(o1 + d + 16, &f1, sizeof f1);
+        memcpy(o2 + d + 16, &f2, sizeof f2), memcpy(o3 + d + 16, &f3, sizeof f3);
       }
-      memcpy(o0 + d, &a0, sizeof a0), memcpy(o1 + d, &a1, sizeof a1);
-      memcpy(o2 + d, &a2, sizeof a2), memcpy(o3 + d, &a3, sizeof a3);
+    } else {
+      for (int64_t d = 0; d < Dw; d += 16) {
+        v16f a0 = load16(o0 + d, 0), a1 = load16(o1 + d, 0), a2 = load16(o2 + d, 0),
+             a3 = load16(o3 + d, 0);
+        for (int64_t jj = 0; jj < nb; ++jj) {
+          const v16f vv = load16((const char *)rows[jj] + (size_t)d * es, bf16);
+          a0 += p0[jj] * vv, a1 += p1[jj] * vv, a2 += p2[jj] * vv, a3 += p3[jj] * vv;
+        }
+        memcpy(o0 + d, &a0, sizeof a0), memcpy(o1 + d, &a1, sizeof a1);
+        memcpy(o2 + d, &a2, sizeof a2), memcpy(o3 + d, &a3, sizeof a3);
+      }
     }
-    for (int64_t d = D16; d < Dv; ++d)
+    for (int64_t d = Dw; d < Dv; ++d)
       for (int64_t jj = 0; jj < nb; ++jj) {
         const float vd = load1(rows[jj], d, bf16);
         o0[d] += p0[jj] * vd, o1[d] += p1[jj] * vd, o2[d] += p2[jj] * vd, o3[d] += p3[jj] * vd;
@@ -168,20 +245,48 @@ static void decode_axpys(int64_t R, int64_t nb, int64_t Dv, const float *P, int6
   for (; r < R; ++r) {
     const float *p0 = P + r * ldp;
     float *o0 = O + r * ldo;
-    for (int64_t d = 0; d < D16; d += 16) {
-      v16f a0 = load16(o0 + d, 0);
-      for (int64_t jj = 0; jj < nb; ++jj)
-        a0 += p0[jj] * load16((const char *)rows[jj] + (size_t)d * es, bf16);
-      memcpy(o0 + d, &a0, sizeof a0);
+    if (mode == ROWS_BF16_PAIRS) {
+      for (int64_t d = 0; d < Dw; d += 32) {
+        v16f e0 = load16(o0 + d, 0), f0 = load16(o0 + d + 16, 0);
+        for (int64_t jj = 0; jj < nb; ++jj) {
+          v16f ve, vo;
+          load32_pairs((const char *)rows[jj] + (size_t)d * 2, &ve, &vo);
+          e0 += p0[jj] * ve, f0 += p0[jj] * vo;
+        }
+        memcpy(o0 + d, &e0, sizeof e0), memcpy(o0 + d + 16, &f0, sizeof f0);
+      }
+    } else {
+      for (int64_t d = 0; d < Dw; d += 16) {
+        v16f a0 = load16(o0 + d, 0);
+        for (int64_t jj = 0; jj < nb; ++jj)
+          a0 += p0[jj] * load16((const char *)rows[jj] + (size_t)d * es, bf16);
+        memcpy(o0 + d, &a0, sizeof a0);
+      }
     }
-    for (int64_t d = D16; d < Dv; ++d)
+    for (int64_t d = Dw; d < Dv; ++d)
       for (int64_t jj = 0; jj < nb; ++jj) o0[d] += p0[jj] * load1(rows[jj], d, bf16);
   }
 #else
+  const int bf16 = mode != ROWS_F32;
   for (int64_t r = 0; r < R; ++r)
     for (int64_t jj = 0; jj < nb; ++jj)
       for (int64_t d = 0; d < Dv; ++d) O[r * ldo + d] += P[r * ldp + jj] * load1(rows[jj], d, bf16);
 #endif
+}
+
+/* x[0..n) (n a multiple of 32) from natural order to the PAIRS order within each 32 columns:
+ * evens first, then odds; or back (inverse != 0). */
+static void permute_pairs(float *x, int64_t n, int inverse) {
+  float tmp[32];
+  for (int64_t d0 = 0; d0 < n; d0 += 32) {
+    for (int u = 0; u < 16; ++u) {
+      if (inverse)
+        tmp[2 * u] = x[d0 + u], tmp[2 * u + 1] = x[d0 + 16 + u];
+      else
+        tmp[u] = x[d0 + 2 * u], tmp[16 + u] = x[d0 + 2 * u + 1];
+    }
+    memcpy(x + d0, tmp, sizeof tmp);
+  }
 }
 
 /* ---- the problem ---------------------------------------------------------------------------------- */
@@ -260,32 +365,76 @@ static void visible_keys(const decode_run *c, const attn_seq *seq, int64_t *lo, 
   if (*hi < *lo) *hi = *lo;
 }
 
-/* Offset of (key j, element 0) of KV head g of sequence b in k or v. */
-static int64_t kv_offset(const decode_run *c, const attn_tensor *t, int64_t b, int64_t j, int64_t g) {
-  if (c->p->page_size > 0) return attn_paged_offset(c->p, c->in, t, b, j, g);
-  return b * t->stride[0] + j * t->stride[1] + g * t->stride[2];
+/* Addresses of keys [j0, j0 + nb) of KV head g of sequence b in k and v (their first element).
+ * One division per block: a page's rows follow each other until the next table entry. */
+static void row_addresses(const decode_run *c, int64_t b, int64_t g, int64_t j0, int64_t nb,
+                          const char **krow, const char **vrow) {
+  const attn_problem *p = c->p;
+  const attn_tensor *k = &c->in->k, *v = &c->in->v;
+  const size_t es = attn_dtype_size(c->dt);
+  if (p->page_size <= 0) {
+    const char *kb = (const char *)k->data + (size_t)(b * k->stride[0] + j0 * k->stride[1] + g * k->stride[2]) * es;
+    const char *vb = (const char *)v->data + (size_t)(b * v->stride[0] + j0 * v->stride[1] + g * v->stride[2]) * es;
+    for (int64_t jj = 0; jj < nb; ++jj) {
+      krow[jj] = kb + (size_t)(jj * k->stride[1]) * es;
+      vrow[jj] = vb + (size_t)(jj * v->stride[1]) * es;
+    }
+    return;
+  }
+  const attn_tensor *bt = &c->in->block_table;
+  const int32_t *table = (const int32_t *)bt->data + b * bt->stride[0];
+  int64_t entry = j0 / p->page_size, row = j0 % p->page_size;
+  for (int64_t jj = 0; jj < nb;) {
+    const int64_t page = table[entry * bt->stride[1]];
+    const char *kb = (const char *)k->data + (size_t)(page * k->stride[0] + g * k->stride[2]) * es;
+    const char *vb = (const char *)v->data + (size_t)(page * v->stride[0] + g * v->stride[2]) * es;
+    for (; row < p->page_size && jj < nb; ++row, ++jj) {
+      krow[jj] = kb + (size_t)(row * k->stride[1]) * es;
+      vrow[jj] = vb + (size_t)(row * v->stride[1]) * es;
+    }
+    ++entry, row = 0;
+  }
 }
 
-/* Row pointers of keys [j0, j0 + nb) of one tensor: in place when the kernels read the dtype with a
- * unit element stride (f32, bf16), else converted to f32 in buf. Returns whether they are bf16. */
-static int key_rows(const decode_run *c, const attn_tensor *t, int64_t width, int64_t b, int64_t g,
-                    int64_t j0, int64_t nb, float *buf, int64_t ldbuf, const void **rows) {
-  const size_t es = attn_dtype_size(c->dt);
-  const int in_place = t->stride[3] == 1 && (c->dt == ATTN_DTYPE_F32 || c->dt == ATTN_DTYPE_BF16);
+/* Asks for nb rows of width elements ahead of their use. A head's rows sit Hkv rows apart (2 KiB
+ * for 8 bf16 heads of 128), two or three per 4 KiB page and in shuffled pages when paged: the
+ * hardware prefetchers do not follow that, and without this the loop waits on each row in turn. */
+static void prefetch_rows(const decode_run *c, const char *const *rows, int64_t nb, int64_t width) {
+#if defined(__GNUC__)
+  const size_t bytes = (size_t)width * attn_dtype_size(c->dt);
+  for (int64_t jj = 0; jj < nb; ++jj)
+    for (size_t at = 0; at < bytes; at += 64) __builtin_prefetch(rows[jj] + at, 0, 0);
+#else
+  (void)c, (void)rows, (void)nb, (void)width;
+#endif
+}
+
+/* Whether the kernels read a tensor's rows in place (f32 and bf16 with a unit element stride). */
+static int in_place(const decode_run *c, const attn_tensor *t) {
+  return t->stride[3] == 1 && (c->dt == ATTN_DTYPE_F32 || c->dt == ATTN_DTYPE_BF16);
+}
+
+/* How the kernels read a tensor's rows of width elements (ROWS_*). */
+static int rows_mode(const decode_run *c, const attn_tensor *t, int64_t width) {
+  if (!in_place(c, t) || c->dt == ATTN_DTYPE_F32) return ROWS_F32;
+  return width % 32 == 0 ? ROWS_BF16_PAIRS : ROWS_BF16;
+}
+
+/* The rows the vector kernels read: in place (in_place), else converted to f32 in buf. */
+static void kernel_rows(const decode_run *c, const attn_tensor *t, int64_t width, const char *const *raw,
+                        int64_t nb, float *buf, int64_t ldbuf, const void **rows) {
+  if (in_place(c, t)) {
+    for (int64_t jj = 0; jj < nb; ++jj) rows[jj] = raw[jj];
+    return;
+  }
   for (int64_t jj = 0; jj < nb; ++jj) {
-    const int64_t off = kv_offset(c, t, b, j0 + jj, g);
-    if (in_place) {
-      rows[jj] = (const char *)t->data + (size_t)off * es;
-      continue;
-    }
     float *row = buf + jj * ldbuf;
     if (c->dt == ATTN_DTYPE_F16 && t->stride[3] == 1)
-      c->kern->load_f16((const uint16_t *)t->data + off, width, 1.0f, row);
+      c->kern->load_f16((const uint16_t *)raw[jj], width, 1.0f, row);
     else
-      for (int64_t d = 0; d < width; ++d) row[d] = (float)attn_load(t->data, c->dt, off + d * t->stride[3]);
+      for (int64_t d = 0; d < width; ++d) row[d] = (float)attn_load(raw[jj], c->dt, d * t->stride[3]);
     rows[jj] = row;
   }
-  return in_place && c->dt == ATTN_DTYPE_BF16;
 }
 
 static float stat_at(const attn_tensor *t, int64_t off) { return ((const float *)t->data)[off]; }
@@ -304,6 +453,7 @@ static void decode_item(const decode_run *c, const decode_thread *t, int64_t b, 
     t->m[r] = -INFINITY, t->l[r] = 0.0f;
     memset(t->o + r * Dvp, 0, (size_t)Dvp * sizeof(float));
   }
+  const int kmode = rows_mode(c, &in->k, D), vmode = rows_mode(c, &in->v, Dv);
   if (k1 > k0) {
     /* rows r = hh * Tq + i: query i of head g * group + hh, scaled by s (f32) */
     for (int64_t r = 0; r < R; ++r) {
@@ -315,13 +465,30 @@ static void decode_item(const decode_run *c, const decode_thread *t, int64_t b, 
         kern->load_f16((const uint16_t *)qt->data + off, D, scale, qr);
       else
         for (int64_t d = 0; d < D; ++d) qr[d] = scale * (float)attn_load(qt->data, c->dt, off + d * qt->stride[3]);
+      if (kmode == ROWS_BF16_PAIRS) permute_pairs(qr, D, 0);
     }
   }
+  /* Addresses of this block's rows and the next one's: the next block's K and V are prefetched
+   * while this one is computed. */
+  const char *kraw[2][KEY_BLOCK], *vraw[2][KEY_BLOCK];
   const void *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
-  for (int64_t j0 = k0; j0 < k1; j0 += KEY_BLOCK) {
+  int cur = 0;
+  if (k1 > k0) {
+    const int64_t nb = min64(KEY_BLOCK, k1 - k0);
+    row_addresses(c, b, g, k0, nb, kraw[0], vraw[0]);
+    prefetch_rows(c, kraw[0], nb, D);
+    prefetch_rows(c, vraw[0], nb, Dv);
+  }
+  for (int64_t j0 = k0; j0 < k1; j0 += KEY_BLOCK, cur ^= 1) {
     const int64_t nb = min64(KEY_BLOCK, k1 - j0);
-    int bf16 = key_rows(c, &in->k, D, b, g, j0, nb, t->kbuf, Dp, krows);
-    decode_dots(R, nb, D, t->q, Dp, krows, bf16, t->s, KEY_BLOCK);
+    if (j0 + nb < k1) {
+      const int64_t nb_next = min64(KEY_BLOCK, k1 - j0 - nb);
+      row_addresses(c, b, g, j0 + nb, nb_next, kraw[cur ^ 1], vraw[cur ^ 1]);
+      prefetch_rows(c, kraw[cur ^ 1], nb_next, D);
+      prefetch_rows(c, vraw[cur ^ 1], nb_next, Dv);
+    }
+    kernel_rows(c, &in->k, D, kraw[cur], nb, t->kbuf, Dp, krows);
+    decode_dots(R, nb, D, t->q, Dp, krows, kmode, t->s, KEY_BLOCK);
     for (int64_t r = 0; r < R; ++r) {
       const int64_t h = g * c->group + r / Tq, diag = r % Tq + o;
       float *x = t->s + r * KEY_BLOCK;
@@ -351,13 +518,14 @@ static void decode_item(const decode_run *c, const decode_thread *t, int64_t b, 
       if (alpha != 1.0f) kern->scale(t->o + r * Dvp, Dv, alpha);
       t->m[r] = m_new;
     }
-    bf16 = key_rows(c, &in->v, Dv, b, g, j0, nb, t->vbuf, Dvp, vrows);
-    decode_axpys(R, nb, Dv, t->s, KEY_BLOCK, vrows, bf16, t->o, Dvp);
+    kernel_rows(c, &in->v, Dv, vraw[cur], nb, t->vbuf, Dvp, vrows);
+    decode_axpys(R, nb, Dv, t->s, KEY_BLOCK, vrows, vmode, t->o, Dvp);
   }
   for (int64_t r = 0; r < R; ++r) {
     float *dst = partial + r * (Dvp + 2);
     dst[0] = t->m[r], dst[1] = t->l[r];
     memcpy(dst + 2, t->o + r * Dvp, (size_t)Dv * sizeof(float));
+    if (vmode == ROWS_BF16_PAIRS) permute_pairs(dst + 2, Dv, 1); /* back to the natural order */
   }
 }
 
