@@ -34,7 +34,7 @@
 #include <omp.h>
 #endif
 
-#define KEY_BLOCK 64      /* keys per online-softmax step: S, P and the converted rows stay in L1 */
+#define KEY_BLOCK 32      /* keys per online-softmax step: the block's K and V of every head stay in L2 */
 #define MIN_SPLIT_KEYS 256 /* a split shorter than this costs more to merge than it saves */
 #define MAX_DECODE_TQ 16   /* queries per sequence the decode path takes (speculative decoding) */
 
@@ -298,10 +298,10 @@ int attn_cpu_decode_applies(const attn_problem *p) {
          (p->dtype == ATTN_DTYPE_F32 || p->dtype == ATTN_DTYPE_F16 || p->dtype == ATTN_DTYPE_BF16);
 }
 
-/* Splits of each (sequence, KV head): enough items for four per thread, none shorter than
- * MIN_SPLIT_KEYS keys of the longest sequence. */
+/* Splits of each sequence: enough items for four per thread, none shorter than MIN_SPLIT_KEYS
+ * keys of the longest sequence. */
 static int64_t decode_splits(const attn_problem *p, int threads) {
-  const int64_t pairs = p->batch * p->heads_kv;
+  const int64_t pairs = p->batch;
   const int64_t want = (4 * (int64_t)threads + pairs - 1) / pairs;
   const int64_t most = max64(1, p->seqlen_k / MIN_SPLIT_KEYS);
   return max64(1, min64(want, most));
@@ -310,7 +310,7 @@ static int64_t decode_splits(const attn_problem *p, int threads) {
 /* Floats of the regions of the workspace. */
 typedef struct decode_layout {
   int64_t R, Dp, Dvp;
-  int64_t partial;    /* one item's result: per row m, l and O[Dvp] */
+  int64_t partial;    /* one item's result: per row of the sequence m, l and O[Dvp] */
   int64_t per_thread; /* q rows, S/P, O, m, l, converted K and V rows */
 } decode_layout;
 
@@ -318,9 +318,10 @@ static decode_layout layout_of(const attn_problem *p) {
   decode_layout l;
   l.R = p->heads_q / p->heads_kv * p->seqlen_q;
   l.Dp = round16(p->head_dim), l.Dvp = round16(p->head_dim_v > 0 ? p->head_dim_v : p->head_dim);
-  l.partial = round16(l.R * (l.Dvp + 2));
-  l.per_thread = round16(l.R * l.Dp) + round16(l.R * KEY_BLOCK) + round16(l.R * l.Dvp) +
-                 2 * round16(l.R) + KEY_BLOCK * (l.Dp + l.Dvp);
+  const int64_t rows = p->heads_kv * l.R; /* every row of a sequence */
+  l.partial = round16(rows * (l.Dvp + 2));
+  l.per_thread = round16(rows * l.Dp) + round16(l.R * KEY_BLOCK) + round16(rows * l.Dvp) +
+                 2 * round16(rows) + KEY_BLOCK * (l.Dp + l.Dvp);
   return l;
 }
 
@@ -335,7 +336,7 @@ static int decode_threads(void) {
 size_t attn_cpu_decode_workspace(const attn_problem *p) {
   const decode_layout l = layout_of(p);
   const int threads = decode_threads();
-  const int64_t items = p->batch * p->heads_kv * decode_splits(p, threads);
+  const int64_t items = p->batch * decode_splits(p, threads);
   return (size_t)(items * l.partial + (int64_t)threads * l.per_thread) * sizeof(float);
 }
 
@@ -403,7 +404,7 @@ static void prefetch_rows(const decode_run *c, const char *const *rows, int64_t 
 #if defined(__GNUC__)
   const size_t bytes = (size_t)width * attn_dtype_size(c->dt);
   for (int64_t jj = 0; jj < nb; ++jj)
-    for (size_t at = 0; at < bytes; at += 64) __builtin_prefetch(rows[jj] + at, 0, 0);
+    for (size_t at = 0; at < bytes; at += 64) __builtin_prefetch(rows[jj] + at, 0, 2);
 #else
   (void)c, (void)rows, (void)nb, (void)width;
 #endif
@@ -441,23 +442,34 @@ static float stat_at(const attn_tensor *t, int64_t off) { return ((const float *
 
 /* One item: rows of KV head g of sequence b against keys [k0, k1) (within the visible range);
  * writes its partial (m, l, O) for every row. */
-static void decode_item(const decode_run *c, const decode_thread *t, int64_t b, int64_t g,
+/* Rows of KV head g from head 0's addresses (the heads of a key are stride[2] apart). */
+static void head_rows(const char *const *rows0, int64_t nb, size_t head_bytes, const char **rows) {
+  for (int64_t jj = 0; jj < nb; ++jj) rows[jj] = rows0[jj] + head_bytes;
+}
+
+/* One item: every row of sequence b (all KV heads, R rows each) against keys [k0, k1) (within the
+ * visible range); writes its partial (m, l, O) for every row. The key blocks are walked once with
+ * all heads inside, so K and V stream through memory in address order: a key's heads are
+ * neighbours, and an item per KV head would read 256 bytes out of every 2 KiB (8 heads of 128
+ * bf16), which the prefetchers do not follow (measured: half the read rate with no arithmetic). */
+static void decode_item(const decode_run *c, const decode_thread *t, int64_t b,
                         const attn_seq *seq, int64_t k0, int64_t k1, float *partial) {
   const attn_problem *p = c->p;
   const attn_inputs *in = c->in;
   const attn_cpu_kernels *kern = c->kern;
-  const int64_t R = c->l.R, Tq = p->seqlen_q, D = p->head_dim, Dv = p->head_dim_v;
-  const int64_t Dp = c->l.Dp, Dvp = c->l.Dvp, o = attn_align_offset(p, seq);
+  const int64_t R = c->l.R, Hkv = p->heads_kv, Tq = p->seqlen_q, D = p->head_dim;
+  const int64_t Dv = p->head_dim_v, Dp = c->l.Dp, Dvp = c->l.Dvp, o = attn_align_offset(p, seq);
   const float scale = (float)p->scale, cap = (float)p->softcap;
-  for (int64_t r = 0; r < R; ++r) {
+  const size_t es = attn_dtype_size(c->dt);
+  for (int64_t r = 0; r < Hkv * R; ++r) {
     t->m[r] = -INFINITY, t->l[r] = 0.0f;
     memset(t->o + r * Dvp, 0, (size_t)Dvp * sizeof(float));
   }
   const int kmode = rows_mode(c, &in->k, D), vmode = rows_mode(c, &in->v, Dv);
   if (k1 > k0) {
-    /* rows r = hh * Tq + i: query i of head g * group + hh, scaled by s (f32) */
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t h = g * c->group + r / Tq, i = r % Tq;
+    /* row g * R + hh * Tq + i: query i of head g * group + hh, scaled by s (f32) */
+    for (int64_t r = 0; r < Hkv * R; ++r) {
+      const int64_t h = r / R * c->group + r % R / Tq, i = r % Tq;
       const attn_tensor *qt = &in->q;
       const int64_t off = b * qt->stride[0] + i * qt->stride[1] + h * qt->stride[2];
       float *qr = t->q + r * Dp;
@@ -468,60 +480,66 @@ static void decode_item(const decode_run *c, const decode_thread *t, int64_t b, 
       if (kmode == ROWS_BF16_PAIRS) permute_pairs(qr, D, 0);
     }
   }
-  /* Addresses of this block's rows and the next one's: the next block's K and V are prefetched
-   * while this one is computed. */
-  const char *kraw[2][KEY_BLOCK], *vraw[2][KEY_BLOCK];
+  /* Head 0's row addresses of this block and the next: a paged cache's next block (another page)
+   * is prefetched while this one is computed; a dense one streams by itself. */
+  const char *kraw[2][KEY_BLOCK], *vraw[2][KEY_BLOCK], *kg[KEY_BLOCK], *vg[KEY_BLOCK];
   const void *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
+  const int prefetch = 1;
   int cur = 0;
-  if (k1 > k0) {
-    const int64_t nb = min64(KEY_BLOCK, k1 - k0);
-    row_addresses(c, b, g, k0, nb, kraw[0], vraw[0]);
-    prefetch_rows(c, kraw[0], nb, D);
-    prefetch_rows(c, vraw[0], nb, Dv);
-  }
+  if (k1 > k0) row_addresses(c, b, 0, k0, min64(KEY_BLOCK, k1 - k0), kraw[0], vraw[0]);
   for (int64_t j0 = k0; j0 < k1; j0 += KEY_BLOCK, cur ^= 1) {
     const int64_t nb = min64(KEY_BLOCK, k1 - j0);
     if (j0 + nb < k1) {
       const int64_t nb_next = min64(KEY_BLOCK, k1 - j0 - nb);
-      row_addresses(c, b, g, j0 + nb, nb_next, kraw[cur ^ 1], vraw[cur ^ 1]);
-      prefetch_rows(c, kraw[cur ^ 1], nb_next, D);
-      prefetch_rows(c, vraw[cur ^ 1], nb_next, Dv);
+      row_addresses(c, b, 0, j0 + nb, nb_next, kraw[cur ^ 1], vraw[cur ^ 1]);
     }
-    kernel_rows(c, &in->k, D, kraw[cur], nb, t->kbuf, Dp, krows);
-    decode_dots(R, nb, D, t->q, Dp, krows, kmode, t->s, KEY_BLOCK);
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t h = g * c->group + r / Tq, diag = r % Tq + o;
-      float *x = t->s + r * KEY_BLOCK;
-      if (p->alibi != ATTN_ALIBI_NONE) { /* x -= slope |i + o - j| */
-        const attn_tensor *sl = &in->alibi_slopes;
-        const float slope = stat_at(sl, p->alibi == ATTN_ALIBI_PER_BATCH_HEAD
-                                            ? b * sl->stride[0] + h * sl->stride[1]
-                                            : h * sl->stride[0]);
-        const float base = (float)(diag - j0);
-        for (int64_t jj = 0; jj < nb; ++jj) x[jj] -= slope * fabsf(base - (float)jj);
+    const int64_t nb_next = j0 + nb < k1 ? min64(KEY_BLOCK, k1 - j0 - nb) : 0;
+    for (int64_t g = 0; g < Hkv; ++g) {
+      float *m = t->m + g * R, *l = t->l + g * R, *O = t->o + g * R * Dvp;
+      if (prefetch && nb_next > 0) { /* the next block's rows of this head, spread over the heads */
+        head_rows(kraw[cur ^ 1], nb_next, (size_t)(g * in->k.stride[2]) * es, kg);
+        head_rows(vraw[cur ^ 1], nb_next, (size_t)(g * in->v.stride[2]) * es, vg);
+        prefetch_rows(c, kg, nb_next, D);
+        prefetch_rows(c, vg, nb_next, Dv);
       }
-      if (cap > 0.0f) kern->softcap(x, NULL, nb, cap);
-      /* this row's window within the block (the block is the union of all rows') */
-      int64_t lo = p->window_left >= 0 ? diag - p->window_left - j0 : 0;
-      int64_t hi = p->window_right >= 0 ? diag + p->window_right - j0 + 1 : nb;
-      lo = max64(0, min64(lo, nb)), hi = max64(lo, min64(hi, nb));
-      for (int64_t jj = 0; jj < lo; ++jj) x[jj] = -INFINITY;
-      for (int64_t jj = hi; jj < nb; ++jj) x[jj] = -INFINITY;
-      /* online softmax */
-      const float m_new = fmaxf(t->m[r], kern->row_max(x, nb));
-      if (m_new == -INFINITY) { /* nothing visible to this row yet: P = 0 */
-        memset(x, 0, (size_t)nb * sizeof(float));
-        continue;
+      head_rows(kraw[cur], nb, (size_t)(g * in->k.stride[2]) * es, kg);
+      kernel_rows(c, &in->k, D, kg, nb, t->kbuf, Dp, krows);
+      decode_dots(R, nb, D, t->q + g * R * Dp, Dp, krows, kmode, t->s, KEY_BLOCK);
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t h = g * c->group + r / Tq, diag = r % Tq + o;
+        float *x = t->s + r * KEY_BLOCK;
+        if (p->alibi != ATTN_ALIBI_NONE) { /* x -= slope |i + o - j| */
+          const attn_tensor *sl = &in->alibi_slopes;
+          const float slope = stat_at(sl, p->alibi == ATTN_ALIBI_PER_BATCH_HEAD
+                                              ? b * sl->stride[0] + h * sl->stride[1]
+                                              : h * sl->stride[0]);
+          const float base = (float)(diag - j0);
+          for (int64_t jj = 0; jj < nb; ++jj) x[jj] -= slope * fabsf(base - (float)jj);
+        }
+        if (cap > 0.0f) kern->softcap(x, NULL, nb, cap);
+        /* this row's window within the block (the block is the union of all rows') */
+        int64_t lo = p->window_left >= 0 ? diag - p->window_left - j0 : 0;
+        int64_t hi = p->window_right >= 0 ? diag + p->window_right - j0 + 1 : nb;
+        lo = max64(0, min64(lo, nb)), hi = max64(lo, min64(hi, nb));
+        for (int64_t jj = 0; jj < lo; ++jj) x[jj] = -INFINITY;
+        for (int64_t jj = hi; jj < nb; ++jj) x[jj] = -INFINITY;
+        /* online softmax */
+        const float m_new = fmaxf(m[r], kern->row_max(x, nb));
+        if (m_new == -INFINITY) { /* nothing visible to this row yet: P = 0 */
+          memset(x, 0, (size_t)nb * sizeof(float));
+          continue;
+        }
+        const float alpha = m[r] == m_new ? 1.0f : expf(m[r] - m_new);
+        l[r] = l[r] * alpha + kern->exp_sum(x, nb, m_new);
+        if (alpha != 1.0f) kern->scale(O + r * Dvp, Dv, alpha);
+        m[r] = m_new;
       }
-      const float alpha = t->m[r] == m_new ? 1.0f : expf(t->m[r] - m_new);
-      t->l[r] = t->l[r] * alpha + kern->exp_sum(x, nb, m_new);
-      if (alpha != 1.0f) kern->scale(t->o + r * Dvp, Dv, alpha);
-      t->m[r] = m_new;
+      head_rows(vraw[cur], nb, (size_t)(g * in->v.stride[2]) * es, vg);
+      kernel_rows(c, &in->v, Dv, vg, nb, t->vbuf, Dvp, vrows);
+      decode_axpys(R, nb, Dv, t->s, KEY_BLOCK, vrows, vmode, O, Dvp);
     }
-    kernel_rows(c, &in->v, Dv, vraw[cur], nb, t->vbuf, Dvp, vrows);
-    decode_axpys(R, nb, Dv, t->s, KEY_BLOCK, vrows, vmode, t->o, Dvp);
   }
-  for (int64_t r = 0; r < R; ++r) {
+  for (int64_t r = 0; r < Hkv * R; ++r) {
     float *dst = partial + r * (Dvp + 2);
     dst[0] = t->m[r], dst[1] = t->l[r];
     memcpy(dst + 2, t->o + r * Dvp, (size_t)Dv * sizeof(float));
@@ -541,14 +559,15 @@ static void store_row(attn_dtype dt, void *base, int64_t off, int64_t stride, co
   }
 }
 
-/* Merges the splits of (b, g) through their maxima, adds the sinks once, writes out and lse. */
-static void decode_merge(const decode_run *c, const attn_outputs *out, int64_t b, int64_t g,
-                         float *acc) {
+/* Merges the splits of sequence b through their maxima, adds the sinks once, writes out and lse
+ * of its rows [r0, r1) (row g * R + hh * Tq + i). */
+static void decode_merge(const decode_run *c, const attn_outputs *out, int64_t b, int64_t r0,
+                         int64_t r1, float *acc) {
   const attn_problem *p = c->p;
   const int64_t R = c->l.R, Tq = p->seqlen_q, Dv = p->head_dim_v, Dvp = c->l.Dvp;
-  const float *base = c->partials + (b * p->heads_kv + g) * c->splits * c->l.partial;
-  for (int64_t r = 0; r < R; ++r) {
-    const int64_t h = g * c->group + r / Tq, i = r % Tq;
+  const float *base = c->partials + b * c->splits * c->l.partial;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t h = r / R * c->group + r % R / Tq, i = r % Tq;
     float m = -INFINITY;
     for (int64_t s = 0; s < c->splits; ++s) m = fmaxf(m, base[s * c->l.partial + r * (Dvp + 2)]);
     const attn_tensor *sk = &c->in->sinks;
@@ -594,15 +613,17 @@ attn_status attn_cpu_decode_forward(const attn_run *run, const attn_cpu_kernels 
 #endif
   /* The split count the workspace was sized for, fewer if it holds fewer (the thread count may
    * have changed since), and no more threads than it holds. */
-  const int64_t pairs = p->batch * p->heads_kv;
+  const int64_t B = p->batch, rows = p->heads_kv * c.l.R;
   const int64_t room = (int64_t)(run->workspace_size / sizeof(float));
   c.splits = decode_splits(p, decode_threads());
-  while (c.splits > 1 && pairs * c.splits * c.l.partial + c.l.per_thread > room) --c.splits;
-  const int64_t fit = (room - pairs * c.splits * c.l.partial) / c.l.per_thread;
+  while (c.splits > 1 && B * c.splits * c.l.partial + c.l.per_thread > room) --c.splits;
+  const int64_t fit = (room - B * c.splits * c.l.partial) / c.l.per_thread;
   if (fit < threads) threads = (int)max64(1, fit);
   c.partials = (float *)run->workspace;
-  float *thread_base = c.partials + pairs * c.splits * c.l.partial;
-  const int64_t items = pairs * c.splits;
+  float *thread_base = c.partials + B * c.splits * c.l.partial;
+  const int64_t items = B * c.splits;
+  /* the merge in pieces of 16 rows, so one long sequence still spreads over the threads */
+  const int64_t pieces = (rows + 15) / 16;
 
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
@@ -615,30 +636,31 @@ attn_status attn_cpu_decode_forward(const attn_run *run, const attn_cpu_kernels 
 #endif
     decode_thread t;
     t.q = thread_base + (int64_t)tid * c.l.per_thread;
-    t.s = t.q + round16(c.l.R * c.l.Dp);
+    t.s = t.q + round16(rows * c.l.Dp);
     t.o = t.s + round16(c.l.R * KEY_BLOCK);
-    t.m = t.o + round16(c.l.R * c.l.Dvp);
-    t.l = t.m + round16(c.l.R);
-    t.kbuf = t.l + round16(c.l.R);
+    t.m = t.o + round16(rows * c.l.Dvp);
+    t.l = t.m + round16(rows);
+    t.kbuf = t.l + round16(rows);
     t.vbuf = t.kbuf + KEY_BLOCK * c.l.Dp;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
     for (int64_t it = 0; it < items; ++it) {
-      const int64_t pair = it / c.splits, s = it % c.splits;
-      const int64_t b = pair / p->heads_kv, g = pair % p->heads_kv;
+      const int64_t b = it / c.splits, s = it % c.splits;
       const attn_seq seq = attn_seq_of(p, c.in, b);
       int64_t lo, hi;
       visible_keys(&c, &seq, &lo, &hi);
       const int64_t chunk = round16((hi - lo + c.splits - 1) / c.splits);
       const int64_t k0 = min64(hi, lo + s * chunk), k1 = min64(hi, k0 + chunk);
-      decode_item(&c, &t, b, g, &seq, k0, k1, c.partials + it * c.l.partial);
+      decode_item(&c, &t, b, &seq, k0, k1, c.partials + it * c.l.partial);
     }
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
-    for (int64_t pair = 0; pair < pairs; ++pair)
-      decode_merge(&c, run->outputs, pair / p->heads_kv, pair % p->heads_kv, t.o);
+    for (int64_t it = 0; it < B * pieces; ++it) {
+      const int64_t b = it / pieces, r0 = it % pieces * 16;
+      decode_merge(&c, run->outputs, b, r0, min64(rows, r0 + 16), t.o);
+    }
   }
   return ATTN_STATUS_OK;
 }
