@@ -16,7 +16,7 @@
  *   - the key range of a sequence is the union of its rows' windows, so pages wholly outside a
  *     sliding window are never read; sequences of length 0 give out = 0, lse = -inf (or the sinks');
  *   - with seqlen_new > 0 a first kernel writes k_new / v_new into their pages.
- * The number of splits is chosen from the SM count (two CTAs per SM where the keys allow).
+ * The number of splits is chosen from the SM count (eight CTAs per SM where the keys allow).
  * Features: GQA/MQA, causal, sliding windows, soft cap, ALiBi, sinks, lse; f16 and bf16; D and Dv
  * multiples of 8 up to 256.
  */
@@ -175,16 +175,29 @@ __global__ void __launch_bounds__(kThreads) split_kernel(attn_cuda_decode_params
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) s[r] = 0.0f;
     if (valid) {
-      for (int d = 0; d < D; d += 8) {
-        float kf[8];
-        load_n<T, 8>(kp + koff + d, kf);
+      /* 64 bytes of the key per step, four 16-byte loads issued before any is used, so each lane
+       * keeps several requests in flight (decode is bound by memory latency times parallelism) */
+      for (int d0 = 0; d0 < D; d0 += 32) {
+        uint4 raw[4];
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-          if (r < rm.nrows) {
-            const float4 qa = *reinterpret_cast<const float4 *>(q_s + r * D + d);
-            const float4 qb = *reinterpret_cast<const float4 *>(q_s + r * D + d + 4);
-            s[r] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] +
-                    qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+        for (int u = 0; u < 4; ++u)
+          if (d0 + 8 * u < D) raw[u] = __ldg(reinterpret_cast<const uint4 *>(kp + koff + d0 + 8 * u));
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int d = d0 + 8 * u;
+          if (d >= D) break;
+          const T *e = reinterpret_cast<const T *>(&raw[u]);
+          float kf[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) kf[i] = to_float(e[i]);
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) {
+            if (r < rm.nrows) {
+              const float4 qa = *reinterpret_cast<const float4 *>(q_s + r * D + d);
+              const float4 qb = *reinterpret_cast<const float4 *>(q_s + r * D + d + 4);
+              s[r] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] +
+                      qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+            }
           }
         }
       }
@@ -217,17 +230,22 @@ __global__ void __launch_bounds__(kThreads) split_kernel(attn_cuda_decode_params
     /* O += P V: a lane owns columns [lane * DVL, lane * DVL + DVL) */
     const int nk = min(32, k1 - tile);
     const int col = lane * DVL;
-    for (int jj = 0; jj < nk; ++jj) {
-      const int64_t vo = __shfl_sync(0xffffffffu, voff, jj);
-      if (col < Dv) {
-        float vf[DVL];
-        load_n<T, DVL>(vp + vo + col, vf);
+    for (int j0 = 0; j0 < nk; j0 += 4) { /* four keys' loads in flight, then their products */
+      float vf[4][DVL];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t vo = __shfl_sync(0xffffffffu, voff, (j0 + u) & 31);
+        if (col < Dv && j0 + u < nk) load_n<T, DVL>(vp + vo + col, vf[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if (col >= Dv || j0 + u >= nk) break;
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
           if (r < rm.nrows) {
-            const float pr = pw[r * 32 + jj];
+            const float pr = pw[r * 32 + j0 + u];
 #pragma unroll
-            for (int e = 0; e < DVL; ++e) acc[r][e] += pr * vf[e];
+            for (int e = 0; e < DVL; ++e) acc[r][e] += pr * vf[u][e];
           }
         }
       }
@@ -378,9 +396,11 @@ extern "C" int attn_cuda_decode_splits(int index, int batch, int heads_kv, int r
     (void)cudaGetLastError();
     return 1;
   }
+  /* eight CTAs (32 warps) per SM keep enough loads in flight to cover the memory latency; a split
+   * of fewer than 128 keys (4 tiles of 32) would cost more to merge than it saves */
   const int64_t ctas = (int64_t)batch * heads_kv * row_chunks;
-  int64_t want = (2 * (int64_t)sms + ctas - 1) / ctas;
-  int64_t most = seqlen_k / 256;
+  int64_t want = (8 * (int64_t)sms + ctas - 1) / ctas;
+  int64_t most = seqlen_k / 128;
   if (most < 1) most = 1;
   if (want > most) want = most;
   if (want > 1024) want = 1024;
