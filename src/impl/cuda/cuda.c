@@ -125,24 +125,39 @@ static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_si
  * 1 "atomic": FlashAttention-2's single kernel adding dQ into an f32 workspace with atomics;
  *   fewer products, but the last bits of dq vary from run to run. */
 #define CUDA_CONFIG_ATOMIC 1
-/* 2 "splitkv" (decode-shaped dense problems): the forward pass on the split-KV decode kernel, the
- * backward pass as "deterministic". A paged problem has this one configuration, index 0. */
+/* 2.. "splitkv", "splitkv_ctas4", "splitkv_ctas16" (decode-shaped dense problems): the forward
+ * pass on the split-KV decode kernel with its key splits chosen for 8 (the heuristic), 4 or 16
+ * CTAs per SM, for the executor to time; the backward pass as "deterministic". A paged problem
+ * has these three only, from index 0. */
 #define CUDA_CONFIG_SPLITKV 2
+static const int splitkv_ctas_per_sm[] = {8, 4, 16};
+#define N_SPLITKV 3
 
 static int is_splitkv(const attn_problem *p, int32_t config) {
-  return p->page_size > 0 || config == CUDA_CONFIG_SPLITKV;
+  return p->page_size > 0 || config >= CUDA_CONFIG_SPLITKV;
+}
+
+/* CTAs per SM the splits of a splitkv configuration aim at. */
+static int splitkv_target(const attn_problem *p, int32_t config) {
+  int32_t i = p->page_size > 0 ? config : config - CUDA_CONFIG_SPLITKV;
+  return splitkv_ctas_per_sm[i >= 0 && i < N_SPLITKV ? i : 0];
 }
 
 static int32_t cuda_num_configs(const attn_problem *problem) {
-  if (problem->page_size > 0) return 1;
-  return decode_shaped(problem) ? 3 : 2;
+  if (problem->page_size > 0) return N_SPLITKV;
+  return decode_shaped(problem) ? CUDA_CONFIG_SPLITKV + N_SPLITKV : 2;
 }
 
 static void cuda_config_name(const attn_problem *problem, int32_t config, char *buf, size_t size) {
-  attn_format(buf, size, "%s",
-              is_splitkv(problem, config)    ? "splitkv"
-              : config == CUDA_CONFIG_ATOMIC ? "atomic"
-                                             : "deterministic");
+  if (is_splitkv(problem, config)) {
+    const int ctas = splitkv_target(problem, config);
+    if (ctas == splitkv_ctas_per_sm[0])
+      attn_format(buf, size, "splitkv");
+    else
+      attn_format(buf, size, "splitkv_ctas%d", ctas);
+    return;
+  }
+  attn_format(buf, size, "%s", config == CUDA_CONFIG_ATOMIC ? "atomic" : "deterministic");
 }
 
 /* Whether a configuration repeats its bits: not "atomic" (dq accumulated with atomics), and not
@@ -169,7 +184,7 @@ static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const v
   if (!backward && is_splitkv(p, config)) { /* the splits' partial results */
     const int chunks = attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
     const int splits = attn_cuda_decode_splits(p->device_index, (int)p->batch, (int)p->heads_kv,
-                                               chunks, (int)p->seqlen_k);
+                                               chunks, (int)p->seqlen_k, splitkv_target(p, config));
     return attn_cuda_decode_workspace((int)p->batch, (int)p->heads_kv, chunks, splits,
                                       (int)p->head_dim_v);
   }
@@ -431,7 +446,8 @@ static attn_status fill_decode_params(const attn_run *run, attn_cuda_decode_para
   k->window_right = p->window_right < 0 || p->window_right >= span ? -1 : (int32_t)p->window_right;
   k->align_bottom_right = p->align == ATTN_ALIGN_BOTTOM_RIGHT;
   const int chunks = attn_cuda_decode_row_chunks(k->group, k->seqlen_q);
-  k->splits = attn_cuda_decode_splits(p->device_index, k->batch, k->heads_kv, chunks, k->seqlen_k);
+  k->splits = attn_cuda_decode_splits(p->device_index, k->batch, k->heads_kv, chunks, k->seqlen_k,
+                                      splitkv_target(p, run->config));
   /* the workspace was sized for this split count (cuda_workspace_size) */
   if (run->workspace_size < attn_cuda_decode_workspace(k->batch, k->heads_kv, chunks, k->splits, k->dv)) {
     attn_format(why, ws, "the decode kernel's workspace is smaller than its split count needs");

@@ -390,7 +390,7 @@ extern "C" int attn_cuda_decode_row_chunks(int group, int seqlen_q) {
 }
 
 extern "C" int attn_cuda_decode_splits(int index, int batch, int heads_kv, int row_chunks,
-                                       int seqlen_k) {
+                                       int seqlen_k, int ctas_per_sm) {
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index) != cudaSuccess || sms < 1) {
     (void)cudaGetLastError();
@@ -399,7 +399,7 @@ extern "C" int attn_cuda_decode_splits(int index, int batch, int heads_kv, int r
   /* eight CTAs (32 warps) per SM keep enough loads in flight to cover the memory latency; a split
    * of fewer than 128 keys (4 tiles of 32) would cost more to merge than it saves */
   const int64_t ctas = (int64_t)batch * heads_kv * row_chunks;
-  int64_t want = (8 * (int64_t)sms + ctas - 1) / ctas;
+  int64_t want = ((int64_t)(ctas_per_sm > 0 ? ctas_per_sm : 8) * sms + ctas - 1) / ctas;
   int64_t most = seqlen_k / 128;
   if (most < 1) most = 1;
   if (want > most) want = most;

@@ -63,9 +63,11 @@ typedef struct attn_cuda_decode_params {
 /* Row chunks per KV head: ceil(group * Tq / ATTN_CUDA_DECODE_ROWS). */
 int attn_cuda_decode_row_chunks(int group, int seqlen_q);
 
-/* Key splits for a problem on device `index`: enough CTAs for eight per multiprocessor where the
- * keys allow, none shorter than 128 keys; 1 when the device cannot be asked. */
-int attn_cuda_decode_splits(int index, int batch, int heads_kv, int row_chunks, int seqlen_k);
+/* Key splits for a problem on device `index`: enough CTAs for ctas_per_sm per multiprocessor (8 is
+ * the heuristic: the loads in flight cover the memory latency) where the keys allow, none shorter
+ * than 128 keys; 1 when the device cannot be asked. */
+int attn_cuda_decode_splits(int index, int batch, int heads_kv, int row_chunks, int seqlen_k,
+                            int ctas_per_sm);
 
 /* Workspace bytes of the partial results. */
 size_t attn_cuda_decode_workspace(int batch, int heads_kv, int row_chunks, int splits, int dv);
