@@ -43,6 +43,8 @@ typedef struct pcase {
   int alibi;
   int bias;  /* a [B, Hq, Tq, Tk] f32 bias (the cpu's tiled path and the reference) */
   int paged; /* 0: the dense problem (every length is Tk) */
+  int top_left; /* align=tl instead of bottom-right */
+  int pad;      /* paged pools with 8 unused elements after each head's row (strided tensors) */
   int device;
 } pcase;
 
@@ -52,12 +54,13 @@ static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static void describe(const pcase *c, char *buf, size_t size) {
   int n = snprintf(buf, size,
                    "%s B%lld Tq%lld Hq%lld Hkv%lld D%lld Dv%lld page%lld new%lld causal%d "
-                   "window=%lld,%lld softcap=%g sinks=%lld%s alibi=%d bias=%d %s lens=",
+                   "window=%lld,%lld softcap=%g sinks=%lld%s alibi=%d bias=%d %s%s%s lens=",
                    attn_dtype_name(c->dtype), (long long)c->B, (long long)c->Tq, (long long)c->Hq,
                    (long long)c->Hkv, (long long)c->D, (long long)c->Dv, (long long)c->page,
                    (long long)c->seqlen_new, c->causal, (long long)c->wl, (long long)c->wr,
                    c->softcap, (long long)c->sinks, c->sinks_shared ? ":shared" : "", c->alibi,
-                   c->bias, c->paged ? "paged" : "dense");
+                   c->bias, c->paged ? "paged" : "dense", c->top_left ? " align=tl" : "",
+                   c->pad ? " padded-rows" : "");
   for (int64_t b = 0; b < c->B && n > 0 && (size_t)n < size; ++b)
     n += snprintf(buf + n, size - (size_t)n, "%s%lld", b ? "," : "", (long long)c->lens[b]);
 }
@@ -175,6 +178,7 @@ static int check_case(attn_ctx *ctx, const pcase *c, const char *impl, tu_rng *r
   p.batch = B, p.seqlen_q = Tq, p.seqlen_k = Tk, p.heads_q = Hq, p.heads_kv = Hkv;
   p.head_dim = D, p.head_dim_v = Dv == D ? 0 : Dv;
   p.causal = c->causal, p.window_left = c->wl, p.window_right = c->wr, p.softcap = c->softcap;
+  p.align = c->top_left ? ATTN_ALIGN_TOP_LEFT : ATTN_ALIGN_BOTTOM_RIGHT;
   p.num_sinks = c->sinks, p.sinks_shared = c->sinks_shared, p.alibi = c->alibi;
   if (c->bias) {
     p.has_bias = 1;
@@ -209,6 +213,7 @@ static int check_case(attn_ctx *ctx, const pcase *c, const char *impl, tu_rng *r
          slopes_t = tu_buf_convert(&slopes, st), bias_t = tu_buf_convert(&bias, ATTN_DTYPE_F32);
   tu_buf kp, vp, table = {NULL, ATTN_DTYPE_I32, 0}, knew = {NULL, dt, 0}, vnew = {NULL, dt, 0};
   int64_t num_pages = 0, max_pages = 0;
+  const int64_t KW = c->paged && c->pad ? D + 8 : D, VW = c->paged && c->pad ? Dv + 8 : Dv;
   int32_t *owner_row = NULL; /* paged: for each pool row, the dense row it holds (b * Tk + j), or -1 */
   if (c->paged) {
     const int64_t P = c->page;
@@ -234,7 +239,7 @@ static int check_case(attn_ctx *ctx, const pcase *c, const char *impl, tu_rng *r
           owner_row[page * P + r] = (int32_t)(b * Tk + i * P + r);
       }
     free(order);
-    if (poison_window(c)) { /* pages no row of the sequence sees hold NaN as well */
+    if (poison_window(c) && !c->top_left) { /* pages no row of the sequence sees hold NaN too */
       for (int64_t b = 0; b < B; ++b) {
         const int64_t len = c->lens[b], o = len - Tq, wr = c->causal ? 0 : c->wr;
         const int64_t lo = c->wl >= 0 ? o - c->wl : 0, hi = wr >= 0 ? o + Tq - 1 + wr : len - 1;
@@ -248,14 +253,14 @@ static int check_case(attn_ctx *ctx, const pcase *c, const char *impl, tu_rng *r
         }
       }
     }
-    kp = tu_buf_new(dt, num_pages * P * Hkv * D), vp = tu_buf_new(dt, num_pages * P * Hkv * Dv);
+    kp = tu_buf_new(dt, num_pages * P * Hkv * KW), vp = tu_buf_new(dt, num_pages * P * Hkv * VW);
     for (int64_t r = 0; r < num_pages * P; ++r)
       for (int64_t g = 0; g < Hkv; ++g) {
         const int64_t src = owner_row[r];
         for (int64_t d = 0; d < D; ++d)
-          tu_set(&kp, (r * Hkv + g) * D + d, src < 0 ? NAN : tu_get(&k, (src * Hkv + g) * D + d));
+          tu_set(&kp, (r * Hkv + g) * KW + d, src < 0 ? NAN : tu_get(&k, (src * Hkv + g) * D + d));
         for (int64_t d = 0; d < Dv; ++d)
-          tu_set(&vp, (r * Hkv + g) * Dv + d, src < 0 ? NAN : tu_get(&v, (src * Hkv + g) * Dv + d));
+          tu_set(&vp, (r * Hkv + g) * VW + d, src < 0 ? NAN : tu_get(&v, (src * Hkv + g) * Dv + d));
       }
     if (c->seqlen_new > 0) {
       knew = tu_buf_new(dt, B * c->seqlen_new * Hkv * D), vnew = tu_buf_new(dt, B * c->seqlen_new * Hkv * Dv);
@@ -276,6 +281,10 @@ static int check_case(attn_ctx *ctx, const pcase *c, const char *impl, tu_rng *r
   attn_inputs in;
   attn_inputs_init(&in);
   in.q = tu_tensor(&qt), in.k = tu_tensor(&kp), in.v = tu_tensor(&vp);
+  if (c->paged && c->pad) { /* [num_pages, P, Hkv, D] inside rows of KW (VW) elements */
+    const int64_t ks[4] = {c->page * Hkv * KW, Hkv * KW, KW, 1}, vs[4] = {c->page * Hkv * VW, Hkv * VW, VW, 1};
+    memcpy(in.k.stride, ks, sizeof ks), memcpy(in.v.stride, vs, sizeof vs);
+  }
   if (c->sinks) in.sinks = tu_tensor(&sinks_t);
   if (c->alibi) in.alibi_slopes = tu_tensor(&slopes_t);
   if (c->bias) in.bias = tu_tensor(&bias_t);
@@ -327,9 +336,11 @@ static int check_case(attn_ctx *ctx, const pcase *c, const char *impl, tu_rng *r
           const int64_t j = cache_seqlens[b] + t;
           const int64_t prow = tab[b * max_pages + j / c->page] * c->page + j % c->page;
           for (int64_t e = 0; e < Hkv * D; ++e)
-            same &= tu_get(&kp, prow * Hkv * D + e) == tu_get(&knew, (b * c->seqlen_new + t) * Hkv * D + e);
+            same &= tu_get(&kp, (prow * Hkv + e / D) * KW + e % D) ==
+                    tu_get(&knew, (b * c->seqlen_new + t) * Hkv * D + e);
           for (int64_t e = 0; e < Hkv * Dv; ++e)
-            same &= tu_get(&vp, prow * Hkv * Dv + e) == tu_get(&vnew, (b * c->seqlen_new + t) * Hkv * Dv + e);
+            same &= tu_get(&vp, (prow * Hkv + e / Dv) * VW + e % Dv) ==
+                    tu_get(&vnew, (b * c->seqlen_new + t) * Hkv * Dv + e);
         }
       tu_check(same, "%s %s: k_new and v_new written into their pages", impl, what);
       passed &= same;
@@ -391,7 +402,7 @@ static void test_grid(attn_ctx *ctx, tu_rng *rng, const char *impl, int device) 
     for (int f = 0; f < F_COUNT; ++f) {
       pcase c;
       memset(&c, 0, sizeof c);
-      c.dtype = f % 3 == 2 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F32;
+      c.dtype = f % 3 == 2 ? ATTN_DTYPE_BF16 : f % 3 == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_F32;
       if (device == ATTN_DEVICE_CUDA) c.dtype = ATTN_DTYPE_BF16;
       c.page = pages[pi];
       c.B = tu_int(rng, 2, MAX_B);
@@ -404,6 +415,8 @@ static void test_grid(attn_ctx *ctx, tu_rng *rng, const char *impl, int device) 
       c.seqlen_new = tu_int(rng, 0, 2) == 0 ? 0 : tu_int(rng, 1, c.Tq);
       c.paged = 1;
       c.device = device;
+      c.top_left = tu_int(rng, 0, 5) == 0;
+      c.pad = tu_int(rng, 0, 2) == 0;
       set_features(&c, f);
       draw_lens(&c, rng);
       char what[512];
