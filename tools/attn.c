@@ -283,6 +283,7 @@ static const char *const default_forward[] = {
     "b1 hq8 hkv8 sq512 sk512 d64 bf16 causal",      /* bf16 inputs, f32 accumulation */
     "b1 hq8 hkv8 sq512 sk512 d64 f16 causal",       /* f16 inputs */
     "b1 hq8 hkv8 sq512 sk512 d64 f32 window=127,0", /* sliding window of 128 keys */
+    "b8 hq16 hkv4 sq1 sk4096 d64 bf16 paged=16",     /* decode from a paged KV cache: KV GB/s */
 };
 static const char *const default_backward[] = {
     "b1 hq8 hkv8 sq512 sk512 d64 f32 causal",  /* backward: dq, dk, dv */
