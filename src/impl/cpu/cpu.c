@@ -1081,7 +1081,7 @@ static void cpu_plan_fini(void *state) { (void)state; }
 const attn_impl attn_cpu_impl = {
     .name = "cpu",
     .device = ATTN_DEVICE_CPU,
-    .version = 1,
+    .version = 2, /* 2: decode shapes on decode.c's split-KV path */
     .supports = cpu_supports,
     .num_configs = cpu_num_configs,
     .config_name = cpu_config_name,
