@@ -74,6 +74,12 @@ extern const attn_cpu_kernels attn_cpu_kernels_avx512;
  * (exact for bf16 inputs; P, dS and the scaled q are rounded, as FlashAttention does) and
  * accumulates pairs of products in f32 with vdpbf16ps, twice the f32 FMA rate. */
 extern const attn_cpu_kernels attn_cpu_kernels_avx512bf16;
+/* The decode path's scores on bf16 rows with vdpbf16ps (decode.c uses it with the avx512bf16
+ * table): S[r * lds + jj] = scale * dot(q row r, key row jj), q and keys bf16, D % 32 == 0; the
+ * nprefetch rows of prefetch are requested meanwhile, a few lines per key. */
+void attn_cpu_decode_dots_bf16(int64_t R, int64_t nb, int64_t D, const uint16_t *q, int64_t ldq,
+                               const void *const *rows, float *S, int64_t lds, float scale,
+                               const char *const *prefetch, int64_t nprefetch, size_t prefetch_bytes);
 /* The AVX-512 kernels shared by both AVX-512 tables. */
 void attn_cpu_gemm_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
                           const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,

@@ -461,7 +461,21 @@ static void decode_item(const decode_run *c, const decode_thread *t, int64_t b,
     memset(t->o + r * Dvp, 0, (size_t)Dvp * sizeof(float));
   }
   const int kmode = rows_mode(c, &in->k, D), vmode = rows_mode(c, &in->v, Dv);
-  if (k1 > k0) {
+  /* bf16 rows on a machine with AVX-512 BF16 (the kernel table cpu.c chose, lowered by
+   * ATTN_CPU_ISA): scores by vdpbf16ps on q as given, the scale applied to the sums */
+  int dpbf16 = 0;
+#ifdef ATTN_CPU_X86
+  dpbf16 = kern == &attn_cpu_kernels_avx512bf16 && kmode == ROWS_BF16_PAIRS;
+#endif
+  uint16_t *q16 = (uint16_t *)t->q; /* dpbf16: q rows as bf16 bits, in the f32 rows' space */
+  if (k1 > k0 && dpbf16) {
+    const attn_tensor *qt = &in->q;
+    for (int64_t r = 0; r < Hkv * R; ++r) {
+      const int64_t h = r / R * c->group + r % R / Tq, i = r % Tq;
+      const int64_t off = b * qt->stride[0] + i * qt->stride[1] + h * qt->stride[2];
+      for (int64_t d = 0; d < D; ++d) q16[r * Dp + d] = ((const uint16_t *)qt->data)[off + d * qt->stride[3]];
+    }
+  } else if (k1 > k0) {
     /* row g * R + hh * Tq + i: query i of head g * group + hh, scaled by s (f32) */
     for (int64_t r = 0; r < Hkv * R; ++r) {
       const int64_t h = r / R * c->group + r % R / Tq, i = r % Tq;
@@ -505,8 +519,15 @@ static void decode_item(const decode_run *c, const decode_thread *t, int64_t b,
       }
       head_rows(kraw[cur], nb, (size_t)(g * in->k.stride[2]) * es, kg);
       kernel_rows(c, &in->k, D, kg, nb, t->kbuf, Dp, krows);
-      decode_dots(R, nb, D, t->q + g * R * Dp, Dp, krows, kmode, t->s, KEY_BLOCK, pf, npf,
-                  (size_t)(D > Dv ? D : Dv) * es);
+      if (dpbf16) {
+#ifdef ATTN_CPU_X86
+        attn_cpu_decode_dots_bf16(R, nb, D, q16 + g * R * Dp, Dp, krows, t->s, KEY_BLOCK, scale, pf,
+                                  npf, (size_t)(D > Dv ? D : Dv) * es);
+#endif
+      } else {
+        decode_dots(R, nb, D, t->q + g * R * Dp, Dp, krows, kmode, t->s, KEY_BLOCK, pf, npf,
+                    (size_t)(D > Dv ? D : Dv) * es);
+      }
       for (int64_t r = 0; r < R; ++r) {
         const int64_t h = g * c->group + r / Tq, diag = r % Tq + o;
         float *x = t->s + r * KEY_BLOCK;
