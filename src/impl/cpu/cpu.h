@@ -20,6 +20,14 @@
 /* Bytes of gemm scratch for an m x n x k product: both operands as bf16 pairs along k. */
 #define ATTN_CPU_GEMM_SCRATCH(m, n, k) ((size_t)(2 * (((k) + 1) / 2) * (((m) + 15) / 16 * 16 + (n))) * 2 + 256)
 
+/* How the kernels read K and V rows. PAIRS: bf16 rows read 32 elements at a time as two f32
+ * vectors, the even elements and the odd ones (each 32-bit lane holds one of each, the even one in
+ * its low half: a shift and a mask widen them), so q and the O accumulator are kept in the same
+ * order within each 32 columns (decode.c's permute_pairs). It halves the work of widening bf16, which
+ * otherwise costs as much as the multiply-adds. Needs widths that are multiples of 32. */
+enum { ROWS_F32 = 0, ROWS_BF16 = 1, ROWS_BF16_PAIRS = 2 };
+
+
 typedef struct attn_cpu_kernels {
   const char *name; /* "generic", "avx2", "avx512" */
   /* C[m x n] = (accumulate ? C : 0) + A B with f32 accumulation, where A(r, k) = a[r * lda + k]
@@ -55,6 +63,15 @@ typedef struct attn_cpu_kernels {
    * for jj < n; j0 is a multiple of 4 (one Philox call covers 4 columns). */
   void (*dropout_keep)(uint64_t seed, uint32_t threshold, int64_t b, int64_t h, int64_t i,
                        int64_t j0, int64_t n, uint8_t *keep);
+  /* The decode path's loops (decode_kernels.h), over key rows given by address and read as `mode`
+   * (ROWS_*). decode_dots: S[r * lds + jj] = dot(q[r * ldq ..], key row jj) for r < R, jj < nb,
+   * requesting the npf rows of pf (pf_bytes each) meanwhile, a few lines per key. decode_axpys:
+   * O[r * ldo + d] += sum_jj P[r * ldp + jj] * value row jj [d] for r < R, d < Dv. */
+  void (*decode_dots)(int64_t R, int64_t nb, int64_t D, const float *q, int64_t ldq,
+                      const void *const *rows, int mode, float *S, int64_t lds,
+                      const char *const *pf, int64_t npf, size_t pf_bytes);
+  void (*decode_axpys)(int64_t R, int64_t nb, int64_t Dv, const float *P, int64_t ldp,
+                       const void *const *rows, int mode, float *O, int64_t ldo);
 } attn_cpu_kernels;
 
 extern const attn_cpu_kernels attn_cpu_kernels_generic;
@@ -93,6 +110,11 @@ void attn_cpu_load_f16_avx512(const uint16_t *src, int64_t n, float s, float *ds
 void attn_cpu_store_f16_avx512(uint16_t *dst, int64_t n, const float *src, float s);
 void attn_cpu_dropout_keep_avx512(uint64_t seed, uint32_t threshold, int64_t b, int64_t h,
                                   int64_t i, int64_t j0, int64_t n, uint8_t *keep);
+void attn_cpu_decode_dots_avx512(int64_t R, int64_t nb, int64_t D, const float *q, int64_t ldq,
+                                 const void *const *rows, int mode, float *S, int64_t lds,
+                                 const char *const *pf, int64_t npf, size_t pf_bytes);
+void attn_cpu_decode_axpys_avx512(int64_t R, int64_t nb, int64_t Dv, const float *P, int64_t ldp,
+                                  const void *const *rows, int mode, float *O, int64_t ldo);
 #endif
 
 /* The decode path (decode.c): few queries per sequence against a dense or paged cache, split over

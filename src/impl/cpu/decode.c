@@ -6,17 +6,21 @@
  * heads times Tq queries of one KV head), so its speed is the rate at which K and V stream from
  * memory. The tiled forward of cpu.c is built for the opposite (many queries reusing a packed K/V
  * block) and would spend its time packing. Here:
- *   - work items are (sequence, KV head, key split): the visible keys of a sequence (the union of
- *     its rows' windows, so pages wholly outside the window are never touched) are cut into
- *     `splits` ranges so that short batches still fill every thread (flash-decoding);
- *   - GQA packing: an item holds the R = (Hq/Hkv) * Tq query rows of its KV head, so each K and V
- *     row is read from memory once for all of them;
+ *   - work items are (sequence, key split): the visible keys of a sequence (the union of its rows'
+ *     windows, so pages wholly outside the window are never touched) are cut into `splits` ranges
+ *     so that short batches still fill every thread (flash-decoding). An item walks its keys in
+ *     blocks of 32 with every KV head inside, so K and V stream in address order (items per KV
+ *     head read 256 bytes of every 2 KiB and streamed at half the rate);
+ *   - GQA packing: for each KV head the item holds the R = (Hq/Hkv) * Tq query rows that read it,
+ *     so each K and V row is read from memory once for all of them;
  *   - K and V rows are read in place (f32 and bf16 rows with unit element stride; f16 or strided
- *     rows are converted into a small buffer first) by vector kernels written with the compiler's
- *     vector extensions and cloned per instruction set (AVX-512, AVX2, baseline), chosen at load;
- *   - each item keeps an online softmax (m, l, unnormalised O) per row over key blocks of 64 and
- *     writes it as a partial result; a second pass merges the splits of each (sequence, KV head)
- *     through their maxima, adds the sinks once, and writes out and lse.
+ *     rows are converted into a small buffer first) by the vector loops of decode_kernels.h, one
+ *     copy per kernel table (cpu.h: AVX-512, AVX2, generic), and on AVX-512 BF16 machines bf16
+ *     scores by vdpbf16ps (kernels_avx512bf16.c); the next block's rows are requested a few lines
+ *     per key while this block is computed;
+ *   - each item keeps an online softmax (m, l, unnormalised O) per row and writes it as a partial
+ *     result; a second pass merges the splits of each sequence through their maxima, adds the
+ *     sinks once, and writes out and lse.
  * Every sum is in f32. Features: GQA/MQA, causal, sliding windows, soft cap, sinks, ALiBi,
  * per-sequence lengths including 0, lse. Problems with a bias, mask, segment ids or dropout, and
  * longer query blocks, take cpu.c's tiled path (which also reads paged caches).
@@ -42,245 +46,6 @@
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 static int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
-
-/* ---- vector kernels ------------------------------------------------------------------------------ */
-
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__clang__) &&      \
-    defined(__linux__)
-/* One copy of each kernel per instruction set, picked by the loader (ifunc) from cpuid. */
-#define DECODE_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define DECODE_CLONES
-#endif
-
-#if defined(__GNUC__)
-/* The helpers below pass 64-byte vectors by value; they are static and inlined into each clone, so
- * the calling convention GCC warns may differ between instruction sets is never used across one. */
-#pragma GCC diagnostic ignored "-Wpsabi"
-typedef float v16f __attribute__((vector_size(64)));
-typedef uint32_t v16u __attribute__((vector_size(64)));
-typedef uint16_t v16h __attribute__((vector_size(32)));
-typedef float v8f __attribute__((vector_size(32)));
-typedef float v4f __attribute__((vector_size(16)));
-
-/* 16 elements of a row: f32, or bf16 widened (its bits are the top half of the f32's). */
-static inline v16f load16(const void *p, int bf16) {
-  if (bf16) {
-    v16h h;
-    memcpy(&h, p, sizeof h);
-    return (v16f)(__builtin_convertvector(h, v16u) << 16);
-  }
-  v16f f;
-  memcpy(&f, p, sizeof f);
-  return f;
-}
-
-static inline float hsum16(v16f a) {
-  v8f lo, hi;
-  memcpy(&lo, &a, sizeof lo);
-  memcpy(&hi, (const char *)&a + sizeof lo, sizeof hi);
-  v8f s8 = lo + hi;
-  v4f l4, h4;
-  memcpy(&l4, &s8, sizeof l4);
-  memcpy(&h4, (const char *)&s8 + sizeof l4, sizeof h4);
-  v4f s4 = l4 + h4;
-  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
-}
-#endif
-
-/* How the kernels read K and V rows. PAIRS: bf16 rows read 32 elements at a time as two f32
- * vectors, the even elements and the odd ones (each 32-bit lane holds one of each, the even one in
- * its low half: a shift and a mask widen them), so q and the O accumulator are kept in the same
- * order within each 32 columns (permute_pairs). It halves the work of widening bf16, which
- * otherwise costs as much as the multiply-adds. Needs widths that are multiples of 32. */
-enum { ROWS_F32 = 0, ROWS_BF16 = 1, ROWS_BF16_PAIRS = 2 };
-
-static inline float load1(const void *p, int64_t d, int bf16) {
-  return bf16 ? attn_bf16_to_f32(((const uint16_t *)p)[d]) : ((const float *)p)[d];
-}
-
-#if defined(__GNUC__)
-static inline void load32_pairs(const void *p, v16f *even, v16f *odd) {
-  v16u x;
-  memcpy(&x, p, sizeof x);
-  *even = (v16f)(x << 16);
-  *odd = (v16f)(x & 0xffff0000u);
-}
-
-/* The four sums of a0..a3 in one tree of shuffles (a sum per vector costs four times as much). */
-static inline void hsum4(v16f a0, v16f a1, v16f a2, v16f a3, float *s) {
-#if defined(__has_builtin)
-#if __has_builtin(__builtin_shufflevector)
-#define DECODE_HAVE_SHUFFLE 1
-#endif
-#endif
-#ifdef DECODE_HAVE_SHUFFLE
-  const v16f x = __builtin_shufflevector(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-                 __builtin_shufflevector(a0, a1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  const v16f y = __builtin_shufflevector(a2, a3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-                 __builtin_shufflevector(a2, a3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  v16f z = __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-           __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  z += __builtin_shufflevector(z, z, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-  z += __builtin_shufflevector(z, z, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-  s[0] = z[0], s[1] = z[4], s[2] = z[8], s[3] = z[12];
-#else
-  s[0] = hsum16(a0), s[1] = hsum16(a1), s[2] = hsum16(a2), s[3] = hsum16(a3);
-#endif
-}
-#endif
-
-/* S[r * lds + jj] = dot(q[r * ldq ..], key row jj) for r < R, jj < nb. */
-DECODE_CLONES
-static void decode_dots(int64_t R, int64_t nb, int64_t D, const float *q, int64_t ldq,
-                        const void *const *rows, int mode, float *S, int64_t lds,
-                        const char *const *pf, int64_t npf, size_t pf_bytes) {
-#if defined(__GNUC__)
-  const int bf16 = mode != ROWS_F32;
-  const int64_t step = mode == ROWS_BF16_PAIRS ? 32 : 16, Dv = D / step * step;
-  const size_t es = bf16 ? 2 : 4;
-  for (int64_t jj = 0; jj < nb; ++jj) {
-    /* rows of a later block, a few lines per key: requests spread over the work keep the core's
-     * miss buffers busy without a burst that stalls it. A head's rows sit Hkv rows apart and pages
-     * are shuffled, which the hardware prefetchers do not follow. */
-    for (int64_t u = jj; u < npf; u += nb)
-      for (size_t at = 0; at < pf_bytes; at += 64) __builtin_prefetch(pf[u] + at, 0, 2);
-    const char *k = rows[jj];
-    int64_t r = 0;
-    for (; r + 4 <= R; r += 4) { /* four query rows share each load of the key */
-      const float *q0 = q + r * ldq, *q1 = q0 + ldq, *q2 = q1 + ldq, *q3 = q2 + ldq;
-      v16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-      if (mode == ROWS_BF16_PAIRS) {
-        for (int64_t d = 0; d < Dv; d += 32) {
-          v16f ke, ko;
-          load32_pairs(k + (size_t)d * 2, &ke, &ko);
-          a0 += load16(q0 + d, 0) * ke + load16(q0 + d + 16, 0) * ko;
-          a1 += load16(q1 + d, 0) * ke + load16(q1 + d + 16, 0) * ko;
-          a2 += load16(q2 + d, 0) * ke + load16(q2 + d + 16, 0) * ko;
-          a3 += load16(q3 + d, 0) * ke + load16(q3 + d + 16, 0) * ko;
-        }
-      } else {
-        for (int64_t d = 0; d < Dv; d += 16) {
-          const v16f kv = load16(k + (size_t)d * es, bf16);
-          a0 += load16(q0 + d, 0) * kv, a1 += load16(q1 + d, 0) * kv;
-          a2 += load16(q2 + d, 0) * kv, a3 += load16(q3 + d, 0) * kv;
-        }
-      }
-      float sum[4];
-      hsum4(a0, a1, a2, a3, sum);
-      for (int64_t d = Dv; d < D; ++d) {
-        const float kd = load1(k, d, bf16);
-        sum[0] += q0[d] * kd, sum[1] += q1[d] * kd, sum[2] += q2[d] * kd, sum[3] += q3[d] * kd;
-      }
-      for (int u = 0; u < 4; ++u) S[(r + u) * lds + jj] = sum[u];
-    }
-    for (; r < R; ++r) {
-      const float *q0 = q + r * ldq;
-      v16f a0 = {0};
-      if (mode == ROWS_BF16_PAIRS) {
-        for (int64_t d = 0; d < Dv; d += 32) {
-          v16f ke, ko;
-          load32_pairs(k + (size_t)d * 2, &ke, &ko);
-          a0 += load16(q0 + d, 0) * ke + load16(q0 + d + 16, 0) * ko;
-        }
-      } else {
-        for (int64_t d = 0; d < Dv; d += 16) a0 += load16(q0 + d, 0) * load16(k + (size_t)d * es, bf16);
-      }
-      float s0 = hsum16(a0);
-      for (int64_t d = Dv; d < D; ++d) s0 += q0[d] * load1(k, d, bf16);
-      S[r * lds + jj] = s0;
-    }
-  }
-#else
-  (void)pf, (void)npf, (void)pf_bytes;
-  const int bf16 = mode != ROWS_F32;
-  for (int64_t jj = 0; jj < nb; ++jj)
-    for (int64_t r = 0; r < R; ++r) {
-      float s = 0.0f;
-      for (int64_t d = 0; d < D; ++d) s += q[r * ldq + d] * load1(rows[jj], d, bf16);
-      S[r * lds + jj] = s;
-    }
-#endif
-}
-
-/* O[r * ldo + d] += sum_jj P[r * ldp + jj] * value row jj [d] for r < R, d < Dv. */
-DECODE_CLONES
-static void decode_axpys(int64_t R, int64_t nb, int64_t Dv, const float *P, int64_t ldp,
-                         const void *const *rows, int mode, float *O, int64_t ldo) {
-#if defined(__GNUC__)
-  const int bf16 = mode != ROWS_F32;
-  const int64_t step = mode == ROWS_BF16_PAIRS ? 32 : 16, Dw = Dv / step * step;
-  const size_t es = bf16 ? 2 : 4;
-  int64_t r = 0;
-  for (; r + 4 <= R; r += 4) { /* four rows' accumulators stay in registers over the block */
-    const float *p0 = P + r * ldp, *p1 = p0 + ldp, *p2 = p1 + ldp, *p3 = p2 + ldp;
-    float *o0 = O + r * ldo, *o1 = o0 + ldo, *o2 = o1 + ldo, *o3 = o2 + ldo;
-    if (mode == ROWS_BF16_PAIRS) {
-      for (int64_t d = 0; d < Dw; d += 32) {
-        v16f e0 = load16(o0 + d, 0), e1 = load16(o1 + d, 0), e2 = load16(o2 + d, 0),
-             e3 = load16(o3 + d, 0);
-        v16f f0 = load16(o0 + d + 16, 0), f1 = load16(o1 + d + 16, 0),
-             f2 = load16(o2 + d + 16, 0), f3 = load16(o3 + d + 16, 0);
-        for (int64_t jj = 0; jj < nb; ++jj) {
-          v16f ve, vo;
-          load32_pairs((const char *)rows[jj] + (size_t)d * 2, &ve, &vo);
-          e0 += p0[jj] * ve, e1 += p1[jj] * ve, e2 += p2[jj] * ve, e3 += p3[jj] * ve;
-          f0 += p0[jj] * vo, f1 += p1[jj] * vo, f2 += p2[jj] * vo, f3 += p3[jj] * vo;
-        }
-        memcpy(o0 + d, &e0, sizeof e0), memcpy(o1 + d, &e1, sizeof e1);
-        memcpy(o2 + d, &e2, sizeof e2), memcpy(o3 + d, &e3, sizeof e3);
-        memcpy(o0 + d + 16, &f0, sizeof f0), memcpy(o1 + d + 16, &f1, sizeof f1);
-        memcpy(o2 + d + 16, &f2, sizeof f2), memcpy(o3 + d + 16, &f3, sizeof f3);
-      }
-    } else {
-      for (int64_t d = 0; d < Dw; d += 16) {
-        v16f a0 = load16(o0 + d, 0), a1 = load16(o1 + d, 0), a2 = load16(o2 + d, 0),
-             a3 = load16(o3 + d, 0);
-        for (int64_t jj = 0; jj < nb; ++jj) {
-          const v16f vv = load16((const char *)rows[jj] + (size_t)d * es, bf16);
-          a0 += p0[jj] * vv, a1 += p1[jj] * vv, a2 += p2[jj] * vv, a3 += p3[jj] * vv;
-        }
-        memcpy(o0 + d, &a0, sizeof a0), memcpy(o1 + d, &a1, sizeof a1);
-        memcpy(o2 + d, &a2, sizeof a2), memcpy(o3 + d, &a3, sizeof a3);
-      }
-    }
-    for (int64_t d = Dw; d < Dv; ++d)
-      for (int64_t jj = 0; jj < nb; ++jj) {
-        const float vd = load1(rows[jj], d, bf16);
-        o0[d] += p0[jj] * vd, o1[d] += p1[jj] * vd, o2[d] += p2[jj] * vd, o3[d] += p3[jj] * vd;
-      }
-  }
-  for (; r < R; ++r) {
-    const float *p0 = P + r * ldp;
-    float *o0 = O + r * ldo;
-    if (mode == ROWS_BF16_PAIRS) {
-      for (int64_t d = 0; d < Dw; d += 32) {
-        v16f e0 = load16(o0 + d, 0), f0 = load16(o0 + d + 16, 0);
-        for (int64_t jj = 0; jj < nb; ++jj) {
-          v16f ve, vo;
-          load32_pairs((const char *)rows[jj] + (size_t)d * 2, &ve, &vo);
-          e0 += p0[jj] * ve, f0 += p0[jj] * vo;
-        }
-        memcpy(o0 + d, &e0, sizeof e0), memcpy(o0 + d + 16, &f0, sizeof f0);
-      }
-    } else {
-      for (int64_t d = 0; d < Dw; d += 16) {
-        v16f a0 = load16(o0 + d, 0);
-        for (int64_t jj = 0; jj < nb; ++jj)
-          a0 += p0[jj] * load16((const char *)rows[jj] + (size_t)d * es, bf16);
-        memcpy(o0 + d, &a0, sizeof a0);
-      }
-    }
-    for (int64_t d = Dw; d < Dv; ++d)
-      for (int64_t jj = 0; jj < nb; ++jj) o0[d] += p0[jj] * load1(rows[jj], d, bf16);
-  }
-#else
-  const int bf16 = mode != ROWS_F32;
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t jj = 0; jj < nb; ++jj)
-      for (int64_t d = 0; d < Dv; ++d) O[r * ldo + d] += P[r * ldp + jj] * load1(rows[jj], d, bf16);
-#endif
-}
 
 /* x[0..n) (n a multiple of 32) from natural order to the PAIRS order within each 32 columns:
  * evens first, then odds; or back (inverse != 0). */
@@ -525,8 +290,8 @@ static void decode_item(const decode_run *c, const decode_thread *t, int64_t b,
                                   npf, (size_t)(D > Dv ? D : Dv) * es);
 #endif
       } else {
-        decode_dots(R, nb, D, t->q + g * R * Dp, Dp, krows, kmode, t->s, KEY_BLOCK, pf, npf,
-                    (size_t)(D > Dv ? D : Dv) * es);
+        kern->decode_dots(R, nb, D, t->q + g * R * Dp, Dp, krows, kmode, t->s, KEY_BLOCK, pf, npf,
+                          (size_t)(D > Dv ? D : Dv) * es);
       }
       for (int64_t r = 0; r < R; ++r) {
         const int64_t h = g * c->group + r / Tq, diag = r % Tq + o;
@@ -559,7 +324,7 @@ static void decode_item(const decode_run *c, const decode_thread *t, int64_t b,
       }
       head_rows(vraw[cur], nb, (size_t)(g * in->v.stride[2]) * es, vg);
       kernel_rows(c, &in->v, Dv, vg, nb, t->vbuf, Dvp, vrows);
-      decode_axpys(R, nb, Dv, t->s, KEY_BLOCK, vrows, vmode, O, Dvp);
+      kern->decode_axpys(R, nb, Dv, t->s, KEY_BLOCK, vrows, vmode, O, Dvp);
     }
   }
   for (int64_t r = 0; r < Hkv * R; ++r) {
