@@ -174,7 +174,8 @@ typedef struct attn_problem {
 
   int64_t batch;        /* B >= 1; for packed varlen the number of sequences */
   int64_t seqlen_q;     /* Tq >= 0; the maximum length for varlen; Tq = 0 is an empty problem */
-  int64_t seqlen_k;     /* Tk >= 0; Tk = 0 makes every row fully masked */
+  int64_t seqlen_k;     /* Tk >= 0; Tk = 0 makes every row fully masked; the maximum length for
+                           varlen and paged caches */
   int64_t heads_q;      /* Hq >= 1 */
   int64_t heads_kv;     /* Hkv >= 1, Hq % Hkv == 0; query head h reads kv head h / (Hq / Hkv) */
   int64_t head_dim;     /* D >= 1 */
@@ -201,6 +202,18 @@ typedef struct attn_problem {
   int32_t varlen;         /* attn_varlen; default NONE */
   int64_t total_q;        /* packed varlen: rows of q (cu_seqlens_q[B]); otherwise ignored */
   int64_t total_k;        /* packed varlen: rows of k and v (cu_seqlens_k[B]); otherwise ignored */
+
+  /* Paged KV cache (inference; docs/DECODE.md). page_size > 0 makes k and v pools of pages,
+   * [num_pages, page_size, Hkv, D|Dv], that sequence b reads through row b of block_table: its key
+   * j is row j % page_size of page block_table[b, j / page_size]. Sequence b holds
+   * len_k[b] = cache_seqlens[b] + seqlen_new keys (at most seqlen_k); causal masks, windows and
+   * ALiBi align to len_k[b] as to Tk. Queries are dense [B, Tq, Hq, D], Tq >= 1 (decode,
+   * speculative verification, chunked prefill). Forward only; varlen must be NONE. */
+  int64_t page_size;         /* rows per page; 0 (default) = k and v are dense, not paged */
+  int64_t num_pages;         /* pages in the pool; 0 = batch * max_pages_per_seq */
+  int64_t max_pages_per_seq; /* columns of block_table; 0 = ceil(seqlen_k / page_size) */
+  int64_t seqlen_new;        /* rows of k_new and v_new the call first writes into each sequence's
+                                pages at positions cache_seqlens[b] ..; 0 (default) = none */
 } attn_problem;
 
 /* Fills *problem with the defaults above and zero sizes. Never allocates. */
@@ -227,6 +240,10 @@ typedef enum attn_role {
   ATTN_ROLE_DV,
   ATTN_ROLE_DBIAS,
   ATTN_ROLE_DSINKS,
+  /* Inputs of a paged KV cache (problem.page_size > 0; docs/DECODE.md). */
+  ATTN_ROLE_BLOCK_TABLE,
+  ATTN_ROLE_K_NEW,
+  ATTN_ROLE_V_NEW,
   ATTN_ROLE_COUNT
 } attn_role;
 
@@ -267,8 +284,10 @@ ATTN_API attn_tensor attn_tensor_dense(void *data);
  * The dtype of each tensor is fixed by the problem. */
 typedef struct attn_inputs {
   attn_tensor q;              /* [B, Tq, Hq, D]; packed: [total_q, Hq, D] */
-  attn_tensor k;              /* [B, Tk, Hkv, D]; packed: [total_k, Hkv, D] */
-  attn_tensor v;              /* [B, Tk, Hkv, Dv]; packed: [total_k, Hkv, Dv] */
+  attn_tensor k;              /* [B, Tk, Hkv, D]; packed: [total_k, Hkv, D];
+                                 paged: [num_pages, page_size, Hkv, D] */
+  attn_tensor v;              /* [B, Tk, Hkv, Dv]; packed: [total_k, Hkv, Dv];
+                                 paged: [num_pages, page_size, Hkv, Dv] */
   attn_tensor bias;           /* problem.bias_shape, problem.bias_dtype */
   attn_tensor mask;           /* problem.mask_shape, u8 */
   attn_tensor alibi_slopes;   /* [Hq] or [B, Hq] */
@@ -280,6 +299,13 @@ typedef struct attn_inputs {
   const int32_t *seqlens_q;    /* padded: [B], each in 0..Tq */
   const int32_t *seqlens_k;    /* padded: [B], each in 0..Tk */
   uint64_t dropout_seed;       /* Philox key of SPEC.md; vary it from step to step */
+  /* Paged KV cache (problem.page_size > 0); k and v are then the page pools. */
+  attn_tensor block_table;      /* [B, max_pages_per_seq] i32 page indices; the entries of pages
+                                   past len_k[b] are never read (-1 is fine there) */
+  const int32_t *cache_seqlens; /* [B], each >= 0: keys in the cache before the append */
+  attn_tensor k_new;            /* seqlen_new > 0: [B, seqlen_new, Hkv, D], written into k (which
+                                   is then both read and written) at rows cache_seqlens[b] .. */
+  attn_tensor v_new;            /* seqlen_new > 0: [B, seqlen_new, Hkv, Dv], likewise into v */
 } attn_inputs;
 
 /* Fills *inputs with NULL tensors and seed 0. Never allocates. */
@@ -475,6 +501,7 @@ ATTN_API attn_status attn_backward(attn_ctx *ctx, const attn_problem *problem,
  *   bias=<B>x<H>x<Tq>x<Tk>[:<dtype>]   mask=<B>x<H>x<Tq>x<Tk>   alibi=h|bh
  *   sinks=<S>[:shared]     segments       varlen=packed:<total_q>,<total_k> | varlen=padded
  *   op=sdpa (op=flash is the default)     device=cuda[:<index>] (device=cpu is the default)
+ *   paged=<page_size>[,<num_pages>[,<max_pages_per_seq>]]   new=<seqlen_new>   (paged KV cache)
  * Fields at their defaults are not written.
  * ------------------------------------------------------------------------------------------- */
 

@@ -87,6 +87,9 @@ static const char *usage_bench =
     "with the first, last and tile-boundary ones, and for --backward the keys of one or two\n"
     "(batch, kv head) slices); the line above the table says which rows were checked.\n"
     "ATTN_BENCH_ROWS=all checks every row, =N samples N query rows; `attn check` checks all.\n"
+    "Decode problems (sq <= 16, forward) also show KV GB/s, the K and V bytes the visible keys\n"
+    "hold over the median time, and %bw, that over the memory read rate measured before the\n"
+    "first one (STREAM-style); paged caches: paged=<page_size>[,<pages>[,<max_pages>]] new=<n>.\n"
     "Without a PROBLEM it runs the default table (`make bench`, the README's main job).\n"
     "  --backward       time forward + backward (and check the gradients)\n"
     "  --impl NAME      only this implementation     --config NAME  only this configuration\n"
@@ -384,6 +387,7 @@ static const char *const default_forward[] = {
     "b1 hq8 hkv8 sq512 sk512 d64 bf16 causal",      /* bf16 inputs, f32 accumulation */
     "b1 hq8 hkv8 sq512 sk512 d64 f16 causal",       /* f16 inputs */
     "b1 hq8 hkv8 sq512 sk512 d64 f32 window=127,0", /* sliding window of 128 keys */
+    "b8 hq16 hkv4 sq1 sk4096 d64 bf16 paged=16",     /* decode from a paged KV cache: KV GB/s */
 };
 static const char *const default_backward[] = {
     "b1 hq8 hkv8 sq512 sk512 d64 f32 causal",  /* backward: dq, dk, dv */
@@ -417,6 +421,8 @@ typedef struct bench_state {
   h_oracle *oracle; /* the problem's reference, made once for all its candidates */
   int failed, library_error, rows;
   double peak_gflops; /* of the machine, for the threads used; 0 for a GPU problem (none) */
+  int decode;         /* Tq <= 16: K+V GB/s is the rate that matters (docs/DECODE.md) */
+  double read_gbps;   /* the CPU's measured memory read rate, for %bw; 0 for a GPU problem */
 } bench_state;
 
 static void json_string(const char *s) {
@@ -458,6 +464,12 @@ static int bench_one(void *user, const char *impl, const char *config) {
       gflops = h_flops(&b->problem, o->backward) / (median * 1e3);
     }
   }
+  /* Decode problems: K+V bytes read per second, and the fraction of the measured read rate. */
+  const double kv_gbps = b->decode && median > 0 ? h_kv_bytes(&b->problem) / (median * 1e3) : 0.0;
+  const double bw_fraction = b->read_gbps > 0 ? kv_gbps / b->read_gbps : 0.0;
+  char kv_text[32] = "", bw_text[32] = "";
+  if (b->decode) snprintf(kv_text, sizeof kv_text, "%.4g", kv_gbps);
+  if (b->decode && b->read_gbps > 0) snprintf(bw_text, sizeof bw_text, "%.4g", bw_fraction);
   /* The fraction of the machine's peak, where there is one: the tool measures the CPU's f32 FMA
    * rate, but nothing that stands for a GPU's (its tensor-core peak depends on the dtype, the clocks
    * and the part), so a GPU row leaves the column blank rather than invent a number. */
@@ -467,10 +479,10 @@ static int bench_one(void *user, const char *impl, const char *config) {
   const h_rows *checked = h_oracle_rows(b->oracle);
   if (o->csv) {
     if (!on_gpu) snprintf(peak_text, sizeof peak_text, "%.4g", peak_fraction);
-    printf("\"%s\",%s,%s,%s,%.3g,%.3f,%.4g,%s,%d,%lld,%lld,%lld,%lld\n", b->text, impl, config,
-           verdict, ratio, median, gflops, peak_text, runs, (long long)checked->query_checked,
-           (long long)checked->query_total, (long long)checked->key_checked,
-           (long long)checked->key_total);
+    printf("\"%s\",%s,%s,%s,%.3g,%.3f,%.4g,%s,%d,%lld,%lld,%lld,%lld,%s,%s\n", b->text, impl,
+           config, verdict, ratio, median, gflops, peak_text, runs,
+           (long long)checked->query_checked, (long long)checked->query_total,
+           (long long)checked->key_checked, (long long)checked->key_total, kv_text, bw_text);
   } else if (o->json) {
     if (on_gpu)
       snprintf(peak_text, sizeof peak_text, "null");
@@ -485,19 +497,24 @@ static int bench_one(void *user, const char *impl, const char *config) {
     printf(", \"check\": \"%s\", \"err_over_tol\": %.3g, \"median_us\": %.3f, \"gflops\": %.4g, "
            "\"peak_fraction\": %s, \"runs\": %d, \"pass\": \"%s\", \"checked_query_rows\": %lld, "
            "\"query_rows\": %lld, \"checked_key_rows\": %lld, \"key_rows\": %lld, "
-           "\"check_seed\": %llu}",
+           "\"check_seed\": %llu, \"kv_gbps\": %s, \"bw_fraction\": %s}",
            verdict, ratio, median, gflops, peak_text, runs, o->backward ? "fwd+bwd" : "fwd",
            (long long)checked->query_checked, (long long)checked->query_total,
            (long long)checked->key_checked, (long long)checked->key_total,
-           (unsigned long long)checked->seed);
+           (unsigned long long)checked->seed, kv_text[0] ? kv_text : "null",
+           bw_text[0] ? bw_text : "null");
   } else {
     /* A GPU's rate reads in TFLOP/s, as GPU rates are quoted (the table's header names the unit). */
     if (on_gpu)
       snprintf(peak_text, sizeof peak_text, "%7s", "-");
     else
       snprintf(peak_text, sizeof peak_text, "%6.1f%%", 100.0 * peak_fraction);
-    printf("  %-8s %-16s %-5s %8.3g %12.1f %9.3f %s %5d%s%s\n", impl, config, verdict, ratio,
-           median, on_gpu ? gflops * 1e-3 : gflops, peak_text, runs, why[0] ? "  " : "", why);
+    char kv_cols[64] = "", bw_cell[32] = "-";
+    if (b->read_gbps > 0) snprintf(bw_cell, sizeof bw_cell, "%.1f%%", 100.0 * bw_fraction);
+    if (b->decode) snprintf(kv_cols, sizeof kv_cols, " %9.1f %6s", kv_gbps, bw_cell);
+    printf("  %-8s %-16s %-5s %8.3g %12.1f %9.3f %s %5d%s%s%s\n", impl, config, verdict, ratio,
+           median, on_gpu ? gflops * 1e-3 : gflops, peak_text, runs, kv_cols, why[0] ? "  " : "",
+           why);
   }
   b->rows++;
   return -1;
@@ -572,6 +589,7 @@ static int run_problems_with(options *o_in, int check) {
   attn_ctx *ctx = make_ctx(&o);
   if (ctx == NULL) return EXIT_LIBRARY;
   static machine_peak peak;       /* measured once per process, before the first CPU problem */
+  static double read_gbps;        /* likewise, before the first CPU decode problem */
   static int32_t gpu_stated = -1; /* the GPU whose fingerprint the table stated last */
   int failed = 0, library_error = 0, rows = 0;
   int64_t sample_rows = H_SAMPLE_AUTO;
@@ -581,7 +599,7 @@ static int run_problems_with(options *o_in, int check) {
   }
   if (!check && o.csv)
     printf("problem,impl,config,check,err_over_tol,median_us,gflops,peak_fraction,runs,"
-           "checked_query_rows,query_rows,checked_key_rows,key_rows\n");
+           "checked_query_rows,query_rows,checked_key_rows,key_rows,kv_gbps,bw_fraction\n");
   if (!check && o.json) printf("[\n");
   for (int i = 0; i < o.nproblems && rc < 0; ++i) {
     bench_state b;
@@ -600,6 +618,15 @@ static int run_problems_with(options *o_in, int check) {
     }
     if (!check && !on_gpu && peak.gflops == 0.0) peak = measure_machine(&o, table);
     if (!on_gpu) b.peak_gflops = peak.gflops * peak.threads;
+    b.decode = b.problem.seqlen_q <= 16 && !o.backward;
+    if (!check && !on_gpu && b.decode && read_gbps == 0.0) {
+      read_gbps = bench_measure_read_gbps(o.threads, 1.0);
+      if (table)
+        printf("memory: read %.1f GB/s (STREAM-style sum of 512 MiB, %d thread%s): %%bw of a "
+               "decode problem divides its K+V GB/s by it\n\n",
+               read_gbps, peak.threads, peak.threads == 1 ? "" : "s");
+    }
+    if (!on_gpu && b.decode) b.read_gbps = read_gbps;
     if (table && on_gpu && gpu_stated != b.problem.device_index) {
       char fingerprint[512];
       attn_device_fingerprint(ATTN_DEVICE_CUDA, b.problem.device_index, fingerprint,
@@ -621,8 +648,9 @@ static int run_problems_with(options *o_in, int check) {
       h_oracle_describe(b.oracle, rows, sizeof rows);
       printf("  checked against the f64 reference: %s\n", rows);
       if (!check)
-        printf("  %-8s %-16s %-5s %8s %12s %9s %7s %5s\n", "impl", "config", "check", "err/tol",
-               "median_us", on_gpu ? "TFLOP/s" : "GFLOP/s", "%peak", "runs");
+        printf("  %-8s %-16s %-5s %8s %12s %9s %7s %5s%s\n", "impl", "config", "check", "err/tol",
+               "median_us", on_gpu ? "TFLOP/s" : "GFLOP/s", "%peak", "runs",
+               b.decode ? "  KV GB/s    %bw" : "");
     }
     int count = 0;
     each_candidate(ctx, &b.problem, &o, check ? check_one : bench_one, &b, &count, NULL, 0);

@@ -29,7 +29,10 @@
 _Static_assert(sizeof(((h_buffers *)0)->role) / sizeof(void *) == ATTN_ROLE_COUNT,
                "h_buffers has one buffer per attn_role");
 
-static int input_role(attn_role r) { return r <= ATTN_ROLE_KV_SEGMENT_IDS || r == ATTN_ROLE_DOUT; }
+static int input_role(attn_role r) {
+  return r <= ATTN_ROLE_KV_SEGMENT_IDS || r == ATTN_ROLE_DOUT || r == ATTN_ROLE_BLOCK_TABLE ||
+         r == ATTN_ROLE_K_NEW || r == ATTN_ROLE_V_NEW;
+}
 
 static double uniform(uint64_t *state) {
   *state = *state * 6364136223846793005ull + 1442695040888963407ull;
@@ -44,10 +47,10 @@ static size_t role_bytes(const attn_problem *p, attn_role role) {
 
 /* The i-th sequence-length array of b (cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k) and its
  * element count, so that copying, uploading and freeing them is one loop each. */
-enum { LENGTH_ARRAYS = 4 };
+enum { LENGTH_ARRAYS = 5 };
 static int32_t **length_array(h_buffers *b, int i, int64_t batch, int64_t *count) {
   int32_t **arrays[LENGTH_ARRAYS] = {&b->cu_seqlens_q, &b->cu_seqlens_k, &b->seqlens_q,
-                                     &b->seqlens_k};
+                                     &b->seqlens_k, &b->cache_seqlens};
   *count = i < 2 ? batch + 1 : batch;
   return arrays[i];
 }
@@ -62,6 +65,7 @@ static void bind(h_data *d, const h_buffers *b) {
   d->in.cu_seqlens_k = b->cu_seqlens_k;
   d->in.seqlens_q = b->seqlens_q;
   d->in.seqlens_k = b->seqlens_k;
+  d->in.cache_seqlens = b->cache_seqlens;
 }
 
 /* Zeroed host buffers for every tensor a run of d's problem has. 0 on allocation failure. */
@@ -108,6 +112,30 @@ static attn_status mirror_to_device(attn_ctx *ctx, h_data *d) {
   }
   if (st == ATTN_STATUS_OK) bind(d, &d->device);
   return st;
+}
+
+/* A paged cache's lengths (every sequence full) and block table: each sequence's pages distinct
+ * and shuffled through the pool, as in an engine that has run a while. 0 on allocation failure. */
+static int make_paged_cache(h_data *d, uint64_t *state) {
+  const attn_problem *p = &d->problem;
+  const int64_t B = p->batch, max_pages = attn_paged_max_pages(p), pool = attn_paged_num_pages(p);
+  d->host.cache_seqlens = malloc((size_t)B * sizeof(int32_t));
+  int32_t *order = malloc((size_t)(pool > 0 ? pool : 1) * sizeof *order);
+  if (d->host.cache_seqlens == NULL || order == NULL) {
+    free(order);
+    return 0;
+  }
+  for (int64_t b = 0; b < B; ++b) d->host.cache_seqlens[b] = (int32_t)(p->seqlen_k - p->seqlen_new);
+  for (int64_t i = 0; i < pool; ++i) order[i] = (int32_t)i;
+  for (int64_t i = pool - 1; i > 0; --i) { /* Fisher-Yates */
+    int64_t j = (int64_t)(uniform(state) * (double)(i + 1));
+    int32_t t = order[i];
+    order[i] = order[j], order[j] = t;
+  }
+  int32_t *table = d->host.role[ATTN_ROLE_BLOCK_TABLE];
+  for (int64_t e = 0; e < B * max_pages; ++e) table[e] = pool > 0 ? order[e % pool] : -1;
+  free(order);
+  return 1;
 }
 
 /* splitmix64's finaliser: a well-mixed 64-bit value from any input. */
@@ -183,6 +211,7 @@ attn_status h_data_make(attn_ctx *ctx, h_data *d, const attn_problem *problem, u
           (int32_t)(b == 0 ? p->seqlen_k : (int64_t)(uniform(&state) * (double)(p->seqlen_k + 1)));
     }
   }
+  if (p->page_size > 0 && !make_paged_cache(d, &state)) goto oom;
   bind(d, &d->host);
   d->in.dropout_seed = seed;
   if (p->device != ATTN_DEVICE_CPU) {
@@ -973,4 +1002,17 @@ double h_flops(const attn_problem *p, int backward) {
   int64_t dv = p->head_dim_v > 0 ? p->head_dim_v : p->head_dim;
   double fwd = 2.0 * (double)p->batch * (double)p->heads_q * pairs * (double)(p->head_dim + dv);
   return backward ? 3.5 * fwd : fwd;
+}
+
+double h_kv_bytes(const attn_problem *p) {
+  const int64_t tq = p->seqlen_q, tk = p->seqlen_k;
+  const int64_t o = p->align == ATTN_ALIGN_BOTTOM_RIGHT ? tk - tq : 0;
+  const int64_t left = p->window_left, right = p->causal ? 0 : p->window_right;
+  int64_t lo = left < 0 ? 0 : o - left, hi = right < 0 ? tk : o + tq - 1 + right + 1;
+  if (lo < 0) lo = 0;
+  if (hi > tk) hi = tk;
+  const int64_t keys = hi > lo ? hi - lo : 0;
+  const int64_t dv = p->head_dim_v > 0 ? p->head_dim_v : p->head_dim;
+  return (double)p->batch * (double)p->heads_kv * (double)keys * (double)(p->head_dim + dv) *
+         (double)attn_dtype_size((attn_dtype)p->dtype);
 }

@@ -19,10 +19,11 @@
 
 /* The buffers of one run, in host or in device memory: one per attn_role (NULL where the run has no
  * such tensor), and the sequence lengths of a varlen problem (cu_seqlens when packed, seqlens when
- * padded; NULL otherwise). */
+ * padded; NULL otherwise) or of a paged cache (cache_seqlens: every sequence full, seqlen_k -
+ * seqlen_new; its block table gives each sequence distinct pages in shuffled order). */
 typedef struct h_buffers {
-  void *role[18]; /* indexed by attn_role */
-  int32_t *cu_seqlens_q, *cu_seqlens_k, *seqlens_q, *seqlens_k;
+  void *role[21]; /* indexed by attn_role */
+  int32_t *cu_seqlens_q, *cu_seqlens_k, *seqlens_q, *seqlens_k, *cache_seqlens;
 } h_buffers;
 
 /* The data of one run: inputs, and outputs for forward and (optionally) backward. host always holds
@@ -130,5 +131,10 @@ attn_status h_time(attn_ctx *ctx, h_oracle *oracle, const char *impl, const char
  * (D + Dv) over the visible (i, j) pairs for the forward pass; forward + backward counts 3.5 times
  * that (the backward pass is 2.5 forwards). */
 double h_flops(const attn_problem *problem, int backward);
+
+/* Bytes of K and V a forward pass must read: each (sequence, KV head) reads the keys some query
+ * row sees (the union of the rows' windows; every sequence of the harness is full) once, D + Dv
+ * elements each. What a decode problem's rate is counted in. */
+double h_kv_bytes(const attn_problem *problem);
 
 #endif /* ATTN_TOOLS_HARNESS_H */

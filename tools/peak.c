@@ -11,7 +11,13 @@
 #include "peak.h"
 
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define BENCH_X86 1
@@ -111,4 +117,56 @@ bench_peak bench_measure_peak(double seconds_total) {
     if (bench_now() - start > seconds_total && dt >= 0.02) break;
   }
   return peak;
+}
+
+/* Sum of n floats (n a multiple of 16) in four 16-lane accumulators: the loads are the work. */
+static float sum_stream(const float *x, int64_t n) {
+#if defined(__GNUC__)
+  typedef float v16 __attribute__((vector_size(64)));
+  v16 a = {0}, b = {0}, c = {0}, d = {0};
+  for (int64_t i = 0; i < n; i += 64) {
+    v16 x0, x1, x2, x3;
+    memcpy(&x0, x + i, 64), memcpy(&x1, x + i + 16, 64);
+    memcpy(&x2, x + i + 32, 64), memcpy(&x3, x + i + 48, 64);
+    a += x0, b += x1, c += x2, d += x3;
+  }
+  v16 s = a + b + c + d;
+  float t = 0.0f;
+  for (int l = 0; l < 16; ++l) t += s[l];
+  return t;
+#else
+  float t = 0.0f;
+  for (int64_t i = 0; i < n; ++i) t += x[i];
+  return t;
+#endif
+}
+
+double bench_measure_read_gbps(int threads, double seconds) {
+  const int64_t n = (int64_t)1 << 27; /* 512 MiB of floats */
+  float *x = malloc((size_t)n * sizeof *x);
+  if (x == NULL) return 0.0;
+#ifdef _OPENMP
+  const int team = threads > 0 ? threads : omp_get_max_threads();
+#else
+  (void)threads;
+#endif
+  /* Written by the threads that read it, so each part's pages sit near its reader. */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(team) schedule(static)
+#endif
+  for (int64_t i = 0; i < n; ++i) x[i] = 1e-6f;
+  double best = 0.0, start = bench_now();
+  do {
+    double t0 = bench_now();
+    float total = 0.0f;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(team) schedule(static) reduction(+ : total)
+#endif
+    for (int part = 0; part < 64; ++part) total += sum_stream(x + part * (n / 64), n / 64);
+    double dt = bench_now() - t0;
+    sink = total;
+    if (dt > 0 && (double)n * sizeof *x / dt * 1e-9 > best) best = (double)n * sizeof *x / dt * 1e-9;
+  } while (bench_now() - start < seconds);
+  free(x);
+  return best;
 }

@@ -13,6 +13,12 @@ typedef struct bench_peak {
 /* Runs independent FMA chains on one thread for about seconds_total and returns the best rate. */
 bench_peak bench_measure_peak(double seconds_total);
 
+/* The machine's memory read rate in GB/s (1e9 bytes/s), STREAM-style: `threads` threads (0 = the
+ * OpenMP default) sum disjoint parts of a 512 MiB buffer, far larger than any cache, in vector
+ * registers; the best of the passes that fit about `seconds` (interruptions only slow a pass).
+ * The yardstick of a decode problem, which reads K and V once. 0 when the buffer cannot be had. */
+double bench_measure_read_gbps(int threads, double seconds);
+
 /* Seconds from a monotonic clock. */
 double bench_now(void);
 

@@ -5,6 +5,8 @@
 
 #include "core/dtype.h"
 
+#include <string.h>
+
 const char *attn_role_name(attn_role role) {
   static const char *const names[ATTN_ROLE_COUNT] = {
       [ATTN_ROLE_Q] = "q",
@@ -25,6 +27,9 @@ const char *attn_role_name(attn_role role) {
       [ATTN_ROLE_DV] = "dv",
       [ATTN_ROLE_DBIAS] = "dbias",
       [ATTN_ROLE_DSINKS] = "dsinks",
+      [ATTN_ROLE_BLOCK_TABLE] = "block_table",
+      [ATTN_ROLE_K_NEW] = "k_new",
+      [ATTN_ROLE_V_NEW] = "v_new",
   };
   return (unsigned)role < ATTN_ROLE_COUNT ? names[role] : "unknown";
 }
@@ -40,6 +45,9 @@ int attn_role_used(const attn_problem *p, attn_role role) {
   case ATTN_ROLE_Q_SEGMENT_IDS:
   case ATTN_ROLE_KV_SEGMENT_IDS: return p->has_segment_ids != 0;
   case ATTN_ROLE_PROBS: return p->operation == ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION;
+  case ATTN_ROLE_BLOCK_TABLE: return p->page_size > 0;
+  case ATTN_ROLE_K_NEW:
+  case ATTN_ROLE_V_NEW: return p->page_size > 0 && p->seqlen_new > 0;
   default: return 1;
   }
 }
@@ -65,6 +73,9 @@ attn_tensor *attn_role_field(attn_role role, attn_inputs *in, attn_outputs *out,
   case ATTN_ROLE_DV: return &g->dv;
   case ATTN_ROLE_DBIAS: return &g->dbias;
   case ATTN_ROLE_DSINKS: return &g->dsinks;
+  case ATTN_ROLE_BLOCK_TABLE: return &in->block_table;
+  case ATTN_ROLE_K_NEW: return &in->k_new;
+  case ATTN_ROLE_V_NEW: return &in->v_new;
   case ATTN_ROLE_COUNT: break;
   }
   return NULL;
@@ -101,15 +112,45 @@ static int64_t head_dim_v(const attn_problem *p) {
   return p->head_dim_v > 0 ? p->head_dim_v : p->head_dim;
 }
 
+int64_t attn_paged_max_pages(const attn_problem *p) {
+  if (p->max_pages_per_seq > 0 || p->page_size <= 0) return p->max_pages_per_seq;
+  return (p->seqlen_k + p->page_size - 1) / p->page_size;
+}
+
+int64_t attn_paged_num_pages(const attn_problem *p) {
+  if (p->num_pages > 0 || p->page_size <= 0) return p->num_pages;
+  return p->batch * attn_paged_max_pages(p);
+}
+
+/* A pool of pages: [num_pages, page_size, Hkv, width]. */
+static int page_shape(const attn_problem *p, int64_t width, int64_t shape[ATTN_MAX_DIMS]) {
+  shape[0] = attn_paged_num_pages(p), shape[1] = p->page_size, shape[2] = p->heads_kv;
+  shape[3] = width;
+  return 4;
+}
+
 int attn_role_shape(const attn_problem *p, attn_role role, int64_t shape[ATTN_MAX_DIMS]) {
   switch (role) {
   case ATTN_ROLE_Q:
   case ATTN_ROLE_DQ: return token_shape(p, p->seqlen_q, p->total_q, p->heads_q, p->head_dim, shape);
   case ATTN_ROLE_K:
-  case ATTN_ROLE_DK: return token_shape(p, p->seqlen_k, p->total_k, p->heads_kv, p->head_dim, shape);
+  case ATTN_ROLE_DK:
+    if (p->page_size > 0) return page_shape(p, p->head_dim, shape);
+    return token_shape(p, p->seqlen_k, p->total_k, p->heads_kv, p->head_dim, shape);
   case ATTN_ROLE_V:
   case ATTN_ROLE_DV:
+    if (p->page_size > 0) return page_shape(p, head_dim_v(p), shape);
     return token_shape(p, p->seqlen_k, p->total_k, p->heads_kv, head_dim_v(p), shape);
+  case ATTN_ROLE_BLOCK_TABLE:
+    shape[0] = p->batch, shape[1] = attn_paged_max_pages(p);
+    return 2;
+  case ATTN_ROLE_K_NEW:
+    shape[0] = p->batch, shape[1] = p->seqlen_new, shape[2] = p->heads_kv, shape[3] = p->head_dim;
+    return 4;
+  case ATTN_ROLE_V_NEW:
+    shape[0] = p->batch, shape[1] = p->seqlen_new, shape[2] = p->heads_kv;
+    shape[3] = head_dim_v(p);
+    return 4;
   case ATTN_ROLE_OUT:
   case ATTN_ROLE_DOUT:
     return token_shape(p, p->seqlen_q, p->total_q, p->heads_q, head_dim_v(p), shape);
@@ -163,7 +204,8 @@ attn_dtype attn_role_dtype(const attn_problem *p, attn_role role) {
   case ATTN_ROLE_DBIAS: return (attn_dtype)p->bias_dtype;
   case ATTN_ROLE_MASK: return ATTN_DTYPE_U8;
   case ATTN_ROLE_Q_SEGMENT_IDS:
-  case ATTN_ROLE_KV_SEGMENT_IDS: return ATTN_DTYPE_I32;
+  case ATTN_ROLE_KV_SEGMENT_IDS:
+  case ATTN_ROLE_BLOCK_TABLE: return ATTN_DTYPE_I32;
   case ATTN_ROLE_LSE:
   case ATTN_ROLE_ALIBI:
   case ATTN_ROLE_SINKS:
@@ -207,5 +249,26 @@ attn_seq attn_seq_of(const attn_problem *p, const attn_inputs *in, int64_t b) {
     s.len_q = in->seqlens_q[b];
     s.len_k = in->seqlens_k[b];
   }
+  if (p->page_size > 0) s.len_k = in->cache_seqlens[b] + p->seqlen_new;
   return s;
+}
+
+void attn_paged_append(const attn_problem *p, const attn_inputs *in) {
+  if (p->page_size <= 0 || p->seqlen_new <= 0) return;
+  const attn_tensor *news[2] = {&in->k_new, &in->v_new}, *pools[2] = {&in->k, &in->v};
+  const int64_t widths[2] = {p->head_dim, head_dim_v(p)};
+  const size_t es = attn_dtype_size((attn_dtype)p->dtype);
+  for (int which = 0; which < 2; ++which) {
+    const attn_tensor *src = news[which], *dst = pools[which];
+    for (int64_t b = 0; b < p->batch; ++b)
+      for (int64_t t = 0; t < p->seqlen_new; ++t)
+        for (int64_t h = 0; h < p->heads_kv; ++h) {
+          const int64_t j = in->cache_seqlens[b] + t;
+          const int64_t at = attn_paged_offset(p, in, dst, b, j, h);
+          const int64_t from = b * src->stride[0] + t * src->stride[1] + h * src->stride[2];
+          for (int64_t d = 0; d < widths[which]; ++d)
+            memcpy((char *)dst->data + (size_t)(at + d * dst->stride[3]) * es,
+                   (const char *)src->data + (size_t)(from + d * src->stride[3]) * es, es);
+        }
+  }
 }

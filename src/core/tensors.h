@@ -39,7 +39,8 @@ int64_t attn_role_numel(const attn_problem *problem, attn_role role);
 attn_tensor attn_role_resolve(const attn_problem *problem, attn_role role, attn_tensor t);
 
 /* Where batch entry b sits: the first row of its q and k in the tensors (nonzero only for packed
- * varlen), and its real lengths (Tq, Tk unless varlen). */
+ * varlen), and its real lengths (Tq, Tk unless varlen; cache_seqlens[b] + seqlen_new for a paged
+ * cache, whose keys are then addressed through attn_paged_offset, not k_row0). */
 typedef struct attn_seq {
   int64_t q_row0, k_row0;
   int64_t len_q, len_k;
@@ -47,6 +48,26 @@ typedef struct attn_seq {
 
 /* Geometry of batch entry b; inputs must be validated (cu_seqlens / seqlens readable). */
 attn_seq attn_seq_of(const attn_problem *problem, const attn_inputs *inputs, int64_t b);
+
+/* Paged caches (docs/DECODE.md): the columns of block_table and the pages of the pool, with the
+ * defaults of a problem field left at 0 made explicit (the problem need not be resolved). */
+int64_t attn_paged_max_pages(const attn_problem *problem);
+int64_t attn_paged_num_pages(const attn_problem *problem);
+
+/* Offset in elements of (key j, head, element 0) of sequence b in the paged pool t (k or v): row
+ * j % page_size of page block_table[b, j / page_size]. inputs resolved and validated. */
+static inline int64_t attn_paged_offset(const attn_problem *problem, const attn_inputs *inputs,
+                                        const attn_tensor *t, int64_t b, int64_t j, int64_t head) {
+  const attn_tensor *bt = &inputs->block_table;
+  const int64_t page =
+      ((const int32_t *)bt->data)[b * bt->stride[0] + (j / problem->page_size) * bt->stride[1]];
+  return page * t->stride[0] + (j % problem->page_size) * t->stride[1] + head * t->stride[2];
+}
+
+/* Writes k_new and v_new into the pages of k and v at rows cache_seqlens[b] .. of each sequence
+ * (host memory; CPU implementations call it first in their forward pass). A no-op without
+ * seqlen_new. inputs resolved and validated. */
+void attn_paged_append(const attn_problem *problem, const attn_inputs *inputs);
 
 /* The alignment offset o of SPEC.md for a sequence: Tk - Tq (bottom-right) or 0 (top-left). */
 static inline int64_t attn_align_offset(const attn_problem *problem, const attn_seq *seq) {

@@ -10,6 +10,7 @@
 #include "plan/exec.h"
 
 #include "core/ctx.h"
+#include "core/tensors.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -105,6 +106,16 @@ size_t attn_problem_to_string(const attn_problem *p, char *buf, size_t size) {
     put(&w, "varlen=padded");
   else if (p->varlen != ATTN_VARLEN_NONE)
     put(&w, "varlen=%d", (int)p->varlen);
+  if (p->page_size != 0 || p->num_pages != 0 || p->max_pages_per_seq != 0) {
+    if (p->max_pages_per_seq != 0)
+      put(&w, "paged=%lld,%lld,%lld", (long long)p->page_size, (long long)p->num_pages,
+          (long long)p->max_pages_per_seq);
+    else if (p->num_pages != 0)
+      put(&w, "paged=%lld,%lld", (long long)p->page_size, (long long)p->num_pages);
+    else
+      put(&w, "paged=%lld", (long long)p->page_size);
+  }
+  if (p->seqlen_new != 0) put(&w, "new=%lld", (long long)p->seqlen_new);
   if (p->operation == ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION)
     put(&w, "op=sdpa");
   else if (p->operation != ATTN_OPERATION_FLASH_ATTENTION)
@@ -131,6 +142,19 @@ void attn_problem_key(const attn_problem *resolved, char *buf, size_t size) {
   }
   if (!p.has_mask) memset(p.mask_shape, 0, sizeof p.mask_shape);
   if (p.num_sinks == 0) p.sinks_shared = 0;
+  /* A paged cache's pool and table sizes left out when they are the defaults they resolved from. */
+  if (p.page_size > 0) {
+    attn_problem bare = p;
+    bare.num_pages = bare.max_pages_per_seq = 0;
+    const int64_t max_pages = attn_paged_max_pages(&bare);
+    bare.max_pages_per_seq = p.max_pages_per_seq;
+    if (p.num_pages == attn_paged_num_pages(&bare) && p.max_pages_per_seq == max_pages) {
+      p.num_pages = 0;
+      p.max_pages_per_seq = 0;
+    } else if (p.max_pages_per_seq == max_pages) {
+      p.max_pages_per_seq = 0;
+    }
+  }
   attn_problem_to_string(&p, buf, size);
 }
 
@@ -191,6 +215,19 @@ static int parse_dtype(const char *s, size_t n, int32_t *out) {
     }
   }
   return 0;
+}
+
+/* Up to max comma-separated integers; returns how many, 0 when the text is not such a list. */
+static int parse_int_list(const char *s, size_t n, int64_t *out, int max) {
+  size_t at = 0;
+  for (int count = 0; count < max; ++count) {
+    size_t start = at;
+    while (at < n && s[at] != ',') ++at;
+    if (!parse_int(s + start, at - start, &out[count])) return 0;
+    if (at == n) return count + 1;
+    ++at; /* the ',' */
+  }
+  return 0; /* more than max */
 }
 
 /* "AxBxCxD" into four sizes. */
@@ -392,6 +429,13 @@ attn_status attn_problem_parse(attn_ctx *ctx, const char *text, attn_problem *pr
         } else {
           ok = 0;
         }
+      } else if (token_is(tok, kn, "paged")) {
+        /* <page_size>[,<num_pages>[,<max_pages_per_seq>]] */
+        int64_t parts[3] = {0, 0, 0};
+        ok = parse_int_list(val, vn, parts, 3) > 0;
+        p.page_size = parts[0], p.num_pages = parts[1], p.max_pages_per_seq = parts[2];
+      } else if (token_is(tok, kn, "new")) {
+        ok = parse_int(val, vn, &p.seqlen_new);
       } else if (token_is(tok, kn, "op")) {
         if (token_is(val, vn, "sdpa"))
           p.operation = ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION;

@@ -481,7 +481,8 @@ static const candidate *autotune(attn_ctx *ctx, attn_exec *e, const attn_problem
   int injected = attn_tune_injected(NULL, NULL, problem, &probe);
   if (!injected) {
     /* (a GPU problem's scratch is device memory; UNSUPPORTED in a build without CUDA) */
-    attn_status status = attn_scratch_create(p, e->policy.tune_backward, &scratch, msg, sizeof msg);
+    attn_status status = attn_scratch_create(p, e->policy.tune_backward && p->page_size == 0,
+                                              &scratch, msg, sizeof msg);
     if (status != ATTN_STATUS_OK) {
       attn_exec_report_failure(ctx, status, msg);
       return NULL;

@@ -25,6 +25,7 @@
 struct attn_scratch {
   void *data[ATTN_ROLE_COUNT];
   int32_t *cu_q, *cu_k, *len_q, *len_k;
+  int32_t *cache_len; /* a paged cache's lengths: every sequence full */
   const attn_gpu_ops *gpu; /* non-NULL: every buffer above is device memory of device_index */
   int32_t device_index;
   attn_inputs inputs;
@@ -100,6 +101,8 @@ attn_status attn_scratch_create(const attn_problem *p, int backward, attn_scratc
       /* attn_store writes floating types only: the mask and segment ids are written here. */
       if (role == ATTN_ROLE_MASK)
         ((uint8_t *)s->data[r])[i] = u < 0.9; /* keeps most keys */
+      else if (role == ATTN_ROLE_BLOCK_TABLE) /* each sequence its own pages, as an engine's */
+        ((int32_t *)s->data[r])[i] = (int32_t)(i % attn_paged_num_pages(p));
       else if (dtype == ATTN_DTYPE_I32)
         ((int32_t *)s->data[r])[i] = 0; /* one segment */
       else
@@ -126,6 +129,14 @@ attn_status attn_scratch_create(const attn_problem *p, int backward, attn_scratc
     else
       s->inputs.seqlens_q = s->len_q, s->inputs.seqlens_k = s->len_k;
   }
+  if (p->page_size > 0) {
+    if ((s->cache_len = full_seqlens(p->batch, p->seqlen_k - p->seqlen_new)) == NULL) goto oom;
+    if (s->gpu != NULL &&
+        (status = to_device(s, (void **)&s->cache_len, (size_t)p->batch * sizeof(int32_t), why,
+                            why_size)) != ATTN_STATUS_OK)
+      goto fail;
+    s->inputs.cache_seqlens = s->cache_len;
+  }
   s->inputs.dropout_seed = 1234;
   *out = s;
   return ATTN_STATUS_OK;
@@ -151,6 +162,7 @@ void attn_scratch_destroy(attn_scratch *s) {
   release(s, s->cu_k);
   release(s, s->len_q);
   release(s, s->len_k);
+  release(s, s->cache_len);
   free(s);
 }
 
@@ -216,6 +228,9 @@ attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_i
     return status;
   }
   tctx->num_threads = ctx->num_threads;
+  /* A paged cache has no backward pass (docs/DECODE.md): its forward is what a training policy
+   * gets timed. */
+  const int backward = policy->tune_backward && p->page_size == 0;
   attn_plan *plan = NULL;
   status = attn_plan_create_exact(tctx, p, impl, config, &plan);
   /* A GPU plan runs on the caller's device workspace: the tuner's, sized for this candidate. */
@@ -224,7 +239,7 @@ attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_i
   if (status == ATTN_STATUS_OK && scratch->gpu != NULL) {
     size_t fwd = 0, bwd = 0;
     status = attn_plan_workspace_size(plan, &fwd, &bwd);
-    workspace_size = policy->tune_backward && bwd > fwd ? bwd : fwd;
+    workspace_size = backward && bwd > fwd ? bwd : fwd;
     if (status == ATTN_STATUS_OK && workspace_size > 0)
       status =
           scratch->gpu->alloc(scratch->device_index, workspace_size, &workspace, why, why_size);
@@ -237,7 +252,7 @@ attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_i
   for (int i = 0; status == ATTN_STATUS_OK && i < policy->warmup_iters; ++i) {
     double t0 = now_us();
     status =
-        run_once(plan, scratch, policy->tune_backward, workspace, workspace_size, why, why_size);
+        run_once(plan, scratch, backward, workspace, workspace_size, why, why_size);
     double t1 = now_us();
     if (t1 - start > budget_us || (cutoff_us > 0.0 && t1 - t0 > cutoff_us)) break;
   }
@@ -246,7 +261,7 @@ attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_i
   while (status == ATTN_STATUS_OK && n < n_max) {
     double t0 = now_us();
     status =
-        run_once(plan, scratch, policy->tune_backward, workspace, workspace_size, why, why_size);
+        run_once(plan, scratch, backward, workspace, workspace_size, why, why_size);
     double t1 = now_us();
     if (status != ATTN_STATUS_OK) break;
     times[n++] = t1 - t0;

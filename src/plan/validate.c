@@ -51,6 +51,41 @@ static attn_status check_broadcast_dim(attn_ctx *ctx, const char *tensor, int di
     if (status_ != ATTN_STATUS_OK) return status_;                                                 \
   } while (0)
 
+/* The fields of a paged KV cache (docs/DECODE.md). */
+static attn_status check_paged_problem(attn_ctx *ctx, const attn_problem *p) {
+  TRY(check_min(ctx, "page_size", p->page_size, 0));
+  TRY(check_min(ctx, "num_pages", p->num_pages, 0));
+  TRY(check_min(ctx, "max_pages_per_seq", p->max_pages_per_seq, 0));
+  TRY(check_min(ctx, "seqlen_new", p->seqlen_new, 0));
+  if (p->page_size == 0) {
+    if (p->num_pages != 0 || p->max_pages_per_seq != 0 || p->seqlen_new != 0)
+      return INVALID("%s=%lld needs a paged cache: set page_size > 0",
+                     p->num_pages != 0          ? "num_pages"
+                     : p->max_pages_per_seq != 0 ? "max_pages_per_seq"
+                                                 : "seqlen_new",
+                     (long long)(p->num_pages != 0          ? p->num_pages
+                                 : p->max_pages_per_seq != 0 ? p->max_pages_per_seq
+                                                             : p->seqlen_new));
+    return ATTN_STATUS_OK;
+  }
+  if (p->varlen != ATTN_VARLEN_NONE)
+    return INVALID("varlen=%d with page_size=%lld: a paged cache has its own lengths "
+                   "(cache_seqlens) and dense queries; use varlen=none",
+                   (int)p->varlen, (long long)p->page_size);
+  const int64_t max_pages = attn_paged_max_pages(p);
+  if (p->seqlen_k > max_pages * p->page_size)
+    return INVALID("seqlen_k=%lld exceeds max_pages_per_seq=%lld * page_size=%lld: the block table "
+                   "cannot reach the longest sequence's keys",
+                   (long long)p->seqlen_k, (long long)max_pages, (long long)p->page_size);
+  if (p->seqlen_new > p->seqlen_k)
+    return INVALID("seqlen_new=%lld exceeds seqlen_k=%lld: a sequence holds its appended keys",
+                   (long long)p->seqlen_new, (long long)p->seqlen_k);
+  if (p->seqlen_q < 1)
+    return INVALID("seqlen_q=%lld with a paged cache: every sequence has at least one query",
+                   (long long)p->seqlen_q);
+  return ATTN_STATUS_OK;
+}
+
 attn_status attn_validate_problem(attn_ctx *ctx, const attn_problem *p, attn_problem *resolved) {
   if (p == NULL) return INVALID("problem is NULL");
   TRY(check_enum(ctx, "operation", p->operation, ATTN_OPERATION_COUNT));
@@ -116,6 +151,8 @@ attn_status attn_validate_problem(attn_ctx *ctx, const attn_problem *p, attn_pro
     TRY(check_min(ctx, "total_k", p->total_k, 0));
   }
 
+  TRY(check_paged_problem(ctx, p));
+
   for (int r = 0; r < ATTN_ROLE_COUNT; ++r) {
     if (!attn_role_used(p, (attn_role)r)) continue;
     int64_t shape[ATTN_MAX_DIMS], n = 1;
@@ -134,6 +171,8 @@ attn_status attn_validate_problem(attn_ctx *ctx, const attn_problem *p, attn_pro
     if (resolved->scale == 0.0) resolved->scale = 1.0 / sqrt((double)p->head_dim);
     if (resolved->causal) resolved->window_right = 0; /* SPEC: causal is window right = 0 */
     if (resolved->varlen != ATTN_VARLEN_PACKED) resolved->total_q = resolved->total_k = 0;
+    resolved->max_pages_per_seq = attn_paged_max_pages(p);
+    resolved->num_pages = attn_paged_num_pages(p);
   }
   return ATTN_STATUS_OK;
 }
@@ -334,7 +373,41 @@ static int input_slots(const attn_inputs *in, attn_inputs *r, slot *s) {
                              &r->sinks, &r->q_segment_ids, &r->kv_segment_ids};
   for (int i = 0; i < 9; ++i)
     s[i] = (slot){(attn_role)(ATTN_ROLE_Q + i), given[i], resolved[i], 1, 0};
-  return 9;
+  /* a paged cache's */
+  s[9] = (slot){ATTN_ROLE_BLOCK_TABLE, &in->block_table, &r->block_table, 1, 0};
+  s[10] = (slot){ATTN_ROLE_K_NEW, &in->k_new, &r->k_new, 1, 0};
+  s[11] = (slot){ATTN_ROLE_V_NEW, &in->v_new, &r->v_new, 1, 0};
+  return 12;
+}
+
+/* Lengths and block table of a paged cache, once the tensors are resolved: each sequence's keys
+ * fit seqlen_k, and every page a sequence reads or appends to is in the pool. */
+static attn_status check_paged(attn_ctx *ctx, const attn_problem *p, const attn_inputs *in) {
+  if (p->page_size <= 0) return ATTN_STATUS_OK;
+  if (in->cache_seqlens == NULL) return INVALID("cache_seqlens is NULL: a paged cache needs it");
+  /* Lengths and tables on a GPU cannot be read here; the GPU implementation bounds its indexing. */
+  if (p->device != ATTN_DEVICE_CPU) return ATTN_STATUS_OK;
+  const int32_t *table = (const int32_t *)in->block_table.data;
+  const int64_t s0 = in->block_table.stride[0], s1 = in->block_table.stride[1];
+  for (int64_t b = 0; b < p->batch; ++b) {
+    const int64_t len = in->cache_seqlens[b];
+    if (len < 0)
+      return INVALID("cache_seqlens[%lld]=%lld is negative", (long long)b, (long long)len);
+    if (len + p->seqlen_new > p->seqlen_k)
+      return INVALID("cache_seqlens[%lld]=%lld plus seqlen_new=%lld exceeds seqlen_k=%lld",
+                     (long long)b, (long long)len, (long long)p->seqlen_new,
+                     (long long)p->seqlen_k);
+    const int64_t pages = (len + p->seqlen_new + p->page_size - 1) / p->page_size;
+    for (int64_t i = 0; i < pages; ++i) {
+      const int32_t page = table[b * s0 + i * s1];
+      if (page < 0 || page >= p->num_pages)
+        return INVALID("block_table[%lld][%lld]=%d is out of range: sequence %lld reads it "
+                       "(length %lld) and pages are 0..num_pages-1=%lld",
+                       (long long)b, (long long)i, (int)page, (long long)b,
+                       (long long)(len + p->seqlen_new), (long long)(p->num_pages - 1));
+    }
+  }
+  return ATTN_STATUS_OK;
 }
 
 attn_status attn_validate_forward(attn_ctx *ctx, const attn_problem *p, const attn_inputs *in,
@@ -344,14 +417,15 @@ attn_status attn_validate_forward(attn_ctx *ctx, const attn_problem *p, const at
   if (out->probs.data != NULL && p->operation != ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION)
     return INVALID("probs is given but operation=flash_attention never forms the probabilities: "
                    "use scaled_dot_product_attention");
-  slot s[16];
+  slot s[20];
   int n = input_slots(in, in_r, s);
   *out_r = *out;
   s[n++] = (slot){ATTN_ROLE_OUT, &out->out, &out_r->out, 1, 1};
   s[n++] = (slot){ATTN_ROLE_LSE, &out->lse, &out_r->lse, 0, 1};
   s[n++] = (slot){ATTN_ROLE_PROBS, &out->probs, &out_r->probs, 0, 1};
   TRY(check_varlen(ctx, p, in));
-  return check_slots(ctx, p, s, n);
+  TRY(check_slots(ctx, p, s, n));
+  return check_paged(ctx, p, in_r);
 }
 
 attn_status attn_validate_backward(attn_ctx *ctx, const attn_problem *p, const attn_inputs *in,
@@ -366,7 +440,7 @@ attn_status attn_validate_backward(attn_ctx *ctx, const attn_problem *p, const a
     return INVALID("dbias is given but the problem has no bias (has_bias=0)");
   if (g->dsinks.data != NULL && p->num_sinks == 0)
     return INVALID("dsinks is given but the problem has no sinks (num_sinks=0)");
-  slot s[20];
+  slot s[24];
   int n = input_slots(in, in_r, s);
   *fwd_r = *fwd;
   fwd_r->probs.data = NULL; /* not used by the backward pass */
@@ -380,7 +454,8 @@ attn_status attn_validate_backward(attn_ctx *ctx, const attn_problem *p, const a
   s[n++] = (slot){ATTN_ROLE_DBIAS, &g->dbias, &g_r->dbias, 0, 1};
   s[n++] = (slot){ATTN_ROLE_DSINKS, &g->dsinks, &g_r->dsinks, 0, 1};
   TRY(check_varlen(ctx, p, in));
-  return check_slots(ctx, p, s, n);
+  TRY(check_slots(ctx, p, s, n));
+  return check_paged(ctx, p, in_r);
 }
 
 void attn_device_mismatch(int32_t impl_device, const attn_problem *p, char *why, size_t why_size) {

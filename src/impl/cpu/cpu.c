@@ -249,6 +249,12 @@ static inline int64_t token_off(const cpu_run *c, const attn_tensor *t, int64_t 
   if (c->packed) return row * t->stride[0] + head * t->stride[1];
   return b * t->stride[0] + row * t->stride[1] + head * t->stride[2];
 }
+/* Offset of (key j, element 0) of a sequence's KV head in k or v: a token row, or for a paged cache
+ * (docs/DECODE.md) row j % page_size of its page. */
+static inline int64_t kv_off(const cpu_run *c, const attn_tensor *t, const cpu_seq *s, int64_t j) {
+  if (c->p->page_size > 0) return attn_paged_offset(c->p, c->in, t, s->b, j, s->g);
+  return token_off(c, t, s->b, s->s.k_row0 + j, s->g);
+}
 static inline int64_t token_dstride(const cpu_run *c, const attn_tensor *t) {
   return c->packed ? t->stride[2] : t->stride[3];
 }
@@ -528,7 +534,14 @@ static size_t cpu_workspace_size(const attn_problem *p, int32_t config, const vo
   const int64_t threads = max_threads();
   if (!backward) {
     fwd_layout l = fwd_layout_of(p, bq, bk);
-    return (size_t)(fwd_chunk(p, &l) * l.slot + threads * l.per_thread) * sizeof(float);
+    size_t tiled = (size_t)(fwd_chunk(p, &l) * l.slot + threads * l.per_thread) * sizeof(float);
+    /* A decode problem may still take the tiled path (a block of a sharded problem: see
+     * cpu_forward), so its workspace serves both. */
+    if (attn_cpu_decode_applies(p)) {
+      size_t decode = attn_cpu_decode_workspace(p);
+      return decode > tiled ? decode : tiled;
+    }
+    return tiled;
   }
   bwd_layout l = bwd_layout_of(p, bq, bk);
   int64_t chunk = bwd_chunk(p, &l);
@@ -598,16 +611,15 @@ static void pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float 
   float row[4096];
   const int64_t kds = token_dstride(c, &in->k), vds = token_dstride(c, &in->v);
   for (int64_t jj = 0; jj < nk; ++jj) {
-    const int64_t krow = s->s.k_row0 + j0 + jj;
+    const int64_t koff = kv_off(c, &in->k, s, j0 + jj), voff = kv_off(c, &in->v, s, j0 + jj);
     for (int64_t d0 = 0; kt != NULL && d0 < c->D; d0 += 4096) {
       int64_t n = min64(4096, c->D - d0);
-      load_vec(c, in->k.data, token_off(c, &in->k, s->b, krow, s->g) + d0 * kds, kds, n, 1.0f,
-               row);
+      load_vec(c, in->k.data, koff + d0 * kds, kds, n, 1.0f, row);
       for (int64_t d = 0; d < n; ++d) kt[(d0 + d) * c->bk + jj] = row[d];
     }
     if (v == NULL) continue;
     float *vr = v + jj * c->Dvp;
-    load_vec(c, in->v.data, token_off(c, &in->v, s->b, krow, s->g), vds, c->Dv, 1.0f, vr);
+    load_vec(c, in->v.data, voff, vds, c->Dv, 1.0f, vr);
     for (int64_t d = c->Dv; d < c->Dvp; ++d) vr[d] = 0.0f;
   }
   for (int64_t d = 0; kt != NULL && d < c->D; ++d)
@@ -703,6 +715,11 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
 }
 
 static attn_status cpu_forward(const attn_run *run) {
+  attn_paged_append(run->problem, run->inputs); /* a paged cache's new rows first */
+  /* The decode path knows no global positions (run->positions, a block of a sharded problem). */
+  if (run->positions == NULL && attn_cpu_decode_applies(run->problem))
+    return attn_cpu_decode_forward(run, run->state != NULL ? (const attn_cpu_kernels *)run->state
+                                                           : select_kernels((attn_dtype)run->problem->dtype));
   cpu_run c = make_cpu_run(run);
   const fwd_layout lay = fwd_layout_of(c.p, c.bq, c.bk);
   c.chunk = fwd_chunk(c.p, &lay);
@@ -1207,7 +1224,7 @@ static void cpu_plan_fini(void *state) { (void)state; }
 const attn_impl attn_cpu_impl = {
     .name = "cpu",
     .device = ATTN_DEVICE_CPU,
-    .version = 1,
+    .version = 2, /* 2: decode shapes on decode.c's split-KV path */
     .supports = cpu_supports,
     .num_configs = cpu_num_configs,
     .config_name = cpu_config_name,

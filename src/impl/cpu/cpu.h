@@ -9,6 +9,9 @@
 #ifndef ATTN_IMPL_CPU_CPU_H
 #define ATTN_IMPL_CPU_CPU_H
 
+#include "impl/impl.h"
+
+#include <stddef.h>
 #include <stdint.h>
 
 /* Column counts handed to gemm are multiples of this; packed tiles pad their rows to it. */
@@ -19,6 +22,14 @@
  * a staging tile. */
 #define ATTN_CPU_GEMM_SCRATCH(m, n, k)                                                             \
   ((size_t)((((k) + 31) / 32 * 32) * (2 * (((m) + 31) / 32 * 32) + (n))) * 2 + 4096)
+
+/* How the kernels read K and V rows. PAIRS: bf16 rows read 32 elements at a time as two f32
+ * vectors, the even elements and the odd ones (each 32-bit lane holds one of each, the even one in
+ * its low half: a shift and a mask widen them), so q and the O accumulator are kept in the same
+ * order within each 32 columns (decode.c's permute_pairs). It halves the work of widening bf16, which
+ * otherwise costs as much as the multiply-adds. Needs widths that are multiples of 32. */
+enum { ROWS_F32 = 0, ROWS_BF16 = 1, ROWS_BF16_PAIRS = 2 };
+
 
 typedef struct attn_cpu_kernels {
   const char *name; /* "generic", "avx2", "avx512", "avx512bf16", "amx" */
@@ -67,6 +78,15 @@ typedef struct attn_cpu_kernels {
    * for jj < n; j0 is a multiple of 4 (one Philox call covers 4 columns). */
   void (*dropout_keep)(uint64_t seed, uint32_t threshold, int64_t b, int64_t h, int64_t i,
                        int64_t j0, int64_t n, uint8_t *keep);
+  /* The decode path's loops (decode_kernels.h), over key rows given by address and read as `mode`
+   * (ROWS_*). decode_dots: S[r * lds + jj] = dot(q[r * ldq ..], key row jj) for r < R, jj < nb,
+   * requesting the npf rows of pf (pf_bytes each) meanwhile, a few lines per key. decode_axpys:
+   * O[r * ldo + d] += sum_jj P[r * ldp + jj] * value row jj [d] for r < R, d < Dv. */
+  void (*decode_dots)(int64_t R, int64_t nb, int64_t D, const float *q, int64_t ldq,
+                      const void *const *rows, int mode, float *S, int64_t lds,
+                      const char *const *pf, int64_t npf, size_t pf_bytes);
+  void (*decode_axpys)(int64_t R, int64_t nb, int64_t Dv, const float *P, int64_t ldp,
+                       const void *const *rows, int mode, float *O, int64_t ldo);
 } attn_cpu_kernels;
 
 extern const attn_cpu_kernels attn_cpu_kernels_generic;
@@ -92,6 +112,12 @@ extern const attn_cpu_kernels attn_cpu_kernels_amx;
 /* 1 when the processor has AMX-TILE and AMX-BF16, the OS saves their state and (Linux) granted it
  * to this process (asked once); 0 otherwise, and always where the compiler had no AMX. */
 int attn_cpu_amx_usable(void);
+/* The decode path's scores on bf16 rows with vdpbf16ps (decode.c uses it with the avx512bf16
+ * table): S[r * lds + jj] = scale * dot(q row r, key row jj), q and keys bf16, D % 32 == 0; the
+ * nprefetch rows of prefetch are requested meanwhile, a few lines per key. */
+void attn_cpu_decode_dots_bf16(int64_t R, int64_t nb, int64_t D, const uint16_t *q, int64_t ldq,
+                               const void *const *rows, float *S, int64_t lds, float scale,
+                               const char *const *prefetch, int64_t nprefetch, size_t prefetch_bytes);
 /* The AVX-512 kernels shared by both AVX-512 tables. */
 void attn_cpu_gemm_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
                           const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
@@ -105,7 +131,19 @@ void attn_cpu_load_f16_avx512(const uint16_t *src, int64_t n, float s, float *ds
 void attn_cpu_store_f16_avx512(uint16_t *dst, int64_t n, const float *src, float s);
 void attn_cpu_dropout_keep_avx512(uint64_t seed, uint32_t threshold, int64_t b, int64_t h,
                                   int64_t i, int64_t j0, int64_t n, uint8_t *keep);
+void attn_cpu_decode_dots_avx512(int64_t R, int64_t nb, int64_t D, const float *q, int64_t ldq,
+                                 const void *const *rows, int mode, float *S, int64_t lds,
+                                 const char *const *pf, int64_t npf, size_t pf_bytes);
+void attn_cpu_decode_axpys_avx512(int64_t R, int64_t nb, int64_t Dv, const float *P, int64_t ldp,
+                                  const void *const *rows, int mode, float *O, int64_t ldo);
 #endif
+
+/* The decode path (decode.c): few queries per sequence against a dense or paged cache, split over
+ * keys and merged through lse. Whether it takes the (resolved) problem, its forward workspace, and
+ * the run (after any paged append). */
+int attn_cpu_decode_applies(const attn_problem *problem);
+size_t attn_cpu_decode_workspace(const attn_problem *problem);
+attn_status attn_cpu_decode_forward(const attn_run *run, const attn_cpu_kernels *kernels);
 
 /* The kernel table a new plan of "cpu" would use now (its name, as above): cpuid lowered
  * by ATTN_CPU_ISA. For benchmarks that report which path ran. */

@@ -7,6 +7,7 @@
  * below -87.3 (where 2^n would leave the normal range) give exactly 0, as -inf must.
  */
 #include "impl/cpu/cpu.h"
+#include "impl/cpu/decode_kernels.h"
 
 #include "core/dtype.h"
 
@@ -223,4 +224,6 @@ const attn_cpu_kernels attn_cpu_kernels_avx2 = {
     .load_f16 = load_f16_avx2,
     .store_f16 = store_f16_avx2,
     .dropout_keep = attn_cpu_dropout_keep_generic,
+    .decode_dots = decode_dots_kernel,
+    .decode_axpys = decode_axpys_kernel,
 };

@@ -9,6 +9,7 @@
  * exp: Cephes' expf polynomial (about 1 ulp on [-ln2/2, ln2/2]) with _mm512_scalef_ps for 2^n.
  */
 #include "impl/cpu/cpu.h"
+#include "impl/cpu/decode_kernels.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -232,6 +233,18 @@ void attn_cpu_dropout_keep_avx512(uint64_t seed, uint32_t threshold, int64_t b, 
   }
 }
 
+/* The decode loops compiled for AVX-512, shared with the avx512bf16 table. */
+void attn_cpu_decode_dots_avx512(int64_t R, int64_t nb, int64_t D, const float *q, int64_t ldq,
+                                 const void *const *rows, int mode, float *S, int64_t lds,
+                                 const char *const *pf, int64_t npf, size_t pf_bytes) {
+  decode_dots_kernel(R, nb, D, q, ldq, rows, mode, S, lds, pf, npf, pf_bytes);
+}
+
+void attn_cpu_decode_axpys_avx512(int64_t R, int64_t nb, int64_t Dv, const float *P, int64_t ldp,
+                                  const void *const *rows, int mode, float *O, int64_t ldo) {
+  decode_axpys_kernel(R, nb, Dv, P, ldp, rows, mode, O, ldo);
+}
+
 const attn_cpu_kernels attn_cpu_kernels_avx512 = {
     .name = "avx512",
     .gemm = attn_cpu_gemm_avx512,
@@ -244,4 +257,6 @@ const attn_cpu_kernels attn_cpu_kernels_avx512 = {
     .load_f16 = attn_cpu_load_f16_avx512,
     .store_f16 = attn_cpu_store_f16_avx512,
     .dropout_keep = attn_cpu_dropout_keep_avx512,
+    .decode_dots = attn_cpu_decode_dots_avx512,
+    .decode_axpys = attn_cpu_decode_axpys_avx512,
 };

@@ -141,6 +141,56 @@ static void gemm_avx512bf16(int64_t m, int64_t n, int64_t k, const float *a, int
   }
 }
 
+/* The four sums of a0..a3 in one tree of lane shuffles. */
+ALWAYS_INLINE void hsum4_avx512(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float *s) {
+  const __m512 t0 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
+  const __m512 t1 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE));
+  __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(t0, t1, 0x88), _mm512_shuffle_f32x4(t0, t1, 0xDD));
+  u = _mm512_add_ps(u, _mm512_permute_ps(u, 0x4E));
+  u = _mm512_add_ps(u, _mm512_permute_ps(u, 0xB1));
+  float lanes[16];
+  _mm512_storeu_ps(lanes, u);
+  s[0] = lanes[0], s[1] = lanes[4], s[2] = lanes[8], s[3] = lanes[12];
+}
+
+/* The decode path's scores for bf16 rows (decode.c): S[r * lds + jj] = scale * dot(q row r, key
+ * row jj), both bf16 as given (products exact, sums in f32), D a multiple of 32; the npf rows pf
+ * (pf_bytes each) are requested meanwhile. vdpbf16ps takes
+ * 32 element pairs per instruction, the even/odd widening and two f32 multiply-adds of the generic
+ * loop in one, which the decode loop's arithmetic (Hq/Hkv query rows per key) is bound by. */
+void attn_cpu_decode_dots_bf16(int64_t R, int64_t nb, int64_t D, const uint16_t *q, int64_t ldq,
+                               const void *const *rows, float *S, int64_t lds, float scale,
+                               const char *const *pf, int64_t npf, size_t pf_bytes) {
+  for (int64_t jj = 0; jj < nb; ++jj) {
+    for (int64_t u = jj; u < npf; u += nb) /* later rows, a few lines per key (see decode.c) */
+      for (size_t at = 0; at < pf_bytes; at += 64) _mm_prefetch(pf[u] + at, _MM_HINT_T1);
+    const uint16_t *k = (const uint16_t *)rows[jj];
+    int64_t r = 0;
+    for (; r + 4 <= R; r += 4) {
+      const uint16_t *q0 = q + r * ldq, *q1 = q0 + ldq, *q2 = q1 + ldq, *q3 = q2 + ldq;
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t d = 0; d < D; d += 32) {
+        const __m512bh kv = (__m512bh)_mm512_loadu_si512(k + d);
+        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(q0 + d), kv);
+        a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(q1 + d), kv);
+        a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(q2 + d), kv);
+        a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(q3 + d), kv);
+      }
+      float sum[4];
+      hsum4_avx512(a0, a1, a2, a3, sum);
+      for (int u = 0; u < 4; ++u) S[(r + u) * lds + jj] = scale * sum[u];
+    }
+    for (; r < R; ++r) {
+      const uint16_t *q0 = q + r * ldq;
+      __m512 a0 = _mm512_setzero_ps();
+      for (int64_t d = 0; d < D; d += 32)
+        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(q0 + d),
+                              (__m512bh)_mm512_loadu_si512(k + d));
+      S[r * lds + jj] = scale * _mm512_reduce_add_ps(a0);
+    }
+  }
+}
+
 const attn_cpu_kernels attn_cpu_kernels_avx512bf16 = {
     .name = "avx512bf16",
     .gemm = gemm_avx512bf16,
@@ -153,4 +203,6 @@ const attn_cpu_kernels attn_cpu_kernels_avx512bf16 = {
     .load_f16 = attn_cpu_load_f16_avx512,
     .store_f16 = attn_cpu_store_f16_avx512,
     .dropout_keep = attn_cpu_dropout_keep_avx512,
+    .decode_dots = attn_cpu_decode_dots_avx512,
+    .decode_axpys = attn_cpu_decode_axpys_avx512,
 };

@@ -4,6 +4,7 @@
  * the fallback on machines without AVX2 and the path ATTN_CPU_ISA=generic forces in tests.
  */
 #include "impl/cpu/cpu.h"
+#include "impl/cpu/decode_kernels.h"
 
 #include "core/dtype.h"
 #include "core/philox.h"
@@ -89,4 +90,6 @@ const attn_cpu_kernels attn_cpu_kernels_generic = {
     .load_f16 = attn_cpu_load_f16_generic,
     .store_f16 = attn_cpu_store_f16_generic,
     .dropout_keep = attn_cpu_dropout_keep_generic,
+    .decode_dots = decode_dots_kernel,
+    .decode_axpys = decode_axpys_kernel,
 };

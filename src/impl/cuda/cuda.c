@@ -11,13 +11,16 @@
  * kernels are compiled for 32, 64, 96, 128, 192, 256 and zero-pad the rest), every feature of
  * SPEC.md. The backward pass of the default configuration is deterministic: dQ has its own kernel
  * instead of atomics (see cuda_bwd.cuh), except dbias summed over broadcast dimensions, which is
- * accumulated atomically; the "atomic" configuration trades that for speed.
+ * accumulated atomically; the "atomic" configuration trades that for speed. Decode-shaped problems
+ * (Tq <= 16, only the features decode uses) also offer "splitkv", the split-KV decode kernel of
+ * cuda_decode.cu, which is the only configuration of a paged KV cache (docs/DECODE.md).
  */
 #include "impl/impl.h"
 
 #include "core/ctx.h"
 #include "core/philox.h"
 #include "core/tensors.h"
+#include "impl/cuda/cuda_decode.h"
 #include "impl/cuda/cuda_launch.h"
 #include "module/gpu_runtime.h"
 #include "module/module.h"
@@ -37,7 +40,23 @@ static int64_t rows_q(const attn_problem *p) {
   return p->varlen == ATTN_VARLEN_PACKED ? p->total_q : p->batch * p->seqlen_q;
 }
 
+/* Whether the split-KV decode kernel (cuda_decode.cu, docs/DECODE.md) can run the problem: few
+ * queries per sequence and only the features decode uses. Paged problems run nowhere else. */
+static int decode_shaped(const attn_problem *p) {
+  return p->operation == ATTN_OPERATION_FLASH_ATTENTION && p->seqlen_q >= 1 &&
+         p->seqlen_q <= ATTN_CUDA_DECODE_MAX_TQ && p->varlen == ATTN_VARLEN_NONE && !p->has_bias &&
+         !p->has_mask && !p->has_segment_ids && p->dropout_p == 0.0;
+}
+
 static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_size) {
+  if (p->page_size > 0 && !decode_shaped(p)) {
+    attn_format(why, why_size,
+                "page_size=%lld: a paged cache runs on the cuda decode kernel (cuda_decode.cu), "
+                "which takes flash_attention with seqlen_q <= %d and no bias, mask, segment ids or "
+                "dropout",
+                (long long)p->page_size, ATTN_CUDA_DECODE_MAX_TQ);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
   if (p->dtype != ATTN_DTYPE_BF16 && p->dtype != ATTN_DTYPE_F16) {
     attn_format(why, why_size,
                 "dtype=%s: the cuda kernels run f16 and bf16 on tensor cores (f32 would need a "
@@ -106,14 +125,38 @@ static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_si
  * 1 "atomic": FlashAttention-2's single kernel adding dQ into an f32 workspace with atomics;
  *   fewer products, but the last bits of dq vary from run to run. */
 #define CUDA_CONFIG_ATOMIC 1
+/* 2.. "splitkv", "splitkv_ctas4", "splitkv_ctas16" (decode-shaped dense problems): the forward
+ * pass on the split-KV decode kernel with its key splits chosen for 8 (the heuristic), 4 or 16
+ * CTAs per SM, for the executor to time; the backward pass as "deterministic". A paged problem
+ * has these three only, from index 0. */
+#define CUDA_CONFIG_SPLITKV 2
+static const int splitkv_ctas_per_sm[] = {8, 4, 16};
+#define N_SPLITKV 3
+
+static int is_splitkv(const attn_problem *p, int32_t config) {
+  return p->page_size > 0 || config >= CUDA_CONFIG_SPLITKV;
+}
+
+/* CTAs per SM the splits of a splitkv configuration aim at. */
+static int splitkv_target(const attn_problem *p, int32_t config) {
+  int32_t i = p->page_size > 0 ? config : config - CUDA_CONFIG_SPLITKV;
+  return splitkv_ctas_per_sm[i >= 0 && i < N_SPLITKV ? i : 0];
+}
 
 static int32_t cuda_num_configs(const attn_problem *problem) {
-  (void)problem;
-  return 2;
+  if (problem->page_size > 0) return N_SPLITKV;
+  return decode_shaped(problem) ? CUDA_CONFIG_SPLITKV + N_SPLITKV : 2;
 }
 
 static void cuda_config_name(const attn_problem *problem, int32_t config, char *buf, size_t size) {
-  (void)problem;
+  if (is_splitkv(problem, config)) {
+    const int ctas = splitkv_target(problem, config);
+    if (ctas == splitkv_ctas_per_sm[0])
+      attn_format(buf, size, "splitkv");
+    else
+      attn_format(buf, size, "splitkv_ctas%d", ctas);
+    return;
+  }
   attn_format(buf, size, "%s", config == CUDA_CONFIG_ATOMIC ? "atomic" : "deterministic");
 }
 
@@ -124,6 +167,7 @@ static int cuda_config_deterministic(const attn_problem *p, int32_t config) {
   int broadcast_bias =
       p->has_bias && (p->bias_shape[0] != p->batch || p->bias_shape[1] != p->heads_q ||
                       p->bias_shape[2] != p->seqlen_q || p->bias_shape[3] != p->seqlen_k);
+  if (is_splitkv(p, config)) return 1; /* its splits merge in a fixed order */
   return config != CUDA_CONFIG_ATOMIC && !broadcast_bias;
 }
 
@@ -137,6 +181,13 @@ static int32_t cuda_default_config(const attn_problem *problem) {
 static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const void *state,
                                   int backward) {
   (void)state;
+  if (!backward && is_splitkv(p, config)) { /* the splits' partial results */
+    const int chunks = attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
+    const int splits = attn_cuda_decode_splits(p->device_index, (int)p->batch, (int)p->heads_kv,
+                                               chunks, (int)p->seqlen_k, splitkv_target(p, config));
+    return attn_cuda_decode_workspace((int)p->batch, (int)p->heads_kv, chunks, splits,
+                                      (int)p->head_dim_v);
+  }
   if (!backward) return 0;
   size_t bytes = align_up((size_t)(p->heads_q * rows_q(p)) * sizeof(float));
   if (p->has_bias) bytes += align_up((size_t)attn_role_numel(p, ATTN_ROLE_BIAS) * sizeof(float));
@@ -308,7 +359,112 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
   return ATTN_STATUS_OK;
 }
 
+/* (page or batch, row, head) strides of k or v for the decode kernel, with the 16-byte rule of
+ * token_layout: a paged pool [N, P, Hkv, W] keeps its page stride even with one sequence. */
+static int kv_layout(const attn_tensor *t, const char *name, int64_t *s0, int64_t *s1, int64_t *s2,
+                     char *why, size_t why_size) {
+  if (t->stride[3] != 1) {
+    attn_format(why, why_size, "%s.stride[3]=%lld: the cuda kernels need a contiguous last dimension",
+                name, (long long)t->stride[3]);
+    return 0;
+  }
+  if (t->stride[0] % 8 != 0 || t->stride[1] % 8 != 0 || t->stride[2] % 8 != 0 ||
+      ((uintptr_t)t->data % 16) != 0) {
+    attn_format(why, why_size,
+                "%s: the cuda kernels need 16-byte aligned data and strides that are multiples of "
+                "8 elements",
+                name);
+    return 0;
+  }
+  *s0 = t->stride[0], *s1 = t->stride[1], *s2 = t->stride[2];
+  return 1;
+}
+
+/* The decode kernel's params from a run (dense or paged). */
+static attn_status fill_decode_params(const attn_run *run, attn_cuda_decode_params *k) {
+  const attn_problem *p = run->problem;
+  const attn_inputs *in = run->inputs;
+  const attn_outputs *out = run->outputs;
+  char *why = run->why;
+  size_t ws = run->why_size;
+  memset(k, 0, sizeof *k);
+  k->device_index = p->device_index;
+  k->batch = (int32_t)p->batch, k->seqlen_q = (int32_t)p->seqlen_q;
+  k->seqlen_k = (int32_t)p->seqlen_k;
+  k->heads_q = (int32_t)p->heads_q, k->heads_kv = (int32_t)p->heads_kv;
+  k->group = (int32_t)(p->heads_q / p->heads_kv);
+  k->d = (int32_t)p->head_dim, k->dv = (int32_t)p->head_dim_v;
+  token_strides s;
+  if (!token_layout(p, &in->q, "q", p->heads_q, &s, why, ws)) return ATTN_STATUS_UNSUPPORTED;
+  k->q = in->q.data, k->q_b = s.b, k->q_r = s.r, k->q_h = s.h;
+  if (!token_layout(p, &out->out, "out", p->heads_q, &s, why, ws)) return ATTN_STATUS_UNSUPPORTED;
+  k->out = out->out.data, k->o_b = s.b, k->o_r = s.r, k->o_h = s.h;
+  if (!kv_layout(&in->k, "k", &k->k_b, &k->k_r, &k->k_h, why, ws) ||
+      !kv_layout(&in->v, "v", &k->v_b, &k->v_r, &k->v_h, why, ws))
+    return ATTN_STATUS_UNSUPPORTED;
+  k->k = in->k.data, k->v = in->v.data;
+  if (out->lse.data != NULL) {
+    k->lse = (float *)out->lse.data;
+    k->lse_b = out->lse.stride[0], k->lse_h = out->lse.stride[1], k->lse_r = out->lse.stride[2];
+  }
+  if (p->page_size > 0) {
+    k->block_table = (const int32_t *)in->block_table.data;
+    k->bt_b = in->block_table.stride[0], k->bt_p = in->block_table.stride[1];
+    k->page_size = (int32_t)p->page_size;
+    k->cache_seqlens = in->cache_seqlens;
+    k->seqlen_new = (int32_t)p->seqlen_new;
+    if (p->seqlen_new > 0) {
+      k->k_new = in->k_new.data, k->v_new = in->v_new.data;
+      const attn_tensor *kn = &in->k_new, *vn = &in->v_new;
+      if (kn->stride[3] != 1 || vn->stride[3] != 1) {
+        attn_format(why, ws, "k_new, v_new: the cuda kernels need a contiguous last dimension");
+        return ATTN_STATUS_UNSUPPORTED;
+      }
+      k->kn_b = kn->stride[0], k->kn_r = kn->stride[1], k->kn_h = kn->stride[2];
+      k->vn_b = vn->stride[0], k->vn_r = vn->stride[1], k->vn_h = vn->stride[2];
+    }
+  }
+  if (p->alibi != ATTN_ALIBI_NONE) {
+    k->alibi = (const float *)in->alibi_slopes.data;
+    if (p->alibi == ATTN_ALIBI_PER_BATCH_HEAD)
+      k->alibi_b = in->alibi_slopes.stride[0], k->alibi_h = in->alibi_slopes.stride[1];
+    else
+      k->alibi_b = 0, k->alibi_h = in->alibi_slopes.stride[0];
+  }
+  if (p->num_sinks > 0) {
+    k->sinks = (const float *)in->sinks.data;
+    k->num_sinks = (int32_t)p->num_sinks;
+    if (p->sinks_shared)
+      k->sinks_h = 0, k->sinks_t = in->sinks.stride[0];
+    else
+      k->sinks_h = in->sinks.stride[0], k->sinks_t = in->sinks.stride[1];
+  }
+  k->scale = (float)p->scale;
+  k->softcap = (float)p->softcap;
+  int64_t span = p->seqlen_q + p->seqlen_k;
+  k->window_left = p->window_left < 0 || p->window_left >= span ? -1 : (int32_t)p->window_left;
+  k->window_right = p->window_right < 0 || p->window_right >= span ? -1 : (int32_t)p->window_right;
+  k->align_bottom_right = p->align == ATTN_ALIGN_BOTTOM_RIGHT;
+  const int chunks = attn_cuda_decode_row_chunks(k->group, k->seqlen_q);
+  k->splits = attn_cuda_decode_splits(p->device_index, k->batch, k->heads_kv, chunks, k->seqlen_k,
+                                      splitkv_target(p, run->config));
+  /* the workspace was sized for this split count (cuda_workspace_size) */
+  if (run->workspace_size < attn_cuda_decode_workspace(k->batch, k->heads_kv, chunks, k->splits, k->dv)) {
+    attn_format(why, ws, "the decode kernel's workspace is smaller than its split count needs");
+    return ATTN_STATUS_INTERNAL;
+  }
+  k->partials = (float *)run->workspace;
+  return ATTN_STATUS_OK;
+}
+
 static attn_status cuda_forward(const attn_run *run) {
+  if (is_splitkv(run->problem, run->config)) {
+    attn_cuda_decode_params d;
+    attn_status st = fill_decode_params(run, &d);
+    if (st != ATTN_STATUS_OK) return st;
+    return attn_cuda_decode_forward(&d, run->problem->dtype == ATTN_DTYPE_BF16, run->stream,
+                                    run->why, run->why_size);
+  }
   attn_cuda_params k;
   attn_status st = fill_params(run, 0, &k);
   if (st != ATTN_STATUS_OK) return st;
@@ -327,7 +483,7 @@ static attn_status cuda_backward(const attn_run *run) {
 const attn_impl attn_cuda_impl = {
     .name = "cuda",
     .device = ATTN_DEVICE_CUDA,
-    .version = 2,
+    .version = 3,
     .supports = cuda_supports,
     .num_configs = cuda_num_configs,
     .config_name = cuda_config_name,

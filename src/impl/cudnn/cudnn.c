@@ -177,6 +177,13 @@ static attn_status problem_supported(const attn_problem *p, int version, int sm,
 }
 
 static attn_status cudnn_supports(const attn_problem *p, char *why, size_t why_size) {
+  if (p->page_size > 0) {
+    attn_format(why, why_size,
+                "page_size=%lld: the cuDNN graphs here read dense k and v (cuDNN's paged "
+                "attention is not wired in yet)",
+                (long long)p->page_size);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
   /* The cheap problem rules first, so a CPU-style problem never wakes the GPU. */
   attn_status s = problem_supported(p, 99999, 90, why, why_size);
   if (s != ATTN_STATUS_OK) return s;

@@ -92,6 +92,14 @@ static int64_t lse_at(const attn_problem *p, const attn_tensor *t, int64_t b, in
 static int64_t q_row(const ref_row *r) { return r->seq.q_row0 + r->i; }
 static int64_t k_row(const ref_row *r, int64_t j) { return r->seq.k_row0 + j; }
 
+/* Offset of element d of key j (KV head g of row r) in k or v: through the block table for a paged
+ * cache (docs/DECODE.md), else as token_at. */
+static int64_t kv_at(const ref_args *a, const attn_tensor *t, const ref_row *r, int64_t j, int64_t d) {
+  if (a->p->page_size > 0)
+    return attn_paged_offset(a->p, a->in, t, r->b, j, r->g) + d * t->stride[3];
+  return token_at(a->p, t, r->b, k_row(r, j), r->g, d);
+}
+
 /* Offset of [b, head, i, j] in a 4-d broadcastable input of `shape` (size-1 dims broadcast). */
 static int64_t broadcast_at(const int64_t shape[4], const int64_t stride[4], int64_t b, int64_t head,
                             int64_t i, int64_t j) {
@@ -161,7 +169,7 @@ static double logit(const ref_args *a, const ref_row *r, const double *q, int64_
   const attn_tensor *k = &a->in->k;
   double dot = 0.0;
   for (int64_t d = 0; d < p->head_dim; ++d)
-    dot += q[d] * attn_load(k->data, a->dtype, token_at(p, k, r->b, k_row(r, j), r->g, d));
+    dot += q[d] * attn_load(k->data, a->dtype, kv_at(a, k, r, j, d));
   /* x = s * dot(q_i, k_j) + bias + alibi */
   double x = attn_round_to(a->round_to, p->scale * dot);
   if (p->has_bias) {
@@ -255,7 +263,7 @@ static void forward_row(const ref_args *a, const attn_outputs *out, const ref_ro
     double prob = kept(a, r, j) ? exp(s->x[j] - m) / z * a->keep_scale : 0.0;
     prob = attn_round_to(a->round_to, prob);
     for (int64_t d = 0; d < p->head_dim_v; ++d)
-      s->acc[d] += prob * attn_load(v->data, a->dtype, token_at(p, v, r->b, k_row(r, j), r->g, d));
+      s->acc[d] += prob * attn_load(v->data, a->dtype, kv_at(a, v, r, j, d));
     if (out->probs.data != NULL) {
       const attn_tensor *pr = &out->probs;
       attn_store(pr->data, a->dtype,
@@ -314,6 +322,7 @@ static attn_status ref_forward(const attn_run *run) {
   s.q = s.acc + p->head_dim_v;
   s.v = (unsigned char *)(s.q + p->head_dim);
 
+  attn_paged_append(p, run->inputs); /* a paged cache's new rows first: they are attended to */
   if (out->probs.data != NULL) write_dense(p, ATTN_ROLE_PROBS, &out->probs, NULL);
   write_rows_outside_sequences(&a, out);
   for (int64_t b = 0; b < p->batch; ++b) {

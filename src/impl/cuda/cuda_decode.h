@@ -1,0 +1,84 @@
+/*
+ * src/impl/cuda/cuda_decode.h - the split-KV decode kernels (cuda_decode.cu) as cuda.c calls them:
+ * few queries per sequence against a dense or paged KV cache (docs/DECODE.md), K and V read once.
+ *
+ * Plain C, like cuda_params.h: raw device pointers, strides in elements, sizes. A CTA takes one
+ * (sequence, KV head, chunk of up to 16 query rows, key split); the rows are the Hq/Hkv query heads
+ * times Tq queries of the KV head (GQA packing), so each K and V row is read once for all of them.
+ * Partial results (m, l, unnormalised O) of the splits go to the workspace and a second kernel
+ * merges them through their maxima, adds the sinks, and writes out and lse.
+ */
+#ifndef ATTN_IMPL_CUDA_CUDA_DECODE_H
+#define ATTN_IMPL_CUDA_CUDA_DECODE_H
+
+#include "attn.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Query rows one CTA holds; more rows per KV head are split into chunks of this many. */
+#define ATTN_CUDA_DECODE_ROWS 16
+/* Queries per sequence the decode kernels take. */
+#define ATTN_CUDA_DECODE_MAX_TQ 16
+
+typedef struct attn_cuda_decode_params {
+  const void *q, *k, *v; /* q [B, Tq, Hq, D]; k, v dense [B, Tk, Hkv, D|Dv] or paged pools */
+  void *out;             /* [B, Tq, Hq, Dv] */
+  float *lse;            /* [B, Hq, Tq] or NULL */
+  int64_t q_b, q_r, q_h;
+  /* dense: batch, row, head strides; paged: page, row-in-page, head strides */
+  int64_t k_b, k_r, k_h, v_b, v_r, v_h;
+  int64_t o_b, o_r, o_h;
+  int64_t lse_b, lse_h, lse_r;
+
+  /* paged cache: NULL block_table = dense, every sequence seqlen_k keys */
+  const int32_t *block_table; /* [B, max_pages] */
+  int64_t bt_b, bt_p;
+  int32_t page_size;
+  const int32_t *cache_seqlens; /* [B] */
+  int32_t seqlen_new;           /* rows of k_new / v_new appended first */
+  const void *k_new, *v_new;    /* [B, seqlen_new, Hkv, D|Dv] */
+  int64_t kn_b, kn_r, kn_h, vn_b, vn_r, vn_h;
+
+  const float *alibi; /* [Hq] or [B, Hq]; NULL = none */
+  int64_t alibi_b, alibi_h;
+  const float *sinks; /* [Hq, S] or [S]; NULL = none */
+  int64_t sinks_h, sinks_t;
+  int32_t num_sinks;
+
+  int32_t device_index;
+  int32_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, group, d, dv;
+  float scale, softcap;              /* softcap 0 = off */
+  int32_t window_left, window_right; /* -1 = unbounded; causal folded into right = 0 */
+  int32_t align_bottom_right;
+
+  int32_t splits;     /* key splits per (sequence, KV head, row chunk) */
+  float *partials;    /* workspace: attn_cuda_decode_workspace bytes */
+} attn_cuda_decode_params;
+
+/* Row chunks per KV head: ceil(group * Tq / ATTN_CUDA_DECODE_ROWS). */
+int attn_cuda_decode_row_chunks(int group, int seqlen_q);
+
+/* Key splits for a problem on device `index`: enough CTAs for ctas_per_sm per multiprocessor (8 is
+ * the heuristic: the loads in flight cover the memory latency) where the keys allow, none shorter
+ * than 128 keys; 1 when the device cannot be asked. */
+int attn_cuda_decode_splits(int index, int batch, int heads_kv, int row_chunks, int seqlen_k,
+                            int ctas_per_sm);
+
+/* Workspace bytes of the partial results. */
+size_t attn_cuda_decode_workspace(int batch, int heads_kv, int row_chunks, int splits, int dv);
+
+/* The append (when seqlen_new > 0), the split kernel, the merge kernel, on stream (a
+ * cudaStream_t). is_bf16 selects bf16 (else f16). DEVICE_ERROR / UNSUPPORTED with why. */
+attn_status attn_cuda_decode_forward(const attn_cuda_decode_params *p, int is_bf16, void *stream,
+                                     char *why, size_t why_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATTN_IMPL_CUDA_CUDA_DECODE_H */
