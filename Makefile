@@ -3,14 +3,20 @@
 #   make                  configure and build (Release) in build/
 #   make test             build, run every test in build/, then again in build-asan/ under
 #                         AddressSanitizer + UndefinedBehaviorSanitizer; both must pass
+#   make test-clang       the suite once more, built by the other compiler (CC2, default clang) in
+#                         build-clang/: Release, CPU only, no sanitizer pass (CI runs it after test)
 #   make bench            build and run `attn bench`, the default CPU table (BENCH_ARGS adds options)
 #   make install PREFIX=/usr/local
 #   make format           clang-format -i on the C sources
-#   make clean            remove build/ and build-asan/
+#   make clean            remove build/, build-asan/ and build-clang/
 #
+# The compiler is CMake's choice (cc) unless CC names one: `CC=clang make test` (a build folder
+# remembers its compiler; `make clean` first to switch).
 # CI=true in the environment makes warnings errors (ATTN_WERROR=ON). CMAKE_ARGS adds options.
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+CC2_BUILD ?= build-clang
+CC2 ?= clang
 JOBS ?= 2
 PREFIX ?= /usr/local
 CMAKE ?= cmake
@@ -28,7 +34,7 @@ endif
 SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1 \
           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all build configure test test-release test-asan bench install format clean
+.PHONY: all build configure test test-release test-asan test-clang bench install format clean
 
 all: build
 
@@ -54,6 +60,15 @@ test-asan:
 	$(CMAKE) --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && $(SAN_ENV) $(CTEST) --output-on-failure -j $(JOBS)
 
+# The second compiler: every warning it adds is an error in CI as for the first, and its own test
+# pass proves the kernels it compiles (the dispatch test forces each instruction set). CPU only and
+# Release only, so CI pays for one more build, not two.
+test-clang:
+	$(CMAKE) -S . -B $(CC2_BUILD) -DCMAKE_C_COMPILER=$(CC2) -DCMAKE_BUILD_TYPE=Release \
+	  -DATTN_WITH_CUDA=OFF -DATTN_WITH_CUDNN=OFF $(CMAKE_ARGS)
+	$(CMAKE) --build $(CC2_BUILD) -j $(JOBS)
+	cd $(CC2_BUILD) && $(CTEST) --output-on-failure -j $(JOBS)
+
 bench: configure
 	$(CMAKE) --build $(BUILD) -j $(JOBS) --target attn_tool
 	$(BUILD)/tools/attn bench $(BENCH_ARGS)
@@ -68,4 +83,4 @@ format:
 	$(CLANG_FORMAT) -i $(FORMAT_FILES)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(CC2_BUILD)

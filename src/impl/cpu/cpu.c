@@ -23,6 +23,7 @@
 #include "impl/impl.h"
 
 #include "core/ctx.h"
+#include "core/device.h"
 #include "core/dtype.h"
 #include "core/philox.h"
 #include "core/tensors.h"
@@ -67,13 +68,11 @@ static int max_threads(void) {
 static const attn_cpu_kernels *select_kernels(attn_dtype dtype) {
   const attn_cpu_kernels *best = &attn_cpu_kernels_generic;
 #ifdef ATTN_CPU_X86
-  __builtin_cpu_init();
-  int has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                 __builtin_cpu_supports("f16c");
-  int has_avx512 = has_avx2 && __builtin_cpu_supports("avx512f") &&
-                   __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                   __builtin_cpu_supports("avx512dq");
-  int has_bf16 = has_avx512 && __builtin_cpu_supports("avx512bf16");
+  /* Each table needs every set its file is compiled for (CMakeLists.txt) and the OS saving them. */
+  int has_avx2 = attn_cpu_can_run(ATTN_CPU_AVX2 | ATTN_CPU_FMA | ATTN_CPU_F16C);
+  int has_avx512 = has_avx2 && attn_cpu_can_run(ATTN_CPU_AVX512F | ATTN_CPU_AVX512BW |
+                                                ATTN_CPU_AVX512VL | ATTN_CPU_AVX512DQ);
+  int has_bf16 = has_avx512 && attn_cpu_can_run(ATTN_CPU_AVX512BF16);
   if (has_bf16 && dtype == ATTN_DTYPE_BF16) best = &attn_cpu_kernels_avx512bf16;
   else if (has_avx512) best = &attn_cpu_kernels_avx512;
   else if (has_avx2) best = &attn_cpu_kernels_avx2;
