@@ -527,8 +527,8 @@ static void forward_outside_rows(const cpu_run *c, const attn_outputs *out) {
 /* ---- forward ------------------------------------------------------------------------------------- */
 
 /* Packs key block kb of a pair: K^T as [D][bk] (columns past the sequence zero) and V rows as
- * [bk][Dvp] (padding columns zero). */
-static void pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float *kt, float *v) {
+ * [bk][Dvp] (padding columns zero). Returns 1 when the block's V holds a NaN or an infinity. */
+static int pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float *kt, float *v) {
   const attn_inputs *in = c->in;
   const int64_t j0 = kb * c->bk, nk = min64(c->bk, s->s.len_k - j0);
   float row[4096];
@@ -547,6 +547,22 @@ static void pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float 
   }
   for (int64_t d = 0; d < c->D; ++d)
     for (int64_t jj = nk; jj < c->bk; ++jj) kt[d * c->bk + jj] = 0.0f;
+  float probe = 0.0f; /* 0 * x is NaN exactly when x is NaN or infinite */
+  for (int64_t e = 0; e < nk * c->Dvp; ++e) probe += 0.0f * v[e];
+  return probe != probe;
+}
+
+/* o += p v over the rows of a tile, skipping the zero entries of p: 0 * inf and 0 * NaN are NaN,
+ * and a value a row does not see (masked, or dropped) must not reach its output (SPEC: NaN only in
+ * the rows it reaches). The slow path of blocks whose V holds non-finite values. */
+static void pv_skipping_zeros(int64_t rows, int64_t nk, int64_t dvp, const float *p, int64_t ldp,
+                              const float *v, float *o) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t jj = 0; jj < nk; ++jj) {
+      const float w = p[r * ldp + jj];
+      if (w == 0.0f) continue;
+      for (int64_t d = 0; d < dvp; ++d) o[r * dvp + d] += w * v[jj * dvp + d];
+    }
 }
 
 typedef struct fwd_thread {
@@ -555,7 +571,8 @@ typedef struct fwd_thread {
 } fwd_thread;
 
 static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t qb,
-                          const float *kt_all, const float *v_all, const fwd_thread *t) {
+                          const float *kt_all, const float *v_all, int v_nonfinite,
+                          const fwd_thread *t) {
   const attn_problem *p = c->p;
   const attn_inputs *in = c->in;
   const attn_outputs *out = c->run->outputs;
@@ -607,7 +624,8 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
         for (int64_t jj = 0; jj < nk; ++jj) x[jj] = keep[jj] ? x[jj] : 0.0f;
       }
     }
-    k->gemm_exact(rows, c->Dvp, nk, t->s, bk, 0, v, c->Dvp, t->o, c->Dvp, 1, t->scratch);
+    if (v_nonfinite) pv_skipping_zeros(rows, nk, c->Dvp, t->s, bk, v, t->o);
+    else k->gemm_exact(rows, c->Dvp, nk, t->s, bk, 0, v, c->Dvp, t->o, c->Dvp, 1, t->scratch);
   }
 
   const int64_t ods = token_dstride(c, &out->out);
@@ -639,6 +657,7 @@ static attn_status cpu_forward(const attn_run *run) {
 
   forward_outside_rows(&c, run->outputs);
   const int64_t nphases = (c.npairs + c.chunk - 1) / c.chunk;
+  int v_nonfinite = 0; /* some packed V holds NaN or inf: P V skips P's zeros (forward_block) */
 
 #ifdef _OPENMP
 #pragma omp parallel num_threads(c.nthreads)
@@ -663,8 +682,19 @@ static attn_status cpu_forward(const attn_run *run) {
         const cpu_seq s = make_seq(&c, pair0 + pr);
         if (kb * c.bk >= s.s.len_k) continue;
         float *slot = packs + pr * lay.slot;
-        pack_kv_block(&c, &s, kb, slot + kb * c.D * c.bk, slot + kt_size + kb * c.bk * c.Dvp);
+        if (pack_kv_block(&c, &s, kb, slot + kb * c.D * c.bk, slot + kt_size + kb * c.bk * c.Dvp)) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+          v_nonfinite = 1;
+        }
       }
+      /* read after the loop's barrier, so every pack has reported */
+      int v_bad;
+#ifdef _OPENMP
+#pragma omp atomic read
+#endif
+      v_bad = v_nonfinite;
       /* Heaviest first: later query blocks see more keys under a bottom-right causal mask. */
       const int64_t nwork = npair * c.group * c.nqb;
 #ifdef _OPENMP
@@ -676,7 +706,7 @@ static attn_status cpu_forward(const attn_run *run) {
         const cpu_seq s = make_seq(&c, pair0 + pr);
         if (qb * c.bq >= s.s.len_q) continue;
         const float *slot = packs + pr * lay.slot;
-        forward_block(&c, &s, s.g * c.group + hh, qb, slot, slot + kt_size, &t);
+        forward_block(&c, &s, s.g * c.group + hh, qb, slot, slot + kt_size, v_bad, &t);
       }
     }
   }
