@@ -346,9 +346,11 @@ static void *cache_writer(void *arg) {
            "libattn-cache 1\n%s\tcpu:1,ref:1\tfwd\tt1\tb1 hq%d hkv%d sq%d sk%d d%d f32 causal\tcpu\t1"
            "\tbq32_bk64\t1.5\n",
            fp, H, H, T, T, D);
-  const char *variants[] = {entry, "libattn-cache 1\n", "libattn-cache", "garbage\0\1\2 bytes",
+  static const char garbage[] = "garbage\0\1\2 bytes"; /* NUL inside: sized by sizeof */
+  const char *variants[] = {entry, "libattn-cache 1\n", "libattn-cache", garbage,
                             "libattn-cache 1\nx\ty\tz", ""};
-  size_t lens[] = {strlen(entry), 16, 13, 17, 24, 0};
+  size_t lens[6];
+  for (int v = 0; v < 6; ++v) lens[v] = v == 3 ? sizeof garbage - 1 : strlen(variants[v]);
   char tmp[80];
   snprintf(tmp, sizeof tmp, "%s.new", cache_path);
   for (unsigned i = 0; !writer_stop; ++i) {
