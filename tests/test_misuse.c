@@ -76,7 +76,7 @@ static void data_make(data *d, uint64_t seed) {
 #define INVALID(call, what)                                                                        \
   tu_check((call) == ATTN_STATUS_INVALID_ARGUMENT, "%s: INVALID_ARGUMENT", what)
 
-/* ---- NULL arguments ------------------------------------------------------------------------------ */
+/* ---- NULL arguments -------------------------------------------------------------------------- */
 
 static void test_nulls(void) {
   attn_ctx *ctx;
@@ -88,7 +88,8 @@ static void test_nulls(void) {
   tu_check(attn_plan_create(ctx, &p, NULL, &plan) == ATTN_STATUS_OK, "a plan for the NULL sweep");
 
   INVALID(attn_ctx_create(NULL), "attn_ctx_create(NULL)");
-  INVALID(attn_ctx_set_log_callback(NULL, NULL, NULL, ATTN_LOG_LEVEL_ERROR), "set_log_callback ctx");
+  INVALID(attn_ctx_set_log_callback(NULL, NULL, NULL, ATTN_LOG_LEVEL_ERROR),
+          "set_log_callback ctx");
   INVALID(attn_ctx_set_num_threads(NULL, 1), "set_num_threads ctx");
   INVALID(attn_ctx_set_event_callback(NULL, NULL, NULL), "set_event_callback ctx");
   INVALID(attn_ctx_set_policy(NULL, NULL), "set_policy ctx");
@@ -162,7 +163,7 @@ static void test_nulls(void) {
   attn_ctx_destroy(ctx);
 }
 
-/* ---- wrong order, and a destroyed plan ----------------------------------------------------------- */
+/* ---- wrong order, and a destroyed plan ------------------------------------------------------- */
 
 static void test_order(void) {
   attn_ctx *ctx;
@@ -174,7 +175,8 @@ static void test_order(void) {
   attn_plan *plan = (attn_plan *)&plan;
   tu_check(attn_plan_create(ctx, &bad, NULL, &plan) == ATTN_STATUS_INVALID_ARGUMENT && plan == NULL,
            "a failed create leaves *plan = NULL");
-  INVALID(attn_plan_forward(plan, &d->in, NULL, 0, &d->outs), "forward on the failed create's plan");
+  INVALID(attn_plan_forward(plan, &d->in, NULL, 0, &d->outs),
+          "forward on the failed create's plan");
   attn_plan_destroy(plan);
 
   attn_problem p = small_problem();
@@ -227,7 +229,7 @@ static void test_order(void) {
   attn_ctx_destroy(ctx);
 }
 
-/* ---- many threads, one context each ---------------------------------------------------------------- */
+/* ---- many threads, one context each ---------------------------------------------------------- */
 
 #define THREADS 16
 #define ROUNDS 8
@@ -323,7 +325,7 @@ static void test_threads(void) {
   }
 }
 
-/* ---- the cache file changing under readers --------------------------------------------------------- */
+/* ---- the cache file changing under readers --------------------------------------------------- */
 
 static char cache_path[64];
 static volatile int writer_stop;
@@ -342,13 +344,14 @@ static void *cache_writer(void *arg) {
   char fp[256], entry[1024];
   attn_device_fingerprint(ATTN_DEVICE_CPU, 0, fp, sizeof fp);
   /* this machine's entry for small_problem() on one thread: plans take its configuration */
-  snprintf(entry, sizeof entry,
-           "libattn-cache 1\n%s\tcpu:1,ref:1\tfwd\tt1\tb1 hq%d hkv%d sq%d sk%d d%d f32 causal\tcpu\t1"
-           "\tbq32_bk64\t1.5\n",
-           fp, H, H, T, T, D);
+  snprintf(
+      entry, sizeof entry,
+      "libattn-cache 1\n%s\tcpu:1,ref:1\tfwd\tt1\tb1 hq%d hkv%d sq%d sk%d d%d f32 causal\tcpu\t1"
+      "\tbq32_bk64\t1.5\n",
+      fp, H, H, T, T, D);
   static const char garbage[] = "garbage\0\1\2 bytes"; /* NUL inside: sized by sizeof */
-  const char *variants[] = {entry, "libattn-cache 1\n", "libattn-cache", garbage,
-                            "libattn-cache 1\nx\ty\tz", ""};
+  const char *variants[] = {entry,   "libattn-cache 1\n",        "libattn-cache",
+                            garbage, "libattn-cache 1\nx\ty\tz", ""};
   size_t lens[6];
   for (int v = 0; v < 6; ++v) lens[v] = v == 3 ? sizeof garbage - 1 : strlen(variants[v]);
   char tmp[80];
@@ -413,7 +416,8 @@ static void test_cache_changing(void) {
     if (attn_plan_forward(plan, &d->in, NULL, 0, &d->outs) == ATTN_STATUS_OK) {
       double worst = 0.0;
       for (int e = 0; e < N; ++e) {
-        double diff = d->out[e] > want->out[e] ? d->out[e] - want->out[e] : want->out[e] - d->out[e];
+        double diff =
+            d->out[e] > want->out[e] ? d->out[e] - want->out[e] : want->out[e] - d->out[e];
         worst = diff > worst ? diff : worst;
       }
       right += worst <= 1e-4;

@@ -8,7 +8,8 @@
  *            Kernels compute in f32, so a field narrowed to 0 or inf there must be refused.
  *   logits   scores of magnitude 1e30 (large q and k, or a scale of 1e30): the reference's answer
  *   masks    bias of -inf everywhere, all-zero keep masks, a bias that is -inf on some rows only:
- *            fully masked rows give out = 0 and lse = -inf (SPEC step 8), the others the reference's
+ *            fully masked rows give out = 0 and lse = -inf (SPEC step 8), the others the
+ *            reference's answer
  *   alibi    slopes of 1e30: the reference's answer
  *   nonfinite NaN or Inf in one element of q, k, v or bias: the rows the element reaches (SPEC's
  *            visibility) are non-finite exactly where the reference's are, every other row is the
@@ -242,7 +243,7 @@ static int check_all(const char *what, const ndata *d, const char *field) {
   return ran;
 }
 
-/* ---- fields: softcap and scale over the double range ------------------------------------------ */
+/* ---- fields: softcap and scale over the double range ----------------------------------------- */
 
 static void test_fields(tu_rng *rng) {
   static const double values[] = {1e-300, 1e-45,   1e-39, FLT_MIN, 1e-30,  1e-5,
@@ -267,7 +268,7 @@ static void test_fields(tu_rng *rng) {
   }
 }
 
-/* ---- huge logits, masks that hide everything, huge ALiBi slopes --------------------------------- */
+/* ---- huge logits, masks that hide everything, huge ALiBi slopes ------------------------------ */
 
 static void test_logits_and_masks(tu_rng *rng) {
   for (int sign = -1; sign <= 1; sign += 2) { /* scores of +-1e30 magnitude from q and k */
@@ -331,7 +332,7 @@ static void test_logits_and_masks(tu_rng *rng) {
   }
 }
 
-/* ---- NaN and Inf in one element ----------------------------------------------------------------- */
+/* ---- NaN and Inf in one element -------------------------------------------------------------- */
 
 /* Rows (out rows of Hq x Dv, one lse) non-finite in r. */
 static int64_t nonfinite_rows(const ndata *d, const nres *r) {

@@ -54,8 +54,9 @@ static int small_enough(const attn_problem *p) {
     Tk = Tk > (double)p->total_k ? Tk : (double)p->total_k;
   }
   double W = D > Dv ? D : Dv;
-  return p->device == ATTN_DEVICE_CPU && B * Tq * Hq * W <= 1 << 14 && B * Tk * Hkv * W <= 1 << 14 &&
-         B * Hq * Tq * Tk <= 1 << 15 && W <= 512 && p->num_sinks <= 64;
+  return p->device == ATTN_DEVICE_CPU && B * Tq * Hq * W <= 1 << 14 &&
+         B * Tk * Hkv * W <= 1 << 14 && B * Hq * Tq * Tk <= 1 << 15 && W <= 512 &&
+         p->num_sinks <= 64;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
