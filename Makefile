@@ -26,8 +26,10 @@ BENCH_ARGS ?=
 CMAKE_ARGS ?=
 MAKEFLAGS += --no-print-directory
 
+# override: also when CMAKE_ARGS is given on the command line (make test CMAKE_ARGS=...), which
+# would otherwise replace this addition and build CI without -Werror.
 ifeq ($(CI),true)
-CMAKE_ARGS += -DATTN_WERROR=ON
+override CMAKE_ARGS += -DATTN_WERROR=ON
 endif
 
 # The sanitizers stop at the first error, print a stack, and also report leaks.
