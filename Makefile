@@ -5,14 +5,20 @@
 #                         AddressSanitizer + UndefinedBehaviorSanitizer, then the Python
 #                         package's tests (test-python); all must pass
 #   make test-python      pip install PyTorch (PyPI) and this package into build/venv, run pytest
+#   make test-clang       the suite once more, built by the other compiler (CC2, default clang) in
+#                         build-clang/: Release, CPU only, no sanitizer pass (CI runs it after test)
 #   make bench            build and run `attn bench`, the default CPU table (BENCH_ARGS adds options)
 #   make install PREFIX=/usr/local
 #   make format           clang-format -i on the C sources
-#   make clean            remove build/ and build-asan/
+#   make clean            remove build/, build-asan/ and build-clang/
 #
+# The compiler is CMake's choice (cc) unless CC names one: `CC=clang make test` (a build folder
+# remembers its compiler; `make clean` first to switch).
 # CI=true in the environment makes warnings errors (ATTN_WERROR=ON). CMAKE_ARGS adds options.
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+CC2_BUILD ?= build-clang
+CC2 ?= clang
 JOBS ?= 2
 PREFIX ?= /usr/local
 CMAKE ?= cmake
@@ -22,15 +28,18 @@ BENCH_ARGS ?=
 CMAKE_ARGS ?=
 MAKEFLAGS += --no-print-directory
 
+# override: also when CMAKE_ARGS is given on the command line (make test CMAKE_ARGS=...), which
+# would otherwise replace this addition and build CI without -Werror.
 ifeq ($(CI),true)
-CMAKE_ARGS += -DATTN_WERROR=ON
+override CMAKE_ARGS += -DATTN_WERROR=ON
 endif
 
 # The sanitizers stop at the first error, print a stack, and also report leaks.
 SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1 \
           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all build configure test test-release test-asan test-python bench install format clean
+.PHONY: all build configure test test-release test-asan test-python test-clang bench install \
+        format clean
 
 all: build
 
@@ -75,6 +84,15 @@ test-python:
 	  -C cmake.define.ATTN_WITH_CUDA=OFF -C cmake.define.ATTN_WITH_CUDNN=OFF
 	cd tests/python && $(abspath $(VENV))/bin/python -m pytest -q -p no:cacheprovider --ignore=gpu .
 
+# The second compiler: every warning it adds is an error in CI as for the first, and its own test
+# pass proves the kernels it compiles (the dispatch test forces each instruction set). CPU only and
+# Release only, so CI pays for one more build, not two.
+test-clang:
+	$(CMAKE) -S . -B $(CC2_BUILD) -DCMAKE_C_COMPILER=$(CC2) -DCMAKE_BUILD_TYPE=Release \
+	  $(CMAKE_ARGS) -DATTN_WITH_CUDA=OFF -DATTN_WITH_CUDNN=OFF -DATTN_WITH_MPI=OFF
+	$(CMAKE) --build $(CC2_BUILD) -j $(JOBS)
+	cd $(CC2_BUILD) && $(CTEST) --output-on-failure -j $(JOBS)
+
 bench: configure
 	$(CMAKE) --build $(BUILD) -j $(JOBS) --target attn_tool
 	$(BUILD)/tools/attn bench $(BENCH_ARGS)
@@ -89,4 +107,4 @@ format:
 	$(CLANG_FORMAT) -i $(FORMAT_FILES)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(CC2_BUILD)

@@ -449,7 +449,9 @@ ATTN_API void attn_select_init(attn_select *select);
  * borrows the context, which must outlive it. */
 ATTN_API attn_status attn_plan_create(attn_ctx *ctx, const attn_problem *problem,
                                       const attn_select *select, attn_plan **plan /* out */);
-/* Frees a plan. NULL is harmless. */
+/* Frees a plan. NULL is harmless. Using a plan after it is destroyed (or after its context is) is
+ * undefined; a destroyed plan passed again to a plan call is caught best-effort (the call returns
+ * INVALID_ARGUMENT, destroy does nothing), not promised. */
 ATTN_API void attn_plan_destroy(attn_plan *plan);
 
 /* Bytes of workspace the forward and backward passes need (either pointer may be NULL). The

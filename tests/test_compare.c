@@ -5,9 +5,11 @@
  * dim) inputs and outputs, f32/f16/bf16, forward (out, lse) and backward (dq, dk, dv, dbias,
  * dsinks). The "cpu" implementation runs once per instruction-set path (ATTN_CPU_ISA unset: the
  * best, which for bf16 is the AMX or the bf16 dot-product kernel; avx512, avx2, generic; a path
- * above the machine's is lowered to what it runs; for bf16 problems also avx512bf16 and amx, each
- * skipped, with a line saying so, where the machine lacks it), on 1 and 2 threads, with its
- * smallest, largest and default block sizes.
+ * above the machine's is lowered to what it runs, and a path the machine and OS allow must be the
+ * one that runs; for bf16 problems also avx512bf16 and amx, each skipped, with a line saying so,
+ * where the machine lacks it), on 1 and 2 threads, with its smallest, largest and default block
+ * sizes. The paths that ran are listed at the end, so a log shows which kernels this compiler's
+ * build was checked on.
  *
  * Tolerance: SPEC.md's rule, tests/tolerance.h (f32: max|a - r| <= 1e-4 * max(1, max|r|);
  * f16/bf16, inputs rounded to the dtype and the same values fed to the reference: err <= 2 *
@@ -23,6 +25,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
+#include "core/device.h"
 #include "core/dtype.h"
 #include "core/tensors.h"
 #include "impl/cpu/cpu.h"
@@ -456,6 +459,34 @@ static void build_grid(void) {
   }
 }
 
+/* ---- instruction-set paths ------------------------------------------------------------------------------- */
+
+/* Whether this machine and OS run the kernels ATTN_CPU_ISA=isa asks for (the sets CMakeLists.txt
+ * compiles each file for; cpu.c makes the same test). */
+static int isa_runnable(const char *isa) {
+  unsigned avx2 = ATTN_CPU_AVX2 | ATTN_CPU_FMA | ATTN_CPU_F16C;
+  unsigned avx512 = ATTN_CPU_AVX512F | ATTN_CPU_AVX512BW | ATTN_CPU_AVX512VL | ATTN_CPU_AVX512DQ;
+  if (strcmp(isa, "generic") == 0) return 1;
+#if defined(__x86_64__) || defined(__i386__)
+  if (strcmp(isa, "avx2") == 0) return attn_cpu_can_run(avx2);
+  if (strcmp(isa, "avx512") == 0) return attn_cpu_can_run(avx2 | avx512);
+#else
+  (void)avx2, (void)avx512;
+#endif
+  return 0;
+}
+
+/* The kernel tables that ran, in first-run order ("avx512 avx2 generic avx512bf16"). */
+static char isas_ran[128];
+static void note_isa(const char *name) {
+  char key[40], padded[sizeof isas_ran + 2];
+  snprintf(key, sizeof key, " %s ", name);
+  snprintf(padded, sizeof padded, " %s ", isas_ran);
+  if (strstr(padded, key) != NULL) return;
+  size_t used = strlen(isas_ran);
+  snprintf(isas_ran + used, sizeof isas_ran - used, "%s%s", used ? " " : "", name);
+}
+
 /* ---- main -------------------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
@@ -524,6 +555,14 @@ int main(int argc, char **argv) {
                    attn_cpu_isa_name(c->p.dtype));
           continue;
         }
+        const char *ran_isa = n_variants > 1 ? attn_cpu_isa_name(c->p.dtype) : "-";
+        if (n_variants > 1) {
+          note_isa(ran_isa);
+          /* A forced path this machine runs must be the one chosen, not a silent lower one. */
+          if (isas[v] != NULL && isa_runnable(isas[v]))
+            tu_check(strcmp(ran_isa, isas[v]) == 0, "%s: ATTN_CPU_ISA=%s runs the %s kernels",
+                     c->name, isas[v], ran_isa);
+        }
         int threads = v == 2 || v == 5 ? 1 : 2;
         attn_ctx_set_num_threads(ctx, threads);
         /* the smallest and the largest blocks on some paths, the default on the others */
@@ -532,8 +571,9 @@ int main(int argc, char **argv) {
         const char *config = n_variants > 1 ? configs[v] : NULL;
         result got = run_impl(ctx, &c->p, &d, impl, config, c->strided, ATTN_DTYPE_F64);
         char variant[96];
-        snprintf(variant, sizeof variant, "%s isa=%s threads=%d config=%s", impl,
-                 isas[v] != NULL ? isas[v] : "auto", threads, config != NULL ? config : "default");
+        snprintf(variant, sizeof variant, "%s isa=%s(%s) threads=%d config=%s", impl,
+                 isas[v] != NULL ? isas[v] : "auto", ran_isa, threads,
+                 config != NULL ? config : "default");
         tu_check(got.ok, "%s %s: %s", c->name, variant, got.why);
         if (got.ok) {
           ++compared;
@@ -577,6 +617,8 @@ int main(int argc, char **argv) {
     free_result(&ref), free_result(&naive), free_result(&at_dtype), free_data(&d);
   }
   printf("%d implementation runs compared over %d cases\n", compared, n_cases);
+  printf("cpu kernel paths run: %s (this CPU: %s)\n", isas_ran[0] ? isas_ran : "none",
+         attn_cpu_info_get()->feature_names);
   attn_ctx_destroy(ctx);
   return tu_finish();
 }

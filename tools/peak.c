@@ -3,12 +3,19 @@
  *
  * Each kernel keeps more independent accumulators than the FMA latency times the number of FMA
  * pipes (4 cycles x 2 pipes on current x86 cores), so the loop is bound by throughput, not latency.
- * The instruction set is chosen at run time with __builtin_cpu_supports and each kernel is compiled
- * for its own with __attribute__((target)), so the program runs on any x86-64 and still measures
- * the widest units the CPU has. a = a * b + c with b just below 1 stays finite for any length.
+ * The instruction set is chosen at run time by the library's own detection (attn_cpu_can_run:
+ * cpuid and the OS's XCR0, the same answer under GCC and Clang) and each kernel is compiled for its
+ * own with __attribute__((target)), so the program runs on any x86-64 and still measures the widest
+ * units the CPU has. a = a * b + c with b just below 1 stays finite for any length.
+ *
+ * With these b and c every chain is a fixed point in f32 (a * b + c rounds back to a), which Clang
+ * proves and then deletes the loop: b and c are read from volatile objects, so no compiler knows
+ * them and every FMA runs.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "peak.h"
+
+#include "core/device.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -32,12 +39,14 @@ double bench_now(void) {
 
 /* The result of each kernel is stored here so the compiler cannot drop the chains. */
 static volatile float sink;
+/* The chains' multiplier and addend, unknown to the compiler (see the top of the file). */
+static volatile float chain_mul = 0.99999994f, chain_add = 1e-7f;
 
 #define SCALAR_CHAINS 8
 static double fma_scalar(int64_t iters) {
   float a[SCALAR_CHAINS];
   for (int c = 0; c < SCALAR_CHAINS; ++c) a[c] = 1.0f + 0.01f * (float)c;
-  const float b = 0.99999994f, add = 1e-7f;
+  const float b = chain_mul, add = chain_add;
   for (int64_t i = 0; i < iters; ++i)
     for (int c = 0; c < SCALAR_CHAINS; ++c) a[c] = a[c] * b + add;
   float s = 0.0f;
@@ -53,7 +62,7 @@ __attribute__((target("avx2,fma"))) static double fma_avx2(int64_t iters) {
   __m256 a3 = _mm256_set1_ps(1.03f), a4 = _mm256_set1_ps(1.04f), a5 = _mm256_set1_ps(1.05f);
   __m256 a6 = _mm256_set1_ps(1.06f), a7 = _mm256_set1_ps(1.07f), a8 = _mm256_set1_ps(1.08f);
   __m256 a9 = _mm256_set1_ps(1.09f), a10 = _mm256_set1_ps(1.10f), a11 = _mm256_set1_ps(1.11f);
-  const __m256 b = _mm256_set1_ps(0.99999994f), c = _mm256_set1_ps(1e-7f);
+  const __m256 b = _mm256_set1_ps(chain_mul), c = _mm256_set1_ps(chain_add);
   for (int64_t i = 0; i < iters; ++i) {
     a0 = _mm256_fmadd_ps(a0, b, c), a1 = _mm256_fmadd_ps(a1, b, c);
     a2 = _mm256_fmadd_ps(a2, b, c), a3 = _mm256_fmadd_ps(a3, b, c);
@@ -75,7 +84,7 @@ __attribute__((target("avx2,fma"))) static double fma_avx2(int64_t iters) {
 __attribute__((target("avx512f"))) static double fma_avx512(int64_t iters) {
   __m512 a[16];
   for (int k = 0; k < 16; ++k) a[k] = _mm512_set1_ps(1.0f + 0.01f * (float)k);
-  const __m512 b = _mm512_set1_ps(0.99999994f), c = _mm512_set1_ps(1e-7f);
+  const __m512 b = _mm512_set1_ps(chain_mul), c = _mm512_set1_ps(chain_add);
   for (int64_t i = 0; i < iters; ++i) {
     a[0] = _mm512_fmadd_ps(a[0], b, c), a[1] = _mm512_fmadd_ps(a[1], b, c);
     a[2] = _mm512_fmadd_ps(a[2], b, c), a[3] = _mm512_fmadd_ps(a[3], b, c);
@@ -97,10 +106,9 @@ bench_peak bench_measure_peak(double seconds_total) {
   double (*kernel)(int64_t) = fma_scalar;
   bench_peak peak = {0.0, "scalar"};
 #ifdef BENCH_X86
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) {
+  if (attn_cpu_can_run(ATTN_CPU_AVX512F)) {
     kernel = fma_avx512, peak.isa = "avx512f";
-  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  } else if (attn_cpu_can_run(ATTN_CPU_AVX2 | ATTN_CPU_FMA)) {
     kernel = fma_avx2, peak.isa = "avx2+fma";
   }
 #endif

@@ -1,6 +1,11 @@
 /*
- * src/core/device.c - CPU model and instruction sets (cpuid on x86, /proc/cpuinfo and auxv
- * elsewhere), and the device fingerprint that keys the configuration cache.
+ * src/core/device.c - CPU model and instruction sets (cpuid and xgetbv on x86, /proc/cpuinfo
+ * elsewhere), the one test kernel choices make (attn_cpu_can_run), and the device fingerprint that
+ * keys the configuration cache.
+ *
+ * cpuid and xgetbv are read directly (<cpuid.h>, one inline xgetbv) rather than through the
+ * compilers' __builtin_cpu_supports, whose feature names differ between GCC and Clang versions and
+ * which does not say whether the OS saves the AVX-512 or AMX state.
  *
  * A tuned configuration is only valid on hardware like the one that measured it, so the
  * fingerprint holds everything that changes which kernel wins: the model, the instruction sets the
@@ -12,10 +17,15 @@
 #include "core/ctx.h"
 #include "core/gpu.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -59,6 +69,29 @@ static int cpuinfo_field(const char *key, char *buf, size_t size) {
 }
 
 #ifdef ATTN_X86
+/* cpuid leaf 1, ECX */
+#define CPUID1_ECX_SSE42 (1u << 20)
+#define CPUID1_ECX_FMA (1u << 12)
+#define CPUID1_ECX_OSXSAVE (1u << 27) /* the OS enabled XSAVE: xgetbv may be executed */
+#define CPUID1_ECX_AVX (1u << 28)
+#define CPUID1_ECX_F16C (1u << 29)
+/* cpuid leaf 7 subleaf 0, EBX and EDX; subleaf 1, EAX */
+#define CPUID7_EBX_AVX2 (1u << 5)
+#define CPUID7_EBX_AVX512F (1u << 16)
+#define CPUID7_EBX_AVX512DQ (1u << 17)
+#define CPUID7_EBX_AVX512BW (1u << 30)
+#define CPUID7_EBX_AVX512VL (1u << 31)
+#define CPUID7_EDX_AMX_BF16 (1u << 22)
+#define CPUID7_EDX_AVX512FP16 (1u << 23)
+#define CPUID7_EDX_AMX_TILE (1u << 24)
+#define CPUID7_1_EAX_AVX512BF16 (1u << 5)
+/* XCR0: the register state the OS saves on a context switch. An instruction set is usable only if
+ * its state is saved, whatever cpuid says (a kernel or hypervisor may leave AVX-512 off). */
+#define XCR0_YMM 0x6ull                          /* SSE and AVX (upper halves of YMM) */
+#define XCR0_ZMM 0xe6ull                         /* ... and opmask, ZMM_Hi256 and Hi16_ZMM */
+#define XCR0_TILES ((1ull << 17) | (1ull << 18)) /* XTILECFG and XTILEDATA */
+
+/* xgetbv(0) by its opcode's mnemonic: GCC and Clang both take this, without -mxsave. */
 static unsigned long long xgetbv0(void) {
   unsigned eax, edx;
   __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
@@ -79,31 +112,69 @@ static void detect_x86(attn_cpu_info *info) {
   }
   if (!__get_cpuid(1, &a, &b, &c, &d)) return;
   unsigned f = 0;
-  if (c & bit_SSE4_2) f |= ATTN_CPU_SSE42;
-  int osxsave = (c & bit_OSXSAVE) != 0;
-  unsigned long long xcr0 = osxsave ? xgetbv0() : 0;
-  int ymm = (xcr0 & 0x6) == 0x6;           /* the OS saves XMM and YMM state */
-  int zmm = (xcr0 & 0xe6) == 0xe6;         /* ... and opmask and ZMM state */
-  int tiles = (xcr0 & 0x60000) == 0x60000; /* ... and AMX tile state */
-  if (ymm && (c & bit_AVX)) f |= ATTN_CPU_AVX;
-  if (ymm && (c & bit_FMA)) f |= ATTN_CPU_FMA;
-  if (ymm && (c & bit_F16C)) f |= ATTN_CPU_F16C;
+  if (c & CPUID1_ECX_SSE42) f |= ATTN_CPU_SSE42;
+  unsigned long long xcr0 = (c & CPUID1_ECX_OSXSAVE) ? xgetbv0() : 0;
+  int ymm = (xcr0 & XCR0_YMM) == XCR0_YMM;
+  int zmm = (xcr0 & XCR0_ZMM) == XCR0_ZMM;
+  int tiles = (xcr0 & XCR0_TILES) == XCR0_TILES;
+  if (ymm && (c & CPUID1_ECX_AVX)) f |= ATTN_CPU_AVX;
+  if (ymm && (c & CPUID1_ECX_FMA)) f |= ATTN_CPU_FMA;
+  if (ymm && (c & CPUID1_ECX_F16C)) f |= ATTN_CPU_F16C;
   if (__get_cpuid_max(0, NULL) >= 7) {
-    __cpuid_count(7, 0, a, b, c, d);
-    if (ymm && (b & bit_AVX2)) f |= ATTN_CPU_AVX2;
-    if (zmm && (b & bit_AVX512F)) f |= ATTN_CPU_AVX512F;
-    if (zmm && (b & bit_AVX512BW)) f |= ATTN_CPU_AVX512BW;
-    if (zmm && (b & bit_AVX512VL)) f |= ATTN_CPU_AVX512VL;
-    if (zmm && (d & (1u << 23))) f |= ATTN_CPU_AVX512FP16;
-    if (tiles && (d & (1u << 22))) f |= ATTN_CPU_AMX_BF16;
-    unsigned a1, b1, c1, d1;
-    __cpuid_count(7, 1, a1, b1, c1, d1);
-    (void)b1, (void)c1, (void)d1;
-    if (zmm && (a1 & (1u << 5))) f |= ATTN_CPU_AVX512BF16;
+    unsigned max7;
+    __cpuid_count(7, 0, max7, b, c, d);
+    if (ymm && (b & CPUID7_EBX_AVX2)) f |= ATTN_CPU_AVX2;
+    if (zmm && (b & CPUID7_EBX_AVX512F)) f |= ATTN_CPU_AVX512F;
+    if (zmm && (b & CPUID7_EBX_AVX512DQ)) f |= ATTN_CPU_AVX512DQ;
+    if (zmm && (b & CPUID7_EBX_AVX512BW)) f |= ATTN_CPU_AVX512BW;
+    if (zmm && (b & CPUID7_EBX_AVX512VL)) f |= ATTN_CPU_AVX512VL;
+    if (zmm && (d & CPUID7_EDX_AVX512FP16)) f |= ATTN_CPU_AVX512FP16;
+    if (tiles && (d & CPUID7_EDX_AMX_TILE)) f |= ATTN_CPU_AMX_TILE;
+    if (tiles && (d & CPUID7_EDX_AMX_BF16)) f |= ATTN_CPU_AMX_BF16;
+    if (max7 >= 1) { /* EAX of subleaf 0 is the highest subleaf */
+      unsigned a1, b1, c1, d1;
+      __cpuid_count(7, 1, a1, b1, c1, d1);
+      (void)b1, (void)c1, (void)d1;
+      if (zmm && (a1 & CPUID7_1_EAX_AVX512BF16)) f |= ATTN_CPU_AVX512BF16;
+    }
   }
   info->features = f;
 }
 #endif
+
+/* AMX tile data is a dynamically enabled state on Linux (5.16 on): XCR0 has its bits, but the first
+ * tile instruction of a process that has not asked for it faults (SIGILL). The request is made only
+ * when a kernel choice asks for AMX, never at detection: granting it enlarges the signal frames of
+ * the whole process, which a library should not impose on programs that never run AMX code. */
+#define ARCH_GET_XCOMP_PERM 0x1022
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+static int amx_granted;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void request_amx(void) {
+#if defined(ATTN_X86) && defined(__linux__) && defined(SYS_arch_prctl)
+  /* A refusal (older kernel: EINVAL) is an answer, not an error of the caller's. */
+  int saved_errno = errno;
+  unsigned long permitted = 0;
+  if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 &&
+      syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &permitted) == 0 &&
+      (permitted & (1ul << XFEATURE_XTILEDATA)) != 0)
+    amx_granted = 1;
+  errno = saved_errno;
+#endif
+}
+
+int attn_cpu_can_run(unsigned features) {
+  if (features == 0) return 0;
+  if ((attn_cpu_info_get()->features & features) != features) return 0;
+  if (features & ATTN_CPU_AMX_ANY) {
+    pthread_once(&amx_once, request_amx);
+    if (!amx_granted) return 0;
+  }
+  return 1;
+}
 
 static void detect(void) {
   attn_cpu_info *info = &cpu_info;
@@ -133,10 +204,12 @@ static void detect(void) {
                {ATTN_CPU_FMA, "fma"},
                {ATTN_CPU_F16C, "f16c"},
                {ATTN_CPU_AVX512F, "avx512f"},
+               {ATTN_CPU_AVX512DQ, "avx512dq"},
                {ATTN_CPU_AVX512BW, "avx512bw"},
                {ATTN_CPU_AVX512VL, "avx512vl"},
                {ATTN_CPU_AVX512BF16, "avx512bf16"},
                {ATTN_CPU_AVX512FP16, "avx512fp16"},
+               {ATTN_CPU_AMX_TILE, "amx-tile"},
                {ATTN_CPU_AMX_BF16, "amx-bf16"},
                {ATTN_CPU_NEON, "neon"},
                {ATTN_CPU_SVE, "sve"}};

@@ -35,7 +35,18 @@ struct attn_plan {
   attn_positions positions;
   void *owned_workspace; /* for callers that pass no workspace */
   size_t owned_workspace_size;
+  /* PLAN_ALIVE from creation until attn_plan_destroy clears it. Using a destroyed plan is undefined
+   * (attn.h); this catches the common case, a plan passed again soon after destroy, cheaply and
+   * best-effort: the allocator reuses the first bytes of freed memory, not the last, and only
+   * until the memory is handed out again. */
+  uint64_t magic;
 };
+
+#define PLAN_ALIVE 0x6174746e706c616eull /* "attnplan" */
+#define PLAN_DEAD 0x646561647061746eull  /* anything but PLAN_ALIVE */
+
+/* A plan made by attn_plan_create and not yet destroyed (best-effort for the second part). */
+static int plan_alive(const attn_plan *plan) { return plan != NULL && plan->magic == PLAN_ALIVE; }
 
 /* OK when impl runs on the problem's device and supports it; else UNSUPPORTED with why. */
 static attn_status impl_supports(const attn_impl *impl, const attn_problem *p, char *why,
@@ -100,6 +111,7 @@ attn_status attn_plan_create_exact(attn_ctx *ctx, const attn_problem *p, const a
   made->impl = impl;
   made->config = config;
   made->round_to = ATTN_DTYPE_F64;
+  made->magic = PLAN_ALIVE;
   impl->config_name(p, config, made->config_name, sizeof made->config_name);
   if (impl->plan_init != NULL) {
     char why[ATTN_MESSAGE_SIZE] = "";
@@ -115,9 +127,11 @@ attn_status attn_plan_create_exact(attn_ctx *ctx, const attn_problem *p, const a
 }
 
 void attn_plan_destroy(attn_plan *plan) {
-  if (plan == NULL) return;
+  if (!plan_alive(plan)) return; /* NULL, or destroyed already: never freed twice (best-effort) */
   if (plan->impl->plan_fini != NULL) plan->impl->plan_fini(plan->state);
   free(plan->owned_workspace);
+  /* volatile: a store just before free is dead to the optimiser, which would drop it */
+  *(volatile uint64_t *)&plan->magic = PLAN_DEAD;
   free(plan);
 }
 
@@ -130,28 +144,28 @@ static size_t padded_workspace(const attn_plan *plan, int backward) {
 
 attn_status attn_plan_workspace_size(const attn_plan *plan, size_t *forward_bytes,
                                      size_t *backward_bytes) {
-  if (plan == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
+  if (!plan_alive(plan)) return ATTN_STATUS_INVALID_ARGUMENT;
   if (forward_bytes != NULL) *forward_bytes = padded_workspace(plan, 0);
   if (backward_bytes != NULL) *backward_bytes = padded_workspace(plan, 1);
   return attn_succeed(plan->ctx);
 }
 
 const char *attn_plan_impl_name(const attn_plan *plan) {
-  return plan == NULL ? "" : plan->impl->name;
+  return !plan_alive(plan) ? "" : plan->impl->name;
 }
 
 const char *attn_plan_config_name(const attn_plan *plan) {
-  return plan == NULL ? "" : plan->config_name;
+  return !plan_alive(plan) ? "" : plan->config_name;
 }
 
 attn_status attn_plan_set_stream(attn_plan *plan, void *stream) {
-  if (plan == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
+  if (!plan_alive(plan)) return ATTN_STATUS_INVALID_ARGUMENT;
   plan->stream = stream;
   return attn_succeed(plan->ctx);
 }
 
 void attn_plan_set_rounding(attn_plan *plan, attn_dtype dtype) {
-  if (plan != NULL) plan->round_to = dtype;
+  if (plan_alive(plan)) plan->round_to = dtype;
 }
 
 attn_status attn_plan_set_positions(attn_plan *plan, const attn_positions *positions) {
@@ -226,7 +240,7 @@ static attn_status finish_run(attn_plan *plan, attn_status status, const char *w
 
 attn_status attn_plan_forward(attn_plan *plan, const attn_inputs *inputs, void *workspace,
                               size_t workspace_size, const attn_outputs *outputs) {
-  if (plan == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
+  if (!plan_alive(plan)) return ATTN_STATUS_INVALID_ARGUMENT;
   attn_inputs in;
   attn_outputs out;
   attn_status status = attn_validate_forward(plan->ctx, &plan->problem, inputs, outputs, &in, &out);
@@ -243,7 +257,7 @@ attn_status attn_plan_forward(attn_plan *plan, const attn_inputs *inputs, void *
 attn_status attn_plan_backward(attn_plan *plan, const attn_inputs *inputs,
                                const attn_outputs *forward, const attn_tensor *dout, void *workspace,
                                size_t workspace_size, const attn_grads *grads) {
-  if (plan == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
+  if (!plan_alive(plan)) return ATTN_STATUS_INVALID_ARGUMENT;
   if (plan->problem.page_size > 0)
     return attn_fail(plan->ctx, ATTN_STATUS_UNSUPPORTED,
                      "backward of a paged KV cache (page_size=%lld) is not supported: the cache is "

@@ -10,6 +10,7 @@
 #include "core/dtype.h"
 #include "core/tensors.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -107,6 +108,11 @@ attn_status attn_validate_problem(attn_ctx *ctx, const attn_problem *p, attn_pro
                    (long long)p->heads_kv);
 
   if (!isfinite(p->scale)) return INVALID("scale=%g must be finite (0 = 1/sqrt(head_dim))", p->scale);
+  /* Kernels compute scores in f32: a scale f32 cannot hold becomes inf there (docs/NUMERICS.md).
+   * A tiny one is fine: it rounds towards 0 and the scores are ~0 either way, as in f64. */
+  if (fabs(p->scale) > FLT_MAX)
+    return INVALID("scale=%g is outside f32's range: |scale| must be <= %g (scores are computed "
+                   "in f32)", p->scale, (double)FLT_MAX);
   TRY(check_flag(ctx, "causal", p->causal));
   TRY(check_enum(ctx, "align", p->align, ATTN_ALIGN_COUNT));
   if (p->window_left < -1)
@@ -117,6 +123,12 @@ attn_status attn_validate_problem(attn_ctx *ctx, const attn_problem *p, attn_pro
                    (long long)p->window_right);
   if (!(p->softcap >= 0.0) || !isfinite(p->softcap))
     return INVALID("softcap=%g must be finite and >= 0 (0 = off)", p->softcap);
+  /* The cap is applied in f32: outside f32's normal range it would become 0 (the cap silently
+   * off) or inf (cap * tanh(x / cap) = NaN) there (docs/NUMERICS.md). */
+  if (p->softcap != 0.0 && !(p->softcap >= FLT_MIN && p->softcap <= FLT_MAX))
+    return INVALID("softcap=%g is outside f32's normal range: it must be 0 (off) or within "
+                   "[%g, %g] (the cap is applied in f32)", p->softcap, (double)FLT_MIN,
+                   (double)FLT_MAX);
   if (!(p->dropout_p >= 0.0 && p->dropout_p < 1.0))
     return INVALID("dropout_p=%g must be in [0, 1)", p->dropout_p);
 

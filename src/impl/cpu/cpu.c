@@ -26,6 +26,7 @@
 #include "impl/impl.h"
 
 #include "core/ctx.h"
+#include "core/device.h"
 #include "core/dtype.h"
 #include "core/philox.h"
 #include "core/tensors.h"
@@ -79,13 +80,11 @@ static int max_threads(void) {
 static const attn_cpu_kernels *select_kernels(attn_dtype dtype) {
   const attn_cpu_kernels *best = &attn_cpu_kernels_generic;
 #ifdef ATTN_CPU_X86
-  __builtin_cpu_init();
-  int has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                 __builtin_cpu_supports("f16c");
-  int has_avx512 = has_avx2 && __builtin_cpu_supports("avx512f") &&
-                   __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                   __builtin_cpu_supports("avx512dq");
-  int has_bf16 = has_avx512 && __builtin_cpu_supports("avx512bf16");
+  /* Each table needs every set its file is compiled for (CMakeLists.txt) and the OS saving them. */
+  int has_avx2 = attn_cpu_can_run(ATTN_CPU_AVX2 | ATTN_CPU_FMA | ATTN_CPU_F16C);
+  int has_avx512 = has_avx2 && attn_cpu_can_run(ATTN_CPU_AVX512F | ATTN_CPU_AVX512BW |
+                                                ATTN_CPU_AVX512VL | ATTN_CPU_AVX512DQ);
+  int has_bf16 = has_avx512 && attn_cpu_can_run(ATTN_CPU_AVX512BF16);
   int has_amx = has_bf16 && dtype == ATTN_DTYPE_BF16 && attn_cpu_amx_usable();
   if (has_amx) best = &attn_cpu_kernels_amx;
   else if (has_bf16 && dtype == ATTN_DTYPE_BF16) best = &attn_cpu_kernels_avx512bf16;
@@ -604,8 +603,9 @@ static void forward_outside_rows(const cpu_run *c, const attn_outputs *out) {
 /* ---- forward ------------------------------------------------------------------------------------- */
 
 /* Packs key block kb of a pair: K^T as [D][bk] (columns past the sequence zero) and V rows as
- * [bk][Dvp] (padding columns zero); either may be NULL. */
-static void pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float *kt, float *v) {
+ * [bk][Dvp] (padding columns zero); either may be NULL. Returns 1 when the block's V holds a NaN or
+ * an infinity. */
+static int pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float *kt, float *v) {
   const attn_inputs *in = c->in;
   const int64_t j0 = kb * c->bk, nk = min64(c->bk, s->s.len_k - j0);
   float row[4096];
@@ -624,6 +624,23 @@ static void pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float 
   }
   for (int64_t d = 0; kt != NULL && d < c->D; ++d)
     for (int64_t jj = nk; jj < c->bk; ++jj) kt[d * c->bk + jj] = 0.0f;
+  if (v == NULL) return 0;
+  float probe = 0.0f; /* 0 * x is NaN exactly when x is NaN or infinite */
+  for (int64_t e = 0; e < nk * c->Dvp; ++e) probe += 0.0f * v[e];
+  return probe != probe;
+}
+
+/* o += p v over the rows of a tile, skipping the zero entries of p: 0 * inf and 0 * NaN are NaN,
+ * and a value a row does not see (masked, or dropped) must not reach its output (SPEC: NaN only in
+ * the rows it reaches). The slow path of blocks whose V holds non-finite values. */
+static void pv_skipping_zeros(int64_t rows, int64_t nk, int64_t dvp, const float *p, int64_t ldp,
+                              const float *v, float *o) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t jj = 0; jj < nk; ++jj) {
+      const float w = p[r * ldp + jj];
+      if (w == 0.0f) continue;
+      for (int64_t d = 0; d < dvp; ++d) o[r * dvp + d] += w * v[jj * dvp + d];
+    }
 }
 
 typedef struct fwd_thread {
@@ -633,7 +650,8 @@ typedef struct fwd_thread {
 } fwd_thread;
 
 static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t qb,
-                          const float *kt_all, const float *v_all, const fwd_thread *t) {
+                          const float *kt_all, const float *v_all, int v_nonfinite,
+                          const fwd_thread *t) {
   const attn_problem *p = c->p;
   const attn_inputs *in = c->in;
   const attn_outputs *out = c->run->outputs;
@@ -689,7 +707,9 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
         for (int64_t jj = 0; jj < nk; ++jj) x[jj] = keep[jj] ? x[jj] : 0.0f;
       }
     }
-    if (k->gemm_packed != NULL)
+    if (v_nonfinite) /* V in f32 here, even for a table with gemm_packed (cpu_forward) */
+      pv_skipping_zeros(rows, nk, c->Dvp, t->s, bk, v, t->o);
+    else if (k->gemm_packed != NULL)
       k->gemm_packed(rows, c->Dvp, nk, t->s, bk, 0,
                      (const uint16_t *)(v_all + kb * bk * c->Dvp) + off * c->Dvp, 2 * c->Dvp, t->o,
                      c->Dvp, 1, 1, t->scratch);
@@ -731,6 +751,7 @@ static attn_status cpu_forward(const attn_run *run) {
 
   forward_outside_rows(&c, run->outputs);
   const int64_t nphases = (c.npairs + c.chunk - 1) / c.chunk;
+  int v_nonfinite = 0; /* some packed V holds NaN or inf: P V skips P's zeros (forward_block) */
 
 #ifdef _OPENMP
 #pragma omp parallel num_threads(c.nthreads)
@@ -757,14 +778,40 @@ static attn_status cpu_forward(const attn_run *run) {
         if (kb * c.bk >= s.s.len_k) continue;
         float *slot = packs + pr * lay.slot;
         float *kt = slot + kb * c.D * c.bk, *v = slot + kt_size + kb * c.bk * c.Dvp;
+        int bad;
         if (c.kern->pack_b == NULL) {
-          pack_kv_block(&c, &s, kb, kt, v);
+          bad = pack_kv_block(&c, &s, kb, kt, v);
         } else { /* as bf16 pairs, in the f32 block's place (they take at most as many bytes) */
           const int64_t nk = min64(c.bk, s.s.len_k - kb * c.bk);
           pack_kv_block(&c, &s, kb, t.tmp, NULL);
           c.kern->pack_b(t.tmp, c.bk, c.D, c.bk, (uint16_t *)kt, 2 * c.bk);
-          pack_kv_block(&c, &s, kb, NULL, t.tmp);
+          bad = pack_kv_block(&c, &s, kb, NULL, t.tmp);
           c.kern->pack_b(t.tmp, c.Dvp, nk, c.Dvp, (uint16_t *)v, 2 * c.Dvp);
+        }
+        if (bad) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+          v_nonfinite = 1;
+        }
+      }
+      /* read after the loop's barrier, so every pack has reported */
+      int v_bad;
+#ifdef _OPENMP
+#pragma omp atomic read
+#endif
+      v_bad = v_nonfinite;
+      if (v_bad && c.kern->pack_b != NULL) {
+        /* V back in f32 in its slots for forward_block's slow path, which a bf16 tile product
+         * cannot take: 0 * inf is NaN there too. Only runs whose V holds NaN or inf pay. */
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t it = 0; it < npack; ++it) {
+          const int64_t pr = it / c.nkb, kb = it % c.nkb;
+          const cpu_seq s = make_seq(&c, pair0 + pr);
+          if (kb * c.bk >= s.s.len_k) continue;
+          pack_kv_block(&c, &s, kb, NULL, packs + pr * lay.slot + kt_size + kb * c.bk * c.Dvp);
         }
       }
       /* Heaviest first: later query blocks see more keys under a bottom-right causal mask. */
@@ -778,7 +825,7 @@ static attn_status cpu_forward(const attn_run *run) {
         const cpu_seq s = make_seq(&c, pair0 + pr);
         if (qb * c.bq >= s.s.len_q) continue;
         const float *slot = packs + pr * lay.slot;
-        forward_block(&c, &s, s.g * c.group + hh, qb, slot, slot + kt_size, &t);
+        forward_block(&c, &s, s.g * c.group + hh, qb, slot, slot + kt_size, v_bad, &t);
       }
     }
   }

@@ -24,10 +24,9 @@
  * tile instructions by C on a per-thread array of tiles and declares AMX usable, so the packing,
  * blocking and edge logic run through test_compare and the golden cases on machines without AMX.
  */
-#if defined(__linux__) && !defined(_GNU_SOURCE)
-#define _GNU_SOURCE /* syscall() */
-#endif
 #include "impl/cpu/cpu.h"
+
+#include "core/device.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -35,11 +34,6 @@
 #if defined(ATTN_CPU_AMX_BUILD) || defined(ATTN_CPU_AMX_EMULATE)
 
 #include <immintrin.h>
-
-#if defined(__linux__) && !defined(ATTN_CPU_AMX_EMULATE)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -111,35 +105,12 @@ static void emu_dp(int c, int a, int b) {
 
 /* ---- may we use it? ----------------------------------------------------------------------------- */
 
+/* The processor has AMX-TILE and AMX-BF16, the OS saves the tile state and (Linux) granted it to
+ * this process: src/core/device.c asks all of that, once, in the one place that detects features. */
 #ifdef ATTN_CPU_AMX_EMULATE
 static int amx_probe(void) { return 1; }
 #else
-#include <cpuid.h>
-
-#ifndef ARCH_REQ_XCOMP_PERM
-#define ARCH_REQ_XCOMP_PERM 0x1023 /* linux/arch/x86/include/uapi/asm/prctl.h */
-#endif
-#define XFEATURE_XTILEDATA 18
-
-/* The processor has AMX-TILE and AMX-BF16 (CPUID.(7,0):EDX bits 24 and 22), the OS saves the tile
- * state (XCR0 bits 17 TILECFG and 18 TILEDATA, read through xgetbv once OSXSAVE says it may be),
- * and, on Linux, granted this process the tile data state: the kernel leaves it off until asked
- * (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), process-wide, Linux 5.16 and later); a
- * tile instruction without it kills the process with SIGILL. */
-static int amx_probe(void) {
-  unsigned a, b, c, d;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-  if (!(d & (1u << 22)) || !(d & (1u << 24))) return 0;
-  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* OSXSAVE */
-  unsigned lo, hi;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  const uint64_t xcr0 = ((uint64_t)hi << 32) | lo;
-  if ((xcr0 & (3ull << 17)) != (3ull << 17)) return 0;
-#ifdef __linux__
-  if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return 0;
-#endif
-  return 1;
-}
+static int amx_probe(void) { return attn_cpu_can_run(ATTN_CPU_AMX_ANY); }
 #endif
 
 int attn_cpu_amx_usable(void) {

@@ -76,8 +76,10 @@ static void gemm_avx2(int64_t m, int64_t n, int64_t k, const float *a, int64_t l
 
 ALWAYS_INLINE __m256 exp256(__m256 x) {
   const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3365447505531f), _CMP_LT_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3365447505531f));
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+  /* The clamps take x second: maxps/minps return their second operand when one is NaN, so a NaN
+   * score stays NaN (SPEC: NaN reaches the rows it is in) instead of becoming a clamp bound. */
+  x = _mm256_max_ps(_mm256_set1_ps(-87.3365447505531f), x);
+  x = _mm256_min_ps(_mm256_set1_ps(88.3762626647949f), x);
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);

@@ -84,10 +84,11 @@ void attn_cpu_gemm_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64
   }
 }
 
-/* exp(x) for x <= 88; exactly 0 for x <= -127 (and -inf). */
+/* exp(x) for x <= 88; exactly 0 for x <= -127 (and -inf); NaN for NaN. */
 ALWAYS_INLINE __m512 exp512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
-  x = _mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f));
+  /* x second: maxps/minps return their second operand when one is NaN, so NaN stays NaN. */
+  x = _mm512_max_ps(_mm512_set1_ps(-127.0f), x);
+  x = _mm512_min_ps(_mm512_set1_ps(88.3762626647949f), x);
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
