@@ -194,11 +194,12 @@ attn_status h_data_make(attn_ctx *ctx, h_data *d, const attn_problem *problem, u
     h->cu_seqlens_k = malloc((size_t)(B + 1) * sizeof *h->cu_seqlens_k);
     if (h->cu_seqlens_q == NULL || h->cu_seqlens_k == NULL) goto oom;
     h->cu_seqlens_q[0] = h->cu_seqlens_k[0] = 0;
-    for (int64_t b = 0; b < B; ++b) { /* even split of the totals, remainders first */
-      h->cu_seqlens_q[b + 1] =
-          h->cu_seqlens_q[b] + (int32_t)(p->total_q / B + (b < p->total_q % B));
-      h->cu_seqlens_k[b + 1] =
-          h->cu_seqlens_k[b] + (int32_t)(p->total_k / B + (b < p->total_k % B));
+    /* An even split of the totals, remainders first, each at most the longest a sequence may be
+     * (seqlen_q, seqlen_k): the rows past them stay unused, as the contract allows. */
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t lq = p->total_q / B + (b < p->total_q % B), lk = p->total_k / B + (b < p->total_k % B);
+      h->cu_seqlens_q[b + 1] = h->cu_seqlens_q[b] + (int32_t)(lq < p->seqlen_q ? lq : p->seqlen_q);
+      h->cu_seqlens_k[b + 1] = h->cu_seqlens_k[b] + (int32_t)(lk < p->seqlen_k ? lk : p->seqlen_k);
     }
   } else if (p->varlen == ATTN_VARLEN_PADDED) {
     h->seqlens_q = malloc((size_t)B * sizeof *h->seqlens_q);
