@@ -43,7 +43,7 @@ has "^gpu 0: cuda " "bench states the GPU"
 has "TFLOP/s +%peak" "a GPU table counts TFLOP/s"
 has "^  cuda +deterministic +ok .* [0-9]+\.[0-9]{3} +- +[0-9]+$" "a GPU row is timed, without %peak"
 expect 0 "attn bench --csv on the GPU" "$ATTN" bench --csv --impl cuda --reps 2 --min-time 0 "$FWD"
-has "^\"$FWD\",cuda,deterministic,ok,[^,]+,[0-9.]+,[0-9.e+]+,,[0-9]+,1232,1232,0,0$" "csv: peak_fraction empty, every row checked"
+has "^\"$FWD\",cuda,deterministic,ok,[^,]+,[0-9.]+,[0-9.e+]+,,[0-9]+,1232,1232,0,0,,$" "csv: peak_fraction empty, every row checked, no KV rate (not decode)"
 expect 0 "attn bench --json --backward on the GPU" "$ATTN" bench --json --backward --impl cuda --reps 2 --min-time 0 "$BWD"
 if command -v python3 >/dev/null 2>&1; then
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d and all(r["median_us"] > 0 and r["peak_fraction"] is None for r in d)' "$DIR/out" \

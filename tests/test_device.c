@@ -70,6 +70,8 @@ int main(void) {
   const char *want_bf16 = want;
 #if defined(__x86_64__) || defined(__i386__)
   if (attn_cpu_can_run(avx512 | ATTN_CPU_AVX512BF16)) want_bf16 = "avx512bf16";
+  /* AMX tiles where the processor has them and Linux grants them (kernels_amx.c) */
+  if (strcmp(want_bf16, "avx512bf16") == 0 && attn_cpu_can_run(ATTN_CPU_AMX_ANY)) want_bf16 = "amx";
 #endif
   unsetenv("ATTN_CPU_ISA");
   tu_check(strcmp(attn_cpu_isa_name(ATTN_DTYPE_F32), want) == 0,

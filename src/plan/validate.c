@@ -472,11 +472,11 @@ attn_status attn_validate_backward(attn_ctx *ctx, const attn_problem *p, const a
 
 void attn_device_mismatch(int32_t impl_device, const attn_problem *p, char *why, size_t why_size) {
   if (impl_device == ATTN_DEVICE_CPU)
-    attn_format(why, why_size, "runs on the cpu, the problem's tensors are on cuda:%d",
+    attn_format(why, why_size, "runs on the cpu, the problem's tensors are on cuda:%d (device=cuda)",
                 (int)p->device_index);
   else if (p->device == ATTN_DEVICE_CPU)
-    attn_format(why, why_size, "runs on cuda, the problem's tensors are on the cpu");
+    attn_format(why, why_size, "runs on cuda, the problem's tensors are on the cpu (device=cpu)");
   else /* devices this version does not know: their numbers are all there is to say */
-    attn_format(why, why_size, "runs on device %d, the problem's tensors are on device %d",
+    attn_format(why, why_size, "runs on device %d, the problem's tensors are on device=%d",
                 (int)impl_device, (int)p->device);
 }

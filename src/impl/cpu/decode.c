@@ -391,6 +391,11 @@ attn_status attn_cpu_decode_forward(const attn_run *run, const attn_cpu_kernels 
   decode_run c;
   c.p = p;
   c.in = run->inputs;
+#if defined(ATTN_CPU_X86)
+  /* Decode streams memory: tiles buy nothing, and the AMX table has no decode loops of its own. Its
+   * sibling with the same processor features has them (the bf16 dot products among them). */
+  if (kern == &attn_cpu_kernels_amx) kern = &attn_cpu_kernels_avx512bf16;
+#endif
   c.kern = kern;
   c.dt = (attn_dtype)p->dtype;
   c.l = layout_of(p);
