@@ -94,6 +94,10 @@ has "^  ref +default +ok" "check compares the reference with the f64 oracle"
 has "out [0-9.e+-]+/[0-9.e+-]+ lse" "check prints errors against tolerances"
 expect 0 "attn check --backward" "$ATTN" check --backward "$P1"
 has " dq .* dk .* dv " "check --backward compares the gradients"
+# A paged cache with rows appended by the call: the oracle must read the cache after the append, as
+# the implementations do (it once did not, and every implementation FAILed).
+expect 0 "attn check of a paged problem with appended rows" "$ATTN" check \
+  "b3 hq4 hkv1 sq3 sk33 d8 f32 paged=8,20 new=2 sinks=2 window=7,0"
 
 expect 0 "attn bench (table)" "$ATTN" bench --reps 2 --min-time 0 "$P1"
 has "^  ref +default +ok .* [0-9]+\.[0-9] " "bench prints a checked, timed row"

@@ -816,6 +816,9 @@ attn_status h_oracle_make(attn_ctx *ctx, const attn_problem *problem, int backwa
   o->dtype = (attn_dtype)p->dtype;
   o->low = o->dtype == ATTN_DTYPE_F16 || o->dtype == ATTN_DTYPE_BF16;
   resolve_inputs(o);
+  /* A paged problem's new rows go into the cache first, as every implementation's run does (with
+   * the same values): the oracle's rows read the cache the runs attend to. */
+  attn_paged_append(p, &o->in);
 
   int64_t query_total = token_rows(p, 0) * p->heads_q;
   double work = (double)query_total * (double)p->seqlen_k * (double)(p->head_dim + p->head_dim_v);
