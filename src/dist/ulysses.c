@@ -82,6 +82,39 @@ static attn_status exchange(exch *x, const void *send, void *recv, size_t bytes)
   return ATTN_STATUS_OK;
 }
 
+/* Where element idx of rank r's block lies in a whole tensor: its heads start at r * heads along
+ * hdim (heads 0: no shift), its rows are rank r's sequence rows of T (T 0: rows as they are), and
+ * stride maps the index to an element offset. */
+typedef struct block_place {
+  const int64_t *stride;
+  int hdim, tdim;
+  int64_t heads, T;
+} block_place;
+
+/* Copies rank r's block (dims bd, dense in packed) out of the tensor at base (pack = 1) or into it
+ * (pack = 0), placed as pl says: each side of an all-to-all is one call per rank. */
+static void copy_block(const exch *x, const int64_t bd[4], size_t es, int32_t r,
+                       const block_place *pl, char *base, char *packed, int pack) {
+  int64_t e = 0;
+  for (int64_t i0 = 0; i0 < bd[0]; ++i0)
+    for (int64_t i1 = 0; i1 < bd[1]; ++i1)
+      for (int64_t i2 = 0; i2 < bd[2]; ++i2)
+        for (int64_t i3 = 0; i3 < bd[3]; ++i3, ++e) {
+          int64_t idx[4] = {i0, i1, i2, i3};
+          if (pl->hdim >= 0) idx[pl->hdim] += r * pl->heads;
+          if (pl->T > 0) idx[pl->tdim] = gathered_row(x, pl->T, r, idx[pl->tdim]);
+          const int64_t off = idx[0] * pl->stride[0] + idx[1] * pl->stride[1] +
+                              idx[2] * pl->stride[2] + idx[3] * pl->stride[3];
+          char *whole = base + (size_t)off * es, *part = packed + (size_t)e * es;
+          memcpy(pack ? part : whole, pack ? whole : part, es);
+        }
+}
+
+/* The row-major strides of a dense tensor of dims d. */
+static void dense_strides(const int64_t d[4], int64_t s[4]) {
+  s[3] = 1, s[2] = d[3], s[1] = d[2] * d[3], s[0] = d[1] * d[2] * d[3];
+}
+
 /* Sequence-split (local rows of dim tdim, all heads of dim hdim) -> head-split (every row, in
  * natural order, 1/n of the heads; every head when hdim < 0). dst: dense, of the source's dims with
  * dim[tdim] = T and dim[hdim] = H / n. */
@@ -96,38 +129,18 @@ static attn_status to_heads(exch *x, const view *src, int tdim, int hdim, int64_
   if (send == NULL)
     return attn_fail(x->plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for an all-to-all");
   char *recv = send + (size_t)x->n * bytes;
-  for (int32_t j = 0; j < x->n; ++j) {
-    char *at = send + (size_t)j * bytes;
-    int64_t e = 0;
-    for (int64_t i0 = 0; i0 < bd[0]; ++i0)
-      for (int64_t i1 = 0; i1 < bd[1]; ++i1)
-        for (int64_t i2 = 0; i2 < bd[2]; ++i2)
-          for (int64_t i3 = 0; i3 < bd[3]; ++i3, ++e) {
-            int64_t idx[4] = {i0, i1, i2, i3};
-            if (hdim >= 0) idx[hdim] += j * hn;
-            const int64_t off = idx[0] * src->stride[0] + idx[1] * src->stride[1] +
-                                idx[2] * src->stride[2] + idx[3] * src->stride[3];
-            memcpy(at + (size_t)e * src->es, src->data + (size_t)off * src->es, src->es);
-          }
-  }
+  const block_place mine = {src->stride, hdim, tdim, hn, 0};
+  for (int32_t j = 0; j < x->n; ++j)
+    copy_block(x, bd, src->es, j, &mine, src->data, send + (size_t)j * bytes, 1);
   attn_status status = exchange(x, send, recv, bytes);
   if (status == ATTN_STATUS_OK) {
-    int64_t dd[4];
+    int64_t dd[4], ds[4];
     memcpy(dd, bd, sizeof dd);
     dd[tdim] = T;
-    for (int32_t i = 0; i < x->n; ++i) {
-      const char *from = recv + (size_t)i * bytes;
-      int64_t e = 0;
-      for (int64_t i0 = 0; i0 < bd[0]; ++i0)
-        for (int64_t i1 = 0; i1 < bd[1]; ++i1)
-          for (int64_t i2 = 0; i2 < bd[2]; ++i2)
-            for (int64_t i3 = 0; i3 < bd[3]; ++i3, ++e) {
-              int64_t idx[4] = {i0, i1, i2, i3};
-              idx[tdim] = gathered_row(x, T, i, idx[tdim]);
-              const int64_t off = ((idx[0] * dd[1] + idx[1]) * dd[2] + idx[2]) * dd[3] + idx[3];
-              memcpy(dst + (size_t)off * src->es, from + (size_t)e * src->es, src->es);
-            }
-    }
+    dense_strides(dd, ds);
+    const block_place gathered = {ds, hdim, tdim, 0, T};
+    for (int32_t i = 0; i < x->n; ++i)
+      copy_block(x, bd, src->es, i, &gathered, dst, recv + (size_t)i * bytes, 0);
   }
   free(send);
   return status;
@@ -141,44 +154,25 @@ static attn_status from_heads(exch *x, const char *src, int tdim, int hdim, int6
   memcpy(bd, dst->dim, sizeof bd);
   const int64_t hn = dst->dim[hdim] / x->n;
   bd[hdim] = hn;
-  int64_t sd[4];
+  int64_t sd[4], ss[4];
   memcpy(sd, bd, sizeof sd);
   sd[tdim] = T;
+  dense_strides(sd, ss);
   const int64_t block = bd[0] * bd[1] * bd[2] * bd[3];
   const size_t bytes = (size_t)block * dst->es;
   char *send = malloc(2 * (size_t)x->n * bytes + 1);
   if (send == NULL)
     return attn_fail(x->plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for an all-to-all");
   char *recv = send + (size_t)x->n * bytes;
-  for (int32_t j = 0; j < x->n; ++j) {
-    char *at = send + (size_t)j * bytes;
-    int64_t e = 0;
-    for (int64_t i0 = 0; i0 < bd[0]; ++i0)
-      for (int64_t i1 = 0; i1 < bd[1]; ++i1)
-        for (int64_t i2 = 0; i2 < bd[2]; ++i2)
-          for (int64_t i3 = 0; i3 < bd[3]; ++i3, ++e) {
-            int64_t idx[4] = {i0, i1, i2, i3};
-            idx[tdim] = gathered_row(x, T, j, idx[tdim]);
-            const int64_t off = ((idx[0] * sd[1] + idx[1]) * sd[2] + idx[2]) * sd[3] + idx[3];
-            memcpy(at + (size_t)e * dst->es, src + (size_t)off * dst->es, dst->es);
-          }
-  }
+  const block_place gathered = {ss, hdim, tdim, 0, T};
+  for (int32_t j = 0; j < x->n; ++j) /* copy_block only reads the tensor when packing */
+    copy_block(x, bd, dst->es, j, &gathered, (char *)src, send + (size_t)j * bytes, 1);
   attn_status status = exchange(x, send, recv, bytes);
-  if (status == ATTN_STATUS_OK)
-    for (int32_t i = 0; i < x->n; ++i) {
-      const char *from = recv + (size_t)i * bytes;
-      int64_t e = 0;
-      for (int64_t i0 = 0; i0 < bd[0]; ++i0)
-        for (int64_t i1 = 0; i1 < bd[1]; ++i1)
-          for (int64_t i2 = 0; i2 < bd[2]; ++i2)
-            for (int64_t i3 = 0; i3 < bd[3]; ++i3, ++e) {
-              int64_t idx[4] = {i0, i1, i2, i3};
-              idx[hdim] += i * hn;
-              const int64_t off = idx[0] * dst->stride[0] + idx[1] * dst->stride[1] +
-                                  idx[2] * dst->stride[2] + idx[3] * dst->stride[3];
-              memcpy(dst->data + (size_t)off * dst->es, from + (size_t)e * dst->es, dst->es);
-            }
-    }
+  if (status == ATTN_STATUS_OK) {
+    const block_place mine = {dst->stride, hdim, tdim, hn, 0};
+    for (int32_t i = 0; i < x->n; ++i)
+      copy_block(x, bd, dst->es, i, &mine, dst->data, recv + (size_t)i * bytes, 0);
+  }
   free(send);
   return status;
 }
