@@ -137,8 +137,10 @@ static int32_t count_of(size_t bytes, MPI_Datatype *type, int *count, char *why,
   return ATTN_STATUS_OK;
 }
 
-static int32_t mpi_isend(void *self, const void *buf, size_t bytes, int32_t peer, int32_t tag,
-                         void **request, char *why, size_t why_size) {
+/* Posts one nonblocking send (recv = 0; buf is only read) or receive; *request is the handle that
+ * mpi_wait frees. */
+static int32_t post(void *self, void *buf, size_t bytes, int32_t peer, int32_t tag, int recv,
+                    void **request, char *why, size_t why_size) {
   mpi_self *s = self;
   MPI_Datatype type;
   int count;
@@ -147,32 +149,24 @@ static int32_t mpi_isend(void *self, const void *buf, size_t bytes, int32_t peer
   if (status != ATTN_STATUS_OK) return status;
   MPI_Request *r = malloc(sizeof *r);
   if (r == NULL) return ATTN_STATUS_OUT_OF_MEMORY;
-  int code = MPI_Isend(buf, count, type, peer, tag, s->comm, r);
+  int code = recv ? MPI_Irecv(buf, count, type, peer, tag, s->comm, r)
+                  : MPI_Isend(buf, count, type, peer, tag, s->comm, r);
   if (code != MPI_SUCCESS) {
     free(r);
-    return mpi_fail(code, "MPI_Isend", why, why_size);
+    return mpi_fail(code, recv ? "MPI_Irecv" : "MPI_Isend", why, why_size);
   }
   *request = r;
   return ATTN_STATUS_OK;
 }
 
+static int32_t mpi_isend(void *self, const void *buf, size_t bytes, int32_t peer, int32_t tag,
+                         void **request, char *why, size_t why_size) {
+  return post(self, (void *)buf, bytes, peer, tag, 0, request, why, why_size);
+}
+
 static int32_t mpi_irecv(void *self, void *buf, size_t bytes, int32_t peer, int32_t tag,
                          void **request, char *why, size_t why_size) {
-  mpi_self *s = self;
-  MPI_Datatype type;
-  int count;
-  *request = NULL;
-  int32_t status = count_of(bytes, &type, &count, why, why_size);
-  if (status != ATTN_STATUS_OK) return status;
-  MPI_Request *r = malloc(sizeof *r);
-  if (r == NULL) return ATTN_STATUS_OUT_OF_MEMORY;
-  int code = MPI_Irecv(buf, count, type, peer, tag, s->comm, r);
-  if (code != MPI_SUCCESS) {
-    free(r);
-    return mpi_fail(code, "MPI_Irecv", why, why_size);
-  }
-  *request = r;
-  return ATTN_STATUS_OK;
+  return post(self, buf, bytes, peer, tag, 1, request, why, why_size);
 }
 
 static void mpi_progress(void *self, void *request) {
