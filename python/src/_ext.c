@@ -289,6 +289,18 @@ static int set_stream(attn_plan *plan, PyObject *stream) {
   return 0;
 }
 
+/* The workspace argument: None (the plan's own) or an address as an int. -1 with the exception set. */
+static int workspace_from(PyObject *obj, void **ws) {
+  *ws = obj == Py_None ? NULL : PyLong_AsVoidPtr(obj);
+  return PyErr_Occurred() ? -1 : 0;
+}
+
+/* The exception for a failed run of the plan in plan_obj, with its context's message. */
+static PyObject *raise_plan_error(PyObject *plan_obj, attn_status status) {
+  PyObject *ctx_obj = (PyObject *)PyCapsule_GetContext(plan_obj);
+  return raise_status(status, attn_ctx_last_error(get_ctx(ctx_obj)));
+}
+
 /* forward(plan, inputs, out, lse, probs, stream, workspace_ptr, workspace_bytes) */
 static PyObject *ext_forward(PyObject *self, PyObject *args) {
   (void)self;
@@ -306,16 +318,13 @@ static PyObject *ext_forward(PyObject *self, PyObject *args) {
       tensor_from(lse_obj, &outs.lse) != 0 || tensor_from(probs_obj, &outs.probs) != 0 ||
       set_stream(plan, stream) != 0)
     return NULL;
-  void *ws = ws_obj == Py_None ? NULL : PyLong_AsVoidPtr(ws_obj);
-  if (PyErr_Occurred()) return NULL;
+  void *ws;
+  if (workspace_from(ws_obj, &ws) != 0) return NULL;
   attn_status status;
   PyThreadState *save = PyEval_SaveThread();
   status = attn_plan_forward(plan, &in, ws, (size_t)ws_size, &outs);
   PyEval_RestoreThread(save);
-  if (status != ATTN_STATUS_OK) {
-    PyObject *ctx_obj = (PyObject *)PyCapsule_GetContext(plan_obj);
-    return raise_status(status, attn_ctx_last_error(get_ctx(ctx_obj)));
-  }
+  if (status != ATTN_STATUS_OK) return raise_plan_error(plan_obj, status);
   Py_RETURN_NONE;
 }
 
@@ -344,16 +353,13 @@ static PyObject *ext_backward(PyObject *self, PyObject *args) {
       tensor_from(dv_obj, &grads.dv) != 0 || tensor_from(dbias_obj, &grads.dbias) != 0 ||
       tensor_from(dsinks_obj, &grads.dsinks) != 0 || set_stream(plan, stream) != 0)
     return NULL;
-  void *ws = ws_obj == Py_None ? NULL : PyLong_AsVoidPtr(ws_obj);
-  if (PyErr_Occurred()) return NULL;
+  void *ws;
+  if (workspace_from(ws_obj, &ws) != 0) return NULL;
   attn_status status;
   PyThreadState *save = PyEval_SaveThread();
   status = attn_plan_backward(plan, &in, &fwd, &dout, ws, (size_t)ws_size, &grads);
   PyEval_RestoreThread(save);
-  if (status != ATTN_STATUS_OK) {
-    PyObject *ctx_obj = (PyObject *)PyCapsule_GetContext(plan_obj);
-    return raise_status(status, attn_ctx_last_error(get_ctx(ctx_obj)));
-  }
+  if (status != ATTN_STATUS_OK) return raise_plan_error(plan_obj, status);
   Py_RETURN_NONE;
 }
 
@@ -376,8 +382,8 @@ static PyObject *ext_bench_forward(PyObject *self, PyObject *args) {
   if (inputs_from(inputs_obj, &in) != 0 || tensor_from(out_obj, &outs.out) != 0 ||
       tensor_from(lse_obj, &outs.lse) != 0)
     return NULL;
-  void *ws = ws_obj == Py_None ? NULL : PyLong_AsVoidPtr(ws_obj);
-  if (PyErr_Occurred()) return NULL;
+  void *ws;
+  if (workspace_from(ws_obj, &ws) != 0) return NULL;
   PyObject *time_mod = PyImport_ImportModule("time");
   if (time_mod == NULL) return NULL;
   PyObject *t0 = PyObject_CallMethod(time_mod, "perf_counter", NULL);
