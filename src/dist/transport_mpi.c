@@ -187,30 +187,31 @@ static int32_t mpi_wait(void *self, void *request, double timeout_s, char *why, 
   return status;
 }
 
-static int32_t mpi_allgather(void *self, const void *send, void *recv, size_t bytes,
-                             double timeout_s, char *why, size_t why_size) {
+/* One nonblocking collective of `bytes` from each rank (an all-to-all sends `bytes` to each),
+ * waited for at most timeout_s. */
+static int32_t collective(void *self, const void *send, void *recv, size_t bytes, int alltoall,
+                          double timeout_s, char *why, size_t why_size) {
   mpi_self *s = self;
   MPI_Datatype type;
   int count;
   int32_t status = count_of(bytes, &type, &count, why, why_size);
   if (status != ATTN_STATUS_OK) return status;
   MPI_Request r;
-  int code = MPI_Iallgather(send, count, type, recv, count, type, s->comm, &r);
-  if (code != MPI_SUCCESS) return mpi_fail(code, "MPI_Iallgather", why, why_size);
-  return wait_request(&r, timeout_s, "an allgather", why, why_size);
+  int code = alltoall ? MPI_Ialltoall(send, count, type, recv, count, type, s->comm, &r)
+                      : MPI_Iallgather(send, count, type, recv, count, type, s->comm, &r);
+  if (code != MPI_SUCCESS)
+    return mpi_fail(code, alltoall ? "MPI_Ialltoall" : "MPI_Iallgather", why, why_size);
+  return wait_request(&r, timeout_s, alltoall ? "an all-to-all" : "an allgather", why, why_size);
+}
+
+static int32_t mpi_allgather(void *self, const void *send, void *recv, size_t bytes,
+                             double timeout_s, char *why, size_t why_size) {
+  return collective(self, send, recv, bytes, 0, timeout_s, why, why_size);
 }
 
 static int32_t mpi_alltoall(void *self, const void *send, void *recv, size_t bytes,
                             double timeout_s, char *why, size_t why_size) {
-  mpi_self *s = self;
-  MPI_Datatype type;
-  int count;
-  int32_t status = count_of(bytes, &type, &count, why, why_size);
-  if (status != ATTN_STATUS_OK) return status;
-  MPI_Request r;
-  int code = MPI_Ialltoall(send, count, type, recv, count, type, s->comm, &r);
-  if (code != MPI_SUCCESS) return mpi_fail(code, "MPI_Ialltoall", why, why_size);
-  return wait_request(&r, timeout_s, "an all-to-all", why, why_size);
+  return collective(self, send, recv, bytes, 1, timeout_s, why, why_size);
 }
 
 static int32_t mpi_allreduce_sum(void *self, void *buf, size_t count, int32_t type,
