@@ -521,6 +521,18 @@ static PyObject *ext_version(PyObject *self, PyObject *args) {
   return PyUnicode_FromString(attn_version_string());
 }
 
+/* Appends item, a new reference (or NULL after a failed build), to list and drops it; on failure
+ * drops the list too and returns -1 with the exception set. */
+static int append_new(PyObject *list, PyObject *item) {
+  if (item == NULL || PyList_Append(list, item) != 0) {
+    Py_XDECREF(item);
+    Py_DECREF(list);
+    return -1;
+  }
+  Py_DECREF(item);
+  return 0;
+}
+
 /* [(name, platform name, device, version)] of every registered implementation, in order. */
 static PyObject *ext_registry(PyObject *self, PyObject *args) {
   (void)self;
@@ -533,12 +545,7 @@ static PyObject *ext_registry(PyObject *self, PyObject *args) {
     PyObject *item =
         Py_BuildValue("(sssi)", attn_impl_name(i), attn_platform_name(attn_impl_platform(i)),
                       device == ATTN_DEVICE_CUDA ? "cuda" : "cpu", (int)attn_impl_version(i));
-    if (item == NULL || PyList_Append(list, item) != 0) {
-      Py_XDECREF(item);
-      Py_DECREF(list);
-      return NULL;
-    }
-    Py_DECREF(item);
+    if (append_new(list, item) != 0) return NULL;
   }
   return list;
 }
@@ -552,12 +559,7 @@ static PyObject *ext_modules(PyObject *self, PyObject *args) {
     if (attn_module_info(i, &m) != ATTN_STATUS_OK) continue;
     PyObject *d = Py_BuildValue("{s:s,s:O,s:s,s:s}", "name", m.name, "loaded",
                                 m.loaded ? Py_True : Py_False, "path", m.path, "reason", m.message);
-    if (d == NULL || PyList_Append(list, d) != 0) {
-      Py_XDECREF(d);
-      Py_DECREF(list);
-      return NULL;
-    }
-    Py_DECREF(d);
+    if (append_new(list, d) != 0) return NULL;
   }
   return list;
 }
