@@ -98,6 +98,12 @@ has " dq .* dk .* dv " "check --backward compares the gradients"
 # the implementations do (it once did not, and every implementation FAILed).
 expect 0 "attn check of a paged problem with appended rows" "$ATTN" check \
   "b3 hq4 hkv1 sq3 sk33 d8 f32 paged=8,20 new=2 sinks=2 window=7,0"
+# A paged problem has no backward: refused once, with the reason, before the oracle computes any
+# gradient (its rows would read the cache as dense tensors, out of bounds: fuzz_problem found it).
+expect 3 "attn check --backward of a paged problem is refused" "$ATTN" check --backward \
+  "b3 hq4 hkv1 sq3 sk33 d8 f32 paged=8,2"
+has "^attn: .*backward of a paged KV cache \(page_size=8\) is not supported" \
+  "the refusal says why" "$DIR/err"
 
 expect 0 "attn bench (table)" "$ATTN" bench --reps 2 --min-time 0 "$P1"
 has "^  ref +default +ok .* [0-9]+\.[0-9] " "bench prints a checked, timed row"

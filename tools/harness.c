@@ -803,6 +803,12 @@ static void resolve_inputs(h_oracle *o) {
 attn_status h_oracle_make(attn_ctx *ctx, const attn_problem *problem, int backward, uint64_t seed,
                           int64_t sample_rows, h_oracle **oracle) {
   *oracle = NULL;
+  /* The reference's gradients read a dense cache: a problem without a backward has no oracle of
+   * one (its rows would be read out of bounds), the same refusal as a plan's. */
+  if (backward) {
+    attn_status has = attn_validate_has_backward(ctx, problem);
+    if (has != ATTN_STATUS_OK) return has;
+  }
   h_oracle *o = calloc(1, sizeof *o);
   if (o == NULL) return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for the oracle");
   attn_status st = h_data_make(ctx, &o->data, problem, seed, backward);

@@ -258,11 +258,8 @@ attn_status attn_plan_backward(attn_plan *plan, const attn_inputs *inputs,
                                const attn_outputs *forward, const attn_tensor *dout, void *workspace,
                                size_t workspace_size, const attn_grads *grads) {
   if (!plan_alive(plan)) return ATTN_STATUS_INVALID_ARGUMENT;
-  if (plan->problem.page_size > 0)
-    return attn_fail(plan->ctx, ATTN_STATUS_UNSUPPORTED,
-                     "backward of a paged KV cache (page_size=%lld) is not supported: the cache is "
-                     "inference state with no gradient; train with dense k and v",
-                     (long long)plan->problem.page_size);
+  attn_status has = attn_validate_has_backward(plan->ctx, &plan->problem);
+  if (has != ATTN_STATUS_OK) return has;
   attn_inputs in;
   attn_outputs fwd;
   attn_tensor dout_r;

@@ -470,6 +470,15 @@ attn_status attn_validate_backward(attn_ctx *ctx, const attn_problem *p, const a
   return check_paged(ctx, p, in_r);
 }
 
+attn_status attn_validate_has_backward(attn_ctx *ctx, const attn_problem *p) {
+  if (p->page_size > 0)
+    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                     "backward of a paged KV cache (page_size=%lld) is not supported: the cache is "
+                     "inference state with no gradient; train with dense k and v",
+                     (long long)p->page_size);
+  return ATTN_STATUS_OK;
+}
+
 void attn_device_mismatch(int32_t impl_device, const attn_problem *p, char *why, size_t why_size) {
   if (impl_device == ATTN_DEVICE_CPU)
     attn_format(why, why_size, "runs on the cpu, the problem's tensors are on cuda:%d (device=cuda)",

@@ -22,6 +22,10 @@ attn_status attn_validate_forward(attn_ctx *ctx, const attn_problem *problem,
                                   const attn_inputs *inputs, const attn_outputs *outputs,
                                   attn_inputs *inputs_resolved, attn_outputs *outputs_resolved);
 
+/* UNSUPPORTED, with the reason, for a problem that has no backward pass (a paged KV cache); OK
+ * otherwise. Every caller that would compute gradients asks: plans and the attn tool's oracle. */
+attn_status attn_validate_has_backward(attn_ctx *ctx, const attn_problem *problem);
+
 /* Likewise for a backward run. */
 attn_status attn_validate_backward(attn_ctx *ctx, const attn_problem *problem,
                                    const attn_inputs *inputs, const attn_outputs *forward,
