@@ -16,7 +16,8 @@
 #   test      tests/test_<impl> against the reference, with the golden cases of $GOLDEN
 #   cli       the tests modules (the real modules load) and cli_gpu (attn check / bench on GPU
 #             problems), and `attn bench` of two large problems, timed whole with their check
-#   lab       cuda only: the kernel lab, dev/cuda/fwd_tiles.cu and bwd_tiles.cu, built and run
+#   lab       cuda only: the kernel lab, dev/cuda/fwd_tiles.cu, bwd_tiles.cu and fwd_hopper.cu (sm_90a,
+#             with dev/cuda/fwd_hopper_torch.py timing cuDNN and flash beside it), built and run
 #   ncu       cuda only, implies lab: Nsight Compute on one lab launch of the D = 128 forward
 #             (64-key tiles) and of the atomic backward (v5); reports in /tmp/ncu_{fwd,bwd}.ncu-rep
 #   bench     cuda: gpu/cuda_bench through gpu/cuda_bench.py (vs PyTorch's flash, cuDNN and
@@ -131,8 +132,10 @@ cat "$OUT/env.txt"
 # ---- build ----------------------------------------------------------------------------------------
 # The lab's programs are experiments, rebuilt whenever the lab runs, beside the library's build.
 if step lab; then
-  for lab in fwd_tiles bwd_tiles; do
-    timeout "$(limit 300)" nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90,code=sm_90 \
+  for lab in fwd_tiles bwd_tiles fwd_hopper; do
+    arch=compute_90,code=sm_90
+    [ $lab = fwd_hopper ] && arch=compute_90a,code=sm_90a # wgmma and setmaxnreg are sm_90a's
+    timeout "$(limit 300)" nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=$arch \
       "dev/cuda/$lab.cu" -o "$BUILD/$lab" >"$OUT/cuda/lab_build_$lab.log" 2>&1 &
   done
 fi
@@ -231,11 +234,14 @@ if step lab; then
   wait # for the lab's builds, started before the library's
   cat "$OUT"/cuda/lab_build_*.log >"$OUT/cuda/lab_build.log" && rm -f "$OUT"/cuda/lab_build_*.log
   : >"$OUT/cuda/lab.log"
-  for lab in fwd_tiles bwd_tiles; do
+  for lab in fwd_tiles bwd_tiles fwd_hopper; do
     built "$BUILD/$lab" || { tail -20 "$OUT/cuda/lab_build.log"; continue; }
     timeout "$(limit 150)" "$BUILD/$lab" 2>&1 | tee -a "$OUT/cuda/lab.log"
     echo "$lab rc=$?"
   done
+  # fwd_hopper's peers: cuDNN and flash through PyTorch on the same shapes
+  timeout "$(limit 100)" python3 dev/cuda/fwd_hopper_torch.py 2>&1 | tee -a "$OUT/cuda/lab.log"
+  echo "fwd_hopper_torch.py rc=$?"
   if step ncu; then # D = 128 forward (64-key tiles) and atomic backward (v5), one launch each
     secs=(--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis
       --section MemoryWorkloadAnalysis --section SourceCounters)

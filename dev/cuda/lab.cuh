@@ -1,12 +1,13 @@
 /*
- * dev/cuda/lab.cuh - what the two kernel labs (fwd_tiles.cu, bwd_tiles.cu) share: a fatal check of
- * CUDA calls, seeded bf16 inputs in [-1, 1), the median time of a launch, and the largest
+ * dev/cuda/lab.cuh - what the kernel labs (fwd_tiles.cu, bwd_tiles.cu, fwd_hopper.cu) share: a fatal check of
+ * CUDA calls, seeded bf16 / f16 inputs in [-1, 1), the median time of a launch, and the largest
  * difference between two results.
  */
 #ifndef ATTN_DEV_CUDA_LAB_CUH
 #define ATTN_DEV_CUDA_LAB_CUH
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,12 +26,12 @@ typedef __nv_bfloat16 bf;
     }                                                                                              \
   } while (0)
 
-/* n values in [-1, 1) from a hash of (index, seed). */
-__global__ void fill(bf *x, size_t n, unsigned seed) {
+/* n values in [-1, 1) from a hash of (index, seed); T is bf16 or f16. */
+template <typename T> __global__ void fill(T *x, size_t n, unsigned seed) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
     unsigned h = (unsigned)i * 2654435761u ^ seed;
     h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-    x[i] = __float2bfloat16((h & 0xffff) / 32768.f - 1.f);
+    x[i] = T((h & 0xffff) / 32768.f - 1.f);
   }
 }
 

@@ -1,0 +1,433 @@
+/*
+ * src/impl/cuda/sm90/sm90_fwd.cuh - the Hopper forward (sm_90a only): FlashAttention-3's schedule on
+ * the tensor memory accelerator (TMA) and warpgroup matrix instructions (wgmma).
+ *
+ * One CTA of three warpgroups computes 128 query rows of one (batch, query head). Warpgroup 0 is
+ * the producer: one thread issues bulk tensor copies (cp.async.bulk.tensor) of the Q tile and of
+ * each key block's K and V tiles into shared memory, kStages buffers deep, each copy completing on
+ * an mbarrier ("full"), and waits for the consumers to hand a buffer back ("empty") before reusing
+ * it. Warpgroups 1 and 2 are the consumers, 64 query rows each: S = Q K^T by wgmma with both
+ * operands in shared memory, the online softmax in f32 registers, and O += P V by wgmma with P in
+ * registers (the S accumulator of two adjacent 8-key groups is exactly wgmma's A fragment, as with
+ * mma.sync). The producer gives its registers to the consumers (setmaxnreg: 24 and 240 of the 168
+ * a thread gets at launch).
+ *
+ * Shared tiles are the copy engine's 128-byte swizzle: a tile of R rows x D columns is D / 64
+ * panels of R rows x 128 bytes, each 1024-byte aligned, which is the layout wgmma's descriptors
+ * name as "128B swizzle": K-major for Q and K (the reduction runs along the row), MN-major for V
+ * (P V reduces over V's rows, so V is read transposed, as wgmma's transpose-B allows for 16-bit
+ * types). Out-of-range rows (past the sequence's end) are filled with zeros by the copy engine.
+ *
+ * With kOverlap, a consumer issues S(n+1) = Q K(n+1)^T and O += P(n) V(n) together and computes
+ * the softmax of S(n+1) while the second product runs (FlashAttention-3's intra-warpgroup
+ * pipelining); the output is rescaled only after that product has landed.
+ *
+ * Scope (sm90_fwd_unsupported says which problems it refuses, with the reason): head dims 64, 128
+ * and 256 with Dv = D, bf16 and f16, no per-element function, dropout or sinks, no varlen, any
+ * causal / window band in either alignment, GQA / MQA, lse.
+ */
+#ifndef ATTN_IMPL_CUDA_SM90_SM90_FWD_CUH
+#define ATTN_IMPL_CUDA_SM90_SM90_FWD_CUH
+
+#include <cuda.h> /* CUtensorMap and its enums: types only, the function comes through the runtime */
+#include <cudaTypedefs.h>
+
+#include <type_traits>
+
+#include "impl/cuda/cuda_check.cuh"
+#include "impl/cuda/cuda_common.cuh"
+#include "impl/cuda/sm90/sm90_wgmma.cuh"
+
+namespace attn_cuda {
+namespace sm90 {
+
+/* ---- instructions ------------------------------------------------------------------------------ */
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+/* One arrival that also says how many bytes the copies completing on this phase will bring. */
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* Waits until the phase of the given parity has completed (a barrier starts in phase 0, so
+ * waiting for parity 1 on a fresh barrier returns at once: how a producer finds empty buffers). */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile("{\n.reg .pred done;\nWAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra WAIT;\n}\n" ::"r"(bar),
+               "r"(parity)
+               : "memory");
+}
+
+/* A box of the tensor map at coordinates (c0 innermost .. c3) into shared memory at dst, counted
+ * on bar. */
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1,
+                                         int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, "
+               "%5, %6}], [%2];\n" ::"r"(dst),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+
+/* wgmma's shared-memory matrix descriptor with the 128-byte swizzle: start address, leading and
+ * stride byte offsets (in 16-byte units). K-major: sbo = 1024 (the next 8 rows), lbo unused.
+ * MN-major: lbo = the next 64 columns (the next panel), sbo = 1024 (the next 8 rows of K). */
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 |
+         (uint64_t)1 << 62;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+/* Pins registers that an asynchronous wgmma reads or writes at this point of the program, so the
+ * compiler neither moves their other uses across the wait nor reuses them while it runs. */
+template <int N> __device__ __forceinline__ void pin(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
+/* ---- configuration ----------------------------------------------------------------------------- */
+
+template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_> struct FwdCfg90 {
+  using T = T_;
+  static constexpr int kD = kD_, kBN = kBN_, kStages = kStages_;
+  static constexpr bool kOverlap = kOverlap_;
+  static constexpr int kBM = 128, kThreads = 384, kPanels = kD / 64;
+  static constexpr uint32_t kQBytes = kBM * kD * 2, kKVBytes = kBN * kD * 2;
+  /* Q, K and V buffers, the barriers, and 1024 bytes to align the base for the swizzle */
+  static constexpr uint32_t kSmem = 1024 + kQBytes + 2 * kStages * kKVBytes + 8 * (1 + 4 * kStages);
+  static_assert(kD % 64 == 0 && kBN % 16 == 0 && kBN <= 256, "tile shape");
+};
+
+/* ---- the kernel -------------------------------------------------------------------------------- */
+
+template <typename C>
+__global__ void __launch_bounds__(384, 1)
+    fwd90_kernel(const __grid_constant__ attn_cuda_params p, const __grid_constant__ CUtensorMap tq,
+                 const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
+  using T = typename C::T;
+  constexpr int kD = C::kD, kBN = C::kBN, kBM = C::kBM, kStages = C::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t sQ = (smem_u32(smem_raw) + 1023) & ~1023u;
+  const uint32_t sK = sQ + C::kQBytes, sV = sK + kStages * C::kKVBytes, bars = sV + kStages * C::kKVBytes;
+  /* barriers: Q; then per stage K full, V full, K empty, V empty */
+  const uint32_t bar_q = bars;
+  auto full_k = [&](int s) { return bars + 8 * (1 + s); };
+  auto full_v = [&](int s) { return bars + 8 * (1 + kStages + s); };
+  auto empty_k = [&](int s) { return bars + 8 * (1 + 2 * kStages + s); };
+  auto empty_v = [&](int s) { return bars + 8 * (1 + 3 * kStages + s); };
+
+  const int tid = threadIdx.x, lane = tid & 31, wg = tid / 128;
+  /* the last query blocks first: under a causal band they see the most keys */
+  const int b = blockIdx.z, h = blockIdx.y, m0 = (gridDim.x - 1 - blockIdx.x) * kBM;
+  const Seq sq = seq_of(p, b);
+  if (m0 >= sq.len_q) return;
+  const Head hd = head_of(p, sq, b, h);
+  const int m_last = min(m0 + kBM, sq.len_q) - 1;
+  int n_lo, n_hi, f_lo, f_hi;
+  key_block_range(p, hd, m0, m_last, kBN, n_lo, n_hi);
+  full_block_range(p, hd, m0, m_last, kBN, n_lo, n_hi, f_lo, f_hi);
+
+  if (tid == 0) {
+    mbar_init(bar_q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_k(s), 1), mbar_init(full_v(s), 1);
+      mbar_init(empty_k(s), 8), mbar_init(empty_v(s), 8); /* one arrival per consumer warp */
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) { /* producer */
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (tid == 0) {
+      mbar_expect_tx(bar_q, C::kQBytes);
+      for (int c = 0; c < C::kPanels; ++c) tma_load(sQ + c * kBM * 128, &tq, bar_q, c * 64, h, m0, b);
+      for (int i = 0, n = n_lo; n < n_hi; ++i, ++n) {
+        const int s = i % kStages;
+        const uint32_t ph = (i / kStages) & 1;
+        mbar_wait(empty_k(s), ph ^ 1);
+        mbar_expect_tx(full_k(s), C::kKVBytes);
+        for (int c = 0; c < C::kPanels; ++c)
+          tma_load(sK + s * C::kKVBytes + c * kBN * 128, &tk, full_k(s), c * 64, hd.g, n * kBN, b);
+        mbar_wait(empty_v(s), ph ^ 1);
+        mbar_expect_tx(full_v(s), C::kKVBytes);
+        for (int c = 0; c < C::kPanels; ++c)
+          tma_load(sV + s * C::kKVBytes + c * kBN * 128, &tv, full_v(s), c * 64, hd.g, n * kBN, b);
+      }
+    }
+  } else { /* consumers: 64 rows each, 16 per warp */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    const int cw = wg - 1, wq = (tid >> 5) & 3;
+    const int row0 = cw * 64 + wq * 16 + (lane >> 2); /* this thread's rows: row0 and row0 + 8 */
+    const float mult = p.scale * kLog2e;
+
+    float o[1][kD / 8][4]; /* wgmma's accumulator layout is store_rows' [m-tile][8 columns][4] */
+    float(&oacc)[kD / 2] = reinterpret_cast<float(&)[kD / 2]>(o);
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) oacc[i] = 0.f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+    float sacc[kBN / 2];
+    uint32_t pa[kBN / 16][4];
+
+    /* S = Q K(s)^T into sacc (issued, not waited for) */
+    auto issue_s = [&](int s) {
+      const uint32_t q = sQ + cw * 64 * 128, k = sK + s * C::kKVBytes;
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) { /* 16 columns: panel kk / 4, 32 bytes into its rows */
+        const uint32_t col = (kk % 4) * 32;
+        Wgmma<T, kBN>::ss(sacc, smem_desc(q + (kk / 4) * kBM * 128 + col, 16, 1024),
+                          smem_desc(k + (kk / 4) * kBN * 128 + col, 16, 1024), kk > 0);
+      }
+    };
+    /* O += P V(s), P from pa (issued, not waited for) */
+    auto issue_pv = [&](int s) {
+      const uint32_t v = sV + s * C::kKVBytes;
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) Wgmma<T, kD>::rs(oacc, pa[kk], smem_desc(v + kk * 16 * 128, kBN * 128, 1024), 1);
+    };
+    /* Masks S of key block n outside the band and the key length, then moves the running max
+     * and sum to it: P = exp2(S * mult - max) stays in sacc; returns each row's rescale factor. */
+    auto softmax = [&](int n, float (&corr)[2]) {
+      if (n < f_lo || n >= f_hi) {
+#pragma unroll
+        for (int jj = 0; jj < kBN / 8; ++jj)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = m0 + row0 + (e >> 1) * 8, j = n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1);
+            if (!visible_band(p, hd, i, j)) sacc[4 * jj + e] = -INFINITY;
+          }
+      }
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int jj = 0; jj < kBN / 8; ++jj) mx = fmaxf(mx, fmaxf(sacc[4 * jj + 2 * hf], sacc[4 * jj + 2 * hf + 1]));
+        mx = fmaxf(row_max[hf], quad_max(mx) * mult);
+        /* a row with nothing visible yet keeps max -inf and gets exponents of 0 */
+        const float base = mx == -INFINITY ? 0.f : mx;
+        corr[hf] = ex2(row_max[hf] - base);
+        row_max[hf] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int jj = 0; jj < kBN / 8; ++jj)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float &x = sacc[4 * jj + 2 * hf + e];
+            x = ex2(fmaf(x, mult, -base));
+            sum += x;
+          }
+        row_sum[hf] = row_sum[hf] * corr[hf] + sum;
+      }
+    };
+    auto rescale = [&](const float (&corr)[2]) {
+#pragma unroll
+      for (int jj = 0; jj < kD / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[0][jj][e] *= corr[e >> 1];
+    };
+    auto to_pa = [&]() {
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pa[kk][r] = Elem<T>::pack(sacc[8 * kk + 2 * r], sacc[8 * kk + 2 * r + 1]);
+    };
+    auto release = [&](uint32_t bar) {
+      if (lane == 0) mbar_arrive(bar);
+    };
+
+    mbar_wait(bar_q, 0);
+    float corr[2];
+    if constexpr (!C::kOverlap) {
+      for (int i = 0, n = n_lo; n < n_hi; ++i, ++n) {
+        const int s = i % kStages;
+        const uint32_t ph = (i / kStages) & 1;
+        mbar_wait(full_k(s), ph);
+        wgmma_fence();
+        issue_s(s);
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(sacc);
+        release(empty_k(s));
+        softmax(n, corr);
+        rescale(corr);
+        to_pa();
+        mbar_wait(full_v(s), ph);
+        pin(oacc); /* the rescale and P are written before the fence */
+        pin(pa);
+        wgmma_fence();
+        issue_pv(s);
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(oacc);
+        pin(pa);
+        release(empty_v(s));
+      }
+    } else if (n_lo < n_hi) {
+      mbar_wait(full_k(0), 0);
+      wgmma_fence();
+      issue_s(0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(sacc);
+      release(empty_k(0));
+      softmax(n_lo, corr); /* O is 0: nothing to rescale */
+      to_pa();
+      int i = 1;
+      for (int n = n_lo + 1; n < n_hi; ++i, ++n) {
+        const int s = i % kStages, sp = (i - 1) % kStages;
+        const uint32_t ph = (i / kStages) & 1, php = ((i - 1) / kStages) & 1;
+        mbar_wait(full_k(s), ph);
+        mbar_wait(full_v(sp), php);
+        pin(oacc);
+        pin(pa);
+        wgmma_fence();
+        issue_s(s);
+        wgmma_commit();
+        issue_pv(sp);
+        wgmma_commit();
+        wgmma_wait<1>(); /* S(n) has landed; P(n-1) V(n-1) may still run */
+        pin(sacc);
+        release(empty_k(s));
+        softmax(n, corr);
+        wgmma_wait<0>();
+        pin(oacc);
+        pin(pa);
+        release(empty_v(sp));
+        rescale(corr);
+        to_pa();
+      }
+      const int sp = (i - 1) % kStages;
+      mbar_wait(full_v(sp), ((i - 1) / kStages) & 1);
+      pin(oacc);
+      pin(pa);
+      wgmma_fence();
+      issue_pv(sp);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(oacc);
+      pin(pa);
+      release(empty_v(sp));
+    }
+
+    /* out = O / Z, lse = max + log Z; a row with nothing visible is out = 0, lse = -inf */
+    float inv[1][2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const float sum = quad_sum(row_sum[hf]);
+      const bool empty = row_max[hf] == -INFINITY;
+      inv[0][hf] = empty ? 0.f : 1.f / sum;
+      const int r = m0 + row0 + hf * 8;
+      if (p.lse != nullptr && (lane & 3) == 0 && r < sq.len_q)
+        p.lse[b * p.lse_b + h * p.lse_h + (sq.q0 + r) * p.lse_r] = empty ? -INFINITY : row_max[hf] * kLn2 + logf(sum);
+    }
+    const int wrow = m0 + cw * 64 + wq * 16;
+    T *go = static_cast<T *>(p.out) + b * p.o_b + (sq.q0 + wrow) * p.o_r + h * p.o_h;
+    store_rows<T, 1, kD / 8, false>(go, p.o_r, o, inv, lane, sq.len_q - wrow, kD);
+  }
+}
+
+/* ---- host side --------------------------------------------------------------------------------- */
+
+/* The driver's cuTensorMapEncodeTiled through the runtime, so nothing links libcuda; NULL when the
+ * driver has none. */
+static inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr; /* a benign race: every writer stores the same */
+  if (fn == nullptr) {
+    void *f = nullptr;
+    cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found);
+#else
+    cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &found);
+#endif
+    if (e == cudaSuccess && found == cudaDriverEntryPointSuccess) fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }
+  return fn;
+}
+
+/* Why the kernel cannot run p (a sentence), or NULL when it can: the copy engine needs 16-byte
+ * aligned bases and strides, and the kernel covers only the feature-free problems. */
+static inline const char *sm90_fwd_unsupported(const attn_cuda_params &p) {
+  if (p.d != p.dv) return "the sm90 forward needs Dv = D";
+  if (p.d != 64 && p.d != 128 && p.d != 256) return "the sm90 forward has head dims 64, 128 and 256 only";
+  if (needs_features(p, p.d)) return "the sm90 forward has no per-element function, dropout or sinks";
+  if (p.varlen != ATTN_CUDA_VARLEN_NONE) return "the sm90 forward has no varlen";
+  const void *ptrs[3] = {p.q, p.k, p.v};
+  for (const void *ptr : ptrs)
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return "the sm90 forward needs 16-byte aligned q, k, v";
+  const int64_t strides[9] = {p.q_b, p.q_r, p.q_h, p.k_b, p.k_r, p.k_h, p.v_b, p.v_r, p.v_h};
+  for (int64_t s : strides)
+    if (s % 8 != 0 || s < 0) return "the sm90 forward needs q, k, v strides that are multiples of 8 elements";
+  return nullptr;
+}
+
+/* A 4-d map [batch][rows][heads][d] of a token tensor, boxes of 64 columns x box_rows rows of one
+ * head, swizzled by 128 bytes. A dimension of size 1 gets a stride that is never used. */
+static inline attn_status make_token_map(CUtensorMap *map, const void *base, bool is_bf16, int d, int heads,
+                                         int rows, int batch, int64_t sh, int64_t sr, int64_t sb, int box_rows,
+                                         char *why, size_t why_size) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) {
+    snprintf(why, why_size, "the driver has no cuTensorMapEncodeTiled (the sm90 forward needs CUDA 12)");
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)batch};
+  const cuuint64_t strides[3] = {(cuuint64_t)(heads > 1 ? sh : 8) * 2, (cuuint64_t)(rows > 1 ? sr : 8) * 2,
+                                 (cuuint64_t)(batch > 1 ? sb : 8) * 2};
+  const cuuint32_t box[4] = {64, 1, (cuuint32_t)box_rows, 1}, unit[4] = {1, 1, 1, 1};
+  CUresult r = encode(map, is_bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                      const_cast<void *>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    snprintf(why, why_size, "cuTensorMapEncodeTiled failed (CUresult %d) for a [%d, %d, %d, %d] tensor", (int)r,
+             batch, rows, heads, d);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  return ATTN_STATUS_OK;
+}
+
+template <typename C>
+attn_status launch_fwd90(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
+  const char *no = sm90_fwd_unsupported(p);
+  if (no == nullptr && p.d != C::kD) no = "the sm90 forward was asked for another head dim";
+  if (no != nullptr) {
+    snprintf(why, why_size, "%s", no);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  constexpr bool kBf16 = std::is_same<typename C::T, __nv_bfloat16>::value;
+  CUtensorMap tq, tk, tv;
+  attn_status st;
+  if ((st = make_token_map(&tq, p.q, kBf16, p.d, p.heads_q, p.seqlen_q, p.batch, p.q_h, p.q_r, p.q_b, C::kBM, why,
+                           why_size)) != ATTN_STATUS_OK ||
+      (st = make_token_map(&tk, p.k, kBf16, p.d, p.heads_kv, p.seqlen_k, p.batch, p.k_h, p.k_r, p.k_b, C::kBN, why,
+                           why_size)) != ATTN_STATUS_OK ||
+      (st = make_token_map(&tv, p.v, kBf16, p.dv, p.heads_kv, p.seqlen_k, p.batch, p.v_h, p.v_r, p.v_b, C::kBN, why,
+                           why_size)) != ATTN_STATUS_OK)
+    return st;
+  auto kernel = fwd90_kernel<C>;
+  ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmem));
+  dim3 grid((p.seqlen_q + C::kBM - 1) / C::kBM, p.heads_q, p.batch);
+  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p, tq, tk, tv);
+  ATTN_CUDA_CHECK(cudaGetLastError());
+  return ATTN_STATUS_OK;
+}
+
+} // namespace sm90
+} // namespace attn_cuda
+
+#endif /* ATTN_IMPL_CUDA_SM90_SM90_FWD_CUH */
