@@ -3,8 +3,9 @@
 (gpu/cuda_bench, CSV on stdin or run here) against PyTorch's SDPA backends (flash, cuDNN,
 efficient) on the same shapes: bf16, B * T = 16384 tokens, Hq * D = 2048, D in {64, 128, 256},
 T in {512, 8192}, causal and not; CUDA-event medians; TFLOPS forward 4 * B * Hq * T * T * D
-(halved when causal), backward 2.5x; the cuda implementation under both configurations
-("deterministic", the default, and "atomic"); ratios take the faster of the two.
+(halved when causal), backward 2.5x; the cuda implementation under its configurations
+("deterministic", "atomic", and on an H100 / H200 "sm90": the Hopper forward, the deterministic
+backward); ratios take the fastest of them.
 
 usage: cuda_bench.py <cuda_bench binary> [reps]   prints a markdown table.
 """
@@ -55,8 +56,8 @@ def torch_time(backend, d, t, causal, reps):
 def main():
     binary = sys.argv[1]
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 20
-    rows, atomic = {}, {}
-    for config, table in (("deterministic", rows), ("atomic", atomic)):
+    rows, atomic, sm90 = {}, {}, {}
+    for config, table in (("deterministic", rows), ("atomic", atomic), ("sm90", sm90)):
         res = subprocess.run([binary, str(reps), config], capture_output=True, text=True)
         sys.stderr.write(res.stderr)
         for line in res.stdout.splitlines():
@@ -69,10 +70,10 @@ def main():
                 print("cuda", config, key, line)
             else:
                 print(config, line, flush=True)
-    print("| D | T | causal | pass | cuda | cuda atomic | flash | cudnn | efficient | cuda / flash | cuda / best |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| D | T | causal | pass | cuda | cuda atomic | cuda sm90 | flash | cudnn | efficient | cuda / flash | cuda / best |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (d, t, c), ours in sorted(rows.items()):
-        other = atomic.get((d, t, c))
+        other, hopper = atomic.get((d, t, c)), sm90.get((d, t, c))
         b, h = 16384 // t, 2048 // d
         flops = 4.0 * b * h * t * t * d * (0.5 if c else 1.0)
         theirs = {name: torch_time(be, d, t, bool(c), reps) for name, be in BACKENDS}
@@ -81,7 +82,8 @@ def main():
             tf = lambda ms: fl / ms * 1e-9
             mine = tf(ours[i]) if ours else float("nan")
             mine_a = tf(other[i]) if other else float("nan")
-            best_mine = max(mine, mine_a) if other and ours else mine
+            mine_h = tf(hopper[i]) if hopper else float("nan")
+            best_mine = max(x for x in (mine, mine_a, mine_h) if x == x) if ours else mine
             cells, best = [], 0.0
             for name, _ in BACKENDS:
                 r = theirs[name]
@@ -94,7 +96,7 @@ def main():
             flash = theirs["flash"]
             ratio_flash = f"{best_mine / tf(flash[i]):.2f}" if flash[0] is not None else "n/a"
             ratio_best = f"{best_mine / best:.2f}" if best > 0 else "n/a"
-            print(f"| {d} | {t} | {c} | {pname} | {mine:.1f} | {mine_a:.1f} | " + " | ".join(cells) +
+            print(f"| {d} | {t} | {c} | {pname} | {mine:.1f} | {mine_a:.1f} | {mine_h:.1f} | " + " | ".join(cells) +
                   f" | {ratio_flash} | {ratio_best} |", flush=True)
 
 

@@ -14,9 +14,11 @@
  * (SPEC.md; the naive error is the larger of the reference with and without
  * attn_plan_set_rounding, since rounding out, which Delta reads, is unavoidable). Outputs start as
  * NaN, so an element left unwritten fails; lse must be -inf exactly where the reference's is.
- * Each case runs under both configurations, "deterministic" and "atomic" (dq added with atomics);
- * the backward pass is run twice and must give identical bits (in the atomic one: dk, dv and dsinks,
- * which no atomic touches). Golden cases
+ * Each case runs under both configurations, "deterministic" and "atomic" (dq added with atomics),
+ * and under "sm90" (the Hopper forward, then the deterministic backward) where the implementation
+ * offers it (compute capability 9.0, the problems that forward takes); the backward pass is run
+ * twice and must give identical bits (in the atomic one: dk, dv and dsinks, which no atomic
+ * touches). Golden cases
  * (folder argv[1] or $ATTN_GOLDEN_DIR; skipped when absent) are checked against their stored f64
  * results the same way.
  *
@@ -66,6 +68,17 @@ static void test_unsupported(int have_gpu) {
     p = tu_gpu_problem(1, 8, 8, 2, 2, 64, ATTN_DTYPE_BF16);
     tu_gpu_expect_unsupported(ctx, "cuda", "no gpu", p, "CUDA device");
   }
+}
+
+/* Whether the cuda implementation offers configuration `name` for p. */
+static int offers(const attn_problem *p, const char *name) {
+  int32_t n = 0;
+  if (attn_impl_config_count(ctx, "cuda", p, &n) != ATTN_STATUS_OK) return 0;
+  char buf[64];
+  for (int32_t i = 0; i < n; ++i)
+    if (attn_impl_config_name(ctx, "cuda", p, i, buf, sizeof buf) == ATTN_STATUS_OK && strcmp(buf, name) == 0)
+      return 1;
+  return 0;
 }
 
 /* Roles of a case: inputs first, then outputs. */
@@ -229,7 +242,7 @@ static int run_gpu(const hcase *c, const char *config, results *r) {
   for (int o = 0; o < O_N; ++o) r->o[o] = tu_gpu_fetch(dout[o], odt[o], n[o]);
   if (ok) { /* a second backward pass gives the same bits: all of them in the deterministic
               * configuration; dk, dv and dsinks in the atomic one, where dq adds with atomics */
-    int deterministic = strcmp(config, "deterministic") == 0;
+    int deterministic = strcmp(config, "atomic") != 0;
     s = attn_plan_backward(plan, &in, &out, &t[R_DOUT], exec.workspace, exec.workspace_size, &g);
     TU_CUDA_CHECK(cudaStreamSynchronize(exec.stream));
     int same = s == ATTN_STATUS_OK;
@@ -263,15 +276,16 @@ static void check_case(hcase *c) {
     tu_check(0, "%s: naive reference", c->name);
     return;
   }
-  static const char *configs[] = {"deterministic", "atomic"};
-  for (int k = 0; k < 2; ++k) {
+  static const char *configs[] = {"deterministic", "atomic", "sm90"};
+  for (int k = 0; k < 3; ++k) {
+    if (k == 2 && !offers(&c->p, configs[k])) continue;
     if (run_gpu(c, configs[k], &gpu)) {
       for (int o = 0; o < O_N; ++o) {
         const double *e = have_exact ? (const double *)exact.o[o].data : c->expect[o];
         if (e == NULL || naive.o[o].n == 0) continue;
         if (k == 1 && o < O_DQ) continue; /* the forward pass is the same in both */
         char what[32];
-        snprintf(what, sizeof what, "%s%s", out_name[o], k == 1 ? "@atomic" : "");
+        snprintf(what, sizeof what, "%s%s%s", out_name[o], k > 0 ? "@" : "", k > 0 ? configs[k] : "");
         tu_gpu_check_close(c->name, what, o < O_DQ ? TOL_FORWARD : TOL_GRADIENT, &gpu.o[o],
                            &naive.o[o], &naive2.o[o], e);
       }
@@ -632,21 +646,27 @@ static void test_autotune(void) {
     attn_ctx_set_event_callback(tctx, tu_gpu_on_tune_event, &log);
     attn_problem p = tu_gpu_problem(2, 300, 300, 4, 2, 64, ATTN_DTYPE_BF16);
     p.causal = 1;
+    const int sm90 = offers(&p, "sm90"); /* a third configuration, deterministic too */
     attn_select sel;
     attn_select_init(&sel);
     sel.impl = "cuda";
     attn_plan *plan = NULL;
     attn_status s = attn_plan_create(tctx, &p, &sel, &plan);
     tu_check(s == ATTN_STATUS_OK, "%s: plan: %s %s", name, attn_status_string(s), attn_ctx_last_error(tctx));
-    if (deterministic)
+    if (deterministic && sm90)
+      tu_check(log.starts == 1 && log.measured == 2 && log.failed == 0 && plan != NULL &&
+                   strcmp(attn_plan_config_name(plan), log.config) == 0,
+               "%s: deterministic and sm90 timed (%d measured, %d failed), the plan runs the winner %s", name,
+               log.measured, log.failed, log.config);
+    else if (deterministic)
       tu_check(log.starts == 0 && plan != NULL && strcmp(attn_plan_config_name(plan), "deterministic") == 0,
                "%s: the lone deterministic configuration, untimed (%d tunings, %s)", name, log.starts,
                plan != NULL ? attn_plan_config_name(plan) : "no plan");
     else
-      tu_check(log.starts == 1 && log.finishes == 1 && log.measured == 2 && log.failed == 0 && plan != NULL &&
+      tu_check(log.starts == 1 && log.finishes == 1 && log.measured == 2 + sm90 && log.failed == 0 && plan != NULL &&
                    strcmp(attn_plan_impl_name(plan), log.impl) == 0 &&
                    strcmp(attn_plan_config_name(plan), log.config) == 0,
-               "%s: both configurations timed on the device (%d measured, %d failed), the plan runs the "
+               "%s: every configuration timed on the device (%d measured, %d failed), the plan runs the "
                "winner %s %s",
                name, log.measured, log.failed, log.impl, log.config);
     attn_plan_destroy(plan);
@@ -662,6 +682,44 @@ static void test_autotune(void) {
   }
 }
 
+/* The Hopper forward ("sm90") is offered on a compute capability 9.0 device when the build has it
+ * (ATTN_TEST_SM90), as the default, for the problems it takes (head dims 64, 128, 256 with Dv = D,
+ * causal, windows, GQA), and for no problem with a feature it lacks. */
+static void test_sm90_offer(void) {
+  struct cudaDeviceProp prop;
+  TU_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  int hopper = prop.major == 9 && prop.minor == 0;
+#ifndef ATTN_TEST_SM90
+  hopper = 0;
+#endif
+  attn_problem p = tu_gpu_problem(2, 300, 300, 4, 2, 128, ATTN_DTYPE_BF16);
+  p.causal = 1;
+  tu_check(offers(&p, "sm90") == hopper, "sm90 offered (%d) for d128 causal GQA on compute capability %d.%d",
+           offers(&p, "sm90"), prop.major, prop.minor);
+  char name[64] = "";
+  attn_impl_config_default(ctx, "cuda", &p, name, sizeof name);
+  tu_check(strcmp(name, hopper ? "sm90" : "deterministic") == 0, "default configuration %s on %d.%d", name,
+           prop.major, prop.minor);
+  p.window_left = 50, p.head_dim = p.head_dim_v = 256, p.dtype = ATTN_DTYPE_F16;
+  tu_check(offers(&p, "sm90") == hopper, "sm90 offered (%d) for d256 f16 window", offers(&p, "sm90"));
+  p = tu_gpu_problem(1, 64, 64, 2, 2, 64, ATTN_DTYPE_BF16);
+  tu_check(offers(&p, "sm90") == hopper, "sm90 offered (%d) for plain d64", offers(&p, "sm90"));
+  static const char *lacks[] = {"softcap", "d96", "dv != d", "dropout", "sinks", "packed", "mask"};
+  for (int i = 0; i < (int)(sizeof lacks / sizeof lacks[0]); ++i) {
+    p = tu_gpu_problem(1, 64, 64, 2, 2, 64, ATTN_DTYPE_BF16);
+    switch (i) {
+    case 0: p.softcap = 5.0; break;
+    case 1: p.head_dim = p.head_dim_v = 96; break;
+    case 2: p.head_dim_v = 128; break;
+    case 3: p.dropout_p = 0.1; break;
+    case 4: p.num_sinks = 1; break;
+    case 5: p.varlen = ATTN_VARLEN_PACKED, p.total_q = p.total_k = 64; break;
+    default: p.has_mask = 1, p.mask_shape[0] = p.mask_shape[1] = 1, p.mask_shape[2] = p.mask_shape[3] = 64;
+    }
+    tu_check(!offers(&p, "sm90"), "no sm90 for %s", lacks[i]);
+  }
+}
+
 int main(int argc, char **argv) {
   if (attn_ctx_create(&ctx) != ATTN_STATUS_OK) return 1;
   int have_gpu = tu_gpu_found();
@@ -673,6 +731,7 @@ int main(int argc, char **argv) {
   rng = tu_rng_make(tu_seed("test_cuda"));
   const char *quick = getenv("ATTN_CUDA_QUICK");
   test_autotune();
+  test_sm90_offer();
   test_grid(quick != NULL && quick[0] == '1');
   if (quick == NULL || quick[0] != '1') {
     const char *root = argc > 1 ? argv[1] : getenv("ATTN_GOLDEN_DIR");

@@ -169,19 +169,31 @@ int main(int argc, char **argv) {
   printf("seed %u\n", seed);
   using V1_128 = FwdCfg90<bf, 128, 128, 2, false>;
   using V2_128 = FwdCfg90<bf, 128, 128, 2, true>;
-  using V2_64 = FwdCfg90<bf, 64, 128, 3, true>;
+  using V2_128s3 = FwdCfg90<bf, 128, 128, 3, true>;
   using V1_64 = FwdCfg90<bf, 64, 128, 3, false>;
+  using V2_64 = FwdCfg90<bf, 64, 128, 3, true>;
+  using V2_64n192 = FwdCfg90<bf, 64, 192, 3, true>;
+  using V1_256 = FwdCfg90<bf, 256, 64, 2, false>;
+  using V2_256 = FwdCfg90<bf, 256, 64, 2, true>;
   using V2_128h = FwdCfg90<hf, 128, 128, 2, true>;
-  checks<V1_128>("v1", seed);
+  using V2_256h = FwdCfg90<hf, 256, 64, 2, true>;
   checks<V2_128>("v2", seed);
-  checks<V1_64>("v1", seed);
+  checks<V2_128s3>("v2 3 stages", seed);
   checks<V2_64>("v2", seed);
+  checks<V2_64n192>("v2 bn192", seed);
+  checks<V1_256>("v1", seed);
+  checks<V2_256>("v2", seed);
   checks<V2_128h>("v2", seed);
+  checks<V2_256h>("v2", seed);
   for (int c = 0; c < 2; ++c) {
     bench<V1_128>("v1", c);
     bench<V2_128>("v2", c);
+    bench<V2_128s3>("v2 3 stages", c);
     bench<V1_64>("v1", c);
     bench<V2_64>("v2", c);
+    bench<V2_64n192>("v2 bn192", c);
+    bench<V1_256>("v1", c);
+    bench<V2_256>("v2", c);
   }
   printf("lab fwd90: %d failed checks\n", failures);
   return failures != 0;

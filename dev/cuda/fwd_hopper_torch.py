@@ -25,7 +25,7 @@ def median_ms(fn, warmup=5, reps=20):
 
 def main():
     print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), torch.cuda.get_device_name())
-    for d in (128, 64):
+    for d in (128, 64, 256):
         for causal in (0, 1):
             t = 8192
             b, h = 16384 // t, 2048 // d

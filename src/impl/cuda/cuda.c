@@ -13,7 +13,10 @@
  * instead of atomics (see cuda_bwd.cuh), except dbias summed over broadcast dimensions, which is
  * accumulated atomically; the "atomic" configuration trades that for speed. Decode-shaped problems
  * (Tq <= 16, only the features decode uses) also offer "splitkv", the split-KV decode kernel of
- * cuda_decode.cu, which is the only configuration of a paged KV cache (docs/DECODE.md).
+ * cuda_decode.cu, which is the only configuration of a paged KV cache (docs/DECODE.md). On a
+ * compute capability 9.0 device (H100, H200), the problems the Hopper forward takes (sm90/:
+ * head dims 64, 128, 256 with Dv = D, no per-element function, dropout, sinks or varlen) also offer
+ * "sm90", the default there: that forward, with the deterministic backward.
  */
 #include "impl/impl.h"
 
@@ -120,6 +123,51 @@ static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_si
   return ATTN_STATUS_OK;
 }
 
+/* The problem's sizes and function as the kernels see them (what fill_params sets before the
+ * tensors): enough for the kernels' own rules on what they run. */
+static void problem_params(const attn_problem *p, attn_cuda_params *k) {
+  memset(k, 0, sizeof *k);
+  k->device_index = p->device_index;
+  k->batch = (int32_t)p->batch, k->seqlen_q = (int32_t)p->seqlen_q,
+  k->seqlen_k = (int32_t)p->seqlen_k;
+  k->heads_q = (int32_t)p->heads_q, k->heads_kv = (int32_t)p->heads_kv;
+  k->group = (int32_t)(p->heads_q / p->heads_kv);
+  k->d = (int32_t)p->head_dim, k->dv = (int32_t)p->head_dim_v;
+  k->total_q = p->total_q, k->total_k = p->total_k;
+  k->rows_q = rows_q(p);
+  k->varlen = p->varlen == ATTN_VARLEN_PACKED   ? ATTN_CUDA_VARLEN_PACKED
+              : p->varlen == ATTN_VARLEN_PADDED ? ATTN_CUDA_VARLEN_PADDED
+                                                : ATTN_CUDA_VARLEN_NONE;
+  k->num_sinks = (int32_t)p->num_sinks;
+  k->sinks_shared = p->sinks_shared;
+  k->scale = (float)p->scale;
+  k->softcap = (float)p->softcap;
+  /* A window wider than Tq + Tk bounds nothing: such bounds become -1 so they fit 32 bits. */
+  int64_t span = p->seqlen_q + p->seqlen_k;
+  k->window_left = p->window_left < 0 || p->window_left >= span ? -1 : (int32_t)p->window_left;
+  k->window_right = p->window_right < 0 || p->window_right >= span ? -1 : (int32_t)p->window_right;
+  k->align_bottom_right = p->align == ATTN_ALIGN_BOTTOM_RIGHT;
+  k->dropout_p = (float)p->dropout_p;
+  k->drop_threshold = attn_dropout_threshold(p->dropout_p);
+  k->keep_scale = (float)(1.0 / (1.0 - p->dropout_p));
+  k->elementwise = p->has_bias || p->has_mask || p->alibi != ATTN_ALIBI_NONE || p->softcap > 0.0 ||
+                   p->has_segment_ids;
+}
+
+/* Whether the Hopper forward (sm90/) is offered for the problem: built, a compute capability 9.0
+ * device (its machine code is sm_90a's), and a problem whose features it has. */
+static int sm90_offered(const attn_problem *p) {
+  if (p->page_size > 0 || !attn_cuda_sm90_built()) return 0;
+  int cc = 0;
+  size_t smem = 0;
+  char why[256];
+  if (attn_cuda_device_info(p->device_index, &cc, &smem, why, sizeof why) != ATTN_STATUS_OK || cc != 90)
+    return 0;
+  attn_cuda_params k;
+  problem_params(p, &k);
+  return attn_cuda_sm90_unsupported(&k) == NULL;
+}
+
 /* Configurations: the backward pass's schedule (the forward pass is the same in both).
  * 0 "deterministic": dK/dV and dQ in two kernels, no atomics, identical bits on every run.
  * 1 "atomic": FlashAttention-2's single kernel adding dQ into an f32 workspace with atomics;
@@ -134,7 +182,8 @@ static const int splitkv_ctas_per_sm[] = {8, 4, 16};
 #define N_SPLITKV 3
 
 static int is_splitkv(const attn_problem *p, int32_t config) {
-  return p->page_size > 0 || config >= CUDA_CONFIG_SPLITKV;
+  return p->page_size > 0 ||
+         (decode_shaped(p) && config >= CUDA_CONFIG_SPLITKV && config < CUDA_CONFIG_SPLITKV + N_SPLITKV);
 }
 
 /* CTAs per SM the splits of a splitkv configuration aim at. */
@@ -143,9 +192,15 @@ static int splitkv_target(const attn_problem *p, int32_t config) {
   return splitkv_ctas_per_sm[i >= 0 && i < N_SPLITKV ? i : 0];
 }
 
+/* The last one, "sm90": the Hopper forward (sm90/), then the deterministic backward; offered only
+ * where sm90_offered says. */
 static int32_t cuda_num_configs(const attn_problem *problem) {
   if (problem->page_size > 0) return N_SPLITKV;
-  return decode_shaped(problem) ? CUDA_CONFIG_SPLITKV + N_SPLITKV : 2;
+  return (decode_shaped(problem) ? CUDA_CONFIG_SPLITKV + N_SPLITKV : 2) + sm90_offered(problem);
+}
+
+static int is_sm90(const attn_problem *p, int32_t config) {
+  return config >= 2 && !is_splitkv(p, config) && sm90_offered(p);
 }
 
 static void cuda_config_name(const attn_problem *problem, int32_t config, char *buf, size_t size) {
@@ -155,6 +210,10 @@ static void cuda_config_name(const attn_problem *problem, int32_t config, char *
       attn_format(buf, size, "splitkv");
     else
       attn_format(buf, size, "splitkv_ctas%d", ctas);
+    return;
+  }
+  if (is_sm90(problem, config)) {
+    attn_format(buf, size, "sm90");
     return;
   }
   attn_format(buf, size, "%s", config == CUDA_CONFIG_ATOMIC ? "atomic" : "deterministic");
@@ -171,9 +230,10 @@ static int cuda_config_deterministic(const attn_problem *p, int32_t config) {
   return config != CUDA_CONFIG_ATOMIC && !broadcast_bias;
 }
 
+/* "sm90" where it is offered (1.6x to 1.8x the sm80 forward on an H100, dev/cuda/fwd_hopper.cu),
+ * else "deterministic". */
 static int32_t cuda_default_config(const attn_problem *problem) {
-  (void)problem;
-  return 0;
+  return sm90_offered(problem) ? cuda_num_configs(problem) - 1 : 0;
 }
 
 /* Backward: Delta [Hq, rows_q] f32, then the dense f32 dbias accumulator when there is a bias,
@@ -243,15 +303,8 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
   const attn_outputs *out = run->outputs;
   char *why = run->why;
   size_t ws = run->why_size;
-  memset(k, 0, sizeof *k);
-  k->device_index = p->device_index;
-  k->batch = (int32_t)p->batch, k->seqlen_q = (int32_t)p->seqlen_q,
-  k->seqlen_k = (int32_t)p->seqlen_k;
-  k->heads_q = (int32_t)p->heads_q, k->heads_kv = (int32_t)p->heads_kv;
-  k->group = (int32_t)(p->heads_q / p->heads_kv);
-  k->d = (int32_t)p->head_dim, k->dv = (int32_t)p->head_dim_v;
-  k->total_q = p->total_q, k->total_k = p->total_k;
-  k->rows_q = rows_q(p);
+  problem_params(p, k);
+  k->use_sm90 = !backward && is_sm90(p, run->config);
 
   token_strides s;
   if (!token_layout(p, &in->q, "q", p->heads_q, &s, why, ws)) return ATTN_STATUS_UNSUPPORTED;
@@ -294,8 +347,6 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
   }
   if (p->num_sinks > 0) {
     k->sinks = (const float *)in->sinks.data;
-    k->num_sinks = (int32_t)p->num_sinks;
-    k->sinks_shared = p->sinks_shared;
     if (p->sinks_shared)
       k->sinks_h = 0, k->sinks_t = in->sinks.stride[0];
     else
@@ -307,25 +358,9 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
     k->qseg_b = in->q_segment_ids.stride[0], k->qseg_r = in->q_segment_ids.stride[1];
     k->kseg_b = in->kv_segment_ids.stride[0], k->kseg_r = in->kv_segment_ids.stride[1];
   }
-  k->varlen = p->varlen == ATTN_VARLEN_PACKED   ? ATTN_CUDA_VARLEN_PACKED
-              : p->varlen == ATTN_VARLEN_PADDED ? ATTN_CUDA_VARLEN_PADDED
-                                                : ATTN_CUDA_VARLEN_NONE;
   k->cu_q = in->cu_seqlens_q, k->cu_k = in->cu_seqlens_k;
   k->seqlens_q = in->seqlens_q, k->seqlens_k = in->seqlens_k;
-
-  k->scale = (float)p->scale;
-  k->softcap = (float)p->softcap;
-  /* A window wider than Tq + Tk bounds nothing: such bounds become -1 so they fit 32 bits. */
-  int64_t span = p->seqlen_q + p->seqlen_k;
-  k->window_left = p->window_left < 0 || p->window_left >= span ? -1 : (int32_t)p->window_left;
-  k->window_right = p->window_right < 0 || p->window_right >= span ? -1 : (int32_t)p->window_right;
-  k->align_bottom_right = p->align == ATTN_ALIGN_BOTTOM_RIGHT;
-  k->dropout_p = (float)p->dropout_p;
-  k->drop_threshold = attn_dropout_threshold(p->dropout_p);
-  k->keep_scale = (float)(1.0 / (1.0 - p->dropout_p));
   k->seed = in->dropout_seed;
-  k->elementwise = p->has_bias || p->has_mask || p->alibi != ATTN_ALIBI_NONE || p->softcap > 0.0 ||
-                   p->has_segment_ids;
 
   if (backward) {
     const attn_grads *g = run->grads;
@@ -483,7 +518,7 @@ static attn_status cuda_backward(const attn_run *run) {
 const attn_impl attn_cuda_impl = {
     .name = "cuda",
     .device = ATTN_DEVICE_CUDA,
-    .version = 3,
+    .version = 4,
     .supports = cuda_supports,
     .num_configs = cuda_num_configs,
     .config_name = cuda_config_name,

@@ -27,6 +27,15 @@ attn_status attn_cuda_device_info(int index, int *cc, size_t *smem_optin, char *
 /* Dynamic shared memory the kernels of a pass need at a kernel head dimension. */
 size_t attn_cuda_smem_bytes(int kernel_dim, int backward);
 
+/* The Hopper forward (src/impl/cuda/sm90, machine code for sm_90a only, so compute capability 9.0
+ * only): whether this build has it (sm90_none.c stands in when the toolkit lacks sm_90a), and why
+ * it cannot run p (a sentence) or NULL when it can. Its launcher is attn_cuda_forward with
+ * p->use_sm90 set; attn_cuda_sm90_forward is that launcher's part, called on the right device. */
+int attn_cuda_sm90_built(void);
+const char *attn_cuda_sm90_unsupported(const attn_cuda_params *p);
+attn_status attn_cuda_sm90_forward(const attn_cuda_params *p, int is_bf16, void *stream, char *why,
+                                   size_t why_size);
+
 /* The forward pass: out, lse. is_bf16 selects bf16 (else f16) inputs. */
 attn_status attn_cuda_forward(const attn_cuda_params *p, int is_bf16, void *stream, char *why,
                               size_t why_size);

@@ -65,6 +65,7 @@ typedef struct attn_cuda_params {
   float keep_scale; /* 1 / (1 - p) */
   uint64_t seed;
   int32_t elementwise; /* any of bias, mask, alibi, softcap, segment ids: per-element work */
+  int32_t use_sm90;    /* the forward runs on the Hopper kernel (src/impl/cuda/sm90) */
 
   /* backward outputs and workspace */
   void *dbias;          /* like bias, bias_elem; NULL = not asked */

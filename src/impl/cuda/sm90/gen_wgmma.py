@@ -3,7 +3,7 @@
 sm90 kernels: an asm statement names every accumulator register, so each shape is a long literal
 list, generated here rather than written by hand. Run it from this folder after editing."""
 
-SHAPES = (64, 128, 256)  # N of m64nNk16
+SHAPES = (64, 128, 192, 256)  # N of m64nNk16
 TYPES = (("__nv_bfloat16", "bf16"), ("__half", "f16"))
 
 

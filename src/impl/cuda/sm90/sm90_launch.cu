@@ -1,0 +1,36 @@
+/*
+ * src/impl/cuda/sm90/sm90_launch.cu - the extern "C" side of the Hopper forward (cuda_launch.h):
+ * the configuration per head dim, chosen in dev/cuda/fwd_hopper.cu, instantiated for bf16 and f16.
+ * Compiled for sm_90a only (CMakeLists.txt): wgmma and setmaxnreg exist nowhere else.
+ */
+#include "impl/cuda/cuda_launch.h"
+#include "impl/cuda/sm90/sm90_fwd.cuh"
+
+namespace attn_cuda {
+namespace sm90 {
+
+/* 128 keys per block up to D = 128 (S and O fit the 240 registers with P beside them), 64 at
+ * D = 256 (O alone takes 128); as many K/V stages as shared memory holds, at most 3. */
+template <typename T> attn_status run(const attn_cuda_params &p, cudaStream_t s, char *why, size_t why_size) {
+  switch (p.d) {
+  case 64: return launch_fwd90<FwdCfg90<T, 64, 128, 3, true>>(p, s, why, why_size);
+  case 128: return launch_fwd90<FwdCfg90<T, 128, 128, 2, true>>(p, s, why, why_size);
+  default: return launch_fwd90<FwdCfg90<T, 256, 64, 2, true>>(p, s, why, why_size);
+  }
+}
+
+} // namespace sm90
+} // namespace attn_cuda
+
+extern "C" int attn_cuda_sm90_built(void) { return 1; }
+
+extern "C" const char *attn_cuda_sm90_unsupported(const attn_cuda_params *p) {
+  return attn_cuda::sm90::sm90_fwd_unsupported(*p);
+}
+
+extern "C" attn_status attn_cuda_sm90_forward(const attn_cuda_params *p, int is_bf16, void *stream, char *why,
+                                              size_t why_size) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  return is_bf16 ? attn_cuda::sm90::run<__nv_bfloat16>(*p, s, why, why_size)
+                 : attn_cuda::sm90::run<__half>(*p, s, why, why_size);
+}
