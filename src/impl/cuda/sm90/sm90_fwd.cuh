@@ -2,15 +2,16 @@
  * src/impl/cuda/sm90/sm90_fwd.cuh - the Hopper forward (sm_90a only): FlashAttention-3's schedule on
  * the tensor memory accelerator (TMA) and warpgroup matrix instructions (wgmma).
  *
- * One CTA of three warpgroups computes 128 query rows of one (batch, query head). Warpgroup 0 is
+ * One CTA of three warpgroups computes 128 query rows of one (batch, query head) (or of four, 192
+ * rows: kCWG). Warpgroup 0 is
  * the producer: one thread issues bulk tensor copies (cp.async.bulk.tensor) of the Q tile and of
  * each key block's K and V tiles into shared memory, kStages buffers deep, each copy completing on
  * an mbarrier ("full"), and waits for the consumers to hand a buffer back ("empty") before reusing
- * it. Warpgroups 1 and 2 are the consumers, 64 query rows each: S = Q K^T by wgmma with both
+ * it. The other warpgroups are the consumers, 64 query rows each: S = Q K^T by wgmma with both
  * operands in shared memory, the online softmax in f32 registers, and O += P V by wgmma with P in
  * registers (the S accumulator of two adjacent 8-key groups is exactly wgmma's A fragment, as with
  * mma.sync). The producer gives its registers to the consumers (setmaxnreg: 24 and 240 of the 168
- * a thread gets at launch).
+ * a thread gets at launch with two consumer warpgroups).
  *
  * Shared tiles are the copy engine's 128-byte swizzle: a tile of R rows x D columns is D / 64
  * panels of R rows x 128 bytes, each 1024-byte aligned, which is the layout wgmma's descriptors
@@ -101,21 +102,25 @@ template <int N> __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
 
 /* ---- configuration ----------------------------------------------------------------------------- */
 
-template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_> struct FwdCfg90 {
+/* kCWG consumer warpgroups of 64 rows each (2 or 3) beside the producer. The register file (64K
+ * per SM, one CTA) is split by setmaxnreg: 24 per producer thread, the rest to the consumers in
+ * steps of 8 (240 each for two consumer warpgroups, 160 for three). */
+template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_, int kCWG_ = 2> struct FwdCfg90 {
   using T = T_;
-  static constexpr int kD = kD_, kBN = kBN_, kStages = kStages_;
+  static constexpr int kD = kD_, kBN = kBN_, kStages = kStages_, kCWG = kCWG_;
   static constexpr bool kOverlap = kOverlap_;
-  static constexpr int kBM = 128, kThreads = 384, kPanels = kD / 64;
+  static constexpr int kBM = 64 * kCWG, kThreads = 128 * (kCWG + 1), kPanels = kD / 64;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = (65536 / 128 - kProducerRegs) / kCWG / 8 * 8;
   static constexpr uint32_t kQBytes = kBM * kD * 2, kKVBytes = kBN * kD * 2;
   /* Q, K and V buffers, the barriers, and 1024 bytes to align the base for the swizzle */
   static constexpr uint32_t kSmem = 1024 + kQBytes + 2 * kStages * kKVBytes + 8 * (1 + 4 * kStages);
-  static_assert(kD % 64 == 0 && kBN % 16 == 0 && kBN <= 256, "tile shape");
+  static_assert(kD % 64 == 0 && kBN % 16 == 0 && kBN <= 256 && kBM <= 256, "tile shape");
 };
 
 /* ---- the kernel -------------------------------------------------------------------------------- */
 
 template <typename C>
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(C::kThreads, 1)
     fwd90_kernel(const __grid_constant__ attn_cuda_params p, const __grid_constant__ CUtensorMap tq,
                  const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
   using T = typename C::T;
@@ -145,14 +150,14 @@ __global__ void __launch_bounds__(384, 1)
     mbar_init(bar_q, 1);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_k(s), 1), mbar_init(full_v(s), 1);
-      mbar_init(empty_k(s), 8), mbar_init(empty_v(s), 8); /* one arrival per consumer warp */
+      mbar_init(empty_k(s), 4 * C::kCWG), mbar_init(empty_v(s), 4 * C::kCWG); /* one per consumer warp */
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
 
   if (wg == 0) { /* producer */
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
     if (tid == 0) {
       mbar_expect_tx(bar_q, C::kQBytes);
       for (int c = 0; c < C::kPanels; ++c) tma_load(sQ + c * kBM * 128, &tq, bar_q, c * 64, h, m0, b);
@@ -170,7 +175,7 @@ __global__ void __launch_bounds__(384, 1)
       }
     }
   } else { /* consumers: 64 rows each, 16 per warp */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
     const int cw = wg - 1, wq = (tid >> 5) & 3;
     const int row0 = cw * 64 + wq * 16 + (lane >> 2); /* this thread's rows: row0 and row0 + 8 */
     const float mult = p.scale * kLog2e;
