@@ -19,18 +19,20 @@
 #   lab       cuda only: the kernel lab, dev/cuda/fwd_tiles.cu, bwd_tiles.cu and fwd_hopper.cu (sm_90a,
 #             with dev/cuda/fwd_hopper_torch.py timing cuDNN and flash beside it), built and run
 #   ncu       cuda only, implies lab: Nsight Compute on one lab launch of the D = 128 forward
-#             (64-key tiles) and of the atomic backward (v5); reports in /tmp/ncu_{fwd,bwd}.ncu-rep
+#             (64-key tiles), of the atomic backward (v5) and of the sm90 forward (v2); reports in
+#             /tmp/ncu_{fwd,bwd,fwd90}.ncu-rep
 #   bench     cuda: gpu/cuda_bench through gpu/cuda_bench.py (vs PyTorch's flash, cuDNN and
 #             efficient SDPA); cudnn: gpu/bench_cudnn and gpu/bench_torch.py joined by gpu/report.py
-#   sanitize  compute-sanitizer on the quick suite: memcheck and racecheck for cuda, memcheck for
-#             cudnn (racecheck on cuDNN's own kernels would be slow and nothing we could fix)
+#   sanitize  compute-sanitizer on the quick suite: memcheck, racecheck and synccheck for cuda,
+#             memcheck for cudnn (racecheck on cuDNN's own kernels would be slow and nothing we
+#             could fix)
 # Environment: GOLDEN, the golden cases (default ../shared/golden when it exists, else ./.golden,
 # both from the current folder); OUT, the logs (default /tmp/gpu_out); BENCH_REPS, timed calls per
 # shape of gpu/cuda_bench (default 20).
 #
 # Logs: $OUT/env.txt, $OUT/build.log, and per implementation $OUT/cuda/ (test.log, lab.log,
-# lab_build.log, ncu_fwd_sass.csv, ncu_bwd_sass.csv, bench.md, sanitizer_memcheck.log,
-# sanitizer_racecheck.log) and $OUT/cudnn/ (test.log, cudnn.log, ours.csv, torch.csv, results.md,
+# lab_build.log, ncu_{fwd,bwd,fwd90}_sass.csv, bench.md, sanitizer_{memcheck,racecheck,synccheck}.log)
+# and $OUT/cudnn/ (test.log, cudnn.log, ours.csv, torch.csv, results.md,
 # sanitizer_memcheck.log). Stdout is a summary in which every step ends in "rc=N" (124: timed out).
 # Each step has a time limit, and all of them together stay under 9 minutes, so that one call of
 # a device machine (10 minutes at most) always returns its logs.
@@ -252,7 +254,11 @@ if step lab; then
     timeout "$(limit 200)" ncu --clock-control none -k regex:bwd_dkv --launch-skip 52 -c 1 "${secs[@]}" \
       -o /tmp/ncu_bwd "$BUILD/bwd_tiles" 1 >/dev/null 2>&1
     echo "ncu bwd_dkv rc=$?"
-    for r in fwd bwd; do # the report's summary, then per-instruction stall samples (SASS)
+    rm -f /tmp/ncu_fwd90.ncu-rep # the Hopper forward (fwd_hopper's "ncu" mode: D = 128, non-causal)
+    timeout "$(limit 200)" ncu --clock-control none -k regex:fwd90 --launch-skip 4 -c 1 "${secs[@]}" \
+      -o /tmp/ncu_fwd90 "$BUILD/fwd_hopper" ncu >/dev/null 2>&1
+    echo "ncu fwd90_kernel rc=$?"
+    for r in fwd bwd fwd90; do # the report's summary, then per-instruction stall samples (SASS)
       ncu --import "/tmp/ncu_$r.ncu-rep" >>"$OUT/cuda/lab.log" 2>&1
       ncu --import "/tmp/ncu_$r.ncu-rep" --page source --csv --print-source sass \
         >"$OUT/cuda/ncu_${r}_sass.csv" 2>&1
@@ -298,7 +304,7 @@ if step sanitize; then
   for i in $impls; do
     echo "== compute-sanitizer $i"
     built "$BUILD/tests/test_$i" || continue
-    if [ "$i" = cuda ]; then tools="memcheck racecheck" quick=ATTN_CUDA_QUICK; else tools=memcheck quick=ATTN_CUDNN_QUICK; fi
+    if [ "$i" = cuda ]; then tools="memcheck racecheck synccheck" quick=ATTN_CUDA_QUICK; else tools=memcheck quick=ATTN_CUDNN_QUICK; fi
     for tool in $tools; do
       t0=$SECONDS
       log="$OUT/$i/sanitizer_$tool.log"

@@ -76,7 +76,8 @@ static int offers(const attn_problem *p, const char *name) {
   if (attn_impl_config_count(ctx, "cuda", p, &n) != ATTN_STATUS_OK) return 0;
   char buf[64];
   for (int32_t i = 0; i < n; ++i)
-    if (attn_impl_config_name(ctx, "cuda", p, i, buf, sizeof buf) == ATTN_STATUS_OK && strcmp(buf, name) == 0)
+    if (attn_impl_config_name(ctx, "cuda", p, i, buf, sizeof buf) == ATTN_STATUS_OK &&
+        strcmp(buf, name) == 0)
       return 1;
   return 0;
 }

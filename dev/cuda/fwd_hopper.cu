@@ -1,18 +1,35 @@
 /*
  * dev/cuda/fwd_hopper.cu - kernel lab: the Hopper forward (src/impl/cuda/sm90/sm90_fwd.cuh: TMA,
- * wgmma, a producer warpgroup and two consumer warpgroups) at several configurations, each checked
+ * wgmma, a producer warpgroup and two or three consumer warpgroups) at several configurations, each checked
  * first against the sm_80 kernel (src/impl/cuda/cuda_fwd.cuh, the tested one) on odd shapes
  * (ragged lengths, GQA, f16, a window, bottom-right causal with Tq != Tk; the output poisoned with
  * NaN first), then timed beside it on the bench shapes (bf16, B * T = 16384, Hq * D = 2048,
  * T = 8192, causal and not). dev/cuda/fwd_hopper_torch.py times cuDNN and flash through PyTorch
  * on the same shapes in the same call (gpu/run.sh cuda lab runs both).
  *
- * Versions (TFLOPS non-causal / causal, T = 8192, one run beside the sm_80 kernel and cuDNN):
+ * Versions (H100 80GB HBM3, bf16, T = 8192, TFLOPS non-causal / causal; each measured in two or
+ * three device calls of 2026-11-24, the spread is the range; cuDNN 9.19 through PyTorch 2.11's SDPA
+ * with inputs that require grad, so it computes the log-sum-exp as ours does, in the same calls:
+ * D = 64 466-468 / 430-449, D = 128 639-664 / 570-606, D = 256 725 / 592; the sm_80 kernel
+ * 312-335 / 283-304, 337-366 / 292-336, 270-289 / 236-245):
  *   v1 TMA (128-byte swizzle, kStages K/V buffers, mbarriers) by a producer warpgroup; two
  *      consumer warpgroups of 64 rows, S = Q K^T and O += P V by wgmma (P from registers),
- *      softmax between them; setmaxnreg 24 / 240. ("v1")
+ *      softmax between them; setmaxnreg 24 / 240. D = 64 (128 keys, 3 stages) 385-413 / 349-356,
+ *      D = 128 (128 keys, 2 stages) 597-606 / 525-556, D = 256 (64 keys, 2 stages) 633-651 /
+ *      550-569. Predicted from FlashAttention-3's ablation (570 without its two overlaps): met.
  *   v2 v1 with S(n+1) = Q K(n+1)^T issued together with P(n) V(n), the softmax of S(n+1)
- *      computed while P(n) V(n) runs. ("v2")
+ *      computed while P(n) V(n) runs: D = 64 428-449 / 398-400, D = 128 660-668 / 572-600
+ *      (1.00-1.05x / 0.97-1.00x cuDNN), D = 256 695-697 / 586-598 (0.96x / 0.99x). Not kept: 3 stages at
+ *      D = 128 (644 / 564: the third buffer buys no latency the second does not already hide),
+ *      192 keys at D = 64 (393 / 327: ptxas spills at 240 registers).
+ *   v3 three consumer warpgroups at D = 64 (192-row CTAs, 160 registers each: every K/V tile
+ *      feeds 1.5x the rows): 472 / 390 with 3 stages (kept: sm90_launch.cu), 498 / 356 with 4.
+ *      Under the causal band the taller CTAs mask more and leave fewer CTAs for the tail.
+ *   ncu (v2, D = 128, non-causal, `fwd_hopper ncu`): 1.62 ms, SM busy 72% (the tensor pipe is
+ *      what fills it), the XU pipe (exp2, conversions) 37%, DRAM 5%, issue slots 40% busy, 5.4 cycles per
+ *      issued instruction. What is left is the softmax between the products that the two
+ *      consumer warpgroups do not yet hide from each other (FlashAttention-3's ping-pong), and at
+ *      T = 512 the non-persistent grid (one CTA per 128 rows, prologue and epilogue unhidden).
  *
  * `fwd_hopper ncu` runs the D = 128 non-causal shape alone (for Nsight Compute).
  *

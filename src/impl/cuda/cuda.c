@@ -161,7 +161,8 @@ static int sm90_offered(const attn_problem *p) {
   int cc = 0;
   size_t smem = 0;
   char why[256];
-  if (attn_cuda_device_info(p->device_index, &cc, &smem, why, sizeof why) != ATTN_STATUS_OK || cc != 90)
+  if (attn_cuda_device_info(p->device_index, &cc, &smem, why, sizeof why) != ATTN_STATUS_OK ||
+      cc != 90)
     return 0;
   attn_cuda_params k;
   problem_params(p, &k);
@@ -182,8 +183,8 @@ static const int splitkv_ctas_per_sm[] = {8, 4, 16};
 #define N_SPLITKV 3
 
 static int is_splitkv(const attn_problem *p, int32_t config) {
-  return p->page_size > 0 ||
-         (decode_shaped(p) && config >= CUDA_CONFIG_SPLITKV && config < CUDA_CONFIG_SPLITKV + N_SPLITKV);
+  return p->page_size > 0 || (decode_shaped(p) && config >= CUDA_CONFIG_SPLITKV &&
+                              config < CUDA_CONFIG_SPLITKV + N_SPLITKV);
 }
 
 /* CTAs per SM the splits of a splitkv configuration aim at. */

@@ -6,7 +6,8 @@
 
 #include <stdio.h>
 
-static const char no_sm90[] = "this build has no sm90 kernels: its CUDA toolkit cannot target sm_90a";
+static const char no_sm90[] =
+    "this build has no sm90 kernels: its CUDA toolkit cannot target sm_90a";
 
 int attn_cuda_sm90_built(void) { return 0; }
 
