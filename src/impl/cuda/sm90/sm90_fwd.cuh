@@ -2,16 +2,15 @@
  * src/impl/cuda/sm90/sm90_fwd.cuh - the Hopper forward (sm_90a only): FlashAttention-3's schedule on
  * the tensor memory accelerator (TMA) and warpgroup matrix instructions (wgmma).
  *
- * One CTA of three warpgroups computes 128 query rows of one (batch, query head) (or of four, 192
- * rows: kCWG). Warpgroup 0 is
- * the producer: one thread issues bulk tensor copies (cp.async.bulk.tensor) of the Q tile and of
+ * One CTA of three warpgroups computes 128 query rows of one (batch, query head) (of four
+ * warpgroups, 192 rows, with kCWG = 3). Warpgroup 0 is the producer: one thread issues bulk tensor copies (cp.async.bulk.tensor) of the Q tile and of
  * each key block's K and V tiles into shared memory, kStages buffers deep, each copy completing on
  * an mbarrier ("full"), and waits for the consumers to hand a buffer back ("empty") before reusing
  * it. The other warpgroups are the consumers, 64 query rows each: S = Q K^T by wgmma with both
  * operands in shared memory, the online softmax in f32 registers, and O += P V by wgmma with P in
  * registers (the S accumulator of two adjacent 8-key groups is exactly wgmma's A fragment, as with
  * mma.sync). The producer gives its registers to the consumers (setmaxnreg: 24 and 240 of the 168
- * a thread gets at launch with two consumer warpgroups).
+ * a thread gets at launch with two consumer warpgroups, 24 and 160 of 128 with three).
  *
  * Shared tiles are the copy engine's 128-byte swizzle: a tile of R rows x D columns is D / 64
  * panels of R rows x 128 bytes, each 1024-byte aligned, which is the layout wgmma's descriptors
