@@ -208,8 +208,8 @@ static void run_problem(attn_ctx *ctx, bench_data *bd, const variant *var, int B
     if (ws) BENCH_CUDA_CHECK(cudaFree(ws));
     attn_plan_destroy(plan);
   }
-  static const char *const cands[][2] = {{"cuda", "splitkv"}, {"cuda", "splitkv_waves2"},
-                                         {"cuda", "splitkv_waves4"}, {"cudnn", NULL}};
+  static const char *const cands[][2] = {{"cuda", "splitkv"}, {"cuda", "splitkv_half"},
+                                         {"cuda", "splitkv_waves2"}, {"cudnn", NULL}};
   for (int c = 0; c < 4; ++c) {
     if (var->page > 0 && c == 3) continue; /* cudnn: dense only */
     attn_select_init(&sel);

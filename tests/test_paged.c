@@ -457,7 +457,7 @@ static void test_dense_decode(attn_ctx *ctx, tu_rng *rng, const char *impl, int 
  * 4, 16 and 32 rows per KV head, the last two chunks of 16), each kernel's head dim and a
  * zero-padded one (72), f16 and bf16, dense caches too, and every feature. */
 static void test_gpu_splits(attn_ctx *ctx, tu_rng *rng) {
-  static const char *const configs[] = {"splitkv", "splitkv_waves2", "splitkv_waves4"};
+  static const char *const configs[] = {"splitkv", "splitkv_half", "splitkv_waves2"};
   static const int64_t pages[] = {16, 64, 256}, groups[] = {1, 4, 8}, dims[] = {128, 64, 256, 72};
   int n = 0;
   for (int ci = 0; ci < 3; ++ci)

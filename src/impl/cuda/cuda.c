@@ -120,35 +120,47 @@ static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_si
   return ATTN_STATUS_OK;
 }
 
+/* A window bound for the kernels: one wider than Tq + Tk bounds nothing and becomes -1 (unbounded),
+ * so every bound fits 32 bits. */
+static int32_t window_bound(const attn_problem *p, int64_t w) {
+  return w < 0 || w >= p->seqlen_q + p->seqlen_k ? -1 : (int32_t)w;
+}
+
 /* Configurations: the backward pass's schedule (the forward pass is the same in both).
  * 0 "deterministic": dK/dV and dQ in two kernels, no atomics, identical bits on every run.
  * 1 "atomic": FlashAttention-2's single kernel adding dQ into an f32 workspace with atomics;
  *   fewer products, but the last bits of dq vary from run to run. */
 #define CUDA_CONFIG_ATOMIC 1
-/* 2.. "splitkv", "splitkv_waves2", "splitkv_waves4" (decode-shaped dense problems): the forward
- * pass on the split-KV decode kernel with its key splits chosen for 1 (the heuristic), 2 or 4 full
- * waves of resident CTAs, for the executor to time; the backward pass as "deterministic". A paged
- * problem has these three only, from index 0. */
+/* 2.. "splitkv", "splitkv_half", "splitkv_waves2" (decode-shaped dense problems): the forward pass
+ * on the split-KV decode kernel with its key splits chosen for one full wave of resident CTAs (the
+ * heuristic), half a wave (longer splits: less per-CTA overhead and merging where the keys are
+ * few) or two, for the executor to time; the backward pass as "deterministic". A paged problem has
+ * these three only, from index 0. The table holds half waves. */
 #define CUDA_CONFIG_SPLITKV 2
-static const int splitkv_waves[] = {1, 2, 4};
+static const int splitkv_half_waves[] = {2, 1, 4};
+static const char *const splitkv_names[] = {"splitkv", "splitkv_half", "splitkv_waves2"};
 #define N_SPLITKV 3
 
 static int is_splitkv(const attn_problem *p, int32_t config) {
   return p->page_size > 0 || config >= CUDA_CONFIG_SPLITKV;
 }
 
-/* Waves of CTAs the splits of a splitkv configuration aim at. */
-static int splitkv_target(const attn_problem *p, int32_t config) {
+/* The index of a splitkv configuration in the tables above. */
+static int splitkv_index(const attn_problem *p, int32_t config) {
   int32_t i = p->page_size > 0 ? config : config - CUDA_CONFIG_SPLITKV;
-  return splitkv_waves[i >= 0 && i < N_SPLITKV ? i : 0];
+  return i >= 0 && i < N_SPLITKV ? i : 0;
 }
 
-/* The split count of a splitkv configuration (workspace and run agree through this one call). */
+/* The split count of a splitkv configuration (workspace and run agree through this one call):
+ * from the keys a sequence's rows can see, seqlen_k or, with both window bounds, their width. */
 static int splitkv_splits(const attn_problem *p, int32_t config) {
   const int chunks = attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
-  return attn_cuda_decode_splits(p->device_index, (int)p->batch, (int)p->heads_kv, chunks,
-                                 (int)p->seqlen_k, (int)p->head_dim, (int)p->head_dim_v,
-                                 splitkv_target(p, config));
+  int64_t keys = p->seqlen_k;
+  const int32_t wl = window_bound(p, p->window_left), wr = window_bound(p, p->window_right);
+  if (wl >= 0 && wr >= 0 && (int64_t)wl + wr + p->seqlen_q < keys) keys = (int64_t)wl + wr + p->seqlen_q;
+  return attn_cuda_decode_splits(p->device_index, (int)p->batch, (int)p->heads_kv, chunks, (int)keys,
+                                 (int)p->head_dim, (int)p->head_dim_v,
+                                 splitkv_half_waves[splitkv_index(p, config)]);
 }
 
 static int32_t cuda_num_configs(const attn_problem *problem) {
@@ -158,11 +170,7 @@ static int32_t cuda_num_configs(const attn_problem *problem) {
 
 static void cuda_config_name(const attn_problem *problem, int32_t config, char *buf, size_t size) {
   if (is_splitkv(problem, config)) {
-    const int waves = splitkv_target(problem, config);
-    if (waves == splitkv_waves[0])
-      attn_format(buf, size, "splitkv");
-    else
-      attn_format(buf, size, "splitkv_waves%d", waves);
+    attn_format(buf, size, "%s", splitkv_names[splitkv_index(problem, config)]);
     return;
   }
   attn_format(buf, size, "%s", config == CUDA_CONFIG_ATOMIC ? "atomic" : "deterministic");
@@ -241,12 +249,6 @@ static int token_layout(const attn_problem *p, const attn_tensor *t, const char 
 
 static int64_t bstride(const int64_t shape[4], const int64_t stride[4], int d) {
   return shape[d] == 1 ? 0 : stride[d];
-}
-
-/* A window bound for the kernels: one wider than Tq + Tk bounds nothing and becomes -1 (unbounded),
- * so every bound fits 32 bits. */
-static int32_t window_bound(const attn_problem *p, int64_t w) {
-  return w < 0 || w >= p->seqlen_q + p->seqlen_k ? -1 : (int32_t)w;
 }
 
 /* ALiBi slopes ([Hq] or [B, Hq]) and sinks ([Hq, S] or shared [S]) as pointer and strides: the

@@ -76,19 +76,44 @@ __device__ __forceinline__ int seq_len(const attn_cuda_decode_params &p, int b) 
   return min(max(p.cache_seqlens[b], 0) + p.seqlen_new, p.seqlen_k);
 }
 
-/* Element offsets of (key j, head g, element 0) of sequence b in k and in v. */
-__device__ __forceinline__ void key_offsets(const attn_cuda_decode_params &p, int b, int j, int g,
-                                            int64_t &koff, int64_t &voff) {
+/* Key j of a paged sequence: its column of the block table and its row in that page. Page sizes
+ * that are powers of two (all the engines') take a shift and a mask instead of two divisions,
+ * which a CTA would otherwise pay for every row it copies. */
+struct PageOf {
+  int shift; /* log2(page_size), or -1 */
+  int size;
+  __device__ __forceinline__ explicit PageOf(int page_size) : size(page_size) {
+    shift = (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
+  }
+  __device__ __forceinline__ int column(int j) const { return shift >= 0 ? j >> shift : j / size; }
+  __device__ __forceinline__ int row(int j) const { return shift >= 0 ? j & (size - 1) : j % size; }
+};
+
+/* The pool page of key j of sequence b (the block table's entry, clamped to the pool). */
+__device__ __forceinline__ int page_of(const attn_cuda_decode_params &p, const PageOf &po, int b, int j) {
+  const int page = __ldg(p.block_table + (int64_t)b * p.bt_b + (int64_t)po.column(j) * p.bt_p);
+  return min(max(page, 0), p.num_pages - 1);
+}
+
+/* Element offsets of (key j, head g, element 0) of sequence b in k and in v; page: key j's pool
+ * page (paged caches). */
+__device__ __forceinline__ void key_offsets(const attn_cuda_decode_params &p, const PageOf &po, int b,
+                                            int j, int g, int page, int64_t &koff, int64_t &voff) {
   if (p.block_table == nullptr) {
     koff = (int64_t)b * p.k_b + (int64_t)j * p.k_r + (int64_t)g * p.k_h;
     voff = (int64_t)b * p.v_b + (int64_t)j * p.v_r + (int64_t)g * p.v_h;
     return;
   }
-  int page = __ldg(p.block_table + (int64_t)b * p.bt_b + (int64_t)(j / p.page_size) * p.bt_p);
-  page = min(max(page, 0), p.num_pages - 1);
-  const int r = j % p.page_size;
+  const int r = po.row(j);
   koff = (int64_t)page * p.k_b + (int64_t)r * p.k_r + (int64_t)g * p.k_h;
   voff = (int64_t)page * p.v_b + (int64_t)r * p.v_r + (int64_t)g * p.v_h;
+}
+
+/* tanh from one exponential: |error| below 1e-6 (the soft cap multiplies it by the cap, far below
+ * what rounding the probabilities to 16 bits costs), a fifth of tanhf's instructions. */
+__device__ __forceinline__ float tanh_fast(float y) {
+  const float e = __expf(2.0f * fabsf(y)); /* +inf for large |y|: the result is then 1 */
+  return copysignf(1.0f - __fdividef(2.0f, e + 1.0f), y);
 }
 
 /* Writes k_new, v_new into their pages, 16 bytes per copy: grid (B, seqlen_new). */
@@ -101,11 +126,13 @@ template <typename T> __global__ void append_kernel(attn_cuda_decode_params p) {
   T *v = const_cast<T *>(static_cast<const T *>(p.v));
   const T *kn = static_cast<const T *>(p.k_new), *vn = static_cast<const T *>(p.v_new);
   const int kc = p.d / 8, vc = p.dv / 8;
+  const PageOf po(p.page_size);
+  const int page = page_of(p, po, b, j);
   for (int e = threadIdx.x; e < p.heads_kv * (kc + vc); e += blockDim.x) {
     const bool is_k = e < p.heads_kv * kc;
     const int c = is_k ? e : e - p.heads_kv * kc, per = is_k ? kc : vc;
     const int g = c / per, col = c % per * 8;
-    key_offsets(p, b, j, g, koff, voff);
+    key_offsets(p, po, b, j, g, page, koff, voff);
     if (is_k)
       *reinterpret_cast<uint4 *>(k + koff + col) = *reinterpret_cast<const uint4 *>(
           kn + (int64_t)b * p.kn_b + (int64_t)t * p.kn_r + (int64_t)g * p.kn_h + col);
@@ -154,6 +181,7 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
   constexpr int kPitch = S::kPitch, kStages = S::kStages, kTile = S::kTile;
   constexpr uint32_t kPitchB = kPitch * sizeof(T);
   constexpr int kChunks = KD / 8, kStep = kThreads / kChunks; /* 16-byte copies per row; rows per pass */
+  constexpr int kPasses = kBN / kStep;                          /* rows of a tile per thread */
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *q_s = reinterpret_cast<T *>(smem_raw);                          /* [kRows][kPitch] */
   T *kv_s = q_s + kRows * kPitch;                                    /* [kStages][K, V][kBN][kPitch] */
@@ -200,24 +228,38 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
   }
   attn_cuda::cp_async_commit();
 
+  /* Paged: the pool pages of this thread's rows of the next tile to copy, read from the block
+   * table one tile ahead (in the shadow of a tile's arithmetic), so a copy never waits for its
+   * table entry. */
+  const PageOf po(p.page_size > 0 ? p.page_size : 1);
+  int pages[kPasses];
+  auto fetch_pages = [&](int t) {
+    if (p.block_table == nullptr) return;
+#pragma unroll
+    for (int it = 0; it < kPasses; ++it) {
+      const int j = k0 + t * kBN + r0 + it * kStep;
+      pages[it] = j < k1 ? page_of(p, po, b, j) : 0;
+    }
+  };
   auto load_tile = [&](int t, int stage) {
     T *ks = kv_s + stage * 2 * kTile, *vs = ks + kTile;
     const int base = k0 + t * kBN;
 #pragma unroll
-    for (int it = 0; it < kBN / kStep; ++it) {
+    for (int it = 0; it < kPasses; ++it) {
       const int r = r0 + it * kStep, j = base + r;
       const bool ok = j < k1; /* rows past the split are zero-filled, never read */
       int64_t koff = 0, voff = 0;
-      if (ok) key_offsets(p, b, j, g, koff, voff);
+      if (ok) key_offsets(p, po, b, j, g, pages[it], koff, voff);
       if (col < D) attn_cuda::cp_async16(ks + r * kPitch + col, kp + koff + col, ok);
       if (col < Dv) attn_cuda::cp_async16(vs + r * kPitch + col, vp + voff + col, ok);
     }
   };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < ntiles) load_tile(s, s);
+    if (s < ntiles) fetch_pages(s), load_tile(s, s);
     attn_cuda::cp_async_commit();
   }
+  fetch_pages(kStages - 1);
 
   /* the two rows of this lane's C fragments (lane / 4 and lane / 4 + 8): diagonal and slope */
   int diag[2];
@@ -238,11 +280,13 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
     for (int e = 0; e < 4; ++e) oacc[0][nt][e] = 0.0f;
 
   const uint32_t qa = attn_cuda::smem_u32(q_s) + attn_cuda::lane_a<T, kPitchB>(lane);
+  const float inv_cap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
   for (int t = 0; t < ntiles; ++t) {
     cp_async_wait<kStages - 2>(); /* tile t (and q) landed for this thread's copies */
     __syncthreads();              /* ... for everyone's; and tile t - 1's stage is free again */
     if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1, (t + kStages - 1) % kStages);
     attn_cuda::cp_async_commit();
+    if (t + kStages < ntiles) fetch_pages(t + kStages); /* its loads land during this tile */
 
     const T *ks = kv_s + (t % kStages) * 2 * kTile, *vs = ks + kTile;
     /* S = Q K^T for this warp's 16 keys */
@@ -252,17 +296,23 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
     for (int kk = 0; kk < KD / 16; ++kk)
       if (kk * 16 < D) attn_cuda::mma_abt<T, 1, 16, kPitchB, kPitchB>(sacc, qa + kk * 32, kb + kk * 32);
 
-    /* logits, masks, online softmax */
+    /* logits, masks, online softmax; rows 8-15 only when the chunk has them (Hq/Hkv x Tq <= 8:
+     * their probabilities stay 0, so their products add nothing) */
     const int jbase = k0 + t * kBN + warp * 16 + (lane & 3) * 2;
+    const int halves = nrows > 8 ? 2 : 1;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int hf = e >> 1, j = jbase + nt * 8 + (e & 1);
+        if (hf >= halves) {
+          sacc[0][nt][e] = 0.0f;
+          continue;
+        }
         float x = sacc[0][nt][e] * p.scale;
         if (p.alibi != nullptr) x -= slope[hf] * fabsf((float)(diag[hf] - j));
-        if (p.softcap > 0.0f) x = p.softcap * tanhf(x / p.softcap);
+        if (p.softcap > 0.0f) x = p.softcap * tanh_fast(x * inv_cap);
         const bool seen = j < k1 && (p.window_left < 0 || j >= diag[hf] - p.window_left) &&
                           (p.window_right < 0 || j <= diag[hf] + p.window_right);
         x = seen ? x : -INFINITY;
@@ -271,6 +321,7 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
       }
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
+      if (hf >= halves) continue;
       const float m_new = fmaxf(m[hf], attn_cuda::quad_max(mx[hf]));
       const float alpha = m_new == -INFINITY ? 1.0f : __expf(m[hf] - m_new); /* m = -inf: 0 */
       float sum = 0.0f;
@@ -294,6 +345,11 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
     attn_cuda::mma_ab_regs<T, 1, KD, kPitchB>(oacc, fa, vb, (Dv + 15) / 16);
   }
   attn_cuda::cp_async_wait_all();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  /* the merge kernel (launched as a programmatic dependent) may be scheduled now: its launch
+   * overlaps these epilogues, and it waits for this grid's results before reading them */
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
   __syncthreads(); /* the tiles' space becomes o_w */
 
   /* the warps' (m, l, O) to shared memory */
@@ -363,10 +419,14 @@ __device__ __forceinline__ float block_max(float x, float *red) {
 }
 
 /* Merges the splits of one row: grid (B * Hkv * row_chunks, kRows), kThreads threads, splits
- * floats of shared memory (the splits' weights). */
+ * floats of shared memory (the splits' weights). On sm_90 it may start before the split kernel has
+ * finished (programmatic dependent launch) and waits for its results first. */
 template <typename T> __global__ void __launch_bounds__(kThreads) merge_kernel(const attn_cuda_decode_params p, int row_chunks) {
   extern __shared__ float w_s[];
   __shared__ float red[kWarps];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const int item = blockIdx.x, r = blockIdx.y;
   const int g = item / row_chunks % p.heads_kv, chunk = item % row_chunks, b = item / (row_chunks * p.heads_kv);
   const int first = chunk * kRows;
@@ -389,8 +449,19 @@ template <typename T> __global__ void __launch_bounds__(kThreads) merge_kernel(c
   row_head(p, g, first + r, h, i);
   for (int c = threadIdx.x; c <= p.dv; c += blockDim.x) {
     float O = 0.0f;
-    if (c < p.dv)
-      for (int s = 0; s < splits; ++s) O += w_s[s] * part[s * sstride + 2 + c];
+    if (c < p.dv) {
+      /* eight splits' loads in flight at a time, summed in split order (the same bits each run) */
+      const float *col = part + 2 + c;
+      int s = 0;
+      for (; s + 8 <= splits; s += 8) {
+        float x[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) x[u] = col[(s + u) * sstride];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) O += w_s[s + u] * x[u];
+      }
+      for (; s < splits; ++s) O += w_s[s] * col[s * sstride];
+    }
     finish<T>(p, b, h, i, c, M, L, O);
   }
 }
@@ -437,8 +508,21 @@ attn_status launch(const attn_cuda_decode_params *p, cudaStream_t stream, char *
                    : kd == 128 ? launch_split<T, 128>(p, grid, stream, row_chunks, why, why_size)
                                : launch_split<T, 256>(p, grid, stream, row_chunks, why, why_size);
   if (st != ATTN_STATUS_OK || p->splits == 1) return st;
-  merge_kernel<T><<<dim3(p->batch * p->heads_kv * row_chunks, kRows), kThreads,
-                    sizeof(float) * (size_t)p->splits, stream>>>(*p, row_chunks);
+  const dim3 mgrid(p->batch * p->heads_kv * row_chunks, kRows);
+  const size_t msmem = sizeof(float) * (size_t)p->splits;
+  int major = 0;
+  ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p->device_index));
+  if (major >= 9) { /* programmatic dependent launch: the merge's launch overlaps the splits' tail */
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = mgrid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = msmem, cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, merge_kernel<T>, *p, row_chunks) == cudaSuccess) return ATTN_STATUS_OK;
+    (void)cudaGetLastError(); /* not taken here: the ordinary launch below */
+  }
+  merge_kernel<T><<<mgrid, kThreads, msmem, stream>>>(*p, row_chunks);
   ATTN_CUDA_CHECK(cudaGetLastError());
   return ATTN_STATUS_OK;
 }
@@ -450,7 +534,7 @@ extern "C" int attn_cuda_decode_row_chunks(int group, int seqlen_q) {
 }
 
 extern "C" int attn_cuda_decode_splits(int index, int batch, int heads_kv, int row_chunks,
-                                       int seqlen_k, int d, int dv, int waves) {
+                                       int keys, int d, int dv, int half_waves) {
   using namespace attn_cuda_decode;
   int sms = 0, smem_sm = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index) != cudaSuccess ||
@@ -466,11 +550,11 @@ extern "C" int attn_cuda_decode_splits(int index, int batch, int heads_kv, int r
   int resident = (int)((size_t)smem_sm / (smem_bytes(kd) + 1024));
   if (resident > min_blocks(kd)) resident = min_blocks(kd);
   if (resident < 1) resident = 1;
-  /* the most splits that keep the CTAs within `waves` full waves (whole waves: a partial last
-   * wave would leave SMs idle while it runs), none shorter than kMinSplitKeys */
+  /* the most splits that keep the CTAs within half_waves / 2 full waves (whole waves: a partial
+   * last wave would leave SMs idle while it runs), none shorter than kMinSplitKeys */
   const int64_t ctas = (int64_t)batch * heads_kv * row_chunks;
-  int64_t want = (int64_t)(waves > 0 ? waves : 1) * resident * sms / ctas;
-  int64_t most = (seqlen_k + kMinSplitKeys - 1) / kMinSplitKeys;
+  int64_t want = (int64_t)(half_waves > 0 ? half_waves : 2) * resident * sms / (2 * ctas);
+  int64_t most = (keys + kMinSplitKeys - 1) / kMinSplitKeys;
   if (want > most) want = most;
   if (want > 1024) want = 1024;
   return (int)(want < 1 ? 1 : want);
