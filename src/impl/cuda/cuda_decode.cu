@@ -45,6 +45,8 @@ constexpr int kRows = ATTN_CUDA_DECODE_ROWS; /* one m16 tile */
 constexpr int kBN = 64;                      /* keys per tile: 16 per warp */
 /* The shortest split the heuristic makes: two tiles, so a CTA's pipeline has work to overlap. */
 constexpr int kMinSplitKeys = 2 * kBN;
+/* The most splits it makes: the merge kernel holds their weights in a fixed shared array. */
+constexpr int kMaxSplits = 1024;
 
 /* Per head-dim kernel: stages in flight and CTAs per SM (registers are bounded for that many;
  * shared memory allows it on sm_90: 2 x 107 KiB at KD = 128). */
@@ -418,11 +420,12 @@ __device__ __forceinline__ float block_max(float x, float *red) {
   return s;
 }
 
-/* Merges the splits of one row: grid (B * Hkv * row_chunks, kRows), kThreads threads, splits
- * floats of shared memory (the splits' weights). On sm_90 it may start before the split kernel has
- * finished (programmatic dependent launch) and waits for its results first. */
+/* Merges the splits of one row: grid (B * Hkv * row_chunks, kRows), kThreads threads. On sm_90 it
+ * may start before the split kernel has finished (programmatic dependent launch) and waits for
+ * its results first. The splits' weights live in a fixed array (no dynamic shared memory:
+ * compute-sanitizer's memcheck flagged reads of the dynamic one under the programmatic launch). */
 template <typename T> __global__ void __launch_bounds__(kThreads) merge_kernel(const attn_cuda_decode_params p, int row_chunks) {
-  extern __shared__ float w_s[];
+  __shared__ float w_s[kMaxSplits];
   __shared__ float red[kWarps];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -509,12 +512,15 @@ attn_status launch(const attn_cuda_decode_params *p, cudaStream_t stream, char *
                                : launch_split<T, 256>(p, grid, stream, row_chunks, why, why_size);
   if (st != ATTN_STATUS_OK || p->splits == 1) return st;
   const dim3 mgrid(p->batch * p->heads_kv * row_chunks, kRows);
-  const size_t msmem = sizeof(float) * (size_t)p->splits;
+  if (p->splits > kMaxSplits) {
+    snprintf(why, why_size, "decode: %d key splits, more than the merge kernel's %d", p->splits, kMaxSplits);
+    return ATTN_STATUS_INTERNAL;
+  }
   int major = 0;
   ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p->device_index));
   if (major >= 9) { /* programmatic dependent launch: the merge's launch overlaps the splits' tail */
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = mgrid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = msmem, cfg.stream = stream;
+    cfg.gridDim = mgrid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = 0, cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -522,7 +528,7 @@ attn_status launch(const attn_cuda_decode_params *p, cudaStream_t stream, char *
     if (cudaLaunchKernelEx(&cfg, merge_kernel<T>, *p, row_chunks) == cudaSuccess) return ATTN_STATUS_OK;
     (void)cudaGetLastError(); /* not taken here: the ordinary launch below */
   }
-  merge_kernel<T><<<mgrid, kThreads, msmem, stream>>>(*p, row_chunks);
+  merge_kernel<T><<<mgrid, kThreads, 0, stream>>>(*p, row_chunks);
   ATTN_CUDA_CHECK(cudaGetLastError());
   return ATTN_STATUS_OK;
 }
@@ -556,7 +562,7 @@ extern "C" int attn_cuda_decode_splits(int index, int batch, int heads_kv, int r
   int64_t want = (int64_t)(half_waves > 0 ? half_waves : 2) * resident * sms / (2 * ctas);
   int64_t most = (keys + kMinSplitKeys - 1) / kMinSplitKeys;
   if (want > most) want = most;
-  if (want > 1024) want = 1024;
+  if (want > kMaxSplits) want = kMaxSplits;
   return (int)(want < 1 ? 1 : want);
 }
 
