@@ -4,7 +4,7 @@
  * B * T = 16384 tokens, Hq * D = 2048, Hkv = Hq, dense [B, T, H, D]) and their FLOP count, the
  * device tensors of one forward and backward pass on random inputs, and the median of the timings.
  *
- * Header-only (static functions): each benchmark is one program built by one compiler call in
+ * Header-only (static inline functions): each benchmark is one program built by one compiler call in
  * gpu/run.sh, against the public header only.
  */
 #ifndef ATTN_GPU_BENCH_COMMON_H
@@ -33,7 +33,7 @@
 
 /* The benchmark shape of head dim d and sequence length t (Tq = Tk): bf16 on the device, the
  * batch and head counts keeping B * T = 16384 tokens and Hq * D = 2048. */
-static attn_problem bench_problem(int64_t d, int64_t t, int causal) {
+static inline attn_problem bench_problem(int64_t d, int64_t t, int causal) {
   attn_problem p;
   attn_problem_init(&p);
   p.dtype = ATTN_DTYPE_BF16;
@@ -45,7 +45,7 @@ static attn_problem bench_problem(int64_t d, int64_t t, int causal) {
 
 /* The forward pass's FLOP count as FlashAttention and PyTorch count it: 4 * B * Hq * T * T * D
  * (two matrix products), halved when causal. The backward pass counts 2.5x that. */
-static double bench_forward_flops(const attn_problem *p) {
+static inline double bench_forward_flops(const attn_problem *p) {
   double flops = 4.0 * (double)p->batch * (double)p->heads_q * (double)p->seqlen_q *
                  (double)p->seqlen_k * (double)p->head_dim;
   return p->causal ? flops / 2 : flops;
@@ -53,7 +53,7 @@ static double bench_forward_flops(const attn_problem *p) {
 
 /* n random bf16 values in [-1, 1) on the device, drawn from seed (xorshift64): never a tensor of
  * zeros, which draws less power than real data and can time faster. */
-static void *bench_random_bf16(size_t n, uint64_t seed) {
+static inline void *bench_random_bf16(size_t n, uint64_t seed) {
   uint16_t *h = malloc(n * 2);
   if (h == NULL) {
     fprintf(stderr, "out of host memory for %zu values\n", n);
@@ -85,7 +85,7 @@ typedef struct bench_buffers {
   size_t workspace_size;
 } bench_buffers;
 
-static bench_buffers bench_buffers_create(attn_plan *plan, const attn_problem *p) {
+static inline bench_buffers bench_buffers_create(attn_plan *plan, const attn_problem *p) {
   bench_buffers b;
   size_t n = (size_t)(p->batch * p->seqlen_q * p->heads_q * p->head_dim);
   size_t rows = (size_t)(p->batch * p->heads_q * p->seqlen_q);
@@ -113,7 +113,7 @@ static bench_buffers bench_buffers_create(attn_plan *plan, const attn_problem *p
   return b;
 }
 
-static void bench_buffers_destroy(bench_buffers *b) {
+static inline void bench_buffers_destroy(bench_buffers *b) {
   void *all[] = {b->in.q.data,     b->in.k.data,     b->in.v.data,     b->dout.data,
                  b->out.out.data,  b->out.lse.data,  b->grads.dq.data, b->grads.dk.data,
                  b->grads.dv.data, b->workspace};
@@ -121,13 +121,13 @@ static void bench_buffers_destroy(bench_buffers *b) {
     if (all[i] != NULL) BENCH_CUDA_CHECK(cudaFree(all[i]));
 }
 
-static int bench_compare_float(const void *a, const void *b) {
+static inline int bench_compare_float(const void *a, const void *b) {
   float x = *(const float *)a, y = *(const float *)b;
   return (x > y) - (x < y);
 }
 
 /* The median of n timings (sorted in place). */
-static float bench_median(float *ms, int n) {
+static inline float bench_median(float *ms, int n) {
   qsort(ms, (size_t)n, sizeof ms[0], bench_compare_float);
   return ms[n / 2];
 }

@@ -47,6 +47,7 @@ typedef struct pcase {
   int top_left; /* align=tl instead of bottom-right */
   int pad;      /* paged pools with 8 unused elements after each head's row (strided tensors) */
   int device;
+  const char *config; /* GPU: the cuda configuration to run (NULL: the registry's choice) */
 } pcase;
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -82,14 +83,17 @@ static size_t buf_bytes(const tu_buf *b) { return (size_t)b->n * attn_dtype_size
 
 /* Runs the problem with implementation impl (NULL: any) and rounding; status of the plan or run.
  * GPU problems get device copies of every input and bring out and lse back. */
-static attn_status run(attn_ctx *ctx, const attn_problem *p, const char *impl, attn_dtype rounding,
+static attn_status run(attn_ctx *ctx, const attn_problem *p, const char *impl, const char *config,
+                       attn_dtype rounding,
                        attn_inputs *in, tu_buf *out, tu_buf *lse, tu_buf *const uploads[],
                        int n_uploads, const int32_t *cache_seqlens, int64_t batch) {
   attn_select sel;
   attn_select_init(&sel);
   sel.impl = impl;
-  if (p->device != ATTN_DEVICE_CPU && p->page_size == 0) /* a dense decode problem on the GPU: */
-    sel.impl = "cuda", sel.config = "splitkv";          /* the split-KV kernel, not the default */
+  if (p->device != ATTN_DEVICE_CPU && config != NULL) /* a configuration of the split-KV kernel */
+    sel.impl = "cuda", sel.config = config;
+  else if (p->device != ATTN_DEVICE_CPU && p->page_size == 0) /* a dense decode problem on the GPU: */
+    sel.impl = "cuda", sel.config = "splitkv";               /* the split-KV kernel, not the default */
   attn_plan *plan = NULL;
   attn_status st = attn_plan_create(ctx, p, &sel, &plan);
   if (st != ATTN_STATUS_OK) return st;
@@ -200,7 +204,7 @@ static int check_case(attn_ctx *ctx, const pcase *c, const char *impl, tu_rng *r
   oin.sinks = tu_tensor(&sinks), oin.alibi_slopes = tu_tensor(&slopes), oin.bias = tu_tensor(&bias);
   oin.seqlens_q = lens_q, oin.seqlens_k = lens_k;
   tu_buf oout = tu_buf_new(ATTN_DTYPE_F64, B * Tq * Hq * Dv), olse = tu_buf_new(ATTN_DTYPE_F64, B * Hq * Tq);
-  attn_status status = run(ctx, &po, "ref", ATTN_DTYPE_F64, &oin, &oout, &olse, NULL, 0, NULL, 0);
+  attn_status status = run(ctx, &po, "ref", NULL, ATTN_DTYPE_F64, &oin, &oout, &olse, NULL, 0, NULL, 0);
   int passed = 1;
   if (status != ATTN_STATUS_OK) {
     tu_check(0, "oracle of %s: %s", what, attn_ctx_last_error(ctx));
@@ -296,10 +300,11 @@ static int check_case(attn_ctx *ctx, const pcase *c, const char *impl, tu_rng *r
   }
   tu_buf out = tu_buf_new(dt, B * Tq * Hq * Dv), lse = tu_buf_new(st, B * Hq * Tq);
   tu_buf *uploads[9] = {&qt, &kp, &vp, &sinks_t, &slopes_t, &bias_t, &table, &knew, &vnew};
-  status = run(ctx, &p, impl, ATTN_DTYPE_F64, &in, &out, &lse, uploads, 9,
+  status = run(ctx, &p, impl, c->config, ATTN_DTYPE_F64, &in, &out, &lse, uploads, 9,
                c->paged ? cache_seqlens : NULL, B);
   if ((status == ATTN_STATUS_UNSUPPORTED || status == ATTN_STATUS_INVALID_ARGUMENT) &&
-      c->device != ATTN_DEVICE_CPU) { /* no cuda module, or no splitkv configuration */
+      c->device != ATTN_DEVICE_CPU && c->config == NULL) { /* no cuda module, or no splitkv
+                                                              configuration; a named one must run */
     printf("  skipped on the GPU: %s\n", attn_ctx_last_error(ctx));
     ++skipped_gpu;
   } else if (status != ATTN_STATUS_OK) {
@@ -312,7 +317,7 @@ static int check_case(attn_ctx *ctx, const pcase *c, const char *impl, tu_rng *r
       attn_problem pn = p;
       pn.device = ATTN_DEVICE_CPU;
       tu_buf nout = tu_buf_new(dt, out.n), nlse = tu_buf_new(st, lse.n);
-      if (run(ctx, &pn, "ref", dt, &in, &nout, &nlse, NULL, 0, NULL, 0) == ATTN_STATUS_OK) {
+      if (run(ctx, &pn, "ref", NULL, dt, &in, &nout, &nlse, NULL, 0, NULL, 0) == ATTN_STATUS_OK) {
         naive_out = tu_compare(&nout, (const double *)oout.data, out.n).max_abs;
         naive_lse = tu_compare(&nlse, (const double *)olse.data, lse.n).max_abs;
       }
@@ -444,6 +449,43 @@ static void test_dense_decode(attn_ctx *ctx, tu_rng *rng, const char *impl, int 
     set_features(&c, f);
     check_case(ctx, &c, impl, rng);
   }
+}
+
+/* GPU only, the split-KV kernel beyond the grid's shapes: each configuration of cuda (its own split
+ * count), long odd lengths (many 64-key tiles and splits, the shorter sequences' last splits
+ * empty), a sequence of length 0, page sizes 16, 64 and 256, GQA groups 1, 4 and 8 (with Tq = 4:
+ * 4, 16 and 32 rows per KV head, the last two chunks of 16), each kernel's head dim and a
+ * zero-padded one (72), f16 and bf16, dense caches too, and every feature. */
+static void test_gpu_splits(attn_ctx *ctx, tu_rng *rng) {
+  static const char *const configs[] = {"splitkv", "splitkv_half", "splitkv_waves2"};
+  static const int64_t pages[] = {16, 64, 256}, groups[] = {1, 4, 8}, dims[] = {128, 64, 256, 72};
+  int n = 0;
+  for (int ci = 0; ci < 3; ++ci)
+    for (int pi = 0; pi < 3; ++pi)
+      for (int gi = 0; gi < 3; ++gi, ++n) {
+        pcase c;
+        memset(&c, 0, sizeof c);
+        c.dtype = n % 2 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
+        c.page = pages[pi];
+        c.B = 3, c.Hkv = 2, c.Hq = 2 * groups[gi];
+        c.D = c.Dv = dims[n % 4];
+        c.Tq = n % 3 == 1 ? 4 : 1;
+        c.paged = n % 5 != 4;
+        c.seqlen_new = c.paged && n % 3 == 2 ? 1 : 0;
+        c.device = ATTN_DEVICE_CUDA;
+        c.config = configs[ci];
+        set_features(&c, n % F_COUNT);
+        const int64_t odd = 2 * tu_int(rng, 300, 1600) + 1;
+        for (int64_t b = 0; b < c.B; ++b) c.lens[b] = odd;
+        if (c.paged) { /* one short, one empty (or just the appended rows) */
+          c.lens[1] = c.seqlen_new;
+          c.lens[2] = c.page * tu_int(rng, 1, 6) + (n % 2 ? 1 : -1);
+        }
+        char what[512];
+        describe(&c, what, sizeof what);
+        if (!check_case(ctx, &c, NULL, rng))
+          printf("  failed: %s %s (feature %s)\n", c.config, what, feature_names[n % F_COUNT]);
+      }
 }
 
 /* Chunked prefill (Tq = 40) and a bias: the cpu's tiled path over pages. */
@@ -585,6 +627,7 @@ int main(void) {
   if (gpu != NULL && gpu->device_count(&gpus, why, sizeof why) == ATTN_STATUS_OK && gpus > 0) {
     test_grid(ctx, &rng, NULL, ATTN_DEVICE_CUDA);
     test_dense_decode(ctx, &rng, NULL, ATTN_DEVICE_CUDA);
+    test_gpu_splits(ctx, &rng);
     printf("test_paged: %d GPU cases skipped (no GPU implementation takes them)\n", skipped_gpu);
   } else {
     printf("test_paged: no GPU (%s): the device=cuda cases are skipped\n",

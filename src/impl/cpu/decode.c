@@ -118,7 +118,8 @@ size_t attn_cpu_decode_workspace(const attn_problem *p) {
 typedef struct decode_run {
   const attn_problem *p;
   const attn_inputs *in;
-  const attn_cpu_kernels *kern;
+  const attn_cpu_kernels *kern; /* whose decode loops run (decode_loops) */
+  int dots_bf16;                /* bf16 scores by vdpbf16ps available (decode_loops) */
   attn_dtype dt;
   decode_layout l;
   int64_t group, splits;
@@ -226,12 +227,8 @@ static void decode_item(const decode_run *c, const decode_thread *t, int64_t b,
     memset(t->o + r * Dvp, 0, (size_t)Dvp * sizeof(float));
   }
   const int kmode = rows_mode(c, &in->k, D), vmode = rows_mode(c, &in->v, Dv);
-  /* bf16 rows on a machine with AVX-512 BF16 (the kernel table cpu.c chose, lowered by
-   * ATTN_CPU_ISA): scores by vdpbf16ps on q as given, the scale applied to the sums */
-  int dpbf16 = 0;
-#ifdef ATTN_CPU_X86
-  dpbf16 = kern == &attn_cpu_kernels_avx512bf16 && kmode == ROWS_BF16_PAIRS;
-#endif
+  /* bf16 rows where vdpbf16ps is there: scores on q as given, the scale applied to the sums */
+  const int dpbf16 = c->dots_bf16 && kmode == ROWS_BF16_PAIRS;
   uint16_t *q16 = (uint16_t *)t->q; /* dpbf16: q rows as bf16 bits, in the f32 rows' space */
   if (k1 > k0 && dpbf16) {
     const attn_tensor *qt = &in->q;
@@ -386,17 +383,31 @@ static void decode_merge(const decode_run *c, const attn_outputs *out, int64_t b
   }
 }
 
+/* The one place that decides which vector loops decode runs, from the kernel table cpu.c chose
+ * for the problem (the best the processor has, or ATTN_CPU_ISA's):
+ *   - the table's own decode loops (decode_kernels.h, one copy per table) - except the AMX table's,
+ *     which has none on purpose: a tile product multiplies 16 query rows at a time and decode has
+ *     Hq/Hkv * Tq of them per KV head (4 in the common GQA case), so three quarters of each tile
+ *     would be padding, and the tile loads and stores cost more than the vector loop they would
+ *     replace in a loop bound by memory anyway. cpu.c chooses AMX only where AVX-512 BF16 is there
+ *     too (has_amx needs has_bf16), so the AMX machine runs the avx512bf16 table's loops;
+ *   - bf16 scores by vdpbf16ps (attn_cpu_decode_dots_bf16, kernels_avx512bf16.c) on those
+ *     machines: bf16 q and K rows go into the dot products as they are (no widening), half the
+ *     instructions of the f32 loop; every other table widens bf16 to f32. */
+static void decode_loops(const attn_cpu_kernels *chosen, decode_run *c) {
+  c->kern = chosen, c->dots_bf16 = 0;
+#if defined(ATTN_CPU_X86)
+  if (chosen == &attn_cpu_kernels_amx) c->kern = &attn_cpu_kernels_avx512bf16;
+  c->dots_bf16 = c->kern == &attn_cpu_kernels_avx512bf16;
+#endif
+}
+
 attn_status attn_cpu_decode_forward(const attn_run *run, const attn_cpu_kernels *kern) {
   const attn_problem *p = run->problem;
   decode_run c;
   c.p = p;
   c.in = run->inputs;
-#if defined(ATTN_CPU_X86)
-  /* Decode streams memory: tiles buy nothing, and the AMX table has no decode loops of its own. Its
-   * sibling with the same processor features has them (the bf16 dot products among them). */
-  if (kern == &attn_cpu_kernels_amx) kern = &attn_cpu_kernels_avx512bf16;
-#endif
-  c.kern = kern;
+  decode_loops(kern, &c);
   c.dt = (attn_dtype)p->dtype;
   c.l = layout_of(p);
   c.group = p->heads_q / p->heads_kv;

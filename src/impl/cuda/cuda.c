@@ -123,6 +123,12 @@ static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_si
   return ATTN_STATUS_OK;
 }
 
+/* A window bound for the kernels: one wider than Tq + Tk bounds nothing and becomes -1 (unbounded),
+ * so every bound fits 32 bits. */
+static int32_t window_bound(const attn_problem *p, int64_t w) {
+  return w < 0 || w >= p->seqlen_q + p->seqlen_k ? -1 : (int32_t)w;
+}
+
 /* The problem's sizes and function as the kernels see them (what fill_params sets before the
  * tensors): enough for the kernels' own rules on what they run. */
 static void problem_params(const attn_problem *p, attn_cuda_params *k) {
@@ -142,10 +148,8 @@ static void problem_params(const attn_problem *p, attn_cuda_params *k) {
   k->sinks_shared = p->sinks_shared;
   k->scale = (float)p->scale;
   k->softcap = (float)p->softcap;
-  /* A window wider than Tq + Tk bounds nothing: such bounds become -1 so they fit 32 bits. */
-  int64_t span = p->seqlen_q + p->seqlen_k;
-  k->window_left = p->window_left < 0 || p->window_left >= span ? -1 : (int32_t)p->window_left;
-  k->window_right = p->window_right < 0 || p->window_right >= span ? -1 : (int32_t)p->window_right;
+  k->window_left = window_bound(p, p->window_left);
+  k->window_right = window_bound(p, p->window_right);
   k->align_bottom_right = p->align == ATTN_ALIGN_BOTTOM_RIGHT;
   k->dropout_p = (float)p->dropout_p;
   k->drop_threshold = attn_dropout_threshold(p->dropout_p);
@@ -174,12 +178,15 @@ static int sm90_offered(const attn_problem *p) {
  * 1 "atomic": FlashAttention-2's single kernel adding dQ into an f32 workspace with atomics;
  *   fewer products, but the last bits of dq vary from run to run. */
 #define CUDA_CONFIG_ATOMIC 1
-/* 2.. "splitkv", "splitkv_ctas4", "splitkv_ctas16" (decode-shaped dense problems): the forward
- * pass on the split-KV decode kernel with its key splits chosen for 8 (the heuristic), 4 or 16
- * CTAs per SM, for the executor to time; the backward pass as "deterministic". A paged problem
- * has these three only, from index 0. */
+/* 2.. "splitkv", "splitkv_half", "splitkv_waves2" (decode-shaped dense problems): the forward pass
+ * on the split-KV decode kernel with its key splits chosen for one full wave of resident CTAs (the
+ * heuristic), half a wave (longer splits: less per-CTA overhead and merging where the keys are
+ * few) or two, for the executor to time; the backward pass as "deterministic". A paged problem has
+ * these three only, from index 0. The table holds half waves. One wave is the default: on the H100
+ * it was the fastest in 36 of the 43 decode rows of bench/RESULTS.md and within 1.5% in the rest. */
 #define CUDA_CONFIG_SPLITKV 2
-static const int splitkv_ctas_per_sm[] = {8, 4, 16};
+static const int splitkv_half_waves[] = {2, 1, 4};
+static const char *const splitkv_names[] = {"splitkv", "splitkv_half", "splitkv_waves2"};
 #define N_SPLITKV 3
 
 static int is_splitkv(const attn_problem *p, int32_t config) {
@@ -187,10 +194,22 @@ static int is_splitkv(const attn_problem *p, int32_t config) {
                               config < CUDA_CONFIG_SPLITKV + N_SPLITKV);
 }
 
-/* CTAs per SM the splits of a splitkv configuration aim at. */
-static int splitkv_target(const attn_problem *p, int32_t config) {
+/* The index of a splitkv configuration in the tables above. */
+static int splitkv_index(const attn_problem *p, int32_t config) {
   int32_t i = p->page_size > 0 ? config : config - CUDA_CONFIG_SPLITKV;
-  return splitkv_ctas_per_sm[i >= 0 && i < N_SPLITKV ? i : 0];
+  return i >= 0 && i < N_SPLITKV ? i : 0;
+}
+
+/* The split count of a splitkv configuration (workspace and run agree through this one call):
+ * from the keys a sequence's rows can see, seqlen_k or, with both window bounds, their width. */
+static int splitkv_splits(const attn_problem *p, int32_t config) {
+  const int chunks = attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
+  int64_t keys = p->seqlen_k;
+  const int32_t wl = window_bound(p, p->window_left), wr = window_bound(p, p->window_right);
+  if (wl >= 0 && wr >= 0 && (int64_t)wl + wr + p->seqlen_q < keys) keys = (int64_t)wl + wr + p->seqlen_q;
+  return attn_cuda_decode_splits(p->device_index, (int)p->batch, (int)p->heads_kv, chunks, (int)keys,
+                                 (int)p->head_dim, (int)p->head_dim_v,
+                                 splitkv_half_waves[splitkv_index(p, config)]);
 }
 
 /* The last one, "sm90": the Hopper forward (sm90/), then the deterministic backward; offered only
@@ -206,11 +225,7 @@ static int is_sm90(const attn_problem *p, int32_t config) {
 
 static void cuda_config_name(const attn_problem *problem, int32_t config, char *buf, size_t size) {
   if (is_splitkv(problem, config)) {
-    const int ctas = splitkv_target(problem, config);
-    if (ctas == splitkv_ctas_per_sm[0])
-      attn_format(buf, size, "splitkv");
-    else
-      attn_format(buf, size, "splitkv_ctas%d", ctas);
+    attn_format(buf, size, "%s", splitkv_names[splitkv_index(problem, config)]);
     return;
   }
   if (is_sm90(problem, config)) {
@@ -231,9 +246,12 @@ static int cuda_config_deterministic(const attn_problem *p, int32_t config) {
   return config != CUDA_CONFIG_ATOMIC && !broadcast_bias;
 }
 
-/* "sm90" where it is offered (1.6x to 1.8x the sm80 forward on an H100, dev/cuda/fwd_hopper.cu),
- * else "deterministic". */
+/* Decode-shaped problems (paged or dense): "splitkv", whose GQA-packed rows read K and V once where
+ * the others' 64- or 128-row tiles would be mostly empty; otherwise "sm90" where it is offered
+ * (1.6x to 1.8x the sm80 forward on an H100, dev/cuda/fwd_hopper.cu), else "deterministic". */
 static int32_t cuda_default_config(const attn_problem *problem) {
+  if (problem->page_size > 0) return 0;
+  if (decode_shaped(problem)) return CUDA_CONFIG_SPLITKV;
   return sm90_offered(problem) ? cuda_num_configs(problem) - 1 : 0;
 }
 
@@ -244,10 +262,8 @@ static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const v
   (void)state;
   if (!backward && is_splitkv(p, config)) { /* the splits' partial results */
     const int chunks = attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
-    const int splits = attn_cuda_decode_splits(p->device_index, (int)p->batch, (int)p->heads_kv,
-                                               chunks, (int)p->seqlen_k, splitkv_target(p, config));
-    return attn_cuda_decode_workspace((int)p->batch, (int)p->heads_kv, chunks, splits,
-                                      (int)p->head_dim_v);
+    return attn_cuda_decode_workspace((int)p->batch, (int)p->heads_kv, chunks,
+                                      splitkv_splits(p, config), (int)p->head_dim_v);
   }
   if (!backward) return 0;
   size_t bytes = align_up((size_t)(p->heads_q * rows_q(p)) * sizeof(float));
@@ -298,6 +314,28 @@ static int64_t bstride(const int64_t shape[4], const int64_t stride[4], int d) {
   return shape[d] == 1 ? 0 : stride[d];
 }
 
+/* ALiBi slopes ([Hq] or [B, Hq]) and sinks ([Hq, S] or shared [S]) as pointer and strides: the
+ * one place both kernels' params (attn_cuda_params, attn_cuda_decode_params) take them from. */
+static void alibi_sinks_layout(const attn_problem *p, const attn_inputs *in, const float **alibi,
+                               int64_t *alibi_b, int64_t *alibi_h, const float **sinks,
+                               int32_t *num_sinks, int64_t *sinks_h, int64_t *sinks_t) {
+  if (p->alibi != ATTN_ALIBI_NONE) {
+    *alibi = (const float *)in->alibi_slopes.data;
+    if (p->alibi == ATTN_ALIBI_PER_BATCH_HEAD)
+      *alibi_b = in->alibi_slopes.stride[0], *alibi_h = in->alibi_slopes.stride[1];
+    else
+      *alibi_b = 0, *alibi_h = in->alibi_slopes.stride[0];
+  }
+  if (p->num_sinks > 0) {
+    *sinks = (const float *)in->sinks.data;
+    *num_sinks = (int32_t)p->num_sinks;
+    if (p->sinks_shared)
+      *sinks_h = 0, *sinks_t = in->sinks.stride[0];
+    else
+      *sinks_h = in->sinks.stride[0], *sinks_t = in->sinks.stride[1];
+  }
+}
+
 static attn_status fill_params(const attn_run *run, int backward, attn_cuda_params *k) {
   const attn_problem *p = run->problem;
   const attn_inputs *in = run->inputs;
@@ -339,20 +377,8 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
     k->mask = (const uint8_t *)in->mask.data;
     for (int d = 0; d < 4; ++d) k->mask_s[d] = bstride(p->mask_shape, in->mask.stride, d);
   }
-  if (p->alibi != ATTN_ALIBI_NONE) {
-    k->alibi = (const float *)in->alibi_slopes.data;
-    if (p->alibi == ATTN_ALIBI_PER_BATCH_HEAD)
-      k->alibi_b = in->alibi_slopes.stride[0], k->alibi_h = in->alibi_slopes.stride[1];
-    else
-      k->alibi_b = 0, k->alibi_h = in->alibi_slopes.stride[0];
-  }
-  if (p->num_sinks > 0) {
-    k->sinks = (const float *)in->sinks.data;
-    if (p->sinks_shared)
-      k->sinks_h = 0, k->sinks_t = in->sinks.stride[0];
-    else
-      k->sinks_h = in->sinks.stride[0], k->sinks_t = in->sinks.stride[1];
-  }
+  alibi_sinks_layout(p, in, &k->alibi, &k->alibi_b, &k->alibi_h, &k->sinks, &k->num_sinks,
+                     &k->sinks_h, &k->sinks_t);
   if (p->has_segment_ids) {
     k->q_seg = (const int32_t *)in->q_segment_ids.data;
     k->kv_seg = (const int32_t *)in->kv_segment_ids.data;
@@ -447,43 +473,26 @@ static attn_status fill_decode_params(const attn_run *run, attn_cuda_decode_para
     k->block_table = (const int32_t *)in->block_table.data;
     k->bt_b = in->block_table.stride[0], k->bt_p = in->block_table.stride[1];
     k->page_size = (int32_t)p->page_size;
+    k->num_pages = (int32_t)attn_paged_num_pages(p);
     k->cache_seqlens = in->cache_seqlens;
     k->seqlen_new = (int32_t)p->seqlen_new;
     if (p->seqlen_new > 0) {
-      k->k_new = in->k_new.data, k->v_new = in->v_new.data;
-      const attn_tensor *kn = &in->k_new, *vn = &in->v_new;
-      if (kn->stride[3] != 1 || vn->stride[3] != 1) {
-        attn_format(why, ws, "k_new, v_new: the cuda kernels need a contiguous last dimension");
+      /* the append copies 16 bytes at a time, like the reads */
+      if (!kv_layout(&in->k_new, "k_new", &k->kn_b, &k->kn_r, &k->kn_h, why, ws) ||
+          !kv_layout(&in->v_new, "v_new", &k->vn_b, &k->vn_r, &k->vn_h, why, ws))
         return ATTN_STATUS_UNSUPPORTED;
-      }
-      k->kn_b = kn->stride[0], k->kn_r = kn->stride[1], k->kn_h = kn->stride[2];
-      k->vn_b = vn->stride[0], k->vn_r = vn->stride[1], k->vn_h = vn->stride[2];
+      k->k_new = in->k_new.data, k->v_new = in->v_new.data;
     }
   }
-  if (p->alibi != ATTN_ALIBI_NONE) {
-    k->alibi = (const float *)in->alibi_slopes.data;
-    if (p->alibi == ATTN_ALIBI_PER_BATCH_HEAD)
-      k->alibi_b = in->alibi_slopes.stride[0], k->alibi_h = in->alibi_slopes.stride[1];
-    else
-      k->alibi_b = 0, k->alibi_h = in->alibi_slopes.stride[0];
-  }
-  if (p->num_sinks > 0) {
-    k->sinks = (const float *)in->sinks.data;
-    k->num_sinks = (int32_t)p->num_sinks;
-    if (p->sinks_shared)
-      k->sinks_h = 0, k->sinks_t = in->sinks.stride[0];
-    else
-      k->sinks_h = in->sinks.stride[0], k->sinks_t = in->sinks.stride[1];
-  }
+  alibi_sinks_layout(p, in, &k->alibi, &k->alibi_b, &k->alibi_h, &k->sinks, &k->num_sinks,
+                     &k->sinks_h, &k->sinks_t);
   k->scale = (float)p->scale;
   k->softcap = (float)p->softcap;
-  int64_t span = p->seqlen_q + p->seqlen_k;
-  k->window_left = p->window_left < 0 || p->window_left >= span ? -1 : (int32_t)p->window_left;
-  k->window_right = p->window_right < 0 || p->window_right >= span ? -1 : (int32_t)p->window_right;
+  k->window_left = window_bound(p, p->window_left);
+  k->window_right = window_bound(p, p->window_right);
   k->align_bottom_right = p->align == ATTN_ALIGN_BOTTOM_RIGHT;
   const int chunks = attn_cuda_decode_row_chunks(k->group, k->seqlen_q);
-  k->splits = attn_cuda_decode_splits(p->device_index, k->batch, k->heads_kv, chunks, k->seqlen_k,
-                                      splitkv_target(p, run->config));
+  k->splits = splitkv_splits(p, run->config);
   /* the workspace was sized for this split count (cuda_workspace_size) */
   if (run->workspace_size < attn_cuda_decode_workspace(k->batch, k->heads_kv, chunks, k->splits, k->dv)) {
     attn_format(why, ws, "the decode kernel's workspace is smaller than its split count needs");

@@ -2,358 +2,502 @@
  * src/impl/cuda/cuda_decode.cu - split-KV decode (flash-decoding) for dense and paged KV caches.
  *
  * Decode reads every visible K and V row once and does little arithmetic with it, so the kernels
- * are built to keep the memory system busy, not the tensor cores:
+ * are built to keep as many bytes in flight as the memory system needs, and to do the arithmetic
+ * where it costs nothing:
  *   - a CTA (4 warps) takes one (sequence b, KV head g, chunk of up to 16 query rows, key split);
- *     the rows are the Hq/Hkv query heads times Tq queries of head g (GQA packing), held in shared
- *     memory as f32, so each K and V row is read from memory once for all of them;
- *   - the split's keys go to the warps 32 at a time: for scores a lane owns a key (its row read
- *     with 16-byte loads, its addresses computed once: block table and page for a paged cache) and
- *     holds that key's score for every row; an online softmax per warp (max and sum by shuffles);
- *     for P V a lane owns Dv/32 columns and walks the tile's 32 keys, P read from shared memory;
- *   - the warps' (m, l, O) merge in shared memory, and each CTA writes its split's partial result;
- *     a second kernel merges the splits through their maxima, adds the sinks once, and writes out
- *     (the dtype) and lse (f32);
+ *     the rows are the Hq/Hkv query heads times Tq queries of head g (GQA packing): they are the
+ *     16 rows of one tensor-core tile, so each K and V row is read from memory once for all of
+ *     them and Tq = 4 costs what Tq = 1 does;
+ *   - the split's keys stream through shared memory in tiles of 64 rows with cp.async, 16 bytes
+ *     per copy, a row of a page per 8 to 32 consecutive threads (coalesced), two or three tiles
+ *     in flight while one is used (a CTA keeps 64-128 KiB requested; two CTAs per SM at D = 128).
+ *     A paged cache is gathered row by row through the block table, so any page size works;
+ *   - each warp owns 16 keys of a tile: S = Q K^T and O += P V on mma.sync (m16n8k16, f32
+ *     accumulation, P rounded to the input type as in the main forward kernel), an online softmax
+ *     per row in registers; the warps' (m, l, O) merge in shared memory in a fixed order;
+ *   - with one split the CTA writes out and lse itself; otherwise each split writes its partial
+ *     (m, l, unnormalised O) and a small kernel, one CTA per output row, merges them through
+ *     their maxima (the lse merge of flash-decoding), adds the sinks once, and writes out and lse.
+ *     Every sum runs in a fixed order, so the bits repeat;
  *   - the key range of a sequence is the union of its rows' windows, so pages wholly outside a
- *     sliding window are never read; sequences of length 0 give out = 0, lse = -inf (or the sinks');
- *   - with seqlen_new > 0 a first kernel writes k_new / v_new into their pages.
- * The number of splits is chosen from the SM count (eight CTAs per SM where the keys allow).
- * Features: GQA/MQA, causal, sliding windows, soft cap, ALiBi, sinks, lse; f16 and bf16; D and Dv
- * multiples of 8 up to 256.
+ *     sliding window are never read; sequences of length 0 give out = 0, lse = -inf (or the
+ *     sinks'); lengths and page numbers read from device memory are clamped to the tensors;
+ *   - with seqlen_new > 0 a first kernel copies k_new / v_new into their pages.
+ * Head dims: kernels for 64, 128 and 256; D and Dv (multiples of 8) below the kernel's are zero
+ * padded in shared memory. Features: GQA/MQA, causal, sliding windows, soft cap, ALiBi, sinks,
+ * lse; f16 and bf16.
  */
 #include "impl/cuda/cuda_check.cuh"
+#include "impl/cuda/cuda_common.cuh"
 #include "impl/cuda/cuda_decode.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
+#include <atomic>
 #include <math.h>
 #include <stdint.h>
 
 namespace attn_cuda_decode {
 
+using attn_cuda::Elem;
+
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kRows = ATTN_CUDA_DECODE_ROWS;
+constexpr int kRows = ATTN_CUDA_DECODE_ROWS; /* one m16 tile */
+constexpr int kBN = 64;                      /* keys per tile: 16 per warp */
+/* The shortest split the heuristic makes: two tiles, so a CTA's pipeline has work to overlap.
+ * Shorter splits cost more in ramp and merge than their parallelism gains (H100, B = 1, Tk = 8192,
+ * paged 16: 33 splits of 256 keys 25.7 us, 64 of 128 keys 32.2 us). */
+constexpr int kMinSplitKeys = 2 * kBN;
+/* The most splits it makes: the merge kernel holds their weights in a fixed shared array. */
+constexpr int kMaxSplits = 1024;
 
-template <typename T> __device__ __forceinline__ float to_float(T x);
-template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-template <> __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+/* Per head-dim kernel: stages in flight and CTAs per SM (registers are bounded for that many;
+ * shared memory allows it on sm_90: 2 x 107 KiB at KD = 128, so 4 tiles of 32 KiB requested per
+ * SM; that reaches 88-96% of the H100's copy rate on dense caches of B * Tk >= 64k keys, and
+ * 74-81% with 16-row pages, whose scattered rows would need more in flight). */
+template <int KD> struct Shape {
+  static constexpr int kStages = KD >= 256 ? 2 : 3;
+  static constexpr int kPitch = KD + 8; /* elements per shared row: +16 bytes, ldmatrix conflict-free */
+  static constexpr int kMinBlocks = KD >= 256 ? 1 : KD >= 128 ? 2 : 4;
+  static constexpr int kTile = kBN * kPitch; /* elements of one K or V tile */
+  static constexpr size_t kSmem = 2 * ((size_t)kRows * kPitch + (size_t)kStages * 2 * kTile) +
+                                  sizeof(float) * kWarps * kRows * 2;
+  /* the warps' O (f32) reuse the tiles' space after the loop */
+  static_assert(sizeof(float) * kWarps * kRows * KD <= 2 * (size_t)kStages * 2 * kTile, "o_w fits");
+};
 
 template <typename T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
-template <> __device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-/* n (4 or 8) consecutive elements as floats; p aligned to n * 2 bytes. */
-template <typename T, int N> __device__ __forceinline__ void load_n(const T *p, float *out) {
-  if constexpr (N == 8) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(p));
-    const T *e = reinterpret_cast<const T *>(&raw);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) out[i] = to_float(e[i]);
-  } else {
-    const uint2 raw = __ldg(reinterpret_cast<const uint2 *>(p));
-    const T *e = reinterpret_cast<const T *>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) out[i] = to_float(e[i]);
-  }
-}
-
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-
-/* Keys of sequence b: the cache plus the appended rows (paged), else seqlen_k. */
+/* Keys of sequence b: the cache plus the appended rows (paged), else seqlen_k; clamped to the
+ * tensors (device memory the plan could not check). */
 __device__ __forceinline__ int seq_len(const attn_cuda_decode_params &p, int b) {
-  return p.block_table != nullptr ? p.cache_seqlens[b] + p.seqlen_new : p.seqlen_k;
+  if (p.block_table == nullptr) return p.seqlen_k;
+  return min(max(p.cache_seqlens[b], 0) + p.seqlen_new, p.seqlen_k);
 }
 
-/* Element offset of (key j, head g, element 0) of sequence b in k (is_v = 0) or v. */
-__device__ __forceinline__ int64_t key_offset(const attn_cuda_decode_params &p, int b, int j, int g,
-                                              int is_v) {
-  const int64_t sb = is_v ? p.v_b : p.k_b, sr = is_v ? p.v_r : p.k_r, sh = is_v ? p.v_h : p.k_h;
-  if (p.block_table == nullptr) return (int64_t)b * sb + (int64_t)j * sr + (int64_t)g * sh;
-  const int page = p.block_table[(int64_t)b * p.bt_b + (int64_t)(j / p.page_size) * p.bt_p];
-  return (int64_t)page * sb + (int64_t)(j % p.page_size) * sr + (int64_t)g * sh;
+/* Key j of a paged sequence: its column of the block table and its row in that page. Page sizes
+ * that are powers of two (all the engines') take a shift and a mask instead of two divisions,
+ * which a CTA would otherwise pay for every row it copies. */
+struct PageOf {
+  int shift; /* log2(page_size), or -1 */
+  int size;
+  __device__ __forceinline__ explicit PageOf(int page_size) : size(page_size) {
+    shift = (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
+  }
+  __device__ __forceinline__ int column(int j) const { return shift >= 0 ? j >> shift : j / size; }
+  __device__ __forceinline__ int row(int j) const { return shift >= 0 ? j & (size - 1) : j % size; }
+};
+
+/* The pool page of key j of sequence b (the block table's entry, clamped to the pool). */
+__device__ __forceinline__ int page_of(const attn_cuda_decode_params &p, const PageOf &po, int b, int j) {
+  const int page = __ldg(p.block_table + (int64_t)b * p.bt_b + (int64_t)po.column(j) * p.bt_p);
+  return min(max(page, 0), p.num_pages - 1);
 }
 
-/* Writes k_new, v_new into their pages: grid (B, seqlen_new). */
+/* Element offsets of (key j, head g, element 0) of sequence b in k and in v; page: key j's pool
+ * page (paged caches). */
+__device__ __forceinline__ void key_offsets(const attn_cuda_decode_params &p, const PageOf &po, int b,
+                                            int j, int g, int page, int64_t &koff, int64_t &voff) {
+  if (p.block_table == nullptr) {
+    koff = (int64_t)b * p.k_b + (int64_t)j * p.k_r + (int64_t)g * p.k_h;
+    voff = (int64_t)b * p.v_b + (int64_t)j * p.v_r + (int64_t)g * p.v_h;
+    return;
+  }
+  const int r = po.row(j);
+  koff = (int64_t)page * p.k_b + (int64_t)r * p.k_r + (int64_t)g * p.k_h;
+  voff = (int64_t)page * p.v_b + (int64_t)r * p.v_r + (int64_t)g * p.v_h;
+}
+
+/* tanh from one exponential: |error| below 1e-6 (the soft cap multiplies it by the cap, far below
+ * what rounding the probabilities to 16 bits costs), a fifth of tanhf's instructions. */
+__device__ __forceinline__ float tanh_fast(float y) {
+  const float e = __expf(2.0f * fabsf(y)); /* +inf for large |y|: the result is then 1 */
+  return copysignf(1.0f - __fdividef(2.0f, e + 1.0f), y);
+}
+
+/* Writes k_new, v_new into their pages, 16 bytes per copy: grid (B, seqlen_new). */
 template <typename T> __global__ void append_kernel(attn_cuda_decode_params p) {
   const int b = blockIdx.x, t = blockIdx.y;
-  const int j = p.cache_seqlens[b] + t;
+  const int j = max(p.cache_seqlens[b], 0) + t;
+  if (j >= p.seqlen_k) return; /* a length past the cache: nothing to write that a read could see */
+  int64_t koff, voff;
   T *k = const_cast<T *>(static_cast<const T *>(p.k));
   T *v = const_cast<T *>(static_cast<const T *>(p.v));
   const T *kn = static_cast<const T *>(p.k_new), *vn = static_cast<const T *>(p.v_new);
-  for (int e = threadIdx.x; e < p.heads_kv * p.d; e += blockDim.x) {
-    const int g = e / p.d, d = e % p.d;
-    k[key_offset(p, b, j, g, 0) + d] = kn[(int64_t)b * p.kn_b + (int64_t)t * p.kn_r + (int64_t)g * p.kn_h + d];
-  }
-  for (int e = threadIdx.x; e < p.heads_kv * p.dv; e += blockDim.x) {
-    const int g = e / p.dv, d = e % p.dv;
-    v[key_offset(p, b, j, g, 1) + d] = vn[(int64_t)b * p.vn_b + (int64_t)t * p.vn_r + (int64_t)g * p.vn_h + d];
+  const int kc = p.d / 8, vc = p.dv / 8;
+  const PageOf po(p.page_size);
+  const int page = page_of(p, po, b, j);
+  for (int e = threadIdx.x; e < p.heads_kv * (kc + vc); e += blockDim.x) {
+    const bool is_k = e < p.heads_kv * kc;
+    const int c = is_k ? e : e - p.heads_kv * kc, per = is_k ? kc : vc;
+    const int g = c / per, col = c % per * 8;
+    key_offsets(p, po, b, j, g, page, koff, voff);
+    if (is_k)
+      *reinterpret_cast<uint4 *>(k + koff + col) = *reinterpret_cast<const uint4 *>(
+          kn + (int64_t)b * p.kn_b + (int64_t)t * p.kn_r + (int64_t)g * p.kn_h + col);
+    else
+      *reinterpret_cast<uint4 *>(v + voff + col) = *reinterpret_cast<const uint4 *>(
+          vn + (int64_t)b * p.vn_b + (int64_t)t * p.vn_r + (int64_t)g * p.vn_h + col);
   }
 }
 
-/* The rows of a CTA: row r of the chunk is row first + r of the group * Tq rows of its KV head,
- * (head g * group + (first + r) / Tq, query (first + r) % Tq). */
-struct RowMap {
-  int nrows; /* rows of this chunk (<= kRows) */
-  int first;
-};
+/* Row rr of KV head g's rows (rr < group * Tq): query head and query index. */
+__device__ __forceinline__ void row_head(const attn_cuda_decode_params &p, int g, int rr, int &h,
+                                         int &i) {
+  h = g * p.group + rr / p.seqlen_q, i = rr % p.seqlen_q;
+}
 
-/* One (key split, KV head x row chunk, sequence): grid (splits, Hkv * row_chunks, B). DVL: Dv
- * columns per lane (4: Dv <= 128, 8: Dv <= 256); ROWS: the register arrays' rows (4, 8 or 16, at
- * least the chunk's), so the common Hq/Hkv = 4, Tq = 1 keeps few registers per row. */
-template <typename T, int DVL, int ROWS>
-__global__ void __launch_bounds__(kThreads) split_kernel(attn_cuda_decode_params p, int row_chunks) {
-  extern __shared__ float smem[];
+/* The end of a row: from the maximum M, sum L and unnormalised O (column c < Dv; c == Dv: lse) over
+ * the keys, with the sinks added, writes out[b, i, h, c] or lse[b, h, i]. */
+template <typename T>
+__device__ __forceinline__ void finish(const attn_cuda_decode_params &p, int b, int h, int i, int c,
+                                       float M, float L, float O) {
+  float Ms = M;
+  for (int t = 0; t < p.num_sinks; ++t)
+    Ms = fmaxf(Ms, p.sinks[(int64_t)h * p.sinks_h + (int64_t)t * p.sinks_t]);
+  float Ls = 0.0f, f = 0.0f;
+  if (Ms != -INFINITY) {
+    f = M == -INFINITY ? 0.0f : __expf(M - Ms);
+    Ls = L * f;
+    for (int t = 0; t < p.num_sinks; ++t)
+      Ls += __expf(p.sinks[(int64_t)h * p.sinks_h + (int64_t)t * p.sinks_t] - Ms);
+  }
+  if (c < p.dv) {
+    T *out = static_cast<T *>(p.out);
+    out[(int64_t)b * p.o_b + (int64_t)i * p.o_r + (int64_t)h * p.o_h + c] =
+        from_float<T>(Ms == -INFINITY ? 0.0f : O * f / Ls);
+  } else if (p.lse != nullptr) {
+    p.lse[(int64_t)b * p.lse_b + (int64_t)h * p.lse_h + (int64_t)i * p.lse_r] =
+        Ms == -INFINITY ? -INFINITY : Ms + logf(Ls);
+  }
+}
+
+/* One (key split, KV head x row chunk, sequence): grid (splits, Hkv * row_chunks, B). */
+template <typename T, int KD>
+__global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
+    split_kernel(const attn_cuda_decode_params p, int row_chunks) {
+  using S = Shape<KD>;
+  constexpr int kPitch = S::kPitch, kStages = S::kStages, kTile = S::kTile;
+  constexpr uint32_t kPitchB = kPitch * sizeof(T);
+  constexpr int kChunks = KD / 8, kStep = kThreads / kChunks; /* 16-byte copies per row; rows per pass */
+  constexpr int kPasses = kBN / kStep;                          /* rows of a tile per thread */
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T *q_s = reinterpret_cast<T *>(smem_raw);                          /* [kRows][kPitch] */
+  T *kv_s = q_s + kRows * kPitch;                                    /* [kStages][K, V][kBN][kPitch] */
+  float *ml_s = reinterpret_cast<float *>(kv_s + kStages * 2 * kTile); /* [kWarps][kRows][m, l] */
+  float *o_w = reinterpret_cast<float *>(kv_s);                      /* after the loop: [kWarps][kRows][KD] */
+
   const int split = blockIdx.x, b = blockIdx.z;
   const int g = blockIdx.y / row_chunks, chunk = blockIdx.y % row_chunks;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int D = p.d, Dv = p.dv, Tq = p.seqlen_q;
-  const int rows_total = p.group * Tq;
-  RowMap rm;
-  rm.first = chunk * kRows;
-  rm.nrows = min(kRows, rows_total - rm.first);
+  const int first = chunk * kRows, nrows = min(kRows, p.group * Tq - first);
 
-  float *q_s = smem;                                /* [kRows][D] */
-  float *p_s = q_s + kRows * D;                     /* [kWarps][kRows][32] */
-  float *o_s = p_s + kWarps * kRows * 32;           /* [kRows][Dv] */
-  float *ml_s = o_s + kRows * Dv;                   /* [kWarps][kRows][2] */
-
+  /* the keys the rows can see (the union of their windows), this split's part in whole tiles */
   const int len = seq_len(p, b);
   const int o = p.align_bottom_right ? len - Tq : 0;
-  int lo = p.window_left >= 0 ? max(0, o - p.window_left) : 0;
-  int hi = p.window_right >= 0 ? min(len, o + Tq - 1 + p.window_right + 1) : len;
+  const int lo = p.window_left >= 0 ? min(len, max(0, o - p.window_left)) : 0;
+  int hi = p.window_right >= 0 ? min(len, max(0, o + Tq + p.window_right)) : len;
   if (hi < lo) hi = lo;
-  const int per = ((hi - lo + p.splits - 1) / p.splits + 31) / 32 * 32;
+  const int per = ((hi - lo + p.splits - 1) / p.splits + kBN - 1) / kBN * kBN;
   const int k0 = min(hi, lo + split * per), k1 = min(hi, k0 + per);
+  const int ntiles = (k1 - k0 + kBN - 1) / kBN;
 
-  /* q rows, scaled, as f32; o_s zeroed */
-  const T *q = static_cast<const T *>(p.q);
-  for (int e = threadIdx.x; e < kRows * D; e += kThreads) {
-    const int r = e / D, d = e % D;
-    float x = 0.0f;
-    if (r < rm.nrows) {
-      const int rr = rm.first + r, h = g * p.group + rr / Tq, i = rr % Tq;
-      x = p.scale * to_float(q[(int64_t)b * p.q_b + (int64_t)i * p.q_r + (int64_t)h * p.q_h + d]);
-    }
-    q_s[e] = x;
-  }
-  for (int e = threadIdx.x; e < kRows * Dv; e += kThreads) o_s[e] = 0.0f;
-  __syncthreads();
-
-  /* per row, in every lane: running max and sum; per lane: its Dv columns of O */
-  float m[ROWS], l[ROWS], acc[ROWS][DVL];
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    m[r] = -INFINITY, l[r] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < DVL; ++e) acc[r][e] = 0.0f;
-  }
-
-  const T *kp = static_cast<const T *>(p.k), *vp = static_cast<const T *>(p.v);
-  float *pw = p_s + warp * kRows * 32;
-  for (int tile = k0 + warp * 32; tile < k1; tile += kWarps * 32) {
-    const int j = tile + lane;
-    const bool valid = j < k1;
-    const int64_t koff = valid ? key_offset(p, b, j, g, 0) : 0;
-    const int64_t voff = valid ? key_offset(p, b, j, g, 1) : 0;
-    float s[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) s[r] = 0.0f;
-    if (valid) {
-      /* 64 bytes of the key per step, four 16-byte loads issued before any is used, so each lane
-       * keeps several requests in flight (decode is bound by memory latency times parallelism) */
-      for (int d0 = 0; d0 < D; d0 += 32) {
-        uint4 raw[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-          if (d0 + 8 * u < D) raw[u] = __ldg(reinterpret_cast<const uint4 *>(kp + koff + d0 + 8 * u));
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int d = d0 + 8 * u;
-          if (d >= D) break;
-          const T *e = reinterpret_cast<const T *>(&raw[u]);
-          float kf[8];
-#pragma unroll
-          for (int i = 0; i < 8; ++i) kf[i] = to_float(e[i]);
-#pragma unroll
-          for (int r = 0; r < ROWS; ++r) {
-            if (r < rm.nrows) {
-              const float4 qa = *reinterpret_cast<const float4 *>(q_s + r * D + d);
-              const float4 qb = *reinterpret_cast<const float4 *>(q_s + r * D + d + 4);
-              s[r] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] +
-                      qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
-            }
-          }
-        }
-      }
-    }
-    /* logits, masks, online softmax; P of this tile to shared memory */
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      if (r >= rm.nrows) continue; /* (not break: the loop must unroll to keep s, m, l in registers) */
-      const int rr = rm.first + r, h = g * p.group + rr / Tq, diag = rr % Tq + o;
-      float x = s[r];
-      if (p.alibi != nullptr)
-        x -= p.alibi[(int64_t)b * p.alibi_b + (int64_t)h * p.alibi_h] * fabsf((float)(diag - j));
-      if (p.softcap > 0.0f) x = p.softcap * tanhf(x / p.softcap);
-      const bool seen = valid && (p.window_left < 0 || j >= diag - p.window_left) &&
-                        (p.window_right < 0 || j <= diag + p.window_right);
-      x = seen ? x : -INFINITY;
-      const float m_new = fmaxf(m[r], warp_max(x));
-      float prob = 0.0f, alpha = 1.0f;
-      if (m_new != -INFINITY) {
-        prob = __expf(x - m_new);
-        alpha = m[r] == -INFINITY ? 0.0f : __expf(m[r] - m_new);
-      }
-      l[r] = l[r] * alpha + warp_sum(prob);
-      m[r] = m_new;
-#pragma unroll
-      for (int e = 0; e < DVL; ++e) acc[r][e] *= alpha;
-      pw[r * 32 + lane] = prob;
-    }
-    __syncwarp();
-    /* O += P V: a lane owns columns [lane * DVL, lane * DVL + DVL) */
-    const int nk = min(32, k1 - tile);
-    const int col = lane * DVL;
-    for (int j0 = 0; j0 < nk; j0 += 4) { /* four keys' loads in flight, then their products */
-      float vf[4][DVL];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int64_t vo = __shfl_sync(0xffffffffu, voff, (j0 + u) & 31);
-        if (col < Dv && j0 + u < nk) load_n<T, DVL>(vp + vo + col, vf[u]);
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        if (col >= Dv || j0 + u >= nk) break;
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-          if (r < rm.nrows) {
-            const float pr = pw[r * 32 + j0 + u];
-#pragma unroll
-            for (int e = 0; e < DVL; ++e) acc[r][e] += pr * vf[u][e];
-          }
-        }
-      }
-    }
-    __syncwarp();
-  }
-
-  /* merge the warps: M = max of their m; warp by warp (a fixed order, so the bits repeat), each
-   * adds its O scaled by exp(m_w - M) into o_s */
-  if (lane == 0)
-    for (int r = 0; r < kRows; ++r) {
-      float mr = -INFINITY, lr = 0.0f;
-#pragma unroll
-      for (int u = 0; u < ROWS; ++u)
-        if (u == r) mr = m[u], lr = l[u];
-      ml_s[(warp * kRows + r) * 2] = mr;
-      ml_s[(warp * kRows + r) * 2 + 1] = lr;
-    }
-  __syncthreads();
-  for (int w = 0; w < kWarps; ++w) {
-    if (warp == w) {
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
-        if (r >= rm.nrows) continue;
-        float M = -INFINITY;
-        for (int u = 0; u < kWarps; ++u) M = fmaxf(M, ml_s[(u * kRows + r) * 2]);
-        const float wgt = m[r] == -INFINITY ? 0.0f : __expf(m[r] - M);
-        const int col = lane * DVL;
-        if (col < Dv && wgt != 0.0f)
-#pragma unroll
-          for (int e = 0; e < DVL; ++e) o_s[r * Dv + col + e] += acc[r][e] * wgt;
-      }
-    }
+  /* columns past D or Dv are never copied: they must hold zeros (finite products) */
+  if (D < KD || Dv < KD) {
+    uint4 *s4 = reinterpret_cast<uint4 *>(smem_raw);
+    const int n16 = (int)(sizeof(T) * (kRows * kPitch + kStages * 2 * kTile) / 16);
+    for (int e = tid; e < n16; e += kThreads) s4[e] = make_uint4(0, 0, 0, 0);
     __syncthreads();
   }
-  /* the split's partial: per row [m, l, O[Dv]] */
+
+  /* this thread copies column chunk `col` of rows r0, r0 + kStep, ... */
+  const int r0 = tid / kChunks, col = tid % kChunks * 8;
+  const T *q = static_cast<const T *>(p.q);
+  const T *kp = static_cast<const T *>(p.k), *vp = static_cast<const T *>(p.v);
+  if (col < D) {
+#pragma unroll
+    for (int r = r0; r < kRows; r += kStep) {
+      const bool ok = r < nrows;
+      int h, i;
+      row_head(p, g, first + (ok ? r : 0), h, i);
+      attn_cuda::cp_async16(q_s + r * kPitch + col,
+                            q + (int64_t)b * p.q_b + (int64_t)i * p.q_r + (int64_t)h * p.q_h + col, ok);
+    }
+  }
+  attn_cuda::cp_async_commit();
+
+  /* Paged: the pool pages of this thread's rows of the next tile to copy, read from the block
+   * table one tile ahead (in the shadow of a tile's arithmetic), so a copy never waits for its
+   * table entry. */
+  const PageOf po(p.page_size > 0 ? p.page_size : 1);
+  int pages[kPasses];
+  auto fetch_pages = [&](int t) {
+    if (p.block_table == nullptr) return;
+#pragma unroll
+    for (int it = 0; it < kPasses; ++it) {
+      const int j = k0 + t * kBN + r0 + it * kStep;
+      pages[it] = j < k1 ? page_of(p, po, b, j) : 0;
+    }
+  };
+  auto load_tile = [&](int t, int stage) {
+    T *ks = kv_s + stage * 2 * kTile, *vs = ks + kTile;
+    const int base = k0 + t * kBN;
+#pragma unroll
+    for (int it = 0; it < kPasses; ++it) {
+      const int r = r0 + it * kStep, j = base + r;
+      const bool ok = j < k1; /* rows past the split are zero-filled, never read */
+      int64_t koff = 0, voff = 0;
+      if (ok) key_offsets(p, po, b, j, g, pages[it], koff, voff);
+      if (col < D) attn_cuda::cp_async16(ks + r * kPitch + col, kp + koff + col, ok);
+      if (col < Dv) attn_cuda::cp_async16(vs + r * kPitch + col, vp + voff + col, ok);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < ntiles) fetch_pages(s), load_tile(s, s);
+    attn_cuda::cp_async_commit();
+  }
+  fetch_pages(kStages - 1);
+
+  /* the two rows of this lane's C fragments (lane / 4 and lane / 4 + 8): diagonal and slope */
+  int diag[2];
+  float slope[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    int h, i;
+    row_head(p, g, first + min((lane >> 2) + 8 * hf, nrows - 1), h, i);
+    diag[hf] = i + o;
+    slope[hf] = p.alibi != nullptr ? p.alibi[(int64_t)b * p.alibi_b + (int64_t)h * p.alibi_h] : 0.0f;
+  }
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float oacc[1][KD / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < KD / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) oacc[0][nt][e] = 0.0f;
+
+  const uint32_t qa = attn_cuda::smem_u32(q_s) + attn_cuda::lane_a<T, kPitchB>(lane);
+  const float inv_cap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
+  for (int t = 0; t < ntiles; ++t) {
+    cp_async_wait<kStages - 2>(); /* tile t (and q) landed for this thread's copies */
+    __syncthreads();              /* ... for everyone's; and tile t - 1's stage is free again */
+    if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1, (t + kStages - 1) % kStages);
+    attn_cuda::cp_async_commit();
+    if (t + kStages < ntiles) fetch_pages(t + kStages); /* its loads land during this tile */
+
+    const T *ks = kv_s + (t % kStages) * 2 * kTile, *vs = ks + kTile;
+    /* S = Q K^T for this warp's 16 keys */
+    float sacc[1][2][4] = {};
+    const uint32_t kb = attn_cuda::smem_u32(ks + warp * 16 * kPitch) + attn_cuda::lane_b<T, kPitchB>(lane);
+#pragma unroll
+    for (int kk = 0; kk < KD / 16; ++kk)
+      if (kk * 16 < D) attn_cuda::mma_abt<T, 1, 16, kPitchB, kPitchB>(sacc, qa + kk * 32, kb + kk * 32);
+
+    /* logits, masks, online softmax; rows 8-15 only when the chunk has them (Hq/Hkv x Tq <= 8:
+     * their probabilities stay 0, so their products add nothing) */
+    const int jbase = k0 + t * kBN + warp * 16 + (lane & 3) * 2;
+    const int halves = nrows > 8 ? 2 : 1;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int hf = e >> 1, j = jbase + nt * 8 + (e & 1);
+        if (hf >= halves) {
+          sacc[0][nt][e] = 0.0f;
+          continue;
+        }
+        float x = sacc[0][nt][e] * p.scale;
+        if (p.alibi != nullptr) x -= slope[hf] * fabsf((float)(diag[hf] - j));
+        if (p.softcap > 0.0f) x = p.softcap * tanh_fast(x * inv_cap);
+        const bool seen = j < k1 && (p.window_left < 0 || j >= diag[hf] - p.window_left) &&
+                          (p.window_right < 0 || j <= diag[hf] + p.window_right);
+        x = seen ? x : -INFINITY;
+        sacc[0][nt][e] = x;
+        mx[hf] = fmaxf(mx[hf], x);
+      }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      if (hf >= halves) continue;
+      const float m_new = fmaxf(m[hf], attn_cuda::quad_max(mx[hf]));
+      const float alpha = m_new == -INFINITY ? 1.0f : __expf(m[hf] - m_new); /* m = -inf: 0 */
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
+          const float pr = m_new == -INFINITY ? 0.0f : __expf(sacc[0][nt][e] - m_new);
+          sacc[0][nt][e] = pr;
+          sum += pr;
+        }
+      l[hf] = l[hf] * alpha + sum;
+      m[hf] = m_new;
+#pragma unroll
+      for (int nt = 0; nt < KD / 8; ++nt) oacc[0][nt][2 * hf] *= alpha, oacc[0][nt][2 * hf + 1] *= alpha;
+    }
+    /* O += P V: P (16 rows x this warp's 16 keys) is an A fragment already */
+    uint32_t fa[1][4];
+    attn_cuda::pack_a<T, 2>(fa[0], sacc[0], 0);
+    const uint32_t vb = attn_cuda::smem_u32(vs + warp * 16 * kPitch) + attn_cuda::lane_bt<T, kPitchB>(lane);
+    attn_cuda::mma_ab_regs<T, 1, KD, kPitchB>(oacc, fa, vb, (Dv + 15) / 16);
+  }
+  attn_cuda::cp_async_wait_all();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  /* the merge kernel (launched as a programmatic dependent) may be scheduled now: its launch
+   * overlaps these epilogues, and it waits for this grid's results before reading them */
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+  __syncthreads(); /* the tiles' space becomes o_w */
+
+  /* the warps' (m, l, O) to shared memory */
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = (lane >> 2) + 8 * hf;
+    const float lr = attn_cuda::quad_sum(l[hf]);
+    if ((lane & 3) == 0) ml_s[(warp * kRows + r) * 2] = m[hf], ml_s[(warp * kRows + r) * 2 + 1] = lr;
+    float *orow = o_w + (warp * kRows + r) * KD + (lane & 3) * 2;
+#pragma unroll
+    for (int nt = 0; nt < KD / 8; ++nt)
+      *reinterpret_cast<float2 *>(orow + nt * 8) = make_float2(oacc[0][nt][2 * hf], oacc[0][nt][2 * hf + 1]);
+  }
+  __syncthreads();
+
+  /* merged in warp order; one split: the result, else this split's partial [m, l, O[Dv]] */
   const int stride = Dv + 2;
-  float *part = p.partials +
-                ((((int64_t)b * p.heads_kv + g) * row_chunks + chunk) * p.splits + split) * kRows * stride;
-  for (int e = threadIdx.x; e < rm.nrows * stride; e += kThreads) {
-    const int r = e / stride, c = e % stride;
+  float *part = p.splits == 1 ? nullptr
+                : p.partials + ((((int64_t)b * p.heads_kv + g) * row_chunks + chunk) * p.splits + split) *
+                                   kRows * stride;
+  for (int e = tid; e < nrows * (Dv + 1); e += kThreads) {
+    const int r = e / (Dv + 1), c = e % (Dv + 1);
     float M = -INFINITY;
+#pragma unroll
     for (int w = 0; w < kWarps; ++w) M = fmaxf(M, ml_s[(w * kRows + r) * 2]);
-    float val;
-    if (c == 0) {
-      val = M;
-    } else if (c == 1) {
-      val = 0.0f;
-      for (int w = 0; w < kWarps; ++w) {
-        const float mw = ml_s[(w * kRows + r) * 2];
-        if (mw != -INFINITY) val += ml_s[(w * kRows + r) * 2 + 1] * __expf(mw - M);
-      }
-    } else {
-      val = o_s[r * Dv + c - 2];
-    }
-    part[e] = val;
-  }
-}
-
-/* Merges the splits of one (sequence, KV head, row chunk): grid B * Hkv * row_chunks. */
-template <typename T> __global__ void merge_kernel(attn_cuda_decode_params p, int row_chunks) {
-  const int item = blockIdx.x;
-  const int b = item / (p.heads_kv * row_chunks), g = item / row_chunks % p.heads_kv,
-            chunk = item % row_chunks;
-  const int Tq = p.seqlen_q, Dv = p.dv, stride = Dv + 2;
-  const int first = chunk * kRows, nrows = min(kRows, p.group * Tq - first);
-  const float *base = p.partials + (int64_t)item * p.splits * kRows * stride;
-  T *out = static_cast<T *>(p.out);
-  for (int e = threadIdx.x; e < nrows * (Dv + 1); e += blockDim.x) {
-    const int r = e / (Dv + 1), c = e % (Dv + 1); /* c == Dv: the row's lse */
-    const int rr = first + r, h = g * p.group + rr / Tq, i = rr % Tq;
-    float M = -INFINITY;
-    for (int s = 0; s < p.splits; ++s) M = fmaxf(M, base[((int64_t)s * kRows + r) * stride]);
-    for (int t = 0; t < p.num_sinks; ++t)
-      M = fmaxf(M, p.sinks[(int64_t)h * p.sinks_h + (int64_t)t * p.sinks_t]);
     float L = 0.0f, O = 0.0f;
-    if (M != -INFINITY) {
-      for (int s = 0; s < p.splits; ++s) {
-        const float *part = base + ((int64_t)s * kRows + r) * stride;
-        if (part[0] == -INFINITY) continue;
-        const float w = __expf(part[0] - M);
-        L += w * part[1];
-        if (c < Dv) O += w * part[2 + c];
-      }
-      for (int t = 0; t < p.num_sinks; ++t)
-        L += __expf(p.sinks[(int64_t)h * p.sinks_h + (int64_t)t * p.sinks_t] - M);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = ml_s[(w * kRows + r) * 2];
+      if (mw == -INFINITY) continue;
+      const float wt = __expf(mw - M);
+      L += wt * ml_s[(w * kRows + r) * 2 + 1];
+      if (c < Dv) O += wt * o_w[(w * kRows + r) * KD + c];
     }
-    if (c < Dv) {
-      out[(int64_t)b * p.o_b + (int64_t)i * p.o_r + (int64_t)h * p.o_h + c] =
-          from_float<T>(M == -INFINITY ? 0.0f : O / L);
-    } else if (p.lse != nullptr) {
-      p.lse[(int64_t)b * p.lse_b + (int64_t)h * p.lse_h + (int64_t)i * p.lse_r] =
-          M == -INFINITY ? -INFINITY : M + logf(L);
+    if (p.splits == 1) {
+      int h, i;
+      row_head(p, g, first + r, h, i);
+      finish<T>(p, b, h, i, c, M, L, O);
+    } else if (c < Dv) {
+      part[r * stride + 2 + c] = O;
+    } else {
+      part[r * stride] = M, part[r * stride + 1] = L;
     }
   }
 }
 
-size_t smem_bytes(int d, int dv) {
-  return sizeof(float) * ((size_t)kRows * d + (size_t)kWarps * kRows * 32 + (size_t)kRows * dv +
-                          (size_t)kWarps * kRows * 2);
+/* Sum over the block in a fixed order (warp trees, then warps in order): the same bits each run. */
+__device__ __forceinline__ float block_sum(float x, float *red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
+  __syncthreads();
+  float s = 0.0f;
+  for (int w = 0; w < (int)(blockDim.x >> 5); ++w) s += red[w];
+  return s;
+}
+__device__ __forceinline__ float block_max(float x, float *red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
+  __syncthreads();
+  float s = -INFINITY;
+  for (int w = 0; w < (int)(blockDim.x >> 5); ++w) s = fmaxf(s, red[w]);
+  return s;
 }
 
-template <typename T, int DVL, int ROWS>
-attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, size_t smem, cudaStream_t stream,
-                         int row_chunks, char *why, size_t why_size) {
-  ATTN_CUDA_CHECK(cudaFuncSetAttribute(split_kernel<T, DVL, ROWS>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  split_kernel<T, DVL, ROWS><<<grid, kThreads, smem, stream>>>(*p, row_chunks);
+/* Merges the splits of one row: grid (B * Hkv * row_chunks, kRows), kThreads threads. On sm_90 it
+ * may start before the split kernel has finished (programmatic dependent launch) and waits for
+ * its results first. The splits' weights live in a fixed array (no dynamic shared memory:
+ * compute-sanitizer's memcheck flagged reads of the dynamic one under the programmatic launch). */
+template <typename T> __global__ void __launch_bounds__(kThreads) merge_kernel(const attn_cuda_decode_params p, int row_chunks) {
+  __shared__ float w_s[kMaxSplits];
+  __shared__ float red[kWarps];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  const int item = blockIdx.x, r = blockIdx.y;
+  const int g = item / row_chunks % p.heads_kv, chunk = item % row_chunks, b = item / (row_chunks * p.heads_kv);
+  const int first = chunk * kRows;
+  if (r >= min(kRows, p.group * p.seqlen_q - first)) return;
+  const int stride = p.dv + 2, splits = p.splits;
+  const float *part = p.partials + ((int64_t)item * splits * kRows + r) * stride; /* split s: + s * kRows * stride */
+  const int64_t sstride = (int64_t)kRows * stride;
+  float M = -INFINITY;
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) M = fmaxf(M, part[s * sstride]);
+  M = block_max(M, red);
+  float L = 0.0f;
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+    const float ms = part[s * sstride];
+    const float w = ms == -INFINITY ? 0.0f : __expf(ms - M);
+    w_s[s] = w;
+    L += w * part[s * sstride + 1];
+  }
+  L = block_sum(L, red); /* its barriers also publish w_s */
+  int h, i;
+  row_head(p, g, first + r, h, i);
+  for (int c = threadIdx.x; c <= p.dv; c += blockDim.x) {
+    float O = 0.0f;
+    if (c < p.dv) {
+      /* eight splits' loads in flight at a time, summed in split order (the same bits each run) */
+      const float *col = part + 2 + c;
+      int s = 0;
+      for (; s + 8 <= splits; s += 8) {
+        float x[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) x[u] = col[(s + u) * sstride];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) O += w_s[s + u] * x[u];
+      }
+      for (; s < splits; ++s) O += w_s[s] * col[s * sstride];
+    }
+    finish<T>(p, b, h, i, c, M, L, O);
+  }
+}
+
+/* The kernel dim of a problem: the smallest of 64, 128, 256 that holds D and Dv. */
+int kernel_dim(int d, int dv) {
+  const int w = d > dv ? d : dv;
+  return w <= 64 ? 64 : w <= 128 ? 128 : 256;
+}
+
+size_t smem_bytes(int kd) {
+  return kd == 64 ? Shape<64>::kSmem : kd == 128 ? Shape<128>::kSmem : Shape<256>::kSmem;
+}
+int min_blocks(int kd) {
+  return kd == 64 ? Shape<64>::kMinBlocks : kd == 128 ? Shape<128>::kMinBlocks : Shape<256>::kMinBlocks;
+}
+
+template <typename T, int KD>
+attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream_t stream, int row_chunks,
+                         char *why, size_t why_size) {
+  /* shared memory above 48 KiB is opted into once per device (the attribute is the device's) */
+  static std::atomic<uint64_t> opted{0};
+  const uint64_t bit = (uint64_t)1 << (p->device_index & 63);
+  if ((opted.load(std::memory_order_relaxed) & bit) == 0) {
+    ATTN_CUDA_CHECK(cudaFuncSetAttribute(split_kernel<T, KD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)Shape<KD>::kSmem));
+    opted.fetch_or(bit, std::memory_order_relaxed);
+  }
+  split_kernel<T, KD><<<grid, kThreads, Shape<KD>::kSmem, stream>>>(*p, row_chunks);
   ATTN_CUDA_CHECK(cudaGetLastError());
   return ATTN_STATUS_OK;
 }
@@ -365,20 +509,30 @@ attn_status launch(const attn_cuda_decode_params *p, cudaStream_t stream, char *
     append_kernel<T><<<dim3(p->batch, p->seqlen_new), 128, 0, stream>>>(*p);
     ATTN_CUDA_CHECK(cudaGetLastError());
   }
-  const size_t smem = smem_bytes(p->d, p->dv);
   const dim3 grid(p->splits, p->heads_kv * row_chunks, p->batch);
-  const int rows = p->group * p->seqlen_q;
-  attn_status st = ATTN_STATUS_OK;
-  if (p->dv <= 128)
-    st = rows <= 4 ? launch_split<T, 4, 4>(p, grid, smem, stream, row_chunks, why, why_size)
-       : rows <= 8 ? launch_split<T, 4, 8>(p, grid, smem, stream, row_chunks, why, why_size)
-                   : launch_split<T, 4, 16>(p, grid, smem, stream, row_chunks, why, why_size);
-  else
-    st = rows <= 4 ? launch_split<T, 8, 4>(p, grid, smem, stream, row_chunks, why, why_size)
-       : rows <= 8 ? launch_split<T, 8, 8>(p, grid, smem, stream, row_chunks, why, why_size)
-                   : launch_split<T, 8, 16>(p, grid, smem, stream, row_chunks, why, why_size);
-  if (st != ATTN_STATUS_OK) return st;
-  merge_kernel<T><<<p->batch * p->heads_kv * row_chunks, 128, 0, stream>>>(*p, row_chunks);
+  const int kd = kernel_dim(p->d, p->dv);
+  attn_status st = kd == 64    ? launch_split<T, 64>(p, grid, stream, row_chunks, why, why_size)
+                   : kd == 128 ? launch_split<T, 128>(p, grid, stream, row_chunks, why, why_size)
+                               : launch_split<T, 256>(p, grid, stream, row_chunks, why, why_size);
+  if (st != ATTN_STATUS_OK || p->splits == 1) return st;
+  const dim3 mgrid(p->batch * p->heads_kv * row_chunks, kRows);
+  if (p->splits > kMaxSplits) {
+    snprintf(why, why_size, "decode: %d key splits, more than the merge kernel's %d", p->splits, kMaxSplits);
+    return ATTN_STATUS_INTERNAL;
+  }
+  int major = 0;
+  ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p->device_index));
+  if (major >= 9) { /* programmatic dependent launch: the merge's launch overlaps the splits' tail */
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = mgrid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = 0, cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, merge_kernel<T>, *p, row_chunks) == cudaSuccess) return ATTN_STATUS_OK;
+    (void)cudaGetLastError(); /* not taken here: the ordinary launch below */
+  }
+  merge_kernel<T><<<mgrid, kThreads, 0, stream>>>(*p, row_chunks);
   ATTN_CUDA_CHECK(cudaGetLastError());
   return ATTN_STATUS_OK;
 }
@@ -390,25 +544,35 @@ extern "C" int attn_cuda_decode_row_chunks(int group, int seqlen_q) {
 }
 
 extern "C" int attn_cuda_decode_splits(int index, int batch, int heads_kv, int row_chunks,
-                                       int seqlen_k, int ctas_per_sm) {
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index) != cudaSuccess || sms < 1) {
+                                       int keys, int d, int dv, int half_waves) {
+  using namespace attn_cuda_decode;
+  int sms = 0, smem_sm = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, index) !=
+          cudaSuccess ||
+      sms < 1) {
     (void)cudaGetLastError();
     return 1;
   }
-  /* eight CTAs (32 warps) per SM keep enough loads in flight to cover the memory latency; a split
-   * of fewer than 128 keys (4 tiles of 32) would cost more to merge than it saves */
+  /* CTAs resident per SM: the registers' bound (launch bounds) and shared memory's (1 KiB of it
+   * reserved per CTA by the driver) */
+  const int kd = kernel_dim(d, dv);
+  int resident = (int)((size_t)smem_sm / (smem_bytes(kd) + 1024));
+  if (resident > min_blocks(kd)) resident = min_blocks(kd);
+  if (resident < 1) resident = 1;
+  /* the most splits that keep the CTAs within half_waves / 2 full waves (whole waves: a partial
+   * last wave would leave SMs idle while it runs), none shorter than kMinSplitKeys */
   const int64_t ctas = (int64_t)batch * heads_kv * row_chunks;
-  int64_t want = ((int64_t)(ctas_per_sm > 0 ? ctas_per_sm : 8) * sms + ctas - 1) / ctas;
-  int64_t most = seqlen_k / 128;
-  if (most < 1) most = 1;
+  int64_t want = (int64_t)(half_waves > 0 ? half_waves : 2) * resident * sms / (2 * ctas);
+  int64_t most = (keys + kMinSplitKeys - 1) / kMinSplitKeys;
   if (want > most) want = most;
-  if (want > 1024) want = 1024;
+  if (want > kMaxSplits) want = kMaxSplits;
   return (int)(want < 1 ? 1 : want);
 }
 
 extern "C" size_t attn_cuda_decode_workspace(int batch, int heads_kv, int row_chunks, int splits,
                                              int dv) {
+  if (splits <= 1) return 0; /* one split writes the result itself */
   return sizeof(float) * (size_t)batch * heads_kv * row_chunks * splits * ATTN_CUDA_DECODE_ROWS *
          (size_t)(dv + 2);
 }

@@ -5,8 +5,9 @@
  * Plain C, like cuda_params.h: raw device pointers, strides in elements, sizes. A CTA takes one
  * (sequence, KV head, chunk of up to 16 query rows, key split); the rows are the Hq/Hkv query heads
  * times Tq queries of the KV head (GQA packing), so each K and V row is read once for all of them.
- * Partial results (m, l, unnormalised O) of the splits go to the workspace and a second kernel
- * merges them through their maxima, adds the sinks, and writes out and lse.
+ * With more than one split, the partial results (m, l, unnormalised O) go to the workspace and a
+ * second kernel merges them through their maxima, adds the sinks, and writes out and lse; with
+ * one, the CTA writes them itself and the workspace is empty.
  */
 #ifndef ATTN_IMPL_CUDA_CUDA_DECODE_H
 #define ATTN_IMPL_CUDA_CUDA_DECODE_H
@@ -39,6 +40,7 @@ typedef struct attn_cuda_decode_params {
   const int32_t *block_table; /* [B, max_pages] */
   int64_t bt_b, bt_p;
   int32_t page_size;
+  int32_t num_pages;            /* pool pages: table entries are clamped to them */
   const int32_t *cache_seqlens; /* [B] */
   int32_t seqlen_new;           /* rows of k_new / v_new appended first */
   const void *k_new, *v_new;    /* [B, seqlen_new, Hkv, D|Dv] */
@@ -63,13 +65,14 @@ typedef struct attn_cuda_decode_params {
 /* Row chunks per KV head: ceil(group * Tq / ATTN_CUDA_DECODE_ROWS). */
 int attn_cuda_decode_row_chunks(int group, int seqlen_q);
 
-/* Key splits for a problem on device `index`: enough CTAs for ctas_per_sm per multiprocessor (8 is
- * the heuristic: the loads in flight cover the memory latency) where the keys allow, none shorter
- * than 128 keys; 1 when the device cannot be asked. */
-int attn_cuda_decode_splits(int index, int batch, int heads_kv, int row_chunks, int seqlen_k,
-                            int ctas_per_sm);
+/* Key splits for a problem on device `index`: the most that keep the CTAs within half_waves / 2
+ * full waves of the CTAs the device holds at once (its SM count times the CTAs per SM of the
+ * kernel of head dims d, dv), none shorter than 128 of the `keys` any sequence's rows can see
+ * (seqlen_k, or a window's width); 1 when the device cannot be asked. */
+int attn_cuda_decode_splits(int index, int batch, int heads_kv, int row_chunks, int keys, int d,
+                            int dv, int half_waves);
 
-/* Workspace bytes of the partial results. */
+/* Workspace bytes of the partial results (0 with one split). */
 size_t attn_cuda_decode_workspace(int batch, int heads_kv, int row_chunks, int splits, int dv);
 
 /* The append (when seqlen_new > 0), the split kernel, the merge kernel, on stream (a
