@@ -404,6 +404,252 @@ static PyObject *ext_bench_forward(PyObject *self, PyObject *args) {
   return PyFloat_FromDouble(iterations > 0 ? seconds / (double)iterations : 0.0);
 }
 
+/* ---- the front-ends' memo: a repeated inference call in one C call ---------------------------
+ *
+ * A front-end checks a call in Python the first time it sees a call of its kind, then keeps what it
+ * derived (the plan, how to allocate the outputs) in its thread's dict under a key made of
+ * everything those checks read: the call's options and, per tensor, its shape, strides, dtype and
+ * device. memo_forward makes that key from the tensors' Python attributes (shape, stride(), dtype,
+ * device, data_ptr(), requires_grad: PyTorch's tensor protocol; nothing links the framework) and,
+ * on a hit, allocates the outputs through the entry's callables and runs the plan, so a repeated
+ * call costs one call from Python instead of a page of Python (docs/PYTHON.md, the overhead). A
+ * miss returns None: the front-end takes its checked path, which adds the entry. */
+
+enum { MEMO_TENSORS = 3, MEMO_FIELDS = 4 }; /* q, k, v; per tensor: shape, strides, dtype, device */
+enum { MEMO_ENTRY = 8 };
+
+static PyObject *str_shape, *str_stride, *str_dtype, *str_device, *str_data_ptr, *str_requires_grad;
+static PyObject *memo_tensor_type;  /* the only type memo_forward takes; NULL: never hooked */
+static PyObject *memo_grad_enabled; /* () -> truthy when autograd records */
+static PyObject *memo_guards;       /* tuple of () -> truthy: the call must take the checked path */
+
+/* memo_hooks(tensor_type, grad_enabled, guards): what memo_forward needs to know of the
+ * framework. */
+static PyObject *ext_memo_hooks(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *type, *grad_enabled, *guards;
+  if (!PyArg_ParseTuple(args, "O!OO!", &PyType_Type, &type, &grad_enabled, &PyTuple_Type, &guards))
+    return NULL;
+  Py_INCREF(type);
+  Py_INCREF(grad_enabled);
+  Py_INCREF(guards);
+  Py_XSETREF(memo_tensor_type, type);
+  Py_XSETREF(memo_grad_enabled, grad_enabled);
+  Py_XSETREF(memo_guards, guards);
+  Py_RETURN_NONE;
+}
+
+/* The key of (options, q, k, v): (options, q.shape, q.stride(), q.dtype, q.device, k.shape, ...).
+ * A new tuple, or NULL with the exception set. */
+static PyObject *memo_key_of(PyObject *options, PyObject *const *tensors) {
+  PyObject *key = PyTuple_New(1 + MEMO_TENSORS * MEMO_FIELDS);
+  if (key == NULL) return NULL;
+  Py_INCREF(options);
+  PyTuple_SET_ITEM(key, 0, options);
+  Py_ssize_t at = 1;
+  for (int i = 0; i < MEMO_TENSORS; ++i) {
+    PyObject *t = tensors[i];
+    PyObject *fields[MEMO_FIELDS] = {NULL, NULL, NULL, NULL};
+    /* One at a time: no call is made with an exception pending. */
+    if ((fields[0] = PyObject_GetAttr(t, str_shape)) == NULL ||
+        (fields[1] = PyObject_CallMethodNoArgs(t, str_stride)) == NULL ||
+        (fields[2] = PyObject_GetAttr(t, str_dtype)) == NULL ||
+        (fields[3] = PyObject_GetAttr(t, str_device)) == NULL) {
+      for (int f = 0; f < MEMO_FIELDS; ++f) Py_XDECREF(fields[f]);
+      Py_DECREF(key);
+      return NULL;
+    }
+    for (int f = 0; f < MEMO_FIELDS; ++f) PyTuple_SET_ITEM(key, at++, fields[f]);
+  }
+  return key;
+}
+
+/* 1 when fn() is truthy, 0 when not, -1 with the exception set. */
+static int call_truthy(PyObject *fn) {
+  PyObject *result = PyObject_CallNoArgs(fn);
+  int truthy = result == NULL ? -1 : PyObject_IsTrue(result);
+  Py_XDECREF(result);
+  return truthy;
+}
+
+/* 1 when the call may take the memo (every tensor of the hooked type, no gradient to record, no
+ * guard up), 0 when not, -1 with the exception set. */
+static int memo_gate(PyObject *const *tensors) {
+  if (memo_tensor_type == NULL) return 0;
+  int wants_grad = 0;
+  for (int i = 0; i < MEMO_TENSORS; ++i) {
+    if ((PyObject *)Py_TYPE(tensors[i]) != memo_tensor_type) return 0;
+    PyObject *flag = PyObject_GetAttr(tensors[i], str_requires_grad);
+    int set = flag == NULL ? -1 : PyObject_IsTrue(flag);
+    Py_XDECREF(flag);
+    if (set < 0) return -1;
+    wants_grad |= set;
+  }
+  int up = wants_grad ? call_truthy(memo_grad_enabled) : 0; /* grad mode matters only then */
+  for (Py_ssize_t i = 0; up == 0 && i < PyTuple_GET_SIZE(memo_guards); ++i)
+    up = call_truthy(PyTuple_GET_ITEM(memo_guards, i));
+  return up == 0 ? 1 : up < 0 ? -1 : 0;
+}
+
+/* t's data pointer, through t.data_ptr(). -1 with the exception set. */
+static int data_ptr_of(PyObject *t, void **data) {
+  PyObject *ptr = PyObject_CallMethodNoArgs(t, str_data_ptr);
+  if (ptr == NULL) return -1;
+  *data = PyLong_AsVoidPtr(ptr);
+  Py_DECREF(ptr);
+  return PyErr_Occurred() ? -1 : 0;
+}
+
+/* t from its data pointer and a tuple of strides; bhtd: the strides are of a [B, H, T, D] tensor,
+ * passed to the library as its [B, T, H, D] (attn.h's strides, no copy). */
+static int memo_tensor(attn_tensor *t, void *data, PyObject *strides, int bhtd) {
+  memset(t, 0, sizeof *t);
+  t->data = data;
+  Py_ssize_t n = PyTuple_Check(strides) ? PyTuple_GET_SIZE(strides) : -1;
+  if (n < 0 || n > ATTN_MAX_DIMS) {
+    PyErr_SetString(PyExc_TypeError, "memo: strides must be a tuple of at most 4 integers");
+    return -1;
+  }
+  for (Py_ssize_t d = 0; d < n; ++d) {
+    Py_ssize_t from = bhtd && n == 4 && (d == 1 || d == 2) ? 3 - d : d;
+    t->stride[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, from));
+    if (t->stride[d] == -1 && PyErr_Occurred()) return -1;
+  }
+  return 0;
+}
+
+/* An output of the call: alloc is (callable, kwargs or None), called as callable(q, **kwargs);
+ * None gives None. */
+static PyObject *memo_alloc(PyObject *alloc, PyObject *q) {
+  if (alloc == Py_None) Py_RETURN_NONE;
+  if (!PyTuple_Check(alloc) || PyTuple_GET_SIZE(alloc) != 2) {
+    PyErr_SetString(PyExc_TypeError, "memo: an allocation is (callable, kwargs or None)");
+    return NULL;
+  }
+  PyObject *kwargs = PyTuple_GET_ITEM(alloc, 1);
+  PyObject *args = PyTuple_Pack(1, q);
+  if (args == NULL) return NULL;
+  PyObject *t = PyObject_Call(PyTuple_GET_ITEM(alloc, 0), args, kwargs == Py_None ? NULL : kwargs);
+  Py_DECREF(args);
+  return t;
+}
+
+/* Runs a memo entry: (plan, bhtd, out alloc, lse alloc or None, workspace alloc or None,
+ * workspace bytes, stream function or None, its argument); the stream function gives the
+ * cudaStream_t of the tensors' device's current stream. Returns out, or (out, lse). */
+static PyObject *memo_run(PyObject *entry, PyObject *const *tensors, PyObject *key) {
+  if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != MEMO_ENTRY) {
+    PyErr_Format(PyExc_TypeError, "memo: an entry is a tuple of %d items", MEMO_ENTRY);
+    return NULL;
+  }
+  PyObject *plan_obj = PyTuple_GET_ITEM(entry, 0);
+  attn_plan *plan = get_plan(plan_obj);
+  int bhtd = PyObject_IsTrue(PyTuple_GET_ITEM(entry, 1));
+  if (plan == NULL || bhtd < 0) return NULL;
+  attn_inputs in;
+  attn_inputs_init(&in);
+  attn_tensor *qkv[MEMO_TENSORS] = {&in.q, &in.k, &in.v};
+  for (int i = 0; i < MEMO_TENSORS; ++i) {
+    void *data;
+    if (data_ptr_of(tensors[i], &data) != 0 ||
+        memo_tensor(qkv[i], data, PyTuple_GET_ITEM(key, 2 + i * MEMO_FIELDS), bhtd) != 0)
+      return NULL;
+  }
+  PyObject *out = NULL, *lse = NULL, *ws = NULL, *strides = NULL, *result = NULL;
+  void *ws_ptr = NULL, *data = NULL;
+  size_t ws_size = 0;
+  attn_outputs outs;
+  attn_outputs_init(&outs);
+  if ((out = memo_alloc(PyTuple_GET_ITEM(entry, 2), tensors[0])) == NULL ||
+      (lse = memo_alloc(PyTuple_GET_ITEM(entry, 3), tensors[0])) == NULL ||
+      (ws = memo_alloc(PyTuple_GET_ITEM(entry, 4), tensors[0])) == NULL)
+    goto done;
+  if (data_ptr_of(out, &data) != 0 ||
+      (strides = PyObject_CallMethodNoArgs(out, str_stride)) == NULL ||
+      memo_tensor(&outs.out, data, strides, bhtd) != 0)
+    goto done;
+  if (lse != Py_None) {
+    Py_SETREF(strides, PyObject_CallMethodNoArgs(lse, str_stride));
+    if (strides == NULL || data_ptr_of(lse, &data) != 0 ||
+        memo_tensor(&outs.lse, data, strides, 0) != 0)
+      goto done;
+  }
+  if (ws != Py_None) {
+    ws_size = PyLong_AsSize_t(PyTuple_GET_ITEM(entry, 5));
+    if ((ws_size == (size_t)-1 && PyErr_Occurred()) || data_ptr_of(ws, &ws_ptr) != 0) goto done;
+  }
+  if (PyTuple_GET_ITEM(entry, 6) != Py_None) {
+    PyObject *stream = PyObject_CallOneArg(PyTuple_GET_ITEM(entry, 6), PyTuple_GET_ITEM(entry, 7));
+    int failed = stream == NULL || set_stream(plan, stream) != 0;
+    Py_XDECREF(stream);
+    if (failed) goto done;
+  }
+  attn_status status;
+  PyThreadState *save = PyEval_SaveThread();
+  status = attn_plan_forward(plan, &in, ws_ptr, ws_size, &outs);
+  PyEval_RestoreThread(save);
+  if (status != ATTN_STATUS_OK) {
+    raise_plan_error(plan_obj, status);
+    goto done;
+  }
+  if (lse == Py_None) {
+    result = out;
+    out = NULL;
+  } else {
+    result = PyTuple_Pack(2, out, lse);
+  }
+done:
+  /* The workspace is dropped after the launch: PyTorch's caching allocator hands its memory to
+   * later work on the same stream only, which runs after this call's kernels. */
+  Py_XDECREF(ws);
+  Py_XDECREF(strides);
+  Py_XDECREF(out);
+  Py_XDECREF(lse);
+  return result;
+}
+
+/* memo_forward(memo, options, q, k, v) -> the call's result, or None: no entry for this call
+ * (or the call may not take one: a gradient to record, a guard up, another tensor type). */
+static PyObject *ext_memo_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 2 + MEMO_TENSORS || !PyDict_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "memo_forward(memo: dict, options, q, k, v)");
+    return NULL;
+  }
+  PyObject *const *tensors = args + 2;
+  int gate = memo_gate(tensors);
+  if (gate <= 0) {
+    if (gate < 0) return NULL;
+    Py_RETURN_NONE;
+  }
+  PyObject *key = memo_key_of(args[1], tensors);
+  if (key == NULL) return NULL;
+  PyObject *entry = PyDict_GetItemWithError(args[0], key); /* borrowed */
+  PyObject *result = NULL;
+  if (entry != NULL) {
+    Py_INCREF(entry); /* a thread switch inside the run could drop it from the dict */
+    result = memo_run(entry, tensors, key);
+    Py_DECREF(entry);
+  } else if (!PyErr_Occurred()) {
+    result = Py_NewRef(Py_None);
+  } else if (PyErr_ExceptionMatches(PyExc_TypeError)) { /* unhashable options: never kept */
+    PyErr_Clear();
+    result = Py_NewRef(Py_None);
+  }
+  Py_DECREF(key);
+  return result;
+}
+
+/* memo_key(options, q, k, v): the key memo_forward looks up, for the front-end to add an entry. */
+static PyObject *ext_memo_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 1 + MEMO_TENSORS) {
+    PyErr_SetString(PyExc_TypeError, "memo_key(options, q, k, v)");
+    return NULL;
+  }
+  return memo_key_of(args[0], args + 1);
+}
+
 /* ---- context: policy, cache, threads, last error ------------------------------------------- */
 
 static PyObject *ext_last_error(PyObject *self, PyObject *args) {
@@ -575,6 +821,11 @@ static PyMethodDef ext_methods[] = {
     {"forward", ext_forward, METH_VARARGS, "attn_plan_forward."},
     {"backward", ext_backward, METH_VARARGS, "attn_plan_backward."},
     {"bench_forward", ext_bench_forward, METH_VARARGS, "Seconds per attn_plan_forward from C."},
+    {"memo_hooks", ext_memo_hooks, METH_VARARGS, "The framework's tensor type and guards."},
+    {"memo_forward", (PyCFunction)(void (*)(void))ext_memo_forward, METH_FASTCALL,
+     "A repeated call's forward from the memo, or None."},
+    {"memo_key", (PyCFunction)(void (*)(void))ext_memo_key, METH_FASTCALL,
+     "The memo's key of (options, q, k, v)."},
     {"last_error", ext_last_error, METH_VARARGS, "attn_ctx_last_error."},
     {"set_policy", ext_set_policy, METH_VARARGS, "attn_ctx_set_policy."},
     {"get_policy", ext_get_policy, METH_VARARGS, "attn_ctx_get_policy (defaults without ctx)."},
@@ -598,6 +849,15 @@ static struct PyModuleDef ext_module = {PyModuleDef_HEAD_INIT,
 PyMODINIT_FUNC PyInit__ext(void) {
   PyObject *m = PyModule_Create(&ext_module);
   if (m == NULL) return NULL;
+  if ((str_shape = PyUnicode_InternFromString("shape")) == NULL ||
+      (str_stride = PyUnicode_InternFromString("stride")) == NULL ||
+      (str_dtype = PyUnicode_InternFromString("dtype")) == NULL ||
+      (str_device = PyUnicode_InternFromString("device")) == NULL ||
+      (str_data_ptr = PyUnicode_InternFromString("data_ptr")) == NULL ||
+      (str_requires_grad = PyUnicode_InternFromString("requires_grad")) == NULL) {
+    Py_DECREF(m);
+    return NULL;
+  }
   attn_error_type = PyErr_NewExceptionWithDoc(
       "libattn.Error", "A libattn call failed; the message names the argument and the rule.",
       PyExc_RuntimeError, NULL);
