@@ -312,22 +312,53 @@ def _eager(q):
     return (type(q) is Tensor and not _compiling() and not _dispatch_modes()
             and not _function_modes())
 
-# ---- the memo: a repeated inference call in one call to the binding ---------------------------
+# ---- the memo: a repeated call in one call to the binding -------------------------------------
 #
-# A call without a gradient to record whose kind was seen before (the same options, and q, k, v of
-# the same shapes, strides, dtypes and devices) is run by _ext.memo_forward from an entry kept
+# A call of q, k, v and options only, whose kind was seen before (the same options, and q, k, v of
+# the same shapes, strides, dtypes and devices), is run by _ext.memo_forward from an entry kept
 # beside this thread's plans: no Python checks, no problem tuple, outputs allocated and the plan
-# run from C (python/src/_ext.c). The first call of a kind takes the checked path, which adds the
-# entry (_remember); everything the checks read is in the key, so a call they would refuse never
-# finds one. The binding's gate is the same as _eager's: exact torch.Tensor arguments and no
+# run from C (python/src/_ext.c). A call that records autograd runs _MemoAttention, whose forward
+# and backward are one call to the binding each. The first call of a kind takes the checked path,
+# which adds the entry (_remember); everything the checks read is in the key, so a call they would
+# refuse never finds one. The binding's gate is _eager's: exact torch.Tensor arguments and no
 # dispatch or function mode (torch.compile's tracing is excluded by the callers, _compiling()).
 
 _memo_forward = _ext.memo_forward
-_ext.memo_hooks(Tensor, torch.is_grad_enabled, (_dispatch_modes, _function_modes))
+
+
+class _MemoAttention(torch.autograd.Function):
+    """Autograd of a call run from its memo entry (gradients dq, dk, dv: the memo takes no bias
+    or sinks)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, entry, key):
+        out, lse = _ext.memo_run(entry, key, q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.memo = entry, key
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout.stride(-1) != 1:
+            dout = dout.contiguous()
+        dq, dk, dv = _ext.memo_backward(*ctx.memo, q, k, v, out, lse, dout)
+        return dq, dk, dv, None, None
+
+
+def _memo_autograd(entry, key, q, k, v):
+    """The binding's autograd hook: the result of a call that records autograd."""
+    out, lse = _MemoAttention.apply(q, k, v, entry, key)
+    return (out, lse) if entry[4] else out  # entry[4]: return_lse (_ext.c, the entry's layout)
+
+
+_ext.memo_hooks(Tensor, torch.is_grad_enabled, (_dispatch_modes, _function_modes),
+                _memo_autograd, torch.empty_like)
 
 
 def _remember(options, given, views, checked, args, out, bhtd, return_lse):
-    """Adds the memo entry of a call that passed the checks and ran the eager inference path:
+    """Adds the memo entry of a call that passed the checks and ran eagerly:
     given are q, k, v as the caller passed them, views what was checked (transposed to
     [B, T, H, D] for bhtd), checked what the checks returned, args _fwd's arguments, out the
     result as returned."""
@@ -344,12 +375,15 @@ def _remember(options, given, views, checked, args, out, bhtd, return_lse):
     if out.stride() != alloc_out[0](given[0], **(alloc_out[1] or {})).stride():
         return  # the memo's out would not be laid out as the checked path's
     plan = _forward_plan(*args)
-    ws = plan.forward_workspace if q.is_cuda else 0  # a CPU plan given none allocates its own
+    cuda = q.is_cuda
+    # A CPU plan given no workspace allocates its own; a GPU plan's comes from PyTorch's caching
+    # allocator, as _workspace's.
+    ws = [(Tensor.new_empty, {"size": (n,), "dtype": torch.uint8}) if cuda and n else None
+          for n in (plan.forward_workspace, plan.backward_workspace)]
     entry = (plan.capsule, bhtd, alloc_out,
-             (Tensor.new_empty, {"size": _lse_shape(q, None), "dtype": _stat_dtype(q)})
-             if return_lse else None,
-             (Tensor.new_empty, {"size": (ws,), "dtype": torch.uint8}) if ws else None, ws,
-             _raw_stream if q.is_cuda else None, q.get_device())
+             (Tensor.new_empty, {"size": _lse_shape(q, None), "dtype": _stat_dtype(q)}),
+             bool(return_lse), ws[0], plan.forward_workspace, ws[1], plan.backward_workspace,
+             _raw_stream if cuda else None, q.get_device())
     try:
         _core.remember(_ext.memo_key(options, *given), entry)
     except TypeError:  # an unhashable option (a list for window, say): not kept
@@ -632,18 +666,17 @@ def _attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
             0.0 if scale is None else float(scale), bool(causal), _ALIGNS[align], left, right,
             float(softcap), float(dropout_p), _seed(dropout_p, dropout_seed), bool(return_probs),
             operation == "sdpa", impl, config, _core._platform(platform), bool(deterministic))
-    inference = False
-    if not _eager(q):
+    eager = _eager(q)
+    if not eager:
         out, lse, probs = _fwd(*args)
     elif torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                          for t in (q, k, v, bias, sinks)):
         out, lse, probs = _EagerAttention.apply(*args)
     else:
         out, lse, probs = _fwd_impl(return_lse, *args)
-        inference = True
     if layout == "bhtd":
         out = out.transpose(1, 2)
-    if memo is not None and inference:
+    if memo is not None and eager:
         _remember(memo, given, views, (q, k, v), args, out, layout == "bhtd", return_lse)
     if return_probs:
         return out, lse, probs

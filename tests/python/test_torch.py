@@ -652,17 +652,40 @@ def test_sdpa_output_follows_query_layout(seed):
         assert out.shape == (2, 4, 5, 5) and out.transpose(1, 2).is_contiguous()
 
 
-def test_memo_is_not_taken_when_autograd_records(seed):
-    q, k, v = qkv(2, 5, 7, 4, 2, 8)
-    with torch.no_grad():
-        lt.flash_attn_func(q, k, v, causal=True)
-    assert _memo_hit(FA_OPTIONS, q, k, v) is not None
-    qg = q.clone().requires_grad_(True)
-    assert _memo_hit(FA_OPTIONS, qg, k, v) is None  # a gradient to record: the checked path
-    out = lt.flash_attn_func(qg, k, v, causal=True)
-    assert out.grad_fn is not None
-    with torch.no_grad():  # grad mode off: the same tensor may take the memo
-        assert _memo_hit(FA_OPTIONS, qg, k, v) is not None
+def test_memo_records_autograd(seed):
+    """A repeated call that records autograd runs from the memo too (_MemoAttention, one call to
+    the binding per pass): the values, lse and gradients of the checked first call, bit for bit,
+    in both layouts, and the reference's."""
+    q, k, v = qkv(2, 5, 7, 4, 2, 8, grad=True)
+    douts = (randn(2, 5, 4, 8), randn(2, 5, 4, 16)[..., ::2])  # the second: last stride 2
+    want_out, want_lse = reference(q, k, v, causal=True)
+    libattn.set_num_threads(1)  # the cpu implementation's dq repeats its bits on one thread
+    try:
+        for layout in ("bthd", "bhtd"):
+            tensors = (q, k, v) if layout == "bthd" else [t.transpose(1, 2) for t in (q, k, v)]
+            for dout in douts:
+                runs, nodes = [], []
+                for _ in range(3):
+                    out, lse = lt.attention(*tensors, causal=True, return_lse=True, layout=layout)
+                    nodes.append(type(out.grad_fn).__name__)
+                    g = dout if layout == "bthd" else dout.transpose(1, 2)
+                    runs.append((out.detach(), lse, *torch.autograd.grad(out, (q, k, v), g)))
+                assert nodes[1:] == ["_MemoAttentionBackward"] * 2, nodes
+                for r in runs[1:]:
+                    for a, b in zip(r, runs[0]):
+                        assert torch.equal(a, b)
+                got = runs[0][0] if layout == "bthd" else runs[0][0].transpose(1, 2)
+                torch.testing.assert_close(got, want_out, **TOL)
+                torch.testing.assert_close(runs[0][1], want_lse, **TOL)
+                want_grads = torch.autograd.grad(want_out, (q, k, v), dout, retain_graph=True)
+                for a, b in zip(runs[0][2:], want_grads):
+                    torch.testing.assert_close(a, b, **TOL)
+    finally:
+        libattn.set_num_threads(0)
+    out = lt.flash_attn_func(q, k, v, causal=True)
+    with torch.no_grad():  # grad mode off: the same tensors take the inference path
+        hit = _memo_hit(FA_OPTIONS, q, k, v)
+    assert hit.grad_fn is None and torch.equal(hit, out.detach())
 
 
 def test_memo_is_not_taken_under_a_dispatch_mode(seed):
