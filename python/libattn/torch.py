@@ -312,6 +312,7 @@ def _eager(q):
     return (type(q) is Tensor and not _compiling() and not _dispatch_modes()
             and not _function_modes())
 
+
 # ---- the memo: a repeated call in one call to the binding -------------------------------------
 #
 # A call of q, k, v and options only, whose kind was seen before (the same options, and q, k, v of
@@ -362,6 +363,10 @@ def _remember(options, given, views, checked, args, out, bhtd, return_lse):
     given are q, k, v as the caller passed them, views what was checked (transposed to
     [B, T, H, D] for bhtd), checked what the checks returned, args _fwd's arguments, out the
     result as returned."""
+    try:
+        hash(options)
+    except TypeError:
+        return  # an unhashable option (a list for window, say): never kept
     if any(a is not b for a, b in zip(views, checked)):
         return  # the checks replaced a tensor (an all-broadcast one, copied): not repeated
     q = checked[0]
@@ -384,10 +389,8 @@ def _remember(options, given, views, checked, args, out, bhtd, return_lse):
              (Tensor.new_empty, {"size": _lse_shape(q, None), "dtype": _stat_dtype(q)}),
              bool(return_lse), ws[0], plan.forward_workspace, ws[1], plan.backward_workspace,
              _raw_stream if cuda else None, q.get_device())
-    try:
-        _core.remember(_ext.memo_key(options, *given), entry)
-    except TypeError:  # an unhashable option (a list for window, say): not kept
-        pass
+    _core.remember(_ext.memo_key(options, *given), entry)
+
 
 # ---- checks: every tensor's dtype, device and shape, before any pointer crosses ---------------
 
@@ -626,6 +629,7 @@ def attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
                       return_lse=return_lse, return_probs=return_probs, layout=layout,
                       operation=operation, impl=impl, config=config, platform=platform,
                       deterministic=deterministic, memo=memo)
+
 
 def _attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
               q_segment_ids=None, kv_segment_ids=None, cu_seqlens_q=None, cu_seqlens_k=None,
