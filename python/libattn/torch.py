@@ -86,16 +86,15 @@ def _inputs(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_
             _p(seqlens_q), _p(seqlens_k), seed)
 
 
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+# The cudaStream_t of a device's current stream, by device index: PyTorch's own fast query (no
+# Stream object per call) where it has one.
+_raw_stream = (getattr(torch._C, "_cuda_getCurrentRawStream", None)
+               or (lambda index: torch.cuda.current_stream(index).cuda_stream))
 
 
 def _stream(t):
     """The cudaStream_t of t's device's current stream (None on the CPU)."""
-    if not t.is_cuda:
-        return None
-    if _raw_stream is not None:  # PyTorch's own fast query: no Stream object per call
-        return _raw_stream(t.get_device())
-    return torch.cuda.current_stream(t.device).cuda_stream
+    return _raw_stream(t.get_device()) if t.is_cuda else None
 
 
 def _workspace(nbytes, device):
@@ -105,6 +104,15 @@ def _workspace(nbytes, device):
         return None, 0, None
     buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
     return buf.data_ptr(), nbytes, buf
+
+
+def _new_out(q, dv):
+    """out for q [B, Tq, Hq, D] and Dv: with Dv == D, torch.empty_like(q), which keeps a dense q's
+    memory order as FlashAttention and PyTorch's cuDNN SDPA do (q read through [B, H, T, D] gives
+    out the same way, no copy either side); otherwise contiguous."""
+    if dv == q.shape[-1]:
+        return torch.empty_like(q)
+    return q.new_empty((*q.shape[:-1], dv))
 
 
 def _lse_shape(q, cu_seqlens_q):
@@ -126,17 +134,29 @@ def _probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
 # ---- the custom operators --------------------------------------------------------------------
 
 
+def _forward_plan(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
+                  cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k,
+                  scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed,
+                  return_probs, sdpa, impl, config, platform, deterministic):
+    """The plan of a forward call, from _fwd's arguments (this thread's, cached per problem)."""
+    sdpa = sdpa or return_probs  # attn.h returns probabilities from the SDPA operation only
+    problem = _problem(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, cu_seqlens_q,
+                       seqlens_q, max_seqlen_q, max_seqlen_k, scale, causal, top_left,
+                       window_left, window_right, softcap, dropout_p, sdpa)
+    return _core.get_plan(problem, impl, config, platform, deterministic)
+
+
 def _fwd_impl(need_lse, q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
               cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, scale,
               causal, top_left, window_left, window_right, softcap, dropout_p, seed, return_probs,
               sdpa, impl, config, platform, deterministic):
     """The forward pass: out, and lse / probs when asked (None otherwise)."""
-    sdpa = sdpa or return_probs  # attn.h returns probabilities from the SDPA operation only
-    problem = _problem(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, cu_seqlens_q,
-                       seqlens_q, max_seqlen_q, max_seqlen_k, scale, causal, top_left,
-                       window_left, window_right, softcap, dropout_p, sdpa)
-    plan = _core.get_plan(problem, impl, config, platform, deterministic)
-    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    plan = _forward_plan(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
+                         cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q,
+                         max_seqlen_k, scale, causal, top_left, window_left, window_right, softcap,
+                         dropout_p, seed, return_probs, sdpa, impl, config, platform,
+                         deterministic)
+    out = _new_out(q, v.shape[-1])
     lse = (torch.empty(_lse_shape(q, cu_seqlens_q), dtype=_stat_dtype(q), device=q.device)
            if need_lse or return_probs else None)
     probs = (q.new_empty(_probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k))
@@ -172,7 +192,7 @@ def _fwd_fake(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segmen
               cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k,
               scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed,
               return_probs, sdpa, impl, config, platform, deterministic):
-    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    out = _new_out(q, v.shape[-1])
     lse = q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=_stat_dtype(q))
     probs = (q.new_empty(_probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k))
              if return_probs else q.new_empty((0,)))
@@ -284,10 +304,93 @@ _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
 _function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
 
 
+_compiling = torch.compiler.is_compiling
+
+
 def _eager(q):
     """True when the direct path gives what the operators would: plain tensors, no tracing."""
-    return (type(q) is Tensor and not torch.compiler.is_compiling() and not _dispatch_modes()
+    return (type(q) is Tensor and not _compiling() and not _dispatch_modes()
             and not _function_modes())
+
+
+# ---- the memo: a repeated call in one call to the binding -------------------------------------
+#
+# A call of q, k, v and options only, whose kind was seen before (the same options, and q, k, v of
+# the same shapes, strides, dtypes and devices), is run by _ext.memo_forward from an entry kept
+# beside this thread's plans: no Python checks, no problem tuple, outputs allocated and the plan
+# run from C (python/src/_ext.c). A call that records autograd runs _MemoAttention, whose forward
+# and backward are one call to the binding each. The first call of a kind takes the checked path,
+# which adds the entry (_remember); everything the checks read is in the key, so a call they would
+# refuse never finds one. The binding's gate is _eager's: exact torch.Tensor arguments and no
+# dispatch or function mode (torch.compile's tracing is excluded by the callers, _compiling()).
+
+_memo_forward = _ext.memo_forward
+
+
+class _MemoAttention(torch.autograd.Function):
+    """Autograd of a call run from its memo entry (gradients dq, dk, dv: the memo takes no bias
+    or sinks)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, entry, key):
+        out, lse = _ext.memo_run(entry, key, q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.memo = entry, key
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout.stride(-1) != 1:
+            dout = dout.contiguous()
+        dq, dk, dv = _ext.memo_backward(*ctx.memo, q, k, v, out, lse, dout)
+        return dq, dk, dv, None, None
+
+
+def _memo_autograd(entry, key, q, k, v):
+    """The binding's autograd hook: the result of a call that records autograd."""
+    out, lse = _MemoAttention.apply(q, k, v, entry, key)
+    return (out, lse) if entry[4] else out  # entry[4]: return_lse (_ext.c, the entry's layout)
+
+
+_ext.memo_hooks(Tensor, torch.is_grad_enabled, (_dispatch_modes, _function_modes),
+                _memo_autograd, torch.empty_like)
+
+
+def _remember(options, given, views, checked, args, out, bhtd, return_lse):
+    """Adds the memo entry of a call that passed the checks and ran eagerly:
+    given are q, k, v as the caller passed them, views what was checked (transposed to
+    [B, T, H, D] for bhtd), checked what the checks returned, args _fwd's arguments, out the
+    result as returned."""
+    try:
+        hash(options)
+    except TypeError:
+        return  # an unhashable option (a list for window, say): never kept
+    if any(a is not b for a, b in zip(views, checked)):
+        return  # the checks replaced a tensor (an all-broadcast one, copied): not repeated
+    q = checked[0]
+    dv = given[2].shape[-1]
+    if dv == given[0].shape[-1]:
+        alloc_out = (torch.empty_like, None)  # _new_out's rule
+    elif not bhtd:
+        alloc_out = (Tensor.new_empty, {"size": (*given[0].shape[:-1], dv)})
+    else:
+        return  # Dv != D in [B, H, T, D]: out is a view the checked path makes; not repeated
+    if out.stride() != alloc_out[0](given[0], **(alloc_out[1] or {})).stride():
+        return  # the memo's out would not be laid out as the checked path's
+    plan = _forward_plan(*args)
+    cuda = q.is_cuda
+    # A CPU plan given no workspace allocates its own; a GPU plan's comes from PyTorch's caching
+    # allocator, as _workspace's.
+    ws = [(Tensor.new_empty, {"size": (n,), "dtype": torch.uint8}) if cuda and n else None
+          for n in (plan.forward_workspace, plan.backward_workspace)]
+    entry = (plan.capsule, bhtd, alloc_out,
+             (Tensor.new_empty, {"size": _lse_shape(q, None), "dtype": _stat_dtype(q)}),
+             bool(return_lse), ws[0], plan.forward_workspace, ws[1], plan.backward_workspace,
+             _raw_stream if cuda else None, q.get_device())
+    _core.remember(_ext.memo_key(options, *given), entry)
+
 
 # ---- checks: every tensor's dtype, device and shape, before any pointer crosses ---------------
 
@@ -507,59 +610,16 @@ def attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
     [B, Hq, Tq] (packed: [Hq, total_q]) in float32 (float64 for float64 q); (out, lse, probs) with
     return_probs, probs [B, Hq, Tq, Tk] the probabilities after dropout.
     """
-    if ((layout == "bthd" or layout == "bhtd") and bias is None and mask is None
-            and alibi_slopes is None
-            and sinks is None and q_segment_ids is None and kv_segment_ids is None
-            and cu_seqlens_q is None and cu_seqlens_k is None and seqlens_q is None
-            and seqlens_k is None and not return_probs and dropout_p == 0
-            and type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
-            and q.dim() == 4 and k.dim() == 4 and v.dim() == 4
-            and q.stride(3) == 1 and k.stride(3) == 1 and v.stride(3) == 1
-            and not (torch.is_grad_enabled()
-                     and (q.requires_grad or k.requires_grad or v.requires_grad))
-            and _eager(q)):
-        # Inference's common call: q, k, v and scalars. Once such a call has passed the checks,
-        # its plan and output shapes are kept under everything the checks looked at, so the
-        # next call of the same kind costs one lookup (docs/PYTHON.md: the overhead).
-        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
-               v.device, layout, scale, causal, align, window, softcap, operation, impl, config,
-               platform, deterministic)
-        try:
-            plan, out_shape, lse_shape = _core._thread().plans[key]
-        except (KeyError, TypeError):  # TypeError: an unhashable argument; the checks say which
-            pass
-        else:
-            out = q.new_empty(out_shape)  # [B, Tq, Hq, Dv]
-            lse = (torch.empty(lse_shape, dtype=_stat_dtype(q), device=q.device) if return_lse
-                   else None)
-            ws, ws_size, _keep = _workspace(plan.forward_workspace, q.device)
-            qs, ks, vs = q.stride(), k.stride(), v.stride()
-            if layout == "bhtd":  # [B, H, T, D] read through [B, T, H, D] strides: no transpose
-                qs, ks, vs = ((s[0], s[2], s[1], s[3]) for s in (qs, ks, vs))
-            _ext.forward(plan.capsule, ((q.data_ptr(), *qs), (k.data_ptr(), *ks),
-                                        (v.data_ptr(), *vs), None, None, None, None,
-                                        None, None, None, None, None, None, 0),
-                         (out.data_ptr(), *out.stride()), _t(lse), None, _stream(q), ws, ws_size)
-            if layout == "bhtd":
-                out = out.transpose(1, 2)
-            return (out, lse) if return_lse else out
-        out, lse = _attention(q, k, v, scale=scale, causal=causal, align=align, window=window,
-                              softcap=softcap, return_lse=True, layout=layout,
-                              operation=operation, impl=impl, config=config, platform=platform,
-                              deterministic=deterministic)
-        result = (out, lse) if return_lse else out
-        if layout == "bhtd":
-            q, k, v, out = (t.transpose(1, 2) for t in (q, k, v, out))
-        problem = _problem(q, k, v, None, None, None, None, None, None, None, q.shape[1],
-                           k.shape[1], 0.0 if scale is None else float(scale), bool(causal),
-                           _ALIGNS[align], *_window(window), float(softcap), 0.0,
-                           operation == "sdpa")
-        try:
-            _core.remember(key, (_core.get_plan(problem, impl, config, _core._platform(platform),
-                                                bool(deterministic)), out.shape, lse.shape))
-        except TypeError:  # an unhashable argument (a list for window, say): not kept
-            pass
-        return result
+    memo = None
+    if (bias is None and mask is None and alibi_slopes is None and sinks is None
+            and q_segment_ids is None and kv_segment_ids is None and cu_seqlens_q is None
+            and cu_seqlens_k is None and seqlens_q is None and seqlens_k is None
+            and not return_probs and not dropout_p and not _compiling()):
+        memo = ("attention", scale, causal, align, window, softcap, dropout_seed, return_lse,
+                layout, operation, impl, config, platform, deterministic)
+        result = _memo_forward(_core._thread().plans, memo, q, k, v)
+        if result is not None:
+            return result
     return _attention(q, k, v, bias=bias, mask=mask, alibi_slopes=alibi_slopes, sinks=sinks,
                       q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                       cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -568,7 +628,7 @@ def attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
                       softcap=softcap, dropout_p=dropout_p, dropout_seed=dropout_seed,
                       return_lse=return_lse, return_probs=return_probs, layout=layout,
                       operation=operation, impl=impl, config=config, platform=platform,
-                      deterministic=deterministic)
+                      deterministic=deterministic, memo=memo)
 
 
 def _attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
@@ -577,8 +637,10 @@ def _attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
               causal=False, align="bottom_right", window=(-1, -1), softcap=0.0, dropout_p=0.0,
               dropout_seed=None, return_lse=False, return_probs=False, layout="bthd",
               operation="flash", impl=None, config=None, platform="auto",
-              deterministic=False):
-    """attention() past its fast path: checks every input, then runs."""
+              deterministic=False, memo=None):
+    """attention() past the memo: checks every input, then runs. memo: the options the caller
+    looked the memo up with (None: not to be kept)."""
+    given = (q, k, v)
     if layout not in ("bthd", "bhtd"):
         _fail("layout", f"expected 'bthd' or 'bhtd', got {layout!r}")
     if align not in _ALIGNS:
@@ -598,6 +660,7 @@ def _attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
                 _fail(name, f"expected 4 dimensions [B, H, T, D], got shape {tuple(t.shape)}")
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     left, right = _window(window)
+    views = (q, k, v)
     (q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids, cu_seqlens_q,
      cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k) = _check_inputs(
         q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids, cu_seqlens_q,
@@ -607,7 +670,8 @@ def _attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
             0.0 if scale is None else float(scale), bool(causal), _ALIGNS[align], left, right,
             float(softcap), float(dropout_p), _seed(dropout_p, dropout_seed), bool(return_probs),
             operation == "sdpa", impl, config, _core._platform(platform), bool(deterministic))
-    if not _eager(q):
+    eager = _eager(q)
+    if not eager:
         out, lse, probs = _fwd(*args)
     elif torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                          for t in (q, k, v, bias, sinks)):
@@ -616,6 +680,8 @@ def _attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
         out, lse, probs = _fwd_impl(return_lse, *args)
     if layout == "bhtd":
         out = out.transpose(1, 2)
+    if memo is not None and eager:
+        _remember(memo, given, views, (q, k, v), args, out, layout == "bhtd", return_lse)
     if return_probs:
         return out, lse, probs
     if return_lse:
@@ -627,11 +693,11 @@ def _attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
 
 
 def _flash(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-           deterministic, return_attn_probs, **varlen):
-    result = attention(q, k, v, alibi_slopes=alibi_slopes, scale=softmax_scale, causal=causal,
-                       window=window_size, softcap=softcap, dropout_p=dropout_p,
-                       deterministic=deterministic, return_probs=return_attn_probs, **varlen)
-    return result
+           deterministic, return_attn_probs, memo=None, **varlen):
+    return _attention(q, k, v, alibi_slopes=alibi_slopes, scale=softmax_scale, causal=causal,
+                      window=window_size, softcap=softcap, dropout_p=dropout_p,
+                      deterministic=deterministic, return_probs=return_attn_probs, memo=memo,
+                      **varlen)
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -641,8 +707,14 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     bottom-right aligned. Returns out, or (out, softmax_lse [B, Hq, Tq], probs [B, Hq, Tq, Tk])
     with return_attn_probs (the probabilities after dropout, not FlashAttention's sign-encoded
     S_dmask)."""
+    memo = None
+    if not (dropout_p or return_attn_probs or alibi_slopes is not None or _compiling()):
+        memo = ("flash_attn_func", softmax_scale, causal, window_size, softcap, deterministic)
+        out = _memo_forward(_core._thread().plans, memo, q, k, v)
+        if out is not None:
+            return out
     return _flash(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  deterministic, return_attn_probs)
+                  deterministic, return_attn_probs, memo)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -674,8 +746,8 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
                               deterministic=False, return_attn_probs=False):
     """FlashAttention 2's flash_attn_qkvpacked_func: qkv [B, T, 3, H, D]."""
     q, k, v = _unpack("qkv", qkv, 2, 3)
-    return _flash(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  deterministic, return_attn_probs)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -683,8 +755,8 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                              deterministic=False, return_attn_probs=False):
     """FlashAttention 2's flash_attn_kvpacked_func: q [B, Tq, Hq, D], kv [B, Tk, 2, Hkv, D]."""
     k, v = _unpack("kv", kv, 2, 2)
-    return _flash(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  deterministic, return_attn_probs)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
@@ -721,7 +793,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     [B, Hq, L, E] (or [N, L, E]), key [B, Hkv, S, E], value [B, Hkv, S, Ev]; attn_mask
     broadcastable to [B, Hq, L, S], boolean (True takes part) or additive (float, differentiable);
     is_causal is top-left aligned and excludes attn_mask; Hkv != Hq needs enable_gqa=True.
-    Returns [B, Hq, L, Ev] (a view of a [B, L, Hq, Ev] tensor)."""
+    Returns [B, Hq, L, Ev], laid out in memory as query is when Ev == E (as PyTorch's cuDNN
+    backend does: a view of a [B, L, Hq, E] tensor gives one again), else a view of a
+    [B, L, Hq, Ev] tensor."""
+    memo = None
+    if attn_mask is None and not dropout_p and not _compiling():
+        memo = ("scaled_dot_product_attention", is_causal, scale, enable_gqa)
+        out = _memo_forward(_core._thread().plans, memo, query, key, value)
+        if out is not None:
+            return out
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor):
             _fail(name, f"expected a torch.Tensor, got {type(t).__name__}", TypeError)
@@ -756,7 +836,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             bias = m
     # The SDPA operation where a vendor primitive may run it (cuDNN first, attn.h's executor);
     # on the CPU the flash operation, the same function, has the optimised implementation.
-    out = attention(query, key, value, bias=bias, mask=mask, scale=scale, causal=is_causal,
-                    align="top_left", dropout_p=dropout_p, layout="bhtd",
-                    operation="sdpa" if query.device.type == "cuda" else "flash")
+    out = _attention(query, key, value, bias=bias, mask=mask, scale=scale, causal=is_causal,
+                     align="top_left", dropout_p=dropout_p, layout="bhtd",
+                     operation="sdpa" if query.device.type == "cuda" else "flash",
+                     memo=None if squeeze else memo)
     return out.squeeze(1) if squeeze else out

@@ -404,6 +404,361 @@ static PyObject *ext_bench_forward(PyObject *self, PyObject *args) {
   return PyFloat_FromDouble(iterations > 0 ? seconds / (double)iterations : 0.0);
 }
 
+/* ---- the front-ends' memo: a repeated call in one C call ---------------------------------------
+ *
+ * A front-end checks a call in Python the first time it sees a call of its kind, then keeps what it
+ * derived (the plan, how to allocate the outputs) in its thread's dict under a key made of
+ * everything those checks read: the call's options and, per tensor, its shape, strides, dtype and
+ * device. memo_forward makes that key from the tensors' Python attributes (shape, stride(), dtype,
+ * device, data_ptr(), requires_grad: PyTorch's tensor protocol; nothing links the framework) and,
+ * on a hit, allocates the outputs through the entry's callables and runs the plan, so a repeated
+ * call costs one call from Python instead of a page of Python (docs/PYTHON.md, the overhead). A
+ * call that records autograd goes through the front-end's autograd hook, whose forward and
+ * backward are memo_run and memo_backward. A miss returns None: the front-end takes its checked
+ * path, which adds the entry.
+ *
+ * An entry is a tuple: (plan, bhtd, out alloc, lse alloc, return_lse, forward workspace alloc or
+ * None, its bytes, backward workspace alloc or None, its bytes, stream function or None, its
+ * argument). An alloc is (callable, kwargs or None), called as callable(q, **kwargs); bhtd says
+ * the tensors are [B, H, T, D] (their strides are passed as attn.h's [B, T, H, D], no copy); the
+ * stream function gives the cudaStream_t of the tensors' device's current stream. */
+
+enum { MEMO_TENSORS = 3, MEMO_FIELDS = 4 }; /* q, k, v; per tensor: shape, strides, dtype, device */
+enum {
+  ENTRY_PLAN,
+  ENTRY_BHTD,
+  ENTRY_OUT,
+  ENTRY_LSE,
+  ENTRY_RETURN_LSE,
+  ENTRY_FWD_WS,
+  ENTRY_FWD_WS_BYTES,
+  ENTRY_BWD_WS,
+  ENTRY_BWD_WS_BYTES,
+  ENTRY_STREAM,
+  ENTRY_STREAM_ARG,
+  ENTRY_SIZE
+};
+
+static PyObject *str_shape, *str_stride, *str_dtype, *str_device, *str_data_ptr, *str_requires_grad;
+static PyObject *memo_tensor_type;  /* the only type memo_forward takes; NULL: never hooked */
+static PyObject *memo_grad_enabled; /* () -> truthy when autograd records */
+static PyObject *memo_guards;       /* tuple of () -> truthy: the call must take the checked path */
+static PyObject *memo_autograd;     /* (entry, key, q, k, v) -> the result, recording autograd */
+static PyObject *memo_empty_like;   /* (t) -> a new tensor like t: the gradients */
+
+/* memo_hooks(tensor_type, grad_enabled, guards, autograd, empty_like): what the memo needs to
+ * know of the framework. */
+static PyObject *ext_memo_hooks(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *type, *grad_enabled, *guards, *autograd, *empty_like;
+  if (!PyArg_ParseTuple(args, "O!OO!OO", &PyType_Type, &type, &grad_enabled, &PyTuple_Type, &guards,
+                        &autograd, &empty_like))
+    return NULL;
+  PyObject **slots[] = {&memo_tensor_type, &memo_grad_enabled, &memo_guards, &memo_autograd,
+                        &memo_empty_like};
+  PyObject *values[] = {type, grad_enabled, guards, autograd, empty_like};
+  for (size_t i = 0; i < sizeof values / sizeof values[0]; ++i) {
+    Py_INCREF(values[i]);
+    Py_XSETREF(*slots[i], values[i]);
+  }
+  Py_RETURN_NONE;
+}
+
+/* The key of (options, q, k, v): (options, q.shape, q.stride(), q.dtype, q.device, k.shape, ...).
+ * A new tuple, or NULL with the exception set. */
+static PyObject *memo_key_of(PyObject *options, PyObject *const *tensors) {
+  PyObject *key = PyTuple_New(1 + MEMO_TENSORS * MEMO_FIELDS);
+  if (key == NULL) return NULL;
+  Py_INCREF(options);
+  PyTuple_SET_ITEM(key, 0, options);
+  Py_ssize_t at = 1;
+  for (int i = 0; i < MEMO_TENSORS; ++i) {
+    PyObject *t = tensors[i];
+    PyObject *fields[MEMO_FIELDS] = {NULL, NULL, NULL, NULL};
+    /* One at a time: no call is made with an exception pending. */
+    if ((fields[0] = PyObject_GetAttr(t, str_shape)) == NULL ||
+        (fields[1] = PyObject_CallMethodNoArgs(t, str_stride)) == NULL ||
+        (fields[2] = PyObject_GetAttr(t, str_dtype)) == NULL ||
+        (fields[3] = PyObject_GetAttr(t, str_device)) == NULL) {
+      for (int f = 0; f < MEMO_FIELDS; ++f) Py_XDECREF(fields[f]);
+      Py_DECREF(key);
+      return NULL;
+    }
+    for (int f = 0; f < MEMO_FIELDS; ++f) PyTuple_SET_ITEM(key, at++, fields[f]);
+  }
+  return key;
+}
+
+/* The strides of tensor i of a key. Borrowed. */
+static PyObject *key_strides(PyObject *key, int i) {
+  return PyTuple_GET_ITEM(key, 2 + i * MEMO_FIELDS);
+}
+
+/* 1 when fn() is truthy, 0 when not, -1 with the exception set. */
+static int call_truthy(PyObject *fn) {
+  PyObject *result = PyObject_CallNoArgs(fn);
+  int truthy = result == NULL ? -1 : PyObject_IsTrue(result);
+  Py_XDECREF(result);
+  return truthy;
+}
+
+enum { GATE_NO = 0, GATE_INFERENCE = 1, GATE_AUTOGRAD = 2 };
+
+/* Whether the call may take the memo: every tensor of the hooked type and no guard up; then
+ * GATE_AUTOGRAD when autograd records (a tensor requires grad, grad mode on), else
+ * GATE_INFERENCE. -1 with the exception set. */
+static int memo_gate(PyObject *const *tensors) {
+  if (memo_tensor_type == NULL) return GATE_NO;
+  int wants_grad = 0;
+  for (int i = 0; i < MEMO_TENSORS; ++i) {
+    if ((PyObject *)Py_TYPE(tensors[i]) != memo_tensor_type) return GATE_NO;
+    PyObject *flag = PyObject_GetAttr(tensors[i], str_requires_grad);
+    int set = flag == NULL ? -1 : PyObject_IsTrue(flag);
+    Py_XDECREF(flag);
+    if (set < 0) return -1;
+    wants_grad |= set;
+  }
+  if (wants_grad && (wants_grad = call_truthy(memo_grad_enabled)) < 0) return -1;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(memo_guards); ++i) {
+    int up = call_truthy(PyTuple_GET_ITEM(memo_guards, i));
+    if (up != 0) return up < 0 ? -1 : GATE_NO;
+  }
+  return wants_grad ? GATE_AUTOGRAD : GATE_INFERENCE;
+}
+
+/* t's data pointer, through t.data_ptr(). -1 with the exception set. */
+static int data_ptr_of(PyObject *t, void **data) {
+  PyObject *ptr = PyObject_CallMethodNoArgs(t, str_data_ptr);
+  if (ptr == NULL) return -1;
+  *data = PyLong_AsVoidPtr(ptr);
+  Py_DECREF(ptr);
+  return PyErr_Occurred() ? -1 : 0;
+}
+
+/* t from its data pointer and a tuple of strides; bhtd: the strides are of a [B, H, T, D] tensor,
+ * passed to the library as its [B, T, H, D] (attn.h's strides, no copy). */
+static int strided(attn_tensor *t, void *data, PyObject *strides, int bhtd) {
+  memset(t, 0, sizeof *t);
+  t->data = data;
+  Py_ssize_t n = PyTuple_Check(strides) ? PyTuple_GET_SIZE(strides) : -1;
+  if (n < 0 || n > ATTN_MAX_DIMS) {
+    PyErr_SetString(PyExc_TypeError, "memo: strides must be a tuple of at most 4 integers");
+    return -1;
+  }
+  for (Py_ssize_t d = 0; d < n; ++d) {
+    Py_ssize_t from = bhtd && n == 4 && (d == 1 || d == 2) ? 3 - d : d;
+    t->stride[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, from));
+    if (t->stride[d] == -1 && PyErr_Occurred()) return -1;
+  }
+  return 0;
+}
+
+/* t as the library takes it: its data pointer and t.stride(). */
+static int tensor_of(attn_tensor *t, PyObject *obj, int bhtd) {
+  void *data;
+  if (data_ptr_of(obj, &data) != 0) return -1;
+  PyObject *strides = PyObject_CallMethodNoArgs(obj, str_stride);
+  if (strides == NULL) return -1;
+  int status = strided(t, data, strides, bhtd);
+  Py_DECREF(strides);
+  return status;
+}
+
+/* An output of the call: alloc is (callable, kwargs or None), called as callable(q, **kwargs). */
+static PyObject *memo_alloc(PyObject *alloc, PyObject *q) {
+  if (!PyTuple_Check(alloc) || PyTuple_GET_SIZE(alloc) != 2) {
+    PyErr_SetString(PyExc_TypeError, "memo: an allocation is (callable, kwargs or None)");
+    return NULL;
+  }
+  PyObject *kwargs = PyTuple_GET_ITEM(alloc, 1);
+  PyObject *args = PyTuple_Pack(1, q);
+  if (args == NULL) return NULL;
+  PyObject *t = PyObject_Call(PyTuple_GET_ITEM(alloc, 0), args, kwargs == Py_None ? NULL : kwargs);
+  Py_DECREF(args);
+  return t;
+}
+
+/* What a run of an entry shares between the passes: the plan with its stream set, q, k, v and
+ * the workspace of the pass (allocated; *ws holds it, or None). */
+static attn_plan *memo_begin(PyObject *entry, PyObject *const *tensors, PyObject *key, int pass,
+                             attn_inputs *in, int *bhtd, PyObject **ws, void **ws_ptr,
+                             size_t *ws_size) {
+  *ws = NULL;
+  if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != ENTRY_SIZE) {
+    PyErr_Format(PyExc_TypeError, "memo: an entry is a tuple of %d items", ENTRY_SIZE);
+    return NULL;
+  }
+  attn_plan *plan = get_plan(PyTuple_GET_ITEM(entry, ENTRY_PLAN));
+  *bhtd = PyObject_IsTrue(PyTuple_GET_ITEM(entry, ENTRY_BHTD));
+  if (plan == NULL || *bhtd < 0) return NULL;
+  attn_inputs_init(in);
+  attn_tensor *qkv[MEMO_TENSORS] = {&in->q, &in->k, &in->v};
+  for (int i = 0; i < MEMO_TENSORS; ++i) {
+    void *data;
+    if (data_ptr_of(tensors[i], &data) != 0 || strided(qkv[i], data, key_strides(key, i), *bhtd))
+      return NULL;
+  }
+  PyObject *alloc = PyTuple_GET_ITEM(entry, pass == 0 ? ENTRY_FWD_WS : ENTRY_BWD_WS);
+  *ws_ptr = NULL;
+  *ws_size = 0;
+  if (alloc != Py_None) {
+    *ws_size = PyLong_AsSize_t(
+        PyTuple_GET_ITEM(entry, pass == 0 ? ENTRY_FWD_WS_BYTES : ENTRY_BWD_WS_BYTES));
+    if ((*ws_size == (size_t)-1 && PyErr_Occurred()) ||
+        (*ws = memo_alloc(alloc, tensors[0])) == NULL || data_ptr_of(*ws, ws_ptr) != 0)
+      return NULL;
+  }
+  PyObject *stream_fn = PyTuple_GET_ITEM(entry, ENTRY_STREAM);
+  if (stream_fn != Py_None) {
+    PyObject *stream = PyObject_CallOneArg(stream_fn, PyTuple_GET_ITEM(entry, ENTRY_STREAM_ARG));
+    int failed = stream == NULL || set_stream(plan, stream) != 0;
+    Py_XDECREF(stream);
+    if (failed) return NULL;
+  }
+  return plan;
+}
+
+/* Runs an entry's forward: out, or (out, lse) when the entry returns lse or with_lse. */
+static PyObject *memo_run(PyObject *entry, PyObject *const *tensors, PyObject *key, int with_lse) {
+  attn_inputs in;
+  int bhtd;
+  PyObject *ws, *out = NULL, *lse = NULL, *result = NULL;
+  void *ws_ptr;
+  size_t ws_size;
+  attn_plan *plan = memo_begin(entry, tensors, key, 0, &in, &bhtd, &ws, &ws_ptr, &ws_size);
+  if (plan == NULL) goto done;
+  int return_lse = PyObject_IsTrue(PyTuple_GET_ITEM(entry, ENTRY_RETURN_LSE));
+  if (return_lse < 0) goto done;
+  with_lse |= return_lse;
+  attn_outputs outs;
+  attn_outputs_init(&outs);
+  if ((out = memo_alloc(PyTuple_GET_ITEM(entry, ENTRY_OUT), tensors[0])) == NULL ||
+      tensor_of(&outs.out, out, bhtd) != 0)
+    goto done;
+  if (with_lse && ((lse = memo_alloc(PyTuple_GET_ITEM(entry, ENTRY_LSE), tensors[0])) == NULL ||
+                   tensor_of(&outs.lse, lse, 0) != 0))
+    goto done;
+  attn_status status;
+  PyThreadState *save = PyEval_SaveThread();
+  status = attn_plan_forward(plan, &in, ws_ptr, ws_size, &outs);
+  PyEval_RestoreThread(save);
+  if (status != ATTN_STATUS_OK) {
+    raise_plan_error(PyTuple_GET_ITEM(entry, ENTRY_PLAN), status);
+  } else if (with_lse) {
+    result = PyTuple_Pack(2, out, lse);
+  } else {
+    result = out;
+    out = NULL;
+  }
+done:
+  /* The workspace is dropped after the launch: PyTorch's caching allocator hands its memory to
+   * later work on the same stream only, which runs after this call's kernels. */
+  Py_XDECREF(ws);
+  Py_XDECREF(out);
+  Py_XDECREF(lse);
+  return result;
+}
+
+/* memo_forward(memo, options, q, k, v) -> the call's result, or None: no entry for this call (or
+ * the call may not take one: a guard up, another tensor type). */
+static PyObject *ext_memo_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 2 + MEMO_TENSORS || !PyDict_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "memo_forward(memo: dict, options, q, k, v)");
+    return NULL;
+  }
+  PyObject *const *tensors = args + 2;
+  int gate = memo_gate(tensors);
+  if (gate <= GATE_NO) {
+    if (gate < 0) return NULL;
+    Py_RETURN_NONE;
+  }
+  PyObject *key = memo_key_of(args[1], tensors);
+  if (key == NULL) return NULL;
+  PyObject *entry = PyDict_GetItemWithError(args[0], key); /* borrowed */
+  PyObject *result = NULL;
+  if (entry != NULL) {
+    Py_INCREF(entry); /* a thread switch inside the run could drop it from the dict */
+    if (gate == GATE_AUTOGRAD) {
+      PyObject *call[] = {entry, key, tensors[0], tensors[1], tensors[2]};
+      result = PyObject_Vectorcall(memo_autograd, call, 5, NULL);
+    } else {
+      result = memo_run(entry, tensors, key, 0);
+    }
+    Py_DECREF(entry);
+  } else if (!PyErr_Occurred()) {
+    result = Py_NewRef(Py_None);
+  } else if (PyErr_ExceptionMatches(PyExc_TypeError)) { /* unhashable options: never kept */
+    PyErr_Clear();
+    result = Py_NewRef(Py_None);
+  }
+  Py_DECREF(key);
+  return result;
+}
+
+/* memo_run(entry, key, q, k, v) -> (out, lse): the forward of the autograd hook. */
+static PyObject *ext_memo_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 2 + MEMO_TENSORS || !PyTuple_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "memo_run(entry, key, q, k, v)");
+    return NULL;
+  }
+  return memo_run(args[0], args + 2, args[1], 1);
+}
+
+/* memo_backward(entry, key, q, k, v, out, lse, dout) -> (dq, dk, dv): the backward of the
+ * autograd hook; the gradients are allocated like q, k, v. */
+static PyObject *ext_memo_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 5 + MEMO_TENSORS || !PyTuple_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "memo_backward(entry, key, q, k, v, out, lse, dout)");
+    return NULL;
+  }
+  PyObject *const *tensors = args + 2;
+  attn_inputs in;
+  int bhtd;
+  PyObject *ws, *grads[MEMO_TENSORS] = {NULL, NULL, NULL}, *result = NULL;
+  void *ws_ptr;
+  size_t ws_size;
+  attn_plan *plan = memo_begin(args[0], tensors, args[1], 1, &in, &bhtd, &ws, &ws_ptr, &ws_size);
+  if (plan == NULL) goto done;
+  attn_outputs fwd;
+  attn_outputs_init(&fwd);
+  attn_grads g;
+  attn_grads_init(&g);
+  attn_tensor dout;
+  attn_tensor *dqkv[MEMO_TENSORS] = {&g.dq, &g.dk, &g.dv};
+  if (tensor_of(&fwd.out, args[5], bhtd) != 0 || tensor_of(&fwd.lse, args[6], 0) != 0 ||
+      tensor_of(&dout, args[7], bhtd) != 0)
+    goto done;
+  for (int i = 0; i < MEMO_TENSORS; ++i)
+    if ((grads[i] = PyObject_CallOneArg(memo_empty_like, tensors[i])) == NULL ||
+        tensor_of(dqkv[i], grads[i], bhtd) != 0)
+      goto done;
+  attn_status status;
+  PyThreadState *save = PyEval_SaveThread();
+  status = attn_plan_backward(plan, &in, &fwd, &dout, ws_ptr, ws_size, &g);
+  PyEval_RestoreThread(save);
+  if (status != ATTN_STATUS_OK)
+    raise_plan_error(PyTuple_GET_ITEM(args[0], ENTRY_PLAN), status);
+  else
+    result = PyTuple_Pack(3, grads[0], grads[1], grads[2]);
+done:
+  Py_XDECREF(ws);
+  for (int i = 0; i < MEMO_TENSORS; ++i) Py_XDECREF(grads[i]);
+  return result;
+}
+
+/* memo_key(options, q, k, v): the key memo_forward looks up, for the front-end to add an entry. */
+static PyObject *ext_memo_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 1 + MEMO_TENSORS) {
+    PyErr_SetString(PyExc_TypeError, "memo_key(options, q, k, v)");
+    return NULL;
+  }
+  return memo_key_of(args[0], args + 1);
+}
+
 /* ---- context: policy, cache, threads, last error ------------------------------------------- */
 
 static PyObject *ext_last_error(PyObject *self, PyObject *args) {
@@ -575,6 +930,15 @@ static PyMethodDef ext_methods[] = {
     {"forward", ext_forward, METH_VARARGS, "attn_plan_forward."},
     {"backward", ext_backward, METH_VARARGS, "attn_plan_backward."},
     {"bench_forward", ext_bench_forward, METH_VARARGS, "Seconds per attn_plan_forward from C."},
+    {"memo_hooks", ext_memo_hooks, METH_VARARGS, "What the memo needs of the framework."},
+    {"memo_forward", (PyCFunction)(void (*)(void))ext_memo_forward, METH_FASTCALL,
+     "A repeated call's forward from the memo, or None."},
+    {"memo_key", (PyCFunction)(void (*)(void))ext_memo_key, METH_FASTCALL,
+     "The memo's key of (options, q, k, v)."},
+    {"memo_run", (PyCFunction)(void (*)(void))ext_memo_run, METH_FASTCALL,
+     "A memo entry's forward with lse: the autograd hook's forward."},
+    {"memo_backward", (PyCFunction)(void (*)(void))ext_memo_backward, METH_FASTCALL,
+     "A memo entry's backward: the autograd hook's backward."},
     {"last_error", ext_last_error, METH_VARARGS, "attn_ctx_last_error."},
     {"set_policy", ext_set_policy, METH_VARARGS, "attn_ctx_set_policy."},
     {"get_policy", ext_get_policy, METH_VARARGS, "attn_ctx_get_policy (defaults without ctx)."},
@@ -598,6 +962,15 @@ static struct PyModuleDef ext_module = {PyModuleDef_HEAD_INIT,
 PyMODINIT_FUNC PyInit__ext(void) {
   PyObject *m = PyModule_Create(&ext_module);
   if (m == NULL) return NULL;
+  if ((str_shape = PyUnicode_InternFromString("shape")) == NULL ||
+      (str_stride = PyUnicode_InternFromString("stride")) == NULL ||
+      (str_dtype = PyUnicode_InternFromString("dtype")) == NULL ||
+      (str_device = PyUnicode_InternFromString("device")) == NULL ||
+      (str_data_ptr = PyUnicode_InternFromString("data_ptr")) == NULL ||
+      (str_requires_grad = PyUnicode_InternFromString("requires_grad")) == NULL) {
+    Py_DECREF(m);
+    return NULL;
+  }
   attn_error_type = PyErr_NewExceptionWithDoc(
       "libattn.Error", "A libattn call failed; the message names the argument and the rule.",
       PyExc_RuntimeError, NULL);

@@ -599,3 +599,144 @@ def test_repeated_calls_take_the_memo_and_still_check(seed):
     # A change of policy forgets the memo with the plans.
     libattn.set_num_threads(0)
     torch.testing.assert_close(lt.flash_attn_func(q, k, v, causal=True), want, **TOL)
+
+
+def _memo_hit(options, q, k, v):
+    """What the binding's memo gives for this call: the result, or None when it has no entry."""
+    from libattn import _core, _ext
+    return _ext.memo_forward(_core._thread().plans, options, q, k, v)
+
+
+FA_OPTIONS = ("flash_attn_func", None, True, (-1, -1), 0.0, False)  # flash_attn_func(causal=True)
+
+
+def test_memo_repeats_the_checked_path_bit_for_bit(seed):
+    """The first call of a kind runs the checks and adds a memo entry; the next ones run from the
+    entry (a C call) and must give the same bits, the same output layout and the same lse."""
+    q, k, v = qkv(2, 5, 7, 4, 2, 8, dtype=torch.float32)
+    libattn.cache_clear()
+    assert _memo_hit(FA_OPTIONS, q, k, v) is None
+    first = lt.flash_attn_func(q, k, v, causal=True)
+    hit = _memo_hit(FA_OPTIONS, q, k, v)
+    assert hit is not None and hit.stride() == first.stride() and torch.equal(hit, first)
+    again = lt.flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(again, first) and again.stride() == first.stride()
+    # attention() with lse, in both layouts; PyTorch's layout read through strides.
+    for layout, tensors in (("bthd", (q, k, v)), ("bhtd", [t.transpose(1, 2) for t in (q, k, v)])):
+        runs = [lt.attention(*tensors, causal=True, return_lse=True, layout=layout)
+                for _ in range(3)]
+        for out, lse in runs[1:]:
+            assert torch.equal(out, runs[0][0]) and out.stride() == runs[0][0].stride()
+            assert torch.equal(lse, runs[0][1])
+        want_out, want_lse = reference(q.double(), k.double(), v.double(), causal=True)
+        got = runs[-1][0].transpose(1, 2) if layout == "bhtd" else runs[-1][0]
+        torch.testing.assert_close(got.double(), want_out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(runs[-1][1].double(), want_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_sdpa_output_follows_query_layout(seed):
+    """Ev == E: out is laid out as query (PyTorch's cuDNN backend's rule), on the first call and
+    from the memo; Ev != E: a view of a [B, L, H, Ev] tensor."""
+    q, k, v = qkv(2, 5, 7, 4, 4, 8)
+    bthd_views = [t.transpose(1, 2) for t in (q, k, v)]  # [B, H, T, D] views of [B, T, H, D]
+    contiguous = [t.contiguous() for t in bthd_views]
+    want = reference(q, k, v)[0].transpose(1, 2)
+    for tensors in (bthd_views, contiguous):
+        for _ in range(3):
+            out = lt.scaled_dot_product_attention(*tensors)
+            torch.testing.assert_close(out, want, **TOL)
+            assert out.stride() == torch.empty_like(tensors[0]).stride()
+    vv = randn(2, 4, 7, 5)
+    for _ in range(2):
+        out = lt.scaled_dot_product_attention(*contiguous[:2], vv)
+        assert out.shape == (2, 4, 5, 5) and out.transpose(1, 2).is_contiguous()
+
+
+def test_memo_records_autograd(seed):
+    """A repeated call that records autograd runs from the memo too (_MemoAttention, one call to
+    the binding per pass): the values, lse and gradients of the checked first call, bit for bit,
+    in both layouts, and the reference's."""
+    q, k, v = qkv(2, 5, 7, 4, 2, 8, grad=True)
+    douts = (randn(2, 5, 4, 8), randn(2, 5, 4, 16)[..., ::2])  # the second: last stride 2
+    want_out, want_lse = reference(q, k, v, causal=True)
+    libattn.set_num_threads(1)  # the cpu implementation's dq repeats its bits on one thread
+    try:
+        for layout in ("bthd", "bhtd"):
+            tensors = (q, k, v) if layout == "bthd" else [t.transpose(1, 2) for t in (q, k, v)]
+            for dout in douts:
+                runs, nodes = [], []
+                for _ in range(3):
+                    out, lse = lt.attention(*tensors, causal=True, return_lse=True, layout=layout)
+                    nodes.append(type(out.grad_fn).__name__)
+                    g = dout if layout == "bthd" else dout.transpose(1, 2)
+                    runs.append((out.detach(), lse, *torch.autograd.grad(out, (q, k, v), g)))
+                assert nodes[1:] == ["_MemoAttentionBackward"] * 2, nodes
+                for r in runs[1:]:
+                    for a, b in zip(r, runs[0]):
+                        assert torch.equal(a, b)
+                got = runs[0][0] if layout == "bthd" else runs[0][0].transpose(1, 2)
+                torch.testing.assert_close(got, want_out, **TOL)
+                torch.testing.assert_close(runs[0][1], want_lse, **TOL)
+                want_grads = torch.autograd.grad(want_out, (q, k, v), dout, retain_graph=True)
+                for a, b in zip(runs[0][2:], want_grads):
+                    torch.testing.assert_close(a, b, **TOL)
+    finally:
+        libattn.set_num_threads(0)
+    out = lt.flash_attn_func(q, k, v, causal=True)
+    with torch.no_grad():  # grad mode off: the same tensors take the inference path
+        hit = _memo_hit(FA_OPTIONS, q, k, v)
+    assert hit.grad_fn is None and torch.equal(hit, out.detach())
+
+
+def test_memo_is_not_taken_under_a_dispatch_mode(seed):
+    """A TorchDispatchMode (a profiler, a FLOP counter) must see the libattn operator."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = qkv(2, 5, 7, 4, 2, 8)
+    want = lt.flash_attn_func(q, k, v, causal=True)
+    lt.flash_attn_func(q, k, v, causal=True)  # the memo has the entry
+    with Record():
+        got = lt.flash_attn_func(q, k, v, causal=True)
+    assert any("libattn.fwd" in name for name in seen), seen
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_memo_keys_every_option_and_tensor_property(seed):
+    """Calls that differ in anything the checks read get their own entry (or none): results
+    match the reference for each, repeated, interleaved."""
+    q, k, v = qkv(2, 5, 7, 4, 2, 8)
+    calls = [
+        (lambda: lt.flash_attn_func(q, k, v), reference(q, k, v)[0]),
+        (lambda: lt.flash_attn_func(q, k, v, causal=True), reference(q, k, v, causal=True)[0]),
+        (lambda: lt.flash_attn_func(q, k, v, softmax_scale=0.3), reference(q, k, v, scale=0.3)[0]),
+        (lambda: lt.flash_attn_func(q, k, v, window_size=[2, 1]),  # a list: unhashable, no entry
+         reference(q, k, v, window=(2, 1))[0]),
+        (lambda: lt.flash_attn_func(q, k, v, softcap=2.0), reference(q, k, v, softcap=2.0)[0]),
+        (lambda: lt.attention(q, k, v, causal=True, align="top_left"),
+         reference(q, k, v, causal=True, top_left=True)[0]),
+        (lambda: lt.flash_attn_func(q[:, :4], k, v), reference(q[:, :4], k, v)[0]),
+        (lambda: lt.flash_attn_func(q.float(), k.float(), v.float()).double(),
+         reference(q, k, v)[0]),
+        (lambda: lt.flash_attn_func(*(t.expand(2, -1, -1, -1) for t in (q[:1], k[:1], v[:1]))),
+         reference(*(t[:1].expand(2, -1, -1, -1) for t in (q, k, v)))[0]),
+    ]
+    for _ in range(3):
+        for call, want in calls:
+            torch.testing.assert_close(call(), want, atol=1e-5, rtol=1e-5)
+    # An all-broadcast tensor is copied by the checks: never kept, still right when repeated.
+    one = randn(1, 1, 1, 8)
+    qb, kb = one.expand(2, 5, 4, 8), one.expand(2, 7, 2, 8)
+    for _ in range(2):
+        torch.testing.assert_close(lt.flash_attn_func(qb, kb, v), reference(qb, kb, v)[0], **TOL)
+    # Errors after the memo holds the good call's entry: still raised, naming the argument.
+    _raises(ValueError, "enable_gqa", lt.scaled_dot_product_attention, *(t.transpose(1, 2)
+                                                                         for t in (q, k, v)))
+    _raises(ValueError, "v", lt.flash_attn_func, q, k, v[:, :, :1])
+    _raises(TypeError, "v", lt.flash_attn_func, q, k, v.float())

@@ -163,6 +163,49 @@ def test_cuda_graph_capture_and_replay(seed):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("impl", gpu_impls())
+def test_memo_on_cuda(seed, impl):
+    """Repeated inference calls run from the binding's memo: the same bits as the checked first
+    call, in both layouts, with lse; the output laid out as q."""
+    q, k, v = (torch.randn(2, 77, h, 64, device=DEV, dtype=torch.bfloat16) for h in (8, 2, 2))
+    for layout, tensors in (("bthd", (q, k, v)), ("bhtd", [t.transpose(1, 2) for t in (q, k, v)])):
+        runs = [run(lt.attention, *tensors, causal=True, impl=impl, layout=layout,
+                    return_lse=True) for _ in range(3)]
+        for out, lse in runs[1:]:
+            assert out.stride() == runs[0][0].stride() == torch.empty_like(tensors[0]).stride()
+            torch.testing.assert_close(out, runs[0][0], rtol=0, atol=0)
+            torch.testing.assert_close(lse, runs[0][1], rtol=0, atol=0)
+
+
+def test_cuda_graph_capture_of_inference_calls(seed):
+    """Inference calls captured after their first call (the plan and the memo entry are made
+    outside the capture): the memo's path allocates from the graph's pool and runs on the
+    capturing stream; a replay on new inputs gives what a fresh call gives."""
+    q, k, v = (torch.randn(2, 128, h, 64, device=DEV, dtype=torch.bfloat16) for h in (8, 2, 2))
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+    def step():
+        return (lt.flash_attn_func(q, k, v, causal=True),
+                lt.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True),
+                *lt.attention(q, k, v, window=(32, 0), return_lse=True))
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    for t in (q, k, v):
+        t.copy_(torch.randn_like(t))
+    graph.replay()
+    torch.cuda.synchronize()
+    for g, w in zip(static, step()):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_gpus_in_one_process(seed):
     q, k, v = (torch.randn(2, 200, 4, 64, dtype=torch.bfloat16) for _ in range(3))
@@ -173,9 +216,27 @@ def test_two_gpus_in_one_process(seed):
         assert out.device == torch.device(dev)
         grads = torch.autograd.grad(out, (qd, kd, vd), torch.ones_like(out))
         outs.append([t.cpu() for t in (out, *grads)])
+        # Inference from the memo (the training call added this device's entry; entries are per
+        # device), first with device 0 current, then on a side stream of this device (which
+        # makes it current for the block).
+        side = torch.cuda.Stream(device=dev)
+        with torch.no_grad():
+            for stream in (None, side):
+                side.wait_stream(torch.cuda.current_stream(dev))
+                with torch.cuda.stream(stream):
+                    assert lt._stream(qd) == torch.cuda.current_stream(dev).cuda_stream
+                    runs = [lt.flash_attn_func(qd, kd, vd, causal=True, deterministic=True)
+                            for _ in range(3)]
+                torch.cuda.current_stream(dev).wait_stream(side)
+                for again in runs:
+                    assert again.device == torch.device(dev)
+                    torch.testing.assert_close(again, runs[0], rtol=0, atol=0)
+                # The training forward also wrote lse: the same values, not necessarily the bits.
+                torch.testing.assert_close(runs[0], out.detach(), rtol=1e-2, atol=1e-2)
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="k"):
+    assert torch.cuda.current_device() == 0
+    with pytest.raises(ValueError, match="k"):  # after both devices' memo entries exist
         lt.flash_attn_func(q.to("cuda:0"), k.to("cuda:1"), v.to("cuda:0"))
 
 
