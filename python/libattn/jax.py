@@ -153,14 +153,20 @@ def _problem(spec, q, k, v, opt, device):
     return _core.make_problem(**fields)
 
 
-def _device():
-    return _core.DEVICE_CUDA if jax.default_backend() == "gpu" else _core.DEVICE_CPU
+def _device(q):
+    """Where the call will run: the device of a concrete array, else (a tracer) JAX's default
+    backend."""
+    try:
+        platform = next(iter(q.devices())).platform
+    except Exception:
+        platform = jax.default_backend()
+    return _core.DEVICE_CUDA if platform in ("gpu", "cuda") else _core.DEVICE_CPU
 
 
 def _checked_problem(spec, q, k, v, opt):
     """The canonical problem string of a call, checked by planning it once on this thread (the
     library's rules, with messages naming the field, raised where the call is traced)."""
-    problem = _problem(spec, q, k, v, opt, _device())
+    problem = _problem(spec, q, k, v, opt, _device(q))
     _, platform = _mechanism(spec.mechanism)
     _core.get_plan(problem, spec.impl or None, spec.config or None, platform, False)
     return _core.problem_string(_problem(spec, q, k, v, opt, _core.DEVICE_CPU))

@@ -1,0 +1,35 @@
+#!/bin/bash
+# gpu/jax.sh - the JAX front-end on a lent GPU machine, in one call (docs/JAX.md): builds the
+# package with the GPU modules and the JAX FFI handlers into the machine's Python (jax with its
+# CUDA plugin, scikit-build-core already there; nothing is downloaded), then runs
+# tests/python/gpu/test_jax_gpu.py, the benchmark bench/python/jax_bench.py (B=2 T=8192 Hq=16
+# D=128 bf16, fwd+bwd under jit, against jax.nn.dot_product_attention's cuDNN and XLA paths) and
+# the CPU tests of the front-end under JAX_PLATFORMS=cpu (the machine's newer jax).
+#
+# usage: gpu/jax.sh            (from the repository root; logs in $OUT, default /tmp/gpu_out)
+# GENCODE: the kernels' nvcc targets (default sm_90 only: H100/H200, a third of the compile time).
+set -u -o pipefail
+OUT="${OUT:-/tmp/gpu_out}"
+GENCODE="${GENCODE:--gencode=arch=compute_90,code=sm_90}"
+mkdir -p "$OUT"
+step() { # name limit command...: runs with a time limit, prints "name rc=N seconds"
+  local name=$1 limit=$2 t0=$SECONDS
+  shift 2
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - t0))s"
+  return $rc
+}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c 'import jax; print("jax", jax.__version__, jax.devices())' 2>&1 | tail -1
+step build 150 python3 -m pip install --no-build-isolation --no-deps -v -C build-dir=build/python-gpu \
+  -C cmake.define.ATTN_WITH_CUDA=ON -C cmake.define.ATTN_WITH_CUDNN=ON \
+  -C cmake.define.ATTN_PYTHON_JAX=ON -C "cmake.define.ATTN_CUDA_GENCODE=$GENCODE" \
+  -C cmake.define.ATTN_WITH_MPI=OFF . || { tail -40 "$OUT/build.log"; exit 1; }
+python3 -c 'import libattn; print([i["name"] for i in libattn.info()["implementations"]])'
+step gpu_tests 50 python3 -m pytest -q -p no:cacheprovider tests/python/gpu/test_jax_gpu.py
+tail -15 "$OUT/gpu_tests.log"
+step bench 70 python3 bench/python/jax_bench.py
+cat "$OUT/bench.log"
+JAX_PLATFORMS=cpu step cpu_tests 25 python3 -m pytest -q -p no:cacheprovider tests/python/test_jax.py
+tail -5 "$OUT/cpu_tests.log"
