@@ -23,7 +23,7 @@ step() { # name limit command...: runs with a time limit, prints "name rc=N seco
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c 'import jax; print("jax", jax.__version__, jax.devices())' 2>&1 | tail -1
 step build 150 python3 -m pip install --no-build-isolation --no-deps -v -C build-dir=build/python-gpu \
-  -C cmake.define.ATTN_WITH_CUDA=ON -C cmake.define.ATTN_WITH_CUDNN=ON \
+  -C cmake.define.ATTN_WITH_CUDA=ON \
   -C cmake.define.ATTN_PYTHON_JAX=ON -C "cmake.define.ATTN_CUDA_GENCODE=$GENCODE" \
   -C cmake.define.ATTN_WITH_MPI=OFF . || { tail -40 "$OUT/build.log"; exit 1; }
 python3 -c 'import libattn; print([i["name"] for i in libattn.info()["implementations"]])'
