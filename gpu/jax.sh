@@ -27,9 +27,11 @@ step build 150 python3 -m pip install --no-build-isolation --no-deps -v -C build
   -C cmake.define.ATTN_PYTHON_JAX=ON -C "cmake.define.ATTN_CUDA_GENCODE=$GENCODE" \
   -C cmake.define.ATTN_WITH_MPI=OFF . || { tail -40 "$OUT/build.log"; exit 1; }
 python3 -c 'import libattn; print([i["name"] for i in libattn.info()["implementations"]])'
-step gpu_tests 50 python3 -m pytest -q -p no:cacheprovider tests/python/gpu/test_jax_gpu.py
+step gpu_tests 50 python3 -m pytest -q -p no:cacheprovider --rootdir tests/python \
+  tests/python/gpu/test_jax_gpu.py
 tail -15 "$OUT/gpu_tests.log"
 step bench 70 python3 bench/python/jax_bench.py
 cat "$OUT/bench.log"
-JAX_PLATFORMS=cpu step cpu_tests 25 python3 -m pytest -q -p no:cacheprovider tests/python/test_jax.py
+JAX_PLATFORMS=cpu step cpu_tests 25 python3 -m pytest -q -p no:cacheprovider --rootdir tests/python \
+  tests/python/test_jax.py
 tail -5 "$OUT/cpu_tests.log"
