@@ -192,7 +192,7 @@ def _ffi_forward(spec, q, k, v, opt):
     packed = opt[5] is not None
     results = (jax.ShapeDtypeStruct((*q.shape[:-1], v.shape[-1]), q.dtype),
                jax.ShapeDtypeStruct(_lse_shape(q, packed), _stat_dtype(q)))
-    call = jax.ffi.ffi_call(_FORWARD, results, vmap_method="sequential")
+    call = jax.ffi.ffi_call(_FORWARD, results, vmap_method="broadcast_all")
     return call(q, k, v, *[x for x in opt if x is not None], **_attrs(spec, problem))
 
 
@@ -205,7 +205,7 @@ def _ffi_backward(spec, dout, q, k, v, out, lse, opt):
         results.append(jax.ShapeDtypeStruct(bias.shape, bias.dtype))
     if sinks is not None:
         results.append(jax.ShapeDtypeStruct(sinks.shape, _stat_dtype(q)))
-    call = jax.ffi.ffi_call(_BACKWARD, tuple(results), vmap_method="sequential")
+    call = jax.ffi.ffi_call(_BACKWARD, tuple(results), vmap_method="broadcast_all")
     grads = list(call(dout, q, k, v, out, lse, *[x for x in opt if x is not None],
                       **_attrs(spec, problem)))
     dq, dk, dv = grads[:3]

@@ -18,6 +18,7 @@
 // Plans: attn.h allows one thread at a time per context, and XLA runs custom calls from several
 // threads at once (one per device of a CPU mesh), so each thread keeps its own context and its
 // own plans, keyed by everything that decides the plan; a repeated call costs one lookup.
+// Under vmap, operands arrive with the vmapped axes in front (see run).
 // Workspace: on CUDA from XLA's allocator (the FFI scratch allocator, stream-ordered, pooled by
 // XLA), on the CPU a per-thread buffer that only grows; the handler itself never allocates per
 // call once warm.
@@ -38,13 +39,6 @@
 namespace ffi = xla::ffi;
 
 namespace {
-
-// Optional operands, in the order the front-end passes them after q, k, v (after dout, q, k, v,
-// out, lse in the backward pass).
-struct Optional {
-  attn_tensor bias, mask, sinks, q_segment_ids, kv_segment_ids;
-  const int32_t *cu_seqlens_q, *cu_seqlens_k;
-};
 
 struct PlanEntry {
   attn_plan *plan = nullptr;
@@ -106,9 +100,19 @@ bool parse_policy(std::string_view text, attn_policy *policy, int32_t *num_threa
   return true;
 }
 
-// The plan of this call's problem on this thread, made on first use.
+// Whether `fold` calls of a problem, stacked along a leading (vmapped) axis, are one problem of
+// fold x batch sequences: every input's batch dimension must stack with q's, so no shared
+// sinks or broadcast bias/mask batch dimension, and no packed sequences (their offsets restart).
+bool foldable(const attn_problem &p) {
+  return p.num_sinks == 0 && p.varlen == ATTN_VARLEN_NONE &&
+         (!p.has_bias || p.bias_shape[0] == p.batch) &&
+         (!p.has_mask || p.mask_shape[0] == p.batch);
+}
+
+// The plan of this call's problem on this thread, made on first use; fold > 1 plans the problem
+// of that many calls stacked into the batch (a vmapped call, see run_stacked).
 ffi::ErrorOr<PlanEntry *> get_plan(ThreadState &st, const ffi::Dictionary &attrs,
-                                   attn_device device, int32_t ordinal) {
+                                   attn_device device, int32_t ordinal, int64_t fold) {
   auto problem_text = attr<std::string_view>(attrs, "problem");
   auto mechanism = attr<std::string_view>(attrs, "mechanism");
   auto impl = attr<std::string_view>(attrs, "impl");
@@ -130,6 +134,8 @@ ffi::ErrorOr<PlanEntry *> get_plan(ThreadState &st, const ffi::Dictionary &attrs
     key.push_back('\n');
   }
   key.append(std::to_string(static_cast<int>(device) * 1000 + ordinal));
+  key.push_back('x');
+  key.append(std::to_string(fold));
   auto found = st.plans.find(key);
   if (found != st.plans.end()) return &found->second;
 
@@ -141,6 +147,12 @@ ffi::ErrorOr<PlanEntry *> get_plan(ThreadState &st, const ffi::Dictionary &attrs
   if (status != ATTN_STATUS_OK) return ffi::Unexpected(library_error(st.ctx, status, "problem attribute"));
   entry.problem.device = device;
   entry.problem.device_index = ordinal;
+  if (fold > 1) {
+    attn_problem &p = entry.problem;
+    if (p.has_bias) p.bias_shape[0] *= fold;
+    if (p.has_mask) p.mask_shape[0] *= fold;
+    p.batch *= fold;
+  }
 
   attn_policy policy;
   attn_policy_init(&policy);
@@ -167,55 +179,74 @@ ffi::ErrorOr<PlanEntry *> get_plan(ThreadState &st, const ffi::Dictionary &attrs
   return &st.plans.emplace(key, entry).first->second;
 }
 
-attn_tensor tensor_of(const ffi::AnyBuffer &buffer) {
-  return attn_tensor_dense(buffer.untyped_data());
+ffi::ErrorOr<uint64_t> seed_of(const ffi::Dictionary &attrs) {
+  auto seed = attrs.get<int64_t>("seed");
+  if (seed.has_error()) return ffi::Unexpected(seed.error());
+  return static_cast<uint64_t>(*seed);
 }
 
-// The optional operands from index `first` on, as the problem declares them.
-ffi::ErrorOr<Optional> optional_operands(const attn_problem &p, const ffi::RemainingArgs &args,
-                                         size_t first) {
-  Optional o;
-  std::memset(&o, 0, sizeof o);
+// Unwraps an ErrorOr into `var`, or returns its error from a handler.
+#define ATTN_FFI_TRY(var, expr)                      \
+  auto var##_or = (expr);                            \
+  if (var##_or.has_error()) return var##_or.error(); \
+  auto var = *var##_or
+
+// The buffers of one call as plain pointers and byte counts: operands and results, in order.
+struct Buffers {
+  static constexpr size_t kMax = 16;
+  void *arg[kMax], *ret[kMax];
+  size_t arg_bytes[kMax], ret_bytes[kMax];
+  size_t nargs = 0, nrets = 0;
+  int64_t q_rank = 0;
+  int64_t q_dims[8];
+};
+
+ffi::ErrorOr<Buffers> buffers_of(const ffi::RemainingArgs &args, const ffi::RemainingRets &rets,
+                                 size_t q_index) {
+  Buffers b;
+  if (args.size() > Buffers::kMax || rets.size() > Buffers::kMax)
+    return ffi::Unexpected(ffi::Error::InvalidArgument("libattn: too many operands"));
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto buffer = args.get<ffi::AnyBuffer>(i);
+    if (buffer.has_error()) return ffi::Unexpected(buffer.error());
+    b.arg[i] = buffer->untyped_data();
+    b.arg_bytes[i] = buffer->size_bytes();
+    if (i == q_index) {
+      auto dims = buffer->dimensions();
+      b.q_rank = static_cast<int64_t>(dims.size());
+      if (b.q_rank > 8) return ffi::Unexpected(ffi::Error::InvalidArgument("libattn: rank > 8"));
+      for (int64_t d = 0; d < b.q_rank; ++d) b.q_dims[d] = dims[d];
+    }
+  }
+  b.nargs = args.size();
+  for (size_t i = 0; i < rets.size(); ++i) {
+    auto buffer = rets.get<ffi::AnyBuffer>(i);
+    if (buffer.has_error()) return ffi::Unexpected(buffer.error());
+    b.ret[i] = (*buffer)->untyped_data();
+    b.ret_bytes[i] = (*buffer)->size_bytes();
+  }
+  b.nrets = rets.size();
+  return b;
+}
+
+// The optional inputs, from operand `first` on, as the problem declares them; false when the
+// operands do not match the problem.
+bool bind_optional(const attn_problem &p, void *const *arg, size_t nargs, size_t first,
+                   attn_inputs *in) {
   size_t next = first;
-  auto take = [&](attn_tensor *t) -> ffi::Error {
-    auto buffer = args.get<ffi::AnyBuffer>(next++);
-    if (buffer.has_error()) return buffer.error();
-    *t = tensor_of(*buffer);
-    return ffi::Error::Success();
-  };
-  if (p.has_bias)
-    if (auto e = take(&o.bias); e.failure()) return ffi::Unexpected(e);
-  if (p.has_mask)
-    if (auto e = take(&o.mask); e.failure()) return ffi::Unexpected(e);
-  if (p.num_sinks > 0)
-    if (auto e = take(&o.sinks); e.failure()) return ffi::Unexpected(e);
+  auto take = [&]() { return next < nargs ? arg[next++] : (++next, nullptr); };
+  if (p.has_bias) in->bias = attn_tensor_dense(take());
+  if (p.has_mask) in->mask = attn_tensor_dense(take());
+  if (p.num_sinks > 0) in->sinks = attn_tensor_dense(take());
   if (p.has_segment_ids) {
-    if (auto e = take(&o.q_segment_ids); e.failure()) return ffi::Unexpected(e);
-    if (auto e = take(&o.kv_segment_ids); e.failure()) return ffi::Unexpected(e);
+    in->q_segment_ids = attn_tensor_dense(take());
+    in->kv_segment_ids = attn_tensor_dense(take());
   }
   if (p.varlen == ATTN_VARLEN_PACKED) {
-    attn_tensor cu_q, cu_k;
-    if (auto e = take(&cu_q); e.failure()) return ffi::Unexpected(e);
-    if (auto e = take(&cu_k); e.failure()) return ffi::Unexpected(e);
-    o.cu_seqlens_q = static_cast<const int32_t *>(cu_q.data);
-    o.cu_seqlens_k = static_cast<const int32_t *>(cu_k.data);
+    in->cu_seqlens_q = static_cast<const int32_t *>(take());
+    in->cu_seqlens_k = static_cast<const int32_t *>(take());
   }
-  if (next != args.size())
-    return ffi::Unexpected(ffi::Error::InvalidArgument("libattn: " + std::to_string(args.size()) +
-                                       " operands, the problem takes " + std::to_string(next)));
-  return o;
-}
-
-ffi::ErrorOr<attn_tensor> operand(const ffi::RemainingArgs &args, size_t index) {
-  auto buffer = args.get<ffi::AnyBuffer>(index);
-  if (buffer.has_error()) return ffi::Unexpected(buffer.error());
-  return tensor_of(*buffer);
-}
-
-ffi::ErrorOr<attn_tensor> result(const ffi::RemainingRets &rets, size_t index) {
-  auto buffer = rets.get<ffi::AnyBuffer>(index);
-  if (buffer.has_error()) return ffi::Unexpected(buffer.error());
-  return tensor_of(**buffer);
+  return next == nargs;
 }
 
 // Workspace of `bytes` for one call: XLA's scratch memory on a GPU, the thread's buffer on the CPU.
@@ -224,13 +255,15 @@ ffi::ErrorOr<void *> workspace(ThreadState &st, ffi::ScratchAllocator *scratch, 
   if (scratch != nullptr) {
     auto data = scratch->Allocate(bytes, 256);
     if (!data.has_value())
-      return ffi::Unexpected(ffi::Error::Internal("libattn: XLA's scratch allocator gave no workspace of " +
-                                  std::to_string(bytes) + " bytes"));
+      return ffi::Unexpected(ffi::Error::Internal(
+          "libattn: XLA's scratch allocator gave no workspace of " + std::to_string(bytes) +
+          " bytes"));
     return *data;
   }
   if (bytes > st.workspace_bytes) {
     void *grown = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (grown == nullptr) return ffi::Unexpected(ffi::Error::Internal("libattn: out of memory for workspace"));
+    if (grown == nullptr)
+      return ffi::Unexpected(ffi::Error::Internal("libattn: out of memory for workspace"));
     std::free(st.workspace);
     st.workspace = grown;
     st.workspace_bytes = bytes;
@@ -238,112 +271,103 @@ ffi::ErrorOr<void *> workspace(ThreadState &st, ffi::ScratchAllocator *scratch, 
   return st.workspace;
 }
 
-ffi::ErrorOr<uint64_t> seed_of(const ffi::Dictionary &attrs) {
-  auto seed = attrs.get<int64_t>("seed");
-  if (seed.has_error()) return ffi::Unexpected(seed.error());
-  return static_cast<uint64_t>(*seed);
-}
-
-#define ATTN_FFI_TRY(var, expr)            \
-  auto var##_or = (expr);                  \
-  if (var##_or.has_error()) return var##_or.error(); \
-  auto var = *var##_or
-
-ffi::Error forward(attn_device device, int32_t ordinal, void *stream,
-                   ffi::ScratchAllocator *scratch, ffi::RemainingArgs args,
-                   ffi::RemainingRets rets, ffi::Dictionary attrs) {
-  ThreadState &st = thread_state();
-  ATTN_FFI_TRY(entry, get_plan(st, attrs, device, ordinal));
-  ATTN_FFI_TRY(opt, optional_operands(entry->problem, args, 3));
-  ATTN_FFI_TRY(seed, seed_of(attrs));
+// One pass of a plan over buffers given as pointers (one slice of a stacked call, or all of it).
+attn_status run_pass(bool backward, const PlanEntry &entry, void *const *arg, size_t nargs,
+                     void *const *ret, uint64_t seed, void *ws, size_t ws_bytes) {
+  const attn_problem &p = entry.problem;
   attn_inputs in;
   attn_inputs_init(&in);
-  ATTN_FFI_TRY(q, operand(args, 0));
-  ATTN_FFI_TRY(k, operand(args, 1));
-  ATTN_FFI_TRY(v, operand(args, 2));
-  in.q = q, in.k = k, in.v = v;
-  in.bias = opt.bias, in.mask = opt.mask, in.sinks = opt.sinks;
-  in.q_segment_ids = opt.q_segment_ids, in.kv_segment_ids = opt.kv_segment_ids;
-  in.cu_seqlens_q = opt.cu_seqlens_q, in.cu_seqlens_k = opt.cu_seqlens_k;
+  size_t q = backward ? 1 : 0;
+  in.q = attn_tensor_dense(arg[q]);
+  in.k = attn_tensor_dense(arg[q + 1]);
+  in.v = attn_tensor_dense(arg[q + 2]);
   in.dropout_seed = seed;
-  attn_outputs out;
-  attn_outputs_init(&out);
-  ATTN_FFI_TRY(o, result(rets, 0));
-  ATTN_FFI_TRY(lse, result(rets, 1));
-  out.out = o, out.lse = lse;
-  ATTN_FFI_TRY(ws, workspace(st, scratch, entry->forward_bytes));
-  attn_status status = attn_plan_set_stream(entry->plan, stream);
-  if (status == ATTN_STATUS_OK)
-    status = attn_plan_forward(entry->plan, &in, ws, entry->forward_bytes, &out);
-  if (status != ATTN_STATUS_OK) return library_error(st.ctx, status, "forward");
-  return ffi::Error::Success();
-}
-
-ffi::Error backward(attn_device device, int32_t ordinal, void *stream,
-                    ffi::ScratchAllocator *scratch, ffi::RemainingArgs args,
-                    ffi::RemainingRets rets, ffi::Dictionary attrs) {
-  ThreadState &st = thread_state();
-  ATTN_FFI_TRY(entry, get_plan(st, attrs, device, ordinal));
-  ATTN_FFI_TRY(opt, optional_operands(entry->problem, args, 6));
-  ATTN_FFI_TRY(seed, seed_of(attrs));
-  ATTN_FFI_TRY(dout, operand(args, 0));
-  ATTN_FFI_TRY(q, operand(args, 1));
-  ATTN_FFI_TRY(k, operand(args, 2));
-  ATTN_FFI_TRY(v, operand(args, 3));
-  ATTN_FFI_TRY(o, operand(args, 4));
-  ATTN_FFI_TRY(lse, operand(args, 5));
-  attn_inputs in;
-  attn_inputs_init(&in);
-  in.q = q, in.k = k, in.v = v;
-  in.bias = opt.bias, in.mask = opt.mask, in.sinks = opt.sinks;
-  in.q_segment_ids = opt.q_segment_ids, in.kv_segment_ids = opt.kv_segment_ids;
-  in.cu_seqlens_q = opt.cu_seqlens_q, in.cu_seqlens_k = opt.cu_seqlens_k;
-  in.dropout_seed = seed;
+  if (!bind_optional(p, arg, nargs, backward ? 6 : 3, &in)) return ATTN_STATUS_INVALID_ARGUMENT;
+  if (!backward) {
+    attn_outputs out;
+    attn_outputs_init(&out);
+    out.out = attn_tensor_dense(ret[0]);
+    out.lse = attn_tensor_dense(ret[1]);
+    return attn_plan_forward(entry.plan, &in, ws, ws_bytes, &out);
+  }
   attn_outputs fwd;
   attn_outputs_init(&fwd);
-  fwd.out = o, fwd.lse = lse;
+  fwd.out = attn_tensor_dense(arg[4]);
+  fwd.lse = attn_tensor_dense(arg[5]);
+  attn_tensor dout = attn_tensor_dense(arg[0]);
   attn_grads grads;
   attn_grads_init(&grads);
-  ATTN_FFI_TRY(dq, result(rets, 0));
-  ATTN_FFI_TRY(dk, result(rets, 1));
-  ATTN_FFI_TRY(dv, result(rets, 2));
-  grads.dq = dq, grads.dk = dk, grads.dv = dv;
+  grads.dq = attn_tensor_dense(ret[0]);
+  grads.dk = attn_tensor_dense(ret[1]);
+  grads.dv = attn_tensor_dense(ret[2]);
   size_t next = 3;
-  if (entry->problem.has_bias) {
-    ATTN_FFI_TRY(dbias, result(rets, next++));
-    grads.dbias = dbias;
+  if (p.has_bias) grads.dbias = attn_tensor_dense(ret[next++]);
+  if (p.num_sinks > 0) grads.dsinks = attn_tensor_dense(ret[next++]);
+  return attn_plan_backward(entry.plan, &in, &fwd, &dout, ws, ws_bytes, &grads);
+}
+
+// A forward or backward call. Under vmap (vmap_method="broadcast_all") every buffer carries the
+// same leading axes in front of the problem's shapes (q of rank 5 instead of 4, or 4 instead of
+// 3 for packed sequences): their product n of stacked calls runs as one problem of n x batch
+// sequences when the inputs stack along the batch (foldable), else slice by slice with the same
+// plan and workspace, each slice 1/n of every buffer.
+ffi::Error run(bool backward, attn_device device, int32_t ordinal, void *stream,
+               ffi::ScratchAllocator *scratch, ffi::RemainingArgs args, ffi::RemainingRets rets,
+               ffi::Dictionary attrs) {
+  ThreadState &st = thread_state();
+  const char *what = backward ? "backward" : "forward";
+  ATTN_FFI_TRY(entry, get_plan(st, attrs, device, ordinal, 1));
+  ATTN_FFI_TRY(seed, seed_of(attrs));
+  ATTN_FFI_TRY(b, buffers_of(args, rets, backward ? 1 : 0));
+  int64_t base_rank = entry->problem.varlen == ATTN_VARLEN_PACKED ? 3 : 4;
+  int64_t stacked = 1;
+  for (int64_t d = 0; d + base_rank < b.q_rank; ++d) stacked *= b.q_dims[d];
+  if (stacked == 0) return ffi::Error::Success();
+  bool slices = stacked > 1 && !foldable(entry->problem);
+  if (stacked > 1 && !slices) {
+    ATTN_FFI_TRY(folded, get_plan(st, attrs, device, ordinal, stacked));
+    entry = folded;
   }
-  if (entry->problem.num_sinks > 0) {
-    ATTN_FFI_TRY(dsinks, result(rets, next++));
-    grads.dsinks = dsinks;
-  }
-  ATTN_FFI_TRY(ws, workspace(st, scratch, entry->backward_bytes));
+  size_t ws_bytes = backward ? entry->backward_bytes : entry->forward_bytes;
+  ATTN_FFI_TRY(ws, workspace(st, scratch, ws_bytes));
   attn_status status = attn_plan_set_stream(entry->plan, stream);
-  if (status == ATTN_STATUS_OK)
-    status =
-        attn_plan_backward(entry->plan, &in, &fwd, &dout, ws, entry->backward_bytes, &grads);
-  if (status != ATTN_STATUS_OK) return library_error(st.ctx, status, "backward");
+  int64_t passes = slices ? stacked : 1;
+  for (int64_t n = 0; n < passes && status == ATTN_STATUS_OK; ++n) {
+    void *arg[Buffers::kMax], *ret[Buffers::kMax];
+    for (size_t i = 0; i < b.nargs; ++i)
+      arg[i] = static_cast<char *>(b.arg[i]) + n * (b.arg_bytes[i] / passes);
+    for (size_t i = 0; i < b.nrets; ++i)
+      ret[i] = static_cast<char *>(b.ret[i]) + n * (b.ret_bytes[i] / passes);
+    status = run_pass(backward, *entry, arg, b.nargs, ret, seed, ws, ws_bytes);
+  }
+  if (status != ATTN_STATUS_OK) {
+    if (attn_ctx_last_status(st.ctx) == ATTN_STATUS_OK)  // operands that do not match
+      return ffi::Error::InvalidArgument(std::string("libattn ") + what + ": " +
+                                         std::to_string(b.nargs) +
+                                         " operands do not match the problem attribute");
+    return library_error(st.ctx, status, what);
+  }
   return ffi::Error::Success();
 }
 
 ffi::Error forward_cpu(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs) {
-  return forward(ATTN_DEVICE_CPU, 0, nullptr, nullptr, args, rets, attrs);
+  return run(false, ATTN_DEVICE_CPU, 0, nullptr, nullptr, args, rets, attrs);
 }
 
 ffi::Error backward_cpu(ffi::RemainingArgs args, ffi::RemainingRets rets,
                         ffi::Dictionary attrs) {
-  return backward(ATTN_DEVICE_CPU, 0, nullptr, nullptr, args, rets, attrs);
+  return run(true, ATTN_DEVICE_CPU, 0, nullptr, nullptr, args, rets, attrs);
 }
 
 ffi::Error forward_cuda(void *stream, ffi::ScratchAllocator scratch, int32_t ordinal,
                         ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs) {
-  return forward(ATTN_DEVICE_CUDA, ordinal, stream, &scratch, args, rets, attrs);
+  return run(false, ATTN_DEVICE_CUDA, ordinal, stream, &scratch, args, rets, attrs);
 }
 
 ffi::Error backward_cuda(void *stream, ffi::ScratchAllocator scratch, int32_t ordinal,
                          ffi::RemainingArgs args, ffi::RemainingRets rets,
                          ffi::Dictionary attrs) {
-  return backward(ATTN_DEVICE_CUDA, ordinal, stream, &scratch, args, rets, attrs);
+  return run(true, ATTN_DEVICE_CUDA, ordinal, stream, &scratch, args, rets, attrs);
 }
 
 }  // namespace

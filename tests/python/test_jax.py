@@ -229,6 +229,35 @@ def test_jit_vmap_remat(seed):
             close(a[i], b, 1e-6)
 
 
+def test_vmap_stacks_or_slices(seed):
+    """vmap reaches the handler as one call with a leading axis: stacked into the batch when every
+    input stacks (bias with a full batch dimension, segment ids), else run slice by slice (a
+    broadcast bias, sinks, packed sequences); both equal the per-slice calls, with gradients."""
+    rng = np.random.default_rng(seed)
+    q, k, v = qkv(rng, 2, 5, 7, 4, 2, 8, 3)
+    n = 3
+    qs, ks, vs = (jnp.asarray(rng.standard_normal((n, *x.shape)), jnp.float32) for x in (q, k, v))
+    bias_full = jnp.asarray(rng.standard_normal((n, 2, 4, 5, 7)), jnp.float32)
+    bias_bcast = jnp.asarray(rng.standard_normal((n, 1, 1, 5, 7)), jnp.float32)
+    seg = jnp.asarray(rng.integers(0, 2, (n, 2, 7)), jnp.int32)
+    for bias in (bias_full, bias_bcast):
+        def f(q, k, v, b, s):
+            return lj.flash_attention(q, k, v, b, causal=True, q_segment_ids=s[:, :5],
+                                      kv_segment_ids=s)
+        out = jax.jit(jax.vmap(f))(qs, ks, vs, bias, seg)
+        loss = lambda *a: jnp.sum(jnp.sin(f(*a)))  # noqa: E731
+        grads = jax.vmap(jax.grad(loss, argnums=(0, 1, 2, 3)))(qs, ks, vs, bias, seg)
+        for i in range(n):
+            close(out[i], f(qs[i], ks[i], vs[i], bias[i], seg[i]), 1e-6)
+            for a, b in zip(grads, jax.grad(loss, argnums=(0, 1, 2, 3))(
+                    qs[i], ks[i], vs[i], bias[i], seg[i])):
+                close(a[i], b, 1e-6)
+    # An unbatched key/value is broadcast to every slice.
+    out = jax.vmap(lambda q: lj.flash_attention(q, k, v))(qs)
+    for i in range(n):
+        close(out[i], lj.flash_attention(qs[i], k, v), 1e-6)
+
+
 def test_dropout_same_bits_as_torch(seed):
     torch = pytest.importorskip("torch")
     import libattn.torch as lt
