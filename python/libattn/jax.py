@@ -13,6 +13,7 @@ rest, including where libattn's meaning differs from one of ejKernel's backends.
 import dataclasses
 import functools
 import os
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +21,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec
 
-from . import _core
+from . import _core, _ext
 
 try:
     from . import _jax_ffi
@@ -94,22 +95,27 @@ class _Spec:
     mechanism: str = "auto"
     impl: str = ""
     config: str = ""
-    policy: str = ""
-    cache_path: str = "\x01"  # "\x01": the policy's default file (NULL in attn_policy)
+    policy: tuple = ()  # attn_policy's fields in _core._POLICY_KEYS's order
+    num_threads: int = 0
 
 
-def _policy_attrs(policy=None):
-    """(policy string, cache path) for the FFI call: the process-wide policy of libattn.set_policy
-    with the fields an executor's chain overrides."""
+def _policy_of(overrides=None):
+    """The executor's policy a call is planned under: the process-wide one of libattn.set_policy
+    with the fields an executor's chain overrides, as the tuple _ext.set_policy takes."""
     p = _core.get_policy()
-    if policy:
-        p.update(policy)
-    text = ",".join(str(int(p[k])) for k in ("allow_autotune", "on_miss", "tune_backward",
-                                             "warmup_iters", "measure_iters"))
-    text += f",{float(p['max_seconds'])!r},{int(p['persist'])},{int(p['deterministic'])}"
-    text += f",{int(_core._num_threads)}"
-    path = p["cache_path"]
-    return text, "\x01" if path is None else os.fspath(path)
+    if overrides:
+        p.update(overrides)
+    values = []
+    for key in _core._POLICY_KEYS:
+        value = p[key]
+        if key == "max_seconds":
+            value = float(value)
+        elif key == "cache_path":
+            value = None if value is None else os.fspath(value)
+        else:
+            value = int(value)
+        values.append(value)
+    return tuple(values)
 
 
 _OPTIONAL = ("bias", "mask", "sinks", "q_segment_ids", "kv_segment_ids", "cu_seqlens_q",
@@ -163,19 +169,50 @@ def _device(q):
     return _core.DEVICE_CUDA if platform in ("gpu", "cuda") else _core.DEVICE_CPU
 
 
-def _checked_problem(spec, q, k, v, opt):
-    """The canonical problem string of a call, checked by planning it once on this thread (the
-    library's rules, with messages naming the field, raised where the call is traced)."""
+class _Planner(threading.local):
+    """This thread's context for planning traced calls, set to the policy of the last call."""
+
+    def __init__(self):
+        self.ctx = _ext.ctx_new()
+        self.policy = None
+        self.plans = {}
+
+
+_planner = _Planner()
+
+
+def _plan_call(spec, q, k, v, opt):
+    """Plans a call when it is traced, through libattn's executor under the call's policy (the
+    cache, the cache file, autotuning when the policy says so, heuristics; bad problems raise
+    here, naming the field). Returns the custom call's attributes and the workspace sizes: the
+    handler runs exactly the implementation and configuration chosen here."""
     problem = _problem(spec, q, k, v, opt, _device(q))
+    st = _planner
+    key = (problem, spec.mechanism, spec.impl, spec.config, spec.policy, spec.num_threads)
+    found = st.plans.get(key)
+    if found is None:
+        found = st.plans[key] = _new_plan(st, spec, q, k, v, opt, problem)
+    attrs, forward_bytes, backward_bytes = found
+    # The seed is an attribute of its own: a new seed makes no new plan.
+    seed = np.int64(np.uint64(spec.seed & (2**64 - 1)).view(np.int64))
+    return dict(attrs, seed=seed), forward_bytes, backward_bytes
+
+
+def _new_plan(st, spec, q, k, v, opt, problem):
+    """The attributes and workspace sizes of a problem's plan, made under the call's policy (the
+    plan itself is not kept: the context's executor cache remembers its choice)."""
+    if len(st.plans) >= 4096:
+        st.plans.clear()
+    if st.policy != (spec.policy, spec.num_threads):
+        _ext.set_policy(st.ctx, *spec.policy)
+        _ext.set_num_threads(st.ctx, spec.num_threads)
+        st.policy = (spec.policy, spec.num_threads)
     _, platform = _mechanism(spec.mechanism)
-    _core.get_plan(problem, spec.impl or None, spec.config or None, platform, False)
-    return _core.problem_string(_problem(spec, q, k, v, opt, _core.DEVICE_CPU))
-
-
-def _attrs(spec, problem):
-    return dict(problem=problem, mechanism=spec.mechanism, impl=spec.impl, config=spec.config,
-                policy=spec.policy, cache_path=spec.cache_path,
-                seed=np.int64(np.uint64(spec.seed & (2**64 - 1)).view(np.int64)))
+    plan = _core.Plan(_ext.plan_new(st.ctx, problem, spec.impl or None, spec.config or None,
+                                    platform, 0), problem)
+    attrs = dict(problem=_core.problem_string(_problem(spec, q, k, v, opt, _core.DEVICE_CPU)),
+                 impl=plan.impl, config=plan.config, num_threads=np.int64(spec.num_threads))
+    return attrs, plan.forward_workspace, plan.backward_workspace
 
 
 def _stat_dtype(q):
@@ -188,26 +225,28 @@ def _lse_shape(q, packed):
 
 def _ffi_forward(spec, q, k, v, opt):
     """out [.., Tq, Hq, Dv] and lse [B, Hq, Tq] (packed: [Hq, total_q]) of one call."""
-    problem = _checked_problem(spec, q, k, v, opt)
+    attrs, workspace, _ = _plan_call(spec, q, k, v, opt)
     packed = opt[5] is not None
     results = (jax.ShapeDtypeStruct((*q.shape[:-1], v.shape[-1]), q.dtype),
-               jax.ShapeDtypeStruct(_lse_shape(q, packed), _stat_dtype(q)))
+               jax.ShapeDtypeStruct(_lse_shape(q, packed), _stat_dtype(q)),
+               jax.ShapeDtypeStruct((workspace,), jnp.uint8))
     call = jax.ffi.ffi_call(_FORWARD, results, vmap_method="broadcast_all")
-    return call(q, k, v, *[x for x in opt if x is not None], **_attrs(spec, problem))
+    out, lse, _ = call(q, k, v, *[x for x in opt if x is not None], **attrs)
+    return out, lse
 
 
 def _ffi_backward(spec, dout, q, k, v, out, lse, opt):
     """dq, dk, dv, and dbias / dsinks when the call has a bias / sinks (None otherwise)."""
-    problem = _checked_problem(spec, q, k, v, opt)
+    attrs, _, workspace = _plan_call(spec, q, k, v, opt)
     bias, sinks = opt[0], opt[2]
     results = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
     if bias is not None:
         results.append(jax.ShapeDtypeStruct(bias.shape, bias.dtype))
     if sinks is not None:
         results.append(jax.ShapeDtypeStruct(sinks.shape, _stat_dtype(q)))
+    results.append(jax.ShapeDtypeStruct((workspace,), jnp.uint8))
     call = jax.ffi.ffi_call(_BACKWARD, tuple(results), vmap_method="broadcast_all")
-    grads = list(call(dout, q, k, v, out, lse, *[x for x in opt if x is not None],
-                      **_attrs(spec, problem)))
+    grads = list(call(dout, q, k, v, out, lse, *[x for x in opt if x is not None], **attrs))[:-1]
     dq, dk, dv = grads[:3]
     rest = grads[3:]
     dbias = rest.pop(0) if bias is not None else None
@@ -457,11 +496,11 @@ def _make_spec(sdpa, softmax_scale, causal, top_left, sliding_window, softcap, d
         raise TypeError(f"dropout_seed: expected a Python int, got {type(dropout_seed).__name__}"
                         " (a traced seed cannot reach the kernel's attributes)")
     impl, config = _config(cfg)
-    policy_text, cache_path = _policy_attrs(policy)
     return _Spec(sdpa=sdpa, scale=float(softmax_scale or 0.0), causal=bool(causal),
                  top_left=top_left, window=_window(sliding_window), softcap=float(softcap or 0.0),
                  dropout_p=p, seed=int(dropout_seed or 0), mechanism=_platform(platform),
-                 impl=impl, config=config, policy=policy_text, cache_path=cache_path)
+                 impl=impl, config=config, policy=_policy_of(policy),
+                 num_threads=int(_core._num_threads))
 
 
 def _prepare(q, bias, mask, sinks, qseg, kvseg):
@@ -518,11 +557,14 @@ class ScaledDotProductAttention:
 
 
 class ConfigCache:
-    """The executor's in-memory cache. libattn keeps it in C, per thread (the FFI handlers' own
-    threads included); ``clear()`` forgets the calling thread's entries and plans."""
+    """The executor's in-memory cache. libattn keeps it in C, per thread; ``clear()`` forgets the
+    calling thread's entries and plans (those of traced JAX calls and of libattn.plan), so the
+    next trace plans again (the cache file is kept)."""
 
     def clear(self):
         _core.cache_clear()
+        _ext.cache(_planner.ctx, "clear")
+        _planner.plans.clear()
 
 
 @dataclasses.dataclass

@@ -7,28 +7,28 @@
 // loads. The module exports the handlers as PyCapsules, which libattn.jax registers with
 // jax.ffi.register_ffi_target.
 //
-// A call carries its problem as attributes: the canonical problem string (attn.h's syntax, the
-// device left out: the handler's platform sets it), the mechanism or platform name, the
-// implementation and configuration asked for, the executor's policy and the dropout seed. The
-// operands are q, k, v and then the optional inputs the problem says it has, in the order of
-// attn_inputs: bias, mask, sinks, q_segment_ids, kv_segment_ids, cu_seqlens_q, cu_seqlens_k.
-// The backward pass takes dout, q, k, v, out, lse and the same optional inputs, and returns dq,
-// dk, dv, then dbias when the problem has a bias and dsinks when it has sinks.
+// The plan is chosen when the call is traced: the front-end plans the problem through libattn's
+// executor (cache, cache file, autotuning per the policy, heuristics) and writes into the call's
+// attributes the canonical problem string (attn.h's syntax; the handler's platform sets the
+// device), the implementation and configuration chosen, the CPU threads and the dropout seed, and
+// asks XLA for one more result, a byte buffer of the plan's workspace size. So a compiled
+// executable always runs the kernel it was compiled with, its workspace comes from XLA's own
+// allocator (stream-ordered on a GPU), and the handler allocates nothing.
+//
+// Operands: q, k, v, then the optional inputs the problem has, in attn_inputs' order: bias,
+// mask, sinks, q_segment_ids, kv_segment_ids, cu_seqlens_q, cu_seqlens_k. Results: out, lse,
+// workspace. The backward pass takes dout, q, k, v, out, lse and the same optional inputs, and
+// returns dq, dk, dv, then dbias when the problem has a bias, dsinks when it has sinks, and the
+// workspace.
 //
 // Plans: attn.h allows one thread at a time per context, and XLA runs custom calls from several
-// threads at once (one per device of a CPU mesh), so each thread keeps its own context and its
-// own plans, keyed by everything that decides the plan; a repeated call costs one lookup.
-// Under vmap, operands arrive with the vmapped axes in front (see run).
-// Workspace: on CUDA from XLA's allocator (the FFI scratch allocator, stream-ordered, pooled by
-// XLA), on the CPU a per-thread buffer that only grows; the handler itself never allocates per
-// call once warm.
+// threads at once (one per device of a CPU mesh), so each thread keeps its own context and plans,
+// keyed by the attributes and the device; a repeated call costs one lookup. Under vmap, operands
+// arrive with the vmapped axes in front (see run).
 #include <Python.h>
 
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -46,18 +46,16 @@ struct PlanEntry {
   size_t forward_bytes = 0, backward_bytes = 0;
 };
 
-// One thread's context, plans and CPU workspace.
+// One thread's context and plans.
 struct ThreadState {
   attn_ctx *ctx = nullptr;
+  int32_t num_threads = 0;
   std::unordered_map<std::string, PlanEntry> plans;
   std::string key;  // reused, so a lookup allocates nothing once its capacity suffices
-  void *workspace = nullptr;
-  size_t workspace_bytes = 0;
 
   ~ThreadState() {
     for (auto &entry : plans) attn_plan_destroy(entry.second.plan);
     attn_ctx_destroy(ctx);
-    std::free(workspace);
   }
 };
 
@@ -74,31 +72,11 @@ ffi::Error library_error(attn_ctx *ctx, attn_status status, const char *what) {
   return ffi::Error::Internal(message);
 }
 
-template <typename T>
-ffi::ErrorOr<T> attr(const ffi::Dictionary &attrs, const char *name) {
-  return attrs.get<T>(name);
-}
-
-// The policy attribute: "allow_autotune,on_miss,tune_backward,warmup_iters,measure_iters,
-// max_seconds,persist,deterministic,num_threads" (libattn.jax writes it from get_policy()).
-bool parse_policy(std::string_view text, attn_policy *policy, int32_t *num_threads) {
-  std::string s(text);
-  int allow, on_miss, tune_bwd, warmup, measure, persist, deterministic, threads;
-  double seconds;
-  if (std::sscanf(s.c_str(), "%d,%d,%d,%d,%d,%lf,%d,%d,%d", &allow, &on_miss, &tune_bwd, &warmup,
-                  &measure, &seconds, &persist, &deterministic, &threads) != 9)
-    return false;
-  policy->allow_autotune = allow;
-  policy->on_miss = on_miss;
-  policy->tune_backward = tune_bwd;
-  policy->warmup_iters = warmup;
-  policy->measure_iters = measure;
-  policy->max_seconds = seconds;
-  policy->persist = persist;
-  policy->deterministic = deterministic;
-  *num_threads = threads;
-  return true;
-}
+// Unwraps an ErrorOr into `var`, or returns its error from a handler.
+#define ATTN_FFI_TRY(var, expr)                      \
+  auto var##_or = (expr);                            \
+  if (var##_or.has_error()) return var##_or.error(); \
+  auto var = *var##_or
 
 // Whether `fold` calls of a problem, stacked along a leading (vmapped) axis, are one problem of
 // fold x batch sequences: every input's batch dimension must stack with q's, so no shared
@@ -109,27 +87,21 @@ bool foldable(const attn_problem &p) {
          (!p.has_mask || p.mask_shape[0] == p.batch);
 }
 
-// The plan of this call's problem on this thread, made on first use; fold > 1 plans the problem
-// of that many calls stacked into the batch (a vmapped call, see run_stacked).
+// The plan of this call's problem on this thread, made on first use with the implementation and
+// configuration the attributes name; fold > 1 plans the problem of that many calls stacked into
+// the batch (a vmapped call, see run).
 ffi::ErrorOr<PlanEntry *> get_plan(ThreadState &st, const ffi::Dictionary &attrs,
                                    attn_device device, int32_t ordinal, int64_t fold) {
-  auto problem_text = attr<std::string_view>(attrs, "problem");
-  auto mechanism = attr<std::string_view>(attrs, "mechanism");
-  auto impl = attr<std::string_view>(attrs, "impl");
-  auto config = attr<std::string_view>(attrs, "config");
-  auto policy_text = attr<std::string_view>(attrs, "policy");
-  auto cache_path = attr<std::string_view>(attrs, "cache_path");
+  auto problem_text = attrs.get<std::string_view>("problem");
+  auto impl = attrs.get<std::string_view>("impl");
+  auto config = attrs.get<std::string_view>("config");
   if (problem_text.has_error()) return ffi::Unexpected(problem_text.error());
-  if (mechanism.has_error()) return ffi::Unexpected(mechanism.error());
   if (impl.has_error()) return ffi::Unexpected(impl.error());
   if (config.has_error()) return ffi::Unexpected(config.error());
-  if (policy_text.has_error()) return ffi::Unexpected(policy_text.error());
-  if (cache_path.has_error()) return ffi::Unexpected(cache_path.error());
 
   std::string &key = st.key;
   key.clear();
-  for (std::string_view part : {*problem_text, *mechanism, *impl, *config, *policy_text,
-                                *cache_path}) {
+  for (std::string_view part : {*problem_text, *impl, *config}) {
     key.append(part);
     key.push_back('\n');
   }
@@ -140,56 +112,29 @@ ffi::ErrorOr<PlanEntry *> get_plan(ThreadState &st, const ffi::Dictionary &attrs
   if (found != st.plans.end()) return &found->second;
 
   if (st.ctx == nullptr && attn_ctx_create(&st.ctx) != ATTN_STATUS_OK)
-    return ffi::Unexpected(ffi::Error::Internal("libattn: cannot create a context (out of memory)"));
+    return ffi::Unexpected(ffi::Error::Internal("libattn: cannot create a context"));
   PlanEntry entry;
-  std::string text(*problem_text);
+  std::string text(*problem_text), impl_name(*impl), config_name(*config);
   attn_status status = attn_problem_parse(st.ctx, text.c_str(), &entry.problem);
-  if (status != ATTN_STATUS_OK) return ffi::Unexpected(library_error(st.ctx, status, "problem attribute"));
-  entry.problem.device = device;
-  entry.problem.device_index = ordinal;
+  if (status != ATTN_STATUS_OK)
+    return ffi::Unexpected(library_error(st.ctx, status, "problem attribute"));
+  attn_problem &p = entry.problem;
+  p.device = device;
+  p.device_index = ordinal;
   if (fold > 1) {
-    attn_problem &p = entry.problem;
     if (p.has_bias) p.bias_shape[0] *= fold;
     if (p.has_mask) p.mask_shape[0] *= fold;
     p.batch *= fold;
   }
-
-  attn_policy policy;
-  attn_policy_init(&policy);
-  int32_t num_threads = 0;
-  if (!parse_policy(*policy_text, &policy, &num_threads))
-    return ffi::Unexpected(ffi::Error::InvalidArgument("libattn: policy attribute is malformed"));
-  std::string path(*cache_path);
-  // "\x01" stands for "the default path" (NULL): an empty string means "no cache file".
-  policy.cache_path = path == "\x01" ? nullptr : path.c_str();
-  status = attn_ctx_set_policy(st.ctx, &policy);
-  if (status == ATTN_STATUS_OK) status = attn_ctx_set_num_threads(st.ctx, num_threads);
-  if (status != ATTN_STATUS_OK) return ffi::Unexpected(library_error(st.ctx, status, "policy"));
-
   attn_select select;
   attn_select_init(&select);
-  std::string mech(*mechanism), impl_name(*impl), config_name(*config);
-  status = attn_select_mechanism(st.ctx, mech.c_str(), &entry.problem, &select);
-  if (status != ATTN_STATUS_OK) return ffi::Unexpected(library_error(st.ctx, status, "platform"));
-  select.impl = impl_name.empty() ? nullptr : impl_name.c_str();
+  select.impl = impl_name.c_str();
   select.config = config_name.empty() ? nullptr : config_name.c_str();
-  status = attn_plan_create(st.ctx, &entry.problem, &select, &entry.plan);
+  status = attn_plan_create(st.ctx, &p, &select, &entry.plan);
   if (status != ATTN_STATUS_OK) return ffi::Unexpected(library_error(st.ctx, status, "plan"));
   attn_plan_workspace_size(entry.plan, &entry.forward_bytes, &entry.backward_bytes);
   return &st.plans.emplace(key, entry).first->second;
 }
-
-ffi::ErrorOr<uint64_t> seed_of(const ffi::Dictionary &attrs) {
-  auto seed = attrs.get<int64_t>("seed");
-  if (seed.has_error()) return ffi::Unexpected(seed.error());
-  return static_cast<uint64_t>(*seed);
-}
-
-// Unwraps an ErrorOr into `var`, or returns its error from a handler.
-#define ATTN_FFI_TRY(var, expr)                      \
-  auto var##_or = (expr);                            \
-  if (var##_or.has_error()) return var##_or.error(); \
-  auto var = *var##_or
 
 // The buffers of one call as plain pointers and byte counts: operands and results, in order.
 struct Buffers {
@@ -204,8 +149,8 @@ struct Buffers {
 ffi::ErrorOr<Buffers> buffers_of(const ffi::RemainingArgs &args, const ffi::RemainingRets &rets,
                                  size_t q_index) {
   Buffers b;
-  if (args.size() > Buffers::kMax || rets.size() > Buffers::kMax)
-    return ffi::Unexpected(ffi::Error::InvalidArgument("libattn: too many operands"));
+  if (args.size() > Buffers::kMax || rets.size() > Buffers::kMax || rets.size() < 3)
+    return ffi::Unexpected(ffi::Error::InvalidArgument("libattn: wrong number of buffers"));
   for (size_t i = 0; i < args.size(); ++i) {
     auto buffer = args.get<ffi::AnyBuffer>(i);
     if (buffer.has_error()) return ffi::Unexpected(buffer.error());
@@ -234,7 +179,7 @@ ffi::ErrorOr<Buffers> buffers_of(const ffi::RemainingArgs &args, const ffi::Rema
 bool bind_optional(const attn_problem &p, void *const *arg, size_t nargs, size_t first,
                    attn_inputs *in) {
   size_t next = first;
-  auto take = [&]() { return next < nargs ? arg[next++] : (++next, nullptr); };
+  auto take = [&]() -> void * { return next < nargs ? arg[next++] : (++next, nullptr); };
   if (p.has_bias) in->bias = attn_tensor_dense(take());
   if (p.has_mask) in->mask = attn_tensor_dense(take());
   if (p.num_sinks > 0) in->sinks = attn_tensor_dense(take());
@@ -249,32 +194,12 @@ bool bind_optional(const attn_problem &p, void *const *arg, size_t nargs, size_t
   return next == nargs;
 }
 
-// Workspace of `bytes` for one call: XLA's scratch memory on a GPU, the thread's buffer on the CPU.
-ffi::ErrorOr<void *> workspace(ThreadState &st, ffi::ScratchAllocator *scratch, size_t bytes) {
-  if (bytes == 0) return static_cast<void *>(nullptr);
-  if (scratch != nullptr) {
-    auto data = scratch->Allocate(bytes, 256);
-    if (!data.has_value())
-      return ffi::Unexpected(ffi::Error::Internal(
-          "libattn: XLA's scratch allocator gave no workspace of " + std::to_string(bytes) +
-          " bytes"));
-    return *data;
-  }
-  if (bytes > st.workspace_bytes) {
-    void *grown = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (grown == nullptr)
-      return ffi::Unexpected(ffi::Error::Internal("libattn: out of memory for workspace"));
-    std::free(st.workspace);
-    st.workspace = grown;
-    st.workspace_bytes = bytes;
-  }
-  return st.workspace;
-}
-
-// One pass of a plan over buffers given as pointers (one slice of a stacked call, or all of it).
+// One pass of a plan over buffers given as pointers (one slice of a stacked call, or all of it);
+// the last result is the workspace.
 attn_status run_pass(bool backward, const PlanEntry &entry, void *const *arg, size_t nargs,
-                     void *const *ret, uint64_t seed, void *ws, size_t ws_bytes) {
+                     void *const *ret, size_t nrets, uint64_t seed, size_t ws_bytes) {
   const attn_problem &p = entry.problem;
+  void *ws = ws_bytes > 0 ? ret[nrets - 1] : nullptr;
   attn_inputs in;
   attn_inputs_init(&in);
   size_t q = backward ? 1 : 0;
@@ -309,36 +234,51 @@ attn_status run_pass(bool backward, const PlanEntry &entry, void *const *arg, si
 // A forward or backward call. Under vmap (vmap_method="broadcast_all") every buffer carries the
 // same leading axes in front of the problem's shapes (q of rank 5 instead of 4, or 4 instead of
 // 3 for packed sequences): their product n of stacked calls runs as one problem of n x batch
-// sequences when the inputs stack along the batch (foldable), else slice by slice with the same
-// plan and workspace, each slice 1/n of every buffer.
+// sequences when the inputs stack along the batch (foldable) and the n workspaces together are
+// enough for it, else slice by slice with the same plan, each slice 1/n of every buffer.
 ffi::Error run(bool backward, attn_device device, int32_t ordinal, void *stream,
-               ffi::ScratchAllocator *scratch, ffi::RemainingArgs args, ffi::RemainingRets rets,
-               ffi::Dictionary attrs) {
+               ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs) {
   ThreadState &st = thread_state();
   const char *what = backward ? "backward" : "forward";
   ATTN_FFI_TRY(entry, get_plan(st, attrs, device, ordinal, 1));
-  ATTN_FFI_TRY(seed, seed_of(attrs));
+  auto seed = attrs.get<int64_t>("seed");
+  auto threads = attrs.get<int64_t>("num_threads");
+  if (seed.has_error()) return seed.error();
+  if (threads.has_error()) return threads.error();
   ATTN_FFI_TRY(b, buffers_of(args, rets, backward ? 1 : 0));
   int64_t base_rank = entry->problem.varlen == ATTN_VARLEN_PACKED ? 3 : 4;
   int64_t stacked = 1;
   for (int64_t d = 0; d + base_rank < b.q_rank; ++d) stacked *= b.q_dims[d];
   if (stacked == 0) return ffi::Error::Success();
-  bool slices = stacked > 1 && !foldable(entry->problem);
-  if (stacked > 1 && !slices) {
-    ATTN_FFI_TRY(folded, get_plan(st, attrs, device, ordinal, stacked));
-    entry = folded;
+  size_t ws_total = b.ret_bytes[b.nrets - 1];
+  int64_t passes = stacked;
+  if (stacked > 1 && foldable(entry->problem)) {
+    auto folded = get_plan(st, attrs, device, ordinal, stacked);
+    if (folded.has_value() &&
+        (backward ? (*folded)->backward_bytes : (*folded)->forward_bytes) <= ws_total) {
+      entry = *folded;
+      passes = 1;
+    }
   }
   size_t ws_bytes = backward ? entry->backward_bytes : entry->forward_bytes;
-  ATTN_FFI_TRY(ws, workspace(st, scratch, ws_bytes));
-  attn_status status = attn_plan_set_stream(entry->plan, stream);
-  int64_t passes = slices ? stacked : 1;
+  if (ws_bytes > ws_total / passes)
+    return ffi::Error::InvalidArgument(
+        std::string("libattn ") + what + ": the workspace result holds " +
+        std::to_string(ws_total / passes) + " bytes, the plan needs " + std::to_string(ws_bytes));
+  attn_status status = ATTN_STATUS_OK;
+  if (st.num_threads != *threads) {
+    status = attn_ctx_set_num_threads(st.ctx, static_cast<int32_t>(*threads));
+    if (status == ATTN_STATUS_OK) st.num_threads = static_cast<int32_t>(*threads);
+  }
+  if (status == ATTN_STATUS_OK) status = attn_plan_set_stream(entry->plan, stream);
   for (int64_t n = 0; n < passes && status == ATTN_STATUS_OK; ++n) {
     void *arg[Buffers::kMax], *ret[Buffers::kMax];
     for (size_t i = 0; i < b.nargs; ++i)
       arg[i] = static_cast<char *>(b.arg[i]) + n * (b.arg_bytes[i] / passes);
     for (size_t i = 0; i < b.nrets; ++i)
       ret[i] = static_cast<char *>(b.ret[i]) + n * (b.ret_bytes[i] / passes);
-    status = run_pass(backward, *entry, arg, b.nargs, ret, seed, ws, ws_bytes);
+    status = run_pass(backward, *entry, arg, b.nargs, ret, b.nrets,
+                      static_cast<uint64_t>(*seed), ws_bytes);
   }
   if (status != ATTN_STATUS_OK) {
     if (attn_ctx_last_status(st.ctx) == ATTN_STATUS_OK)  // operands that do not match
@@ -351,23 +291,22 @@ ffi::Error run(bool backward, attn_device device, int32_t ordinal, void *stream,
 }
 
 ffi::Error forward_cpu(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs) {
-  return run(false, ATTN_DEVICE_CPU, 0, nullptr, nullptr, args, rets, attrs);
+  return run(false, ATTN_DEVICE_CPU, 0, nullptr, args, rets, attrs);
 }
 
 ffi::Error backward_cpu(ffi::RemainingArgs args, ffi::RemainingRets rets,
                         ffi::Dictionary attrs) {
-  return run(true, ATTN_DEVICE_CPU, 0, nullptr, nullptr, args, rets, attrs);
+  return run(true, ATTN_DEVICE_CPU, 0, nullptr, args, rets, attrs);
 }
 
-ffi::Error forward_cuda(void *stream, ffi::ScratchAllocator scratch, int32_t ordinal,
-                        ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs) {
-  return run(false, ATTN_DEVICE_CUDA, ordinal, stream, &scratch, args, rets, attrs);
+ffi::Error forward_cuda(void *stream, int32_t ordinal, ffi::RemainingArgs args,
+                        ffi::RemainingRets rets, ffi::Dictionary attrs) {
+  return run(false, ATTN_DEVICE_CUDA, ordinal, stream, args, rets, attrs);
 }
 
-ffi::Error backward_cuda(void *stream, ffi::ScratchAllocator scratch, int32_t ordinal,
-                         ffi::RemainingArgs args, ffi::RemainingRets rets,
-                         ffi::Dictionary attrs) {
-  return run(true, ATTN_DEVICE_CUDA, ordinal, stream, &scratch, args, rets, attrs);
+ffi::Error backward_cuda(void *stream, int32_t ordinal, ffi::RemainingArgs args,
+                         ffi::RemainingRets rets, ffi::Dictionary attrs) {
+  return run(true, ATTN_DEVICE_CUDA, ordinal, stream, args, rets, attrs);
 }
 
 }  // namespace
@@ -379,7 +318,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(attn_jax_backward_cpu, backward_cpu,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(attn_jax_forward_cuda, forward_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<void *>>()
-                                  .Ctx<ffi::ScratchAllocator>()
                                   .Ctx<ffi::DeviceOrdinal>()
                                   .RemainingArgs()
                                   .RemainingRets()
@@ -387,7 +325,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(attn_jax_forward_cuda, forward_cuda,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(attn_jax_backward_cuda, backward_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<void *>>()
-                                  .Ctx<ffi::ScratchAllocator>()
                                   .Ctx<ffi::DeviceOrdinal>()
                                   .RemainingArgs()
                                   .RemainingRets()
