@@ -269,7 +269,7 @@ def test_dropout_same_bits_as_torch(seed):
     close(out, f(q, k, v), 0)
     assert np.abs(np.asarray(out) - np.asarray(lj.flash_attention(
         q, k, v, dropout_prob=0.3, dropout_seed=seed + 1, causal=True))).max() > 1e-3
-    tq, tk, tv = (torch.from_numpy(np.asarray(x)) for x in (q, k, v))
+    tq, tk, tv = (torch.from_numpy(np.array(x)) for x in (q, k, v))
     want = lt.attention(tq, tk, tv, dropout_p=0.3, dropout_seed=seed, causal=True)
     close(out, want.numpy(), 1e-5)
 
