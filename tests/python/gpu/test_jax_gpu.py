@@ -56,7 +56,9 @@ def grads_f64(fn, args, dout):
     are float32 even there: 1e-7, far below the low-precision errors compared)."""
     args = [x.astype(jnp.float64) for x in args]
     dout = dout.astype(jnp.float64)
-    return jax.grad(lambda *a: jnp.sum(fn(*a) * dout), argnums=tuple(range(len(args))))(*args)
+    # Jitted: one compilation, not one per operation (eager float64 on a GPU compiles each op).
+    return jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a) * dout),
+                            argnums=tuple(range(len(args)))))(*args)
 
 
 @pytest.mark.parametrize("impl", IMPLS or ["none"])
@@ -76,12 +78,13 @@ def test_forward_backward(seed, impl, dtype, causal):
         return lj.flash_attention(q, k, v, causal=causal, cfg=impl)
     out = run(jax.jit(f), q, k, v)
     want = reference(q, k, v, causal=causal)[0]
-    within(out, want, naive(q, k, v, causal=causal), 2)
+    within(out, want, jax.jit(naive, static_argnames="causal")(q, k, v, causal=causal), 2)
     grads = run(jax.jit(jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32) * dout),
                                  argnums=(0, 1, 2))), q, k, v)
     want_g = grads_f64(lambda q, k, v: naive(q, k, v, causal=causal), (q, k, v), dout)
-    peer_g = jax.grad(lambda *a: jnp.sum(naive(*a, causal=causal).astype(jnp.float32) * dout),
-                      argnums=(0, 1, 2))(q, k, v)
+    peer_g = jax.jit(jax.grad(
+        lambda *a: jnp.sum(naive(*a, causal=causal).astype(jnp.float32) * dout),
+        argnums=(0, 1, 2)))(q, k, v)
     for mine, w, p in zip(grads, want_g, peer_g):
         within(mine, w, p, 3)
 
