@@ -18,8 +18,6 @@ import threading
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
-from jax.sharding import PartitionSpec
 
 from . import _core, _ext
 
