@@ -4,7 +4,8 @@
 #   make test             build, run every test in build/, then again in build-asan/ under
 #                         AddressSanitizer + UndefinedBehaviorSanitizer, then the Python
 #                         package's tests (test-python); all must pass
-#   make test-python      pip install PyTorch (PyPI) and this package into build/venv, run pytest
+#   make test-python      pip install PyTorch and JAX (PyPI) and this package into build/venv,
+#                         run pytest
 #   make test-clang       the suite once more, built by the other compiler (CC2, default clang) in
 #                         build-clang/: Release, CPU only, no sanitizer pass (CI runs it after test)
 #   make bench            build and run `attn bench`, the default CPU table (BENCH_ARGS adds options)
@@ -68,7 +69,9 @@ test-asan:
 	cd $(ASAN_BUILD) && $(SAN_ENV) $(CTEST) --output-on-failure -j $(JOBS)
 
 # The Python package (pyproject.toml) in a virtual environment under the build folder: PyTorch
-# from PyPI as the README says (the default wheel, with its nvidia-* wheels: about 5 GB and one to
+# and JAX (CPU jaxlib, about 100 MB; its FFI headers are handed to the build, which keeps its
+# isolation, so the JAX front-end's handlers are built and its tests never skip) from PyPI as the
+# README says (the default wheel, with its nvidia-* wheels: about 5 GB and one to
 # three minutes, once per build folder), then `pip install .`, which builds the C library again
 # with scikit-build-core in $(BUILD)/python. CPU only: the GPU modules are tested on a GPU with
 # tests/python/gpu (docs/PYTHON.md): of CMAKE_ARGS only the warnings setting is passed on, so CI's
@@ -78,10 +81,12 @@ PYTHON ?= python3
 VENV ?= $(BUILD)/venv
 test-python:
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -q torch pytest numpy
+	$(VENV)/bin/python -m pip install -q torch jax pytest numpy
 	CMAKE_ARGS="$(filter -DATTN_WERROR%,$(CMAKE_ARGS))" $(VENV)/bin/python -m pip install -q . \
 	  -C build-dir=$(BUILD)/python \
-	  -C cmake.define.ATTN_WITH_CUDA=OFF -C cmake.define.ATTN_WITH_CUDNN=OFF
+	  -C cmake.define.ATTN_WITH_CUDA=OFF -C cmake.define.ATTN_WITH_CUDNN=OFF \
+	  -C cmake.define.ATTN_PYTHON_JAX=ON -C cmake.define.ATTN_JAX_FFI_INCLUDE="$$($(VENV)/bin/python \
+	    -c 'import jax.ffi; print(jax.ffi.include_dir())')"
 	cd tests/python && $(abspath $(VENV))/bin/python -m pytest -q -p no:cacheprovider --ignore=gpu .
 
 # The second compiler: every warning it adds is an error in CI as for the first, and its own test

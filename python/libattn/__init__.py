@@ -5,6 +5,10 @@ binding (_ext) shared by every framework front-end. The PyTorch front-end is ``l
 
     from libattn.torch import flash_attn_func, scaled_dot_product_attention, attention
 
+and the JAX front-end (XLA FFI handlers, ejKernel's interface) is ``libattn.jax``:
+
+    from libattn.jax import flash_attention, scaled_dot_product_attention
+
 ``info()`` says what this installation found; ``set_policy``, ``tune`` and ``cache_info`` drive
 the executor that picks an implementation per problem. docs/PYTHON.md in the source tree has the
 rest.

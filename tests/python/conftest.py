@@ -11,6 +11,9 @@ import tempfile
 _cache_dir = tempfile.mkdtemp(prefix="libattn-pytest-")
 os.environ["ATTN_CACHE_PATH"] = os.path.join(_cache_dir, "cache.txt")
 os.environ.pop("ATTN_AUTOTUNE", None)
+# The JAX tests' meshes: 4 host devices, which XLA reads when JAX starts (test_jax.py).
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_force_host_platform_device_count=4").strip()
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
