@@ -685,7 +685,8 @@ static void test_autotune(void) {
 
 /* The Hopper forward ("sm90") is offered on a compute capability 9.0 device when the build has it
  * (ATTN_TEST_SM90), as the default, for the problems it takes (head dims 64, 128, 256 with Dv = D,
- * causal, windows, GQA), and for no problem with a feature it lacks. */
+ * causal, windows, GQA, the features of its feature kernel), and for no problem with a feature it
+ * lacks. */
 static void test_sm90_offer(void) {
   struct cudaDeviceProp prop;
   TU_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -705,8 +706,10 @@ static void test_sm90_offer(void) {
   tu_check(offers(&p, "sm90") == hopper, "sm90 offered (%d) for d256 f16 window", offers(&p, "sm90"));
   p = tu_gpu_problem(1, 64, 64, 2, 2, 64, ATTN_DTYPE_BF16);
   tu_check(offers(&p, "sm90") == hopper, "sm90 offered (%d) for plain d64", offers(&p, "sm90"));
-  static const char *lacks[] = {"softcap", "d96", "dv != d", "dropout", "sinks", "packed", "mask"};
-  for (int i = 0; i < (int)(sizeof lacks / sizeof lacks[0]); ++i) {
+  /* features the feature kernel takes, and ones it lacks, each alone on a plain d64 problem */
+  static const char *features[] = {"softcap", "d96", "dv != d", "dropout", "sinks", "packed", "mask"};
+  static const int taken[] = {1, 0, 0, 0, 0, 0, 0};
+  for (int i = 0; i < (int)(sizeof features / sizeof features[0]); ++i) {
     p = tu_gpu_problem(1, 64, 64, 2, 2, 64, ATTN_DTYPE_BF16);
     switch (i) {
     case 0: p.softcap = 5.0; break;
@@ -717,7 +720,8 @@ static void test_sm90_offer(void) {
     case 5: p.varlen = ATTN_VARLEN_PACKED, p.total_q = p.total_k = 64; break;
     default: p.has_mask = 1, p.mask_shape[0] = p.mask_shape[1] = 1, p.mask_shape[2] = p.mask_shape[3] = 64;
     }
-    tu_check(!offers(&p, "sm90"), "no sm90 for %s", lacks[i]);
+    tu_check(offers(&p, "sm90") == (hopper && taken[i]), "sm90 offered (%d) for %s", offers(&p, "sm90"),
+             features[i]);
   }
 }
 

@@ -22,9 +22,14 @@
  * the softmax of S(n+1) while the second product runs (FlashAttention-3's intra-warpgroup
  * pipelining); the output is rescaled only after that product has landed.
  *
+ * Features (SPEC.md steps 1-5) are the feature kernel's (kFeat, its own instantiation, so the plain
+ * one is unchanged): S becomes log2-unit logits through the sm_80 kernel's per-element helpers
+ * (cuda_common.cuh: visible, logit) on the blocks that need a test or a load per element, and
+ * through the soft cap alone (tanh on the special-function unit) on the blocks inside the band.
+ *
  * Scope (sm90_fwd_unsupported says which problems it refuses, with the reason): head dims 64, 128
- * and 256 with Dv = D, bf16 and f16, no per-element function, dropout or sinks, no varlen, any
- * causal / window band in either alignment, GQA / MQA, lse.
+ * and 256 with Dv = D, bf16 and f16, the per-element functions of kElementwiseKinds, no dropout,
+ * no sinks, no varlen, any causal / window band in either alignment, GQA / MQA, lse.
  */
 #ifndef ATTN_IMPL_CUDA_SM90_SM90_FWD_CUH
 #define ATTN_IMPL_CUDA_SM90_SM90_FWD_CUH
@@ -88,6 +93,13 @@ template <int kPending> __device__ __forceinline__ void wgmma_wait() {
 }
 /* Pins registers that an asynchronous wgmma reads or writes at this point of the program, so the
  * compiler neither moves their other uses across the wait nor reuses them while it runs. */
+/* tanh on the special-function unit (relative error about 2^-11, FlashAttention-3's soft cap). */
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <int N> __device__ __forceinline__ void pin(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
@@ -118,7 +130,11 @@ template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_, int kCWG
 
 /* ---- the kernel -------------------------------------------------------------------------------- */
 
-template <typename C>
+/* kFeat: the feature kernel, S turned into log2-unit logits by the function of SPEC.md steps 1-3
+ * (soft cap, with the helpers of cuda_common.cuh that the sm_80 kernel uses for the rest), rows
+ * seeded with the sinks. kFeat = false is the plain kernel, which folds the scale into the
+ * exponent's FMA and tests only the band's edge blocks. */
+template <typename C, bool kFeat>
 __global__ void __launch_bounds__(C::kThreads, 1)
     fwd90_kernel(const __grid_constant__ attn_cuda_params p, const __grid_constant__ CUtensorMap tq,
                  const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
@@ -177,7 +193,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
     const int cw = wg - 1, wq = (tid >> 5) & 3;
     const int row0 = cw * 64 + wq * 16 + (lane >> 2); /* this thread's rows: row0 and row0 + 8 */
-    const float mult = p.scale * kLog2e;
+    /* the plain kernel keeps raw dot products and folds the scale into the exponent's FMA; the
+     * feature kernel's logits are already scaled (and possibly nonlinear) */
+    const float mult = kFeat ? 1.f : p.scale * kLog2e;
 
     float o[1][kD / 8][4]; /* wgmma's accumulator layout is store_rows' [m-tile][8 columns][4] */
     float(&oacc)[kD / 2] = reinterpret_cast<float(&)[kD / 2]>(o);
@@ -203,10 +221,38 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) Wgmma<T, kD>::rs(oacc, pa[kk], smem_desc(v + kk * 16 * 128, kBN * 128, 1024), 1);
     };
-    /* Masks S of key block n outside the band and the key length, then moves the running max
-     * and sum to it: P = exp2(S * mult - max) stays in sacc; returns each row's rescale factor. */
+    /* Steps 1-3 of the feature kernel on key block n: S becomes log2-unit logits, -inf where not
+     * visible. A block at the band's edges (or under a mask or segment ids) takes visible() and
+     * logit(), the sm_80 kernel's per-element function; a block inside the band with only the
+     * soft cap takes it on the special-function unit. */
+    auto logits = [&](int n) {
+      const int i0 = m0 + row0, j0 = n * kBN + (lane & 3) * 2;
+      if (n < f_lo || n >= f_hi || (p.elementwise_kinds & ~ATTN_CUDA_FEAT_SOFTCAP) != 0) {
+#pragma unroll
+        for (int jj = 0; jj < kBN / 8; ++jj)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = i0 + (e >> 1) * 8, j = j0 + jj * 8 + (e & 1);
+            float &x = sacc[4 * jj + e], t;
+            x = visible(p, hd, i, j) ? logit(p, hd, i, j, x, &t) * kLog2e : -INFINITY;
+          }
+      } else if (p.softcap > 0.f) {
+        const float inner = p.scale / p.softcap, outer = p.softcap * kLog2e;
+#pragma unroll
+        for (int k = 0; k < kBN / 2; ++k) sacc[k] = outer * tanh_approx(sacc[k] * inner);
+      } else {
+        const float scale_log2 = p.scale * kLog2e;
+#pragma unroll
+        for (int k = 0; k < kBN / 2; ++k) sacc[k] *= scale_log2;
+      }
+    };
+    /* Masks S of key block n outside the band and the key length (the feature kernel: steps 1-3),
+     * then moves the running max and sum to it: P = exp2(S * mult - max) stays in sacc; returns
+     * each row's rescale factor. */
     auto softmax = [&](int n, float (&corr)[2]) {
-      if (n < f_lo || n >= f_hi) {
+      if constexpr (kFeat) {
+        logits(n);
+      } else if (n < f_lo || n >= f_hi) {
 #pragma unroll
         for (int jj = 0; jj < kBN / 8; ++jj)
 #pragma unroll
@@ -363,12 +409,20 @@ static inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
+/* The per-element functions of SPEC.md the feature kernel computes (ATTN_CUDA_FEAT_* bits): a
+ * problem with another is refused. Each bit is that feature's switch. */
+constexpr int32_t kElementwiseKinds = ATTN_CUDA_FEAT_SOFTCAP;
+
 /* Why the kernel cannot run p (a sentence), or NULL when it can: the copy engine needs 16-byte
- * aligned bases and strides, and the kernel covers only the feature-free problems. */
+ * aligned bases and strides, and the kernel lacks dropout and some features. Reads only what
+ * cuda.c's problem_params sets before the tensors, plus the tensors' addresses and strides. */
 static inline const char *sm90_fwd_unsupported(const attn_cuda_params &p) {
   if (p.d != p.dv) return "the sm90 forward needs Dv = D";
   if (p.d != 64 && p.d != 128 && p.d != 256) return "the sm90 forward has head dims 64, 128 and 256 only";
-  if (needs_features(p, p.d)) return "the sm90 forward has no per-element function, dropout or sinks";
+  if ((p.elementwise_kinds & ~kElementwiseKinds) != 0)
+    return "the sm90 forward has no bias, mask, ALiBi or segment ids";
+  if (p.dropout_p > 0.f) return "the sm90 forward has no dropout";
+  if (p.num_sinks > 0) return "the sm90 forward has no sinks";
   if (p.varlen != ATTN_CUDA_VARLEN_NONE) return "the sm90 forward has no varlen";
   const void *ptrs[3] = {p.q, p.k, p.v};
   for (const void *ptr : ptrs)
@@ -405,10 +459,15 @@ static inline attn_status make_token_map(CUtensorMap *map, const void *base, boo
   return ATTN_STATUS_OK;
 }
 
-template <typename C>
+/* Whether p runs on the feature kernel: any per-element function or sinks. */
+static inline bool uses_feature_kernel(const attn_cuda_params &p) { return p.elementwise || p.num_sinks > 0; }
+
+/* Runs p on fwd90_kernel<C, kFeat> (kFeat must be uses_feature_kernel(p)). */
+template <typename C, bool kFeat>
 attn_status launch_fwd90(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
   const char *no = sm90_fwd_unsupported(p);
   if (no == nullptr && p.d != C::kD) no = "the sm90 forward was asked for another head dim";
+  if (no == nullptr && kFeat != uses_feature_kernel(p)) no = "the sm90 forward was asked for the wrong kernel";
   if (no != nullptr) {
     snprintf(why, why_size, "%s", no);
     return ATTN_STATUS_UNSUPPORTED;
@@ -423,7 +482,7 @@ attn_status launch_fwd90(const attn_cuda_params &p, cudaStream_t stream, char *w
       (st = make_token_map(&tv, p.v, kBf16, p.dv, p.heads_kv, p.seqlen_k, p.batch, p.v_h, p.v_r, p.v_b, C::kBN, why,
                            why_size)) != ATTN_STATUS_OK)
     return st;
-  auto kernel = fwd90_kernel<C>;
+  auto kernel = fwd90_kernel<C, kFeat>;
   ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmem));
   dim3 grid((p.seqlen_q + C::kBM - 1) / C::kBM, p.heads_q, p.batch);
   kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p, tq, tk, tv);
