@@ -25,11 +25,12 @@
  * Features (SPEC.md steps 1-5) are the feature kernel's (kFeat, its own instantiation, so the plain
  * one is unchanged): S becomes log2-unit logits through the sm_80 kernel's per-element helpers
  * (cuda_common.cuh: visible, logit) on the blocks that need a test or a load per element, and
- * through the soft cap alone (tanh on the special-function unit) on the blocks inside the band.
+ * through the soft cap alone (tanh on the special-function unit) on the blocks inside the band;
+ * the sinks seed each row's running max and sum before the first key block, once per row.
  *
  * Scope (sm90_fwd_unsupported says which problems it refuses, with the reason): head dims 64, 128
  * and 256 with Dv = D, bf16 and f16, the per-element functions of kElementwiseKinds, no dropout,
- * no sinks, no varlen, any causal / window band in either alignment, GQA / MQA, lse.
+ * sinks, no varlen, any causal / window band in either alignment, GQA / MQA, lse.
  */
 #ifndef ATTN_IMPL_CUDA_SM90_SM90_FWD_CUH
 #define ATTN_IMPL_CUDA_SM90_SM90_FWD_CUH
@@ -202,6 +203,14 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) oacc[i] = 0.f;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+    /* Steps 4-5: the sinks are the rows' first logits, counted once: every thread of a quad starts
+     * from their max, only the first adds their sum (the quad's sums are added at the end). */
+    if (kFeat && p.num_sinks > 0) {
+      float mx, sum;
+      sink_stats(p, h, mx, sum);
+      row_max[0] = row_max[1] = mx;
+      row_sum[0] = row_sum[1] = (lane & 3) == 0 ? sum : 0.f;
+    }
     float sacc[kBN / 2];
     uint32_t pa[kBN / 16][4];
 
@@ -373,7 +382,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       release(empty_v(sp));
     }
 
-    /* out = O / Z, lse = max + log Z; a row with nothing visible is out = 0, lse = -inf */
+    /* out = O / Z, lse = max + log Z; a row with nothing visible (and no sinks) is out = 0,
+     * lse = -inf */
     float inv[1][2];
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
@@ -422,7 +432,6 @@ static inline const char *sm90_fwd_unsupported(const attn_cuda_params &p) {
   if ((p.elementwise_kinds & ~kElementwiseKinds) != 0)
     return "the sm90 forward has no bias, mask, ALiBi or segment ids";
   if (p.dropout_p > 0.f) return "the sm90 forward has no dropout";
-  if (p.num_sinks > 0) return "the sm90 forward has no sinks";
   if (p.varlen != ATTN_CUDA_VARLEN_NONE) return "the sm90 forward has no varlen";
   const void *ptrs[3] = {p.q, p.k, p.v};
   for (const void *ptr : ptrs)
