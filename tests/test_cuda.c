@@ -707,8 +707,8 @@ static void test_sm90_offer(void) {
   p = tu_gpu_problem(1, 64, 64, 2, 2, 64, ATTN_DTYPE_BF16);
   tu_check(offers(&p, "sm90") == hopper, "sm90 offered (%d) for plain d64", offers(&p, "sm90"));
   /* features the feature kernel takes, and ones it lacks, each alone on a plain d64 problem */
-  static const char *features[] = {"softcap", "d96", "dv != d", "dropout", "sinks", "packed", "mask"};
-  static const int taken[] = {1, 0, 0, 0, 1, 0, 0};
+  static const char *features[] = {"softcap", "d96", "dv != d", "dropout", "sinks", "packed", "mask", "alibi"};
+  static const int taken[] = {1, 0, 0, 0, 1, 0, 0, 1};
   for (int i = 0; i < (int)(sizeof features / sizeof features[0]); ++i) {
     p = tu_gpu_problem(1, 64, 64, 2, 2, 64, ATTN_DTYPE_BF16);
     switch (i) {
@@ -718,7 +718,8 @@ static void test_sm90_offer(void) {
     case 3: p.dropout_p = 0.1; break;
     case 4: p.num_sinks = 1; break;
     case 5: p.varlen = ATTN_VARLEN_PACKED, p.total_q = p.total_k = 64; break;
-    default: p.has_mask = 1, p.mask_shape[0] = p.mask_shape[1] = 1, p.mask_shape[2] = p.mask_shape[3] = 64;
+    case 6: p.has_mask = 1, p.mask_shape[0] = p.mask_shape[1] = 1, p.mask_shape[2] = p.mask_shape[3] = 64; break;
+    default: p.alibi = ATTN_ALIBI_PER_BATCH_HEAD;
     }
     tu_check(offers(&p, "sm90") == (hopper && taken[i]), "sm90 offered (%d) for %s", offers(&p, "sm90"),
              features[i]);
