@@ -421,7 +421,8 @@ static inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 /* The per-element functions of SPEC.md the feature kernel computes (ATTN_CUDA_FEAT_* bits): a
  * problem with another is refused. Each bit is that feature's switch. */
-constexpr int32_t kElementwiseKinds = ATTN_CUDA_FEAT_SOFTCAP | ATTN_CUDA_FEAT_ALIBI;
+constexpr int32_t kElementwiseKinds = ATTN_CUDA_FEAT_SOFTCAP | ATTN_CUDA_FEAT_ALIBI | ATTN_CUDA_FEAT_BIAS |
+                                      ATTN_CUDA_FEAT_MASK | ATTN_CUDA_FEAT_SEGMENTS;
 
 /* Why the kernel cannot run p (a sentence), or NULL when it can: the copy engine needs 16-byte
  * aligned bases and strides, and the kernel lacks dropout and some features. Reads only what
@@ -429,8 +430,7 @@ constexpr int32_t kElementwiseKinds = ATTN_CUDA_FEAT_SOFTCAP | ATTN_CUDA_FEAT_AL
 static inline const char *sm90_fwd_unsupported(const attn_cuda_params &p) {
   if (p.d != p.dv) return "the sm90 forward needs Dv = D";
   if (p.d != 64 && p.d != 128 && p.d != 256) return "the sm90 forward has head dims 64, 128 and 256 only";
-  if ((p.elementwise_kinds & ~kElementwiseKinds) != 0)
-    return "the sm90 forward has no bias, mask or segment ids";
+  if ((p.elementwise_kinds & ~kElementwiseKinds) != 0) return "the sm90 forward lacks a per-element function";
   if (p.dropout_p > 0.f) return "the sm90 forward has no dropout";
   if (p.varlen != ATTN_CUDA_VARLEN_NONE) return "the sm90 forward has no varlen";
   const void *ptrs[3] = {p.q, p.k, p.v};
