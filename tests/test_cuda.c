@@ -463,6 +463,8 @@ static void test_grid(int quick) {
     c.p.causal = 1, run_case(&c);
     c = make("packed window sinks", tu_gpu_problem(4, 129, 129, 2, 2, 64, BF)), with_packed(&c, lq, lk, 0),
     c.p.window_left = 9, c.p.window_right = 2, c.p.num_sinks = 1, c.want_dsinks = 1, run_case(&c);
+    c = make("packed d256 causal softcap tl", tu_gpu_problem(4, 129, 129, 2, 1, 256, BF)), with_packed(&c, lq, lk, 3),
+    c.p.causal = 1, c.p.align = 1, c.p.softcap = 6.0, run_case(&c);
     c = make("padded", tu_gpu_problem(4, 129, 140, 2, 2, 64, F16)), with_padded(&c, lq, lk), run_case(&c);
     c = make("padded causal bias dropout", tu_gpu_problem(4, 129, 140, 2, 1, 64, BF)), with_padded(&c, lq, lk),
     c.p.causal = 1, c.p.dropout_p = 0.1, with_bias(&c, 4, 2, 129, 140, ATTN_DTYPE_F32), run_case(&c);
@@ -712,8 +714,8 @@ static void test_sm90_offer(void) {
   tu_check(offers(&p, "sm90") == hopper, "sm90 offered (%d) for plain d64", offers(&p, "sm90"));
   /* features the feature kernel takes, and ones it lacks, each alone on a plain d64 problem */
   static const char *features[] = {"softcap", "d96",  "dv != d", "dropout", "sinks",
-                                   "packed",  "mask", "alibi",   "bias",    "segments"};
-  static const int taken[] = {1, 0, 0, 0, 1, 0, 1, 1, 1, 1};
+                                   "packed",  "mask", "alibi",   "bias",    "segments", "padded"};
+  static const int taken[] = {1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1};
   for (int i = 0; i < (int)(sizeof features / sizeof features[0]); ++i) {
     p = tu_gpu_problem(1, 64, 64, 2, 2, 64, ATTN_DTYPE_BF16);
     switch (i) {
@@ -728,7 +730,8 @@ static void test_sm90_offer(void) {
     case 8: p.has_bias = 1, p.bias_dtype = ATTN_DTYPE_BF16, p.bias_shape[0] = p.bias_shape[2] = 1;
       p.bias_shape[1] = 2, p.bias_shape[3] = 64;
       break;
-    default: p.has_segment_ids = 1;
+    case 9: p.has_segment_ids = 1; break;
+    default: p.varlen = ATTN_VARLEN_PADDED;
     }
     tu_check(offers(&p, "sm90") == (hopper && taken[i]), "sm90 offered (%d) for %s", offers(&p, "sm90"),
              features[i]);

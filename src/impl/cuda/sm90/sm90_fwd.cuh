@@ -26,11 +26,12 @@
  * one is unchanged): S becomes log2-unit logits through the sm_80 kernel's per-element helpers
  * (cuda_common.cuh: visible, logit) on the blocks that need a test or a load per element, and
  * through the soft cap alone (tanh on the special-function unit) on the blocks inside the band;
- * the sinks seed each row's running max and sum before the first key block, once per row.
+ * the sinks seed each row's running max and sum before the first key block, once per row; varlen
+ * sequences are addressed by their first rows (packed) and their lengths mask the rest.
  *
  * Scope (sm90_fwd_unsupported says which problems it refuses, with the reason): head dims 64, 128
  * and 256 with Dv = D, bf16 and f16, the per-element functions of kElementwiseKinds, no dropout,
- * sinks, no varlen, any causal / window band in either alignment, GQA / MQA, lse.
+ * sinks, packed and padded varlen, any causal / window band in either alignment, GQA / MQA, lse.
  */
 #ifndef ATTN_IMPL_CUDA_SM90_SM90_FWD_CUH
 #define ATTN_IMPL_CUDA_SM90_SM90_FWD_CUH
@@ -38,6 +39,7 @@
 #include <cuda.h> /* CUtensorMap and its enums: types only, the function comes through the runtime */
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "impl/cuda/cuda_check.cuh"
@@ -176,18 +178,22 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
     if (tid == 0) {
       mbar_expect_tx(bar_q, C::kQBytes);
-      for (int c = 0; c < C::kPanels; ++c) tma_load(sQ + c * kBM * 128, &tq, bar_q, c * 64, h, m0, b);
+      /* the maps' row and batch of the sequence's first row: packed varlen (the feature kernel's)
+       * is one batch of all rows */
+      const bool packed = kFeat && p.varlen == ATTN_CUDA_VARLEN_PACKED;
+      const int q_row0 = packed ? (int)sq.q0 : 0, k_row0 = packed ? (int)sq.k0 : 0, mb = packed ? 0 : b;
+      for (int c = 0; c < C::kPanels; ++c) tma_load(sQ + c * kBM * 128, &tq, bar_q, c * 64, h, q_row0 + m0, mb);
       for (int i = 0, n = n_lo; n < n_hi; ++i, ++n) {
         const int s = i % kStages;
         const uint32_t ph = (i / kStages) & 1;
         mbar_wait(empty_k(s), ph ^ 1);
         mbar_expect_tx(full_k(s), C::kKVBytes);
         for (int c = 0; c < C::kPanels; ++c)
-          tma_load(sK + s * C::kKVBytes + c * kBN * 128, &tk, full_k(s), c * 64, hd.g, n * kBN, b);
+          tma_load(sK + s * C::kKVBytes + c * kBN * 128, &tk, full_k(s), c * 64, hd.g, k_row0 + n * kBN, mb);
         mbar_wait(empty_v(s), ph ^ 1);
         mbar_expect_tx(full_v(s), C::kKVBytes);
         for (int c = 0; c < C::kPanels; ++c)
-          tma_load(sV + s * C::kKVBytes + c * kBN * 128, &tv, full_v(s), c * 64, hd.g, n * kBN, b);
+          tma_load(sV + s * C::kKVBytes + c * kBN * 128, &tv, full_v(s), c * 64, hd.g, k_row0 + n * kBN, mb);
       }
     }
   } else { /* consumers: 64 rows each, 16 per warp */
@@ -304,6 +310,26 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 #pragma unroll
         for (int r = 0; r < 4; ++r) pa[kk][r] = Elem<T>::pack(sacc[8 * kk + 2 * r], sacc[8 * kk + 2 * r + 1]);
     };
+    /* Varlen: past the sequence's last key the copy engine brings the next sequence's V rows (or
+     * the tensor's padding), which may hold anything; P is 0 there, but 0 * NaN is not 0, so the
+     * consumers zero those rows of the partial block (only ever the last, n_hi - 1) before P V
+     * reads them: generic stores made visible to wgmma's async proxy, then a named barrier of the
+     * consumer warpgroups. Dense rows past the key length are outside the map: the copy engine
+     * fills them with zeros. */
+    auto clear_v_tail = [&](int s, int n) {
+      const int valid = sq.len_k - n * kBN;
+      if (!kFeat || p.varlen == ATTN_CUDA_VARLEN_NONE || valid >= kBN) return;
+      const uint32_t v = sV + s * C::kKVBytes;
+      for (int c = tid - 128; c < C::kPanels * kBN * 8; c += 128 * C::kCWG) { /* 16-byte chunks */
+        const int panel = c / (kBN * 8), r = c / 8 % kBN;
+        if (r >= valid) /* a whole 128-byte row: the swizzle moves chunks only within a row */
+          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(v + panel * kBN * 128 + r * 128 + (c % 8) * 16),
+                       "r"(0)
+                       : "memory");
+      }
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      asm volatile("bar.sync 1, %0;\n" ::"n"(128 * C::kCWG) : "memory");
+    };
     auto release = [&](uint32_t bar) {
       if (lane == 0) mbar_arrive(bar);
     };
@@ -325,6 +351,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         rescale(corr);
         to_pa();
         mbar_wait(full_v(s), ph);
+        clear_v_tail(s, n);
         pin(oacc); /* the rescale and P are written before the fence */
         pin(pa);
         wgmma_fence();
@@ -350,7 +377,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         const int s = i % kStages, sp = (i - 1) % kStages;
         const uint32_t ph = (i / kStages) & 1, php = ((i - 1) / kStages) & 1;
         mbar_wait(full_k(s), ph);
-        mbar_wait(full_v(sp), php);
+        mbar_wait(full_v(sp), php); /* block n - 1 < n_hi - 1 is whole: no clear_v_tail */
         pin(oacc);
         pin(pa);
         wgmma_fence();
@@ -371,6 +398,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       }
       const int sp = (i - 1) % kStages;
       mbar_wait(full_v(sp), ((i - 1) / kStages) & 1);
+      clear_v_tail(sp, n_hi - 1);
       pin(oacc);
       pin(pa);
       wgmma_fence();
@@ -432,7 +460,6 @@ static inline const char *sm90_fwd_unsupported(const attn_cuda_params &p) {
   if (p.d != 64 && p.d != 128 && p.d != 256) return "the sm90 forward has head dims 64, 128 and 256 only";
   if ((p.elementwise_kinds & ~kElementwiseKinds) != 0) return "the sm90 forward lacks a per-element function";
   if (p.dropout_p > 0.f) return "the sm90 forward has no dropout";
-  if (p.varlen != ATTN_CUDA_VARLEN_NONE) return "the sm90 forward has no varlen";
   const void *ptrs[3] = {p.q, p.k, p.v};
   for (const void *ptr : ptrs)
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return "the sm90 forward needs 16-byte aligned q, k, v";
@@ -468,8 +495,10 @@ static inline attn_status make_token_map(CUtensorMap *map, const void *base, boo
   return ATTN_STATUS_OK;
 }
 
-/* Whether p runs on the feature kernel: any per-element function or sinks. */
-static inline bool uses_feature_kernel(const attn_cuda_params &p) { return p.elementwise || p.num_sinks > 0; }
+/* Whether p runs on the feature kernel: any per-element function, sinks or varlen. */
+static inline bool uses_feature_kernel(const attn_cuda_params &p) {
+  return p.elementwise || p.num_sinks > 0 || p.varlen != ATTN_CUDA_VARLEN_NONE;
+}
 
 /* Runs p on fwd90_kernel<C, kFeat> (kFeat must be uses_feature_kernel(p)). */
 template <typename C, bool kFeat>
@@ -482,13 +511,19 @@ attn_status launch_fwd90(const attn_cuda_params &p, cudaStream_t stream, char *w
     return ATTN_STATUS_UNSUPPORTED;
   }
   constexpr bool kBf16 = std::is_same<typename C::T, __nv_bfloat16>::value;
+  /* packed varlen: one batch of all the rows (at least one: the encoder takes no empty dimension,
+   * and an empty tensor is never read, its sequences having no rows) */
+  const bool packed = p.varlen == ATTN_CUDA_VARLEN_PACKED;
+  const int batch = packed ? 1 : p.batch;
+  const int rows_q = packed ? (int)std::max<int64_t>(p.total_q, 1) : p.seqlen_q;
+  const int rows_k = packed ? (int)std::max<int64_t>(p.total_k, 1) : p.seqlen_k;
   CUtensorMap tq, tk, tv;
   attn_status st;
-  if ((st = make_token_map(&tq, p.q, kBf16, p.d, p.heads_q, p.seqlen_q, p.batch, p.q_h, p.q_r, p.q_b, C::kBM, why,
+  if ((st = make_token_map(&tq, p.q, kBf16, p.d, p.heads_q, rows_q, batch, p.q_h, p.q_r, p.q_b, C::kBM, why,
                            why_size)) != ATTN_STATUS_OK ||
-      (st = make_token_map(&tk, p.k, kBf16, p.d, p.heads_kv, p.seqlen_k, p.batch, p.k_h, p.k_r, p.k_b, C::kBN, why,
+      (st = make_token_map(&tk, p.k, kBf16, p.d, p.heads_kv, rows_k, batch, p.k_h, p.k_r, p.k_b, C::kBN, why,
                            why_size)) != ATTN_STATUS_OK ||
-      (st = make_token_map(&tv, p.v, kBf16, p.dv, p.heads_kv, p.seqlen_k, p.batch, p.v_h, p.v_r, p.v_b, C::kBN, why,
+      (st = make_token_map(&tv, p.v, kBf16, p.dv, p.heads_kv, rows_k, batch, p.v_h, p.v_r, p.v_b, C::kBN, why,
                            why_size)) != ATTN_STATUS_OK)
     return st;
   auto kernel = fwd90_kernel<C, kFeat>;
