@@ -151,7 +151,8 @@ static void problem_params(const attn_problem *p, attn_cuda_params *k) {
   k->dropout_p = (float)p->dropout_p;
   k->drop_threshold = attn_dropout_threshold(p->dropout_p);
   k->keep_scale = (float)(1.0 / (1.0 - p->dropout_p));
-  k->elementwise_kinds = (p->has_bias ? ATTN_CUDA_FEAT_BIAS : 0) | (p->has_mask ? ATTN_CUDA_FEAT_MASK : 0) |
+  k->elementwise_kinds = (p->has_bias ? ATTN_CUDA_FEAT_BIAS : 0) |
+                         (p->has_mask ? ATTN_CUDA_FEAT_MASK : 0) |
                          (p->alibi != ATTN_ALIBI_NONE ? ATTN_CUDA_FEAT_ALIBI : 0) |
                          (p->softcap > 0.0 ? ATTN_CUDA_FEAT_SOFTCAP : 0) |
                          (p->has_segment_ids ? ATTN_CUDA_FEAT_SEGMENTS : 0);
