@@ -431,6 +431,8 @@ static void test_grid(int quick) {
   c = make("bias bcast", tu_gpu_problem(2, 63, 65, 4, 2, 64, F16)), with_bias(&c, 1, 1, 63, 65, ATTN_DTYPE_F32), run_case(&c);
   c = make("bias kv heads", tu_gpu_problem(2, 65, 33, 4, 2, 96, BF)), with_bias(&c, 2, 2, 65, 33, ATTN_DTYPE_BF16), run_case(&c);
   c = make("bias row", tu_gpu_problem(1, 17, 129, 2, 2, 64, BF)), with_bias(&c, 1, 2, 1, 129, ATTN_DTYPE_F32), run_case(&c);
+  c = make("bias kv heads d128 causal", tu_gpu_problem(2, 65, 129, 4, 2, 128, F16)), with_bias(&c, 2, 2, 65, 129, ATTN_DTYPE_BF16),
+  c.p.causal = 1, run_case(&c);
   c = make("bias col f16 causal", tu_gpu_problem(1, 129, 17, 2, 2, 64, F16)), with_bias(&c, 1, 1, 129, 1, ATTN_DTYPE_F16), c.p.causal = 1, run_case(&c);
 
   /* masks, ALiBi, soft cap, sinks, dropout, segments */
@@ -441,6 +443,8 @@ static void test_grid(int quick) {
   c = make("softcap", tu_gpu_problem(1, 127, 129, 2, 2, 64, BF)), c.p.softcap = 5.0, run_case(&c);
   c = make("softcap bias causal", tu_gpu_problem(1, 65, 65, 2, 2, 128, BF)), c.p.softcap = 2.0, c.p.causal = 1,
   with_bias(&c, 1, 2, 65, 65, ATTN_DTYPE_F32), run_case(&c);
+  c = make("softcap sinks alibi d256 causal", tu_gpu_problem(1, 127, 129, 2, 1, 256, BF)), c.p.softcap = 4.0,
+  c.p.num_sinks = 2, c.want_dsinks = 1, c.p.alibi = ATTN_ALIBI_PER_HEAD, c.p.causal = 1, run_case(&c);
   c = make("sinks 1", tu_gpu_problem(2, 65, 63, 4, 2, 64, BF)), c.p.num_sinks = 1, c.want_dsinks = 1, run_case(&c);
   c = make("sinks 3 shared causal", tu_gpu_problem(1, 129, 129, 2, 2, 64, F16)), c.p.num_sinks = 3, c.p.sinks_shared = 1,
   c.want_dsinks = 1, c.p.causal = 1, run_case(&c);
@@ -459,6 +463,8 @@ static void test_grid(int quick) {
     c.p.causal = 1, run_case(&c);
     c = make("packed window sinks", tu_gpu_problem(4, 129, 129, 2, 2, 64, BF)), with_packed(&c, lq, lk, 0),
     c.p.window_left = 9, c.p.window_right = 2, c.p.num_sinks = 1, c.want_dsinks = 1, run_case(&c);
+    c = make("packed d256 causal softcap tl", tu_gpu_problem(4, 129, 129, 2, 1, 256, BF)), with_packed(&c, lq, lk, 3),
+    c.p.causal = 1, c.p.align = 1, c.p.softcap = 6.0, run_case(&c);
     c = make("padded", tu_gpu_problem(4, 129, 140, 2, 2, 64, F16)), with_padded(&c, lq, lk), run_case(&c);
     c = make("padded causal bias dropout", tu_gpu_problem(4, 129, 140, 2, 1, 64, BF)), with_padded(&c, lq, lk),
     c.p.causal = 1, c.p.dropout_p = 0.1, with_bias(&c, 4, 2, 129, 140, ATTN_DTYPE_F32), run_case(&c);
@@ -685,7 +691,8 @@ static void test_autotune(void) {
 
 /* The Hopper forward ("sm90") is offered on a compute capability 9.0 device when the build has it
  * (ATTN_TEST_SM90), as the default, for the problems it takes (head dims 64, 128, 256 with Dv = D,
- * causal, windows, GQA), and for no problem with a feature it lacks. */
+ * causal, windows, GQA, the features of its feature kernel), and for no problem with a feature it
+ * lacks. */
 static void test_sm90_offer(void) {
   struct cudaDeviceProp prop;
   TU_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -705,8 +712,11 @@ static void test_sm90_offer(void) {
   tu_check(offers(&p, "sm90") == hopper, "sm90 offered (%d) for d256 f16 window", offers(&p, "sm90"));
   p = tu_gpu_problem(1, 64, 64, 2, 2, 64, ATTN_DTYPE_BF16);
   tu_check(offers(&p, "sm90") == hopper, "sm90 offered (%d) for plain d64", offers(&p, "sm90"));
-  static const char *lacks[] = {"softcap", "d96", "dv != d", "dropout", "sinks", "packed", "mask"};
-  for (int i = 0; i < (int)(sizeof lacks / sizeof lacks[0]); ++i) {
+  /* features the feature kernel takes, and ones it lacks, each alone on a plain d64 problem */
+  static const char *features[] = {"softcap", "d96",  "dv != d", "dropout", "sinks",
+                                   "packed",  "mask", "alibi",   "bias",    "segments", "padded"};
+  static const int taken[] = {1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1};
+  for (int i = 0; i < (int)(sizeof features / sizeof features[0]); ++i) {
     p = tu_gpu_problem(1, 64, 64, 2, 2, 64, ATTN_DTYPE_BF16);
     switch (i) {
     case 0: p.softcap = 5.0; break;
@@ -715,9 +725,16 @@ static void test_sm90_offer(void) {
     case 3: p.dropout_p = 0.1; break;
     case 4: p.num_sinks = 1; break;
     case 5: p.varlen = ATTN_VARLEN_PACKED, p.total_q = p.total_k = 64; break;
-    default: p.has_mask = 1, p.mask_shape[0] = p.mask_shape[1] = 1, p.mask_shape[2] = p.mask_shape[3] = 64;
+    case 6: p.has_mask = 1, p.mask_shape[0] = p.mask_shape[1] = 1, p.mask_shape[2] = p.mask_shape[3] = 64; break;
+    case 7: p.alibi = ATTN_ALIBI_PER_BATCH_HEAD; break;
+    case 8: p.has_bias = 1, p.bias_dtype = ATTN_DTYPE_BF16, p.bias_shape[0] = p.bias_shape[2] = 1;
+      p.bias_shape[1] = 2, p.bias_shape[3] = 64;
+      break;
+    case 9: p.has_segment_ids = 1; break;
+    default: p.varlen = ATTN_VARLEN_PADDED;
     }
-    tu_check(!offers(&p, "sm90"), "no sm90 for %s", lacks[i]);
+    tu_check(offers(&p, "sm90") == (hopper && taken[i]), "sm90 offered (%d) for %s", offers(&p, "sm90"),
+             features[i]);
   }
 }
 

@@ -15,8 +15,9 @@
  * (Tq <= 16, only the features decode uses) also offer "splitkv", the split-KV decode kernel of
  * cuda_decode.cu, which is the only configuration of a paged KV cache (docs/DECODE.md). On a
  * compute capability 9.0 device (H100, H200), the problems the Hopper forward takes (sm90/:
- * head dims 64, 128, 256 with Dv = D, no per-element function, dropout, sinks or varlen) also offer
- * "sm90", the default there: that forward, with the deterministic backward.
+ * head dims 64, 128, 256 with Dv = D, no dropout; soft cap, sinks, ALiBi, bias, masks, segment ids
+ * and varlen on its feature kernel) also offer "sm90", the default there: that forward, with the
+ * deterministic backward.
  */
 #include "impl/impl.h"
 
@@ -154,8 +155,12 @@ static void problem_params(const attn_problem *p, attn_cuda_params *k) {
   k->dropout_p = (float)p->dropout_p;
   k->drop_threshold = attn_dropout_threshold(p->dropout_p);
   k->keep_scale = (float)(1.0 / (1.0 - p->dropout_p));
-  k->elementwise = p->has_bias || p->has_mask || p->alibi != ATTN_ALIBI_NONE || p->softcap > 0.0 ||
-                   p->has_segment_ids;
+  k->elementwise_kinds = (p->has_bias ? ATTN_CUDA_FEAT_BIAS : 0) |
+                         (p->has_mask ? ATTN_CUDA_FEAT_MASK : 0) |
+                         (p->alibi != ATTN_ALIBI_NONE ? ATTN_CUDA_FEAT_ALIBI : 0) |
+                         (p->softcap > 0.0 ? ATTN_CUDA_FEAT_SOFTCAP : 0) |
+                         (p->has_segment_ids ? ATTN_CUDA_FEAT_SEGMENTS : 0);
+  k->elementwise = k->elementwise_kinds != 0;
 }
 
 /* Whether the Hopper forward (sm90/) is offered for the problem: built, a compute capability 9.0

@@ -452,6 +452,18 @@ __device__ __forceinline__ float logit(const attn_cuda_params &p, const Head &r,
   return x;
 }
 
+/* Steps 4-5: the sinks of query head h as a row's starting point, counted once: their max (log2
+ * units) and the sum of exp(a_t - max); -inf and 0 without sinks. */
+__device__ __forceinline__ void sink_stats(const attn_cuda_params &p, int h, float &max_log2, float &sum) {
+  const float *sk = p.sinks + h * p.sinks_h;
+  float mx = -INFINITY;
+  for (int t = 0; t < p.num_sinks; ++t) mx = fmaxf(mx, sk[t * p.sinks_t]);
+  sum = 0.f;
+  if (mx != -INFINITY)
+    for (int t = 0; t < p.num_sinks; ++t) sum += exp2f((sk[t * p.sinks_t] - mx) * kLog2e);
+  max_log2 = mx * kLog2e;
+}
+
 /* Step 6: the four Philox words of (b, h, i, j >> 2). */
 __device__ __forceinline__ void philox_words(const attn_cuda_params &p, int b, int h, int i, int j,
                                              uint32_t r[4]) {

@@ -75,17 +75,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid
    * quad starts from their max, and only the first adds their sum (the quad's sums are added at
    * the end). */
   if (kFeat && p.num_sinks > 0) {
-    const float *sk = p.sinks + h * p.sinks_h;
-    float mx = -INFINITY;
-    for (int t = 0; t < p.num_sinks; ++t) mx = fmaxf(mx, sk[t * p.sinks_t]);
-    float sum = 0.f;
-    if (mx != -INFINITY)
-      for (int t = 0; t < p.num_sinks; ++t) sum += exp2f((sk[t * p.sinks_t] - mx) * kLog2e);
+    float mx, sum;
+    sink_stats(p, h, mx, sum);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        row_base[mt][hf] = mx * kLog2e;
+        row_base[mt][hf] = mx;
         row_sum[mt][hf] = (lane & 3) == 0 ? sum : 0.f;
       }
   }

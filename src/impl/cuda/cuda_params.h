@@ -16,6 +16,14 @@
 
 enum { ATTN_CUDA_VARLEN_NONE = 0, ATTN_CUDA_VARLEN_PACKED = 1, ATTN_CUDA_VARLEN_PADDED = 2 };
 enum { ATTN_CUDA_ELEM_F32 = 0, ATTN_CUDA_ELEM_F16 = 1, ATTN_CUDA_ELEM_BF16 = 2 };
+/* The per-element functions of a problem, one bit each (attn_cuda_params.elementwise_kinds). */
+enum {
+  ATTN_CUDA_FEAT_BIAS = 1,
+  ATTN_CUDA_FEAT_MASK = 2,
+  ATTN_CUDA_FEAT_ALIBI = 4,
+  ATTN_CUDA_FEAT_SOFTCAP = 8,
+  ATTN_CUDA_FEAT_SEGMENTS = 16
+};
 
 typedef struct attn_cuda_params {
   /* token tensors: q [.., Hq, D], k [.., Hkv, D], v [.., Hkv, Dv], out / dout [.., Hq, Dv] */
@@ -65,6 +73,7 @@ typedef struct attn_cuda_params {
   float keep_scale; /* 1 / (1 - p) */
   uint64_t seed;
   int32_t elementwise; /* any of bias, mask, alibi, softcap, segment ids: per-element work */
+  int32_t elementwise_kinds; /* which of them (ATTN_CUDA_FEAT_* bits), known before the tensors */
   int32_t use_sm90;    /* the forward runs on the Hopper kernel (src/impl/cuda/sm90) */
 
   /* backward outputs and workspace */

@@ -22,9 +22,16 @@
  * the softmax of S(n+1) while the second product runs (FlashAttention-3's intra-warpgroup
  * pipelining); the output is rescaled only after that product has landed.
  *
+ * Features (SPEC.md steps 1-5) are the feature kernel's (kFeat, its own instantiation, so the plain
+ * one is unchanged): S becomes log2-unit logits through the sm_80 kernel's per-element helpers
+ * (cuda_common.cuh: visible, logit) on the blocks that need a test or a load per element, and
+ * through the soft cap alone (tanh on the special-function unit) on the blocks inside the band;
+ * the sinks seed each row's running max and sum before the first key block, once per row; varlen
+ * sequences are addressed by their first rows (packed) and their lengths mask the rest.
+ *
  * Scope (sm90_fwd_unsupported says which problems it refuses, with the reason): head dims 64, 128
- * and 256 with Dv = D, bf16 and f16, no per-element function, dropout or sinks, no varlen, any
- * causal / window band in either alignment, GQA / MQA, lse.
+ * and 256 with Dv = D, bf16 and f16, the per-element functions of kElementwiseKinds, no dropout,
+ * sinks, packed and padded varlen, any causal / window band in either alignment, GQA / MQA, lse.
  */
 #ifndef ATTN_IMPL_CUDA_SM90_SM90_FWD_CUH
 #define ATTN_IMPL_CUDA_SM90_SM90_FWD_CUH
@@ -32,6 +39,7 @@
 #include <cuda.h> /* CUtensorMap and its enums: types only, the function comes through the runtime */
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "impl/cuda/cuda_check.cuh"
@@ -88,6 +96,13 @@ template <int kPending> __device__ __forceinline__ void wgmma_wait() {
 }
 /* Pins registers that an asynchronous wgmma reads or writes at this point of the program, so the
  * compiler neither moves their other uses across the wait nor reuses them while it runs. */
+/* tanh on the special-function unit (relative error about 2^-11, FlashAttention-3's soft cap). */
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <int N> __device__ __forceinline__ void pin(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
@@ -118,7 +133,11 @@ template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_, int kCWG
 
 /* ---- the kernel -------------------------------------------------------------------------------- */
 
-template <typename C>
+/* kFeat: the feature kernel, S turned into log2-unit logits by the function of SPEC.md steps 1-3
+ * (soft cap, with the helpers of cuda_common.cuh that the sm_80 kernel uses for the rest), rows
+ * seeded with the sinks. kFeat = false is the plain kernel, which folds the scale into the
+ * exponent's FMA and tests only the band's edge blocks. */
+template <typename C, bool kFeat>
 __global__ void __launch_bounds__(C::kThreads, 1)
     fwd90_kernel(const __grid_constant__ attn_cuda_params p, const __grid_constant__ CUtensorMap tq,
                  const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
@@ -159,31 +178,45 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
     if (tid == 0) {
       mbar_expect_tx(bar_q, C::kQBytes);
-      for (int c = 0; c < C::kPanels; ++c) tma_load(sQ + c * kBM * 128, &tq, bar_q, c * 64, h, m0, b);
+      /* the maps' row and batch of the sequence's first row: packed varlen (the feature kernel's)
+       * is one batch of all rows */
+      const bool packed = kFeat && p.varlen == ATTN_CUDA_VARLEN_PACKED;
+      const int q_row0 = packed ? (int)sq.q0 : 0, k_row0 = packed ? (int)sq.k0 : 0, mb = packed ? 0 : b;
+      for (int c = 0; c < C::kPanels; ++c) tma_load(sQ + c * kBM * 128, &tq, bar_q, c * 64, h, q_row0 + m0, mb);
       for (int i = 0, n = n_lo; n < n_hi; ++i, ++n) {
         const int s = i % kStages;
         const uint32_t ph = (i / kStages) & 1;
         mbar_wait(empty_k(s), ph ^ 1);
         mbar_expect_tx(full_k(s), C::kKVBytes);
         for (int c = 0; c < C::kPanels; ++c)
-          tma_load(sK + s * C::kKVBytes + c * kBN * 128, &tk, full_k(s), c * 64, hd.g, n * kBN, b);
+          tma_load(sK + s * C::kKVBytes + c * kBN * 128, &tk, full_k(s), c * 64, hd.g, k_row0 + n * kBN, mb);
         mbar_wait(empty_v(s), ph ^ 1);
         mbar_expect_tx(full_v(s), C::kKVBytes);
         for (int c = 0; c < C::kPanels; ++c)
-          tma_load(sV + s * C::kKVBytes + c * kBN * 128, &tv, full_v(s), c * 64, hd.g, n * kBN, b);
+          tma_load(sV + s * C::kKVBytes + c * kBN * 128, &tv, full_v(s), c * 64, hd.g, k_row0 + n * kBN, mb);
       }
     }
   } else { /* consumers: 64 rows each, 16 per warp */
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
     const int cw = wg - 1, wq = (tid >> 5) & 3;
     const int row0 = cw * 64 + wq * 16 + (lane >> 2); /* this thread's rows: row0 and row0 + 8 */
-    const float mult = p.scale * kLog2e;
+    /* the plain kernel keeps raw dot products and folds the scale into the exponent's FMA; the
+     * feature kernel's logits are already scaled (and possibly nonlinear) */
+    const float mult = kFeat ? 1.f : p.scale * kLog2e;
 
     float o[1][kD / 8][4]; /* wgmma's accumulator layout is store_rows' [m-tile][8 columns][4] */
     float(&oacc)[kD / 2] = reinterpret_cast<float(&)[kD / 2]>(o);
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) oacc[i] = 0.f;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+    /* Steps 4-5: the sinks are the rows' first logits, counted once: every thread of a quad starts
+     * from their max, only the first adds their sum (the quad's sums are added at the end). */
+    if (kFeat && p.num_sinks > 0) {
+      float mx, sum;
+      sink_stats(p, h, mx, sum);
+      row_max[0] = row_max[1] = mx;
+      row_sum[0] = row_sum[1] = (lane & 3) == 0 ? sum : 0.f;
+    }
     float sacc[kBN / 2];
     uint32_t pa[kBN / 16][4];
 
@@ -203,10 +236,38 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) Wgmma<T, kD>::rs(oacc, pa[kk], smem_desc(v + kk * 16 * 128, kBN * 128, 1024), 1);
     };
-    /* Masks S of key block n outside the band and the key length, then moves the running max
-     * and sum to it: P = exp2(S * mult - max) stays in sacc; returns each row's rescale factor. */
+    /* Steps 1-3 of the feature kernel on key block n: S becomes log2-unit logits, -inf where not
+     * visible. A block at the band's edges (or under a mask or segment ids) takes visible() and
+     * logit(), the sm_80 kernel's per-element function; a block inside the band with only the
+     * soft cap takes it on the special-function unit. */
+    auto logits = [&](int n) {
+      const int i0 = m0 + row0, j0 = n * kBN + (lane & 3) * 2;
+      if (n < f_lo || n >= f_hi || (p.elementwise_kinds & ~ATTN_CUDA_FEAT_SOFTCAP) != 0) {
+#pragma unroll
+        for (int jj = 0; jj < kBN / 8; ++jj)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = i0 + (e >> 1) * 8, j = j0 + jj * 8 + (e & 1);
+            float &x = sacc[4 * jj + e], t;
+            x = visible(p, hd, i, j) ? logit(p, hd, i, j, x, &t) * kLog2e : -INFINITY;
+          }
+      } else if (p.softcap > 0.f) {
+        const float inner = p.scale / p.softcap, outer = p.softcap * kLog2e;
+#pragma unroll
+        for (int k = 0; k < kBN / 2; ++k) sacc[k] = outer * tanh_approx(sacc[k] * inner);
+      } else {
+        const float scale_log2 = p.scale * kLog2e;
+#pragma unroll
+        for (int k = 0; k < kBN / 2; ++k) sacc[k] *= scale_log2;
+      }
+    };
+    /* Masks S of key block n outside the band and the key length (the feature kernel: steps 1-3),
+     * then moves the running max and sum to it: P = exp2(S * mult - max) stays in sacc; returns
+     * each row's rescale factor. */
     auto softmax = [&](int n, float (&corr)[2]) {
-      if (n < f_lo || n >= f_hi) {
+      if constexpr (kFeat) {
+        logits(n);
+      } else if (n < f_lo || n >= f_hi) {
 #pragma unroll
         for (int jj = 0; jj < kBN / 8; ++jj)
 #pragma unroll
@@ -249,6 +310,26 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 #pragma unroll
         for (int r = 0; r < 4; ++r) pa[kk][r] = Elem<T>::pack(sacc[8 * kk + 2 * r], sacc[8 * kk + 2 * r + 1]);
     };
+    /* Varlen: past the sequence's last key the copy engine brings the next sequence's V rows (or
+     * the tensor's padding), which may hold anything; P is 0 there, but 0 * NaN is not 0, so the
+     * consumers zero those rows of the partial block (only ever the last, n_hi - 1) before P V
+     * reads them: generic stores made visible to wgmma's async proxy, then a named barrier of the
+     * consumer warpgroups. Dense rows past the key length are outside the map: the copy engine
+     * fills them with zeros. */
+    auto clear_v_tail = [&](int s, int n) {
+      const int valid = sq.len_k - n * kBN;
+      if (!kFeat || p.varlen == ATTN_CUDA_VARLEN_NONE || valid >= kBN) return;
+      const uint32_t v = sV + s * C::kKVBytes;
+      for (int c = tid - 128; c < C::kPanels * kBN * 8; c += 128 * C::kCWG) { /* 16-byte chunks */
+        const int panel = c / (kBN * 8), r = c / 8 % kBN;
+        if (r >= valid) /* a whole 128-byte row: the swizzle moves chunks only within a row */
+          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(v + panel * kBN * 128 + r * 128 + (c % 8) * 16),
+                       "r"(0)
+                       : "memory");
+      }
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      asm volatile("bar.sync 1, %0;\n" ::"n"(128 * C::kCWG) : "memory");
+    };
     auto release = [&](uint32_t bar) {
       if (lane == 0) mbar_arrive(bar);
     };
@@ -270,6 +351,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         rescale(corr);
         to_pa();
         mbar_wait(full_v(s), ph);
+        clear_v_tail(s, n);
         pin(oacc); /* the rescale and P are written before the fence */
         pin(pa);
         wgmma_fence();
@@ -295,7 +377,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         const int s = i % kStages, sp = (i - 1) % kStages;
         const uint32_t ph = (i / kStages) & 1, php = ((i - 1) / kStages) & 1;
         mbar_wait(full_k(s), ph);
-        mbar_wait(full_v(sp), php);
+        mbar_wait(full_v(sp), php); /* block n - 1 < n_hi - 1 is whole: no clear_v_tail */
         pin(oacc);
         pin(pa);
         wgmma_fence();
@@ -316,6 +398,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       }
       const int sp = (i - 1) % kStages;
       mbar_wait(full_v(sp), ((i - 1) / kStages) & 1);
+      clear_v_tail(sp, n_hi - 1);
       pin(oacc);
       pin(pa);
       wgmma_fence();
@@ -327,7 +410,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       release(empty_v(sp));
     }
 
-    /* out = O / Z, lse = max + log Z; a row with nothing visible is out = 0, lse = -inf */
+    /* out = O / Z, lse = max + log Z; a row with nothing visible (and no sinks) is out = 0,
+     * lse = -inf */
     float inv[1][2];
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
@@ -363,13 +447,19 @@ static inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
+/* The per-element functions of SPEC.md the feature kernel computes (ATTN_CUDA_FEAT_* bits): a
+ * problem with another is refused. Each bit is that feature's switch. */
+constexpr int32_t kElementwiseKinds = ATTN_CUDA_FEAT_SOFTCAP | ATTN_CUDA_FEAT_ALIBI | ATTN_CUDA_FEAT_BIAS |
+                                      ATTN_CUDA_FEAT_MASK | ATTN_CUDA_FEAT_SEGMENTS;
+
 /* Why the kernel cannot run p (a sentence), or NULL when it can: the copy engine needs 16-byte
- * aligned bases and strides, and the kernel covers only the feature-free problems. */
+ * aligned bases and strides, and the kernel lacks dropout and some features. Reads only what
+ * cuda.c's problem_params sets before the tensors, plus the tensors' addresses and strides. */
 static inline const char *sm90_fwd_unsupported(const attn_cuda_params &p) {
   if (p.d != p.dv) return "the sm90 forward needs Dv = D";
   if (p.d != 64 && p.d != 128 && p.d != 256) return "the sm90 forward has head dims 64, 128 and 256 only";
-  if (needs_features(p, p.d)) return "the sm90 forward has no per-element function, dropout or sinks";
-  if (p.varlen != ATTN_CUDA_VARLEN_NONE) return "the sm90 forward has no varlen";
+  if ((p.elementwise_kinds & ~kElementwiseKinds) != 0) return "the sm90 forward lacks a per-element function";
+  if (p.dropout_p > 0.f) return "the sm90 forward has no dropout";
   const void *ptrs[3] = {p.q, p.k, p.v};
   for (const void *ptr : ptrs)
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return "the sm90 forward needs 16-byte aligned q, k, v";
@@ -405,25 +495,38 @@ static inline attn_status make_token_map(CUtensorMap *map, const void *base, boo
   return ATTN_STATUS_OK;
 }
 
-template <typename C>
+/* Whether p runs on the feature kernel: any per-element function, sinks or varlen. */
+static inline bool uses_feature_kernel(const attn_cuda_params &p) {
+  return p.elementwise || p.num_sinks > 0 || p.varlen != ATTN_CUDA_VARLEN_NONE;
+}
+
+/* Runs p on fwd90_kernel<C, kFeat> (kFeat must be uses_feature_kernel(p)). */
+template <typename C, bool kFeat>
 attn_status launch_fwd90(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
   const char *no = sm90_fwd_unsupported(p);
   if (no == nullptr && p.d != C::kD) no = "the sm90 forward was asked for another head dim";
+  if (no == nullptr && kFeat != uses_feature_kernel(p)) no = "the sm90 forward was asked for the wrong kernel";
   if (no != nullptr) {
     snprintf(why, why_size, "%s", no);
     return ATTN_STATUS_UNSUPPORTED;
   }
   constexpr bool kBf16 = std::is_same<typename C::T, __nv_bfloat16>::value;
+  /* packed varlen: one batch of all the rows (at least one: the encoder takes no empty dimension,
+   * and an empty tensor is never read, its sequences having no rows) */
+  const bool packed = p.varlen == ATTN_CUDA_VARLEN_PACKED;
+  const int batch = packed ? 1 : p.batch;
+  const int rows_q = packed ? (int)std::max<int64_t>(p.total_q, 1) : p.seqlen_q;
+  const int rows_k = packed ? (int)std::max<int64_t>(p.total_k, 1) : p.seqlen_k;
   CUtensorMap tq, tk, tv;
   attn_status st;
-  if ((st = make_token_map(&tq, p.q, kBf16, p.d, p.heads_q, p.seqlen_q, p.batch, p.q_h, p.q_r, p.q_b, C::kBM, why,
+  if ((st = make_token_map(&tq, p.q, kBf16, p.d, p.heads_q, rows_q, batch, p.q_h, p.q_r, p.q_b, C::kBM, why,
                            why_size)) != ATTN_STATUS_OK ||
-      (st = make_token_map(&tk, p.k, kBf16, p.d, p.heads_kv, p.seqlen_k, p.batch, p.k_h, p.k_r, p.k_b, C::kBN, why,
+      (st = make_token_map(&tk, p.k, kBf16, p.d, p.heads_kv, rows_k, batch, p.k_h, p.k_r, p.k_b, C::kBN, why,
                            why_size)) != ATTN_STATUS_OK ||
-      (st = make_token_map(&tv, p.v, kBf16, p.dv, p.heads_kv, p.seqlen_k, p.batch, p.v_h, p.v_r, p.v_b, C::kBN, why,
+      (st = make_token_map(&tv, p.v, kBf16, p.dv, p.heads_kv, rows_k, batch, p.v_h, p.v_r, p.v_b, C::kBN, why,
                            why_size)) != ATTN_STATUS_OK)
     return st;
-  auto kernel = fwd90_kernel<C>;
+  auto kernel = fwd90_kernel<C, kFeat>;
   ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmem));
   dim3 grid((p.seqlen_q + C::kBM - 1) / C::kBM, p.heads_q, p.batch);
   kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p, tq, tk, tv);
