@@ -13,7 +13,8 @@
 #             implementations, their tests and their benchmark programs. With cudnn it uses the
 #             cuDNN that PyTorch's wheels ship when there is one, so both sides of the benchmark
 #             run the same cuDNN, else the toolkit's.
-#   test      tests/test_<impl> against the reference, with the golden cases of $GOLDEN
+#   test      tests/test_<impl> against the reference, with the golden cases of $GOLDEN (cuda: and
+#             tests/test_paged, whose GPU cases run the split-KV decode kernel)
 #   cli       the tests modules (the real modules load) and cli_gpu (attn check / bench on GPU
 #             problems), and `attn bench` of two large problems, timed whole with their check
 #   lab       cuda only: the kernel lab, dev/cuda/fwd_tiles.cu, bwd_tiles.cu and fwd_hopper.cu (sm_90a,
@@ -148,7 +149,7 @@ if step build; then
   args=(-DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCH=OFF
         -DATTN_CUDA_SPILL_WARNINGS=ON)
   targets=(attn_static attn_shared attn_tool attn_fake_modules)
-  if impl cuda; then args+=(-DATTN_WITH_CUDA=ON) targets+=(attn_cuda_module test_cuda); else args+=(-DATTN_WITH_CUDA=OFF); fi
+  if impl cuda; then args+=(-DATTN_WITH_CUDA=ON) targets+=(attn_cuda_module test_cuda test_paged); else args+=(-DATTN_WITH_CUDA=OFF); fi
   if impl cudnn; then
     args+=(-DATTN_WITH_CUDNN=ON -DATTN_CUDNN_INCLUDE_DIR="$CUDNN_DIR/include" -DATTN_CUDNN_LIBRARY="$CUDNN_LIB")
     targets+=(attn_cudnn_module test_cudnn)
@@ -209,6 +210,12 @@ if step test; then
     echo "test_$i rc=$rc in $((SECONDS - t0)) s: $(tail -1 "$OUT/$i/test.log")"
     grep -E "^FAIL|^FATAL" "$OUT/$i/test.log" | head -40
   done
+  if impl cuda && built "$BUILD/tests/test_paged"; then # paged and decode problems, split-KV kernel
+    t0=$SECONDS
+    timeout "$(limit 120)" "$BUILD/tests/test_paged" >"$OUT/cuda/test_paged.log" 2>&1
+    echo "test_paged rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/cuda/test_paged.log")"
+    grep -E "^FAIL|^FATAL" "$OUT/cuda/test_paged.log" | head -20
+  fi
 fi
 
 # ---- the attn command on GPU problems, and the modules --------------------------------------------
@@ -316,5 +323,11 @@ if step sanitize; then
       grep -E "^FAIL|^FATAL|Invalid" "$log" | head -10
     done
   done
+  if impl cuda && built "$BUILD/tests/test_paged"; then
+    t0=$SECONDS
+    log="$OUT/cuda/sanitizer_memcheck_paged.log"
+    timeout "$(limit 200)" compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/test_paged" >"$log" 2>&1
+    echo "compute-sanitizer memcheck test_paged rc=$? in $((SECONDS - t0)) s: $(grep 'ERROR SUMMARY' "$log" | tail -1)"
+  fi
 fi
 echo "== done in $SECONDS s; logs in $OUT"
