@@ -311,6 +311,13 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+/* 1 / x on the special-function unit (relative error 2^-23). */
+__device__ __forceinline__ float rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -459,6 +466,40 @@ __device__ __forceinline__ void philox_words(const attn_cuda_params &p, int b, i
   const uint32_t ctr[4] = {(uint32_t)i, (uint32_t)j >> 2, (uint32_t)h, (uint32_t)b};
   attn_philox4x32_10(ctr, key, r);
 }
+
+/* ---- what the feature-free kernels take ------------------------------------------------------ */
+
+/* Whether a run needs the sm80 kernels with every feature compiled in (kFeat): a per-element
+ * function other than the soft cap (bias, mask, ALiBi, segment ids: the pointers the feature
+ * kernels test), dropout, dbias, or head dims below the kernel's (zero-padded columns). The
+ * feature-free kernels take the rest: sinks only seed each row's max and sum in the forward (the
+ * backward recomputes P from lse, which has them, and dsinks is a kernel of its own), and the soft
+ * cap has their kCap copy. Routing those two to the feature kernels (one m-tile per warp, a test
+ * and a call per element, tanhf and a division per score) cost 2.3x and 10x the plain run's time
+ * on an H100 (issue 13). needs_features stays the sm90 forward's test. */
+__host__ __device__ __forceinline__ bool needs_generic(const attn_cuda_params &p, int kd) {
+  return p.bias != nullptr || p.mask != nullptr || p.alibi != nullptr || p.q_seg != nullptr ||
+         p.dropout_p > 0.f || p.d != kd || p.dv != kd || p.dbias != nullptr;
+}
+
+/* The soft cap of the feature-free kernels (kCap), from the raw dot product: y = x_pre / cap,
+ * u = e^(-2|y|), tanh(y) = sign(y) (1 - u) / (1 + u), two special-function instructions (ex2,
+ * rcp) in place of tanhf's full-precision path and an IEEE division per score. tanh is within
+ * ~2e-7 absolute, so the logit within cap * 2e-7 (P within that, relative). The derivative
+ * 1 - tanh^2 = 4u / (1 + u)^2 reuses u and has no cancellation near |tanh| = 1 (issue 19). */
+struct SoftCap {
+  float in, out; /* y = dot * in (scale / cap); the logit in log2 units = tanh(y) * out */
+  __device__ __forceinline__ explicit SoftCap(const attn_cuda_params &p)
+      : in(p.scale / p.softcap), out(p.softcap * kLog2e) {}
+  /* the capped logit in log2 units; *slope (when asked) gets d tanh(y) / dy */
+  __device__ __forceinline__ float logit2(float dot, float *slope = nullptr) const {
+    const float y = dot * in;
+    const float u = ex2(fabsf(y) * (-2.f * kLog2e));
+    const float r = rcp(1.f + u);
+    if (slope != nullptr) *slope = 4.f * u * r * r;
+    return copysignf((1.f - u) * r, y) * out;
+  }
+};
 
 } // namespace attn_cuda
 
