@@ -455,6 +455,8 @@ static void test_grid(int quick) {
   c.p.window_left = 30, c.p.window_right = 5, run_case(&c);
   c = make("softcap 0.05 scale -2", tu_gpu_problem(1, 65, 127, 2, 1, 64, BF)), c.p.softcap = 0.05, c.p.scale = -2.0,
   run_case(&c);
+  c = make("softcap 1e6 causal", tu_gpu_problem(1, 63, 65, 2, 2, 64, F16)), c.p.softcap = 1e6, c.p.causal = 1,
+  run_case(&c); /* above SoftCap::kMaxCap: the feature kernels' tanhf */
   c = make("sinks 2 d128", tu_gpu_problem(1, 129, 63, 4, 4, 128, BF)), c.p.num_sinks = 2, c.want_dsinks = 1, run_case(&c);
   c = make("dropout", tu_gpu_problem(2, 127, 129, 2, 2, 64, BF)), c.p.dropout_p = 0.17, run_case(&c);
   c = make("dropout causal gqa", tu_gpu_problem(1, 129, 65, 4, 2, 128, F16)), c.p.dropout_p = 0.5, c.p.causal = 1, run_case(&c);
