@@ -450,6 +450,18 @@ static void test_grid(int quick) {
   c.want_dsinks = 1, c.p.causal = 1, run_case(&c);
   c = make("sinks window 0,0 masked", tu_gpu_problem(1, 33, 33, 2, 2, 32, BF)), c.p.num_sinks = 2, c.want_dsinks = 1,
   c.p.window_left = 0, c.p.window_right = 0, with_mask(&c, 1, 1), run_case(&c);
+  /* the soft cap and sinks on the feature-free kernels (the soft cap in their kCap copy): the D = 128
+   * and D = 256 banded tiles, GQA, f16, a cap far above the logits (tanh of small arguments) and
+   * one far below them under a negative scale (slopes near 0) */
+  c = make("softcap sinks causal gqa d128", tu_gpu_problem(2, 200, 200, 8, 2, 128, F16)), c.p.softcap = 10.0,
+  c.p.num_sinks = 1, c.want_dsinks = 1, c.p.causal = 1, run_case(&c);
+  c = make("softcap 1000 window d256", tu_gpu_problem(1, 129, 150, 2, 2, 256, BF)), c.p.softcap = 1000.0,
+  c.p.window_left = 30, c.p.window_right = 5, run_case(&c);
+  c = make("softcap 0.05 scale -2", tu_gpu_problem(1, 65, 127, 2, 1, 64, BF)), c.p.softcap = 0.05, c.p.scale = -2.0,
+  run_case(&c);
+  c = make("softcap 1e6 causal", tu_gpu_problem(1, 63, 65, 2, 2, 64, F16)), c.p.softcap = 1e6, c.p.causal = 1,
+  run_case(&c); /* above SoftCap::kMaxCap: the feature kernels' tanhf */
+  c = make("sinks 2 d128", tu_gpu_problem(1, 129, 63, 4, 4, 128, BF)), c.p.num_sinks = 2, c.want_dsinks = 1, run_case(&c);
   c = make("dropout", tu_gpu_problem(2, 127, 129, 2, 2, 64, BF)), c.p.dropout_p = 0.17, run_case(&c);
   c = make("dropout causal gqa", tu_gpu_problem(1, 129, 65, 4, 2, 128, F16)), c.p.dropout_p = 0.5, c.p.causal = 1, run_case(&c);
   c = make("segments", tu_gpu_problem(2, 100, 100, 2, 2, 64, BF)), c.p.has_segment_ids = 1, run_case(&c);

@@ -21,8 +21,10 @@
  * dK's products, from one base address per warp (see the comment there: both choices came from
  * ncu's per-instruction stall samples).
  *
- * Each kernel is compiled twice: with every feature (kFeat) and without (no per-element function,
- * dropout, dbias, zero-padded head dim: the common case, with fewer registers and no branches).
+ * Each kernel is compiled with every feature (kFeat) and without (no per-element function,
+ * dropout, dbias, zero-padded head dim: the common case, with fewer registers and no branches),
+ * the latter twice: plain and with the soft cap (kCap), which costs it two special-function
+ * instructions per score (sinks need nothing here: see run_bwd).
  * Loads overlap products: the dQ kernel double-buffers K and V; the dK/dV kernel loads dO of the
  * next query block while it computes dK and Q while it computes dP of the next block, or, with two
  * stages (the atomic configuration's feature-free kernel where shared memory allows), loads both
@@ -87,10 +89,23 @@ __device__ __forceinline__ bool kept(const attn_cuda_params &p, const uint32_t w
   return p.dropout_p <= 0.f || words[j & 3] >= p.drop_threshold;
 }
 
+/* The feature-free kernels' element (i, j): P recomputed from the raw dot product and lse2, and
+ * dS = P (dP - Delta), times the soft cap's derivative with kCap; both 0 for a key outside the
+ * band (visible = false). */
+template <bool kCap>
+__device__ __forceinline__ ElemGrad plain_grad(float dot, float dp, float lse2, float delta, float scale_log2,
+                                               const SoftCap &cap, bool visible) {
+  float slope = 1.f;
+  float P = ex2((kCap ? cap.logit2(dot, &slope) : dot * scale_log2) - lse2);
+  if (!visible) P = 0.f;
+  return {P, kCap ? P * (dp - delta) * slope : P * (dp - delta)};
+}
+
 /* ---- dQ ---------------------------------------------------------------------------------------- */
 
-template <typename T, typename C, bool kFeat>
+template <typename T, typename C, bool kFeat, bool kCap>
 __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_constant__ attn_cuda_params p) {
+  static_assert(!(kFeat && kCap), "the feature kernels have the soft cap in logit()");
   constexpr int kD = C::kD, kBM = C::kBM, kBN = C::kBN, kS = C::kS, kThreads = C::kThreads, kMT = C::kMT;
   constexpr int kNT = kBN / 8, kDT = kD / 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -151,6 +166,7 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
 
   const int nk = kFeat ? (p.d + 15) / 16 : kD / 16, nv = kFeat ? (p.dv + 15) / 16 : kD / 16;
   const float scale_log2 = p.scale * kLog2e;
+  const SoftCap cap(p); /* read only with kCap */
   for (int n = n_lo; n < n_hi; ++n) {
     const int n0 = n * kBN;
     const T *sK = sK0 + ((n - n_lo) & 1) * kBN * kS, *sV = sV0 + ((n - n_lo) & 1) * kBN * kS;
@@ -204,9 +220,9 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
               const int e = 2 * hf + c;
-              float P = ex2(s[mt][nt][e] * scale_log2 - lse2[mt][hf]);
-              if (kCheck && !visible_band(p, hd, i, j0 + c)) P = 0.f;
-              s[mt][nt][e] = P * (dp[mt][nt][e] - delta[mt][hf]);
+              s[mt][nt][e] = plain_grad<kCap>(s[mt][nt][e], dp[mt][nt][e], lse2[mt][hf], delta[mt][hf], scale_log2,
+                                              cap, !kCheck || visible_band(p, hd, i, j0 + c))
+                                 .ds;
             }
           }
         }
@@ -234,8 +250,9 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
 
 /* ---- dK, dV (and dQ with atomics) --------------------------------------------------------------- */
 
-template <typename T, typename C, bool kFeat, bool kAtomic>
+template <typename T, typename C, bool kFeat, bool kAtomic, bool kCap>
 __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_constant__ attn_cuda_params p) {
+  static_assert(!(kFeat && kCap), "the feature kernels have the soft cap in logit()");
   constexpr int kD = C::kD, kBM = C::kBM, kBN = C::kBN, kS = C::kS, kP = C::kP;
   constexpr int kThreads = C::kThreads, kWN = C::kWN, kQW = C::kQW, kWN2 = C::kWN2, kDW = C::kDW2;
   constexpr int kKT = C::kKT1;
@@ -331,6 +348,7 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
 
   const int nk = kFeat ? (p.d + 15) / 16 : kD / 16, nv = kFeat ? (p.dv + 15) / 16 : kD / 16;
   const float scale_log2 = p.scale * kLog2e;
+  const SoftCap cap(p); /* read only with kCap */
   /* The next item's Q and dO tiles: this thread's copy offsets are computed once, and the tiles'
    * first rows advance by one query block, or from a head's last block to the next head's first. */
   const TileCopy<kBM, kD, kThreads, T> copy_q(tid, p.q_r), copy_do(tid, p.do_r);
@@ -428,10 +446,9 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
                                                         delta, kept(p, words, j), kAtomic);
                 pv[c] = g.p_kept, dsv[c] = g.ds;
               } else {
-                float P = ex2(st[kt][nt][e] * scale_log2 - lse2);
-                if (kCheck && !visible_band(p, hd, i, j)) P = 0.f;
-                pv[c] = P;
-                dsv[c] = P * (dpt[kt][nt][e] - delta);
+                const ElemGrad g = plain_grad<kCap>(st[kt][nt][e], dpt[kt][nt][e], lse2, delta, scale_log2, cap,
+                                                    !kCheck || visible_band(p, hd, i, j));
+                pv[c] = g.p_kept, dsv[c] = g.ds;
               }
             }
             const int col = qm + nt * 8 + (lane & 3) * 2;
@@ -582,12 +599,12 @@ __global__ void dq_convert_kernel(const __grid_constant__ attn_cuda_params p) {
   }
 }
 
-template <typename T, int kD, bool kFeat, bool kAtomic,
+template <typename T, int kD, bool kFeat, bool kAtomic, bool kCap = false,
           typename Ckv = DkvCfg<T, kD, kAtomic ? BwdTraits<kD>::kNWa : BwdTraits<kD>::kNW,
                                 kAtomic ? BwdTraits<kD>::kBNa : BwdTraits<kD>::kBN, BwdTraits<kD>::kBM>>
 attn_status launch_bwd(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
   using Tr = BwdTraits<kD>;
-  auto kv = bwd_dkv_kernel<T, Ckv, kFeat, kAtomic>;
+  auto kv = bwd_dkv_kernel<T, Ckv, kFeat, kAtomic, kCap>;
   ATTN_CUDA_CHECK(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Ckv::kSmem));
   if (kAtomic && p.rows_q > 0)
     ATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, (size_t)(p.rows_q * p.heads_q * p.d) * sizeof(float), stream));
@@ -606,7 +623,7 @@ attn_status launch_bwd(const attn_cuda_params &p, cudaStream_t stream, char *why
   } else {
     using Cq = std::conditional_t<kFeat, DqCfg<T, kD, Tr::kNWq, Tr::kBNq, 1>,
                                   DqCfg<T, kD, Tr::kNWq, Tr::kBNqf, Tr::kMTqf>>;
-    auto q = bwd_dq_kernel<T, Cq, kFeat>;
+    auto q = bwd_dq_kernel<T, Cq, kFeat, kCap>;
     ATTN_CUDA_CHECK(cudaFuncSetAttribute(q, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Cq::kSmem));
     dim3 grid_q((p.seqlen_q + Cq::kBM - 1) / Cq::kBM, p.heads_q, p.batch);
     if (grid_q.x > 0) {
@@ -617,25 +634,31 @@ attn_status launch_bwd(const attn_cuda_params &p, cudaStream_t stream, char *why
   return ATTN_STATUS_OK;
 }
 
-/* p.dq_accum != NULL selects the atomic configuration. Its feature-free kernel double-buffers Q
- * and dO where the device's shared memory allows (Hopper: yes; A100's 163 KB: no), with kBMa
- * query rows per step. */
+/* The feature-free kernels (kFeat = false; the soft cap in their kCap copy). p.dq_accum != NULL
+ * selects the atomic configuration, whose kernel double-buffers Q and dO where the device's shared
+ * memory allows (Hopper: yes; A100's 163 KB: no), with kBMa query rows per step. */
+template <typename T, int kD, bool kCap>
+attn_status run_bwd_plain(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
+  if (p.dq_accum == nullptr) return launch_bwd<T, kD, false, false, kCap>(p, stream, why, why_size);
+  using Tr = BwdTraits<kD>;
+  using C2 = DkvCfg<T, kD, Tr::kNWa, Tr::kBNa, Tr::kBMa, 2, 2>;
+  using C1 = DkvCfg<T, kD, Tr::kNWa, Tr::kBNa, Tr::kBMa, 2, 1>;
+  int dev = 0, smem = 0;
+  ATTN_CUDA_CHECK(cudaGetDevice(&dev));
+  ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if ((size_t)smem >= C2::kSmem) return launch_bwd<T, kD, false, true, kCap, C2>(p, stream, why, why_size);
+  return launch_bwd<T, kD, false, true, kCap, C1>(p, stream, why, why_size);
+}
+
+/* The kernels with every feature only where the feature-free ones cannot (needs_generic): sinks
+ * need nothing of the backward kernels (P comes from lse, which has them; dsinks has its own). */
 template <typename T, int kD> attn_status run_bwd(const attn_cuda_params &p, cudaStream_t stream,
                                                   char *why, size_t why_size) {
-  const bool feat = needs_features(p, kD);
-  if (p.dq_accum != nullptr) {
-    if (feat) return launch_bwd<T, kD, true, true>(p, stream, why, why_size);
-    using Tr = BwdTraits<kD>;
-    using C2 = DkvCfg<T, kD, Tr::kNWa, Tr::kBNa, Tr::kBMa, 2, 2>;
-    using C1 = DkvCfg<T, kD, Tr::kNWa, Tr::kBNa, Tr::kBMa, 2, 1>;
-    int dev = 0, smem = 0;
-    ATTN_CUDA_CHECK(cudaGetDevice(&dev));
-    ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    if ((size_t)smem >= C2::kSmem) return launch_bwd<T, kD, false, true, C2>(p, stream, why, why_size);
-    return launch_bwd<T, kD, false, true, C1>(p, stream, why, why_size);
-  }
-  return feat ? launch_bwd<T, kD, true, false>(p, stream, why, why_size)
-              : launch_bwd<T, kD, false, false>(p, stream, why, why_size);
+  if (needs_generic(p, kD))
+    return p.dq_accum != nullptr ? launch_bwd<T, kD, true, true>(p, stream, why, why_size)
+                                 : launch_bwd<T, kD, true, false>(p, stream, why, why_size);
+  return p.softcap > 0.f ? run_bwd_plain<T, kD, true>(p, stream, why, why_size)
+                         : run_bwd_plain<T, kD, false>(p, stream, why, why_size);
 }
 
 } // namespace attn_cuda

@@ -311,6 +311,13 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+/* 1 / x on the special-function unit (relative error 2^-23). */
+__device__ __forceinline__ float rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -470,6 +477,46 @@ __device__ __forceinline__ void philox_words(const attn_cuda_params &p, int b, i
   const uint32_t key[2] = {(uint32_t)p.seed, (uint32_t)(p.seed >> 32)};
   const uint32_t ctr[4] = {(uint32_t)i, (uint32_t)j >> 2, (uint32_t)h, (uint32_t)b};
   attn_philox4x32_10(ctr, key, r);
+}
+
+/* ---- what the feature-free kernels take ------------------------------------------------------ */
+
+/* The soft cap of the feature-free kernels (kCap), from the raw dot product: y = x_pre / cap,
+ * u = e^(-2|y|), tanh(y) = sign(y) (1 - u) / (1 + u), two special-function instructions (ex2,
+ * rcp) in place of tanhf's full-precision path and an IEEE division per score. u is within ~2^-22
+ * relative, so tanh within ~1.2e-7 absolute and the logit within cap * 1.2e-7 wherever y is
+ * (P within that, relative, plus a few ulps); caps above kMaxCap (no model's: Gemma's is 50) take
+ * the feature kernels' tanhf, so the error stays ~2.5e-4, an eighth of bf16's rounding of P. The
+ * derivative 1 - tanh^2 = 4u / (1 + u)^2 reuses u and has no cancellation near |tanh| = 1
+ * (issue 19). A tiny cap's scale / cap is held to FLT_MAX, so a zero dot product stays 0. */
+struct SoftCap {
+  static constexpr float kMaxCap = 1024.f;
+  float in, out; /* y = dot * in (scale / cap); the logit in log2 units = tanh(y) * out */
+  __device__ __forceinline__ explicit SoftCap(const attn_cuda_params &p)
+      : in(copysignf(fminf(fabsf(p.scale / p.softcap), 3.40282347e38f), p.scale)), out(p.softcap * kLog2e) {}
+  /* the capped logit in log2 units; *slope (when asked) gets d tanh(y) / dy. out (1 - u) is one
+   * FMA; eight instructions in all, two of them on the special-function unit. */
+  __device__ __forceinline__ float logit2(float dot, float *slope = nullptr) const {
+    const float y = dot * in;
+    const float u = ex2(fabsf(y) * (-2.f * kLog2e));
+    const float r = rcp(1.f + u);
+    if (slope != nullptr) *slope = 4.f * u * r * r;
+    return copysignf(fmaf(-u, out, out), y) * r;
+  }
+};
+
+/* Whether a run needs the sm80 kernels with every feature compiled in (kFeat): a per-element
+ * function other than the soft cap (bias, mask, ALiBi, segment ids: the pointers the feature
+ * kernels test), a cap above SoftCap::kMaxCap, dropout, dbias, or head dims below the kernel's
+ * (zero-padded columns). The feature-free kernels take the rest: sinks only seed each row's max
+ * and sum in the forward (the backward recomputes P from lse, which has them, and dsinks is a
+ * kernel of its own), and the soft cap has their kCap copy. Routing those two to the feature
+ * kernels (one m-tile per warp, a test and a call per element, tanhf and a division per score)
+ * cost 2.3x and 10x the plain run's time on an H100 (issue 13). needs_features stays the sm90
+ * forward's test. */
+__host__ __device__ __forceinline__ bool needs_generic(const attn_cuda_params &p, int kd) {
+  return p.bias != nullptr || p.mask != nullptr || p.alibi != nullptr || p.q_seg != nullptr ||
+         p.softcap > SoftCap::kMaxCap || p.dropout_p > 0.f || p.d != kd || p.dv != kd || p.dbias != nullptr;
 }
 
 } // namespace attn_cuda

@@ -20,8 +20,9 @@
 
 namespace attn_cuda {
 
-template <typename T, typename C, bool kFeat>
+template <typename T, typename C, bool kFeat, bool kCap>
 __global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid_constant__ attn_cuda_params p) {
+  static_assert(!(kFeat && kCap), "the feature kernel has the soft cap in logit()");
   constexpr int kD = C::kD, kBM = C::kBM, kBN = C::kBN, kS = C::kS, kMT = C::kMT;
   constexpr int kNT = kBN / 8, kDT = kD / 8, kThreads = C::kThreads;
   constexpr uint32_t kE = sizeof(T); /* bytes per element */
@@ -67,14 +68,16 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid
     row_base[mt][0] = row_base[mt][1] = -INFINITY;
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
   }
-  /* The feature kernel turns scores into log2-unit logits (step 1-3 may be nonlinear); the
-   * feature-free one keeps raw dot products and folds the scale into the exponent's FMA. */
-  const float mult = kFeat ? 1.f : p.scale * kLog2e;
+  /* The feature kernel turns scores into log2-unit logits (step 1-3 may be nonlinear), and so does
+   * the feature-free one's soft-cap copy (kCap); the plain one keeps raw dot products and folds
+   * the scale into the exponent's FMA. */
+  const float mult = kFeat || kCap ? 1.f : p.scale * kLog2e;
+  const SoftCap cap(p); /* read only with kCap */
   constexpr float kRescale = 8.f;
   /* Step 4-5: sinks are logits of the row max and terms of Z, counted once: every thread of a
    * quad starts from their max, and only the first adds their sum (the quad's sums are added at
    * the end). */
-  if (kFeat && p.num_sinks > 0) {
+  if (p.num_sinks > 0) {
     float mx, sum;
     sink_stats(p, h, mx, sum);
 #pragma unroll
@@ -112,6 +115,14 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk)
       if (kk < nk) mma_abt<T, kMT, kBN, kPitch, kPitch>(s, aQ + kk * 16 * kE, aK + kk * 16 * kE);
+    if constexpr (kCap) { /* steps 1-2 on every key: the capped logits, in log2 units */
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] = cap.logit2(s[mt][nt][e]);
+    }
 
     /* Steps 1-3 on the blocks at the band's edges (or with per-element work): -inf where not
      * visible; the feature kernel's logits in log2 units. */
@@ -250,9 +261,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid
   store_rows<T, kMT, kDT, kFeat>(go, p.o_r, acc, inv, lane, sq.len_q - m0 - wrow, p.dv);
 }
 
-template <typename T, typename C, bool kFeat>
+template <typename T, typename C, bool kFeat, bool kCap = false>
 attn_status launch_fwd(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
-  auto kernel = fwd_kernel<T, C, kFeat>;
+  auto kernel = fwd_kernel<T, C, kFeat, kCap>;
   ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmem));
   dim3 grid((p.seqlen_q + C::kBM - 1) / C::kBM, p.heads_q, p.batch);
   kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p);
@@ -260,23 +271,30 @@ attn_status launch_fwd(const attn_cuda_params &p, cudaStream_t stream, char *why
   return ATTN_STATUS_OK;
 }
 
-/* The feature-free kernel (kFeat = false) when the run needs none of the per-element work, the
- * sinks or the zero padding of a smaller head dim: the common case, at far fewer registers. At
- * D = 256 a banded run takes two 4-warp CTAs per SM (BandFwdTraits256). */
-template <typename T, int kD> attn_status run_fwd(const attn_cuda_params &p, cudaStream_t stream,
-                                                  char *why, size_t why_size) {
-  if (needs_features(p, kD)) {
-    using F = FwdTraits<kD>;
-    return launch_fwd<T, FwdCfg<T, kD, F::kNW, F::kMT, F::kBN>, true>(p, stream, why, why_size);
-  }
+/* The feature-free kernel (kFeat = false) when the run needs none of the per-element work but the
+ * soft cap (its kCap copy), no dropout and no zero padding of a smaller head dim (needs_generic):
+ * the common case, at far fewer registers; sinks run there too. At D = 256 a banded run takes two
+ * 4-warp CTAs per SM (BandFwdTraits256). */
+template <typename T, int kD, bool kCap>
+attn_status run_fwd_plain(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
   if constexpr (kD == 256) {
     if (p.window_right >= 0 || p.window_left >= 0) {
       using F = BandFwdTraits256;
-      return launch_fwd<T, FwdCfg<T, kD, F::kNW, F::kMT, F::kBN, F::kMinB>, false>(p, stream, why, why_size);
+      return launch_fwd<T, FwdCfg<T, kD, F::kNW, F::kMT, F::kBN, F::kMinB>, false, kCap>(p, stream, why, why_size);
     }
   }
   using F = FastFwdTraits<kD>;
-  return launch_fwd<T, FwdCfg<T, kD, F::kNW, F::kMT, F::kBN, F::kMinB>, false>(p, stream, why, why_size);
+  return launch_fwd<T, FwdCfg<T, kD, F::kNW, F::kMT, F::kBN, F::kMinB>, false, kCap>(p, stream, why, why_size);
+}
+
+template <typename T, int kD> attn_status run_fwd(const attn_cuda_params &p, cudaStream_t stream,
+                                                  char *why, size_t why_size) {
+  if (needs_generic(p, kD)) {
+    using F = FwdTraits<kD>;
+    return launch_fwd<T, FwdCfg<T, kD, F::kNW, F::kMT, F::kBN>, true>(p, stream, why, why_size);
+  }
+  return p.softcap > 0.f ? run_fwd_plain<T, kD, true>(p, stream, why, why_size)
+                         : run_fwd_plain<T, kD, false>(p, stream, why, why_size);
 }
 
 } // namespace attn_cuda

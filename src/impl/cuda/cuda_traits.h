@@ -28,8 +28,8 @@ template <int kD> struct FwdTraits {
   static constexpr int kNW = kD <= 64 || kD > 128 ? 4 : 8, kMT = 1, kBN = kD <= 128 ? 64 : 32;
 };
 
-/* The feature-free forward (no per-element function, dropout, sinks or padded head dim; see
- * run_fwd), at FlashAttention-2's shapes: up to D = 128 two m-tiles per warp on 4 warps (128-row
+/* The feature-free forward (no per-element function but the soft cap, no dropout or padded head
+ * dim; see run_fwd), at FlashAttention-2's shapes: up to D = 128 two m-tiles per warp on 4 warps (128-row
  * CTAs), so each K and V fragment read from shared memory feeds two mma (one m-tile per warp made
  * the kernel shared-memory bound: 0.56 ldmatrix.x4 per mma), with 128 keys per step at D <= 64
  * and 64 above; past D = 128 one m-tile per warp on 8 warps (two would need 256 accumulator
