@@ -665,17 +665,6 @@ static void load_bf16_row(const cpu_run *c, const void *base, int64_t off, int64
   memset(dst + n, 0, (size_t)(np - n) * sizeof(uint16_t));
 }
 
-/* Requests part `part` of `parts` of [base, base + bytes) into L2 (a hint; no effect on results). */
-static void prefetch_part(const void *base, int64_t bytes, int64_t part, int64_t parts) {
-#if defined(__GNUC__) || defined(__clang__)
-  const int64_t lines = (bytes + 63) / 64;
-  for (int64_t l = lines * part / parts; l < lines * (part + 1) / parts; ++l)
-    __builtin_prefetch((const char *)base + l * 64, 0, 2);
-#else
-  (void)base, (void)bytes, (void)part, (void)parts;
-#endif
-}
-
 /* The forward pass of query block qb of head h. Tables with gemm_bf16 (AMX) multiply bf16 rows:
  * Q rounded once here (exact for bf16 inputs), P written as two bf16 terms by exp_sum_bf16 (as
  * exact as gemm_exact's f32 P: cpu.h), K^T and V packed by cpu_forward; the others multiply the
@@ -719,10 +708,6 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
     const int64_t j0 = kb * bk + off, nkp = round_up(nk, ATTN_CPU_NPAD), npp = round_up(nk, 32);
     const float *kt = kt_all + kb * c->D * bk; /* K^T [D][bk], or its pairs (tiles) */
     const float *v = v_all + kb * bk * c->Dvp; /* V [bk][Dvp], or its pairs (tiles, finite V) */
-    /* The next block's packs, requested a share per row of this block's softmax: every query
-     * block streams its pair's K and V from L3, and the products then find them in L2. */
-    const int64_t kt_bytes = (kb + 1 < kb_hi) * c->D * bk * (tiles ? 2 : 4);
-    const int64_t v_bytes = (kb + 1 < kb_hi) * bk * c->Dvp * (tiles ? 2 : 4);
     if (tiles)
       k->gemm_bf16(rows, nkp, c->D, t->qh, ldqh, 1, (const uint16_t *)kt + 2 * off, 2 * bk, t->s,
                    bk, 0, t->scratch);
@@ -738,8 +723,6 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
     for (int64_t r = 0; r < rows; ++r) {
       float *x = t->s + r * bk;
       uint16_t *ph = t->ph + r * 2 * bk; /* hi in [0, npp), lo in [npp, 2 npp) */
-      prefetch_part(kt + c->D * bk, kt_bytes, r, rows);
-      prefetch_part(v + bk * c->Dvp, v_bytes, r, rows);
       const float m_blk = fused ? k->scale_max(x, nk, c->scale) : k->row_max(x, nk);
       const float m_new = fmaxf(t->m[r], m_blk);
       if (m_new == -INFINITY) { /* nothing visible yet: P = 0 */
