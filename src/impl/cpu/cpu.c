@@ -666,10 +666,12 @@ static void load_bf16_row(const cpu_run *c, const void *base, int64_t off, int64
 }
 
 /* The forward pass of query block qb of head h. Tables with gemm_bf16 (AMX) multiply bf16 rows:
- * Q rounded once here (exact for bf16 inputs), P written as two bf16 terms by exp_sum_bf16 (as
- * exact as gemm_exact's f32 P: cpu.h), K^T and V packed by cpu_forward; the others multiply the
- * f32 tiles with gemm and gemm_exact. Blocks of a V that holds NaN or inf (v_bad) multiply
- * skipping P's zeros, in f32. */
+ * Q rounded once here (exact for bf16 inputs), P written as bf16 by exp_sum_bf16, K^T and V
+ * packed by cpu_forward; the others multiply the f32 tiles with gemm. P V rounds P to bf16 on a
+ * bf16 problem (the bf16 tables' gemm rounds its operands), as FlashAttention does, while l sums
+ * the unrounded P; with sinks it keeps P exact instead (gemm_exact, or on tiles two bf16 terms
+ * hi + lo in one product twice as deep), which dsinks needs: cpu.h's gemm_exact says why. Blocks
+ * of a V that holds NaN or inf (v_bad) multiply skipping P's zeros, in f32. */
 static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t qb,
                           const float *kt_all, const float *v_all, const float *v_bad,
                           const fwd_thread *t) {
@@ -681,6 +683,7 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
   const int64_t bk = c->bk;
   const int tiles = k->gemm_bf16 != NULL;
   const int64_t ldqh = round_up(c->D, 32);
+  const int exact_p = p->num_sinks > 0; /* P V on exact P: gemm_exact, or two bf16 terms */
 
   /* Q block, rows [i0, i0 + rows). The scale s is applied to S = Q K^T in f32, never to Q: the
    * bf16 gemm rounds its operands to bf16, exact for the inputs but not for s * q. */
@@ -722,7 +725,7 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
     }
     for (int64_t r = 0; r < rows; ++r) {
       float *x = t->s + r * bk;
-      uint16_t *ph = t->ph + r * 2 * bk; /* hi in [0, npp), lo in [npp, 2 npp) */
+      uint16_t *ph = t->ph + r * 2 * bk; /* hi in [0, npp), lo (exact_p) in [npp, 2 npp) */
       const float m_blk = fused ? k->scale_max(x, nk, c->scale) : k->row_max(x, nk);
       const float m_new = fmaxf(t->m[r], m_blk);
       if (m_new == -INFINITY) { /* nothing visible yet: P = 0 */
@@ -731,7 +734,8 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
         continue;
       }
       const float alpha = t->m[r] == m_new ? 1.0f : expf(t->m[r] - m_new);
-      const float sum = tiles ? k->exp_sum_bf16(x, nk, m_new, ph, npp) : k->exp_sum(x, nk, m_new);
+      const float sum = tiles ? k->exp_sum_bf16(x, nk, m_new, ph, exact_p ? ph + npp : NULL, npp)
+                              : k->exp_sum(x, nk, m_new);
       t->l[r] = t->l[r] * alpha + sum;
       if (alpha != 1.0f) k->scale(t->o + r * c->Dvp, c->Dvp, alpha);
       t->m[r] = m_new;
@@ -751,15 +755,15 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
           const uint16_t *ph = t->ph + r * 2 * bk;
           for (int64_t jj = 0; jj < nk; ++jj)
             t->s[r * bk + jj] = attn_f32_from_bits((uint32_t)ph[jj] << 16) +
-                                attn_f32_from_bits((uint32_t)ph[npp + jj] << 16);
+                                (exact_p ? attn_f32_from_bits((uint32_t)ph[npp + jj] << 16) : 0.0f);
         }
       pv_skipping_zeros(rows, nk, c->Dvp, t->s, bk, v + off * c->Dvp, t->o);
     } else if (tiles) {
-      k->gemm_bf16(rows, c->Dvp, nk, t->ph, 2 * bk, 2, (const uint16_t *)v + off * c->Dvp,
-                   2 * c->Dvp, t->o, c->Dvp, 1, t->scratch);
+      k->gemm_bf16(rows, c->Dvp, nk, t->ph, 2 * bk, exact_p ? 2 : 1,
+                   (const uint16_t *)v + off * c->Dvp, 2 * c->Dvp, t->o, c->Dvp, 1, t->scratch);
     } else {
-      k->gemm_exact(rows, c->Dvp, nk, t->s, bk, 0, v + off * c->Dvp, c->Dvp, t->o, c->Dvp, 1,
-                    t->scratch);
+      (exact_p ? k->gemm_exact : k->gemm)(rows, c->Dvp, nk, t->s, bk, 0, v + off * c->Dvp, c->Dvp,
+                                          t->o, c->Dvp, 1, t->scratch);
     }
   }
 

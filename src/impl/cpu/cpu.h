@@ -40,13 +40,14 @@ typedef struct attn_cpu_kernels {
   void (*gemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
                const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate, void *scratch);
   /* The same product with f32 operands, never rounded (= gemm except in the avx512bf16 table; NULL
-   * in the AMX table, whose forward takes gemm_bf16): the forward pass's P V uses it, so out (and
-   * through Delta = dout . out, dsinks) keeps f32 probabilities. Rounding P there to bf16, as
-   * FlashAttention does, is not within SPEC.md's bf16 tolerance of dsinks: a single sum over every
-   * row, its error then is a random draw of the same size as the naive run's, which the rule's
-   * 3x bound exceeds in about one test_compare seed of eight (e.g. ATTN_TEST_SEED=724828578,
-   * everything-packed: dsinks error 4.3e-3 against a bound of 3.8e-3; golden sinks_many_long:
-   * 4.1e-3 against 3.4e-3). */
+   * in the AMX table, whose forward takes gemm_bf16): the forward pass's P V of a problem with
+   * sinks uses it, so out (and through Delta = dout . out, dsinks) keeps f32 probabilities.
+   * Rounding P to bf16 there, as FlashAttention does, is within SPEC.md's bf16 tolerance for out,
+   * lse, dq, dk and dv (whose errors are maxima over many elements, each as large as the naive
+   * run's), but not for dsinks: a single sum over every row, its error is then one random draw
+   * of the naive run's size, which the rule's 3x bound misses in about one test_compare seed of
+   * eight (e.g. ATTN_TEST_SEED=724828578, everything-packed: dsinks error 4.3e-3 against a bound
+   * of 3.8e-3; golden sinks_many_long: 4.1e-3 against 3.4e-3). Problems without sinks take gemm. */
   void (*gemm_exact)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
                      const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
                      void *scratch);
@@ -60,8 +61,8 @@ typedef struct attn_cpu_kernels {
    * gemm_packed with A packed too, as `terms` (1 or 2) bf16 terms side by side in each row: with
    * kp = k rounded up to 32, C (+)= sum_t A_t B where A_t(r, kk) = a[r * lda + t * kp + kk], zero
    * for k <= kk < kp, and round_up(m, 16) rows readable (those past m are ignored). The forward
-   * multiplies its query block (one term, packed once) and its probabilities (two terms, hi + lo:
-   * gemm_exact's accuracy) with it. */
+   * multiplies its query block (one term, packed once) and its probabilities with it (one bf16
+   * term, or with sinks two, hi + lo: gemm_exact's accuracy). */
   void (*pack_b)(const float *b, int64_t ldb, int64_t k, int64_t n, uint16_t *out, int64_t ldo);
   void (*gemm_packed)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
                       const uint16_t *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
@@ -70,10 +71,10 @@ typedef struct attn_cpu_kernels {
                     const uint16_t *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
                     void *scratch);
   /* Optional, with gemm_bf16: exp_sum for the forward's P V on bf16 tiles. With e_j = exp(x[j] -
-   * m): p[j] = hi_j = bf16(e_j) and p[np + j] = bf16(e_j - hi_j) (nearest even: 16 significant
-   * bits together) for j < n, both 0 for n <= j < np; returns the sum of the e_j. x is left as it
-   * was. */
-  float (*exp_sum_bf16)(const float *x, int64_t n, float m, uint16_t *p, int64_t np);
+   * m): hi[j] = bf16(e_j) and, unless lo is NULL, lo[j] = bf16(e_j - hi[j]) (nearest even: 16
+   * significant bits together) for j < n, both 0 for n <= j < np; returns the sum of the e_j
+   * (unrounded). x is left as it was. */
+  float (*exp_sum_bf16)(const float *x, int64_t n, float m, uint16_t *hi, uint16_t *lo, int64_t np);
   /* Optional (NULL: scale, then row_max): x[j] *= s for j < n, returning the max of the result;
    * one pass where a block needs no mask between the two. */
   float (*scale_max)(float *x, int64_t n, float s);
@@ -143,7 +144,8 @@ void attn_cpu_gemm_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64
                           void *scratch);
 float attn_cpu_row_max_avx512(const float *x, int64_t n);
 float attn_cpu_exp_sum_avx512(float *x, int64_t n, float m);
-float attn_cpu_exp_sum_bf16_avx512(const float *x, int64_t n, float m, uint16_t *p, int64_t np);
+float attn_cpu_exp_sum_bf16_avx512(const float *x, int64_t n, float m, uint16_t *hi, uint16_t *lo,
+                                   int64_t np);
 float attn_cpu_scale_max_avx512(float *x, int64_t n, float s);
 void attn_cpu_scale_avx512(float *x, int64_t n, float s);
 void attn_cpu_ds_row_avx512(float *dp, const float *p, int64_t n, float delta);
