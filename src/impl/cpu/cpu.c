@@ -784,7 +784,7 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
   }
 }
 
-/* Packs key block kb of pair pr into its slot: K^T and V in f32, or (tables with gemm_bf16) as
+/* Packs key block kb of a pair into its slot: K^T and V in f32, or (tables with gemm_bf16) as
  * pack_b's pairs through tmp, in the f32 block's place (they take at most as many bytes). A block
  * whose V holds NaN or inf keeps V in f32 for forward_block's slow path, which a tile product
  * cannot take (0 * inf is NaN there too), and says so in v_bad[kb]. */
