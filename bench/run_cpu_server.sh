@@ -10,7 +10,10 @@
 #   BUILD_DIR  default build-server (configured here: Release, ATTN_WITH_CUDA=OFF, ATTN_WITH_CUDNN=OFF)
 # Environment: THREADS (default: nproc), GOLDEN (the golden folder; default shared/golden or
 # ../shared/golden, skipped with a line if neither exists), REPS (default 5); T_MAIN (4096) and
-# T_SCALE (2048), the sequence lengths of the tables (small values make a quick trial of the script).
+# T_SCALE (2048), the sequence lengths of the tables (small values make a quick trial of the script);
+# PARTS (default "tests main f16 scaling config"): the parts to run, for a shorter call; MAIN_DTYPES
+# ("f32 bf16") and MAIN_ISAS ("auto avx512bf16"): the main table's rows; CONFIGS ("bq64_bk256
+# bq128_bk256") and CONFIG_DTYPES ("f32 bf16"): the block sizes compared at d128.
 #
 # Writes to OUT_DIR: machine.txt, build.log, test_compare.log, golden_<isa>.log, main.log/.csv (the
 # table against PyTorch), scaling.log/.csv (1 thread and all), config.log (bq128 against the
@@ -20,6 +23,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 out=${1:-${OUT:-cpu-server-out}} python=${2:-python3} build=${3:-build-server}
 threads=${THREADS:-$(nproc)} reps=${REPS:-5} t_main=${T_MAIN:-4096} t_scale=${T_SCALE:-2048}
+parts=${PARTS:-tests main f16 scaling config}
+want() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$root" || exit 1
@@ -50,6 +55,7 @@ if ! { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DATTN_WITH_CUDA=OFF -D
 fi
 say "build: ok, $(grep -c 'warning:' "$out/build.log") compiler warnings (build.log); AMX compiled: $(grep -q 'ATTN_CC_HAS_AMX:INTERNAL=1' "$build/CMakeCache.txt" && echo yes || echo no)"
 
+if want tests; then
 # ---- tests: every kernel table against the f64 reference ----
 # test_compare runs the cpu implementation once per table (auto, avx512, avx2, generic, and for bf16
 # avx512bf16 and amx), on 1 and 2 threads; a table the machine lacks is reported as skipped.
@@ -74,20 +80,27 @@ if [ -n "$golden" ]; then
 else
   say "golden: skipped (no shared/golden or ../shared/golden; set GOLDEN=folder)"
 fi
+fi
 
 # ---- the table against PyTorch, all threads: f32 (auto) and bf16 (auto = amx, and avx512bf16) ----
-stamp "main table"
 rm -f "$out/main.csv" "$out/scaling.csv"
-CSV=$out/main.csv T=$t_main ISAS="auto avx512bf16" timeout 420 sh "$here/run_cpu.sh" "$build" "$python" "$threads" "$reps" 1 > "$out/main.log" 2>&1
+if want main; then
+stamp "main table"
+CSV=$out/main.csv T=$t_main DTYPES="${MAIN_DTYPES:-f32 bf16}" ISAS="${MAIN_ISAS:-auto avx512bf16}" \
+  timeout 420 sh "$here/run_cpu.sh" "$build" "$python" "$threads" "$reps" 1 > "$out/main.log" 2>&1
 say ""
 say "## B=1 Hq=16 T=$t_main, $threads threads (speedup = torch time / libattn time; config@table)"
 sed -n '/^| problem/,$p' "$out/main.log" | tee -a "$summary"
+fi
 
+if want f16; then
 stamp "f16"
 CSV=$out/main.csv T=$t_main DTYPES=f16 DIMS=128 CAUSALS=0 timeout 120 sh "$here/run_cpu.sh" "$build" "$python" "$threads" 3 1 > "$out/f16.log" 2>&1
 sed -n '/^| problem/,$p' "$out/f16.log" | tail -n +3 | tee -a "$summary"
+fi
 
 # ---- scaling: 1 thread against all, T=2048 by default (a quarter of the work: one thread stays short) ----
+if want scaling; then
 stamp "scaling"
 CSV=$out/scaling.csv T=$t_scale DTYPES="f32 bf16" DIMS=128 timeout 300 sh "$here/run_cpu.sh" "$build" none "1 $threads" 3 1 > "$out/scaling.log" 2>&1
 say ""
@@ -103,12 +116,14 @@ awk -F, -v n="$threads" '
             printf "| %s | %.1f | %.1f | %.0f%% | %.1f | %.1f | %.0f%% |\n", k, f1[k] * 1e3, fn[k] * 1e3,
                    100 * f1[k] / (n * fn[k]), b1[k] * 1e3, bn[k] * 1e3, 100 * b1[k] / (n * bn[k]) } }' \
   "$out/scaling.csv" | tee -a "$summary"
+fi
 
-# ---- configuration: 128-row query blocks against the default 64 at d128 ----
+# ---- configuration: block sizes at d128 (by default 128-row query blocks against 64) ----
+if want config; then
 stamp "config"
 {
-  for dt in f32 bf16; do
-    for cfg in bq64_bk256 bq128_bk256; do
+  for dt in ${CONFIG_DTYPES:-f32 bf16}; do
+    for cfg in ${CONFIGS:-bq64_bk256 bq128_bk256}; do
       "$build/bench/cpu_bench" --t "$t_main" --hq 16 --d 128 --dtype "$dt" --threads "$threads" --reps 3 \
         --config "$cfg" --no-check --csv
     done
@@ -117,5 +132,6 @@ stamp "config"
 say ""
 say "## block sizes, d128 non-causal, $threads threads (problem, config@table, fwd s, bwd s, fwd GFLOP/s, bwd GFLOP/s)"
 cut -d, -f2,3,5,6,7,8 "$out/config.log" | tee -a "$summary"
+fi
 stamp "done"
 say "logs: $out"

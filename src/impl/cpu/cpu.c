@@ -4,7 +4,7 @@
  *
  * Forward (per phase, a group of (batch, kv head) pairs whose packed K/V fits a memory budget):
  *   1. pack K^T in key blocks ([D][bk] per block) and V ([Tk][Dv padded]) as f32 (as bf16 pairs
- *      for a table with pack_b: AMX), once per call;
+ *      for a table with gemm_bf16: AMX), once per call;
  *   2. threads take (pair, query head of the group, query block) items dynamically, heaviest first;
  *      each loads its query block and walks the key blocks its causal mask / window
  *      can see: S = s Q K^T (gemm, then the scale in f32), per-element features (bias, ALiBi, soft cap, masks) only where
@@ -435,8 +435,8 @@ static void query_row_range(const cpu_run *c, const cpu_seq *s, int64_t j0, int6
 
 /* Floats of each region, each rounded to 16 floats (64 bytes). */
 typedef struct fwd_layout {
-  int64_t slot;       /* packed K^T and V of one pair */
-  int64_t per_thread; /* Q, S, O tiles, m, l */
+  int64_t slot;       /* packed K^T and V of one pair, and per key block whether its V is finite */
+  int64_t per_thread; /* Q, S, O tiles, m, l, and Q and P as bf16 rows (tables with gemm_bf16) */
 } fwd_layout;
 
 typedef struct bwd_layout {
@@ -465,10 +465,11 @@ static fwd_layout fwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
   const int64_t Dp = round_up(D, ATTN_CPU_NPAD);
   const int64_t nkb = (p->seqlen_k + bk - 1) / bk;
   fwd_layout l;
-  l.slot = round_up(nkb * bk * D, 16) + round_up(nkb * bk * Dvp, 16);
+  l.slot = round_up(nkb * bk * D, 16) + round_up(nkb * bk * Dvp, 16) + round_up(nkb, 16);
   l.per_thread = round_up(bq * Dp, 16) + round_up(bq * bk, 16) + round_up(bq * Dvp, 16) +
                  2 * round_up(bq, 16) + gemm_scratch_floats(p, bq, bk) +
-                 round_up(max64(D * bk, bk * Dvp), 16); /* f32 block before pack_b */
+                 round_up(max64(D * bk, bk * Dvp), 16) + /* f32 block before pack_b */
+                 round_up(bq * round_up(D, 32) / 2, 16) + round_up(bq * bk, 16);
   return l;
 }
 
@@ -645,12 +646,34 @@ static void pv_skipping_zeros(int64_t rows, int64_t nk, int64_t dvp, const float
 
 typedef struct fwd_thread {
   float *q, *s, *o, *m, *l;
-  float *tmp;    /* a key block in f32 before pack_b */
-  void *scratch; /* gemm's */
+  float *tmp;          /* a key block in f32 before pack_b */
+  uint16_t *qh, *ph;   /* Q [bq][round_up(D, 32)], P [bq][2 bk] (hi, lo) as bf16 (gemm_bf16) */
+  void *scratch;       /* gemm's */
 } fwd_thread;
 
+/* dst[d] = the bf16 of element d of a row of the run's dtype (the bits themselves for bf16: exact)
+ * for d < n, zero for n <= d < np. */
+static void load_bf16_row(const cpu_run *c, const void *base, int64_t off, int64_t stride,
+                          int64_t n, int64_t np, uint16_t *dst) {
+  if (c->dt == ATTN_DTYPE_BF16 && stride == 1) {
+    memcpy(dst, (const uint16_t *)base + off, (size_t)n * sizeof(uint16_t));
+  } else {
+    for (int64_t d = 0; d < n; ++d)
+      dst[d] = c->dt == ATTN_DTYPE_BF16 ? ((const uint16_t *)base)[off + d * stride]
+                                        : attn_inline_f32_to_bf16(load1(base, c->dt, off + d * stride));
+  }
+  memset(dst + n, 0, (size_t)(np - n) * sizeof(uint16_t));
+}
+
+/* The forward pass of query block qb of head h. Tables with gemm_bf16 (AMX) multiply bf16 rows:
+ * Q rounded once here (exact for bf16 inputs), P written as bf16 by exp_sum_bf16, K^T and V
+ * packed by cpu_forward; the others multiply the f32 tiles with gemm. P V rounds P to bf16 on a
+ * bf16 problem (the bf16 tables' gemm rounds its operands), as FlashAttention does, while l sums
+ * the unrounded P; with sinks it keeps P exact instead (gemm_exact, or on tiles two bf16 terms
+ * hi + lo in one product twice as deep), which dsinks needs: cpu.h's gemm_exact says why. Blocks
+ * of a V that holds NaN or inf (v_bad) multiply skipping P's zeros, in f32. */
 static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t qb,
-                          const float *kt_all, const float *v_all, int v_nonfinite,
+                          const float *kt_all, const float *v_all, const float *v_bad,
                           const fwd_thread *t) {
   const attn_problem *p = c->p;
   const attn_inputs *in = c->in;
@@ -658,13 +681,18 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
   const attn_cpu_kernels *k = c->kern;
   const int64_t i0 = qb * c->bq, rows = min64(c->bq, s->s.len_q - i0);
   const int64_t bk = c->bk;
+  const int tiles = k->gemm_bf16 != NULL;
+  const int64_t ldqh = round_up(c->D, 32);
+  const int exact_p = p->num_sinks > 0; /* P V on exact P: gemm_exact, or two bf16 terms */
 
   /* Q block, rows [i0, i0 + rows). The scale s is applied to S = Q K^T in f32, never to Q: the
    * bf16 gemm rounds its operands to bf16, exact for the inputs but not for s * q. */
   const int64_t qds = token_dstride(c, &in->q);
-  for (int64_t r = 0; r < rows; ++r)
-    load_vec(c, in->q.data, token_off(c, &in->q, s->b, s->s.q_row0 + i0 + r, h), qds, c->D,
-             1.0f, t->q + r * c->Dp);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t qoff = token_off(c, &in->q, s->b, s->s.q_row0 + i0 + r, h);
+    if (tiles) load_bf16_row(c, in->q.data, qoff, qds, c->D, ldqh, t->qh + r * ldqh);
+    else load_vec(c, in->q.data, qoff, qds, c->D, 1.0f, t->q + r * c->Dp);
+  }
   memset(t->o, 0, (size_t)(rows * c->Dvp) * sizeof(float));
   /* Sinks enter the running max and sum once, here. */
   for (int64_t r = 0; r < rows; ++r) {
@@ -680,41 +708,63 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
     int64_t off, nk;
     trim_block(c, s, i0, rows, kb * bk, min64(bk, s->s.len_k - kb * bk), &off, &nk);
     if (nk == 0) continue;
-    const int64_t j0 = kb * bk + off, nkp = round_up(nk, ATTN_CPU_NPAD);
-    const float *kt = kt_all + kb * c->D * bk + off;
-    const float *v = v_all + (kb * bk + off) * c->Dvp;
-    if (k->gemm_packed != NULL)
-      k->gemm_packed(rows, nkp, c->D, t->q, c->Dp, 0, (const uint16_t *)(kt_all + kb * c->D * bk) + 2 * off,
-                     2 * bk, t->s, bk, 0, 0, t->scratch);
+    const int64_t j0 = kb * bk + off, nkp = round_up(nk, ATTN_CPU_NPAD), npp = round_up(nk, 32);
+    const float *kt = kt_all + kb * c->D * bk; /* K^T [D][bk], or its pairs (tiles) */
+    const float *v = v_all + kb * bk * c->Dvp; /* V [bk][Dvp], or its pairs (tiles, finite V) */
+    if (tiles)
+      k->gemm_bf16(rows, nkp, c->D, t->qh, ldqh, 1, (const uint16_t *)kt + 2 * off, 2 * bk, t->s,
+                   bk, 0, t->scratch);
     else
-      k->gemm(rows, nkp, c->D, t->q, c->Dp, 0, kt, bk, t->s, bk, 0, t->scratch);
-    for (int64_t r = 0; r < rows; ++r) k->scale(t->s + r * bk, nk, c->scale);
-    apply_masks(c, s, h, i0, rows, j0, nk, t->s, bk, NULL);
+      k->gemm(rows, nkp, c->D, t->q, c->Dp, 0, kt + off, bk, t->s, bk, 0, t->scratch);
+    /* S = s Q K^T, masked. Scaling and the row max are one pass where no mask comes between. */
+    const int fused = k->scale_max != NULL && !c->features &&
+                      window_covers(c, s, i0, rows, j0, nk);
+    if (!fused) {
+      for (int64_t r = 0; r < rows; ++r) k->scale(t->s + r * bk, nk, c->scale);
+      apply_masks(c, s, h, i0, rows, j0, nk, t->s, bk, NULL);
+    }
     for (int64_t r = 0; r < rows; ++r) {
       float *x = t->s + r * bk;
-      const float m_new = fmaxf(t->m[r], k->row_max(x, nk));
+      uint16_t *ph = t->ph + r * 2 * bk; /* hi in [0, npp), lo (exact_p) in [npp, 2 npp) */
+      const float m_blk = fused ? k->scale_max(x, nk, c->scale) : k->row_max(x, nk);
+      const float m_new = fmaxf(t->m[r], m_blk);
       if (m_new == -INFINITY) { /* nothing visible yet: P = 0 */
-        memset(x, 0, (size_t)nk * sizeof(float));
+        if (tiles) memset(ph, 0, (size_t)(2 * npp) * sizeof(uint16_t));
+        else memset(x, 0, (size_t)nk * sizeof(float));
         continue;
       }
       const float alpha = t->m[r] == m_new ? 1.0f : expf(t->m[r] - m_new);
-      t->l[r] = t->l[r] * alpha + k->exp_sum(x, nk, m_new);
+      const float sum = tiles ? k->exp_sum_bf16(x, nk, m_new, ph, exact_p ? ph + npp : NULL, npp)
+                              : k->exp_sum(x, nk, m_new);
+      t->l[r] = t->l[r] * alpha + sum;
       if (alpha != 1.0f) k->scale(t->o + r * c->Dvp, c->Dvp, alpha);
       t->m[r] = m_new;
       if (c->dropout) { /* P' = 0 where dropped; keep_scale is applied with 1 / l at the end */
         uint8_t keep[MAX_BK];
         dropout_keep(c, s->b, h, i0 + r, j0, nk, keep);
-        for (int64_t jj = 0; jj < nk; ++jj) x[jj] = keep[jj] ? x[jj] : 0.0f;
+        for (int64_t jj = 0; jj < nk; ++jj) {
+          if (keep[jj]) continue;
+          if (tiles) ph[jj] = ph[npp + jj] = 0;
+          else x[jj] = 0.0f;
+        }
       }
     }
-    if (v_nonfinite) /* V in f32 here, even for a table with gemm_packed (cpu_forward) */
-      pv_skipping_zeros(rows, nk, c->Dvp, t->s, bk, v, t->o);
-    else if (k->gemm_packed != NULL)
-      k->gemm_packed(rows, c->Dvp, nk, t->s, bk, 0,
-                     (const uint16_t *)(v_all + kb * bk * c->Dvp) + off * c->Dvp, 2 * c->Dvp, t->o,
-                     c->Dvp, 1, 1, t->scratch);
-    else
-      k->gemm_exact(rows, c->Dvp, nk, t->s, bk, 0, v, c->Dvp, t->o, c->Dvp, 1, t->scratch);
+    if (v_bad[kb] != 0.0f) { /* V of this block in f32 (cpu_forward), P in f32 */
+      if (tiles)
+        for (int64_t r = 0; r < rows; ++r) {
+          const uint16_t *ph = t->ph + r * 2 * bk;
+          for (int64_t jj = 0; jj < nk; ++jj)
+            t->s[r * bk + jj] = attn_f32_from_bits((uint32_t)ph[jj] << 16) +
+                                (exact_p ? attn_f32_from_bits((uint32_t)ph[npp + jj] << 16) : 0.0f);
+        }
+      pv_skipping_zeros(rows, nk, c->Dvp, t->s, bk, v + off * c->Dvp, t->o);
+    } else if (tiles) {
+      k->gemm_bf16(rows, c->Dvp, nk, t->ph, 2 * bk, exact_p ? 2 : 1,
+                   (const uint16_t *)v + off * c->Dvp, 2 * c->Dvp, t->o, c->Dvp, 1, t->scratch);
+    } else {
+      (exact_p ? k->gemm_exact : k->gemm)(rows, c->Dvp, nk, t->s, bk, 0, v + off * c->Dvp, c->Dvp,
+                                          t->o, c->Dvp, 1, t->scratch);
+    }
   }
 
   const int64_t ods = token_dstride(c, &out->out);
@@ -734,6 +784,27 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
   }
 }
 
+/* Packs key block kb of a pair into its slot: K^T and V in f32, or (tables with gemm_bf16) as
+ * pack_b's pairs through tmp, in the f32 block's place (they take at most as many bytes). A block
+ * whose V holds NaN or inf keeps V in f32 for forward_block's slow path, which a tile product
+ * cannot take (0 * inf is NaN there too), and says so in v_bad[kb]. */
+static void forward_pack(const cpu_run *c, const cpu_seq *s, int64_t kb, float *kt, float *v,
+                         float *v_bad, float *tmp) {
+  const attn_cpu_kernels *k = c->kern;
+  int bad;
+  if (k->gemm_bf16 == NULL) {
+    bad = pack_kv_block(c, s, kb, kt, v);
+  } else {
+    const int64_t nk = min64(c->bk, s->s.len_k - kb * c->bk);
+    pack_kv_block(c, s, kb, tmp, NULL);
+    k->pack_b(tmp, c->bk, c->D, c->bk, (uint16_t *)kt, 2 * c->bk);
+    bad = pack_kv_block(c, s, kb, NULL, tmp);
+    if (bad) memcpy(v, tmp, (size_t)(nk * c->Dvp) * sizeof(float));
+    else k->pack_b(tmp, c->Dvp, nk, c->Dvp, (uint16_t *)v, 2 * c->Dvp);
+  }
+  v_bad[kb] = bad ? 1.0f : 0.0f;
+}
+
 static attn_status cpu_forward(const attn_run *run) {
   attn_paged_append(run->problem, run->inputs); /* a paged cache's new rows first */
   /* The decode path knows no global positions (run->positions, a block of a sharded problem). */
@@ -747,11 +818,12 @@ static attn_status cpu_forward(const attn_run *run) {
   float *packs = ws;
   float *thread_base = ws + c.chunk * lay.slot;
   c.nthreads = run_threads(run, c.chunk * lay.slot, lay.per_thread);
+  /* A slot: K^T blocks, V blocks, v_bad per block */
   const int64_t kt_size = round_up(c.nkb * c.bk * c.D, 16);
+  const int64_t v_size = round_up(c.nkb * c.bk * c.Dvp, 16);
 
   forward_outside_rows(&c, run->outputs);
   const int64_t nphases = (c.npairs + c.chunk - 1) / c.chunk;
-  int v_nonfinite = 0; /* some packed V holds NaN or inf: P V skips P's zeros (forward_block) */
 
 #ifdef _OPENMP
 #pragma omp parallel num_threads(c.nthreads)
@@ -765,7 +837,9 @@ static attn_status cpu_forward(const attn_run *run) {
     t.m = t.o + round_up(c.bq * c.Dvp, 16);
     t.l = t.m + round_up(c.bq, 16);
     t.tmp = t.l + round_up(c.bq, 16);
-    t.scratch = t.tmp + round_up(max64(c.D * c.bk, c.bk * c.Dvp), 16);
+    t.qh = (uint16_t *)(t.tmp + round_up(max64(c.D * c.bk, c.bk * c.Dvp), 16));
+    t.ph = t.qh + 2 * round_up(c.bq * round_up(c.D, 32) / 2, 16);
+    t.scratch = (float *)t.ph + round_up(c.bq * c.bk, 16);
     for (int64_t ph = 0; ph < nphases; ++ph) {
       const int64_t pair0 = ph * c.chunk, npair = min64(c.chunk, c.npairs - pair0);
       const int64_t npack = npair * c.nkb;
@@ -777,42 +851,8 @@ static attn_status cpu_forward(const attn_run *run) {
         const cpu_seq s = make_seq(&c, pair0 + pr);
         if (kb * c.bk >= s.s.len_k) continue;
         float *slot = packs + pr * lay.slot;
-        float *kt = slot + kb * c.D * c.bk, *v = slot + kt_size + kb * c.bk * c.Dvp;
-        int bad;
-        if (c.kern->pack_b == NULL) {
-          bad = pack_kv_block(&c, &s, kb, kt, v);
-        } else { /* as bf16 pairs, in the f32 block's place (they take at most as many bytes) */
-          const int64_t nk = min64(c.bk, s.s.len_k - kb * c.bk);
-          pack_kv_block(&c, &s, kb, t.tmp, NULL);
-          c.kern->pack_b(t.tmp, c.bk, c.D, c.bk, (uint16_t *)kt, 2 * c.bk);
-          bad = pack_kv_block(&c, &s, kb, NULL, t.tmp);
-          c.kern->pack_b(t.tmp, c.Dvp, nk, c.Dvp, (uint16_t *)v, 2 * c.Dvp);
-        }
-        if (bad) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-          v_nonfinite = 1;
-        }
-      }
-      /* read after the loop's barrier, so every pack has reported */
-      int v_bad;
-#ifdef _OPENMP
-#pragma omp atomic read
-#endif
-      v_bad = v_nonfinite;
-      if (v_bad && c.kern->pack_b != NULL) {
-        /* V back in f32 in its slots for forward_block's slow path, which a bf16 tile product
-         * cannot take: 0 * inf is NaN there too. Only runs whose V holds NaN or inf pay. */
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic, 1)
-#endif
-        for (int64_t it = 0; it < npack; ++it) {
-          const int64_t pr = it / c.nkb, kb = it % c.nkb;
-          const cpu_seq s = make_seq(&c, pair0 + pr);
-          if (kb * c.bk >= s.s.len_k) continue;
-          pack_kv_block(&c, &s, kb, NULL, packs + pr * lay.slot + kt_size + kb * c.bk * c.Dvp);
-        }
+        forward_pack(&c, &s, kb, slot + kb * c.D * c.bk, slot + kt_size + kb * c.bk * c.Dvp,
+                     slot + kt_size + v_size, t.tmp);
       }
       /* Heaviest first: later query blocks see more keys under a bottom-right causal mask. */
       const int64_t nwork = npair * c.group * c.nqb;
@@ -825,7 +865,8 @@ static attn_status cpu_forward(const attn_run *run) {
         const cpu_seq s = make_seq(&c, pair0 + pr);
         if (qb * c.bq >= s.s.len_q) continue;
         const float *slot = packs + pr * lay.slot;
-        forward_block(&c, &s, s.g * c.group + hh, qb, slot, slot + kt_size, v_bad, &t);
+        forward_block(&c, &s, s.g * c.group + hh, qb, slot, slot + kt_size, slot + kt_size + v_size,
+                      &t);
       }
     }
   }
@@ -943,7 +984,7 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
                  1.0f, t->dout + r * c->Dvp);
       }
       if (packed)
-        k->gemm_packed(rows, tnkp, c->D, t->q, c->Dp, 0, t->ktp + 2 * off, 2 * bk, t->sp, bk, 0, 0,
+        k->gemm_packed(rows, tnkp, c->D, t->q, c->Dp, 0, t->ktp + 2 * off, 2 * bk, t->sp, bk, 0,
                        t->scratch);
       else
         k->gemm(rows, tnkp, c->D, t->q, c->Dp, 0, t->kt + off, bk, t->sp, bk, 0, t->scratch);
@@ -951,7 +992,7 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
       apply_masks(c, s, h, i0, rows, tj0, tnk, t->sp, bk, t->dc);
       if (packed)
         k->gemm_packed(rows, tnkp, c->Dv, t->dout, c->Dvp, 0, t->vtp + 2 * off, 2 * bk, t->dp, bk,
-                       0, 0, t->scratch);
+                       0, t->scratch);
       else
         k->gemm(rows, tnkp, c->Dv, t->dout, c->Dvp, 0, t->vt + off, bk, t->dp, bk, 0, t->scratch);
       for (int64_t r = 0; r < rows; ++r) {
@@ -990,7 +1031,7 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
       lock_dq(sh, unit);
       if (packed)
         k->gemm_packed(rows, c->Dp, tnk, t->dp, bk, 0, t->krp + off * c->Dp, 2 * c->Dp,
-                       dq + i0 * c->Dp, c->Dp, 1, 0, t->scratch);
+                       dq + i0 * c->Dp, c->Dp, 1, t->scratch);
       else
         k->gemm(rows, c->Dp, tnk, t->dp, bk, 0, t->kr + off * c->Dp, c->Dp, dq + i0 * c->Dp, c->Dp, 1, t->scratch);
       unlock_dq(sh, unit);

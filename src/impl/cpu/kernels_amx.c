@@ -7,18 +7,22 @@
  *
  * One tdpbf16ps multiplies a 16 x 32 bf16 tile of A by a 32 x 16 bf16 tile of B (stored as 16 rows
  * of 16 column pairs: the "VNNI" layout, B[2p + t][c] at row p, word c, half t) into a 16 x 16 f32
- * tile: 8192 multiply-adds, 16 times vdpbf16ps. The driver hands f32 tiles (it is shared with the
- * f32 path), so each call first rounds its operands to bf16 into the scratch: A as rows [mp][kp]
- * (k padded to 32 with zeros), B as pair rows [kp / 2][n][2]. Then 32 x 32 blocks of C (four
+ * tile: 8192 multiply-adds, 16 times vdpbf16ps. gemm and gemm_packed take f32 operands (the
+ * driver is shared with the f32 path) and first round them to bf16 into the scratch: A as rows
+ * [mp][kp] (k padded to 32 with zeros), B as pair rows [kp / 2][n][2]. Then 32 x 32 blocks of C (four
  * accumulator tiles) walk k in steps of 32 with two A and two B tiles: tiles 0-3 hold C, 4-5 A,
  * 6-7 B, all 16 rows x 64 bytes. Edge blocks (m or n not a multiple of 32) run one tile at a time,
  * through a 16 x 16 staging buffer when fewer than 16 rows of C exist.
  *
  * Accuracy, as kernels_avx512bf16.c: rounding is exact for the bf16 inputs (the driver scales S in
- * f32, never q); P and dS are rounded, as FlashAttention's bf16 kernels do; sums are f32. The
- * forward's P V (gemm_exact) must not round P (cpu.h says why): it splits A = hi + lo, two bf16
- * terms whose sum holds 16 bits of A's significand (relative error <= 2^-17), and multiplies
- * [hi | lo] by [B ; B], one product twice as deep; B (V) is exact in bf16.
+ * f32, never q); the backward's P and dS are rounded, as FlashAttention's bf16 kernels do; sums are
+ * f32. The forward's P V must not round P (cpu.h's gemm_exact says why): P comes as two bf16
+ * terms, hi + lo (16 significant bits, relative error <= 2^-17), multiplied by V in one product
+ * twice as deep ([hi | lo] [V ; V]); V is exact in bf16.
+ *
+ * The forward (cpu.c) uses gemm_bf16: its query block is rounded to bf16 rows once per block and
+ * its probabilities are written as bf16 terms by exp_sum_bf16 in the exp pass itself, so neither
+ * is repacked per product, and K^T and V are pair rows packed once per call (pack_b).
  *
  * ATTN_CPU_AMX_EMULATE (a development switch: cmake -DATTN_CPU_AMX_EMULATE=ON) replaces the five
  * tile instructions by C on a per-thread array of tiles and declares AMX usable, so the packing,
@@ -32,6 +36,7 @@
 #include <string.h>
 
 #if defined(ATTN_CPU_AMX_BUILD) || defined(ATTN_CPU_AMX_EMULATE)
+#define AMX_TILES 1
 
 #include <immintrin.h>
 
@@ -130,12 +135,14 @@ ALWAYS_INLINE __mmask16 mask_of(int64_t left) {
   return left >= 16 ? (__mmask16)0xffff : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1u);
 }
 
-/* The bf16 nearest x (hi) or the bf16 nearest x - hi (lo), 16 lanes. */
-ALWAYS_INLINE __m256i round_bf16(__m512 x, int lo) {
-  __m256i h = (__m256i)_mm512_cvtneps_pbh(x);
-  if (!lo) return h;
-  const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  return (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(x, back));
+/* 16 floats rounded to bf16 (nearest even). */
+ALWAYS_INLINE __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
+
+/* The words (h0[i], h1[i]) for i < 16: two rows' bf16 interleaved into pairs, the VNNI order. */
+ALWAYS_INLINE __m512i interleave(__m256i h0, __m256i h1) {
+  const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                       39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  return _mm512_permutex2var_epi16(_mm512_castsi256_si512(h0), idx, _mm512_castsi256_si512(h1));
 }
 
 /* r[i] = the column i of the 16 x 16 matrix of 32-bit words whose rows were r[0..16). */
@@ -165,10 +172,10 @@ ALWAYS_INLINE void transpose16(__m512i r[16]) {
   }
 }
 
-/* A rows: out[r * ldo + kk] = bf16(A(r, kk)) (or its lo term) for r < mp, kk < kp, zero where r >= m
- * or kk >= k. A(r, kk) = a[r * lda + kk] (trans_a = 0) or a[kk * lda + r]. */
+/* A rows: out[r * ldo + kk] = bf16(A(r, kk)) for r < mp, kk < kp, zero where r >= m or kk >= k.
+ * A(r, kk) = a[r * lda + kk] (trans_a = 0) or a[kk * lda + r]. */
 static void pack_a(const float *a, int64_t lda, int trans_a, int64_t m, int64_t k, int64_t mp,
-                   int64_t kp, int lo, uint16_t *out, int64_t ldo) {
+                   int64_t kp, uint16_t *out, int64_t ldo) {
   if (!trans_a) {
     for (int64_t r = 0; r < mp; ++r) {
       uint16_t *o = out + r * ldo;
@@ -177,17 +184,13 @@ static void pack_a(const float *a, int64_t lda, int trans_a, int64_t m, int64_t 
         continue;
       }
       const float *s = a + r * lda;
-      for (int64_t c = 0; c < kp; c += 16) {
-        const __m512 x = _mm512_maskz_loadu_ps(mask_of(k - c), s + c);
-        _mm256_storeu_si256((__m256i *)(o + c), round_bf16(x, lo));
-      }
+      for (int64_t c = 0; c < kp; c += 16)
+        _mm256_storeu_si256((__m256i *)(o + c), to_bf16(_mm512_maskz_loadu_ps(mask_of(k - c), s + c)));
     }
     return;
   }
   /* Transposed: two source rows (kk, kk + 1) give 16 words (r..r+15, kk / 2): 16 such (32 source
    * rows) make a 16 x 16 block of words whose transpose is 16 rows of out, 64 bytes each. */
-  const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
-                                       39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   for (int64_t kk = 0; kk < kp; kk += 32) {
     for (int64_t r = 0; r < mp; r += 16) {
       const __mmask16 mask = mask_of(m - r);
@@ -195,9 +198,9 @@ static void pack_a(const float *a, int64_t lda, int trans_a, int64_t m, int64_t 
       for (int p = 0; p < 16; ++p) {
         const int64_t k0 = kk + 2 * p;
         __m256i h0 = _mm256_setzero_si256(), h1 = _mm256_setzero_si256();
-        if (k0 < k) h0 = round_bf16(_mm512_maskz_loadu_ps(mask, a + k0 * lda + r), lo);
-        if (k0 + 1 < k) h1 = round_bf16(_mm512_maskz_loadu_ps(mask, a + (k0 + 1) * lda + r), lo);
-        w[p] = _mm512_permutex2var_epi16(_mm512_castsi256_si512(h0), idx, _mm512_castsi256_si512(h1));
+        if (k0 < k) h0 = to_bf16(_mm512_maskz_loadu_ps(mask, a + k0 * lda + r));
+        if (k0 + 1 < k) h1 = to_bf16(_mm512_maskz_loadu_ps(mask, a + (k0 + 1) * lda + r));
+        w[p] = interleave(h0, h1);
       }
       transpose16(w);
       for (int i = 0; i < 16; ++i) _mm512_storeu_si512((void *)(out + (r + i) * ldo + kk), w[i]);
@@ -205,13 +208,13 @@ static void pack_a(const float *a, int64_t lda, int trans_a, int64_t m, int64_t 
   }
 }
 
-/* B pair rows: out[p * 2n + 2c + t] = bf16(b[(2p + t) * ldb + c]) for p < kp / 2, c < n, zero
- * where 2p + t >= k. n is a multiple of 16. */
-static void pack_b(const float *b, int64_t ldb, int64_t k, int64_t n, int64_t kp, uint16_t *out) {
-  const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
-                                       39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  for (int64_t p = 0; 2 * p < kp; ++p) {
-    uint16_t *o = out + p * n * 2;
+/* B pair rows: out[p * ldo + 2c + t] = bf16(b[(2p + t) * ldb + c]) for p < ceil(k / 2), c < n (a
+ * multiple of 16), the partner of an odd last row 0; then pair rows up to `rows` zero. The one
+ * packing of B: per product (gemm) and once per key block (cpu.h's pack_b). */
+static void pack_pairs(const float *b, int64_t ldb, int64_t k, int64_t n, uint16_t *out,
+                       int64_t ldo, int64_t rows) {
+  for (int64_t p = 0; p < rows; ++p) {
+    uint16_t *o = out + p * ldo;
     if (2 * p >= k) {
       memset(o, 0, (size_t)(2 * n) * sizeof(uint16_t));
       continue;
@@ -219,12 +222,8 @@ static void pack_b(const float *b, int64_t ldb, int64_t k, int64_t n, int64_t kp
     const float *r0 = b + 2 * p * ldb;
     const float *r1 = 2 * p + 1 < k ? r0 + ldb : NULL;
     for (int64_t c = 0; c < n; c += 16) {
-      const __m256i h0 = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(r0 + c));
-      const __m256i h1 =
-          r1 != NULL ? (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(r1 + c)) : _mm256_setzero_si256();
-      _mm512_storeu_si512((void *)(o + 2 * c), _mm512_permutex2var_epi16(
-                                                   _mm512_castsi256_si512(h0), idx,
-                                                   _mm512_castsi256_si512(h1)));
+      const __m256i h1 = r1 != NULL ? to_bf16(_mm512_loadu_ps(r1 + c)) : _mm256_setzero_si256();
+      _mm512_storeu_si512((void *)(o + 2 * c), interleave(to_bf16(_mm512_loadu_ps(r0 + c)), h1));
     }
   }
 }
@@ -232,18 +231,18 @@ static void pack_b(const float *b, int64_t ldb, int64_t k, int64_t n, int64_t kp
 /* ---- the product ------------------------------------------------------------------------------ */
 
 typedef struct amx_operands {
-  const uint16_t *a; /* [mp][lda] bf16 */
+  const uint16_t *a; /* [round_up(m, 16)][lda] bf16 rows: terms of kp each, zero from k to kp */
   int64_t lda;       /* elements */
   const uint16_t *b; /* pair rows of B, ldb elements apart; 16 of them per step of 32 along k */
   int64_t ldb;
   const uint16_t *tail; /* the last, partial step's 16 pair rows (zero past k), 2n apart; or NULL */
   int64_t ldtail;
-  int64_t bsteps;       /* steps of B: full ones in b, then one in tail if any */
-  int64_t ksteps;       /* steps along A's rows: bsteps, twice that for [hi | lo] x [B ; B] */
+  int64_t bsteps; /* of 32 along k: the full ones in b, then the one in tail if any */
+  int64_t steps;  /* along A's rows: bsteps per term, B's steps again for each term */
 } amx_operands;
 
-/* A's tile at rows i, step s; B's at step s (wrapping around for the [B ; B] product), columns j,
- * and the byte stride of its rows. */
+/* A's tile at rows i, step s; B's at step s (of its term), columns j, and the byte stride of its
+ * rows. */
 ALWAYS_INLINE const uint16_t *a_at(const amx_operands *o, int64_t i, int64_t s) {
   return o->a + i * o->lda + s * 32;
 }
@@ -272,7 +271,7 @@ static void block_2x2(const amx_operands *o, int64_t i, int64_t j, float *c, int
     TILE_ZERO(2);
     TILE_ZERO(3);
   }
-  for (int64_t s = 0; s < o->ksteps; ++s) {
+  for (int64_t s = 0; s < o->steps; ++s) {
     int64_t sb;
     const uint16_t *b0 = b_at(o, s, j, &sb);
     TILE_LOAD(4, a_at(o, i, s), sa);
@@ -307,7 +306,7 @@ static void block_1x1(const amx_operands *o, int64_t i, int64_t j, int64_t rows,
   } else {
     TILE_ZERO(0);
   }
-  for (int64_t s = 0; s < o->ksteps; ++s) {
+  for (int64_t s = 0; s < o->steps; ++s) {
     int64_t sb;
     const uint16_t *b0 = b_at(o, s, j, &sb);
     TILE_LOAD(4, a_at(o, i, s), sa);
@@ -319,20 +318,45 @@ static void block_1x1(const amx_operands *o, int64_t i, int64_t j, int64_t rows,
     for (int64_t r = 0; r < rows; ++r) memcpy(cij + r * ldc, stage + r * 16, 16 * sizeof(float));
 }
 
-/* Scratch (cpu.h's ATTN_CPU_GEMM_SCRATCH): B's pairs (or the partial step's), A's rows, staging. */
-static void run_blocks(amx_operands *o, int64_t m, int64_t n, float *c, int64_t ldc,
-                       int accumulate, float *stage) {
+/* Scratch (cpu.h's ATTN_CPU_GEMM_SCRATCH, 64-byte aligned): the staging tile (256 floats), then
+ * B's pairs (gemm) or the partial step's (gemm_packed, gemm_bf16), then A's rows. */
+#define SCRATCH_B(scratch) ((uint16_t *)((char *)(scratch) + 256 * sizeof(float)))
+
+/* C = (accumulate ? C : 0) + sum_t A_t B, A packed as `terms` terms (amx_operands), B pair rows
+ * ldb elements apart of which rows < k are read: whole steps of 32 along k in place, the last,
+ * partial one copied into the scratch with the rows past k zeroed (the packed rows there may hold
+ * other keys' values, and 0 * inf would be NaN), unless b_padded says B's rows up to k rounded to
+ * 32 are zero already. */
+static void product(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda, int terms,
+                    const uint16_t *b, int64_t ldb, int b_padded, float *c, int64_t ldc,
+                    int accumulate, void *scratch) {
+  const int64_t full = k / 32, rem = k - full * 32;
+  uint16_t *tail = NULL;
+  if (rem > 0 && !b_padded) {
+    tail = SCRATCH_B(scratch);
+    const uint16_t *src = b + full * 16 * ldb;
+    const int64_t pairs = (rem + 1) / 2;
+    for (int64_t p = 0; p < 16; ++p) {
+      if (p < pairs) memcpy(tail + p * 2 * n, src + p * ldb, (size_t)(2 * n) * sizeof(uint16_t));
+      else memset(tail + p * 2 * n, 0, (size_t)(2 * n) * sizeof(uint16_t));
+    }
+    if (rem % 2 == 1) /* the last pair's second row is row k: not ours */
+      for (int64_t col = 0; col < n; ++col) tail[(pairs - 1) * 2 * n + 2 * col + 1] = 0;
+  }
+  const int64_t bsteps = (k + 31) / 32;
+  const amx_operands o = {a, lda, b, ldb, tail, 2 * n, bsteps, terms * bsteps};
+  float *stage = (float *)scratch;
   MEMORY_BARRIER();
   TILE_CONFIG(&amx_config);
   for (int64_t i = 0; i < m; i += 32) {
     for (int64_t j = 0; j < n; j += 32) {
       if (i + 32 <= m && j + 32 <= n) {
-        block_2x2(o, i, j, c, ldc, accumulate);
+        block_2x2(&o, i, j, c, ldc, accumulate);
         continue;
       }
       for (int64_t ii = i; ii < i + 32 && ii < m; ii += 16)
         for (int64_t jj = j; jj < j + 32 && jj < n; jj += 16)
-          block_1x1(o, ii, jj, m - ii < 16 ? m - ii : 16, c, ldc, accumulate, stage);
+          block_1x1(&o, ii, jj, m - ii < 16 ? m - ii : 16, c, ldc, accumulate, stage);
     }
   }
   TILE_RELEASE();
@@ -346,116 +370,71 @@ static int zero_or_done(int64_t m, int64_t n, int64_t k, float *c, int64_t ldc, 
   return 1;
 }
 
-/* C = (accumulate ? C : 0) + A B (exact = 0) or + (A_hi + A_lo) B (exact = 1). */
-static void gemm_amx_any(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
-                         const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
-                         void *scratch, int exact) {
-  if (zero_or_done(m, n, k, c, ldc, accumulate)) return;
-  const int64_t kp = (k + 31) / 32 * 32, mp = (m + 15) / 16 * 16;
-  uint16_t *bp = (uint16_t *)scratch;
-  uint16_t *ap = bp + kp * n;
-  const int64_t lda_p = exact ? 2 * kp : kp;
-  float *stage = (float *)(((uintptr_t)(ap + mp * lda_p) + 63) & ~(uintptr_t)63);
-  pack_b(b, ldb, k, n, kp, bp);
-  pack_a(a, lda, trans_a, m, k, mp, kp, 0, ap, lda_p);
-  if (exact) pack_a(a, lda, trans_a, m, k, mp, kp, 1, ap + kp, lda_p);
-  amx_operands o = {ap, lda_p, bp, 2 * n, NULL, 0, kp / 32, lda_p / 32};
-  run_blocks(&o, m, n, c, ldc, accumulate, stage);
+/* A rounded to bf16 rows after B's kp * n words in the scratch. */
+static const uint16_t *packed_a(const float *a, int64_t lda, int trans_a, int64_t m, int64_t n,
+                                int64_t k, void *scratch) {
+  const int64_t kp = (k + 31) / 32 * 32;
+  uint16_t *ap = SCRATCH_B(scratch) + kp * n;
+  pack_a(a, lda, trans_a, m, k, (m + 15) / 16 * 16, kp, ap, kp);
+  return ap;
 }
 
 static void gemm_amx(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
                      const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
                      void *scratch) {
-  gemm_amx_any(m, n, k, a, lda, trans_a, b, ldb, c, ldc, accumulate, scratch, 0);
+  if (zero_or_done(m, n, k, c, ldc, accumulate)) return;
+  const int64_t kp = (k + 31) / 32 * 32;
+  uint16_t *bp = SCRATCH_B(scratch);
+  pack_pairs(b, ldb, k, n, bp, 2 * n, kp / 2);
+  const uint16_t *ap = packed_a(a, lda, trans_a, m, n, k, scratch);
+  product(m, n, k, ap, kp, 1, bp, 2 * n, 1, c, ldc, accumulate, scratch);
 }
 
-static void gemm_amx_exact(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                           int trans_a, const float *b, int64_t ldb, float *c, int64_t ldc,
-                           int accumulate, void *scratch) {
-  gemm_amx_any(m, n, k, a, lda, trans_a, b, ldb, c, ldc, accumulate, scratch, 1);
-}
-
-/* cpu.h's pack_b: ceil(k / 2) pair rows of n columns, ldo elements apart; the odd row's partner 0. */
 static void pack_b_amx(const float *b, int64_t ldb, int64_t k, int64_t n, uint16_t *out,
                        int64_t ldo) {
-  const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
-                                       39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  for (int64_t p = 0; 2 * p < k; ++p) {
-    const float *r0 = b + 2 * p * ldb;
-    const float *r1 = 2 * p + 1 < k ? r0 + ldb : NULL;
-    uint16_t *o = out + p * ldo;
-    for (int64_t c = 0; c < n; c += 16) {
-      const __m256i h0 = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(r0 + c));
-      const __m256i h1 =
-          r1 != NULL ? (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(r1 + c)) : _mm256_setzero_si256();
-      _mm512_storeu_si512((void *)(o + 2 * c), _mm512_permutex2var_epi16(
-                                                   _mm512_castsi256_si512(h0), idx,
-                                                   _mm512_castsi256_si512(h1)));
-    }
-  }
+  pack_pairs(b, ldb, k, n, out, ldo, (k + 1) / 2);
 }
 
-/* cpu.h's gemm_packed: whole steps of 32 along k read the packed B in place; the last, partial one
- * is copied into the scratch with the rows past k zeroed (the packed rows there may hold other
- * keys' values, and 0 * inf would be NaN). */
 static void gemm_packed_amx(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                             int trans_a, const uint16_t *b, int64_t ldb, float *c, int64_t ldc,
-                            int accumulate, int exact, void *scratch) {
+                            int accumulate, void *scratch) {
   if (zero_or_done(m, n, k, c, ldc, accumulate)) return;
-  const int64_t kp = (k + 31) / 32 * 32, mp = (m + 15) / 16 * 16;
-  const int64_t full = k / 32, rem = k - full * 32;
-  uint16_t *tail = (uint16_t *)scratch;
-  uint16_t *ap = tail + 32 * n;
-  const int64_t lda_p = exact ? 2 * kp : kp;
-  float *stage = (float *)(((uintptr_t)(ap + mp * lda_p) + 63) & ~(uintptr_t)63);
-  if (rem > 0) {
-    const uint16_t *src = b + full * 16 * ldb;
-    const int64_t pairs = (rem + 1) / 2;
-    for (int64_t p = 0; p < 16; ++p) {
-      if (p < pairs) memcpy(tail + p * 2 * n, src + p * ldb, (size_t)(2 * n) * sizeof(uint16_t));
-      else memset(tail + p * 2 * n, 0, (size_t)(2 * n) * sizeof(uint16_t));
-    }
-    if (rem % 2 == 1) /* the last pair's second row is row k: not ours */
-      for (int64_t col = 0; col < n; ++col) tail[(pairs - 1) * 2 * n + 2 * col + 1] = 0;
-  }
-  pack_a(a, lda, trans_a, m, k, mp, kp, 0, ap, lda_p);
-  if (exact) pack_a(a, lda, trans_a, m, k, mp, kp, 1, ap + kp, lda_p);
-  amx_operands o = {ap, lda_p, b, ldb, rem > 0 ? tail : NULL, 2 * n, kp / 32, lda_p / 32};
-  run_blocks(&o, m, n, c, ldc, accumulate, stage);
+  const uint16_t *ap = packed_a(a, lda, trans_a, m, n, k, scratch);
+  product(m, n, k, ap, (k + 31) / 32 * 32, 1, b, ldb, 0, c, ldc, accumulate, scratch);
 }
 
-const attn_cpu_kernels attn_cpu_kernels_amx = {
-    .name = "amx",
-    .gemm = gemm_amx,
-    .gemm_exact = gemm_amx_exact,
-    .pack_b = pack_b_amx,
-    .gemm_packed = gemm_packed_amx,
-    .row_max = attn_cpu_row_max_avx512,
-    .exp_sum = attn_cpu_exp_sum_avx512,
-    .scale = attn_cpu_scale_avx512,
-    .ds_row = attn_cpu_ds_row_avx512,
-    .softcap = attn_cpu_softcap_avx512,
-    .load_f16 = attn_cpu_load_f16_avx512,
-    .store_f16 = attn_cpu_store_f16_avx512,
-    .dropout_keep = attn_cpu_dropout_keep_avx512,
-};
+static void gemm_bf16_amx(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda,
+                          int terms, const uint16_t *b, int64_t ldb, float *c, int64_t ldc,
+                          int accumulate, void *scratch) {
+  if (zero_or_done(m, n, k, c, ldc, accumulate)) return;
+  product(m, n, k, a, lda, terms, b, ldb, 0, c, ldc, accumulate, scratch);
+}
 
 #else /* a compiler without AMX: the table exists (cpu.c names it) but is never chosen */
 
 int attn_cpu_amx_usable(void) { return 0; }
 
+#endif
+
+/* One table either way: the tile products where the compiler has them, the rest AVX-512's. */
 const attn_cpu_kernels attn_cpu_kernels_amx = {
     .name = "amx",
-    .gemm = attn_cpu_gemm_avx512,
-    .gemm_exact = attn_cpu_gemm_avx512,
+#ifdef AMX_TILES
+    .gemm = gemm_amx,
+    .pack_b = pack_b_amx,
+    .gemm_packed = gemm_packed_amx,
+    .gemm_bf16 = gemm_bf16_amx,
+    .exp_sum_bf16 = attn_cpu_exp_sum_bf16_avx512,
+#else
+    .gemm = attn_cpu_gemm_avx512, /* never called: attn_cpu_amx_usable() is 0 */
+#endif
     .row_max = attn_cpu_row_max_avx512,
     .exp_sum = attn_cpu_exp_sum_avx512,
     .scale = attn_cpu_scale_avx512,
+    .scale_max = attn_cpu_scale_max_avx512,
     .ds_row = attn_cpu_ds_row_avx512,
     .softcap = attn_cpu_softcap_avx512,
     .load_f16 = attn_cpu_load_f16_avx512,
     .store_f16 = attn_cpu_store_f16_avx512,
     .dropout_keep = attn_cpu_dropout_keep_avx512,
 };
-
-#endif
