@@ -14,7 +14,8 @@
 #             cuDNN that PyTorch's wheels ship when there is one, so both sides of the benchmark
 #             run the same cuDNN, else the toolkit's.
 #   test      tests/test_<impl> against the reference, with the golden cases of $GOLDEN (cuda: and
-#             tests/test_paged, whose GPU cases run the split-KV decode kernel)
+#             tests/test_paged, whose GPU cases run the split-KV decode kernel, and
+#             tests/test_dist_gpu, distributed attention with ranks as threads on this GPU)
 #   cli       the tests modules (the real modules load) and cli_gpu (attn check / bench on GPU
 #             problems), and `attn bench` of two large problems, timed whole with their check
 #   lab       cuda only: the kernel lab, dev/cuda/fwd_tiles.cu, bwd_tiles.cu and fwd_hopper.cu (sm_90a,
@@ -29,7 +30,8 @@
 #             could fix)
 # Environment: GOLDEN, the golden cases (default ../shared/golden when it exists, else ./.golden,
 # both from the current folder); OUT, the logs (default /tmp/gpu_out); BENCH_REPS, timed calls per
-# shape of gpu/cuda_bench (default 20).
+# shape of gpu/cuda_bench (default 20); CUDA_GENCODE, the -gencode flags of the cuda kernels when
+# only this GPU's are wanted (e.g. "-gencode=arch=compute_90,code=sm_90": half the build time).
 #
 # Logs: $OUT/env.txt, $OUT/build.log, and per implementation $OUT/cuda/ (test.log, lab.log,
 # lab_build.log, ncu_{fwd,bwd,fwd90}_sass.csv, bench.md, sanitizer_{memcheck,racecheck,synccheck}.log)
@@ -149,13 +151,14 @@ if step build; then
   args=(-DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCH=OFF
         -DATTN_CUDA_SPILL_WARNINGS=ON)
   targets=(attn_static attn_shared attn_tool attn_fake_modules)
-  if impl cuda; then args+=(-DATTN_WITH_CUDA=ON) targets+=(attn_cuda_module test_cuda test_paged); else args+=(-DATTN_WITH_CUDA=OFF); fi
+  if impl cuda; then args+=(-DATTN_WITH_CUDA=ON) targets+=(attn_cuda_module test_cuda test_paged test_dist_gpu attn_test_loopback); else args+=(-DATTN_WITH_CUDA=OFF); fi
   if impl cudnn; then
     args+=(-DATTN_WITH_CUDNN=ON -DATTN_CUDNN_INCLUDE_DIR="$CUDNN_DIR/include" -DATTN_CUDNN_LIBRARY="$CUDNN_LIB")
     targets+=(attn_cudnn_module test_cudnn)
   else
     args+=(-DATTN_WITH_CUDNN=OFF)
   fi
+  if [ -n "${CUDA_GENCODE:-}" ]; then args+=("-DATTN_CUDA_GENCODE=$CUDA_GENCODE"); fi
   t0=$SECONDS
   timeout "$(limit 120)" cmake -S . -B "$BUILD" "${args[@]}" >"$OUT/build.log" 2>&1 &&
     timeout "$(limit 300)" cmake --build "$BUILD" -j16 --target "${targets[@]}" >>"$OUT/build.log" 2>&1
@@ -215,6 +218,12 @@ if step test; then
     timeout "$(limit 120)" "$BUILD/tests/test_paged" >"$OUT/cuda/test_paged.log" 2>&1
     echo "test_paged rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/cuda/test_paged.log")"
     grep -E "^FAIL|^FATAL" "$OUT/cuda/test_paged.log" | head -20
+  fi
+  if impl cuda && built "$BUILD/tests/test_dist_gpu"; then # sharded problems, ranks as threads
+    t0=$SECONDS
+    timeout "$(limit 180)" "$BUILD/tests/test_dist_gpu" >"$OUT/cuda/test_dist_gpu.log" 2>&1
+    echo "test_dist_gpu rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/cuda/test_dist_gpu.log")"
+    grep -E "^FAIL|^FATAL|SKIP" "$OUT/cuda/test_dist_gpu.log" | head -30
   fi
 fi
 

@@ -10,6 +10,7 @@
 #define ATTN_DIST_DIST_H
 
 #include "attn_dist.h"
+#include "dist/device.h"
 #include "dist/transport.h"
 
 #include <stddef.h>
@@ -46,12 +47,25 @@ struct attn_dist_plan {
   attn_plan *block_plan; /* ns > 1: ring: one chunk of queries against one chunk of keys;
                             all-to-all: the whole sequence for 1/ns of the local heads */
   attn_plan *sinks_plan; /* ns > 1 with sinks: the local queries against no keys, only sinks */
+  attn_plan *full_plan;  /* CUDA ring under a causal mask: a block every row of which sees every
+                            key (the block plan then runs the diagonal blocks, causal) */
   attn_problem block;    /* the block plan's problem */
   attn_problem sinks_problem;
 
   /* Scratch of sequence-split runs, allocated on first use (ring.c). */
   void *scratch;
   size_t scratch_size;
+
+  /* CUDA tensors with a split sequence (ring.c, "device ring"): the cuda module's ring
+   * operations, the caller's stream (blocks, merges), the ring's own transfer stream and the event
+   * that orders a transfer after the blocks that last read its buffer; device scratch and the
+   * blocks' workspace. Blocks run without global positions (the cuda kernels take none): only
+   * problems whose every block is fully visible, diagonal-causal or hidden are accepted. */
+  int device_ring;
+  const attn_dist_device_ops *dev;
+  void *stream, *comm_stream, *compute_done;
+  void *dscratch;
+  size_t dscratch_size;
 
   attn_dist_stats stats; /* of the last run */
 
@@ -84,6 +98,13 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
 attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
                                     const attn_outputs *fwd, const attn_tensor *dout,
                                     const attn_grads *grads);
+
+/* The device workspace of the local plan (batch and head splits of CUDA tensors), kept in the
+ * plan's device scratch; NULL and 0 for CPU tensors, whose plan allocates its own. */
+attn_status attn_dist_local_workspace(attn_dist_plan *plan, int backward, void **workspace,
+                                      size_t *size);
+/* Releases the device ring's stream, event and scratch (ring.c); nothing when there are none. */
+void attn_dist_device_release(attn_dist_plan *plan);
 
 /* Sequence-split runs, all-to-all strategy (ulysses.c). */
 attn_status attn_dist_ulysses_forward(attn_dist_plan *plan, const attn_inputs *in,

@@ -14,6 +14,7 @@
 #include "core/ctx.h"
 #include "core/dtype.h"
 #include "core/gpu.h"
+#include "module/module.h"
 #include "impl/impl.h"
 #include "plan/plan.h"
 #include "plan/validate.h"
@@ -405,6 +406,7 @@ int64_t attn_dist_plan_position(const attn_dist_plan *plan, int64_t seqlen, int6
 /* Whether the sub-plans need global positions: blocks of a split sequence always; the local
  * problem of a batch or head split only for dropout's counters (nothing else sees b or h). */
 static int needs_positions(const attn_dist_plan *plan) {
+  if (plan->device_ring) return 0; /* its blocks need none (check_device_ring) */
   return plan->ns > 1 || plan->global.dropout_p > 0.0;
 }
 
@@ -424,7 +426,8 @@ void attn_dist_free_sub_plans(attn_dist_plan *plan) {
   attn_plan_destroy(plan->local_plan);
   attn_plan_destroy(plan->block_plan);
   attn_plan_destroy(plan->sinks_plan);
-  plan->local_plan = plan->block_plan = plan->sinks_plan = NULL;
+  attn_plan_destroy(plan->full_plan);
+  plan->local_plan = plan->block_plan = plan->sinks_plan = plan->full_plan = NULL;
 }
 
 attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *select) {
@@ -463,6 +466,13 @@ attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *se
     if (b->mask_shape[3] != 1) b->mask_shape[3] = b->seqlen_k;
   }
   attn_status status = plan_sub(plan, b, select, &plan->block_plan);
+  if (status == ATTN_STATUS_OK && plan->device_ring && b->causal) {
+    /* The blocks below the diagonal see every key (check_device_ring). */
+    attn_problem full = *b;
+    full.causal = 0;
+    full.window_left = full.window_right = -1;
+    status = plan_sub(plan, &full, select, &plan->full_plan);
+  }
   if (status != ATTN_STATUS_OK || plan->ring_local.num_sinks == 0) return status;
   /* The sinks of a row, alone: its queries against no keys give out = 0 and lse = logsumexp of
    * the sinks (SPEC.md step 8), and backward dsinks; merged once like any block. */
@@ -552,6 +562,52 @@ static attn_status make_groups(attn_dist_plan *plan, char *why, size_t why_size)
   return status;
 }
 
+/* CUDA tensors with a split sequence: the device ring (ring.c). Its blocks run without global
+ * positions, which the cuda kernels do not take yet, so only problems whose every block is fully
+ * visible, on the diagonal of a causal mask, or hidden are accepted: no window beyond causal, and
+ * causal only with seqlen_q == seqlen_k (the chunks then meet the diagonal at offset 0). Features
+ * that need a block's global place or a per-block slice the device ring does not make (ALiBi,
+ * dropout, bias, mask, segment ids, sinks) are refused with the reason. Sets plan->device_ring. */
+static attn_status check_device_ring(attn_dist_plan *plan, const attn_dist_spec *spec) {
+  attn_ctx *ctx = plan->ctx;
+  const attn_problem *g = &plan->global;
+  if (plan->hybrid || spec->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL)
+    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                     "device=cuda with %s: the all-to-all's reordering runs on host memory; CUDA "
+                     "tensors run the ring over one sequence axis (strategy RING or AUTO)",
+                     plan->hybrid ? "two sequence axes" : "strategy=all-to-all");
+  const char *feature = g->has_bias                 ? "a bias"
+                        : g->has_mask               ? "a mask"
+                        : g->alibi != ATTN_ALIBI_NONE ? "ALiBi"
+                        : g->dropout_p > 0.0        ? "dropout"
+                        : g->has_segment_ids        ? "segment ids"
+                        : g->num_sinks > 0          ? "sinks"
+                        : g->window_left >= 0 || (g->window_right >= 0 && !g->causal)
+                            ? "a window"
+                            : NULL;
+  if (feature != NULL)
+    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                     "device=cuda with a split sequence and %s: the ring's blocks would need their "
+                     "global positions or per-block slices, which the cuda kernels do not take "
+                     "yet; batch and head splits of CUDA tensors run it, and so does the CPU ring "
+                     "(docs/DISTRIBUTED.md)",
+                     feature);
+  if (g->causal && g->seqlen_q != g->seqlen_k)
+    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                     "device=cuda with a split sequence, causal and seqlen_q=%lld != seqlen_k=%lld: "
+                     "the diagonal would cross blocks at offsets the cuda kernels cannot be given "
+                     "yet; causal needs seqlen_q == seqlen_k there",
+                     (long long)g->seqlen_q, (long long)g->seqlen_k);
+  plan->dev = attn_module_dist_ops();
+  if (plan->dev == NULL)
+    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                     "device=cuda with a split sequence needs the ring operations of the cuda "
+                     "module (libattn_cuda.so), which is not loaded (attn_module_info says why)");
+  plan->device_ring = 1;
+  plan->strategy = ATTN_DIST_STRATEGY_RING;
+  return ATTN_STATUS_OK;
+}
+
 attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
                                   const attn_dist_spec *spec, int32_t transport, void *comm,
                                   const attn_select *select, attn_dist_plan **plan_out) {
@@ -600,17 +656,12 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
       transport == ATTN_DIST_TRANSPORT_MPI)
     status = attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                        "transport=MPI carries CPU tensors; device=cuda needs transport=NCCL");
-  if (status == ATTN_STATUS_OK && transport == ATTN_DIST_TRANSPORT_NCCL &&
+  if (status == ATTN_STATUS_OK && transport != ATTN_DIST_TRANSPORT_MPI &&
       plan->global.device == ATTN_DEVICE_CPU)
     status = attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                        "transport=NCCL carries CUDA tensors; device=cpu needs transport=MPI");
   if (status == ATTN_STATUS_OK && plan->global.device != ATTN_DEVICE_CPU && plan->ns > 1)
-    status =
-        attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
-                  "device=cuda with a split sequence: the ring's merges and the all-to-all's "
-                  "reordering run on host memory, and the cuda implementation does not yet run "
-                  "blocks at global positions; batch and head splits of CUDA tensors work "
-                  "(docs/DISTRIBUTED.md)");
+    status = check_device_ring(plan, spec);
 
   fingerprint *all = calloc((size_t)world_size + 1, sizeof *all);
   if (all == NULL) {
@@ -654,8 +705,8 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
   }
   /* Sub-plans depend only on the agreed problem, so every rank succeeds or fails alike. */
   if (status == ATTN_STATUS_OK) {
-    const int a2a_possible =
-        plan->ns > 1 && !plan->hybrid && (plan->local.heads_kv % plan->ns) == 0;
+    const int a2a_possible = plan->ns > 1 && !plan->hybrid && !plan->device_ring &&
+                             (plan->local.heads_kv % plan->ns) == 0;
     if (spec->strategy == ATTN_DIST_STRATEGY_AUTO && a2a_possible)
       status = attn_dist_choose_strategy(plan, select);
     else
@@ -674,6 +725,7 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
 void attn_dist_plan_destroy(attn_dist_plan *plan) {
   if (plan == NULL) return;
   attn_dist_free_sub_plans(plan);
+  attn_dist_device_release(plan);
   if (plan->sinks_comm != NULL) plan->ops->destroy(plan->sinks_comm);
   if (plan->bias_comm != NULL) plan->ops->destroy(plan->bias_comm);
   if (plan->hybrid && plan->ring_comm != NULL) plan->ops->destroy(plan->ring_comm);
@@ -713,8 +765,9 @@ attn_status attn_dist_plan_set_stream(attn_dist_plan *plan, void *stream) {
     for (int i = 0; i < 6; ++i)
       if (comms[i] != NULL) plan->ops->set_stream(comms[i], stream);
   }
-  attn_plan *plans[3] = {plan->local_plan, plan->block_plan, plan->sinks_plan};
-  for (int i = 0; i < 3; ++i)
+  plan->stream = stream;
+  attn_plan *plans[4] = {plan->local_plan, plan->block_plan, plan->sinks_plan, plan->full_plan};
+  for (int i = 0; i < 4; ++i)
     if (plans[i] != NULL) attn_plan_set_stream(plans[i], stream);
   return attn_succeed(plan->ctx);
 }
@@ -888,7 +941,11 @@ attn_status attn_dist_plan_forward(attn_dist_plan *plan, const attn_inputs *inpu
     if (status != ATTN_STATUS_OK) return status;
     attn_positions pos = local_positions(plan);
     if (needs_positions(plan)) attn_plan_set_positions(plan->local_plan, &pos);
-    status = attn_plan_forward(plan->local_plan, inputs, NULL, 0, outputs);
+    void *ws = NULL;
+    size_t ws_size = 0;
+    status = attn_dist_local_workspace(plan, 0, &ws, &ws_size);
+    if (status == ATTN_STATUS_OK)
+      status = attn_plan_forward(plan->local_plan, inputs, ws, ws_size, outputs);
     plan->stats.compute_seconds = attn_dist_now() - start;
   }
   plan->stats.total_seconds = attn_dist_now() - start;
@@ -927,7 +984,11 @@ attn_status attn_dist_plan_backward(attn_dist_plan *plan, const attn_inputs *inp
   if (status != ATTN_STATUS_OK) return status;
   attn_positions pos = local_positions(plan);
   if (needs_positions(plan)) attn_plan_set_positions(plan->local_plan, &pos);
-  status = attn_plan_backward(plan->local_plan, inputs, forward, dout, NULL, 0, grads);
+  void *ws = NULL;
+  size_t ws_size = 0;
+  status = attn_dist_local_workspace(plan, 1, &ws, &ws_size);
+  if (status == ATTN_STATUS_OK)
+    status = attn_plan_backward(plan->local_plan, inputs, forward, dout, ws, ws_size, grads);
   plan->stats.compute_seconds = attn_dist_now() - start;
   if (status != ATTN_STATUS_OK) return status;
   const double reduce_start = attn_dist_now();

@@ -21,6 +21,7 @@
 
 #include "core/ctx.h"
 #include "core/dtype.h"
+#include "core/gpu.h"
 #include "impl/impl.h"
 #include "plan/plan.h"
 
@@ -48,7 +49,9 @@ typedef struct ring {
   int64_t qs[4], ks[4], vs[4], bias_s[4], mask_s[4], qseg_s[4], kseg_s[4], os[4], lses[4];
 } ring;
 
-static int64_t round8(int64_t x) { return (x + 7) / 8 * 8; }
+/* Byte sizes of the parts of a scratch buffer, rounded so that every part starts 256-byte aligned
+ * (the cuda kernels need 16-byte aligned tensors; the host path does not mind). */
+static int64_t round_part(int64_t x) { return (x + 255) / 256 * 256; }
 
 static void init_ring(ring *g, attn_dist_plan *plan, const attn_inputs *in, const attn_tensor *out,
                       const attn_tensor *lse) {
@@ -67,9 +70,9 @@ static void init_ring(ring *g, attn_dist_plan *plan, const attn_inputs *in, cons
   g->o_global = G->align == ATTN_ALIGN_BOTTOM_RIGHT ? G->seqlen_k - G->seqlen_q : 0;
   g->wl = G->window_left, g->wr = G->window_right;
   g->seg = l->has_segment_ids;
-  g->k_bytes = (size_t)round8(g->B * g->Tk * g->Hkv * g->D * (int64_t)g->es);
-  g->v_bytes = (size_t)round8(g->B * g->Tk * g->Hkv * g->Dv * (int64_t)g->es);
-  g->seg_bytes = g->seg ? (size_t)round8(g->B * g->Tk * 4) : 0;
+  g->k_bytes = (size_t)round_part(g->B * g->Tk * g->Hkv * g->D * (int64_t)g->es);
+  g->v_bytes = (size_t)round_part(g->B * g->Tk * g->Hkv * g->Dv * (int64_t)g->es);
+  g->seg_bytes = g->seg ? (size_t)round_part(g->B * g->Tk * 4) : 0;
   g->kv_bytes = g->k_bytes + g->v_bytes + g->seg_bytes;
   const int64_t qshape[4] = {g->B, g->Tq, g->Hq, g->D}, kshape[4] = {g->B, g->Tk, g->Hkv, g->D};
   const int64_t vshape[4] = {g->B, g->Tk, g->Hkv, g->Dv}, oshape[4] = {g->B, g->Tq, g->Hq, g->Dv};
@@ -326,6 +329,385 @@ static void abandon(ring *g, transfer *t) {
   g->plan->broken = 1;
 }
 
+/* ---- the device ring (CUDA tensors) ---------------------------------------------------------- */
+
+/* The same ring on a GPU: the blocks and every merge and sum run in order on the caller's stream
+ * (the plan's), the K/V slices and dK/dV sums travel on the ring's own stream, and an event
+ * recorded on the caller's stream after a step's blocks keeps the next transfer from overwriting
+ * the buffer they read. A transfer's wait blocks the host only: the blocks of the step were
+ * enqueued before it, so the GPU computes while the slice moves. Accumulators are f32 (what the
+ * cuda kernels keep per row); blocks run without positions (see device_block_plan). */
+
+/* What a device operation's failure leaves: work may be in flight, so the plan is broken. */
+static attn_status dev_fail(attn_dist_plan *plan, attn_status status, const char *what,
+                            const char *why) {
+  plan->broken = 1;
+  return attn_fail(plan->ctx, status, "device ring, %s: %s", what, why);
+}
+
+/* Calls plan->dev->fn(args..., why, size); on failure sets status and jumps to done. */
+#define DEV(what, fn, ...)                                                                         \
+  do {                                                                                             \
+    char why_[512] = "";                                                                           \
+    attn_status st_ = plan->dev->fn(__VA_ARGS__, why_, sizeof why_);                               \
+    if (st_ != ATTN_STATUS_OK) {                                                                   \
+      status = dev_fail(plan, st_, what, why_);                                                    \
+      goto done;                                                                                   \
+    }                                                                                              \
+  } while (0)
+
+/* The plan of a visible block, chosen by its offset instead of placed at global positions (the
+ * cuda kernels take none): under a causal mask the plan accepts only problems whose blocks are
+ * square and either on the diagonal (offset 0: the causal block plan) or entirely below it (every
+ * key visible: the full plan); without a mask every block is a full one. */
+static attn_plan *device_block_plan(const ring *g, int64_t off) {
+  return g->plan->full_plan != NULL && off != 0 ? g->plan->full_plan : g->plan->block_plan;
+}
+
+/* Bytes of device workspace the blocks need, forward and backward, 256-byte rounded. */
+static size_t device_workspace_bytes(const attn_dist_plan *plan) {
+  size_t most = 0;
+  const attn_plan *plans[2] = {plan->block_plan, plan->full_plan};
+  for (int i = 0; i < 2; ++i) {
+    size_t f = 0, b = 0;
+    if (plans[i] == NULL || attn_plan_workspace_size(plans[i], &f, &b) != ATTN_STATUS_OK) continue;
+    if (f > most) most = f;
+    if (b > most) most = b;
+  }
+  return (size_t)round_part((int64_t)most);
+}
+
+/* The ring's stream, its event and at least `bytes` of device scratch, made on first use. A
+ * larger scratch replaces the old one once the work that may still read it is done. */
+static attn_status device_setup(attn_dist_plan *plan, size_t bytes, char **base) {
+  const int32_t dev = plan->global.device_index;
+  const attn_gpu_ops *gpu = attn_gpu();
+  char why[512] = "";
+  attn_status status = ATTN_STATUS_OK;
+  if (gpu == NULL)
+    return attn_fail(plan->ctx, ATTN_STATUS_DEVICE_ERROR, "this build has no CUDA runtime");
+  if (plan->comm_stream == NULL)
+    status = plan->dev->stream_create(dev, &plan->comm_stream, why, sizeof why);
+  if (status == ATTN_STATUS_OK && plan->compute_done == NULL)
+    status = plan->dev->event_create(dev, &plan->compute_done, why, sizeof why);
+  if (status == ATTN_STATUS_OK && plan->dscratch_size < bytes) {
+    status = plan->dev->stream_sync(dev, plan->stream, why, sizeof why);
+    if (status == ATTN_STATUS_OK)
+      status = plan->dev->stream_sync(dev, plan->comm_stream, why, sizeof why);
+    if (status == ATTN_STATUS_OK) {
+      gpu->release(dev, plan->dscratch);
+      plan->dscratch = NULL;
+      plan->dscratch_size = 0;
+      status = gpu->alloc(dev, bytes, &plan->dscratch, why, sizeof why);
+      if (status == ATTN_STATUS_OK) plan->dscratch_size = bytes;
+    }
+  }
+  if (status != ATTN_STATUS_OK)
+    return attn_fail(plan->ctx, status, "device ring scratch (%zu bytes): %s", bytes, why);
+  *base = plan->dscratch;
+  return ATTN_STATUS_OK;
+}
+
+void attn_dist_device_release(attn_dist_plan *plan) {
+  const int32_t dev = plan->global.device_index;
+  char why[8];
+  if (plan->dev != NULL && plan->comm_stream != NULL)
+    (void)plan->dev->stream_sync(dev, plan->comm_stream, why, 0);
+  const attn_gpu_ops *gpu = plan->dscratch != NULL ? attn_gpu() : NULL;
+  if (gpu != NULL) gpu->release(dev, plan->dscratch); /* cudaFree waits for the device */
+  if (plan->dev != NULL) {
+    plan->dev->event_destroy(dev, plan->compute_done);
+    plan->dev->stream_destroy(dev, plan->comm_stream);
+  }
+  plan->dscratch = plan->comm_stream = plan->compute_done = NULL;
+  plan->dscratch_size = 0;
+}
+
+attn_status attn_dist_local_workspace(attn_dist_plan *plan, int backward, void **workspace,
+                                      size_t *size) {
+  *workspace = NULL;
+  *size = 0;
+  if (plan->local.device == ATTN_DEVICE_CPU) return ATTN_STATUS_OK; /* the plan allocates */
+  size_t f = 0, b = 0;
+  attn_status status = attn_plan_workspace_size(plan->local_plan, &f, &b);
+  const size_t need = backward ? b : f;
+  if (status != ATTN_STATUS_OK || need == 0) return status;
+  if (plan->dscratch_size < need) {
+    const attn_gpu_ops *gpu = attn_gpu();
+    char why[512] = "";
+    if (gpu == NULL)
+      return attn_fail(plan->ctx, ATTN_STATUS_DEVICE_ERROR, "this build has no CUDA runtime");
+    /* The old buffer may still be read by work queued on the caller's stream. */
+    status = gpu->synchronize(plan->local.device_index, why, sizeof why);
+    if (status == ATTN_STATUS_OK) {
+      gpu->release(plan->local.device_index, plan->dscratch);
+      plan->dscratch = NULL;
+      plan->dscratch_size = 0;
+      status = gpu->alloc(plan->local.device_index, need, &plan->dscratch, why, sizeof why);
+    }
+    if (status != ATTN_STATUS_OK)
+      return attn_fail(plan->ctx, status, "device workspace (%zu bytes): %s", need, why);
+    plan->dscratch_size = need;
+  }
+  *workspace = plan->dscratch;
+  *size = plan->dscratch_size;
+  return ATTN_STATUS_OK;
+}
+
+/* The ring's transfers go on its own stream for the run, and back on the caller's after. */
+static void transfers_on(attn_dist_plan *plan, void *stream) {
+  if (plan->ops->set_stream != NULL) plan->ops->set_stream(plan->ring_comm, stream);
+}
+
+/* Packs the caller's local K and V densely into one message, on the caller's stream. */
+static attn_status device_pack_kv(const ring *g, const attn_inputs *in, char *buf) {
+  attn_dist_plan *plan = g->plan;
+  const int32_t dev = plan->global.device_index;
+  attn_status status = ATTN_STATUS_OK;
+  const int64_t kshape[4] = {g->B, g->Tk, g->Hkv, g->D}, vshape[4] = {g->B, g->Tk, g->Hkv, g->Dv};
+  const int64_t kd[4] = {g->Tk * g->Hkv * g->D, g->Hkv * g->D, g->D, 1};
+  const int64_t vd[4] = {g->Tk * g->Hkv * g->Dv, g->Hkv * g->Dv, g->Dv, 1};
+  DEV("packing K", copy, dev, buf, kd, in->k.data, g->ks, kshape, g->es, plan->stream);
+  DEV("packing V", copy, dev, buf + g->k_bytes, vd, in->v.data, g->vs, vshape, g->es,
+      plan->stream);
+done:
+  return status;
+}
+
+/* Before a transfer that overwrites a buffer the caller's stream last read (or sends one it last
+ * wrote): the ring's stream waits for the caller's work so far. */
+static attn_status device_order_transfer(attn_dist_plan *plan) {
+  const int32_t dev = plan->global.device_index;
+  attn_status status = ATTN_STATUS_OK;
+  DEV("ordering a transfer", record, dev, plan->compute_done, plan->stream);
+  DEV("ordering a transfer", stream_wait, dev, plan->comm_stream, plan->compute_done);
+done:
+  return status;
+}
+
+static attn_status ring_forward_device(attn_dist_plan *plan, const attn_inputs *in,
+                                       const attn_outputs *out) {
+  ring g;
+  init_ring(&g, plan, in, &out->out, out->lse.data != NULL ? &out->lse : NULL);
+  const int32_t dev = plan->global.device_index;
+  const size_t ws = device_workspace_bytes(plan);
+  const size_t out_blk = (size_t)round_part(g.B * g.nq * g.Hq * g.Dv * (int64_t)g.es);
+  const size_t lse_blk = (size_t)round_part(g.B * g.Hq * g.nq * 4);
+  const int64_t n_out = g.B * g.Tq * g.Hq * g.Dv, n_lse = g.B * g.Hq * g.Tq;
+  const size_t acc_out = (size_t)round_part(n_out * 4), acc_lse = (size_t)round_part(n_lse * 4);
+  char *base = NULL;
+  attn_status status =
+      device_setup(plan, 2 * g.kv_bytes + out_blk + lse_blk + acc_out + acc_lse + ws, &base);
+  if (status != ATTN_STATUS_OK) return status;
+  char *kv[2] = {base, base + g.kv_bytes};
+  char *ob = base + 2 * g.kv_bytes, *lb = ob + out_blk;
+  float *ao = (float *)(lb + lse_blk), *al = (float *)((char *)ao + acc_out);
+  void *wsp = (char *)al + acc_lse;
+  transfers_on(plan, plan->comm_stream);
+  DEV("clearing the output sums", fill, dev, ao, n_out, 0.0f, plan->stream);
+  DEV("clearing the lse sums", fill, dev, al, n_lse, -INFINITY, plan->stream);
+  status = device_pack_kv(&g, in, kv[0]);
+  if (status != ATTN_STATUS_OK) goto done;
+
+  const int32_t last = last_step(&g), next = (g.r + 1) % g.n, prev = (g.r + g.n - 1) % g.n;
+  int cur = 0;
+  plan->stats.steps = last + 1;
+  for (int32_t s = 0; s <= last; ++s) {
+    const int32_t src = ((g.r - s) % g.n + g.n) % g.n;
+    transfer t = {NULL, NULL};
+    if (s < last) {
+      status = device_order_transfer(plan);
+      if (status == ATTN_STATUS_OK)
+        status = start_shift(&g, kv[cur], kv[1 - cur], g.kv_bytes, next, prev, TAG_KV, &t);
+      if (status != ATTN_STATUS_OK) goto done;
+    }
+    for (int32_t a = 0; a < g.C && status == ATTN_STATUS_OK; ++a)
+      for (int32_t c = 0; c < g.C && status == ATTN_STATUS_OK; ++c) {
+        const int64_t off = block_offset(&g, g.r, a, src, c);
+        if (!block_visible(&g, off)) continue;
+        const int64_t k0 = attn_dist_chunk_start(plan, plan->global.seqlen_k, src, c);
+        attn_inputs bi = block_inputs(&g, in, a, kv[cur], c, k0);
+        attn_outputs bo;
+        attn_outputs_init(&bo);
+        bo.out = attn_tensor_dense(ob);
+        bo.lse = attn_tensor_dense(lb);
+        const double t0 = attn_dist_now();
+        status = attn_plan_forward(device_block_plan(&g, off), &bi, wsp, ws, &bo);
+        plan->stats.compute_seconds += attn_dist_now() - t0;
+        if (status != ATTN_STATUS_OK) break;
+        char why[512] = "";
+        status = plan->dev->merge(dev, (int32_t)g.dt, ao, al, ob, (const float *)lb, g.B, g.Hq,
+                                  g.Tq, (int64_t)a * g.nq, g.nq, g.Dv, plan->stream, why,
+                                  sizeof why);
+        if (status != ATTN_STATUS_OK) status = dev_fail(plan, status, "merging a block", why);
+      }
+    if (status != ATTN_STATUS_OK) {
+      abandon(&g, &t);
+      goto done;
+    }
+    if (s < last) {
+      status = finish_shift(&g, &t, next, prev);
+      if (status != ATTN_STATUS_OK) goto done;
+      cur = 1 - cur;
+    }
+  }
+  {
+    const int64_t oshape[4] = {g.B, g.Tq, g.Hq, g.Dv};
+    DEV("writing out", store, dev, out->out.data, (int32_t)g.dt, g.os, ao, oshape, plan->stream);
+    if (out->lse.data != NULL) {
+      const int64_t lshape[4] = {g.B, g.Hq, g.Tq, 1}, dense[4] = {g.Hq * g.Tq, g.Tq, 1, 0};
+      const int64_t to[4] = {g.lses[0], g.lses[1], g.lses[2], 0};
+      DEV("writing lse", copy, dev, out->lse.data, to, al, dense, lshape, 4, plan->stream);
+    }
+  }
+done:
+  transfers_on(plan, plan->stream);
+  return status == ATTN_STATUS_OK ? attn_succeed(plan->ctx) : status;
+}
+
+static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs *in,
+                                        const attn_outputs *fwd, const attn_tensor *dout,
+                                        const attn_grads *grads) {
+  ring g;
+  init_ring(&g, plan, in, &fwd->out, &fwd->lse);
+  const int32_t dev = plan->global.device_index;
+  int64_t dout_s[4], dq_s[4], dk_s[4], dv_s[4];
+  const int64_t oshape[4] = {g.B, g.Tq, g.Hq, g.Dv}, qshape[4] = {g.B, g.Tq, g.Hq, g.D};
+  const int64_t kshape[4] = {g.B, g.Tk, g.Hkv, g.D}, vshape[4] = {g.B, g.Tk, g.Hkv, g.Dv};
+  attn_dist_strides(dout, oshape, 4, dout_s);
+  attn_dist_strides(&grads->dq, qshape, 4, dq_s);
+  attn_dist_strides(&grads->dk, kshape, 4, dk_s);
+  attn_dist_strides(&grads->dv, vshape, 4, dv_s);
+  const size_t ws = device_workspace_bytes(plan);
+  const int64_t nk_el = g.B * g.Tk * g.Hkv * g.D, nkd = nk_el + g.B * g.Tk * g.Hkv * g.Dv;
+  const int64_t nq_el = g.B * g.Tq * g.Hq * g.D;
+  const size_t dq_blk = (size_t)round_part(g.B * g.nq * g.Hq * g.D * (int64_t)g.es);
+  const size_t dk_blk = (size_t)round_part(g.B * g.nk * g.Hkv * g.D * (int64_t)g.es);
+  const size_t dv_blk = (size_t)round_part(g.B * g.nk * g.Hkv * g.Dv * (int64_t)g.es);
+  const size_t dkv_acc = (size_t)round_part(nkd * 4), dq_acc = (size_t)round_part(nq_el * 4);
+  char *base = NULL;
+  attn_status status = device_setup(
+      plan, 2 * g.kv_bytes + dq_blk + dk_blk + dv_blk + 3 * dkv_acc + dq_acc + ws, &base);
+  if (status != ATTN_STATUS_OK) return status;
+  char *kv[2] = {base, base + g.kv_bytes};
+  char *qb = base + 2 * g.kv_bytes, *kb = qb + dq_blk, *vb = kb + dk_blk;
+  /* dkv: the travelling dK/dV sums (one in hand, one arriving); step: this step's share. */
+  float *dkv[2] = {(float *)(vb + dv_blk), (float *)(vb + dv_blk + dkv_acc)};
+  float *step = (float *)(vb + dv_blk + 2 * dkv_acc);
+  float *dqa = (float *)(vb + dv_blk + 3 * dkv_acc);
+  void *wsp = (char *)dqa + dq_acc;
+  transfers_on(plan, plan->comm_stream);
+  DEV("clearing the dK/dV sums", fill, dev, dkv[0], nkd, 0.0f, plan->stream);
+  DEV("clearing the dq sums", fill, dev, dqa, nq_el, 0.0f, plan->stream);
+  status = device_pack_kv(&g, in, kv[0]);
+  if (status != ATTN_STATUS_OK) goto done;
+
+  const int32_t last = last_step(&g), next = (g.r + 1) % g.n, prev = (g.r + g.n - 1) % g.n;
+  plan->stats.steps = last + 1;
+  int cur = 0, dcur = 0;
+  transfer dt = {NULL, NULL};
+  int32_t dto = 0, dfrom = 0;
+  for (int32_t s = 0; s <= last; ++s) {
+    const int32_t src = ((g.r - s) % g.n + g.n) % g.n;
+    transfer t = {NULL, NULL};
+    if (s < last) {
+      status = device_order_transfer(plan);
+      if (status == ATTN_STATUS_OK)
+        status = start_shift(&g, kv[cur], kv[1 - cur], g.kv_bytes, next, prev, TAG_KV, &t);
+      if (status != ATTN_STATUS_OK) {
+        abandon(&g, &dt);
+        goto done;
+      }
+    }
+    DEV("clearing a step's dK/dV", fill, dev, step, nkd, 0.0f, plan->stream);
+    for (int32_t a = 0; a < g.C && status == ATTN_STATUS_OK; ++a)
+      for (int32_t c = 0; c < g.C && status == ATTN_STATUS_OK; ++c) {
+        const int64_t off = block_offset(&g, g.r, a, src, c);
+        if (!block_visible(&g, off)) continue;
+        const int64_t k0 = attn_dist_chunk_start(plan, plan->global.seqlen_k, src, c);
+        attn_inputs bi = block_inputs(&g, in, a, kv[cur], c, k0);
+        const int64_t q_row = (int64_t)a * g.nq;
+        attn_outputs bf;
+        attn_outputs_init(&bf);
+        bf.out = fwd->out;
+        bf.out.data = (char *)fwd->out.data + (size_t)(q_row * g.os[1]) * g.es;
+        memcpy(bf.out.stride, g.os, sizeof g.os);
+        bf.lse = fwd->lse;
+        bf.lse.data = (char *)fwd->lse.data + (size_t)(q_row * g.lses[2]) * 4;
+        memcpy(bf.lse.stride, g.lses, sizeof g.lses);
+        attn_tensor bd = *dout;
+        bd.data = (char *)dout->data + (size_t)(q_row * dout_s[1]) * g.es;
+        memcpy(bd.stride, dout_s, sizeof dout_s);
+        attn_grads bg;
+        attn_grads_init(&bg);
+        bg.dq = attn_tensor_dense(qb);
+        bg.dk = attn_tensor_dense(kb);
+        bg.dv = attn_tensor_dense(vb);
+        const double t0 = attn_dist_now();
+        status = attn_plan_backward(device_block_plan(&g, off), &bi, &bf, &bd, wsp, ws, &bg);
+        plan->stats.compute_seconds += attn_dist_now() - t0;
+        if (status != ATTN_STATUS_OK) break;
+        /* dq rows of query chunk a; dK and dV rows of key chunk c of the slice in hand. */
+        char why[512] = "";
+        status = plan->dev->accumulate(dev, dqa, g.Tq, q_row, qb, (int32_t)g.dt, g.B, g.nq,
+                                       g.Hq * g.D, plan->stream, why, sizeof why);
+        if (status == ATTN_STATUS_OK)
+          status = plan->dev->accumulate(dev, step, g.Tk, (int64_t)c * g.nk, kb, (int32_t)g.dt,
+                                         g.B, g.nk, g.Hkv * g.D, plan->stream, why, sizeof why);
+        if (status == ATTN_STATUS_OK)
+          status = plan->dev->accumulate(dev, step + nk_el, g.Tk, (int64_t)c * g.nk, vb,
+                                         (int32_t)g.dt, g.B, g.nk, g.Hkv * g.Dv, plan->stream, why,
+                                         sizeof why);
+        if (status != ATTN_STATUS_OK) status = dev_fail(plan, status, "summing gradients", why);
+      }
+    if (status != ATTN_STATUS_OK) {
+      abandon(&g, &t);
+      abandon(&g, &dt);
+      goto done;
+    }
+    if (s < last) {
+      status = finish_shift(&g, &t, next, prev);
+      if (status != ATTN_STATUS_OK) {
+        abandon(&g, &dt);
+        goto done;
+      }
+      cur = 1 - cur;
+    }
+    /* The sums that travelled with this slice arrive (in flight during this step's blocks); this
+     * step's share joins them, and they move on, or home after the last step (as on the host). */
+    if (dt.recv != NULL || dt.send != NULL) {
+      status = finish_shift(&g, &dt, dto, dfrom);
+      if (status != ATTN_STATUS_OK) goto done;
+      dcur = 1 - dcur;
+    }
+    DEV("adding a step's dK/dV", add, dev, dkv[dcur], step, nkd, plan->stream);
+    dto = s < last ? next : src;
+    dfrom = s < last ? prev : (g.r + s) % g.n;
+    if (dto != g.r) {
+      status = device_order_transfer(plan);
+      if (status == ATTN_STATUS_OK)
+        status = start_shift(&g, dkv[dcur], dkv[1 - dcur], (size_t)nkd * 4, dto, dfrom, TAG_DKV,
+                             &dt);
+      if (status != ATTN_STATUS_OK) goto done;
+    }
+  }
+  if (dt.recv != NULL || dt.send != NULL) {
+    status = finish_shift(&g, &dt, dto, dfrom);
+    if (status != ATTN_STATUS_OK) goto done;
+    dcur = 1 - dcur;
+  }
+  DEV("writing dq", store, dev, grads->dq.data, (int32_t)g.dt, dq_s, dqa, qshape, plan->stream);
+  DEV("writing dk", store, dev, grads->dk.data, (int32_t)g.dt, dk_s, dkv[dcur], kshape,
+      plan->stream);
+  DEV("writing dv", store, dev, grads->dv.data, (int32_t)g.dt, dv_s, dkv[dcur] + nk_el, vshape,
+      plan->stream);
+done:
+  transfers_on(plan, plan->stream);
+  return status == ATTN_STATUS_OK ? attn_succeed(plan->ctx) : status;
+}
+
+#undef DEV
+
 /* ---- forward --------------------------------------------------------------------------------- */
 
 attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
@@ -341,11 +723,12 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                      "outputs.probs under sequence sharding: the probabilities of a row are spread "
                      "over the ranks; not implemented");
+  if (plan->device_ring) return ring_forward_device(plan, in, out);
   ring g;
   init_ring(&g, plan, in, &out->out, out->lse.data != NULL ? &out->lse : NULL);
   const size_t stat_es = attn_dtype_size(g.stat);
-  const size_t out_blk = (size_t)round8(g.B * g.Tq * g.Hq * g.Dv * (int64_t)g.es);
-  const size_t lse_blk = (size_t)round8(g.B * g.Hq * g.Tq * (int64_t)stat_es);
+  const size_t out_blk = (size_t)round_part(g.B * g.Tq * g.Hq * g.Dv * (int64_t)g.es);
+  const size_t lse_blk = (size_t)round_part(g.B * g.Hq * g.Tq * (int64_t)stat_es);
   const size_t acc_out = (size_t)(g.B * g.Tq * g.Hq * g.Dv) * sizeof(double);
   const size_t acc_lse = (size_t)(g.B * g.Hq * g.Tq) * sizeof(double);
   char *base = NULL;
@@ -462,6 +845,7 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
     return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                      "q, k, v, forward.out, forward.lse, dout, dq, dk and dv are required (one is "
                      "NULL)");
+  if (plan->device_ring) return ring_backward_device(plan, in, fwd, dout, grads);
   ring g;
   init_ring(&g, plan, in, &fwd->out, &fwd->lse);
   const attn_problem *l = g.l;
@@ -476,9 +860,9 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
     if (grads->dbias.data != NULL) attn_dist_strides(&grads->dbias, l->bias_shape, 4, dbias_s);
   }
   const int64_t nkd = g.B * g.Tk * g.Hkv * (g.D + g.Dv); /* dK then dV, per travelling slice */
-  const size_t dq_blk = (size_t)round8(g.B * g.Tq * g.Hq * g.D * (int64_t)g.es);
-  const size_t dk_blk = (size_t)round8(g.B * g.nk * g.Hkv * g.D * (int64_t)g.es);
-  const size_t dv_blk = (size_t)round8(g.B * g.nk * g.Hkv * g.Dv * (int64_t)g.es);
+  const size_t dq_blk = (size_t)round_part(g.B * g.Tq * g.Hq * g.D * (int64_t)g.es);
+  const size_t dk_blk = (size_t)round_part(g.B * g.nk * g.Hkv * g.D * (int64_t)g.es);
+  const size_t dv_blk = (size_t)round_part(g.B * g.nk * g.Hkv * g.Dv * (int64_t)g.es);
   const size_t dkv_acc = (size_t)nkd * sizeof(double);
   const size_t dq_acc = (size_t)(g.B * g.Tq * g.Hq * g.D) * sizeof(double);
   char *base = NULL;

@@ -24,6 +24,11 @@
 /* Bumped whenever the table below changes; the loader refuses a module of another version. */
 #define ATTN_TRANSPORT_ABI 1
 
+/* A transport for the project's tests only (tests/dist_gpu/transport_loopback.c,
+ * libattn_test_loopback.so, never installed): the ranks are threads of one process sharing a GPU,
+ * so the GPU path of the distributed layer runs on a machine of one GPU. Not in the public enum. */
+#define ATTN_DIST_TRANSPORT_TEST_LOOPBACK 1000
+
 /* Element types of allreduce. */
 typedef enum attn_transport_type {
   ATTN_TRANSPORT_F32 = 0,

@@ -26,6 +26,8 @@ typedef struct transport_entry {
 static const transport_entry transports[] = {
     {ATTN_DIST_TRANSPORT_MPI, "mpi", "libattn_mpi.so", "attn_transport_mpi_entry"},
     {ATTN_DIST_TRANSPORT_NCCL, "nccl", "libattn_nccl.so", "attn_transport_nccl_entry"},
+    {ATTN_DIST_TRANSPORT_TEST_LOOPBACK, "loopback (tests only)", "libattn_test_loopback.so",
+     "attn_transport_loopback_entry"},
 };
 #define TRANSPORT_COUNT (sizeof transports / sizeof transports[0])
 

@@ -53,6 +53,7 @@ enum { SLOT_COUNT = sizeof slots / sizeof slots[0] };
 static const attn_impl *loaded_impls[16];
 static int32_t loaded_count = 0;
 static const attn_gpu_ops *loaded_gpu = NULL;
+static const attn_dist_device_ops *loaded_dist = NULL;
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 
 /* OK when the table was built from the same contract as this library; else the reason in msg. */
@@ -90,6 +91,7 @@ static void adopt(module_slot *s, const attn_module_table *t) {
   s->message[0] = '\0';
   for (int32_t i = 0; i < t->impl_count; ++i) loaded_impls[loaded_count++] = t->impls[i];
   if (loaded_gpu == NULL) loaded_gpu = t->gpu;
+  if (loaded_dist == NULL) loaded_dist = t->dist;
 }
 
 /* dlopen's last error, or a fallback; dlerror() clears it, so it is read once. */
@@ -215,6 +217,11 @@ const attn_impl *const *attn_module_impls(int32_t *count) {
 const attn_gpu_ops *attn_module_gpu(void) {
   attn_modules_load();
   return loaded_gpu;
+}
+
+const attn_dist_device_ops *attn_module_dist_ops(void) {
+  attn_modules_load();
+  return loaded_dist;
 }
 
 const attn_module_table *attn_module_table_named(const char *name) {

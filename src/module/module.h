@@ -16,11 +16,14 @@
 #define ATTN_MODULE_MODULE_H
 
 #include "core/gpu.h"
+#include "dist/device.h"
 #include "impl/impl.h"
 
-/* Bumped whenever attn_module_table, attn_impl, attn_run or attn_gpu_ops change meaning. */
-#define ATTN_MODULE_ABI 1
-#define ATTN_MODULE_ENTRY "attn_module_entry_v1"
+/* Bumped whenever attn_module_table, attn_impl, attn_run, attn_gpu_ops or attn_dist_device_ops
+ * change meaning; the entry's name carries it, so a module of another ABI is not even called.
+ * 2: the table's dist (the ring's device operations). */
+#define ATTN_MODULE_ABI 2
+#define ATTN_MODULE_ENTRY "attn_module_entry_v2"
 
 typedef struct attn_module_table {
   int32_t abi;         /* ATTN_MODULE_ABI of the module's build */
@@ -35,6 +38,9 @@ typedef struct attn_module_table {
   /* What the project's own tests may call inside the module (a struct of the module's, e.g.
    * attn_cudnn_test_hooks), or NULL: a module exports nothing else, so tests reach it here. */
   const void *test_hooks;
+  /* The distributed ring's device operations (dist/device.h), or NULL (cudnn: its kernels are
+   * cuDNN's; the ring takes these from the cuda module). */
+  const attn_dist_device_ops *dist;
 } attn_module_table;
 
 /* The type of ATTN_MODULE_ENTRY. */
@@ -68,6 +74,9 @@ typedef int (*attn_module_accept_fn)(void *symbol, void *arg, char *why, size_t 
  * the one that failed ("" when none was found). Callers serialise their own calls. */
 void *attn_module_open(const char *file, const char *symbol, attn_module_accept_fn accept, void *arg,
                        char *path, size_t path_size, char *why, size_t why_size);
+
+/* The ring's device operations of the first loaded module that has them, or NULL. */
+const attn_dist_device_ops *attn_module_dist_ops(void);
 
 /* The table of the loaded module of that name ("cuda", "cudnn"), or NULL; for tests. */
 const attn_module_table *attn_module_table_named(const char *name);

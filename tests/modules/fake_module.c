@@ -77,7 +77,8 @@ static const attn_module_table fake_table = {FAKE_ABI,
                                              fake_impls,
                                              1,
                                              NULL,
+                                             NULL,
                                              NULL};
 
-__attribute__((visibility("default"))) const attn_module_table *attn_module_entry_v1(void);
-const attn_module_table *attn_module_entry_v1(void) { return &fake_table; }
+__attribute__((visibility("default"))) const attn_module_table *attn_module_entry_v2(void);
+const attn_module_table *attn_module_entry_v2(void) { return &fake_table; }

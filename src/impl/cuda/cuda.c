@@ -549,8 +549,10 @@ const attn_impl attn_cuda_impl = {
 /* The module libattn_cuda.so (src/module/module.h): this implementation and the CUDA runtime
  * services. src/module/entry.c exports it; libattn_gpu.a links it in directly. */
 static const attn_impl *const cuda_module_impls[] = {&attn_cuda_impl};
+extern const attn_dist_device_ops attn_cuda_dist_ops; /* dist_ops.cu */
 static const attn_module_table cuda_module_table = {ATTN_MODULE_TABLE_HEADER, "cuda",
-                                                    cuda_module_impls, 1, &attn_gpu_runtime_ops,
-                                                    NULL};
+                                                    cuda_module_impls,        1,
+                                                    &attn_gpu_runtime_ops,    NULL,
+                                                    &attn_cuda_dist_ops};
 const attn_module_table *attn_cuda_module(void);
 const attn_module_table *attn_cuda_module(void) { return &cuda_module_table; }

@@ -872,6 +872,7 @@ static const attn_cudnn_test_hooks cudnn_test_hooks = {attn_cudnn_graph_cache_st
                                                        attn_cudnn_graph_cache_set_capacity};
 static const attn_module_table cudnn_module_table = {ATTN_MODULE_TABLE_HEADER, "cudnn",
                                                      cudnn_module_impls,       1,
-                                                     &attn_gpu_runtime_ops,    &cudnn_test_hooks};
+                                                     &attn_gpu_runtime_ops,    &cudnn_test_hooks,
+                                                     NULL};
 const attn_module_table *attn_cudnn_module(void);
 const attn_module_table *attn_cudnn_module(void) { return &cudnn_module_table; }

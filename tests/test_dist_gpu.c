@@ -1,0 +1,432 @@
+/*
+ * tests/test_dist_gpu.c - distributed attention of CUDA tensors against the whole problem on one
+ * GPU with the same implementation: batch and head splits, the ring over a split sequence
+ * (contiguous and zigzag, causal and not, GQA, odd lengths, Tq != Tk, soft cap), a 2-D mesh
+ * (batch or heads x sequence), forward and backward, on n = 2, 3 and 4 ranks; and the refusals
+ * of what the device ring does not run (two sequence axes, the all-to-all, dropout).
+ *
+ * The ranks are threads of this process. On one GPU they talk through the loopback transport
+ * (tests/dist_gpu/transport_loopback.c: cudaMemcpyAsync between the threads' buffers, host
+ * barriers), the NCCL transport's stand-in, since NCCL refuses two ranks on one GPU; the library's
+ * code is the same, only the transport differs. With two GPUs and the NCCL module (ATTN_TEST_NCCL)
+ * the same cases run again over NCCL, one thread per GPU.
+ *
+ * Needs no CUDA header: device memory and streams go through the modules' services (core/gpu.h,
+ * dist/device.h), so CI compiles it everywhere; without a GPU module, a GPU or the loopback module
+ * it exits 77 (skipped). Seed printed; ATTN_TEST_SEED overrides it.
+ */
+#include "attn.h"
+#include "attn_dist.h"
+#include "core/gpu.h"
+#include "dist/transport.h"
+#include "dist_gpu/loopback.h"
+#include "module/module.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef ATTN_TEST_NCCL
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#endif
+
+static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER;
+static const attn_gpu_ops *gpu;
+static const attn_dist_device_ops *dev_ops;
+
+#define MAX_RANKS 4
+
+/* One case: the global problem, the mesh, and whether the plan must be refused (keyword in the
+ * reason). */
+typedef struct tcase {
+  const char *name;
+  int naxes, dims[2], sizes[2]; /* sizes[i] = 0: n / the other axis */
+  int layout, strategy;
+  int causal;
+  int64_t B, Tq, Tk, Hq, Hkv, D;
+  double softcap, dropout;
+  const char *refused; /* NULL: must run */
+} tcase;
+
+/* The global data and the single-device results, on the host. */
+typedef struct global {
+  attn_problem p;
+  tu_buf q, k, v, dout, out, lse, dq, dk, dv;
+} global;
+
+typedef struct rank_job {
+  const tcase *c;
+  const global *g;
+  int n, rank, device;
+  int32_t transport;
+  void *comm;
+} rank_job;
+
+static void *upload(const tu_buf *b) {
+  void *d = NULL;
+  char why[256];
+  const size_t bytes = (size_t)b->n * attn_dtype_size(b->dtype);
+  if (gpu->alloc(0, bytes + 256, &d, why, sizeof why) != ATTN_STATUS_OK) {
+    printf("FATAL device allocation: %s\n", why);
+    exit(1);
+  }
+  if (bytes > 0 && gpu->upload(0, d, b->data, bytes, why, sizeof why) != ATTN_STATUS_OK) {
+    printf("FATAL upload: %s\n", why);
+    exit(1);
+  }
+  return d;
+}
+
+static void *upload_on(int device, const tu_buf *b) {
+  void *d = NULL;
+  char why[256];
+  const size_t bytes = (size_t)b->n * attn_dtype_size(b->dtype);
+  if (gpu->alloc(device, bytes + 256, &d, why, sizeof why) != ATTN_STATUS_OK ||
+      (bytes > 0 && gpu->upload(device, d, b->data, bytes, why, sizeof why) != ATTN_STATUS_OK)) {
+    printf("FATAL device buffer on GPU %d: %s\n", device, why);
+    exit(1);
+  }
+  return d;
+}
+
+static tu_buf fetch(int device, const void *d, attn_dtype dt, int64_t n) {
+  tu_buf b = tu_buf_new(dt, n);
+  char why[256];
+  if (n > 0 && gpu->download(device, b.data, d, (size_t)n * attn_dtype_size(dt), why,
+                             sizeof why) != ATTN_STATUS_OK) {
+    printf("FATAL download: %s\n", why);
+    exit(1);
+  }
+  return b;
+}
+
+/* The box of a dense 4-d global tensor of shape gs picked by index maps (map[d][i] = the global
+ * index of local index i along d; NULL = identity), of local shape ls. */
+static tu_buf take4(const tu_buf *g, const int64_t gs[4], const int64_t ls[4],
+                    const int64_t *const map[4]) {
+  tu_buf out = tu_buf_new(g->dtype, ls[0] * ls[1] * ls[2] * ls[3]);
+  int64_t e = 0;
+  for (int64_t a = 0; a < ls[0]; ++a)
+    for (int64_t b = 0; b < ls[1]; ++b)
+      for (int64_t c = 0; c < ls[2]; ++c)
+        for (int64_t d = 0; d < ls[3]; ++d) {
+          const int64_t i0 = map[0] ? map[0][a] : a, i1 = map[1] ? map[1][b] : b;
+          const int64_t i2 = map[2] ? map[2][c] : c, i3 = map[3] ? map[3][d] : d;
+          tu_set(&out, e++, tu_get(g, ((i0 * gs[1] + i1) * gs[2] + i2) * gs[3] + i3));
+        }
+  return out;
+}
+
+static void compare(const rank_job *j, const char *what, const tu_buf *got, const tu_buf *want,
+                    double tol) {
+  double err = 0, scale = 1;
+  for (int64_t i = 0; i < want->n; ++i) {
+    const double x = tu_get(got, i), y = tu_get(want, i);
+    if (isfinite(y) && fabs(y) > scale) scale = fabs(y);
+    const double e = (isinf(x) || isinf(y)) ? (x == y ? 0 : INFINITY) : fabs(x - y);
+    if (!(e <= err)) err = e;
+  }
+  pthread_mutex_lock(&report_lock);
+  tu_check(err <= tol * scale, "%s n=%d %s rank %d %s: max error %.3g (tolerance %.3g)",
+           j->transport == ATTN_DIST_TRANSPORT_NCCL ? "nccl" : "loopback", j->n, j->c->name,
+           j->rank, what, err, tol * scale);
+  pthread_mutex_unlock(&report_lock);
+}
+
+static void report(const rank_job *j, int ok, const char *what, const char *detail) {
+  pthread_mutex_lock(&report_lock);
+  tu_check(ok, "%s n=%d %s rank %d %s%s%s",
+           j->transport == ATTN_DIST_TRANSPORT_NCCL ? "nccl" : "loopback", j->n, j->c->name,
+           j->rank, what, detail[0] ? ": " : "", detail);
+  pthread_mutex_unlock(&report_lock);
+}
+
+/* One rank: its shard, the plan, forward and backward, and its slice of every result. */
+static void *run_rank(void *arg) {
+  const rank_job *j = arg;
+  const tcase *c = j->c;
+  const global *g = j->g;
+#ifdef ATTN_TEST_NCCL
+  if (j->transport == ATTN_DIST_TRANSPORT_NCCL) cudaSetDevice(j->device);
+#endif
+  attn_ctx *ctx;
+  attn_ctx_create(&ctx);
+  attn_problem p = g->p;
+  p.device_index = j->device;
+  attn_dist_spec spec;
+  attn_dist_spec_init(&spec);
+  spec.num_axes = c->naxes;
+  for (int a = 0; a < c->naxes; ++a) {
+    spec.axis_dim[a] = c->dims[a];
+    spec.axis_size[a] = c->sizes[a];
+  }
+  spec.layout = c->layout, spec.strategy = c->strategy;
+  spec.timeout_seconds = 120;
+  attn_dist_plan *plan = NULL;
+  attn_status st = attn_dist_plan_create(ctx, &p, &spec, j->transport, j->comm, NULL, &plan);
+  if (c->refused != NULL) {
+    const char *why = attn_ctx_last_error(ctx);
+    report(j, st == ATTN_STATUS_UNSUPPORTED && strstr(why, c->refused) != NULL,
+           "is refused with the reason", why);
+    attn_dist_plan_destroy(plan);
+    attn_ctx_destroy(ctx);
+    return NULL;
+  }
+  report(j, st == ATTN_STATUS_OK, "plan", st == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
+  if (st != ATTN_STATUS_OK) {
+    attn_ctx_destroy(ctx);
+    return NULL;
+  }
+  attn_problem l;
+  int32_t coords[ATTN_DIST_MAX_AXES] = {0};
+  attn_dist_plan_local_problem(plan, &l, coords);
+  /* Index maps of the local shard: batch, query and key rows, query and KV heads. */
+  int64_t b0 = 0, hq0 = 0, hk0 = 0;
+  for (int a = 0; a < c->naxes; ++a) {
+    if (c->dims[a] == ATTN_DIST_DIM_BATCH) b0 = coords[a] * l.batch;
+    if (c->dims[a] == ATTN_DIST_DIM_HEADS) hq0 = coords[a] * l.heads_q, hk0 = coords[a] * l.heads_kv;
+  }
+  int64_t *bmap = malloc(sizeof(int64_t) * (size_t)l.batch);
+  int64_t *tqmap = malloc(sizeof(int64_t) * (size_t)l.seqlen_q);
+  int64_t *tkmap = malloc(sizeof(int64_t) * (size_t)l.seqlen_k);
+  int64_t *hqmap = malloc(sizeof(int64_t) * (size_t)l.heads_q);
+  int64_t *hkmap = malloc(sizeof(int64_t) * (size_t)l.heads_kv);
+  for (int64_t i = 0; i < l.batch; ++i) bmap[i] = b0 + i;
+  for (int64_t i = 0; i < l.seqlen_q; ++i) tqmap[i] = attn_dist_plan_position(plan, p.seqlen_q, i);
+  for (int64_t i = 0; i < l.seqlen_k; ++i) tkmap[i] = attn_dist_plan_position(plan, p.seqlen_k, i);
+  for (int64_t i = 0; i < l.heads_q; ++i) hqmap[i] = hq0 + i;
+  for (int64_t i = 0; i < l.heads_kv; ++i) hkmap[i] = hk0 + i;
+  const int64_t D = p.head_dim;
+  const int64_t gq[4] = {p.batch, p.seqlen_q, p.heads_q, D}, lq[4] = {l.batch, l.seqlen_q, l.heads_q, D};
+  const int64_t gk[4] = {p.batch, p.seqlen_k, p.heads_kv, D}, lk[4] = {l.batch, l.seqlen_k, l.heads_kv, D};
+  const int64_t gl[4] = {p.batch, p.heads_q, p.seqlen_q, 1}, ll[4] = {l.batch, l.heads_q, l.seqlen_q, 1};
+  const int64_t *const qmap[4] = {bmap, tqmap, hqmap, NULL}, *const kmap[4] = {bmap, tkmap, hkmap, NULL};
+  const int64_t *const lmap[4] = {bmap, hqmap, tqmap, NULL};
+  tu_buf q = take4(&g->q, gq, lq, qmap), k = take4(&g->k, gk, lk, kmap);
+  tu_buf v = take4(&g->v, gk, lk, kmap), dout = take4(&g->dout, gq, lq, qmap);
+  tu_buf want_out = take4(&g->out, gq, lq, qmap), want_lse = take4(&g->lse, gl, ll, lmap);
+  tu_buf want_dq = take4(&g->dq, gq, lq, qmap), want_dk = take4(&g->dk, gk, lk, kmap);
+  tu_buf want_dv = take4(&g->dv, gk, lk, kmap);
+  const int dv_ = j->device;
+  void *dq_in = upload_on(dv_, &q), *dk_in = upload_on(dv_, &k), *dv_in = upload_on(dv_, &v);
+  void *ddout = upload_on(dv_, &dout);
+  void *dout_o = upload_on(dv_, &want_out), *dlse = upload_on(dv_, &want_lse);
+  void *ddq = upload_on(dv_, &want_dq), *ddk = upload_on(dv_, &want_dk), *ddv = upload_on(dv_, &want_dv);
+  /* Results start as garbage of the right size: the oracle's values would hide unwritten rows. */
+  char why[512] = "";
+  void *stream = NULL;
+  if (dev_ops->stream_create(dv_, &stream, why, sizeof why) != ATTN_STATUS_OK) {
+    printf("FATAL stream: %s\n", why);
+    exit(1);
+  }
+  attn_dist_plan_set_stream(plan, stream);
+  {
+    tu_buf nan_o = tu_buf_new(want_out.dtype, want_out.n), nan_l = tu_buf_new(ATTN_DTYPE_F32, want_lse.n);
+    for (int64_t i = 0; i < nan_o.n; ++i) tu_set(&nan_o, i, NAN);
+    for (int64_t i = 0; i < nan_l.n; ++i) tu_set(&nan_l, i, NAN);
+    gpu->upload(dv_, dout_o, nan_o.data, (size_t)nan_o.n * attn_dtype_size(nan_o.dtype), why, sizeof why);
+    gpu->upload(dv_, dlse, nan_l.data, (size_t)nan_l.n * 4, why, sizeof why);
+    gpu->upload(dv_, ddq, nan_o.data, (size_t)want_dq.n * attn_dtype_size(nan_o.dtype), why, sizeof why);
+    tu_buf_free(&nan_o), tu_buf_free(&nan_l);
+  }
+  /* A pageable upload may still be landing when cudaMemcpy returns; the plan's stream does not
+   * wait for the legacy stream's copies. */
+  if (gpu->synchronize(dv_, why, sizeof why) != ATTN_STATUS_OK) report(j, 0, "upload", why);
+  attn_inputs in;
+  attn_inputs_init(&in);
+  in.q = attn_tensor_dense(dq_in), in.k = attn_tensor_dense(dk_in), in.v = attn_tensor_dense(dv_in);
+  attn_outputs o;
+  attn_outputs_init(&o);
+  o.out = attn_tensor_dense(dout_o), o.lse = attn_tensor_dense(dlse);
+  st = attn_dist_plan_forward(plan, &in, &o);
+  report(j, st == ATTN_STATUS_OK, "forward", st == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
+  attn_grads gr;
+  attn_grads_init(&gr);
+  gr.dq = attn_tensor_dense(ddq), gr.dk = attn_tensor_dense(ddk), gr.dv = attn_tensor_dense(ddv);
+  attn_tensor dout_t = attn_tensor_dense(ddout);
+  if (st == ATTN_STATUS_OK) {
+    st = attn_dist_plan_backward(plan, &in, &o, &dout_t, &gr);
+    report(j, st == ATTN_STATUS_OK, "backward", st == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
+  }
+  if (dev_ops->stream_sync(dv_, stream, why, sizeof why) != ATTN_STATUS_OK) report(j, 0, "sync", why);
+  if (st == ATTN_STATUS_OK) {
+    tu_buf got_out = fetch(dv_, dout_o, want_out.dtype, want_out.n);
+    tu_buf got_lse = fetch(dv_, dlse, ATTN_DTYPE_F32, want_lse.n);
+    tu_buf got_dq = fetch(dv_, ddq, want_dq.dtype, want_dq.n);
+    tu_buf got_dk = fetch(dv_, ddk, want_dk.dtype, want_dk.n);
+    tu_buf got_dv = fetch(dv_, ddv, want_dv.dtype, want_dv.n);
+    compare(j, "out", &got_out, &want_out, 1e-2);
+    compare(j, "lse", &got_lse, &want_lse, 1e-4);
+    compare(j, "dq", &got_dq, &want_dq, 2e-2);
+    compare(j, "dk", &got_dk, &want_dk, 2e-2);
+    compare(j, "dv", &got_dv, &want_dv, 2e-2);
+    tu_buf_free(&got_out), tu_buf_free(&got_lse), tu_buf_free(&got_dq), tu_buf_free(&got_dk);
+    tu_buf_free(&got_dv);
+  }
+  attn_dist_plan_destroy(plan);
+  dev_ops->stream_destroy(dv_, stream);
+  void *bufs[9] = {dq_in, dk_in, dv_in, ddout, dout_o, dlse, ddq, ddk, ddv};
+  for (int i = 0; i < 9; ++i) gpu->release(dv_, bufs[i]);
+  tu_buf *hb[9] = {&q, &k, &v, &dout, &want_out, &want_lse, &want_dq, &want_dk, &want_dv};
+  for (int i = 0; i < 9; ++i) tu_buf_free(hb[i]);
+  free(bmap), free(tqmap), free(tkmap), free(hqmap), free(hkmap);
+  attn_ctx_destroy(ctx);
+  return NULL;
+}
+
+/* The global problem of a case on n ranks, its random data and its single-device results. */
+static int make_global(const tcase *c, uint64_t seed, global *g) {
+  memset(g, 0, sizeof *g);
+  attn_problem *p = &g->p;
+  attn_problem_init(p);
+  p->dtype = ATTN_DTYPE_BF16, p->device = ATTN_DEVICE_CUDA;
+  p->batch = c->B, p->seqlen_q = c->Tq, p->seqlen_k = c->Tk, p->heads_q = c->Hq;
+  p->heads_kv = c->Hkv, p->head_dim = c->D, p->causal = c->causal, p->softcap = c->softcap;
+  p->dropout_p = c->dropout;
+  tu_rng rng = tu_rng_make(seed);
+  const int64_t nq = c->B * c->Tq * c->Hq * c->D, nk = c->B * c->Tk * c->Hkv * c->D;
+  g->q = tu_buf_new(ATTN_DTYPE_BF16, nq), g->dout = tu_buf_new(ATTN_DTYPE_BF16, nq);
+  g->k = tu_buf_new(ATTN_DTYPE_BF16, nk), g->v = tu_buf_new(ATTN_DTYPE_BF16, nk);
+  tu_fill_uniform(&g->q, &rng, -1, 1), tu_fill_uniform(&g->k, &rng, -1, 1);
+  tu_fill_uniform(&g->v, &rng, -1, 1), tu_fill_uniform(&g->dout, &rng, -1, 1);
+  g->out = tu_buf_new(ATTN_DTYPE_BF16, nq), g->dq = tu_buf_new(ATTN_DTYPE_BF16, nq);
+  g->lse = tu_buf_new(ATTN_DTYPE_F32, c->B * c->Hq * c->Tq);
+  g->dk = tu_buf_new(ATTN_DTYPE_BF16, nk), g->dv = tu_buf_new(ATTN_DTYPE_BF16, nk);
+  if (c->refused != NULL) return 1;
+  void *q = upload(&g->q), *k = upload(&g->k), *v = upload(&g->v), *dout = upload(&g->dout);
+  void *out = upload(&g->out), *lse = upload(&g->lse), *dq = upload(&g->dq);
+  void *dk = upload(&g->dk), *dv = upload(&g->dv);
+  attn_ctx *ctx;
+  attn_ctx_create(&ctx);
+  attn_inputs in;
+  attn_inputs_init(&in);
+  in.q = attn_tensor_dense(q), in.k = attn_tensor_dense(k), in.v = attn_tensor_dense(v);
+  attn_outputs o;
+  attn_outputs_init(&o);
+  o.out = attn_tensor_dense(out), o.lse = attn_tensor_dense(lse);
+  attn_grads gr;
+  attn_grads_init(&gr);
+  gr.dq = attn_tensor_dense(dq), gr.dk = attn_tensor_dense(dk), gr.dv = attn_tensor_dense(dv);
+  attn_tensor dout_t = attn_tensor_dense(dout);
+  attn_status st = attn_forward(ctx, p, &in, &o);
+  if (st == ATTN_STATUS_OK) st = attn_backward(ctx, p, &in, &o, &dout_t, &gr);
+  char why[256];
+  int ok = st == ATTN_STATUS_OK && gpu->synchronize(0, why, sizeof why) == ATTN_STATUS_OK;
+  if (!ok) printf("%s: the single-device problem fails: %s\n", c->name, attn_ctx_last_error(ctx));
+  tu_buf_free(&g->out), tu_buf_free(&g->lse), tu_buf_free(&g->dq), tu_buf_free(&g->dk);
+  tu_buf_free(&g->dv);
+  g->out = fetch(0, out, ATTN_DTYPE_BF16, nq), g->lse = fetch(0, lse, ATTN_DTYPE_F32, c->B * c->Hq * c->Tq);
+  g->dq = fetch(0, dq, ATTN_DTYPE_BF16, nq), g->dk = fetch(0, dk, ATTN_DTYPE_BF16, nk);
+  g->dv = fetch(0, dv, ATTN_DTYPE_BF16, nk);
+  void *bufs[9] = {q, k, v, dout, out, lse, dq, dk, dv};
+  for (int i = 0; i < 9; ++i) gpu->release(0, bufs[i]);
+  attn_ctx_destroy(ctx);
+  tu_check(ok, "%s: single-device oracle", c->name);
+  return ok;
+}
+
+static void free_global(global *g) {
+  tu_buf *b[9] = {&g->q, &g->k, &g->v, &g->dout, &g->out, &g->lse, &g->dq, &g->dk, &g->dv};
+  for (int i = 0; i < 9; ++i) tu_buf_free(b[i]);
+}
+
+/* The cases on n ranks; sizes depend on n so that every split divides (odd chunk lengths). */
+static int cases_for(int n, tcase *out) {
+  const int S = ATTN_DIST_DIM_SEQUENCE, BT = ATTN_DIST_DIM_BATCH, H = ATTN_DIST_DIM_HEADS;
+  const int C = ATTN_DIST_LAYOUT_CONTIGUOUS, Z = ATTN_DIST_LAYOUT_ZIGZAG;
+  const int AUTO = ATTN_DIST_STRATEGY_AUTO;
+  int k = 0;
+  /* name, naxes, dims, sizes, layout, strategy, causal, B, Tq, Tk, Hq, Hkv, D, softcap, dropout */
+  out[k++] = (tcase){"batch split causal GQA", 1, {BT, 0}, {n, 0}, C, AUTO, 1, n, 77, 77, 4, 2, 64, 0, 0, NULL};
+  out[k++] = (tcase){"head split GQA", 1, {H, 0}, {n, 0}, C, AUTO, 0, 1, 65, 90, 2 * n, n, 64, 0, 0, NULL};
+  out[k++] = (tcase){"ring contiguous causal", 1, {S, 0}, {n, 0}, C, AUTO, 1, 2, 33 * n, 33 * n, 4, 2, 64, 0, 0, NULL};
+  out[k++] = (tcase){"ring contiguous Tq!=Tk", 1, {S, 0}, {n, 0}, C, AUTO, 0, 1, 24 * n, 41 * n, 4, 1, 64, 0, 0, NULL};
+  out[k++] = (tcase){"ring zigzag causal d128", 1, {S, 0}, {n, 0}, Z, AUTO, 1, 1, 2 * 37 * n, 2 * 37 * n, 6, 2, 128, 0, 0, NULL};
+  out[k++] = (tcase){"ring zigzag softcap", 1, {S, 0}, {n, 0}, Z, AUTO, 0, 2, 2 * 19 * n, 2 * 19 * n, 4, 4, 64, 30.0, 0, NULL};
+  out[k++] = (tcase){"ring zigzag causal MHA", 1, {S, 0}, {n, 0}, Z, AUTO, 1, 1, 2 * 64 * n, 2 * 64 * n, 2, 2, 64, 0, 0, NULL};
+  if (n == 4) {
+    out[k++] = (tcase){"heads x ring zigzag causal", 2, {H, S}, {2, 2}, Z, AUTO, 1, 1, 2 * 2 * 29, 2 * 2 * 29, 8, 4, 64, 0, 0, NULL};
+    out[k++] = (tcase){"batch x ring contiguous", 2, {BT, S}, {2, 2}, C, AUTO, 0, 2, 2 * 35, 2 * 35, 4, 2, 64, 0, 0, NULL};
+    out[k++] = (tcase){"two sequence axes", 2, {S, S}, {2, 2}, Z, AUTO, 1, 1, 64, 64, 4, 4, 64, 0, 0, "all-to-all"};
+  }
+  out[k++] = (tcase){"all-to-all strategy", 1, {S, 0}, {n, 0}, C, ATTN_DIST_STRATEGY_ALL_TO_ALL, 0, 1, 16 * n, 16 * n, 2 * n, n, 64, 0, 0, "all-to-all"};
+  out[k++] = (tcase){"ring dropout", 1, {S, 0}, {n, 0}, C, AUTO, 0, 1, 16 * n, 16 * n, 2, 2, 64, 0, 0.1, "dropout"};
+  return k;
+}
+
+static void run_case(const tcase *c, const global *g, int n, int32_t transport, void **comms,
+                     const int *devices) {
+  pthread_t th[MAX_RANKS];
+  rank_job jobs[MAX_RANKS];
+  for (int r = 0; r < n; ++r) {
+    jobs[r] = (rank_job){c, g, n, r, devices[r], transport, comms[r]};
+    pthread_create(&th[r], NULL, run_rank, &jobs[r]);
+  }
+  for (int r = 0; r < n; ++r) pthread_join(th[r], NULL);
+}
+
+int main(void) {
+  uint64_t seed = 20261124;
+  const char *env = getenv("ATTN_TEST_SEED");
+  if (env != NULL) seed = strtoull(env, NULL, 10);
+  printf("seed %llu (ATTN_TEST_SEED)\n", (unsigned long long)seed);
+  gpu = attn_gpu();
+  dev_ops = attn_module_dist_ops();
+  int32_t count = 0;
+  char why[512] = "";
+  if (gpu == NULL || dev_ops == NULL || gpu->device_count(&count, why, sizeof why) != ATTN_STATUS_OK ||
+      count < 1) {
+    printf("SKIP: no GPU, or no cuda module (%s)\n", why[0] ? why : "attn_module_info says why");
+    return 77;
+  }
+  if (!attn_dist_transport_available(ATTN_DIST_TRANSPORT_TEST_LOOPBACK, why, sizeof why)) {
+    printf("SKIP: the loopback test transport is not built (%s)\n", why);
+    return 77;
+  }
+  for (int n = 2; n <= MAX_RANKS; ++n) {
+    tcase cases[16];
+    const int ncases = cases_for(n, cases);
+    loopback_group world;
+    loopback_group_init(&world, n);
+    loopback_comm lc[MAX_RANKS];
+    void *comms[MAX_RANKS];
+    int devices[MAX_RANKS] = {0, 0, 0, 0};
+    for (int r = 0; r < n; ++r) lc[r] = (loopback_comm){&world, r}, comms[r] = &lc[r];
+    for (int i = 0; i < ncases; ++i) {
+      global g;
+      if (make_global(&cases[i], seed + (uint64_t)(n * 100 + i), &g))
+        run_case(&cases[i], &g, n, ATTN_DIST_TRANSPORT_TEST_LOOPBACK, comms, devices);
+      free_global(&g);
+    }
+  }
+#ifdef ATTN_TEST_NCCL
+  if (count >= 2 && attn_dist_transport_available(ATTN_DIST_TRANSPORT_NCCL, why, sizeof why)) {
+    /* The same cases over NCCL, one thread per GPU: only the transport differs. */
+    ncclComm_t nc[2];
+    int devs[2] = {0, 1};
+    if (ncclCommInitAll(nc, 2, devs) != ncclSuccess) {
+      tu_check(0, "ncclCommInitAll of 2 GPUs");
+    } else {
+      void *comms[2] = {&nc[0], &nc[1]};
+      tcase cases[16];
+      const int ncases = cases_for(2, cases);
+      for (int i = 0; i < ncases; ++i) {
+        global g;
+        if (make_global(&cases[i], seed + (uint64_t)(900 + i), &g))
+          run_case(&cases[i], &g, 2, ATTN_DIST_TRANSPORT_NCCL, comms, devs);
+        free_global(&g);
+      }
+      for (int i = 0; i < 2; ++i) ncclCommDestroy(nc[i]);
+    }
+  } else {
+    printf("nccl: skipped (%d GPU(s); the NCCL run needs 2 and libattn_nccl.so)\n", (int)count);
+  }
+#else
+  printf("nccl: not built (no NCCL found); the loopback transport stood in for it\n");
+#endif
+  return tu_finish();
+}
