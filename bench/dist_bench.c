@@ -8,7 +8,11 @@
  *
  * Options: --mesh dim:n[,dim:n...] (dims: batch, heads, seq, none; default seq:<ranks>),
  * --strategy ring|alltoall, --layout contiguous|zigzag, --threads T (per rank), --iters N (default
- * 5), --forward (forward only; default forward + backward), --timeout S.
+ * 5), --forward (forward only; default forward + backward), --timeout S, --gpu (CUDA tensors over
+ * NCCL: rank r on GPU r mod the GPUs it sees; built when NCCL was found, ATTN_BENCH_NCCL):
+ *
+ *   mpiexec -n 2 attn_dist_bench "b1 hq32 hkv8 sq131072 d128 bf16 causal" --gpu --layout zigzag
+ *   mpiexec -n 1 attn_dist_bench "b1 hq32 hkv8 sq131072 d128 bf16 causal" --gpu --mesh seq:1
  *
  * Hidden communication: a ring step's transfer is also timed alone (the same bytes to the next
  * rank, no compute); hidden = 1 - wait / (steps - 1) x alone, the share of the transfer time the
@@ -19,6 +23,10 @@
 
 #include <math.h>
 #include <mpi.h>
+#ifdef ATTN_BENCH_NCCL
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +62,40 @@ static int parse_mesh(const char *text, attn_dist_spec *spec) {
     spec->num_axes++;
   }
   return spec->num_axes > 0;
+}
+
+static int on_gpu = 0; /* --gpu: tensors on this rank's GPU, transport NCCL */
+
+static void fill(void *data, attn_dtype dt, int64_t n, unsigned seed);
+
+/* A tensor of n elements (random when seed != 0), in host memory or on this rank's GPU. */
+static void *tensor(attn_dtype dt, int64_t n, unsigned seed) {
+  const size_t bytes = (size_t)n * attn_dtype_size(dt) + 16;
+  void *host = calloc(bytes, 1);
+  if (host != NULL && seed != 0) fill(host, dt, n, seed);
+#ifdef ATTN_BENCH_NCCL
+  if (on_gpu) {
+    void *dev = NULL;
+    if (host == NULL || cudaMalloc(&dev, bytes) != cudaSuccess ||
+        cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+      fprintf(stderr, "rank %d: no device memory for %zu bytes\n", rank, bytes);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    free(host);
+    return dev;
+  }
+#endif
+  return host;
+}
+
+static void release(void *p) {
+#ifdef ATTN_BENCH_NCCL
+  if (on_gpu) {
+    cudaFree(p);
+    return;
+  }
+#endif
+  free(p);
 }
 
 static void fill(void *data, attn_dtype dt, int64_t n, unsigned seed) {
@@ -102,6 +144,14 @@ int main(int argc, char **argv) {
       spec.timeout_seconds = atof(v);
     } else if (strcmp(a, "--forward") == 0) {
       backward = 0;
+    } else if (strcmp(a, "--gpu") == 0) {
+#ifdef ATTN_BENCH_NCCL
+      on_gpu = 1;
+#else
+      if (rank == 0) fprintf(stderr, "--gpu: this attn_dist_bench was built without NCCL\n");
+      MPI_Finalize();
+      return 2;
+#endif
     } else if (a[0] != '-') {
       problem_text = a;
     } else {
@@ -122,9 +172,34 @@ int main(int argc, char **argv) {
   attn_problem p;
   attn_dist_plan *plan = NULL;
   MPI_Comm comm = MPI_COMM_WORLD;
-  if (attn_problem_parse(ctx, problem_text, &p) != ATTN_STATUS_OK ||
-      attn_dist_plan_create(ctx, &p, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan) !=
-          ATTN_STATUS_OK) {
+  void *comm_arg = &comm;
+  int32_t transport = ATTN_DIST_TRANSPORT_MPI;
+#ifdef ATTN_BENCH_NCCL
+  ncclComm_t nccl = NULL;
+  cudaStream_t stream = NULL;
+  int device = 0;
+  if (on_gpu) { /* one GPU per rank, one NCCL communicator over the MPI ranks */
+    int count = 1;
+    cudaGetDeviceCount(&count);
+    device = rank % (count > 0 ? count : 1);
+    cudaSetDevice(device);
+    ncclUniqueId id;
+    if (rank == 0) ncclGetUniqueId(&id);
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    if (ncclCommInitRank(&nccl, size, id, rank) != ncclSuccess) {
+      fprintf(stderr, "rank %d: ncclCommInitRank failed\n", rank);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    comm_arg = &nccl, transport = ATTN_DIST_TRANSPORT_NCCL;
+  }
+#endif
+  int parsed = attn_problem_parse(ctx, problem_text, &p) == ATTN_STATUS_OK;
+#ifdef ATTN_BENCH_NCCL
+  if (on_gpu) p.device = ATTN_DEVICE_CUDA, p.device_index = device;
+#endif
+  if (!parsed ||
+      attn_dist_plan_create(ctx, &p, &spec, transport, comm_arg, NULL, &plan) != ATTN_STATUS_OK) {
     if (rank == 0) fprintf(stderr, "attn_dist_bench: %s\n", attn_ctx_last_error(ctx));
     attn_ctx_destroy(ctx);
     MPI_Finalize();
@@ -139,14 +214,15 @@ int main(int argc, char **argv) {
                 nk = l.batch * l.seqlen_k * l.heads_kv * l.head_dim;
   const int64_t nv = l.batch * l.seqlen_k * l.heads_kv * Dv,
                 no = l.batch * l.seqlen_q * l.heads_q * Dv;
-  void *q = malloc((size_t)nq * es), *k = malloc((size_t)nk * es), *v = malloc((size_t)nv * es);
-  void *out = malloc((size_t)no * es), *dout = malloc((size_t)no * es),
-       *dq = malloc((size_t)nq * es);
-  void *dk = malloc((size_t)nk * es), *dv = malloc((size_t)nv * es);
-  float *lse = malloc((size_t)(l.batch * l.heads_q * l.seqlen_q) * sizeof(float));
-  fill(q, dt, nq, 1u + (unsigned)rank), fill(k, dt, nk, 2u + (unsigned)rank),
-      fill(v, dt, nv, 3u + (unsigned)rank);
-  fill(dout, dt, no, 4u + (unsigned)rank);
+  (void)es;
+  void *q = tensor(dt, nq, 1u + (unsigned)rank), *k = tensor(dt, nk, 2u + (unsigned)rank);
+  void *v = tensor(dt, nv, 3u + (unsigned)rank), *dout = tensor(dt, no, 4u + (unsigned)rank);
+  void *out = tensor(dt, no, 0), *dq = tensor(dt, nq, 0), *dk = tensor(dt, nk, 0);
+  void *dv = tensor(dt, nv, 0);
+  void *lse = tensor(ATTN_DTYPE_F32, l.batch * l.heads_q * l.seqlen_q, 0);
+#ifdef ATTN_BENCH_NCCL
+  if (on_gpu) attn_dist_plan_set_stream(plan, stream);
+#endif
   attn_inputs in;
   attn_inputs_init(&in);
   in.q = attn_tensor_dense(q), in.k = attn_tensor_dense(k), in.v = attn_tensor_dense(v);
@@ -174,6 +250,9 @@ int main(int argc, char **argv) {
       ok = attn_dist_plan_backward(plan, &in, &o, &dout_t, &g) == ATTN_STATUS_OK;
       attn_dist_plan_last_stats(plan, &bs);
     }
+#ifdef ATTN_BENCH_NCCL
+    if (on_gpu) cudaStreamSynchronize(stream); /* the passes return with their work queued */
+#endif
     const double t = MPI_Wtime() - t0;
     if (it >= 0) {
       times[it] = t, waits[it] = fs.wait_seconds + bs.wait_seconds;
@@ -184,7 +263,7 @@ int main(int argc, char **argv) {
   if (!ok) fprintf(stderr, "rank %d: %s\n", rank, attn_ctx_last_error(ctx));
   /* The same bytes as one ring step, alone: what each transfer costs when nothing hides it. */
   double alone = 0.0;
-  if (size > 1 && steps > 1) {
+  if (size > 1 && steps > 1 && !on_gpu) { /* host memory only: a GPU's link is NCCL's */
     const size_t step_bytes = (size_t)(bytes / (steps > 0 ? steps : 1));
     char *sbuf = calloc(step_bytes + 1, 1), *rbuf = calloc(step_bytes + 1, 1);
     double samples[5];
@@ -220,7 +299,11 @@ int main(int argc, char **argv) {
   }
   attn_dist_plan_destroy(plan);
   attn_ctx_destroy(ctx);
-  free(q), free(k), free(v), free(out), free(dout), free(dq), free(dk), free(dv), free(lse);
+  release(q), release(k), release(v), release(out), release(dout), release(dq), release(dk);
+  release(dv), release(lse);
+#ifdef ATTN_BENCH_NCCL
+  if (on_gpu) cudaStreamDestroy(stream), ncclCommDestroy(nccl);
+#endif
   free(times), free(waits), free(computes);
   MPI_Finalize();
   return ok ? 0 : 1;

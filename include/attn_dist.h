@@ -142,7 +142,8 @@ typedef struct attn_dist_plan attn_dist_plan;
 /* Collective over the communicator: every rank calls it with the same global problem and spec.
  * comm points to the caller's communicator of the transport (borrowed; it must outlive the plan).
  * select (may be NULL) constrains the implementation of the local blocks as for attn_plan_create;
- * it must name one that honours global positions (ref and cpu do; a GPU one once it does).
+ * it must name one that honours global positions (ref and cpu do), except for CUDA tensors, whose
+ * ring picks a plan per block instead (docs/DISTRIBUTED.md, "On GPUs").
  * Statuses: INVALID_ARGUMENT for a bad problem or spec, a mesh that does not match the
  * communicator's size, sizes that do not divide, or ranks that disagree (the message names the
  * field and the ranks); UNSUPPORTED for a combination the layer cannot run (with the reason, for

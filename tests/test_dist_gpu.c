@@ -96,8 +96,8 @@ static void *upload_on(int device, const tu_buf *b) {
 static tu_buf fetch(int device, const void *d, attn_dtype dt, int64_t n) {
   tu_buf b = tu_buf_new(dt, n);
   char why[256];
-  if (n > 0 && gpu->download(device, b.data, d, (size_t)n * attn_dtype_size(dt), why,
-                             sizeof why) != ATTN_STATUS_OK) {
+  if (n > 0 && gpu->download(device, b.data, d, (size_t)n * attn_dtype_size(dt), why, sizeof why) !=
+                   ATTN_STATUS_OK) {
     printf("FATAL download: %s\n", why);
     exit(1);
   }
@@ -188,7 +188,8 @@ static void *run_rank(void *arg) {
   int64_t b0 = 0, hq0 = 0, hk0 = 0;
   for (int a = 0; a < c->naxes; ++a) {
     if (c->dims[a] == ATTN_DIST_DIM_BATCH) b0 = coords[a] * l.batch;
-    if (c->dims[a] == ATTN_DIST_DIM_HEADS) hq0 = coords[a] * l.heads_q, hk0 = coords[a] * l.heads_kv;
+    if (c->dims[a] == ATTN_DIST_DIM_HEADS)
+      hq0 = coords[a] * l.heads_q, hk0 = coords[a] * l.heads_kv;
   }
   int64_t *bmap = malloc(sizeof(int64_t) * (size_t)l.batch);
   int64_t *tqmap = malloc(sizeof(int64_t) * (size_t)l.seqlen_q);
@@ -201,10 +202,14 @@ static void *run_rank(void *arg) {
   for (int64_t i = 0; i < l.heads_q; ++i) hqmap[i] = hq0 + i;
   for (int64_t i = 0; i < l.heads_kv; ++i) hkmap[i] = hk0 + i;
   const int64_t D = p.head_dim;
-  const int64_t gq[4] = {p.batch, p.seqlen_q, p.heads_q, D}, lq[4] = {l.batch, l.seqlen_q, l.heads_q, D};
-  const int64_t gk[4] = {p.batch, p.seqlen_k, p.heads_kv, D}, lk[4] = {l.batch, l.seqlen_k, l.heads_kv, D};
-  const int64_t gl[4] = {p.batch, p.heads_q, p.seqlen_q, 1}, ll[4] = {l.batch, l.heads_q, l.seqlen_q, 1};
-  const int64_t *const qmap[4] = {bmap, tqmap, hqmap, NULL}, *const kmap[4] = {bmap, tkmap, hkmap, NULL};
+  const int64_t gq[4] = {p.batch, p.seqlen_q, p.heads_q, D},
+                lq[4] = {l.batch, l.seqlen_q, l.heads_q, D};
+  const int64_t gk[4] = {p.batch, p.seqlen_k, p.heads_kv, D},
+                lk[4] = {l.batch, l.seqlen_k, l.heads_kv, D};
+  const int64_t gl[4] = {p.batch, p.heads_q, p.seqlen_q, 1},
+                ll[4] = {l.batch, l.heads_q, l.seqlen_q, 1};
+  const int64_t *const qmap[4] = {bmap, tqmap, hqmap, NULL}, *const kmap[4] = {bmap, tkmap, hkmap,
+                                                                               NULL};
   const int64_t *const lmap[4] = {bmap, hqmap, tqmap, NULL};
   tu_buf q = take4(&g->q, gq, lq, qmap), k = take4(&g->k, gk, lk, kmap);
   tu_buf v = take4(&g->v, gk, lk, kmap), dout = take4(&g->dout, gq, lq, qmap);
@@ -215,7 +220,8 @@ static void *run_rank(void *arg) {
   void *dq_in = upload_on(dv_, &q), *dk_in = upload_on(dv_, &k), *dv_in = upload_on(dv_, &v);
   void *ddout = upload_on(dv_, &dout);
   void *dout_o = upload_on(dv_, &want_out), *dlse = upload_on(dv_, &want_lse);
-  void *ddq = upload_on(dv_, &want_dq), *ddk = upload_on(dv_, &want_dk), *ddv = upload_on(dv_, &want_dv);
+  void *ddq = upload_on(dv_, &want_dq), *ddk = upload_on(dv_, &want_dk),
+       *ddv = upload_on(dv_, &want_dv);
   /* Results start as garbage of the right size: the oracle's values would hide unwritten rows. */
   char why[512] = "";
   void *stream = NULL;
@@ -225,12 +231,23 @@ static void *run_rank(void *arg) {
   }
   attn_dist_plan_set_stream(plan, stream);
   {
-    tu_buf nan_o = tu_buf_new(want_out.dtype, want_out.n), nan_l = tu_buf_new(ATTN_DTYPE_F32, want_lse.n);
+    tu_buf nan_o = tu_buf_new(want_out.dtype, want_out.n),
+           nan_l = tu_buf_new(ATTN_DTYPE_F32, want_lse.n);
     for (int64_t i = 0; i < nan_o.n; ++i) tu_set(&nan_o, i, NAN);
     for (int64_t i = 0; i < nan_l.n; ++i) tu_set(&nan_l, i, NAN);
-    gpu->upload(dv_, dout_o, nan_o.data, (size_t)nan_o.n * attn_dtype_size(nan_o.dtype), why, sizeof why);
+    gpu->upload(dv_, dout_o, nan_o.data, (size_t)nan_o.n * attn_dtype_size(nan_o.dtype), why,
+                sizeof why);
     gpu->upload(dv_, dlse, nan_l.data, (size_t)nan_l.n * 4, why, sizeof why);
-    gpu->upload(dv_, ddq, nan_o.data, (size_t)want_dq.n * attn_dtype_size(nan_o.dtype), why, sizeof why);
+    gpu->upload(dv_, ddq, nan_o.data, (size_t)want_dq.n * attn_dtype_size(nan_o.dtype), why,
+                sizeof why);
+    /* dk and dv too: they held the oracle's values until now. */
+    tu_buf nan_k = tu_buf_new(want_dk.dtype, want_dk.n);
+    for (int64_t i = 0; i < nan_k.n; ++i) tu_set(&nan_k, i, NAN);
+    gpu->upload(dv_, ddk, nan_k.data, (size_t)nan_k.n * attn_dtype_size(nan_k.dtype), why,
+                sizeof why);
+    gpu->upload(dv_, ddv, nan_k.data, (size_t)nan_k.n * attn_dtype_size(nan_k.dtype), why,
+                sizeof why);
+    tu_buf_free(&nan_k);
     tu_buf_free(&nan_o), tu_buf_free(&nan_l);
   }
   /* A pageable upload may still be landing when cudaMemcpy returns; the plan's stream does not
@@ -250,9 +267,11 @@ static void *run_rank(void *arg) {
   attn_tensor dout_t = attn_tensor_dense(ddout);
   if (st == ATTN_STATUS_OK) {
     st = attn_dist_plan_backward(plan, &in, &o, &dout_t, &gr);
-    report(j, st == ATTN_STATUS_OK, "backward", st == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
+    report(j, st == ATTN_STATUS_OK, "backward",
+           st == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
   }
-  if (dev_ops->stream_sync(dv_, stream, why, sizeof why) != ATTN_STATUS_OK) report(j, 0, "sync", why);
+  if (dev_ops->stream_sync(dv_, stream, why, sizeof why) != ATTN_STATUS_OK)
+    report(j, 0, "sync", why);
   if (st == ATTN_STATUS_OK) {
     tu_buf got_out = fetch(dv_, dout_o, want_out.dtype, want_out.n);
     tu_buf got_lse = fetch(dv_, dlse, ATTN_DTYPE_F32, want_lse.n);
@@ -312,14 +331,26 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
   attn_grads_init(&gr);
   gr.dq = attn_tensor_dense(dq), gr.dk = attn_tensor_dense(dk), gr.dv = attn_tensor_dense(dv);
   attn_tensor dout_t = attn_tensor_dense(dout);
-  attn_status st = attn_forward(ctx, p, &in, &o);
-  if (st == ATTN_STATUS_OK) st = attn_backward(ctx, p, &in, &o, &dout_t, &gr);
-  char why[256];
+  /* A plan with its device workspace (the one-call attn_forward allocates none on a GPU). */
+  attn_plan *plan = NULL;
+  void *ws = NULL;
+  size_t fwd_ws = 0, bwd_ws = 0;
+  char why[256] = "";
+  attn_status st = attn_plan_create(ctx, p, NULL, &plan);
+  if (st == ATTN_STATUS_OK) st = attn_plan_workspace_size(plan, &fwd_ws, &bwd_ws);
+  const size_t ws_size = fwd_ws > bwd_ws ? fwd_ws : bwd_ws;
+  if (st == ATTN_STATUS_OK && ws_size > 0) st = gpu->alloc(0, ws_size, &ws, why, sizeof why);
+  if (st == ATTN_STATUS_OK) st = attn_plan_forward(plan, &in, ws, ws_size, &o);
+  if (st == ATTN_STATUS_OK) st = attn_plan_backward(plan, &in, &o, &dout_t, ws, ws_size, &gr);
   int ok = st == ATTN_STATUS_OK && gpu->synchronize(0, why, sizeof why) == ATTN_STATUS_OK;
-  if (!ok) printf("%s: the single-device problem fails: %s\n", c->name, attn_ctx_last_error(ctx));
+  attn_plan_destroy(plan);
+  gpu->release(0, ws);
+  if (!ok)
+    printf("%s: the single-device problem fails: %s %s\n", c->name, attn_ctx_last_error(ctx), why);
   tu_buf_free(&g->out), tu_buf_free(&g->lse), tu_buf_free(&g->dq), tu_buf_free(&g->dk);
   tu_buf_free(&g->dv);
-  g->out = fetch(0, out, ATTN_DTYPE_BF16, nq), g->lse = fetch(0, lse, ATTN_DTYPE_F32, c->B * c->Hq * c->Tq);
+  g->out = fetch(0, out, ATTN_DTYPE_BF16, nq),
+  g->lse = fetch(0, lse, ATTN_DTYPE_F32, c->B * c->Hq * c->Tq);
   g->dq = fetch(0, dq, ATTN_DTYPE_BF16, nq), g->dk = fetch(0, dk, ATTN_DTYPE_BF16, nk);
   g->dv = fetch(0, dv, ATTN_DTYPE_BF16, nk);
   void *bufs[9] = {q, k, v, dout, out, lse, dq, dk, dv};
@@ -341,20 +372,145 @@ static int cases_for(int n, tcase *out) {
   const int AUTO = ATTN_DIST_STRATEGY_AUTO;
   int k = 0;
   /* name, naxes, dims, sizes, layout, strategy, causal, B, Tq, Tk, Hq, Hkv, D, softcap, dropout */
-  out[k++] = (tcase){"batch split causal GQA", 1, {BT, 0}, {n, 0}, C, AUTO, 1, n, 77, 77, 4, 2, 64, 0, 0, NULL};
-  out[k++] = (tcase){"head split GQA", 1, {H, 0}, {n, 0}, C, AUTO, 0, 1, 65, 90, 2 * n, n, 64, 0, 0, NULL};
-  out[k++] = (tcase){"ring contiguous causal", 1, {S, 0}, {n, 0}, C, AUTO, 1, 2, 33 * n, 33 * n, 4, 2, 64, 0, 0, NULL};
-  out[k++] = (tcase){"ring contiguous Tq!=Tk", 1, {S, 0}, {n, 0}, C, AUTO, 0, 1, 24 * n, 41 * n, 4, 1, 64, 0, 0, NULL};
-  out[k++] = (tcase){"ring zigzag causal d128", 1, {S, 0}, {n, 0}, Z, AUTO, 1, 1, 2 * 37 * n, 2 * 37 * n, 6, 2, 128, 0, 0, NULL};
-  out[k++] = (tcase){"ring zigzag softcap", 1, {S, 0}, {n, 0}, Z, AUTO, 0, 2, 2 * 19 * n, 2 * 19 * n, 4, 4, 64, 30.0, 0, NULL};
-  out[k++] = (tcase){"ring zigzag causal MHA", 1, {S, 0}, {n, 0}, Z, AUTO, 1, 1, 2 * 64 * n, 2 * 64 * n, 2, 2, 64, 0, 0, NULL};
+  out[k++] = (tcase){
+      "batch split causal GQA", 1, {BT, 0}, {n, 0}, C, AUTO, 1, n, 77, 77, 4, 2, 64, 0, 0, NULL};
+  out[k++] =
+      (tcase){"head split GQA", 1, {H, 0}, {n, 0}, C, AUTO, 0, 1, 65, 90, 2 * n, n, 64, 0, 0, NULL};
+  out[k++] = (tcase){"ring contiguous causal",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     C,
+                     AUTO,
+                     1,
+                     2,
+                     33 * n,
+                     33 * n,
+                     4,
+                     2,
+                     64,
+                     0,
+                     0,
+                     NULL};
+  out[k++] = (tcase){"ring contiguous Tq!=Tk",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     C,
+                     AUTO,
+                     0,
+                     1,
+                     24 * n,
+                     41 * n,
+                     4,
+                     1,
+                     64,
+                     0,
+                     0,
+                     NULL};
+  out[k++] = (tcase){"ring zigzag causal d128",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     Z,
+                     AUTO,
+                     1,
+                     1,
+                     2 * 37 * n,
+                     2 * 37 * n,
+                     6,
+                     2,
+                     128,
+                     0,
+                     0,
+                     NULL};
+  out[k++] = (tcase){"ring zigzag softcap",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     Z,
+                     AUTO,
+                     0,
+                     2,
+                     2 * 19 * n,
+                     2 * 19 * n,
+                     4,
+                     4,
+                     64,
+                     30.0,
+                     0,
+                     NULL};
+  out[k++] = (tcase){"ring zigzag causal MHA",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     Z,
+                     AUTO,
+                     1,
+                     1,
+                     2 * 64 * n,
+                     2 * 64 * n,
+                     2,
+                     2,
+                     64,
+                     0,
+                     0,
+                     NULL};
   if (n == 4) {
-    out[k++] = (tcase){"heads x ring zigzag causal", 2, {H, S}, {2, 2}, Z, AUTO, 1, 1, 2 * 2 * 29, 2 * 2 * 29, 8, 4, 64, 0, 0, NULL};
-    out[k++] = (tcase){"batch x ring contiguous", 2, {BT, S}, {2, 2}, C, AUTO, 0, 2, 2 * 35, 2 * 35, 4, 2, 64, 0, 0, NULL};
-    out[k++] = (tcase){"two sequence axes", 2, {S, S}, {2, 2}, Z, AUTO, 1, 1, 64, 64, 4, 4, 64, 0, 0, "all-to-all"};
+    out[k++] = (tcase){"heads x ring zigzag causal",
+                       2,
+                       {H, S},
+                       {2, 2},
+                       Z,
+                       AUTO,
+                       1,
+                       1,
+                       2 * 2 * 29,
+                       2 * 2 * 29,
+                       8,
+                       4,
+                       64,
+                       0,
+                       0,
+                       NULL};
+    out[k++] = (tcase){"batch x ring contiguous",
+                       2,
+                       {BT, S},
+                       {2, 2},
+                       C,
+                       AUTO,
+                       0,
+                       2,
+                       2 * 35,
+                       2 * 35,
+                       4,
+                       2,
+                       64,
+                       0,
+                       0,
+                       NULL};
+    out[k++] =
+        (tcase){"two sequence axes", 2, {S, S}, {2, 2}, Z, AUTO, 1, 1, 64, 64, 4, 4, 64, 0, 0,
+                "all-to-all"};
   }
-  out[k++] = (tcase){"all-to-all strategy", 1, {S, 0}, {n, 0}, C, ATTN_DIST_STRATEGY_ALL_TO_ALL, 0, 1, 16 * n, 16 * n, 2 * n, n, 64, 0, 0, "all-to-all"};
-  out[k++] = (tcase){"ring dropout", 1, {S, 0}, {n, 0}, C, AUTO, 0, 1, 16 * n, 16 * n, 2, 2, 64, 0, 0.1, "dropout"};
+  out[k++] = (tcase){"all-to-all strategy",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     C,
+                     ATTN_DIST_STRATEGY_ALL_TO_ALL,
+                     0,
+                     1,
+                     16 * n,
+                     16 * n,
+                     2 * n,
+                     n,
+                     64,
+                     0,
+                     0,
+                     "all-to-all"};
+  out[k++] = (tcase){"ring dropout", 1,      {S, 0}, {n, 0}, C,  AUTO, 0,   1,
+                     16 * n,         16 * n, 2,      2,      64, 0,    0.1, "dropout"};
   return k;
 }
 
@@ -378,8 +534,8 @@ int main(void) {
   dev_ops = attn_module_dist_ops();
   int32_t count = 0;
   char why[512] = "";
-  if (gpu == NULL || dev_ops == NULL || gpu->device_count(&count, why, sizeof why) != ATTN_STATUS_OK ||
-      count < 1) {
+  if (gpu == NULL || dev_ops == NULL ||
+      gpu->device_count(&count, why, sizeof why) != ATTN_STATUS_OK || count < 1) {
     printf("SKIP: no GPU, or no cuda module (%s)\n", why[0] ? why : "attn_module_info says why");
     return 77;
   }

@@ -28,8 +28,7 @@ typedef struct attn_dist_device_ops {
   void (*event_destroy)(int32_t device, void *event); /* NULL is ignored */
   /* cudaEventRecord(event, stream), and cudaStreamWaitEvent(stream, event) */
   attn_status (*record)(int32_t device, void *event, void *stream, char *why, size_t why_size);
-  attn_status (*stream_wait)(int32_t device, void *stream, void *event, char *why,
-                             size_t why_size);
+  attn_status (*stream_wait)(int32_t device, void *stream, void *event, char *why, size_t why_size);
   /* Blocks the host until the stream's work is done. */
   attn_status (*stream_sync)(int32_t device, void *stream, char *why, size_t why_size);
   /* dst[i] = src[i] over a 4-D index i < shape, strides in elements of es bytes (2, 4 or 8),

@@ -14,8 +14,8 @@
 #include "core/ctx.h"
 #include "core/dtype.h"
 #include "core/gpu.h"
-#include "module/module.h"
 #include "impl/impl.h"
+#include "module/module.h"
 #include "plan/plan.h"
 #include "plan/validate.h"
 
@@ -576,15 +576,14 @@ static attn_status check_device_ring(attn_dist_plan *plan, const attn_dist_spec 
                      "device=cuda with %s: the all-to-all's reordering runs on host memory; CUDA "
                      "tensors run the ring over one sequence axis (strategy RING or AUTO)",
                      plan->hybrid ? "two sequence axes" : "strategy=all-to-all");
-  const char *feature = g->has_bias                 ? "a bias"
-                        : g->has_mask               ? "a mask"
+  const char *feature = g->has_bias                   ? "a bias"
+                        : g->has_mask                 ? "a mask"
                         : g->alibi != ATTN_ALIBI_NONE ? "ALiBi"
-                        : g->dropout_p > 0.0        ? "dropout"
-                        : g->has_segment_ids        ? "segment ids"
-                        : g->num_sinks > 0          ? "sinks"
-                        : g->window_left >= 0 || (g->window_right >= 0 && !g->causal)
-                            ? "a window"
-                            : NULL;
+                        : g->dropout_p > 0.0          ? "dropout"
+                        : g->has_segment_ids          ? "segment ids"
+                        : g->num_sinks > 0            ? "sinks"
+                        : g->window_left >= 0 || (g->window_right >= 0 && !g->causal) ? "a window"
+                                                                                      : NULL;
   if (feature != NULL)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                      "device=cuda with a split sequence and %s: the ring's blocks would need their "
@@ -593,11 +592,12 @@ static attn_status check_device_ring(attn_dist_plan *plan, const attn_dist_spec 
                      "(docs/DISTRIBUTED.md)",
                      feature);
   if (g->causal && g->seqlen_q != g->seqlen_k)
-    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
-                     "device=cuda with a split sequence, causal and seqlen_q=%lld != seqlen_k=%lld: "
-                     "the diagonal would cross blocks at offsets the cuda kernels cannot be given "
-                     "yet; causal needs seqlen_q == seqlen_k there",
-                     (long long)g->seqlen_q, (long long)g->seqlen_k);
+    return attn_fail(
+        ctx, ATTN_STATUS_UNSUPPORTED,
+        "device=cuda with a split sequence, causal and seqlen_q=%lld != seqlen_k=%lld: "
+        "the diagonal would cross blocks at offsets the cuda kernels cannot be given "
+        "yet; causal needs seqlen_q == seqlen_k there",
+        (long long)g->seqlen_q, (long long)g->seqlen_k);
   plan->dev = attn_module_dist_ops();
   if (plan->dev == NULL)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,

@@ -468,8 +468,7 @@ static attn_status device_pack_kv(const ring *g, const attn_inputs *in, char *bu
   const int64_t kd[4] = {g->Tk * g->Hkv * g->D, g->Hkv * g->D, g->D, 1};
   const int64_t vd[4] = {g->Tk * g->Hkv * g->Dv, g->Hkv * g->Dv, g->Dv, 1};
   DEV("packing K", copy, dev, buf, kd, in->k.data, g->ks, kshape, g->es, plan->stream);
-  DEV("packing V", copy, dev, buf + g->k_bytes, vd, in->v.data, g->vs, vshape, g->es,
-      plan->stream);
+  DEV("packing V", copy, dev, buf + g->k_bytes, vd, in->v.data, g->vs, vshape, g->es, plan->stream);
 done:
   return status;
 }
@@ -536,9 +535,9 @@ static attn_status ring_forward_device(attn_dist_plan *plan, const attn_inputs *
         plan->stats.compute_seconds += attn_dist_now() - t0;
         if (status != ATTN_STATUS_OK) break;
         char why[512] = "";
-        status = plan->dev->merge(dev, (int32_t)g.dt, ao, al, ob, (const float *)lb, g.B, g.Hq,
-                                  g.Tq, (int64_t)a * g.nq, g.nq, g.Dv, plan->stream, why,
-                                  sizeof why);
+        status =
+            plan->dev->merge(dev, (int32_t)g.dt, ao, al, ob, (const float *)lb, g.B, g.Hq, g.Tq,
+                             (int64_t)a * g.nq, g.nq, g.Dv, plan->stream, why, sizeof why);
         if (status != ATTN_STATUS_OK) status = dev_fail(plan, status, "merging a block", why);
       }
     if (status != ATTN_STATUS_OK) {
@@ -652,12 +651,12 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
         status = plan->dev->accumulate(dev, dqa, g.Tq, q_row, qb, (int32_t)g.dt, g.B, g.nq,
                                        g.Hq * g.D, plan->stream, why, sizeof why);
         if (status == ATTN_STATUS_OK)
-          status = plan->dev->accumulate(dev, step, g.Tk, (int64_t)c * g.nk, kb, (int32_t)g.dt,
-                                         g.B, g.nk, g.Hkv * g.D, plan->stream, why, sizeof why);
+          status = plan->dev->accumulate(dev, step, g.Tk, (int64_t)c * g.nk, kb, (int32_t)g.dt, g.B,
+                                         g.nk, g.Hkv * g.D, plan->stream, why, sizeof why);
         if (status == ATTN_STATUS_OK)
-          status = plan->dev->accumulate(dev, step + nk_el, g.Tk, (int64_t)c * g.nk, vb,
-                                         (int32_t)g.dt, g.B, g.nk, g.Hkv * g.Dv, plan->stream, why,
-                                         sizeof why);
+          status =
+              plan->dev->accumulate(dev, step + nk_el, g.Tk, (int64_t)c * g.nk, vb, (int32_t)g.dt,
+                                    g.B, g.nk, g.Hkv * g.Dv, plan->stream, why, sizeof why);
         if (status != ATTN_STATUS_OK) status = dev_fail(plan, status, "summing gradients", why);
       }
     if (status != ATTN_STATUS_OK) {
@@ -686,8 +685,8 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
     if (dto != g.r) {
       status = device_order_transfer(plan);
       if (status == ATTN_STATUS_OK)
-        status = start_shift(&g, dkv[dcur], dkv[1 - dcur], (size_t)nkd * 4, dto, dfrom, TAG_DKV,
-                             &dt);
+        status =
+            start_shift(&g, dkv[dcur], dkv[1 - dcur], (size_t)nkd * 4, dto, dfrom, TAG_DKV, &dt);
       if (status != ATTN_STATUS_OK) goto done;
     }
   }

@@ -4,7 +4,8 @@
  *
  * Each thread computes the global problem alone on its GPU (the oracle), then its shard through
  * a distributed plan over the NCCL transport, and compares its slice: batch and head splits (the
- * sequence split of CUDA tensors is refused with the reason until the GPU ring exists), causal,
+ * sequence split of this problem, with a bias and sinks, is refused with the reason: the device
+ * ring runs neither; tests/test_dist_gpu.c runs the ring over NCCL and loopback), causal,
  * GQA, per-head sinks with dsinks summed over the batch ranks, and a bias broadcast over batch
  * whose dbias is summed over them; then the agreement check (one GPU describes another problem:
  * both are told which field). Exit 77 (skipped) without 2 GPUs, the NCCL module or a GPU
@@ -230,7 +231,8 @@ static void *run(void *arg) {
   pthread_mutex_unlock(&report_lock);
   attn_dist_plan_destroy(plan);
 
-  /* A split sequence of CUDA tensors: refused with the reason, on every rank. */
+  /* A split sequence of CUDA tensors with a bias and sinks: refused with the reason, on every
+   * rank (the device ring runs neither; test_dist_gpu.c runs what it does). */
   spec.axis_dim[0] = ATTN_DIST_DIM_SEQUENCE;
   st = attn_dist_plan_create(ctx, &p, &spec, ATTN_DIST_TRANSPORT_NCCL, &comms[dev], NULL, &plan);
   pthread_mutex_lock(&report_lock);

@@ -201,8 +201,8 @@ attn_status stream_wait(int32_t device, void *stream, void *event, char *why, si
   device_scope scope(device);
   cudaError_t err = scope.err;
   if (err == cudaSuccess)
-    err = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event),
-                              0);
+    err =
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0);
   return err == cudaSuccess ? ATTN_STATUS_OK : fail(err, "cudaStreamWaitEvent", why, why_size);
 }
 
@@ -309,7 +309,6 @@ attn_status store_acc(int32_t device, void *dst, int32_t dtype, const int64_t ds
 } // namespace
 
 extern "C" const attn_dist_device_ops attn_cuda_dist_ops = {
-    stream_create, stream_destroy, event_create, event_destroy, record,
-    stream_wait,   stream_sync,    copy,         fill,          merge,
-    accumulate,    add,            store_acc,
+    stream_create, stream_destroy, event_create, event_destroy, record, stream_wait, stream_sync,
+    copy,          fill,           merge,        accumulate,    add,    store_acc,
 };
