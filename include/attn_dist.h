@@ -189,8 +189,9 @@ typedef struct attn_dist_stats {
 ATTN_API attn_status attn_dist_plan_last_stats(const attn_dist_plan *plan,
                                                attn_dist_stats *stats /* out */);
 
-/* The stream (a cudaStream_t) the plan's NCCL transfers and GPU blocks run on; NULL = default.
- * Borrowed. */
+/* The stream (a cudaStream_t) the plan's GPU blocks, merges and collectives run on; NULL = the
+ * default stream. Borrowed. A run returns with its work queued there. The ring's point-to-point
+ * transfers run on a stream of the plan's own, ordered against this one by events. */
 ATTN_API attn_status attn_dist_plan_set_stream(attn_dist_plan *plan, void *stream);
 
 /* Forward pass over the local shards (attn_inputs and attn_outputs as for attn_plan_forward, shapes
