@@ -483,7 +483,8 @@ ATTN_API attn_status attn_plan_backward(attn_plan *plan, const attn_inputs *inpu
                                         const attn_grads *grads /* out */);
 
 /* One-call conveniences: create a plan with no selection constraint, run it with a workspace the
- * call allocates, destroy it. */
+ * call allocates, destroy it. On a GPU, a pass that needs workspace gets device memory and the call
+ * waits for the device before freeing it (so such a call returns with the pass done). */
 ATTN_API attn_status attn_forward(attn_ctx *ctx, const attn_problem *problem,
                                   const attn_inputs *inputs, const attn_outputs *outputs /* out */);
 ATTN_API attn_status attn_backward(attn_ctx *ctx, const attn_problem *problem,

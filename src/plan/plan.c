@@ -9,6 +9,7 @@
 #include "plan/plan.h"
 
 #include "core/ctx.h"
+#include "core/gpu.h"
 #include "core/saturate.h"
 #include "plan/exec.h"
 #include "plan/registry.h"
@@ -278,12 +279,47 @@ attn_status attn_plan_backward(attn_plan *plan, const attn_inputs *inputs,
   return finish_run(plan, plan->impl->backward(&run), why);
 }
 
+/* The one-call conveniences' workspace: none on the CPU (the plan keeps its own there), else device
+ * memory of the size the pass needs, released by one_call_release once the device is done. */
+static attn_status one_call_workspace(attn_plan *plan, int backward, void **ws, size_t *size) {
+  *ws = NULL, *size = 0;
+  size_t need = padded_workspace(plan, backward);
+  if (need == 0 || plan->problem.device == ATTN_DEVICE_CPU) return ATTN_STATUS_OK;
+  const attn_gpu_ops *gpu = attn_gpu();
+  char why[ATTN_MESSAGE_SIZE];
+  if (gpu == NULL)
+    return attn_fail(plan->ctx, ATTN_STATUS_UNSUPPORTED,
+                     "no GPU module is loaded to allocate the %zu bytes of device workspace", need);
+  attn_status status = gpu->alloc((int32_t)plan->problem.device_index, need, ws, why, sizeof why);
+  if (status != ATTN_STATUS_OK)
+    return attn_fail(plan->ctx, status, "allocating %zu bytes of device workspace: %s", need, why);
+  *size = need;
+  return ATTN_STATUS_OK;
+}
+
+/* Waits for the pass (the workspace may not be freed under it), then frees the workspace; a fault
+ * the wait reports becomes the call's status when the pass itself succeeded. */
+static attn_status one_call_release(attn_plan *plan, void *ws, attn_status status) {
+  if (ws == NULL) return status;
+  const attn_gpu_ops *gpu = attn_gpu();
+  char why[ATTN_MESSAGE_SIZE];
+  attn_status synced = gpu->synchronize((int32_t)plan->problem.device_index, why, sizeof why);
+  gpu->release((int32_t)plan->problem.device_index, ws);
+  if (status == ATTN_STATUS_OK && synced != ATTN_STATUS_OK)
+    return attn_fail(plan->ctx, synced, "waiting for the device: %s", why);
+  return status;
+}
+
 attn_status attn_forward(attn_ctx *ctx, const attn_problem *problem, const attn_inputs *inputs,
                          const attn_outputs *outputs) {
   attn_plan *plan;
   attn_status status = attn_plan_create(ctx, problem, NULL, &plan);
   if (status != ATTN_STATUS_OK) return status;
-  status = attn_plan_forward(plan, inputs, NULL, 0, outputs);
+  void *ws;
+  size_t size;
+  status = one_call_workspace(plan, 0, &ws, &size);
+  if (status == ATTN_STATUS_OK) status = attn_plan_forward(plan, inputs, ws, size, outputs);
+  status = one_call_release(plan, ws, status);
   attn_plan_destroy(plan);
   return status;
 }
@@ -294,7 +330,12 @@ attn_status attn_backward(attn_ctx *ctx, const attn_problem *problem, const attn
   attn_plan *plan;
   attn_status status = attn_plan_create(ctx, problem, NULL, &plan);
   if (status != ATTN_STATUS_OK) return status;
-  status = attn_plan_backward(plan, inputs, forward, dout, NULL, 0, grads);
+  void *ws;
+  size_t size;
+  status = one_call_workspace(plan, 1, &ws, &size);
+  if (status == ATTN_STATUS_OK)
+    status = attn_plan_backward(plan, inputs, forward, dout, ws, size, grads);
+  status = one_call_release(plan, ws, status);
   attn_plan_destroy(plan);
   return status;
 }
