@@ -457,6 +457,10 @@ static void test_grid(int quick) {
   c.p.num_sinks = 1, c.want_dsinks = 1, c.p.causal = 1, run_case(&c);
   c = make("softcap 1000 window d256", tu_gpu_problem(1, 129, 150, 2, 2, 256, BF)), c.p.softcap = 1000.0,
   c.p.window_left = 30, c.p.window_right = 5, run_case(&c);
+  /* ALiBi with the soft cap on the sm90 cap / ALiBi kernel's register path: both alignments' band
+   * edges under a window, per-batch slopes, GQA, f16 */
+  c = make("alibi softcap window gqa d128", tu_gpu_problem(2, 150, 200, 4, 2, 128, F16)),
+  c.p.alibi = ATTN_ALIBI_PER_BATCH_HEAD, c.p.softcap = 20.0, c.p.window_left = 70, c.p.window_right = 10, run_case(&c);
   c = make("softcap 0.05 scale -2", tu_gpu_problem(1, 65, 127, 2, 1, 64, BF)), c.p.softcap = 0.05, c.p.scale = -2.0,
   run_case(&c);
   c = make("softcap 1e6 causal", tu_gpu_problem(1, 63, 65, 2, 2, 64, F16)), c.p.softcap = 1e6, c.p.causal = 1,
