@@ -26,7 +26,7 @@
  * the plain kernel takes the band, the sinks (they seed each row's running max and sum before the
  * first key block, once per row) and varlen (sequences addressed by their first rows when packed,
  * their lengths masking the rest), none of which costs anything per score; the cap / ALiBi kernel
- * adds the soft cap (SoftCap::logit2: one ex2 and one rcp) and ALiBi (one FADD and one FFMA) on
+ * adds the soft cap (cap_logit2: one ex2 and Newton's reciprocal) and ALiBi (one FADD, one FFMA) on
  * the whole S tile in registers, masking only the band's edge blocks like the plain kernel; the
  * generic kernel takes the rest (bias, masks, segment ids, caps above SoftCap::kMaxCap) through
  * the sm_80 kernel's per-element helpers (cuda_common.cuh: visible, logit) on every block.
@@ -107,6 +107,23 @@ template <int N> __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
   for (int i = 0; i < N; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
+/* SoftCap::logit2 (the capped logit in log2 units, within cap * 1.2e-7) with 1 / (1 + u) by
+ * Newton's iteration on the FMA pipe in place of rcp: 1 + u lies in [1, 2], where 24/17 - 8/17 x
+ * is within 1/17 of 1 / x, and three steps square that error three times (to ~1e-10, below f32's
+ * rounding). On an H100 the softmax's ex2 alone keeps the special-function unit about as busy as
+ * wgmma keeps the tensor cores at D <= 128, so logit2's ex2 and rcp (three special-function
+ * instructions a score in all) held the cap to 0.52-0.61x of the plain speed there; this one has
+ * two, and six FMAs more. */
+__device__ __forceinline__ float cap_logit2(const SoftCap &cap, float dot) {
+  const float y = dot * cap.in;
+  const float u = ex2(fabsf(y) * (-2.f * kLog2e));
+  const float x = 1.f + u;
+  float r = fmaf(x, -8.f / 17.f, 24.f / 17.f);
+#pragma unroll
+  for (int it = 0; it < 3; ++it) r = fmaf(r, fmaf(-x, r, 1.f), r);
+  return copysignf(fmaf(-u, cap.out, cap.out), y) * r;
 }
 
 /* ---- configuration ----------------------------------------------------------------------------- */
@@ -269,7 +286,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       if (p.softcap > 0.f) {
         const SoftCap cap(p);
 #pragma unroll
-        for (int k = 0; k < kBN / 2; ++k) sacc[k] = cap.logit2(sacc[k]);
+        for (int k = 0; k < kBN / 2; ++k) sacc[k] = cap_logit2(cap, sacc[k]);
       }
     };
     /* Masks S of key block n outside the band and the key length (the feature kernel: steps 1-3),
@@ -466,6 +483,24 @@ static inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 constexpr int32_t kElementwiseKinds = ATTN_CUDA_FEAT_SOFTCAP | ATTN_CUDA_FEAT_ALIBI | ATTN_CUDA_FEAT_BIAS |
                                       ATTN_CUDA_FEAT_MASK | ATTN_CUDA_FEAT_SEGMENTS;
 
+/* Whether p needs the generic kernel (every per-element function, visible() and logit() on every
+ * block): a bias, a mask or segment ids, a cap above SoftCap::kMaxCap (where the one-exponential
+ * tanh's error, cap * 1.2e-7, would pass tanhf's), or ALiBi under a scale that is not positive
+ * (the cap / ALiBi kernel divides its term by the scale). Reads what problem_params sets before
+ * the tensors (sm90_fwd_unsupported's rule), so the offer and the launch agree. */
+static inline bool generic_kernel(const attn_cuda_params &p) {
+  return (p.elementwise_kinds & ~(ATTN_CUDA_FEAT_SOFTCAP | ATTN_CUDA_FEAT_ALIBI)) != 0 || p.softcap > SoftCap::kMaxCap ||
+         ((p.elementwise_kinds & ATTN_CUDA_FEAT_ALIBI) != 0 && !(p.scale > 0.f));
+}
+
+/* Why the library leaves the generic kernel out at head dims 64 and 128 (sm90_launch.cu): its
+ * per-element function on every block ran at 0.46-0.68x of the sm80 kernel's speed there (H100,
+ * bf16, T = 8192, a bias; 1.6-1.8x at D = 256), and ALiBi, which took it, at 0.03-0.06x of the
+ * plain kernel's (now the cap / ALiBi kernel's). */
+constexpr const char *kGenericDeclined =
+    "the sm90 forward's generic kernel (bias, masks, segment ids, caps above 1024) is slower than the sm80 kernel at "
+    "head dims 64 and 128";
+
 /* Why the kernel cannot run p (a sentence), or NULL when it can: the copy engine needs 16-byte
  * aligned bases and strides, and the kernel lacks dropout and some features. Reads only what
  * cuda.c's problem_params sets before the tensors, plus the tensors' addresses and strides. */
@@ -509,15 +544,11 @@ static inline attn_status make_token_map(CUtensorMap *map, const void *base, boo
   return ATTN_STATUS_OK;
 }
 
-/* The kernel p runs on: the plain one without per-element functions, the cap / ALiBi one when
- * those are all (a cap up to SoftCap::kMaxCap, whose one-exponential tanh is within cap * 1.2e-7;
- * ALiBi under a positive scale, which its term is divided by), the generic one otherwise. */
+/* The kernel p runs on: the plain one without per-element functions, the generic one where
+ * generic_kernel says, the cap / ALiBi one otherwise. */
 static inline Fwd90Mode fwd90_mode(const attn_cuda_params &p) {
   if (!p.elementwise) return kModePlain;
-  if ((p.elementwise_kinds & ~(ATTN_CUDA_FEAT_SOFTCAP | ATTN_CUDA_FEAT_ALIBI)) != 0 || p.softcap > SoftCap::kMaxCap ||
-      (p.alibi != nullptr && !(p.scale > 0.f)))
-    return kModeGeneric;
-  return kModeCapAlibi;
+  return generic_kernel(p) ? kModeGeneric : kModeCapAlibi;
 }
 
 /* Runs p on fwd90_kernel<C, kMode> (kMode must be fwd90_mode(p)). */
@@ -555,13 +586,21 @@ attn_status launch_fwd90(const attn_cuda_params &p, cudaStream_t stream, char *w
 }
 
 /* Runs p on the kernel of its mode: configuration C for the plain and cap / ALiBi kernels, G for
- * the generic one (whose per-element function needs more registers at some head dims). */
+ * the generic one (whose per-element function needs more registers at some head dims; void: not
+ * built, such problems refused with kGenericDeclined). */
 template <typename C, typename G>
 attn_status launch_fwd90_any(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
   switch (fwd90_mode(p)) {
   case kModePlain: return launch_fwd90<C, kModePlain>(p, stream, why, why_size);
   case kModeCapAlibi: return launch_fwd90<C, kModeCapAlibi>(p, stream, why, why_size);
-  default: return launch_fwd90<G, kModeGeneric>(p, stream, why, why_size);
+  default:
+    if constexpr (std::is_void<G>::value) {
+      const char *no = sm90_fwd_unsupported(p);
+      snprintf(why, why_size, "%s", no != nullptr ? no : kGenericDeclined);
+      return ATTN_STATUS_UNSUPPORTED;
+    } else {
+      return launch_fwd90<G, kModeGeneric>(p, stream, why, why_size);
+    }
   }
 }
 
