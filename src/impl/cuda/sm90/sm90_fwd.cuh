@@ -26,7 +26,7 @@
  * the plain kernel takes the band, the sinks (they seed each row's running max and sum before the
  * first key block, once per row) and varlen (sequences addressed by their first rows when packed,
  * their lengths masking the rest), none of which costs anything per score; the cap / ALiBi kernel
- * adds the soft cap (cap_logit2: one ex2 and Newton's reciprocal) and ALiBi (one FADD, one FFMA) on
+ * adds the soft cap (SoftCap::logit2: one ex2 and one rcp) and ALiBi (one FADD and one FFMA) on
  * the whole S tile in registers, masking only the band's edge blocks like the plain kernel; the
  * generic kernel takes the rest (bias, masks, segment ids, caps above SoftCap::kMaxCap) through
  * the sm_80 kernel's per-element helpers (cuda_common.cuh: visible, logit) on every block.
@@ -107,23 +107,6 @@ template <int N> __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
   for (int i = 0; i < N; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
-}
-
-/* SoftCap::logit2 (the capped logit in log2 units, within cap * 1.2e-7) with 1 / (1 + u) by
- * Newton's iteration on the FMA pipe in place of rcp: 1 + u lies in [1, 2], where 24/17 - 8/17 x
- * is within 1/17 of 1 / x, and three steps square that error three times (to ~1e-10, below f32's
- * rounding). On an H100 the softmax's ex2 alone keeps the special-function unit about as busy as
- * wgmma keeps the tensor cores at D <= 128, so logit2's ex2 and rcp (three special-function
- * instructions a score in all) held the cap to 0.52-0.61x of the plain speed there; this one has
- * two, and six FMAs more. */
-__device__ __forceinline__ float cap_logit2(const SoftCap &cap, float dot) {
-  const float y = dot * cap.in;
-  const float u = ex2(fabsf(y) * (-2.f * kLog2e));
-  const float x = 1.f + u;
-  float r = fmaf(x, -8.f / 17.f, 24.f / 17.f);
-#pragma unroll
-  for (int it = 0; it < 3; ++it) r = fmaf(r, fmaf(-x, r, 1.f), r);
-  return copysignf(fmaf(-u, cap.out, cap.out), y) * r;
 }
 
 /* ---- configuration ----------------------------------------------------------------------------- */
@@ -286,7 +269,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       if (p.softcap > 0.f) {
         const SoftCap cap(p);
 #pragma unroll
-        for (int k = 0; k < kBN / 2; ++k) sacc[k] = cap_logit2(cap, sacc[k]);
+        for (int k = 0; k < kBN / 2; ++k) sacc[k] = cap.logit2(sacc[k]);
       }
     };
     /* Masks S of key block n outside the band and the key length (the feature kernel: steps 1-3),
