@@ -31,7 +31,37 @@
  *      shared memory); two consumer warpgroups at D = 64 (three spill). Checked against the
  *      sm_80 kernel on each feature alone and together, varlen padding poisoned with NaN;
  *      `fwd_hopper SEED features` times each on the bench shape beside the plain kernel (the
- *      issue's target: >= 0.9x). Not yet measured.
+ *      issue's target: >= 0.9x). Measured (one call, H100, ratio to plain non-causal / causal):
+ *      soft cap 30 0.63 / 0.52 (D = 64), 0.83 / 0.57 (128), 0.97 / 0.78 (256); 1 sink 0.80 / 0.63,
+ *      0.92 / 0.67, 0.91 / 0.83; ALiBi 0.03 / 0.05, 0.05 / 0.06, 0.22 / 0.21; packed varlen
+ *      0.80 / 0.63, 0.98 / 0.70, 0.90 / 0.89.
+ *   v5 three instantiations by mode (sm90::fwd90_mode): sinks and varlen on the plain kernel (the
+ *      sinks seed the row statistics once; varlen costs nothing per score); soft cap and ALiBi on
+ *      a cap / ALiBi kernel that computes them on the whole S tile in registers (the cap by
+ *      SoftCap::logit2, ALiBi as one FADD and one FFMA in dot-product units from a per-row
+ *      distance, the slope read once) and masks only the band's edge blocks; the rest (bias,
+ *      masks, segment ids, caps above 1024) on the generic kernel. One call (H100, bf16,
+ *      T = 8192), ratio to plain non-causal / causal, and to the sm80 kernel with the feature:
+ *        D = 64:  cap 0.52 / 0.59 (1.21 / 1.13x sm80), 1 sink 1.02 / 1.02, ALiBi 0.92 / 0.99
+ *                 (10.1 / 9.0x sm80), cap + ALiBi 0.50 / 0.56, packed varlen 1.04 / 1.00,
+ *                 row bias (generic) 0.03 / 0.05 (0.46 / 0.55x sm80)
+ *        D = 128: cap 0.61 / 0.61 (1.58 / 1.44x), 1 sink 1.06 / 1.00, ALiBi 0.93 / 0.90 (9.5 /
+ *                 9.6x), cap + ALiBi 0.57 / 0.59, varlen 1.01 / 1.00, bias 0.05 / 0.06 (0.58 /
+ *                 0.68x sm80)
+ *        D = 256: cap 0.80 / 0.80 (2.4 / 2.2x), 1 sink 1.05 / 1.00, ALiBi 0.98 / 0.95 (9.0 /
+ *                 8.5x), cap + ALiBi 0.76 / 0.76, varlen 1.09 / 0.99, bias 0.18 / 0.18 (1.75 /
+ *                 1.63x sm80)
+ *      ALiBi's 20-30x was the generic path on every block (ptxas: no spill at D = 128, no wgmma
+ *      serialisation there): per score visible(), logit() with the slope loaded from global
+ *      memory and the branches of every other feature, 64 unrolled copies per thread and block;
+ *      the generic kernel still costs that (0.03-0.18x: the smaller the key block, kBN = 64 at
+ *      D = 256, the less it loses, which suggests its unrolled code size rather than its
+ *      arithmetic), so the library builds and offers it at D = 256 only (kGenericDeclined). The
+ *      soft cap is bound by the special-function unit: the softmax's ex2 alone about matches
+ *      wgmma's time per score at D <= 128, and logit2 adds an ex2 and an rcp (v4's tanh.approx
+ *      added one, 0.63 / 0.83 / 0.97 non-causal, with a relative error of 2^-11, cap * 5e-4 on a
+ *      logit). Tried, not measured (no device time left): 1 / (1 + u) by Newton's iteration on
+ *      the FMA pipe (commit 3da0619's cap_logit2), two special-function ops a score.
  *   ncu (v2, D = 128, non-causal, `fwd_hopper ncu`): 1.62 ms, SM busy 72% (the tensor pipe is
  *      what fills it), the XU pipe (exp2, conversions) 37%, DRAM 5%, issue slots 40% busy, 5.4 cycles per
  *      issued instruction. What is left is the softmax between the products that the two

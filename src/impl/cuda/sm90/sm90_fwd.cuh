@@ -34,6 +34,7 @@
  * Scope (sm90_fwd_unsupported says which problems it refuses, with the reason): head dims 64, 128
  * and 256 with Dv = D, bf16 and f16, the per-element functions of kElementwiseKinds, no dropout,
  * sinks, packed and padded varlen, any causal / window band in either alignment, GQA / MQA, lse.
+ * The library offers the generic kernel at D = 256 only (kGenericDeclined).
  */
 #ifndef ATTN_IMPL_CUDA_SM90_SM90_FWD_CUH
 #define ATTN_IMPL_CUDA_SM90_SM90_FWD_CUH
