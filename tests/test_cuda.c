@@ -502,6 +502,13 @@ static void test_grid(int quick) {
   c.p.num_sinks = 1, c.want_dsinks = 1, c.p.causal = 1, run_case(&c);
   c = make("softcap 1000 window d256", tu_gpu_problem(1, 129, 150, 2, 2, 256, BF)), c.p.softcap = 1000.0,
   c.p.window_left = 30, c.p.window_right = 5, run_case(&c);
+  /* ALiBi with the soft cap on the sm90 cap / ALiBi kernel's register path: both alignments' band
+   * edges under a window, per-batch slopes, GQA, f16 */
+  c = make("alibi softcap window gqa d128", tu_gpu_problem(2, 150, 200, 4, 2, 128, F16)),
+  c.p.alibi = ATTN_ALIBI_PER_BATCH_HEAD, c.p.softcap = 20.0, c.p.window_left = 70, c.p.window_right = 10, run_case(&c);
+  /* the sm90 generic kernel (offered at D = 256 only) */
+  c = make("bias mask segments d256", tu_gpu_problem(2, 70, 90, 2, 1, 256, BF)), with_bias(&c, 1, 2, 70, 90, ATTN_DTYPE_F32),
+  with_mask(&c, 1, 1), c.p.has_segment_ids = 1, c.p.causal = 1, run_case(&c);
   c = make("softcap 0.05 scale -2", tu_gpu_problem(1, 65, 127, 2, 1, 64, BF)), c.p.softcap = 0.05, c.p.scale = -2.0,
   run_case(&c);
   c = make("softcap 1e6 causal", tu_gpu_problem(1, 63, 65, 2, 2, 64, F16)), c.p.softcap = 1e6, c.p.causal = 1,
@@ -769,10 +776,12 @@ static void test_sm90_offer(void) {
   tu_check(offers(&p, "sm90") == hopper, "sm90 offered (%d) for d256 f16 window", offers(&p, "sm90"));
   p = tu_gpu_problem(1, 64, 64, 2, 2, 64, ATTN_DTYPE_BF16);
   tu_check(offers(&p, "sm90") == hopper, "sm90 offered (%d) for plain d64", offers(&p, "sm90"));
-  /* features the feature kernel takes, and ones it lacks, each alone on a plain d64 problem */
+  /* features the plain and cap / ALiBi kernels take, and ones they lack (the generic kernel's,
+   * mask, bias and segment ids, are offered at D = 256 only: slower than the sm80 kernel below),
+   * each alone on a plain d64 problem */
   static const char *features[] = {"softcap", "d96",  "dv != d", "dropout", "sinks",
                                    "packed",  "mask", "alibi",   "bias",    "segments", "padded"};
-  static const int taken[] = {1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1};
+  static const int taken[] = {1, 0, 0, 0, 1, 1, 0, 1, 0, 0, 1};
   for (int i = 0; i < (int)(sizeof features / sizeof features[0]); ++i) {
     p = tu_gpu_problem(1, 64, 64, 2, 2, 64, ATTN_DTYPE_BF16);
     switch (i) {
@@ -793,6 +802,9 @@ static void test_sm90_offer(void) {
     tu_check(offers(&p, "sm90") == (hopper && taken[i]), "sm90 offered (%d) for %s", offers(&p, "sm90"),
              features[i]);
   }
+  p = tu_gpu_problem(1, 64, 64, 2, 2, 256, ATTN_DTYPE_BF16);
+  p.has_segment_ids = 1;
+  tu_check(offers(&p, "sm90") == hopper, "sm90 offered (%d) for d256 segment ids", offers(&p, "sm90"));
 }
 
 int main(int argc, char **argv) {

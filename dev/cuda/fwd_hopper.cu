@@ -31,7 +31,37 @@
  *      shared memory); two consumer warpgroups at D = 64 (three spill). Checked against the
  *      sm_80 kernel on each feature alone and together, varlen padding poisoned with NaN;
  *      `fwd_hopper SEED features` times each on the bench shape beside the plain kernel (the
- *      issue's target: >= 0.9x). Not yet measured.
+ *      issue's target: >= 0.9x). Measured (one call, H100, ratio to plain non-causal / causal):
+ *      soft cap 30 0.63 / 0.52 (D = 64), 0.83 / 0.57 (128), 0.97 / 0.78 (256); 1 sink 0.80 / 0.63,
+ *      0.92 / 0.67, 0.91 / 0.83; ALiBi 0.03 / 0.05, 0.05 / 0.06, 0.22 / 0.21; packed varlen
+ *      0.80 / 0.63, 0.98 / 0.70, 0.90 / 0.89.
+ *   v5 three instantiations by mode (sm90::fwd90_mode): sinks and varlen on the plain kernel (the
+ *      sinks seed the row statistics once; varlen costs nothing per score); soft cap and ALiBi on
+ *      a cap / ALiBi kernel that computes them on the whole S tile in registers (the cap by
+ *      SoftCap::logit2, ALiBi as one FADD and one FFMA in dot-product units from a per-row
+ *      distance, the slope read once) and masks only the band's edge blocks; the rest (bias,
+ *      masks, segment ids, caps above 1024) on the generic kernel. One call (H100, bf16,
+ *      T = 8192), ratio to plain non-causal / causal, and to the sm80 kernel with the feature:
+ *        D = 64:  cap 0.52 / 0.59 (1.21 / 1.13x sm80), 1 sink 1.02 / 1.02, ALiBi 0.92 / 0.99
+ *                 (10.1 / 9.0x sm80), cap + ALiBi 0.50 / 0.56, packed varlen 1.04 / 1.00,
+ *                 row bias (generic) 0.03 / 0.05 (0.46 / 0.55x sm80)
+ *        D = 128: cap 0.61 / 0.61 (1.58 / 1.44x), 1 sink 1.06 / 1.00, ALiBi 0.93 / 0.90 (9.5 /
+ *                 9.6x), cap + ALiBi 0.57 / 0.59, varlen 1.01 / 1.00, bias 0.05 / 0.06 (0.58 /
+ *                 0.68x sm80)
+ *        D = 256: cap 0.80 / 0.80 (2.4 / 2.2x), 1 sink 1.05 / 1.00, ALiBi 0.98 / 0.95 (9.0 /
+ *                 8.5x), cap + ALiBi 0.76 / 0.76, varlen 1.09 / 0.99, bias 0.18 / 0.18 (1.75 /
+ *                 1.63x sm80)
+ *      ALiBi's 20-30x was the generic path on every block (ptxas: no spill at D = 128, no wgmma
+ *      serialisation there): per score visible(), logit() with the slope loaded from global
+ *      memory and the branches of every other feature, 64 unrolled copies per thread and block;
+ *      the generic kernel still costs that (0.03-0.18x: the smaller the key block, kBN = 64 at
+ *      D = 256, the less it loses, which suggests its unrolled code size rather than its
+ *      arithmetic), so the library builds and offers it at D = 256 only (kGenericDeclined). The
+ *      soft cap is bound by the special-function unit: the softmax's ex2 alone about matches
+ *      wgmma's time per score at D <= 128, and logit2 adds an ex2 and an rcp (v4's tanh.approx
+ *      added one, 0.63 / 0.83 / 0.97 non-causal, with a relative error of 2^-11, cap * 5e-4 on a
+ *      logit). Tried, not measured (no device time left): 1 / (1 + u) by Newton's iteration on
+ *      the FMA pipe (commit 3da0619's cap_logit2), two special-function ops a score.
  *   ncu (v2, D = 128, non-causal, `fwd_hopper ncu`): 1.62 ms, SM busy 72% (the tensor pipe is
  *      what fills it), the XU pipe (exp2, conversions) 37%, DRAM 5%, issue slots 40% busy, 5.4 cycles per
  *      issued instruction. What is left is the softmax between the products that the two
@@ -260,19 +290,19 @@ template <typename T, int kD> void run_ref(attn_cuda_params p, T *out, float *ls
   }
 }
 
-template <typename C, bool kFeat = false> void run90(const attn_cuda_params &p) {
+/* p on the sm90 kernel of its mode (sm90::fwd90_mode), configuration C, or G for the generic one */
+template <typename C, typename G = C> void run90(const attn_cuda_params &p) {
   char why[256];
-  if (sm90::launch_fwd90<C, kFeat>(p, 0, why, sizeof why) != ATTN_STATUS_OK) {
+  if (sm90::launch_fwd90_any<C, G>(p, 0, why, sizeof why) != ATTN_STATUS_OK) {
     printf("sm90: %s\n", why);
     exit(1);
   }
 }
 
-/* Runs version C (its feature kernel with kFeat) on s against the sm_80 kernel: relative L2 error
- * of O (< 1e-2 for 16-bit outputs), max lse difference (< 1e-3; 5e-3 with the soft cap, which
- * the sm_80 kernel takes with tanhf and the sm90 one with tanh.approx, relative error 2^-11 of a
- * logit up to the cap), and no unwritten (NaN-poisoned) element. */
-template <typename C, bool kFeat = false> void check(const char *tag, const Problem &s, unsigned seed) {
+/* Runs version C (G for the generic kernel) on s against the sm_80 kernel: relative L2 error of
+ * O (< 1e-2 for 16-bit outputs), max lse difference (< 1e-3; 5e-3 with the soft cap), and no
+ * unwritten (NaN-poisoned) element. */
+template <typename C, typename G = C> void check(const char *tag, const Problem &s, unsigned seed) {
   using T = typename C::T;
   Buffers<T> bu(s, seed);
   CU(cudaMemset(bu.oref, 0, bu.nq * 2));
@@ -281,7 +311,7 @@ template <typename C, bool kFeat = false> void check(const char *tag, const Prob
   CU(cudaMemset(bu.lse, 0xff, bu.nl * 4));
   attn_cuda_params p = bu.p;
   p.out = bu.o;
-  run90<C, kFeat>(p);
+  run90<C, G>(p);
   CU(cudaGetLastError());
   CU(cudaDeviceSynchronize());
   bu.clear_padding(bu.o, bu.lse), bu.clear_padding(bu.oref, bu.lseref);
@@ -314,9 +344,9 @@ template <typename C> void checks(const char *tag, unsigned seed) {
   check<C>(tag, {3, 65, 200, 3, 3, D, -1, -1, 0}, seed + 50);    /* one short block */
 }
 
-/* The feature kernel of configuration C against the sm_80 kernel: every feature alone and
- * combined, on odd shapes (ragged lengths, GQA / MQA, both alignments, windows). */
-template <typename C> void feature_checks(const char *tag, unsigned seed) {
+/* The kernels of configuration C (G: the generic one) against the sm_80 kernel: every feature
+ * alone and combined, on odd shapes (ragged lengths, GQA / MQA, both alignments, windows). */
+template <typename C, typename G> void feature_checks(const char *tag, unsigned seed) {
   const int D = C::kD;
   Feat cap, cap30, sinks, sinks3, alibi_h, alibi_bh, bias_full, bias_kv, bias_row, mask, seg, packed, padded, all;
   cap.softcap = 5.f, cap.name = "softcap 5";
@@ -334,51 +364,61 @@ template <typename C> void feature_checks(const char *tag, unsigned seed) {
   padded.varlen = ATTN_CUDA_VARLEN_PADDED, padded.name = "padded varlen";
   all.softcap = 3.f, all.sinks = 2, all.alibi = 2, all.bias = 2, all.mask = 1, all.segments = 1;
   all.varlen = ATTN_CUDA_VARLEN_PACKED, all.name = "everything packed";
-  check<C, true>(tag, {2, 1000, 1000, 4, 4, D, -1, -1, 0, cap}, seed);
-  check<C, true>(tag, {1, 777, 1333, 8, 2, D, -1, 0, 1, cap30}, seed + 1);
-  check<C, true>(tag, {2, 1000, 1000, 4, 4, D, -1, 0, 0, sinks}, seed + 2);
-  check<C, true>(tag, {1, 600, 600, 2, 2, D, 200, 0, 0, sinks3}, seed + 3);
-  check<C, true>(tag, {1, 1333, 777, 8, 1, D, -1, 0, 0, sinks}, seed + 4); /* rows with only the sinks */
-  check<C, true>(tag, {1, 777, 1333, 8, 2, D, -1, 0, 1, alibi_h}, seed + 5);
-  check<C, true>(tag, {2, 300, 517, 4, 4, D, -1, -1, 0, alibi_bh}, seed + 6);
-  check<C, true>(tag, {2, 129, 300, 4, 2, D, -1, -1, 0, bias_full}, seed + 7);
-  check<C, true>(tag, {2, 300, 129, 4, 2, D, -1, 0, 1, bias_kv}, seed + 8);
-  check<C, true>(tag, {3, 65, 200, 3, 3, D, -1, -1, 0, bias_row}, seed + 9);
-  check<C, true>(tag, {1, 300, 333, 4, 2, D, -1, -1, 0, mask}, seed + 10);
-  check<C, true>(tag, {2, 250, 250, 2, 1, D, -1, 0, 0, seg}, seed + 11);
-  check<C, true>(tag, {3, 1000, 777, 4, 2, D, -1, -1, 0, packed}, seed + 12);
-  check<C, true>(tag, {3, 777, 1000, 4, 2, D, -1, 0, 1, packed}, seed + 13);
-  check<C, true>(tag, {3, 500, 600, 2, 2, D, 100, 10, 0, padded}, seed + 14);
-  check<C, true>(tag, {3, 200, 300, 4, 2, D, 50, 0, 1, all}, seed + 15);
+  Feat cap_alibi; /* the cap / ALiBi kernel with both, and the sinks, padded varlen */
+  cap_alibi.softcap = 5.f, cap_alibi.alibi = 2, cap_alibi.sinks = 1, cap_alibi.varlen = ATTN_CUDA_VARLEN_PADDED;
+  cap_alibi.name = "softcap 5 + alibi [B, H] + 1 sink, padded";
+  check<C, G>(tag, {2, 1000, 1000, 4, 4, D, -1, -1, 0, cap}, seed);
+  check<C, G>(tag, {1, 777, 1333, 8, 2, D, -1, 0, 1, cap30}, seed + 1);
+  check<C, G>(tag, {2, 1000, 1000, 4, 4, D, -1, 0, 0, sinks}, seed + 2);
+  check<C, G>(tag, {1, 600, 600, 2, 2, D, 200, 0, 0, sinks3}, seed + 3);
+  check<C, G>(tag, {1, 1333, 777, 8, 1, D, -1, 0, 0, sinks}, seed + 4); /* rows with only the sinks */
+  check<C, G>(tag, {1, 777, 1333, 8, 2, D, -1, 0, 1, alibi_h}, seed + 5);
+  check<C, G>(tag, {2, 300, 517, 4, 4, D, -1, -1, 0, alibi_bh}, seed + 6);
+  check<C, G>(tag, {2, 129, 300, 4, 2, D, -1, -1, 0, bias_full}, seed + 7);
+  check<C, G>(tag, {2, 300, 129, 4, 2, D, -1, 0, 1, bias_kv}, seed + 8);
+  check<C, G>(tag, {3, 65, 200, 3, 3, D, -1, -1, 0, bias_row}, seed + 9);
+  check<C, G>(tag, {1, 300, 333, 4, 2, D, -1, -1, 0, mask}, seed + 10);
+  check<C, G>(tag, {2, 250, 250, 2, 1, D, -1, 0, 0, seg}, seed + 11);
+  check<C, G>(tag, {3, 1000, 777, 4, 2, D, -1, -1, 0, packed}, seed + 12);
+  check<C, G>(tag, {3, 777, 1000, 4, 2, D, -1, 0, 1, packed}, seed + 13);
+  check<C, G>(tag, {3, 500, 600, 2, 2, D, 100, 10, 0, padded}, seed + 14);
+  check<C, G>(tag, {3, 200, 300, 4, 2, D, 50, 0, 1, all}, seed + 15);
+  check<C, G>(tag, {3, 500, 700, 4, 2, D, -1, 0, 1, cap_alibi}, seed + 16);
+  check<C, G>(tag, {2, 700, 500, 4, 4, D, 100, 20, 0, cap_alibi}, seed + 17);
 }
 
-/* Times the feature kernel of configuration F with feature f on the bench shape beside the plain
- * kernel of configuration P on the same tensors without it (the issue's target: >= 0.9x); the
- * feature's output is checked first. Varlen runs B sequences of the full length, the same work. */
+/* Times feature f on the bench shape (the kernel of its mode: configuration P, F for the generic
+ * one) beside the plain kernel of configuration P on the same tensors without it (the issue's
+ * target: >= 0.9x) and beside the sm_80 kernel with the feature; the feature's output is checked
+ * first. Varlen runs B sequences of the full length, the same work. */
 template <typename P, typename F> void bench_feature(Feat f, int causal) {
   using T = typename P::T;
   const int D = P::kD, T_ = 8192, B = 16384 / T_, H = 2048 / D;
   f.ragged = 0;
   const Problem s{B, T_, T_, H, H, D, -1, causal ? 0 : -1, 0, f};
-  check<F, true>("bench", s, 7);
+  check<P, F>("bench", s, 7);
   Buffers<T> bu(s, 7);
   attn_cuda_params pf = bu.p, pp = bu.plain;
   pf.out = pp.out = bu.o;
   const double flops = 4.0 * B * H * (double)T_ * T_ * D * (causal ? 0.5 : 1.0);
-  const float ms = median_ms([&] { run90<F, true>(pf); });
+  const float ms = median_ms([&] { run90<P, F>(pf); });
   const float ms_plain = median_ms([&] { run90<P>(pp); });
-  printf("lab fwd90 feature %s D=%d T=%d causal=%d: %.3f ms %.1f TFLOPS (plain %.3f ms %.1f TFLOPS): %.2fx plain\n",
-         f.name, D, T_, causal, ms, flops / ms * 1e-9, ms_plain, flops / ms_plain * 1e-9, ms_plain / ms);
+  const float ms80 = median_ms([&] { run_ref<T, D>(bu.p, bu.oref, bu.lseref); });
+  printf("lab fwd90 feature %s D=%d T=%d causal=%d: %.3f ms %.1f TFLOPS (plain %.3f ms %.1f TFLOPS): %.2fx plain; "
+         "sm80 with it %.3f ms: %.2fx sm80\n",
+         f.name, D, T_, causal, ms, flops / ms * 1e-9, ms_plain, flops / ms_plain * 1e-9, ms_plain / ms, ms80, ms80 / ms);
 }
 
 template <typename P, typename F> void bench_features() {
-  Feat cap, sinks, alibi, packed;
+  Feat cap, sinks, alibi, cap_alibi, packed, bias;
   cap.softcap = 30.f, cap.name = "softcap 30";
   sinks.sinks = 1, sinks.name = "1 sink";
   alibi.alibi = 1, alibi.name = "alibi";
+  cap_alibi.softcap = 30.f, cap_alibi.alibi = 1, cap_alibi.name = "softcap 30 + alibi";
   packed.varlen = ATTN_CUDA_VARLEN_PACKED, packed.name = "packed varlen";
+  bias.bias = 3, bias.name = "bias f16 [B, 1, 1, Tk] (generic)";
   for (int c = 0; c < 2; ++c)
-    for (const Feat &f : {cap, sinks, alibi, packed}) bench_feature<P, F>(f, c);
+    for (const Feat &f : {cap, sinks, alibi, cap_alibi, packed, bias}) bench_feature<P, F>(f, c);
 }
 
 /* Times version C beside the sm_80 kernel on the bench shape; the output is checked first. */
@@ -425,12 +465,12 @@ int main(int argc, char **argv) {
   /* the feature kernels, at the library's configurations (sm90_launch.cu) */
   using F64 = FwdCfg90<bf, 64, 128, 3, true, 2>;
   using F64h = FwdCfg90<hf, 64, 128, 3, true, 2>;
-  feature_checks<F64>("v4", seed);
-  feature_checks<V2_128>("v4", seed);
-  feature_checks<V2_256>("v4", seed);
-  feature_checks<F64h>("v4", seed);
-  feature_checks<V2_128h>("v4", seed);
-  feature_checks<V2_256h>("v4", seed);
+  feature_checks<V3_64, F64>("v5", seed);
+  feature_checks<V2_128, V2_128>("v5", seed);
+  feature_checks<V2_256, V2_256>("v5", seed);
+  feature_checks<V3_64h, F64h>("v5", seed);
+  feature_checks<V2_128h, V2_128h>("v5", seed);
+  feature_checks<V2_256h, V2_256h>("v5", seed);
   if (argc > 2 && strcmp(argv[2], "features") == 0) { /* the checks, then the features' benchmarks only */
     bench_features<V3_64, F64>();
     bench_features<V2_128, V2_128>();

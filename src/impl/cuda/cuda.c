@@ -15,9 +15,9 @@
  * (Tq <= 16, only the features decode uses) also offer "splitkv", the split-KV decode kernel of
  * cuda_decode.cu, which is the only configuration of a paged KV cache (docs/DECODE.md). On a
  * compute capability 9.0 device (H100, H200), the problems the Hopper forward takes (sm90/:
- * head dims 64, 128, 256 with Dv = D, no dropout; soft cap, sinks, ALiBi, bias, masks, segment ids
- * and varlen on its feature kernel) also offer "sm90", the default there: that forward, with the
- * deterministic backward.
+ * head dims 64, 128, 256 with Dv = D, no dropout; sinks, varlen, soft cap and ALiBi at every one of
+ * them, bias, masks and segment ids at D = 256 only) also offer "sm90", the default there: that
+ * forward, with the deterministic backward.
  */
 #include "impl/impl.h"
 

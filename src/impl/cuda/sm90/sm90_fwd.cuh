@@ -22,16 +22,19 @@
  * the softmax of S(n+1) while the second product runs (FlashAttention-3's intra-warpgroup
  * pipelining); the output is rescaled only after that product has landed.
  *
- * Features (SPEC.md steps 1-5) are the feature kernel's (kFeat, its own instantiation, so the plain
- * one is unchanged): S becomes log2-unit logits through the sm_80 kernel's per-element helpers
- * (cuda_common.cuh: visible, logit) on the blocks that need a test or a load per element, and
- * through the soft cap alone (tanh on the special-function unit) on the blocks inside the band;
- * the sinks seed each row's running max and sum before the first key block, once per row; varlen
- * sequences are addressed by their first rows (packed) and their lengths mask the rest.
+ * Features (SPEC.md steps 1-5) take one of three instantiations (Fwd90Mode, chosen by fwd90_mode):
+ * the plain kernel takes the band, the sinks (they seed each row's running max and sum before the
+ * first key block, once per row) and varlen (sequences addressed by their first rows when packed,
+ * their lengths masking the rest), none of which costs anything per score; the cap / ALiBi kernel
+ * adds the soft cap (SoftCap::logit2: one ex2 and one rcp) and ALiBi (one FADD and one FFMA) on
+ * the whole S tile in registers, masking only the band's edge blocks like the plain kernel; the
+ * generic kernel takes the rest (bias, masks, segment ids, caps above SoftCap::kMaxCap) through
+ * the sm_80 kernel's per-element helpers (cuda_common.cuh: visible, logit) on every block.
  *
  * Scope (sm90_fwd_unsupported says which problems it refuses, with the reason): head dims 64, 128
  * and 256 with Dv = D, bf16 and f16, the per-element functions of kElementwiseKinds, no dropout,
  * sinks, packed and padded varlen, any causal / window band in either alignment, GQA / MQA, lse.
+ * The library offers the generic kernel at D = 256 only (kGenericDeclined).
  */
 #ifndef ATTN_IMPL_CUDA_SM90_SM90_FWD_CUH
 #define ATTN_IMPL_CUDA_SM90_SM90_FWD_CUH
@@ -96,13 +99,6 @@ template <int kPending> __device__ __forceinline__ void wgmma_wait() {
 }
 /* Pins registers that an asynchronous wgmma reads or writes at this point of the program, so the
  * compiler neither moves their other uses across the wait nor reuses them while it runs. */
-/* tanh on the special-function unit (relative error about 2^-11, FlashAttention-3's soft cap). */
-__device__ __forceinline__ float tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 template <int N> __device__ __forceinline__ void pin(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
@@ -133,11 +129,15 @@ template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_, int kCWG
 
 /* ---- the kernel -------------------------------------------------------------------------------- */
 
-/* kFeat: the feature kernel, S turned into log2-unit logits by the function of SPEC.md steps 1-3
- * (soft cap, with the helpers of cuda_common.cuh that the sm_80 kernel uses for the rest), rows
- * seeded with the sinks. kFeat = false is the plain kernel, which folds the scale into the
- * exponent's FMA and tests only the band's edge blocks. */
-template <typename C, bool kFeat>
+/* What a kernel instantiation computes per score (see the header; fwd90_mode picks one for a
+ * problem). Every mode takes the band, sinks, varlen, GQA and lse. */
+enum Fwd90Mode : int {
+  kModePlain = 0,    /* S * scale: folded into the exponent's FMA */
+  kModeCapAlibi = 1, /* plus the soft cap (up to SoftCap::kMaxCap) and ALiBi, in registers */
+  kModeGeneric = 2,  /* every per-element function, by visible() and logit() on every block */
+};
+
+template <typename C, int kMode>
 __global__ void __launch_bounds__(C::kThreads, 1)
     fwd90_kernel(const __grid_constant__ attn_cuda_params p, const __grid_constant__ CUtensorMap tq,
                  const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       mbar_expect_tx(bar_q, C::kQBytes);
       /* the maps' row and batch of the sequence's first row: packed varlen (the feature kernel's)
        * is one batch of all rows */
-      const bool packed = kFeat && p.varlen == ATTN_CUDA_VARLEN_PACKED;
+      const bool packed = p.varlen == ATTN_CUDA_VARLEN_PACKED;
       const int q_row0 = packed ? (int)sq.q0 : 0, k_row0 = packed ? (int)sq.k0 : 0, mb = packed ? 0 : b;
       for (int c = 0; c < C::kPanels; ++c) tma_load(sQ + c * kBM * 128, &tq, bar_q, c * 64, h, q_row0 + m0, mb);
       for (int i = 0, n = n_lo; n < n_hi; ++i, ++n) {
@@ -200,9 +200,11 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
     const int cw = wg - 1, wq = (tid >> 5) & 3;
     const int row0 = cw * 64 + wq * 16 + (lane >> 2); /* this thread's rows: row0 and row0 + 8 */
-    /* the plain kernel keeps raw dot products and folds the scale into the exponent's FMA; the
-     * feature kernel's logits are already scaled (and possibly nonlinear) */
-    const float mult = kFeat ? 1.f : p.scale * kLog2e;
+    /* the plain kernel keeps raw dot products and folds the scale into the exponent's FMA (so does
+     * the cap / ALiBi kernel without a cap: ALiBi's term is added in dot-product units); the
+     * capped and the generic logits are already scaled log2 units */
+    const bool logits_log2 = kMode == kModeGeneric || (kMode == kModeCapAlibi && p.softcap > 0.f);
+    const float mult = logits_log2 ? 1.f : p.scale * kLog2e;
 
     float o[1][kD / 8][4]; /* wgmma's accumulator layout is store_rows' [m-tile][8 columns][4] */
     float(&oacc)[kD / 2] = reinterpret_cast<float(&)[kD / 2]>(o);
@@ -211,7 +213,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
     /* Steps 4-5: the sinks are the rows' first logits, counted once: every thread of a quad starts
      * from their max, only the first adds their sum (the quad's sums are added at the end). */
-    if (kFeat && p.num_sinks > 0) {
+    if (p.num_sinks > 0) {
       float mx, sum;
       sink_stats(p, h, mx, sum);
       row_max[0] = row_max[1] = mx;
@@ -236,45 +238,58 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) Wgmma<T, kD>::rs(oacc, pa[kk], smem_desc(v + kk * 16 * 128, kBN * 128, 1024), 1);
     };
-    /* Steps 1-3 of the feature kernel on key block n: S becomes log2-unit logits, -inf where not
-     * visible. A block at the band's edges (or under a mask or segment ids) takes visible() and
-     * logit(), the sm_80 kernel's per-element function; a block inside the band with only the
-     * soft cap takes it on the special-function unit. */
+    /* Steps 1-3 of the generic kernel on key block n: S becomes log2-unit logits, -inf where not
+     * visible, by the sm_80 kernel's per-element function. */
     auto logits = [&](int n) {
       const int i0 = m0 + row0, j0 = n * kBN + (lane & 3) * 2;
-      if (n < f_lo || n >= f_hi || (p.elementwise_kinds & ~ATTN_CUDA_FEAT_SOFTCAP) != 0) {
+#pragma unroll
+      for (int jj = 0; jj < kBN / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = i0 + (e >> 1) * 8, j = j0 + jj * 8 + (e & 1);
+          float &x = sacc[4 * jj + e], t;
+          x = visible(p, hd, i, j) ? logit(p, hd, i, j, x, &t) * kLog2e : -INFINITY;
+        }
+    };
+    /* Steps 1-2 of the cap / ALiBi kernel on key block n, every score alike (the band's edges are
+     * masked after): ALiBi's -slope |i + o - j| in dot-product units (divided by the scale, which
+     * fwd90_mode makes positive), |i + o - j| being this row's i + o - j0 less a constant of the
+     * element (exact in f32 below 2^24); then the soft cap, which yields log2-unit logits. */
+    const bool has_alibi = kMode == kModeCapAlibi && p.alibi != nullptr;
+    const float alibi_step = has_alibi ? -p.alibi[b * p.alibi_b + h * p.alibi_h] / p.scale : 0.f;
+    auto cap_alibi = [&](int n) {
+      if (has_alibi) {
+        const float d0 = (float)(m0 + row0 + hd.o - n * kBN - (lane & 3) * 2);
 #pragma unroll
         for (int jj = 0; jj < kBN / 8; ++jj)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = i0 + (e >> 1) * 8, j = j0 + jj * 8 + (e & 1);
-            float &x = sacc[4 * jj + e], t;
-            x = visible(p, hd, i, j) ? logit(p, hd, i, j, x, &t) * kLog2e : -INFINITY;
-          }
-      } else if (p.softcap > 0.f) {
-        const float inner = p.scale / p.softcap, outer = p.softcap * kLog2e;
+          for (int e = 0; e < 4; ++e)
+            sacc[4 * jj + e] =
+                fmaf(alibi_step, fabsf(d0 + (float)((e >> 1) * 8 - jj * 8 - (e & 1))), sacc[4 * jj + e]);
+      }
+      if (p.softcap > 0.f) {
+        const SoftCap cap(p);
 #pragma unroll
-        for (int k = 0; k < kBN / 2; ++k) sacc[k] = outer * tanh_approx(sacc[k] * inner);
-      } else {
-        const float scale_log2 = p.scale * kLog2e;
-#pragma unroll
-        for (int k = 0; k < kBN / 2; ++k) sacc[k] *= scale_log2;
+        for (int k = 0; k < kBN / 2; ++k) sacc[k] = cap.logit2(sacc[k]);
       }
     };
     /* Masks S of key block n outside the band and the key length (the feature kernel: steps 1-3),
      * then moves the running max and sum to it: P = exp2(S * mult - max) stays in sacc; returns
      * each row's rescale factor. */
     auto softmax = [&](int n, float (&corr)[2]) {
-      if constexpr (kFeat) {
+      if constexpr (kMode == kModeGeneric) {
         logits(n);
-      } else if (n < f_lo || n >= f_hi) {
+      } else {
+        if constexpr (kMode == kModeCapAlibi) cap_alibi(n);
+        if (n < f_lo || n >= f_hi) {
 #pragma unroll
-        for (int jj = 0; jj < kBN / 8; ++jj)
+          for (int jj = 0; jj < kBN / 8; ++jj)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = m0 + row0 + (e >> 1) * 8, j = n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1);
-            if (!visible_band(p, hd, i, j)) sacc[4 * jj + e] = -INFINITY;
-          }
+            for (int e = 0; e < 4; ++e) {
+              const int i = m0 + row0 + (e >> 1) * 8, j = n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1);
+              if (!visible_band(p, hd, i, j)) sacc[4 * jj + e] = -INFINITY;
+            }
+        }
       }
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
@@ -318,7 +333,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
      * fills them with zeros. */
     auto clear_v_tail = [&](int s, int n) {
       const int valid = sq.len_k - n * kBN;
-      if (!kFeat || p.varlen == ATTN_CUDA_VARLEN_NONE || valid >= kBN) return;
+      if (p.varlen == ATTN_CUDA_VARLEN_NONE || valid >= kBN) return;
       const uint32_t v = sV + s * C::kKVBytes;
       for (int c = tid - 128; c < C::kPanels * kBN * 8; c += 128 * C::kCWG) { /* 16-byte chunks */
         const int panel = c / (kBN * 8), r = c / 8 % kBN;
@@ -452,6 +467,24 @@ static inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 constexpr int32_t kElementwiseKinds = ATTN_CUDA_FEAT_SOFTCAP | ATTN_CUDA_FEAT_ALIBI | ATTN_CUDA_FEAT_BIAS |
                                       ATTN_CUDA_FEAT_MASK | ATTN_CUDA_FEAT_SEGMENTS;
 
+/* Whether p needs the generic kernel (every per-element function, visible() and logit() on every
+ * block): a bias, a mask or segment ids, a cap above SoftCap::kMaxCap (where the one-exponential
+ * tanh's error, cap * 1.2e-7, would pass tanhf's), or ALiBi under a scale that is not positive
+ * (the cap / ALiBi kernel divides its term by the scale). Reads what problem_params sets before
+ * the tensors (sm90_fwd_unsupported's rule), so the offer and the launch agree. */
+static inline bool generic_kernel(const attn_cuda_params &p) {
+  return (p.elementwise_kinds & ~(ATTN_CUDA_FEAT_SOFTCAP | ATTN_CUDA_FEAT_ALIBI)) != 0 || p.softcap > SoftCap::kMaxCap ||
+         ((p.elementwise_kinds & ATTN_CUDA_FEAT_ALIBI) != 0 && !(p.scale > 0.f));
+}
+
+/* Why the library leaves the generic kernel out at head dims 64 and 128 (sm90_launch.cu): its
+ * per-element function on every block ran at 0.46-0.68x of the sm80 kernel's speed there (H100,
+ * bf16, T = 8192, a bias; 1.6-1.8x at D = 256), and ALiBi, which took it, at 0.03-0.06x of the
+ * plain kernel's (now the cap / ALiBi kernel's). */
+constexpr const char *kGenericDeclined =
+    "the sm90 forward's generic kernel (bias, masks, segment ids, caps above 1024) is slower than the sm80 kernel at "
+    "head dims 64 and 128";
+
 /* Why the kernel cannot run p (a sentence), or NULL when it can: the copy engine needs 16-byte
  * aligned bases and strides, and the kernel lacks dropout and some features. Reads only what
  * cuda.c's problem_params sets before the tensors, plus the tensors' addresses and strides. */
@@ -495,17 +528,19 @@ static inline attn_status make_token_map(CUtensorMap *map, const void *base, boo
   return ATTN_STATUS_OK;
 }
 
-/* Whether p runs on the feature kernel: any per-element function, sinks or varlen. */
-static inline bool uses_feature_kernel(const attn_cuda_params &p) {
-  return p.elementwise || p.num_sinks > 0 || p.varlen != ATTN_CUDA_VARLEN_NONE;
+/* The kernel p runs on: the plain one without per-element functions, the generic one where
+ * generic_kernel says, the cap / ALiBi one otherwise. */
+static inline Fwd90Mode fwd90_mode(const attn_cuda_params &p) {
+  if (!p.elementwise) return kModePlain;
+  return generic_kernel(p) ? kModeGeneric : kModeCapAlibi;
 }
 
-/* Runs p on fwd90_kernel<C, kFeat> (kFeat must be uses_feature_kernel(p)). */
-template <typename C, bool kFeat>
+/* Runs p on fwd90_kernel<C, kMode> (kMode must be fwd90_mode(p)). */
+template <typename C, int kMode>
 attn_status launch_fwd90(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
   const char *no = sm90_fwd_unsupported(p);
   if (no == nullptr && p.d != C::kD) no = "the sm90 forward was asked for another head dim";
-  if (no == nullptr && kFeat != uses_feature_kernel(p)) no = "the sm90 forward was asked for the wrong kernel";
+  if (no == nullptr && kMode != fwd90_mode(p)) no = "the sm90 forward was asked for the wrong kernel";
   if (no != nullptr) {
     snprintf(why, why_size, "%s", no);
     return ATTN_STATUS_UNSUPPORTED;
@@ -526,12 +561,31 @@ attn_status launch_fwd90(const attn_cuda_params &p, cudaStream_t stream, char *w
       (st = make_token_map(&tv, p.v, kBf16, p.dv, p.heads_kv, rows_k, batch, p.v_h, p.v_r, p.v_b, C::kBN, why,
                            why_size)) != ATTN_STATUS_OK)
     return st;
-  auto kernel = fwd90_kernel<C, kFeat>;
+  auto kernel = fwd90_kernel<C, kMode>;
   ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmem));
   dim3 grid((p.seqlen_q + C::kBM - 1) / C::kBM, p.heads_q, p.batch);
   kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p, tq, tk, tv);
   ATTN_CUDA_CHECK(cudaGetLastError());
   return ATTN_STATUS_OK;
+}
+
+/* Runs p on the kernel of its mode: configuration C for the plain and cap / ALiBi kernels, G for
+ * the generic one (whose per-element function needs more registers at some head dims; void: not
+ * built, such problems refused with kGenericDeclined). */
+template <typename C, typename G>
+attn_status launch_fwd90_any(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
+  switch (fwd90_mode(p)) {
+  case kModePlain: return launch_fwd90<C, kModePlain>(p, stream, why, why_size);
+  case kModeCapAlibi: return launch_fwd90<C, kModeCapAlibi>(p, stream, why, why_size);
+  default:
+    if constexpr (std::is_void<G>::value) {
+      const char *no = sm90_fwd_unsupported(p);
+      snprintf(why, why_size, "%s", no != nullptr ? no : kGenericDeclined);
+      return ATTN_STATUS_UNSUPPORTED;
+    } else {
+      return launch_fwd90<G, kModeGeneric>(p, stream, why, why_size);
+    }
+  }
 }
 
 } // namespace sm90

@@ -12,20 +12,14 @@ namespace sm90 {
 /* 128 keys per block up to D = 128 (S and O fit the 240 registers with P beside them), 64 at
  * D = 256 (O alone takes 128); as many K/V stages as shared memory holds, at most 3. D = 64 has
  * three consumer warpgroups (192-row CTAs: each K/V tile feeds 1.5x the rows; 160 registers
- * hold its O, S and P), except in the feature kernel, whose per-element function spills at 160
- * registers (524 bytes) and fits 240: two there (0.95x the speed of three without features). */
+ * hold its O, S and P), plain and with the soft cap / ALiBi. The generic kernel is built at
+ * D = 256 alone (kGenericDeclined says why); the lab runs it at every head dim (at D = 64 with two
+ * consumer warpgroups: its per-element function spills at 160 registers). */
 template <typename T> attn_status run(const attn_cuda_params &p, cudaStream_t s, char *why, size_t why_size) {
-  const bool feat = uses_feature_kernel(p);
   switch (p.d) {
-  case 64:
-    return feat ? launch_fwd90<FwdCfg90<T, 64, 128, 3, true, 2>, true>(p, s, why, why_size)
-                : launch_fwd90<FwdCfg90<T, 64, 128, 3, true, 3>, false>(p, s, why, why_size);
-  case 128:
-    return feat ? launch_fwd90<FwdCfg90<T, 128, 128, 2, true>, true>(p, s, why, why_size)
-                : launch_fwd90<FwdCfg90<T, 128, 128, 2, true>, false>(p, s, why, why_size);
-  default:
-    return feat ? launch_fwd90<FwdCfg90<T, 256, 64, 2, true>, true>(p, s, why, why_size)
-                : launch_fwd90<FwdCfg90<T, 256, 64, 2, true>, false>(p, s, why, why_size);
+  case 64: return launch_fwd90_any<FwdCfg90<T, 64, 128, 3, true, 3>, void>(p, s, why, why_size);
+  case 128: return launch_fwd90_any<FwdCfg90<T, 128, 128, 2, true>, void>(p, s, why, why_size);
+  default: return launch_fwd90_any<FwdCfg90<T, 256, 64, 2, true>, FwdCfg90<T, 256, 64, 2, true>>(p, s, why, why_size);
   }
 }
 
@@ -35,7 +29,9 @@ template <typename T> attn_status run(const attn_cuda_params &p, cudaStream_t s,
 extern "C" int attn_cuda_sm90_built(void) { return 1; }
 
 extern "C" const char *attn_cuda_sm90_unsupported(const attn_cuda_params *p) {
-  return attn_cuda::sm90::sm90_fwd_unsupported(*p);
+  const char *no = attn_cuda::sm90::sm90_fwd_unsupported(*p);
+  if (no == nullptr && p->d != 256 && attn_cuda::sm90::generic_kernel(*p)) no = attn_cuda::sm90::kGenericDeclined;
+  return no;
 }
 
 extern "C" attn_status attn_cuda_sm90_forward(const attn_cuda_params *p, int is_bf16, void *stream, char *why,
