@@ -395,7 +395,9 @@ typedef struct ref_results {
   double *dk, *dv;
 } ref_results;
 
-enum { ORACLE, NAIVE };
+/* The reference's runs: ORACLE in f64; NAIVE in the dtype, rounded as the dtype's kernel would;
+ * AT_DTYPE in the dtype without rounding inside (what rounding the outputs alone costs). */
+enum { ORACLE, NAIVE, AT_DTYPE, RUNS };
 
 struct h_oracle {
   h_data data;
@@ -405,12 +407,12 @@ struct h_oracle {
   attn_tensor dout;
   attn_dtype dtype;
   int low;            /* f16/bf16: the naive run sets the tolerance */
-  ref_results res[2]; /* ORACLE in f64; NAIVE in the dtype, rounded as the dtype's kernel would */
+  ref_results res[RUNS]; /* by run (ORACLE, NAIVE, AT_DTYPE) */
   int64_t *query_ids, nquery;
   key_slice *slices;
   int nslices;
   int64_t *key_ids, nkeys;
-  double naive_err[5]; /* f16/bf16: the naive run's error on the checked rows, per output */
+  double naive_err[5]; /* f16/bf16: err(naive) of the rule on the checked rows, per output */
   h_rows rows;
 };
 
@@ -620,7 +622,7 @@ static void ref_run_init(ref_run *r, const h_oracle *o, int which) {
   r->run.outputs = &r->out;
   r->run.dout = &o->dout;
   r->run.grads = &r->grads;
-  r->run.round_to = which == ORACLE ? ATTN_DTYPE_F64 : o->dtype;
+  r->run.round_to = which == NAIVE ? o->dtype : ATTN_DTYPE_F64;
 }
 
 #ifdef _OPENMP
@@ -638,7 +640,7 @@ static int thread_index(void) { return 0; }
  * results do not depend on timing. */
 static attn_status evaluate(attn_ctx *ctx, h_oracle *o, const id_list *forward_ids) {
   const attn_problem *p = &o->resolved;
-  const int runs = o->low ? 2 : 1, threads = max_threads();
+  const int runs = o->low ? RUNS : 1, threads = max_threads();
   const int64_t hq = p->heads_q, group = p->heads_q / p->heads_kv;
   const int64_t d = p->head_dim, dv = p->head_dim_v;
   int64_t max_keys = 0;
@@ -653,7 +655,7 @@ static attn_status evaluate(attn_ctx *ctx, h_oracle *o, const id_list *forward_i
     return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY,
                      "out of memory for the reference's scratch (%d threads)", threads);
   }
-  ref_run r[2];
+  ref_run r[RUNS];
   for (int w = 0; w < runs; ++w) ref_run_init(&r[w], o, w);
 
   const int64_t nforward = forward_ids->n;
@@ -699,8 +701,8 @@ static attn_status evaluate(attn_ctx *ctx, h_oracle *o, const id_list *forward_i
         for (int64_t e = 0; e < k->count * d; ++e) dk[e] += part[e];
         for (int64_t e = 0; e < k->count * dv; ++e) dvs[e] += part[k->count * d + e];
       }
-      /* The whole reference stores its f64 sums in the output dtype; the naive run's are so. */
-      if (w == NAIVE) {
+      /* The whole reference stores its f64 sums in the output dtype; the runs at it are so. */
+      if (w != ORACLE) {
         for (int64_t e = 0; e < k->count * d; ++e) dk[e] = attn_round_to(o->dtype, dk[e]);
         for (int64_t e = 0; e < k->count * dv; ++e) dvs[e] = attn_round_to(o->dtype, dvs[e]);
       }
@@ -753,20 +755,25 @@ static tol_err compare_rows(const h_oracle *o, int which, const void *a, attn_dt
   return e;
 }
 
-/* err(naive) of the tolerance rule for each output: the naive run against the oracle. */
-static void measure_naive(h_oracle *o) {
+/* err(naive) of the tolerance rule for each output: the naive and the at-dtype runs against the
+ * oracle (tol_naive_error). */
+static tol_err run_error(const h_oracle *o, int which, int output) {
   const attn_problem *p = &o->resolved;
-  const ref_results *naive = &o->res[NAIVE], *exact = &o->res[ORACLE];
-  attn_dtype stat = attn_stat_dtype(o->dtype);
-  tol_err e[5];
-  e[0] = compare_rows(o, 0, naive->out, o->dtype, exact, ATTN_DTYPE_F64);
-  e[1] = compare_rows(o, 1, naive->lse, stat, exact, ATTN_DTYPE_F64);
-  if (o->backward) {
-    e[2] = compare_rows(o, 2, naive->dq, o->dtype, exact, ATTN_DTYPE_F64);
-    e[3] = tol_compare(naive->dk, exact->dk, o->nkeys * p->head_dim);
-    e[4] = tol_compare(naive->dv, exact->dv, o->nkeys * p->head_dim_v);
+  const ref_results *run = &o->res[which], *exact = &o->res[ORACLE];
+  switch (output) {
+  case 0: return compare_rows(o, 0, run->out, o->dtype, exact, ATTN_DTYPE_F64);
+  case 1: return compare_rows(o, 1, run->lse, attn_stat_dtype(o->dtype), exact, ATTN_DTYPE_F64);
+  case 2: return compare_rows(o, 2, run->dq, o->dtype, exact, ATTN_DTYPE_F64);
+  case 3: return tol_compare(run->dk, exact->dk, o->nkeys * p->head_dim);
+  default: return tol_compare(run->dv, exact->dv, o->nkeys * p->head_dim_v);
   }
-  for (int i = 0; i < (o->backward ? 5 : 2); ++i) o->naive_err[i] = tol_naive_error(&e[i], NULL);
+}
+
+static void measure_naive(h_oracle *o) {
+  for (int i = 0; i < (o->backward ? 5 : 2); ++i) {
+    tol_err naive = run_error(o, NAIVE, i), at_dtype = run_error(o, AT_DTYPE, i);
+    o->naive_err[i] = tol_naive_error(&naive, &at_dtype, NULL);
+  }
 }
 
 static int alloc_results(h_oracle *o, int which) {
@@ -851,7 +858,8 @@ attn_status h_oracle_make(attn_ctx *ctx, const attn_problem *problem, int backwa
         made = id_push(&forward, (token0 + i) * p->heads_q + h);
   }
   if (made) id_sort_unique(&forward);
-  made = made && alloc_results(o, ORACLE) && (!o->low || alloc_results(o, NAIVE));
+  made = made && alloc_results(o, ORACLE) &&
+         (!o->low || (alloc_results(o, NAIVE) && alloc_results(o, AT_DTYPE)));
   if (!made) {
     free(forward.v);
     h_oracle_free(o);
@@ -908,7 +916,7 @@ void h_oracle_describe(const h_oracle *o, char *text, size_t size) {
 void h_oracle_free(h_oracle *o) {
   if (o == NULL) return;
   h_data_free(&o->data);
-  for (int w = 0; w < 2; ++w) {
+  for (int w = 0; w < RUNS; ++w) {
     free(o->res[w].out), free(o->res[w].lse), free(o->res[w].dq);
     free(o->res[w].dk), free(o->res[w].dv);
   }
