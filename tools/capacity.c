@@ -48,7 +48,8 @@ static double oracle_bytes(const attn_problem *p, int backward) {
   const size_t stat = attn_dtype_size(attn_stat_dtype((attn_dtype)p->dtype));
   const double at_dtype = low ? 2.0 : 0.0; /* runs whose results are in the dtype */
   double bytes = role_bytes_as(p, ATTN_ROLE_OUT, 8) + role_bytes_as(p, ATTN_ROLE_LSE, 8);
-  bytes += at_dtype * (role_bytes_as(p, ATTN_ROLE_OUT, dtype) + role_bytes_as(p, ATTN_ROLE_LSE, stat));
+  bytes +=
+      at_dtype * (role_bytes_as(p, ATTN_ROLE_OUT, dtype) + role_bytes_as(p, ATTN_ROLE_LSE, stat));
   if (!backward) return bytes;
   const double runs = 1.0 + at_dtype;
   bytes += role_bytes_as(p, ATTN_ROLE_DQ, 8) + at_dtype * role_bytes_as(p, ATTN_ROLE_DQ, dtype);

@@ -406,7 +406,7 @@ struct h_oracle {
   attn_inputs in;        /* data's host inputs, resolved */
   attn_tensor dout;
   attn_dtype dtype;
-  int low;            /* f16/bf16: the naive run sets the tolerance */
+  int low;               /* f16/bf16: the naive run sets the tolerance */
   ref_results res[RUNS]; /* by run (ORACLE, NAIVE, AT_DTYPE) */
   int64_t *query_ids, nquery;
   key_slice *slices;

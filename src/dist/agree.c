@@ -15,7 +15,7 @@
 /* One rank's view, compared field by field across the ranks. Values are int64 (doubles by their
  * bits), so a field either matches exactly or names itself. */
 /* clang-format off */
-#define RECORD_FIELDS(X)                                                                               \
+#define RECORD_FIELDS(X)                                                                           \
   X("problem.operation", p->operation)                                                             \
   X("problem.dtype", p->dtype)                                                                     \
   X("problem.device", p->device)                                                                   \

@@ -1,7 +1,7 @@
 /*
  * src/dist/agree.h - the agreement check's wire format: the record each rank contributes to plan
- * creation's allgather (attn_dist_plan_create), and the verdict every rank reaches from the table of
- * every rank's record.
+ * creation's allgather (attn_dist_plan_create), and the verdict every rank reaches from the table
+ * of every rank's record.
  *
  * A record is plain bytes on the wire: int64 fields in the sender's byte order and a message. What
  * arrives from a peer is untrusted: another libattn build (other fields), another byte order, or a

@@ -3,9 +3,9 @@
  * local problem, sub-communicators, and runs whose sequence is not split.
  *
  * The path of attn_dist_plan_create: validate the global problem and the spec on each rank ->
- * load the transport and duplicate the caller's communicator -> allgather every rank's
- * record (agree.h: problem, spec, and its local verdict with the message) so that every rank returns
- * the same status, naming the field and the ranks that disagree -> split off the sequence ring and
+ * load the transport and duplicate the caller's communicator -> allgather every rank's record
+ * (agree.h: problem, spec, and its local verdict with the message) so that every rank returns the
+ * same status, naming the field and the ranks that disagree -> split off the sequence ring and
  * the dsinks reduction groups -> plan the local problem (ns == 1) or its blocks (ns > 1).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */

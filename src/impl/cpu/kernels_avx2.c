@@ -127,11 +127,12 @@ static float row_max_avx2(const float *x, int64_t n) {
 }
 
 static float exp_sum_avx2(float *x, int64_t n, float m) {
-  const __m256 mv = _mm256_set1_ps(m);
+  const __m256 mv = _mm256_set1_ps(m), zero = _mm256_setzero_ps();
   __m256 s = _mm256_setzero_ps();
   int64_t j = 0;
+  /* min(0, x - m), NaN second so that it stays NaN (cpu.h says why) */
   for (; j + 8 <= n; j += 8) {
-    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv));
+    const __m256 e = exp256(_mm256_min_ps(zero, _mm256_sub_ps(_mm256_loadu_ps(x + j), mv)));
     _mm256_storeu_ps(x + j, e);
     s = _mm256_add_ps(s, e);
   }
@@ -140,7 +141,7 @@ static float exp_sum_avx2(float *x, int64_t n, float m) {
     int64_t t = 0;
     for (; t < n - j; ++t) tmp[t] = x[j + t];
     for (; t < 8; ++t) tmp[t] = -INFINITY;
-    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(tmp), mv));
+    const __m256 e = exp256(_mm256_min_ps(zero, _mm256_sub_ps(_mm256_loadu_ps(tmp), mv)));
     _mm256_storeu_ps(tmp, e);
     s = _mm256_add_ps(s, e);
     for (t = 0; t < n - j; ++t) x[j + t] = tmp[t];

@@ -116,17 +116,18 @@ float attn_cpu_row_max_avx512(const float *x, int64_t n) {
 }
 
 float attn_cpu_exp_sum_avx512(float *x, int64_t n, float m) {
-  const __m512 mv = _mm512_set1_ps(m);
+  const __m512 mv = _mm512_set1_ps(m), zero = _mm512_setzero_ps();
   __m512 s = _mm512_setzero_ps();
   int64_t j = 0;
+  /* min(0, x - m), NaN second so that it stays NaN (cpu.h says why) */
   for (; j + 16 <= n; j += 16) {
-    const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + j), mv));
+    const __m512 e = exp512(_mm512_min_ps(zero, _mm512_sub_ps(_mm512_loadu_ps(x + j), mv)));
     _mm512_storeu_ps(x + j, e);
     s = _mm512_add_ps(s, e);
   }
   if (j < n) {
     const __mmask16 k = (__mmask16)((1u << (n - j)) - 1u);
-    const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), mv));
+    const __m512 e = exp512(_mm512_min_ps(zero, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), mv)));
     _mm512_mask_storeu_ps(x + j, k, e);
     s = _mm512_add_ps(s, _mm512_maskz_mov_ps(k, e));
   }

@@ -37,7 +37,8 @@ static float row_max_generic(const float *x, int64_t n) {
 static float exp_sum_generic(float *x, int64_t n, float m) {
   float sum = 0.0f;
   for (int64_t j = 0; j < n; ++j) {
-    x[j] = expf(x[j] - m); /* expf(-inf) = 0 exactly */
+    const float d = x[j] - m;
+    x[j] = expf(d > 0.0f ? 0.0f : d); /* expf(-inf) = 0 exactly; at most 0 as cpu.h says */
     sum += x[j];
   }
   return sum;

@@ -74,7 +74,7 @@ __device__ __forceinline__ ElemGrad grad_element(const attn_cuda_params &p, cons
     vis = visible(p, hd, i, j);
     x = vis ? logit(p, hd, i, j, dot, &y) : 0.f;
   }
-  const float P = vis ? ex2(x * kLog2e - lse2) : 0.f;
+  const float P = vis ? ex2(at_most_zero(x * kLog2e - lse2)) : 0.f;
   float ds = P * ((keep ? dp * p.keep_scale : 0.f) - delta);
   if (p.softcap > 0.f) ds *= softcap_slope(y);
   if (add_dbias && p.dbias_accum != nullptr && vis && P != 0.f)
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dq_kernel(const __grid_consta
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
               const int e = 2 * hf + c;
-              float P = ex2(s[mt][nt][e] * scale_log2 - lse2[mt][hf]);
+              float P = ex2(at_most_zero(s[mt][nt][e] * scale_log2 - lse2[mt][hf]));
               if (kCheck && !visible_band(p, hd, i, j0 + c)) P = 0.f;
               s[mt][nt][e] = P * (dp[mt][nt][e] - delta[mt][hf]);
             }
@@ -428,7 +428,7 @@ __global__ void __launch_bounds__(C::kThreads) bwd_dkv_kernel(const __grid_const
                                                         delta, kept(p, words, j), kAtomic);
                 pv[c] = g.p_kept, dsv[c] = g.ds;
               } else {
-                float P = ex2(st[kt][nt][e] * scale_log2 - lse2);
+                float P = ex2(at_most_zero(st[kt][nt][e] * scale_log2 - lse2));
                 if (kCheck && !visible_band(p, hd, i, j)) P = 0.f;
                 pv[c] = P;
                 dsv[c] = P * (dpt[kt][nt][e] - delta);

@@ -434,6 +434,10 @@ __host__ __device__ __forceinline__ bool needs_features(const attn_cuda_params &
          p.dbias != nullptr || p.dsinks != nullptr;
 }
 
+/* min(a, 0) keeping NaN (fminf would drop it): the exponent of P = exp(x - lse), at most 1 also
+ * where the f32 lse of logits of 1e25 is off by 1e18 and P would be infinite (issue 19). */
+__device__ __forceinline__ float at_most_zero(float a) { return a > 0.f ? 0.f : a; }
+
 /* The soft cap's derivative 1 - tanh^2(y) as 4u / (1 + u)^2 with u = exp(-2|y|): 1 - t * t cancels
  * once tanh(y) is near +-1 (not one correct digit in f32 at |y| = 10; issue 19). */
 __device__ __forceinline__ float softcap_slope(float y) {

@@ -399,7 +399,9 @@ static void backward_row(const ref_args *a, const attn_run *run, const ref_row *
       int64_t j = ks.list != NULL ? ks.list[n] : n;
       if (!visible(a, r, j)) continue;
       double pre, x = logit(a, r, s->q, j, &pre);
-      double prob = exp(x - lse); /* P_ij = p_ij / Z, before dropout */
+      /* P_ij = p_ij / Z, before dropout: at most 1, also where the f32 lse of logits of 1e25 is
+       * off by 1e18 and exp(x - lse) would be infinite (NaN stays NaN) */
+      double prob = exp(x - lse > 0.0 ? 0.0 : x - lse);
       int keep = kept(a, r, j);
       /* dP'_ij = dot(dout_i, v_j); dP_ij = keep ? dP'_ij / (1 - p_drop) : 0 */
       double dp = 0.0;
