@@ -532,6 +532,9 @@ static double slice_work(const attn_problem *p, int64_t len_q, int64_t len_k) {
 static int choose_key_slices(h_oracle *o, int64_t want, uint64_t *state) {
   const attn_problem *p = &o->resolved;
   int packed_rest = p->varlen == ATTN_VARLEN_PACKED && p->total_k > o->in.cu_seqlens_k[p->batch];
+  /* No key rows at all (Tk = 0): nothing to check, and no slice per (batch, kv head) to keep,
+   * however many of those the problem has. */
+  if (token_rows(p, 1) == 0 && !packed_rest) return 1;
   int64_t max_slices = o->rows.sampled ? 3 : (p->batch + 1) * p->heads_kv;
   o->slices = calloc((size_t)max_slices, sizeof *o->slices);
   if (o->slices == NULL) return 0;
