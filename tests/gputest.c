@@ -60,15 +60,19 @@ tu_buf tu_gpu_fetch(const void *device, attn_dtype dtype, int64_t n) {
 }
 
 void tu_gpu_check_close(const char *name, const char *what, tol_pass pass, const tu_buf *got,
-                        const tu_buf *naive, const tu_buf *naive_alt, const double *exact) {
+                        const tu_buf *naive, const tu_buf *naive_alt, const tu_buf *naive_fed,
+                        const double *exact) {
   int64_t n = naive->n;
   if (got->n < n) { /* the implementation was not asked for it, or its run stopped early */
     tu_check(0, "%s %s: not computed", name, what);
     return;
   }
   tol_err eg = tu_compare(got, exact, n), en = tu_compare(naive, exact, n), ea = tol_err_init();
+  tol_err ef = tol_err_init();
   if (naive_alt != NULL) ea = tu_compare(naive_alt, exact, n);
-  double naive_err = tol_naive_error(&en, naive_alt != NULL ? &ea : NULL);
+  if (naive_fed != NULL && naive_fed->n >= n) ef = tu_compare(naive_fed, exact, n);
+  double naive_err = tol_naive_error(&en, naive_alt != NULL ? &ea : NULL,
+                                     naive_fed != NULL && naive_fed->n >= n ? &ef : NULL);
   double tol = tol_bound_low_precision(pass, eg.max_ref, naive_err);
   double at = eg.where >= 0 ? tu_get(got, eg.where) : 0.0;
   double want = eg.where >= 0 ? exact[eg.where] : 0.0;

@@ -63,11 +63,14 @@ tu_buf tu_gpu_fetch(const void *device, attn_dtype dtype, int64_t n);
 /* One check, SPEC.md's rule for a low-precision result (tolerance.h: tol_bound_low_precision, the
  * factor set by pass): got (whose first naive->n elements count) is within 2x or 3x the error of
  * the naive same-dtype computation + 1e-3 x max|exact|, and has no NaN or infinity where exact has
- * none. naive_alt, when not NULL, is the reference at the dtype without rounding inside, whose
- * error may be the larger one (tol_naive_error; test_cuda runs it). The line names the case and
- * the tensor, the errors, and the worst element. */
+ * none. naive_alt, when not NULL, is the reference at the dtype without rounding inside, and
+ * naive_fed (gradients; NULL otherwise) the f64 reference's backward given the implementation's
+ * own out and lse: the bound takes the largest of their errors (tol_naive_error says why;
+ * test_cuda runs both). The line names the case and the tensor, the errors, and the worst
+ * element. */
 void tu_gpu_check_close(const char *name, const char *what, tol_pass pass, const tu_buf *got,
-                        const tu_buf *naive, const tu_buf *naive_alt, const double *exact);
+                        const tu_buf *naive, const tu_buf *naive_alt, const tu_buf *naive_fed,
+                        const double *exact);
 
 /* What the executor reported while it made a plan (attn_ctx_set_event_callback(ctx,
  * tu_gpu_on_tune_event, &log), log zeroed first): the tunings, each candidate timed or failed, the

@@ -590,7 +590,7 @@ int main(int argc, char **argv) {
             if (lowp) {
               tol_err en = tol_compare(naive.v[o], ref.v[o], ref.n[o]);
               tol_err ed = tol_compare(at_dtype.v[o], ref.v[o], ref.n[o]);
-              naive_err = tol_naive_error(&en, &ed);
+              naive_err = tol_naive_error(&en, &ed, NULL);
             }
             tol_pass pass = o >= OUT_DQ ? TOL_GRADIENT : TOL_FORWARD;
             double tol = tol_bound((attn_dtype)c->p.dtype, pass, e.max_ref, naive_err);

@@ -381,14 +381,14 @@ static void check_case(hcase *c, attn_ctx *pctx, attn_plan *given) {
     snprintf(name, sizeof name, "%s [%s %s]", c->name, attn_plan_impl_name(plan),
              attn_plan_config_name(plan));
     if (run_plan(name, c, given != NULL ? pctx : ctx, plan, &gpu, NULL)) {
-      tu_gpu_check_close(name, "out", TOL_FORWARD, &gpu.out, &naive.out, NULL, e_out);
+      tu_gpu_check_close(name, "out", TOL_FORWARD, &gpu.out, &naive.out, NULL, NULL, e_out);
       if (!c->no_lse) {
-        tu_gpu_check_close(name, "lse", TOL_FORWARD, &gpu.lse, &naive.lse, NULL, e_lse);
-        tu_gpu_check_close(name, "dq", TOL_GRADIENT, &gpu.dq, &naive.dq, NULL, e_dq);
-        tu_gpu_check_close(name, "dk", TOL_GRADIENT, &gpu.dk, &naive.dk, NULL, e_dk);
-        tu_gpu_check_close(name, "dv", TOL_GRADIENT, &gpu.dv, &naive.dv, NULL, e_dv);
+        tu_gpu_check_close(name, "lse", TOL_FORWARD, &gpu.lse, &naive.lse, NULL, NULL, e_lse);
+        tu_gpu_check_close(name, "dq", TOL_GRADIENT, &gpu.dq, &naive.dq, NULL, NULL, e_dq);
+        tu_gpu_check_close(name, "dk", TOL_GRADIENT, &gpu.dk, &naive.dk, NULL, NULL, e_dk);
+        tu_gpu_check_close(name, "dv", TOL_GRADIENT, &gpu.dv, &naive.dv, NULL, NULL, e_dv);
         if (c->want_dbias)
-          tu_gpu_check_close(name, "dbias", TOL_GRADIENT, &gpu.dbias, &naive.dbias, NULL, e_dbias);
+          tu_gpu_check_close(name, "dbias", TOL_GRADIENT, &gpu.dbias, &naive.dbias, NULL, NULL, e_dbias);
       }
     }
     results_free(&gpu);

@@ -542,7 +542,7 @@ static void check_tensor(report *rep, const char *name, attn_dtype dtype, tol_pa
   double naive_err = 0.0; /* the f32 rule needs none */
   if (naive != NULL) {
     tol_err en = tu_compare(naive, r, naive->n);
-    naive_err = tol_naive_error(&en, NULL);
+    naive_err = tol_naive_error(&en, NULL, NULL);
     if (en.nonfinite != 0) {
       report_add(rep, " %s: the naive run has %lld NaN/inf mismatches;", name,
                  (long long)en.nonfinite);

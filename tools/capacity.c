@@ -40,17 +40,24 @@ static double role_bytes_as(const attn_problem *p, attn_role role, size_t elemen
 
 /* What the oracle (harness.c: h_oracle_make) keeps beside the data: the reference's out, lse and
  * (backward) dq in f64, dk and dv as f64 sums (counted for every key: a full check has them all),
- * the same again in the problem's dtype for f16/bf16 (the naive run), and per thread an f64
- * accumulator of one (batch, kv head)'s key gradients. */
+ * the same twice again in the problem's dtype for f16/bf16 (the naive and the at-dtype runs),
+ * once more in f64 for a f16/bf16 backward (the run fed each candidate's out and lse), and per
+ * thread an f64 accumulator of one (batch, kv head)'s key gradients per run. */
 static double oracle_bytes(const attn_problem *p, int backward) {
   const int low = p->dtype == ATTN_DTYPE_F16 || p->dtype == ATTN_DTYPE_BF16;
   const size_t dtype = attn_dtype_size((attn_dtype)p->dtype);
   const size_t stat = attn_dtype_size(attn_stat_dtype((attn_dtype)p->dtype));
+  const double at_dtype = low ? 2.0 : 0.0; /* runs whose results are in the dtype */
   double bytes = role_bytes_as(p, ATTN_ROLE_OUT, 8) + role_bytes_as(p, ATTN_ROLE_LSE, 8);
-  if (low) bytes += role_bytes_as(p, ATTN_ROLE_OUT, dtype) + role_bytes_as(p, ATTN_ROLE_LSE, stat);
+  bytes +=
+      at_dtype * (role_bytes_as(p, ATTN_ROLE_OUT, dtype) + role_bytes_as(p, ATTN_ROLE_LSE, stat));
   if (!backward) return bytes;
-  const double runs = low ? 2.0 : 1.0;
-  bytes += role_bytes_as(p, ATTN_ROLE_DQ, 8) + (low ? role_bytes_as(p, ATTN_ROLE_DQ, dtype) : 0.0);
+  const double runs = 1.0 + at_dtype;
+  if (low) /* the fed run: its out, lse, dq, dk and dv in f64 */
+    bytes += role_bytes_as(p, ATTN_ROLE_OUT, 8) + role_bytes_as(p, ATTN_ROLE_LSE, 8) +
+             role_bytes_as(p, ATTN_ROLE_DQ, 8) + role_bytes_as(p, ATTN_ROLE_DK, 8) +
+             role_bytes_as(p, ATTN_ROLE_DV, 8);
+  bytes += role_bytes_as(p, ATTN_ROLE_DQ, 8) + at_dtype * role_bytes_as(p, ATTN_ROLE_DQ, dtype);
   bytes += runs * (role_bytes_as(p, ATTN_ROLE_DK, 8) + role_bytes_as(p, ATTN_ROLE_DV, 8));
   int threads = 1;
 #ifdef _OPENMP

@@ -395,7 +395,14 @@ typedef struct ref_results {
   double *dk, *dv;
 } ref_results;
 
-enum { ORACLE, NAIVE };
+/* The reference's runs: ORACLE in f64; NAIVE in the dtype, rounded as the dtype's kernel would;
+ * AT_DTYPE in the dtype without rounding inside (what rounding the outputs alone costs); FED in
+ * f64, the backward only, given the checked implementation's own out and lse (made per check:
+ * tol_naive_error's fed). */
+enum { ORACLE, NAIVE, AT_DTYPE, FED, RUNS };
+
+/* Whether run `which` keeps its results in f64 (else in the problem's dtype). */
+static int in_f64(int which) { return which == ORACLE || which == FED; }
 
 struct h_oracle {
   h_data data;
@@ -404,13 +411,13 @@ struct h_oracle {
   attn_inputs in;        /* data's host inputs, resolved */
   attn_tensor dout;
   attn_dtype dtype;
-  int low;            /* f16/bf16: the naive run sets the tolerance */
-  ref_results res[2]; /* ORACLE in f64; NAIVE in the dtype, rounded as the dtype's kernel would */
+  int low;               /* f16/bf16: the naive run sets the tolerance */
+  ref_results res[RUNS]; /* by run (ORACLE, NAIVE, AT_DTYPE) */
   int64_t *query_ids, nquery;
   key_slice *slices;
   int nslices;
   int64_t *key_ids, nkeys;
-  double naive_err[5]; /* f16/bf16: the naive run's error on the checked rows, per output */
+  double naive_err[5]; /* f16/bf16: err(naive) of the rule on the checked rows, per output */
   h_rows rows;
 };
 
@@ -525,6 +532,9 @@ static double slice_work(const attn_problem *p, int64_t len_q, int64_t len_k) {
 static int choose_key_slices(h_oracle *o, int64_t want, uint64_t *state) {
   const attn_problem *p = &o->resolved;
   int packed_rest = p->varlen == ATTN_VARLEN_PACKED && p->total_k > o->in.cu_seqlens_k[p->batch];
+  /* No key rows at all (Tk = 0): nothing to check, and no slice per (batch, kv head) to keep,
+   * however many of those the problem has. */
+  if (token_rows(p, 1) == 0 && !packed_rest) return 1;
   int64_t max_slices = o->rows.sampled ? 3 : (p->batch + 1) * p->heads_kv;
   o->slices = calloc((size_t)max_slices, sizeof *o->slices);
   if (o->slices == NULL) return 0;
@@ -611,7 +621,7 @@ typedef struct ref_run {
 static void ref_run_init(ref_run *r, const h_oracle *o, int which) {
   const attn_problem *p = &o->resolved;
   memset(r, 0, sizeof *r);
-  r->results = which == ORACLE ? ATTN_DTYPE_F64 : o->dtype;
+  r->results = in_f64(which) ? ATTN_DTYPE_F64 : o->dtype;
   r->out.out = attn_role_resolve(p, ATTN_ROLE_OUT, attn_tensor_dense(o->res[which].out));
   r->out.lse = attn_role_resolve(p, ATTN_ROLE_LSE, attn_tensor_dense(o->res[which].lse));
   r->grads.dq = attn_role_resolve(p, ATTN_ROLE_DQ, attn_tensor_dense(o->res[which].dq));
@@ -620,7 +630,7 @@ static void ref_run_init(ref_run *r, const h_oracle *o, int which) {
   r->run.outputs = &r->out;
   r->run.dout = &o->dout;
   r->run.grads = &r->grads;
-  r->run.round_to = which == ORACLE ? ATTN_DTYPE_F64 : o->dtype;
+  r->run.round_to = which == NAIVE ? o->dtype : ATTN_DTYPE_F64;
 }
 
 #ifdef _OPENMP
@@ -632,13 +642,15 @@ static int max_threads(void) { return 1; }
 static int thread_index(void) { return 0; }
 #endif
 
-/* Evaluates the reference on the oracle's rows, on every thread: the forward of the checked query
- * rows and of every query row of the key slices, dq of the checked rows, then each slice's keys,
- * whose sums over the threads' partial sums are taken in thread order (a static schedule), so the
+/* Evaluates runs w0 .. w1 - 1 of the reference on the oracle's rows, on every thread: the forward
+ * of the checked query rows and of every query row of the key slices (none when forward_ids is
+ * NULL: the runs' out and lse are given), dq of the checked rows, then each slice's keys, whose
+ * sums over the threads' partial sums are taken in thread order (a static schedule), so the
  * results do not depend on timing. */
-static attn_status evaluate(attn_ctx *ctx, h_oracle *o, const id_list *forward_ids) {
+static attn_status evaluate(attn_ctx *ctx, h_oracle *o, const id_list *forward_ids, int w0,
+                            int w1) {
   const attn_problem *p = &o->resolved;
-  const int runs = o->low ? 2 : 1, threads = max_threads();
+  const int runs = w1 - w0, threads = max_threads();
   const int64_t hq = p->heads_q, group = p->heads_q / p->heads_kv;
   const int64_t d = p->head_dim, dv = p->head_dim_v;
   int64_t max_keys = 0;
@@ -653,15 +665,15 @@ static attn_status evaluate(attn_ctx *ctx, h_oracle *o, const id_list *forward_i
     return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY,
                      "out of memory for the reference's scratch (%d threads)", threads);
   }
-  ref_run r[2];
-  for (int w = 0; w < runs; ++w) ref_run_init(&r[w], o, w);
+  ref_run r[RUNS];
+  for (int w = w0; w < w1; ++w) ref_run_init(&r[w], o, w);
 
-  const int64_t nforward = forward_ids->n;
+  const int64_t nforward = forward_ids != NULL ? forward_ids->n : 0;
 #pragma omp parallel for schedule(dynamic, 4)
   for (int64_t n = 0; n < nforward; ++n) {
     void *mine = scratch + (size_t)thread_index() * scratch_size;
     int64_t id = forward_ids->v[n];
-    for (int w = 0; w < runs; ++w)
+    for (int w = w0; w < w1; ++w)
       attn_ref_forward_row(&r[w].run, r[w].results, id % hq, id / hq, mine);
   }
   if (o->backward) {
@@ -670,7 +682,7 @@ static attn_status evaluate(attn_ctx *ctx, h_oracle *o, const id_list *forward_i
     for (int64_t n = 0; n < nquery; ++n) {
       void *mine = scratch + (size_t)thread_index() * scratch_size;
       int64_t id = o->query_ids[n];
-      for (int w = 0; w < runs; ++w)
+      for (int w = w0; w < w1; ++w)
         attn_ref_dq_row(&r[w].run, r[w].results, id % hq, id / hq, mine);
     }
   }
@@ -687,20 +699,21 @@ static attn_status evaluate(attn_ctx *ctx, h_oracle *o, const id_list *forward_i
 #pragma omp for schedule(static)
       for (int64_t n = 0; n < rows; ++n) {
         int64_t h = k->g * group + n / len_q, token = token0 + n % len_q;
-        for (int w = 0; w < runs; ++w)
+        for (int w = w0; w < w1; ++w)
           attn_ref_key_grads_row(&r[w].run, r[w].results, h, token, k->keys, k->count,
-                                 mine + w * per_run, mine + w * per_run + k->count * d, space);
+                                 mine + (w - w0) * per_run,
+                                 mine + (w - w0) * per_run + k->count * d, space);
       }
     }
-    for (int w = 0; w < runs; ++w) {
+    for (int w = w0; w < w1; ++w) {
       double *dk = o->res[w].dk + k->first * d, *dvs = o->res[w].dv + k->first * dv;
       for (int t = 0; t < threads; ++t) {
-        const double *part = acc + (size_t)t * acc_doubles + w * per_run;
+        const double *part = acc + (size_t)t * acc_doubles + (w - w0) * per_run;
         for (int64_t e = 0; e < k->count * d; ++e) dk[e] += part[e];
         for (int64_t e = 0; e < k->count * dv; ++e) dvs[e] += part[k->count * d + e];
       }
-      /* The whole reference stores its f64 sums in the output dtype; the naive run's are so. */
-      if (w == NAIVE) {
+      /* The whole reference stores its f64 sums in the output dtype; the runs at it are so. */
+      if (!in_f64(w)) {
         for (int64_t e = 0; e < k->count * d; ++e) dk[e] = attn_round_to(o->dtype, dk[e]);
         for (int64_t e = 0; e < k->count * dv; ++e) dvs[e] = attn_round_to(o->dtype, dvs[e]);
       }
@@ -753,25 +766,31 @@ static tol_err compare_rows(const h_oracle *o, int which, const void *a, attn_dt
   return e;
 }
 
-/* err(naive) of the tolerance rule for each output: the naive run against the oracle. */
-static void measure_naive(h_oracle *o) {
+/* err(naive) of the tolerance rule for each output: the naive and the at-dtype runs against the
+ * oracle (tol_naive_error). */
+static tol_err run_error(const h_oracle *o, int which, int output) {
   const attn_problem *p = &o->resolved;
-  const ref_results *naive = &o->res[NAIVE], *exact = &o->res[ORACLE];
-  attn_dtype stat = attn_stat_dtype(o->dtype);
-  tol_err e[5];
-  e[0] = compare_rows(o, 0, naive->out, o->dtype, exact, ATTN_DTYPE_F64);
-  e[1] = compare_rows(o, 1, naive->lse, stat, exact, ATTN_DTYPE_F64);
-  if (o->backward) {
-    e[2] = compare_rows(o, 2, naive->dq, o->dtype, exact, ATTN_DTYPE_F64);
-    e[3] = tol_compare(naive->dk, exact->dk, o->nkeys * p->head_dim);
-    e[4] = tol_compare(naive->dv, exact->dv, o->nkeys * p->head_dim_v);
+  const ref_results *run = &o->res[which], *exact = &o->res[ORACLE];
+  const attn_dtype dt = in_f64(which) ? ATTN_DTYPE_F64 : o->dtype;
+  switch (output) {
+  case 0: return compare_rows(o, 0, run->out, dt, exact, ATTN_DTYPE_F64);
+  case 1: return compare_rows(o, 1, run->lse, attn_stat_dtype(dt), exact, ATTN_DTYPE_F64);
+  case 2: return compare_rows(o, 2, run->dq, dt, exact, ATTN_DTYPE_F64);
+  case 3: return tol_compare(run->dk, exact->dk, o->nkeys * p->head_dim);
+  default: return tol_compare(run->dv, exact->dv, o->nkeys * p->head_dim_v);
   }
-  for (int i = 0; i < (o->backward ? 5 : 2); ++i) o->naive_err[i] = tol_naive_error(&e[i], NULL);
+}
+
+static void measure_naive(h_oracle *o) {
+  for (int i = 0; i < (o->backward ? 5 : 2); ++i) {
+    tol_err naive = run_error(o, NAIVE, i), at_dtype = run_error(o, AT_DTYPE, i);
+    o->naive_err[i] = tol_naive_error(&naive, &at_dtype, NULL);
+  }
 }
 
 static int alloc_results(h_oracle *o, int which) {
   const attn_problem *p = &o->resolved;
-  attn_dtype t = which == ORACLE ? ATTN_DTYPE_F64 : o->dtype;
+  attn_dtype t = in_f64(which) ? ATTN_DTYPE_F64 : o->dtype;
   ref_results *r = &o->res[which];
   r->out = calloc((size_t)attn_role_numel(p, ATTN_ROLE_OUT), attn_dtype_size(t));
   r->lse = calloc((size_t)attn_role_numel(p, ATTN_ROLE_LSE), attn_dtype_size(attn_stat_dtype(t)));
@@ -851,7 +870,9 @@ attn_status h_oracle_make(attn_ctx *ctx, const attn_problem *problem, int backwa
         made = id_push(&forward, (token0 + i) * p->heads_q + h);
   }
   if (made) id_sort_unique(&forward);
-  made = made && alloc_results(o, ORACLE) && (!o->low || alloc_results(o, NAIVE));
+  made = made && alloc_results(o, ORACLE) &&
+         (!o->low || (alloc_results(o, NAIVE) && alloc_results(o, AT_DTYPE) &&
+                      (!backward || alloc_results(o, FED))));
   if (!made) {
     free(forward.v);
     h_oracle_free(o);
@@ -863,7 +884,7 @@ attn_status h_oracle_make(attn_ctx *ctx, const attn_problem *problem, int backwa
   o->rows.key_total = backward ? token_rows(p, 1) * p->heads_kv : 0;
   /* A sample whose edge rows are all there is was no sample. */
   if (o->nquery == query_total && o->rows.key_checked == o->rows.key_total) o->rows.sampled = 0;
-  st = evaluate(ctx, o, &forward);
+  st = evaluate(ctx, o, &forward, ORACLE, o->low ? FED : NAIVE);
   free(forward.v);
   if (st != ATTN_STATUS_OK) return h_oracle_free(o), st;
   if (o->low) measure_naive(o);
@@ -908,7 +929,7 @@ void h_oracle_describe(const h_oracle *o, char *text, size_t size) {
 void h_oracle_free(h_oracle *o) {
   if (o == NULL) return;
   h_data_free(&o->data);
-  for (int w = 0; w < 2; ++w) {
+  for (int w = 0; w < RUNS; ++w) {
     free(o->res[w].out), free(o->res[w].lse), free(o->res[w].dq);
     free(o->res[w].dk), free(o->res[w].dv);
   }
@@ -917,6 +938,27 @@ void h_oracle_free(h_oracle *o) {
   free(o->query_ids);
   free(o->key_ids);
   free(o);
+}
+
+/* The FED run on the checked rows: the f64 backward given the candidate's out and lse (d's host
+ * outputs after its run). 0 when it could not run (its bound then goes without it). */
+static int evaluate_fed(attn_ctx *ctx, h_oracle *o) {
+  const attn_problem *p = &o->resolved;
+  const h_data *d = &o->data;
+  ref_results *fed = &o->res[FED];
+  const attn_role roles[2] = {ATTN_ROLE_OUT, ATTN_ROLE_LSE};
+  void *into[2] = {fed->out, fed->lse};
+  for (int r = 0; r < 2; ++r) {
+    const attn_dtype from = attn_role_dtype(&d->problem, roles[r]);
+    const int64_t n = attn_role_numel(p, roles[r]);
+    for (int64_t e = 0; e < n; ++e)
+      ((double *)into[r])[e] = attn_load(d->host.role[roles[r]], from, e);
+  }
+  memset(fed->dq, 0, (size_t)attn_role_numel(p, ATTN_ROLE_DQ) * sizeof(double));
+  const size_t keys = (size_t)(o->nkeys > 0 ? o->nkeys : 1);
+  memset(fed->dk, 0, keys * (size_t)p->head_dim * sizeof(double));
+  memset(fed->dv, 0, keys * (size_t)p->head_dim_v * sizeof(double));
+  return evaluate(ctx, o, NULL, FED, FED + 1) == ATTN_STATUS_OK;
 }
 
 h_check h_check_run(attn_ctx *ctx, h_oracle *o, const char *impl, const char *config) {
@@ -929,11 +971,18 @@ h_check h_check_run(attn_ctx *ctx, h_oracle *o, const char *impl, const char *co
   c.ok = 1;
   double worst = -1.0;
   int outputs = !o->backward ? 2 : o->rows.keys_skipped ? 3 : 5;
+  /* Gradients of f16/bf16: also the error the candidate's own out and lse make unavoidable. */
+  const int fed = o->low && o->backward && evaluate_fed(ctx, o);
   for (int i = 0; i < outputs; ++i) {
     attn_role role = compared_roles[i];
     attn_dtype a_dtype = attn_role_dtype(&d->problem, role);
     tol_err e = compare_rows(o, i, d->host.role[role], a_dtype, &o->res[ORACLE], ATTN_DTYPE_F64);
     double naive_err = o->naive_err[i]; /* 0 for f32, whose rule needs none */
+    if (fed && i >= 2) {
+      tol_err naive = tol_err_init(), from_fed = run_error(o, FED, i);
+      naive.max_abs = naive_err;
+      naive_err = tol_naive_error(&naive, NULL, &from_fed);
+    }
     c.err[i] = e.nonfinite != 0 ? INFINITY : e.max_abs;
     c.ref[i] = e.max_ref;
     c.tol[i] = tol_bound(o->dtype, i < 2 ? TOL_FORWARD : TOL_GRADIENT, c.ref[i], naive_err);

@@ -3,13 +3,15 @@
  * local problem, sub-communicators, and runs whose sequence is not split.
  *
  * The path of attn_dist_plan_create: validate the global problem and the spec on each rank ->
- * load the transport and duplicate the caller's communicator -> allgather every rank's
- * fingerprint (problem, spec, and its local verdict with the message) so that every rank returns
- * the same status, naming the field and the ranks that disagree -> split off the sequence ring and
+ * load the transport and duplicate the caller's communicator -> allgather every rank's record
+ * (agree.h: problem, spec, and its local verdict with the message) so that every rank returns the
+ * same status, naming the field and the ranks that disagree -> split off the sequence ring and
  * the dsinks reduction groups -> plan the local problem (ns == 1) or its blocks (ns > 1).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "dist/dist.h"
+
+#include "dist/agree.h"
 
 #include "core/ctx.h"
 #include "core/dtype.h"
@@ -102,108 +104,6 @@ int64_t attn_dist_chunk_start(const attn_dist_plan *plan, int64_t T, int32_t r, 
   if (plan->layout == ATTN_DIST_LAYOUT_ZIGZAG)
     return (chunk == 0 ? r : 2 * (int64_t)plan->ring_n - 1 - r) * chunk_len;
   return (int64_t)r * chunk_len;
-}
-
-/* ---- the agreement check --------------------------------------------------------------------- */
-
-/* One rank's view, compared field by field across the ranks. Values are int64 (doubles by their
- * bits), so a field either matches exactly or names itself. */
-/* clang-format off */
-#define FP_FIELDS(X)                                                                               \
-  X("problem.operation", p->operation)                                                             \
-  X("problem.dtype", p->dtype)                                                                     \
-  X("problem.device", p->device)                                                                   \
-  X("problem.batch", p->batch)                                                                     \
-  X("problem.seqlen_q", p->seqlen_q)                                                               \
-  X("problem.seqlen_k", p->seqlen_k)                                                               \
-  X("problem.heads_q", p->heads_q)                                                                 \
-  X("problem.heads_kv", p->heads_kv)                                                               \
-  X("problem.head_dim", p->head_dim)                                                               \
-  X("problem.head_dim_v", p->head_dim_v)                                                           \
-  X("problem.scale", bits(p->scale))                                                               \
-  X("problem.causal", p->causal)                                                                   \
-  X("problem.align", p->align)                                                                     \
-  X("problem.window_left", p->window_left)                                                         \
-  X("problem.window_right", p->window_right)                                                       \
-  X("problem.softcap", bits(p->softcap))                                                           \
-  X("problem.dropout_p", bits(p->dropout_p))                                                       \
-  X("problem.has_bias", p->has_bias)                                                               \
-  X("problem.bias_dtype", p->bias_dtype)                                                           \
-  X("problem.bias_shape[0]", p->bias_shape[0])                                                     \
-  X("problem.bias_shape[1]", p->bias_shape[1])                                                     \
-  X("problem.bias_shape[2]", p->bias_shape[2])                                                     \
-  X("problem.bias_shape[3]", p->bias_shape[3])                                                     \
-  X("problem.has_mask", p->has_mask)                                                               \
-  X("problem.mask_shape[0]", p->mask_shape[0])                                                     \
-  X("problem.mask_shape[1]", p->mask_shape[1])                                                     \
-  X("problem.mask_shape[2]", p->mask_shape[2])                                                     \
-  X("problem.mask_shape[3]", p->mask_shape[3])                                                     \
-  X("problem.alibi", p->alibi)                                                                     \
-  X("problem.num_sinks", p->num_sinks)                                                             \
-  X("problem.sinks_shared", p->sinks_shared)                                                       \
-  X("problem.has_segment_ids", p->has_segment_ids)                                                 \
-  X("problem.varlen", p->varlen)                                                                   \
-  X("problem.total_q", p->total_q)                                                                 \
-  X("problem.total_k", p->total_k)                                                                 \
-  X("spec.num_axes", s->num_axes)                                                                  \
-  X("spec.axis_size[0]", s->axis_size[0])                                                          \
-  X("spec.axis_size[1]", s->axis_size[1])                                                          \
-  X("spec.axis_size[2]", s->axis_size[2])                                                          \
-  X("spec.axis_size[3]", s->axis_size[3])                                                          \
-  X("spec.axis_dim[0]", s->axis_dim[0])                                                            \
-  X("spec.axis_dim[1]", s->axis_dim[1])                                                            \
-  X("spec.axis_dim[2]", s->axis_dim[2])                                                            \
-  X("spec.axis_dim[3]", s->axis_dim[3])                                                            \
-  X("spec.strategy", s->strategy)                                                                  \
-  X("spec.layout", s->layout)                                                                      \
-  X("spec.timeout_seconds", bits(s->timeout_seconds))
-/* clang-format on */
-
-static int64_t bits(double d) {
-  int64_t i;
-  memcpy(&i, &d, sizeof i);
-  return i;
-}
-
-#define FP_COUNT_ONE(name, value) +1
-enum { FP_COUNT = 0 FP_FIELDS(FP_COUNT_ONE) };
-
-typedef struct fingerprint {
-  int64_t status; /* the rank's local verdict on its arguments */
-  int64_t value[FP_COUNT];
-  char message[512];
-} fingerprint;
-
-static void fill_fingerprint(fingerprint *f, const attn_problem *p, const attn_dist_spec *s) {
-  int k = 0;
-#define FP_FILL_ONE(name, v) f->value[k++] = (int64_t)(v);
-  FP_FIELDS(FP_FILL_ONE)
-#undef FP_FILL_ONE
-}
-
-static const char *fingerprint_name(int index) {
-  static const char *const names[] = {
-#define FP_NAME_ONE(name, v) name,
-      FP_FIELDS(FP_NAME_ONE)
-#undef FP_NAME_ONE
-  };
-  return names[index];
-}
-
-/* Writes "1, 3" (the ranks whose value of field differs from rank 0's; at most a few) into buf. */
-static void differing_ranks(const fingerprint *all, int32_t n, int field, char *buf, size_t size) {
-  size_t used = 0;
-  int listed = 0;
-  buf[0] = '\0';
-  for (int32_t r = 1; r < n && used + 16 < size; ++r) {
-    if (all[r].value[field] == all[0].value[field]) continue;
-    if (listed == 8) {
-      snprintf(buf + used, size - used, ", ...");
-      break;
-    }
-    used += (size_t)snprintf(buf + used, size - used, "%s%d", listed ? ", " : "", (int)r);
-    ++listed;
-  }
 }
 
 /* ---- the local problem ----------------------------------------------------------------------- */
@@ -312,6 +212,11 @@ static attn_status make_local(attn_dist_plan *plan, int32_t world_rank) {
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                      "varlen=packed under a split sequence: not implemented yet (each sequence "
                      "would be cut into 2n chunks); use segment ids on dense tensors");
+  if (g->page_size > 0 && plan->ns > 1)
+    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                     "page_size=%lld (a paged KV cache) under a split sequence: the ring and the "
+                     "all-to-all move dense k and v; split the batch or the heads",
+                     (long long)g->page_size);
   if (plan->ns > 1) {
     const int64_t parts = (int64_t)plan->ns * plan->chunks;
     if (g->seqlen_q % parts != 0 || g->seqlen_k % parts != 0)
@@ -648,7 +553,7 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
   }
   const int32_t world_rank = ops->rank(plan->world), world_size = ops->size(plan->world);
 
-  /* Local verdict: checks that need no peer. Its status and message travel in the fingerprint. */
+  /* Local verdict: checks that need no peer. Its status and message travel in the record. */
   status = attn_validate_problem(ctx, problem, &plan->global);
   if (status == ATTN_STATUS_OK) status = check_spec(ctx, spec, world_size, &plan->spec);
   if (status == ATTN_STATUS_OK) status = make_local(plan, world_rank);
@@ -663,7 +568,7 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
   if (status == ATTN_STATUS_OK && plan->global.device != ATTN_DEVICE_CPU && plan->ns > 1)
     status = check_device_ring(plan, spec);
 
-  fingerprint *all = calloc((size_t)world_size + 1, sizeof *all);
+  attn_dist_record *all = calloc((size_t)world_size + 1, sizeof *all);
   if (all == NULL) {
     /* The peers wait in the allgather below until their timeout: the best a rank without memory
      * can do is not to hang itself. */
@@ -671,32 +576,16 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
     free(plan);
     return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for the agreement check");
   }
-  fingerprint *mine = &all[world_size];
-  mine->status = status;
-  snprintf(mine->message, sizeof mine->message, "%s",
-           status == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
-  fill_fingerprint(mine, problem, spec);
+  attn_dist_record *mine = &all[world_size];
+  attn_dist_record_fill(mine, status, status == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx),
+                        problem, spec);
   attn_status comm_status = (attn_status)ops->allgather(
       plan->world, mine, all, sizeof *mine,
       spec->timeout_seconds > 0 ? spec->timeout_seconds : 300.0, why, sizeof why);
-  if (comm_status != ATTN_STATUS_OK) {
+  if (comm_status != ATTN_STATUS_OK)
     status = attn_fail(ctx, comm_status, "the plan's agreement check: %s", why);
-  } else if (status == ATTN_STATUS_OK) {
-    /* Every rank reaches the same verdict from the same gathered table. */
-    for (int32_t r = 0; r < world_size && status == ATTN_STATUS_OK; ++r)
-      if (all[r].status != ATTN_STATUS_OK)
-        status = attn_fail(ctx, (attn_status)all[r].status, "rank %d refused the problem: %s",
-                           (int)r, all[r].message);
-    for (int f = 0; f < FP_COUNT && status == ATTN_STATUS_OK; ++f) {
-      char ranks[128];
-      differing_ranks(all, world_size, f, ranks, sizeof ranks);
-      if (ranks[0] != '\0')
-        status = attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
-                           "%s differs between ranks: rank 0 has %lld, rank(s) %s another value; "
-                           "every rank must describe the same global problem and spec",
-                           fingerprint_name(f), (long long)all[0].value[f], ranks);
-    }
-  }
+  else if (status == ATTN_STATUS_OK) /* a rank that refused keeps its own message */
+    status = attn_dist_agree(ctx, all, world_size);
   free(all);
   if (status == ATTN_STATUS_OK) {
     status = make_groups(plan, why, sizeof why);

@@ -43,8 +43,16 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   return 0;
 }
 
-/* Whether a valid problem runs in a few milliseconds: every tensor and the score matrix small. */
+/* Whether a valid problem runs in a few milliseconds: every tensor and the score matrix small.
+ * Every role's tensor counts too (attn_problem_numel), so that a paged problem's pool of pages
+ * (num_pages x page_size rows, whatever seqlen_k) or a large bias is held to the same budget, and
+ * so do the heads: the oracle keeps per-(batch, head) bookkeeping even for Tq = Tk = 0. */
 static int small_enough(const attn_problem *p) {
+  int64_t elements = 0;
+  for (int r = 0; r < ATTN_ROLE_COUNT; ++r) {
+    const int64_t n = attn_problem_numel(p, (attn_role)r);
+    if (n < 0 || n > (1 << 17) || (elements += n) > (1 << 17)) return 0;
+  }
   double B = (double)p->batch, Tq = (double)p->seqlen_q, Tk = (double)p->seqlen_k;
   double Hq = (double)p->heads_q, Hkv = (double)p->heads_kv, D = (double)p->head_dim;
   double Dv = p->head_dim_v > 0 ? (double)p->head_dim_v : D;
@@ -54,7 +62,7 @@ static int small_enough(const attn_problem *p) {
     Tk = Tk > (double)p->total_k ? Tk : (double)p->total_k;
   }
   double W = D > Dv ? D : Dv;
-  return p->device == ATTN_DEVICE_CPU && B * Tq * Hq * W <= 1 << 14 &&
+  return p->device == ATTN_DEVICE_CPU && B * Hq <= 1 << 15 && B * Tq * Hq * W <= 1 << 14 &&
          B * Tk * Hkv * W <= 1 << 14 && B * Hq * Tq * Tk <= 1 << 15 && W <= 512 &&
          p->num_sinks <= 64;
 }

@@ -639,6 +639,12 @@ static void refusals(void) {
   tu_check(st == ATTN_STATUS_UNSUPPORTED && strstr(attn_ctx_last_error(ctx), "varlen"),
            "rank %d: padded varlen under a split sequence refused (%s)", world_rank,
            attn_ctx_last_error(ctx));
+  odd = p; /* the ring and the all-to-all move dense k and v, not a pool of pages */
+  odd.page_size = 4;
+  st = attn_dist_plan_create(ctx, &odd, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
+  tu_check(st == ATTN_STATUS_UNSUPPORTED && strstr(attn_ctx_last_error(ctx), "page_size=4"),
+           "rank %d: a paged KV cache under a split sequence refused (%s)", world_rank,
+           attn_ctx_last_error(ctx));
   attn_dist_spec a2a = spec;
   a2a.strategy = ATTN_DIST_STRATEGY_ALL_TO_ALL;
   odd = p;

@@ -80,7 +80,10 @@ typedef struct attn_cpu_kernels {
   float (*scale_max)(float *x, int64_t n, float s);
   /* max of x[0..n), -inf when n = 0 or every element is -inf. */
   float (*row_max)(const float *x, int64_t n);
-  /* x[j] = exp(x[j] - m) for j < n (exactly 0 where x[j] = -inf), returning their sum. m finite. */
+  /* x[j] = exp(min(x[j] - m, 0)) for j < n (exactly 0 where x[j] = -inf, NaN where x[j] is),
+   * returning their sum. m finite. The forward's m is the row's maximum; the backward's is its
+   * lse, and exp(x - lse) <= 1 only in exact arithmetic: the f32 lse of logits of 1e25 is off by
+   * 1e18, which made P infinite (issue 19). */
   float (*exp_sum)(float *x, int64_t n, float m);
   /* x[j] *= s for j < n. */
   void (*scale)(float *x, int64_t n, float s);

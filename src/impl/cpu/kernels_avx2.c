@@ -127,11 +127,12 @@ static float row_max_avx2(const float *x, int64_t n) {
 }
 
 static float exp_sum_avx2(float *x, int64_t n, float m) {
-  const __m256 mv = _mm256_set1_ps(m);
+  const __m256 mv = _mm256_set1_ps(m), zero = _mm256_setzero_ps();
   __m256 s = _mm256_setzero_ps();
   int64_t j = 0;
+  /* min(0, x - m), NaN second so that it stays NaN (cpu.h says why) */
   for (; j + 8 <= n; j += 8) {
-    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv));
+    const __m256 e = exp256(_mm256_min_ps(zero, _mm256_sub_ps(_mm256_loadu_ps(x + j), mv)));
     _mm256_storeu_ps(x + j, e);
     s = _mm256_add_ps(s, e);
   }
@@ -140,7 +141,7 @@ static float exp_sum_avx2(float *x, int64_t n, float m) {
     int64_t t = 0;
     for (; t < n - j; ++t) tmp[t] = x[j + t];
     for (; t < 8; ++t) tmp[t] = -INFINITY;
-    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(tmp), mv));
+    const __m256 e = exp256(_mm256_min_ps(zero, _mm256_sub_ps(_mm256_loadu_ps(tmp), mv)));
     _mm256_storeu_ps(tmp, e);
     s = _mm256_add_ps(s, e);
     for (t = 0; t < n - j; ++t) x[j + t] = tmp[t];
@@ -164,33 +165,38 @@ static void ds_row_avx2(float *dp, const float *p, int64_t n, float delta) {
   for (; j < n; ++j) dp[j] = p[j] * (dp[j] - delta);
 }
 
-/* tanh(y) as the AVX-512 table's tanh512: sign(y) (1 - 2 / (exp(2|y|) + 1)), and its odd Taylor
- * polynomial below |y| = 1/16, where the subtraction would lose relative accuracy (truncation error
- * < 1e-12 there). exp256 clamps 2|y| at 88.38, so large |y| and infinities give exactly +-1. */
-ALWAYS_INLINE __m256 tanh256(__m256 y) {
+/* tanh(y) and its derivative as the AVX-512 table's tanh512: sign(y) (1 - 2u / (1 + u)) with
+ * u = exp(-2|y|), the odd Taylor polynomial below |y| = 1/16 (truncation error < 1e-12 there), and
+ * *sech2 = 4u / (1 + u)^2 (not 1 - t * t, which cancels near +-1). exp256 gives 0 below f32's
+ * normal range, so large |y| and infinities give exactly +-1 and a derivative of 0. */
+ALWAYS_INLINE __m256 tanh256(__m256 y, __m256 *sech2) {
   const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
   const __m256 a = _mm256_andnot_ps(sign, y);
-  const __m256 e = exp256(_mm256_add_ps(a, a));
-  __m256 big = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+  const __m256 u = exp256(_mm256_mul_ps(a, _mm256_set1_ps(-2.0f)));
+  const __m256 u1 = _mm256_add_ps(u, one);
+  __m256 big = _mm256_sub_ps(one, _mm256_div_ps(_mm256_add_ps(u, u), u1));
   big = _mm256_or_ps(big, _mm256_and_ps(sign, y)); /* y's sign */
   const __m256 y2 = _mm256_mul_ps(y, y);
   __m256 p = _mm256_set1_ps(-17.0f / 315.0f);
   p = _mm256_fmadd_ps(p, y2, _mm256_set1_ps(2.0f / 15.0f));
   p = _mm256_fmadd_ps(p, y2, _mm256_set1_ps(-1.0f / 3.0f));
   const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, y2), y, y);
+  if (sech2 != NULL)
+    *sech2 = _mm256_div_ps(_mm256_mul_ps(_mm256_set1_ps(4.0f), u), _mm256_mul_ps(u1, u1));
   return _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.0625f), _CMP_LT_OQ));
 }
 
 static void softcap_avx2(float *x, float *dc, int64_t n, float cap) {
-  const __m256 c = _mm256_set1_ps(cap), inv = _mm256_set1_ps(1.0f / cap),
-               one = _mm256_set1_ps(1.0f);
+  const __m256 c = _mm256_set1_ps(cap), inv = _mm256_set1_ps(1.0f / cap);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int64_t j = 0; j < n; j += 8) {
     const int left = n - j >= 8 ? 8 : (int)(n - j);
     const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), lane); /* the tail's lanes */
-    const __m256 t = tanh256(_mm256_mul_ps(_mm256_maskload_ps(x + j, k), inv));
+    __m256 sech2;
+    const __m256 t =
+        tanh256(_mm256_mul_ps(_mm256_maskload_ps(x + j, k), inv), dc != NULL ? &sech2 : NULL);
     _mm256_maskstore_ps(x + j, k, _mm256_mul_ps(c, t));
-    if (dc != NULL) _mm256_maskstore_ps(dc + j, k, _mm256_fnmadd_ps(t, t, one));
+    if (dc != NULL) _mm256_maskstore_ps(dc + j, k, sech2);
   }
 }
 

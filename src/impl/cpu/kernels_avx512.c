@@ -116,17 +116,18 @@ float attn_cpu_row_max_avx512(const float *x, int64_t n) {
 }
 
 float attn_cpu_exp_sum_avx512(float *x, int64_t n, float m) {
-  const __m512 mv = _mm512_set1_ps(m);
+  const __m512 mv = _mm512_set1_ps(m), zero = _mm512_setzero_ps();
   __m512 s = _mm512_setzero_ps();
   int64_t j = 0;
+  /* min(0, x - m), NaN second so that it stays NaN (cpu.h says why) */
   for (; j + 16 <= n; j += 16) {
-    const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + j), mv));
+    const __m512 e = exp512(_mm512_min_ps(zero, _mm512_sub_ps(_mm512_loadu_ps(x + j), mv)));
     _mm512_storeu_ps(x + j, e);
     s = _mm512_add_ps(s, e);
   }
   if (j < n) {
     const __mmask16 k = (__mmask16)((1u << (n - j)) - 1u);
-    const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), mv));
+    const __m512 e = exp512(_mm512_min_ps(zero, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), mv)));
     _mm512_mask_storeu_ps(x + j, k, e);
     s = _mm512_add_ps(s, _mm512_maskz_mov_ps(k, e));
   }
@@ -202,13 +203,17 @@ void attn_cpu_ds_row_avx512(float *dp, const float *p, int64_t n, float delta) {
   for (; j < n; ++j) dp[j] = p[j] * (dp[j] - delta);
 }
 
-/* tanh(y) = sign(y) (1 - 2 / (exp(2|y|) + 1)), and its odd Taylor polynomial below |y| = 1/16,
- * where the subtraction would lose relative accuracy (truncation error < 1e-12 there). */
-static inline __m512 tanh512(__m512 y) {
-  const __m512 a = _mm512_abs_ps(y);
-  const __m512 e = exp512(_mm512_add_ps(a, a));
-  __m512 big = _mm512_sub_ps(_mm512_set1_ps(1.0f),
-                             _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+/* tanh(y) = sign(y) (1 - 2u / (1 + u)) with u = exp(-2|y|) in [0, 1], and its odd Taylor
+ * polynomial below |y| = 1/16, where the subtraction would lose relative accuracy (truncation error
+ * < 1e-12 there). *sech2 (when sech2 is not NULL) gets the derivative 1 - tanh^2 = 4u / (1 + u)^2,
+ * accurate to a few ulps wherever it is: 1 - t * t would cancel once tanh is near +-1 (at |y| = 10
+ * not one correct digit in f32, issue 19's soft-cap finding). u = 0 for large |y| and infinities:
+ * tanh exactly +-1, derivative 0. */
+static inline __m512 tanh512(__m512 y, __m512 *sech2) {
+  const __m512 a = _mm512_abs_ps(y), one = _mm512_set1_ps(1.0f);
+  const __m512 u = exp512(_mm512_mul_ps(a, _mm512_set1_ps(-2.0f)));
+  const __m512 u1 = _mm512_add_ps(u, one);
+  __m512 big = _mm512_sub_ps(one, _mm512_div_ps(_mm512_add_ps(u, u), u1));
   const __m512 y2 = _mm512_mul_ps(y, y);
   __m512 p = _mm512_set1_ps(-17.0f / 315.0f);
   p = _mm512_fmadd_ps(p, y2, _mm512_set1_ps(2.0f / 15.0f));
@@ -218,6 +223,8 @@ static inline __m512 tanh512(__m512 y) {
   big = _mm512_castsi512_ps(_mm512_or_si512(
       _mm512_castps_si512(big),
       _mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32((int)0x80000000u))));
+  if (sech2 != NULL)
+    *sech2 = _mm512_div_ps(_mm512_mul_ps(_mm512_set1_ps(4.0f), u), _mm512_mul_ps(u1, u1));
   const __mmask16 is_small = _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.0625f), _CMP_LT_OQ);
   return _mm512_mask_blend_ps(is_small, big, small);
 }
@@ -226,9 +233,11 @@ void attn_cpu_softcap_avx512(float *x, float *dc, int64_t n, float cap) {
   const __m512 c = _mm512_set1_ps(cap), inv = _mm512_set1_ps(1.0f / cap);
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 k = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
-    const __m512 t = tanh512(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + j), inv));
+    __m512 sech2;
+    const __m512 t =
+        tanh512(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + j), inv), dc != NULL ? &sech2 : NULL);
     _mm512_mask_storeu_ps(x + j, k, _mm512_mul_ps(c, t));
-    if (dc != NULL) _mm512_mask_storeu_ps(dc + j, k, _mm512_fnmadd_ps(t, t, _mm512_set1_ps(1.0f)));
+    if (dc != NULL) _mm512_mask_storeu_ps(dc + j, k, sech2);
   }
 }
 

@@ -37,7 +37,8 @@ static float row_max_generic(const float *x, int64_t n) {
 static float exp_sum_generic(float *x, int64_t n, float m) {
   float sum = 0.0f;
   for (int64_t j = 0; j < n; ++j) {
-    x[j] = expf(x[j] - m); /* expf(-inf) = 0 exactly */
+    const float d = x[j] - m;
+    x[j] = expf(d > 0.0f ? 0.0f : d); /* expf(-inf) = 0 exactly; at most 0 as cpu.h says */
     sum += x[j];
   }
   return sum;
@@ -53,9 +54,13 @@ static void ds_row_generic(float *dp, const float *p, int64_t n, float delta) {
 
 void attn_cpu_softcap_generic(float *x, float *dc, int64_t n, float cap) {
   for (int64_t j = 0; j < n; ++j) {
-    const float t = tanhf(x[j] / cap);
+    const float y = x[j] / cap, t = tanhf(y);
     x[j] = cap * t;
-    if (dc != NULL) dc[j] = 1.0f - t * t;
+    /* 1 - tanh^2 = 4u / (1 + u)^2 with u = exp(-2|y|): 1 - t * t would cancel near +-1. */
+    if (dc != NULL) {
+      const float u = expf(-2.0f * fabsf(y));
+      dc[j] = 4.0f * u / ((1.0f + u) * (1.0f + u));
+    }
   }
 }
 

@@ -69,16 +69,16 @@ template <bool kCheck>
 __device__ __forceinline__ ElemGrad grad_element(const attn_cuda_params &p, const Head &hd, int i, int j,
                                                  float dot, float dp, float lse2, float delta, bool keep,
                                                  bool add_dbias) {
-  float x, t = 0.f;
+  float x, y = 0.f;
   bool vis = true;
   if (!kCheck) x = dot * p.scale;
   else {
     vis = visible(p, hd, i, j);
-    x = vis ? logit(p, hd, i, j, dot, &t) : 0.f;
+    x = vis ? logit(p, hd, i, j, dot, &y) : 0.f;
   }
-  const float P = vis ? ex2(x * kLog2e - lse2) : 0.f;
+  const float P = vis ? ex2(at_most_zero(x * kLog2e - lse2)) : 0.f;
   float ds = P * ((keep ? dp * p.keep_scale : 0.f) - delta);
-  if (p.softcap > 0.f) ds *= 1.f - t * t;
+  if (p.softcap > 0.f) ds *= softcap_slope(y);
   if (add_dbias && p.dbias_accum != nullptr && vis && P != 0.f)
     atomicAdd(p.dbias_accum + dbias_index(p, hd, i, j), ds);
   return {keep ? P * p.keep_scale : 0.f, ds};
@@ -96,7 +96,7 @@ template <bool kCap>
 __device__ __forceinline__ ElemGrad plain_grad(float dot, float dp, float lse2, float delta, float scale_log2,
                                                const SoftCap &cap, bool visible) {
   float slope = 1.f;
-  float P = ex2((kCap ? cap.logit2(dot, &slope) : dot * scale_log2) - lse2);
+  float P = ex2(at_most_zero((kCap ? cap.logit2(dot, &slope) : dot * scale_log2) - lse2));
   if (!visible) P = 0.f;
   return {P, kCap ? P * (dp - delta) * slope : P * (dp - delta)};
 }

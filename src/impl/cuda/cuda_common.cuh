@@ -441,9 +441,21 @@ __host__ __device__ __forceinline__ bool needs_features(const attn_cuda_params &
          p.dbias != nullptr || p.dsinks != nullptr;
 }
 
-/* Steps 1-2: the logit of a visible key from the raw dot product; *t gets tanh(x_pre / cap). */
+/* min(a, 0) keeping NaN (fminf would drop it): the exponent of P = exp(x - lse), at most 1 also
+ * where the f32 lse of logits of 1e25 is off by 1e18 and P would be infinite (issue 19). */
+__device__ __forceinline__ float at_most_zero(float a) { return a > 0.f ? 0.f : a; }
+
+/* The soft cap's derivative 1 - tanh^2(y) as 4u / (1 + u)^2 with u = exp(-2|y|): 1 - t * t cancels
+ * once tanh(y) is near +-1 (not one correct digit in f32 at |y| = 10; issue 19). */
+__device__ __forceinline__ float softcap_slope(float y) {
+  const float u = expf(-2.f * fabsf(y));
+  return 4.f * u / ((1.f + u) * (1.f + u));
+}
+
+/* Steps 1-2: the logit of a visible key from the raw dot product; *y gets the soft cap's argument
+ * x_pre / cap (its derivative is softcap_slope(*y)). */
 __device__ __forceinline__ float logit(const attn_cuda_params &p, const Head &r, int i, int j,
-                                       float dot, float *t) {
+                                       float dot, float *y) {
   float x = dot * p.scale;
   if (p.bias != nullptr) {
     int head = p.bias_head_mode == 2 ? r.g : r.h;
@@ -452,9 +464,8 @@ __device__ __forceinline__ float logit(const attn_cuda_params &p, const Head &r,
   }
   if (p.alibi != nullptr) x -= p.alibi[r.b * p.alibi_b + r.h * p.alibi_h] * fabsf((float)(i + r.o - j));
   if (p.softcap > 0.f) {
-    float th = tanhf(x / p.softcap);
-    x = p.softcap * th;
-    *t = th;
+    *y = x / p.softcap;
+    x = p.softcap * tanhf(*y);
   }
   return x;
 }

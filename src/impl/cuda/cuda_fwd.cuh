@@ -136,8 +136,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinB) fwd_kernel(const __grid
             int i = m0 + wrow + mt * 16 + (lane >> 2) + (e >> 1) * 8;
             int j = n0 + nt * 8 + (lane & 3) * 2 + (e & 1);
             if constexpr (kFeat) {
-              float t;
-              s[mt][nt][e] = visible(p, hd, i, j) ? logit(p, hd, i, j, s[mt][nt][e], &t) * kLog2e
+              float y; /* the soft cap's argument, unused here */
+              s[mt][nt][e] = visible(p, hd, i, j) ? logit(p, hd, i, j, s[mt][nt][e], &y) * kLog2e
                                                   : -INFINITY;
             } else if (!visible_band(p, hd, i, j)) {
               s[mt][nt][e] = -INFINITY;

@@ -190,6 +190,13 @@ static double logit(const ref_args *a, const ref_row *r, const double *q, int64_
   return attn_round_to(a->round_to, x);
 }
 
+/* The soft cap's derivative 1 - tanh^2(y) as 4u / (1 + u)^2 with u = exp(-2|y|): 1 - t * t cancels
+ * once tanh(y) is near +-1 (at |y| = 18 it is 40% off in f64, and 0 past |y| = 19; issue 19). */
+static double softcap_slope(double y) {
+  const double u = exp(-2.0 * fabs(y));
+  return 4.0 * u / ((1.0 + u) * (1.0 + u));
+}
+
 /* Step 6: whether dropout keeps (b, h, i, j); always with p_drop = 0. */
 static int kept(const ref_args *a, const ref_row *r, int64_t j) {
   if (a->p->dropout_p == 0.0) return 1;
@@ -392,7 +399,9 @@ static void backward_row(const ref_args *a, const attn_run *run, const ref_row *
       int64_t j = ks.list != NULL ? ks.list[n] : n;
       if (!visible(a, r, j)) continue;
       double pre, x = logit(a, r, s->q, j, &pre);
-      double prob = exp(x - lse); /* P_ij = p_ij / Z, before dropout */
+      /* P_ij = p_ij / Z, before dropout: at most 1, also where the f32 lse of logits of 1e25 is
+       * off by 1e18 and exp(x - lse) would be infinite (NaN stays NaN) */
+      double prob = exp(x - lse > 0.0 ? 0.0 : x - lse);
       int keep = kept(a, r, j);
       /* dP'_ij = dot(dout_i, v_j); dP_ij = keep ? dP'_ij / (1 - p_drop) : 0 */
       double dp = 0.0;
@@ -403,10 +412,7 @@ static void backward_row(const ref_args *a, const attn_run *run, const ref_row *
       dp = keep ? dp * a->keep_scale : 0.0;
       /* dX_ij = P_ij (dP_ij - Delta_i), times the cap's derivative 1 - tanh^2(x_pre / cap) */
       double dx = prob * (dp - delta);
-      if (p->softcap > 0.0) {
-        double t = tanh(pre / p->softcap);
-        dx *= 1.0 - t * t;
-      }
+      if (p->softcap > 0.0) dx *= softcap_slope(pre / p->softcap);
       dx = attn_round_to(a->round_to, dx);
       /* dq_i += s dX_ij k_j;  dk_j += s dX_ij q_i;  dv_j += (p'_ij / Z_i) dout_i */
       for (int64_t d = 0; d < p->head_dim; ++d)
