@@ -584,9 +584,10 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
   const size_t dk_blk = (size_t)round_part(g.B * g.nk * g.Hkv * g.D * (int64_t)g.es);
   const size_t dv_blk = (size_t)round_part(g.B * g.nk * g.Hkv * g.Dv * (int64_t)g.es);
   const size_t dkv_acc = (size_t)round_part(nkd * 4), dq_acc = (size_t)round_part(nq_el * 4);
+  const size_t lse_blk = (size_t)round_part(g.B * g.Hq * g.nq * 4);
   char *base = NULL;
   attn_status status = device_setup(
-      plan, 2 * g.kv_bytes + dq_blk + dk_blk + dv_blk + 3 * dkv_acc + dq_acc + ws, &base);
+      plan, 2 * g.kv_bytes + dq_blk + dk_blk + dv_blk + 3 * dkv_acc + dq_acc + lse_blk + ws, &base);
   if (status != ATTN_STATUS_OK) return status;
   char *kv[2] = {base, base + g.kv_bytes};
   char *qb = base + 2 * g.kv_bytes, *kb = qb + dq_blk, *vb = kb + dk_blk;
@@ -594,7 +595,10 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
   float *dkv[2] = {(float *)(vb + dv_blk), (float *)(vb + dv_blk + dkv_acc)};
   float *step = (float *)(vb + dv_blk + 2 * dkv_acc);
   float *dqa = (float *)(vb + dv_blk + 3 * dkv_acc);
-  void *wsp = (char *)dqa + dq_acc;
+  /* lb: the query chunk's lse rows, dense and 256-byte aligned: a slice of the global lse starts
+   * at row a * nq, 4-byte aligned only, which cuDNN's block plans refuse (16 bytes). */
+  float *lb = (float *)((char *)dqa + dq_acc);
+  void *wsp = (char *)lb + lse_blk;
   transfers_on(plan, plan->comm_stream);
   DEV("clearing the dK/dV sums", fill, dev, dkv[0], nkd, 0.0f, plan->stream);
   DEV("clearing the dq sums", fill, dev, dqa, nq_el, 0.0f, plan->stream);
@@ -631,9 +635,18 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
         bf.out = fwd->out;
         bf.out.data = (char *)fwd->out.data + (size_t)(q_row * g.os[1]) * g.es;
         memcpy(bf.out.stride, g.os, sizeof g.os);
-        bf.lse = fwd->lse;
-        bf.lse.data = (char *)fwd->lse.data + (size_t)(q_row * g.lses[2]) * 4;
-        memcpy(bf.lse.stride, g.lses, sizeof g.lses);
+        {
+          const int64_t lshape[4] = {g.B, g.Hq, g.nq, 1}, dense[4] = {g.Hq * g.nq, g.nq, 1, 0};
+          const int64_t from[4] = {g.lses[0], g.lses[1], g.lses[2], 0};
+          char why[512] = "";
+          status = plan->dev->copy(dev, lb, dense, (const char *)fwd->lse.data + (size_t)(q_row * g.lses[2]) * 4,
+                                   from, lshape, 4, plan->stream, why, sizeof why);
+          if (status != ATTN_STATUS_OK) {
+            status = dev_fail(plan, status, "copying a chunk's lse", why);
+            break;
+          }
+        }
+        bf.lse = attn_tensor_dense(lb);
         attn_tensor bd = *dout;
         bd.data = (char *)dout->data + (size_t)(q_row * dout_s[1]) * g.es;
         memcpy(bd.stride, dout_s, sizeof dout_s);
