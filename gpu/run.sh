@@ -324,7 +324,11 @@ if step sanitize; then
     for tool in $tools; do
       t0=$SECONDS
       log="$OUT/$i/sanitizer_$tool.log"
-      timeout "$(limit 300)" env "$quick=1" ATTN_TEST_SEED=1 compute-sanitizer --tool "$tool" \
+      # test_cuda's one-call pair may plan cudnn: racecheck and synccheck report hazards inside
+      # cuDNN's own kernels (nothing we could fix), so they look at libattn's kernels only
+      only_ours=()
+      if [ "$tool" != memcheck ]; then only_ours=(--kernel-name-exclude kns=cudnn); fi
+      timeout "$(limit 300)" env "$quick=1" ATTN_TEST_SEED=1 compute-sanitizer --tool "$tool" "${only_ours[@]}" \
         --error-exitcode 9 "$BUILD/tests/test_$i" >"$log" 2>&1
       rc=$?
       echo "compute-sanitizer $tool rc=$rc in $((SECONDS - t0)) s:" \
