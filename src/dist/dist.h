@@ -81,6 +81,18 @@ struct attn_dist_plan {
 /* Seconds on a monotonic clock. */
 double attn_dist_now(void);
 
+/* The host-memory loops around the blocks (packing K/V, merging partial outputs, summing
+ * gradients, the all-to-all's reordering) move as many bytes as a block reads; on one thread they
+ * took as long as the blocks on a 16-core host, so they run on the threads the blocks use: the
+ * context's count (0 = OpenMP's), one inside a caller's parallel region. A loop marked
+ * DIST_PARALLEL_FOR needs `dist_threads` in scope. */
+int attn_dist_host_threads(const attn_dist_plan *plan);
+#ifdef _OPENMP
+#define DIST_PARALLEL_FOR _Pragma("omp parallel for num_threads(dist_threads) schedule(static)")
+#else
+#define DIST_PARALLEL_FOR
+#endif
+
 /* The transport's table, loaded once from its module (transports.c). */
 attn_status attn_dist_load_transport(int32_t transport, const attn_transport_ops **ops, char *why,
                                      size_t why_size);

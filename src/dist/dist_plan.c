@@ -22,6 +22,9 @@
 #include "plan/validate.h"
 
 #include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +36,16 @@ double attn_dist_now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+int attn_dist_host_threads(const attn_dist_plan *plan) {
+#ifdef _OPENMP
+  if (omp_in_parallel()) return 1;
+  return plan->ctx->num_threads > 0 ? plan->ctx->num_threads : omp_get_max_threads();
+#else
+  (void)plan;
+  return 1;
+#endif
 }
 
 attn_status attn_dist_plan_last_stats(const attn_dist_plan *plan, attn_dist_stats *stats) {

@@ -149,29 +149,22 @@ static attn_status get_scratch(attn_dist_plan *plan, size_t bytes, char **base) 
 static void pack_kv(const ring *g, const attn_inputs *in, char *buf) {
   char *k = buf, *v = buf + g->k_bytes;
   int32_t *seg = (int32_t *)(buf + g->k_bytes + g->v_bytes);
-  int64_t at = 0;
-  for (int64_t b = 0; b < g->B; ++b)
-    for (int64_t t = 0; t < g->Tk; ++t)
-      for (int64_t h = 0; h < g->Hkv; ++h)
-        for (int64_t d = 0; d < g->D; ++d, ++at)
-          memcpy(k + (size_t)at * g->es,
-                 (const char *)in->k.data +
-                     (size_t)(b * g->ks[0] + t * g->ks[1] + h * g->ks[2] + d * g->ks[3]) * g->es,
-                 g->es);
-  at = 0;
-  for (int64_t b = 0; b < g->B; ++b)
-    for (int64_t t = 0; t < g->Tk; ++t)
-      for (int64_t h = 0; h < g->Hkv; ++h)
-        for (int64_t d = 0; d < g->Dv; ++d, ++at)
-          memcpy(v + (size_t)at * g->es,
-                 (const char *)in->v.data +
-                     (size_t)(b * g->vs[0] + t * g->vs[1] + h * g->vs[2] + d * g->vs[3]) * g->es,
-                 g->es);
-  if (g->seg)
-    for (int64_t b = 0; b < g->B; ++b)
-      for (int64_t t = 0; t < g->Tk; ++t)
-        seg[b * g->Tk + t] =
-            ((const int32_t *)in->kv_segment_ids.data)[b * g->kseg_s[0] + t * g->kseg_s[1]];
+  const int dist_threads = attn_dist_host_threads(g->plan);
+  DIST_PARALLEL_FOR
+  for (int64_t bt = 0; bt < g->B * g->Tk; ++bt) { /* one (batch, key) row of every head */
+    const int64_t b = bt / g->Tk, t = bt % g->Tk;
+    for (int64_t h = 0; h < g->Hkv; ++h) {
+      const int64_t kat = (bt * g->Hkv + h) * g->D, vat = (bt * g->Hkv + h) * g->Dv;
+      const char *ks = (const char *)in->k.data + (size_t)(b * g->ks[0] + t * g->ks[1] + h * g->ks[2]) * g->es;
+      const char *vs = (const char *)in->v.data + (size_t)(b * g->vs[0] + t * g->vs[1] + h * g->vs[2]) * g->es;
+      for (int64_t d = 0; d < g->D; ++d)
+        memcpy(k + (size_t)(kat + d) * g->es, ks + (size_t)(d * g->ks[3]) * g->es, g->es);
+      for (int64_t d = 0; d < g->Dv; ++d)
+        memcpy(v + (size_t)(vat + d) * g->es, vs + (size_t)(d * g->vs[3]) * g->es, g->es);
+    }
+    if (g->seg)
+      seg[bt] = ((const int32_t *)in->kv_segment_ids.data)[b * g->kseg_s[0] + t * g->kseg_s[1]];
+  }
 }
 
 /* ---- one block ------------------------------------------------------------------------------- */
@@ -233,21 +226,24 @@ static attn_status place_block(const ring *g, int32_t a, int32_t src, int32_t c)
  * (double: acc_out [B, Tq, Hq, Dv], acc_lse [B, Hq, Tq]). */
 static void merge(const ring *g, const void *out_blk, const void *lse_blk, int64_t row0,
                   int64_t rows, double *acc_out, double *acc_lse) {
-  for (int64_t b = 0; b < g->B; ++b)
-    for (int64_t h = 0; h < g->Hq; ++h)
-      for (int64_t i = 0; i < rows; ++i) {
-        const double l = attn_load(lse_blk, g->stat, (b * g->Hq + h) * rows + i);
-        if (l == -INFINITY) continue; /* nothing visible in this block */
-        double *L = &acc_lse[(b * g->Hq + h) * g->Tq + row0 + i];
-        const double m = *L > l ? *L : l;
-        const double total = m + log(exp(*L - m) + exp(l - m));
-        const double wa = exp(*L - total), wb = exp(l - total);
-        double *acc = acc_out + ((b * g->Tq + row0 + i) * g->Hq + h) * g->Dv;
-        const int64_t from = ((b * rows + i) * g->Hq + h) * g->Dv;
-        for (int64_t d = 0; d < g->Dv; ++d)
-          acc[d] = acc[d] * wa + attn_load(out_blk, g->dt, from + d) * wb;
-        *L = total;
-      }
+  const int dist_threads = attn_dist_host_threads(g->plan);
+  DIST_PARALLEL_FOR
+  for (int64_t bh = 0; bh < g->B * g->Hq; ++bh) { /* one (batch, head) */
+    const int64_t b = bh / g->Hq, h = bh % g->Hq;
+    for (int64_t i = 0; i < rows; ++i) {
+      const double l = attn_load(lse_blk, g->stat, bh * rows + i);
+      if (l == -INFINITY) continue; /* nothing visible in this block */
+      double *L = &acc_lse[bh * g->Tq + row0 + i];
+      const double m = *L > l ? *L : l;
+      const double total = m + log(exp(*L - m) + exp(l - m));
+      const double wa = exp(*L - total), wb = exp(l - total);
+      double *acc = acc_out + ((b * g->Tq + row0 + i) * g->Hq + h) * g->Dv;
+      const int64_t from = ((b * rows + i) * g->Hq + h) * g->Dv;
+      for (int64_t d = 0; d < g->Dv; ++d)
+        acc[d] = acc[d] * wa + attn_load(out_blk, g->dt, from + d) * wb;
+      *L = total;
+    }
+  }
 }
 
 /* ---- transfers ------------------------------------------------------------------------------- */
@@ -828,23 +824,27 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
  * [B, rows, H, W] of dtype dt. */
 static void add_rows(const ring *g, double *acc, int64_t T, int64_t row0, int64_t rows, int64_t H,
                      int64_t W, const void *blk) {
-  for (int64_t b = 0; b < g->B; ++b)
-    for (int64_t i = 0; i < rows; ++i) {
-      double *to = acc + ((b * T + row0 + i) * H) * W;
-      const int64_t from = ((b * rows + i) * H) * W;
-      for (int64_t e = 0; e < H * W; ++e) to[e] += attn_load(blk, g->dt, from + e);
-    }
+  const int dist_threads = attn_dist_host_threads(g->plan);
+  DIST_PARALLEL_FOR
+  for (int64_t bi = 0; bi < g->B * rows; ++bi) { /* one (batch, row) */
+    const int64_t b = bi / rows, i = bi % rows;
+    double *to = acc + ((b * T + row0 + i) * H) * W;
+    for (int64_t e = 0; e < H * W; ++e) to[e] += attn_load(blk, g->dt, bi * H * W + e);
+  }
 }
 
 /* Writes acc [B, T, H, W] (double) into a caller's tensor of dtype dt with strides st. */
 static void write_rows(const ring *g, const double *acc, int64_t T, int64_t H, int64_t W,
                        const attn_tensor *t, const int64_t st[4]) {
-  for (int64_t b = 0; b < g->B; ++b)
-    for (int64_t i = 0; i < T; ++i)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t d = 0; d < W; ++d)
-          attn_store(t->data, g->dt, b * st[0] + i * st[1] + h * st[2] + d * st[3],
-                     acc[((b * T + i) * H + h) * W + d]);
+  const int dist_threads = attn_dist_host_threads(g->plan);
+  DIST_PARALLEL_FOR
+  for (int64_t bi = 0; bi < g->B * T; ++bi) { /* one (batch, row) */
+    const int64_t b = bi / T, i = bi % T;
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t d = 0; d < W; ++d)
+        attn_store(t->data, g->dt, b * st[0] + i * st[1] + h * st[2] + d * st[3],
+                   acc[(bi * H + h) * W + d]);
+  }
 }
 
 attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
@@ -993,7 +993,12 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
       if (status != ATTN_STATUS_OK) goto done;
       dcur = 1 - dcur;
     }
-    for (int64_t e = 0; e < nkd; ++e) dkv[dcur][e] += step[e];
+    {
+      double *sums = dkv[dcur];
+      const int dist_threads = attn_dist_host_threads(plan);
+      DIST_PARALLEL_FOR
+      for (int64_t e = 0; e < nkd; ++e) sums[e] += step[e];
+    }
     /* They move on with the slice; after the last step they go straight home to the slice's
      * owner (src), and this rank receives its own from the rank holding it. */
     dto = s < last ? next : src;

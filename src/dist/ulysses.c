@@ -95,19 +95,21 @@ typedef struct block_place {
  * (pack = 0), placed as pl says: each side of an all-to-all is one call per rank. */
 static void copy_block(const exch *x, const int64_t bd[4], size_t es, int32_t r,
                        const block_place *pl, char *base, char *packed, int pack) {
-  int64_t e = 0;
-  for (int64_t i0 = 0; i0 < bd[0]; ++i0)
-    for (int64_t i1 = 0; i1 < bd[1]; ++i1)
-      for (int64_t i2 = 0; i2 < bd[2]; ++i2)
-        for (int64_t i3 = 0; i3 < bd[3]; ++i3, ++e) {
-          int64_t idx[4] = {i0, i1, i2, i3};
-          if (pl->hdim >= 0) idx[pl->hdim] += r * pl->heads;
-          if (pl->T > 0) idx[pl->tdim] = gathered_row(x, pl->T, r, idx[pl->tdim]);
-          const int64_t off = idx[0] * pl->stride[0] + idx[1] * pl->stride[1] +
-                              idx[2] * pl->stride[2] + idx[3] * pl->stride[3];
-          char *whole = base + (size_t)off * es, *part = packed + (size_t)e * es;
-          memcpy(pack ? part : whole, pack ? whole : part, es);
-        }
+  const int dist_threads = attn_dist_host_threads(x->plan);
+  DIST_PARALLEL_FOR
+  for (int64_t i01 = 0; i01 < bd[0] * bd[1]; ++i01) { /* the two outer dims */
+    int64_t e = i01 * bd[2] * bd[3];
+    for (int64_t i2 = 0; i2 < bd[2]; ++i2)
+      for (int64_t i3 = 0; i3 < bd[3]; ++i3, ++e) {
+        int64_t idx[4] = {i01 / bd[1], i01 % bd[1], i2, i3};
+        if (pl->hdim >= 0) idx[pl->hdim] += r * pl->heads;
+        if (pl->T > 0) idx[pl->tdim] = gathered_row(x, pl->T, r, idx[pl->tdim]);
+        const int64_t off = idx[0] * pl->stride[0] + idx[1] * pl->stride[1] +
+                            idx[2] * pl->stride[2] + idx[3] * pl->stride[3];
+        char *whole = base + (size_t)off * es, *part = packed + (size_t)e * es;
+        memcpy(pack ? part : whole, pack ? whole : part, es);
+      }
+  }
 }
 
 /* The row-major strides of a dense tensor of dims d. */
