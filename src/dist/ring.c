@@ -804,17 +804,20 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
     merge(&g, ob, lb, 0, g.Tq, ao, al);
   }
 
-  for (int64_t b = 0; b < g.B; ++b)
-    for (int64_t i = 0; i < g.Tq; ++i)
-      for (int64_t h = 0; h < g.Hq; ++h) {
-        const double *acc = ao + ((b * g.Tq + i) * g.Hq + h) * g.Dv;
-        const int64_t at = b * g.os[0] + i * g.os[1] + h * g.os[2];
-        for (int64_t d = 0; d < g.Dv; ++d)
-          attn_store(out->out.data, g.dt, at + d * g.os[3], acc[d]);
-        if (out->lse.data != NULL)
-          attn_store(out->lse.data, g.stat, b * g.lses[0] + h * g.lses[1] + i * g.lses[2],
-                     al[(b * g.Hq + h) * g.Tq + i]);
-      }
+  const int dist_threads = attn_dist_host_threads(plan);
+  DIST_PARALLEL_FOR
+  for (int64_t bi = 0; bi < g.B * g.Tq; ++bi) { /* one (batch, row) */
+    const int64_t b = bi / g.Tq, i = bi % g.Tq;
+    for (int64_t h = 0; h < g.Hq; ++h) {
+      const double *acc = ao + (bi * g.Hq + h) * g.Dv;
+      const int64_t at = b * g.os[0] + i * g.os[1] + h * g.os[2];
+      for (int64_t d = 0; d < g.Dv; ++d)
+        attn_store(out->out.data, g.dt, at + d * g.os[3], acc[d]);
+      if (out->lse.data != NULL)
+        attn_store(out->lse.data, g.stat, b * g.lses[0] + h * g.lses[1] + i * g.lses[2],
+                   al[(b * g.Hq + h) * g.Tq + i]);
+    }
+  }
   return attn_succeed(ctx);
 }
 
