@@ -145,28 +145,24 @@ static attn_status get_scratch(attn_dist_plan *plan, size_t bytes, char **base) 
   return ATTN_STATUS_OK;
 }
 
-/* Packs the caller's local K, V (and kv segment ids) densely into one message. */
-static void pack_kv(const ring *g, const attn_inputs *in, char *buf) {
-  char *k = buf, *v = buf + g->k_bytes;
-  int32_t *seg = (int32_t *)(buf + g->k_bytes + g->v_bytes);
+/* Copies a caller's [B, Tk, Hkv, W] tensor (strides st) densely to dst. */
+static void pack_dense(const ring *g, char *dst, const void *src, const int64_t st[4], int64_t W) {
   int64_t at = 0;
   for (int64_t b = 0; b < g->B; ++b)
     for (int64_t t = 0; t < g->Tk; ++t)
       for (int64_t h = 0; h < g->Hkv; ++h)
-        for (int64_t d = 0; d < g->D; ++d, ++at)
-          memcpy(k + (size_t)at * g->es,
-                 (const char *)in->k.data +
-                     (size_t)(b * g->ks[0] + t * g->ks[1] + h * g->ks[2] + d * g->ks[3]) * g->es,
+        for (int64_t d = 0; d < W; ++d, ++at)
+          memcpy(dst + (size_t)at * g->es,
+                 (const char *)src +
+                     (size_t)(b * st[0] + t * st[1] + h * st[2] + d * st[3]) * g->es,
                  g->es);
-  at = 0;
-  for (int64_t b = 0; b < g->B; ++b)
-    for (int64_t t = 0; t < g->Tk; ++t)
-      for (int64_t h = 0; h < g->Hkv; ++h)
-        for (int64_t d = 0; d < g->Dv; ++d, ++at)
-          memcpy(v + (size_t)at * g->es,
-                 (const char *)in->v.data +
-                     (size_t)(b * g->vs[0] + t * g->vs[1] + h * g->vs[2] + d * g->vs[3]) * g->es,
-                 g->es);
+}
+
+/* Packs the caller's local K, V (and kv segment ids) densely into one message. */
+static void pack_kv(const ring *g, const attn_inputs *in, char *buf) {
+  pack_dense(g, buf, in->k.data, g->ks, g->D);
+  pack_dense(g, buf + g->k_bytes, in->v.data, g->vs, g->Dv);
+  int32_t *seg = (int32_t *)(buf + g->k_bytes + g->v_bytes);
   if (g->seg)
     for (int64_t b = 0; b < g->B; ++b)
       for (int64_t t = 0; t < g->Tk; ++t)
@@ -459,24 +455,62 @@ static void init_grad_strides(const ring *g, const attn_tensor *dout, const attn
   attn_dist_strides(&grads->dv, vshape, 4, st->dv);
 }
 
-/* What a block's backward reads and writes besides its inputs: the rows of query chunk a of the
- * forward's out and of dout, and dense block gradients qb, kb, vb. The lse is the caller's to set
- * (the host slices the caller's; the device copies it aligned). */
-static void block_backward_args(const ring *g, const attn_outputs *fwd, const attn_tensor *dout,
-                                const grad_strides *st, int32_t a, char *qb, char *kb, char *vb,
-                                attn_outputs *bf, attn_tensor *bd, attn_grads *bg) {
+/* What the host and device backward share: the caller's tensors and the dense block gradients
+ * a block's backward writes (qb, kb, vb). */
+typedef struct backward_args {
+  ring *g;
+  const attn_inputs *in;
+  const attn_outputs *fwd;
+  const attn_tensor *dout;
+  grad_strides st;
+  char *qb, *kb, *vb;
+} backward_args;
+
+static void init_backward_args(backward_args *x, ring *g, const attn_inputs *in,
+                               const attn_outputs *fwd, const attn_tensor *dout,
+                               const attn_grads *grads) {
+  x->g = g, x->in = in, x->fwd = fwd, x->dout = dout;
+  init_grad_strides(g, dout, grads, &x->st);
+}
+
+/* The start of a backward's scratch, the same on the host and the device: the two K/V slices,
+ * the dense block gradients (qb of dq_blk bytes, kb, vb) and the two travelling dK/dV sums of
+ * dkv_acc bytes each. Returns what follows them, for the pass's own buffers. */
+static char *lay_out_backward(ring_pass *pass, backward_args *x, char *base, size_t dq_blk,
+                              size_t dk_blk, size_t dv_blk, size_t dkv_acc) {
+  pass->kv[0] = base, pass->kv[1] = base + x->g->kv_bytes;
+  x->qb = base + 2 * x->g->kv_bytes, x->kb = x->qb + dq_blk, x->vb = x->kb + dk_blk;
+  pass->dkv[0] = x->vb + dv_blk, pass->dkv[1] = x->vb + dv_blk + dkv_acc;
+  return x->vb + dv_blk + 2 * dkv_acc;
+}
+
+/* What the backward of the block of query chunk a against key chunk c of the slice kv (keys from
+ * global position k0) reads and writes: its inputs, the rows of the forward's out and of dout,
+ * and the dense block gradients. The lse is the caller's to set (the host slices the caller's;
+ * the device copies it aligned). */
+typedef struct block_args {
+  attn_inputs in;
+  attn_outputs fwd;
+  attn_tensor dout;
+  attn_grads grads;
+} block_args;
+
+static void block_backward_args(const backward_args *x, int32_t a, const char *kv, int32_t c,
+                                int64_t k0, block_args *blk) {
+  const ring *g = x->g;
   const int64_t q_row = (int64_t)a * g->nq;
-  attn_outputs_init(bf);
-  bf->out = fwd->out;
-  bf->out.data = (char *)fwd->out.data + (size_t)(q_row * g->os[1]) * g->es;
-  memcpy(bf->out.stride, g->os, sizeof g->os);
-  *bd = *dout;
-  bd->data = (char *)dout->data + (size_t)(q_row * st->dout[1]) * g->es;
-  memcpy(bd->stride, st->dout, sizeof st->dout);
-  attn_grads_init(bg);
-  bg->dq = attn_tensor_dense(qb);
-  bg->dk = attn_tensor_dense(kb);
-  bg->dv = attn_tensor_dense(vb);
+  blk->in = block_inputs(g, x->in, a, kv, c, k0);
+  attn_outputs_init(&blk->fwd);
+  blk->fwd.out = x->fwd->out;
+  blk->fwd.out.data = (char *)x->fwd->out.data + (size_t)(q_row * g->os[1]) * g->es;
+  memcpy(blk->fwd.out.stride, g->os, sizeof g->os);
+  blk->dout = *x->dout;
+  blk->dout.data = (char *)x->dout->data + (size_t)(q_row * x->st.dout[1]) * g->es;
+  memcpy(blk->dout.stride, x->st.dout, sizeof x->st.dout);
+  attn_grads_init(&blk->grads);
+  blk->grads.dq = attn_tensor_dense(x->qb);
+  blk->grads.dk = attn_tensor_dense(x->kb);
+  blk->grads.dv = attn_tensor_dense(x->vb);
 }
 
 /* ---- the device ring (CUDA tensors) ---------------------------------------------------------- */
@@ -680,12 +714,15 @@ static attn_status ring_forward_device(attn_dist_plan *plan, const attn_inputs *
   attn_status status =
       device_setup(plan, 2 * g.kv_bytes + out_blk + lse_blk + acc_out + acc_lse + ws, &base);
   if (status != ATTN_STATUS_OK) return status;
-  device_forward f = {&g, in, NULL, NULL, NULL, NULL, NULL, ws};
+  device_forward f = {.g = &g, .in = in, .ws = ws};
   f.ob = base + 2 * g.kv_bytes, f.lb = f.ob + out_blk;
   f.ao = (float *)(f.lb + lse_blk), f.al = (float *)((char *)f.ao + acc_out);
   f.wsp = (char *)f.al + acc_lse;
-  ring_pass pass = {&g, &f, {base, base + g.kv_bytes}, {NULL, NULL}, 0, 0,
-                    device_order_transfer, NULL, device_forward_block, NULL};
+  ring_pass pass = {.g = &g,
+                    .self = &f,
+                    .kv = {base, base + g.kv_bytes},
+                    .order_transfer = device_order_transfer,
+                    .block = device_forward_block};
   transfers_on(plan, plan->comm_stream);
   DEV("clearing the output sums", fill, dev, f.ao, n_out, 0.0f, plan->stream);
   DEV("clearing the lse sums", fill, dev, f.al, n_lse, -INFINITY, plan->stream);
@@ -709,12 +746,7 @@ done:
 /* The device backward's state: dense block gradients, the step's dK/dV share and the dq sums
  * (f32), the query chunk's lse (aligned), and the blocks' workspace. */
 typedef struct device_backward {
-  ring *g;
-  const attn_inputs *in;
-  const attn_outputs *fwd;
-  const attn_tensor *dout;
-  grad_strides st;
-  char *qb, *kb, *vb;
+  backward_args x;
   float *step, *dqa, *lb;
   int64_t nk_el, nkd; /* elements of the dK part, and of dK and dV, of a travelling slice */
   void *wsp;
@@ -723,7 +755,7 @@ typedef struct device_backward {
 
 static attn_status device_begin_step(void *self) {
   device_backward *b = self;
-  attn_dist_plan *plan = b->g->plan;
+  attn_dist_plan *plan = b->x.g->plan;
   attn_status status = ATTN_STATUS_OK;
   DEV("clearing a step's dK/dV", fill, plan->global.device_index, b->step, b->nkd, 0.0f,
       plan->stream);
@@ -731,38 +763,36 @@ done:
   return status;
 }
 
-static attn_status device_backward_block(void *self, int32_t a, int32_t src, int32_t c,
-                                         int64_t off, int64_t k0, const char *kv) {
+static attn_status device_backward_block(void *self, int32_t a, int32_t src, int32_t c, int64_t off,
+                                         int64_t k0, const char *kv) {
   device_backward *b = self;
-  const ring *g = b->g;
+  const ring *g = b->x.g;
   attn_dist_plan *plan = g->plan;
   const int32_t dev = plan->global.device_index;
   (void)src; /* the block runs without positions (device_block_plan) */
   attn_status status = ATTN_STATUS_OK;
-  attn_inputs bi = block_inputs(g, b->in, a, kv, c, k0);
   const int64_t q_row = (int64_t)a * g->nq;
-  attn_outputs bf;
-  attn_tensor bd;
-  attn_grads bg;
-  block_backward_args(g, b->fwd, b->dout, &b->st, a, b->qb, b->kb, b->vb, &bf, &bd, &bg);
+  block_args blk;
+  block_backward_args(&b->x, a, kv, c, k0, &blk);
   {
     const int64_t lshape[4] = {g->B, g->Hq, g->nq, 1}, dense[4] = {g->Hq * g->nq, g->nq, 1, 0};
     const int64_t from[4] = {g->lses[0], g->lses[1], g->lses[2], 0};
     DEV("copying a chunk's lse", copy, dev, b->lb, dense,
-        (const char *)b->fwd->lse.data + (size_t)(q_row * g->lses[2]) * 4, from, lshape, 4,
+        (const char *)b->x.fwd->lse.data + (size_t)(q_row * g->lses[2]) * 4, from, lshape, 4,
         plan->stream);
   }
-  bf.lse = attn_tensor_dense(b->lb);
+  blk.fwd.lse = attn_tensor_dense(b->lb);
   const double t0 = attn_dist_now();
-  status = attn_plan_backward(device_block_plan(g, off), &bi, &bf, &bd, b->wsp, b->ws, &bg);
+  status = attn_plan_backward(device_block_plan(g, off), &blk.in, &blk.fwd, &blk.dout, b->wsp,
+                              b->ws, &blk.grads);
   plan->stats.compute_seconds += attn_dist_now() - t0;
   if (status != ATTN_STATUS_OK) return status;
   /* dq rows of query chunk a; dK and dV rows of key chunk c of the slice in hand. */
-  DEV("summing gradients", accumulate, dev, b->dqa, g->Tq, q_row, b->qb, (int32_t)g->dt, g->B,
+  DEV("summing gradients", accumulate, dev, b->dqa, g->Tq, q_row, b->x.qb, (int32_t)g->dt, g->B,
       g->nq, g->Hq * g->D, plan->stream);
-  DEV("summing gradients", accumulate, dev, b->step, g->Tk, (int64_t)c * g->nk, b->kb,
+  DEV("summing gradients", accumulate, dev, b->step, g->Tk, (int64_t)c * g->nk, b->x.kb,
       (int32_t)g->dt, g->B, g->nk, g->Hkv * g->D, plan->stream);
-  DEV("summing gradients", accumulate, dev, b->step + b->nk_el, g->Tk, (int64_t)c * g->nk, b->vb,
+  DEV("summing gradients", accumulate, dev, b->step + b->nk_el, g->Tk, (int64_t)c * g->nk, b->x.vb,
       (int32_t)g->dt, g->B, g->nk, g->Hkv * g->Dv, plan->stream);
 done:
   return status;
@@ -770,7 +800,7 @@ done:
 
 static attn_status device_add_step(void *self, void *dkv) {
   device_backward *b = self;
-  attn_dist_plan *plan = b->g->plan;
+  attn_dist_plan *plan = b->x.g->plan;
   attn_status status = ATTN_STATUS_OK;
   DEV("adding a step's dK/dV", add, plan->global.device_index, dkv, b->step, b->nkd, plan->stream);
 done:
@@ -785,8 +815,7 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
   const int32_t dev = plan->global.device_index;
   device_backward b;
   memset(&b, 0, sizeof b);
-  b.g = &g, b.in = in, b.fwd = fwd, b.dout = dout;
-  init_grad_strides(&g, dout, grads, &b.st);
+  init_backward_args(&b.x, &g, in, fwd, dout, grads);
   b.ws = device_workspace_bytes(plan);
   b.nk_el = g.B * g.Tk * g.Hkv * g.D, b.nkd = b.nk_el + g.B * g.Tk * g.Hkv * g.Dv;
   const int64_t nq_el = g.B * g.Tq * g.Hq * g.D;
@@ -800,14 +829,16 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
       plan, 2 * g.kv_bytes + dq_blk + dk_blk + dv_blk + 3 * dkv_acc + dq_acc + lse_blk + b.ws,
       &base);
   if (status != ATTN_STATUS_OK) return status;
-  b.qb = base + 2 * g.kv_bytes, b.kb = b.qb + dq_blk, b.vb = b.kb + dk_blk;
-  ring_pass pass = {&g, &b, {base, base + g.kv_bytes},
-                    /* dkv: the travelling dK/dV sums (one in hand, one arriving) */
-                    {b.vb + dv_blk, b.vb + dv_blk + dkv_acc}, (size_t)b.nkd * 4, 0,
-                    device_order_transfer, device_begin_step, device_backward_block,
-                    device_add_step};
-  b.step = (float *)(b.vb + dv_blk + 2 * dkv_acc);
-  b.dqa = (float *)(b.vb + dv_blk + 3 * dkv_acc);
+  ring_pass pass = {.g = &g,
+                    .self = &b,
+                    .dkv_bytes = (size_t)b.nkd * 4,
+                    .order_transfer = device_order_transfer,
+                    .begin_step = device_begin_step,
+                    .block = device_backward_block,
+                    .add_step = device_add_step};
+  char *rest = lay_out_backward(&pass, &b.x, base, dq_blk, dk_blk, dv_blk, dkv_acc);
+  b.step = (float *)rest;
+  b.dqa = (float *)(rest + dkv_acc);
   /* lb: the query chunk's lse rows, dense and 256-byte aligned: a slice of the global lse starts
    * at row a * nq, 4-byte aligned only, which cuDNN's block plans refuse (16 bytes). */
   b.lb = (float *)((char *)b.dqa + dq_acc);
@@ -822,11 +853,11 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
     const int64_t qshape[4] = {g.B, g.Tq, g.Hq, g.D}, kshape[4] = {g.B, g.Tk, g.Hkv, g.D};
     const int64_t vshape[4] = {g.B, g.Tk, g.Hkv, g.Dv};
     const float *dkv = pass.dkv[pass.dcur];
-    DEV("writing dq", store, dev, grads->dq.data, (int32_t)g.dt, b.st.dq, b.dqa, qshape,
+    DEV("writing dq", store, dev, grads->dq.data, (int32_t)g.dt, b.x.st.dq, b.dqa, qshape,
         plan->stream);
-    DEV("writing dk", store, dev, grads->dk.data, (int32_t)g.dt, b.st.dk, dkv, kshape,
+    DEV("writing dk", store, dev, grads->dk.data, (int32_t)g.dt, b.x.st.dk, dkv, kshape,
         plan->stream);
-    DEV("writing dv", store, dev, grads->dv.data, (int32_t)g.dt, b.st.dv, dkv + b.nk_el, vshape,
+    DEV("writing dv", store, dev, grads->dv.data, (int32_t)g.dt, b.x.st.dv, dkv + b.nk_el, vshape,
         plan->stream);
   }
 done:
@@ -858,8 +889,7 @@ static attn_status host_forward_block(void *self, int32_t a, int32_t src, int32_
   bo.lse = attn_tensor_dense(f->lb);
   attn_status status = place_block(g, a, src, c);
   const double t0 = attn_dist_now();
-  if (status == ATTN_STATUS_OK)
-    status = attn_plan_forward(g->plan->block_plan, &bi, NULL, 0, &bo);
+  if (status == ATTN_STATUS_OK) status = attn_plan_forward(g->plan->block_plan, &bi, NULL, 0, &bo);
   g->plan->stats.compute_seconds += attn_dist_now() - t0;
   if (status == ATTN_STATUS_OK) merge(g, f->ob, f->lb, (int64_t)a * g->nq, g->nq, f->ao, f->al);
   return status;
@@ -890,12 +920,12 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
   attn_status status =
       get_scratch(plan, 2 * g.kv_bytes + out_blk + lse_blk + acc_out + acc_lse, &base);
   if (status != ATTN_STATUS_OK) return status;
-  host_forward f = {&g, in, NULL, NULL, NULL, NULL};
+  host_forward f = {.g = &g, .in = in};
   f.ob = base + 2 * g.kv_bytes, f.lb = f.ob + out_blk;
   f.ao = (double *)(f.lb + lse_blk), f.al = (double *)((char *)f.ao + acc_out);
   double *ao = f.ao, *al = f.al;
-  ring_pass pass = {&g, &f, {base, base + g.kv_bytes}, {NULL, NULL}, 0, 0,
-                    NULL, NULL, host_forward_block, NULL};
+  ring_pass pass = {
+      .g = &g, .self = &f, .kv = {base, base + g.kv_bytes}, .block = host_forward_block};
   memset(ao, 0, acc_out);
   for (int64_t i = 0; i < g.B * g.Hq * g.Tq; ++i) al[i] = -INFINITY;
   pack_kv(&g, in, pass.kv[0]);
@@ -961,12 +991,7 @@ static void write_rows(const ring *g, const double *acc, int64_t T, int64_t H, i
  * (double), and dbias: each block's part is added into a double accumulator of the local dbias's
  * shape (blocks meet in one place when the bias broadcasts rows or keys), written out at the end. */
 typedef struct host_backward {
-  ring *g;
-  const attn_inputs *in;
-  const attn_outputs *fwd;
-  const attn_tensor *dout;
-  grad_strides st;
-  char *qb, *kb, *vb;
+  backward_args x;
   double *step, *dqa;
   int64_t nkd; /* elements of dK and dV of a travelling slice */
   double *dbias_acc;
@@ -983,31 +1008,29 @@ static attn_status host_begin_step(void *self) {
 static attn_status host_backward_block(void *self, int32_t a, int32_t src, int32_t c, int64_t off,
                                        int64_t k0, const char *kv) {
   host_backward *b = self;
-  const ring *g = b->g;
+  const ring *g = b->x.g;
   const attn_problem *l = g->l;
   (void)off; /* the block is placed at its global positions instead */
-  attn_inputs bi = block_inputs(g, b->in, a, kv, c, k0);
   const int64_t q_row = (int64_t)a * g->nq;
-  attn_outputs bf;
-  attn_tensor bd;
-  attn_grads bg;
-  block_backward_args(g, b->fwd, b->dout, &b->st, a, b->qb, b->kb, b->vb, &bf, &bd, &bg);
-  bf.lse = b->fwd->lse;
-  bf.lse.data =
-      (char *)b->fwd->lse.data + (size_t)(q_row * g->lses[2]) * attn_dtype_size(g->stat);
-  memcpy(bf.lse.stride, g->lses, sizeof g->lses);
-  if (b->dbias_blk != NULL) bg.dbias = attn_tensor_dense(b->dbias_blk);
+  block_args blk;
+  block_backward_args(&b->x, a, kv, c, k0, &blk);
+  blk.fwd.lse = b->x.fwd->lse;
+  blk.fwd.lse.data =
+      (char *)b->x.fwd->lse.data + (size_t)(q_row * g->lses[2]) * attn_dtype_size(g->stat);
+  memcpy(blk.fwd.lse.stride, g->lses, sizeof g->lses);
+  if (b->dbias_blk != NULL) blk.grads.dbias = attn_tensor_dense(b->dbias_blk);
   attn_status status = place_block(g, a, src, c);
   const double t0 = attn_dist_now();
   if (status == ATTN_STATUS_OK)
-    status = attn_plan_backward(g->plan->block_plan, &bi, &bf, &bd, NULL, 0, &bg);
+    status =
+        attn_plan_backward(g->plan->block_plan, &blk.in, &blk.fwd, &blk.dout, NULL, 0, &blk.grads);
   g->plan->stats.compute_seconds += attn_dist_now() - t0;
   if (status != ATTN_STATUS_OK) return status;
-  add_rows(g, b->dqa, g->Tq, q_row, g->nq, g->Hq, g->D, b->qb);
+  add_rows(g, b->dqa, g->Tq, q_row, g->nq, g->Hq, g->D, b->x.qb);
   /* dK and dV of the slice in hand: [B, Tk, Hkv, D] then [B, Tk, Hkv, Dv]. */
-  add_rows(g, b->step, g->Tk, (int64_t)c * g->nk, g->nk, g->Hkv, g->D, b->kb);
+  add_rows(g, b->step, g->Tk, (int64_t)c * g->nk, g->nk, g->Hkv, g->D, b->x.kb);
   add_rows(g, b->step + g->B * g->Tk * g->Hkv * g->D, g->Tk, (int64_t)c * g->nk, g->nk, g->Hkv,
-           g->Dv, b->vb);
+           g->Dv, b->x.vb);
   if (b->dbias_blk != NULL) {
     const int64_t *bsh = l->bias_shape;
     const int64_t r0 = bsh[2] != 1 ? q_row : 0, c0 = bsh[3] != 1 ? k0 : 0;
@@ -1045,8 +1068,7 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
   const attn_problem *l = g.l;
   host_backward b;
   memset(&b, 0, sizeof b);
-  b.g = &g, b.in = in, b.fwd = fwd, b.dout = dout;
-  init_grad_strides(&g, dout, grads, &b.st);
+  init_backward_args(&b.x, &g, in, fwd, dout, grads);
   int64_t dbias_s[4];
   if (grads->dbias.data != NULL) attn_dist_strides(&grads->dbias, l->bias_shape, 4, dbias_s);
   b.nkd = g.B * g.Tk * g.Hkv * (g.D + g.Dv); /* dK then dV, per travelling slice */
@@ -1059,13 +1081,15 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
   attn_status status =
       get_scratch(plan, 2 * g.kv_bytes + dq_blk + dk_blk + dv_blk + 3 * dkv_acc + dq_acc, &base);
   if (status != ATTN_STATUS_OK) return status;
-  b.qb = base + 2 * g.kv_bytes, b.kb = b.qb + dq_blk, b.vb = b.kb + dk_blk;
-  ring_pass pass = {&g, &b, {base, base + g.kv_bytes},
-                    /* dkv: the travelling dK/dV sums (one in hand, one arriving) */
-                    {b.vb + dv_blk, b.vb + dv_blk + dkv_acc}, dkv_acc, 0,
-                    NULL, host_begin_step, host_backward_block, host_add_step};
-  b.step = (double *)(b.vb + dv_blk + 2 * dkv_acc);
-  b.dqa = (double *)(b.vb + dv_blk + 3 * dkv_acc);
+  ring_pass pass = {.g = &g,
+                    .self = &b,
+                    .dkv_bytes = dkv_acc,
+                    .begin_step = host_begin_step,
+                    .block = host_backward_block,
+                    .add_step = host_add_step};
+  char *rest = lay_out_backward(&pass, &b.x, base, dq_blk, dk_blk, dv_blk, dkv_acc);
+  b.step = (double *)rest;
+  b.dqa = (double *)(rest + dkv_acc);
   memset(pass.dkv[0], 0, dkv_acc);
   memset(b.dqa, 0, dq_acc);
   pack_kv(&g, in, pass.kv[0]);
@@ -1086,9 +1110,9 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
   status = run_steps(&pass);
   if (status != ATTN_STATUS_OK) goto done;
   const double *dkv = pass.dkv[pass.dcur];
-  write_rows(&g, b.dqa, g.Tq, g.Hq, g.D, &grads->dq, b.st.dq);
-  write_rows(&g, dkv, g.Tk, g.Hkv, g.D, &grads->dk, b.st.dk);
-  write_rows(&g, dkv + g.B * g.Tk * g.Hkv * g.D, g.Tk, g.Hkv, g.Dv, &grads->dv, b.st.dv);
+  write_rows(&g, b.dqa, g.Tq, g.Hq, g.D, &grads->dq, b.x.st.dq);
+  write_rows(&g, dkv, g.Tk, g.Hkv, g.D, &grads->dk, b.x.st.dk);
+  write_rows(&g, dkv + g.B * g.Tk * g.Hkv * g.D, g.Tk, g.Hkv, g.Dv, &grads->dv, b.x.st.dv);
 
   if (plan->sinks_plan != NULL && grads->dsinks.data != NULL) {
     attn_inputs si;
@@ -1099,9 +1123,9 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
     si.sinks = in->sinks;
     attn_grads sg;
     attn_grads_init(&sg);
-    sg.dq = attn_tensor_dense(b.qb); /* zeros: no keys */
-    sg.dk = attn_tensor_dense(b.kb);
-    sg.dv = attn_tensor_dense(b.vb);
+    sg.dq = attn_tensor_dense(b.x.qb); /* zeros: no keys */
+    sg.dk = attn_tensor_dense(b.x.kb);
+    sg.dv = attn_tensor_dense(b.x.vb);
     sg.dsinks = grads->dsinks;
     attn_outputs sf;
     attn_outputs_init(&sf);

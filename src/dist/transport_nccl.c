@@ -104,16 +104,13 @@ static int32_t wait_event(nccl_self *s, cudaEvent_t ev, double timeout_s, const 
   async_check check = {s, ncclSuccess};
   cudaError_t e = cudaSuccess;
   switch (stream_transport_poll(ev, timeout_s, async_failed, &check, &e)) {
-  case STREAM_TRANSPORT_DONE:
-    return ATTN_STATUS_OK;
-  case STREAM_TRANSPORT_CUDA_ERROR:
-    return cuda_fail(e, what, why, why_size);
+  case STREAM_TRANSPORT_DONE: return ATTN_STATUS_OK;
+  case STREAM_TRANSPORT_CUDA_ERROR: return cuda_fail(e, what, why, why_size);
   case STREAM_TRANSPORT_PEER_ERROR:
     ncclCommAbort(s->comm);
     s->aborted = 1;
     return nccl_fail(check.error, what, why, why_size);
-  case STREAM_TRANSPORT_TIMED_OUT:
-    break;
+  case STREAM_TRANSPORT_TIMED_OUT: break;
   }
   ncclCommAbort(s->comm);
   s->aborted = 1;

@@ -219,8 +219,7 @@ static int32_t t_wait(void *self, void *request, double timeout_s, char *why, si
   int32_t status = ATTN_STATUS_OK;
   switch (stream_transport_poll(ev, timeout_s, NULL, NULL, &e)) {
   case STREAM_TRANSPORT_DONE:
-  case STREAM_TRANSPORT_PEER_ERROR: /* no peer check here */
-    break;
+  case STREAM_TRANSPORT_PEER_ERROR: /* no peer check here */ break;
   case STREAM_TRANSPORT_CUDA_ERROR:
     status = cuda_fail(e, "a loopback transfer", why, why_size);
     break;
