@@ -104,32 +104,10 @@ static tu_buf fetch(int device, const void *d, attn_dtype dt, int64_t n) {
   return b;
 }
 
-/* The box of a dense 4-d global tensor of shape gs picked by index maps (map[d][i] = the global
- * index of local index i along d; NULL = identity), of local shape ls. */
-static tu_buf take4(const tu_buf *g, const int64_t gs[4], const int64_t ls[4],
-                    const int64_t *const map[4]) {
-  tu_buf out = tu_buf_new(g->dtype, ls[0] * ls[1] * ls[2] * ls[3]);
-  int64_t e = 0;
-  for (int64_t a = 0; a < ls[0]; ++a)
-    for (int64_t b = 0; b < ls[1]; ++b)
-      for (int64_t c = 0; c < ls[2]; ++c)
-        for (int64_t d = 0; d < ls[3]; ++d) {
-          const int64_t i0 = map[0] ? map[0][a] : a, i1 = map[1] ? map[1][b] : b;
-          const int64_t i2 = map[2] ? map[2][c] : c, i3 = map[3] ? map[3][d] : d;
-          tu_set(&out, e++, tu_get(g, ((i0 * gs[1] + i1) * gs[2] + i2) * gs[3] + i3));
-        }
-  return out;
-}
-
 static void compare(const rank_job *j, const char *what, const tu_buf *got, const tu_buf *want,
                     double tol) {
-  double err = 0, scale = 1;
-  for (int64_t i = 0; i < want->n; ++i) {
-    const double x = tu_get(got, i), y = tu_get(want, i);
-    if (isfinite(y) && fabs(y) > scale) scale = fabs(y);
-    const double e = (isinf(x) || isinf(y)) ? (x == y ? 0 : INFINITY) : fabs(x - y);
-    if (!(e <= err)) err = e;
-  }
+  double scale = 1;
+  const double err = tu_max_error(got, want, &scale);
   pthread_mutex_lock(&report_lock);
   tu_check(err <= tol * scale, "%s n=%d %s rank %d %s: max error %.3g (tolerance %.3g)",
            j->transport == ATTN_DIST_TRANSPORT_NCCL ? "nccl" : "loopback", j->n, j->c->name,
@@ -211,11 +189,13 @@ static void *run_rank(void *arg) {
   const int64_t *const qmap[4] = {bmap, tqmap, hqmap, NULL}, *const kmap[4] = {bmap, tkmap, hkmap,
                                                                                NULL};
   const int64_t *const lmap[4] = {bmap, hqmap, tqmap, NULL};
-  tu_buf q = take4(&g->q, gq, lq, qmap), k = take4(&g->k, gk, lk, kmap);
-  tu_buf v = take4(&g->v, gk, lk, kmap), dout = take4(&g->dout, gq, lq, qmap);
-  tu_buf want_out = take4(&g->out, gq, lq, qmap), want_lse = take4(&g->lse, gl, ll, lmap);
-  tu_buf want_dq = take4(&g->dq, gq, lq, qmap), want_dk = take4(&g->dk, gk, lk, kmap);
-  tu_buf want_dv = take4(&g->dv, gk, lk, kmap);
+  tu_buf q = tu_box4(&g->q, gq, NULL, lq, qmap), k = tu_box4(&g->k, gk, NULL, lk, kmap);
+  tu_buf v = tu_box4(&g->v, gk, NULL, lk, kmap), dout = tu_box4(&g->dout, gq, NULL, lq, qmap);
+  tu_buf want_out = tu_box4(&g->out, gq, NULL, lq, qmap),
+         want_lse = tu_box4(&g->lse, gl, NULL, ll, lmap);
+  tu_buf want_dq = tu_box4(&g->dq, gq, NULL, lq, qmap),
+         want_dk = tu_box4(&g->dk, gk, NULL, lk, kmap);
+  tu_buf want_dv = tu_box4(&g->dv, gk, NULL, lk, kmap);
   const int dv_ = j->device;
   void *dq_in = upload_on(dv_, &q), *dk_in = upload_on(dv_, &k), *dv_in = upload_on(dv_, &v);
   void *ddout = upload_on(dv_, &dout);
@@ -253,20 +233,12 @@ static void *run_rank(void *arg) {
   /* A pageable upload may still be landing when cudaMemcpy returns; the plan's stream does not
    * wait for the legacy stream's copies. */
   if (gpu->synchronize(dv_, why, sizeof why) != ATTN_STATUS_OK) report(j, 0, "upload", why);
-  attn_inputs in;
-  attn_inputs_init(&in);
-  in.q = attn_tensor_dense(dq_in), in.k = attn_tensor_dense(dk_in), in.v = attn_tensor_dense(dv_in);
-  attn_outputs o;
-  attn_outputs_init(&o);
-  o.out = attn_tensor_dense(dout_o), o.lse = attn_tensor_dense(dlse);
-  st = attn_dist_plan_forward(plan, &in, &o);
+  tu_args x;
+  tu_args_dense(&x, dq_in, dk_in, dv_in, dout_o, dlse, ddout, ddq, ddk, ddv);
+  st = attn_dist_plan_forward(plan, &x.in, &x.out);
   report(j, st == ATTN_STATUS_OK, "forward", st == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
-  attn_grads gr;
-  attn_grads_init(&gr);
-  gr.dq = attn_tensor_dense(ddq), gr.dk = attn_tensor_dense(ddk), gr.dv = attn_tensor_dense(ddv);
-  attn_tensor dout_t = attn_tensor_dense(ddout);
   if (st == ATTN_STATUS_OK) {
-    st = attn_dist_plan_backward(plan, &in, &o, &dout_t, &gr);
+    st = attn_dist_plan_backward(plan, &x.in, &x.out, &x.dout, &x.grads);
     report(j, st == ATTN_STATUS_OK, "backward",
            st == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
   }
@@ -321,16 +293,8 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
   void *dk = upload(&g->dk), *dv = upload(&g->dv);
   attn_ctx *ctx;
   attn_ctx_create(&ctx);
-  attn_inputs in;
-  attn_inputs_init(&in);
-  in.q = attn_tensor_dense(q), in.k = attn_tensor_dense(k), in.v = attn_tensor_dense(v);
-  attn_outputs o;
-  attn_outputs_init(&o);
-  o.out = attn_tensor_dense(out), o.lse = attn_tensor_dense(lse);
-  attn_grads gr;
-  attn_grads_init(&gr);
-  gr.dq = attn_tensor_dense(dq), gr.dk = attn_tensor_dense(dk), gr.dv = attn_tensor_dense(dv);
-  attn_tensor dout_t = attn_tensor_dense(dout);
+  tu_args x;
+  tu_args_dense(&x, q, k, v, out, lse, dout, dq, dk, dv);
   /* A plan with its device workspace (the one-call attn_forward allocates none on a GPU). */
   attn_plan *plan = NULL;
   void *ws = NULL;
@@ -340,8 +304,9 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
   if (st == ATTN_STATUS_OK) st = attn_plan_workspace_size(plan, &fwd_ws, &bwd_ws);
   const size_t ws_size = fwd_ws > bwd_ws ? fwd_ws : bwd_ws;
   if (st == ATTN_STATUS_OK && ws_size > 0) st = gpu->alloc(0, ws_size, &ws, why, sizeof why);
-  if (st == ATTN_STATUS_OK) st = attn_plan_forward(plan, &in, ws, ws_size, &o);
-  if (st == ATTN_STATUS_OK) st = attn_plan_backward(plan, &in, &o, &dout_t, ws, ws_size, &gr);
+  if (st == ATTN_STATUS_OK) st = attn_plan_forward(plan, &x.in, ws, ws_size, &x.out);
+  if (st == ATTN_STATUS_OK)
+    st = attn_plan_backward(plan, &x.in, &x.out, &x.dout, ws, ws_size, &x.grads);
   int ok = st == ATTN_STATUS_OK && gpu->synchronize(0, why, sizeof why) == ATTN_STATUS_OK;
   attn_plan_destroy(plan);
   gpu->release(0, ws);

@@ -6,6 +6,7 @@
 
 #include "core/dtype.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,7 +40,9 @@ tu_rng tu_rng_make(uint64_t seed) {
   return r;
 }
 
-double tu_uniform(tu_rng *rng, double lo, double hi) { return lo + (hi - lo) * erand48(rng->state); }
+double tu_uniform(tu_rng *rng, double lo, double hi) {
+  return lo + (hi - lo) * erand48(rng->state);
+}
 
 int64_t tu_int(tu_rng *rng, int64_t lo, int64_t hi) {
   int64_t v = lo + (int64_t)(erand48(rng->state) * (double)(hi - lo + 1));
@@ -78,6 +81,56 @@ tu_buf tu_buf_convert(const tu_buf *b, attn_dtype dtype) {
 }
 
 attn_tensor tu_tensor(const tu_buf *b) { return attn_tensor_dense(b->n > 0 ? b->data : NULL); }
+
+tu_buf tu_box4(const tu_buf *g, const int64_t gs[4], const int64_t at[4], const int64_t n[4],
+               const int64_t *const map[4]) {
+  tu_buf out = tu_buf_new(g->dtype, n[0] * n[1] * n[2] * n[3]);
+  int64_t i[4], e = 0;
+  for (i[0] = 0; i[0] < n[0]; ++i[0])
+    for (i[1] = 0; i[1] < n[1]; ++i[1])
+      for (i[2] = 0; i[2] < n[2]; ++i[2])
+        for (i[3] = 0; i[3] < n[3]; ++i[3]) {
+          int64_t x[4];
+          for (int d = 0; d < 4; ++d)
+            x[d] = map != NULL && map[d] != NULL ? map[d][i[d]] : (at != NULL ? at[d] : 0) + i[d];
+          tu_set(&out, e++, tu_get(g, ((x[0] * gs[1] + x[1]) * gs[2] + x[2]) * gs[3] + x[3]));
+        }
+  return out;
+}
+
+void tu_args_dense(tu_args *a, void *q, void *k, void *v, void *out, void *lse, void *dout,
+                   void *dq, void *dk, void *dv) {
+  attn_inputs_init(&a->in);
+  attn_outputs_init(&a->out);
+  attn_grads_init(&a->grads);
+  a->dout = attn_tensor_dense(NULL);
+  void *const at[9] = {q, k, v, out, lse, dout, dq, dk, dv};
+  attn_tensor *const to[9] = {&a->in.q, &a->in.k,     &a->in.v,     &a->out.out, &a->out.lse,
+                              &a->dout, &a->grads.dq, &a->grads.dk, &a->grads.dv};
+  for (int i = 0; i < 9; ++i)
+    if (at[i] != NULL) *to[i] = attn_tensor_dense(at[i]);
+}
+
+static void *buf_data(const tu_buf *b) { return b != NULL ? tu_tensor(b).data : NULL; }
+
+void tu_args_bufs(tu_args *a, const tu_buf *q, const tu_buf *k, const tu_buf *v, const tu_buf *out,
+                  const tu_buf *lse, const tu_buf *dout, const tu_buf *dq, const tu_buf *dk,
+                  const tu_buf *dv) {
+  tu_args_dense(a, buf_data(q), buf_data(k), buf_data(v), buf_data(out), buf_data(lse),
+                buf_data(dout), buf_data(dq), buf_data(dk), buf_data(dv));
+}
+
+double tu_max_error(const tu_buf *got, const tu_buf *want, double *scale) {
+  double err = 0;
+  *scale = 1;
+  for (int64_t i = 0; i < want->n; ++i) {
+    const double x = tu_get(got, i), y = tu_get(want, i);
+    if (isfinite(y) && fabs(y) > *scale) *scale = fabs(y);
+    const double e = (isinf(x) || isinf(y)) ? (x == y ? 0 : INFINITY) : fabs(x - y);
+    if (!(e <= err)) err = e;
+  }
+  return err;
+}
 
 tol_err tu_compare(const tu_buf *a, const double *r, int64_t n) {
   tol_err e = tol_err_init();

@@ -41,9 +41,34 @@ void tu_fill_uniform(tu_buf *b, tu_rng *rng, double lo, double hi);
 tu_buf tu_buf_convert(const tu_buf *b, attn_dtype dtype);
 attn_tensor tu_tensor(const tu_buf *b); /* dense tensor over the buffer; NULL data if n == 0 */
 
+/* The box of a dense 4-d tensor g of shape gs, of shape n, whose element i along dim d is g's
+ * element map[d][i] when map and map[d] are given, else at[d] + i (at NULL: i). */
+tu_buf tu_box4(const tu_buf *g, const int64_t gs[4], const int64_t at[4], const int64_t n[4],
+               const int64_t *const map[4]);
+
+/* ---- the arguments of one forward and backward ---- */
+typedef struct tu_args {
+  attn_inputs in;
+  attn_outputs out;
+  attn_grads grads;
+  attn_tensor dout;
+} tu_args;
+/* Initialised, with each tensor given dense at its address (host or device memory; NULL leaves
+ * it unset); the caller adds the rest (bias, sinks, lengths, seeds). */
+void tu_args_dense(tu_args *a, void *q, void *k, void *v, void *out, void *lse, void *dout,
+                   void *dq, void *dk, void *dv);
+/* The same over host buffers (tu_tensor: a buffer of no elements gives an unset tensor). */
+void tu_args_bufs(tu_args *a, const tu_buf *q, const tu_buf *k, const tu_buf *v, const tu_buf *out,
+                  const tu_buf *lse, const tu_buf *dout, const tu_buf *dq, const tu_buf *dk,
+                  const tu_buf *dv);
+
 /* ---- error measures ---- */
 /* The difference of a (any dtype) from r (f64 array of n), as tol_compare (tolerance.h). */
 tol_err tu_compare(const tu_buf *a, const double *r, int64_t n);
+/* The largest |got - want| (infinite where one side is infinite and they differ), and in *scale
+ * the largest finite |want|, at least 1: a tolerance for results of one implementation computed
+ * in another order (the distributed tests) is relative to it. */
+double tu_max_error(const tu_buf *got, const tu_buf *want, double *scale);
 
 /* ---- tally ---- */
 void tu_check(int ok, const char *fmt, ...)

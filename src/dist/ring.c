@@ -145,26 +145,31 @@ static attn_status get_scratch(attn_dist_plan *plan, size_t bytes, char **base) 
   return ATTN_STATUS_OK;
 }
 
-/* Packs the caller's local K, V (and kv segment ids) densely into one message. */
-static void pack_kv(const ring *g, const attn_inputs *in, char *buf) {
-  char *k = buf, *v = buf + g->k_bytes;
-  int32_t *seg = (int32_t *)(buf + g->k_bytes + g->v_bytes);
+/* Copies a caller's [B, Tk, Hkv, W] tensor (strides st) densely to dst. */
+static void pack_dense(const ring *g, char *dst, const void *src, const int64_t st[4], int64_t W) {
   const int dist_threads = attn_dist_host_threads(g->plan);
   DIST_PARALLEL_FOR
   for (int64_t bt = 0; bt < g->B * g->Tk; ++bt) { /* one (batch, key) row of every head */
     const int64_t b = bt / g->Tk, t = bt % g->Tk;
     for (int64_t h = 0; h < g->Hkv; ++h) {
-      const int64_t kat = (bt * g->Hkv + h) * g->D, vat = (bt * g->Hkv + h) * g->Dv;
-      const char *ks = (const char *)in->k.data + (size_t)(b * g->ks[0] + t * g->ks[1] + h * g->ks[2]) * g->es;
-      const char *vs = (const char *)in->v.data + (size_t)(b * g->vs[0] + t * g->vs[1] + h * g->vs[2]) * g->es;
-      for (int64_t d = 0; d < g->D; ++d)
-        memcpy(k + (size_t)(kat + d) * g->es, ks + (size_t)(d * g->ks[3]) * g->es, g->es);
-      for (int64_t d = 0; d < g->Dv; ++d)
-        memcpy(v + (size_t)(vat + d) * g->es, vs + (size_t)(d * g->vs[3]) * g->es, g->es);
+      const char *from = (const char *)src + (size_t)(b * st[0] + t * st[1] + h * st[2]) * g->es;
+      char *to = dst + (size_t)((bt * g->Hkv + h) * W) * g->es;
+      for (int64_t d = 0; d < W; ++d)
+        memcpy(to + (size_t)d * g->es, from + (size_t)(d * st[3]) * g->es, g->es);
     }
-    if (g->seg)
-      seg[bt] = ((const int32_t *)in->kv_segment_ids.data)[b * g->kseg_s[0] + t * g->kseg_s[1]];
   }
+}
+
+/* Packs the caller's local K, V (and kv segment ids) densely into one message. */
+static void pack_kv(const ring *g, const attn_inputs *in, char *buf) {
+  pack_dense(g, buf, in->k.data, g->ks, g->D);
+  pack_dense(g, buf + g->k_bytes, in->v.data, g->vs, g->Dv);
+  int32_t *seg = (int32_t *)(buf + g->k_bytes + g->v_bytes);
+  if (g->seg)
+    for (int64_t b = 0; b < g->B; ++b)
+      for (int64_t t = 0; t < g->Tk; ++t)
+        seg[b * g->Tk + t] =
+            ((const int32_t *)in->kv_segment_ids.data)[b * g->kseg_s[0] + t * g->kseg_s[1]];
 }
 
 /* ---- one block ------------------------------------------------------------------------------- */
@@ -325,6 +330,194 @@ static void abandon(ring *g, transfer *t) {
   g->plan->broken = 1;
 }
 
+/* ---- the step driver ------------------------------------------------------------------------- */
+
+/* One pass of the ring (forward or backward, host or device) as the operations it calls; the
+ * order of steps, transfers and blocks, and what a failure leaves in flight, live once in
+ * run_steps. Each operation returns a status (a failure stops the pass); `self` is the pass's
+ * own state. */
+typedef struct ring_pass {
+  ring *g;
+  void *self;
+  char *kv[2]; /* the K/V slice in hand and the one arriving, packed (kv[0] holds the local one) */
+  /* Backward only (NULL forward): the travelling dK/dV sums, one in hand and one arriving, of
+   * dkv_bytes each; after the run dcur names the one that holds this rank's own sums. */
+  void *dkv[2];
+  size_t dkv_bytes;
+  int dcur;
+  /* Before a transfer that overwrites a buffer the blocks read (or sends one they wrote); NULL
+   * where the blocks have finished when they return (the host). */
+  attn_status (*order_transfer)(attn_dist_plan *plan);
+  /* Backward: at the start of a step, after its K/V transfer was posted: clears the step's share
+   * of the dK/dV sums (summed apart, so the previous step's sums can still be in flight). */
+  attn_status (*begin_step)(void *self);
+  /* The visible block of this rank's query chunk a against key chunk c of rank src's slice kv:
+   * offset off, its keys starting at global position k0. */
+  attn_status (*block)(void *self, int32_t a, int32_t src, int32_t c, int64_t off, int64_t k0,
+                       const char *kv);
+  /* Backward: the step's share joins the travelling sums in hand, dkv. */
+  attn_status (*add_step)(void *self, void *dkv);
+} ring_pass;
+
+static int in_flight(const transfer *t) { return t->recv != NULL || t->send != NULL; }
+
+static attn_status order_transfer(const ring_pass *p) {
+  return p->order_transfer != NULL ? p->order_transfer(p->g->plan) : ATTN_STATUS_OK;
+}
+
+/* Runs the steps of the ring: at step s the slice of rank r - s is in hand while the next one
+ * travels (received from r - 1, sent to r + 1). Backward, the dK/dV sums travel one step behind
+ * their slice, and after the last step go straight home to the slice's owner. */
+static attn_status run_steps(ring_pass *p) {
+  ring *g = p->g;
+  const int backward = p->dkv[0] != NULL;
+  const int32_t last = last_step(g), next = (g->r + 1) % g->n, prev = (g->r + g->n - 1) % g->n;
+  g->plan->stats.steps = last + 1;
+  int cur = 0;                /* the K/V slice in hand */
+  transfer dt = {NULL, NULL}; /* the dK/dV exchange in flight, and its peers */
+  int32_t dto = 0, dfrom = 0;
+  attn_status status = ATTN_STATUS_OK;
+  p->dcur = 0;
+  for (int32_t s = 0; s <= last; ++s) {
+    const int32_t src = ((g->r - s) % g->n + g->n) % g->n;
+    transfer t = {NULL, NULL};
+    if (s < last) {
+      status = order_transfer(p);
+      if (status == ATTN_STATUS_OK)
+        status = start_shift(g, p->kv[cur], p->kv[1 - cur], g->kv_bytes, next, prev, TAG_KV, &t);
+      if (status != ATTN_STATUS_OK) {
+        abandon(g, &dt);
+        return status;
+      }
+    }
+    if (p->begin_step != NULL) status = p->begin_step(p->self);
+    for (int32_t a = 0; a < g->C && status == ATTN_STATUS_OK; ++a)
+      for (int32_t c = 0; c < g->C && status == ATTN_STATUS_OK; ++c) {
+        const int64_t off = block_offset(g, g->r, a, src, c);
+        if (!block_visible(g, off)) continue;
+        const int64_t k0 = attn_dist_chunk_start(g->plan, g->plan->global.seqlen_k, src, c);
+        status = p->block(p->self, a, src, c, off, k0, p->kv[cur]);
+        progress(g, &t);
+        progress(g, &dt);
+      }
+    if (status != ATTN_STATUS_OK) {
+      abandon(g, &t);
+      abandon(g, &dt);
+      return status;
+    }
+    if (s < last) {
+      status = finish_shift(g, &t, next, prev);
+      if (status != ATTN_STATUS_OK) {
+        abandon(g, &dt);
+        return status;
+      }
+      cur = 1 - cur;
+    }
+    if (!backward) continue;
+    /* The sums that travelled with this slice so far arrive now (sent at the end of the previous
+     * step, in flight during this step's blocks); this step's share joins them. */
+    if (in_flight(&dt)) {
+      status = finish_shift(g, &dt, dto, dfrom);
+      if (status != ATTN_STATUS_OK) return status;
+      p->dcur = 1 - p->dcur;
+    }
+    status = p->add_step(p->self, p->dkv[p->dcur]);
+    if (status != ATTN_STATUS_OK) return status;
+    /* They move on with the slice; after the last step they go straight home to the slice's
+     * owner (src), and this rank receives its own from the rank holding it. */
+    dto = s < last ? next : src;
+    dfrom = s < last ? prev : (g->r + s) % g->n;
+    if (dto != g->r) {
+      status = order_transfer(p);
+      if (status == ATTN_STATUS_OK)
+        status = start_shift(g, p->dkv[p->dcur], p->dkv[1 - p->dcur], p->dkv_bytes, dto, dfrom,
+                             TAG_DKV, &dt);
+      if (status != ATTN_STATUS_OK) return status;
+    }
+  }
+  if (in_flight(&dt)) {
+    status = finish_shift(g, &dt, dto, dfrom);
+    if (status != ATTN_STATUS_OK) return status;
+    p->dcur = 1 - p->dcur;
+  }
+  return ATTN_STATUS_OK;
+}
+
+/* ---- what the host and device backward share ------------------------------------------------- */
+
+/* Strides of the backward's caller tensors beyond the forward's. */
+typedef struct grad_strides {
+  int64_t dout[4], dq[4], dk[4], dv[4];
+} grad_strides;
+
+static void init_grad_strides(const ring *g, const attn_tensor *dout, const attn_grads *grads,
+                              grad_strides *st) {
+  const int64_t oshape[4] = {g->B, g->Tq, g->Hq, g->Dv}, qshape[4] = {g->B, g->Tq, g->Hq, g->D};
+  const int64_t kshape[4] = {g->B, g->Tk, g->Hkv, g->D}, vshape[4] = {g->B, g->Tk, g->Hkv, g->Dv};
+  attn_dist_strides(dout, oshape, 4, st->dout);
+  attn_dist_strides(&grads->dq, qshape, 4, st->dq);
+  attn_dist_strides(&grads->dk, kshape, 4, st->dk);
+  attn_dist_strides(&grads->dv, vshape, 4, st->dv);
+}
+
+/* What the host and device backward share: the caller's tensors and the dense block gradients
+ * a block's backward writes (qb, kb, vb). */
+typedef struct backward_args {
+  ring *g;
+  const attn_inputs *in;
+  const attn_outputs *fwd;
+  const attn_tensor *dout;
+  grad_strides st;
+  char *qb, *kb, *vb;
+} backward_args;
+
+static void init_backward_args(backward_args *x, ring *g, const attn_inputs *in,
+                               const attn_outputs *fwd, const attn_tensor *dout,
+                               const attn_grads *grads) {
+  x->g = g, x->in = in, x->fwd = fwd, x->dout = dout;
+  init_grad_strides(g, dout, grads, &x->st);
+}
+
+/* The start of a backward's scratch, the same on the host and the device: the two K/V slices,
+ * the dense block gradients (qb of dq_blk bytes, kb, vb) and the two travelling dK/dV sums of
+ * dkv_acc bytes each. Returns what follows them, for the pass's own buffers. */
+static char *lay_out_backward(ring_pass *pass, backward_args *x, char *base, size_t dq_blk,
+                              size_t dk_blk, size_t dv_blk, size_t dkv_acc) {
+  pass->kv[0] = base, pass->kv[1] = base + x->g->kv_bytes;
+  x->qb = base + 2 * x->g->kv_bytes, x->kb = x->qb + dq_blk, x->vb = x->kb + dk_blk;
+  pass->dkv[0] = x->vb + dv_blk, pass->dkv[1] = x->vb + dv_blk + dkv_acc;
+  return x->vb + dv_blk + 2 * dkv_acc;
+}
+
+/* What the backward of the block of query chunk a against key chunk c of the slice kv (keys from
+ * global position k0) reads and writes: its inputs, the rows of the forward's out and of dout,
+ * and the dense block gradients. The lse is the caller's to set (the host slices the caller's;
+ * the device copies it aligned). */
+typedef struct block_args {
+  attn_inputs in;
+  attn_outputs fwd;
+  attn_tensor dout;
+  attn_grads grads;
+} block_args;
+
+static void block_backward_args(const backward_args *x, int32_t a, const char *kv, int32_t c,
+                                int64_t k0, block_args *blk) {
+  const ring *g = x->g;
+  const int64_t q_row = (int64_t)a * g->nq;
+  blk->in = block_inputs(g, x->in, a, kv, c, k0);
+  attn_outputs_init(&blk->fwd);
+  blk->fwd.out = x->fwd->out;
+  blk->fwd.out.data = (char *)x->fwd->out.data + (size_t)(q_row * g->os[1]) * g->es;
+  memcpy(blk->fwd.out.stride, g->os, sizeof g->os);
+  blk->dout = *x->dout;
+  blk->dout.data = (char *)x->dout->data + (size_t)(q_row * x->st.dout[1]) * g->es;
+  memcpy(blk->dout.stride, x->st.dout, sizeof x->st.dout);
+  attn_grads_init(&blk->grads);
+  blk->grads.dq = attn_tensor_dense(x->qb);
+  blk->grads.dk = attn_tensor_dense(x->kb);
+  blk->grads.dv = attn_tensor_dense(x->vb);
+}
+
 /* ---- the device ring (CUDA tensors) ---------------------------------------------------------- */
 
 /* The same ring on a GPU: the blocks and every merge and sum run in order on the caller's stream
@@ -480,6 +673,38 @@ done:
   return status;
 }
 
+/* The device forward's state: a block's dense output and lse, the f32 accumulators, and the
+ * blocks' workspace. */
+typedef struct device_forward {
+  ring *g;
+  const attn_inputs *in;
+  char *ob, *lb;
+  float *ao, *al;
+  void *wsp;
+  size_t ws;
+} device_forward;
+
+static attn_status device_forward_block(void *self, int32_t a, int32_t src, int32_t c, int64_t off,
+                                        int64_t k0, const char *kv) {
+  device_forward *f = self;
+  const ring *g = f->g;
+  attn_dist_plan *plan = g->plan;
+  (void)src; /* the block runs without positions (device_block_plan) */
+  attn_inputs bi = block_inputs(g, f->in, a, kv, c, k0);
+  attn_outputs bo;
+  attn_outputs_init(&bo);
+  bo.out = attn_tensor_dense(f->ob);
+  bo.lse = attn_tensor_dense(f->lb);
+  const double t0 = attn_dist_now();
+  attn_status status = attn_plan_forward(device_block_plan(g, off), &bi, f->wsp, f->ws, &bo);
+  plan->stats.compute_seconds += attn_dist_now() - t0;
+  if (status != ATTN_STATUS_OK) return status;
+  DEV("merging a block", merge, plan->global.device_index, (int32_t)g->dt, f->ao, f->al, f->ob,
+      (const float *)f->lb, g->B, g->Hq, g->Tq, (int64_t)a * g->nq, g->nq, g->Dv, plan->stream);
+done:
+  return status;
+}
+
 static attn_status ring_forward_device(attn_dist_plan *plan, const attn_inputs *in,
                                        const attn_outputs *out) {
   ring g;
@@ -494,70 +719,97 @@ static attn_status ring_forward_device(attn_dist_plan *plan, const attn_inputs *
   attn_status status =
       device_setup(plan, 2 * g.kv_bytes + out_blk + lse_blk + acc_out + acc_lse + ws, &base);
   if (status != ATTN_STATUS_OK) return status;
-  char *kv[2] = {base, base + g.kv_bytes};
-  char *ob = base + 2 * g.kv_bytes, *lb = ob + out_blk;
-  float *ao = (float *)(lb + lse_blk), *al = (float *)((char *)ao + acc_out);
-  void *wsp = (char *)al + acc_lse;
+  device_forward f = {.g = &g, .in = in, .ws = ws};
+  f.ob = base + 2 * g.kv_bytes, f.lb = f.ob + out_blk;
+  f.ao = (float *)(f.lb + lse_blk), f.al = (float *)((char *)f.ao + acc_out);
+  f.wsp = (char *)f.al + acc_lse;
+  ring_pass pass = {.g = &g,
+                    .self = &f,
+                    .kv = {base, base + g.kv_bytes},
+                    .order_transfer = device_order_transfer,
+                    .block = device_forward_block};
   transfers_on(plan, plan->comm_stream);
-  DEV("clearing the output sums", fill, dev, ao, n_out, 0.0f, plan->stream);
-  DEV("clearing the lse sums", fill, dev, al, n_lse, -INFINITY, plan->stream);
-  status = device_pack_kv(&g, in, kv[0]);
+  DEV("clearing the output sums", fill, dev, f.ao, n_out, 0.0f, plan->stream);
+  DEV("clearing the lse sums", fill, dev, f.al, n_lse, -INFINITY, plan->stream);
+  status = device_pack_kv(&g, in, pass.kv[0]);
+  if (status == ATTN_STATUS_OK) status = run_steps(&pass);
   if (status != ATTN_STATUS_OK) goto done;
-
-  const int32_t last = last_step(&g), next = (g.r + 1) % g.n, prev = (g.r + g.n - 1) % g.n;
-  int cur = 0;
-  plan->stats.steps = last + 1;
-  for (int32_t s = 0; s <= last; ++s) {
-    const int32_t src = ((g.r - s) % g.n + g.n) % g.n;
-    transfer t = {NULL, NULL};
-    if (s < last) {
-      status = device_order_transfer(plan);
-      if (status == ATTN_STATUS_OK)
-        status = start_shift(&g, kv[cur], kv[1 - cur], g.kv_bytes, next, prev, TAG_KV, &t);
-      if (status != ATTN_STATUS_OK) goto done;
-    }
-    for (int32_t a = 0; a < g.C && status == ATTN_STATUS_OK; ++a)
-      for (int32_t c = 0; c < g.C && status == ATTN_STATUS_OK; ++c) {
-        const int64_t off = block_offset(&g, g.r, a, src, c);
-        if (!block_visible(&g, off)) continue;
-        const int64_t k0 = attn_dist_chunk_start(plan, plan->global.seqlen_k, src, c);
-        attn_inputs bi = block_inputs(&g, in, a, kv[cur], c, k0);
-        attn_outputs bo;
-        attn_outputs_init(&bo);
-        bo.out = attn_tensor_dense(ob);
-        bo.lse = attn_tensor_dense(lb);
-        const double t0 = attn_dist_now();
-        status = attn_plan_forward(device_block_plan(&g, off), &bi, wsp, ws, &bo);
-        plan->stats.compute_seconds += attn_dist_now() - t0;
-        if (status != ATTN_STATUS_OK) break;
-        char why[512] = "";
-        status =
-            plan->dev->merge(dev, (int32_t)g.dt, ao, al, ob, (const float *)lb, g.B, g.Hq, g.Tq,
-                             (int64_t)a * g.nq, g.nq, g.Dv, plan->stream, why, sizeof why);
-        if (status != ATTN_STATUS_OK) status = dev_fail(plan, status, "merging a block", why);
-      }
-    if (status != ATTN_STATUS_OK) {
-      abandon(&g, &t);
-      goto done;
-    }
-    if (s < last) {
-      status = finish_shift(&g, &t, next, prev);
-      if (status != ATTN_STATUS_OK) goto done;
-      cur = 1 - cur;
-    }
-  }
   {
     const int64_t oshape[4] = {g.B, g.Tq, g.Hq, g.Dv};
-    DEV("writing out", store, dev, out->out.data, (int32_t)g.dt, g.os, ao, oshape, plan->stream);
+    DEV("writing out", store, dev, out->out.data, (int32_t)g.dt, g.os, f.ao, oshape, plan->stream);
     if (out->lse.data != NULL) {
       const int64_t lshape[4] = {g.B, g.Hq, g.Tq, 1}, dense[4] = {g.Hq * g.Tq, g.Tq, 1, 0};
       const int64_t to[4] = {g.lses[0], g.lses[1], g.lses[2], 0};
-      DEV("writing lse", copy, dev, out->lse.data, to, al, dense, lshape, 4, plan->stream);
+      DEV("writing lse", copy, dev, out->lse.data, to, f.al, dense, lshape, 4, plan->stream);
     }
   }
 done:
   transfers_on(plan, plan->stream);
   return status == ATTN_STATUS_OK ? attn_succeed(plan->ctx) : status;
+}
+
+/* The device backward's state: dense block gradients, the step's dK/dV share and the dq sums
+ * (f32), the query chunk's lse (aligned), and the blocks' workspace. */
+typedef struct device_backward {
+  backward_args x;
+  float *step, *dqa, *lb;
+  int64_t nk_el, nkd; /* elements of the dK part, and of dK and dV, of a travelling slice */
+  void *wsp;
+  size_t ws;
+} device_backward;
+
+static attn_status device_begin_step(void *self) {
+  device_backward *b = self;
+  attn_dist_plan *plan = b->x.g->plan;
+  attn_status status = ATTN_STATUS_OK;
+  DEV("clearing a step's dK/dV", fill, plan->global.device_index, b->step, b->nkd, 0.0f,
+      plan->stream);
+done:
+  return status;
+}
+
+static attn_status device_backward_block(void *self, int32_t a, int32_t src, int32_t c, int64_t off,
+                                         int64_t k0, const char *kv) {
+  device_backward *b = self;
+  const ring *g = b->x.g;
+  attn_dist_plan *plan = g->plan;
+  const int32_t dev = plan->global.device_index;
+  (void)src; /* the block runs without positions (device_block_plan) */
+  attn_status status = ATTN_STATUS_OK;
+  const int64_t q_row = (int64_t)a * g->nq;
+  block_args blk;
+  block_backward_args(&b->x, a, kv, c, k0, &blk);
+  {
+    const int64_t lshape[4] = {g->B, g->Hq, g->nq, 1}, dense[4] = {g->Hq * g->nq, g->nq, 1, 0};
+    const int64_t from[4] = {g->lses[0], g->lses[1], g->lses[2], 0};
+    DEV("copying a chunk's lse", copy, dev, b->lb, dense,
+        (const char *)b->x.fwd->lse.data + (size_t)(q_row * g->lses[2]) * 4, from, lshape, 4,
+        plan->stream);
+  }
+  blk.fwd.lse = attn_tensor_dense(b->lb);
+  const double t0 = attn_dist_now();
+  status = attn_plan_backward(device_block_plan(g, off), &blk.in, &blk.fwd, &blk.dout, b->wsp,
+                              b->ws, &blk.grads);
+  plan->stats.compute_seconds += attn_dist_now() - t0;
+  if (status != ATTN_STATUS_OK) return status;
+  /* dq rows of query chunk a; dK and dV rows of key chunk c of the slice in hand. */
+  DEV("summing gradients", accumulate, dev, b->dqa, g->Tq, q_row, b->x.qb, (int32_t)g->dt, g->B,
+      g->nq, g->Hq * g->D, plan->stream);
+  DEV("summing gradients", accumulate, dev, b->step, g->Tk, (int64_t)c * g->nk, b->x.kb,
+      (int32_t)g->dt, g->B, g->nk, g->Hkv * g->D, plan->stream);
+  DEV("summing gradients", accumulate, dev, b->step + b->nk_el, g->Tk, (int64_t)c * g->nk, b->x.vb,
+      (int32_t)g->dt, g->B, g->nk, g->Hkv * g->Dv, plan->stream);
+done:
+  return status;
+}
+
+static attn_status device_add_step(void *self, void *dkv) {
+  device_backward *b = self;
+  attn_dist_plan *plan = b->x.g->plan;
+  attn_status status = ATTN_STATUS_OK;
+  DEV("adding a step's dK/dV", add, plan->global.device_index, dkv, b->step, b->nkd, plan->stream);
+done:
+  return status;
 }
 
 static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs *in,
@@ -566,149 +818,53 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
   ring g;
   init_ring(&g, plan, in, &fwd->out, &fwd->lse);
   const int32_t dev = plan->global.device_index;
-  int64_t dout_s[4], dq_s[4], dk_s[4], dv_s[4];
-  const int64_t oshape[4] = {g.B, g.Tq, g.Hq, g.Dv}, qshape[4] = {g.B, g.Tq, g.Hq, g.D};
-  const int64_t kshape[4] = {g.B, g.Tk, g.Hkv, g.D}, vshape[4] = {g.B, g.Tk, g.Hkv, g.Dv};
-  attn_dist_strides(dout, oshape, 4, dout_s);
-  attn_dist_strides(&grads->dq, qshape, 4, dq_s);
-  attn_dist_strides(&grads->dk, kshape, 4, dk_s);
-  attn_dist_strides(&grads->dv, vshape, 4, dv_s);
-  const size_t ws = device_workspace_bytes(plan);
-  const int64_t nk_el = g.B * g.Tk * g.Hkv * g.D, nkd = nk_el + g.B * g.Tk * g.Hkv * g.Dv;
+  device_backward b;
+  memset(&b, 0, sizeof b);
+  init_backward_args(&b.x, &g, in, fwd, dout, grads);
+  b.ws = device_workspace_bytes(plan);
+  b.nk_el = g.B * g.Tk * g.Hkv * g.D, b.nkd = b.nk_el + g.B * g.Tk * g.Hkv * g.Dv;
   const int64_t nq_el = g.B * g.Tq * g.Hq * g.D;
   const size_t dq_blk = (size_t)round_part(g.B * g.nq * g.Hq * g.D * (int64_t)g.es);
   const size_t dk_blk = (size_t)round_part(g.B * g.nk * g.Hkv * g.D * (int64_t)g.es);
   const size_t dv_blk = (size_t)round_part(g.B * g.nk * g.Hkv * g.Dv * (int64_t)g.es);
-  const size_t dkv_acc = (size_t)round_part(nkd * 4), dq_acc = (size_t)round_part(nq_el * 4);
+  const size_t dkv_acc = (size_t)round_part(b.nkd * 4), dq_acc = (size_t)round_part(nq_el * 4);
   const size_t lse_blk = (size_t)round_part(g.B * g.Hq * g.nq * 4);
   char *base = NULL;
   attn_status status = device_setup(
-      plan, 2 * g.kv_bytes + dq_blk + dk_blk + dv_blk + 3 * dkv_acc + dq_acc + lse_blk + ws, &base);
+      plan, 2 * g.kv_bytes + dq_blk + dk_blk + dv_blk + 3 * dkv_acc + dq_acc + lse_blk + b.ws,
+      &base);
   if (status != ATTN_STATUS_OK) return status;
-  char *kv[2] = {base, base + g.kv_bytes};
-  char *qb = base + 2 * g.kv_bytes, *kb = qb + dq_blk, *vb = kb + dk_blk;
-  /* dkv: the travelling dK/dV sums (one in hand, one arriving); step: this step's share. */
-  float *dkv[2] = {(float *)(vb + dv_blk), (float *)(vb + dv_blk + dkv_acc)};
-  float *step = (float *)(vb + dv_blk + 2 * dkv_acc);
-  float *dqa = (float *)(vb + dv_blk + 3 * dkv_acc);
+  ring_pass pass = {.g = &g,
+                    .self = &b,
+                    .dkv_bytes = (size_t)b.nkd * 4,
+                    .order_transfer = device_order_transfer,
+                    .begin_step = device_begin_step,
+                    .block = device_backward_block,
+                    .add_step = device_add_step};
+  char *rest = lay_out_backward(&pass, &b.x, base, dq_blk, dk_blk, dv_blk, dkv_acc);
+  b.step = (float *)rest;
+  b.dqa = (float *)(rest + dkv_acc);
   /* lb: the query chunk's lse rows, dense and 256-byte aligned: a slice of the global lse starts
    * at row a * nq, 4-byte aligned only, which cuDNN's block plans refuse (16 bytes). */
-  float *lb = (float *)((char *)dqa + dq_acc);
-  void *wsp = (char *)lb + lse_blk;
+  b.lb = (float *)((char *)b.dqa + dq_acc);
+  b.wsp = (char *)b.lb + lse_blk;
   transfers_on(plan, plan->comm_stream);
-  DEV("clearing the dK/dV sums", fill, dev, dkv[0], nkd, 0.0f, plan->stream);
-  DEV("clearing the dq sums", fill, dev, dqa, nq_el, 0.0f, plan->stream);
-  status = device_pack_kv(&g, in, kv[0]);
+  DEV("clearing the dK/dV sums", fill, dev, pass.dkv[0], b.nkd, 0.0f, plan->stream);
+  DEV("clearing the dq sums", fill, dev, b.dqa, nq_el, 0.0f, plan->stream);
+  status = device_pack_kv(&g, in, pass.kv[0]);
+  if (status == ATTN_STATUS_OK) status = run_steps(&pass);
   if (status != ATTN_STATUS_OK) goto done;
-
-  const int32_t last = last_step(&g), next = (g.r + 1) % g.n, prev = (g.r + g.n - 1) % g.n;
-  plan->stats.steps = last + 1;
-  int cur = 0, dcur = 0;
-  transfer dt = {NULL, NULL};
-  int32_t dto = 0, dfrom = 0;
-  for (int32_t s = 0; s <= last; ++s) {
-    const int32_t src = ((g.r - s) % g.n + g.n) % g.n;
-    transfer t = {NULL, NULL};
-    if (s < last) {
-      status = device_order_transfer(plan);
-      if (status == ATTN_STATUS_OK)
-        status = start_shift(&g, kv[cur], kv[1 - cur], g.kv_bytes, next, prev, TAG_KV, &t);
-      if (status != ATTN_STATUS_OK) {
-        abandon(&g, &dt);
-        goto done;
-      }
-    }
-    DEV("clearing a step's dK/dV", fill, dev, step, nkd, 0.0f, plan->stream);
-    for (int32_t a = 0; a < g.C && status == ATTN_STATUS_OK; ++a)
-      for (int32_t c = 0; c < g.C && status == ATTN_STATUS_OK; ++c) {
-        const int64_t off = block_offset(&g, g.r, a, src, c);
-        if (!block_visible(&g, off)) continue;
-        const int64_t k0 = attn_dist_chunk_start(plan, plan->global.seqlen_k, src, c);
-        attn_inputs bi = block_inputs(&g, in, a, kv[cur], c, k0);
-        const int64_t q_row = (int64_t)a * g.nq;
-        attn_outputs bf;
-        attn_outputs_init(&bf);
-        bf.out = fwd->out;
-        bf.out.data = (char *)fwd->out.data + (size_t)(q_row * g.os[1]) * g.es;
-        memcpy(bf.out.stride, g.os, sizeof g.os);
-        {
-          const int64_t lshape[4] = {g.B, g.Hq, g.nq, 1}, dense[4] = {g.Hq * g.nq, g.nq, 1, 0};
-          const int64_t from[4] = {g.lses[0], g.lses[1], g.lses[2], 0};
-          char why[512] = "";
-          status = plan->dev->copy(dev, lb, dense, (const char *)fwd->lse.data + (size_t)(q_row * g.lses[2]) * 4,
-                                   from, lshape, 4, plan->stream, why, sizeof why);
-          if (status != ATTN_STATUS_OK) {
-            status = dev_fail(plan, status, "copying a chunk's lse", why);
-            break;
-          }
-        }
-        bf.lse = attn_tensor_dense(lb);
-        attn_tensor bd = *dout;
-        bd.data = (char *)dout->data + (size_t)(q_row * dout_s[1]) * g.es;
-        memcpy(bd.stride, dout_s, sizeof dout_s);
-        attn_grads bg;
-        attn_grads_init(&bg);
-        bg.dq = attn_tensor_dense(qb);
-        bg.dk = attn_tensor_dense(kb);
-        bg.dv = attn_tensor_dense(vb);
-        const double t0 = attn_dist_now();
-        status = attn_plan_backward(device_block_plan(&g, off), &bi, &bf, &bd, wsp, ws, &bg);
-        plan->stats.compute_seconds += attn_dist_now() - t0;
-        if (status != ATTN_STATUS_OK) break;
-        /* dq rows of query chunk a; dK and dV rows of key chunk c of the slice in hand. */
-        char why[512] = "";
-        status = plan->dev->accumulate(dev, dqa, g.Tq, q_row, qb, (int32_t)g.dt, g.B, g.nq,
-                                       g.Hq * g.D, plan->stream, why, sizeof why);
-        if (status == ATTN_STATUS_OK)
-          status = plan->dev->accumulate(dev, step, g.Tk, (int64_t)c * g.nk, kb, (int32_t)g.dt, g.B,
-                                         g.nk, g.Hkv * g.D, plan->stream, why, sizeof why);
-        if (status == ATTN_STATUS_OK)
-          status =
-              plan->dev->accumulate(dev, step + nk_el, g.Tk, (int64_t)c * g.nk, vb, (int32_t)g.dt,
-                                    g.B, g.nk, g.Hkv * g.Dv, plan->stream, why, sizeof why);
-        if (status != ATTN_STATUS_OK) status = dev_fail(plan, status, "summing gradients", why);
-      }
-    if (status != ATTN_STATUS_OK) {
-      abandon(&g, &t);
-      abandon(&g, &dt);
-      goto done;
-    }
-    if (s < last) {
-      status = finish_shift(&g, &t, next, prev);
-      if (status != ATTN_STATUS_OK) {
-        abandon(&g, &dt);
-        goto done;
-      }
-      cur = 1 - cur;
-    }
-    /* The sums that travelled with this slice arrive (in flight during this step's blocks); this
-     * step's share joins them, and they move on, or home after the last step (as on the host). */
-    if (dt.recv != NULL || dt.send != NULL) {
-      status = finish_shift(&g, &dt, dto, dfrom);
-      if (status != ATTN_STATUS_OK) goto done;
-      dcur = 1 - dcur;
-    }
-    DEV("adding a step's dK/dV", add, dev, dkv[dcur], step, nkd, plan->stream);
-    dto = s < last ? next : src;
-    dfrom = s < last ? prev : (g.r + s) % g.n;
-    if (dto != g.r) {
-      status = device_order_transfer(plan);
-      if (status == ATTN_STATUS_OK)
-        status =
-            start_shift(&g, dkv[dcur], dkv[1 - dcur], (size_t)nkd * 4, dto, dfrom, TAG_DKV, &dt);
-      if (status != ATTN_STATUS_OK) goto done;
-    }
+  {
+    const int64_t qshape[4] = {g.B, g.Tq, g.Hq, g.D}, kshape[4] = {g.B, g.Tk, g.Hkv, g.D};
+    const int64_t vshape[4] = {g.B, g.Tk, g.Hkv, g.Dv};
+    const float *dkv = pass.dkv[pass.dcur];
+    DEV("writing dq", store, dev, grads->dq.data, (int32_t)g.dt, b.x.st.dq, b.dqa, qshape,
+        plan->stream);
+    DEV("writing dk", store, dev, grads->dk.data, (int32_t)g.dt, b.x.st.dk, dkv, kshape,
+        plan->stream);
+    DEV("writing dv", store, dev, grads->dv.data, (int32_t)g.dt, b.x.st.dv, dkv + b.nk_el, vshape,
+        plan->stream);
   }
-  if (dt.recv != NULL || dt.send != NULL) {
-    status = finish_shift(&g, &dt, dto, dfrom);
-    if (status != ATTN_STATUS_OK) goto done;
-    dcur = 1 - dcur;
-  }
-  DEV("writing dq", store, dev, grads->dq.data, (int32_t)g.dt, dq_s, dqa, qshape, plan->stream);
-  DEV("writing dk", store, dev, grads->dk.data, (int32_t)g.dt, dk_s, dkv[dcur], kshape,
-      plan->stream);
-  DEV("writing dv", store, dev, grads->dv.data, (int32_t)g.dt, dv_s, dkv[dcur] + nk_el, vshape,
-      plan->stream);
 done:
   transfers_on(plan, plan->stream);
   return status == ATTN_STATUS_OK ? attn_succeed(plan->ctx) : status;
@@ -717,6 +873,32 @@ done:
 #undef DEV
 
 /* ---- forward --------------------------------------------------------------------------------- */
+
+/* The host forward's state: a block's output and lse, and the double accumulators. */
+typedef struct host_forward {
+  ring *g;
+  const attn_inputs *in;
+  char *ob, *lb;
+  double *ao, *al;
+} host_forward;
+
+static attn_status host_forward_block(void *self, int32_t a, int32_t src, int32_t c, int64_t off,
+                                      int64_t k0, const char *kv) {
+  host_forward *f = self;
+  const ring *g = f->g;
+  (void)off; /* the block is placed at its global positions instead */
+  attn_inputs bi = block_inputs(g, f->in, a, kv, c, k0);
+  attn_outputs bo;
+  attn_outputs_init(&bo);
+  bo.out = attn_tensor_dense(f->ob);
+  bo.lse = attn_tensor_dense(f->lb);
+  attn_status status = place_block(g, a, src, c);
+  const double t0 = attn_dist_now();
+  if (status == ATTN_STATUS_OK) status = attn_plan_forward(g->plan->block_plan, &bi, NULL, 0, &bo);
+  g->plan->stats.compute_seconds += attn_dist_now() - t0;
+  if (status == ATTN_STATUS_OK) merge(g, f->ob, f->lb, (int64_t)a * g->nq, g->nq, f->ao, f->al);
+  return status;
+}
 
 attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
                                    const attn_outputs *out) {
@@ -743,65 +925,32 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
   attn_status status =
       get_scratch(plan, 2 * g.kv_bytes + out_blk + lse_blk + acc_out + acc_lse, &base);
   if (status != ATTN_STATUS_OK) return status;
-  char *kv[2] = {base, base + g.kv_bytes};
-  char *ob = base + 2 * g.kv_bytes, *lb = ob + out_blk;
-  double *ao = (double *)(lb + lse_blk), *al = (double *)((char *)ao + acc_out);
+  host_forward f = {.g = &g, .in = in};
+  f.ob = base + 2 * g.kv_bytes, f.lb = f.ob + out_blk;
+  f.ao = (double *)(f.lb + lse_blk), f.al = (double *)((char *)f.ao + acc_out);
+  double *ao = f.ao, *al = f.al;
+  ring_pass pass = {
+      .g = &g, .self = &f, .kv = {base, base + g.kv_bytes}, .block = host_forward_block};
   memset(ao, 0, acc_out);
   for (int64_t i = 0; i < g.B * g.Hq * g.Tq; ++i) al[i] = -INFINITY;
-  pack_kv(&g, in, kv[0]);
-
-  const int32_t last = last_step(&g), next = (g.r + 1) % g.n, prev = (g.r + g.n - 1) % g.n;
-  int cur = 0;
-  plan->stats.steps = last + 1;
-  for (int32_t s = 0; s <= last; ++s) {
-    const int32_t src = ((g.r - s) % g.n + g.n) % g.n;
-    transfer t = {NULL, NULL};
-    if (s < last) {
-      status = start_shift(&g, kv[cur], kv[1 - cur], g.kv_bytes, next, prev, TAG_KV, &t);
-      if (status != ATTN_STATUS_OK) return status;
-    }
-    for (int32_t a = 0; a < g.C && status == ATTN_STATUS_OK; ++a)
-      for (int32_t c = 0; c < g.C && status == ATTN_STATUS_OK; ++c) {
-        if (!block_visible(&g, block_offset(&g, g.r, a, src, c))) continue;
-        const int64_t k0 = attn_dist_chunk_start(plan, plan->global.seqlen_k, src, c);
-        attn_inputs bi = block_inputs(&g, in, a, kv[cur], c, k0);
-        attn_outputs bo;
-        attn_outputs_init(&bo);
-        bo.out = attn_tensor_dense(ob);
-        bo.lse = attn_tensor_dense(lb);
-        status = place_block(&g, a, src, c);
-        const double t0 = attn_dist_now();
-        if (status == ATTN_STATUS_OK)
-          status = attn_plan_forward(plan->block_plan, &bi, NULL, 0, &bo);
-        plan->stats.compute_seconds += attn_dist_now() - t0;
-        if (status == ATTN_STATUS_OK) merge(&g, ob, lb, (int64_t)a * g.nq, g.nq, ao, al);
-        progress(&g, &t);
-      }
-    if (status != ATTN_STATUS_OK) {
-      abandon(&g, &t);
-      return status;
-    }
-    if (s < last) {
-      status = finish_shift(&g, &t, next, prev);
-      if (status != ATTN_STATUS_OK) return status;
-      cur = 1 - cur;
-    }
-  }
+  pack_kv(&g, in, pass.kv[0]);
+  status = run_steps(&pass);
+  if (status != ATTN_STATUS_OK) return status;
 
   if (plan->sinks_plan != NULL) {
     attn_inputs si;
     attn_inputs_init(&si);
     si.q = in->q;
-    si.k = attn_tensor_dense(kv[0]); /* no keys: never read */
-    si.v = attn_tensor_dense(kv[1]);
+    si.k = attn_tensor_dense(pass.kv[0]); /* no keys: never read */
+    si.v = attn_tensor_dense(pass.kv[1]);
     si.sinks = in->sinks;
     attn_outputs so;
     attn_outputs_init(&so);
-    so.out = attn_tensor_dense(ob);
-    so.lse = attn_tensor_dense(lb);
+    so.out = attn_tensor_dense(f.ob);
+    so.lse = attn_tensor_dense(f.lb);
     status = attn_plan_forward(plan->sinks_plan, &si, NULL, 0, &so);
     if (status != ATTN_STATUS_OK) return status;
-    merge(&g, ob, lb, 0, g.Tq, ao, al);
+    merge(&g, f.ob, f.lb, 0, g.Tq, ao, al);
   }
 
   const int dist_threads = attn_dist_host_threads(plan);
@@ -850,6 +999,74 @@ static void write_rows(const ring *g, const double *acc, int64_t T, int64_t H, i
   }
 }
 
+/* The host backward's state: dense block gradients, the step's dK/dV share and the dq sums
+ * (double), and dbias: each block's part is added into a double accumulator of the local dbias's
+ * shape (blocks meet in one place when the bias broadcasts rows or keys), written out at the end. */
+typedef struct host_backward {
+  backward_args x;
+  double *step, *dqa;
+  int64_t nkd; /* elements of dK and dV of a travelling slice */
+  double *dbias_acc;
+  char *dbias_blk;
+  int64_t blk_rows, blk_cols; /* of a block's dbias */
+} host_backward;
+
+static attn_status host_begin_step(void *self) {
+  host_backward *b = self;
+  memset(b->step, 0, (size_t)b->nkd * sizeof(double));
+  return ATTN_STATUS_OK;
+}
+
+static attn_status host_backward_block(void *self, int32_t a, int32_t src, int32_t c, int64_t off,
+                                       int64_t k0, const char *kv) {
+  host_backward *b = self;
+  const ring *g = b->x.g;
+  const attn_problem *l = g->l;
+  (void)off; /* the block is placed at its global positions instead */
+  const int64_t q_row = (int64_t)a * g->nq;
+  block_args blk;
+  block_backward_args(&b->x, a, kv, c, k0, &blk);
+  blk.fwd.lse = b->x.fwd->lse;
+  blk.fwd.lse.data =
+      (char *)b->x.fwd->lse.data + (size_t)(q_row * g->lses[2]) * attn_dtype_size(g->stat);
+  memcpy(blk.fwd.lse.stride, g->lses, sizeof g->lses);
+  if (b->dbias_blk != NULL) blk.grads.dbias = attn_tensor_dense(b->dbias_blk);
+  attn_status status = place_block(g, a, src, c);
+  const double t0 = attn_dist_now();
+  if (status == ATTN_STATUS_OK)
+    status =
+        attn_plan_backward(g->plan->block_plan, &blk.in, &blk.fwd, &blk.dout, NULL, 0, &blk.grads);
+  g->plan->stats.compute_seconds += attn_dist_now() - t0;
+  if (status != ATTN_STATUS_OK) return status;
+  add_rows(g, b->dqa, g->Tq, q_row, g->nq, g->Hq, g->D, b->x.qb);
+  /* dK and dV of the slice in hand: [B, Tk, Hkv, D] then [B, Tk, Hkv, Dv]. */
+  add_rows(g, b->step, g->Tk, (int64_t)c * g->nk, g->nk, g->Hkv, g->D, b->x.kb);
+  add_rows(g, b->step + g->B * g->Tk * g->Hkv * g->D, g->Tk, (int64_t)c * g->nk, g->nk, g->Hkv,
+           g->Dv, b->x.vb);
+  if (b->dbias_blk != NULL) {
+    const int64_t *bsh = l->bias_shape;
+    const int64_t r0 = bsh[2] != 1 ? q_row : 0, c0 = bsh[3] != 1 ? k0 : 0;
+    int64_t e = 0;
+    for (int64_t i0 = 0; i0 < bsh[0]; ++i0)
+      for (int64_t i1 = 0; i1 < bsh[1]; ++i1)
+        for (int64_t i2 = 0; i2 < b->blk_rows; ++i2)
+          for (int64_t i3 = 0; i3 < b->blk_cols; ++i3, ++e)
+            b->dbias_acc[((i0 * bsh[1] + i1) * bsh[2] + r0 + i2) * bsh[3] + c0 + i3] +=
+                attn_load(b->dbias_blk, (attn_dtype)l->bias_dtype, e);
+  }
+  return ATTN_STATUS_OK;
+}
+
+static attn_status host_add_step(void *self, void *dkv) {
+  host_backward *b = self;
+  double *sums = dkv;
+  const double *step = b->step;
+  const int dist_threads = attn_dist_host_threads(b->x.g->plan);
+  DIST_PARALLEL_FOR
+  for (int64_t e = 0; e < b->nkd; ++e) sums[e] += step[e];
+  return ATTN_STATUS_OK;
+}
+
 attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
                                     const attn_outputs *fwd, const attn_tensor *dout,
                                     const attn_grads *grads) {
@@ -864,175 +1081,66 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
   ring g;
   init_ring(&g, plan, in, &fwd->out, &fwd->lse);
   const attn_problem *l = g.l;
-  int64_t dout_s[4], dq_s[4], dk_s[4], dv_s[4], dbias_s[4];
-  {
-    const int64_t oshape[4] = {g.B, g.Tq, g.Hq, g.Dv}, qshape[4] = {g.B, g.Tq, g.Hq, g.D};
-    const int64_t kshape[4] = {g.B, g.Tk, g.Hkv, g.D}, vshape[4] = {g.B, g.Tk, g.Hkv, g.Dv};
-    attn_dist_strides(dout, oshape, 4, dout_s);
-    attn_dist_strides(&grads->dq, qshape, 4, dq_s);
-    attn_dist_strides(&grads->dk, kshape, 4, dk_s);
-    attn_dist_strides(&grads->dv, vshape, 4, dv_s);
-    if (grads->dbias.data != NULL) attn_dist_strides(&grads->dbias, l->bias_shape, 4, dbias_s);
-  }
-  const int64_t nkd = g.B * g.Tk * g.Hkv * (g.D + g.Dv); /* dK then dV, per travelling slice */
+  host_backward b;
+  memset(&b, 0, sizeof b);
+  init_backward_args(&b.x, &g, in, fwd, dout, grads);
+  int64_t dbias_s[4];
+  if (grads->dbias.data != NULL) attn_dist_strides(&grads->dbias, l->bias_shape, 4, dbias_s);
+  b.nkd = g.B * g.Tk * g.Hkv * (g.D + g.Dv); /* dK then dV, per travelling slice */
   const size_t dq_blk = (size_t)round_part(g.B * g.Tq * g.Hq * g.D * (int64_t)g.es);
   const size_t dk_blk = (size_t)round_part(g.B * g.nk * g.Hkv * g.D * (int64_t)g.es);
   const size_t dv_blk = (size_t)round_part(g.B * g.nk * g.Hkv * g.Dv * (int64_t)g.es);
-  const size_t dkv_acc = (size_t)nkd * sizeof(double);
+  const size_t dkv_acc = (size_t)b.nkd * sizeof(double);
   const size_t dq_acc = (size_t)(g.B * g.Tq * g.Hq * g.D) * sizeof(double);
   char *base = NULL;
   attn_status status =
       get_scratch(plan, 2 * g.kv_bytes + dq_blk + dk_blk + dv_blk + 3 * dkv_acc + dq_acc, &base);
   if (status != ATTN_STATUS_OK) return status;
-  char *kv[2] = {base, base + g.kv_bytes};
-  char *qb = base + 2 * g.kv_bytes, *kb = qb + dq_blk, *vb = kb + dk_blk;
-  /* dkv: the travelling dK/dV sums (one in hand, one arriving); step: this step's blocks' share,
-   * summed apart so the sums of the previous step can still be in flight while it is computed. */
-  double *dkv[2] = {(double *)(vb + dv_blk), (double *)(vb + dv_blk + dkv_acc)};
-  double *step = (double *)(vb + dv_blk + 2 * dkv_acc);
-  double *dqa = (double *)(vb + dv_blk + 3 * dkv_acc);
-  memset(dkv[0], 0, dkv_acc);
-  memset(dqa, 0, dq_acc);
-  pack_kv(&g, in, kv[0]);
-  /* dbias: each block's part is added into a double accumulator of the local dbias's shape (blocks
-   * meet in one place when the bias broadcasts rows or keys); written out at the end. */
+  ring_pass pass = {.g = &g,
+                    .self = &b,
+                    .dkv_bytes = dkv_acc,
+                    .begin_step = host_begin_step,
+                    .block = host_backward_block,
+                    .add_step = host_add_step};
+  char *rest = lay_out_backward(&pass, &b.x, base, dq_blk, dk_blk, dv_blk, dkv_acc);
+  b.step = (double *)rest;
+  b.dqa = (double *)(rest + dkv_acc);
+  memset(pass.dkv[0], 0, dkv_acc);
+  memset(b.dqa, 0, dq_acc);
+  pack_kv(&g, in, pass.kv[0]);
   const int64_t *bsh = l->bias_shape;
   const int64_t dbias_n = grads->dbias.data != NULL ? bsh[0] * bsh[1] * bsh[2] * bsh[3] : 0;
-  const int64_t blk_rows = bsh[2] != 1 ? g.nq : 1, blk_cols = bsh[3] != 1 ? g.nk : 1;
-  double *dbias_acc = NULL;
-  char *dbias_blk = NULL;
+  b.blk_rows = bsh[2] != 1 ? g.nq : 1, b.blk_cols = bsh[3] != 1 ? g.nk : 1;
   if (dbias_n > 0) {
-    dbias_acc = calloc((size_t)dbias_n, sizeof(double));
-    dbias_blk = malloc((size_t)(bsh[0] * bsh[1] * blk_rows * blk_cols) *
-                       attn_dtype_size((attn_dtype)l->bias_dtype));
-    if (dbias_acc == NULL || dbias_blk == NULL) {
-      free(dbias_acc);
-      free(dbias_blk);
+    b.dbias_acc = calloc((size_t)dbias_n, sizeof(double));
+    b.dbias_blk = malloc((size_t)(bsh[0] * bsh[1] * b.blk_rows * b.blk_cols) *
+                         attn_dtype_size((attn_dtype)l->bias_dtype));
+    if (b.dbias_acc == NULL || b.dbias_blk == NULL) {
+      free(b.dbias_acc);
+      free(b.dbias_blk);
       return attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for dbias");
     }
   }
 
-  const int32_t last = last_step(&g), next = (g.r + 1) % g.n, prev = (g.r + g.n - 1) % g.n;
-  plan->stats.steps = last + 1;
-  int cur = 0, dcur = 0;      /* the K/V slice and the dK/dV sums in hand */
-  transfer dt = {NULL, NULL}; /* the dK/dV exchange in flight, and its peers */
-  int32_t dto = 0, dfrom = 0;
-  for (int32_t s = 0; s <= last; ++s) {
-    const int32_t src = ((g.r - s) % g.n + g.n) % g.n;
-    transfer t = {NULL, NULL};
-    if (s < last) {
-      status = start_shift(&g, kv[cur], kv[1 - cur], g.kv_bytes, next, prev, TAG_KV, &t);
-      if (status != ATTN_STATUS_OK) {
-        abandon(&g, &dt);
-        goto done;
-      }
-    }
-    memset(step, 0, dkv_acc);
-    for (int32_t a = 0; a < g.C && status == ATTN_STATUS_OK; ++a)
-      for (int32_t c = 0; c < g.C && status == ATTN_STATUS_OK; ++c) {
-        if (!block_visible(&g, block_offset(&g, g.r, a, src, c))) continue;
-        const int64_t k0 = attn_dist_chunk_start(plan, plan->global.seqlen_k, src, c);
-        attn_inputs bi = block_inputs(&g, in, a, kv[cur], c, k0);
-        const int64_t q_row = (int64_t)a * g.nq;
-        attn_outputs bf;
-        attn_outputs_init(&bf);
-        bf.out = fwd->out;
-        bf.out.data = (char *)fwd->out.data + (size_t)(q_row * g.os[1]) * g.es;
-        memcpy(bf.out.stride, g.os, sizeof g.os);
-        bf.lse = fwd->lse;
-        bf.lse.data = (char *)fwd->lse.data + (size_t)(q_row * g.lses[2]) * attn_dtype_size(g.stat);
-        memcpy(bf.lse.stride, g.lses, sizeof g.lses);
-        attn_tensor bd = *dout;
-        bd.data = (char *)dout->data + (size_t)(q_row * dout_s[1]) * g.es;
-        memcpy(bd.stride, dout_s, sizeof dout_s);
-        attn_grads bg;
-        attn_grads_init(&bg);
-        bg.dq = attn_tensor_dense(qb);
-        bg.dk = attn_tensor_dense(kb);
-        bg.dv = attn_tensor_dense(vb);
-        if (dbias_blk != NULL) bg.dbias = attn_tensor_dense(dbias_blk);
-        status = place_block(&g, a, src, c);
-        const double t0 = attn_dist_now();
-        if (status == ATTN_STATUS_OK)
-          status = attn_plan_backward(plan->block_plan, &bi, &bf, &bd, NULL, 0, &bg);
-        plan->stats.compute_seconds += attn_dist_now() - t0;
-        progress(&g, &t);
-        progress(&g, &dt);
-        if (status == ATTN_STATUS_OK) {
-          add_rows(&g, dqa, g.Tq, q_row, g.nq, g.Hq, g.D, qb);
-          /* dK and dV of the slice in hand: [B, Tk, Hkv, D] then [B, Tk, Hkv, Dv]. */
-          add_rows(&g, step, g.Tk, (int64_t)c * g.nk, g.nk, g.Hkv, g.D, kb);
-          add_rows(&g, step + g.B * g.Tk * g.Hkv * g.D, g.Tk, (int64_t)c * g.nk, g.nk, g.Hkv, g.Dv,
-                   vb);
-          if (dbias_blk != NULL) {
-            const int64_t r0 = bsh[2] != 1 ? q_row : 0, c0 = bsh[3] != 1 ? k0 : 0;
-            int64_t e = 0;
-            for (int64_t i0 = 0; i0 < bsh[0]; ++i0)
-              for (int64_t i1 = 0; i1 < bsh[1]; ++i1)
-                for (int64_t i2 = 0; i2 < blk_rows; ++i2)
-                  for (int64_t i3 = 0; i3 < blk_cols; ++i3, ++e)
-                    dbias_acc[((i0 * bsh[1] + i1) * bsh[2] + r0 + i2) * bsh[3] + c0 + i3] +=
-                        attn_load(dbias_blk, (attn_dtype)l->bias_dtype, e);
-          }
-        }
-      }
-    if (status != ATTN_STATUS_OK) {
-      abandon(&g, &t);
-      abandon(&g, &dt);
-      goto done;
-    }
-    if (s < last) {
-      status = finish_shift(&g, &t, next, prev);
-      if (status != ATTN_STATUS_OK) {
-        abandon(&g, &dt);
-        goto done;
-      }
-      cur = 1 - cur;
-    }
-    /* The sums that travelled with this slice so far arrive now (sent at the end of the previous
-     * step, in flight during this step's blocks); this step's share joins them. */
-    if (dt.recv != NULL || dt.send != NULL) {
-      status = finish_shift(&g, &dt, dto, dfrom);
-      if (status != ATTN_STATUS_OK) goto done;
-      dcur = 1 - dcur;
-    }
-    {
-      double *sums = dkv[dcur];
-      const int dist_threads = attn_dist_host_threads(plan);
-      DIST_PARALLEL_FOR
-      for (int64_t e = 0; e < nkd; ++e) sums[e] += step[e];
-    }
-    /* They move on with the slice; after the last step they go straight home to the slice's
-     * owner (src), and this rank receives its own from the rank holding it. */
-    dto = s < last ? next : src;
-    dfrom = s < last ? prev : (g.r + s) % g.n;
-    if (dto != g.r) {
-      status = start_shift(&g, dkv[dcur], dkv[1 - dcur], dkv_acc, dto, dfrom, TAG_DKV, &dt);
-      if (status != ATTN_STATUS_OK) goto done;
-    }
-  }
-  if (dt.recv != NULL || dt.send != NULL) {
-    status = finish_shift(&g, &dt, dto, dfrom);
-    if (status != ATTN_STATUS_OK) goto done;
-    dcur = 1 - dcur;
-  }
-
-  write_rows(&g, dqa, g.Tq, g.Hq, g.D, &grads->dq, dq_s);
-  write_rows(&g, dkv[dcur], g.Tk, g.Hkv, g.D, &grads->dk, dk_s);
-  write_rows(&g, dkv[dcur] + g.B * g.Tk * g.Hkv * g.D, g.Tk, g.Hkv, g.Dv, &grads->dv, dv_s);
+  status = run_steps(&pass);
+  if (status != ATTN_STATUS_OK) goto done;
+  const double *dkv = pass.dkv[pass.dcur];
+  write_rows(&g, b.dqa, g.Tq, g.Hq, g.D, &grads->dq, b.x.st.dq);
+  write_rows(&g, dkv, g.Tk, g.Hkv, g.D, &grads->dk, b.x.st.dk);
+  write_rows(&g, dkv + g.B * g.Tk * g.Hkv * g.D, g.Tk, g.Hkv, g.Dv, &grads->dv, b.x.st.dv);
 
   if (plan->sinks_plan != NULL && grads->dsinks.data != NULL) {
     attn_inputs si;
     attn_inputs_init(&si);
     si.q = in->q;
-    si.k = attn_tensor_dense(kv[0]);
-    si.v = attn_tensor_dense(kv[1]);
+    si.k = attn_tensor_dense(pass.kv[0]);
+    si.v = attn_tensor_dense(pass.kv[1]);
     si.sinks = in->sinks;
     attn_grads sg;
     attn_grads_init(&sg);
-    sg.dq = attn_tensor_dense(qb); /* zeros: no keys */
-    sg.dk = attn_tensor_dense(kb);
-    sg.dv = attn_tensor_dense(vb);
+    sg.dq = attn_tensor_dense(b.x.qb); /* zeros: no keys */
+    sg.dk = attn_tensor_dense(b.x.kb);
+    sg.dv = attn_tensor_dense(b.x.vb);
     sg.dsinks = grads->dsinks;
     attn_outputs sf;
     attn_outputs_init(&sf);
@@ -1044,8 +1152,8 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
       status = attn_dist_reduce_dsinks(plan, &grads->dsinks);
     if (status != ATTN_STATUS_OK) goto done;
   }
-  if (dbias_acc != NULL) {
-    if (!plan->hybrid) status = attn_dist_reduce_dbias(plan, dbias_acc);
+  if (b.dbias_acc != NULL) {
+    if (!plan->hybrid) status = attn_dist_reduce_dbias(plan, b.dbias_acc);
     if (status != ATTN_STATUS_OK) goto done;
     for (int64_t i0 = 0; i0 < bsh[0]; ++i0)
       for (int64_t i1 = 0; i1 < bsh[1]; ++i1)
@@ -1053,10 +1161,10 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
           for (int64_t i3 = 0; i3 < bsh[3]; ++i3)
             attn_store(grads->dbias.data, (attn_dtype)l->bias_dtype,
                        i0 * dbias_s[0] + i1 * dbias_s[1] + i2 * dbias_s[2] + i3 * dbias_s[3],
-                       dbias_acc[((i0 * bsh[1] + i1) * bsh[2] + i2) * bsh[3] + i3]);
+                       b.dbias_acc[((i0 * bsh[1] + i1) * bsh[2] + i2) * bsh[3] + i3]);
   }
 done:
-  free(dbias_acc);
-  free(dbias_blk);
+  free(b.dbias_acc);
+  free(b.dbias_blk);
   return status == ATTN_STATUS_OK ? attn_succeed(ctx) : status;
 }

@@ -22,13 +22,12 @@
  * transport on one.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep */
-#include "dist/transport.h"
+#include "dist/transport_stream.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #if defined(__GNUC__)
 #define NCCL_TRANSPORT_EXPORT __attribute__((visibility("default")))
@@ -46,12 +45,6 @@ typedef struct nccl_self {
 typedef struct nccl_request {
   cudaEvent_t done;
 } nccl_request;
-
-static double now_seconds(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static int32_t nccl_fail(ncclResult_t r, const char *what, char *why, size_t why_size) {
   snprintf(why, why_size, "%s failed: %s", what, ncclGetErrorString(r));
@@ -81,8 +74,7 @@ static int32_t make_request(nccl_self *s, void **request, char *why, size_t why_
     snprintf(why, why_size, "out of memory");
     return ATTN_STATUS_OUT_OF_MEMORY;
   }
-  cudaError_t e = cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming);
-  if (e == cudaSuccess) e = cudaEventRecord(r->done, s->stream);
+  cudaError_t e = stream_transport_mark(s->stream, &r->done);
   if (e != cudaSuccess) {
     free(r);
     return cuda_fail(e, "cudaEventRecord", why, why_size);
@@ -91,36 +83,42 @@ static int32_t make_request(nccl_self *s, void **request, char *why, size_t why_
   return ATTN_STATUS_OK;
 }
 
+/* NCCL's asynchronous error, checked between polls of an event. */
+typedef struct async_check {
+  nccl_self *s;
+  ncclResult_t error;
+} async_check;
+
+static int async_failed(void *arg) {
+  async_check *a = arg;
+  ncclResult_t async = ncclSuccess;
+  ncclCommGetAsyncError(a->s->comm, &async);
+  a->error = async;
+  return async != ncclSuccess && async != ncclInProgress;
+}
+
 /* Polls the event and NCCL's error until done, failed or timed out (then the communicator is
  * aborted so no kernel keeps waiting for a peer). */
 static int32_t wait_event(nccl_self *s, cudaEvent_t ev, double timeout_s, const char *what,
                           char *why, size_t why_size) {
-  const double start = now_seconds();
-  for (long polls = 0;; ++polls) {
-    cudaError_t e = cudaEventQuery(ev);
-    if (e == cudaSuccess) return ATTN_STATUS_OK;
-    if (e != cudaErrorNotReady) return cuda_fail(e, what, why, why_size);
-    ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(s->comm, &async);
-    if (async != ncclSuccess && async != ncclInProgress) {
-      ncclCommAbort(s->comm);
-      s->aborted = 1;
-      return nccl_fail(async, what, why, why_size);
-    }
-    if (polls > 1000) {
-      if (now_seconds() - start > timeout_s) {
-        ncclCommAbort(s->comm);
-        s->aborted = 1;
-        snprintf(why, why_size,
-                 "%s did not complete within %.0f s (a peer failed or is not in "
-                 "the same call); the plan's communicator was aborted",
-                 what, timeout_s);
-        return ATTN_STATUS_IO_ERROR;
-      }
-      const struct timespec pause = {0, 20000};
-      nanosleep(&pause, NULL);
-    }
+  async_check check = {s, ncclSuccess};
+  cudaError_t e = cudaSuccess;
+  switch (stream_transport_poll(ev, timeout_s, async_failed, &check, &e)) {
+  case STREAM_TRANSPORT_DONE: return ATTN_STATUS_OK;
+  case STREAM_TRANSPORT_CUDA_ERROR: return cuda_fail(e, what, why, why_size);
+  case STREAM_TRANSPORT_PEER_ERROR:
+    ncclCommAbort(s->comm);
+    s->aborted = 1;
+    return nccl_fail(check.error, what, why, why_size);
+  case STREAM_TRANSPORT_TIMED_OUT: break;
   }
+  ncclCommAbort(s->comm);
+  s->aborted = 1;
+  snprintf(why, why_size,
+           "%s did not complete within %.0f s (a peer failed or is not in "
+           "the same call); the plan's communicator was aborted",
+           what, timeout_s);
+  return ATTN_STATUS_IO_ERROR;
 }
 
 static int32_t check_alive(nccl_self *s, char *why, size_t why_size) {
@@ -334,24 +332,8 @@ static int32_t t_set_stream(void *self, void *stream) {
   return ATTN_STATUS_OK;
 }
 
-static const attn_transport_ops nccl_ops = {
-    .abi = ATTN_TRANSPORT_ABI,
-    .name = "nccl",
-    .create = t_create,
-    .destroy = t_destroy,
-    .rank = t_rank,
-    .size = t_size,
-    .split = t_split,
-    .isend = t_isend,
-    .irecv = t_irecv,
-    .shift = t_shift,
-    .progress = NULL, /* NCCL progresses on its own kernels */
-    .wait = t_wait,
-    .allgather = t_allgather,
-    .alltoall = t_alltoall,
-    .allreduce_sum = t_allreduce_sum,
-    .set_stream = t_set_stream,
-};
+/* NCCL progresses on its own kernels. */
+static const attn_transport_ops nccl_ops = STREAM_TRANSPORT_OPS("nccl");
 
 NCCL_TRANSPORT_EXPORT const attn_transport_ops *attn_transport_nccl_entry(void);
 const attn_transport_ops *attn_transport_nccl_entry(void) { return &nccl_ops; }

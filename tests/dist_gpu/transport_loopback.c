@@ -13,7 +13,7 @@
  * others. allgather and allreduce_sum take host memory, alltoall device memory.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "dist/transport.h"
+#include "dist/transport_stream.h"
 #include "loopback.h"
 
 #include <cuda_runtime_api.h>
@@ -170,11 +170,10 @@ static int32_t t_irecv(void *self, void *buf, size_t bytes, int32_t peer, int32_
   return t_isend(self, buf, bytes, peer, tag, request, why, why_size);
 }
 
-/* The request: an event after what was enqueued on the caller's stream. */
+/* The request: an event after what was enqueued on the caller's stream (as NCCL's). */
 static int32_t make_request(lb_self *s, void **request, char *why, size_t why_size) {
   cudaEvent_t ev;
-  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-  if (e == cudaSuccess) e = cudaEventRecord(ev, s->stream);
+  cudaError_t e = stream_transport_mark(s->stream, &ev);
   if (e != cudaSuccess) return cuda_fail(e, "cudaEventRecord", why, why_size);
   *request = (void *)ev;
   return ATTN_STATUS_OK;
@@ -216,24 +215,18 @@ static int32_t t_wait(void *self, void *request, double timeout_s, char *why, si
   (void)self;
   if (request == NULL) return ATTN_STATUS_OK;
   cudaEvent_t ev = (cudaEvent_t)request;
-  struct timespec t0, t;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+  cudaError_t e = cudaSuccess;
   int32_t status = ATTN_STATUS_OK;
-  for (;;) {
-    cudaError_t e = cudaEventQuery(ev);
-    if (e == cudaSuccess) break;
-    if (e != cudaErrorNotReady) {
-      status = cuda_fail(e, "a loopback transfer", why, why_size);
-      break;
-    }
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    if ((double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec) > timeout_s) {
-      snprintf(why, why_size, "a loopback transfer did not complete within %.0f s", timeout_s);
-      status = ATTN_STATUS_IO_ERROR;
-      break;
-    }
-    const struct timespec pause = {0, 20000};
-    nanosleep(&pause, NULL);
+  switch (stream_transport_poll(ev, timeout_s, NULL, NULL, &e)) {
+  case STREAM_TRANSPORT_DONE:
+  case STREAM_TRANSPORT_PEER_ERROR: /* no peer check here */ break;
+  case STREAM_TRANSPORT_CUDA_ERROR:
+    status = cuda_fail(e, "a loopback transfer", why, why_size);
+    break;
+  case STREAM_TRANSPORT_TIMED_OUT:
+    snprintf(why, why_size, "a loopback transfer did not complete within %.0f s", timeout_s);
+    status = ATTN_STATUS_IO_ERROR;
+    break;
   }
   cudaEventDestroy(ev);
   return status;
@@ -304,24 +297,7 @@ static int32_t t_set_stream(void *self, void *stream) {
   return ATTN_STATUS_OK;
 }
 
-static const attn_transport_ops loopback_ops = {
-    .abi = ATTN_TRANSPORT_ABI,
-    .name = "loopback",
-    .create = t_create,
-    .destroy = t_destroy,
-    .rank = t_rank,
-    .size = t_size,
-    .split = t_split,
-    .isend = t_isend,
-    .irecv = t_irecv,
-    .shift = t_shift,
-    .progress = NULL,
-    .wait = t_wait,
-    .allgather = t_allgather,
-    .alltoall = t_alltoall,
-    .allreduce_sum = t_allreduce_sum,
-    .set_stream = t_set_stream,
-};
+static const attn_transport_ops loopback_ops = STREAM_TRANSPORT_OPS("loopback");
 
 EXPORT const attn_transport_ops *attn_transport_loopback_entry(void);
 const attn_transport_ops *attn_transport_loopback_entry(void) { return &loopback_ops; }

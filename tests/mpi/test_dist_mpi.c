@@ -133,50 +133,42 @@ static int run_global(const attn_problem *p, uint64_t seed, global_data *g) {
   tu_buf q = to_buf(dt, g->q, B * Tq * Hq * D), k = to_buf(dt, g->k, B * Tk * Hkv * D);
   tu_buf v = to_buf(dt, g->v, B * Tk * Hkv * Dv), dout = to_buf(dt, g->dout, B * Tq * Hq * Dv);
   tu_buf bias = {0}, mask = {0}, alibi = {0}, sinks = {0}, qseg = {0}, kseg = {0};
-  attn_inputs in;
-  attn_inputs_init(&in);
-  in.q = tu_tensor(&q), in.k = tu_tensor(&k), in.v = tu_tensor(&v);
-  in.dropout_seed = 0x1234567890abcdefull;
+  tu_buf out = tu_buf_new(dt, B * Tq * Hq * Dv), lse = tu_buf_new(st, B * Hq * Tq);
+  tu_buf dq = tu_buf_new(dt, B * Tq * Hq * D), dk = tu_buf_new(dt, B * Tk * Hkv * D);
+  tu_buf dv = tu_buf_new(dt, B * Tk * Hkv * Dv);
+  tu_args x;
+  tu_args_bufs(&x, &q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv);
+  x.in.dropout_seed = 0x1234567890abcdefull;
   int32_t *seqlens = NULL;
   if (p->varlen == ATTN_VARLEN_PADDED) {
     seqlens = malloc(2 * (size_t)B * sizeof *seqlens);
     for (int64_t b = 0; b < B; ++b)
       seqlens[b] = (int32_t)(Tq - b % 3), seqlens[B + b] = (int32_t)(Tk - 2 * (b % 2));
-    in.seqlens_q = seqlens, in.seqlens_k = seqlens + B;
+    x.in.seqlens_q = seqlens, x.in.seqlens_k = seqlens + B;
   }
   if (p->has_bias)
     bias = to_buf((attn_dtype)p->bias_dtype, g->bias, bias_numel(p->bias_shape)),
-    in.bias = tu_tensor(&bias);
+    x.in.bias = tu_tensor(&bias);
   if (p->has_mask)
-    mask = to_buf(ATTN_DTYPE_U8, g->mask, bias_numel(p->mask_shape)), in.mask = tu_tensor(&mask);
+    mask = to_buf(ATTN_DTYPE_U8, g->mask, bias_numel(p->mask_shape)), x.in.mask = tu_tensor(&mask);
   if (p->alibi)
     alibi = to_buf(st, g->alibi, p->alibi == ATTN_ALIBI_PER_HEAD ? Hq : B * Hq),
-    in.alibi_slopes = tu_tensor(&alibi);
+    x.in.alibi_slopes = tu_tensor(&alibi);
   if (p->num_sinks)
     sinks = to_buf(st, g->sinks, (p->sinks_shared ? 1 : Hq) * p->num_sinks),
-    in.sinks = tu_tensor(&sinks);
+    x.in.sinks = tu_tensor(&sinks);
   if (p->has_segment_ids) {
     qseg = to_buf(ATTN_DTYPE_I32, g->qseg, B * Tq), kseg = to_buf(ATTN_DTYPE_I32, g->kseg, B * Tk);
-    in.q_segment_ids = tu_tensor(&qseg), in.kv_segment_ids = tu_tensor(&kseg);
+    x.in.q_segment_ids = tu_tensor(&qseg), x.in.kv_segment_ids = tu_tensor(&kseg);
   }
-  tu_buf out = tu_buf_new(dt, B * Tq * Hq * Dv), lse = tu_buf_new(st, B * Hq * Tq);
-  tu_buf dq = tu_buf_new(dt, B * Tq * Hq * D), dk = tu_buf_new(dt, B * Tk * Hkv * D);
-  tu_buf dv = tu_buf_new(dt, B * Tk * Hkv * Dv);
   tu_buf dbias =
       p->has_bias ? tu_buf_new((attn_dtype)p->bias_dtype, bias_numel(p->bias_shape)) : (tu_buf){0};
   tu_buf dsinks =
       p->num_sinks ? tu_buf_new(st, (p->sinks_shared ? 1 : Hq) * p->num_sinks) : (tu_buf){0};
-  attn_outputs o;
-  attn_outputs_init(&o);
-  o.out = tu_tensor(&out), o.lse = tu_tensor(&lse);
-  attn_grads gr;
-  attn_grads_init(&gr);
-  gr.dq = tu_tensor(&dq), gr.dk = tu_tensor(&dk), gr.dv = tu_tensor(&dv);
-  if (p->has_bias) gr.dbias = tu_tensor(&dbias);
-  if (p->num_sinks) gr.dsinks = tu_tensor(&dsinks);
-  attn_tensor dout_t = tu_tensor(&dout);
-  int ok = attn_forward(ctx, p, &in, &o) == ATTN_STATUS_OK &&
-           attn_backward(ctx, p, &in, &o, &dout_t, &gr) == ATTN_STATUS_OK;
+  if (p->has_bias) x.grads.dbias = tu_tensor(&dbias);
+  if (p->num_sinks) x.grads.dsinks = tu_tensor(&dsinks);
+  int ok = attn_forward(ctx, p, &x.in, &x.out) == ATTN_STATUS_OK &&
+           attn_backward(ctx, p, &x.in, &x.out, &x.dout, &x.grads) == ATTN_STATUS_OK;
   if (!ok)
     fprintf(stderr, "rank %d: global run failed: %s\n", world_rank, attn_ctx_last_error(ctx));
   tu_buf *outs[] = {&out, &lse, &dq, &dk, &dv, &dbias, &dsinks};
@@ -279,10 +271,11 @@ static void run_case(const dist_case *c, uint64_t seed) {
   const int64_t no = mb.n * mtq.n * mhq.n * Dv, nl = mb.n * mhq.n * mtq.n;
   tu_buf q = to_buf(dt, lq, nq), k = to_buf(dt, lk, nk), v = to_buf(dt, lv, nv),
          dout = to_buf(dt, ldout, no);
-  attn_inputs in;
-  attn_inputs_init(&in);
-  in.q = tu_tensor(&q), in.k = tu_tensor(&k), in.v = tu_tensor(&v);
-  in.dropout_seed = 0x1234567890abcdefull;
+  tu_buf out = tu_buf_new(dt, no), lse = tu_buf_new(sd, nl);
+  tu_buf dq = tu_buf_new(dt, nq), dk = tu_buf_new(dt, nk), dv = tu_buf_new(dt, nv);
+  tu_args x;
+  tu_args_bufs(&x, &q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv);
+  x.in.dropout_seed = 0x1234567890abcdefull;
   /* Padded varlen: the lengths of the local batch entries. */
   int32_t *lens = NULL;
   if (p->varlen == ATTN_VARLEN_PADDED) {
@@ -291,7 +284,7 @@ static void run_case(const dist_case *c, uint64_t seed) {
       const int64_t gb = mb.at[b];
       lens[b] = (int32_t)(Tq - gb % 3), lens[mb.n + b] = (int32_t)(Tk - 2 * (gb % 2));
     }
-    in.seqlens_q = lens, in.seqlens_k = lens + mb.n;
+    x.in.seqlens_q = lens, x.in.seqlens_k = lens + mb.n;
   }
   tu_buf bias = {0}, mask = {0}, alibi = {0}, sinks = {0}, qseg = {0}, kseg = {0}, dbias = {0},
          dsinks = {0};
@@ -314,7 +307,7 @@ static void run_case(const dist_case *c, uint64_t seed) {
     lbias = gather4(g.bias, p->bias_shape, mbias);
     nbias = mbias[0]->n * mbias[1]->n * mbias[2]->n * mbias[3]->n;
     bias = to_buf((attn_dtype)p->bias_dtype, lbias, nbias);
-    in.bias = tu_tensor(&bias);
+    x.in.bias = tu_tensor(&bias);
     if (c->want_dbias)
       ldbias = gather4(g.dbias, p->bias_shape, mbias),
       dbias = tu_buf_new((attn_dtype)p->bias_dtype, nbias);
@@ -322,7 +315,7 @@ static void run_case(const dist_case *c, uint64_t seed) {
   if (p->has_mask) {
     double *lm = gather4(g.mask, p->mask_shape, mmask);
     mask = to_buf(ATTN_DTYPE_U8, lm, mmask[0]->n * mmask[1]->n * mmask[2]->n * mmask[3]->n);
-    in.mask = tu_tensor(&mask);
+    x.in.mask = tu_tensor(&mask);
     free(lm);
   }
   if (p->alibi) {
@@ -330,7 +323,7 @@ static void run_case(const dist_case *c, uint64_t seed) {
     const imap *ma[4] = {p->alibi == ATTN_ALIBI_PER_HEAD ? &m1 : &mb, &mhq, &m1, &m1};
     double *la = gather4(g.alibi, sa, ma);
     alibi = to_buf(sd, la, ma[0]->n * mhq.n);
-    in.alibi_slopes = tu_tensor(&alibi);
+    x.in.alibi_slopes = tu_tensor(&alibi);
     free(la);
   }
   if (p->num_sinks) {
@@ -340,7 +333,7 @@ static void run_case(const dist_case *c, uint64_t seed) {
     double *ls = gather4(g.sinks, ss, msk);
     nsinks = msk[0]->n * p->num_sinks;
     sinks = to_buf(sd, ls, nsinks);
-    in.sinks = tu_tensor(&sinks);
+    x.in.sinks = tu_tensor(&sinks);
     if (c->want_dsinks) ldsinks = gather4(g.dsinks, ss, msk), dsinks = tu_buf_new(sd, nsinks);
     free(ls);
     free(ms.at);
@@ -350,16 +343,11 @@ static void run_case(const dist_case *c, uint64_t seed) {
     const imap *m1q[4] = {&mb, &mtq, &m1, &m1}, *m1k[4] = {&mb, &mtk, &m1, &m1};
     double *a = gather4(g.qseg, s1, m1q), *b = gather4(g.kseg, s2, m1k);
     qseg = to_buf(ATTN_DTYPE_I32, a, mb.n * mtq.n), kseg = to_buf(ATTN_DTYPE_I32, b, mb.n * mtk.n);
-    in.q_segment_ids = tu_tensor(&qseg), in.kv_segment_ids = tu_tensor(&kseg);
+    x.in.q_segment_ids = tu_tensor(&qseg), x.in.kv_segment_ids = tu_tensor(&kseg);
     free(a);
     free(b);
   }
-  tu_buf out = tu_buf_new(dt, no), lse = tu_buf_new(sd, nl);
-  tu_buf dq = tu_buf_new(dt, nq), dk = tu_buf_new(dt, nk), dv = tu_buf_new(dt, nv);
-  attn_outputs o;
-  attn_outputs_init(&o);
-  o.out = tu_tensor(&out), o.lse = tu_tensor(&lse);
-  st = attn_dist_plan_forward(plan, &in, &o);
+  st = attn_dist_plan_forward(plan, &x.in, &x.out);
   tu_check(st == ATTN_STATUS_OK, "rank %d %s: forward: %s", world_rank, c->name,
            attn_ctx_last_error(ctx));
   /* f32: SPEC.md's tolerance; bf16 block outputs are rounded before the merge, once more than one
@@ -369,13 +357,9 @@ static void run_case(const dist_case *c, uint64_t seed) {
     compare("out", c->name, &out, lout, no, tol);
     compare("lse", c->name, &lse, llse, nl, tol);
   }
-  attn_grads gr;
-  attn_grads_init(&gr);
-  gr.dq = tu_tensor(&dq), gr.dk = tu_tensor(&dk), gr.dv = tu_tensor(&dv);
-  if (ldbias) gr.dbias = tu_tensor(&dbias);
-  if (ldsinks) gr.dsinks = tu_tensor(&dsinks);
-  attn_tensor dout_t = tu_tensor(&dout);
-  st = attn_dist_plan_backward(plan, &in, &o, &dout_t, &gr);
+  if (ldbias) x.grads.dbias = tu_tensor(&dbias);
+  if (ldsinks) x.grads.dsinks = tu_tensor(&dsinks);
+  st = attn_dist_plan_backward(plan, &x.in, &x.out, &x.dout, &x.grads);
   tu_check(st == ATTN_STATUS_OK, "rank %d %s: backward: %s", world_rank, c->name,
            attn_ctx_last_error(ctx));
   if (st == ATTN_STATUS_OK) {
@@ -666,16 +650,12 @@ static void refusals(void) {
     const int64_t no = p.batch * p.seqlen_q / world_size * p.heads_q * p.head_dim_v;
     tu_buf q = tu_buf_new(ATTN_DTYPE_F32, nq), k = tu_buf_new(ATTN_DTYPE_F32, nk);
     tu_buf v = tu_buf_new(ATTN_DTYPE_F32, nv), out = tu_buf_new(ATTN_DTYPE_F32, no);
-    attn_inputs in;
-    attn_inputs_init(&in);
-    in.q = tu_tensor(&q), in.k = tu_tensor(&k), in.v = tu_tensor(&v);
-    attn_outputs o;
-    attn_outputs_init(&o);
-    o.out = tu_tensor(&out);
-    st = attn_dist_plan_forward(plan, &in, &o);
+    tu_args x;
+    tu_args_bufs(&x, &q, &k, &v, &out, NULL, NULL, NULL, NULL, NULL);
+    st = attn_dist_plan_forward(plan, &x.in, &x.out);
     tu_check(st == ATTN_STATUS_IO_ERROR && strstr(attn_ctx_last_error(ctx), "within"),
              "rank 0: a peer that does not join gives IO_ERROR (%s)", attn_ctx_last_error(ctx));
-    st = attn_dist_plan_forward(plan, &in, &o);
+    st = attn_dist_plan_forward(plan, &x.in, &x.out);
     tu_check(st == ATTN_STATUS_IO_ERROR, "rank 0: a broken plan refuses further runs (%s)",
              attn_ctx_last_error(ctx));
     tu_buf_free(&q), tu_buf_free(&k), tu_buf_free(&v), tu_buf_free(&out);
@@ -771,19 +751,11 @@ static void packed(int dim, uint64_t seed) {
   tu_buf dq = tu_buf_new(ATTN_DTYPE_F32, Tq * Hq * D),
          dk = tu_buf_new(ATTN_DTYPE_F32, Tk * Hkv * D);
   tu_buf dv = tu_buf_new(ATTN_DTYPE_F32, Tk * Hkv * Dv);
-  attn_inputs in;
-  attn_inputs_init(&in);
-  in.q = tu_tensor(&q), in.k = tu_tensor(&k), in.v = tu_tensor(&v);
-  in.cu_seqlens_q = cq, in.cu_seqlens_k = ck, in.dropout_seed = 77;
-  attn_outputs o;
-  attn_outputs_init(&o);
-  o.out = tu_tensor(&out), o.lse = tu_tensor(&lse);
-  attn_grads g;
-  attn_grads_init(&g);
-  g.dq = tu_tensor(&dq), g.dk = tu_tensor(&dk), g.dv = tu_tensor(&dv);
-  attn_tensor dt = tu_tensor(&dout);
-  int ok = attn_forward(ctx, &p, &in, &o) == ATTN_STATUS_OK &&
-           attn_backward(ctx, &p, &in, &o, &dt, &g) == ATTN_STATUS_OK;
+  tu_args x;
+  tu_args_bufs(&x, &q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv);
+  x.in.cu_seqlens_q = cq, x.in.cu_seqlens_k = ck, x.in.dropout_seed = 77;
+  int ok = attn_forward(ctx, &p, &x.in, &x.out) == ATTN_STATUS_OK &&
+           attn_backward(ctx, &p, &x.in, &x.out, &x.dout, &x.grads) == ATTN_STATUS_OK;
   tu_check(ok, "rank %d packed: global run: %s", world_rank, attn_ctx_last_error(ctx));
   /* This rank's slice: its sequences' rows (batch split) or its heads (head split). */
   const int by_batch = dim == ATTN_DIST_DIM_BATCH;
@@ -827,19 +799,12 @@ static void packed(int dim, uint64_t seed) {
   tu_check(st == ATTN_STATUS_OK, "rank %d %s: plan: %s", world_rank, name,
            attn_ctx_last_error(ctx));
   if (st == ATTN_STATUS_OK) {
-    attn_inputs li;
-    attn_inputs_init(&li);
-    li.q = tu_tensor(&xq), li.k = tu_tensor(&xk), li.v = tu_tensor(&xv);
-    li.cu_seqlens_q = lcq, li.cu_seqlens_k = lck, li.dropout_seed = 77;
-    attn_outputs lout;
-    attn_outputs_init(&lout);
-    lout.out = tu_tensor(&xo), lout.lse = tu_tensor(&xl);
-    attn_grads lg;
-    attn_grads_init(&lg);
-    lg.dq = tu_tensor(&xdq), lg.dk = tu_tensor(&xdk), lg.dv = tu_tensor(&xdv);
-    attn_tensor ldt = tu_tensor(&xd);
-    st = attn_dist_plan_forward(plan, &li, &lout);
-    if (st == ATTN_STATUS_OK) st = attn_dist_plan_backward(plan, &li, &lout, &ldt, &lg);
+    tu_args lx;
+    tu_args_bufs(&lx, &xq, &xk, &xv, &xo, &xl, &xd, &xdq, &xdk, &xdv);
+    lx.in.cu_seqlens_q = lcq, lx.in.cu_seqlens_k = lck, lx.in.dropout_seed = 77;
+    st = attn_dist_plan_forward(plan, &lx.in, &lx.out);
+    if (st == ATTN_STATUS_OK)
+      st = attn_dist_plan_backward(plan, &lx.in, &lx.out, &lx.dout, &lx.grads);
     tu_check(st == ATTN_STATUS_OK, "rank %d %s: runs: %s", world_rank, name,
              attn_ctx_last_error(ctx));
     if (st == ATTN_STATUS_OK) {
@@ -876,13 +841,9 @@ static void early_end(void) {
   tu_buf k = tu_buf_new(ATTN_DTYPE_F32, l.batch * l.seqlen_k * l.heads_kv * l.head_dim);
   tu_buf v = tu_buf_new(ATTN_DTYPE_F32, l.batch * l.seqlen_k * l.heads_kv * l.head_dim_v);
   tu_buf out = tu_buf_new(ATTN_DTYPE_F32, l.batch * l.seqlen_q * l.heads_q * l.head_dim_v);
-  attn_inputs in;
-  attn_inputs_init(&in);
-  in.q = tu_tensor(&q), in.k = tu_tensor(&k), in.v = tu_tensor(&v);
-  attn_outputs o;
-  attn_outputs_init(&o);
-  o.out = tu_tensor(&out);
-  st = attn_dist_plan_forward(plan, &in, &o);
+  tu_args x;
+  tu_args_bufs(&x, &q, &k, &v, &out, NULL, NULL, NULL, NULL, NULL);
+  st = attn_dist_plan_forward(plan, &x.in, &x.out);
   attn_dist_stats stats;
   attn_dist_plan_last_stats(plan, &stats);
   tu_check(st == ATTN_STATUS_OK && stats.steps == 2 && stats.bytes_sent > 0 &&

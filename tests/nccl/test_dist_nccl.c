@@ -16,7 +16,6 @@
 #include "testutil.h"
 
 #include <cuda_runtime.h>
-#include <math.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -28,20 +27,6 @@
 static ncclComm_t comms[NDEV];
 static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER;
 static int skipped = 0;
-
-/* A sub-box of a dense 4-d host tensor: dims [s0..s3], starts and counts per dim. */
-static tu_buf slice4(const tu_buf *g, const int64_t s[4], const int64_t at[4], const int64_t n[4]) {
-  tu_buf out = tu_buf_new(g->dtype, n[0] * n[1] * n[2] * n[3]);
-  int64_t e = 0;
-  for (int64_t a = 0; a < n[0]; ++a)
-    for (int64_t b = 0; b < n[1]; ++b)
-      for (int64_t c = 0; c < n[2]; ++c)
-        for (int64_t d = 0; d < n[3]; ++d)
-          tu_set(
-              &out, e++,
-              tu_get(g, (((at[0] + a) * s[1] + at[1] + b) * s[2] + at[2] + c) * s[3] + at[3] + d));
-  return out;
-}
 
 static void *upload(const tu_buf *b) {
   void *d = NULL;
@@ -58,17 +43,21 @@ static tu_buf download(const void *d, attn_dtype dt, int64_t n) {
 }
 
 static void compare(int dev, const char *what, const tu_buf *a, const tu_buf *r, double tol) {
-  double err = 0, scale = 1;
-  for (int64_t i = 0; i < a->n; ++i) {
-    const double x = tu_get(a, i), y = tu_get(r, i);
-    if (isfinite(y) && fabs(y) > scale) scale = fabs(y);
-    const double e = (isinf(x) || isinf(y)) ? (x == y ? 0 : INFINITY) : fabs(x - y);
-    if (!(e <= err)) err = e;
-  }
+  double scale = 1;
+  const double err = tu_max_error(a, r, &scale);
   pthread_mutex_lock(&report_lock);
   tu_check(err <= tol * scale, "gpu %d %s: max error %.3g (tolerance %.3g)", dev, what, err,
            tol * scale);
   pthread_mutex_unlock(&report_lock);
+}
+
+/* The arguments of a run of this test's problem: dense tensors, with a bias and sinks. */
+static void with_bias_sinks(tu_args *x, void *q, void *k, void *v, void *out, void *lse, void *dout,
+                            void *dq, void *dk, void *dv, void *bias, void *sinks, void *dbias,
+                            void *dsinks) {
+  tu_args_dense(x, q, k, v, out, lse, dout, dq, dk, dv);
+  x->in.bias = attn_tensor_dense(bias), x->in.sinks = attn_tensor_dense(sinks);
+  x->grads.dbias = attn_tensor_dense(dbias), x->grads.dsinks = attn_tensor_dense(dsinks);
 }
 
 typedef struct job {
@@ -111,20 +100,11 @@ static void *run(void *arg) {
          zeros_l = tu_buf_new(ATTN_DTYPE_F32, B * HQ * T);
   void *gout = upload(&zeros_o), *glse = upload(&zeros_l), *gdq = upload(&zeros_o);
   void *gdk = upload(&k), *gdv = upload(&v), *gdbias = upload(&bias), *gdsinks = upload(&sinks);
-  attn_inputs in;
-  attn_inputs_init(&in);
-  in.q = attn_tensor_dense(dq_), in.k = attn_tensor_dense(dk_), in.v = attn_tensor_dense(dv_);
-  in.bias = attn_tensor_dense(dbias_in), in.sinks = attn_tensor_dense(dsinks_in);
-  attn_outputs o;
-  attn_outputs_init(&o);
-  o.out = attn_tensor_dense(gout), o.lse = attn_tensor_dense(glse);
-  attn_grads g;
-  attn_grads_init(&g);
-  g.dq = attn_tensor_dense(gdq), g.dk = attn_tensor_dense(gdk), g.dv = attn_tensor_dense(gdv);
-  g.dbias = attn_tensor_dense(gdbias), g.dsinks = attn_tensor_dense(gdsinks);
-  attn_tensor dout_t = attn_tensor_dense(ddout);
-  if (attn_forward(ctx, &p, &in, &o) != ATTN_STATUS_OK ||
-      attn_backward(ctx, &p, &in, &o, &dout_t, &g) != ATTN_STATUS_OK) {
+  tu_args x;
+  with_bias_sinks(&x, dq_, dk_, dv_, gout, glse, ddout, gdq, gdk, gdv, dbias_in, dsinks_in, gdbias,
+                  gdsinks);
+  if (attn_forward(ctx, &p, &x.in, &x.out) != ATTN_STATUS_OK ||
+      attn_backward(ctx, &p, &x.in, &x.out, &x.dout, &x.grads) != ATTN_STATUS_OK) {
     pthread_mutex_lock(&report_lock);
     fprintf(stderr, "gpu %d: the single-GPU problem does not run here (%s): skipped\n", dev,
             attn_ctx_last_error(ctx));
@@ -163,38 +143,32 @@ static void *run(void *arg) {
     const int64_t al[4] = {b0, h0, 0, 0}, nl[4] = {bl, hl, T, 1};
     const int64_t ab[4] = {0, h0, 0, 0}, nb[4] = {1, hl, T, T};
     const int64_t as[4] = {h0, 0, 0, 0}, ns[4] = {hl, S, 1, 1};
-    tu_buf lq = slice4(&q, sq, aq, nq), lk = slice4(&k, sk, ak, nk), lv = slice4(&v, sk, ak, nk);
-    tu_buf ldout = slice4(&dout, sq, aq, nq), lbias = slice4(&bias, sb, ab, nb),
-           lsinks = slice4(&sinks, ss, as, ns);
+    tu_buf lq = tu_box4(&q, sq, aq, nq, NULL), lk = tu_box4(&k, sk, ak, nk, NULL),
+           lv = tu_box4(&v, sk, ak, nk, NULL);
+    tu_buf ldout = tu_box4(&dout, sq, aq, nq, NULL), lbias = tu_box4(&bias, sb, ab, nb, NULL),
+           lsinks = tu_box4(&sinks, ss, as, ns, NULL);
     tu_buf zo = tu_buf_new(ATTN_DTYPE_BF16, lq.n), zl = tu_buf_new(ATTN_DTYPE_F32, bl * hl * T);
     void *xq = upload(&lq), *xk = upload(&lk), *xv = upload(&lv), *xdout = upload(&ldout);
     void *xbias = upload(&lbias), *xsinks = upload(&lsinks);
     void *xout = upload(&zo), *xlse = upload(&zl), *xdq = upload(&zo), *xdk = upload(&lk),
          *xdv = upload(&lv);
     void *xdbias = upload(&lbias), *xdsinks = upload(&lsinks);
-    attn_inputs li;
-    attn_inputs_init(&li);
-    li.q = attn_tensor_dense(xq), li.k = attn_tensor_dense(xk), li.v = attn_tensor_dense(xv);
-    li.bias = attn_tensor_dense(xbias), li.sinks = attn_tensor_dense(xsinks);
-    attn_outputs lo;
-    attn_outputs_init(&lo);
-    lo.out = attn_tensor_dense(xout), lo.lse = attn_tensor_dense(xlse);
-    attn_grads lg;
-    attn_grads_init(&lg);
-    lg.dq = attn_tensor_dense(xdq), lg.dk = attn_tensor_dense(xdk), lg.dv = attn_tensor_dense(xdv);
-    lg.dbias = attn_tensor_dense(xdbias), lg.dsinks = attn_tensor_dense(xdsinks);
-    attn_tensor ld = attn_tensor_dense(xdout);
-    st = attn_dist_plan_forward(plan, &li, &lo);
-    if (st == ATTN_STATUS_OK) st = attn_dist_plan_backward(plan, &li, &lo, &ld, &lg);
+    tu_args lx;
+    with_bias_sinks(&lx, xq, xk, xv, xout, xlse, xdout, xdq, xdk, xdv, xbias, xsinks, xdbias,
+                    xdsinks);
+    st = attn_dist_plan_forward(plan, &lx.in, &lx.out);
+    if (st == ATTN_STATUS_OK)
+      st = attn_dist_plan_backward(plan, &lx.in, &lx.out, &lx.dout, &lx.grads);
     cudaDeviceSynchronize();
     pthread_mutex_lock(&report_lock);
     tu_check(st == ATTN_STATUS_OK, "gpu %d runs: %s", dev, attn_ctx_last_error(ctx));
     pthread_mutex_unlock(&report_lock);
     if (st == ATTN_STATUS_OK && !skipped) {
-      tu_buf e_out = slice4(&r_out, sq, aq, nq), e_lse = slice4(&r_lse, sl, al, nl),
-             e_dq = slice4(&r_dq, sq, aq, nq);
-      tu_buf e_dk = slice4(&r_dk, sk, ak, nk), e_dv = slice4(&r_dv, sk, ak, nk);
-      tu_buf e_dbias = slice4(&r_dbias, sb, ab, nb), e_dsinks = slice4(&r_dsinks, ss, as, ns);
+      tu_buf e_out = tu_box4(&r_out, sq, aq, nq, NULL), e_lse = tu_box4(&r_lse, sl, al, nl, NULL),
+             e_dq = tu_box4(&r_dq, sq, aq, nq, NULL);
+      tu_buf e_dk = tu_box4(&r_dk, sk, ak, nk, NULL), e_dv = tu_box4(&r_dv, sk, ak, nk, NULL);
+      tu_buf e_dbias = tu_box4(&r_dbias, sb, ab, nb, NULL),
+             e_dsinks = tu_box4(&r_dsinks, ss, as, ns, NULL);
       tu_buf g_out = download(xout, ATTN_DTYPE_BF16, lq.n),
              g_lse = download(xlse, ATTN_DTYPE_F32, zl.n);
       tu_buf g_dq = download(xdq, ATTN_DTYPE_BF16, lq.n),
