@@ -603,6 +603,24 @@ static void forward_outside_rows(const cpu_run *c, const attn_outputs *out) {
 
 /* ---- forward ------------------------------------------------------------------------------------- */
 
+/* cpu.h's ATTN_CPU_FWD_PHASES: per-thread tick sums (fwd_thread.ticks), added to the totals when a
+ * thread leaves the region. Without it the macros are nothing. */
+#ifdef ATTN_CPU_FWD_PHASES
+static uint64_t fwd_phase_totals[ATTN_CPU_PHASES];
+void attn_cpu_fwd_phases(uint64_t out[ATTN_CPU_PHASES], int reset) {
+  for (int i = 0; i < ATTN_CPU_PHASES; ++i)
+    out[i] = reset ? __atomic_exchange_n(&fwd_phase_totals[i], 0, __ATOMIC_RELAXED)
+                   : __atomic_load_n(&fwd_phase_totals[i], __ATOMIC_RELAXED);
+}
+#define PHASE_MARK(v) const uint64_t v = __rdtsc()
+#define PHASE_ADD(t, ph, since) ((t)->ticks[ATTN_CPU_PHASE_##ph] += __rdtsc() - (since))
+#define PHASE_COUNT(t, ph) (++(t)->ticks[ATTN_CPU_PHASE_##ph])
+#else
+#define PHASE_MARK(v) ((void)0)
+#define PHASE_ADD(t, ph, since) ((void)0)
+#define PHASE_COUNT(t, ph) ((void)0)
+#endif
+
 /* Packs key block kb of a pair: K^T as [D][bk] (columns past the sequence zero) and V rows as
  * [bk][Dvp] (padding columns zero); either may be NULL. Returns 1 when the block's V holds a NaN or
  * an infinity. */
@@ -649,6 +667,9 @@ typedef struct fwd_thread {
   float *tmp;          /* a key block in f32 before pack_b */
   uint16_t *qh, *ph;   /* Q [bq][round_up(D, 32)], P [bq][2 bk] (hi, lo) as bf16 (gemm_bf16) */
   void *scratch;       /* gemm's */
+#ifdef ATTN_CPU_FWD_PHASES
+  uint64_t ticks[ATTN_CPU_PHASES];
+#endif
 } fwd_thread;
 
 /* dst[d] = the bf16 of element d of a row of the run's dtype (the bits themselves for bf16: exact)
@@ -674,7 +695,7 @@ static void load_bf16_row(const cpu_run *c, const void *base, int64_t off, int64
  * of a V that holds NaN or inf (v_bad) multiply skipping P's zeros, in f32. */
 static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t qb,
                           const float *kt_all, const float *v_all, const float *v_bad,
-                          const fwd_thread *t) {
+                          fwd_thread *t) {
   const attn_problem *p = c->p;
   const attn_inputs *in = c->in;
   const attn_outputs *out = c->run->outputs;
@@ -687,6 +708,7 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
 
   /* Q block, rows [i0, i0 + rows). The scale s is applied to S = Q K^T in f32, never to Q: the
    * bf16 gemm rounds its operands to bf16, exact for the inputs but not for s * q. */
+  PHASE_MARK(q_start);
   const int64_t qds = token_dstride(c, &in->q);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t qoff = token_off(c, &in->q, s->b, s->s.q_row0 + i0 + r, h);
@@ -701,6 +723,7 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
     for (int64_t a = 0; a < p->num_sinks; ++a) l += expf(sink_logit(c, h, a) - m);
     t->m[r] = m, t->l[r] = l;
   }
+  PHASE_ADD(t, QO, q_start);
 
   int64_t kb_lo, kb_hi;
   key_block_range(c, s, i0, rows, &kb_lo, &kb_hi);
@@ -711,11 +734,15 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
     const int64_t j0 = kb * bk + off, nkp = round_up(nk, ATTN_CPU_NPAD), npp = round_up(nk, 32);
     const float *kt = kt_all + kb * c->D * bk; /* K^T [D][bk], or its pairs (tiles) */
     const float *v = v_all + kb * bk * c->Dvp; /* V [bk][Dvp], or its pairs (tiles, finite V) */
+    PHASE_COUNT(t, BLOCKS);
+    PHASE_MARK(qk_start);
     if (tiles)
       k->gemm_bf16(rows, nkp, c->D, t->qh, ldqh, 1, (const uint16_t *)kt + 2 * off, 2 * bk, t->s,
                    bk, 0, t->scratch);
     else
       k->gemm(rows, nkp, c->D, t->q, c->Dp, 0, kt + off, bk, t->s, bk, 0, t->scratch);
+    PHASE_ADD(t, QK, qk_start);
+    PHASE_MARK(sm_start);
     /* S = s Q K^T, masked. Scaling and the row max are one pass where no mask comes between. */
     const int fused = k->scale_max != NULL && !c->features &&
                       window_covers(c, s, i0, rows, j0, nk);
@@ -749,6 +776,8 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
         }
       }
     }
+    PHASE_ADD(t, SOFTMAX, sm_start);
+    PHASE_MARK(pv_start);
     if (v_bad[kb] != 0.0f) { /* V of this block in f32 (cpu_forward), P in f32 */
       if (tiles)
         for (int64_t r = 0; r < rows; ++r) {
@@ -765,8 +794,10 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
       (exact_p ? k->gemm_exact : k->gemm)(rows, c->Dvp, nk, t->s, bk, 0, v + off * c->Dvp, c->Dvp,
                                           t->o, c->Dvp, 1, t->scratch);
     }
+    PHASE_ADD(t, PV, pv_start);
   }
 
+  PHASE_MARK(o_start);
   const int64_t ods = token_dstride(c, &out->out);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t row = s->s.q_row0 + i0 + r;
@@ -782,6 +813,7 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
     }
     if (out->lse.data != NULL) ((float *)out->lse.data)[lse_off(c, &out->lse, s->b, h, row)] = lse;
   }
+  PHASE_ADD(t, QO, o_start);
 }
 
 /* Packs key block kb of a pair into its slot: K^T and V in f32, or (tables with gemm_bf16) as
@@ -829,8 +861,12 @@ static attn_status cpu_forward(const attn_run *run) {
 #pragma omp parallel num_threads(c.nthreads)
 #endif
   {
+    PHASE_MARK(region_start);
     float *tb = thread_base + (int64_t)thread_id() * lay.per_thread;
     fwd_thread t;
+#ifdef ATTN_CPU_FWD_PHASES
+    memset(t.ticks, 0, sizeof t.ticks);
+#endif
     t.q = tb;
     t.s = t.q + round_up(c.bq * c.Dp, 16);
     t.o = t.s + round_up(c.bq * c.bk, 16);
@@ -851,8 +887,10 @@ static attn_status cpu_forward(const attn_run *run) {
         const cpu_seq s = make_seq(&c, pair0 + pr);
         if (kb * c.bk >= s.s.len_k) continue;
         float *slot = packs + pr * lay.slot;
+        PHASE_MARK(pack_start);
         forward_pack(&c, &s, kb, slot + kb * c.D * c.bk, slot + kt_size + kb * c.bk * c.Dvp,
                      slot + kt_size + v_size, t.tmp);
+        PHASE_ADD(&t, PACK, pack_start);
       }
       /* Heaviest first: later query blocks see more keys under a bottom-right causal mask. */
       const int64_t nwork = npair * c.group * c.nqb;
@@ -869,6 +907,11 @@ static attn_status cpu_forward(const attn_run *run) {
                       &t);
       }
     }
+    PHASE_ADD(&t, REGION, region_start);
+#ifdef ATTN_CPU_FWD_PHASES
+    for (int i = 0; i < ATTN_CPU_PHASES; ++i)
+      __atomic_fetch_add(&fwd_phase_totals[i], t.ticks[i], __ATOMIC_RELAXED);
+#endif
   }
   return ATTN_STATUS_OK;
 }

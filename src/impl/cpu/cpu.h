@@ -171,6 +171,20 @@ int attn_cpu_decode_applies(const attn_problem *problem);
 size_t attn_cpu_decode_workspace(const attn_problem *problem);
 attn_status attn_cpu_decode_forward(const attn_run *run, const attn_cpu_kernels *kernels);
 
+/* Development only (compiled in with -DATTN_CPU_FWD_PHASES in CFLAGS): TSC ticks of the tiled
+ * forward's phases summed over threads, to find what bounds it (bench/cpu_bench prints them).
+ * QK: S = Q K^T; SOFTMAX: scale, masks, max, exp, rescale of O, dropout; PV: O += P V; QO: loading
+ * the query block and storing out and lse; PACK: K and V per key block; REGION: each thread's
+ * whole parallel region (so REGION minus the others is scheduling and waiting); BLOCKS: the count
+ * of (query block, key block) products. reset: clear them after reading. */
+#ifdef ATTN_CPU_FWD_PHASES
+enum {
+  ATTN_CPU_PHASE_QK, ATTN_CPU_PHASE_SOFTMAX, ATTN_CPU_PHASE_PV, ATTN_CPU_PHASE_QO,
+  ATTN_CPU_PHASE_PACK, ATTN_CPU_PHASE_REGION, ATTN_CPU_PHASE_BLOCKS, ATTN_CPU_PHASES
+};
+void attn_cpu_fwd_phases(uint64_t out[ATTN_CPU_PHASES], int reset);
+#endif
+
 /* The kernel table a new plan of "cpu" would use now (its name, as above): cpuid lowered
  * by ATTN_CPU_ISA. For benchmarks that report which path ran. */
 const char *attn_cpu_isa_name(int dtype);
