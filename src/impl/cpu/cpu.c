@@ -907,6 +907,7 @@ static attn_status cpu_forward(const attn_run *run) {
                       &t);
       }
     }
+    if (c.kern->tiles_release != NULL) c.kern->tiles_release();
     PHASE_ADD(&t, REGION, region_start);
 #ifdef ATTN_CPU_FWD_PHASES
     for (int i = 0; i < ATTN_CPU_PHASES; ++i)
@@ -1289,6 +1290,7 @@ static attn_status cpu_backward(const attn_run *run) {
                     token_dstride(&c, &g->dq), c.D, sh.dq + (it * c.Tq + i) * c.Dp, c.scale);
       }
     }
+    if (c.kern->tiles_release != NULL) c.kern->tiles_release();
   }
 
   if (want_dbias) {

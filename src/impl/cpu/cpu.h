@@ -75,6 +75,11 @@ typedef struct attn_cpu_kernels {
    * significant bits together) for j < n, both 0 for n <= j < np; returns the sum of the e_j
    * (unrounded). x is left as it was. */
   float (*exp_sum_bf16)(const float *x, int64_t n, float m, uint16_t *hi, uint16_t *lo, int64_t np);
+  /* Optional (NULL in all but the AMX table): the products leave the thread's tile configuration
+   * loaded for its next product, and this hands the tiles back (tilerelease). The driver calls it
+   * on every thread that ran products, before the pass returns to the caller, whose own code may
+   * configure the tiles otherwise. */
+  void (*tiles_release)(void);
   /* Optional (NULL: scale, then row_max): x[j] *= s for j < n, returning the max of the result;
    * one pass where a block needs no mask between the two. */
   float (*scale_max)(float *x, int64_t n, float s);
@@ -147,8 +152,6 @@ void attn_cpu_gemm_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64
                           void *scratch);
 float attn_cpu_row_max_avx512(const float *x, int64_t n);
 float attn_cpu_exp_sum_avx512(float *x, int64_t n, float m);
-float attn_cpu_exp_sum_bf16_avx512(const float *x, int64_t n, float m, uint16_t *hi, uint16_t *lo,
-                                   int64_t np);
 float attn_cpu_scale_max_avx512(float *x, int64_t n, float s);
 void attn_cpu_scale_avx512(float *x, int64_t n, float s);
 void attn_cpu_ds_row_avx512(float *dp, const float *p, int64_t n, float delta);

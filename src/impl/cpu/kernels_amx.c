@@ -40,6 +40,8 @@
 
 #include <immintrin.h>
 
+#include "impl/cpu/exp_avx512.h"
+
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* ---- the tile instructions (or their emulation) ---------------------------------------------- */
@@ -107,6 +109,25 @@ static void emu_dp(int c, int a, int b) {
 #define TILE_STORE(t, base, stride) _tile_stored(t, base, stride)
 #define TILE_DP(c, a, b) _tile_dpbf16ps(c, a, b)
 #endif
+
+/* The configuration stays loaded from one product to the next on a thread (ldtilecfg, then
+ * tilerelease, around each of the forward's two products per key block cost them both a pipeline
+ * drain); tiles_release_amx (cpu.h's tiles_release) hands the tiles back at the end of a pass. */
+static _Thread_local int tiles_loaded;
+
+ALWAYS_INLINE void tiles_configure(void) {
+  if (!tiles_loaded) {
+    TILE_CONFIG(&amx_config);
+    tiles_loaded = 1;
+  }
+}
+
+static void tiles_release_amx(void) {
+  if (tiles_loaded) {
+    TILE_RELEASE();
+    tiles_loaded = 0;
+  }
+}
 
 /* ---- may we use it? ----------------------------------------------------------------------------- */
 
@@ -228,6 +249,38 @@ static void pack_pairs(const float *b, int64_t ldb, int64_t k, int64_t n, uint16
   }
 }
 
+/* ---- the forward's probabilities ------------------------------------------------------------ */
+
+/* cpu.h's exp_sum_bf16, 32 columns a step: vcvtne2ps2bf16 rounds two vectors to bf16 at once (nearest
+ * even; subnormals, under 2^-126 of the row's largest term 1, become zero, as in every conversion of
+ * this table). lo = bf16(e - hi), e - hi being exact. */
+static float exp_sum_bf16_amx(const float *x, int64_t n, float m, uint16_t *hi_out,
+                              uint16_t *lo_out, int64_t np) {
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  for (int64_t j = 0; j < np; j += 32) {
+    const __mmask16 k0 = mask_of(n - j), k1 = mask_of(n - j - 16);
+    const __m512 e0 =
+        _mm512_maskz_mov_ps(k0, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k0, x + j), mv)));
+    const __m512 e1 =
+        _mm512_maskz_mov_ps(k1, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k1, x + j + 16), mv)));
+    s0 = _mm512_add_ps(s0, e0);
+    s1 = _mm512_add_ps(s1, e1);
+    const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(e1, e0); /* e0's words first */
+    const __mmask32 room = np - j >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (np - j)) - 1u);
+    _mm512_mask_storeu_epi16(hi_out + j, room, hi);
+    if (lo_out == NULL) continue;
+    /* hi as f32: each word shifted into the upper half of a 32-bit lane */
+    const __m512 h0 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
+    const __m512 h1 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
+    const __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(e1, h1), _mm512_sub_ps(e0, h0));
+    _mm512_mask_storeu_epi16(lo_out + j, room, lo);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
 /* ---- the product ------------------------------------------------------------------------------ */
 
 typedef struct amx_operands {
@@ -347,7 +400,7 @@ static void product(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t 
   const amx_operands o = {a, lda, b, ldb, tail, 2 * n, bsteps, terms * bsteps};
   float *stage = (float *)scratch;
   MEMORY_BARRIER();
-  TILE_CONFIG(&amx_config);
+  tiles_configure();
   for (int64_t i = 0; i < m; i += 32) {
     for (int64_t j = 0; j < n; j += 32) {
       if (i + 32 <= m && j + 32 <= n) {
@@ -359,7 +412,6 @@ static void product(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t 
           block_1x1(&o, ii, jj, m - ii < 16 ? m - ii : 16, c, ldc, accumulate, stage);
     }
   }
-  TILE_RELEASE();
 }
 
 static int zero_or_done(int64_t m, int64_t n, int64_t k, float *c, int64_t ldc, int accumulate) {
@@ -424,7 +476,8 @@ const attn_cpu_kernels attn_cpu_kernels_amx = {
     .pack_b = pack_b_amx,
     .gemm_packed = gemm_packed_amx,
     .gemm_bf16 = gemm_bf16_amx,
-    .exp_sum_bf16 = attn_cpu_exp_sum_bf16_avx512,
+    .exp_sum_bf16 = exp_sum_bf16_amx,
+    .tiles_release = tiles_release_amx,
 #else
     .gemm = attn_cpu_gemm_avx512, /* never called: attn_cpu_amx_usable() is 0 */
 #endif
