@@ -70,11 +70,13 @@ typedef struct attn_cpu_kernels {
   void (*gemm_bf16)(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda, int terms,
                     const uint16_t *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
                     void *scratch);
-  /* Optional, with gemm_bf16: exp_sum for the forward's P V on bf16 tiles. With e_j = exp(x[j] -
-   * m): hi[j] = bf16(e_j) and, unless lo is NULL, lo[j] = bf16(e_j - hi[j]) (nearest even: 16
-   * significant bits together) for j < n, both 0 for n <= j < np; returns the sum of the e_j
-   * (unrounded). x is left as it was. */
-  float (*exp_sum_bf16)(const float *x, int64_t n, float m, uint16_t *hi, uint16_t *lo, int64_t np);
+  /* Optional, with gemm_bf16: exp_sum for the forward's P V on bf16 tiles. With e_j = exp(s x[j] -
+   * m) (one fused multiply-add: the forward passes its scale here instead of scaling S first, m
+   * being the maximum of s x, so s x[j] - m may exceed 0 by a rounding): hi[j] = bf16(e_j) and,
+   * unless lo is NULL, lo[j] = bf16(e_j - hi[j]) (nearest even: 16 significant bits together) for
+   * j < n, both 0 for n <= j < np; returns the sum of the e_j (unrounded). x is left as it was. */
+  float (*exp_sum_bf16)(const float *x, int64_t n, float s, float m, uint16_t *hi, uint16_t *lo,
+                        int64_t np);
   /* Optional (NULL in all but the AMX table): the products leave the thread's tile configuration
    * loaded for its next product, and this hands the tiles back (tilerelease). The driver calls it
    * on every thread that ran products, before the pass returns to the caller, whose own code may

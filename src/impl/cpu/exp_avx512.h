@@ -8,11 +8,11 @@
 
 #include <immintrin.h>
 
-/* exp(x) for x <= 88; exactly 0 for x <= -127 (and -inf); NaN for NaN. */
-static inline __attribute__((always_inline)) __m512 exp512(__m512 x) {
-  /* x second: maxps/minps return their second operand when one is NaN, so NaN stays NaN. */
+/* exp(x) for x <= 88.38 (the callers whose arguments are differences from a maximum: at most a
+ * rounding above 0), without exp512's upper clamp; exactly 0 for x <= -127 (and -inf); NaN for NaN. */
+static inline __attribute__((always_inline)) __m512 exp512_bounded(__m512 x) {
+  /* x second: maxps returns its second operand when one is NaN, so NaN stays NaN. */
   x = _mm512_max_ps(_mm512_set1_ps(-127.0f), x);
-  x = _mm512_min_ps(_mm512_set1_ps(88.3762626647949f), x);
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -26,6 +26,12 @@ static inline __attribute__((always_inline)) __m512 exp512(__m512 x) {
   const __m512 r2 = _mm512_mul_ps(r, r);
   p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   return _mm512_scalef_ps(p, n);
+}
+
+/* exp(x) for x <= 88 (larger x as 88.38: f32's largest); exactly 0 for x <= -127 (and -inf); NaN
+ * for NaN (minps returns its second operand when one is NaN). */
+static inline __attribute__((always_inline)) __m512 exp512(__m512 x) {
+  return exp512_bounded(_mm512_min_ps(_mm512_set1_ps(88.3762626647949f), x));
 }
 
 #endif /* ATTN_IMPL_CPU_EXP_AVX512_H */

@@ -254,16 +254,16 @@ static void pack_pairs(const float *b, int64_t ldb, int64_t k, int64_t n, uint16
 /* cpu.h's exp_sum_bf16, 32 columns a step: vcvtne2ps2bf16 rounds two vectors to bf16 at once (nearest
  * even; subnormals, under 2^-126 of the row's largest term 1, become zero, as in every conversion of
  * this table). lo = bf16(e - hi), e - hi being exact. */
-static float exp_sum_bf16_amx(const float *x, int64_t n, float m, uint16_t *hi_out,
+static float exp_sum_bf16_amx(const float *x, int64_t n, float s, float m, uint16_t *hi_out,
                               uint16_t *lo_out, int64_t np) {
-  const __m512 mv = _mm512_set1_ps(m);
+  const __m512 sv = _mm512_set1_ps(s), mv = _mm512_set1_ps(-m);
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
   for (int64_t j = 0; j < np; j += 32) {
     const __mmask16 k0 = mask_of(n - j), k1 = mask_of(n - j - 16);
-    const __m512 e0 =
-        _mm512_maskz_mov_ps(k0, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k0, x + j), mv)));
-    const __m512 e1 =
-        _mm512_maskz_mov_ps(k1, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k1, x + j + 16), mv)));
+    const __m512 e0 = _mm512_maskz_mov_ps(
+        k0, exp512_bounded(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(k0, x + j), sv, mv)));
+    const __m512 e1 = _mm512_maskz_mov_ps(
+        k1, exp512_bounded(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(k1, x + j + 16), sv, mv)));
     s0 = _mm512_add_ps(s0, e0);
     s1 = _mm512_add_ps(s1, e1);
     const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(e1, e0); /* e0's words first */
