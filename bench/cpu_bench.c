@@ -242,7 +242,8 @@ static void print_fwd_phases(const char *desc, int threads, int runs) {
   static const char *const names[] = {"qk", "softmax", "pv", "q+out", "pack"};
   uint64_t ph[ATTN_CPU_PHASES];
   attn_cpu_fwd_phases(ph, 1);
-  const double region = (double)ph[ATTN_CPU_PHASE_REGION], blocks = (double)ph[ATTN_CPU_PHASE_BLOCKS];
+  const double region = (double)ph[ATTN_CPU_PHASE_REGION];
+  const double blocks = (double)ph[ATTN_CPU_PHASE_BLOCKS];
   if (region <= 0.0 || blocks <= 0.0) return;
   double other = region;
   printf("phases %s threads %d (%d runs, %.0f blocks/run):", desc, threads, runs, blocks / runs);

@@ -1,15 +1,16 @@
 /*
- * src/impl/cpu/exp_avx512.h - exp on 16 floats, shared by the AVX-512 kernel files (kernels_avx512.c,
- * kernels_amx.c): Cephes' expf polynomial (about 1 ulp on [-ln2/2, ln2/2]) with _mm512_scalef_ps for
- * 2^n. Include it only from files compiled with -mavx512f.
+ * src/impl/cpu/exp_avx512.h - exp on 16 floats, shared by the AVX-512 kernel files
+ * (kernels_avx512.c, kernels_amx.c): Cephes' expf polynomial (about 1 ulp on [-ln2/2, ln2/2]) with
+ * _mm512_scalef_ps for 2^n. Include it only from files compiled with -mavx512f.
  */
 #ifndef ATTN_IMPL_CPU_EXP_AVX512_H
 #define ATTN_IMPL_CPU_EXP_AVX512_H
 
 #include <immintrin.h>
 
-/* exp(x) for x <= 88.38 (the callers whose arguments are differences from a maximum: at most a
- * rounding above 0), without exp512's upper clamp; exactly 0 for x <= -127 (and -inf); NaN for NaN. */
+/* exp(x) for x <= 88.38 (for callers whose arguments are differences from a maximum: at most a
+ * rounding above 0), without exp512's upper clamp; exactly 0 for x <= -127 (and -inf); NaN for
+ * NaN. */
 static inline __attribute__((always_inline)) __m512 exp512_bounded(__m512 x) {
   /* x second: maxps returns its second operand when one is NaN, so NaN stays NaN. */
   x = _mm512_max_ps(_mm512_set1_ps(-127.0f), x);

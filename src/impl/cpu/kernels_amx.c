@@ -251,9 +251,9 @@ static void pack_pairs(const float *b, int64_t ldb, int64_t k, int64_t n, uint16
 
 /* ---- the forward's probabilities ------------------------------------------------------------ */
 
-/* cpu.h's exp_sum_bf16, 32 columns a step: vcvtne2ps2bf16 rounds two vectors to bf16 at once (nearest
- * even; subnormals, under 2^-126 of the row's largest term 1, become zero, as in every conversion of
- * this table). lo = bf16(e - hi), e - hi being exact. */
+/* cpu.h's exp_sum_bf16, 32 columns a step: vcvtne2ps2bf16 rounds two vectors to bf16 at once
+ * (nearest even; subnormals, under 2^-126 of the row's largest term 1, become zero, as in every
+ * conversion of this table). lo = bf16(e - hi), e - hi being exact. */
 static float exp_sum_bf16_amx(const float *x, int64_t n, float s, float m, uint16_t *hi_out,
                               uint16_t *lo_out, int64_t np) {
   const __m512 sv = _mm512_set1_ps(s), mv = _mm512_set1_ps(-m);
@@ -267,7 +267,8 @@ static float exp_sum_bf16_amx(const float *x, int64_t n, float s, float m, uint1
     s0 = _mm512_add_ps(s0, e0);
     s1 = _mm512_add_ps(s1, e1);
     const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(e1, e0); /* e0's words first */
-    const __mmask32 room = np - j >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (np - j)) - 1u);
+    const __mmask32 room =
+        np - j >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (np - j)) - 1u);
     _mm512_mask_storeu_epi16(hi_out + j, room, hi);
     if (lo_out == NULL) continue;
     /* hi as f32: each word shifted into the upper half of a 32-bit lane */
