@@ -10,7 +10,6 @@
  */
 #include "impl/cpu/cpu.h"
 #include "impl/cpu/decode_kernels.h"
-#include "impl/cpu/exp_avx512.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -83,6 +82,26 @@ void attn_cpu_gemm_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64
       tile_any(rows, nv, trans_a, k, ai, lda, b + j, ldb, c + i * ldc + j, ldc, accumulate);
     }
   }
+}
+
+/* exp(x) for x <= 88; exactly 0 for x <= -127 (and -inf); NaN for NaN. */
+ALWAYS_INLINE __m512 exp512(__m512 x) {
+  /* x second: maxps/minps return their second operand when one is NaN, so NaN stays NaN. */
+  x = _mm512_max_ps(_mm512_set1_ps(-127.0f), x);
+  x = _mm512_min_ps(_mm512_set1_ps(88.3762626647949f), x);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+  const __m512 r2 = _mm512_mul_ps(r, r);
+  p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
 }
 
 float attn_cpu_row_max_avx512(const float *x, int64_t n) {
