@@ -533,8 +533,7 @@ static size_t cpu_workspace_size(const attn_problem *p, int32_t config, const vo
   const int64_t bq = cfg_bq[config / N_BK], bk = cfg_bk[config % N_BK];
   const int64_t threads = max_threads();
   if (!backward) {
-    /* room for cpu_forward's doubled query block of bf16 problems on tiles */
-    fwd_layout l = fwd_layout_of(p, p->dtype == ATTN_DTYPE_BF16 ? 2 * bq : bq, bk);
+    fwd_layout l = fwd_layout_of(p, bq, bk);
     size_t tiled = (size_t)(fwd_chunk(p, &l) * l.slot + threads * l.per_thread) * sizeof(float);
     /* A decode problem may still take the tiled path (a block of a sharded problem: see
      * cpu_forward), so its workspace serves both. */
@@ -768,18 +767,7 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
       for (int64_t r = 0; r < rows; ++r) k->scale(t->s + r * bk, nk, c->scale);
       apply_masks(c, s, h, i0, rows, j0, nk, t->s, bk, NULL);
     }
-    /* While the exp pass runs, the next products' operands are requested into L2, a share of
-     * their lines per row: this block's V pairs and the next block's K^T pairs (tiles: at 16
-     * threads their products took twice their one-thread time per block, loading tiles from L3,
-     * while the exp pass took 1.4 times; issue 15). */
-    const char *pf_v = (const char *)((const uint16_t *)v + off * c->Dvp);
-    const char *pf_k = (const char *)(kt_all + (kb + 1) * c->D * bk);
-    const int64_t pf_vlines = tiles ? ((nk + 1) / 2 * c->Dvp * 4 + 63) / 64 : 0;
-    const int64_t pf_klines = tiles && kb + 1 < kb_hi ? ((c->D + 1) / 2 * bk * 4 + 63) / 64 : 0;
-    const int64_t pf_lines = pf_vlines + pf_klines;
     for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t i = r * pf_lines / rows; i < (r + 1) * pf_lines / rows; ++i)
-        __builtin_prefetch(i < pf_vlines ? pf_v + 64 * i : pf_k + 64 * (i - pf_vlines), 0, 2);
       float *x = t->s + r * bk;
       uint16_t *ph = t->ph + r * 2 * bk; /* hi in [0, npp), lo (exact_p) in [npp, 2 npp) */
       const float m_blk = scale_in_exp ? k->row_max(x, nk) * c->scale
@@ -907,16 +895,6 @@ static attn_status cpu_forward(const attn_run *run) {
     return attn_cpu_decode_forward(run, run->state != NULL ? (const attn_cpu_kernels *)run->state
                                                            : select_kernels((attn_dtype)run->problem->dtype));
   cpu_run c = make_cpu_run(run);
-  /* Tile products (AMX, bf16 problems only) take two of the configuration's query blocks per item
-   * where that leaves at least 4 items per thread: a key block's K and V then stream through the
-   * core and its tiles load once per 2 bq query rows (bq64 against bq128 at d128: 10% less time
-   * forward, 7% more backward, so the backward keeps the configuration's; issue 15). The
-   * workspace has room for it (cpu_workspace_size). */
-  if (c.kern->gemm_bf16 != NULL) {
-    const int64_t threads = run->num_threads > 0 ? run->num_threads : max_threads();
-    const int64_t nqb2 = (c.Tq + 2 * c.bq - 1) / (2 * c.bq);
-    if (c.npairs * c.group * nqb2 >= 4 * threads) c.bq *= 2, c.nqb = nqb2;
-  }
   const fwd_layout lay = fwd_layout_of(c.p, c.bq, c.bk);
   c.chunk = fwd_chunk(c.p, &lay);
   float *ws = (float *)run->workspace;
