@@ -842,22 +842,31 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
  * rows read as words and transposed; V's pair row p interleaves rows 2p and 2p + 1 word by word.
  * Keys past the sequence are zero columns of K^T (V's pair rows past nk are never read). Through
  * f32 tiles and pack_b, as the other tables pack, this took 10-20% of the AMX forward (issue 15).
- * Returns 1 when the block's V holds NaN or inf. row: 2 round_up(max(D, Dvp), 2) bf16 (scratch). */
+ * The transpose goes 16 keys at a time, through `scratch`, so that each store of K^T fills
+ * consecutive words of one line: a key at a time, its words went to lines 4 bk bytes apart, which
+ * share a few L1 sets (4 of 64 at bk = 256), and nearly every store missed: packing still took
+ * 10-15% of the forward at 16 threads. Returns 1 when the block's V holds NaN or inf. scratch:
+ * 16 round_up(D, 2) + 2 round_up(Dvp, 2) bf16. */
 static int pack_kv_pairs(const cpu_run *c, const cpu_seq *s, int64_t kb, uint32_t *kt, uint32_t *v,
-                         uint16_t *row) {
+                         uint16_t *scratch) {
   const attn_inputs *in = c->in;
   const int64_t bk = c->bk, j0 = kb * bk, nk = min64(bk, s->s.len_k - j0);
   const int64_t kw = (c->D + 1) / 2; /* words of a key row */
   const int64_t kds = token_dstride(c, &in->k), vds = token_dstride(c, &in->v);
-  for (int64_t jj = 0; jj < nk; ++jj) {
-    load_bf16_row(c, in->k.data, kv_off(c, &in->k, s, j0 + jj), kds, c->D, 2 * kw, row);
-    for (int64_t p = 0; p < kw; ++p) memcpy(kt + p * bk + jj, row + 2 * p, sizeof(uint32_t));
+  uint16_t *keys = scratch; /* 16 key rows of 2 kw bf16 */
+  for (int64_t jb = 0; jb < nk; jb += 16) {
+    const int64_t n = min64(16, nk - jb);
+    for (int64_t i = 0; i < n; ++i)
+      load_bf16_row(c, in->k.data, kv_off(c, &in->k, s, j0 + jb + i), kds, c->D, 2 * kw,
+                    keys + i * 2 * kw);
+    for (int64_t p = 0; p < kw; ++p)
+      for (int64_t i = 0; i < n; ++i) memcpy(kt + p * bk + jb + i, keys + i * 2 * kw + 2 * p, 4);
   }
   if (nk < bk)
     for (int64_t p = 0; p < kw; ++p)
       memset(kt + p * bk + nk, 0, (size_t)(bk - nk) * sizeof(uint32_t));
   int bad = 0;
-  uint16_t *r0 = row, *r1 = row + round_up(c->Dvp, 2);
+  uint16_t *r0 = scratch + 16 * 2 * kw, *r1 = r0 + round_up(c->Dvp, 2);
   for (int64_t p = 0; 2 * p < nk; ++p) {
     load_bf16_row(c, in->v.data, kv_off(c, &in->v, s, j0 + 2 * p), vds, c->Dv, c->Dvp, r0);
     if (2 * p + 1 < nk)
