@@ -235,6 +235,26 @@ static double time_pass(attn_ctx *ctx, attn_plan *plan, problem_data *x, int bac
   return t[reps / 2];
 }
 
+#ifdef ATTN_CPU_FWD_PHASES
+/* A build with -DATTN_CPU_FWD_PHASES (cpu.h): where the forward's time went, as shares of the
+ * threads' time in the parallel region and as TSC ticks per (query block, key block) product. */
+static void print_fwd_phases(const char *desc, int threads, int runs) {
+  static const char *const names[] = {"qk", "softmax", "pv", "q+out", "pack"};
+  uint64_t ph[ATTN_CPU_PHASES];
+  attn_cpu_fwd_phases(ph, 1);
+  const double region = (double)ph[ATTN_CPU_PHASE_REGION];
+  const double blocks = (double)ph[ATTN_CPU_PHASE_BLOCKS];
+  if (region <= 0.0 || blocks <= 0.0) return;
+  double other = region;
+  printf("phases %s threads %d (%d runs, %.0f blocks/run):", desc, threads, runs, blocks / runs);
+  for (int i = 0; i < 5; ++i) {
+    other -= (double)ph[i];
+    printf(" %s %.1f%% %.0f", names[i], 100.0 * (double)ph[i] / region, (double)ph[i] / blocks);
+  }
+  printf(" | waiting+loop %.1f%% %.0f (ticks per block)\n", 100.0 * other / region, other / blocks);
+}
+#endif
+
 static long peak_rss_kib(void) {
   struct rusage u;
   getrusage(RUSAGE_SELF, &u);
@@ -323,7 +343,14 @@ int main(int argc, char **argv) {
     int th = o.threads[ti];
     attn_ctx_set_num_threads(ctx, th);
     attn_plan *plan = make_plan(ctx, &p, o.impl, o.config);
+#ifdef ATTN_CPU_FWD_PHASES
+    uint64_t ph[ATTN_CPU_PHASES];
+    attn_cpu_fwd_phases(ph, 1);
+#endif
     double tf = time_pass(ctx, plan, &x, 0, o.reps);
+#ifdef ATTN_CPU_FWD_PHASES
+    print_fwd_phases(desc, th, o.reps + 1);
+#endif
     double tb = time_pass(ctx, plan, &x, 1, o.reps);
     double pk = peak.gflops * th;
     /* the configuration, and for "cpu" the kernel table that ran it (cpuid, ATTN_CPU_ISA) */

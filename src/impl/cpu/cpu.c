@@ -468,7 +468,7 @@ static fwd_layout fwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
   l.slot = round_up(nkb * bk * D, 16) + round_up(nkb * bk * Dvp, 16) + round_up(nkb, 16);
   l.per_thread = round_up(bq * Dp, 16) + round_up(bq * bk, 16) + round_up(bq * Dvp, 16) +
                  2 * round_up(bq, 16) + gemm_scratch_floats(p, bq, bk) +
-                 round_up(max64(D * bk, bk * Dvp), 16) + /* f32 block before pack_b */
+                 round_up(max64(D * bk, bk * Dvp), 16) + /* packing's scratch (fwd_thread.tmp) */
                  round_up(bq * round_up(D, 32) / 2, 16) + round_up(bq * bk, 16);
   return l;
 }
@@ -603,6 +603,41 @@ static void forward_outside_rows(const cpu_run *c, const attn_outputs *out) {
 
 /* ---- forward ------------------------------------------------------------------------------------- */
 
+/* cpu.h's ATTN_CPU_FWD_PHASES: per-thread tick sums (fwd_thread.ticks), added to the totals when a
+ * thread leaves the region. Without it the macros are nothing. */
+#ifdef ATTN_CPU_FWD_PHASES
+static uint64_t fwd_phase_totals[ATTN_CPU_PHASES];
+void attn_cpu_fwd_phases(uint64_t out[ATTN_CPU_PHASES], int reset) {
+  for (int i = 0; i < ATTN_CPU_PHASES; ++i)
+    out[i] = reset ? __atomic_exchange_n(&fwd_phase_totals[i], 0, __ATOMIC_RELAXED)
+                   : __atomic_load_n(&fwd_phase_totals[i], __ATOMIC_RELAXED);
+}
+#define PHASE_MARK(v) const uint64_t v = __rdtsc()
+#define PHASE_ADD(t, ph, since) ((t)->ticks[ATTN_CPU_PHASE_##ph] += __rdtsc() - (since))
+#define PHASE_COUNT(t, ph) (++(t)->ticks[ATTN_CPU_PHASE_##ph])
+#else
+#define PHASE_MARK(v) ((void)0)
+#define PHASE_ADD(t, ph, since) ((void)0)
+#define PHASE_COUNT(t, ph) ((void)0)
+#endif
+
+/* Whether any of x[0..n) is NaN or infinite: its exponent bits all ones. Independent tests ORed
+ * (a sum such as 0 * x over the block is one chain of dependent additions, 4 cycles each). */
+static int f32_any_nonfinite(const float *x, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t e = 0; e < n; ++e) {
+    uint32_t u;
+    memcpy(&u, x + e, sizeof u);
+    bad |= (u & 0x7f800000u) == 0x7f800000u;
+  }
+  return bad != 0;
+}
+static int bf16_any_nonfinite(const uint16_t *x, int64_t n) {
+  unsigned bad = 0;
+  for (int64_t e = 0; e < n; ++e) bad |= (x[e] & 0x7f80u) == 0x7f80u;
+  return bad != 0;
+}
+
 /* Packs key block kb of a pair: K^T as [D][bk] (columns past the sequence zero) and V rows as
  * [bk][Dvp] (padding columns zero); either may be NULL. Returns 1 when the block's V holds a NaN or
  * an infinity. */
@@ -625,10 +660,7 @@ static int pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float *
   }
   for (int64_t d = 0; kt != NULL && d < c->D; ++d)
     for (int64_t jj = nk; jj < c->bk; ++jj) kt[d * c->bk + jj] = 0.0f;
-  if (v == NULL) return 0;
-  float probe = 0.0f; /* 0 * x is NaN exactly when x is NaN or infinite */
-  for (int64_t e = 0; e < nk * c->Dvp; ++e) probe += 0.0f * v[e];
-  return probe != probe;
+  return v != NULL && f32_any_nonfinite(v, nk * c->Dvp);
 }
 
 /* o += p v over the rows of a tile, skipping the zero entries of p: 0 * inf and 0 * NaN are NaN,
@@ -646,9 +678,12 @@ static void pv_skipping_zeros(int64_t rows, int64_t nk, int64_t dvp, const float
 
 typedef struct fwd_thread {
   float *q, *s, *o, *m, *l;
-  float *tmp;          /* a key block in f32 before pack_b */
+  float *tmp;          /* scratch of packing: a key block's rows (f32, or bf16 for gemm_bf16) */
   uint16_t *qh, *ph;   /* Q [bq][round_up(D, 32)], P [bq][2 bk] (hi, lo) as bf16 (gemm_bf16) */
   void *scratch;       /* gemm's */
+#ifdef ATTN_CPU_FWD_PHASES
+  uint64_t ticks[ATTN_CPU_PHASES];
+#endif
 } fwd_thread;
 
 /* dst[d] = the bf16 of element d of a row of the run's dtype (the bits themselves for bf16: exact)
@@ -674,7 +709,7 @@ static void load_bf16_row(const cpu_run *c, const void *base, int64_t off, int64
  * of a V that holds NaN or inf (v_bad) multiply skipping P's zeros, in f32. */
 static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t qb,
                           const float *kt_all, const float *v_all, const float *v_bad,
-                          const fwd_thread *t) {
+                          fwd_thread *t) {
   const attn_problem *p = c->p;
   const attn_inputs *in = c->in;
   const attn_outputs *out = c->run->outputs;
@@ -687,6 +722,7 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
 
   /* Q block, rows [i0, i0 + rows). The scale s is applied to S = Q K^T in f32, never to Q: the
    * bf16 gemm rounds its operands to bf16, exact for the inputs but not for s * q. */
+  PHASE_MARK(q_start);
   const int64_t qds = token_dstride(c, &in->q);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t qoff = token_off(c, &in->q, s->b, s->s.q_row0 + i0 + r, h);
@@ -701,6 +737,7 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
     for (int64_t a = 0; a < p->num_sinks; ++a) l += expf(sink_logit(c, h, a) - m);
     t->m[r] = m, t->l[r] = l;
   }
+  PHASE_ADD(t, QO, q_start);
 
   int64_t kb_lo, kb_hi;
   key_block_range(c, s, i0, rows, &kb_lo, &kb_hi);
@@ -711,14 +748,21 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
     const int64_t j0 = kb * bk + off, nkp = round_up(nk, ATTN_CPU_NPAD), npp = round_up(nk, 32);
     const float *kt = kt_all + kb * c->D * bk; /* K^T [D][bk], or its pairs (tiles) */
     const float *v = v_all + kb * bk * c->Dvp; /* V [bk][Dvp], or its pairs (tiles, finite V) */
+    PHASE_COUNT(t, BLOCKS);
+    PHASE_MARK(qk_start);
     if (tiles)
       k->gemm_bf16(rows, nkp, c->D, t->qh, ldqh, 1, (const uint16_t *)kt + 2 * off, 2 * bk, t->s,
                    bk, 0, t->scratch);
     else
       k->gemm(rows, nkp, c->D, t->q, c->Dp, 0, kt + off, bk, t->s, bk, 0, t->scratch);
-    /* S = s Q K^T, masked. Scaling and the row max are one pass where no mask comes between. */
+    PHASE_ADD(t, QK, qk_start);
+    PHASE_MARK(sm_start);
+    /* S = s Q K^T, masked. Scaling and the row max are one pass where no mask comes between; on
+     * tiles with s > 0 the scale is not applied to S at all but inside the exp pass, the row max
+     * being s max(x) = max(s x) (rounding is monotonic), which spares a pass writing S. */
     const int fused = k->scale_max != NULL && !c->features &&
                       window_covers(c, s, i0, rows, j0, nk);
+    const int scale_in_exp = tiles && fused && c->scale > 0.0f;
     if (!fused) {
       for (int64_t r = 0; r < rows; ++r) k->scale(t->s + r * bk, nk, c->scale);
       apply_masks(c, s, h, i0, rows, j0, nk, t->s, bk, NULL);
@@ -726,7 +770,9 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
     for (int64_t r = 0; r < rows; ++r) {
       float *x = t->s + r * bk;
       uint16_t *ph = t->ph + r * 2 * bk; /* hi in [0, npp), lo (exact_p) in [npp, 2 npp) */
-      const float m_blk = fused ? k->scale_max(x, nk, c->scale) : k->row_max(x, nk);
+      const float m_blk = scale_in_exp ? k->row_max(x, nk) * c->scale
+                          : fused       ? k->scale_max(x, nk, c->scale)
+                                        : k->row_max(x, nk);
       const float m_new = fmaxf(t->m[r], m_blk);
       if (m_new == -INFINITY) { /* nothing visible yet: P = 0 */
         if (tiles) memset(ph, 0, (size_t)(2 * npp) * sizeof(uint16_t));
@@ -734,7 +780,8 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
         continue;
       }
       const float alpha = t->m[r] == m_new ? 1.0f : expf(t->m[r] - m_new);
-      const float sum = tiles ? k->exp_sum_bf16(x, nk, m_new, ph, exact_p ? ph + npp : NULL, npp)
+      const float sum = tiles ? k->exp_sum_bf16(x, nk, scale_in_exp ? c->scale : 1.0f, m_new, ph,
+                                                exact_p ? ph + npp : NULL, npp)
                               : k->exp_sum(x, nk, m_new);
       t->l[r] = t->l[r] * alpha + sum;
       if (alpha != 1.0f) k->scale(t->o + r * c->Dvp, c->Dvp, alpha);
@@ -749,6 +796,8 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
         }
       }
     }
+    PHASE_ADD(t, SOFTMAX, sm_start);
+    PHASE_MARK(pv_start);
     if (v_bad[kb] != 0.0f) { /* V of this block in f32 (cpu_forward), P in f32 */
       if (tiles)
         for (int64_t r = 0; r < rows; ++r) {
@@ -765,8 +814,10 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
       (exact_p ? k->gemm_exact : k->gemm)(rows, c->Dvp, nk, t->s, bk, 0, v + off * c->Dvp, c->Dvp,
                                           t->o, c->Dvp, 1, t->scratch);
     }
+    PHASE_ADD(t, PV, pv_start);
   }
 
+  PHASE_MARK(o_start);
   const int64_t ods = token_dstride(c, &out->out);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t row = s->s.q_row0 + i0 + r;
@@ -782,6 +833,51 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
     }
     if (out->lse.data != NULL) ((float *)out->lse.data)[lse_off(c, &out->lse, s->b, h, row)] = lse;
   }
+  PHASE_ADD(t, QO, o_start);
+}
+
+/* Key block kb of a pair as pack_b's bf16 pairs (cpu.h), for tables with gemm_bf16 (AMX: x86, so
+ * little-endian words), from bf16 rows with no f32 step: K^T's pair row p holds per key jj the
+ * 32-bit word (K[jj][2p], K[jj][2p + 1]), which is word p of K's own row, so K^T's pairs are K's
+ * rows read as words and transposed; V's pair row p interleaves rows 2p and 2p + 1 word by word.
+ * Keys past the sequence are zero columns of K^T (V's pair rows past nk are never read). Through
+ * f32 tiles and pack_b, as the other tables pack, this took 10-20% of the AMX forward (issue 15).
+ * The transpose goes 16 keys at a time, through `scratch`, so that each store of K^T fills
+ * consecutive words of one line: a key at a time, its words went to lines 4 bk bytes apart, which
+ * share a few L1 sets (4 of 64 at bk = 256), and nearly every store missed: packing still took
+ * 10-15% of the forward at 16 threads. Returns 1 when the block's V holds NaN or inf. scratch:
+ * 16 round_up(D, 2) + 2 round_up(Dvp, 2) bf16. */
+static int pack_kv_pairs(const cpu_run *c, const cpu_seq *s, int64_t kb, uint32_t *kt, uint32_t *v,
+                         uint16_t *scratch) {
+  const attn_inputs *in = c->in;
+  const int64_t bk = c->bk, j0 = kb * bk, nk = min64(bk, s->s.len_k - j0);
+  const int64_t kw = (c->D + 1) / 2; /* words of a key row */
+  const int64_t kds = token_dstride(c, &in->k), vds = token_dstride(c, &in->v);
+  uint16_t *keys = scratch; /* 16 key rows of 2 kw bf16 */
+  for (int64_t jb = 0; jb < nk; jb += 16) {
+    const int64_t n = min64(16, nk - jb);
+    for (int64_t i = 0; i < n; ++i)
+      load_bf16_row(c, in->k.data, kv_off(c, &in->k, s, j0 + jb + i), kds, c->D, 2 * kw,
+                    keys + i * 2 * kw);
+    for (int64_t p = 0; p < kw; ++p)
+      for (int64_t i = 0; i < n; ++i) memcpy(kt + p * bk + jb + i, keys + i * 2 * kw + 2 * p, 4);
+  }
+  if (nk < bk)
+    for (int64_t p = 0; p < kw; ++p)
+      memset(kt + p * bk + nk, 0, (size_t)(bk - nk) * sizeof(uint32_t));
+  int bad = 0;
+  uint16_t *r0 = scratch + 16 * 2 * kw, *r1 = r0 + round_up(c->Dvp, 2);
+  for (int64_t p = 0; 2 * p < nk; ++p) {
+    load_bf16_row(c, in->v.data, kv_off(c, &in->v, s, j0 + 2 * p), vds, c->Dv, c->Dvp, r0);
+    if (2 * p + 1 < nk)
+      load_bf16_row(c, in->v.data, kv_off(c, &in->v, s, j0 + 2 * p + 1), vds, c->Dv, c->Dvp, r1);
+    else
+      memset(r1, 0, (size_t)c->Dvp * sizeof(uint16_t));
+    bad |= bf16_any_nonfinite(r0, c->Dv) | bf16_any_nonfinite(r1, c->Dv);
+    uint32_t *o = v + p * c->Dvp;
+    for (int64_t col = 0; col < c->Dvp; ++col) o[col] = r0[col] | (uint32_t)r1[col] << 16;
+  }
+  return bad;
 }
 
 /* Packs key block kb of a pair into its slot: K^T and V in f32, or (tables with gemm_bf16) as
@@ -795,12 +891,8 @@ static void forward_pack(const cpu_run *c, const cpu_seq *s, int64_t kb, float *
   if (k->gemm_bf16 == NULL) {
     bad = pack_kv_block(c, s, kb, kt, v);
   } else {
-    const int64_t nk = min64(c->bk, s->s.len_k - kb * c->bk);
-    pack_kv_block(c, s, kb, tmp, NULL);
-    k->pack_b(tmp, c->bk, c->D, c->bk, (uint16_t *)kt, 2 * c->bk);
-    bad = pack_kv_block(c, s, kb, NULL, tmp);
-    if (bad) memcpy(v, tmp, (size_t)(nk * c->Dvp) * sizeof(float));
-    else k->pack_b(tmp, c->Dvp, nk, c->Dvp, (uint16_t *)v, 2 * c->Dvp);
+    bad = pack_kv_pairs(c, s, kb, (uint32_t *)kt, (uint32_t *)v, (uint16_t *)tmp);
+    if (bad) pack_kv_block(c, s, kb, NULL, v);
   }
   v_bad[kb] = bad ? 1.0f : 0.0f;
 }
@@ -829,8 +921,12 @@ static attn_status cpu_forward(const attn_run *run) {
 #pragma omp parallel num_threads(c.nthreads)
 #endif
   {
+    PHASE_MARK(region_start);
     float *tb = thread_base + (int64_t)thread_id() * lay.per_thread;
     fwd_thread t;
+#ifdef ATTN_CPU_FWD_PHASES
+    memset(t.ticks, 0, sizeof t.ticks);
+#endif
     t.q = tb;
     t.s = t.q + round_up(c.bq * c.Dp, 16);
     t.o = t.s + round_up(c.bq * c.bk, 16);
@@ -851,8 +947,10 @@ static attn_status cpu_forward(const attn_run *run) {
         const cpu_seq s = make_seq(&c, pair0 + pr);
         if (kb * c.bk >= s.s.len_k) continue;
         float *slot = packs + pr * lay.slot;
+        PHASE_MARK(pack_start);
         forward_pack(&c, &s, kb, slot + kb * c.D * c.bk, slot + kt_size + kb * c.bk * c.Dvp,
                      slot + kt_size + v_size, t.tmp);
+        PHASE_ADD(&t, PACK, pack_start);
       }
       /* Heaviest first: later query blocks see more keys under a bottom-right causal mask. */
       const int64_t nwork = npair * c.group * c.nqb;
@@ -869,6 +967,12 @@ static attn_status cpu_forward(const attn_run *run) {
                       &t);
       }
     }
+    if (c.kern->tiles_release != NULL) c.kern->tiles_release();
+    PHASE_ADD(&t, REGION, region_start);
+#ifdef ATTN_CPU_FWD_PHASES
+    for (int i = 0; i < ATTN_CPU_PHASES; ++i)
+      __atomic_fetch_add(&fwd_phase_totals[i], t.ticks[i], __ATOMIC_RELAXED);
+#endif
   }
   return ATTN_STATUS_OK;
 }
@@ -1246,6 +1350,7 @@ static attn_status cpu_backward(const attn_run *run) {
                     token_dstride(&c, &g->dq), c.D, sh.dq + (it * c.Tq + i) * c.Dp, c.scale);
       }
     }
+    if (c.kern->tiles_release != NULL) c.kern->tiles_release();
   }
 
   if (want_dbias) {

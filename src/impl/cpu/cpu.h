@@ -70,11 +70,18 @@ typedef struct attn_cpu_kernels {
   void (*gemm_bf16)(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda, int terms,
                     const uint16_t *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
                     void *scratch);
-  /* Optional, with gemm_bf16: exp_sum for the forward's P V on bf16 tiles. With e_j = exp(x[j] -
-   * m): hi[j] = bf16(e_j) and, unless lo is NULL, lo[j] = bf16(e_j - hi[j]) (nearest even: 16
-   * significant bits together) for j < n, both 0 for n <= j < np; returns the sum of the e_j
-   * (unrounded). x is left as it was. */
-  float (*exp_sum_bf16)(const float *x, int64_t n, float m, uint16_t *hi, uint16_t *lo, int64_t np);
+  /* Optional, with gemm_bf16: exp_sum for the forward's P V on bf16 tiles. With e_j = exp(s x[j] -
+   * m) (one fused multiply-add: the forward passes its scale here instead of scaling S first, m
+   * being the maximum of s x, so s x[j] - m may exceed 0 by a rounding): hi[j] = bf16(e_j) and,
+   * unless lo is NULL, lo[j] = bf16(e_j - hi[j]) (nearest even: 16 significant bits together) for
+   * j < n, both 0 for n <= j < np; returns the sum of the e_j (unrounded). x is left as it was. */
+  float (*exp_sum_bf16)(const float *x, int64_t n, float s, float m, uint16_t *hi, uint16_t *lo,
+                        int64_t np);
+  /* Optional (NULL in all but the AMX table): the products leave the thread's tile configuration
+   * loaded for its next product, and this hands the tiles back (tilerelease). The driver calls it
+   * on every thread that ran products, before the pass returns to the caller, whose own code may
+   * configure the tiles otherwise. */
+  void (*tiles_release)(void);
   /* Optional (NULL: scale, then row_max): x[j] *= s for j < n, returning the max of the result;
    * one pass where a block needs no mask between the two. */
   float (*scale_max)(float *x, int64_t n, float s);
@@ -147,8 +154,6 @@ void attn_cpu_gemm_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64
                           void *scratch);
 float attn_cpu_row_max_avx512(const float *x, int64_t n);
 float attn_cpu_exp_sum_avx512(float *x, int64_t n, float m);
-float attn_cpu_exp_sum_bf16_avx512(const float *x, int64_t n, float m, uint16_t *hi, uint16_t *lo,
-                                   int64_t np);
 float attn_cpu_scale_max_avx512(float *x, int64_t n, float s);
 void attn_cpu_scale_avx512(float *x, int64_t n, float s);
 void attn_cpu_ds_row_avx512(float *dp, const float *p, int64_t n, float delta);
@@ -170,6 +175,20 @@ void attn_cpu_decode_axpys_avx512(int64_t R, int64_t nb, int64_t Dv, const float
 int attn_cpu_decode_applies(const attn_problem *problem);
 size_t attn_cpu_decode_workspace(const attn_problem *problem);
 attn_status attn_cpu_decode_forward(const attn_run *run, const attn_cpu_kernels *kernels);
+
+/* Development only (compiled in with -DATTN_CPU_FWD_PHASES in CFLAGS): TSC ticks of the tiled
+ * forward's phases summed over threads, to find what bounds it (bench/cpu_bench prints them).
+ * QK: S = Q K^T; SOFTMAX: scale, masks, max, exp, rescale of O, dropout; PV: O += P V; QO: loading
+ * the query block and storing out and lse; PACK: K and V per key block; REGION: each thread's
+ * whole parallel region (so REGION minus the others is scheduling and waiting); BLOCKS: the count
+ * of (query block, key block) products. reset: clear them after reading. */
+#ifdef ATTN_CPU_FWD_PHASES
+enum {
+  ATTN_CPU_PHASE_QK, ATTN_CPU_PHASE_SOFTMAX, ATTN_CPU_PHASE_PV, ATTN_CPU_PHASE_QO,
+  ATTN_CPU_PHASE_PACK, ATTN_CPU_PHASE_REGION, ATTN_CPU_PHASE_BLOCKS, ATTN_CPU_PHASES
+};
+void attn_cpu_fwd_phases(uint64_t out[ATTN_CPU_PHASES], int reset);
+#endif
 
 /* The kernel table a new plan of "cpu" would use now (its name, as above): cpuid lowered
  * by ATTN_CPU_ISA. For benchmarks that report which path ran. */

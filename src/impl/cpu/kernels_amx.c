@@ -108,6 +108,25 @@ static void emu_dp(int c, int a, int b) {
 #define TILE_DP(c, a, b) _tile_dpbf16ps(c, a, b)
 #endif
 
+/* The configuration stays loaded from one product to the next on a thread (ldtilecfg, then
+ * tilerelease, around each of the forward's two products per key block cost them both a pipeline
+ * drain); tiles_release_amx (cpu.h's tiles_release) hands the tiles back at the end of a pass. */
+static _Thread_local int tiles_loaded;
+
+ALWAYS_INLINE void tiles_configure(void) {
+  if (!tiles_loaded) {
+    TILE_CONFIG(&amx_config);
+    tiles_loaded = 1;
+  }
+}
+
+static void tiles_release_amx(void) {
+  if (tiles_loaded) {
+    TILE_RELEASE();
+    tiles_loaded = 0;
+  }
+}
+
 /* ---- may we use it? ----------------------------------------------------------------------------- */
 
 /* The processor has AMX-TILE and AMX-BF16, the OS saves the tile state and (Linux) granted it to
@@ -226,6 +245,64 @@ static void pack_pairs(const float *b, int64_t ldb, int64_t k, int64_t n, uint16
       _mm512_storeu_si512((void *)(o + 2 * c), interleave(to_bf16(_mm512_loadu_ps(r0 + c)), h1));
     }
   }
+}
+
+/* ---- the forward's probabilities ------------------------------------------------------------ */
+
+/* 2^t for t <= 127 (callers' t are differences from a maximum: at most a rounding above 0); 0 for
+ * t <= -150 (and -inf): a masked score's probability is exactly 0; NaN for NaN. The probabilities'
+ * exp in base 2 (t = (s x - m) log2(e)), so that the reduction is t - round(t), with no ln 2
+ * split: 11 instructions a vector from the score, where exp512 (kernels_avx512.c) and the
+ * subtraction before it take 16. The price is t's own rounding, 2^-24 |t|: a relative error of
+ * 6e-7 at |t| = 10, 7e-6 at the terms near 2^-150, in a term whose probability is rounded to bf16
+ * (2^-9) for P V anyway, or to 16 bits (hi + lo, 2^-17) with sinks; the sum of the terms, l, and
+ * through it lse, keep it (bf16 problems' tolerances are 10^3 times larger). The polynomial: 2^f's
+ * Taylor series to f^6 on |f| <= 1/2, within 2.2e-7 of 2^f in f32. */
+ALWAYS_INLINE __m512 exp2_probability(__m512 t) {
+  t = _mm512_max_ps(_mm512_set1_ps(-150.0f), t); /* t second: a NaN t stays NaN */
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n); /* exact */
+  __m512 p = _mm512_set1_ps(1.540352969e-04f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.333355787e-03f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618128650e-03f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410971e-02f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265072e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471825e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+/* cpu.h's exp_sum_bf16, 32 columns a step: e = 2^((s x - m) log2(e)) (exp2_probability; s x - m
+ * first, so that no product with log2(e) overflows), and vcvtne2ps2bf16 rounds two vectors to bf16
+ * at once (nearest even; subnormals, under 2^-126 of the row's largest term 1, become zero, as in
+ * every conversion of this table). lo = bf16(e - hi), e - hi being exact. */
+static float exp_sum_bf16_amx(const float *x, int64_t n, float s, float m, uint16_t *hi_out,
+                              uint16_t *lo_out, int64_t np) {
+  const __m512 sv = _mm512_set1_ps(s), mv = _mm512_set1_ps(-m);
+  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  for (int64_t j = 0; j < np; j += 32) {
+    const __mmask16 k0 = mask_of(n - j), k1 = mask_of(n - j - 16);
+    const __m512 d0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k0, x + j), sv, mv);
+    const __m512 d1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k1, x + j + 16), sv, mv);
+    const __m512 e0 = _mm512_maskz_mov_ps(k0, exp2_probability(_mm512_mul_ps(d0, log2e)));
+    const __m512 e1 = _mm512_maskz_mov_ps(k1, exp2_probability(_mm512_mul_ps(d1, log2e)));
+    s0 = _mm512_add_ps(s0, e0);
+    s1 = _mm512_add_ps(s1, e1);
+    const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(e1, e0); /* e0's words first */
+    const __mmask32 room =
+        np - j >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (np - j)) - 1u);
+    _mm512_mask_storeu_epi16(hi_out + j, room, hi);
+    if (lo_out == NULL) continue;
+    /* hi as f32: each word shifted into the upper half of a 32-bit lane */
+    const __m512 h0 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
+    const __m512 h1 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
+    const __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(e1, h1), _mm512_sub_ps(e0, h0));
+    _mm512_mask_storeu_epi16(lo_out + j, room, lo);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
 /* ---- the product ------------------------------------------------------------------------------ */
@@ -347,7 +424,7 @@ static void product(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t 
   const amx_operands o = {a, lda, b, ldb, tail, 2 * n, bsteps, terms * bsteps};
   float *stage = (float *)scratch;
   MEMORY_BARRIER();
-  TILE_CONFIG(&amx_config);
+  tiles_configure();
   for (int64_t i = 0; i < m; i += 32) {
     for (int64_t j = 0; j < n; j += 32) {
       if (i + 32 <= m && j + 32 <= n) {
@@ -359,7 +436,6 @@ static void product(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t 
           block_1x1(&o, ii, jj, m - ii < 16 ? m - ii : 16, c, ldc, accumulate, stage);
     }
   }
-  TILE_RELEASE();
 }
 
 static int zero_or_done(int64_t m, int64_t n, int64_t k, float *c, int64_t ldc, int accumulate) {
@@ -424,7 +500,8 @@ const attn_cpu_kernels attn_cpu_kernels_amx = {
     .pack_b = pack_b_amx,
     .gemm_packed = gemm_packed_amx,
     .gemm_bf16 = gemm_bf16_amx,
-    .exp_sum_bf16 = attn_cpu_exp_sum_bf16_avx512,
+    .exp_sum_bf16 = exp_sum_bf16_amx,
+    .tiles_release = tiles_release_amx,
 #else
     .gemm = attn_cpu_gemm_avx512, /* never called: attn_cpu_amx_usable() is 0 */
 #endif

@@ -163,37 +163,6 @@ float attn_cpu_scale_max_avx512(float *x, int64_t n, float s) {
   return _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
 }
 
-/* The bf16 nearest each lane of x (ties to even), as 32-bit lanes holding it in their upper half
- * and zero below: x + 0x7fff + (bit 16 of x) carries into the upper half exactly when rounding
- * goes up. For finite x and for NaN, which stays a NaN (AVX-512F has no bf16 conversion). */
-static inline __m512i bf16_round(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
-  return _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
-}
-
-/* cpu.h's exp_sum_bf16: exp(x[j] - m) as one or two bf16 terms. */
-float attn_cpu_exp_sum_bf16_avx512(const float *x, int64_t n, float m, uint16_t *hi_out,
-                                   uint16_t *lo_out, int64_t np) {
-  const __m512 mv = _mm512_set1_ps(m);
-  __m512 s = _mm512_setzero_ps();
-  for (int64_t j = 0; j < np; j += 16) {
-    const __mmask16 k = n - j >= 16 ? (__mmask16)0xffff
-                        : n - j <= 0 ? (__mmask16)0
-                                     : (__mmask16)((1u << (n - j)) - 1u);
-    const __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), mv)));
-    s = _mm512_add_ps(s, e);
-    const __m512i hi = bf16_round(e);
-    const __mmask16 room = np - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (np - j)) - 1u);
-    _mm256_mask_storeu_epi16(hi_out + j, room, _mm512_cvtepi32_epi16(_mm512_srli_epi32(hi, 16)));
-    if (lo_out == NULL) continue;
-    const __m512i lo = bf16_round(_mm512_sub_ps(e, _mm512_castsi512_ps(hi))); /* e - hi: exact */
-    _mm256_mask_storeu_epi16(lo_out + j, room, _mm512_cvtepi32_epi16(_mm512_srli_epi32(lo, 16)));
-  }
-  return _mm512_reduce_add_ps(s);
-}
-
 void attn_cpu_ds_row_avx512(float *dp, const float *p, int64_t n, float delta) {
   const __m512 dv = _mm512_set1_ps(delta);
   int64_t j = 0;
