@@ -32,6 +32,7 @@
 #include "impl/cuda/cuda_decode.h"
 
 #include <atomic>
+#include <cooperative_groups.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -49,6 +50,9 @@ constexpr int kBN = 64;                      /* keys per tile: 16 per warp */
 constexpr int kMinSplitKeys = 2 * kBN;
 /* The most splits it makes: the merge kernel holds their weights in a fixed shared array. */
 constexpr int kMaxSplits = 1024;
+/* The most splits merged inside one thread-block cluster (sm_90: 16 with the non-portable opt-in),
+ * which replaces the merge kernel: see split_kernel's epilogue. */
+constexpr int kMaxClusterSplits = 16;
 
 /* Per head-dim kernel: stages in flight and CTAs per SM (registers are bounded for that many;
  * shared memory allows it on sm_90: 2 x 107 KiB at KD = 128, so 4 tiles of 32 KiB requested per
@@ -61,8 +65,11 @@ template <int KD> struct Shape {
   static constexpr int kTile = kBN * kPitch; /* elements of one K or V tile */
   static constexpr size_t kSmem = 2 * ((size_t)kRows * kPitch + (size_t)kStages * 2 * kTile) +
                                   sizeof(float) * kWarps * kRows * 2;
-  /* the warps' O (f32) reuse the tiles' space after the loop */
-  static_assert(sizeof(float) * kWarps * kRows * KD <= 2 * (size_t)kStages * 2 * kTile, "o_w fits");
+  /* after the loop the tiles' space holds the warps' O (f32) and then the CTA's merged partial
+   * [kRows][m, l, O[KD]] that the other CTAs of a cluster read */
+  static constexpr size_t kOwFloats = (size_t)kWarps * kRows * KD;
+  static_assert(sizeof(float) * (kOwFloats + (size_t)kRows * (KD + 2)) <= 2 * (size_t)kStages * 2 * kTile,
+                "o_w and the partial fit");
 };
 
 template <typename T> __device__ __forceinline__ T from_float(float x);
@@ -179,10 +186,63 @@ __device__ __forceinline__ void finish(const attn_cuda_decode_params &p, int b, 
   }
 }
 
+/* The splits of one (sequence, KV head, row chunk) are one cluster: after every CTA has put its
+ * partial (part: [kRows][m, l, O[Dv]] in its shared memory) the cluster's CTAs read each other's
+ * through distributed shared memory, CTA `rank` taking every (cluster size)-th output element, and
+ * merge the splits through their maxima in rank order (split order: the same bits each run).
+ * This replaces the merge kernel: no second launch, no round trip of the partials through L2,
+ * no workspace. Every CTA of the cluster must arrive here (no early exit above). */
+template <typename T>
+__device__ __forceinline__ void merge_cluster(const attn_cuda_decode_params &p, int b, int g, int first,
+                                              int nrows, float *part) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync(); /* every split's partial is written (release / acquire across the cluster) */
+  const int splits = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
+  const int stride = p.dv + 2;
+  for (int e = rank * kThreads + (int)threadIdx.x; e < nrows * (p.dv + 1); e += splits * kThreads) {
+    const int r = e / (p.dv + 1), c = e % (p.dv + 1);
+    /* every split's (m, l, O[c]) requested at once: one latency of distributed shared memory, not
+     * one per split */
+    float ms[kMaxClusterSplits], ls[kMaxClusterSplits], os[kMaxClusterSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      ms[s] = -INFINITY, ls[s] = 0.0f, os[s] = 0.0f;
+      if (s < splits) {
+        const float *ps = cluster.map_shared_rank(part, s) + r * stride;
+        ms[s] = ps[0], ls[s] = ps[1];
+        if (c < p.dv) os[s] = ps[2 + c];
+      }
+    }
+    float M = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) M = fmaxf(M, ms[s]);
+    float L = 0.0f, O = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      if (ms[s] == -INFINITY) continue; /* an empty split, or past the cluster */
+      const float w = __expf(ms[s] - M);
+      L += w * ls[s];
+      O += w * os[s];
+    }
+    int h, i;
+    row_head(p, g, first + r, h, i);
+    finish<T>(p, b, h, i, c, M, L, O);
+  }
+  cluster.sync(); /* no CTA leaves (and frees its shared memory) while another still reads it */
+#else
+  (void)p, (void)b, (void)g, (void)first, (void)nrows, (void)part; /* not launched before sm_90 */
+#endif
+}
+
 /* One (key split, KV head x row chunk, sequence): grid (splits, Hkv * row_chunks, B). */
+/* merge_in_cluster: the grid's x dimension (the splits) is one thread-block cluster (sm_90), and
+ * the splits merge through distributed shared memory at the end instead of through the
+ * workspace and merge_kernel. */
 template <typename T, int KD>
 __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
-    split_kernel(const attn_cuda_decode_params p, int row_chunks) {
+    split_kernel(const attn_cuda_decode_params p, int row_chunks, int merge_in_cluster) {
   using S = Shape<KD>;
   constexpr int kPitch = S::kPitch, kStages = S::kStages, kTile = S::kTile;
   constexpr uint32_t kPitchB = kPitch * sizeof(T);
@@ -194,6 +254,13 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
   float *ml_s = reinterpret_cast<float *>(kv_s + kStages * 2 * kTile); /* [kWarps][kRows][m, l] */
   float *o_w = reinterpret_cast<float *>(kv_s);                      /* after the loop: [kWarps][kRows][KD] */
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  /* launched as a programmatic dependent of whatever ran before on the stream (the previous
+   * call's kernels, an append, or the caller's), so that its launch and the placement of its CTAs
+   * overlap that kernel's tail: nothing in memory is touched before that kernel has finished and
+   * its writes are visible (q, K and V may be its outputs; out may be its input) */
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const int split = blockIdx.x, b = blockIdx.z;
   const int g = blockIdx.y / row_chunks, chunk = blockIdx.y % row_chunks;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -236,7 +303,9 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
 
   /* Paged: the pool pages of this thread's rows of the next tile to copy, read from the block
    * table one tile ahead (in the shadow of a tile's arithmetic), so a copy never waits for its
-   * table entry. */
+   * table entry. A thread's rows are kStep apart, so with pages of 16 or more rows consecutive
+   * rows mostly share a page: its entry is read once (pages of 16: half the loads, 64: an eighth),
+   * which leaves the load units to the copies. */
   const PageOf po(p.page_size > 0 ? p.page_size : 1);
   int pages[kPasses];
   auto fetch_pages = [&](int t) {
@@ -244,7 +313,8 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
 #pragma unroll
     for (int it = 0; it < kPasses; ++it) {
       const int j = k0 + t * kBN + r0 + it * kStep;
-      pages[it] = j < k1 ? page_of(p, po, b, j) : 0;
+      if (it > 0 && j < k1 && po.column(j) == po.column(j - kStep)) pages[it] = pages[it - 1];
+      else pages[it] = j < k1 ? page_of(p, po, b, j) : 0;
     }
   };
   auto load_tile = [&](int t, int stage) {
@@ -371,9 +441,11 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
   }
   __syncthreads();
 
-  /* merged in warp order; one split: the result, else this split's partial [m, l, O[Dv]] */
+  /* merged in warp order; one split: the result, else this split's partial [m, l, O[Dv]], in
+   * the workspace or (merge_in_cluster) in shared memory after o_w */
   const int stride = Dv + 2;
   float *part = p.splits == 1 ? nullptr
+                : merge_in_cluster ? o_w + S::kOwFloats
                 : p.partials + ((((int64_t)b * p.heads_kv + g) * row_chunks + chunk) * p.splits + split) *
                                    kRows * stride;
   for (int e = tid; e < nrows * (Dv + 1); e += kThreads) {
@@ -400,6 +472,7 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
       part[r * stride] = M, part[r * stride + 1] = L;
     }
   }
+  if (p.splits > 1 && merge_in_cluster) merge_cluster<T>(p, b, g, first, nrows, part);
 }
 
 /* Sum over the block in a fixed order (warp trees, then warps in order): the same bits each run. */
@@ -433,6 +506,9 @@ template <typename T> __global__ void __launch_bounds__(kThreads) merge_kernel(c
   __shared__ float red[kWarps];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  /* the next kernel (a programmatic dependent: the next call's split kernel) may be placed now;
+   * it waits for this grid to finish before it reads or writes anything */
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   const int item = blockIdx.x, r = blockIdx.y;
   const int g = item / row_chunks % p.heads_kv, chunk = item % row_chunks, b = item / (row_chunks * p.heads_kv);
@@ -486,9 +562,38 @@ int min_blocks(int kd) {
   return kd == 64 ? Shape<64>::kMinBlocks : kd == 128 ? Shape<128>::kMinBlocks : Shape<256>::kMinBlocks;
 }
 
+/* The largest cluster of split CTAs device `index` can run (0: none; sm_90 and later), asked once
+ * per device and kernel: kMaxClusterSplits where the occupancy calculator places such a cluster,
+ * else the portable 8, else 0. */
+template <typename T, int KD> int cluster_limit(int index, int major) {
+  static std::atomic<int> known[64]; /* limit + 1 per device; 0: not asked yet */
+  std::atomic<int> &slot = known[index & 63];
+  const int k = slot.load(std::memory_order_relaxed);
+  if (k > 0) return k - 1;
+  int limit = 0;
+  if (major >= 9 && cudaFuncSetAttribute(split_kernel<T, KD>, cudaFuncAttributeNonPortableClusterSizeAllowed,
+                                         1) == cudaSuccess) {
+    for (int size = kMaxClusterSplits; size >= 8 && limit == 0; size /= 2) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(size), cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = Shape<KD>::kSmem;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = size, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr, cfg.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, split_kernel<T, KD>, &cfg) == cudaSuccess && clusters > 0)
+        limit = size;
+    }
+  }
+  (void)cudaGetLastError(); /* a refused attribute or query: no clusters, not an error */
+  slot.store(limit + 1, std::memory_order_relaxed);
+  return limit;
+}
+
+/* Launches the split kernel; *merged: its splits merged in clusters (no merge kernel to run). */
 template <typename T, int KD>
 attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream_t stream, int row_chunks,
-                         char *why, size_t why_size) {
+                         int major, bool *merged, char *why, size_t why_size) {
   /* shared memory above 48 KiB is opted into once per device (the attribute is the device's) */
   static std::atomic<uint64_t> opted{0};
   const uint64_t bit = (uint64_t)1 << (p->device_index & 63);
@@ -497,7 +602,23 @@ attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream
                                          (int)Shape<KD>::kSmem));
     opted.fetch_or(bit, std::memory_order_relaxed);
   }
-  split_kernel<T, KD><<<grid, kThreads, Shape<KD>::kSmem, stream>>>(*p, row_chunks);
+  /* sm_90: a programmatic dependent of the stream's previous kernel, and with 2 to 16 splits one
+   * cluster per (sequence, KV head, row chunk) that merges its splits itself */
+  *merged = p->splits > 1 && p->splits <= cluster_limit<T, KD>(p->device_index, major);
+  if (major >= 9) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = Shape<KD>::kSmem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = (unsigned)p->splits, attr[1].val.clusterDim.y = 1, attr[1].val.clusterDim.z = 1;
+    cfg.attrs = attr, cfg.numAttrs = *merged ? 2 : 1;
+    ATTN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, split_kernel<T, KD>, *p, row_chunks, *merged ? 1 : 0));
+    return ATTN_STATUS_OK;
+  }
+  split_kernel<T, KD><<<grid, kThreads, Shape<KD>::kSmem, stream>>>(*p, row_chunks, 0);
   ATTN_CUDA_CHECK(cudaGetLastError());
   return ATTN_STATUS_OK;
 }
@@ -509,19 +630,20 @@ attn_status launch(const attn_cuda_decode_params *p, cudaStream_t stream, char *
     append_kernel<T><<<dim3(p->batch, p->seqlen_new), 128, 0, stream>>>(*p);
     ATTN_CUDA_CHECK(cudaGetLastError());
   }
-  const dim3 grid(p->splits, p->heads_kv * row_chunks, p->batch);
-  const int kd = kernel_dim(p->d, p->dv);
-  attn_status st = kd == 64    ? launch_split<T, 64>(p, grid, stream, row_chunks, why, why_size)
-                   : kd == 128 ? launch_split<T, 128>(p, grid, stream, row_chunks, why, why_size)
-                               : launch_split<T, 256>(p, grid, stream, row_chunks, why, why_size);
-  if (st != ATTN_STATUS_OK || p->splits == 1) return st;
-  const dim3 mgrid(p->batch * p->heads_kv * row_chunks, kRows);
   if (p->splits > kMaxSplits) {
     snprintf(why, why_size, "decode: %d key splits, more than the merge kernel's %d", p->splits, kMaxSplits);
     return ATTN_STATUS_INTERNAL;
   }
   int major = 0;
   ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p->device_index));
+  const dim3 grid(p->splits, p->heads_kv * row_chunks, p->batch);
+  const int kd = kernel_dim(p->d, p->dv);
+  bool merged = false;
+  attn_status st = kd == 64    ? launch_split<T, 64>(p, grid, stream, row_chunks, major, &merged, why, why_size)
+                   : kd == 128 ? launch_split<T, 128>(p, grid, stream, row_chunks, major, &merged, why, why_size)
+                               : launch_split<T, 256>(p, grid, stream, row_chunks, major, &merged, why, why_size);
+  if (st != ATTN_STATUS_OK || p->splits == 1 || merged) return st;
+  const dim3 mgrid(p->batch * p->heads_kv * row_chunks, kRows);
   if (major >= 9) { /* programmatic dependent launch: the merge's launch overlaps the splits' tail */
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = mgrid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = 0, cfg.stream = stream;
