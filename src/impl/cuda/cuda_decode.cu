@@ -303,9 +303,9 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
 
   /* Paged: the pool pages of this thread's rows of the next tile to copy, read from the block
    * table one tile ahead (in the shadow of a tile's arithmetic), so a copy never waits for its
-   * table entry. A thread's rows are kStep apart, so with pages of 16 or more rows consecutive
-   * rows mostly share a page: its entry is read once (pages of 16: half the loads, 64: an eighth),
-   * which leaves the load units to the copies. */
+   * table entry. (Every row reads its own entry, most of them L1 hits: copying the entry of the
+   * row kStep before when both share a page made each read wait for the previous one to land,
+   * and cost paged 16 and 64 13% on the H100.) */
   const PageOf po(p.page_size > 0 ? p.page_size : 1);
   int pages[kPasses];
   auto fetch_pages = [&](int t) {
@@ -313,8 +313,7 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
 #pragma unroll
     for (int it = 0; it < kPasses; ++it) {
       const int j = k0 + t * kBN + r0 + it * kStep;
-      if (it > 0 && j < k1 && po.column(j) == po.column(j - kStep)) pages[it] = pages[it - 1];
-      else pages[it] = j < k1 ? page_of(p, po, b, j) : 0;
+      pages[it] = j < k1 ? page_of(p, po, b, j) : 0;
     }
   };
   auto load_tile = [&](int t, int stage) {
@@ -504,16 +503,16 @@ __device__ __forceinline__ float block_max(float x, float *red) {
 template <typename T> __global__ void __launch_bounds__(kThreads) merge_kernel(const attn_cuda_decode_params p, int row_chunks) {
   __shared__ float w_s[kMaxSplits];
   __shared__ float red[kWarps];
+  const int item = blockIdx.x, r = blockIdx.y;
+  const int g = item / row_chunks % p.heads_kv, chunk = item % row_chunks, b = item / (row_chunks * p.heads_kv);
+  const int first = chunk * kRows;
+  if (r >= min(kRows, p.group * p.seqlen_q - first)) return; /* no row: leaves without waiting */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   /* the next kernel (a programmatic dependent: the next call's split kernel) may be placed now;
    * it waits for this grid to finish before it reads or writes anything */
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-  const int item = blockIdx.x, r = blockIdx.y;
-  const int g = item / row_chunks % p.heads_kv, chunk = item % row_chunks, b = item / (row_chunks * p.heads_kv);
-  const int first = chunk * kRows;
-  if (r >= min(kRows, p.group * p.seqlen_q - first)) return;
   const int stride = p.dv + 2, splits = p.splits;
   const float *part = p.partials + ((int64_t)item * splits * kRows + r) * stride; /* split s: + s * kRows * stride */
   const int64_t sstride = (int64_t)kRows * stride;
@@ -562,6 +561,23 @@ int min_blocks(int kd) {
   return kd == 64 ? Shape<64>::kMinBlocks : kd == 128 ? Shape<128>::kMinBlocks : Shape<256>::kMinBlocks;
 }
 
+/* CTAs of the split kernel of head dim kd that device `index` holds at once: its SMs times the
+ * CTAs per SM that the registers (launch bounds) and shared memory (1 KiB of it reserved per CTA
+ * by the driver) allow; 0 when the device cannot be asked. */
+int64_t resident_slots(int index, int kd) {
+  int sms = 0, smem_sm = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, index) != cudaSuccess ||
+      sms < 1) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  int resident = (int)((size_t)smem_sm / (smem_bytes(kd) + 1024));
+  if (resident > min_blocks(kd)) resident = min_blocks(kd);
+  if (resident < 1) resident = 1;
+  return (int64_t)resident * sms;
+}
+
 /* The largest cluster of split CTAs device `index` can run (0: none; sm_90 and later), asked once
  * per device and kernel: kMaxClusterSplits where the occupancy calculator places such a cluster,
  * else the portable 8, else 0. */
@@ -602,9 +618,13 @@ attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream
                                          (int)Shape<KD>::kSmem));
     opted.fetch_or(bit, std::memory_order_relaxed);
   }
-  /* sm_90: a programmatic dependent of the stream's previous kernel, and with 2 to 16 splits one
-   * cluster per (sequence, KV head, row chunk) that merges its splits itself */
-  *merged = p->splits > 1 && p->splits <= cluster_limit<T, KD>(p->device_index, major);
+  /* sm_90: a programmatic dependent of the stream's previous kernel; and with 2 to 16 splits whose
+   * CTAs all fit on the device at once, one cluster per (sequence, KV head, row chunk) that merges
+   * its splits itself. (H100, bench/RESULTS.md: B = 16, Tk = 2048, 2 splits in one wave: 60 us
+   * against 67 us with the merge kernel; but 4 splits in two waves: 89 us against 71, since a
+   * cluster's CTAs hold their SMs until the slowest of them is done, and are placed together.) */
+  *merged = p->splits > 1 && p->splits <= cluster_limit<T, KD>(p->device_index, major) &&
+            (int64_t)grid.x * grid.y * grid.z <= resident_slots(p->device_index, KD);
   if (major >= 9) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = Shape<KD>::kSmem;
@@ -668,24 +688,12 @@ extern "C" int attn_cuda_decode_row_chunks(int group, int seqlen_q) {
 extern "C" int attn_cuda_decode_splits(int index, int batch, int heads_kv, int row_chunks,
                                        int keys, int d, int dv, int half_waves) {
   using namespace attn_cuda_decode;
-  int sms = 0, smem_sm = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, index) !=
-          cudaSuccess ||
-      sms < 1) {
-    (void)cudaGetLastError();
-    return 1;
-  }
-  /* CTAs resident per SM: the registers' bound (launch bounds) and shared memory's (1 KiB of it
-   * reserved per CTA by the driver) */
-  const int kd = kernel_dim(d, dv);
-  int resident = (int)((size_t)smem_sm / (smem_bytes(kd) + 1024));
-  if (resident > min_blocks(kd)) resident = min_blocks(kd);
-  if (resident < 1) resident = 1;
+  const int64_t slots = resident_slots(index, kernel_dim(d, dv));
+  if (slots == 0) return 1;
   /* the most splits that keep the CTAs within half_waves / 2 full waves (whole waves: a partial
    * last wave would leave SMs idle while it runs), none shorter than kMinSplitKeys */
   const int64_t ctas = (int64_t)batch * heads_kv * row_chunks;
-  int64_t want = (int64_t)(half_waves > 0 ? half_waves : 2) * resident * sms / (2 * ctas);
+  int64_t want = (int64_t)(half_waves > 0 ? half_waves : 2) * slots / (2 * ctas);
   int64_t most = (keys + kMinSplitKeys - 1) / kMinSplitKeys;
   if (want > most) want = most;
   if (want > kMaxSplits) want = kMaxSplits;
