@@ -18,7 +18,13 @@
  *   - with one split the CTA writes out and lse itself; otherwise each split writes its partial
  *     (m, l, unnormalised O) and a small kernel, one CTA per output row, merges them through
  *     their maxima (the lse merge of flash-decoding), adds the sinks once, and writes out and lse.
- *     Every sum runs in a fixed order, so the bits repeat;
+ *     On sm_90, where 2 to 16 splits' CTAs all fit on the device at once, the splits of one
+ *     (sequence, KV head, row chunk) are instead one thread-block cluster that merges them
+ *     through distributed shared memory: no second kernel, no workspace round trip. Every sum
+ *     runs in a fixed order, so the bits repeat;
+ *   - on sm_90 the split kernel is a programmatic dependent of the stream's previous kernel (its
+ *     launch overlaps that kernel's tail; it waits for it before touching memory), and the merge
+ *     kernel one of the split kernel;
  *   - the key range of a sequence is the union of its rows' windows, so pages wholly outside a
  *     sliding window are never read; sequences of length 0 give out = 0, lse = -inf (or the
  *     sinks'); lengths and page numbers read from device memory are clamped to the tensors;
@@ -56,8 +62,8 @@ constexpr int kMaxClusterSplits = 16;
 
 /* Per head-dim kernel: stages in flight and CTAs per SM (registers are bounded for that many;
  * shared memory allows it on sm_90: 2 x 107 KiB at KD = 128, so 4 tiles of 32 KiB requested per
- * SM; that reaches 88-96% of the H100's copy rate on dense caches of B * Tk >= 64k keys, and
- * 74-81% with 16-row pages, whose scattered rows would need more in flight). */
+ * SM; that reaches 91-95% of the H100's copy rate on dense caches of B * Tk >= 64k keys, and
+ * 75-80% with 16-row pages, whose scattered rows would need more in flight). */
 template <int KD> struct Shape {
   static constexpr int kStages = KD >= 256 ? 2 : 3;
   static constexpr int kPitch = KD + 8; /* elements per shared row: +16 bytes, ldmatrix conflict-free */
