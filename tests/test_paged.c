@@ -333,6 +333,18 @@ static int check_case(attn_ctx *ctx, const pcase *c, const char *impl, tu_rng *r
              impl, what, eo.max_abs, bo, (long long)eo.nonfinite, el.max_abs, bl,
              (long long)el.nonfinite);
     passed &= ok;
+    /* a named GPU configuration (the split-KV kernel) repeats its bits: its splits merge in a
+     * fixed order, through the workspace or inside a thread-block cluster */
+    if (c->device != ATTN_DEVICE_CPU && c->config != NULL) {
+      tu_buf out2 = tu_buf_new(dt, out.n), lse2 = tu_buf_new(st, lse.n);
+      int same = run(ctx, &p, impl, c->config, ATTN_DTYPE_F64, &in, &out2, &lse2, uploads, 9,
+                     c->paged ? cache_seqlens : NULL, B) == ATTN_STATUS_OK;
+      same = same && memcmp(out.data, out2.data, buf_bytes(&out)) == 0 &&
+             memcmp(lse.data, lse2.data, buf_bytes(&lse)) == 0;
+      tu_check(same, "%s %s (%s): a second call gives the same bits", impl, what, c->config);
+      passed &= same;
+      tu_buf_free(&out2), tu_buf_free(&lse2);
+    }
     /* the appended rows are in the pool, bit for bit */
     if (c->paged && c->seqlen_new > 0 && c->device == ATTN_DEVICE_CPU) {
       int same = 1;

@@ -18,7 +18,13 @@
  *   - with one split the CTA writes out and lse itself; otherwise each split writes its partial
  *     (m, l, unnormalised O) and a small kernel, one CTA per output row, merges them through
  *     their maxima (the lse merge of flash-decoding), adds the sinks once, and writes out and lse.
- *     Every sum runs in a fixed order, so the bits repeat;
+ *     On sm_90, where 2 to 16 splits' CTAs all fit on the device at once, the splits of one
+ *     (sequence, KV head, row chunk) are instead one thread-block cluster that merges them
+ *     through distributed shared memory: no second kernel, no workspace round trip. Every sum
+ *     runs in a fixed order, so the bits repeat;
+ *   - on sm_90 the split kernel is a programmatic dependent of the stream's previous kernel (its
+ *     launch overlaps that kernel's tail; it waits for it before touching memory), and the merge
+ *     kernel one of the split kernel;
  *   - the key range of a sequence is the union of its rows' windows, so pages wholly outside a
  *     sliding window are never read; sequences of length 0 give out = 0, lse = -inf (or the
  *     sinks'); lengths and page numbers read from device memory are clamped to the tensors;
@@ -32,6 +38,7 @@
 #include "impl/cuda/cuda_decode.h"
 
 #include <atomic>
+#include <cooperative_groups.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -49,11 +56,14 @@ constexpr int kBN = 64;                      /* keys per tile: 16 per warp */
 constexpr int kMinSplitKeys = 2 * kBN;
 /* The most splits it makes: the merge kernel holds their weights in a fixed shared array. */
 constexpr int kMaxSplits = 1024;
+/* The most splits merged inside one thread-block cluster (sm_90: 16 with the non-portable opt-in),
+ * which replaces the merge kernel: see split_kernel's epilogue. */
+constexpr int kMaxClusterSplits = 16;
 
 /* Per head-dim kernel: stages in flight and CTAs per SM (registers are bounded for that many;
  * shared memory allows it on sm_90: 2 x 107 KiB at KD = 128, so 4 tiles of 32 KiB requested per
- * SM; that reaches 88-96% of the H100's copy rate on dense caches of B * Tk >= 64k keys, and
- * 74-81% with 16-row pages, whose scattered rows would need more in flight). */
+ * SM; that reaches 91-95% of the H100's copy rate on dense caches of B * Tk >= 64k keys, and
+ * 75-80% with 16-row pages, whose scattered rows would need more in flight). */
 template <int KD> struct Shape {
   static constexpr int kStages = KD >= 256 ? 2 : 3;
   static constexpr int kPitch = KD + 8; /* elements per shared row: +16 bytes, ldmatrix conflict-free */
@@ -61,8 +71,11 @@ template <int KD> struct Shape {
   static constexpr int kTile = kBN * kPitch; /* elements of one K or V tile */
   static constexpr size_t kSmem = 2 * ((size_t)kRows * kPitch + (size_t)kStages * 2 * kTile) +
                                   sizeof(float) * kWarps * kRows * 2;
-  /* the warps' O (f32) reuse the tiles' space after the loop */
-  static_assert(sizeof(float) * kWarps * kRows * KD <= 2 * (size_t)kStages * 2 * kTile, "o_w fits");
+  /* after the loop the tiles' space holds the warps' O (f32) and then the CTA's merged partial
+   * [kRows][m, l, O[KD]] that the other CTAs of a cluster read */
+  static constexpr size_t kOwFloats = (size_t)kWarps * kRows * KD;
+  static_assert(sizeof(float) * (kOwFloats + (size_t)kRows * (KD + 2)) <= 2 * (size_t)kStages * 2 * kTile,
+                "o_w and the partial fit");
 };
 
 template <typename T> __device__ __forceinline__ T from_float(float x);
@@ -179,10 +192,63 @@ __device__ __forceinline__ void finish(const attn_cuda_decode_params &p, int b, 
   }
 }
 
+/* The splits of one (sequence, KV head, row chunk) are one cluster: after every CTA has put its
+ * partial (part: [kRows][m, l, O[Dv]] in its shared memory) the cluster's CTAs read each other's
+ * through distributed shared memory, CTA `rank` taking every (cluster size)-th output element, and
+ * merge the splits through their maxima in rank order (split order: the same bits each run).
+ * This replaces the merge kernel: no second launch, no round trip of the partials through L2,
+ * no workspace. Every CTA of the cluster must arrive here (no early exit above). */
+template <typename T>
+__device__ __forceinline__ void merge_cluster(const attn_cuda_decode_params &p, int b, int g, int first,
+                                              int nrows, float *part) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync(); /* every split's partial is written (release / acquire across the cluster) */
+  const int splits = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
+  const int stride = p.dv + 2;
+  for (int e = rank * kThreads + (int)threadIdx.x; e < nrows * (p.dv + 1); e += splits * kThreads) {
+    const int r = e / (p.dv + 1), c = e % (p.dv + 1);
+    /* every split's (m, l, O[c]) requested at once: one latency of distributed shared memory, not
+     * one per split */
+    float ms[kMaxClusterSplits], ls[kMaxClusterSplits], os[kMaxClusterSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      ms[s] = -INFINITY, ls[s] = 0.0f, os[s] = 0.0f;
+      if (s < splits) {
+        const float *ps = cluster.map_shared_rank(part, s) + r * stride;
+        ms[s] = ps[0], ls[s] = ps[1];
+        if (c < p.dv) os[s] = ps[2 + c];
+      }
+    }
+    float M = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) M = fmaxf(M, ms[s]);
+    float L = 0.0f, O = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      if (ms[s] == -INFINITY) continue; /* an empty split, or past the cluster */
+      const float w = __expf(ms[s] - M);
+      L += w * ls[s];
+      O += w * os[s];
+    }
+    int h, i;
+    row_head(p, g, first + r, h, i);
+    finish<T>(p, b, h, i, c, M, L, O);
+  }
+  cluster.sync(); /* no CTA leaves (and frees its shared memory) while another still reads it */
+#else
+  (void)p, (void)b, (void)g, (void)first, (void)nrows, (void)part; /* not launched before sm_90 */
+#endif
+}
+
 /* One (key split, KV head x row chunk, sequence): grid (splits, Hkv * row_chunks, B). */
+/* merge_in_cluster: the grid's x dimension (the splits) is one thread-block cluster (sm_90), and
+ * the splits merge through distributed shared memory at the end instead of through the
+ * workspace and merge_kernel. */
 template <typename T, int KD>
 __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
-    split_kernel(const attn_cuda_decode_params p, int row_chunks) {
+    split_kernel(const attn_cuda_decode_params p, int row_chunks, int merge_in_cluster) {
   using S = Shape<KD>;
   constexpr int kPitch = S::kPitch, kStages = S::kStages, kTile = S::kTile;
   constexpr uint32_t kPitchB = kPitch * sizeof(T);
@@ -194,6 +260,13 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
   float *ml_s = reinterpret_cast<float *>(kv_s + kStages * 2 * kTile); /* [kWarps][kRows][m, l] */
   float *o_w = reinterpret_cast<float *>(kv_s);                      /* after the loop: [kWarps][kRows][KD] */
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  /* launched as a programmatic dependent of whatever ran before on the stream (the previous
+   * call's kernels, an append, or the caller's), so that its launch and the placement of its CTAs
+   * overlap that kernel's tail: nothing in memory is touched before that kernel has finished and
+   * its writes are visible (q, K and V may be its outputs; out may be its input) */
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const int split = blockIdx.x, b = blockIdx.z;
   const int g = blockIdx.y / row_chunks, chunk = blockIdx.y % row_chunks;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -236,7 +309,9 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
 
   /* Paged: the pool pages of this thread's rows of the next tile to copy, read from the block
    * table one tile ahead (in the shadow of a tile's arithmetic), so a copy never waits for its
-   * table entry. */
+   * table entry. (Every row reads its own entry, most of them L1 hits: copying the entry of the
+   * row kStep before when both share a page made each read wait for the previous one to land,
+   * and cost paged 16 and 64 13% on the H100.) */
   const PageOf po(p.page_size > 0 ? p.page_size : 1);
   int pages[kPasses];
   auto fetch_pages = [&](int t) {
@@ -371,9 +446,11 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
   }
   __syncthreads();
 
-  /* merged in warp order; one split: the result, else this split's partial [m, l, O[Dv]] */
+  /* merged in warp order; one split: the result, else this split's partial [m, l, O[Dv]], in
+   * the workspace or (merge_in_cluster) in shared memory after o_w */
   const int stride = Dv + 2;
   float *part = p.splits == 1 ? nullptr
+                : merge_in_cluster ? o_w + S::kOwFloats
                 : p.partials + ((((int64_t)b * p.heads_kv + g) * row_chunks + chunk) * p.splits + split) *
                                    kRows * stride;
   for (int e = tid; e < nrows * (Dv + 1); e += kThreads) {
@@ -400,6 +477,7 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
       part[r * stride] = M, part[r * stride + 1] = L;
     }
   }
+  if (p.splits > 1 && merge_in_cluster) merge_cluster<T>(p, b, g, first, nrows, part);
 }
 
 /* Sum over the block in a fixed order (warp trees, then warps in order): the same bits each run. */
@@ -431,13 +509,16 @@ __device__ __forceinline__ float block_max(float x, float *red) {
 template <typename T> __global__ void __launch_bounds__(kThreads) merge_kernel(const attn_cuda_decode_params p, int row_chunks) {
   __shared__ float w_s[kMaxSplits];
   __shared__ float red[kWarps];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
   const int item = blockIdx.x, r = blockIdx.y;
   const int g = item / row_chunks % p.heads_kv, chunk = item % row_chunks, b = item / (row_chunks * p.heads_kv);
   const int first = chunk * kRows;
-  if (r >= min(kRows, p.group * p.seqlen_q - first)) return;
+  if (r >= min(kRows, p.group * p.seqlen_q - first)) return; /* no row: leaves without waiting */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  /* the next kernel (a programmatic dependent: the next call's split kernel) may be placed now;
+   * it waits for this grid to finish before it reads or writes anything */
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
   const int stride = p.dv + 2, splits = p.splits;
   const float *part = p.partials + ((int64_t)item * splits * kRows + r) * stride; /* split s: + s * kRows * stride */
   const int64_t sstride = (int64_t)kRows * stride;
@@ -486,9 +567,55 @@ int min_blocks(int kd) {
   return kd == 64 ? Shape<64>::kMinBlocks : kd == 128 ? Shape<128>::kMinBlocks : Shape<256>::kMinBlocks;
 }
 
+/* CTAs of the split kernel of head dim kd that device `index` holds at once: its SMs times the
+ * CTAs per SM that the registers (launch bounds) and shared memory (1 KiB of it reserved per CTA
+ * by the driver) allow; 0 when the device cannot be asked. */
+int64_t resident_slots(int index, int kd) {
+  int sms = 0, smem_sm = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, index) != cudaSuccess ||
+      sms < 1) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  int resident = (int)((size_t)smem_sm / (smem_bytes(kd) + 1024));
+  if (resident > min_blocks(kd)) resident = min_blocks(kd);
+  if (resident < 1) resident = 1;
+  return (int64_t)resident * sms;
+}
+
+/* The largest cluster of split CTAs device `index` can run (0: none; sm_90 and later), asked once
+ * per device and kernel: kMaxClusterSplits where the occupancy calculator places such a cluster,
+ * else the portable 8, else 0. */
+template <typename T, int KD> int cluster_limit(int index, int major) {
+  static std::atomic<int> known[64]; /* limit + 1 per device; 0: not asked yet */
+  std::atomic<int> &slot = known[index & 63];
+  const int k = slot.load(std::memory_order_relaxed);
+  if (k > 0) return k - 1;
+  int limit = 0;
+  if (major >= 9 && cudaFuncSetAttribute(split_kernel<T, KD>, cudaFuncAttributeNonPortableClusterSizeAllowed,
+                                         1) == cudaSuccess) {
+    for (int size = kMaxClusterSplits; size >= 8 && limit == 0; size /= 2) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(size), cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = Shape<KD>::kSmem;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = size, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr, cfg.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, split_kernel<T, KD>, &cfg) == cudaSuccess && clusters > 0)
+        limit = size;
+    }
+  }
+  (void)cudaGetLastError(); /* a refused attribute or query: no clusters, not an error */
+  slot.store(limit + 1, std::memory_order_relaxed);
+  return limit;
+}
+
+/* Launches the split kernel; *merged: its splits merged in clusters (no merge kernel to run). */
 template <typename T, int KD>
 attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream_t stream, int row_chunks,
-                         char *why, size_t why_size) {
+                         int major, bool *merged, char *why, size_t why_size) {
   /* shared memory above 48 KiB is opted into once per device (the attribute is the device's) */
   static std::atomic<uint64_t> opted{0};
   const uint64_t bit = (uint64_t)1 << (p->device_index & 63);
@@ -497,7 +624,27 @@ attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream
                                          (int)Shape<KD>::kSmem));
     opted.fetch_or(bit, std::memory_order_relaxed);
   }
-  split_kernel<T, KD><<<grid, kThreads, Shape<KD>::kSmem, stream>>>(*p, row_chunks);
+  /* sm_90: a programmatic dependent of the stream's previous kernel; and with 2 to 16 splits whose
+   * CTAs all fit on the device at once, one cluster per (sequence, KV head, row chunk) that merges
+   * its splits itself. (H100, bench/RESULTS.md: B = 16, Tk = 2048, 2 splits in one wave: 60 us
+   * against 67 us with the merge kernel; but 4 splits in two waves: 89 us against 71, since a
+   * cluster's CTAs hold their SMs until the slowest of them is done, and are placed together.) */
+  *merged = p->splits > 1 && p->splits <= cluster_limit<T, KD>(p->device_index, major) &&
+            (int64_t)grid.x * grid.y * grid.z <= resident_slots(p->device_index, KD);
+  if (major >= 9) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = Shape<KD>::kSmem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = (unsigned)p->splits, attr[1].val.clusterDim.y = 1, attr[1].val.clusterDim.z = 1;
+    cfg.attrs = attr, cfg.numAttrs = *merged ? 2 : 1;
+    ATTN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, split_kernel<T, KD>, *p, row_chunks, *merged ? 1 : 0));
+    return ATTN_STATUS_OK;
+  }
+  split_kernel<T, KD><<<grid, kThreads, Shape<KD>::kSmem, stream>>>(*p, row_chunks, 0);
   ATTN_CUDA_CHECK(cudaGetLastError());
   return ATTN_STATUS_OK;
 }
@@ -509,19 +656,20 @@ attn_status launch(const attn_cuda_decode_params *p, cudaStream_t stream, char *
     append_kernel<T><<<dim3(p->batch, p->seqlen_new), 128, 0, stream>>>(*p);
     ATTN_CUDA_CHECK(cudaGetLastError());
   }
-  const dim3 grid(p->splits, p->heads_kv * row_chunks, p->batch);
-  const int kd = kernel_dim(p->d, p->dv);
-  attn_status st = kd == 64    ? launch_split<T, 64>(p, grid, stream, row_chunks, why, why_size)
-                   : kd == 128 ? launch_split<T, 128>(p, grid, stream, row_chunks, why, why_size)
-                               : launch_split<T, 256>(p, grid, stream, row_chunks, why, why_size);
-  if (st != ATTN_STATUS_OK || p->splits == 1) return st;
-  const dim3 mgrid(p->batch * p->heads_kv * row_chunks, kRows);
   if (p->splits > kMaxSplits) {
     snprintf(why, why_size, "decode: %d key splits, more than the merge kernel's %d", p->splits, kMaxSplits);
     return ATTN_STATUS_INTERNAL;
   }
   int major = 0;
   ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p->device_index));
+  const dim3 grid(p->splits, p->heads_kv * row_chunks, p->batch);
+  const int kd = kernel_dim(p->d, p->dv);
+  bool merged = false;
+  attn_status st = kd == 64    ? launch_split<T, 64>(p, grid, stream, row_chunks, major, &merged, why, why_size)
+                   : kd == 128 ? launch_split<T, 128>(p, grid, stream, row_chunks, major, &merged, why, why_size)
+                               : launch_split<T, 256>(p, grid, stream, row_chunks, major, &merged, why, why_size);
+  if (st != ATTN_STATUS_OK || p->splits == 1 || merged) return st;
+  const dim3 mgrid(p->batch * p->heads_kv * row_chunks, kRows);
   if (major >= 9) { /* programmatic dependent launch: the merge's launch overlaps the splits' tail */
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = mgrid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = 0, cfg.stream = stream;
@@ -546,24 +694,12 @@ extern "C" int attn_cuda_decode_row_chunks(int group, int seqlen_q) {
 extern "C" int attn_cuda_decode_splits(int index, int batch, int heads_kv, int row_chunks,
                                        int keys, int d, int dv, int half_waves) {
   using namespace attn_cuda_decode;
-  int sms = 0, smem_sm = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, index) !=
-          cudaSuccess ||
-      sms < 1) {
-    (void)cudaGetLastError();
-    return 1;
-  }
-  /* CTAs resident per SM: the registers' bound (launch bounds) and shared memory's (1 KiB of it
-   * reserved per CTA by the driver) */
-  const int kd = kernel_dim(d, dv);
-  int resident = (int)((size_t)smem_sm / (smem_bytes(kd) + 1024));
-  if (resident > min_blocks(kd)) resident = min_blocks(kd);
-  if (resident < 1) resident = 1;
+  const int64_t slots = resident_slots(index, kernel_dim(d, dv));
+  if (slots == 0) return 1;
   /* the most splits that keep the CTAs within half_waves / 2 full waves (whole waves: a partial
    * last wave would leave SMs idle while it runs), none shorter than kMinSplitKeys */
   const int64_t ctas = (int64_t)batch * heads_kv * row_chunks;
-  int64_t want = (int64_t)(half_waves > 0 ? half_waves : 2) * resident * sms / (2 * ctas);
+  int64_t want = (int64_t)(half_waves > 0 ? half_waves : 2) * slots / (2 * ctas);
   int64_t most = (keys + kMinSplitKeys - 1) / kMinSplitKeys;
   if (want > most) want = most;
   if (want > kMaxSplits) want = kMaxSplits;
