@@ -10,8 +10,9 @@
  *
  * Versions (H100, bf16, T = 8192, TFLOPS non-causal / causal, beside the atomic backward in the
  * same call):
- *   v1 no overlap between items: S^T, dP^T; P^T, dS^T; dV, dK (A from registers) and dQ (dS^T
- *      stored, both warpgroups' halves, then wgmma) in one commit group; dQ atomics.
+ *   v1 (kOverlap = false) no overlap within an item: S^T, dP^T; P^T, dS^T; dS^T stored; dV, dK
+ *      (A from registers), a barrier of both warpgroups, dQ, all waited for; dQ's atomics.
+ *   v2 (kOverlap) dV issued before dS^T is stored, dK after dQ, dQ's atomics under dK's products.
  *
  * build + run on the GPU machine (`gpu/run.sh cuda lab` does it):
  *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90a,code=sm_90a dev/cuda/bwd_hopper.cu -o bwd90 && ./bwd90
@@ -256,17 +257,23 @@ template <typename C> void bench(const char *tag, int causal) {
 int main(int argc, char **argv) {
   unsigned seed = argc > 1 ? (unsigned)atoi(argv[1]) : 1234u;
   printf("seed %u\n", seed);
-  using V1_128 = BwdCfg90<bf, 128>;
-  using V1_64 = BwdCfg90<bf, 64>;
-  using V1_128h = BwdCfg90<hf, 128>;
-  using V1_64h = BwdCfg90<hf, 64>;
+  using V1_128 = BwdCfg90<bf, 128, 2, false>;
+  using V1_64 = BwdCfg90<bf, 64, 2, false>;
+  using V2_128 = BwdCfg90<bf, 128, 2, true>;
+  using V2_64 = BwdCfg90<bf, 64, 2, true>;
+  using V2_128h = BwdCfg90<hf, 128, 2, true>;
+  using V2_64h = BwdCfg90<hf, 64, 2, true>;
+  checks<V2_128>("v2", seed);
+  checks<V2_64>("v2", seed);
+  checks<V2_128h>("v2", seed);
+  checks<V2_64h>("v2", seed);
   checks<V1_128>("v1", seed);
   checks<V1_64>("v1", seed);
-  checks<V1_128h>("v1", seed);
-  checks<V1_64h>("v1", seed);
   for (int c = 0; c < 2; ++c) {
     bench<V1_128>("v1", c);
+    bench<V2_128>("v2", c);
     bench<V1_64>("v1", c);
+    bench<V2_64>("v2", c);
   }
   printf("lab bwd90: %d failed checks\n", failures);
   return failures != 0;

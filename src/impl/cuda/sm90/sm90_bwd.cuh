@@ -33,10 +33,13 @@
 namespace attn_cuda {
 namespace sm90 {
 
-/* kBN keys per CTA (64 per consumer warpgroup), kBM query rows per item, kStages Q / dO buffers. */
-template <typename T_, int kD_, int kStages_ = 2> struct BwdCfg90 {
+/* kBN keys per CTA (64 per consumer warpgroup), kBM query rows per item, kStages Q / dO buffers.
+ * kOverlap: dV's products are issued before dS^T is stored, dK's after dQ's, and dQ's atomics go
+ * out while dK's run (without it: dV, dK, then dQ, all waited for before the atomics). */
+template <typename T_, int kD_, int kStages_ = 2, bool kOverlap_ = true> struct BwdCfg90 {
   using T = T_;
   static constexpr int kD = kD_, kBN = 128, kBM = 64, kStages = kStages_, kCWG = 2;
+  static constexpr bool kOverlap = kOverlap_;
   static constexpr int kThreads = 128 * (kCWG + 1), kPanels = kD / 64;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static constexpr uint32_t kKVBytes = kBN * kD * 2, kQBytes = kBM * kD * 2, kDSBytes = kBN * kBM * 2;
@@ -204,36 +207,50 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     /* dS^T to shared memory [128 keys][64 queries], 128 bytes a row, 16-byte chunk c of row r at
      * c ^ (r % 8): the copy engine's swizzle, which wgmma's descriptors read */
     const uint32_t ds = sDS + (it & 1) * C::kDSBytes;
+    auto store_ds = [&]() {
 #pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
+      for (int kk = 0; kk < kBM / 16; ++kk)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int row = kr + (r & 1) * 8, chunk = 2 * kk + (r >> 1);
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(ds + row * 128 + ((chunk ^ (row & 7)) * 16) + (lane & 3) * 4),
-                     "r"(dsa[kk][r])
-                     : "memory");
-      }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        for (int r = 0; r < 4; ++r) {
+          const int row = kr + (r & 1) * 8, chunk = 2 * kk + (r >> 1);
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(ds + row * 128 + ((chunk ^ (row & 7)) * 16) + (lane & 3) * 4),
+                       "r"(dsa[kk][r])
+                       : "memory");
+        }
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* visible to wgmma */
+    };
+    auto both_halves_stored = [&]() { asm volatile("bar.sync 1, %0;\n" ::"n"(128 * C::kCWG) : "memory"); };
 
     pin(dka);
     pin(dva);
     pin(pa);
     pin(dsa);
-    wgmma_fence();
-    issue_ab(dva, pa, o);
-    issue_ab(dka, dsa, q);
-    wgmma_commit();
-    asm volatile("bar.sync 1, %0;\n" ::"n"(128 * C::kCWG) : "memory"); /* both halves of dS^T are stored */
-    wgmma_fence(); /* dq's registers were last read by the previous item's atomics */
-    issue_dq(ds);
-    wgmma_commit();
-    wgmma_wait<0>();
-    pin(dka);
-    pin(dva);
-    pin(pa);
-    pin(dsa);
-    pin(dq);
-    if (lane == 0) mbar_arrive(empty(s));
+    if constexpr (C::kOverlap) {
+      wgmma_fence();
+      issue_ab(dva, pa, o);
+      wgmma_commit();
+      store_ds();
+      both_halves_stored();
+      wgmma_fence(); /* dq's registers were last read by the previous item's atomics */
+      issue_dq(ds);
+      wgmma_commit();
+      issue_ab(dka, dsa, q);
+      wgmma_commit();
+      wgmma_wait<1>(); /* dV and dQ have landed; dK's products run under the atomics */
+      pin(dq);
+    } else {
+      store_ds();
+      wgmma_fence();
+      issue_ab(dva, pa, o);
+      issue_ab(dka, dsa, q);
+      wgmma_commit();
+      both_halves_stored();
+      wgmma_fence();
+      issue_dq(ds);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(dq);
+    }
 
     /* dQ's rows: queries m0 + 16 wq + (lane >> 2) + 8 hf; columns dq_col0 + 8 jj + 2 (lane & 3) */
 #pragma unroll
@@ -245,6 +262,13 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       for (int jj = 0; jj < kD / 16; ++jj)
         atomicAdd(reinterpret_cast<float2 *>(row + jj * 8), make_float2(dq[4 * jj + 2 * hf], dq[4 * jj + 2 * hf + 1]));
     }
+    if constexpr (C::kOverlap) wgmma_wait<0>();
+    pin(dka);
+    pin(dva);
+    pin(pa);
+    pin(dsa);
+    pin(dq);
+    if (lane == 0) mbar_arrive(empty(s)); /* every product of Q(it) and dO(it) is done */
   }
 
   /* this warp's 16 keys of dK (times the softmax scale) and dV */
