@@ -255,6 +255,7 @@ template <typename C> void bench(const char *tag, int causal) {
 }
 
 int main(int argc, char **argv) {
+  setvbuf(stdout, nullptr, _IONBF, 0); /* every line out before a timeout ends the run */
   unsigned seed = argc > 1 ? (unsigned)atoi(argv[1]) : 1234u;
   printf("seed %u\n", seed);
   using V1_128 = BwdCfg90<bf, 128, 2, false>;

@@ -107,7 +107,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
           tma_load(sO + s * C::kQBytes + c * kBM * 128, &tdo, full(s), c * 64, h, m0, b);
         }
       }
-    } else if (tid < 64) { /* lse (log2 units; +inf past the sequence or for a row that sees nothing: P = 0) and Delta */
+    } else if (tid >= 32 && tid < 64) {
+      /* the second warp: lse (log2 units; +inf past the sequence or for a row that sees nothing,
+       * so that P = 0) and Delta of each item's rows */
       for (int it = 0; it < items; ++it) {
         const int s = it % kStages, h = g * p.group + it / nm, m0 = (m_lo + it % nm) * kBM;
         mbar_wait(empty(s), ((it / kStages) & 1) ^ 1);
