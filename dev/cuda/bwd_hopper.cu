@@ -18,6 +18,7 @@
  *   v2 (kOverlap) dV issued before dS^T is stored, dK after dQ, dQ's atomics under dK's products:
  *      D = 128 372.5 / 340.8 (278.5 / 257.5: 1.34x / 1.32x), D = 64 294.7 / 274.0 (245.7 / 235.9:
  *      1.20x / 1.16x). ptxas: 28 bytes of spills at D = 128 (240 registers), none at 64.
+ *   v2 is the library's (sm90_launch.cu: the sm90 configuration's backward).
  *   Not yet tried (FlashAttention-3 reaches ~1.5-1.75x of FlashAttention-2 here): S^T / dP^T of
  *   item it + 1 issued under item it's elementwise work or atomics (needs the registers the
  *   spills show are short at D = 128), the two consumer warpgroups out of lockstep (the
