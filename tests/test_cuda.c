@@ -307,7 +307,8 @@ static int run_gpu(const hcase *c, const char *config, results *r) {
       tu_buf_free(&again);
     }
     if (deterministic) tu_check(same, "%s: a second backward pass gives the same bits", c->name);
-    else tu_check(same, "%s %s: a second backward pass gives the same dk, dv bits", c->name, config);
+    else
+      tu_check(same, "%s %s: a second backward pass gives the same dk, dv bits", c->name, config);
   }
   /* the one-call pair on every varlen case and every eighth other one: each call plans (cuDNN
    * builds graphs), which would double the suite's time on every case */
@@ -738,7 +739,7 @@ static void test_autotune(void) {
     attn_ctx_set_event_callback(tctx, tu_gpu_on_tune_event, &log);
     attn_problem p = tu_gpu_problem(2, 300, 300, 4, 2, 64, ATTN_DTYPE_BF16);
     p.causal = 1;
-    const int sm90 = offers(&p, "sm90"); /* a third configuration, not deterministic (dq's atomics) */
+    const int sm90 = offers(&p, "sm90"); /* a third configuration, not deterministic */
     attn_select sel;
     attn_select_init(&sel);
     sel.impl = "cuda";

@@ -219,7 +219,7 @@ static int splitkv_splits(const attn_problem *p, int32_t config) {
 }
 
 /* The last one, "sm90": the Hopper forward (sm90/), then the Hopper backward where it takes the
- * problem, else the atomic one (both need the dq workspace); offered only where sm90_offered says. */
+ * problem, else the atomic one (both need the dq workspace); offered where sm90_offered says. */
 static int32_t cuda_num_configs(const attn_problem *problem) {
   if (problem->page_size > 0) return N_SPLITKV;
   return (decode_shaped(problem) ? CUDA_CONFIG_SPLITKV + N_SPLITKV : 2) + sm90_offered(problem);
@@ -241,9 +241,10 @@ static void cuda_config_name(const attn_problem *problem, int32_t config, char *
   attn_format(buf, size, "%s", config == CUDA_CONFIG_ATOMIC ? "atomic" : "deterministic");
 }
 
-/* Whether a configuration repeats its bits: not "atomic" or "sm90" (dq accumulated with atomics), and not
- * when dbias is summed over broadcast dims of the bias, which every configuration does with
- * atomics (the problem does not say whether dbias is asked for, so this answers for the worst). */
+/* Whether a configuration repeats its bits: not "atomic" or "sm90" (dq accumulated with
+ * atomics), and not when dbias is summed over broadcast dims of the bias, which every
+ * configuration does with atomics (the problem does not say whether dbias is asked for, so this
+ * answers for the worst). */
 static int cuda_config_deterministic(const attn_problem *p, int32_t config) {
   int broadcast_bias =
       p->has_bias && (p->bias_shape[0] != p->batch || p->bias_shape[1] != p->heads_q ||
