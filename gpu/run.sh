@@ -18,7 +18,7 @@
 #             tests/test_dist_gpu, distributed attention with ranks as threads on this GPU)
 #   cli       the tests modules (the real modules load) and cli_gpu (attn check / bench on GPU
 #             problems), and `attn bench` of two large problems, timed whole with their check
-#   lab       cuda only: the kernel lab, dev/cuda/fwd_tiles.cu, bwd_tiles.cu and fwd_hopper.cu (sm_90a,
+#   lab       cuda only: the kernel lab, dev/cuda/fwd_tiles.cu, bwd_tiles.cu, fwd_hopper.cu and bwd_hopper.cu (sm_90a,
 #             with dev/cuda/fwd_hopper_torch.py timing cuDNN and flash beside it), built and run
 #   ncu       cuda only, implies lab: Nsight Compute on one lab launch of the D = 128 forward
 #             (64-key tiles), of the atomic backward (v5) and of the sm90 forward (v2); reports in
@@ -30,7 +30,8 @@
 #             could fix)
 # Environment: GOLDEN, the golden cases (default ../shared/golden when it exists, else ./.golden,
 # both from the current folder); OUT, the logs (default /tmp/gpu_out); BENCH_REPS, timed calls per
-# shape of gpu/cuda_bench (default 20); CUDA_GENCODE, the -gencode flags of the cuda kernels when
+# shape of gpu/cuda_bench (default 20); LAB_PROGRAMS, the lab's programs to build and run (default
+# "fwd_tiles bwd_tiles fwd_hopper bwd_hopper"); CUDA_GENCODE, the -gencode flags of the cuda kernels when
 # only this GPU's are wanted (e.g. "-gencode=arch=compute_90,code=sm_90": half the build time).
 #
 # Logs: $OUT/env.txt, $OUT/build.log, and per implementation $OUT/cuda/ (test.log, lab.log,
@@ -66,6 +67,7 @@ for arg in "$@"; do
   esac
 done
 impls=${impls:-" cuda cudnn"}
+lab_programs=${LAB_PROGRAMS:-fwd_tiles bwd_tiles fwd_hopper bwd_hopper}
 steps=${steps:-" build test bench sanitize"}
 impl() { case " $impls " in *" $1 "*) return 0 ;; esac; return 1; }
 step() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -137,9 +139,9 @@ cat "$OUT/env.txt"
 # ---- build ----------------------------------------------------------------------------------------
 # The lab's programs are experiments, rebuilt whenever the lab runs, beside the library's build.
 if step lab; then
-  for lab in fwd_tiles bwd_tiles fwd_hopper; do
+  for lab in $lab_programs; do
     arch=compute_90,code=sm_90
-    [ $lab = fwd_hopper ] && arch=compute_90a,code=sm_90a # wgmma and setmaxnreg are sm_90a's
+    case $lab in *_hopper) arch=compute_90a,code=sm_90a ;; esac # wgmma and setmaxnreg are sm_90a's
     timeout "$(limit 300)" nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=$arch \
       "dev/cuda/$lab.cu" -o "$BUILD/$lab" >"$OUT/cuda/lab_build_$lab.log" 2>&1 &
   done
@@ -252,14 +254,15 @@ if step lab; then
   wait # for the lab's builds, started before the library's
   cat "$OUT"/cuda/lab_build_*.log >"$OUT/cuda/lab_build.log" && rm -f "$OUT"/cuda/lab_build_*.log
   : >"$OUT/cuda/lab.log"
-  for lab in fwd_tiles bwd_tiles fwd_hopper; do
+  for lab in $lab_programs; do
     built "$BUILD/$lab" || { tail -20 "$OUT/cuda/lab_build.log"; continue; }
     timeout "$(limit 150)" "$BUILD/$lab" 2>&1 | tee -a "$OUT/cuda/lab.log"
     echo "$lab rc=$?"
   done
-  # fwd_hopper's peers: cuDNN and flash through PyTorch on the same shapes
-  timeout "$(limit 100)" python3 dev/cuda/fwd_hopper_torch.py 2>&1 | tee -a "$OUT/cuda/lab.log"
-  echo "fwd_hopper_torch.py rc=$?"
+  case " $lab_programs " in *" fwd_hopper "*) # its peers: cuDNN and flash through PyTorch on the same shapes
+    timeout "$(limit 100)" python3 dev/cuda/fwd_hopper_torch.py 2>&1 | tee -a "$OUT/cuda/lab.log"
+    echo "fwd_hopper_torch.py rc=$?" ;;
+  esac
   if step ncu; then # D = 128 forward (64-key tiles) and atomic backward (v5), one launch each
     secs=(--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis
       --section MemoryWorkloadAnalysis --section SourceCounters)

@@ -17,7 +17,8 @@
  * compute capability 9.0 device (H100, H200), the problems the Hopper forward takes (sm90/:
  * head dims 64, 128, 256 with Dv = D, no dropout; sinks, varlen, soft cap and ALiBi at every one of
  * them, bias, masks and segment ids at D = 256 only) also offer "sm90", the default there: that
- * forward, with the deterministic backward.
+ * forward, with the Hopper backward (sm90/sm90_bwd.cuh: the plain problem at D = 64 and 128) or
+ * elsewhere the atomic one; both add dq with atomics, so "sm90" is not deterministic.
  */
 #include "impl/impl.h"
 
@@ -217,8 +218,8 @@ static int splitkv_splits(const attn_problem *p, int32_t config) {
                                  splitkv_half_waves[splitkv_index(p, config)]);
 }
 
-/* The last one, "sm90": the Hopper forward (sm90/), then the deterministic backward; offered only
- * where sm90_offered says. */
+/* The last one, "sm90": the Hopper forward (sm90/), then the Hopper backward where it takes the
+ * problem, else the atomic one (both need the dq workspace); offered where sm90_offered says. */
 static int32_t cuda_num_configs(const attn_problem *problem) {
   if (problem->page_size > 0) return N_SPLITKV;
   return (decode_shaped(problem) ? CUDA_CONFIG_SPLITKV + N_SPLITKV : 2) + sm90_offered(problem);
@@ -240,15 +241,16 @@ static void cuda_config_name(const attn_problem *problem, int32_t config, char *
   attn_format(buf, size, "%s", config == CUDA_CONFIG_ATOMIC ? "atomic" : "deterministic");
 }
 
-/* Whether a configuration repeats its bits: not "atomic" (dq accumulated with atomics), and not
- * when dbias is summed over broadcast dims of the bias, which every configuration does with
- * atomics (the problem does not say whether dbias is asked for, so this answers for the worst). */
+/* Whether a configuration repeats its bits: not "atomic" or "sm90" (dq accumulated with
+ * atomics), and not when dbias is summed over broadcast dims of the bias, which every
+ * configuration does with atomics (the problem does not say whether dbias is asked for, so this
+ * answers for the worst). */
 static int cuda_config_deterministic(const attn_problem *p, int32_t config) {
   int broadcast_bias =
       p->has_bias && (p->bias_shape[0] != p->batch || p->bias_shape[1] != p->heads_q ||
                       p->bias_shape[2] != p->seqlen_q || p->bias_shape[3] != p->seqlen_k);
   if (is_splitkv(p, config)) return 1; /* its splits merge in a fixed order */
-  return config != CUDA_CONFIG_ATOMIC && !broadcast_bias;
+  return config != CUDA_CONFIG_ATOMIC && !is_sm90(p, config) && !broadcast_bias;
 }
 
 /* Decode-shaped problems (paged or dense): "splitkv", whose GQA-packed rows read K and V once where
@@ -261,7 +263,7 @@ static int32_t cuda_default_config(const attn_problem *problem) {
 }
 
 /* Backward: Delta [Hq, rows_q] f32, then the dense f32 dbias accumulator when there is a bias,
- * then (atomic configuration) the f32 dq accumulator [Hq, rows_q, D]. */
+ * then (atomic and sm90 configurations) the f32 dq accumulator [Hq, rows_q, D]. */
 static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const void *state,
                                   int backward) {
   (void)state;
@@ -273,7 +275,7 @@ static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const v
   if (!backward) return 0;
   size_t bytes = align_up((size_t)(p->heads_q * rows_q(p)) * sizeof(float));
   if (p->has_bias) bytes += align_up((size_t)attn_role_numel(p, ATTN_ROLE_BIAS) * sizeof(float));
-  if (config == CUDA_CONFIG_ATOMIC)
+  if (config == CUDA_CONFIG_ATOMIC || is_sm90(p, config))
     bytes += align_up((size_t)(p->heads_q * rows_q(p) * p->head_dim) * sizeof(float));
   return bytes;
 }
@@ -348,7 +350,7 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
   char *why = run->why;
   size_t ws = run->why_size;
   problem_params(p, k);
-  k->use_sm90 = !backward && is_sm90(p, run->config);
+  k->use_sm90 = is_sm90(p, run->config);
 
   token_strides s;
   if (!token_layout(p, &in->q, "q", p->heads_q, &s, why, ws)) return ATTN_STATUS_UNSUPPORTED;
@@ -414,7 +416,7 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
       k->dbias_accum = (float *)w;
     }
     if (p->has_bias) w += align_up((size_t)attn_role_numel(p, ATTN_ROLE_BIAS) * sizeof(float));
-    if (run->config == CUDA_CONFIG_ATOMIC) k->dq_accum = (float *)w;
+    if (run->config == CUDA_CONFIG_ATOMIC || k->use_sm90) k->dq_accum = (float *)w;
     if (p->num_sinks > 0 && g->dsinks.data != NULL) {
       k->dsinks = (float *)g->dsinks.data;
       if (p->sinks_shared)

@@ -74,7 +74,8 @@ typedef struct attn_cuda_params {
   uint64_t seed;
   int32_t elementwise; /* any of bias, mask, alibi, softcap, segment ids: per-element work */
   int32_t elementwise_kinds; /* which of them (ATTN_CUDA_FEAT_* bits), known before the tensors */
-  int32_t use_sm90;    /* the forward runs on the Hopper kernel (src/impl/cuda/sm90) */
+  int32_t use_sm90;    /* the Hopper kernels (src/impl/cuda/sm90): the forward, and the backward
+                        * where it takes the problem (the atomic sm80 one elsewhere) */
 
   /* backward outputs and workspace */
   void *dbias;          /* like bias, bias_elem; NULL = not asked */
@@ -84,8 +85,8 @@ typedef struct attn_cuda_params {
   float *dsinks;        /* f32 like sinks; NULL = not asked */
   int64_t dsinks_h, dsinks_t;
   float *delta;         /* workspace: [Hq, rows_q] f32, rows_q = B * Tq or total_q */
-  float *dq_accum;      /* the "atomic" configuration's workspace: [Hq, rows_q, d] f32; NULL in
-                         * the deterministic one */
+  float *dq_accum;      /* the "atomic" and "sm90" configurations' workspace: [Hq, rows_q, d]
+                         * f32; NULL in the deterministic one */
   int64_t rows_q;
 } attn_cuda_params;
 

@@ -1,0 +1,292 @@
+/*
+ * dev/cuda/bwd_hopper.cu - kernel lab: the Hopper backward (src/impl/cuda/sm90/sm90_bwd.cuh: TMA,
+ * wgmma, a producer warpgroup and two consumer warpgroups of 64 keys each) checked against a CPU
+ * reference (double, from the same rounded inputs) on odd shapes (ragged lengths, GQA / MQA, a
+ * window, bottom-right causal with Tq != Tk, bf16 and f16, D = 64 and 128), each beside the
+ * atomic sm_80 backward (cuda_bwd.cuh) on the same inputs, whose error is the yardstick; then both
+ * timed on the bench shapes (bf16, B * T = 16384, Hq * D = 2048, T = 8192, causal and not; the
+ * workspace's zeroing, the kernel and the dq conversion, not Delta's pass). TFLOPS as
+ * gpu/cuda_bench: 2.5 x the forward's 4 * B * H * T^2 * D (halved when causal).
+ *
+ * Versions (H100 80GB HBM3, bf16, T = 8192, TFLOPS non-causal / causal, beside the atomic
+ * backward in the same call, one device call of 2026-11-24; every check passed, each gradient's
+ * error equal to the atomic kernel's to three digits: 2.2-2.4e-3 bf16, 2.7-3.1e-4 f16):
+ *   v1 (kOverlap = false) no overlap within an item: S^T, dP^T; P^T, dS^T; dS^T stored; dV, dK
+ *      (A from registers), a barrier of both warpgroups, dQ, all waited for; dQ's atomics.
+ *      D = 128 366.5 / 329.4 (atomic 281.0 / 255.0: 1.30x / 1.29x), D = 64 285.6 / 265.9 (249.8
+ *      / 235.9: 1.14x / 1.13x).
+ *   v2 (kOverlap) dV issued before dS^T is stored, dK after dQ, dQ's atomics under dK's products:
+ *      D = 128 372.5 / 340.8 (278.5 / 257.5: 1.34x / 1.32x), D = 64 294.7 / 274.0 (245.7 / 235.9:
+ *      1.20x / 1.16x). ptxas: 28 bytes of spills at D = 128 (240 registers), none at 64.
+ *   v2 is the library's (sm90_launch.cu: the sm90 configuration's backward).
+ *   Not yet tried (FlashAttention-3 reaches ~1.5-1.75x of FlashAttention-2 here): S^T / dP^T of
+ *   item it + 1 issued under item it's elementwise work or atomics (needs the registers the
+ *   spills show are short at D = 128), the two consumer warpgroups out of lockstep (the
+ *   per-item barrier for dS^T), dQ through shared memory and a TMA reduce-add instead of
+ *   per-thread atomics, 3 warpgroups (kBN = 192) at D = 64, a persistent grid.
+ *
+ * build + run on the GPU machine (`gpu/run.sh cuda lab` does it):
+ *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90a,code=sm_90a dev/cuda/bwd_hopper.cu -o bwd90 && ./bwd90
+ */
+#include "impl/cuda/cuda_bwd.cuh"
+#include "impl/cuda/sm90/sm90_bwd.cuh"
+#include "lab.cuh"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+using namespace attn_cuda;
+using sm90::BwdCfg90;
+typedef __half hf;
+
+static int failures = 0;
+
+struct Problem {
+  int B, Tq, Tk, H, Hkv, D, wl, wr, bottom_right;
+};
+
+static float hash_unit(size_t i, unsigned seed) { /* [-1, 1) */
+  unsigned h = (unsigned)i * 2654435761u ^ seed;
+  h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
+  return (h & 0xffff) / 32768.f - 1.f;
+}
+
+/* Host tensors of one problem, rounded to T, with the reference's out, lse, Delta and gradients. */
+template <typename T> struct Host {
+  Problem s;
+  std::vector<T> q, k, v, o, dout;
+  std::vector<float> lse, delta;     /* lse [B][H][Tq]; delta [H][B * Tq] (the kernels' layouts) */
+  std::vector<double> dq, dk, dv;    /* the reference's */
+  size_t nq, nk;
+  Host(const Problem &s_, unsigned seed) : s(s_) {
+    nq = (size_t)s.B * s.Tq * s.H * s.D, nk = (size_t)s.B * s.Tk * s.Hkv * s.D;
+    q.resize(nq), k.resize(nk), v.resize(nk), o.resize(nq), dout.resize(nq);
+    for (size_t i = 0; i < nq; ++i) q[i] = T(hash_unit(i, seed)), dout[i] = T(hash_unit(i, seed + 3));
+    for (size_t i = 0; i < nk; ++i) k[i] = T(hash_unit(i, seed + 1)), v[i] = T(hash_unit(i, seed + 2));
+    reference();
+  }
+  bool visible(int i, int j) const {
+    const int o_ = s.bottom_right ? s.Tk - s.Tq : 0, diag = i + o_;
+    if (s.wl >= 0 && j < diag - s.wl) return false;
+    if (s.wr >= 0 && j > diag + s.wr) return false;
+    return true;
+  }
+  /* SPEC.md's softmax attention and its gradients in double; out is rounded to T (as a forward
+   * stores it) before Delta = rowsum(dout * out). */
+  void reference() {
+    const int B = s.B, Tq = s.Tq, Tk = s.Tk, H = s.H, D = s.D, G = s.H / s.Hkv;
+    const double scale = 1.0 / sqrt((double)D);
+    lse.assign((size_t)B * H * Tq, -INFINITY), delta.assign((size_t)H * B * Tq, 0.f);
+    dq.assign(nq, 0), dk.assign(nk, 0), dv.assign(nk, 0);
+    auto Q = [&](int b, int i, int h, int d) { return (double)float(q[(((size_t)b * Tq + i) * H + h) * D + d]); };
+    auto K = [&](int b, int j, int g, int d) { return (double)float(k[(((size_t)b * Tk + j) * s.Hkv + g) * D + d]); };
+    auto V = [&](int b, int j, int g, int d) { return (double)float(v[(((size_t)b * Tk + j) * s.Hkv + g) * D + d]); };
+    auto DO = [&](int b, int i, int h, int d) { return (double)float(dout[(((size_t)b * Tq + i) * H + h) * D + d]); };
+    std::vector<double> p(Tk), dp(Tk), orow(D);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int i = 0; i < Tq; ++i) {
+          const int g = h / G;
+          double mx = -INFINITY;
+          for (int j = 0; j < Tk; ++j) {
+            double x = -INFINITY;
+            if (visible(i, j)) {
+              x = 0;
+              for (int d = 0; d < D; ++d) x += Q(b, i, h, d) * K(b, j, g, d);
+              x *= scale;
+            }
+            p[j] = x, mx = std::max(mx, x);
+          }
+          const size_t orow_at = (((size_t)b * Tq + i) * H + h) * D;
+          if (mx == -INFINITY) { /* nothing visible: out 0, lse -inf, no gradient */
+            for (int d = 0; d < D; ++d) o[orow_at + d] = T(0.f);
+            continue;
+          }
+          double z = 0;
+          for (int j = 0; j < Tk; ++j) z += p[j] = exp(p[j] - mx);
+          for (int j = 0; j < Tk; ++j) p[j] /= z;
+          lse[((size_t)b * H + h) * Tq + i] = (float)(mx + log(z));
+          double dl = 0;
+          for (int d = 0; d < D; ++d) {
+            double acc = 0;
+            for (int j = 0; j < Tk; ++j) acc += p[j] * V(b, j, g, d);
+            o[orow_at + d] = T((float)acc);
+            dl += DO(b, i, h, d) * (double)float(o[orow_at + d]);
+          }
+          delta[(size_t)h * B * Tq + (size_t)b * Tq + i] = (float)dl;
+          for (int j = 0; j < Tk; ++j) {
+            if (p[j] == 0) continue;
+            double x = 0;
+            for (int d = 0; d < D; ++d) x += DO(b, i, h, d) * V(b, j, g, d);
+            const double ds = p[j] * (x - (double)(float)dl);
+            const size_t kj = (((size_t)b * Tk + j) * s.Hkv + g) * D;
+            for (int d = 0; d < D; ++d) {
+              dq[orow_at + d] += scale * ds * K(b, j, g, d);
+              dk[kj + d] += scale * ds * Q(b, i, h, d);
+              dv[kj + d] += p[j] * DO(b, i, h, d);
+            }
+          }
+        }
+  }
+};
+
+template <typename X> X *upload(const std::vector<X> &h) {
+  X *d = nullptr;
+  CU(cudaMalloc(&d, std::max<size_t>(h.size(), 1) * sizeof(X)));
+  if (!h.empty()) CU(cudaMemcpy(d, h.data(), h.size() * sizeof(X), cudaMemcpyHostToDevice));
+  return d;
+}
+
+/* Device tensors and the parameters of a dense problem (dq / dk / dv set by the caller). */
+template <typename T> struct Dev {
+  T *q, *k, *v, *o, *dout, *dq, *dk, *dv;
+  float *lse, *delta, *acc;
+  attn_cuda_params p;
+  Dev(const Problem &s, const Host<T> *h) {
+    const size_t nq = (size_t)s.B * s.Tq * s.H * s.D, nk = (size_t)s.B * s.Tk * s.Hkv * s.D, nl = (size_t)s.B * s.H * s.Tq;
+    auto alloc = [](size_t n, size_t e) {
+      void *d;
+      CU(cudaMalloc(&d, std::max<size_t>(n, 1) * e));
+      return d;
+    };
+    if (h != nullptr) {
+      q = upload(h->q), k = upload(h->k), v = upload(h->v), o = upload(h->o), dout = upload(h->dout);
+      lse = upload(h->lse), delta = upload(h->delta);
+    } else { /* the benchmark: random inputs, lse 0 and Delta 0 (the timing does not depend on them) */
+      q = (T *)alloc(nq, 2), k = (T *)alloc(nk, 2), v = (T *)alloc(nk, 2), o = (T *)alloc(nq, 2), dout = (T *)alloc(nq, 2);
+      lse = (float *)alloc(nl, 4), delta = (float *)alloc(nl, 4);
+      fill<<<1024, 256>>>(q, nq, 1), fill<<<1024, 256>>>(k, nk, 2), fill<<<1024, 256>>>(v, nk, 3);
+      fill<<<1024, 256>>>(dout, nq, 4);
+      CU(cudaMemset(lse, 0, nl * 4));
+      CU(cudaMemset(delta, 0, nl * 4));
+    }
+    dq = (T *)alloc(nq, 2), dk = (T *)alloc(nk, 2), dv = (T *)alloc(nk, 2), acc = (float *)alloc(nq, 4);
+    memset(&p, 0, sizeof p);
+    p.q = q, p.k = k, p.v = v, p.out = o, p.dout = dout, p.lse = lse, p.delta = delta, p.dq_accum = acc;
+    p.dq_out = dq, p.dk_out = dk, p.dv_out = dv;
+    p.q_h = p.o_h = p.do_h = p.dq_h = p.k_h = p.v_h = p.dk_h = p.dv_h = s.D;
+    p.q_r = p.o_r = p.do_r = p.dq_r = (int64_t)s.H * s.D, p.k_r = p.v_r = p.dk_r = p.dv_r = (int64_t)s.Hkv * s.D;
+    p.q_b = p.o_b = p.do_b = p.dq_b = (int64_t)s.Tq * p.q_r, p.k_b = p.v_b = p.dk_b = p.dv_b = (int64_t)s.Tk * p.k_r;
+    p.lse_b = (int64_t)s.H * s.Tq, p.lse_h = s.Tq, p.lse_r = 1;
+    p.batch = s.B, p.seqlen_q = s.Tq, p.seqlen_k = s.Tk, p.heads_q = s.H, p.heads_kv = s.Hkv;
+    p.group = s.H / s.Hkv, p.d = p.dv = s.D, p.rows_q = (int64_t)s.B * s.Tq;
+    p.scale = 1.f / sqrtf((float)s.D), p.window_left = s.wl, p.window_right = s.wr;
+    p.align_bottom_right = s.bottom_right, p.keep_scale = 1.f;
+  }
+  ~Dev() {
+    for (void *x : {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout, (void *)dq, (void *)dk, (void *)dv,
+                    (void *)lse, (void *)delta, (void *)acc})
+      cudaFree(x);
+  }
+};
+
+template <typename C> void run90(const attn_cuda_params &p) {
+  char why[256];
+  if (sm90::launch_bwd90<C>(p, 0, why, sizeof why) != ATTN_STATUS_OK) {
+    printf("sm90 backward: %s\n", why);
+    exit(1);
+  }
+}
+template <typename T, int kD> void run80(const attn_cuda_params &p) {
+  char why[256];
+  if (run_bwd<T, kD>(p, 0, why, sizeof why) != ATTN_STATUS_OK) {
+    printf("atomic backward: %s\n", why);
+    exit(1);
+  }
+}
+
+/* relative L2 error of a device gradient against the reference, NaN / inf counted as 1e30 */
+template <typename T> double rel_err(const T *dev, const std::vector<double> &ref) {
+  std::vector<T> h(ref.size());
+  CU(cudaMemcpy(h.data(), dev, h.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  double e2 = 0, r2 = 0;
+  for (size_t i = 0; i < h.size(); ++i) {
+    const double x = float(h[i]);
+    if (!std::isfinite(x)) return 1e30;
+    e2 += (x - ref[i]) * (x - ref[i]), r2 += ref[i] * ref[i];
+  }
+  return sqrt(e2 / std::max(r2, 1e-30));
+}
+
+/* Version C and the atomic backward on problem s against the reference: each gradient's relative
+ * L2 error must be below 2x the atomic kernel's plus 2e-3 (bf16; both round dS and P to T). The
+ * gradients are poisoned with NaN first. */
+template <typename C> void check(const char *tag, const Problem &s, unsigned seed) {
+  using T = typename C::T;
+  Host<T> h(s, seed);
+  Dev<T> d(s, &h);
+  double e90[3], e80[3];
+  auto poison = [&] {
+    CU(cudaMemset(d.dq, 0xff, h.nq * 2));
+    CU(cudaMemset(d.dk, 0xff, h.nk * 2));
+    CU(cudaMemset(d.dv, 0xff, h.nk * 2));
+  };
+  poison();
+  run80<T, C::kD>(d.p);
+  CU(cudaDeviceSynchronize());
+  e80[0] = rel_err(d.dq, h.dq), e80[1] = rel_err(d.dk, h.dk), e80[2] = rel_err(d.dv, h.dv);
+  poison();
+  run90<C>(d.p);
+  CU(cudaDeviceSynchronize());
+  e90[0] = rel_err(d.dq, h.dq), e90[1] = rel_err(d.dk, h.dk), e90[2] = rel_err(d.dv, h.dv);
+  bool ok = true;
+  for (int i = 0; i < 3; ++i) ok = ok && e90[i] <= 2 * e80[i] + 2e-3;
+  failures += !ok;
+  printf("lab bwd90 check %s %s D=%d B=%d Tq=%d Tk=%d H=%d Hkv=%d window=(%d,%d)%s seed %u: rel err dq %.2e dk %.2e dv "
+         "%.2e (atomic %.2e %.2e %.2e) %s\n",
+         tag, sizeof(T) == 2 && std::is_same<T, bf>::value ? "bf16" : "f16", s.D, s.B, s.Tq, s.Tk, s.H, s.Hkv, s.wl,
+         s.wr, s.bottom_right ? " bottom-right" : "", seed, e90[0], e90[1], e90[2], e80[0], e80[1], e80[2],
+         ok ? "ok" : "FAILED");
+}
+
+template <typename C> void checks(const char *tag, unsigned seed) {
+  const int D = C::kD;
+  check<C>(tag, {1, 128, 128, 2, 2, D, -1, -1, 0}, seed);        /* whole tiles */
+  check<C>(tag, {2, 200, 333, 4, 2, D, -1, -1, 0}, seed + 1);    /* ragged, GQA */
+  check<C>(tag, {2, 333, 200, 4, 4, D, -1, 0, 0}, seed + 2);     /* causal, rows seeing nothing past Tk? no: top-left */
+  check<C>(tag, {1, 150, 390, 4, 1, D, -1, 0, 1}, seed + 3);     /* bottom-right causal, MQA */
+  check<C>(tag, {1, 390, 150, 2, 1, D, -1, 0, 1}, seed + 4);     /* bottom-right, rows with nothing visible */
+  check<C>(tag, {2, 300, 300, 2, 2, D, 50, 20, 0}, seed + 5);    /* sliding window */
+  check<C>(tag, {3, 65, 70, 3, 3, D, -1, -1, 0}, seed + 6);      /* short sequences */
+}
+
+/* Times version C beside the atomic backward on the bench shape. */
+template <typename C> void bench(const char *tag, int causal) {
+  using T = typename C::T;
+  const int D = C::kD, T_ = 8192, B = 16384 / T_, H = 2048 / D;
+  const Problem s{B, T_, T_, H, H, D, -1, causal ? 0 : -1, 0};
+  Dev<T> d(s, nullptr);
+  const double flops = 2.5 * 4.0 * B * H * (double)T_ * T_ * D * (causal ? 0.5 : 1.0);
+  const float ms = median_ms([&] { run90<C>(d.p); });
+  const float ms80 = median_ms([&] { run80<T, D>(d.p); });
+  printf("lab bwd90 %s D=%d T=%d causal=%d: %.3f ms %.1f TFLOPS (atomic sm80 %.3f ms %.1f TFLOPS): %.2fx\n", tag, D, T_,
+         causal, ms, flops / ms * 1e-9, ms80, flops / ms80 * 1e-9, ms80 / ms);
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, nullptr, _IONBF, 0); /* every line out before a timeout ends the run */
+  unsigned seed = argc > 1 ? (unsigned)atoi(argv[1]) : 1234u;
+  printf("seed %u\n", seed);
+  using V1_128 = BwdCfg90<bf, 128, 2, false>;
+  using V1_64 = BwdCfg90<bf, 64, 2, false>;
+  using V2_128 = BwdCfg90<bf, 128, 2, true>;
+  using V2_64 = BwdCfg90<bf, 64, 2, true>;
+  using V2_128h = BwdCfg90<hf, 128, 2, true>;
+  using V2_64h = BwdCfg90<hf, 64, 2, true>;
+  checks<V2_128>("v2", seed);
+  checks<V2_64>("v2", seed);
+  checks<V2_128h>("v2", seed);
+  checks<V2_64h>("v2", seed);
+  checks<V1_128>("v1", seed);
+  checks<V1_64>("v1", seed);
+  for (int c = 0; c < 2; ++c) {
+    bench<V1_128>("v1", c);
+    bench<V2_128>("v2", c);
+    bench<V1_64>("v1", c);
+    bench<V2_64>("v2", c);
+  }
+  printf("lab bwd90: %d failed checks\n", failures);
+  return failures != 0;
+}

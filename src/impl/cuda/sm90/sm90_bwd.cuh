@@ -1,0 +1,344 @@
+/*
+ * src/impl/cuda/sm90/sm90_bwd.cuh - the Hopper backward (sm_90a only), FlashAttention-3's
+ * schedule for the plain problem: bf16 / f16, D = 64 or 128, the causal / window band, GQA, any
+ * lengths (dense tensors; no varlen, per-element functions, dropout or sinks yet: the sm90
+ * configuration runs those on the atomic sm_80 backward, cuda_bwd.cuh). Each version's idea and
+ * speed: dev/cuda/bwd_hopper.cu (v2: 1.16-1.34x the atomic sm_80 backward on an H100).
+ *
+ * One CTA per (block of kBN = 128 keys, KV head, batch) keeps dK and dV of its keys in f32
+ * registers while it walks every query head of the KV head's group and every 64-row query block
+ * the band allows (an "item"), as the atomic sm_80 kernel does. Warpgroup 0 is the producer: one
+ * thread brings K and V once and each item's Q and dO tiles (kStages deep) by the copy engine
+ * (the forward's maps, 128-byte swizzle). The two consumer warpgroups own 64 keys each:
+ *   S^T = K Q^T and dP^T = V dO^T      wgmma, both operands in shared memory (K-major)
+ *   P^T = exp2(S^T scale log2e - lse2), dS^T = P^T (dP^T - Delta)   in registers
+ *   dV += P^T dO, dK += dS^T Q          wgmma with A from registers: the transposed products'
+ *                                       accumulators are already the A fragments (no shared
+ *                                       memory for P), B = dO / Q read MN-major
+ *   dQ(64 rows) += dS K                 dS^T stored to shared memory (swizzled by hand, two
+ *                                       buffers), a barrier of both consumer warpgroups, then
+ *                                       each takes half of dQ's columns over all 128 keys (A =
+ *                                       dS^T and B = K both MN-major) and adds it into the f32
+ *                                       workspace with atomics (the atomic kernel's layout:
+ *                                       dq_convert_kernel scales and rounds it).
+ * The producer's second warp writes each item's lse (log2 units) and Delta beside its Q and dO
+ * tiles (shared memory, the same barrier), so that the consumers keep no registers for them.
+ * dK = scale * sum dS^T Q is scaled when stored.
+ */
+#ifndef ATTN_IMPL_CUDA_SM90_SM90_BWD_CUH
+#define ATTN_IMPL_CUDA_SM90_SM90_BWD_CUH
+
+#include "impl/cuda/cuda_bwd.cuh"
+#include "impl/cuda/sm90/sm90_fwd.cuh"
+
+namespace attn_cuda {
+namespace sm90 {
+
+/* kBN keys per CTA (64 per consumer warpgroup), kBM query rows per item, kStages Q / dO buffers.
+ * kOverlap: dV's products are issued before dS^T is stored, dK's after dQ's, and dQ's atomics go
+ * out while dK's run (without it: dV, dK, then dQ, all waited for before the atomics). */
+template <typename T_, int kD_, int kStages_ = 2, bool kOverlap_ = true> struct BwdCfg90 {
+  using T = T_;
+  static constexpr int kD = kD_, kBN = 128, kBM = 64, kStages = kStages_, kCWG = 2;
+  static constexpr bool kOverlap = kOverlap_;
+  static constexpr int kThreads = 128 * (kCWG + 1), kPanels = kD / 64;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static constexpr uint32_t kKVBytes = kBN * kD * 2, kQBytes = kBM * kD * 2, kDSBytes = kBN * kBM * 2;
+  static constexpr uint32_t kStatBytes = kBM * 8; /* {lse2, Delta} per query row */
+  /* K, V, kStages x (Q, dO, row stats), two dS^T buffers, the barriers, and 1024 bytes to align
+   * the base */
+  static constexpr uint32_t kSmem =
+      1024 + 2 * kKVBytes + kStages * (2 * kQBytes + kStatBytes) + 2 * kDSBytes + 8 * (1 + 2 * kStages);
+  static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
+};
+
+template <typename C>
+__global__ void __launch_bounds__(C::kThreads, 1)
+    bwd90_kernel(const __grid_constant__ attn_cuda_params p, const __grid_constant__ CUtensorMap tq,
+                 const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                 const __grid_constant__ CUtensorMap tdo) {
+  using T = typename C::T;
+  constexpr int kD = C::kD, kBN = C::kBN, kBM = C::kBM, kStages = C::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t sK = (smem_u32(smem_raw) + 1023) & ~1023u;
+  const uint32_t sV = sK + C::kKVBytes, sQ = sV + C::kKVBytes, sO = sQ + kStages * C::kQBytes;
+  const uint32_t sDS = sO + kStages * C::kQBytes, sStat = sDS + 2 * C::kDSBytes;
+  const uint32_t bars = sStat + kStages * C::kStatBytes;
+  /* the row stats of stage s, for generic loads and stores */
+  auto stats = [&](int s) {
+    return reinterpret_cast<float2 *>(smem_raw + (sStat + s * C::kStatBytes - smem_u32(smem_raw)));
+  };
+  /* barriers: K and V; per stage Q and dO full, then empty */
+  const uint32_t bar_kv = bars;
+  auto full = [&](int s) { return bars + 8 * (1 + s); };
+  auto empty = [&](int s) { return bars + 8 * (1 + kStages + s); };
+
+  const int tid = threadIdx.x, lane = tid & 31, wg = tid / 128;
+  const int b = blockIdx.z, g = blockIdx.y, n0 = blockIdx.x * kBN;
+  const Seq sq = seq_of(p, b);
+  if (n0 >= sq.len_k) return;
+  const int n_last = min(n0 + kBN, sq.len_k) - 1;
+  const Head hd0 = head_of(p, sq, b, g * p.group);
+  int m_lo, m_hi;
+  query_block_range(p, hd0, n0, n_last, kBM, m_lo, m_hi);
+  const int nm = max(m_hi - m_lo, 0), items = nm * p.group;
+
+  if (tid == 0) {
+    mbar_init(bar_kv, 1);
+    /* full: the copies' thread and the row stats' warp; empty: one per consumer warp */
+    for (int s = 0; s < kStages; ++s) mbar_init(full(s), 2), mbar_init(empty(s), 4 * C::kCWG);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) { /* producer */
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
+    if (tid == 0) {
+      mbar_expect_tx(bar_kv, 2 * C::kKVBytes);
+      for (int c = 0; c < C::kPanels; ++c) {
+        tma_load(sK + c * kBN * 128, &tk, bar_kv, c * 64, g, n0, b);
+        tma_load(sV + c * kBN * 128, &tv, bar_kv, c * 64, g, n0, b);
+      }
+      for (int it = 0; it < items; ++it) {
+        const int s = it % kStages, h = g * p.group + it / nm, m0 = (m_lo + it % nm) * kBM;
+        mbar_wait(empty(s), ((it / kStages) & 1) ^ 1);
+        mbar_expect_tx(full(s), 2 * C::kQBytes);
+        for (int c = 0; c < C::kPanels; ++c) {
+          tma_load(sQ + s * C::kQBytes + c * kBM * 128, &tq, full(s), c * 64, h, m0, b);
+          tma_load(sO + s * C::kQBytes + c * kBM * 128, &tdo, full(s), c * 64, h, m0, b);
+        }
+      }
+    } else if (tid >= 32 && tid < 64) {
+      /* the second warp: lse (log2 units; +inf past the sequence or for a row that sees nothing,
+       * so that P = 0) and Delta of each item's rows */
+      for (int it = 0; it < items; ++it) {
+        const int s = it % kStages, h = g * p.group + it / nm, m0 = (m_lo + it % nm) * kBM;
+        mbar_wait(empty(s), ((it / kStages) & 1) ^ 1);
+        for (int r = lane; r < kBM; r += 32) {
+          const int i = m0 + r;
+          float2 st = make_float2(INFINITY, 0.f);
+          if (i < sq.len_q) {
+            const float l = p.lse[b * p.lse_b + h * p.lse_h + i * p.lse_r];
+            st.x = l == -INFINITY ? INFINITY : l * kLog2e;
+            st.y = p.delta[h * p.rows_q + (int64_t)b * p.seqlen_q + i];
+          }
+          stats(s)[r] = st;
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(full(s)); /* releases the stores to the consumers */
+      }
+    }
+    return;
+  }
+
+  /* consumers: warpgroup cw owns keys n0 + 64 cw .. + 63; a thread's accumulator rows are keys
+   * kr and kr + 8, its columns 8 jj + 2 (lane & 3) + {0, 1} */
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
+  const int cw = wg - 1, wq = (tid >> 5) & 3;
+  const int kr = cw * 64 + wq * 16 + (lane >> 2); /* key row in the block */
+  const float scale_log2 = p.scale * kLog2e;
+
+  float dk[1][kD / 8][4], dv[1][kD / 8][4];
+  float(&dka)[kD / 2] = reinterpret_cast<float(&)[kD / 2]>(dk);
+  float(&dva)[kD / 2] = reinterpret_cast<float(&)[kD / 2]>(dv);
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) dka[i] = dva[i] = 0.f;
+  float st[kBM / 2], dpt[kBM / 2], dq[kD / 4];
+  uint32_t pa[kBM / 16][4], dsa[kBM / 16][4];
+
+  /* acc = A(this warpgroup's 64 keys of sA) B(the item's 64 queries of sB)^T, both K-major */
+  auto issue_transposed = [&](float (&acc)[kBM / 2], uint32_t sA, uint32_t sB) {
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t col = (kk % 4) * 32;
+      Wgmma<T, kBM>::ss(acc, smem_desc(sA + cw * 64 * 128 + (kk / 4) * kBN * 128 + col, 16, 1024),
+                        smem_desc(sB + (kk / 4) * kBM * 128 + col, 16, 1024), kk > 0);
+    }
+  };
+  /* acc += A (registers: 64 keys x kBM queries) B (sB: kBM query rows x kD, MN-major) */
+  auto issue_ab = [&](float (&acc)[kD / 2], const uint32_t (&a)[kBM / 16][4], uint32_t sB) {
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk) Wgmma<T, kD>::rs(acc, a[kk], smem_desc(sB + kk * 16 * 128, kBM * 128, 1024), 1);
+  };
+  /* dQ (kBM queries x this warpgroup's kD / 2 columns) = dS (from dS^T, MN-major) K (MN-major) */
+  const int dq_col0 = cw * (kD / 2);
+  auto issue_dq = [&](uint32_t ds) {
+    const uint32_t k = sK + (dq_col0 / 64) * kBN * 128 + (dq_col0 % 64) * 2;
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+      Wgmma<T, kD / 2>::sst(dq, smem_desc(ds + kk * 16 * 128, kBN * 128, 1024), smem_desc(k + kk * 16 * 128, kBN * 128, 1024),
+                            kk > 0);
+  };
+
+  mbar_wait(bar_kv, 0);
+  for (int it = 0; it < items; ++it) {
+    const int s = it % kStages, h = g * p.group + it / nm, m0 = (m_lo + it % nm) * kBM;
+    const Head hd = head_of(p, sq, b, h);
+    const int m_last = min(m0 + kBM, sq.len_q) - 1;
+    const bool interior = band_full(p, hd, m0, m_last, n0, kBN) && m0 + kBM <= sq.len_q;
+    mbar_wait(full(s), (it / kStages) & 1);
+    const uint32_t q = sQ + s * C::kQBytes, o = sO + s * C::kQBytes;
+    wgmma_fence();
+    issue_transposed(st, sK, q);
+    issue_transposed(dpt, sV, o);
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(st);
+    pin(dpt);
+
+    /* P^T and dS^T, packed as A fragments (two adjacent 8-query groups make one 16-wide slice) */
+#pragma unroll
+    for (int jj = 0; jj < kBM / 8; ++jj) {
+      /* {lse2, Delta} of this thread's query columns 8 jj + 2 (lane & 3) + {0, 1} */
+      const float4 qs = *reinterpret_cast<const float4 *>(stats(s) + jj * 8 + (lane & 3) * 2);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = e & 1, hf = e >> 1;
+        float P = ex2(at_most_zero(fmaf(st[4 * jj + e], scale_log2, -(c ? qs.z : qs.x))));
+        if (!interior && !visible_band(p, hd, m0 + jj * 8 + (lane & 3) * 2 + c, n0 + kr + hf * 8)) P = 0.f;
+        st[4 * jj + e] = P;
+        dpt[4 * jj + e] = P * (dpt[4 * jj + e] - (c ? qs.w : qs.y));
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        pa[kk][r] = Elem<T>::pack(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
+        dsa[kk][r] = Elem<T>::pack(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
+      }
+    /* dS^T to shared memory [128 keys][64 queries], 128 bytes a row, 16-byte chunk c of row r at
+     * c ^ (r % 8): the copy engine's swizzle, which wgmma's descriptors read */
+    const uint32_t ds = sDS + (it & 1) * C::kDSBytes;
+    auto store_ds = [&]() {
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int row = kr + (r & 1) * 8, chunk = 2 * kk + (r >> 1);
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(ds + row * 128 + ((chunk ^ (row & 7)) * 16) + (lane & 3) * 4),
+                       "r"(dsa[kk][r])
+                       : "memory");
+        }
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* visible to wgmma */
+    };
+    auto both_halves_stored = [&]() { asm volatile("bar.sync 1, %0;\n" ::"n"(128 * C::kCWG) : "memory"); };
+
+    pin(dka);
+    pin(dva);
+    pin(pa);
+    pin(dsa);
+    if constexpr (C::kOverlap) {
+      wgmma_fence();
+      issue_ab(dva, pa, o);
+      wgmma_commit();
+      store_ds();
+      both_halves_stored();
+      wgmma_fence(); /* dq's registers were last read by the previous item's atomics */
+      issue_dq(ds);
+      wgmma_commit();
+      issue_ab(dka, dsa, q);
+      wgmma_commit();
+      wgmma_wait<1>(); /* dV and dQ have landed; dK's products run under the atomics */
+      pin(dq);
+    } else {
+      store_ds();
+      wgmma_fence();
+      issue_ab(dva, pa, o);
+      issue_ab(dka, dsa, q);
+      wgmma_commit();
+      both_halves_stored();
+      wgmma_fence();
+      issue_dq(ds);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(dq);
+    }
+
+    /* dQ's rows: queries m0 + 16 wq + (lane >> 2) + 8 hf; columns dq_col0 + 8 jj + 2 (lane & 3) */
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = m0 + wq * 16 + (lane >> 2) + hf * 8;
+      if (i >= sq.len_q) continue;
+      float *row = p.dq_accum + (h * p.rows_q + (int64_t)b * p.seqlen_q + i) * kD + dq_col0 + (lane & 3) * 2;
+#pragma unroll
+      for (int jj = 0; jj < kD / 16; ++jj)
+        atomicAdd(reinterpret_cast<float2 *>(row + jj * 8), make_float2(dq[4 * jj + 2 * hf], dq[4 * jj + 2 * hf + 1]));
+    }
+    if constexpr (C::kOverlap) wgmma_wait<0>();
+    pin(dka);
+    pin(dva);
+    pin(pa);
+    pin(dsa);
+    pin(dq);
+    if (lane == 0) mbar_arrive(empty(s)); /* every product of Q(it) and dO(it) is done */
+  }
+
+  /* this warp's 16 keys of dK (times the softmax scale) and dV */
+  const int k_row = n0 + cw * 64 + wq * 16;
+  T *gdk = static_cast<T *>(p.dk_out) + b * p.dk_b + k_row * p.dk_r + g * p.dk_h;
+  T *gdv = static_cast<T *>(p.dv_out) + b * p.dv_b + k_row * p.dv_r + g * p.dv_h;
+  const float scale[1][2] = {{p.scale, p.scale}}, one[1][2] = {{1.f, 1.f}};
+  store_rows<T, 1, kD / 8, false>(gdk, p.dk_r, dk, scale, lane, sq.len_k - k_row, kD);
+  store_rows<T, 1, kD / 8, false>(gdv, p.dv_r, dv, one, lane, sq.len_k - k_row, kD);
+}
+
+/* Why the sm90 backward cannot run p (a sentence), or NULL when it can. */
+static inline const char *sm90_bwd_unsupported(const attn_cuda_params &p) {
+  if (p.d != p.dv || (p.d != 64 && p.d != 128)) return "the sm90 backward has head dims 64 and 128 with Dv = D only";
+  if (p.varlen != ATTN_CUDA_VARLEN_NONE) return "the sm90 backward has no varlen";
+  if (needs_features(p, p.d) || p.softcap > 0.f) return "the sm90 backward has no per-element functions, dropout or sinks";
+  if (p.dq_accum == nullptr) return "the sm90 backward needs the f32 dq workspace";
+  const void *ptrs[4] = {p.q, p.k, p.v, p.dout};
+  for (const void *ptr : ptrs)
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return "the sm90 backward needs 16-byte aligned q, k, v, dout";
+  const int64_t strides[12] = {p.q_b, p.q_r, p.q_h, p.k_b, p.k_r, p.k_h, p.v_b, p.v_r, p.v_h, p.do_b, p.do_r, p.do_h};
+  for (int64_t s : strides)
+    if (s % 8 != 0 || s < 0) return "the sm90 backward needs q, k, v, dout strides that are multiples of 8 elements";
+  return nullptr;
+}
+
+/* The backward of p (p.delta computed, p.dq_accum the f32 workspace): zeroes the workspace, runs
+ * bwd90_kernel<C>, then dq_convert_kernel. */
+template <typename C> attn_status launch_bwd90(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
+  const char *no = sm90_bwd_unsupported(p);
+  if (no == nullptr && p.d != C::kD) no = "the sm90 backward was asked for another head dim";
+  if (no != nullptr) {
+    snprintf(why, why_size, "%s", no);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  using T = typename C::T;
+  constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
+  CUtensorMap tq, tk, tv, tdo;
+  attn_status st;
+  if ((st = make_token_map(&tq, p.q, kBf16, p.d, p.heads_q, p.seqlen_q, p.batch, p.q_h, p.q_r, p.q_b, C::kBM, why,
+                           why_size)) != ATTN_STATUS_OK ||
+      (st = make_token_map(&tdo, p.dout, kBf16, p.d, p.heads_q, p.seqlen_q, p.batch, p.do_h, p.do_r, p.do_b, C::kBM,
+                           why, why_size)) != ATTN_STATUS_OK ||
+      (st = make_token_map(&tk, p.k, kBf16, p.d, p.heads_kv, p.seqlen_k, p.batch, p.k_h, p.k_r, p.k_b, C::kBN, why,
+                           why_size)) != ATTN_STATUS_OK ||
+      (st = make_token_map(&tv, p.v, kBf16, p.d, p.heads_kv, p.seqlen_k, p.batch, p.v_h, p.v_r, p.v_b, C::kBN, why,
+                           why_size)) != ATTN_STATUS_OK)
+    return st;
+  if (p.rows_q > 0)
+    ATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, (size_t)(p.rows_q * p.heads_q * p.d) * sizeof(float), stream));
+  auto kernel = bwd90_kernel<C>;
+  ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmem));
+  dim3 grid((p.seqlen_k + C::kBN - 1) / C::kBN, p.heads_kv, p.batch);
+  if (grid.x > 0) {
+    kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p, tq, tk, tv, tdo);
+    ATTN_CUDA_CHECK(cudaGetLastError());
+  }
+  const int64_t n = p.rows_q * p.heads_q * (p.d / 2);
+  if (n > 0) {
+    const int64_t blocks = (n + 255) / 256;
+    dq_convert_kernel<T><<<(int)(blocks > 65535 ? 65535 : blocks), 256, 0, stream>>>(p);
+    ATTN_CUDA_CHECK(cudaGetLastError());
+  }
+  return ATTN_STATUS_OK;
+}
+
+} // namespace sm90
+} // namespace attn_cuda
+
+#endif /* ATTN_IMPL_CUDA_SM90_SM90_BWD_CUH */
