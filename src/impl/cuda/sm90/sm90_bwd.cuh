@@ -271,6 +271,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     pin(pa);
     pin(dsa);
     pin(dq);
+    /* every lane's reads of stats(s) are ordered before the release that lets the producer
+     * overwrite them (racecheck reported the stores racing with these reads without it) */
+    __syncwarp();
     if (lane == 0) mbar_arrive(empty(s)); /* every product of Q(it) and dO(it) is done */
   }
 
