@@ -238,7 +238,8 @@ __device__ __forceinline__ void merge_cluster(const attn_cuda_decode_params &p, 
   }
   cluster.sync(); /* no CTA leaves (and frees its shared memory) while another still reads it */
 #else
-  (void)p, (void)b, (void)g, (void)first, (void)nrows, (void)part; /* not launched before sm_90 */
+  (void)p, (void)b, (void)g, (void)first, (void)nrows, (void)part;
+  __trap(); /* launch_split asks for the cluster merge only of a kernel compiled for sm_90 */
 #endif
 }
 
@@ -629,6 +630,18 @@ attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream
    * its splits itself. (H100, bench/RESULTS.md: B = 16, Tk = 2048, 2 splits in one wave: 60 us
    * against 67 us with the merge kernel; but 4 splits in two waves: 89 us against 71, since a
    * cluster's CTAs hold their SMs until the slowest of them is done, and are placed together.) */
+  /* Those paths are in the kernel only when it was compiled for sm_90 or later: a build for older
+   * targets alone, run on a Hopper GPU through its PTX, takes the plain launch. (The image the
+   * driver picks depends on the device, hence one answer per device.) */
+  static std::atomic<int> ptx_version[64];
+  int ptx = ptx_version[p->device_index & 63].load(std::memory_order_relaxed);
+  if (ptx == 0) {
+    cudaFuncAttributes fa;
+    ATTN_CUDA_CHECK(cudaFuncGetAttributes(&fa, split_kernel<T, KD>));
+    ptx = fa.ptxVersion;
+    ptx_version[p->device_index & 63].store(ptx, std::memory_order_relaxed);
+  }
+  if (ptx < 90 && major >= 9) major = 8;
   *merged = p->splits > 1 && p->splits <= cluster_limit<T, KD>(p->device_index, major) &&
             (int64_t)grid.x * grid.y * grid.z <= resident_slots(p->device_index, KD);
   if (major >= 9) {

@@ -298,6 +298,14 @@ static inline const char *sm90_bwd_unsupported(const attn_cuda_params &p) {
   const int64_t strides[12] = {p.q_b, p.q_r, p.q_h, p.k_b, p.k_r, p.k_h, p.v_b, p.v_r, p.v_h, p.do_b, p.do_r, p.do_h};
   for (int64_t s : strides)
     if (s % 8 != 0 || s < 0) return "the sm90 backward needs q, k, v, dout strides that are multiples of 8 elements";
+  /* What the tensor maps refuse, refused here so that such a problem takes the atomic backward: a
+   * broadcast (stride 0) dimension of more than one index, and strides of 2^40 bytes or more. */
+  const int64_t extents[12] = {p.batch, p.seqlen_q, p.heads_q, p.batch, p.seqlen_k, p.heads_kv,
+                               p.batch, p.seqlen_k, p.heads_kv, p.batch, p.seqlen_q, p.heads_q};
+  for (int i = 0; i < 12; ++i)
+    if ((strides[i] == 0 && extents[i] > 1) || strides[i] >= ((int64_t)1 << 39))
+      return "the sm90 backward needs q, k, v, dout without broadcast dimensions (stride 0) and with strides "
+             "below 2^40 bytes";
   return nullptr;
 }
 
