@@ -835,6 +835,12 @@ attn_status attn_dist_plan_forward(attn_dist_plan *plan, const attn_inputs *inpu
   memset(&plan->stats, 0, sizeof plan->stats);
   const double start = attn_dist_now();
   if (plan->ns > 1) {
+    /* The split-sequence paths read and write the caller's shards themselves (threaded): their
+     * tensors get the single-device checks first (e.g. outputs whose strides overlap). */
+    attn_inputs in_r;
+    attn_outputs out_r;
+    status = attn_validate_forward(plan->ctx, &plan->local, inputs, outputs, &in_r, &out_r);
+    if (status != ATTN_STATUS_OK) return status;
     status = plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL || plan->hybrid
                  ? attn_dist_ulysses_forward(plan, inputs, outputs)
                  : attn_dist_ring_forward(plan, inputs, outputs);
@@ -876,6 +882,13 @@ attn_status attn_dist_plan_backward(attn_dist_plan *plan, const attn_inputs *inp
   memset(&plan->stats, 0, sizeof plan->stats);
   const double start = attn_dist_now();
   if (plan->ns > 1) {
+    attn_inputs in_r;
+    attn_outputs fwd_r;
+    attn_tensor dout_r;
+    attn_grads grads_r;
+    status = attn_validate_backward(plan->ctx, &plan->local, inputs, forward, dout, grads, &in_r,
+                                    &fwd_r, &dout_r, &grads_r);
+    if (status != ATTN_STATUS_OK) return status;
     status = plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL || plan->hybrid
                  ? attn_dist_ulysses_backward(plan, inputs, forward, dout, grads)
                  : attn_dist_ring_backward(plan, inputs, forward, dout, grads);

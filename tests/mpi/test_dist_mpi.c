@@ -638,6 +638,30 @@ static void refusals(void) {
            "rank %d: all-to-all with fewer KV heads than ranks refused (%s)", world_rank,
            attn_ctx_last_error(ctx));
 
+  /* Outputs whose strides overlap (rows of out on one another) are refused by every rank before
+   * anything moves: the ring writes the shards from several threads. */
+  st = attn_dist_plan_create(ctx, &p, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
+  tu_check(st == ATTN_STATUS_OK, "rank %d: plan for the overlap check: %s", world_rank,
+           attn_ctx_last_error(ctx));
+  if (st == ATTN_STATUS_OK) {
+    const int64_t Tl = p.seqlen_q / world_size;
+    tu_buf q = tu_buf_new(ATTN_DTYPE_F32, p.batch * Tl * p.heads_q * p.head_dim);
+    tu_buf k = tu_buf_new(ATTN_DTYPE_F32, p.batch * Tl * p.heads_kv * p.head_dim);
+    tu_buf v = tu_buf_new(ATTN_DTYPE_F32, p.batch * Tl * p.heads_kv * p.head_dim_v);
+    tu_buf out = tu_buf_new(ATTN_DTYPE_F32, p.batch * Tl * p.heads_q * p.head_dim_v);
+    tu_args x;
+    tu_args_bufs(&x, &q, &k, &v, &out, NULL, NULL, NULL, NULL, NULL);
+    const int64_t overlapping[4] = {p.heads_q * p.head_dim_v, 0, p.head_dim_v, 1};
+    memcpy(x.out.out.stride, overlapping, sizeof overlapping);
+    st = attn_dist_plan_forward(plan, &x.in, &x.out);
+    tu_check(st == ATTN_STATUS_INVALID_ARGUMENT && strstr(attn_ctx_last_error(ctx), "out"),
+             "rank %d: an output whose rows overlap is refused (%s)", world_rank,
+             attn_ctx_last_error(ctx));
+    tu_buf_free(&q), tu_buf_free(&k), tu_buf_free(&v), tu_buf_free(&out);
+  }
+  attn_dist_plan_destroy(plan);
+  plan = NULL;
+
   /* A peer that never joins the run: rank 0 gets IO_ERROR after the timeout, not a hang. */
   spec.timeout_seconds = 1.0;
   st = attn_dist_plan_create(ctx, &p, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
