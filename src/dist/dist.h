@@ -90,7 +90,7 @@ int attn_dist_host_threads(const attn_dist_plan *plan);
 #ifdef _OPENMP
 #define DIST_PARALLEL_FOR _Pragma("omp parallel for num_threads(dist_threads) schedule(static)")
 #else
-#define DIST_PARALLEL_FOR
+#define DIST_PARALLEL_FOR (void)dist_threads; /* one thread; the count is still computed */
 #endif
 
 /* The transport's table, loaded once from its module (transports.c). */
