@@ -98,10 +98,11 @@ static void copy_block(const exch *x, const int64_t bd[4], size_t es, int32_t r,
   const int dist_threads = attn_dist_host_threads(x->plan);
   DIST_PARALLEL_FOR
   for (int64_t i01 = 0; i01 < bd[0] * bd[1]; ++i01) { /* the two outer dims */
+    const int64_t i0 = i01 / bd[1], i1 = i01 % bd[1];
     int64_t e = i01 * bd[2] * bd[3];
     for (int64_t i2 = 0; i2 < bd[2]; ++i2)
       for (int64_t i3 = 0; i3 < bd[3]; ++i3, ++e) {
-        int64_t idx[4] = {i01 / bd[1], i01 % bd[1], i2, i3};
+        int64_t idx[4] = {i0, i1, i2, i3};
         if (pl->hdim >= 0) idx[pl->hdim] += r * pl->heads;
         if (pl->T > 0) idx[pl->tdim] = gathered_row(x, pl->T, r, idx[pl->tdim]);
         const int64_t off = idx[0] * pl->stride[0] + idx[1] * pl->stride[1] +
