@@ -73,7 +73,7 @@ void tu_gpu_check_close(const char *name, const char *what, tol_pass pass, const
   if (naive_fed != NULL && naive_fed->n >= n) ef = tu_compare(naive_fed, exact, n);
   double naive_err = tol_naive_error(&en, naive_alt != NULL ? &ea : NULL,
                                      naive_fed != NULL && naive_fed->n >= n ? &ef : NULL);
-  double tol = tol_bound_low_precision(pass, eg.max_ref, naive_err);
+  double tol = tol_bound_low_precision(pass, eg.max_ref, naive_err, NULL);
   double at = eg.where >= 0 ? tu_get(got, eg.where) : 0.0;
   double want = eg.where >= 0 ? exact[eg.where] : 0.0;
   tu_check(tol_ok(&eg, tol),

@@ -593,7 +593,7 @@ int main(int argc, char **argv) {
               naive_err = tol_naive_error(&en, &ed, NULL);
             }
             tol_pass pass = o >= OUT_DQ ? TOL_GRADIENT : TOL_FORWARD;
-            double tol = tol_bound((attn_dtype)c->p.dtype, pass, e.max_ref, naive_err);
+            double tol = tol_bound((attn_dtype)c->p.dtype, pass, e.max_ref, naive_err, NULL);
             if (!tol_ok(&e, tol)) {
               char where[96];
               index_string(&c->p, out_roles[o], e.where, where, sizeof where);

@@ -549,7 +549,7 @@ static void check_tensor(report *rep, const char *name, attn_dtype dtype, tol_pa
       rep->ok = 0;
     }
   }
-  double bound = tol_bound(dtype, pass, e.max_ref, naive_err);
+  double bound = tol_bound(dtype, pass, e.max_ref, naive_err, NULL);
   int ok = tol_ok(&e, bound);
   report_add(rep, " %s %.2e/%.2e", name, e.max_abs, bound);
   if (e.nonfinite != 0) /* where: the first of them */

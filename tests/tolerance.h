@@ -8,6 +8,12 @@
  *   f16/bf16: max|a - r| <= k * err(naive) + 1e-3 * max|r| (+ FLT_MIN), k = 2 for the forward
  *             pass (out, lse) and 3 for gradients
  *
+ * and, where the caller measures them (tol_extent: the attn tool and the fuzzers, whose problems
+ * reach any scale), the rule's intent past its letter for problems whose own values put the letter
+ * out of reach of every computation in the dtype: logits too large for f32 to hold to 1e-4, sums
+ * whose partial sums bf16 instructions flush, tensors too small for the naive run's error to be a
+ * measure (docs/NUMERICS.md, "What a problem's values add to the rule").
+ *
  * where the inputs are rounded to the dtype and the same values are fed to the reference, and naive
  * is the reference run at the problem's dtype with its scores and P rounded to it as well
  * (attn_plan_set_rounding), the computation a careful same-dtype kernel does (FlashAttention's
@@ -24,8 +30,10 @@
 #include <stdint.h>
 
 /* What a result is: the forward pass's (out, lse) or a gradient (dq, dk, dv, dbias, dsinks), whose
- * longer chain of roundings earns the larger factor. */
-typedef enum tol_pass { TOL_FORWARD, TOL_GRADIENT } tol_pass;
+ * longer chain of roundings earns the larger factor. TOL_LSE is lse told apart from out, for an
+ * extent (below): a logit's rounding error is absolute in lse, relative in the others; without an
+ * extent it is TOL_FORWARD. */
+typedef enum tol_pass { TOL_FORWARD, TOL_GRADIENT, TOL_LSE } tol_pass;
 
 /* ---- the difference of a result a from the reference r ---- */
 typedef struct tol_err {
@@ -85,9 +93,45 @@ static inline double tol_naive_error(const tol_err *rounded, const tol_err *unro
   return err;
 }
 
-/* The rule for f32 results. */
-static inline double tol_bound_f32(double max_ref) {
-  return 1e-4 * (max_ref > 1.0 ? max_ref : 1.0);
+/* ---- what a problem's own values add (docs/NUMERICS.md, "What a problem's values add") ---- */
+
+/* Measured on the problem and its data by the caller (tol_extent_make); a NULL extent is the letter. */
+typedef struct tol_extent {
+  double logits; /* the logits' condition: an upper bound of |x| before the soft cap, times the
+                  * cap's amplification 1 + 2 / cap (0 without a cap: 1) */
+  double unit;   /* the dtype's unit roundoff u: 2^-24 f32, 2^-11 f16, 2^-8 bf16 */
+  double flush;  /* the most a flushed denormal partial sum can hide in a gradient:
+                  * FLT_MIN x max(1, |scale|) x the longest sum's terms */
+} tol_extent;
+
+/* The extent of a problem of dtype with softmax scale and soft cap (0: none), head dim D, whose
+ * q, k (new rows included), bias and ALiBi slopes are at most max_q, max_k, max_bias and
+ * max_slope in magnitude (0 where absent), ALiBi distances at most span, and whose longest
+ * gradient sum has terms terms. |x| <= |scale| D max_q max_k + max_bias + max_slope span: the
+ * bound holds whatever the data, and is loose only by how much of D's products cancel. */
+static inline tol_extent tol_extent_make(attn_dtype dtype, double scale, double softcap,
+                                         int64_t head_dim, double max_q, double max_k,
+                                         double max_bias, double max_slope, int64_t span,
+                                         int64_t terms) {
+  tol_extent x;
+  double logits = fabs(scale) * (double)head_dim * max_q * max_k + max_bias +
+                  max_slope * (double)span;
+  x.logits = logits * (softcap > 0.0 ? 1.0 + 2.0 / softcap : 1.0);
+  x.unit = dtype == ATTN_DTYPE_BF16 ? 0x1p-8 : dtype == ATTN_DTYPE_F16 ? 0x1p-11 : 0x1p-24;
+  x.flush = (double)FLT_MIN * (fabs(scale) > 1.0 ? fabs(scale) : 1.0) * (double)terms;
+  return x;
+}
+
+/* The rule for f32 results: 1e-4 relative, or, past logits of about 400, the error of holding
+ * them in f32. A logit x is rounded by |x| u in the forward and again in the backward's
+ * recomputation; lse takes that error as it is, and P = exp(x - lse) as a relative error into
+ * every other output; under a soft cap, the derivative 1 - tanh^2(x / cap) takes it 2 / cap times
+ * over (NUMERICS.md measures both: 1.4 |lse| u on dv at scale=3000). */
+static inline double tol_bound_f32(tol_pass pass, double max_ref, const tol_extent *x) {
+  const double magnitude = max_ref > 1.0 ? max_ref : 1.0, fixed = 1e-4 * magnitude;
+  if (x == NULL) return fixed;
+  const double held = 2.0 * x->unit * x->logits * (pass == TOL_LSE ? 1.0 : magnitude);
+  return held > fixed ? held : fixed;
 }
 
 /* What is below f32's normal range is not the kernel's numerics: bf16 instructions treat denormal
@@ -96,17 +140,27 @@ static inline double tol_bound_f32(double max_ref) {
  * (docs/NUMERICS.md: a bf16 gradient of 1e-39 under softcap=0.001 is 0 on those paths). */
 #define TOL_DENORMAL_FLOOR ((double)FLT_MIN)
 
-/* The rule for f16 and bf16 results. */
-static inline double tol_bound_low_precision(tol_pass pass, double max_ref, double naive_err) {
-  return (pass == TOL_GRADIENT ? 3.0 : 2.0) * naive_err + 1e-3 * max_ref + TOL_DENORMAL_FLOOR;
+/* The rule for f16 and bf16 results. With an extent: at least one rounding of the dtype relative
+ * for the results stored in it (the naive run's largest error over a tensor of a few elements is
+ * a noisy draw, and 1e-3 is less than one bf16 rounding; lse is f32), and the denormal floor
+ * scaled to what flushing can lose in a sum (bf16 instructions flush partial sums, and the kernels
+ * apply the scale after the sum). */
+static inline double tol_bound_low_precision(tol_pass pass, double max_ref, double naive_err,
+                                             const tol_extent *x) {
+  double relative = 1e-3, floor = TOL_DENORMAL_FLOOR;
+  if (x != NULL && pass != TOL_LSE && x->unit > relative) relative = x->unit;
+  if (x != NULL && x->flush > floor) floor = x->flush;
+  return (pass == TOL_GRADIENT ? 3.0 : 2.0) * naive_err + relative * max_ref + floor;
 }
 
 /* The largest max|a - r| allowed to a result of a problem of dtype (f16 and bf16: the low-precision
- * rule, which needs naive_err; any other: the f32 rule, which ignores it). */
-static inline double tol_bound(attn_dtype dtype, tol_pass pass, double max_ref, double naive_err) {
+ * rule, which needs naive_err; any other: the f32 rule, which ignores it). extent: NULL for the
+ * rule's letter, else what the problem's values add. */
+static inline double tol_bound(attn_dtype dtype, tol_pass pass, double max_ref, double naive_err,
+                               const tol_extent *extent) {
   if (dtype == ATTN_DTYPE_F16 || dtype == ATTN_DTYPE_BF16)
-    return tol_bound_low_precision(pass, max_ref, naive_err);
-  return tol_bound_f32(max_ref);
+    return tol_bound_low_precision(pass, max_ref, naive_err, extent);
+  return tol_bound_f32(pass, max_ref, extent);
 }
 
 /* Whether a result whose difference is e passes under bound. */

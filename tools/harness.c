@@ -418,6 +418,7 @@ struct h_oracle {
   int nslices;
   int64_t *key_ids, nkeys;
   double naive_err[5]; /* f16/bf16: err(naive) of the rule on the checked rows, per output */
+  tol_extent extent;   /* what the problem's values add to the rule (tolerance.h) */
   h_rows rows;
 };
 
@@ -819,6 +820,36 @@ static void resolve_inputs(h_oracle *o) {
   }
 }
 
+/* The largest magnitude among the host values of an input role; 0 where the problem has none. */
+static double role_max_abs(const h_data *d, attn_role role) {
+  const void *buf = d->host.role[role];
+  if (buf == NULL) return 0.0;
+  const attn_dtype dtype = attn_role_dtype(&d->problem, role);
+  const int64_t n = attn_role_numel(&d->problem, role);
+  double m = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    double v = fabs(attn_load(buf, dtype, i));
+    if (v > m) m = v;
+  }
+  return m;
+}
+
+/* What the problem's values add to the tolerance rule (tol_extent_make): its logits' bound from
+ * the data, ALiBi distances within the longest sequences, and the longest gradient sum (dq over
+ * the keys and sinks, dk and dv over a group's query rows). */
+static tol_extent measure_extent(const h_oracle *o) {
+  const attn_problem *p = &o->resolved;
+  const h_data *d = &o->data;
+  const int packed = p->varlen == ATTN_VARLEN_PACKED;
+  const int64_t tq = packed && p->total_q > p->seqlen_q ? p->total_q : p->seqlen_q;
+  const int64_t tk = packed && p->total_k > p->seqlen_k ? p->total_k : p->seqlen_k;
+  const int64_t rows = tq * (p->heads_q / p->heads_kv), keys = tk + p->num_sinks;
+  double max_k = role_max_abs(d, ATTN_ROLE_K), max_k_new = role_max_abs(d, ATTN_ROLE_K_NEW);
+  return tol_extent_make(o->dtype, p->scale, p->softcap, p->head_dim, role_max_abs(d, ATTN_ROLE_Q),
+                         max_k > max_k_new ? max_k : max_k_new, role_max_abs(d, ATTN_ROLE_BIAS),
+                         role_max_abs(d, ATTN_ROLE_ALIBI), tq + tk, rows > keys ? rows : keys);
+}
+
 attn_status h_oracle_make(attn_ctx *ctx, const attn_problem *problem, int backward, uint64_t seed,
                           int64_t sample_rows, h_oracle **oracle) {
   *oracle = NULL;
@@ -840,6 +871,7 @@ attn_status h_oracle_make(attn_ctx *ctx, const attn_problem *problem, int backwa
   const attn_problem *p = &o->resolved;
   o->dtype = (attn_dtype)p->dtype;
   o->low = o->dtype == ATTN_DTYPE_F16 || o->dtype == ATTN_DTYPE_BF16;
+  o->extent = measure_extent(o);
   resolve_inputs(o);
   /* A paged problem's new rows go into the cache first, as every implementation's run does (with
    * the same values): the oracle's rows read the cache the runs attend to. */
@@ -985,7 +1017,8 @@ h_check h_check_run(attn_ctx *ctx, h_oracle *o, const char *impl, const char *co
     }
     c.err[i] = e.nonfinite != 0 ? INFINITY : e.max_abs;
     c.ref[i] = e.max_ref;
-    c.tol[i] = tol_bound(o->dtype, i < 2 ? TOL_FORWARD : TOL_GRADIENT, c.ref[i], naive_err);
+    const tol_pass pass = i == 0 ? TOL_FORWARD : i == 1 ? TOL_LSE : TOL_GRADIENT;
+    c.tol[i] = tol_bound(o->dtype, pass, c.ref[i], naive_err, &o->extent);
     c.compared++;
     double ratio = c.tol[i] > 0 ? c.err[i] / c.tol[i] : (c.err[i] > 0 ? INFINITY : 0.0);
     if (!tol_ok(&e, c.tol[i])) c.ok = 0;

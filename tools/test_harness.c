@@ -7,8 +7,11 @@
  * out, lse, dq, dk and dv, sampled and full; without the corruption it passes. The sample must hold
  * the first and last query rows and at least as many rows as asked for; an f64 problem's reference
  * run as a candidate must match the oracle bit for bit on out, lse and dq, since both are the same
- * row functions of src/impl/ref on the same inputs. Registered in tools/CMakeLists.txt (it links
- * harness.c), not by the tests folder's glob.
+ * row functions of src/impl/ref on the same inputs. The rule's extent (tests/tolerance.h,
+ * tol_extent): problems whose own values put SPEC's letter out of reach (docs/NUMERICS.md) pass on
+ * ref and cpu, a corrupted element still fails them, and a problem of ordinary values keeps the
+ * letter's bound exactly. Registered in tools/CMakeLists.txt (it links harness.c), not by the tests
+ * folder's glob.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "../tests/testutil.h"
@@ -21,7 +24,7 @@
 #include <stdio.h>
 #include <string.h>
 
-extern const attn_impl attn_ref_impl;
+extern const attn_impl attn_ref_impl, attn_cpu_impl;
 
 /* The element "corrupt" changes, adding 1 (or making 0 of an infinity, such as the lse of a row
  * outside every sequence): an output (ATTN_ROLE_COUNT: none) and its dense index. */
@@ -57,8 +60,8 @@ static void install(void) {
   corrupt_impl.name = "corrupt";
   corrupt_impl.forward = corrupt_forward;
   corrupt_impl.backward = corrupt_backward;
-  static const attn_impl *list[2] = {&corrupt_impl, &attn_ref_impl};
-  attn_registry_set_for_testing(list, 2);
+  static const attn_impl *list[3] = {&corrupt_impl, &attn_ref_impl, &attn_cpu_impl};
+  attn_registry_set_for_testing(list, 3);
 }
 
 /* Index of lse[head, token] in the dense lse of p (the harness's own layout rule). */
@@ -163,6 +166,58 @@ static void check_problem(attn_ctx *ctx, const char *text, int backward, int64_t
   h_oracle_free(o);
 }
 
+/* What a problem's values add to the rule (docs/NUMERICS.md, "What a problem's values add"). */
+static void check_extent(attn_ctx *ctx) {
+  /* Each missed SPEC's letter on ref or cpu (the first on ref on every instruction set: the naive
+   * f32 computation itself), found by fuzz_problem; the attn tool's rule passes them. */
+  static const struct {
+    const char *problem, *impl;
+  } past_letter[] = {
+      {"b1 hq2 hkv2 sq4 sk4 d8 f32 scale=30000", "ref"},
+      {"b1 hq2 hkv2 sq4 sk4 d8 f32 scale=3000", "cpu"},
+      {"b21 hq2 hkv2 sq4 sk4 d31 f32 scale=-2 softcap=0.001", "cpu"},
+      {"b12 hq4 hkv2 sq4 sk4 d35 bf16 scale=-3 softcap=0.001", "cpu"},
+      {"b2 hq1 hkv1 sq1 sk8 d2 bf16", "cpu"},
+  };
+  for (size_t i = 0; i < sizeof past_letter / sizeof *past_letter; ++i) {
+    const char *text = past_letter[i].problem;
+    attn_problem p;
+    h_oracle *o = NULL;
+    if (attn_problem_parse(ctx, text, &p) != ATTN_STATUS_OK ||
+        h_oracle_make(ctx, &p, 1, 1, 0, &o) != ATTN_STATUS_OK) {
+      tu_check(0, "%s: oracle made (%s)", text, attn_ctx_last_error(ctx));
+      continue;
+    }
+    h_check c = h_check_run(ctx, o, past_letter[i].impl, NULL);
+    tu_check(c.status == ATTN_STATUS_OK && c.ok,
+             "%s on %s: within the rule's extent (dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e)", text,
+             past_letter[i].impl, c.err[2], c.tol[2], c.err[3], c.tol[3], c.err[4], c.tol[4]);
+    /* The extent is a bound of rounding, not of a wrong element: 1 added to dv still fails. */
+    corrupt_role = ATTN_ROLE_DV, corrupt_index = 0;
+    c = h_check_run(ctx, o, "corrupt", "default");
+    corrupt_role = ATTN_ROLE_COUNT;
+    tu_check(c.status == ATTN_STATUS_OK && !c.ok, "%s: a corrupted dv still fails (dv %.2e/%.2e)",
+             text, c.err[4], c.tol[4]);
+    h_oracle_free(o);
+  }
+  /* Ordinary values: the bound is SPEC's letter, to the bit. */
+  attn_problem p;
+  h_oracle *o = NULL;
+  const char *text = "b2 hq4 hkv2 sq150 sk140 d16 f32 causal scale=2";
+  if (attn_problem_parse(ctx, text, &p) != ATTN_STATUS_OK ||
+      h_oracle_make(ctx, &p, 1, 1, 0, &o) != ATTN_STATUS_OK) {
+    tu_check(0, "%s: oracle made (%s)", text, attn_ctx_last_error(ctx));
+    return;
+  }
+  h_check c = h_check_run(ctx, o, "cpu", NULL);
+  int letter = c.ok && c.compared == 5;
+  for (int i = 0; i < c.compared; ++i)
+    letter = letter && c.tol[i] == 1e-4 * (c.ref[i] > 1.0 ? c.ref[i] : 1.0);
+  tu_check(letter, "%s: passes under SPEC's letter, its bound unchanged (out %.2e lse %.2e dq %.2e)",
+           text, c.tol[0], c.tol[1], c.tol[2]);
+  h_oracle_free(o);
+}
+
 int main(void) {
   tu_rng rng = tu_rng_make(tu_seed("test_harness"));
   install();
@@ -180,6 +235,7 @@ int main(void) {
       check_problem(ctx, problems[i], backward, 64, &rng); /* sampled: edges and random rows */
       check_problem(ctx, problems[i], backward, 0, &rng);  /* every row */
     }
+  check_extent(ctx);
   attn_ctx_destroy(ctx);
   attn_registry_set_for_testing(NULL, 0);
   return tu_finish();

@@ -6,10 +6,11 @@
  * writing the parsed problem and parsing that again gives the same string. A parsed problem goes
  * to validation (attn_impl_supports) for ref and cpu; a valid CPU problem small enough to run in
  * a few milliseconds is run by each (forward, and backward for inputs of odd length) on random
- * data and compared with the f64 oracle under SPEC's tolerance (tools/harness.c, as `attn check`
- * does). A crash, a sanitizer report, a leak, a round-trip mismatch or a wrong answer stops the
- * fuzzer with the input saved (crash-<hash>). ATTN_FUZZ_REPORT_ONLY=1 prints wrong answers and goes
- * on (a long run that should count crashes past a known tolerance finding).
+ * data and compared with the f64 oracle under SPEC's tolerance with what the problem's values add
+ * to it (tools/harness.c, as `attn check` does; docs/NUMERICS.md). A crash, a sanitizer report, a
+ * leak, a round-trip mismatch or a wrong answer stops the fuzzer with the input saved
+ * (crash-<hash>). ATTN_FUZZ_REPORT_ONLY=1 prints wrong answers and goes on (a long run that should
+ * count crashes past a tolerance finding).
  *
  * Bounded in the test suite (CTest `fuzz_problem`), longer by hand: docs/TESTING.md "Fuzzing".
  */
@@ -102,7 +103,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (oracle == NULL && h_oracle_make(ctx, &p, backward, 1, 0, &oracle) != ATTN_STATUS_OK) break;
     h_check check = h_check_run(ctx, oracle, impls[i], NULL);
     if (check.status == ATTN_STATUS_OK && !check.ok) {
-      fprintf(stderr, "\"%s\" on %s%s: %s past SPEC's tolerance\n", once, impls[i],
+      fprintf(stderr, "\"%s\" on %s%s: %s past the tolerance rule\n", once, impls[i],
               backward ? " (forward + backward)" : "", check.worst);
       if (!report_only) abort();
     }
