@@ -18,6 +18,7 @@
  * dK/dV partial sums travel with their K/V slice and, after the last step, go home to their owner.
  */
 #include "dist/dist.h"
+#include "dist/host_rows.h"
 
 #include "core/ctx.h"
 #include "core/dtype.h"
@@ -243,9 +244,7 @@ static void merge(const ring *g, const void *out_blk, const void *lse_blk, int64
       const double total = m + log(exp(*L - m) + exp(l - m));
       const double wa = exp(*L - total), wb = exp(l - total);
       double *acc = acc_out + ((b * g->Tq + row0 + i) * g->Hq + h) * g->Dv;
-      const int64_t from = ((b * rows + i) * g->Hq + h) * g->Dv;
-      for (int64_t d = 0; d < g->Dv; ++d)
-        acc[d] = acc[d] * wa + attn_load(out_blk, g->dt, from + d) * wb;
+      dist_row_blend(acc, wa, wb, out_blk, g->dt, ((b * rows + i) * g->Hq + h) * g->Dv, g->Dv);
       *L = total;
     }
   }
@@ -958,10 +957,8 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
   for (int64_t bi = 0; bi < g.B * g.Tq; ++bi) { /* one (batch, row) */
     const int64_t b = bi / g.Tq, i = bi % g.Tq;
     for (int64_t h = 0; h < g.Hq; ++h) {
-      const double *acc = ao + (bi * g.Hq + h) * g.Dv;
-      const int64_t at = b * g.os[0] + i * g.os[1] + h * g.os[2];
-      for (int64_t d = 0; d < g.Dv; ++d)
-        attn_store(out->out.data, g.dt, at + d * g.os[3], acc[d]);
+      dist_row_store(out->out.data, g.dt, b * g.os[0] + i * g.os[1] + h * g.os[2], g.os[3],
+                     ao + (bi * g.Hq + h) * g.Dv, g.Dv);
       if (out->lse.data != NULL)
         attn_store(out->lse.data, g.stat, b * g.lses[0] + h * g.lses[1] + i * g.lses[2],
                    al[(b * g.Hq + h) * g.Tq + i]);
@@ -980,8 +977,7 @@ static void add_rows(const ring *g, double *acc, int64_t T, int64_t row0, int64_
   DIST_PARALLEL_FOR
   for (int64_t bi = 0; bi < g->B * rows; ++bi) { /* one (batch, row) */
     const int64_t b = bi / rows, i = bi % rows;
-    double *to = acc + ((b * T + row0 + i) * H) * W;
-    for (int64_t e = 0; e < H * W; ++e) to[e] += attn_load(blk, g->dt, bi * H * W + e);
+    dist_row_add(acc + ((b * T + row0 + i) * H) * W, blk, g->dt, bi * H * W, H * W);
   }
 }
 
@@ -993,9 +989,8 @@ static void write_rows(const ring *g, const double *acc, int64_t T, int64_t H, i
   for (int64_t bi = 0; bi < g->B * T; ++bi) { /* one (batch, row) */
     const int64_t b = bi / T, i = bi % T;
     for (int64_t h = 0; h < H; ++h)
-      for (int64_t d = 0; d < W; ++d)
-        attn_store(t->data, g->dt, b * st[0] + i * st[1] + h * st[2] + d * st[3],
-                   acc[(bi * H + h) * W + d]);
+      dist_row_store(t->data, g->dt, b * st[0] + i * st[1] + h * st[2], st[3],
+                     acc + (bi * H + h) * W, W);
   }
 }
 
