@@ -155,6 +155,10 @@ static void pack_dense(const ring *g, char *dst, const void *src, const int64_t 
     for (int64_t h = 0; h < g->Hkv; ++h) {
       const char *from = (const char *)src + (size_t)(b * st[0] + t * st[1] + h * st[2]) * g->es;
       char *to = dst + (size_t)((bt * g->Hkv + h) * W) * g->es;
+      if (st[3] == 1) { /* a contiguous row: one copy */
+        memcpy(to, from, (size_t)W * g->es);
+        continue;
+      }
       for (int64_t d = 0; d < W; ++d)
         memcpy(to + (size_t)d * g->es, from + (size_t)(d * st[3]) * g->es, g->es);
     }
