@@ -99,7 +99,7 @@ static inline double tol_naive_error(const tol_err *rounded, const tol_err *unro
 typedef struct tol_extent {
   double logits; /* the logits' condition: an upper bound of |x| before the soft cap, times the
                   * cap's amplification 1 + 2 / cap (0 without a cap: 1) */
-  double unit;   /* the dtype's unit roundoff u: 2^-24 f32, 2^-11 f16, 2^-8 bf16 */
+  double unit;   /* the dtype's unit roundoff u: 2^-53 f64, 2^-24 f32, 2^-11 f16, 2^-8 bf16 */
   double flush;  /* the most a flushed denormal partial sum can hide in a gradient:
                   * FLT_MIN x max(1, |scale|) x the longest sum's terms */
 } tol_extent;
@@ -117,7 +117,10 @@ static inline tol_extent tol_extent_make(attn_dtype dtype, double scale, double 
   double logits = fabs(scale) * (double)head_dim * max_q * max_k + max_bias +
                   max_slope * (double)span;
   x.logits = logits * (softcap > 0.0 ? 1.0 + 2.0 / softcap : 1.0);
-  x.unit = dtype == ATTN_DTYPE_BF16 ? 0x1p-8 : dtype == ATTN_DTYPE_F16 ? 0x1p-11 : 0x1p-24;
+  x.unit = dtype == ATTN_DTYPE_BF16  ? 0x1p-8
+           : dtype == ATTN_DTYPE_F16 ? 0x1p-11
+           : dtype == ATTN_DTYPE_F64 ? 0x1p-53
+                                     : 0x1p-24;
   x.flush = (double)FLT_MIN * (fabs(scale) > 1.0 ? fabs(scale) : 1.0) * (double)terms;
   return x;
 }

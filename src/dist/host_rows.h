@@ -40,17 +40,6 @@ static inline void dist_span_load(double *dst, const void *src, attn_dtype dt, i
   }
 }
 
-/* acc[0 .. n) += elements [from, from + n) of src (dtype dt). */
-static inline void dist_row_add(double *acc, const void *src, attn_dtype dt, int64_t from,
-                                int64_t n) {
-  double span[DIST_SPAN];
-  for (int64_t e0 = 0; e0 < n; e0 += DIST_SPAN) {
-    const int64_t m = n - e0 < DIST_SPAN ? n - e0 : DIST_SPAN;
-    dist_span_load(span, src, dt, from + e0, m);
-    for (int64_t e = 0; e < m; ++e) acc[e0 + e] += span[e];
-  }
-}
-
 /* acc[0 .. n) = acc * wa + (elements [from, from + n) of src) * wb: a partial result merged
  * through the weights of its lse. */
 static inline void dist_row_blend(double *acc, double wa, double wb, const void *src,
@@ -61,6 +50,12 @@ static inline void dist_row_blend(double *acc, double wa, double wb, const void 
     dist_span_load(span, src, dt, from + e0, m);
     for (int64_t e = 0; e < m; ++e) acc[e0 + e] = acc[e0 + e] * wa + span[e] * wb;
   }
+}
+
+/* acc[0 .. n) += elements [from, from + n) of src (dtype dt): the blend with weights 1, exact. */
+static inline void dist_row_add(double *acc, const void *src, attn_dtype dt, int64_t from,
+                                int64_t n) {
+  dist_row_blend(acc, 1.0, 1.0, src, dt, from, n);
 }
 
 /* Elements at, at + stride, ... (n of them) of dst (dtype dt) = src[0 .. n), the contiguous f32,
