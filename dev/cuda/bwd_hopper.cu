@@ -19,6 +19,13 @@
  *      D = 128 372.5 / 340.8 (278.5 / 257.5: 1.34x / 1.32x), D = 64 294.7 / 274.0 (245.7 / 235.9:
  *      1.20x / 1.16x). ptxas: 28 bytes of spills at D = 128 (240 registers), none at 64.
  *   v2 is the library's (sm90_launch.cu: the sm90 configuration's backward).
+ *   v3 (tried, not kept; 2026-11-24, same machine kind): v2 with dQ staged in shared memory (rows
+ *      padded by 32 bytes) and each warp's 16 rows added by 16 bulk reduce-adds
+ *      (cp.reduce.async.bulk .add.f32, one 256- or 128-byte row per lane) instead of the atomics;
+ *      every check passed, but D = 128 356.9 / 326.7 against v2's 370.1 / 340.9 and D = 64
+ *      248.6 / 232.8 against 295.2 / 274.4 in the same call: the atomics are not what bounds v2,
+ *      and small bulk copies cost more than they save. A bulk reduce of a whole contiguous tile
+ *      (a tiled dQ workspace, as FlashAttention-3 lays it out) is untried.
  *   Not yet tried (FlashAttention-3 reaches ~1.5-1.75x of FlashAttention-2 here): S^T / dP^T of
  *   item it + 1 issued under item it's elementwise work or atomics (needs the registers the
  *   spills show are short at D = 128), the two consumer warpgroups out of lockstep (the
