@@ -20,9 +20,9 @@
 #             problems), and `attn bench` of two large problems, timed whole with their check
 #   lab       cuda only: the kernel lab, dev/cuda/fwd_tiles.cu, bwd_tiles.cu, fwd_hopper.cu and bwd_hopper.cu (sm_90a,
 #             with dev/cuda/fwd_hopper_torch.py timing cuDNN and flash beside it), built and run
-#   ncu       cuda only, implies lab: Nsight Compute on one lab launch of the D = 128 forward
-#             (64-key tiles), of the atomic backward (v5) and of the sm90 forward (v2); reports in
-#             /tmp/ncu_{fwd,bwd,fwd90}.ncu-rep
+#   ncu       cuda only, implies lab: Nsight Compute on one lab launch of each lab program built:
+#             the D = 128 forward (64-key tiles), the atomic backward (v5), the sm90 forward (v2)
+#             and the sm90 backward (v2); reports in /tmp/ncu_{fwd,bwd,fwd90,bwd90}.ncu-rep
 #   bench     cuda: gpu/cuda_bench through gpu/cuda_bench.py (vs PyTorch's flash, cuDNN and
 #             efficient SDPA); cudnn: gpu/bench_cudnn and gpu/bench_torch.py joined by gpu/report.py
 #   sanitize  compute-sanitizer on the quick suite: memcheck, racecheck and synccheck for cuda,
@@ -35,7 +35,7 @@
 # only this GPU's are wanted (e.g. "-gencode=arch=compute_90,code=sm_90": half the build time).
 #
 # Logs: $OUT/env.txt, $OUT/build.log, and per implementation $OUT/cuda/ (test.log, lab.log,
-# lab_build.log, ncu_{fwd,bwd,fwd90}_sass.csv, bench.md, sanitizer_{memcheck,racecheck,synccheck}.log)
+# lab_build.log, ncu_{fwd,bwd,fwd90,bwd90}_sass.csv, bench.md, sanitizer_{memcheck,racecheck,synccheck}.log)
 # and $OUT/cudnn/ (test.log, cudnn.log, ours.csv, torch.csv, results.md,
 # sanitizer_memcheck.log). Stdout is a summary in which every step ends in "rc=N" (124: timed out).
 # Each step has a time limit, and all of them together stay under 9 minutes, so that one call of
@@ -263,24 +263,24 @@ if step lab; then
     timeout "$(limit 100)" python3 dev/cuda/fwd_hopper_torch.py 2>&1 | tee -a "$OUT/cuda/lab.log"
     echo "fwd_hopper_torch.py rc=$?" ;;
   esac
-  if step ncu; then # D = 128 forward (64-key tiles) and atomic backward (v5), one launch each
+  if step ncu; then # one launch each of the lab programs built: see the table below
     secs=(--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis
-      --section MemoryWorkloadAnalysis --section SourceCounters)
-    rm -f /tmp/ncu_fwd.ncu-rep /tmp/ncu_bwd.ncu-rep # ncu -o does not overwrite: no stale report
-    timeout "$(limit 200)" ncu --clock-control none -k regex:fwd_kernel --launch-skip 13 -c 1 "${secs[@]}" \
-      -o /tmp/ncu_fwd "$BUILD/fwd_tiles" 1 >/dev/null 2>&1
-    echo "ncu fwd_kernel rc=$?"
-    timeout "$(limit 200)" ncu --clock-control none -k regex:bwd_dkv --launch-skip 52 -c 1 "${secs[@]}" \
-      -o /tmp/ncu_bwd "$BUILD/bwd_tiles" 1 >/dev/null 2>&1
-    echo "ncu bwd_dkv rc=$?"
-    rm -f /tmp/ncu_fwd90.ncu-rep # the Hopper forward (fwd_hopper's "ncu" mode: D = 128, non-causal)
-    timeout "$(limit 200)" ncu --clock-control none -k regex:fwd90 --launch-skip 4 -c 1 "${secs[@]}" \
-      -o /tmp/ncu_fwd90 "$BUILD/fwd_hopper" ncu >/dev/null 2>&1
-    echo "ncu fwd90_kernel rc=$?"
-    for r in fwd bwd fwd90; do # the report's summary, then per-instruction stall samples (SASS)
+      --section MemoryWorkloadAnalysis --section SchedulerStats --section SourceCounters)
+    # report, program and its arguments, kernel, launches skipped: the D = 128 forward (64-key
+    # tiles), the atomic backward (v5), the Hopper forward and backward ("ncu" modes: D = 128,
+    # non-causal)
+    for spec in "fwd|fwd_tiles 1|fwd_kernel|13" "bwd|bwd_tiles 1|bwd_dkv|52" "fwd90|fwd_hopper ncu|fwd90|4" \
+      "bwd90|bwd_hopper ncu|bwd90|4"; do
+      IFS='|' read -r r prog kernel skip <<<"$spec"
+      case " $lab_programs " in *" ${prog%% *} "*) ;; *) continue ;; esac
+      rm -f "/tmp/ncu_$r.ncu-rep" # ncu -o does not overwrite: no stale report
+      # shellcheck disable=SC2086 # prog: the program and its arguments
+      timeout "$(limit 200)" ncu --clock-control none -k "regex:$kernel" --launch-skip "$skip" -c 1 "${secs[@]}" \
+        -o "/tmp/ncu_$r" "$BUILD/"$prog >/dev/null 2>&1
+      echo "ncu $kernel rc=$?"
+      # the report's summary, then per-instruction stall samples (SASS)
       ncu --import "/tmp/ncu_$r.ncu-rep" >>"$OUT/cuda/lab.log" 2>&1
-      ncu --import "/tmp/ncu_$r.ncu-rep" --page source --csv --print-source sass \
-        >"$OUT/cuda/ncu_${r}_sass.csv" 2>&1
+      ncu --import "/tmp/ncu_$r.ncu-rep" --page source --csv --print-source sass >"$OUT/cuda/ncu_${r}_sass.csv" 2>&1
       echo "ncu import $r rc=$?: $OUT/cuda/ncu_${r}_sass.csv"
     done
   fi
