@@ -169,7 +169,9 @@ template <typename T> struct Dev {
       CU(cudaMemset(lse, 0, nl * 4));
       CU(cudaMemset(delta, 0, nl * 4));
     }
-    dq = (T *)alloc(nq, 2), dk = (T *)alloc(nk, 2), dv = (T *)alloc(nk, 2), acc = (float *)alloc(nq, 4);
+    /* the f32 dQ workspace: the atomic kernels' [H, B * Tq, D] or the sm90 backward's tiles */
+    const size_t tiles = (size_t)ATTN_CUDA_SM90_DQ_FLOATS(s.H, s.B, s.Tq, s.D);
+    dq = (T *)alloc(nq, 2), dk = (T *)alloc(nk, 2), dv = (T *)alloc(nk, 2), acc = (float *)alloc(tiles > nq ? tiles : nq, 4);
     memset(&p, 0, sizeof p);
     p.q = q, p.k = k, p.v = v, p.out = o, p.dout = dout, p.lse = lse, p.delta = delta, p.dq_accum = acc;
     p.dq_out = dq, p.dk_out = dk, p.dv_out = dv;
@@ -275,29 +277,33 @@ template <typename C> void bench(const char *tag, int causal) {
 int main(int argc, char **argv) {
   setvbuf(stdout, nullptr, _IONBF, 0); /* every line out before a timeout ends the run */
   if (argc > 1 && strcmp(argv[1], "ncu") == 0) { /* one shape, for Nsight Compute: D = 128 non-causal */
-    bench<BwdCfg90<bf, 128, 2, true>>("v2", 0);
+    bench<BwdCfg90<bf, 128, 2, true, false>>("v2", 0);
+    bench<BwdCfg90<bf, 128, 2, true, true>>("v4", 0);
     return failures != 0;
   }
   unsigned seed = argc > 1 ? (unsigned)atoi(argv[1]) : 1234u;
   printf("seed %u\n", seed);
-  using V1_128 = BwdCfg90<bf, 128, 2, false>;
-  using V1_64 = BwdCfg90<bf, 64, 2, false>;
-  using V2_128 = BwdCfg90<bf, 128, 2, true>;
-  using V2_64 = BwdCfg90<bf, 64, 2, true>;
-  using V2_128h = BwdCfg90<hf, 128, 2, true>;
-  using V2_64h = BwdCfg90<hf, 64, 2, true>;
+  using V1_128 = BwdCfg90<bf, 128, 2, false, false>;
+  using V1_64 = BwdCfg90<bf, 64, 2, false, false>;
+  using V2_128 = BwdCfg90<bf, 128, 2, true, false>;
+  using V2_64 = BwdCfg90<bf, 64, 2, true, false>;
+  using V4_128 = BwdCfg90<bf, 128, 2, true, true>;
+  using V4_64 = BwdCfg90<bf, 64, 2, true, true>;
+  using V4_128h = BwdCfg90<hf, 128, 2, true, true>;
+  using V4_64h = BwdCfg90<hf, 64, 2, true, true>;
+  checks<V4_128>("v4", seed);
+  checks<V4_64>("v4", seed);
+  checks<V4_128h>("v4", seed);
+  checks<V4_64h>("v4", seed);
   checks<V2_128>("v2", seed);
   checks<V2_64>("v2", seed);
-  checks<V2_128h>("v2", seed);
-  checks<V2_64h>("v2", seed);
-  checks<V1_128>("v1", seed);
-  checks<V1_64>("v1", seed);
   for (int c = 0; c < 2; ++c) {
-    bench<V1_128>("v1", c);
     bench<V2_128>("v2", c);
-    bench<V1_64>("v1", c);
+    bench<V4_128>("v4", c);
     bench<V2_64>("v2", c);
+    bench<V4_64>("v4", c);
   }
+  (void)sizeof(V1_128), (void)sizeof(V1_64); /* v1 stays compilable: its figures are above */
   printf("lab bwd90: %d failed checks\n", failures);
   return failures != 0;
 }

@@ -263,7 +263,9 @@ static int32_t cuda_default_config(const attn_problem *problem) {
 }
 
 /* Backward: Delta [Hq, rows_q] f32, then the dense f32 dbias accumulator when there is a bias,
- * then (atomic and sm90 configurations) the f32 dq accumulator [Hq, rows_q, D]. */
+ * then (atomic and sm90 configurations) the f32 dq accumulator: [Hq, rows_q, D], or the sm90
+ * backward's tiles where that kernel takes the problem (the larger of the two: the sm90
+ * configuration runs the problems the sm90 backward lacks on the atomic kernel). */
 static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const void *state,
                                   int backward) {
   (void)state;
@@ -275,8 +277,12 @@ static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const v
   if (!backward) return 0;
   size_t bytes = align_up((size_t)(p->heads_q * rows_q(p)) * sizeof(float));
   if (p->has_bias) bytes += align_up((size_t)attn_role_numel(p, ATTN_ROLE_BIAS) * sizeof(float));
-  if (config == CUDA_CONFIG_ATOMIC || is_sm90(p, config))
-    bytes += align_up((size_t)(p->heads_q * rows_q(p) * p->head_dim) * sizeof(float));
+  if (config == CUDA_CONFIG_ATOMIC || is_sm90(p, config)) {
+    int64_t floats = p->heads_q * rows_q(p) * p->head_dim;
+    const int64_t tiles = ATTN_CUDA_SM90_DQ_FLOATS(p->heads_q, p->batch, p->seqlen_q, p->head_dim);
+    if (is_sm90(p, config) && tiles > floats) floats = tiles;
+    bytes += align_up((size_t)floats * sizeof(float));
+  }
   return bytes;
 }
 

@@ -85,9 +85,18 @@ typedef struct attn_cuda_params {
   float *dsinks;        /* f32 like sinks; NULL = not asked */
   int64_t dsinks_h, dsinks_t;
   float *delta;         /* workspace: [Hq, rows_q] f32, rows_q = B * Tq or total_q */
-  float *dq_accum;      /* the "atomic" and "sm90" configurations' workspace: [Hq, rows_q, d]
-                         * f32; NULL in the deterministic one */
+  float *dq_accum;      /* the "atomic" and "sm90" configurations' f32 workspace: [Hq, rows_q, d]
+                         * for the atomic kernels, ATTN_CUDA_SM90_DQ_FLOATS for the sm90
+                         * backward's tiles (sm90_bwd.cuh); NULL in the deterministic one */
   int64_t rows_q;
 } attn_cuda_params;
+
+/* The sm90 backward's dQ workspace: one f32 tile of ATTN_CUDA_SM90_BWD_ROWS query rows x d per
+ * (query head, sequence, row block), each added by the copy engine in whole warp slices
+ * (sm90_bwd.cuh says how a tile is laid out). */
+#define ATTN_CUDA_SM90_BWD_ROWS 64
+#define ATTN_CUDA_SM90_DQ_FLOATS(heads_q, batch, seqlen_q, d)                                             \
+  ((int64_t)(heads_q) * (batch) *                                                                        \
+   (((int64_t)(seqlen_q) + ATTN_CUDA_SM90_BWD_ROWS - 1) / ATTN_CUDA_SM90_BWD_ROWS * ATTN_CUDA_SM90_BWD_ROWS) * (d))
 
 #endif /* ATTN_IMPL_CUDA_CUDA_PARAMS_H */

@@ -35,22 +35,59 @@ namespace attn_cuda {
 namespace sm90 {
 
 /* kBN keys per CTA (64 per consumer warpgroup), kBM query rows per item, kStages Q / dO buffers.
- * kOverlap: dV's products are issued before dS^T is stored, dK's after dQ's, and dQ's atomics go
- * out while dK's run (without it: dV, dK, then dQ, all waited for before the atomics). */
-template <typename T_, int kD_, int kStages_ = 2, bool kOverlap_ = true> struct BwdCfg90 {
+ * kOverlap: dV's products are issued before dS^T is stored, dK's after dQ's, and dQ's additions go
+ * out while dK's run (without it: dV, dK, then dQ, all waited for before the additions).
+ * kDqTiled: dQ goes into the workspace's tiles (ATTN_CUDA_SM90_DQ_FLOATS) by the copy engine, one
+ * bulk reduce-add of a warp's whole slice (4 KiB at D = 128) staged in shared memory, instead of
+ * 16 or 32 float2 atomics per thread into [Hq, rows_q, d]: Nsight Compute showed the atomics'
+ * queue holding the consumers' registers (the top stalls of the v2 kernel, 13% of its samples). */
+template <typename T_, int kD_, int kStages_ = 2, bool kOverlap_ = true, bool kDqTiled_ = true> struct BwdCfg90 {
   using T = T_;
-  static constexpr int kD = kD_, kBN = 128, kBM = 64, kStages = kStages_, kCWG = 2;
-  static constexpr bool kOverlap = kOverlap_;
+  static constexpr int kD = kD_, kBN = 128, kBM = ATTN_CUDA_SM90_BWD_ROWS, kStages = kStages_, kCWG = 2;
+  static constexpr bool kOverlap = kOverlap_, kDqTiled = kDqTiled_;
   static constexpr int kThreads = 128 * (kCWG + 1), kPanels = kD / 64;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static constexpr uint32_t kKVBytes = kBN * kD * 2, kQBytes = kBM * kD * 2, kDSBytes = kBN * kBM * 2;
   static constexpr uint32_t kStatBytes = kBM * 8; /* {lse2, Delta} per query row */
-  /* K, V, kStages x (Q, dO, row stats), two dS^T buffers, the barriers, and 1024 bytes to align
-   * the base */
-  static constexpr uint32_t kSmem =
-      1024 + 2 * kKVBytes + kStages * (2 * kQBytes + kStatBytes) + 2 * kDSBytes + 8 * (1 + 2 * kStages);
+  /* a warp's slice of a dQ tile: its 16 rows x its warpgroup's kD / 2 columns, f32 */
+  static constexpr uint32_t kDqWarpFloats = 16 * kD / 2, kDqBytes = kDqTiled ? kCWG * 4 * kDqWarpFloats * 4 : 0;
+  /* K, V, kStages x (Q, dO, row stats), two dS^T buffers, dQ's staging, the barriers, and 1024
+   * bytes to align the base */
+  static constexpr uint32_t kSmem = 1024 + 2 * kKVBytes + kStages * (2 * kQBytes + kStatBytes) + 2 * kDSBytes + kDqBytes +
+                                    8 * (1 + 2 * kStages);
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
 };
+
+/* Where dQ's f32 (query row m0 + r of head h, sequence b; column c) lies in the tiled workspace:
+ * tile (h, b, m0 / 64) of 64 x kD floats, in it the slice of warp (c / (kD / 2)) * 4 + r / 16
+ * (16 rows x kD / 2 columns, the fragment of that consumer warp), and in the slice the order of
+ * the warp's registers: column group jj = (c % (kD / 2)) / 8, then lane (r % 8) * 4 + (c % 8) / 2,
+ * then register 2 ((r % 16) / 8) + c % 2. Pairs (c, c + 1) with c even are adjacent. */
+template <int kD>
+__device__ __forceinline__ int64_t dq_tile_index(const attn_cuda_params &p, int h, int b, int m0, int r, int c) {
+  constexpr int kBM = ATTN_CUDA_SM90_BWD_ROWS;
+  const int64_t blocks = (p.seqlen_q + kBM - 1) / kBM;
+  const int64_t tile = ((int64_t)h * p.batch + b) * blocks + m0 / kBM;
+  const int cc = c % (kD / 2), slice = (c / (kD / 2)) * 4 + r / 16;
+  const int lane = (r % 8) * 4 + (cc % 8) / 2, reg = 2 * ((r % 16) / 8) + cc % 2;
+  return tile * (kBM * kD) + slice * (16 * kD / 2) + ((cc / 8) * 32 + lane) * 4 + reg;
+}
+
+/* dq = scale * the tiled f32 workspace (kDqTiled), for every row of dq. */
+template <typename T, int kD> __global__ void dq_tiles_convert_kernel(const __grid_constant__ attn_cuda_params p) {
+  const int64_t n = p.rows_q * p.heads_q * (kD / 2);
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (int64_t)blockDim.x) {
+    const int c = (int)(e % (kD / 2)) * 2;
+    const int64_t rest = e / (kD / 2);
+    const int h = (int)(rest % p.heads_q);
+    const int64_t row = rest / p.heads_q;
+    const int b = (int)(row / p.seqlen_q), i = (int)(row % p.seqlen_q);
+    const int m0 = i / ATTN_CUDA_SM90_BWD_ROWS * ATTN_CUDA_SM90_BWD_ROWS;
+    const float2 v = *reinterpret_cast<const float2 *>(p.dq_accum + dq_tile_index<kD>(p, h, b, m0, i - m0, c));
+    *reinterpret_cast<uint32_t *>(static_cast<T *>(p.dq_out) + b * p.dq_b + (int64_t)i * p.dq_r + h * p.dq_h + c) =
+        Elem<T>::pack(v.x * p.scale, v.y * p.scale);
+  }
+}
 
 template <typename C>
 __global__ void __launch_bounds__(C::kThreads, 1)
@@ -63,7 +100,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const uint32_t sK = (smem_u32(smem_raw) + 1023) & ~1023u;
   const uint32_t sV = sK + C::kKVBytes, sQ = sV + C::kKVBytes, sO = sQ + kStages * C::kQBytes;
   const uint32_t sDS = sO + kStages * C::kQBytes, sStat = sDS + 2 * C::kDSBytes;
-  const uint32_t bars = sStat + kStages * C::kStatBytes;
+  const uint32_t sDQ = sStat + kStages * C::kStatBytes, bars = sDQ + C::kDqBytes;
   /* the row stats of stage s, for generic loads and stores */
   auto stats = [&](int s) {
     return reinterpret_cast<float2 *>(smem_raw + (sStat + s * C::kStatBytes - smem_u32(smem_raw)));
@@ -258,14 +295,37 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     }
 
     /* dQ's rows: queries m0 + 16 wq + (lane >> 2) + 8 hf; columns dq_col0 + 8 jj + 2 (lane & 3) */
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int i = m0 + wq * 16 + (lane >> 2) + hf * 8;
-      if (i >= sq.len_q) continue;
-      float *row = p.dq_accum + (h * p.rows_q + (int64_t)b * p.seqlen_q + i) * kD + dq_col0 + (lane & 3) * 2;
+    if constexpr (C::kDqTiled) {
+      /* the slice in its tile order (dq_tile_index): lane l's four floats of column group jj at
+       * 16 (32 jj + l) bytes, so each store is one conflict-free line per 8 lanes; lane 0 adds it
+       * once the previous item's addition has read the staging */
+      const uint32_t dqs = sDQ + (cw * 4 + wq) * C::kDqWarpFloats * 4;
+      if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+      __syncwarp();
 #pragma unroll
       for (int jj = 0; jj < kD / 16; ++jj)
-        atomicAdd(reinterpret_cast<float2 *>(row + jj * 8), make_float2(dq[4 * jj + 2 * hf], dq[4 * jj + 2 * hf + 1]));
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(dqs + (jj * 32 + lane) * 16), "f"(dq[4 * jj]),
+                     "f"(dq[4 * jj + 1]), "f"(dq[4 * jj + 2]), "f"(dq[4 * jj + 3])
+                     : "memory");
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* visible to the copy engine */
+      __syncwarp();
+      if (lane == 0) {
+        const float *slice = p.dq_accum + dq_tile_index<kD>(p, h, b, m0, wq * 16, dq_col0);
+        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                     "cp.async.bulk.commit_group;\n" ::"l"(slice),
+                     "r"(dqs), "n"(C::kDqWarpFloats * 4)
+                     : "memory");
+      }
+    } else {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = m0 + wq * 16 + (lane >> 2) + hf * 8;
+        if (i >= sq.len_q) continue;
+        float *row = p.dq_accum + (h * p.rows_q + (int64_t)b * p.seqlen_q + i) * kD + dq_col0 + (lane & 3) * 2;
+#pragma unroll
+        for (int jj = 0; jj < kD / 16; ++jj)
+          atomicAdd(reinterpret_cast<float2 *>(row + jj * 8), make_float2(dq[4 * jj + 2 * hf], dq[4 * jj + 2 * hf + 1]));
+      }
     }
     if constexpr (C::kOverlap) wgmma_wait<0>();
     pin(dka);
@@ -275,6 +335,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     pin(dq);
     mbar_arrive(empty(s)); /* this thread's reads of stage s and its products are done */
   }
+
+  /* the last addition must have read the staging before the CTA's shared memory goes */
+  if (C::kDqTiled && lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 
   /* this warp's 16 keys of dK (times the softmax scale) and dV */
   const int k_row = n0 + cw * 64 + wq * 16;
@@ -330,8 +393,9 @@ template <typename C> attn_status launch_bwd90(const attn_cuda_params &p, cudaSt
       (st = make_token_map(&tv, p.v, kBf16, p.d, p.heads_kv, p.seqlen_k, p.batch, p.v_h, p.v_r, p.v_b, C::kBN, why,
                            why_size)) != ATTN_STATUS_OK)
     return st;
-  if (p.rows_q > 0)
-    ATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, (size_t)(p.rows_q * p.heads_q * p.d) * sizeof(float), stream));
+  const int64_t dq_floats =
+      C::kDqTiled ? ATTN_CUDA_SM90_DQ_FLOATS(p.heads_q, p.batch, p.seqlen_q, C::kD) : p.rows_q * p.heads_q * p.d;
+  if (p.rows_q > 0) ATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, (size_t)dq_floats * sizeof(float), stream));
   auto kernel = bwd90_kernel<C>;
   ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmem));
   dim3 grid((p.seqlen_k + C::kBN - 1) / C::kBN, p.heads_kv, p.batch);
@@ -342,7 +406,10 @@ template <typename C> attn_status launch_bwd90(const attn_cuda_params &p, cudaSt
   const int64_t n = p.rows_q * p.heads_q * (p.d / 2);
   if (n > 0) {
     const int64_t blocks = (n + 255) / 256;
-    dq_convert_kernel<T><<<(int)(blocks > 65535 ? 65535 : blocks), 256, 0, stream>>>(p);
+    if constexpr (C::kDqTiled)
+      dq_tiles_convert_kernel<T, C::kD><<<(int)(blocks > 65535 ? 65535 : blocks), 256, 0, stream>>>(p);
+    else
+      dq_convert_kernel<T><<<(int)(blocks > 65535 ? 65535 : blocks), 256, 0, stream>>>(p);
     ATTN_CUDA_CHECK(cudaGetLastError());
   }
   return ATTN_STATUS_OK;
