@@ -18,19 +18,25 @@
  *   v2 (kOverlap) dV issued before dS^T is stored, dK after dQ, dQ's atomics under dK's products:
  *      D = 128 372.5 / 340.8 (278.5 / 257.5: 1.34x / 1.32x), D = 64 294.7 / 274.0 (245.7 / 235.9:
  *      1.20x / 1.16x). ptxas: 28 bytes of spills at D = 128 (240 registers), none at 64.
- *   v2 is the library's (sm90_launch.cu: the sm90 configuration's backward).
- *   v3 (tried, not kept; 2026-11-24, same machine kind): v2 with dQ staged in shared memory (rows
- *      padded by 32 bytes) and each warp's 16 rows added by 16 bulk reduce-adds
- *      (cp.reduce.async.bulk .add.f32, one 256- or 128-byte row per lane) instead of the atomics;
- *      every check passed, but D = 128 356.9 / 326.7 against v2's 370.1 / 340.9 and D = 64
- *      248.6 / 232.8 against 295.2 / 274.4 in the same call: the atomics are not what bounds v2,
- *      and small bulk copies cost more than they save. A bulk reduce of a whole contiguous tile
- *      (a tiled dQ workspace, as FlashAttention-3 lays it out) is untried.
+ *   v3 (tried, not kept): v2 with dQ staged in shared memory (rows padded by 32 bytes) and each
+ *      warp's 16 rows added by 16 bulk reduce-adds (cp.reduce.async.bulk .add.f32, one 256- or
+ *      128-byte row per lane) into the atomics' [H, rows, D] workspace: every check passed, but
+ *      D = 128 356.9 / 326.7 against v2's 370.1 / 340.9, D = 64 248.6 / 232.8 against 295.2 /
+ *      274.4 in the same call: many small bulk copies cost more than the atomics.
+ *   v4 (kDqTiled, the library's: sm90_launch.cu) Nsight Compute on v2 (D = 128, `gpu/run.sh cuda
+ *      ncu` with LAB_PROGRAMS=bwd_hopper): tensor pipe 38%, issue slots 28% busy, and the top
+ *      stalls (13% of the samples) were long-scoreboard waits to reuse the registers of the
+ *      REDG atomics still queued in the memory pipe. v4 lays the f32 workspace out in tiles of
+ *      64 rows whose warp slices (16 rows x D / 2) are contiguous in the order of the warps'
+ *      registers (dq_tile_index), so a warp stores its slice with conflict-free 16-byte stores and
+ *      adds it with ONE bulk reduce-add (4 KiB at D = 128); dq_tiles_convert_kernel reads it.
+ *      D = 128 426.8 / 386.0 against v2's 370.5 / 339.8 in the same call (1.15x / 1.14x; 1.54x /
+ *      1.51x the atomic sm80 kernel), D = 64 296.9 / 275.9 against 292.9 / 272.7 (1.01x: at D =
+ *      64 the per-score work, not dQ, bounds it).
  *   Not yet tried (FlashAttention-3 reaches ~1.5-1.75x of FlashAttention-2 here): S^T / dP^T of
- *   item it + 1 issued under item it's elementwise work or atomics (needs the registers the
- *   spills show are short at D = 128), the two consumer warpgroups out of lockstep (the
- *   per-item barrier for dS^T), dQ through shared memory and a TMA reduce-add instead of
- *   per-thread atomics, 3 warpgroups (kBN = 192) at D = 64, a persistent grid.
+ *   item it + 1 issued under item it's elementwise work (what D = 64 needs most; at D = 128 it
+ *   needs the registers the spills show are short), the two consumer warpgroups out of lockstep
+ *   (the per-item barrier for dS^T), 3 warpgroups (kBN = 192) at D = 64, a persistent grid.
  *
  * build + run on the GPU machine (`gpu/run.sh cuda lab` does it):
  *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90a,code=sm_90a dev/cuda/bwd_hopper.cu -o bwd90 && ./bwd90

@@ -202,6 +202,11 @@ static int32_t t_shift(void *self, const void *send_buf, int32_t to, void *recv_
   status = barrier(s, why, why_size);
   if (status != ATTN_STATUS_OK) return status;
   if (e == cudaSuccess) e = cudaStreamWaitEvent(s->stream, (cudaEvent_t)g->slot[from].done, 0);
+  /* A third meeting: no rank leaves (and may destroy or re-record its events) before every rank
+   * has made its stream wait on them. Without it the last rank of a ring could wait on an event
+   * its peer had already destroyed ("context is destroyed", seen once on an H100). */
+  status = barrier(s, why, why_size);
+  if (status != ATTN_STATUS_OK) return status;
   if (e != cudaSuccess) return cuda_fail(e, "a loopback shift", why, why_size);
   if (!sizes_agree) {
     snprintf(why, why_size, "loopback rank %d sends %zu bytes, rank %d receives %zu", s->rank,

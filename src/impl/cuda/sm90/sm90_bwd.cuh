@@ -3,7 +3,7 @@
  * schedule for the plain problem: bf16 / f16, D = 64 or 128, the causal / window band, GQA, any
  * lengths (dense tensors; no varlen, per-element functions, dropout or sinks yet: the sm90
  * configuration runs those on the atomic sm_80 backward, cuda_bwd.cuh). Each version's idea and
- * speed: dev/cuda/bwd_hopper.cu (v2: 1.16-1.34x the atomic sm_80 backward on an H100).
+ * speed: dev/cuda/bwd_hopper.cu (v4: 1.18-1.54x the atomic sm_80 backward on an H100).
  *
  * One CTA per (block of kBN = 128 keys, KV head, batch) keeps dK and dV of its keys in f32
  * registers while it walks every query head of the KV head's group and every 64-row query block
@@ -18,9 +18,13 @@
  *   dQ(64 rows) += dS K                 dS^T stored to shared memory (swizzled by hand, two
  *                                       buffers), a barrier of both consumer warpgroups, then
  *                                       each takes half of dQ's columns over all 128 keys (A =
- *                                       dS^T and B = K both MN-major) and adds it into the f32
- *                                       workspace with atomics (the atomic kernel's layout:
- *                                       dq_convert_kernel scales and rounds it).
+ *                                       dS^T and B = K both MN-major); each warp stages its
+ *                                       slice in shared memory and adds it into the f32
+ *                                       workspace's tiles with one bulk reduce-add of the copy
+ *                                       engine (dq_tile_index; dq_tiles_convert_kernel scales
+ *                                       and rounds it; kDqTiled = false: float2 atomics into the
+ *                                       atomic kernel's layout instead, dev/cuda/bwd_hopper.cu's
+ *                                       v2).
  * The producer's second warp writes each item's lse (log2 units) and Delta beside its Q and dO
  * tiles (shared memory, the same barrier), so that the consumers keep no registers for them.
  * dK = scale * sum dS^T Q is scaled when stored.
