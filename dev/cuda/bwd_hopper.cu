@@ -297,10 +297,12 @@ int main(int argc, char **argv) {
   using V4_64 = BwdCfg90<bf, 64, 2, true, true>;
   using V4_128h = BwdCfg90<hf, 128, 2, true, true>;
   using V4_64h = BwdCfg90<hf, 64, 2, true, true>;
+  using V4_64s3 = BwdCfg90<bf, 64, 3, true, true>; /* a third Q / dO stage (shared memory allows 4 at D = 64) */
   checks<V4_128>("v4", seed);
   checks<V4_64>("v4", seed);
   checks<V4_128h>("v4", seed);
   checks<V4_64h>("v4", seed);
+  checks<V4_64s3>("v4 3 stages", seed);
   checks<V2_128>("v2", seed);
   checks<V2_64>("v2", seed);
   for (int c = 0; c < 2; ++c) {
@@ -308,6 +310,7 @@ int main(int argc, char **argv) {
     bench<V4_128>("v4", c);
     bench<V2_64>("v2", c);
     bench<V4_64>("v4", c);
+    bench<V4_64s3>("v4 3 stages", c);
   }
   (void)sizeof(V1_128), (void)sizeof(V1_64); /* v1 stays compilable: its figures are above */
   printf("lab bwd90: %d failed checks\n", failures);
