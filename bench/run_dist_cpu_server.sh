@@ -21,6 +21,10 @@ out=${1:-${OUT:-dist-cpu-out}} build=${2:-build-dist}
 ranks=${RANKS:-4} threads=${THREADS:-$(nproc)} t=${T:-8192} iters=${ITERS:-3}
 dtypes=${DTYPES:-f32 bf16}
 mpi_bin=${MPI_PREFIX:+$MPI_PREFIX/bin/}
+# Debian's pip installs a --prefix under PREFIX/local (its posix_local scheme)
+if [ -n "${MPI_PREFIX:-}" ] && [ ! -x "${mpi_bin}mpiexec" ] && [ -x "$MPI_PREFIX/local/bin/mpiexec" ]; then
+  mpi_bin=$MPI_PREFIX/local/bin/
+fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$root" || exit 1
