@@ -638,47 +638,65 @@ static int bf16_any_nonfinite(const uint16_t *x, int64_t n) {
   return bad != 0;
 }
 
-/* Packs key block kb of a pair: K^T as [D][bk] (columns past the sequence zero) and V rows as
- * [bk][Dvp] (padding columns zero); either may be NULL. Returns 1 when the block's V holds a NaN or
- * an infinity. */
-static int pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float *kt, float *v) {
+/* Packs key block kb of a pair: K^T and V, either may be NULL; returns 1 when the block's V holds a
+ * NaN or an infinity. Row-major: K^T as [D][bk] (columns past the sequence zero), V as [bk][Dvp].
+ * For a table with gemm_panels (cpu.h), as its panels of 16 columns: K^T as [bk / 16][D][16], V
+ * as [Dvp / 16][bk][16] (panel_stride 16 D and 16 bk); padding columns are zero either way. K goes
+ * 16 keys at a time through `keys` (16 D floats of scratch): their rows are loaded, then each d's
+ * 16 values are stored together, one 64-byte line. A key at a time, as before, its D values went
+ * to lines 4 bk bytes apart, which share a few L1 sets, and nearly every store missed: packing took
+ * 9% of the f32 forward at d128 and 16% causal, one thread (issue 15). */
+static int pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float *kt, float *v,
+                         float *keys) {
   const attn_inputs *in = c->in;
-  const int64_t j0 = kb * c->bk, nk = min64(c->bk, s->s.len_k - j0);
-  float row[4096];
+  const int panels = c->kern->gemm_panels != NULL;
+  const int64_t bk = c->bk, j0 = kb * bk, nk = min64(bk, s->s.len_k - j0), D = c->D;
   const int64_t kds = token_dstride(c, &in->k), vds = token_dstride(c, &in->v);
-  for (int64_t jj = 0; jj < nk; ++jj) {
-    const int64_t koff = kv_off(c, &in->k, s, j0 + jj), voff = kv_off(c, &in->v, s, j0 + jj);
-    for (int64_t d0 = 0; kt != NULL && d0 < c->D; d0 += 4096) {
-      int64_t n = min64(4096, c->D - d0);
-      load_vec(c, in->k.data, koff + d0 * kds, kds, n, 1.0f, row);
-      for (int64_t d = 0; d < n; ++d) kt[(d0 + d) * c->bk + jj] = row[d];
-    }
-    if (v == NULL) continue;
-    float *vr = v + jj * c->Dvp;
-    load_vec(c, in->v.data, voff, vds, c->Dv, 1.0f, vr);
-    for (int64_t d = c->Dv; d < c->Dvp; ++d) vr[d] = 0.0f;
+  for (int64_t jb = 0; kt != NULL && jb < nk; jb += 16) {
+    const int64_t n = min64(16, nk - jb);
+    for (int64_t i = 0; i < n; ++i)
+      load_vec(c, in->k.data, kv_off(c, &in->k, s, j0 + jb + i), kds, D, 1.0f, keys + i * D);
+    for (int64_t i = n; i < 16; ++i) memset(keys + i * D, 0, (size_t)D * sizeof(float));
+    /* K^T's element (d, jb + i) at dst[d * ld + i] */
+    float *dst = panels ? kt + jb * D : kt + jb;
+    const int64_t ld = panels ? 16 : bk;
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t i = 0; i < 16; ++i) dst[d * ld + i] = keys[i * D + d];
   }
-  for (int64_t d = 0; kt != NULL && d < c->D; ++d)
-    for (int64_t jj = nk; jj < c->bk; ++jj) kt[d * c->bk + jj] = 0.0f;
-  return v != NULL && f32_any_nonfinite(v, nk * c->Dvp);
+  for (int64_t d = 0; kt != NULL && !panels && d < D; ++d) /* the rest of the rows */
+    for (int64_t jj = round_up(nk, 16); jj < bk; ++jj) kt[d * bk + jj] = 0.0f;
+  if (v == NULL) return 0;
+  int bad = 0;
+  for (int64_t jj = 0; jj < nk; ++jj) {
+    float *row = panels ? keys : v + jj * c->Dvp;
+    load_vec(c, in->v.data, kv_off(c, &in->v, s, j0 + jj), vds, c->Dv, 1.0f, row);
+    for (int64_t d = c->Dv; d < c->Dvp; ++d) row[d] = 0.0f;
+    bad |= f32_any_nonfinite(row, c->Dv);
+    for (int64_t d0 = 0; panels && d0 < c->Dvp; d0 += 16)
+      memcpy(v + d0 * bk + jj * 16, row + d0, 16 * sizeof(float));
+  }
+  return bad;
 }
 
 /* o += p v over the rows of a tile, skipping the zero entries of p: 0 * inf and 0 * NaN are NaN,
  * and a value a row does not see (masked, or dropped) must not reach its output (SPEC: NaN only in
- * the rows it reaches). The slow path of blocks whose V holds non-finite values. */
+ * the rows it reaches). The slow path of blocks whose V holds non-finite values. V's element
+ * (jj, d) is v[d / 16 * panel_stride + jj * ldv + d % 16]: rows (panel_stride 16, ldv dvp) or
+ * pack_kv_block's panels (panel_stride 16 bk, ldv 16). */
 static void pv_skipping_zeros(int64_t rows, int64_t nk, int64_t dvp, const float *p, int64_t ldp,
-                              const float *v, float *o) {
+                              const float *v, int64_t ldv, int64_t panel_stride, float *o) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t jj = 0; jj < nk; ++jj) {
       const float w = p[r * ldp + jj];
       if (w == 0.0f) continue;
-      for (int64_t d = 0; d < dvp; ++d) o[r * dvp + d] += w * v[jj * dvp + d];
+      for (int64_t d = 0; d < dvp; ++d)
+        o[r * dvp + d] += w * v[d / 16 * panel_stride + jj * ldv + d % 16];
     }
 }
 
 typedef struct fwd_thread {
   float *q, *s, *o, *m, *l;
-  float *tmp;          /* scratch of packing: a key block's rows (f32, or bf16 for gemm_bf16) */
+  float *tmp;          /* scratch of packing: 16 key rows (f32, or bf16 for gemm_bf16) */
   uint16_t *qh, *ph;   /* Q [bq][round_up(D, 32)], P [bq][2 bk] (hi, lo) as bf16 (gemm_bf16) */
   void *scratch;       /* gemm's */
 #ifdef ATTN_CPU_FWD_PHASES
@@ -716,7 +734,7 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
   const attn_cpu_kernels *k = c->kern;
   const int64_t i0 = qb * c->bq, rows = min64(c->bq, s->s.len_q - i0);
   const int64_t bk = c->bk;
-  const int tiles = k->gemm_bf16 != NULL;
+  const int tiles = k->gemm_bf16 != NULL, panels = k->gemm_panels != NULL;
   const int64_t ldqh = round_up(c->D, 32);
   const int exact_p = p->num_sinks > 0; /* P V on exact P: gemm_exact, or two bf16 terms */
 
@@ -746,23 +764,29 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
     trim_block(c, s, i0, rows, kb * bk, min64(bk, s->s.len_k - kb * bk), &off, &nk);
     if (nk == 0) continue;
     const int64_t j0 = kb * bk + off, nkp = round_up(nk, ATTN_CPU_NPAD), npp = round_up(nk, 32);
-    const float *kt = kt_all + kb * c->D * bk; /* K^T [D][bk], or its pairs (tiles) */
-    const float *v = v_all + kb * bk * c->Dvp; /* V [bk][Dvp], or its pairs (tiles, finite V) */
+    /* K^T [D][bk], or its panels, or its pairs (tiles); V [bk][Dvp], or its panels, or its pairs
+     * (tiles, finite V); pack_kv_block says which */
+    const float *kt = kt_all + kb * c->D * bk;
+    const float *v = v_all + kb * bk * c->Dvp;
     PHASE_COUNT(t, BLOCKS);
     PHASE_MARK(qk_start);
     if (tiles)
       k->gemm_bf16(rows, nkp, c->D, t->qh, ldqh, 1, (const uint16_t *)kt + 2 * off, 2 * bk, t->s,
                    bk, 0, t->scratch);
+    else if (panels)
+      k->gemm_panels(rows, nkp, c->D, t->q, c->Dp, kt + off * c->D, 16 * c->D, t->s, bk, 0);
     else
       k->gemm(rows, nkp, c->D, t->q, c->Dp, 0, kt + off, bk, t->s, bk, 0, t->scratch);
     PHASE_ADD(t, QK, qk_start);
     PHASE_MARK(sm_start);
-    /* S = s Q K^T, masked. Scaling and the row max are one pass where no mask comes between; on
-     * tiles with s > 0 the scale is not applied to S at all but inside the exp pass, the row max
-     * being s max(x) = max(s x) (rounding is monotonic), which spares a pass writing S. */
+    /* S = s Q K^T, masked. Scaling and the row max are one pass where no mask comes between; with
+     * s > 0 and an exp pass that takes the scale (tiles' exp_sum_bf16, exp_sum_scaled) the scale
+     * is not applied to S at all but inside the exp pass, the row max being s max(x) = max(s x)
+     * (rounding is monotonic), which spares a pass writing S. */
     const int fused = k->scale_max != NULL && !c->features &&
                       window_covers(c, s, i0, rows, j0, nk);
-    const int scale_in_exp = tiles && fused && c->scale > 0.0f;
+    const int scale_in_exp =
+        fused && c->scale > 0.0f && (tiles || k->exp_sum_scaled != NULL);
     if (!fused) {
       for (int64_t r = 0; r < rows; ++r) k->scale(t->s + r * bk, nk, c->scale);
       apply_masks(c, s, h, i0, rows, j0, nk, t->s, bk, NULL);
@@ -780,9 +804,10 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
         continue;
       }
       const float alpha = t->m[r] == m_new ? 1.0f : expf(t->m[r] - m_new);
-      const float sum = tiles ? k->exp_sum_bf16(x, nk, scale_in_exp ? c->scale : 1.0f, m_new, ph,
-                                                exact_p ? ph + npp : NULL, npp)
-                              : k->exp_sum(x, nk, m_new);
+      const float sum = tiles          ? k->exp_sum_bf16(x, nk, scale_in_exp ? c->scale : 1.0f,
+                                                         m_new, ph, exact_p ? ph + npp : NULL, npp)
+                        : scale_in_exp ? k->exp_sum_scaled(x, nk, c->scale, m_new)
+                                       : k->exp_sum(x, nk, m_new);
       t->l[r] = t->l[r] * alpha + sum;
       if (alpha != 1.0f) k->scale(t->o + r * c->Dvp, c->Dvp, alpha);
       t->m[r] = m_new;
@@ -806,10 +831,15 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
             t->s[r * bk + jj] = attn_f32_from_bits((uint32_t)ph[jj] << 16) +
                                 (exact_p ? attn_f32_from_bits((uint32_t)ph[npp + jj] << 16) : 0.0f);
         }
-      pv_skipping_zeros(rows, nk, c->Dvp, t->s, bk, v + off * c->Dvp, t->o);
+      if (panels)
+        pv_skipping_zeros(rows, nk, c->Dvp, t->s, bk, v + off * 16, 16, 16 * bk, t->o);
+      else
+        pv_skipping_zeros(rows, nk, c->Dvp, t->s, bk, v + off * c->Dvp, c->Dvp, 16, t->o);
     } else if (tiles) {
       k->gemm_bf16(rows, c->Dvp, nk, t->ph, 2 * bk, exact_p ? 2 : 1,
                    (const uint16_t *)v + off * c->Dvp, 2 * c->Dvp, t->o, c->Dvp, 1, t->scratch);
+    } else if (panels) { /* f32 P V: exact whether or not there are sinks */
+      k->gemm_panels(rows, c->Dvp, nk, t->s, bk, v + off * 16, 16 * bk, t->o, c->Dvp, 1);
     } else {
       (exact_p ? k->gemm_exact : k->gemm)(rows, c->Dvp, nk, t->s, bk, 0, v + off * c->Dvp, c->Dvp,
                                           t->o, c->Dvp, 1, t->scratch);
@@ -889,10 +919,10 @@ static void forward_pack(const cpu_run *c, const cpu_seq *s, int64_t kb, float *
   const attn_cpu_kernels *k = c->kern;
   int bad;
   if (k->gemm_bf16 == NULL) {
-    bad = pack_kv_block(c, s, kb, kt, v);
+    bad = pack_kv_block(c, s, kb, kt, v, tmp);
   } else {
     bad = pack_kv_pairs(c, s, kb, (uint32_t *)kt, (uint32_t *)v, (uint16_t *)tmp);
-    if (bad) pack_kv_block(c, s, kb, NULL, v);
+    if (bad) pack_kv_block(c, s, kb, NULL, v, tmp);
   }
   v_bad[kb] = bad ? 1.0f : 0.0f;
 }
