@@ -642,35 +642,58 @@ static int bf16_any_nonfinite(const uint16_t *x, int64_t n) {
  * NaN or an infinity. Row-major: K^T as [D][bk] (columns past the sequence zero), V as [bk][Dvp].
  * For a table with gemm_panels (cpu.h), as its panels of 16 columns: K^T as [bk / 16][D][16], V
  * as [Dvp / 16][bk][16] (panel_stride 16 D and 16 bk); padding columns are zero either way. K goes
- * 16 keys at a time through `keys` (16 D floats of scratch): their rows are loaded, then each d's
- * 16 values are stored together, one 64-byte line. A key at a time, as before, its D values went
+ * 16 keys at a time, read in place (f32 rows of unit stride, not paged) or loaded through `keys`
+ * (16 D floats of scratch), then transposed so that each d's 16 values are stored together, one
+ * 64-byte line (transpose16 where the table has it). A key at a time, as before, its D values went
  * to lines 4 bk bytes apart, which share a few L1 sets, and nearly every store missed: packing took
  * 9% of the f32 forward at d128 and 16% causal, one thread (issue 15). */
 static int pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float *kt, float *v,
                          float *keys) {
   const attn_inputs *in = c->in;
-  const int panels = c->kern->gemm_panels != NULL;
+  const attn_cpu_kernels *k = c->kern;
+  const int panels = k->gemm_panels != NULL;
   const int64_t bk = c->bk, j0 = kb * bk, nk = min64(bk, s->s.len_k - j0), D = c->D;
   const int64_t kds = token_dstride(c, &in->k), vds = token_dstride(c, &in->v);
+  /* rows read in place: f32, unit stride, evenly spaced (no pages); V also without padding */
+  const int in_place = c->dt == ATTN_DTYPE_F32 && c->p->page_size == 0;
+  const int k_in_place = in_place && kds == 1, v_in_place = in_place && vds == 1 && c->Dv == c->Dvp;
   for (int64_t jb = 0; kt != NULL && jb < nk; jb += 16) {
     const int64_t n = min64(16, nk - jb);
-    for (int64_t i = 0; i < n; ++i)
-      load_vec(c, in->k.data, kv_off(c, &in->k, s, j0 + jb + i), kds, D, 1.0f, keys + i * D);
-    for (int64_t i = n; i < 16; ++i) memset(keys + i * D, 0, (size_t)D * sizeof(float));
+    const float *src = keys;
+    int64_t lds = D;
+    if (k_in_place && n == 16) {
+      const int64_t off = kv_off(c, &in->k, s, j0 + jb);
+      src = (const float *)in->k.data + off, lds = kv_off(c, &in->k, s, j0 + jb + 1) - off;
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        load_vec(c, in->k.data, kv_off(c, &in->k, s, j0 + jb + i), kds, D, 1.0f, keys + i * D);
+      for (int64_t i = n; i < 16; ++i) memset(keys + i * D, 0, (size_t)D * sizeof(float));
+    }
     /* K^T's element (d, jb + i) at dst[d * ld + i] */
     float *dst = panels ? kt + jb * D : kt + jb;
     const int64_t ld = panels ? 16 : bk;
-    for (int64_t d = 0; d < D; ++d)
-      for (int64_t i = 0; i < 16; ++i) dst[d * ld + i] = keys[i * D + d];
+    if (panels && k->transpose16 != NULL) {
+      k->transpose16(src, lds, D, dst);
+    } else {
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t i = 0; i < 16; ++i) dst[d * ld + i] = src[i * lds + d];
+    }
   }
   for (int64_t d = 0; kt != NULL && !panels && d < D; ++d) /* the rest of the rows */
     for (int64_t jj = round_up(nk, 16); jj < bk; ++jj) kt[d * bk + jj] = 0.0f;
   if (v == NULL) return 0;
   int bad = 0;
   for (int64_t jj = 0; jj < nk; ++jj) {
-    float *row = panels ? keys : v + jj * c->Dvp;
-    load_vec(c, in->v.data, kv_off(c, &in->v, s, j0 + jj), vds, c->Dv, 1.0f, row);
-    for (int64_t d = c->Dv; d < c->Dvp; ++d) row[d] = 0.0f;
+    const int64_t off = kv_off(c, &in->v, s, j0 + jj);
+    const float *row;
+    if (panels && v_in_place) {
+      row = (const float *)in->v.data + off;
+    } else {
+      float *r = panels ? keys : v + jj * c->Dvp;
+      load_vec(c, in->v.data, off, vds, c->Dv, 1.0f, r);
+      for (int64_t d = c->Dv; d < c->Dvp; ++d) r[d] = 0.0f;
+      row = r;
+    }
     bad |= f32_any_nonfinite(row, c->Dv);
     for (int64_t d0 = 0; panels && d0 < c->Dvp; d0 += 16)
       memcpy(v + d0 * bk + jj * 16, row + d0, 16 * sizeof(float));

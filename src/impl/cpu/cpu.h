@@ -59,6 +59,9 @@ typedef struct attn_cpu_kernels {
    * into a few L1 sets and were read from L2 again for every 8 rows of A. */
   void (*gemm_panels)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                       const float *b, int64_t panel_stride, float *c, int64_t ldc, int accumulate);
+  /* Optional, with gemm_panels (NULL: a scalar loop): dst[d * 16 + i] = src[i * lds + d] for
+   * i < 16, d < n: 16 key rows as their K^T panel. */
+  void (*transpose16)(const float *src, int64_t lds, int64_t n, float *dst);
   /* Optional (NULL in all but the AMX table): B operands the driver multiplies many times (a key
    * block's K^T, V, K) packed once. pack_b writes rows 2p and 2p + 1 of the f32 [k x n] matrix b
    * (row stride ldb; n a multiple of ATTN_CPU_NPAD) as bf16 pairs: out[p * ldo + 2c + t] =
@@ -170,6 +173,7 @@ void attn_cpu_gemm_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64
 void attn_cpu_gemm_panels_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                                  const float *b, int64_t panel_stride, float *c, int64_t ldc,
                                  int accumulate);
+void attn_cpu_transpose16_avx512(const float *src, int64_t lds, int64_t n, float *dst);
 float attn_cpu_row_max_avx512(const float *x, int64_t n);
 float attn_cpu_exp_sum_avx512(float *x, int64_t n, float m);
 float attn_cpu_exp_sum_scaled_avx512(float *x, int64_t n, float s, float m);
