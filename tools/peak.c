@@ -137,7 +137,6 @@ bench_peak bench_measure_peak_threads(int threads, double seconds_total) {
 #ifdef _OPENMP
   const int team = threads > 0 ? threads : omp_get_max_threads();
 #else
-  const int team = 1;
   (void)threads;
 #endif
   /* about 50 ms a run at the one-thread rate; every thread runs the same chains at once, and a run
