@@ -460,6 +460,18 @@ static int64_t gemm_scratch_floats(const attn_problem *p, int64_t bq, int64_t bk
 /* Floats that hold a [k x n] matrix as pack_b's bf16 pairs (cpu.h). */
 static int64_t packed_floats(int64_t k, int64_t n) { return round_up((k + 1) / 2 * n, 16); }
 
+/* Rows of the slices fwd_bq's blocks run in where the window cuts a key block (forward_block). */
+#define DIAG_ROWS 32
+
+/* The forward's query block: the configuration's, doubled on tables with gemm_panels (the f32 path).
+ * Each query block streams its pair's packed K^T and V (4 T D bytes in f32) once, from L2 or L3;
+ * at 16 threads on a Sapphire Rapids host the 64-row blocks' stream ran the f32 forward at 953
+ * GFLOP/s against 1116 at 128 rows (issue 15), while 128-row blocks cost the backward, which shares
+ * the configuration. bq32 configurations keep the forward's former 64 rows. */
+static int64_t fwd_bq(const attn_cpu_kernels *k, int64_t bq) {
+  return k->gemm_panels != NULL ? 2 * bq : bq;
+}
+
 static fwd_layout fwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
   const int64_t D = p->head_dim, Dvp = round_up(p->head_dim_v, ATTN_CPU_NPAD);
   const int64_t Dp = round_up(D, ATTN_CPU_NPAD);
@@ -529,11 +541,12 @@ static int workspace_countable(const attn_problem *p) {
 static size_t cpu_workspace_size(const attn_problem *p, int32_t config, const void *state,
                                  int backward) {
   if (!workspace_countable(p)) return SIZE_MAX;
-  (void)state;
   const int64_t bq = cfg_bq[config / N_BK], bk = cfg_bk[config % N_BK];
   const int64_t threads = max_threads();
   if (!backward) {
-    fwd_layout l = fwd_layout_of(p, bq, bk);
+    const attn_cpu_kernels *k = state != NULL ? (const attn_cpu_kernels *)state
+                                              : select_kernels((attn_dtype)p->dtype);
+    fwd_layout l = fwd_layout_of(p, fwd_bq(k, bq), bk);
     size_t tiled = (size_t)(fwd_chunk(p, &l) * l.slot + threads * l.per_thread) * sizeof(float);
     /* A decode problem may still take the tiled path (a block of a sharded problem: see
      * cpu_forward), so its workspace serves both. */
@@ -783,91 +796,104 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
   int64_t kb_lo, kb_hi;
   key_block_range(c, s, i0, rows, &kb_lo, &kb_hi);
   for (int64_t kb = kb_lo; kb < kb_hi; ++kb) {
-    int64_t off, nk;
-    trim_block(c, s, i0, rows, kb * bk, min64(bk, s->s.len_k - kb * bk), &off, &nk);
-    if (nk == 0) continue;
-    const int64_t j0 = kb * bk + off, nkp = round_up(nk, ATTN_CPU_NPAD), npp = round_up(nk, 32);
-    /* K^T [D][bk], or its panels, or its pairs (tiles); V [bk][Dvp], or its panels, or its pairs
-     * (tiles, finite V); pack_kv_block says which */
-    const float *kt = kt_all + kb * c->D * bk;
-    const float *v = v_all + kb * bk * c->Dvp;
-    PHASE_COUNT(t, BLOCKS);
-    PHASE_MARK(qk_start);
-    if (tiles)
-      k->gemm_bf16(rows, nkp, c->D, t->qh, ldqh, 1, (const uint16_t *)kt + 2 * off, 2 * bk, t->s,
-                   bk, 0, t->scratch);
-    else if (panels)
-      k->gemm_panels(rows, nkp, c->D, t->q, c->Dp, kt + off * c->D, 16 * c->D, t->s, bk, 0);
-    else
-      k->gemm(rows, nkp, c->D, t->q, c->Dp, 0, kt + off, bk, t->s, bk, 0, t->scratch);
-    PHASE_ADD(t, QK, qk_start);
-    PHASE_MARK(sm_start);
-    /* S = s Q K^T, masked. Scaling and the row max are one pass where no mask comes between; with
-     * s > 0 and an exp pass that takes the scale (tiles' exp_sum_bf16, exp_sum_scaled) the scale
-     * is not applied to S at all but inside the exp pass, the row max being s max(x) = max(s x)
-     * (rounding is monotonic), which spares a pass writing S. */
-    const int fused = k->scale_max != NULL && !c->features &&
-                      window_covers(c, s, i0, rows, j0, nk);
-    const int scale_in_exp =
-        fused && c->scale > 0.0f && (tiles || k->exp_sum_scaled != NULL);
-    if (!fused) {
-      for (int64_t r = 0; r < rows; ++r) k->scale(t->s + r * bk, nk, c->scale);
-      apply_masks(c, s, h, i0, rows, j0, nk, t->s, bk, NULL);
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      float *x = t->s + r * bk;
-      uint16_t *ph = t->ph + r * 2 * bk; /* hi in [0, npp), lo (exact_p) in [npp, 2 npp) */
-      const float m_blk = scale_in_exp ? k->row_max(x, nk) * c->scale
-                          : fused       ? k->scale_max(x, nk, c->scale)
-                                        : k->row_max(x, nk);
-      const float m_new = fmaxf(t->m[r], m_blk);
-      if (m_new == -INFINITY) { /* nothing visible yet: P = 0 */
-        if (tiles) memset(ph, 0, (size_t)(2 * npp) * sizeof(uint16_t));
-        else memset(x, 0, (size_t)nk * sizeof(float));
-        continue;
-      }
-      const float alpha = t->m[r] == m_new ? 1.0f : expf(t->m[r] - m_new);
-      const float sum = tiles          ? k->exp_sum_bf16(x, nk, scale_in_exp ? c->scale : 1.0f,
-                                                         m_new, ph, exact_p ? ph + npp : NULL, npp)
-                        : scale_in_exp ? k->exp_sum_scaled(x, nk, c->scale, m_new)
-                                       : k->exp_sum(x, nk, m_new);
-      t->l[r] = t->l[r] * alpha + sum;
-      if (alpha != 1.0f) k->scale(t->o + r * c->Dvp, c->Dvp, alpha);
-      t->m[r] = m_new;
-      if (c->dropout) { /* P' = 0 where dropped; keep_scale is applied with 1 / l at the end */
-        uint8_t keep[MAX_BK];
-        dropout_keep(c, s->b, h, i0 + r, j0, nk, keep);
-        for (int64_t jj = 0; jj < nk; ++jj) {
-          if (keep[jj]) continue;
-          if (tiles) ph[jj] = ph[npp + jj] = 0;
-          else x[jj] = 0.0f;
-        }
-      }
-    }
-    PHASE_ADD(t, SOFTMAX, sm_start);
-    PHASE_MARK(pv_start);
-    if (v_bad[kb] != 0.0f) { /* V of this block in f32 (cpu_forward), P in f32 */
+    const int64_t kj0 = kb * bk, knk = min64(bk, s->s.len_k - kb * bk);
+    /* On the f32 path (128-row blocks: fwd_bq) a key block the window cuts (a causal diagonal) runs
+     * in slices of DIAG_ROWS rows, each trimmed to the keys its own rows see: the whole block,
+     * trimmed for its last row, computed a triangle of 128 x 128 / 2 hidden scores, 6% of a causal
+     * T = 2048 forward. */
+    const int64_t slice = panels && !window_covers(c, s, i0, rows, kj0, knk) ? DIAG_ROWS : rows;
+    for (int64_t r0 = 0; r0 < rows; r0 += slice) {
+      /* the slice: the block's rows [r0, r0 + nr), queries from ia */
+      const int64_t nr = min64(slice, rows - r0), ia = i0 + r0;
+      int64_t off, nk;
+      trim_block(c, s, ia, nr, kj0, knk, &off, &nk);
+      if (nk == 0) continue;
+      const int64_t j0 = kj0 + off, nkp = round_up(nk, ATTN_CPU_NPAD), npp = round_up(nk, 32);
+      /* K^T [D][bk], or its panels, or its pairs (tiles); V [bk][Dvp], or its panels, or its pairs
+       * (tiles, finite V); pack_kv_block says which */
+      const float *kt = kt_all + kb * c->D * bk;
+      const float *v = v_all + kb * bk * c->Dvp;
+      float *sr = t->s + r0 * bk, *orow = t->o + r0 * c->Dvp; /* the slice's S and O */
+      uint16_t *phr = t->ph + r0 * 2 * bk;
+      PHASE_COUNT(t, BLOCKS);
+      PHASE_MARK(qk_start);
       if (tiles)
-        for (int64_t r = 0; r < rows; ++r) {
-          const uint16_t *ph = t->ph + r * 2 * bk;
-          for (int64_t jj = 0; jj < nk; ++jj)
-            t->s[r * bk + jj] = attn_f32_from_bits((uint32_t)ph[jj] << 16) +
-                                (exact_p ? attn_f32_from_bits((uint32_t)ph[npp + jj] << 16) : 0.0f);
-        }
-      if (panels)
-        pv_skipping_zeros(rows, nk, c->Dvp, t->s, bk, v + off * 16, 16, 16 * bk, t->o);
+        k->gemm_bf16(nr, nkp, c->D, t->qh + r0 * ldqh, ldqh, 1, (const uint16_t *)kt + 2 * off,
+                     2 * bk, sr, bk, 0, t->scratch);
+      else if (panels)
+        k->gemm_panels(nr, nkp, c->D, t->q + r0 * c->Dp, c->Dp, kt + off * c->D, 16 * c->D, sr, bk,
+                       0);
       else
-        pv_skipping_zeros(rows, nk, c->Dvp, t->s, bk, v + off * c->Dvp, c->Dvp, 16, t->o);
-    } else if (tiles) {
-      k->gemm_bf16(rows, c->Dvp, nk, t->ph, 2 * bk, exact_p ? 2 : 1,
-                   (const uint16_t *)v + off * c->Dvp, 2 * c->Dvp, t->o, c->Dvp, 1, t->scratch);
-    } else if (panels) { /* f32 P V: exact whether or not there are sinks */
-      k->gemm_panels(rows, c->Dvp, nk, t->s, bk, v + off * 16, 16 * bk, t->o, c->Dvp, 1);
-    } else {
-      (exact_p ? k->gemm_exact : k->gemm)(rows, c->Dvp, nk, t->s, bk, 0, v + off * c->Dvp, c->Dvp,
-                                          t->o, c->Dvp, 1, t->scratch);
+        k->gemm(nr, nkp, c->D, t->q + r0 * c->Dp, c->Dp, 0, kt + off, bk, sr, bk, 0, t->scratch);
+      PHASE_ADD(t, QK, qk_start);
+      PHASE_MARK(sm_start);
+      /* S = s Q K^T, masked. Scaling and the row max are one pass where no mask comes between; with
+       * s > 0 and an exp pass that takes the scale (tiles' exp_sum_bf16, exp_sum_scaled) the scale
+       * is not applied to S at all but inside the exp pass, the row max being s max(x) = max(s x)
+       * (rounding is monotonic), which spares a pass writing S. */
+      const int fused = k->scale_max != NULL && !c->features && window_covers(c, s, ia, nr, j0, nk);
+      const int scale_in_exp =
+          fused && c->scale > 0.0f && (tiles || k->exp_sum_scaled != NULL);
+      if (!fused) {
+        for (int64_t r = 0; r < nr; ++r) k->scale(sr + r * bk, nk, c->scale);
+        apply_masks(c, s, h, ia, nr, j0, nk, sr, bk, NULL);
+      }
+      for (int64_t r = r0; r < r0 + nr; ++r) {
+        float *x = t->s + r * bk;
+        uint16_t *ph = t->ph + r * 2 * bk; /* hi in [0, npp), lo (exact_p) in [npp, 2 npp) */
+        const float m_blk = scale_in_exp ? k->row_max(x, nk) * c->scale
+                            : fused       ? k->scale_max(x, nk, c->scale)
+                                          : k->row_max(x, nk);
+        const float m_new = fmaxf(t->m[r], m_blk);
+        if (m_new == -INFINITY) { /* nothing visible yet: P = 0 */
+          if (tiles) memset(ph, 0, (size_t)(2 * npp) * sizeof(uint16_t));
+          else memset(x, 0, (size_t)nk * sizeof(float));
+          continue;
+        }
+        const float alpha = t->m[r] == m_new ? 1.0f : expf(t->m[r] - m_new);
+        const float sum =
+            tiles          ? k->exp_sum_bf16(x, nk, scale_in_exp ? c->scale : 1.0f, m_new, ph,
+                                             exact_p ? ph + npp : NULL, npp)
+            : scale_in_exp ? k->exp_sum_scaled(x, nk, c->scale, m_new)
+                           : k->exp_sum(x, nk, m_new);
+        t->l[r] = t->l[r] * alpha + sum;
+        if (alpha != 1.0f) k->scale(t->o + r * c->Dvp, c->Dvp, alpha);
+        t->m[r] = m_new;
+        if (c->dropout) { /* P' = 0 where dropped; keep_scale is applied with 1 / l at the end */
+          uint8_t keep[MAX_BK];
+          dropout_keep(c, s->b, h, i0 + r, j0, nk, keep);
+          for (int64_t jj = 0; jj < nk; ++jj) {
+            if (keep[jj]) continue;
+            if (tiles) ph[jj] = ph[npp + jj] = 0;
+            else x[jj] = 0.0f;
+          }
+        }
+      }
+      PHASE_ADD(t, SOFTMAX, sm_start);
+      PHASE_MARK(pv_start);
+      if (v_bad[kb] != 0.0f) { /* V of this block in f32 (cpu_forward), P in f32 */
+        if (tiles)
+          for (int64_t r = 0; r < nr; ++r) {
+            const uint16_t *ph = phr + r * 2 * bk;
+            for (int64_t jj = 0; jj < nk; ++jj)
+              sr[r * bk + jj] = attn_f32_from_bits((uint32_t)ph[jj] << 16) +
+                                (exact_p ? attn_f32_from_bits((uint32_t)ph[npp + jj] << 16) : 0.0f);
+          }
+        if (panels)
+          pv_skipping_zeros(nr, nk, c->Dvp, sr, bk, v + off * 16, 16, 16 * bk, orow);
+        else
+          pv_skipping_zeros(nr, nk, c->Dvp, sr, bk, v + off * c->Dvp, c->Dvp, 16, orow);
+      } else if (tiles) {
+        k->gemm_bf16(nr, c->Dvp, nk, phr, 2 * bk, exact_p ? 2 : 1,
+                     (const uint16_t *)v + off * c->Dvp, 2 * c->Dvp, orow, c->Dvp, 1, t->scratch);
+      } else if (panels) { /* f32 P V: exact whether or not there are sinks */
+        k->gemm_panels(nr, c->Dvp, nk, sr, bk, v + off * 16, 16 * bk, orow, c->Dvp, 1);
+      } else {
+        (exact_p ? k->gemm_exact : k->gemm)(nr, c->Dvp, nk, sr, bk, 0, v + off * c->Dvp, c->Dvp,
+                                            orow, c->Dvp, 1, t->scratch);
+      }
+      PHASE_ADD(t, PV, pv_start);
     }
-    PHASE_ADD(t, PV, pv_start);
   }
 
   PHASE_MARK(o_start);
@@ -957,6 +983,7 @@ static attn_status cpu_forward(const attn_run *run) {
     return attn_cpu_decode_forward(run, run->state != NULL ? (const attn_cpu_kernels *)run->state
                                                            : select_kernels((attn_dtype)run->problem->dtype));
   cpu_run c = make_cpu_run(run);
+  c.bq = fwd_bq(c.kern, c.bq), c.nqb = (c.Tq + c.bq - 1) / c.bq;
   const fwd_layout lay = fwd_layout_of(c.p, c.bq, c.bk);
   c.chunk = fwd_chunk(c.p, &lay);
   float *ws = (float *)run->workspace;

@@ -11,8 +11,9 @@
 /* s x - m for the exp pass, m being the row's maximum of s x rounded (cpu.c: m = s max(x), which
  * rounding's monotonicity makes max(s x)): the product is rounded first, so that the maximum's own
  * difference is exactly 0 and every other is <= 0. A fused multiply-add would subtract m from the
- * exact s x instead, off by up to half an ulp of m: for logits near 1e30, differences near +-1e22,
- * whose exp is infinite or, for the maximum itself, 0 (a row summing to 0: NaN out; test_numeric). */
+ * exact s x instead, off by up to half an ulp of m: for logits near 1e30, differences near
+ * +-1e22, whose exp is infinite or, for the maximum itself, 0 (a row summing to 0: NaN out;
+ * test_numeric). */
 static inline __attribute__((always_inline)) __m512 scaled_difference(__m512 x, __m512 s,
                                                                       __m512 m) {
   return _mm512_sub_ps(_mm512_mul_ps(x, s), m);

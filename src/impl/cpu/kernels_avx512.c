@@ -189,8 +189,9 @@ void attn_cpu_transpose16_avx512(const float *src, int64_t lds, int64_t n, float
       const __m512 v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
       const __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
       const __m512 v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
-      const __m512 out[4] = {_mm512_shuffle_f32x4(v0, v2, 0x88), _mm512_shuffle_f32x4(v0, v2, 0xDD),
-                             _mm512_shuffle_f32x4(v1, v3, 0x88), _mm512_shuffle_f32x4(v1, v3, 0xDD)};
+      const __m512 out[4] = {
+          _mm512_shuffle_f32x4(v0, v2, 0x88), _mm512_shuffle_f32x4(v0, v2, 0xDD),
+          _mm512_shuffle_f32x4(v1, v3, 0x88), _mm512_shuffle_f32x4(v1, v3, 0xDD)};
 #pragma GCC unroll 4
       for (int l = 0; l < 4; ++l)
         if (4 * l + c < cols) _mm512_storeu_ps(dst + (d0 + 4 * l + c) * 16, out[l]);
