@@ -756,7 +756,8 @@ static void load_bf16_row(const cpu_run *c, const void *base, int64_t off, int64
 
 /* The forward pass of query block qb of head h. Tables with gemm_bf16 (AMX) multiply bf16 rows:
  * Q rounded once here (exact for bf16 inputs), P written as bf16 by exp_sum_bf16, K^T and V
- * packed by cpu_forward; the others multiply the f32 tiles with gemm. P V rounds P to bf16 on a
+ * packed by cpu_forward; the others multiply the f32 tiles with gemm_panels (K^T and V as panels,
+ * pack_kv_block) or gemm. P V rounds P to bf16 on a
  * bf16 problem (the bf16 tables' gemm rounds its operands), as FlashAttention does, while l sums
  * the unrounded P; with sinks it keeps P exact instead (gemm_exact, or on tiles two bf16 terms
  * hi + lo in one product twice as deep), which dsinks needs: cpu.h's gemm_exact says why. Blocks
