@@ -5,10 +5,12 @@
  *
  * usage: cpu_bench [--b N] [--hq N] [--hkv N] [--t N] [--d N] [--causal 0|1] [--dtype f32|bf16|f16]
  *                  [--threads LIST] [--reps N] [--impl NAME] [--config NAME] [--no-check]
- *                  [--csv] [--rss]
+ *                  [--csv] [--rss] [--peak]
  *   --threads 1,2   run at each count (attn_ctx_set_num_threads)
  *   --rss           run one forward and one backward pass and report the peak resident set against
  *                   the bytes of the inputs and outputs (the O(T) memory claim)
+ *   --peak          only measure the f32 FMA peak: one thread alone, and at each --threads count
+ *                   all threads at once (the %peak columns use one thread's times the count)
  *
  * Check: the reference runs in f64 and takes O(T^2 D) scalar work, so the check runs the same
  * configuration (heads, head dim, mask, dtype, impl, config) at T = min(T, 256) and Hq <= 2 groups,
@@ -38,7 +40,7 @@ typedef struct opts {
   int threads[8], nthreads;
   int reps;
   const char *impl, *config;
-  int check, csv, rss;
+  int check, csv, rss, peak;
 } opts;
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -262,7 +264,7 @@ static long peak_rss_kib(void) {
 }
 
 int main(int argc, char **argv) {
-  opts o = {1, 16, 16, 4096, 128, 0, ATTN_DTYPE_F32, {1, 2}, 2, 5, "cpu", NULL, 1, 0, 0};
+  opts o = {1, 16, 16, 4096, 128, 0, ATTN_DTYPE_F32, {1, 2}, 2, 5, "cpu", NULL, 1, 0, 0, 0};
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define OPT(name) (strcmp(a, name) == 0 && v != NULL && ++i)
@@ -288,12 +290,23 @@ int main(int argc, char **argv) {
     } else if (strcmp(a, "--no-check") == 0) o.check = 0;
     else if (strcmp(a, "--csv") == 0) o.csv = 1;
     else if (strcmp(a, "--rss") == 0) o.rss = 1;
+    else if (strcmp(a, "--peak") == 0) o.peak = 1;
     else {
       fprintf(stderr, "unknown or incomplete option %s (see the comment at the top of "
                       "bench/cpu_bench.c)\n", a);
       return 2;
     }
 #undef OPT
+  }
+  if (o.peak) {
+    bench_peak one = bench_measure_peak(0.5);
+    printf("peak %s, 1 thread: %.1f GFLOP/s\n", one.isa, one.gflops);
+    for (int ti = 0; ti < o.nthreads; ++ti) {
+      bench_peak all = bench_measure_peak_threads(o.threads[ti], 1.0);
+      printf("peak %s, %d threads at once: %.1f GFLOP/s = %.2f x %d x one thread\n", all.isa,
+             o.threads[ti], all.gflops, all.gflops / (one.gflops * o.threads[ti]), o.threads[ti]);
+    }
+    return 0;
   }
   attn_ctx *ctx;
   attn_ctx_create(&ctx);

@@ -13,7 +13,8 @@
 # T_SCALE (2048), the sequence lengths of the tables (small values make a quick trial of the script);
 # PARTS (default "tests main f16 scaling config"): the parts to run, for a shorter call; MAIN_DTYPES
 # ("f32 bf16") and MAIN_ISAS ("auto avx512bf16"): the main table's rows; CONFIGS ("bq64_bk256
-# bq128_bk256") and CONFIG_DTYPES ("f32 bf16"): the block sizes compared at d128.
+# bq128_bk256") and CONFIG_DTYPES ("f32 bf16"): the block sizes compared at d128 (the f32 forward
+# runs twice the configuration's query rows: src/impl/cpu/cpu.c's fwd_bq).
 #
 # Writes to OUT_DIR: machine.txt, build.log, test_compare.log, golden_<isa>.log, main.log/.csv (the
 # table against PyTorch), scaling.log/.csv (1 thread and all), config.log (bq128 against the
@@ -116,6 +117,9 @@ awk -F, -v n="$threads" '
             printf "| %s | %.1f | %.1f | %.0f%% | %.1f | %.1f | %.0f%% |\n", k, f1[k] * 1e3, fn[k] * 1e3,
                    100 * f1[k] / (n * fn[k]), b1[k] * 1e3, bn[k] * 1e3, 100 * b1[k] / (n * bn[k]) } }' \
   "$out/scaling.csv" | tee -a "$summary"
+# the %peak columns scale one thread's FMA peak; what all the cores reach at once, at the clock
+# they hold together
+"$build/bench/cpu_bench" --peak --threads "$threads" | tee -a "$summary"
 fi
 
 # ---- configuration: block sizes at d128 (by default 128-row query blocks against 64) ----

@@ -127,6 +127,35 @@ bench_peak bench_measure_peak(double seconds_total) {
   return peak;
 }
 
+bench_peak bench_measure_peak_threads(int threads, double seconds_total) {
+  bench_peak one = bench_measure_peak(0.2); /* the kernel's name and a trip count's scale */
+  double (*kernel)(int64_t) = fma_scalar;
+#ifdef BENCH_X86
+  if (strcmp(one.isa, "avx512f") == 0) kernel = fma_avx512;
+  else if (strcmp(one.isa, "avx2+fma") == 0) kernel = fma_avx2;
+#endif
+#ifdef _OPENMP
+  const int team = threads > 0 ? threads : omp_get_max_threads();
+#else
+  (void)threads;
+#endif
+  /* about 50 ms a run at the one-thread rate; every thread runs the same chains at once, and a run
+   * lasts as long as its slowest thread */
+  const int64_t iters = (int64_t)(one.gflops * 1e9 * 0.05 / kernel(1)) + 1;
+  bench_peak peak = {0.0, one.isa};
+  double start = bench_now();
+  do {
+    double t0 = bench_now(), flop = 0.0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(team) reduction(+ : flop)
+#endif
+    flop += kernel(iters);
+    double dt = bench_now() - t0;
+    if (dt > 0 && flop / dt * 1e-9 > peak.gflops) peak.gflops = flop / dt * 1e-9;
+  } while (bench_now() - start < seconds_total);
+  return peak;
+}
+
 /* Sum of n floats (n a multiple of 16) in four 16-lane accumulators: the loads are the work. */
 static float sum_stream(const float *x, int64_t n) {
 #if defined(__GNUC__)

@@ -13,6 +13,11 @@ typedef struct bench_peak {
 /* Runs independent FMA chains on one thread for about seconds_total and returns the best rate. */
 bench_peak bench_measure_peak(double seconds_total);
 
+/* The same chains on `threads` threads at once (0 = the OpenMP default), their summed rate: what
+ * the cores reach together, at the clock all of them can hold (with AVX-512, often below one
+ * core's), where bench_measure_peak times one thread alone. */
+bench_peak bench_measure_peak_threads(int threads, double seconds_total);
+
 /* The machine's memory read rate in GB/s (1e9 bytes/s), STREAM-style: `threads` threads (0 = the
  * OpenMP default) sum disjoint parts of a 512 MiB buffer, far larger than any cache, in vector
  * registers; the best of the passes that fit about `seconds` (interruptions only slow a pass).

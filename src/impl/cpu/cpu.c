@@ -460,6 +460,18 @@ static int64_t gemm_scratch_floats(const attn_problem *p, int64_t bq, int64_t bk
 /* Floats that hold a [k x n] matrix as pack_b's bf16 pairs (cpu.h). */
 static int64_t packed_floats(int64_t k, int64_t n) { return round_up((k + 1) / 2 * n, 16); }
 
+/* Rows of the slices fwd_bq's blocks run in where the window cuts a key block (forward_block). */
+#define DIAG_ROWS 32
+
+/* The forward's query block: the configuration's, doubled on tables with gemm_panels (the f32 path).
+ * Each query block streams its pair's packed K^T and V (4 T D bytes in f32) once, from L2 or L3;
+ * at 16 threads on a Sapphire Rapids host the 64-row blocks' stream ran the f32 forward at 953
+ * GFLOP/s against 1116 at 128 rows (issue 15), while 128-row blocks cost the backward, which shares
+ * the configuration. bq32 configurations keep the forward's former 64 rows. */
+static int64_t fwd_bq(const attn_cpu_kernels *k, int64_t bq) {
+  return k->gemm_panels != NULL ? 2 * bq : bq;
+}
+
 static fwd_layout fwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
   const int64_t D = p->head_dim, Dvp = round_up(p->head_dim_v, ATTN_CPU_NPAD);
   const int64_t Dp = round_up(D, ATTN_CPU_NPAD);
@@ -529,11 +541,12 @@ static int workspace_countable(const attn_problem *p) {
 static size_t cpu_workspace_size(const attn_problem *p, int32_t config, const void *state,
                                  int backward) {
   if (!workspace_countable(p)) return SIZE_MAX;
-  (void)state;
   const int64_t bq = cfg_bq[config / N_BK], bk = cfg_bk[config % N_BK];
   const int64_t threads = max_threads();
   if (!backward) {
-    fwd_layout l = fwd_layout_of(p, bq, bk);
+    const attn_cpu_kernels *k = state != NULL ? (const attn_cpu_kernels *)state
+                                              : select_kernels((attn_dtype)p->dtype);
+    fwd_layout l = fwd_layout_of(p, fwd_bq(k, bq), bk);
     size_t tiled = (size_t)(fwd_chunk(p, &l) * l.slot + threads * l.per_thread) * sizeof(float);
     /* A decode problem may still take the tiled path (a block of a sharded problem: see
      * cpu_forward), so its workspace serves both. */
@@ -638,47 +651,88 @@ static int bf16_any_nonfinite(const uint16_t *x, int64_t n) {
   return bad != 0;
 }
 
-/* Packs key block kb of a pair: K^T as [D][bk] (columns past the sequence zero) and V rows as
- * [bk][Dvp] (padding columns zero); either may be NULL. Returns 1 when the block's V holds a NaN or
- * an infinity. */
-static int pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float *kt, float *v) {
+/* Packs key block kb of a pair: K^T and V, either may be NULL; returns 1 when the block's V holds a
+ * NaN or an infinity. Row-major: K^T as [D][bk] (columns past the sequence zero), V as [bk][Dvp].
+ * For a table with gemm_panels (cpu.h), as its panels of 16 columns: K^T as [bk / 16][D][16], V
+ * as [Dvp / 16][bk][16] (panel_stride 16 D and 16 bk); padding columns are zero either way. K goes
+ * 16 keys at a time, read in place (f32 rows of unit stride, not paged) or loaded through `keys`
+ * (16 D floats of scratch), then transposed so that each d's 16 values are stored together, one
+ * 64-byte line (transpose16 where the table has it). A key at a time, as before, its D values went
+ * to lines 4 bk bytes apart, which share a few L1 sets, and nearly every store missed: packing took
+ * 9% of the f32 forward at d128 and 16% causal, one thread (issue 15). */
+static int pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float *kt, float *v,
+                         float *keys) {
   const attn_inputs *in = c->in;
-  const int64_t j0 = kb * c->bk, nk = min64(c->bk, s->s.len_k - j0);
-  float row[4096];
+  const attn_cpu_kernels *k = c->kern;
+  const int panels = k->gemm_panels != NULL;
+  const int64_t bk = c->bk, j0 = kb * bk, nk = min64(bk, s->s.len_k - j0), D = c->D;
   const int64_t kds = token_dstride(c, &in->k), vds = token_dstride(c, &in->v);
-  for (int64_t jj = 0; jj < nk; ++jj) {
-    const int64_t koff = kv_off(c, &in->k, s, j0 + jj), voff = kv_off(c, &in->v, s, j0 + jj);
-    for (int64_t d0 = 0; kt != NULL && d0 < c->D; d0 += 4096) {
-      int64_t n = min64(4096, c->D - d0);
-      load_vec(c, in->k.data, koff + d0 * kds, kds, n, 1.0f, row);
-      for (int64_t d = 0; d < n; ++d) kt[(d0 + d) * c->bk + jj] = row[d];
+  /* rows read in place: f32, unit stride, evenly spaced (no pages); V also without padding */
+  const int in_place = c->dt == ATTN_DTYPE_F32 && c->p->page_size == 0;
+  const int k_in_place = in_place && kds == 1, v_in_place = in_place && vds == 1 && c->Dv == c->Dvp;
+  for (int64_t jb = 0; kt != NULL && jb < nk; jb += 16) {
+    const int64_t n = min64(16, nk - jb);
+    const float *src = keys;
+    int64_t lds = D;
+    if (k_in_place && n == 16) {
+      const int64_t off = kv_off(c, &in->k, s, j0 + jb);
+      src = (const float *)in->k.data + off, lds = kv_off(c, &in->k, s, j0 + jb + 1) - off;
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        load_vec(c, in->k.data, kv_off(c, &in->k, s, j0 + jb + i), kds, D, 1.0f, keys + i * D);
+      for (int64_t i = n; i < 16; ++i) memset(keys + i * D, 0, (size_t)D * sizeof(float));
     }
-    if (v == NULL) continue;
-    float *vr = v + jj * c->Dvp;
-    load_vec(c, in->v.data, voff, vds, c->Dv, 1.0f, vr);
-    for (int64_t d = c->Dv; d < c->Dvp; ++d) vr[d] = 0.0f;
+    /* K^T's element (d, jb + i) at dst[d * ld + i] */
+    float *dst = panels ? kt + jb * D : kt + jb;
+    const int64_t ld = panels ? 16 : bk;
+    if (panels && k->transpose16 != NULL) {
+      k->transpose16(src, lds, D, dst);
+    } else {
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t i = 0; i < 16; ++i) dst[d * ld + i] = src[i * lds + d];
+    }
   }
-  for (int64_t d = 0; kt != NULL && d < c->D; ++d)
-    for (int64_t jj = nk; jj < c->bk; ++jj) kt[d * c->bk + jj] = 0.0f;
-  return v != NULL && f32_any_nonfinite(v, nk * c->Dvp);
+  for (int64_t d = 0; kt != NULL && !panels && d < D; ++d) /* the rest of the rows */
+    for (int64_t jj = round_up(nk, 16); jj < bk; ++jj) kt[d * bk + jj] = 0.0f;
+  if (v == NULL) return 0;
+  int bad = 0;
+  for (int64_t jj = 0; jj < nk; ++jj) {
+    const int64_t off = kv_off(c, &in->v, s, j0 + jj);
+    const float *row;
+    if (panels && v_in_place) {
+      row = (const float *)in->v.data + off;
+    } else {
+      float *r = panels ? keys : v + jj * c->Dvp;
+      load_vec(c, in->v.data, off, vds, c->Dv, 1.0f, r);
+      for (int64_t d = c->Dv; d < c->Dvp; ++d) r[d] = 0.0f;
+      row = r;
+    }
+    bad |= f32_any_nonfinite(row, c->Dv);
+    for (int64_t d0 = 0; panels && d0 < c->Dvp; d0 += 16)
+      memcpy(v + d0 * bk + jj * 16, row + d0, 16 * sizeof(float));
+  }
+  return bad;
 }
 
 /* o += p v over the rows of a tile, skipping the zero entries of p: 0 * inf and 0 * NaN are NaN,
  * and a value a row does not see (masked, or dropped) must not reach its output (SPEC: NaN only in
- * the rows it reaches). The slow path of blocks whose V holds non-finite values. */
+ * the rows it reaches). The slow path of blocks whose V holds non-finite values. V's element
+ * (jj, d) is v[d / 16 * panel_stride + jj * ldv + d % 16]: rows (panel_stride 16, ldv dvp) or
+ * pack_kv_block's panels (panel_stride 16 bk, ldv 16). */
 static void pv_skipping_zeros(int64_t rows, int64_t nk, int64_t dvp, const float *p, int64_t ldp,
-                              const float *v, float *o) {
+                              const float *v, int64_t ldv, int64_t panel_stride, float *o) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t jj = 0; jj < nk; ++jj) {
       const float w = p[r * ldp + jj];
       if (w == 0.0f) continue;
-      for (int64_t d = 0; d < dvp; ++d) o[r * dvp + d] += w * v[jj * dvp + d];
+      for (int64_t d = 0; d < dvp; ++d)
+        o[r * dvp + d] += w * v[d / 16 * panel_stride + jj * ldv + d % 16];
     }
 }
 
 typedef struct fwd_thread {
   float *q, *s, *o, *m, *l;
-  float *tmp;          /* scratch of packing: a key block's rows (f32, or bf16 for gemm_bf16) */
+  float *tmp;          /* scratch of packing: 16 key rows (f32, or bf16 for gemm_bf16) */
   uint16_t *qh, *ph;   /* Q [bq][round_up(D, 32)], P [bq][2 bk] (hi, lo) as bf16 (gemm_bf16) */
   void *scratch;       /* gemm's */
 #ifdef ATTN_CPU_FWD_PHASES
@@ -702,7 +756,8 @@ static void load_bf16_row(const cpu_run *c, const void *base, int64_t off, int64
 
 /* The forward pass of query block qb of head h. Tables with gemm_bf16 (AMX) multiply bf16 rows:
  * Q rounded once here (exact for bf16 inputs), P written as bf16 by exp_sum_bf16, K^T and V
- * packed by cpu_forward; the others multiply the f32 tiles with gemm. P V rounds P to bf16 on a
+ * packed by cpu_forward; the others multiply the f32 tiles with gemm_panels (K^T and V as panels,
+ * pack_kv_block) or gemm. P V rounds P to bf16 on a
  * bf16 problem (the bf16 tables' gemm rounds its operands), as FlashAttention does, while l sums
  * the unrounded P; with sinks it keeps P exact instead (gemm_exact, or on tiles two bf16 terms
  * hi + lo in one product twice as deep), which dsinks needs: cpu.h's gemm_exact says why. Blocks
@@ -716,7 +771,7 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
   const attn_cpu_kernels *k = c->kern;
   const int64_t i0 = qb * c->bq, rows = min64(c->bq, s->s.len_q - i0);
   const int64_t bk = c->bk;
-  const int tiles = k->gemm_bf16 != NULL;
+  const int tiles = k->gemm_bf16 != NULL, panels = k->gemm_panels != NULL;
   const int64_t ldqh = round_up(c->D, 32);
   const int exact_p = p->num_sinks > 0; /* P V on exact P: gemm_exact, or two bf16 terms */
 
@@ -742,79 +797,104 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
   int64_t kb_lo, kb_hi;
   key_block_range(c, s, i0, rows, &kb_lo, &kb_hi);
   for (int64_t kb = kb_lo; kb < kb_hi; ++kb) {
-    int64_t off, nk;
-    trim_block(c, s, i0, rows, kb * bk, min64(bk, s->s.len_k - kb * bk), &off, &nk);
-    if (nk == 0) continue;
-    const int64_t j0 = kb * bk + off, nkp = round_up(nk, ATTN_CPU_NPAD), npp = round_up(nk, 32);
-    const float *kt = kt_all + kb * c->D * bk; /* K^T [D][bk], or its pairs (tiles) */
-    const float *v = v_all + kb * bk * c->Dvp; /* V [bk][Dvp], or its pairs (tiles, finite V) */
-    PHASE_COUNT(t, BLOCKS);
-    PHASE_MARK(qk_start);
-    if (tiles)
-      k->gemm_bf16(rows, nkp, c->D, t->qh, ldqh, 1, (const uint16_t *)kt + 2 * off, 2 * bk, t->s,
-                   bk, 0, t->scratch);
-    else
-      k->gemm(rows, nkp, c->D, t->q, c->Dp, 0, kt + off, bk, t->s, bk, 0, t->scratch);
-    PHASE_ADD(t, QK, qk_start);
-    PHASE_MARK(sm_start);
-    /* S = s Q K^T, masked. Scaling and the row max are one pass where no mask comes between; on
-     * tiles with s > 0 the scale is not applied to S at all but inside the exp pass, the row max
-     * being s max(x) = max(s x) (rounding is monotonic), which spares a pass writing S. */
-    const int fused = k->scale_max != NULL && !c->features &&
-                      window_covers(c, s, i0, rows, j0, nk);
-    const int scale_in_exp = tiles && fused && c->scale > 0.0f;
-    if (!fused) {
-      for (int64_t r = 0; r < rows; ++r) k->scale(t->s + r * bk, nk, c->scale);
-      apply_masks(c, s, h, i0, rows, j0, nk, t->s, bk, NULL);
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      float *x = t->s + r * bk;
-      uint16_t *ph = t->ph + r * 2 * bk; /* hi in [0, npp), lo (exact_p) in [npp, 2 npp) */
-      const float m_blk = scale_in_exp ? k->row_max(x, nk) * c->scale
-                          : fused       ? k->scale_max(x, nk, c->scale)
-                                        : k->row_max(x, nk);
-      const float m_new = fmaxf(t->m[r], m_blk);
-      if (m_new == -INFINITY) { /* nothing visible yet: P = 0 */
-        if (tiles) memset(ph, 0, (size_t)(2 * npp) * sizeof(uint16_t));
-        else memset(x, 0, (size_t)nk * sizeof(float));
-        continue;
-      }
-      const float alpha = t->m[r] == m_new ? 1.0f : expf(t->m[r] - m_new);
-      const float sum = tiles ? k->exp_sum_bf16(x, nk, scale_in_exp ? c->scale : 1.0f, m_new, ph,
-                                                exact_p ? ph + npp : NULL, npp)
-                              : k->exp_sum(x, nk, m_new);
-      t->l[r] = t->l[r] * alpha + sum;
-      if (alpha != 1.0f) k->scale(t->o + r * c->Dvp, c->Dvp, alpha);
-      t->m[r] = m_new;
-      if (c->dropout) { /* P' = 0 where dropped; keep_scale is applied with 1 / l at the end */
-        uint8_t keep[MAX_BK];
-        dropout_keep(c, s->b, h, i0 + r, j0, nk, keep);
-        for (int64_t jj = 0; jj < nk; ++jj) {
-          if (keep[jj]) continue;
-          if (tiles) ph[jj] = ph[npp + jj] = 0;
-          else x[jj] = 0.0f;
-        }
-      }
-    }
-    PHASE_ADD(t, SOFTMAX, sm_start);
-    PHASE_MARK(pv_start);
-    if (v_bad[kb] != 0.0f) { /* V of this block in f32 (cpu_forward), P in f32 */
+    const int64_t kj0 = kb * bk, knk = min64(bk, s->s.len_k - kb * bk);
+    /* On the f32 path (128-row blocks: fwd_bq) a key block the window cuts (a causal diagonal) runs
+     * in slices of DIAG_ROWS rows, each trimmed to the keys its own rows see: the whole block,
+     * trimmed for its last row, computed a triangle of 128 x 128 / 2 hidden scores, 6% of a causal
+     * T = 2048 forward. */
+    const int64_t slice = panels && !window_covers(c, s, i0, rows, kj0, knk) ? DIAG_ROWS : rows;
+    for (int64_t r0 = 0; r0 < rows; r0 += slice) {
+      /* the slice: the block's rows [r0, r0 + nr), queries from ia */
+      const int64_t nr = min64(slice, rows - r0), ia = i0 + r0;
+      int64_t off, nk;
+      trim_block(c, s, ia, nr, kj0, knk, &off, &nk);
+      if (nk == 0) continue;
+      const int64_t j0 = kj0 + off, nkp = round_up(nk, ATTN_CPU_NPAD), npp = round_up(nk, 32);
+      /* K^T [D][bk], or its panels, or its pairs (tiles); V [bk][Dvp], or its panels, or its pairs
+       * (tiles, finite V); pack_kv_block says which */
+      const float *kt = kt_all + kb * c->D * bk;
+      const float *v = v_all + kb * bk * c->Dvp;
+      float *sr = t->s + r0 * bk, *orow = t->o + r0 * c->Dvp; /* the slice's S and O */
+      uint16_t *phr = t->ph + r0 * 2 * bk;
+      PHASE_COUNT(t, BLOCKS);
+      PHASE_MARK(qk_start);
       if (tiles)
-        for (int64_t r = 0; r < rows; ++r) {
-          const uint16_t *ph = t->ph + r * 2 * bk;
-          for (int64_t jj = 0; jj < nk; ++jj)
-            t->s[r * bk + jj] = attn_f32_from_bits((uint32_t)ph[jj] << 16) +
-                                (exact_p ? attn_f32_from_bits((uint32_t)ph[npp + jj] << 16) : 0.0f);
+        k->gemm_bf16(nr, nkp, c->D, t->qh + r0 * ldqh, ldqh, 1, (const uint16_t *)kt + 2 * off,
+                     2 * bk, sr, bk, 0, t->scratch);
+      else if (panels)
+        k->gemm_panels(nr, nkp, c->D, t->q + r0 * c->Dp, c->Dp, kt + off * c->D, 16 * c->D, sr, bk,
+                       0);
+      else
+        k->gemm(nr, nkp, c->D, t->q + r0 * c->Dp, c->Dp, 0, kt + off, bk, sr, bk, 0, t->scratch);
+      PHASE_ADD(t, QK, qk_start);
+      PHASE_MARK(sm_start);
+      /* S = s Q K^T, masked. Scaling and the row max are one pass where no mask comes between; with
+       * s > 0 and an exp pass that takes the scale (tiles' exp_sum_bf16, exp_sum_scaled) the scale
+       * is not applied to S at all but inside the exp pass, the row max being s max(x) = max(s x)
+       * (rounding is monotonic), which spares a pass writing S. */
+      const int fused = k->scale_max != NULL && !c->features && window_covers(c, s, ia, nr, j0, nk);
+      const int scale_in_exp =
+          fused && c->scale > 0.0f && (tiles || k->exp_sum_scaled != NULL);
+      if (!fused) {
+        for (int64_t r = 0; r < nr; ++r) k->scale(sr + r * bk, nk, c->scale);
+        apply_masks(c, s, h, ia, nr, j0, nk, sr, bk, NULL);
+      }
+      for (int64_t r = r0; r < r0 + nr; ++r) {
+        float *x = t->s + r * bk;
+        uint16_t *ph = t->ph + r * 2 * bk; /* hi in [0, npp), lo (exact_p) in [npp, 2 npp) */
+        const float m_blk = scale_in_exp ? k->row_max(x, nk) * c->scale
+                            : fused       ? k->scale_max(x, nk, c->scale)
+                                          : k->row_max(x, nk);
+        const float m_new = fmaxf(t->m[r], m_blk);
+        if (m_new == -INFINITY) { /* nothing visible yet: P = 0 */
+          if (tiles) memset(ph, 0, (size_t)(2 * npp) * sizeof(uint16_t));
+          else memset(x, 0, (size_t)nk * sizeof(float));
+          continue;
         }
-      pv_skipping_zeros(rows, nk, c->Dvp, t->s, bk, v + off * c->Dvp, t->o);
-    } else if (tiles) {
-      k->gemm_bf16(rows, c->Dvp, nk, t->ph, 2 * bk, exact_p ? 2 : 1,
-                   (const uint16_t *)v + off * c->Dvp, 2 * c->Dvp, t->o, c->Dvp, 1, t->scratch);
-    } else {
-      (exact_p ? k->gemm_exact : k->gemm)(rows, c->Dvp, nk, t->s, bk, 0, v + off * c->Dvp, c->Dvp,
-                                          t->o, c->Dvp, 1, t->scratch);
+        const float alpha = t->m[r] == m_new ? 1.0f : expf(t->m[r] - m_new);
+        const float sum =
+            tiles          ? k->exp_sum_bf16(x, nk, scale_in_exp ? c->scale : 1.0f, m_new, ph,
+                                             exact_p ? ph + npp : NULL, npp)
+            : scale_in_exp ? k->exp_sum_scaled(x, nk, c->scale, m_new)
+                           : k->exp_sum(x, nk, m_new);
+        t->l[r] = t->l[r] * alpha + sum;
+        if (alpha != 1.0f) k->scale(t->o + r * c->Dvp, c->Dvp, alpha);
+        t->m[r] = m_new;
+        if (c->dropout) { /* P' = 0 where dropped; keep_scale is applied with 1 / l at the end */
+          uint8_t keep[MAX_BK];
+          dropout_keep(c, s->b, h, i0 + r, j0, nk, keep);
+          for (int64_t jj = 0; jj < nk; ++jj) {
+            if (keep[jj]) continue;
+            if (tiles) ph[jj] = ph[npp + jj] = 0;
+            else x[jj] = 0.0f;
+          }
+        }
+      }
+      PHASE_ADD(t, SOFTMAX, sm_start);
+      PHASE_MARK(pv_start);
+      if (v_bad[kb] != 0.0f) { /* V of this block in f32 (cpu_forward), P in f32 */
+        if (tiles)
+          for (int64_t r = 0; r < nr; ++r) {
+            const uint16_t *ph = phr + r * 2 * bk;
+            for (int64_t jj = 0; jj < nk; ++jj)
+              sr[r * bk + jj] = attn_f32_from_bits((uint32_t)ph[jj] << 16) +
+                                (exact_p ? attn_f32_from_bits((uint32_t)ph[npp + jj] << 16) : 0.0f);
+          }
+        if (panels)
+          pv_skipping_zeros(nr, nk, c->Dvp, sr, bk, v + off * 16, 16, 16 * bk, orow);
+        else
+          pv_skipping_zeros(nr, nk, c->Dvp, sr, bk, v + off * c->Dvp, c->Dvp, 16, orow);
+      } else if (tiles) {
+        k->gemm_bf16(nr, c->Dvp, nk, phr, 2 * bk, exact_p ? 2 : 1,
+                     (const uint16_t *)v + off * c->Dvp, 2 * c->Dvp, orow, c->Dvp, 1, t->scratch);
+      } else if (panels) { /* f32 P V: exact whether or not there are sinks */
+        k->gemm_panels(nr, c->Dvp, nk, sr, bk, v + off * 16, 16 * bk, orow, c->Dvp, 1);
+      } else {
+        (exact_p ? k->gemm_exact : k->gemm)(nr, c->Dvp, nk, sr, bk, 0, v + off * c->Dvp, c->Dvp,
+                                            orow, c->Dvp, 1, t->scratch);
+      }
+      PHASE_ADD(t, PV, pv_start);
     }
-    PHASE_ADD(t, PV, pv_start);
   }
 
   PHASE_MARK(o_start);
@@ -889,10 +969,10 @@ static void forward_pack(const cpu_run *c, const cpu_seq *s, int64_t kb, float *
   const attn_cpu_kernels *k = c->kern;
   int bad;
   if (k->gemm_bf16 == NULL) {
-    bad = pack_kv_block(c, s, kb, kt, v);
+    bad = pack_kv_block(c, s, kb, kt, v, tmp);
   } else {
     bad = pack_kv_pairs(c, s, kb, (uint32_t *)kt, (uint32_t *)v, (uint16_t *)tmp);
-    if (bad) pack_kv_block(c, s, kb, NULL, v);
+    if (bad) pack_kv_block(c, s, kb, NULL, v, tmp);
   }
   v_bad[kb] = bad ? 1.0f : 0.0f;
 }
@@ -904,6 +984,7 @@ static attn_status cpu_forward(const attn_run *run) {
     return attn_cpu_decode_forward(run, run->state != NULL ? (const attn_cpu_kernels *)run->state
                                                            : select_kernels((attn_dtype)run->problem->dtype));
   cpu_run c = make_cpu_run(run);
+  c.bq = fwd_bq(c.kern, c.bq), c.nqb = (c.Tq + c.bq - 1) / c.bq;
   const fwd_layout lay = fwd_layout_of(c.p, c.bq, c.bk);
   c.chunk = fwd_chunk(c.p, &lay);
   float *ws = (float *)run->workspace;

@@ -51,6 +51,17 @@ typedef struct attn_cpu_kernels {
   void (*gemm_exact)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
                      const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
                      void *scratch);
+  /* Optional (NULL: the forward keeps gemm's row-major B): gemm with B stored as panels of
+   * ATTN_CPU_NPAD columns, each contiguous: B(kk, j) = b[(j / 16) panel_stride + 16 kk + j % 16]
+   * (kk < k, j < n, n a multiple of 16; never rounded, as gemm_exact). The forward packs K^T and
+   * V of a key block so (cpu.c's pack_kv_block): a 32-column step of the product then reads two
+   * lines of consecutive addresses, where row-major K^T and V rows 1 KiB and 512 bytes apart fell
+   * into a few L1 sets and were read from L2 again for every 8 rows of A. */
+  void (*gemm_panels)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                      const float *b, int64_t panel_stride, float *c, int64_t ldc, int accumulate);
+  /* Optional, with gemm_panels (NULL: a scalar loop): dst[d * 16 + i] = src[i * lds + d] for
+   * i < 16, d < n: 16 key rows as their K^T panel. */
+  void (*transpose16)(const float *src, int64_t lds, int64_t n, float *dst);
   /* Optional (NULL in all but the AMX table): B operands the driver multiplies many times (a key
    * block's K^T, V, K) packed once. pack_b writes rows 2p and 2p + 1 of the f32 [k x n] matrix b
    * (row stride ldb; n a multiple of ATTN_CPU_NPAD) as bf16 pairs: out[p * ldo + 2c + t] =
@@ -71,10 +82,11 @@ typedef struct attn_cpu_kernels {
                     const uint16_t *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
                     void *scratch);
   /* Optional, with gemm_bf16: exp_sum for the forward's P V on bf16 tiles. With e_j = exp(s x[j] -
-   * m) (one fused multiply-add: the forward passes its scale here instead of scaling S first, m
-   * being the maximum of s x, so s x[j] - m may exceed 0 by a rounding): hi[j] = bf16(e_j) and,
-   * unless lo is NULL, lo[j] = bf16(e_j - hi[j]) (nearest even: 16 significant bits together) for
-   * j < n, both 0 for n <= j < np; returns the sum of the e_j (unrounded). x is left as it was. */
+   * m) (the forward passes its scale here instead of scaling S first; m is the maximum of s x
+   * rounded, and s x[j] is rounded before m is subtracted, so that s x[j] - m <= 0):
+   * hi[j] = bf16(e_j) and, unless lo is NULL, lo[j] = bf16(e_j - hi[j]) (nearest even: 16
+   * significant bits together) for j < n, both 0 for n <= j < np; returns the sum of the e_j
+   * (unrounded). x is left as it was. */
   float (*exp_sum_bf16)(const float *x, int64_t n, float s, float m, uint16_t *hi, uint16_t *lo,
                         int64_t np);
   /* Optional (NULL in all but the AMX table): the products leave the thread's tile configuration
@@ -92,6 +104,12 @@ typedef struct attn_cpu_kernels {
    * lse, and exp(x - lse) <= 1 only in exact arithmetic: the f32 lse of logits of 1e25 is off by
    * 1e18, which made P infinite (issue 19). */
   float (*exp_sum)(float *x, int64_t n, float m);
+  /* Optional (NULL: scale_max's pass, then exp_sum): the forward's exp pass with its scale inside,
+   * for blocks with no mask between scaling and the row max (s > 0): x[j] = exp(s x[j] - m) (m
+   * being the maximum of s x rounded, s x[j] is rounded first, so that s x[j] - m <= 0) for
+   * j < n, exactly 0 where x[j] = -inf, NaN where x[j] is; returns their sum. S is read and
+   * written once instead of twice. */
+  float (*exp_sum_scaled)(float *x, int64_t n, float s, float m);
   /* x[j] *= s for j < n. */
   void (*scale)(float *x, int64_t n, float s);
   /* dp[j] = p[j] * (dp[j] - delta) for j < n: dS of the backward pass. */
@@ -152,8 +170,13 @@ void attn_cpu_decode_dots_bf16(int64_t R, int64_t nb, int64_t D, const uint16_t 
 void attn_cpu_gemm_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
                           const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
                           void *scratch);
+void attn_cpu_gemm_panels_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                                 const float *b, int64_t panel_stride, float *c, int64_t ldc,
+                                 int accumulate);
+void attn_cpu_transpose16_avx512(const float *src, int64_t lds, int64_t n, float *dst);
 float attn_cpu_row_max_avx512(const float *x, int64_t n);
 float attn_cpu_exp_sum_avx512(float *x, int64_t n, float m);
+float attn_cpu_exp_sum_scaled_avx512(float *x, int64_t n, float s, float m);
 float attn_cpu_scale_max_avx512(float *x, int64_t n, float s);
 void attn_cpu_scale_avx512(float *x, int64_t n, float s);
 void attn_cpu_ds_row_avx512(float *dp, const float *p, int64_t n, float delta);

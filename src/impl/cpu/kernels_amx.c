@@ -40,6 +40,8 @@
 
 #include <immintrin.h>
 
+#include "impl/cpu/exp2_avx512.h"
+
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* ---- the tile instructions (or their emulation) ---------------------------------------------- */
@@ -249,42 +251,19 @@ static void pack_pairs(const float *b, int64_t ldb, int64_t k, int64_t n, uint16
 
 /* ---- the forward's probabilities ------------------------------------------------------------ */
 
-/* 2^t for t <= 127 (callers' t are differences from a maximum: at most a rounding above 0); 0 for
- * t <= -150 (and -inf): a masked score's probability is exactly 0; NaN for NaN. The probabilities'
- * exp in base 2 (t = (s x - m) log2(e)), so that the reduction is t - round(t), with no ln 2
- * split: 11 instructions a vector from the score, where exp512 (kernels_avx512.c) and the
- * subtraction before it take 16. The price is t's own rounding, 2^-24 |t|: a relative error of
- * 6e-7 at |t| = 10, 7e-6 at the terms near 2^-150, in a term whose probability is rounded to bf16
- * (2^-9) for P V anyway, or to 16 bits (hi + lo, 2^-17) with sinks; the sum of the terms, l, and
- * through it lse, keep it (bf16 problems' tolerances are 10^3 times larger). The polynomial: 2^f's
- * Taylor series to f^6 on |f| <= 1/2, within 2.2e-7 of 2^f in f32. */
-ALWAYS_INLINE __m512 exp2_probability(__m512 t) {
-  t = _mm512_max_ps(_mm512_set1_ps(-150.0f), t); /* t second: a NaN t stays NaN */
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n); /* exact */
-  __m512 p = _mm512_set1_ps(1.540352969e-04f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.333355787e-03f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618128650e-03f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410971e-02f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265072e-01f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471825e-01f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-
 /* cpu.h's exp_sum_bf16, 32 columns a step: e = 2^((s x - m) log2(e)) (exp2_probability; s x - m
- * first, so that no product with log2(e) overflows), and vcvtne2ps2bf16 rounds two vectors to bf16
- * at once (nearest even; subnormals, under 2^-126 of the row's largest term 1, become zero, as in
- * every conversion of this table). lo = bf16(e - hi), e - hi being exact. */
+ * first, scaled_difference, so that no product with log2(e) overflows), and vcvtne2ps2bf16 rounds
+ * two vectors to bf16 at once (nearest even; subnormals, under 2^-126 of the row's largest term 1,
+ * become zero, as in every conversion of this table). lo = bf16(e - hi), e - hi being exact. */
 static float exp_sum_bf16_amx(const float *x, int64_t n, float s, float m, uint16_t *hi_out,
                               uint16_t *lo_out, int64_t np) {
-  const __m512 sv = _mm512_set1_ps(s), mv = _mm512_set1_ps(-m);
+  const __m512 sv = _mm512_set1_ps(s), mv = _mm512_set1_ps(m);
   const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
   for (int64_t j = 0; j < np; j += 32) {
     const __mmask16 k0 = mask_of(n - j), k1 = mask_of(n - j - 16);
-    const __m512 d0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k0, x + j), sv, mv);
-    const __m512 d1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k1, x + j + 16), sv, mv);
+    const __m512 d0 = scaled_difference(_mm512_maskz_loadu_ps(k0, x + j), sv, mv);
+    const __m512 d1 = scaled_difference(_mm512_maskz_loadu_ps(k1, x + j + 16), sv, mv);
     const __m512 e0 = _mm512_maskz_mov_ps(k0, exp2_probability(_mm512_mul_ps(d0, log2e)));
     const __m512 e1 = _mm512_maskz_mov_ps(k1, exp2_probability(_mm512_mul_ps(d1, log2e)));
     s0 = _mm512_add_ps(s0, e0);

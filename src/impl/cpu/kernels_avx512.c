@@ -10,6 +10,7 @@
  */
 #include "impl/cpu/cpu.h"
 #include "impl/cpu/decode_kernels.h"
+#include "impl/cpu/exp2_avx512.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -18,8 +19,11 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
+/* C's rows [0, R) x columns [0, 16 NV) += A B over k, B's two 16-column halves read from b0 and b1,
+ * each ldb floats a row: b0 + 16 with B's own row stride (gemm), or two panels (gemm_panels). */
 ALWAYS_INLINE void tile(const int R, const int NV, const int TRANS, int64_t k, const float *a,
-                        int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc, int acc) {
+                        int64_t lda, const float *b0p, const float *b1p, int64_t ldb, float *c,
+                        int64_t ldc, int acc) {
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
@@ -27,9 +31,8 @@ ALWAYS_INLINE void tile(const int R, const int NV, const int TRANS, int64_t k, c
     c1[r] = (NV > 1 && acc) ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();
   }
   for (int64_t kk = 0; kk < k; ++kk) {
-    const float *bk = b + kk * ldb;
-    const __m512 b0 = _mm512_loadu_ps(bk);
-    const __m512 b1 = NV > 1 ? _mm512_loadu_ps(bk + 16) : b0;
+    const __m512 b0 = _mm512_loadu_ps(b0p + kk * ldb);
+    const __m512 b1 = NV > 1 ? _mm512_loadu_ps(b1p + kk * ldb) : b0;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 av = _mm512_set1_ps(TRANS ? a[kk * lda + r] : a[r * lda + kk]);
@@ -47,16 +50,17 @@ ALWAYS_INLINE void tile(const int R, const int NV, const int TRANS, int64_t k, c
 #define TILE_CASE(R)                                                                               \
   case R:                                                                                          \
     if (nv == 2) {                                                                                 \
-      if (trans) tile(R, 2, 1, k, a, lda, b, ldb, c, ldc, acc);                                   \
-      else tile(R, 2, 0, k, a, lda, b, ldb, c, ldc, acc);                                         \
+      if (trans) tile(R, 2, 1, k, a, lda, b0, b1, ldb, c, ldc, acc);                               \
+      else tile(R, 2, 0, k, a, lda, b0, b1, ldb, c, ldc, acc);                                     \
     } else {                                                                                       \
-      if (trans) tile(R, 1, 1, k, a, lda, b, ldb, c, ldc, acc);                                   \
-      else tile(R, 1, 0, k, a, lda, b, ldb, c, ldc, acc);                                         \
+      if (trans) tile(R, 1, 1, k, a, lda, b0, b1, ldb, c, ldc, acc);                               \
+      else tile(R, 1, 0, k, a, lda, b0, b1, ldb, c, ldc, acc);                                     \
     }                                                                                              \
     break;
 
 static void tile_any(int rows, int nv, int trans, int64_t k, const float *a, int64_t lda,
-                     const float *b, int64_t ldb, float *c, int64_t ldc, int acc) {
+                     const float *b0, const float *b1, int64_t ldb, float *c, int64_t ldc,
+                     int acc) {
   switch (rows) {
     TILE_CASE(1)
     TILE_CASE(2)
@@ -79,7 +83,118 @@ void attn_cpu_gemm_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64
     for (int64_t i = 0; i < m; i += MR) {
       const int rows = (int)(m - i < MR ? m - i : MR);
       const float *ai = trans_a ? a + i : a + i * lda;
-      tile_any(rows, nv, trans_a, k, ai, lda, b + j, ldb, c + i * ldc + j, ldc, accumulate);
+      tile_any(rows, nv, trans_a, k, ai, lda, b + j, b + j + 16, ldb, c + i * ldc + j, ldc,
+               accumulate);
+    }
+  }
+}
+
+/* gemm_panels' micro-kernel: C's rows [0, R) x columns [0, 16 NV) (+)= A B over k, A row-major,
+ * B's NV 16-column panels ps floats apart, each row 16 floats. PMR x PNV = 6 x 4: 24 accumulators,
+ * 4 B loads and 6 broadcasts per 24 multiply-adds (gemm's 8 x 2 makes 10 loads per 16), for the
+ * two loads a cycle of Sapphire Rapids' 512-bit ports. Alone (m 64, n 256, k 128, in L1/L2) it runs
+ * at 97% of the FMA peak on Zen 5, as 8 x 2 does there; in the forward, the product Q K^T took 7%
+ * fewer cycles than gemm's row-major walk (issue 15). */
+#define PMR 6
+#define PNV 4
+ALWAYS_INLINE void panel_tile(const int R, const int NV, int64_t k, const float *a, int64_t lda,
+                              const float *b, int64_t ps, float *c, int64_t ldc, int acc) {
+  __m512 cv[PMR][PNV];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      cv[r][v] = acc ? _mm512_loadu_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < k; ++kk) {
+    __m512 bv[PNV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_ps(b + v * ps + kk * ATTN_CPU_NPAD);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m512 av = _mm512_set1_ps(a[r * lda + kk]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) cv[r][v] = _mm512_fmadd_ps(av, bv[v], cv[r][v]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, cv[r][v]);
+}
+
+#define PANEL_ROWS(R)                                                                              \
+  case R:                                                                                          \
+    switch (nv) {                                                                                  \
+    case 1: panel_tile(R, 1, k, a, lda, b, ps, c, ldc, acc); break;                                \
+    case 2: panel_tile(R, 2, k, a, lda, b, ps, c, ldc, acc); break;                                \
+    case 3: panel_tile(R, 3, k, a, lda, b, ps, c, ldc, acc); break;                                \
+    default: panel_tile(R, 4, k, a, lda, b, ps, c, ldc, acc); break;                               \
+    }                                                                                              \
+    break;
+
+static void panel_tile_any(int rows, int nv, int64_t k, const float *a, int64_t lda, const float *b,
+                           int64_t ps, float *c, int64_t ldc, int acc) {
+  switch (rows) {
+    PANEL_ROWS(1)
+    PANEL_ROWS(2)
+    PANEL_ROWS(3)
+    PANEL_ROWS(4)
+    PANEL_ROWS(5)
+    PANEL_ROWS(6)
+  default: break;
+  }
+}
+
+/* cpu.h's gemm_panels. */
+void attn_cpu_gemm_panels_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                                 const float *b, int64_t panel_stride, float *c, int64_t ldc,
+                                 int accumulate) {
+  for (int64_t j = 0; j < n; j += 16 * PNV) {
+    const int nv = (int)((n - j) / 16 < PNV ? (n - j) / 16 : PNV);
+    const float *bj = b + j / 16 * panel_stride;
+    for (int64_t i = 0; i < m; i += PMR) {
+      const int rows = (int)(m - i < PMR ? m - i : PMR);
+      panel_tile_any(rows, nv, k, a + i * lda, lda, bj, panel_stride, c + i * ldc + j, ldc,
+                     accumulate);
+    }
+  }
+}
+
+/* cpu.h's transpose16: 16 x 16 blocks in registers. Rows r_i; unpacklo/hi pair rows 2i, 2i + 1
+ * within each 128-bit lane; shuffle_ps then gathers four rows' column 4L + c in lane L of u[4g + c]
+ * (rows 4g .. 4g + 3); a 4 x 4 transpose of 128-bit lanes (shuffle_f32x4) makes column j. Against
+ * 16 scalar loads and stores per column: 96 instructions per 256 elements. */
+void attn_cpu_transpose16_avx512(const float *src, int64_t lds, int64_t n, float *dst) {
+  for (int64_t d0 = 0; d0 < n; d0 += 16) {
+    const __mmask16 k = n - d0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - d0)) - 1u);
+    __m512 r[16], t[16], u[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_maskz_loadu_ps(k, src + i * lds + d0);
+#pragma GCC unroll 8
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < 16; g += 4) {
+      u[g] = _mm512_shuffle_ps(t[g], t[g + 2], 0x44);
+      u[g + 1] = _mm512_shuffle_ps(t[g], t[g + 2], 0xEE);
+      u[g + 2] = _mm512_shuffle_ps(t[g + 1], t[g + 3], 0x44);
+      u[g + 3] = _mm512_shuffle_ps(t[g + 1], t[g + 3], 0xEE);
+    }
+    const int64_t cols = n - d0 < 16 ? n - d0 : 16;
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);
+      const __m512 v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+      const __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+      const __m512 v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+      const __m512 out[4] = {
+          _mm512_shuffle_f32x4(v0, v2, 0x88), _mm512_shuffle_f32x4(v0, v2, 0xDD),
+          _mm512_shuffle_f32x4(v1, v3, 0x88), _mm512_shuffle_f32x4(v1, v3, 0xDD)};
+#pragma GCC unroll 4
+      for (int l = 0; l < 4; ++l)
+        if (4 * l + c < cols) _mm512_storeu_ps(dst + (d0 + 4 * l + c) * 16, out[l]);
     }
   }
 }
@@ -104,15 +219,22 @@ ALWAYS_INLINE __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+/* Four chains: vmaxps' latency, not its rate (the forward's rows are one chain each otherwise). */
 float attn_cpu_row_max_avx512(const float *x, int64_t n) {
-  __m512 m = _mm512_set1_ps(-INFINITY);
+  __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
   int64_t j = 0;
-  for (; j + 16 <= n; j += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + j));
+  for (; j + 64 <= n; j += 64) {
+    m0 = _mm512_max_ps(m0, _mm512_loadu_ps(x + j));
+    m1 = _mm512_max_ps(m1, _mm512_loadu_ps(x + j + 16));
+    m2 = _mm512_max_ps(m2, _mm512_loadu_ps(x + j + 32));
+    m3 = _mm512_max_ps(m3, _mm512_loadu_ps(x + j + 48));
+  }
+  for (; j + 16 <= n; j += 16) m0 = _mm512_max_ps(m0, _mm512_loadu_ps(x + j));
   if (j < n) {
     const __mmask16 k = (__mmask16)((1u << (n - j)) - 1u);
-    m = _mm512_max_ps(m, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, x + j));
+    m1 = _mm512_max_ps(m1, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, x + j));
   }
-  return _mm512_reduce_max_ps(m);
+  return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
 }
 
 float attn_cpu_exp_sum_avx512(float *x, int64_t n, float m) {
@@ -132,6 +254,35 @@ float attn_cpu_exp_sum_avx512(float *x, int64_t n, float m) {
     s = _mm512_add_ps(s, _mm512_maskz_mov_ps(k, e));
   }
   return _mm512_reduce_add_ps(s);
+}
+
+/* cpu.h's exp_sum_scaled, 32 columns a step: x[j] = 2^((s x[j] - m) log2(e)) (exp2_probability;
+ * s x - m first, scaled_difference, so that no product with log2(e) overflows). Against
+ * scale_max's pass writing s x, then exp_sum's Cephes exp (16 instructions a vector): one write of
+ * the row fewer and 12 instructions. Two sums: vaddps' latency, not its rate. */
+float attn_cpu_exp_sum_scaled_avx512(float *x, int64_t n, float s, float m) {
+  const __m512 sv = _mm512_set1_ps(s), mv = _mm512_set1_ps(m);
+  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) {
+    const __m512 e0 = exp2_probability(
+        _mm512_mul_ps(scaled_difference(_mm512_loadu_ps(x + j), sv, mv), log2e));
+    const __m512 e1 = exp2_probability(
+        _mm512_mul_ps(scaled_difference(_mm512_loadu_ps(x + j + 16), sv, mv), log2e));
+    _mm512_storeu_ps(x + j, e0);
+    _mm512_storeu_ps(x + j + 16, e1);
+    s0 = _mm512_add_ps(s0, e0);
+    s1 = _mm512_add_ps(s1, e1);
+  }
+  for (; j < n; j += 16) {
+    const __mmask16 k = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+    const __m512 e = exp2_probability(
+        _mm512_mul_ps(scaled_difference(_mm512_maskz_loadu_ps(k, x + j), sv, mv), log2e));
+    _mm512_mask_storeu_ps(x + j, k, e);
+    s0 = _mm512_add_ps(s0, _mm512_maskz_mov_ps(k, e));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
 void attn_cpu_scale_avx512(float *x, int64_t n, float s) {
@@ -281,8 +432,11 @@ const attn_cpu_kernels attn_cpu_kernels_avx512 = {
     .name = "avx512",
     .gemm = attn_cpu_gemm_avx512,
     .gemm_exact = attn_cpu_gemm_avx512,
+    .gemm_panels = attn_cpu_gemm_panels_avx512,
+    .transpose16 = attn_cpu_transpose16_avx512,
     .row_max = attn_cpu_row_max_avx512,
     .exp_sum = attn_cpu_exp_sum_avx512,
+    .exp_sum_scaled = attn_cpu_exp_sum_scaled_avx512,
     .scale = attn_cpu_scale_avx512,
     .scale_max = attn_cpu_scale_max_avx512,
     .ds_row = attn_cpu_ds_row_avx512,

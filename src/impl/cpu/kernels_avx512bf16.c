@@ -197,6 +197,7 @@ const attn_cpu_kernels attn_cpu_kernels_avx512bf16 = {
     .gemm_exact = attn_cpu_gemm_avx512,
     .row_max = attn_cpu_row_max_avx512,
     .exp_sum = attn_cpu_exp_sum_avx512,
+    .exp_sum_scaled = attn_cpu_exp_sum_scaled_avx512,
     .scale = attn_cpu_scale_avx512,
     .scale_max = attn_cpu_scale_max_avx512,
     .ds_row = attn_cpu_ds_row_avx512,
