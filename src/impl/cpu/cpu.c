@@ -1033,14 +1033,16 @@ static attn_status cpu_forward(const attn_run *run) {
                      slot + kt_size + v_size, t.tmp);
         PHASE_ADD(&t, PACK, pack_start);
       }
-      /* Heaviest first: later query blocks see more keys under a bottom-right causal mask. */
-      const int64_t nwork = npair * c.group * c.nqb;
+      /* Heaviest first over the whole phase: later query blocks see more keys under a
+       * bottom-right causal mask, so every (pair, head)'s last block goes before any second to
+       * last (taken pair by pair instead, the last pair's heaviest blocks came at the end) */
+      const int64_t nwork = npair * c.group * c.nqb, heads = npair * c.group;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
       for (int64_t it = 0; it < nwork; ++it) {
-        const int64_t qb = c.nqb - 1 - it % c.nqb;
-        const int64_t hh = (it / c.nqb) % c.group, pr = it / (c.nqb * c.group);
+        const int64_t qb = c.nqb - 1 - it / heads;
+        const int64_t hh = it % c.group, pr = (it % heads) / c.group;
         const cpu_seq s = make_seq(&c, pair0 + pr);
         if (qb * c.bq >= s.s.len_q) continue;
         const float *slot = packs + pr * lay.slot;
