@@ -2,8 +2,9 @@
  * tests/test_cudnn.c - the "cudnn" implementation against the reference, on a GPU.
  *
  * Wherever the implementation is compiled in (with or without a GPU): the problems cuDNN cannot
- * run (dropout, sinks, soft cap, u8 masks, segment ids, packed varlen, f32, ...) must be
- * UNSUPPORTED with a reason that names the feature. Without cuDNN the program exits 77.
+ * run (dropout, sinks, soft cap, u8 masks, segment ids, packed varlen, f32, a paged cache's append
+ * or a page size not a power of two, ...) must be UNSUPPORTED with a reason that names the
+ * feature. Without cuDNN the program exits 77. (tests/test_paged.c runs cuDNN's paged attention.)
  *
  * With a CUDA device (else the program exits 77, "skipped"): for a grid of problems with odd sizes
  * and every supported feature alone and combined (causal bottom-right and top-left, windows, bias
@@ -105,6 +106,20 @@ static void test_unsupported(void) {
   tu_gpu_expect_unsupported(ctx, "cudnn", "bias with bottom-right causal, Tq != Tk", p, "bias");
   p = base, p.device = ATTN_DEVICE_CPU;
   tu_gpu_expect_unsupported(ctx, "cudnn", "a CPU problem", p, "device");
+  /* a paged KV cache (docs/DECODE.md): what cuDNN's paged attention cannot do, and the dense
+   * rules, which apply to it with a length per sequence (so Tq == Tk is no top-left mask) */
+  attn_problem paged = tu_gpu_problem(2, 1, 64, 4, 2, 64, ATTN_DTYPE_BF16);
+  paged.page_size = 16;
+  p = paged, p.seqlen_new = 1;
+  tu_gpu_expect_unsupported(ctx, "cudnn", "paged append", p, "seqlen_new=1");
+  p = paged, p.page_size = 48;
+  tu_gpu_expect_unsupported(ctx, "cudnn", "paged, a page size not a power of two", p,
+                            "powers of two");
+  p = paged, p.num_sinks = 1;
+  tu_gpu_expect_unsupported(ctx, "cudnn", "paged sinks", p, "sinks");
+  p = paged, p.seqlen_q = 64, p.causal = 1, p.alibi = ATTN_ALIBI_PER_HEAD;
+  tu_gpu_expect_unsupported(ctx, "cudnn", "paged alibi under a bottom-right causal mask", p,
+                            "ALiBi");
 }
 
 /* ---- one case: host inputs, options ---------------------------------------------------------- */

@@ -15,8 +15,13 @@
  * causal, sliding windows, soft cap, sinks (per head and shared), ALiBi (per head and per batch
  * and head); dense decode problems (no pages) on the same kernels; the rules of validation; the
  * problem strings. CUDA problems (device=cuda) run when a GPU module and device are present: paged
- * ones through the registry, dense decode ones on cuda's "splitkv" configuration (the decode
- * kernel); a GPU case no implementation takes is reported as skipped.
+ * ones on cuda (its split-KV kernel) and on cudnn (cuDNN's paged attention; the grid and the cases
+ * cuDNN takes: every page size, every feature it has alone and with the others, Tq 1 to 40, a bias,
+ * strided pools), dense decode ones on cuda's "splitkv" configuration; a GPU case cuda does not take
+ * is reported as skipped, and one cudnn refuses must be refused for a limit of cuDNN's that
+ * src/impl/cudnn/cudnn.c documents (the reason names it), else the case fails.
+ * ATTN_TEST_PAGED_ONLY=cuda (or cudnn) runs only that implementation's GPU cases and none on the
+ * CPU (for compute-sanitizer).
  */
 #define _POSIX_C_SOURCE 200112L /* setenv */
 #include "testutil.h"
@@ -24,6 +29,7 @@
 #include "core/dtype.h"
 #include "core/gpu.h"
 #include "plan/plan.h"
+#include "plan/registry.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -147,11 +153,43 @@ static attn_status run(attn_ctx *ctx, const attn_problem *p, const char *impl, c
   return st;
 }
 
-/* Whether the decode path's promise applies: pages wholly outside the window are never read (the
- * reference never reads a key it does not see at all). */
-static int poison_window(const pcase *c) { return c->Tq <= 16 && !c->bias; }
+static int is_cudnn(const char *impl) { return impl != NULL && strcmp(impl, "cudnn") == 0; }
 
-static int skipped_gpu;
+/* Whether the decode path's promise applies: pages wholly outside the window are never read (the
+ * reference never reads a key it does not see at all). cuDNN makes no such promise: it reads the
+ * key tiles the window's band touches whole and multiplies the masked probabilities (zeros) by
+ * their values, so those rows need finite values (as any real cache has), not NaN. */
+static int poison_window(const pcase *c, const char *impl) {
+  return c->Tq <= 16 && !c->bias && !is_cudnn(impl);
+}
+
+static int skipped_gpu, cudnn_ran, cudnn_refused;
+
+/* Whether msg, cudnn's refusal of c (whose cache is Tk keys wide), names a limit of cuDNN that
+ * src/impl/cudnn/cudnn.c documents and c has: one keyword of each limit c meets. */
+static int cudnn_documented(const pcase *c, int64_t Tk, const char *msg) {
+  const char *limits[16];
+  int n = 0;
+  const int band = c->causal || c->wl >= 0 || c->wr >= 0;
+  if (c->dtype != ATTN_DTYPE_BF16 && c->dtype != ATTN_DTYPE_F16) limits[n++] = "dtype=";
+  if (c->sinks) limits[n++] = "num_sinks=";
+  if (c->softcap > 0.0) limits[n++] = "softcap=";
+  if (c->alibi == ATTN_ALIBI_PER_BATCH_HEAD) limits[n++] = "alibi=per_batch_head";
+  if (c->alibi == ATTN_ALIBI_PER_HEAD && !(c->causal && c->wl < 0 && c->top_left))
+    limits[n++] = "alibi: cuDNN adds ALiBi only";
+  if ((c->bias || c->alibi) && band && !c->top_left) limits[n++] = "does not combine with a bias";
+  if (c->paged && c->seqlen_new > 0) limits[n++] = "seqlen_new=";
+  if (c->paged && (c->page & (c->page - 1)) != 0) limits[n++] = "powers of two";
+  if (Tk == 0) limits[n++] = "seqlen_k=0";
+  if (c->Tq == 1 && Tk == 1) limits[n++] = "seqlen_q=1 and seqlen_k=1";
+  if (c->D % 8 != 0 || c->Dv % 8 != 0) limits[n++] = "multiples of 8";
+  if (c->D > 128 || c->Dv > 128) limits[n++] = "head dims up to 128"; /* cuDNN before 9.10 */
+  if (c->wl >= 0 && !c->causal) limits[n++] = "window's left bound"; /* cuDNN before 9.10.2 */
+  if (c->paged) limits[n++] = "has no paged attention"; /* cuDNN before 9.5 */
+  for (int i = 0; i < n; ++i)
+    if (strstr(msg, limits[i]) != NULL) return 1;
+  return 0;
+}
 
 /* One case on one implementation: 1 if it passed (or was skipped). */
 static int check_case(attn_ctx *ctx, const pcase *c, const char *impl, tu_rng *rng) {
@@ -175,7 +213,9 @@ static int check_case(attn_ctx *ctx, const pcase *c, const char *impl, tu_rng *r
   tu_fill_uniform(&slopes, rng, 0.02, 0.3);
   tu_buf bias = tu_buf_new(ATTN_DTYPE_F64, c->bias ? B * Hq * Tq * Tk : 0);
   tu_fill_uniform(&bias, rng, -1.0, 1.0);
-  for (int64_t i = 0; i < bias.n; ++i) tu_set(&bias, i, attn_round_to(ATTN_DTYPE_F32, tu_get(&bias, i)));
+  /* f32 on the CPU; on the GPU the inputs' dtype, the one cuDNN takes */
+  const attn_dtype bias_dt = c->device == ATTN_DEVICE_CPU ? ATTN_DTYPE_F32 : dt;
+  for (int64_t i = 0; i < bias.n; ++i) tu_set(&bias, i, attn_round_to(bias_dt, tu_get(&bias, i)));
 
   /* the oracle: the reference in f64 on the dense form, padded varlen with the same lengths */
   attn_problem p;
@@ -186,7 +226,7 @@ static int check_case(attn_ctx *ctx, const pcase *c, const char *impl, tu_rng *r
   p.align = c->top_left ? ATTN_ALIGN_TOP_LEFT : ATTN_ALIGN_BOTTOM_RIGHT;
   p.num_sinks = c->sinks, p.sinks_shared = c->sinks_shared, p.alibi = c->alibi;
   if (c->bias) {
-    p.has_bias = 1;
+    p.has_bias = 1, p.bias_dtype = bias_dt;
     p.bias_shape[0] = B, p.bias_shape[1] = Hq, p.bias_shape[2] = Tq, p.bias_shape[3] = Tk;
   }
   attn_problem po = p;
@@ -215,7 +255,7 @@ static int check_case(attn_ctx *ctx, const pcase *c, const char *impl, tu_rng *r
   p.dtype = dt;
   p.device = c->device;
   tu_buf qt = tu_buf_convert(&q, dt), sinks_t = tu_buf_convert(&sinks, st),
-         slopes_t = tu_buf_convert(&slopes, st), bias_t = tu_buf_convert(&bias, ATTN_DTYPE_F32);
+         slopes_t = tu_buf_convert(&slopes, st), bias_t = tu_buf_convert(&bias, bias_dt);
   tu_buf kp, vp, table = {NULL, ATTN_DTYPE_I32, 0}, knew = {NULL, dt, 0}, vnew = {NULL, dt, 0};
   int64_t num_pages = 0, max_pages = 0;
   const int64_t KW = c->paged && c->pad ? D + 8 : D, VW = c->paged && c->pad ? Dv + 8 : Dv;
@@ -244,7 +284,7 @@ static int check_case(attn_ctx *ctx, const pcase *c, const char *impl, tu_rng *r
           owner_row[page * P + r] = (int32_t)(b * Tk + i * P + r);
       }
     free(order);
-    if (poison_window(c) && !c->top_left) { /* pages no row of the sequence sees hold NaN too */
+    if (poison_window(c, impl) && !c->top_left) { /* pages no row of the sequence sees hold NaN too */
       for (int64_t b = 0; b < B; ++b) {
         const int64_t len = c->lens[b], o = len - Tq, wr = c->causal ? 0 : c->wr;
         const int64_t lo = c->wl >= 0 ? o - c->wl : 0, hi = wr >= 0 ? o + Tq - 1 + wr : len - 1;
@@ -302,8 +342,17 @@ static int check_case(attn_ctx *ctx, const pcase *c, const char *impl, tu_rng *r
   tu_buf *uploads[9] = {&qt, &kp, &vp, &sinks_t, &slopes_t, &bias_t, &table, &knew, &vnew};
   status = run(ctx, &p, impl, c->config, ATTN_DTYPE_F64, &in, &out, &lse, uploads, 9,
                c->paged ? cache_seqlens : NULL, B);
-  if ((status == ATTN_STATUS_UNSUPPORTED || status == ATTN_STATUS_INVALID_ARGUMENT) &&
-      c->device != ATTN_DEVICE_CPU && c->config == NULL) { /* no cuda module, or no splitkv
+  if (is_cudnn(impl) && status == ATTN_STATUS_OK) ++cudnn_ran;
+  if (is_cudnn(impl) && status != ATTN_STATUS_OK) { /* only for a limit it documents */
+    const char *msg = attn_ctx_last_error(ctx);
+    int documented = status == ATTN_STATUS_UNSUPPORTED && cudnn_documented(c, Tk, msg);
+    if (documented) printf("  cudnn refused it: %s\n", msg);
+    tu_check(documented, "cudnn refused %s (Tk=%lld) for no limit it documents: %s", what,
+             (long long)Tk, msg);
+    cudnn_refused += documented;
+    passed &= documented;
+  } else if ((status == ATTN_STATUS_UNSUPPORTED || status == ATTN_STATUS_INVALID_ARGUMENT) &&
+             c->device != ATTN_DEVICE_CPU && c->config == NULL) { /* no cuda module, or no splitkv
                                                               configuration; a named one must run */
     printf("  skipped on the GPU: %s\n", attn_ctx_last_error(ctx));
     ++skipped_gpu;
@@ -500,6 +549,52 @@ static void test_gpu_splits(attn_ctx *ctx, tu_rng *rng) {
       }
 }
 
+/* The paged problems cuDNN takes (no append; the features it has): page sizes 1 to 256, every
+ * feature alone and together (causal, a causal sliding window, a band around the diagonal, ALiBi
+ * under a top-left causal mask, a bias alone and with that mask), Tq 1, 3 and 40 (chunked
+ * prefill, some sequences shorter than their queries: rows without keys), GQA and MQA, head dims
+ * 64 to 256, f16 and bf16, strided pools, lengths 0, 1, odd and around page boundaries. */
+static void test_cudnn_paged(attn_ctx *ctx, tu_rng *rng) {
+  enum { C_PLAIN, C_CAUSAL, C_WINDOW, C_BAND, C_ALIBI, C_BIAS, C_BIAS_CAUSAL, C_PREFILL, C_COUNT };
+  static const char *const names[C_COUNT] = {"plain", "causal", "window", "band",
+                                             "alibi", "bias",   "bias_causal", "prefill"};
+  static const int64_t pages[] = {1, 16, 64, 256}, heads[][2] = {{8, 2}, {4, 1}, {2, 2}, {6, 3}};
+  static const int64_t dims[] = {128, 64, 96, 256};
+  int n = 0;
+  for (int pi = 0; pi < 4; ++pi)
+    for (int f = 0; f < C_COUNT; ++f, ++n) {
+      pcase c;
+      memset(&c, 0, sizeof c);
+      c.dtype = n % 2 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
+      c.page = pages[pi];
+      c.B = tu_int(rng, 2, MAX_B);
+      c.Hq = heads[n % 4][0], c.Hkv = heads[n % 4][1];
+      c.D = c.Dv = dims[(n / 4) % 4];
+      c.Tq = f == C_PREFILL ? 40 : n % 3 == 1 ? 3 : 1;
+      c.paged = 1, c.device = ATTN_DEVICE_CUDA;
+      c.pad = n % 3 == 0;
+      set_features(&c, F_PLAIN);
+      switch (f) {
+      case C_CAUSAL: c.causal = 1; break;
+      case C_WINDOW: c.causal = 1, c.wl = c.page + 5; break;
+      case C_BAND: c.wl = 7, c.wr = 3; break;
+      case C_ALIBI: c.causal = 1, c.top_left = 1, c.alibi = ATTN_ALIBI_PER_HEAD; break;
+      case C_BIAS: c.bias = 1; break;
+      case C_BIAS_CAUSAL: c.bias = 1, c.causal = 1, c.top_left = 1; break;
+      case C_PREFILL: c.causal = 1; break;
+      default: break;
+      }
+      if (f == C_PREFILL)
+        for (int64_t b = 0; b < c.B; ++b) c.lens[b] = tu_int(rng, 20, 130);
+      else
+        draw_lens(&c, rng);
+      char what[512];
+      describe(&c, what, sizeof what);
+      if (!check_case(ctx, &c, "cudnn", rng))
+        printf("  failed: cudnn %s (%s)\n", what, names[f]);
+    }
+}
+
 /* Chunked prefill (Tq = 40) and a bias: the cpu's tiled path over pages. */
 static void test_prefill(attn_ctx *ctx, tu_rng *rng, const char *impl) {
   for (int f = 0; f < 4; ++f) {
@@ -609,14 +704,29 @@ static void test_validation(attn_ctx *ctx) {
          ATTN_STATUS_INVALID_ARGUMENT, "paged=16,2,3,4", "a paged token of four numbers");
 }
 
+/* Whether the GPU cases of implementation impl run: it is registered (its module loaded) and
+ * ATTN_TEST_PAGED_ONLY, when set, names it. */
+static int gpu_impl_wanted(const char *impl) {
+  const char *only = getenv("ATTN_TEST_PAGED_ONLY");
+  if (only != NULL && strcmp(only, impl) != 0) return 0;
+  if (attn_registry_find(impl) == NULL) {
+    printf("test_paged: no %s implementation (its module is not loaded): its GPU cases are not "
+           "run\n",
+           impl);
+    return 0;
+  }
+  return 1;
+}
+
 int main(void) {
   uint64_t seed = tu_seed("test_paged");
   tu_rng rng = tu_rng_make(seed);
   attn_ctx *ctx;
   if (attn_ctx_create(&ctx) != ATTN_STATUS_OK) return 2;
-  test_validation(ctx);
+  const int cpu = getenv("ATTN_TEST_PAGED_ONLY") == NULL;
+  if (cpu) test_validation(ctx);
   const char *impls[] = {"ref", "cpu"};
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; cpu && i < 2; ++i) {
     test_grid(ctx, &rng, impls[i], ATTN_DEVICE_CPU);
     test_dense_decode(ctx, &rng, impls[i], ATTN_DEVICE_CPU);
     test_prefill(ctx, &rng, impls[i]);
@@ -625,7 +735,7 @@ int main(void) {
    * avx512bf16 one, and converts f16 with each table's own loads) */
   const char *saved = getenv("ATTN_CPU_ISA");
   static const char *const isas[] = {"avx2", "generic"};
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; cpu && i < 2; ++i) {
     setenv("ATTN_CPU_ISA", isas[i], 1);
     printf("test_paged: cpu with ATTN_CPU_ISA=%s\n", isas[i]);
     test_grid(ctx, &rng, "cpu", ATTN_DEVICE_CPU);
@@ -637,10 +747,18 @@ int main(void) {
   int32_t gpus = 0;
   const attn_gpu_ops *gpu = attn_gpu();
   if (gpu != NULL && gpu->device_count(&gpus, why, sizeof why) == ATTN_STATUS_OK && gpus > 0) {
-    test_grid(ctx, &rng, NULL, ATTN_DEVICE_CUDA);
-    test_dense_decode(ctx, &rng, NULL, ATTN_DEVICE_CUDA);
-    test_gpu_splits(ctx, &rng);
-    printf("test_paged: %d GPU cases skipped (no GPU implementation takes them)\n", skipped_gpu);
+    if (gpu_impl_wanted("cuda")) {
+      test_grid(ctx, &rng, "cuda", ATTN_DEVICE_CUDA);
+      test_dense_decode(ctx, &rng, NULL, ATTN_DEVICE_CUDA);
+      test_gpu_splits(ctx, &rng);
+      printf("test_paged: %d GPU cases skipped (cuda does not take them)\n", skipped_gpu);
+    }
+    if (gpu_impl_wanted("cudnn")) {
+      test_grid(ctx, &rng, "cudnn", ATTN_DEVICE_CUDA);
+      test_cudnn_paged(ctx, &rng);
+      printf("test_paged: cudnn ran %d paged cases and refused %d for limits it documents\n",
+             cudnn_ran, cudnn_refused);
+    }
   } else {
     printf("test_paged: no GPU (%s): the device=cuda cases are skipped\n",
            gpu == NULL ? "no GPU module loaded" : why);

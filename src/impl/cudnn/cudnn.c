@@ -5,9 +5,10 @@
  * What it runs is exactly what cuDNN's fused SDPA graphs express (cudnn_graph.c builds them):
  * causal masks and windows aligned bottom-right or top-left, an additive bias (with its gradient),
  * ALiBi under a causal mask, padded variable lengths, grouped-query heads, any softmax scale, and
- * the log-sum-exp. Everything else is UNSUPPORTED with the reason, so the plan falls back: dropout
+ * the log-sum-exp, and the forward pass over a paged KV cache (cuDNN's paged cache load, 9.5+:
+ * docs/DECODE.md). Everything else is UNSUPPORTED with the reason, so the plan falls back: dropout
  * (cuDNN's generator cannot reproduce SPEC.md's Philox bits), sinks, soft cap, u8 masks, segment
- * ids, packed varlen, f32 and f64.
+ * ids, packed varlen, f32 and f64, and a paged call that appends k_new/v_new.
  *
  * Two configurations of the backward pass: "atomic" (the default, what cuDNN runs unless asked
  * otherwise, whose dq varies in its last bits from run to run) and "deterministic"
@@ -64,10 +65,11 @@ static int cuda_check(cg_err *err, cudaError_t e, const char *expr, const char *
 /* ---- what cuDNN can run -------------------------------------------------------------------------- */
 
 /* The window after folding causal in, and whether the alignment can be taken as top-left (it is
- * the same mask when Tq == Tk without varlen). */
+ * the same mask when Tq == Tk without varlen; a paged cache has a length per sequence, like
+ * varlen). */
 static int effective_top_left(const attn_problem *p) {
   if (p->align == ATTN_ALIGN_TOP_LEFT) return 1;
-  return p->varlen == ATTN_VARLEN_NONE && p->seqlen_q == p->seqlen_k;
+  return p->varlen == ATTN_VARLEN_NONE && p->page_size == 0 && p->seqlen_q == p->seqlen_k;
 }
 
 static int has_band(const attn_problem *p) { return p->window_left >= 0 || p->window_right >= 0; }
@@ -77,7 +79,7 @@ static int has_band(const attn_problem *p) { return p->window_left >= 0 || p->wi
  * then write them as SPEC.md wants (out 0, lse -inf, zero gradients: checked by test_cudnn), so
  * the problem runs with a padding mask at the full lengths. */
 static int rows_without_keys(const attn_problem *p) {
-  if (p->varlen != ATTN_VARLEN_NONE || p->seqlen_q <= p->seqlen_k) return 0;
+  if (p->varlen != ATTN_VARLEN_NONE || p->page_size > 0 || p->seqlen_q <= p->seqlen_k) return 0;
   return (has_band(p) && !effective_top_left(p)) || p->window_left >= 0;
 }
 
@@ -141,8 +143,8 @@ static attn_status problem_supported(const attn_problem *p, int version, int sm,
 
   int top_left = effective_top_left(p);
   if (has_band(p) && !top_left && (p->has_bias || p->alibi))
-    NO("a bottom-right causal mask or window with seqlen_q != seqlen_k does not combine with a "
-       "bias or ALiBi in cuDNN");
+    NO("a causal mask or window aligned bottom-right (where that is not top-left: seqlen_q != "
+       "seqlen_k, varlen or a paged cache) does not combine with a bias or ALiBi in cuDNN");
   if (p->alibi) {
     if (p->window_right != 0 || p->window_left >= 0 || !top_left)
       NO("alibi: cuDNN adds ALiBi only under a plain causal mask aligned top-left (or Tq == Tk)");
@@ -160,6 +162,29 @@ static attn_status problem_supported(const attn_problem *p, int version, int sm,
          (long long)p->bias_shape[3]);
   }
 
+  if (p->page_size > 0) {
+    /* A paged problem is padded varlen whose keys come through the block table (DECODE.md), so
+     * the rules above, with top-left taken only from align, are its rules too; these are the
+     * paged cache load's own. */
+    if (p->seqlen_new > 0)
+      NO("seqlen_new=%lld: cuDNN's paged attention reads the cache but does not append k_new and "
+         "v_new to it (append before the call, or use an implementation that appends)",
+         (long long)p->seqlen_new);
+    if ((p->page_size & (p->page_size - 1)) != 0)
+      NO("page_size=%lld: cuDNN's paged cache load takes page sizes that are powers of two",
+         (long long)p->page_size);
+    if (CUDNN_VERSION < 90500)
+      NO("page_size=%lld: this library was built against cuDNN %d's headers, which have no paged "
+         "cache load (cuDNN 9.5 or newer)",
+         (long long)p->page_size, CUDNN_VERSION);
+    if (version < 90500)
+      NO("cuDNN %d has no paged attention (page_size=%lld): it needs cuDNN 9.5 or newer", version,
+         (long long)p->page_size);
+    if (version < 91000 && (p->head_dim > 128 || p->head_dim_v > 128))
+      NO("head_dim=%lld, head_dim_v=%lld: cuDNN %d's paged attention takes head dims up to 128 "
+         "(9.10 or newer: up to the dense limit)",
+         (long long)p->head_dim, (long long)p->head_dim_v, version);
+  }
   if (version < ATTN_CUDNN_MIN_VERSION)
     NO("cuDNN %d is too old: the fused attention graphs need %d or newer", version,
        ATTN_CUDNN_MIN_VERSION);
@@ -177,13 +202,6 @@ static attn_status problem_supported(const attn_problem *p, int version, int sm,
 }
 
 static attn_status cudnn_supports(const attn_problem *p, char *why, size_t why_size) {
-  if (p->page_size > 0) {
-    attn_format(why, why_size,
-                "page_size=%lld: the cuDNN graphs here read dense k and v (cuDNN's paged "
-                "attention is not wired in yet)",
-                (long long)p->page_size);
-    return ATTN_STATUS_UNSUPPORTED;
-  }
   /* The cheap problem rules first, so a CPU-style problem never wakes the GPU. */
   attn_status s = problem_supported(p, 99999, 90, why, why_size);
   if (s != ATTN_STATUS_OK) return s;
@@ -212,17 +230,18 @@ static attn_status cudnn_supports(const attn_problem *p, char *why, size_t why_s
  *   estimates it at B * Hq * Tq * Tk * 2 bytes), and (b) on Blackwell (sm10x), from cuDNN 9.18,
  *   the heuristics are skipped for an engine and knobs named by index
  *   (override_heuristics_query; cudnn_graph.c: pinned_engine). Where cuDNN has no such engine,
- *   plan_init refuses it. */
+ *   plan_init refuses it.
+ * A paged problem has no backward pass, so it has one configuration, "paged" (number 0: its
+ * forward graph is the one both others share), and the executor times no duplicate. */
 enum { CUDNN_CONFIG_ATOMIC = 0, CUDNN_CONFIG_DETERMINISTIC = 1 };
 
-static int32_t cudnn_num_configs(const attn_problem *p) {
-  (void)p;
-  return 2;
-}
+static int32_t cudnn_num_configs(const attn_problem *p) { return p->page_size > 0 ? 1 : 2; }
 
 static void cudnn_config_name(const attn_problem *p, int32_t config, char *buf, size_t size) {
-  (void)p;
-  attn_format(buf, size, "%s", config == CUDNN_CONFIG_DETERMINISTIC ? "deterministic" : "atomic");
+  attn_format(buf, size, "%s",
+              p->page_size > 0                      ? "paged"
+              : config == CUDNN_CONFIG_DETERMINISTIC ? "deterministic"
+                                                     : "atomic");
 }
 
 static int32_t cudnn_default_config(const attn_problem *p) {
@@ -330,6 +349,15 @@ static void bias_strides(const attn_problem *p, const attn_tensor *t, int64_t ou
   }
 }
 
+/* The block table [B, M] as cuDNN's page table [b, 1, column, 1] (the size-1 dimensions take the
+ * strides cudnn-frontend's samples give them). */
+static void table_strides(const attn_tensor *t, int64_t out[4]) {
+  out[0] = t->stride[0];
+  out[1] = t->stride[0];
+  out[2] = t->stride[1];
+  out[3] = t->stride[1];
+}
+
 static attn_tensor dense(const attn_problem *p, attn_role role) {
   attn_tensor t = {NULL, {0, 0, 0, 0}};
   return attn_role_resolve(p, role, t);
@@ -348,6 +376,7 @@ static void dense_layout(const attn_problem *p, cg_layout *l) {
     bias_strides(p, &t, l->bias);
     memcpy(l->dbias, l->bias, sizeof l->bias);
   }
+  if (p->page_size > 0) t = dense(p, ATTN_ROLE_BLOCK_TABLE), table_strides(&t, l->table);
 }
 
 static void base_spec(const attn_problem *p, int version, int sm, cg_spec *s) {
@@ -363,12 +392,14 @@ static void base_spec(const attn_problem *p, int version, int sm, cg_spec *s) {
   s->scale = (float)p->scale;
   s->has_bias = p->has_bias;
   if (p->has_bias) memcpy(s->bias_dims, p->bias_shape, sizeof s->bias_dims);
-  s->padded = p->varlen == ATTN_VARLEN_PADDED;
+  /* a paged cache always runs with the padding mask: its lengths are cache_seqlens */
+  s->padded = p->varlen == ATTN_VARLEN_PADDED || p->page_size > 0;
   s->top_left = effective_top_left(p);
   s->left = p->window_left;
   s->right = p->window_right;
   s->alibi = p->alibi == ATTN_ALIBI_PER_HEAD;
   s->alibi_stride = 1;
+  if (p->page_size > 0) s->page_size = p->page_size, s->num_pages = attn_paged_num_pages(p);
   s->version = version;
   s->sm = sm;
   dense_layout(p, &s->st);
@@ -456,8 +487,9 @@ static attn_status cudnn_plan_init(const attn_problem *p, int32_t config, void *
   }
   /* The forward graph must build; a backward graph that does not is reported when it is asked
    * for, so that forward-only users keep the plan. */
-  /* An empty problem (Tq = 0) runs no graph: cuDNN cannot build one without rows. */
-  int passes = p->seqlen_q == 0 ? 0 : p->has_bias ? 3 : 2;
+  /* An empty problem (Tq = 0) runs no graph: cuDNN cannot build one without rows. A paged cache
+   * has only the forward pass. */
+  int passes = p->seqlen_q == 0 ? 0 : p->page_size > 0 ? 1 : p->has_bias ? 3 : 2;
   for (int pass = 0; pass < passes && err.status == ATTN_STATUS_OK; ++pass) {
     cg_spec spec = pass_spec(st, pass);
     char pass_why[ATTN_MESSAGE_SIZE] = "";
@@ -612,25 +644,39 @@ static void zero_bthd(const attn_tensor *t, const int64_t shape[4], size_t es, c
     }
 }
 
-/* Writes -inf over lse [B, Hq, Tq]: cuMemsetD2D32Async, reached through the runtime so that the
- * library does not link the driver. */
+/* cuMemsetD2D32Async (32-bit words over a 2-D range, queued on a stream), reached through the
+ * runtime so that the library does not link the driver; NULL with err filled where the driver has
+ * none. */
 typedef int (*memset_d2d32_fn)(unsigned long long dst, size_t pitch, unsigned int value,
                                size_t width, size_t height, cudaStream_t stream);
 
-static void fill_lse_neg_inf(const attn_problem *p, const attn_tensor *t, cudaStream_t stream,
-                             cg_err *err) {
+static memset_d2d32_fn driver_memset_d2d32(cg_err *err) {
   void *fn = NULL;
   enum cudaDriverEntryPointQueryResult found;
   if (ATTN_CUDA_CHECK(err, cudaGetDriverEntryPointByVersion("cuMemsetD2D32Async", &fn, 12000,
                                                             cudaEnableDefault, &found)))
-    return;
+    return NULL;
   if (fn == NULL || found != cudaDriverEntryPointSuccess) {
     err->status = ATTN_STATUS_UNSUPPORTED;
     attn_format(err->why, err->why_size, "the CUDA driver has no cuMemsetD2D32Async");
-    return;
+    return NULL;
   }
   memset_d2d32_fn memset_d2d32;
   memcpy(&memset_d2d32, &fn, sizeof memset_d2d32); /* ISO C has no object-to-function cast */
+  return memset_d2d32;
+}
+
+static void memset_failed(cg_err *err, int r, int line) {
+  err->status = ATTN_STATUS_DEVICE_ERROR;
+  attn_format(err->why, err->why_size, "cuMemsetD2D32Async failed with CUresult %d (%s:%d)", r,
+              __FILE__, line);
+}
+
+/* Writes -inf over lse [B, Hq, Tq]. */
+static void fill_lse_neg_inf(const attn_problem *p, const attn_tensor *t, cudaStream_t stream,
+                             cg_err *err) {
+  memset_d2d32_fn memset_d2d32 = driver_memset_d2d32(err);
+  if (memset_d2d32 == NULL) return;
   const unsigned int neg_inf = 0xff800000u;
   /* rows of Tq floats at stride[2] = 1, one 2-D fill per batch over heads */
   for (int64_t b = 0; b < p->batch; ++b) {
@@ -646,12 +692,22 @@ static void fill_lse_neg_inf(const attn_problem *p, const attn_tensor *t, cudaSt
                        (size_t)t->stride[2] * sizeof(float), neg_inf, 1, (size_t)p->seqlen_q,
                        stream);
     if (r != 0) {
-      err->status = ATTN_STATUS_DEVICE_ERROR;
-      attn_format(err->why, err->why_size, "cuMemsetD2D32Async failed with CUresult %d (%s:%d)", r,
-                  __FILE__, __LINE__);
+      memset_failed(err, r, __LINE__);
       return;
     }
   }
+}
+
+/* Writes n copies of the 32-bit value at dst: a memset, not a copy from the host, so a call stays
+ * capturable in a CUDA graph and waits for nothing. */
+static void fill_i32(void *dst, int32_t value, int64_t n, cudaStream_t stream, cg_err *err) {
+  memset_d2d32_fn memset_d2d32 = driver_memset_d2d32(err);
+  if (memset_d2d32 == NULL || n == 0) return;
+  unsigned int bits;
+  memcpy(&bits, &value, sizeof bits);
+  int r = memset_d2d32((unsigned long long)(uintptr_t)dst, (size_t)n * sizeof(int32_t), bits,
+                       (size_t)n, 1, stream);
+  if (r != 0) memset_failed(err, r, __LINE__);
 }
 
 /* Shared by both passes: the bound pointers and the part of the workspace after cuDNN's. */
@@ -686,6 +742,11 @@ static int check_inputs(const attn_run *run, cg_err *err) {
   const attn_problem *p = run->problem;
   const attn_inputs *in = run->inputs;
   size_t es = attn_dtype_size((attn_dtype)p->dtype);
+  if (p->page_size > 0 &&
+      (check_tensor("block_table", &in->block_table, 2, 4, 0, err) ||
+       check_tensor("cache_seqlens", &(attn_tensor){(void *)in->cache_seqlens, {1, 0, 0, 0}}, 1, 4,
+                    0, err)))
+    return 1;
   return check_tensor("q", &in->q, 4, es, QKV_RULES, err) ||
          check_tensor("k", &in->k, 4, es, QKV_RULES, err) ||
          check_tensor("v", &in->v, 4, es, QKV_RULES, err) ||
@@ -706,6 +767,7 @@ static void input_layout(const attn_run *run, cg_layout *l) {
   bhsd(&in->k, l->k);
   bhsd(&in->v, l->v);
   if (p->has_bias) bias_strides(p, &in->bias, l->bias);
+  if (p->page_size > 0) table_strides(&in->block_table, l->table);
 }
 
 static attn_status cudnn_forward(const attn_run *run) {
@@ -748,6 +810,15 @@ static attn_status cudnn_forward(const attn_run *run) {
     ATTN_CUDNN_CHECK(&err, cudnnSetStream(handle, stream));
     if (attn_cudnn_graph_spec(g)->full_padding)
       bind_full_lengths(st, own + stats_bytes(p), ptrs, stream, &err);
+    if (p->page_size > 0) {
+      /* Every sequence has Tq queries and cache_seqlens[b] keys, read in place from the
+       * caller's device memory; the queries' [B] copies of Tq go in the workspace. */
+      char *seq_q = own + stats_bytes(p);
+      fill_i32(seq_q, (int32_t)p->seqlen_q, p->batch, stream, &err);
+      ptrs[CG_UID_SEQ_Q] = seq_q;
+      ptrs[CG_UID_SEQ_KV] = (void *)run->inputs->cache_seqlens;
+      ptrs[CG_UID_PAGE_TABLE] = run->inputs->block_table.data;
+    }
     if (p->varlen == ATTN_VARLEN_PADDED) {
       /* Rows past seqlens_q[b] are the library's to write: out 0 and lse -inf. */
       int64_t shape[4];

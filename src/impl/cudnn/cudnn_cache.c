@@ -77,7 +77,7 @@ static void init_cache(void) {
 /* Every field of cg_spec must be in the key, or two specs that build different graphs would share
  * one. This size is the fields listed in spec_key on an LP64 machine: a field added to cg_spec
  * changes it and stops the build here until spec_key has it too. */
-_Static_assert(sizeof(cg_spec) == 520, "cg_spec changed: add the new field to spec_key");
+_Static_assert(sizeof(cg_spec) == 568, "cg_spec changed: add the new field to spec_key");
 
 static void put_layout(int64_t *key, int *n, const int64_t s[4]) {
   for (int i = 0; i < 4; ++i) key[(*n)++] = s[i];
@@ -98,12 +98,13 @@ static int spec_key(int device, const cg_spec *s, int64_t key[GC_MAX_KEY_WORDS])
   key[n++] = s->padded, key[n++] = s->full_padding, key[n++] = s->top_left;
   key[n++] = s->left, key[n++] = s->right;
   key[n++] = s->alibi, key[n++] = s->alibi_stride;
+  key[n++] = s->page_size, key[n++] = s->num_pages;
   key[n++] = s->version, key[n++] = s->sm;
   const cg_layout *l = &s->st;
   put_layout(key, &n, l->q), put_layout(key, &n, l->k), put_layout(key, &n, l->v);
   put_layout(key, &n, l->o), put_layout(key, &n, l->lse), put_layout(key, &n, l->dout);
   put_layout(key, &n, l->dq), put_layout(key, &n, l->dk), put_layout(key, &n, l->dv);
-  put_layout(key, &n, l->bias), put_layout(key, &n, l->dbias);
+  put_layout(key, &n, l->bias), put_layout(key, &n, l->dbias), put_layout(key, &n, l->table);
   return n;
 }
 

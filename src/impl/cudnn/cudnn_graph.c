@@ -389,6 +389,56 @@ static void seq_tensors(cg_graph *g, cudnnBackendDescriptor_t *seq_q,
   *seq_kv = tensor(g, CG_UID_SEQ_KV, CUDNN_DATA_INT32, dims, one4, false, false);
 }
 
+/* ---- the paged KV cache ------------------------------------------------------------------------ */
+
+/* y = the keys (or values) of every sequence gathered from the pages of container through the block
+ * table, as a virtual tensor of dims and strides that the matmul reads like dense K^T (or V):
+ * cuDNN's paged cache load (9.5+), which takes each sequence's length from seq_kv. cudnn-frontend's
+ * composite SDPA node wires it the same way (node/paged_cache_load.h; its paged branch of
+ * scaled_dot_product_flash_attention.h): container [pages, h, page_size, d], page table
+ * [b, 1, ceil(s_kv / page_size), 1], y of K in the [b, h, d, s] order of K^T. */
+static cudnnBackendDescriptor_t paged_load(cg_graph *g, cudnnBackendDescriptor_t container,
+                                           cudnnBackendDescriptor_t table,
+                                           cudnnBackendDescriptor_t seq_kv, const int64_t dims[4],
+                                           const int64_t strides[4]) {
+#if CUDNN_VERSION >= 90500
+  cudnnBackendDescriptor_t y = virt(g, io_type(&g->spec), dims, strides);
+  cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_PAGED_CACHE_LOAD_DESCRIPTOR);
+  set(g, op, CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_CONTAINER_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+      1, &container);
+  set(g, op, CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_PAGE_TABLE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+      1, &table);
+  set(g, op, CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_SEQUENCE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+      &seq_kv);
+  set(g, op, CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+  finalize(g, op);
+  add_op(g, op);
+  return y;
+#else
+  (void)container, (void)table, (void)seq_kv, (void)dims, (void)strides;
+  if (g->err->status == ATTN_STATUS_OK) {
+    g->err->status = ATTN_STATUS_UNSUPPORTED;
+    attn_format(g->err->why, g->err->why_size,
+                "page_size=%lld: this library was built against cuDNN %d's headers, which have no "
+                "paged cache load (cuDNN 9.5 or newer)",
+                (long long)g->spec.page_size, CUDNN_VERSION);
+  }
+  return NULL;
+#endif
+}
+
+/* The containers of a paged problem and its page table (the one table serves K and V). */
+static void paged_inputs(cg_graph *g, cudnnBackendDescriptor_t *k_pool,
+                         cudnnBackendDescriptor_t *v_pool, cudnnBackendDescriptor_t *table) {
+  const cg_spec *s = &g->spec;
+  int64_t kc_dims[4] = {s->num_pages, s->hkv, s->page_size, s->d};
+  int64_t vc_dims[4] = {s->num_pages, s->hkv, s->page_size, s->dv};
+  int64_t t_dims[4] = {s->b, 1, (s->tk + s->page_size - 1) / s->page_size, 1};
+  *k_pool = tensor(g, CG_UID_K, io_type(s), kc_dims, s->st.k, false, false);
+  *v_pool = tensor(g, CG_UID_V, io_type(s), vc_dims, s->st.v, false, false);
+  *table = tensor(g, CG_UID_PAGE_TABLE, CUDNN_DATA_INT32, t_dims, s->st.table, false, false);
+}
+
 static void build_forward(cg_graph *g) {
   const cg_spec *s = &g->spec;
   const cg_layout *st = &s->st;
@@ -397,17 +447,26 @@ static void build_forward(cg_graph *g) {
   shapes_of(s, &sh);
   int64_t q_dims[4] = {s->b, s->hq, s->tq, s->d};
   int64_t kt_dims[4] = {s->b, s->hkv, s->d, s->tk};
-  int64_t kt_str[4] = {st->k[0], st->k[1], st->k[3], st->k[2]};
   int64_t v_dims[4] = {s->b, s->hkv, s->tk, s->dv};
   int64_t o_dims[4] = {s->b, s->hq, s->tq, s->dv};
   cudnnBackendDescriptor_t q = tensor(g, CG_UID_Q, io, q_dims, st->q, false, false);
-  cudnnBackendDescriptor_t kt = tensor(g, CG_UID_K, io, kt_dims, kt_str, false, false);
-  cudnnBackendDescriptor_t v = tensor(g, CG_UID_V, io, v_dims, st->v, false, false);
+  cudnnBackendDescriptor_t kt = NULL, v = NULL, k_pool = NULL, v_pool = NULL, table = NULL;
+  if (s->page_size > 0) {
+    paged_inputs(g, &k_pool, &v_pool, &table);
+  } else {
+    int64_t kt_str[4] = {st->k[0], st->k[1], st->k[3], st->k[2]};
+    kt = tensor(g, CG_UID_K, io, kt_dims, kt_str, false, false);
+    v = tensor(g, CG_UID_V, io, v_dims, st->v, false, false);
+  }
   cudnnBackendDescriptor_t o = tensor(g, CG_UID_O, io, o_dims, st->o, false, false);
   cudnnBackendDescriptor_t stats =
       tensor(g, CG_UID_STATS, CUDNN_DATA_FLOAT, sh.r_dims, st->lse, false, false);
   cudnnBackendDescriptor_t seq_q, seq_kv;
   seq_tensors(g, &seq_q, &seq_kv);
+  if (s->page_size > 0) { /* K^T gathered into a dense virtual tensor [b, h, d, s] */
+    int64_t kt_str[4] = {s->hkv * s->d * s->tk, s->d * s->tk, 1, s->d};
+    kt = paged_load(g, k_pool, table, seq_kv, kt_dims, kt_str);
+  }
 
   cudnnBackendDescriptor_t sc = s_like(g, &sh, CUDNN_DATA_FLOAT);
   matmul(g, q, kt, sc, seq_q, seq_kv, NULL);
@@ -429,6 +488,10 @@ static void build_forward(cg_graph *g) {
   /* P is rounded to the input type before P V, as the fused kernels do. */
   cudnnBackendDescriptor_t p = pointwise(g, CUDNN_POINTWISE_DIV, CUDNN_DATA_FLOAT, 0, ex, sum, NULL,
                                          s_like(g, &sh, io));
+  if (s->page_size > 0) { /* V gathered into [b, h, s, d], where cudnn-frontend loads it */
+    int64_t v_str[4] = {s->hkv * s->tk * s->dv, s->tk * s->dv, s->dv, 1};
+    v = paged_load(g, v_pool, table, seq_kv, v_dims, v_str);
+  }
   matmul(g, p, v, o, seq_q, NULL, seq_kv);
 }
 
@@ -717,8 +780,14 @@ cg_graph *attn_cudnn_graph_build(cudnnHandle_t handle, const cg_spec *spec, cg_e
     attn_cudnn_graph_free(g);
     return NULL;
   }
-  if (spec->backward) build_backward(g);
-  else build_forward(g);
+  if (spec->backward && spec->page_size > 0) {
+    err->status = ATTN_STATUS_UNSUPPORTED; /* cudnn.c never asks: a paged cache has no backward */
+    attn_format(err->why, err->why_size, "a paged KV cache has no backward graph");
+  } else if (spec->backward) {
+    build_backward(g);
+  } else {
+    build_forward(g);
+  }
   if (err->status == ATTN_STATUS_OK) make_plan(g, handle);
   if (err->status != ATTN_STATUS_OK) {
     attn_cudnn_graph_free(g);

@@ -38,9 +38,12 @@ int attn_cudnn_check(cg_err *err, cudnnStatus_t status, const char *expr, const 
   ((err)->status != ATTN_STATUS_OK ? 1 : attn_cudnn_check((err), (expr), #expr, __FILE__, __LINE__))
 
 /* The strides of one run's tensors in cuDNN's order [b, h, s, d] ([b, h, s, 1] for lse). The
- * graph is specialised to them, so the plan keeps one graph per layout it has seen. */
+ * graph is specialised to them, so the plan keeps one graph per layout it has seen. A paged
+ * problem's k and v are the pools, [page, h, row, d] (cuDNN's "container"), and table is the
+ * block table's as [b, 1, column, 1]. */
 typedef struct cg_layout {
   int64_t q[4], k[4], v[4], o[4], lse[4], dout[4], dq[4], dk[4], dv[4], bias[4], dbias[4];
+  int64_t table[4];
 } cg_layout;
 
 /* Everything a graph depends on. Zero-initialise, then fill. */
@@ -59,6 +62,9 @@ typedef struct cg_spec {
   int64_t left, right;      /* window of SPEC.md, -1 = unbounded; causal is right = 0 */
   int32_t alibi;            /* per-head slopes [Hq] added as (col - row) * slope (causal only) */
   int64_t alibi_stride;     /* stride of the slopes, in elements */
+  int64_t page_size;        /* > 0: k and v are pools of pages read through a block table (a
+                               paged KV cache, docs/DECODE.md; forward only, padded is set) */
+  int64_t num_pages;        /* pages in each pool */
   int32_t version;          /* cudnnGetVersion() */
   int32_t sm;               /* compute capability, 10 * major + minor */
   cg_layout st;
@@ -94,6 +100,7 @@ enum {
   CG_UID_DBIAS,
   CG_UID_SOFTMAX_SUM, /* backward: f32 [B, Hq, Tq, 1] in the workspace */
   CG_UID_DQ_ACCUM,    /* backward: f32 [B, Hq, Tq, D] in the workspace */
+  CG_UID_PAGE_TABLE,  /* paged: the block table, i32 [B, ceil(Tk / page_size)] of its columns */
   CG_UID_COUNT
 };
 
