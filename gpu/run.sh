@@ -13,9 +13,10 @@
 #             implementations, their tests and their benchmark programs. With cudnn it uses the
 #             cuDNN that PyTorch's wheels ship when there is one, so both sides of the benchmark
 #             run the same cuDNN, else the toolkit's.
-#   test      tests/test_<impl> against the reference, with the golden cases of $GOLDEN (cuda: and
-#             tests/test_paged, whose GPU cases run the split-KV decode kernel, and
-#             tests/test_dist_gpu, distributed attention with ranks as threads on this GPU)
+#   test      tests/test_<impl> against the reference, with the golden cases of $GOLDEN, then
+#             tests/test_paged, whose GPU cases run each named implementation on paged caches
+#             (cuda: the split-KV decode kernel; cudnn: cuDNN's paged attention), and for cuda
+#             tests/test_dist_gpu, distributed attention with ranks as threads on this GPU
 #   cli       the tests modules (the real modules load) and cli_gpu (attn check / bench on GPU
 #             problems), and `attn bench` of two large problems, timed whole with their check
 #   lab       cuda only: the kernel lab, dev/cuda/fwd_tiles.cu, bwd_tiles.cu, fwd_hopper.cu and bwd_hopper.cu (sm_90a,
@@ -27,19 +28,20 @@
 #             efficient SDPA); cudnn: gpu/bench_cudnn and gpu/bench_torch.py joined by gpu/report.py
 #   sanitize  compute-sanitizer on the quick suite: memcheck, racecheck and synccheck for cuda,
 #             memcheck for cudnn (racecheck on cuDNN's own kernels would be slow and nothing we
-#             could fix)
+#             could fix); memcheck on test_paged's GPU cases of each implementation
 # Environment: GOLDEN, the golden cases (default ../shared/golden when it exists, else ./.golden,
 # both from the current folder); OUT, the logs (default /tmp/gpu_out); BENCH_REPS, timed calls per
 # shape of gpu/cuda_bench (default 20); LAB_PROGRAMS, the lab's programs to build and run (default
 # "fwd_tiles bwd_tiles fwd_hopper bwd_hopper"); CUDA_GENCODE, the -gencode flags of the cuda kernels when
 # only this GPU's are wanted (e.g. "-gencode=arch=compute_90,code=sm_90": half the build time).
 #
-# Logs: $OUT/env.txt, $OUT/build.log, and per implementation $OUT/cuda/ (test.log, lab.log,
-# lab_build.log, ncu_{fwd,bwd,fwd90,bwd90}_sass.csv, bench.md, sanitizer_{memcheck,racecheck,synccheck}.log)
-# and $OUT/cudnn/ (test.log, cudnn.log, ours.csv, torch.csv, results.md,
-# sanitizer_memcheck.log). Stdout is a summary in which every step ends in "rc=N" (124: timed out).
-# Each step has a time limit, and all of them together stay under 9 minutes, so that one call of
-# a device machine (10 minutes at most) always returns its logs.
+# Logs: $OUT/env.txt, $OUT/build.log, $OUT/test_paged.log, and per implementation $OUT/cuda/
+# (test.log, lab.log, lab_build.log, ncu_{fwd,bwd,fwd90,bwd90}_sass.csv, bench.md,
+# sanitizer_{memcheck,racecheck,synccheck}.log) and $OUT/cudnn/ (test.log, cudnn.log, ours.csv,
+# torch.csv, results.md, sanitizer_memcheck.log), each with sanitizer_memcheck_paged.log. Stdout
+# is a summary in which every step ends in "rc=N" (124: timed out). Each step has a time limit,
+# and all of them together stay under 9 minutes, so that one call of a device machine (10 minutes
+# at most) always returns its logs.
 #
 # The tree built is the one this script sits in. While others edit the same checkout, run the
 # script of a snapshot of the commit under test (`git archive HEAD | tar -x -C build-snap`, an
@@ -153,7 +155,8 @@ if step build; then
   args=(-DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCH=OFF
         -DATTN_CUDA_SPILL_WARNINGS=ON)
   targets=(attn_static attn_shared attn_tool attn_fake_modules)
-  if impl cuda; then args+=(-DATTN_WITH_CUDA=ON) targets+=(attn_cuda_module test_cuda test_paged test_dist_gpu attn_test_loopback); else args+=(-DATTN_WITH_CUDA=OFF); fi
+  targets+=(test_paged)
+  if impl cuda; then args+=(-DATTN_WITH_CUDA=ON) targets+=(attn_cuda_module test_cuda test_dist_gpu attn_test_loopback); else args+=(-DATTN_WITH_CUDA=OFF); fi
   if impl cudnn; then
     args+=(-DATTN_WITH_CUDNN=ON -DATTN_CUDNN_INCLUDE_DIR="$CUDNN_DIR/include" -DATTN_CUDNN_LIBRARY="$CUDNN_LIB")
     targets+=(attn_cudnn_module test_cudnn)
@@ -215,11 +218,12 @@ if step test; then
     echo "test_$i rc=$rc in $((SECONDS - t0)) s: $(tail -1 "$OUT/$i/test.log")"
     grep -E "^FAIL|^FATAL" "$OUT/$i/test.log" | head -40
   done
-  if impl cuda && built "$BUILD/tests/test_paged"; then # paged and decode problems, split-KV kernel
+  if built "$BUILD/tests/test_paged"; then # paged and decode problems on the built modules
     t0=$SECONDS
-    timeout "$(limit 120)" "$BUILD/tests/test_paged" >"$OUT/cuda/test_paged.log" 2>&1
-    echo "test_paged rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/cuda/test_paged.log")"
-    grep -E "^FAIL|^FATAL" "$OUT/cuda/test_paged.log" | head -20
+    timeout "$(limit 150)" "$BUILD/tests/test_paged" >"$OUT/test_paged.log" 2>&1
+    echo "test_paged rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/test_paged.log")"
+    grep -E "^test_paged: " "$OUT/test_paged.log"
+    grep -E "^FAIL|^FATAL" "$OUT/test_paged.log" | head -20
   fi
   if impl cuda && built "$BUILD/tests/test_dist_gpu"; then # sharded problems, ranks as threads
     t0=$SECONDS
@@ -339,11 +343,14 @@ if step sanitize; then
       grep -E "^FAIL|^FATAL|Invalid" "$log" | head -10
     done
   done
-  if impl cuda && built "$BUILD/tests/test_paged"; then
+  for i in $impls; do # test_paged's GPU cases of each implementation (ATTN_TEST_PAGED_ONLY)
+    built "$BUILD/tests/test_paged" || break
     t0=$SECONDS
-    log="$OUT/cuda/sanitizer_memcheck_paged.log"
-    timeout "$(limit 200)" compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/test_paged" >"$log" 2>&1
-    echo "compute-sanitizer memcheck test_paged rc=$? in $((SECONDS - t0)) s: $(grep 'ERROR SUMMARY' "$log" | tail -1)"
-  fi
+    log="$OUT/$i/sanitizer_memcheck_paged.log"
+    timeout "$(limit 200)" env ATTN_TEST_PAGED_ONLY="$i" compute-sanitizer --tool memcheck --error-exitcode 9 \
+      "$BUILD/tests/test_paged" >"$log" 2>&1
+    echo "compute-sanitizer memcheck test_paged ($i) rc=$? in $((SECONDS - t0)) s: $(grep 'ERROR SUMMARY' "$log" | tail -1); $(tail -1 "$log")"
+    grep -E "^FAIL|^FATAL|Invalid" "$log" | head -10
+  done
 fi
 echo "== done in $SECONDS s; logs in $OUT"
