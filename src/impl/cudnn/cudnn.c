@@ -535,6 +535,7 @@ static size_t cudnn_workspace_size(const attn_problem *p, int32_t config, const 
                                    int backward) {
   const cudnn_state *st = state;
   if (!backward) return forward_workspace(p, st->plan_ws[0]);
+  if (p->page_size > 0) return 0; /* a paged cache has no backward pass */
   return backward_workspace(p, config,
                             st->plan_ws[1] > st->plan_ws[2] ? st->plan_ws[1] : st->plan_ws[2]);
 }
