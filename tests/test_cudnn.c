@@ -2,8 +2,8 @@
  * tests/test_cudnn.c - the "cudnn" implementation against the reference, on a GPU.
  *
  * Wherever the implementation is compiled in (with or without a GPU): the problems cuDNN cannot
- * run (dropout, sinks, soft cap, u8 masks, segment ids, packed varlen, f32, a paged cache's append
- * or a page size not a power of two, ...) must be UNSUPPORTED with a reason that names the
+ * run (dropout, sinks, soft cap, u8 masks, segment ids, packed varlen, f32, a paged cache's append,
+ * more than one query or a page size not a power of two, ...) must be UNSUPPORTED with a reason that names the
  * feature. Without cuDNN the program exits 77. (tests/test_paged.c runs cuDNN's paged attention.)
  *
  * With a CUDA device (else the program exits 77, "skipped"): for a grid of problems with odd sizes
@@ -115,6 +115,8 @@ static void test_unsupported(void) {
   p = paged, p.page_size = 48;
   tu_gpu_expect_unsupported(ctx, "cudnn", "paged, a page size not a power of two", p,
                             "powers of two");
+  p = paged, p.seqlen_q = 4, p.causal = 1;
+  tu_gpu_expect_unsupported(ctx, "cudnn", "paged, more than one query", p, "decode only");
   p = paged, p.num_sinks = 1;
   tu_gpu_expect_unsupported(ctx, "cudnn", "paged sinks", p, "sinks");
   p = paged, p.seqlen_q = 64, p.causal = 1, p.alibi = ATTN_ALIBI_PER_HEAD;

@@ -16,8 +16,9 @@
  * and head); dense decode problems (no pages) on the same kernels; the rules of validation; the
  * problem strings. CUDA problems (device=cuda) run when a GPU module and device are present: paged
  * ones on cuda (its split-KV kernel) and on cudnn (cuDNN's paged attention; the grid and the cases
- * cuDNN takes: every page size, every feature it has alone and with the others, Tq 1 to 40, a bias,
- * strided pools), dense decode ones on cuda's "splitkv" configuration; a GPU case cuda does not take
+ * cuDNN takes: decode on every page size, every feature it has alone and with the others, a bias,
+ * strided pools), dense decode ones on cuda's "splitkv" configuration, outputs written over NaN
+ * (an element left unwritten fails); a GPU case cuda does not take
  * is reported as skipped, and one cudnn refuses must be refused for a limit of cuDNN's that
  * src/impl/cudnn/cudnn.c documents (the reason names it), else the case fails.
  * ATTN_TEST_PAGED_ONLY=cuda (or cudnn) runs only that implementation's GPU cases and none on the
@@ -73,6 +74,10 @@ static void describe(const pcase *c, char *buf, size_t size) {
     n += snprintf(buf + n, size - (size_t)n, "%s%lld", b ? "," : "", (long long)c->lens[b]);
 }
 
+/* A device buffer of bytes holding 0xff in every byte, NaN in every float format, so that an
+ * output element the implementation leaves unwritten fails the comparison; NULL on failure. */
+static void *upload_poison(const attn_gpu_ops *gpu, size_t bytes);
+
 /* A device copy of a host buffer (GPU cases); NULL when the copy fails. */
 static void *upload(const attn_gpu_ops *gpu, const void *host, size_t bytes) {
   char why[256];
@@ -85,10 +90,19 @@ static void *upload(const attn_gpu_ops *gpu, const void *host, size_t bytes) {
   return dev;
 }
 
+static void *upload_poison(const attn_gpu_ops *gpu, size_t bytes) {
+  unsigned char *nan = malloc(bytes > 0 ? bytes : 1);
+  if (nan == NULL) return NULL;
+  memset(nan, 0xff, bytes);
+  void *dev = upload(gpu, nan, bytes);
+  free(nan);
+  return dev;
+}
+
 static size_t buf_bytes(const tu_buf *b) { return (size_t)b->n * attn_dtype_size(b->dtype); }
 
 /* Runs the problem with implementation impl (NULL: any) and rounding; status of the plan or run.
- * GPU problems get device copies of every input and bring out and lse back. */
+ * GPU problems get device copies of every input and bring out and lse back, written over NaN. */
 static attn_status run(attn_ctx *ctx, const attn_problem *p, const char *impl, const char *config,
                        attn_dtype rounding,
                        attn_inputs *in, tu_buf *out, tu_buf *lse, tu_buf *const uploads[],
@@ -127,7 +141,7 @@ static attn_status run(attn_ctx *ctx, const attn_problem *p, const char *impl, c
     fields[i]->data = dev[i];
   }
   void *dlens = cache_seqlens ? upload(gpu, cache_seqlens, (size_t)batch * sizeof(int32_t)) : NULL;
-  void *dout = upload(gpu, out->data, buf_bytes(out)), *dlse = upload(gpu, lse->data, buf_bytes(lse));
+  void *dout = upload_poison(gpu, buf_bytes(out)), *dlse = upload_poison(gpu, buf_bytes(lse));
   din.cache_seqlens = dlens;
   size_t ws = 0;
   void *dws = NULL;
@@ -186,6 +200,7 @@ static int cudnn_documented(const pcase *c, int64_t Tk, const char *msg) {
   if (c->D > 128 || c->Dv > 128) limits[n++] = "head dims up to 128"; /* cuDNN before 9.10 */
   if (c->wl >= 0 && !c->causal) limits[n++] = "window's left bound"; /* cuDNN before 9.10.2 */
   if (c->paged) limits[n++] = "has no paged attention"; /* cuDNN before 9.5 */
+  if (c->paged && c->Tq > 1) limits[n++] = "is taken for decode only";
   for (int i = 0; i < n; ++i)
     if (strstr(msg, limits[i]) != NULL) return 1;
   return 0;
@@ -347,7 +362,7 @@ static int check_case(attn_ctx *ctx, const pcase *c, const char *impl, tu_rng *r
     const char *msg = attn_ctx_last_error(ctx);
     int documented = status == ATTN_STATUS_UNSUPPORTED && cudnn_documented(c, Tk, msg);
     if (documented) printf("  cudnn refused it: %s\n", msg);
-    tu_check(documented, "cudnn refused %s (Tk=%lld) for no limit it documents: %s", what,
+    tu_check(documented, "cudnn refuses %s (Tk=%lld) only for a limit it documents: %s", what,
              (long long)Tk, msg);
     cudnn_refused += documented;
     passed &= documented;
@@ -549,15 +564,16 @@ static void test_gpu_splits(attn_ctx *ctx, tu_rng *rng) {
       }
 }
 
-/* The paged problems cuDNN takes (no append; the features it has): page sizes 1 to 256, every
- * feature alone and together (causal, a causal sliding window, a band around the diagonal, ALiBi
- * under a top-left causal mask, a bias alone and with that mask), Tq 1, 3 and 40 (chunked
- * prefill, some sequences shorter than their queries: rows without keys), GQA and MQA, head dims
- * 64 to 256, f16 and bf16, strided pools, lengths 0, 1, odd and around page boundaries. */
+/* The paged problems cuDNN takes (decode, no append; the features it has): page sizes 1 to 256,
+ * every feature alone and with the others it combines with (causal, a causal sliding window, a
+ * band around the diagonal, ALiBi under a top-left causal mask, a bias alone and with that mask),
+ * long odd lengths (many key tiles, the last page part-filled with NaN past the length), GQA and
+ * MQA, head dims 64 to 256, f16 and bf16, strided pools, lengths 0, 1, odd and around page
+ * boundaries. */
 static void test_cudnn_paged(attn_ctx *ctx, tu_rng *rng) {
-  enum { C_PLAIN, C_CAUSAL, C_WINDOW, C_BAND, C_ALIBI, C_BIAS, C_BIAS_CAUSAL, C_PREFILL, C_COUNT };
+  enum { C_PLAIN, C_CAUSAL, C_WINDOW, C_BAND, C_ALIBI, C_BIAS, C_BIAS_CAUSAL, C_LONG, C_COUNT };
   static const char *const names[C_COUNT] = {"plain", "causal", "window", "band",
-                                             "alibi", "bias",   "bias_causal", "prefill"};
+                                             "alibi", "bias",   "bias_causal", "long"};
   static const int64_t pages[] = {1, 16, 64, 256}, heads[][2] = {{8, 2}, {4, 1}, {2, 2}, {6, 3}};
   static const int64_t dims[] = {128, 64, 96, 256};
   int n = 0;
@@ -570,7 +586,7 @@ static void test_cudnn_paged(attn_ctx *ctx, tu_rng *rng) {
       c.B = tu_int(rng, 2, MAX_B);
       c.Hq = heads[n % 4][0], c.Hkv = heads[n % 4][1];
       c.D = c.Dv = dims[(n / 4) % 4];
-      c.Tq = f == C_PREFILL ? 40 : n % 3 == 1 ? 3 : 1;
+      c.Tq = 1;
       c.paged = 1, c.device = ATTN_DEVICE_CUDA;
       c.pad = n % 3 == 0;
       set_features(&c, F_PLAIN);
@@ -581,11 +597,11 @@ static void test_cudnn_paged(attn_ctx *ctx, tu_rng *rng) {
       case C_ALIBI: c.causal = 1, c.top_left = 1, c.alibi = ATTN_ALIBI_PER_HEAD; break;
       case C_BIAS: c.bias = 1; break;
       case C_BIAS_CAUSAL: c.bias = 1, c.causal = 1, c.top_left = 1; break;
-      case C_PREFILL: c.causal = 1; break;
+      case C_LONG: c.causal = 1; break;
       default: break;
       }
-      if (f == C_PREFILL)
-        for (int64_t b = 0; b < c.B; ++b) c.lens[b] = tu_int(rng, 20, 130);
+      if (f == C_LONG)
+        for (int64_t b = 0; b < c.B; ++b) c.lens[b] = 2 * tu_int(rng, 300, 1600) + 1;
       else
         draw_lens(&c, rng);
       char what[512];

@@ -5,8 +5,8 @@
  * What it runs is exactly what cuDNN's fused SDPA graphs express (cudnn_graph.c builds them):
  * causal masks and windows aligned bottom-right or top-left, an additive bias (with its gradient),
  * ALiBi under a causal mask, padded variable lengths, grouped-query heads, any softmax scale, and
- * the log-sum-exp, and the forward pass over a paged KV cache (cuDNN's paged cache load, 9.5+:
- * docs/DECODE.md). Everything else is UNSUPPORTED with the reason, so the plan falls back: dropout
+ * the log-sum-exp, and decode (one query per sequence) over a paged KV cache (cuDNN's paged cache
+ * load, 9.5+: docs/DECODE.md). Everything else is UNSUPPORTED with the reason, so the plan falls back: dropout
  * (cuDNN's generator cannot reproduce SPEC.md's Philox bits), sinks, soft cap, u8 masks, segment
  * ids, packed varlen, f32 and f64, and a paged call that appends k_new/v_new.
  *
@@ -170,6 +170,15 @@ static attn_status problem_supported(const attn_problem *p, int version, int sm,
       NO("seqlen_new=%lld: cuDNN's paged attention reads the cache but does not append k_new and "
          "v_new to it (append before the call, or use an implementation that appends)",
          (long long)p->seqlen_new);
+    /* Measured by tests/test_paged.c (cuDNN 9.19, H100): with one query per sequence every case
+     * is right, NaN in the unused rows of a sequence's last page included; with more, cuDNN runs
+     * other kernels, which multiply those rows by their zero probabilities (NaN there made the
+     * whole output NaN) and leave the rows of a sequence without keys unwritten. */
+    if (p->seqlen_q > 1)
+      NO("seqlen_q=%lld with a paged cache: cuDNN's paged attention is taken for decode only "
+         "(seqlen_q=1); with more queries its kernels let the unused rows of a sequence's last "
+         "page reach the output and write nothing for a sequence without keys",
+         (long long)p->seqlen_q);
     if ((p->page_size & (p->page_size - 1)) != 0)
       NO("page_size=%lld: cuDNN's paged cache load takes page sizes that are powers of two",
          (long long)p->page_size);
