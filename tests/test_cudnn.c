@@ -2,9 +2,10 @@
  * tests/test_cudnn.c - the "cudnn" implementation against the reference, on a GPU.
  *
  * Wherever the implementation is compiled in (with or without a GPU): the problems cuDNN cannot
- * run (dropout, sinks, soft cap, u8 masks, segment ids, packed varlen, f32, a paged cache's append,
- * more than one query or a page size not a power of two, ...) must be UNSUPPORTED with a reason that names the
- * feature. Without cuDNN the program exits 77. (tests/test_paged.c runs cuDNN's paged attention.)
+ * run (dropout, sinks, soft cap, u8 masks, segment ids, packed varlen, f32, a paged cache's
+ * append, more than one query or a page size not a power of two, ...) must be UNSUPPORTED with a
+ * reason that names the feature. Without cuDNN the program exits 77. (tests/test_paged.c runs
+ * cuDNN's paged attention.)
  *
  * With a CUDA device (else the program exits 77, "skipped"): for a grid of problems with odd sizes
  * and every supported feature alone and combined (causal bottom-right and top-left, windows, bias

@@ -200,8 +200,8 @@ static int cudnn_documented(const pcase *c, int64_t Tk, const char *msg) {
   if (c->Tq == 1 && Tk == 1) limits[n++] = "seqlen_q=1 and seqlen_k=1";
   if (c->D % 8 != 0 || c->Dv % 8 != 0) limits[n++] = "multiples of 8";
   if (c->D > 128 || c->Dv > 128) limits[n++] = "head dims up to 128"; /* cuDNN before 9.10 */
-  if (c->wl >= 0 && !c->causal) limits[n++] = "window's left bound"; /* cuDNN before 9.10.2 */
-  if (c->paged) limits[n++] = "has no paged attention"; /* cuDNN before 9.5 */
+  if (c->wl >= 0 && !c->causal) limits[n++] = "window's left bound";  /* cuDNN before 9.10.2 */
+  if (c->paged) limits[n++] = "has no paged attention";               /* cuDNN before 9.5 */
   if (c->paged && c->Tq > 1) limits[n++] = "is taken for decode only";
   for (int i = 0; i < n; ++i)
     if (strstr(msg, limits[i]) != NULL) return 1;
@@ -301,7 +301,8 @@ static int check_case(attn_ctx *ctx, const pcase *c, const char *impl, tu_rng *r
           owner_row[page * P + r] = (int32_t)(b * Tk + i * P + r);
       }
     free(order);
-    if (poison_window(c, impl) && !c->top_left) { /* pages no row of the sequence sees hold NaN too */
+    /* pages no row of the sequence sees hold NaN too */
+    if (poison_window(c, impl) && !c->top_left) {
       for (int64_t b = 0; b < B; ++b) {
         const int64_t len = c->lens[b], o = len - Tq, wr = c->causal ? 0 : c->wr;
         const int64_t lo = c->wl >= 0 ? o - c->wl : 0, hi = wr >= 0 ? o + Tq - 1 + wr : len - 1;
@@ -574,7 +575,7 @@ static void test_gpu_splits(attn_ctx *ctx, tu_rng *rng) {
  * boundaries. */
 static void test_cudnn_paged(attn_ctx *ctx, tu_rng *rng) {
   enum { C_PLAIN, C_CAUSAL, C_WINDOW, C_BAND, C_ALIBI, C_BIAS, C_BIAS_CAUSAL, C_LONG, C_COUNT };
-  static const char *const names[C_COUNT] = {"plain", "causal", "window", "band",
+  static const char *const names[C_COUNT] = {"plain", "causal", "window",      "band",
                                              "alibi", "bias",   "bias_causal", "long"};
   static const int64_t pages[] = {1, 16, 64, 256}, heads[][2] = {{8, 2}, {4, 1}, {2, 2}, {6, 3}};
   static const int64_t dims[] = {128, 64, 96, 256};
@@ -608,8 +609,7 @@ static void test_cudnn_paged(attn_ctx *ctx, tu_rng *rng) {
         draw_lens(&c, rng);
       char what[512];
       describe(&c, what, sizeof what);
-      if (!check_case(ctx, &c, "cudnn", rng))
-        printf("  failed: cudnn %s (%s)\n", what, names[f]);
+      if (!check_case(ctx, &c, "cudnn", rng)) printf("  failed: cudnn %s (%s)\n", what, names[f]);
     }
 }
 

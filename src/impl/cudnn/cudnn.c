@@ -6,9 +6,10 @@
  * causal masks and windows aligned bottom-right or top-left, an additive bias (with its gradient),
  * ALiBi under a causal mask, padded variable lengths, grouped-query heads, any softmax scale, and
  * the log-sum-exp, and decode (one query per sequence) over a paged KV cache (cuDNN's paged cache
- * load, 9.5+: docs/DECODE.md). Everything else is UNSUPPORTED with the reason, so the plan falls back: dropout
- * (cuDNN's generator cannot reproduce SPEC.md's Philox bits), sinks, soft cap, u8 masks, segment
- * ids, packed varlen, f32 and f64, and a paged call that appends k_new/v_new.
+ * load, 9.5+: docs/DECODE.md). Everything else is UNSUPPORTED with the reason, so the plan falls
+ * back: dropout (cuDNN's generator cannot reproduce SPEC.md's Philox bits), sinks, soft cap, u8
+ * masks, segment ids, packed varlen, f32 and f64, and a paged call that appends k_new/v_new or has
+ * more than one query.
  *
  * Two configurations of the backward pass: "atomic" (the default, what cuDNN runs unless asked
  * otherwise, whose dq varies in its last bits from run to run) and "deterministic"
@@ -248,7 +249,7 @@ static int32_t cudnn_num_configs(const attn_problem *p) { return p->page_size > 
 
 static void cudnn_config_name(const attn_problem *p, int32_t config, char *buf, size_t size) {
   attn_format(buf, size, "%s",
-              p->page_size > 0                      ? "paged"
+              p->page_size > 0                       ? "paged"
               : config == CUDNN_CONFIG_DETERMINISTIC ? "deterministic"
                                                      : "atomic");
 }

@@ -389,7 +389,7 @@ static void seq_tensors(cg_graph *g, cudnnBackendDescriptor_t *seq_q,
   *seq_kv = tensor(g, CG_UID_SEQ_KV, CUDNN_DATA_INT32, dims, one4, false, false);
 }
 
-/* ---- the paged KV cache ------------------------------------------------------------------------ */
+/* ---- the paged KV cache ----------------------------------------------------------------------- */
 
 /* y = the keys (or values) of every sequence gathered from the pages of container through the block
  * table, as a virtual tensor of dims and strides that the matmul reads like dense K^T (or V):
@@ -404,8 +404,8 @@ static cudnnBackendDescriptor_t paged_load(cg_graph *g, cudnnBackendDescriptor_t
 #if CUDNN_VERSION >= 90500
   cudnnBackendDescriptor_t y = virt(g, io_type(&g->spec), dims, strides);
   cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_PAGED_CACHE_LOAD_DESCRIPTOR);
-  set(g, op, CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_CONTAINER_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-      1, &container);
+  set(g, op, CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_CONTAINER_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+      &container);
   set(g, op, CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_PAGE_TABLE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR,
       1, &table);
   set(g, op, CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_SEQUENCE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
