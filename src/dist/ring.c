@@ -54,8 +54,8 @@ typedef struct ring {
  * (the cuda kernels need 16-byte aligned tensors; the host path does not mind). */
 static int64_t round_part(int64_t x) { return (x + 255) / 256 * 256; }
 
-static void init_ring(ring *g, attn_dist_plan *plan, const attn_inputs *in, const attn_tensor *out,
-                      const attn_tensor *lse) {
+/* The sizes and the mask's geometry, which need no tensor. */
+static void init_geometry(ring *g, attn_dist_plan *plan) {
   memset(g, 0, sizeof *g);
   g->plan = plan;
   g->l = &plan->ring_local;
@@ -70,6 +70,12 @@ static void init_ring(ring *g, attn_dist_plan *plan, const attn_inputs *in, cons
   const attn_problem *G = &plan->global;
   g->o_global = G->align == ATTN_ALIGN_BOTTOM_RIGHT ? G->seqlen_k - G->seqlen_q : 0;
   g->wl = G->window_left, g->wr = G->window_right;
+}
+
+static void init_ring(ring *g, attn_dist_plan *plan, const attn_inputs *in, const attn_tensor *out,
+                      const attn_tensor *lse) {
+  init_geometry(g, plan);
+  const attn_problem *l = g->l;
   g->seg = l->has_segment_ids;
   g->k_bytes = (size_t)round_part(g->B * g->Tk * g->Hkv * g->D * (int64_t)g->es);
   g->v_bytes = (size_t)round_part(g->B * g->Tk * g->Hkv * g->Dv * (int64_t)g->es);
@@ -127,6 +133,61 @@ static int32_t last_step(const ring *g) {
     for (int32_t s = 1; s < g->n; ++s)
       if (step_visible(g, r, s) && s > last) last = s;
   return last;
+}
+
+/* A block of a step: this rank's query chunks [a0, a0 + na) against key chunks [c0, c0 + nc) of
+ * the slice of rank src. */
+typedef struct ring_block {
+  int32_t src, a0, na, c0, nc;
+} ring_block;
+
+/* The global position of a block's first key (its bias and mask columns start there). */
+static int64_t block_k0(const ring *g, const ring_block *b) {
+  return attn_dist_chunk_start(g->plan, g->plan->global.seqlen_k, b->src, b->c0);
+}
+
+/* The blocks of step s on rank r, at most C x C; returns how many. Split (the device ring, whose
+ * blocks take no positions): one per visible pair of chunks. Otherwise as few as the masks allow:
+ * one block over the hull of the visible pairs, placed in pieces (attn_positions), whose hidden
+ * pairs the implementation skips tile by tile; a zigzag step of a causal mask is then one call
+ * instead of two or three. Key chunks stay apart where a bias or mask has a key dimension: its
+ * columns are the global keys', and a block's bias must be one strided slice. */
+static int step_blocks(const ring *g, int32_t r, int32_t s, int split, ring_block *out) {
+  const int32_t src = ((r - s) % g->n + g->n) % g->n;
+  const attn_problem *l = g->l;
+  const int keys_apart = split || (l->has_bias && l->bias_shape[3] != 1) ||
+                         (l->has_mask && l->mask_shape[3] != 1);
+  int nb = 0;
+  for (int32_t c = 0; c < g->C; ++c) {
+    int32_t a_lo = g->C, a_hi = -1; /* visible query chunks against key chunk c */
+    for (int32_t a = 0; a < g->C; ++a) {
+      if (!block_visible(g, block_offset(g, r, a, src, c))) continue;
+      if (split) out[nb++] = (ring_block){src, a, 1, c, 1};
+      a_lo = a < a_lo ? a : a_lo, a_hi = a > a_hi ? a : a_hi;
+    }
+    if (split || a_hi < 0) continue;
+    if (keys_apart || nb == 0) {
+      out[nb++] = (ring_block){src, a_lo, a_hi - a_lo + 1, c, 1};
+    } else { /* widen the one block to this key chunk too */
+      ring_block *b = &out[0];
+      const int32_t lo = a_lo < b->a0 ? a_lo : b->a0;
+      const int32_t hi = a_hi > b->a0 + b->na - 1 ? a_hi : b->a0 + b->na - 1;
+      b->a0 = lo, b->na = hi - lo + 1, b->nc = c - b->c0 + 1;
+    }
+  }
+  return nb;
+}
+
+void attn_dist_ring_block_shapes(attn_dist_plan *plan, int used[2][2]) {
+  ring g;
+  init_geometry(&g, plan);
+  memset(used, 0, 4 * sizeof(int));
+  const int32_t last = last_step(&g);
+  ring_block blocks[4];
+  for (int32_t s = 0; s <= last; ++s) {
+    const int nb = step_blocks(&g, g.r, s, 0, blocks);
+    for (int i = 0; i < nb; ++i) used[blocks[i].na - 1][blocks[i].nc - 1] = 1;
+  }
 }
 
 /* ---- scratch --------------------------------------------------------------------------------- */
@@ -218,17 +279,28 @@ static attn_inputs block_inputs(const ring *g, const attn_inputs *in, int32_t a,
   return bi;
 }
 
-static attn_status place_block(const ring *g, int32_t a, int32_t src, int32_t c) {
+/* The plan of a host block (its shape in chunks), placed at the block's global positions: each of
+ * its query chunks and key chunks a piece of its own. */
+static attn_status place_block(const ring *g, const ring_block *b, attn_plan **block_plan) {
   const attn_problem *G = &g->plan->global;
   attn_positions pos;
   memset(&pos, 0, sizeof pos);
   pos.batch0 = g->plan->b0;
   pos.head0 = g->plan->ring_head0;
-  pos.row0 = attn_dist_chunk_start(g->plan, G->seqlen_q, g->r, a);
-  pos.col0 = attn_dist_chunk_start(g->plan, G->seqlen_k, src, c);
+  pos.rows.pieces = b->na, pos.cols.pieces = b->nc;
+  for (int32_t a = 0; a < b->na; ++a) {
+    pos.rows.start[a] = (int64_t)a * g->nq;
+    pos.rows.global[a] = attn_dist_chunk_start(g->plan, G->seqlen_q, g->r, b->a0 + a);
+  }
+  for (int32_t c = 0; c < b->nc; ++c) {
+    pos.cols.start[c] = (int64_t)c * g->nk;
+    pos.cols.global[c] = attn_dist_chunk_start(g->plan, G->seqlen_k, b->src, b->c0 + c);
+  }
   pos.has_offset = 1;
-  pos.offset = pos.row0 - pos.col0 + g->o_global;
-  return attn_plan_set_positions(g->plan->block_plan, &pos);
+  pos.offset = g->o_global;
+  *block_plan = b->na == 1 && b->nc == 1 ? g->plan->block_plan
+                                          : g->plan->span_plans[b->na - 1][b->nc - 1];
+  return attn_plan_set_positions(*block_plan, &pos);
 }
 
 /* Merges a partial result (rows [row0, row0 + rows) of the local queries: out_blk dense
@@ -354,10 +426,9 @@ typedef struct ring_pass {
   /* Backward: at the start of a step, after its K/V transfer was posted: clears the step's share
    * of the dK/dV sums (summed apart, so the previous step's sums can still be in flight). */
   attn_status (*begin_step)(void *self);
-  /* The visible block of this rank's query chunk a against key chunk c of rank src's slice kv:
-   * offset off, its keys starting at global position k0. */
-  attn_status (*block)(void *self, int32_t a, int32_t src, int32_t c, int64_t off, int64_t k0,
-                       const char *kv);
+  /* A block of the step (step_blocks) against rank src's slice kv. */
+  attn_status (*block)(void *self, const ring_block *b, const char *kv);
+  int split; /* blocks of one pair of chunks each (the device ring: no positions) */
   /* Backward: the step's share joins the travelling sums in hand, dkv. */
   attn_status (*add_step)(void *self, void *dkv);
 } ring_pass;
@@ -394,15 +465,13 @@ static attn_status run_steps(ring_pass *p) {
       }
     }
     if (p->begin_step != NULL) status = p->begin_step(p->self);
-    for (int32_t a = 0; a < g->C && status == ATTN_STATUS_OK; ++a)
-      for (int32_t c = 0; c < g->C && status == ATTN_STATUS_OK; ++c) {
-        const int64_t off = block_offset(g, g->r, a, src, c);
-        if (!block_visible(g, off)) continue;
-        const int64_t k0 = attn_dist_chunk_start(g->plan, g->plan->global.seqlen_k, src, c);
-        status = p->block(p->self, a, src, c, off, k0, p->kv[cur]);
-        progress(g, &t);
-        progress(g, &dt);
-      }
+    ring_block blocks[4];
+    const int nb = step_blocks(g, g->r, s, p->split, blocks);
+    for (int i = 0; i < nb && status == ATTN_STATUS_OK; ++i) {
+      status = p->block(p->self, &blocks[i], p->kv[cur]);
+      progress(g, &t);
+      progress(g, &dt);
+    }
     if (status != ATTN_STATUS_OK) {
       abandon(g, &t);
       abandon(g, &dt);
@@ -687,12 +756,13 @@ typedef struct device_forward {
   size_t ws;
 } device_forward;
 
-static attn_status device_forward_block(void *self, int32_t a, int32_t src, int32_t c, int64_t off,
-                                        int64_t k0, const char *kv) {
+static attn_status device_forward_block(void *self, const ring_block *b, const char *kv) {
   device_forward *f = self;
   const ring *g = f->g;
   attn_dist_plan *plan = g->plan;
-  (void)src; /* the block runs without positions (device_block_plan) */
+  /* one pair of chunks (split), run without positions (device_block_plan) */
+  const int32_t a = b->a0, c = b->c0;
+  const int64_t off = block_offset(g, g->r, a, b->src, c), k0 = block_k0(g, b);
   attn_inputs bi = block_inputs(g, f->in, a, kv, c, k0);
   attn_outputs bo;
   attn_outputs_init(&bo);
@@ -730,7 +800,8 @@ static attn_status ring_forward_device(attn_dist_plan *plan, const attn_inputs *
                     .self = &f,
                     .kv = {base, base + g.kv_bytes},
                     .order_transfer = device_order_transfer,
-                    .block = device_forward_block};
+                    .block = device_forward_block,
+                    .split = 1};
   transfers_on(plan, plan->comm_stream);
   DEV("clearing the output sums", fill, dev, f.ao, n_out, 0.0f, plan->stream);
   DEV("clearing the lse sums", fill, dev, f.al, n_lse, -INFINITY, plan->stream);
@@ -771,13 +842,14 @@ done:
   return status;
 }
 
-static attn_status device_backward_block(void *self, int32_t a, int32_t src, int32_t c, int64_t off,
-                                         int64_t k0, const char *kv) {
+static attn_status device_backward_block(void *self, const ring_block *rb, const char *kv) {
   device_backward *b = self;
   const ring *g = b->x.g;
   attn_dist_plan *plan = g->plan;
   const int32_t dev = plan->global.device_index;
-  (void)src; /* the block runs without positions (device_block_plan) */
+  /* one pair of chunks (split), run without positions (device_block_plan) */
+  const int32_t a = rb->a0, c = rb->c0;
+  const int64_t off = block_offset(g, g->r, a, rb->src, c), k0 = block_k0(g, rb);
   attn_status status = ATTN_STATUS_OK;
   const int64_t q_row = (int64_t)a * g->nq;
   block_args blk;
@@ -843,6 +915,7 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
                     .order_transfer = device_order_transfer,
                     .begin_step = device_begin_step,
                     .block = device_backward_block,
+                    .split = 1,
                     .add_step = device_add_step};
   char *rest = lay_out_backward(&pass, &b.x, base, dq_blk, dk_blk, dv_blk, dkv_acc);
   b.step = (float *)rest;
@@ -885,21 +958,21 @@ typedef struct host_forward {
   double *ao, *al;
 } host_forward;
 
-static attn_status host_forward_block(void *self, int32_t a, int32_t src, int32_t c, int64_t off,
-                                      int64_t k0, const char *kv) {
+static attn_status host_forward_block(void *self, const ring_block *b, const char *kv) {
   host_forward *f = self;
   const ring *g = f->g;
-  (void)off; /* the block is placed at its global positions instead */
-  attn_inputs bi = block_inputs(g, f->in, a, kv, c, k0);
+  attn_inputs bi = block_inputs(g, f->in, b->a0, kv, b->c0, block_k0(g, b));
   attn_outputs bo;
   attn_outputs_init(&bo);
   bo.out = attn_tensor_dense(f->ob);
   bo.lse = attn_tensor_dense(f->lb);
-  attn_status status = place_block(g, a, src, c);
+  attn_plan *block_plan = NULL;
+  attn_status status = place_block(g, b, &block_plan);
   const double t0 = attn_dist_now();
-  if (status == ATTN_STATUS_OK) status = attn_plan_forward(g->plan->block_plan, &bi, NULL, 0, &bo);
+  if (status == ATTN_STATUS_OK) status = attn_plan_forward(block_plan, &bi, NULL, 0, &bo);
   g->plan->stats.compute_seconds += attn_dist_now() - t0;
-  if (status == ATTN_STATUS_OK) merge(g, f->ob, f->lb, (int64_t)a * g->nq, g->nq, f->ao, f->al);
+  if (status == ATTN_STATUS_OK)
+    merge(g, f->ob, f->lb, (int64_t)b->a0 * g->nq, (int64_t)b->na * g->nq, f->ao, f->al);
   return status;
 }
 
@@ -932,8 +1005,11 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
   f.ob = base + 2 * g.kv_bytes, f.lb = f.ob + out_blk;
   f.ao = (double *)(f.lb + lse_blk), f.al = (double *)((char *)f.ao + acc_out);
   double *ao = f.ao, *al = f.al;
-  ring_pass pass = {
-      .g = &g, .self = &f, .kv = {base, base + g.kv_bytes}, .block = host_forward_block};
+  ring_pass pass = {.g = &g,
+                    .self = &f,
+                    .kv = {base, base + g.kv_bytes},
+                    .block = host_forward_block,
+                    .split = 0};
   memset(ao, 0, acc_out);
   for (int64_t i = 0; i < g.B * g.Hq * g.Tq; ++i) al[i] = -INFINITY;
   pack_kv(&g, in, pass.kv[0]);
@@ -1006,8 +1082,7 @@ typedef struct host_backward {
   double *step, *dqa;
   int64_t nkd; /* elements of dK and dV of a travelling slice */
   double *dbias_acc;
-  char *dbias_blk;
-  int64_t blk_rows, blk_cols; /* of a block's dbias */
+  char *dbias_blk; /* room for the largest block's */
 } host_backward;
 
 static attn_status host_begin_step(void *self) {
@@ -1016,40 +1091,41 @@ static attn_status host_begin_step(void *self) {
   return ATTN_STATUS_OK;
 }
 
-static attn_status host_backward_block(void *self, int32_t a, int32_t src, int32_t c, int64_t off,
-                                       int64_t k0, const char *kv) {
+static attn_status host_backward_block(void *self, const ring_block *rb, const char *kv) {
   host_backward *b = self;
   const ring *g = b->x.g;
   const attn_problem *l = g->l;
-  (void)off; /* the block is placed at its global positions instead */
-  const int64_t q_row = (int64_t)a * g->nq;
+  const int64_t q_row = (int64_t)rb->a0 * g->nq, k0 = block_k0(g, rb);
+  const int64_t rows = (int64_t)rb->na * g->nq, keys = (int64_t)rb->nc * g->nk;
   block_args blk;
-  block_backward_args(&b->x, a, kv, c, k0, &blk);
+  block_backward_args(&b->x, rb->a0, kv, rb->c0, k0, &blk);
   blk.fwd.lse = b->x.fwd->lse;
   blk.fwd.lse.data =
       (char *)b->x.fwd->lse.data + (size_t)(q_row * g->lses[2]) * attn_dtype_size(g->stat);
   memcpy(blk.fwd.lse.stride, g->lses, sizeof g->lses);
   if (b->dbias_blk != NULL) blk.grads.dbias = attn_tensor_dense(b->dbias_blk);
-  attn_status status = place_block(g, a, src, c);
+  attn_plan *block_plan = NULL;
+  attn_status status = place_block(g, rb, &block_plan);
   const double t0 = attn_dist_now();
   if (status == ATTN_STATUS_OK)
-    status =
-        attn_plan_backward(g->plan->block_plan, &blk.in, &blk.fwd, &blk.dout, NULL, 0, &blk.grads);
+    status = attn_plan_backward(block_plan, &blk.in, &blk.fwd, &blk.dout, NULL, 0, &blk.grads);
   g->plan->stats.compute_seconds += attn_dist_now() - t0;
   if (status != ATTN_STATUS_OK) return status;
-  add_rows(g, b->dqa, g->Tq, q_row, g->nq, g->Hq, g->D, b->x.qb);
+  add_rows(g, b->dqa, g->Tq, q_row, rows, g->Hq, g->D, b->x.qb);
   /* dK and dV of the slice in hand: [B, Tk, Hkv, D] then [B, Tk, Hkv, Dv]. */
-  add_rows(g, b->step, g->Tk, (int64_t)c * g->nk, g->nk, g->Hkv, g->D, b->x.kb);
-  add_rows(g, b->step + g->B * g->Tk * g->Hkv * g->D, g->Tk, (int64_t)c * g->nk, g->nk, g->Hkv,
-           g->Dv, b->x.vb);
+  const int64_t k_row = (int64_t)rb->c0 * g->nk;
+  add_rows(g, b->step, g->Tk, k_row, keys, g->Hkv, g->D, b->x.kb);
+  add_rows(g, b->step + g->B * g->Tk * g->Hkv * g->D, g->Tk, k_row, keys, g->Hkv, g->Dv, b->x.vb);
   if (b->dbias_blk != NULL) {
     const int64_t *bsh = l->bias_shape;
     const int64_t r0 = bsh[2] != 1 ? q_row : 0, c0 = bsh[3] != 1 ? k0 : 0;
+    /* a block's dbias: its rows (step_blocks keeps key chunks apart when bias has keys) */
+    const int64_t blk_rows = bsh[2] != 1 ? rows : 1, blk_cols = bsh[3] != 1 ? keys : 1;
     int64_t e = 0;
     for (int64_t i0 = 0; i0 < bsh[0]; ++i0)
       for (int64_t i1 = 0; i1 < bsh[1]; ++i1)
-        for (int64_t i2 = 0; i2 < b->blk_rows; ++i2)
-          for (int64_t i3 = 0; i3 < b->blk_cols; ++i3, ++e)
+        for (int64_t i2 = 0; i2 < blk_rows; ++i2)
+          for (int64_t i3 = 0; i3 < blk_cols; ++i3, ++e)
             b->dbias_acc[((i0 * bsh[1] + i1) * bsh[2] + r0 + i2) * bsh[3] + c0 + i3] +=
                 attn_load(b->dbias_blk, (attn_dtype)l->bias_dtype, e);
   }
@@ -1087,8 +1163,9 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
   if (grads->dbias.data != NULL) attn_dist_strides(&grads->dbias, l->bias_shape, 4, dbias_s);
   b.nkd = g.B * g.Tk * g.Hkv * (g.D + g.Dv); /* dK then dV, per travelling slice */
   const size_t dq_blk = (size_t)round_part(g.B * g.Tq * g.Hq * g.D * (int64_t)g.es);
-  const size_t dk_blk = (size_t)round_part(g.B * g.nk * g.Hkv * g.D * (int64_t)g.es);
-  const size_t dv_blk = (size_t)round_part(g.B * g.nk * g.Hkv * g.Dv * (int64_t)g.es);
+  /* a block's dK and dV: up to every key chunk of the slice */
+  const size_t dk_blk = (size_t)round_part(g.B * g.Tk * g.Hkv * g.D * (int64_t)g.es);
+  const size_t dv_blk = (size_t)round_part(g.B * g.Tk * g.Hkv * g.Dv * (int64_t)g.es);
   const size_t dkv_acc = (size_t)b.nkd * sizeof(double);
   const size_t dq_acc = (size_t)(g.B * g.Tq * g.Hq * g.D) * sizeof(double);
   char *base = NULL;
@@ -1109,10 +1186,10 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
   pack_kv(&g, in, pass.kv[0]);
   const int64_t *bsh = l->bias_shape;
   const int64_t dbias_n = grads->dbias.data != NULL ? bsh[0] * bsh[1] * bsh[2] * bsh[3] : 0;
-  b.blk_rows = bsh[2] != 1 ? g.nq : 1, b.blk_cols = bsh[3] != 1 ? g.nk : 1;
   if (dbias_n > 0) {
+    const int64_t most_rows = bsh[2] != 1 ? g.Tq : 1, most_cols = bsh[3] != 1 ? g.nk : 1;
     b.dbias_acc = calloc((size_t)dbias_n, sizeof(double));
-    b.dbias_blk = malloc((size_t)(bsh[0] * bsh[1] * b.blk_rows * b.blk_cols) *
+    b.dbias_blk = malloc((size_t)(bsh[0] * bsh[1] * most_rows * most_cols) *
                          attn_dtype_size((attn_dtype)l->bias_dtype));
     if (b.dbias_acc == NULL || b.dbias_blk == NULL) {
       free(b.dbias_acc);

@@ -180,6 +180,31 @@ attn_status attn_plan_set_positions(attn_plan *plan, const attn_positions *posit
                      "%s: does not run a block of a larger problem (global dropout counters and "
                      "alignment offsets); the distributed layer needs one that does",
                      plan->impl->name);
+  const attn_position_axis *axes[2] = {&positions->rows, &positions->cols};
+  const char *names[2] = {"rows", "cols"};
+  const int64_t lens[2] = {plan->problem.seqlen_q, plan->problem.seqlen_k};
+  for (int x = 0; x < 2; ++x) {
+    const attn_position_axis *a = axes[x];
+    if (a->pieces < 0 || a->pieces > ATTN_POSITION_PIECES)
+      return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                       "positions.%s.pieces=%d is not in 0..%d", names[x], (int)a->pieces,
+                       ATTN_POSITION_PIECES);
+    if (a->pieces > 1 && (!positions->has_offset || plan->problem.varlen != ATTN_VARLEN_NONE))
+      return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                       "positions.%s: %d pieces need has_offset and a dense problem (varlen none)",
+                       names[x], (int)a->pieces);
+    for (int32_t k = 0; k < attn_position_pieces(a); ++k) {
+      const int64_t lo = k == 0 ? 0 : a->start[k - 1] + 1;
+      if ((k == 0 && a->start[0] != 0) || a->start[k] < lo || (k > 0 && a->start[k] >= lens[x]) ||
+          a->global[k] < 0)
+        return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                         "positions.%s piece %d (start %lld, global %lld): pieces start at 0, "
+                         "then at increasing local indices below the length %lld, at global "
+                         "positions >= 0",
+                         names[x], (int)k, (long long)a->start[k], (long long)a->global[k],
+                         (long long)lens[x]);
+    }
+  }
   plan->positions = *positions;
   plan->has_positions = 1;
   return attn_succeed(plan->ctx);

@@ -43,7 +43,10 @@ typedef struct ref_args {
 typedef struct ref_row {
   int64_t b, h, g, i;
   attn_seq seq;
-  int64_t o; /* alignment offset: len_k - len_q (bottom-right) or 0 (top-left) */
+  /* The aligned diagonal of the row, in the coordinates keys are compared in (key_at): i + o with
+   * o = len_k - len_q (bottom-right) or 0 (top-left); a block placed at global positions compares
+   * global ones, rows(i) + the larger problem's o. */
+  int64_t diagonal;
 } ref_row;
 
 static ref_args make_args(const attn_run *run) {
@@ -67,8 +70,14 @@ static ref_row make_row(const ref_args *a, int64_t b, int64_t h, int64_t i) {
   ref_row r;
   r.b = b, r.h = h, r.g = h / a->group, r.i = i;
   r.seq = attn_seq_of(a->p, a->in, b);
-  r.o = a->pos != NULL && a->pos->has_offset ? a->pos->offset : attn_align_offset(a->p, &r.seq);
+  r.diagonal = a->pos != NULL && a->pos->has_offset ? attn_position_of(&a->pos->rows, i) + a->pos->offset
+                                                     : i + attn_align_offset(a->p, &r.seq);
   return r;
+}
+
+/* Key j in the coordinates of ref_row.diagonal: its global position in a placed block. */
+static int64_t key_at(const ref_args *a, int64_t j) {
+  return a->pos != NULL && a->pos->has_offset ? attn_position_of(&a->pos->cols, j) : j;
 }
 
 /* ---- element addressing --------------------------------------------------------------------- */
@@ -144,9 +153,9 @@ static int visible(const ref_args *a, const ref_row *r, int64_t j) {
   if (j >= r->seq.len_k) return 0; /* varlen: j < len_k[b] */
   /* window (left, right) around the aligned diagonal i + o, both bounds inclusive; causal was
    * folded into right = 0 by the plan, so causal with a window (left, r) uses (left, 0). */
-  int64_t diagonal = r->i + r->o;
-  if (p->window_left >= 0 && j < diagonal - p->window_left) return 0;
-  if (p->window_right >= 0 && j > diagonal + p->window_right) return 0;
+  const int64_t key = key_at(a, j);
+  if (p->window_left >= 0 && key < r->diagonal - p->window_left) return 0;
+  if (p->window_right >= 0 && key > r->diagonal + p->window_right) return 0;
   if (p->has_mask) {
     const attn_tensor *m = &a->in->mask;
     int64_t head = p->mask_shape[1] == 1 ? 0 : r->h;
@@ -182,7 +191,7 @@ static double logit(const ref_args *a, const ref_row *r, const double *q, int64_
     int64_t off = p->alibi == ATTN_ALIBI_PER_BATCH_HEAD ? r->b * sl->stride[0] + r->h * sl->stride[1]
                                                         : r->h * sl->stride[0];
     double slope = attn_load(sl->data, a->stat_dtype, off);
-    x -= slope * fabs((double)(r->i + r->o - j));
+    x -= slope * fabs((double)(r->diagonal - key_at(a, j)));
   }
   *pre = x;
   /* Soft cap: bias and ALiBi are inside it; masking came before, so masked keys stay at zero. */
@@ -202,7 +211,8 @@ static int kept(const ref_args *a, const ref_row *r, int64_t j) {
   if (a->p->dropout_p == 0.0) return 1;
   if (a->pos != NULL) /* a block of a larger problem: the counter takes global indices */
     return attn_dropout_keep(a->in->dropout_seed, a->drop_threshold, r->b + a->pos->batch0,
-                             r->h + a->pos->head0, r->i + a->pos->row0, j + a->pos->col0);
+                             r->h + a->pos->head0, attn_position_of(&a->pos->rows, r->i),
+                             attn_position_of(&a->pos->cols, j));
   return attn_dropout_keep(a->in->dropout_seed, a->drop_threshold, r->b, r->h, r->i, j);
 }
 
