@@ -40,6 +40,10 @@ typedef struct ring {
   const attn_problem *l;                     /* local problem */
   attn_dtype dt, stat;                       /* tensors, and lse / sinks */
   size_t es;                                 /* bytes per tensor element */
+  /* The host blocks' partial results (out, dq, dk, dv) and the sums they join: f32, or f64 for an
+   * f64 problem (attn_positions.partial), never rounded to a low-precision dtype on the way. */
+  attn_dtype pdt;
+  size_t pes;
   int64_t B, Hq, Hkv, D, Dv, Tq, Tk, nq, nk; /* local sizes; nq, nk: chunk lengths */
   int32_t n, r, C;  /* ring size, this rank's place in it, chunks per rank */
   int64_t o_global; /* alignment offset of the global problem */
@@ -54,6 +58,11 @@ typedef struct ring {
  * (the cuda kernels need 16-byte aligned tensors; the host path does not mind). */
 static int64_t round_part(int64_t x) { return (x + 255) / 256 * 256; }
 
+/* Element e of a buffer of partial results or sums (dtype g->pdt). */
+static void *sum_at(const ring *g, void *base, int64_t e) {
+  return (char *)base + (size_t)e * g->pes;
+}
+
 /* The sizes and the mask's geometry, which need no tensor. */
 static void init_geometry(ring *g, attn_dist_plan *plan) {
   memset(g, 0, sizeof *g);
@@ -63,6 +72,11 @@ static void init_geometry(ring *g, attn_dist_plan *plan) {
   g->dt = (attn_dtype)l->dtype;
   g->stat = attn_stat_dtype(g->dt);
   g->es = attn_dtype_size(g->dt);
+  attn_positions partial;
+  memset(&partial, 0, sizeof partial);
+  partial.partial = 1;
+  g->pdt = attn_result_dtype(l, &partial);
+  g->pes = attn_dtype_size(g->pdt);
   g->B = l->batch, g->Hq = l->heads_q, g->Hkv = l->heads_kv, g->D = l->head_dim;
   g->Dv = l->head_dim_v, g->Tq = l->seqlen_q, g->Tk = l->seqlen_k;
   g->C = plan->chunks, g->nq = g->Tq / g->C, g->nk = g->Tk / g->C;
@@ -298,16 +312,28 @@ static attn_status place_block(const ring *g, const ring_block *b, attn_plan **b
   }
   pos.has_offset = 1;
   pos.offset = g->o_global;
+  pos.partial = 1;
   *block_plan = b->na == 1 && b->nc == 1 ? g->plan->block_plan
                                           : g->plan->span_plans[b->na - 1][b->nc - 1];
   return attn_plan_set_positions(*block_plan, &pos);
 }
 
+/* The sinks plan (the local queries against the sinks alone) at the ring's batch and heads, its
+ * results partial as a block's. */
+static attn_status place_sinks(const ring *g) {
+  attn_positions pos;
+  memset(&pos, 0, sizeof pos);
+  pos.batch0 = g->plan->b0;
+  pos.head0 = g->plan->ring_head0;
+  pos.partial = 1;
+  return attn_plan_set_positions(g->plan->sinks_plan, &pos);
+}
+
 /* Merges a partial result (rows [row0, row0 + rows) of the local queries: out_blk dense
- * [B, rows, Hq, Dv] of the tensor dtype, lse_blk dense [B, Hq, rows]) into the accumulators
- * (double: acc_out [B, Tq, Hq, Dv], acc_lse [B, Hq, Tq]). */
+ * [B, rows, Hq, Dv] of dtype pdt, lse_blk dense [B, Hq, rows]) into the accumulators (acc_out
+ * [B, Tq, Hq, Dv] of dtype pdt, acc_lse [B, Hq, Tq] double). */
 static void merge(const ring *g, const void *out_blk, const void *lse_blk, int64_t row0,
-                  int64_t rows, double *acc_out, double *acc_lse) {
+                  int64_t rows, void *acc_out, double *acc_lse) {
   const int dist_threads = attn_dist_host_threads(g->plan);
   DIST_PARALLEL_FOR
   for (int64_t bh = 0; bh < g->B * g->Hq; ++bh) { /* one (batch, head) */
@@ -319,8 +345,9 @@ static void merge(const ring *g, const void *out_blk, const void *lse_blk, int64
       const double m = *L > l ? *L : l;
       const double total = m + log(exp(*L - m) + exp(l - m));
       const double wa = exp(*L - total), wb = exp(l - total);
-      double *acc = acc_out + ((b * g->Tq + row0 + i) * g->Hq + h) * g->Dv;
-      dist_row_blend(acc, wa, wb, out_blk, g->dt, ((b * rows + i) * g->Hq + h) * g->Dv, g->Dv);
+      void *acc = sum_at(g, acc_out, ((b * g->Tq + row0 + i) * g->Hq + h) * g->Dv);
+      dist_row_blend(acc, g->pdt, wa, wb, out_blk, g->pdt, ((b * rows + i) * g->Hq + h) * g->Dv,
+                     g->Dv);
       *L = total;
     }
   }
@@ -771,6 +798,7 @@ static attn_status device_forward_block(void *self, const ring_block *b, const c
   const double t0 = attn_dist_now();
   attn_status status = attn_plan_forward(device_block_plan(g, off), &bi, f->wsp, f->ws, &bo);
   plan->stats.compute_seconds += attn_dist_now() - t0;
+  ++plan->stats.blocks;
   if (status != ATTN_STATUS_OK) return status;
   DEV("merging a block", merge, plan->global.device_index, (int32_t)g->dt, f->ao, f->al, f->ob,
       (const float *)f->lb, g->B, g->Hq, g->Tq, (int64_t)a * g->nq, g->nq, g->Dv, plan->stream);
@@ -866,6 +894,7 @@ static attn_status device_backward_block(void *self, const ring_block *rb, const
   status = attn_plan_backward(device_block_plan(g, off), &blk.in, &blk.fwd, &blk.dout, b->wsp,
                               b->ws, &blk.grads);
   plan->stats.compute_seconds += attn_dist_now() - t0;
+  ++plan->stats.blocks;
   if (status != ATTN_STATUS_OK) return status;
   /* dq rows of query chunk a; dK and dV rows of key chunk c of the slice in hand. */
   DEV("summing gradients", accumulate, dev, b->dqa, g->Tq, q_row, b->x.qb, (int32_t)g->dt, g->B,
@@ -950,12 +979,14 @@ done:
 
 /* ---- forward --------------------------------------------------------------------------------- */
 
-/* The host forward's state: a block's output and lse, and the double accumulators. */
+/* The host forward's state: a block's output and lse, and the accumulators (out of dtype pdt,
+ * lse double). */
 typedef struct host_forward {
   ring *g;
   const attn_inputs *in;
   char *ob, *lb;
-  double *ao, *al;
+  void *ao;
+  double *al;
 } host_forward;
 
 static attn_status host_forward_block(void *self, const ring_block *b, const char *kv) {
@@ -971,6 +1002,7 @@ static attn_status host_forward_block(void *self, const ring_block *b, const cha
   const double t0 = attn_dist_now();
   if (status == ATTN_STATUS_OK) status = attn_plan_forward(block_plan, &bi, NULL, 0, &bo);
   g->plan->stats.compute_seconds += attn_dist_now() - t0;
+  ++g->plan->stats.blocks;
   if (status == ATTN_STATUS_OK)
     merge(g, f->ob, f->lb, (int64_t)b->a0 * g->nq, (int64_t)b->na * g->nq, f->ao, f->al);
   return status;
@@ -993,9 +1025,9 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
   ring g;
   init_ring(&g, plan, in, &out->out, out->lse.data != NULL ? &out->lse : NULL);
   const size_t stat_es = attn_dtype_size(g.stat);
-  const size_t out_blk = (size_t)round_part(g.B * g.Tq * g.Hq * g.Dv * (int64_t)g.es);
+  const size_t out_blk = (size_t)round_part(g.B * g.Tq * g.Hq * g.Dv * (int64_t)g.pes);
   const size_t lse_blk = (size_t)round_part(g.B * g.Hq * g.Tq * (int64_t)stat_es);
-  const size_t acc_out = (size_t)(g.B * g.Tq * g.Hq * g.Dv) * sizeof(double);
+  const size_t acc_out = (size_t)round_part(g.B * g.Tq * g.Hq * g.Dv * (int64_t)g.pes);
   const size_t acc_lse = (size_t)(g.B * g.Hq * g.Tq) * sizeof(double);
   char *base = NULL;
   attn_status status =
@@ -1003,8 +1035,9 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
   if (status != ATTN_STATUS_OK) return status;
   host_forward f = {.g = &g, .in = in};
   f.ob = base + 2 * g.kv_bytes, f.lb = f.ob + out_blk;
-  f.ao = (double *)(f.lb + lse_blk), f.al = (double *)((char *)f.ao + acc_out);
-  double *ao = f.ao, *al = f.al;
+  f.ao = f.lb + lse_blk, f.al = (double *)((char *)f.ao + acc_out);
+  void *ao = f.ao;
+  double *al = f.al;
   ring_pass pass = {.g = &g,
                     .self = &f,
                     .kv = {base, base + g.kv_bytes},
@@ -1027,7 +1060,8 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
     attn_outputs_init(&so);
     so.out = attn_tensor_dense(f.ob);
     so.lse = attn_tensor_dense(f.lb);
-    status = attn_plan_forward(plan->sinks_plan, &si, NULL, 0, &so);
+    status = place_sinks(&g);
+    if (status == ATTN_STATUS_OK) status = attn_plan_forward(plan->sinks_plan, &si, NULL, 0, &so);
     if (status != ATTN_STATUS_OK) return status;
     merge(&g, f.ob, f.lb, 0, g.Tq, ao, al);
   }
@@ -1038,7 +1072,7 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
     const int64_t b = bi / g.Tq, i = bi % g.Tq;
     for (int64_t h = 0; h < g.Hq; ++h) {
       dist_row_store(out->out.data, g.dt, b * g.os[0] + i * g.os[1] + h * g.os[2], g.os[3],
-                     ao + (bi * g.Hq + h) * g.Dv, g.Dv);
+                     sum_at(&g, ao, (bi * g.Hq + h) * g.Dv), g.pdt, g.Dv);
       if (out->lse.data != NULL)
         attn_store(out->lse.data, g.stat, b * g.lses[0] + h * g.lses[1] + i * g.lses[2],
                    al[(b * g.Hq + h) * g.Tq + i]);
@@ -1049,20 +1083,21 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
 
 /* ---- backward -------------------------------------------------------------------------------- */
 
-/* acc[b, rows, H, W] (double, rows of a tensor of `T` rows starting at row0) += blk dense
- * [B, rows, H, W] of dtype dt. */
-static void add_rows(const ring *g, double *acc, int64_t T, int64_t row0, int64_t rows, int64_t H,
+/* acc[b, rows, H, W] (dtype pdt, rows of a tensor of `T` rows starting at row0) += blk dense
+ * [B, rows, H, W] of dtype pdt (a block's partial gradient). */
+static void add_rows(const ring *g, void *acc, int64_t T, int64_t row0, int64_t rows, int64_t H,
                      int64_t W, const void *blk) {
   const int dist_threads = attn_dist_host_threads(g->plan);
   DIST_PARALLEL_FOR
   for (int64_t bi = 0; bi < g->B * rows; ++bi) { /* one (batch, row) */
     const int64_t b = bi / rows, i = bi % rows;
-    dist_row_add(acc + ((b * T + row0 + i) * H) * W, blk, g->dt, bi * H * W, H * W);
+    dist_row_add(sum_at(g, acc, ((b * T + row0 + i) * H) * W), g->pdt, blk, g->pdt, bi * H * W,
+                 H * W);
   }
 }
 
-/* Writes acc [B, T, H, W] (double) into a caller's tensor of dtype dt with strides st. */
-static void write_rows(const ring *g, const double *acc, int64_t T, int64_t H, int64_t W,
+/* Writes acc [B, T, H, W] (dtype pdt) into a caller's tensor of dtype dt with strides st. */
+static void write_rows(const ring *g, void *acc, int64_t T, int64_t H, int64_t W,
                        const attn_tensor *t, const int64_t st[4]) {
   const int dist_threads = attn_dist_host_threads(g->plan);
   DIST_PARALLEL_FOR
@@ -1070,16 +1105,16 @@ static void write_rows(const ring *g, const double *acc, int64_t T, int64_t H, i
     const int64_t b = bi / T, i = bi % T;
     for (int64_t h = 0; h < H; ++h)
       dist_row_store(t->data, g->dt, b * st[0] + i * st[1] + h * st[2], st[3],
-                     acc + (bi * H + h) * W, W);
+                     sum_at(g, acc, (bi * H + h) * W), g->pdt, W);
   }
 }
 
 /* The host backward's state: dense block gradients, the step's dK/dV share and the dq sums
- * (double), and dbias: each block's part is added into a double accumulator of the local dbias's
+ * (dtype pdt), and dbias: each block's part is added into a double accumulator of the local dbias's
  * shape (blocks meet in one place when the bias broadcasts rows or keys), written out at the end. */
 typedef struct host_backward {
   backward_args x;
-  double *step, *dqa;
+  void *step, *dqa;
   int64_t nkd; /* elements of dK and dV of a travelling slice */
   double *dbias_acc;
   char *dbias_blk; /* room for the largest block's */
@@ -1087,7 +1122,7 @@ typedef struct host_backward {
 
 static attn_status host_begin_step(void *self) {
   host_backward *b = self;
-  memset(b->step, 0, (size_t)b->nkd * sizeof(double));
+  memset(b->step, 0, (size_t)b->nkd * b->x.g->pes);
   return ATTN_STATUS_OK;
 }
 
@@ -1110,12 +1145,14 @@ static attn_status host_backward_block(void *self, const ring_block *rb, const c
   if (status == ATTN_STATUS_OK)
     status = attn_plan_backward(block_plan, &blk.in, &blk.fwd, &blk.dout, NULL, 0, &blk.grads);
   g->plan->stats.compute_seconds += attn_dist_now() - t0;
+  ++g->plan->stats.blocks;
   if (status != ATTN_STATUS_OK) return status;
   add_rows(g, b->dqa, g->Tq, q_row, rows, g->Hq, g->D, b->x.qb);
   /* dK and dV of the slice in hand: [B, Tk, Hkv, D] then [B, Tk, Hkv, Dv]. */
   const int64_t k_row = (int64_t)rb->c0 * g->nk;
   add_rows(g, b->step, g->Tk, k_row, keys, g->Hkv, g->D, b->x.kb);
-  add_rows(g, b->step + g->B * g->Tk * g->Hkv * g->D, g->Tk, k_row, keys, g->Hkv, g->Dv, b->x.vb);
+  add_rows(g, sum_at(g, b->step, g->B * g->Tk * g->Hkv * g->D), g->Tk, k_row, keys, g->Hkv, g->Dv,
+           b->x.vb);
   if (b->dbias_blk != NULL) {
     const int64_t *bsh = l->bias_shape;
     const int64_t r0 = bsh[2] != 1 ? q_row : 0, c0 = bsh[3] != 1 ? k0 : 0;
@@ -1134,11 +1171,13 @@ static attn_status host_backward_block(void *self, const ring_block *rb, const c
 
 static attn_status host_add_step(void *self, void *dkv) {
   host_backward *b = self;
-  double *sums = dkv;
-  const double *step = b->step;
-  const int dist_threads = attn_dist_host_threads(b->x.g->plan);
+  const ring *g = b->x.g;
+  const int dist_threads = attn_dist_host_threads(g->plan);
+  const int64_t span = 4096; /* elements a thread adds at a time */
   DIST_PARALLEL_FOR
-  for (int64_t e = 0; e < b->nkd; ++e) sums[e] += step[e];
+  for (int64_t e0 = 0; e0 < b->nkd; e0 += span)
+    dist_row_add(sum_at(g, dkv, e0), g->pdt, b->step, g->pdt, e0,
+                 b->nkd - e0 < span ? b->nkd - e0 : span);
   return ATTN_STATUS_OK;
 }
 
@@ -1162,12 +1201,12 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
   int64_t dbias_s[4];
   if (grads->dbias.data != NULL) attn_dist_strides(&grads->dbias, l->bias_shape, 4, dbias_s);
   b.nkd = g.B * g.Tk * g.Hkv * (g.D + g.Dv); /* dK then dV, per travelling slice */
-  const size_t dq_blk = (size_t)round_part(g.B * g.Tq * g.Hq * g.D * (int64_t)g.es);
+  const size_t dq_blk = (size_t)round_part(g.B * g.Tq * g.Hq * g.D * (int64_t)g.pes);
   /* a block's dK and dV: up to every key chunk of the slice */
-  const size_t dk_blk = (size_t)round_part(g.B * g.Tk * g.Hkv * g.D * (int64_t)g.es);
-  const size_t dv_blk = (size_t)round_part(g.B * g.Tk * g.Hkv * g.Dv * (int64_t)g.es);
-  const size_t dkv_acc = (size_t)b.nkd * sizeof(double);
-  const size_t dq_acc = (size_t)(g.B * g.Tq * g.Hq * g.D) * sizeof(double);
+  const size_t dk_blk = (size_t)round_part(g.B * g.Tk * g.Hkv * g.D * (int64_t)g.pes);
+  const size_t dv_blk = (size_t)round_part(g.B * g.Tk * g.Hkv * g.Dv * (int64_t)g.pes);
+  const size_t dkv_acc = (size_t)round_part(b.nkd * (int64_t)g.pes);
+  const size_t dq_acc = (size_t)round_part(g.B * g.Tq * g.Hq * g.D * (int64_t)g.pes);
   char *base = NULL;
   attn_status status =
       get_scratch(plan, 2 * g.kv_bytes + dq_blk + dk_blk + dv_blk + 3 * dkv_acc + dq_acc, &base);
@@ -1179,8 +1218,8 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
                     .block = host_backward_block,
                     .add_step = host_add_step};
   char *rest = lay_out_backward(&pass, &b.x, base, dq_blk, dk_blk, dv_blk, dkv_acc);
-  b.step = (double *)rest;
-  b.dqa = (double *)(rest + dkv_acc);
+  b.step = rest;
+  b.dqa = rest + dkv_acc;
   memset(pass.dkv[0], 0, dkv_acc);
   memset(b.dqa, 0, dq_acc);
   pack_kv(&g, in, pass.kv[0]);
@@ -1200,10 +1239,11 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
 
   status = run_steps(&pass);
   if (status != ATTN_STATUS_OK) goto done;
-  const double *dkv = pass.dkv[pass.dcur];
+  void *dkv = pass.dkv[pass.dcur];
   write_rows(&g, b.dqa, g.Tq, g.Hq, g.D, &grads->dq, b.x.st.dq);
   write_rows(&g, dkv, g.Tk, g.Hkv, g.D, &grads->dk, b.x.st.dk);
-  write_rows(&g, dkv + g.B * g.Tk * g.Hkv * g.D, g.Tk, g.Hkv, g.Dv, &grads->dv, b.x.st.dv);
+  write_rows(&g, sum_at(&g, dkv, g.B * g.Tk * g.Hkv * g.D), g.Tk, g.Hkv, g.Dv, &grads->dv,
+             b.x.st.dv);
 
   if (plan->sinks_plan != NULL && grads->dsinks.data != NULL) {
     attn_inputs si;
@@ -1222,7 +1262,9 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
     attn_outputs_init(&sf);
     sf.out = fwd->out;
     sf.lse = fwd->lse;
-    status = attn_plan_backward(plan->sinks_plan, &si, &sf, dout, NULL, 0, &sg);
+    status = place_sinks(&g);
+    if (status == ATTN_STATUS_OK)
+      status = attn_plan_backward(plan->sinks_plan, &si, &sf, dout, NULL, 0, &sg);
     /* Hybrid: the all-to-all layer sums the caller's dsinks once the heads are back. */
     if (status == ATTN_STATUS_OK && !plan->hybrid)
       status = attn_dist_reduce_dsinks(plan, &grads->dsinks);

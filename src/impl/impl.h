@@ -45,7 +45,19 @@ typedef struct attn_positions {
    * under sequence sharding). 0: they use the problem's own indices and offset (one piece each). */
   int32_t has_offset;
   int64_t offset;
+  /* 1: the run's results are partial sums that the caller adds up with others (the ring's
+   * blocks): a low-precision problem writes out, dq, dk and dv in f32, never rounded to its dtype
+   * (SPEC.md: partial sums are never rounded to bf16); the backward still reads the forward's out
+   * in the problem's dtype (it is the caller's whole result). Dense problems only. */
+  int32_t partial;
 } attn_positions;
+
+/* The dtype a run writes out, dq, dk and dv in: f32 for the partial results of a low-precision
+ * problem (attn_positions.partial), else the problem's. */
+static inline attn_dtype attn_result_dtype(const attn_problem *p, const attn_positions *pos) {
+  const attn_dtype dt = (attn_dtype)p->dtype;
+  return pos != NULL && pos->partial && dt != ATTN_DTYPE_F64 ? ATTN_DTYPE_F32 : dt;
+}
 
 /* The piece of a positions axis that holds local index x, and x's global position. */
 static inline int32_t attn_position_piece(const attn_position_axis *a, int64_t x) {

@@ -115,6 +115,7 @@ typedef struct cpu_run {
   const attn_inputs *in;
   const attn_cpu_kernels *kern;
   attn_dtype dt;
+  attn_dtype rdt; /* of the results (store_vec) */
   int packed; /* varlen packed: token tensors are [total, H, W] */
   int64_t B, Hq, Hkv, group, D, Dv, Dp, Dvp, Tq, Tk;
   int64_t bq, bk, nqb, nkb; /* block sizes and the block counts of the longest sequence */
@@ -147,6 +148,7 @@ static cpu_run make_cpu_run(const attn_run *run) {
   c.kern = run->state != NULL ? (const attn_cpu_kernels *)run->state
                                 : select_kernels((attn_dtype)p->dtype);
   c.dt = (attn_dtype)p->dtype;
+  c.rdt = attn_result_dtype(p, run->positions);
   c.packed = p->varlen == ATTN_VARLEN_PACKED;
   c.B = p->batch, c.Hq = p->heads_q, c.Hkv = p->heads_kv, c.group = p->heads_q / p->heads_kv;
   c.D = p->head_dim, c.Dv = p->head_dim_v;
@@ -247,10 +249,11 @@ static void load_vec(const cpu_run *c, const void *base, int64_t off, int64_t st
   }
 }
 
-/* dst[off + d * stride] = s * src[d], rounded to the run's dtype, d < n. */
+/* dst[off + d * stride] = s * src[d], rounded to the dtype of the run's results (out, dq, dk,
+ * dv: the problem's, or f32 for partial results, attn_result_dtype), d < n. */
 static void store_vec(const cpu_run *c, void *base, int64_t off, int64_t stride, int64_t n,
                       const float *src, float s) {
-  const attn_dtype dt = c->dt;
+  const attn_dtype dt = c->rdt;
   if (dt == ATTN_DTYPE_F16 && stride == 1) {
     c->kern->store_f16((uint16_t *)base + off, n, src, s);
   } else if (dt == ATTN_DTYPE_F32 && stride == 1) {

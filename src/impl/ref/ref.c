@@ -32,6 +32,9 @@ typedef struct ref_args {
    * problem's for a plan's run; f64 where the attn tool evaluates chosen rows (ref_rows.h), so that
    * its oracle reads a low-precision problem's inputs where they lie, with no f64 copy of them. */
   attn_dtype result_dtype, result_stat_dtype;
+  /* The dtype the backward reads the forward's out in: result_dtype, but the problem's when the
+   * results are partial sums written in f32 (attn_positions.partial; out is the caller's). */
+  attn_dtype out_dtype;
   int64_t group;         /* query heads per KV head: Hq / Hkv */
   uint32_t drop_threshold;
   double keep_scale;     /* 1 / (1 - p_drop): the weight of a kept probability */
@@ -56,8 +59,9 @@ static ref_args make_args(const attn_run *run) {
   a.in = run->inputs;
   a.dtype = (attn_dtype)p->dtype;
   a.stat_dtype = attn_stat_dtype(a.dtype);
-  a.result_dtype = a.dtype;
+  a.result_dtype = attn_result_dtype(p, run->positions);
   a.result_stat_dtype = a.stat_dtype;
+  a.out_dtype = a.dtype;
   a.group = p->heads_q / p->heads_kv;
   a.drop_threshold = attn_dropout_threshold(p->dropout_p);
   a.keep_scale = 1.0 / (1.0 - p->dropout_p);
@@ -299,11 +303,10 @@ static void forward_row(const ref_args *a, const attn_outputs *out, const ref_ro
 /* Writes values[e] (or 0 when values is NULL) to element e, in dense C order, of an output tensor
  * of the role, through its strides and in its dtype. */
 static void write_dense(const attn_problem *p, attn_role role, const attn_tensor *t,
-                        const double *values) {
+                        const double *values, attn_dtype dtype) {
   int64_t shape[ATTN_MAX_DIMS];
   int ndim = attn_role_shape(p, role, shape);
   int64_t n = attn_role_numel(p, role);
-  attn_dtype dtype = attn_role_dtype(p, role);
   for (int64_t e = 0; e < n; ++e) {
     int64_t rest = e, off = 0;
     for (int d = ndim - 1; d >= 0; --d) {
@@ -340,7 +343,8 @@ static attn_status ref_forward(const attn_run *run) {
   s.v = (unsigned char *)(s.q + p->head_dim);
 
   attn_paged_append(p, run->inputs); /* a paged cache's new rows first: they are attended to */
-  if (out->probs.data != NULL) write_dense(p, ATTN_ROLE_PROBS, &out->probs, NULL);
+  if (out->probs.data != NULL)
+    write_dense(p, ATTN_ROLE_PROBS, &out->probs, NULL, attn_role_dtype(p, ATTN_ROLE_PROBS));
   write_rows_outside_sequences(&a, out);
   for (int64_t b = 0; b < p->batch; ++b) {
     attn_seq seq = attn_seq_of(p, run->inputs, b);
@@ -402,7 +406,7 @@ static void backward_row(const ref_args *a, const attn_run *run, const ref_row *
     /* Delta_i = dot(dout_i, out_i) */
     double delta = 0.0;
     for (int64_t d = 0; d < p->head_dim_v; ++d)
-      delta += s->dout[d] * attn_load(fwd->out.data, a->result_dtype,
+      delta += s->dout[d] * attn_load(fwd->out.data, a->out_dtype,
                                       token_at(p, &fwd->out, r->b, q_row(r), r->h, d));
     int64_t visits = ks.list != NULL ? ks.count : r->seq.len_k;
     for (int64_t n = 0; n < visits; ++n) {
@@ -466,7 +470,7 @@ static attn_status ref_backward(const attn_run *run) {
   memset(s.dk, 0, (size_t)(n_dk + n_dv + n_bias + n_sinks) * sizeof(double));
 
   /* dq rows outside every sequence are 0 */
-  write_dense(p, ATTN_ROLE_DQ, &g->dq, NULL);
+  write_dense(p, ATTN_ROLE_DQ, &g->dq, NULL, a.result_dtype);
   const ref_keys every_key = {NULL, 0};
   for (int64_t b = 0; b < p->batch; ++b) {
     attn_seq seq = attn_seq_of(p, run->inputs, b);
@@ -477,10 +481,12 @@ static attn_status ref_backward(const attn_run *run) {
       }
   }
   /* The accumulators are dense in the canonical layout, which is the role's dense shape. */
-  write_dense(p, ATTN_ROLE_DK, &g->dk, s.dk);
-  write_dense(p, ATTN_ROLE_DV, &g->dv, s.dv);
-  if (g->dbias.data != NULL) write_dense(p, ATTN_ROLE_DBIAS, &g->dbias, s.dbias);
-  if (g->dsinks.data != NULL) write_dense(p, ATTN_ROLE_DSINKS, &g->dsinks, s.dsinks);
+  write_dense(p, ATTN_ROLE_DK, &g->dk, s.dk, a.result_dtype);
+  write_dense(p, ATTN_ROLE_DV, &g->dv, s.dv, a.result_dtype);
+  if (g->dbias.data != NULL)
+    write_dense(p, ATTN_ROLE_DBIAS, &g->dbias, s.dbias, attn_role_dtype(p, ATTN_ROLE_DBIAS));
+  if (g->dsinks.data != NULL)
+    write_dense(p, ATTN_ROLE_DSINKS, &g->dsinks, s.dsinks, attn_role_dtype(p, ATTN_ROLE_DSINKS));
   return ATTN_STATUS_OK;
 }
 
@@ -489,7 +495,7 @@ static attn_status ref_backward(const attn_run *run) {
 /* The arguments of a run whose results are in results_dtype (f64 for the oracle). */
 static ref_args rows_args(const attn_run *run, attn_dtype results_dtype) {
   ref_args a = make_args(run);
-  a.result_dtype = results_dtype;
+  a.result_dtype = a.out_dtype = results_dtype;
   a.result_stat_dtype = attn_stat_dtype(results_dtype);
   return a;
 }
