@@ -52,6 +52,9 @@ typedef struct ring {
   size_t k_bytes, v_bytes, seg_bytes, kv_bytes; /* one travelling K/V slice, packed */
   /* strides of the caller's tensors */
   int64_t qs[4], ks[4], vs[4], bias_s[4], mask_s[4], qseg_s[4], kseg_s[4], os[4], lses[4];
+  /* The transfers in flight while a step's blocks run (run_steps), which the host blocks' threads
+   * move on from inside the block (ring_progress). */
+  const struct transfer *moving[2];
 } ring;
 
 /* Byte sizes of the parts of a scratch buffer, rounded so that every part starts 256-byte aligned
@@ -416,10 +419,19 @@ static attn_status finish_shift(ring *g, transfer *t, int32_t to, int32_t from) 
 
 /* Between blocks: gives the transport a chance to move the transfers in flight along (MPI's
  * rendezvous protocols often copy only inside MPI calls), so they overlap the next block. */
-static void progress(ring *g, const transfer *t) {
+static void progress(const ring *g, const transfer *t) {
   if (g->plan->ops->progress == NULL) return;
   if (t->recv != NULL) g->plan->ops->progress(g->plan->ring_comm, t->recv);
   if (t->send != NULL) g->plan->ops->progress(g->plan->ring_comm, t->send);
+}
+
+/* The host blocks' progress hook (attn_plan_set_progress): called by a block's calling thread
+ * between its work items, it moves the step's transfers on, which MPI otherwise moves only when
+ * the ring calls it between blocks, and a zigzag step is one block. */
+static void ring_progress(void *arg) {
+  const ring *g = arg;
+  for (int i = 0; i < 2; ++i)
+    if (g->moving[i] != NULL) progress(g, g->moving[i]);
 }
 
 /* After a failed block, the transfers in flight still have to be waited for (briefly) so their
@@ -494,11 +506,13 @@ static attn_status run_steps(ring_pass *p) {
     if (p->begin_step != NULL) status = p->begin_step(p->self);
     ring_block blocks[4];
     const int nb = step_blocks(g, g->r, s, p->split, blocks);
+    g->moving[0] = &t, g->moving[1] = &dt;
     for (int i = 0; i < nb && status == ATTN_STATUS_OK; ++i) {
       status = p->block(p->self, &blocks[i], p->kv[cur]);
       progress(g, &t);
       progress(g, &dt);
     }
+    g->moving[0] = g->moving[1] = NULL;
     if (status != ATTN_STATUS_OK) {
       abandon(g, &t);
       abandon(g, &dt);
@@ -1000,7 +1014,9 @@ static attn_status host_forward_block(void *self, const ring_block *b, const cha
   attn_plan *block_plan = NULL;
   attn_status status = place_block(g, b, &block_plan);
   const double t0 = attn_dist_now();
+  attn_plan_set_progress(block_plan, ring_progress, (void *)g);
   if (status == ATTN_STATUS_OK) status = attn_plan_forward(block_plan, &bi, NULL, 0, &bo);
+  attn_plan_set_progress(block_plan, NULL, NULL);
   g->plan->stats.compute_seconds += attn_dist_now() - t0;
   ++g->plan->stats.blocks;
   if (status == ATTN_STATUS_OK)
@@ -1142,8 +1158,10 @@ static attn_status host_backward_block(void *self, const ring_block *rb, const c
   attn_plan *block_plan = NULL;
   attn_status status = place_block(g, rb, &block_plan);
   const double t0 = attn_dist_now();
+  attn_plan_set_progress(block_plan, ring_progress, (void *)g);
   if (status == ATTN_STATUS_OK)
     status = attn_plan_backward(block_plan, &blk.in, &blk.fwd, &blk.dout, NULL, 0, &blk.grads);
+  attn_plan_set_progress(block_plan, NULL, NULL);
   g->plan->stats.compute_seconds += attn_dist_now() - t0;
   ++g->plan->stats.blocks;
   if (status != ATTN_STATUS_OK) return status;

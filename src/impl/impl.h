@@ -103,6 +103,12 @@ typedef struct attn_run {
    * honours it. */
   attn_dtype round_to;
   const attn_positions *positions; /* NULL, or where the problem sits (honours_positions only) */
+  /* NULL, or a function to call now and then from the calling thread while the run computes (a
+   * multi-threaded implementation: its thread 0 between work items), so that the distributed
+   * layer's transfers in flight move on: most MPI builds move a large transfer only inside MPI
+   * calls, and a ring step is one call now. Implementations may ignore it. */
+  void (*progress)(void *arg);
+  void *progress_arg;
   char *why; /* message buffer for failures */
   size_t why_size;
 } attn_run;

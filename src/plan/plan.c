@@ -34,6 +34,8 @@ struct attn_plan {
   attn_dtype round_to;
   int has_positions; /* attn_plan_set_positions: this plan's problem is a block of a larger one */
   attn_positions positions;
+  void (*progress)(void *arg); /* attn_plan_set_progress */
+  void *progress_arg;
   void *owned_workspace; /* for callers that pass no workspace */
   size_t owned_workspace_size;
   /* PLAN_ALIVE from creation until attn_plan_destroy clears it. Using a destroyed plan is undefined
@@ -169,6 +171,12 @@ void attn_plan_set_rounding(attn_plan *plan, attn_dtype dtype) {
   if (plan_alive(plan)) plan->round_to = dtype;
 }
 
+void attn_plan_set_progress(attn_plan *plan, void (*progress)(void *arg), void *arg) {
+  if (!plan_alive(plan)) return;
+  plan->progress = progress;
+  plan->progress_arg = arg;
+}
+
 attn_status attn_plan_set_positions(attn_plan *plan, const attn_positions *positions) {
   if (plan == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
   if (positions == NULL) {
@@ -256,6 +264,8 @@ static attn_run make_run(attn_plan *plan, char *why, size_t why_size) {
   run.num_threads = plan->ctx->num_threads;
   run.round_to = plan->round_to;
   run.positions = plan->has_positions ? &plan->positions : NULL;
+  run.progress = plan->progress;
+  run.progress_arg = plan->progress_arg;
   run.why = why;
   run.why_size = why_size;
   why[0] = '\0';

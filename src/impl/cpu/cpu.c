@@ -689,6 +689,13 @@ static int thread_id(void) {
 #endif
 }
 
+/* After a work item: the caller's progress hook (attn_run.progress), from the calling thread
+ * (thread 0 of the team is the thread that called), so a distributed caller's transfers move on
+ * while the other threads compute. */
+static void after_item(const cpu_run *c) {
+  if (c->run->progress != NULL && thread_id() == 0) c->run->progress(c->run->progress_arg);
+}
+
 /* ---- rows outside every sequence ---------------------------------------------------------------- */
 
 static void zero_token_rows(const cpu_run *c, const attn_tensor *t, int64_t heads, int64_t width,
@@ -1134,6 +1141,7 @@ static attn_status cpu_forward(const attn_run *run) {
         PHASE_MARK(pack_start);
         forward_pack(&c, &s, kb, slot + kb * c.D * c.bk, slot + kt_size + kb * c.bk * c.Dvp,
                      slot + kt_size + v_size, t.tmp);
+        after_item(&c);
         PHASE_ADD(&t, PACK, pack_start);
       }
       /* Heaviest first over the whole phase: later query blocks see more keys under a
@@ -1151,6 +1159,7 @@ static attn_status cpu_forward(const attn_run *run) {
         const float *slot = packs + pr * lay.slot;
         forward_block(&c, &s, s.g * c.group + hh, qb, slot, slot + kt_size, slot + kt_size + v_size,
                       &t);
+        after_item(&c);
       }
     }
     if (c.kern->tiles_release != NULL) c.kern->tiles_release();
@@ -1520,6 +1529,7 @@ static attn_status cpu_backward(const attn_run *run) {
         const cpu_seq s = make_seq(&c, pair0 + pr);
         if (kb * c.bk >= s.s.len_k) continue;
         backward_item(&c, &sh, &t, pr, &s, kb, dbias);
+        after_item(&c);
       }
       /* dq = s * the accumulator, per query block as above */
 #ifdef _OPENMP
