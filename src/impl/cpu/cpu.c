@@ -198,7 +198,7 @@ static void dropout_keep(const cpu_run *c, int64_t b, int64_t h, int64_t i, int6
   b += c->pos->batch0, h += c->pos->head0, i = attn_position_of(&c->pos->rows, i);
   for (int64_t done = 0; done < n;) {
     const int32_t k = attn_position_piece(cols, j0 + done);
-    const int64_t end = min64(n, attn_position_piece_end(cols, k, c->Tk) - j0);
+    const int64_t end = min64(n, attn_position_piece_end(cols, k, j0 + n) - j0);
     const int64_t gj = cols->global[k] + (j0 + done - cols->start[k]);
     if (gj % 4 == 0) {
       c->kern->dropout_keep(c->in->dropout_seed, c->drop_threshold, b, h, i, gj, end - done,
