@@ -26,8 +26,8 @@ static attn_ctx *ctx;
 
 typedef struct pcase {
   const char *name;
-  int64_t Lq, Lk;        /* chunk lengths: the global problem has 4 chunks of each */
-  int32_t nr, nc;        /* pieces of rows and of keys (1 or 2) */
+  int64_t Lq, Lk;           /* chunk lengths: the global problem has 4 chunks of each */
+  int32_t nr, nc;           /* pieces of rows and of keys (1 or 2) */
   int32_t rows[2], cols[2]; /* the global chunks of each piece */
   int causal, top_left, window_left, window_right, alibi, dropout, softcap;
   int64_t D, Dv;
@@ -123,8 +123,10 @@ static void run_case(const pcase *c, tu_rng *rng) {
   attn_problem gp = problem_of(c, Tq, Tk, ATTN_DTYPE_F64);
   gp.has_mask = 1;
   gp.mask_shape[0] = gp.mask_shape[1] = 1, gp.mask_shape[2] = Tq, gp.mask_shape[3] = Tk;
-  tu_buf out = tu_buf_new(ATTN_DTYPE_F64, B * Tq * HQ * Dv), lse = tu_buf_new(ATTN_DTYPE_F64, B * HQ * Tq);
-  tu_buf dq = tu_buf_new(ATTN_DTYPE_F64, B * Tq * HQ * D), dk = tu_buf_new(ATTN_DTYPE_F64, B * Tk * HKV * D);
+  tu_buf out = tu_buf_new(ATTN_DTYPE_F64, B * Tq * HQ * Dv),
+         lse = tu_buf_new(ATTN_DTYPE_F64, B * HQ * Tq);
+  tu_buf dq = tu_buf_new(ATTN_DTYPE_F64, B * Tq * HQ * D),
+         dk = tu_buf_new(ATTN_DTYPE_F64, B * Tk * HKV * D);
   tu_buf dv = tu_buf_new(ATTN_DTYPE_F64, B * Tk * HKV * Dv);
   tu_args x;
   tu_args_bufs(&x, &q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv);
@@ -149,8 +151,10 @@ static void run_case(const pcase *c, tu_rng *rng) {
     attn_dtype dt;
     int partial;
     double tol, tol_grad; /* the backward reads out rounded to the dtype: Delta moves with it */
-  } runs[] = {{"ref", ATTN_DTYPE_F64, 0, 1e-10, 1e-10}, {"ref", ATTN_DTYPE_BF16, 1, 1e-5, 1e-2},
-              {"cpu", ATTN_DTYPE_F32, 0, 2e-4, 2e-4},   {"cpu", ATTN_DTYPE_BF16, 0, 3e-2, 3e-2},
+  } runs[] = {{"ref", ATTN_DTYPE_F64, 0, 1e-10, 1e-10},
+              {"ref", ATTN_DTYPE_BF16, 1, 1e-5, 1e-2},
+              {"cpu", ATTN_DTYPE_F32, 0, 2e-4, 2e-4},
+              {"cpu", ATTN_DTYPE_BF16, 0, 3e-2, 3e-2},
               {"cpu", ATTN_DTYPE_BF16, 1, 2e-2, 2e-2}};
   for (size_t r = 0; ok && r < sizeof runs / sizeof runs[0]; ++r) {
     const attn_dtype dt = runs[r].dt, st = dt == ATTN_DTYPE_F64 ? ATTN_DTYPE_F64 : ATTN_DTYPE_F32;
@@ -191,8 +195,8 @@ static void run_case(const pcase *c, tu_rng *rng) {
     tu_buf out_dt = tu_buf_convert(&bout, dt);
     attn_outputs fwd = bx.out;
     fwd.out = tu_tensor(&out_dt);
-    run_ok = run_ok && attn_plan_backward(plan, &bx.in, &fwd, &bx.dout, NULL, 0, &bx.grads) ==
-                           ATTN_STATUS_OK;
+    run_ok = run_ok &&
+             attn_plan_backward(plan, &bx.in, &fwd, &bx.dout, NULL, 0, &bx.grads) == ATTN_STATUS_OK;
     tu_buf_free(&out_dt);
     tu_check(run_ok, "%s on %s runs (%s)", name, runs[r].impl, attn_ctx_last_error(ctx));
     attn_plan_destroy(plan);

@@ -116,14 +116,15 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 8; ++i) {
     *bufs[i] = calloc(n, es);
     for (size_t e = 0; e < n; ++e) /* small values: bf16 0x3c00.. or f32 0.01 .. */
-      if (dt == ATTN_DTYPE_F32) ((float *)*bufs[i])[e] = (float)((e * 7919 % 101) - 50) * 1e-3f;
-      else ((unsigned short *)*bufs[i])[e] = (unsigned short)(0x3c00 + e * 7919 % 97);
+      if (dt == ATTN_DTYPE_F32)
+        ((float *)*bufs[i])[e] = (float)((e * 7919 % 101) - 50) * 1e-3f;
+      else
+        ((unsigned short *)*bufs[i])[e] = (unsigned short)(0x3c00 + e * 7919 % 97);
   }
   lse = calloc((size_t)(HQ * 2 * L), sizeof(float));
   /* step 0: chunks {0, 3} against {0, 3}; step 1: against rank 1's {1, 2} */
-  block split0[3] = {{1, 1, {0}, {0}, 0, 0, NULL},
-                     {1, 1, {3}, {0}, 1, 0, NULL},
-                     {1, 1, {3}, {3}, 1, 1, NULL}};
+  block split0[3] = {
+      {1, 1, {0}, {0}, 0, 0, NULL}, {1, 1, {3}, {0}, 1, 0, NULL}, {1, 1, {3}, {3}, 1, 1, NULL}};
   block split1[2] = {{1, 1, {3}, {1}, 1, 0, NULL}, {1, 1, {3}, {2}, 1, 1, NULL}};
   block merged0 = {2, 2, {0, 3}, {0, 3}, 0, 0, NULL}, merged1 = {1, 2, {3}, {1, 2}, 1, 0, NULL};
   for (int i = 0; i < 3; ++i) make(&split0[i]);

@@ -172,8 +172,8 @@ static int64_t block_k0(const ring *g, const ring_block *b) {
 static int step_blocks(const ring *g, int32_t r, int32_t s, int split, ring_block *out) {
   const int32_t src = ((r - s) % g->n + g->n) % g->n;
   const attn_problem *l = g->l;
-  const int keys_apart = split || (l->has_bias && l->bias_shape[3] != 1) ||
-                         (l->has_mask && l->mask_shape[3] != 1);
+  const int keys_apart =
+      split || (l->has_bias && l->bias_shape[3] != 1) || (l->has_mask && l->mask_shape[3] != 1);
   int nb = 0;
   for (int32_t c = 0; c < g->C; ++c) {
     int32_t a_lo = g->C, a_hi = -1; /* visible query chunks against key chunk c */
@@ -316,8 +316,8 @@ static attn_status place_block(const ring *g, const ring_block *b, attn_plan **b
   pos.has_offset = 1;
   pos.offset = g->o_global;
   pos.partial = 1;
-  *block_plan = b->na == 1 && b->nc == 1 ? g->plan->block_plan
-                                          : g->plan->span_plans[b->na - 1][b->nc - 1];
+  *block_plan =
+      b->na == 1 && b->nc == 1 ? g->plan->block_plan : g->plan->span_plans[b->na - 1][b->nc - 1];
   return attn_plan_set_positions(*block_plan, &pos);
 }
 

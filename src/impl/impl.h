@@ -28,8 +28,8 @@
  * against two key chunks, in one call). Zeroed, an axis is one piece at global position 0. */
 #define ATTN_POSITION_PIECES 2
 typedef struct attn_position_axis {
-  int32_t pieces;                       /* 0 or 1: one piece; at most ATTN_POSITION_PIECES */
-  int64_t start[ATTN_POSITION_PIECES];  /* local index of each piece's first element; start[0] = 0 */
+  int32_t pieces;                      /* 0 or 1: one piece; at most ATTN_POSITION_PIECES */
+  int64_t start[ATTN_POSITION_PIECES]; /* local index of each piece's first element; start[0] = 0 */
   int64_t global[ATTN_POSITION_PIECES]; /* global position of that element */
 } attn_position_axis;
 

@@ -189,8 +189,9 @@ attn_status attn_plan_set_positions(attn_plan *plan, const attn_positions *posit
                      "alignment offsets); the distributed layer needs one that does",
                      plan->impl->name);
   if (positions->partial && plan->problem.varlen != ATTN_VARLEN_NONE)
-    return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
-                     "positions.partial: partial results in f32 need a dense problem (varlen none)");
+    return attn_fail(
+        plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
+        "positions.partial: partial results in f32 need a dense problem (varlen none)");
   const attn_position_axis *axes[2] = {&positions->rows, &positions->cols};
   const char *names[2] = {"rows", "cols"};
   const int64_t lens[2] = {plan->problem.seqlen_q, plan->problem.seqlen_k};

@@ -355,8 +355,8 @@ static void run_case(const dist_case *c, uint64_t seed) {
     attn_dist_stats stats;
     attn_dist_plan_last_stats(plan, &stats);
     tu_check(stats.steps > 1 && stats.blocks == stats.steps,
-             "rank %d %s: one block call per ring step (%d blocks, %d steps)", world_rank,
-             c->name, (int)stats.blocks, (int)stats.steps);
+             "rank %d %s: one block call per ring step (%d blocks, %d steps)", world_rank, c->name,
+             (int)stats.blocks, (int)stats.steps);
   }
   /* f32: SPEC.md's tolerance; bf16: both sides round P before P V and their results once, in
    * different places (the ring's blocks keep their partial results in f32), so a bf16 case gets
@@ -564,9 +564,8 @@ static void grid(uint64_t seed) {
                        (feat & F_BIAS_ROWS));
       /* The zigzag ring runs each step as one call unless a window hides a step from some
        * rank or a bias or mask over keys keeps key chunks apart. */
-      c.one_block_per_step =
-          strcmp(meshes[m].name, "seq-zigzag") == 0 &&
-          !(feat & (F_WINDOW | F_BIAS | F_BIAS_BCAST | F_BIAS_ROWS | F_MASK));
+      c.one_block_per_step = strcmp(meshes[m].name, "seq-zigzag") == 0 &&
+                             !(feat & (F_WINDOW | F_BIAS | F_BIAS_BCAST | F_BIAS_ROWS | F_MASK));
       run_case(&c, seed + f);
     }
   /* Zigzag chunks of 37 positions, which cross the cpu's tiles and start at global positions
@@ -577,9 +576,10 @@ static void grid(uint64_t seed) {
     const char *name;
     int features;
     attn_dtype dt;
-  } longs[] = {{"seq-zigzag/chunks37-causal-dropout-alibi", F_CAUSAL | F_DROPOUT | F_ALIBI, ATTN_DTYPE_F32},
-               {"seq-zigzag/chunks37-causal-window-softcap", F_CAUSAL | F_SOFTCAP, ATTN_DTYPE_F32},
-               {"seq-zigzag/chunks37-bf16-causal-dropout", F_CAUSAL | F_DROPOUT, ATTN_DTYPE_BF16}};
+  } longs[] = {
+      {"seq-zigzag/chunks37-causal-dropout-alibi", F_CAUSAL | F_DROPOUT | F_ALIBI, ATTN_DTYPE_F32},
+      {"seq-zigzag/chunks37-causal-window-softcap", F_CAUSAL | F_SOFTCAP, ATTN_DTYPE_F32},
+      {"seq-zigzag/chunks37-bf16-causal-dropout", F_CAUSAL | F_DROPOUT, ATTN_DTYPE_BF16}};
   for (size_t i = 0; i < sizeof longs / sizeof longs[0]; ++i) {
     dist_case c;
     memset(&c, 0, sizeof c);

@@ -176,10 +176,10 @@ static cpu_seq make_seq(const cpu_run *c, int64_t pair) {
   s.s = attn_seq_of(c->p, c->in, s.b);
   const int placed = c->pos != NULL && c->pos->has_offset;
   s.o = placed ? attn_position_offset(c->pos, 0, 0) : attn_align_offset(c->p, &s.s);
-  s.pieces = placed && (attn_position_pieces(&c->pos->rows) > 1 ||
-                        attn_position_pieces(&c->pos->cols) > 1)
-                 ? c->pos
-                 : NULL;
+  s.pieces =
+      placed && (attn_position_pieces(&c->pos->rows) > 1 || attn_position_pieces(&c->pos->cols) > 1)
+          ? c->pos
+          : NULL;
   return s;
 }
 
@@ -333,7 +333,8 @@ static int tile_parts(const cpu_seq *s, int64_t i0, int64_t rows, int64_t j0, in
     for (int32_t k = 0; hi > lo && k < attn_position_pieces(pc); ++k) {
       const int64_t jl = max64(j0, pc->start[k]);
       const int64_t jh = min64(j0 + nk, attn_position_piece_end(pc, k, s->s.len_k));
-      if (jh > jl) parts[n++] = (cpu_part){lo, hi - lo, jl, jh - jl, attn_position_offset(s->pieces, a, k)};
+      if (jh > jl)
+        parts[n++] = (cpu_part){lo, hi - lo, jl, jh - jl, attn_position_offset(s->pieces, a, k)};
     }
   }
   return n;
@@ -359,11 +360,13 @@ static int window_covers(const cpu_run *c, const cpu_seq *s, int64_t i0, int64_t
   return 1;
 }
 
-/* S[r][jj] for rows i0 + r and keys j0 + jj becomes the logit x of SPEC.md steps 1-3 (S holds
- * s * dot(q, k) on entry), for a part of a tile whose rows see its keys at offset o: bias, ALiBi and the soft cap added, -inf where the key is not visible.
- * dcap (may be NULL) gets the cap's derivative 1 - tanh^2 (1 where there is no cap or no key). */
+/* S[r][jj] for rows i0 + r and keys j0 + jj, a part of a tile whose rows see its keys at offset
+ * o (tile_parts), becomes the logit x of SPEC.md steps 1-3 (S holds s * dot(q, k) on entry): bias,
+ * ALiBi and the soft cap added, -inf where the key is not visible. dcap (may be NULL) gets the
+ * cap's derivative 1 - tanh^2 (1 where there is no cap or no key). */
 static void tile_features(const cpu_run *c, const cpu_seq *s, int64_t o, int64_t h, int64_t i0,
-                          int64_t rows, int64_t j0, int64_t nk, float *S, int64_t lds, float *dcap) {
+                          int64_t rows, int64_t j0, int64_t nk, float *S, int64_t lds,
+                          float *dcap) {
   const attn_problem *p = c->p;
   const attn_inputs *in = c->in;
   const int64_t b = s->b;

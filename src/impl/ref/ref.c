@@ -74,8 +74,9 @@ static ref_row make_row(const ref_args *a, int64_t b, int64_t h, int64_t i) {
   ref_row r;
   r.b = b, r.h = h, r.g = h / a->group, r.i = i;
   r.seq = attn_seq_of(a->p, a->in, b);
-  r.diagonal = a->pos != NULL && a->pos->has_offset ? attn_position_of(&a->pos->rows, i) + a->pos->offset
-                                                     : i + attn_align_offset(a->p, &r.seq);
+  r.diagonal = a->pos != NULL && a->pos->has_offset
+                   ? attn_position_of(&a->pos->rows, i) + a->pos->offset
+                   : i + attn_align_offset(a->p, &r.seq);
   return r;
 }
 
