@@ -108,7 +108,8 @@ int64_t attn_dist_chunk_start(const attn_dist_plan *plan, int64_t T, int32_t r, 
 /* Dense strides of a tensor of `ndim` dims of `shape` where t's are all zero; t's otherwise. */
 void attn_dist_strides(const attn_tensor *t, const int64_t *shape, int ndim, int64_t stride[4]);
 
-/* Which block shapes ([query chunks - 1][key chunks - 1]) this rank's host ring steps run (ring.c). */
+/* Which block shapes ([query chunks - 1][key chunks - 1]) this rank's host ring steps run
+ * (ring.c). */
 void attn_dist_ring_block_shapes(attn_dist_plan *plan, int used[2][2]);
 
 /* Sequence-split runs (ring.c). */

@@ -1,10 +1,12 @@
 /*
  * src/dist/host_rows.h - the row loops of the host passes (ring merges and sums, writing results
- * out): a span of a block's values added into the sums, or the sums written out in the tensor's dtype,
- * with the dtype's switch taken once per span instead of once per element (attn_load/attn_store),
- * so that each loop is one type's plain loop the compiler vectorizes. On a 16-core host these loops
- * took a fifth of a ring step; written per element they took 10-16% of a two-rank run here, and
- * the time outside the blocks fell by a third with these (docs/DISTRIBUTED.md).
+ * out): a span of a block's values added into the sums, or the sums written out in the tensor's
+ * dtype, with the dtype's switch taken once per span instead of once per element (attn_load /
+ * attn_store), so that each loop is one type's plain loop the compiler vectorizes. On a 16-core
+ * host these loops took a fifth of a ring step; written per element they took 10-16% of a
+ * two-rank run here, and the time outside the blocks fell by a third with these; the sums in f32
+ * instead of double (partial results of a bf16 problem kept in f32) took it down 3-5x more in
+ * bf16 (docs/DISTRIBUTED.md).
  */
 #ifndef ATTN_DIST_HOST_ROWS_H
 #define ATTN_DIST_HOST_ROWS_H
