@@ -237,7 +237,7 @@ int main(int argc, char **argv) {
   double *times = calloc((size_t)iters, sizeof(double)),
          *waits = calloc((size_t)iters, sizeof(double));
   double *computes = calloc((size_t)iters, sizeof(double));
-  int steps = 0, ok = 1;
+  int steps = 0, blocks = 0, ok = 1;
   int64_t bytes = 0;
   for (int it = -1; it < iters && ok; ++it) { /* it = -1: warm-up (scratch, caches) */
     MPI_Barrier(MPI_COMM_WORLD);
@@ -258,6 +258,7 @@ int main(int argc, char **argv) {
       times[it] = t, waits[it] = fs.wait_seconds + bs.wait_seconds;
       computes[it] = fs.compute_seconds + bs.compute_seconds;
       steps = fs.steps + bs.steps, bytes = fs.bytes_sent + bs.bytes_sent;
+      blocks = fs.blocks + bs.blocks;
     }
   }
   if (!ok) fprintf(stderr, "rank %d: %s\n", rank, attn_ctx_last_error(ctx));
@@ -280,8 +281,9 @@ int main(int argc, char **argv) {
   const double t = median(times, iters), w = median(waits, iters), c = median(computes, iters);
   double worst = 0.0;
   MPI_Reduce(&t, &worst, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-  printf("rank %d: %.3f ms per %s, blocks %.3f ms, waiting %.3f ms, %d steps, %.1f MB sent\n", rank,
-         1e3 * t, backward ? "forward+backward" : "forward", 1e3 * c, 1e3 * w, steps,
+  printf("rank %d: %.3f ms per %s, blocks %.3f ms, waiting %.3f ms, %d steps, %d block calls, "
+         "%.1f MB sent\n",
+         rank, 1e3 * t, backward ? "forward+backward" : "forward", 1e3 * c, 1e3 * w, steps, blocks,
          (double)bytes / 1e6);
   fflush(stdout);
   MPI_Barrier(MPI_COMM_WORLD);

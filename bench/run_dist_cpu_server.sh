@@ -11,7 +11,8 @@
 # Environment: MPI_PREFIX, an MPI installation (bin/mpicc, bin/mpiexec; default: the ones on
 # PATH). A machine without one can use the `mpich` wheel from PyPI, which is relocatable:
 # `pip install --no-deps --prefix /tmp/mpi mpich-*.whl`, then MPI_PREFIX=/tmp/mpi.
-# RANKS (4), THREADS (nproc), T (8192, the sequence length), ITERS (3), DTYPES ("f32 bf16").
+# RANKS (4), THREADS (nproc), T (8192, the sequence length), ITERS (3), DTYPES ("f32 bf16"),
+# MASKS ("causal noncausal").
 #
 # Writes to OUT_DIR: build.log, one log per run (<dtype>_<causal>_<layout>.log) and table.md.
 set -u
@@ -19,7 +20,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 out=${1:-${OUT:-dist-cpu-out}} build=${2:-build-dist}
 ranks=${RANKS:-4} threads=${THREADS:-$(nproc)} t=${T:-8192} iters=${ITERS:-3}
-dtypes=${DTYPES:-f32 bf16}
+dtypes=${DTYPES:-f32 bf16} masks=${MASKS:-causal noncausal}
 mpi_bin=${MPI_PREFIX:+$MPI_PREFIX/bin/}
 # Debian's pip installs a --prefix under PREFIX/local (its posix_local scheme)
 if [ -n "${MPI_PREFIX:-}" ] && [ ! -x "${mpi_bin}mpiexec" ] && [ -x "$MPI_PREFIX/local/bin/mpiexec" ]; then
@@ -63,7 +64,7 @@ hidden() { sed -n 's/.*hidden \([0-9]*%\).*/\1/p' "$1" | tail -1; }
   echo "|---|---|---|---|---|---|---|"
 } >"$out/table.md"
 for dtype in $dtypes; do
-  for causal in causal noncausal; do
+  for causal in $masks; do
     problem="b1 hq32 hkv8 sq$t d128 $dtype"
     [ "$causal" = causal ] && problem="$problem causal"
     one="$out/${dtype}_${causal}_one.log"

@@ -183,6 +183,9 @@ typedef struct attn_dist_stats {
   double wait_seconds;    /* blocked waiting for transfers: the communication that was not hidden */
   int64_t bytes_sent;     /* by this rank, point-to-point and collective payloads */
   int32_t steps;          /* ring steps run (all-to-all: exchanges; 0 without a sequence split) */
+  int32_t blocks;         /* single-device block calls of the ring (a zigzag step: one, or one per
+                             key chunk with a bias or mask over keys; CUDA tensors: one per pair
+                             of chunks) */
 } attn_dist_stats;
 
 /* The stats of the plan's last run on this rank. INVALID_ARGUMENT for NULL pointers. */

@@ -49,6 +49,10 @@ struct attn_dist_plan {
   attn_plan *sinks_plan; /* ns > 1 with sinks: the local queries against no keys, only sinks */
   attn_plan *full_plan;  /* CUDA ring under a causal mask: a block every row of which sees every
                             key (the block plan then runs the diagonal blocks, causal) */
+  /* Host ring of two chunks per rank (zigzag): blocks of [na][nc] - 1 chunks, the query and key
+   * chunks of one step in one call (ring.c, step_blocks); [0][0] is unused (block_plan). Only the
+   * shapes this rank's steps use are made. */
+  attn_plan *span_plans[2][2];
   attn_problem block;    /* the block plan's problem */
   attn_problem sinks_problem;
 
@@ -103,6 +107,10 @@ int64_t attn_dist_chunk_start(const attn_dist_plan *plan, int64_t T, int32_t r, 
 
 /* Dense strides of a tensor of `ndim` dims of `shape` where t's are all zero; t's otherwise. */
 void attn_dist_strides(const attn_tensor *t, const int64_t *shape, int ndim, int64_t stride[4]);
+
+/* Which block shapes ([query chunks - 1][key chunks - 1]) this rank's host ring steps run
+ * (ring.c). */
+void attn_dist_ring_block_shapes(attn_dist_plan *plan, int used[2][2]);
 
 /* Sequence-split runs (ring.c). */
 attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,

@@ -346,6 +346,11 @@ void attn_dist_free_sub_plans(attn_dist_plan *plan) {
   attn_plan_destroy(plan->sinks_plan);
   attn_plan_destroy(plan->full_plan);
   plan->local_plan = plan->block_plan = plan->sinks_plan = plan->full_plan = NULL;
+  for (int a = 0; a < 2; ++a)
+    for (int c = 0; c < 2; ++c) {
+      attn_plan_destroy(plan->span_plans[a][c]);
+      plan->span_plans[a][c] = NULL;
+    }
 }
 
 attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *select) {
@@ -384,6 +389,24 @@ attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *se
     if (b->mask_shape[3] != 1) b->mask_shape[3] = b->seqlen_k;
   }
   attn_status status = plan_sub(plan, b, select, &plan->block_plan);
+  if (status == ATTN_STATUS_OK && !plan->device_ring && plan->chunks == 2) {
+    /* The blocks of several chunks that a step runs in one call (ring.c, step_blocks). */
+    int used[2][2];
+    attn_dist_ring_block_shapes(plan, used);
+    for (int na = 1; na <= 2 && status == ATTN_STATUS_OK; ++na)
+      for (int nc = 1; nc <= 2 && status == ATTN_STATUS_OK; ++nc) {
+        if (!used[na - 1][nc - 1] || (na == 1 && nc == 1)) continue;
+        attn_problem span = *b;
+        span.seqlen_q = na * b->seqlen_q, span.seqlen_k = nc * b->seqlen_k;
+        /* bias and mask dims that are not broadcast in the ring's problem follow the block */
+        const attn_problem *r = &plan->ring_local;
+        if (r->bias_shape[2] != 1) span.bias_shape[2] = span.seqlen_q;
+        if (r->bias_shape[3] != 1) span.bias_shape[3] = span.seqlen_k;
+        if (r->mask_shape[2] != 1) span.mask_shape[2] = span.seqlen_q;
+        if (r->mask_shape[3] != 1) span.mask_shape[3] = span.seqlen_k;
+        status = plan_sub(plan, &span, select, &plan->span_plans[na - 1][nc - 1]);
+      }
+  }
   if (status == ATTN_STATUS_OK && plan->device_ring && b->causal) {
     /* The blocks below the diagonal see every key (check_device_ring). */
     attn_problem full = *b;
@@ -671,6 +694,9 @@ attn_status attn_dist_plan_set_stream(attn_dist_plan *plan, void *stream) {
   attn_plan *plans[4] = {plan->local_plan, plan->block_plan, plan->sinks_plan, plan->full_plan};
   for (int i = 0; i < 4; ++i)
     if (plans[i] != NULL) attn_plan_set_stream(plans[i], stream);
+  for (int a = 0; a < 2; ++a)
+    for (int c = 0; c < 2; ++c)
+      if (plan->span_plans[a][c] != NULL) attn_plan_set_stream(plan->span_plans[a][c], stream);
   return attn_succeed(plan->ctx);
 }
 

@@ -1,10 +1,12 @@
 /*
  * src/dist/host_rows.h - the row loops of the host passes (ring merges and sums, writing results
- * out): a span of a block's values read into f64, or f64 sums written out in the tensor's dtype,
- * with the dtype's switch taken once per span instead of once per element (attn_load/attn_store),
- * so that each loop is one type's plain loop the compiler vectorizes. On a 16-core host these loops
- * took a fifth of a ring step; written per element they took 10-16% of a two-rank run here, and
- * the time outside the blocks fell by a third with these (docs/DISTRIBUTED.md).
+ * out): a span of a block's values added into the sums, or the sums written out in the tensor's
+ * dtype, with the dtype's switch taken once per span instead of once per element (attn_load /
+ * attn_store), so that each loop is one type's plain loop the compiler vectorizes. On a 16-core
+ * host these loops took a fifth of a ring step; written per element they took 10-16% of a
+ * two-rank run here, and the time outside the blocks fell by a third with these; the sums in f32
+ * instead of double (partial results of a bf16 problem kept in f32) took it down 3-5x more in
+ * bf16 (docs/DISTRIBUTED.md).
  */
 #ifndef ATTN_DIST_HOST_ROWS_H
 #define ATTN_DIST_HOST_ROWS_H
@@ -40,31 +42,67 @@ static inline void dist_span_load(double *dst, const void *src, attn_dtype dt, i
   }
 }
 
+/* The sums of the host passes (merged outputs, dq, the travelling dK/dV) are of dtype acc_dt: f32,
+ * or f64 for an f64 problem (the dtype the blocks write their partial results in, SPEC.md:
+ * accumulation is f32 and partial sums are never rounded to bf16). */
+
 /* acc[0 .. n) = acc * wa + (elements [from, from + n) of src) * wb: a partial result merged
  * through the weights of its lse. */
-static inline void dist_row_blend(double *acc, double wa, double wb, const void *src,
-                                  attn_dtype dt, int64_t from, int64_t n) {
+static inline void dist_row_blend(void *acc, attn_dtype acc_dt, double wa, double wb,
+                                  const void *src, attn_dtype dt, int64_t from, int64_t n) {
+  if (acc_dt == ATTN_DTYPE_F32 && dt == ATTN_DTYPE_F32) { /* the usual case: one plain loop */
+    float *a = (float *)acc;
+    const float *x = (const float *)src + from, fa = (float)wa, fb = (float)wb;
+    for (int64_t e = 0; e < n; ++e) a[e] = a[e] * fa + x[e] * fb;
+    return;
+  }
   double span[DIST_SPAN];
   for (int64_t e0 = 0; e0 < n; e0 += DIST_SPAN) {
     const int64_t m = n - e0 < DIST_SPAN ? n - e0 : DIST_SPAN;
     dist_span_load(span, src, dt, from + e0, m);
-    for (int64_t e = 0; e < m; ++e) acc[e0 + e] = acc[e0 + e] * wa + span[e] * wb;
+    if (acc_dt == ATTN_DTYPE_F32) {
+      float *a = (float *)acc + e0;
+      for (int64_t e = 0; e < m; ++e) a[e] = (float)(a[e] * wa + span[e] * wb);
+    } else {
+      double *a = (double *)acc + e0;
+      for (int64_t e = 0; e < m; ++e) a[e] = a[e] * wa + span[e] * wb;
+    }
   }
 }
 
-/* acc[0 .. n) += elements [from, from + n) of src (dtype dt): the blend with weights 1, exact. */
-static inline void dist_row_add(double *acc, const void *src, attn_dtype dt, int64_t from,
-                                int64_t n) {
-  dist_row_blend(acc, 1.0, 1.0, src, dt, from, n);
+/* acc[0 .. n) += elements [from, from + n) of src (dtype dt). */
+static inline void dist_row_add(void *acc, attn_dtype acc_dt, const void *src, attn_dtype dt,
+                                int64_t from, int64_t n) {
+  if (acc_dt == ATTN_DTYPE_F32 && dt == ATTN_DTYPE_F32) {
+    float *a = (float *)acc;
+    const float *x = (const float *)src + from;
+    for (int64_t e = 0; e < n; ++e) a[e] += x[e];
+    return;
+  }
+  dist_row_blend(acc, acc_dt, 1.0, 1.0, src, dt, from, n);
 }
 
-/* Elements at, at + stride, ... (n of them) of dst (dtype dt) = src[0 .. n), the contiguous f32,
- * bf16 and f64 cases as plain loops. bf16 rounds through f32 (attn_store rounds the f64 value
- * once, through a round-to-odd step that does not vectorize): the two roundings differ only where
- * the f32 value is a bf16 tie, by one bf16 ulp there, as the single-device kernels' own rounding
- * of their f32 accumulators does. */
+/* Elements at, at + stride, ... (n of them) of dst (dtype dt) = acc[0 .. n) (dtype acc_dt), the
+ * contiguous f32, bf16 and f64 cases as plain loops. bf16 rounds through f32 (attn_store rounds
+ * an f64 value once, through a round-to-odd step that does not vectorize): from f64 sums the two
+ * roundings differ only where the f32 value is a bf16 tie, by one bf16 ulp there, as the
+ * single-device kernels' own rounding of their f32 accumulators does. */
 static inline void dist_row_store(void *dst, attn_dtype dt, int64_t at, int64_t stride,
-                                  const double *src, int64_t n) {
+                                  const void *acc, attn_dtype acc_dt, int64_t n) {
+  if (acc_dt == ATTN_DTYPE_F32) {
+    const float *a = (const float *)acc;
+    if (stride == 1 && dt == ATTN_DTYPE_F32) {
+      float *d = (float *)dst + at;
+      for (int64_t e = 0; e < n; ++e) d[e] = a[e];
+    } else if (stride == 1 && dt == ATTN_DTYPE_BF16) {
+      uint16_t *d = (uint16_t *)dst + at;
+      for (int64_t e = 0; e < n; ++e) d[e] = attn_inline_f32_to_bf16(a[e]);
+    } else {
+      for (int64_t e = 0; e < n; ++e) attn_store(dst, dt, at + e * stride, a[e]);
+    }
+    return;
+  }
+  const double *src = (const double *)acc;
   if (stride == 1 && dt == ATTN_DTYPE_F32) {
     float *d = (float *)dst + at;
     for (int64_t e = 0; e < n; ++e) d[e] = (float)src[e];

@@ -40,6 +40,10 @@ typedef struct ring {
   const attn_problem *l;                     /* local problem */
   attn_dtype dt, stat;                       /* tensors, and lse / sinks */
   size_t es;                                 /* bytes per tensor element */
+  /* The host blocks' partial results (out, dq, dk, dv) and the sums they join: f32, or f64 for an
+   * f64 problem (attn_positions.partial), never rounded to a low-precision dtype on the way. */
+  attn_dtype pdt;
+  size_t pes;
   int64_t B, Hq, Hkv, D, Dv, Tq, Tk, nq, nk; /* local sizes; nq, nk: chunk lengths */
   int32_t n, r, C;  /* ring size, this rank's place in it, chunks per rank */
   int64_t o_global; /* alignment offset of the global problem */
@@ -48,14 +52,22 @@ typedef struct ring {
   size_t k_bytes, v_bytes, seg_bytes, kv_bytes; /* one travelling K/V slice, packed */
   /* strides of the caller's tensors */
   int64_t qs[4], ks[4], vs[4], bias_s[4], mask_s[4], qseg_s[4], kseg_s[4], os[4], lses[4];
+  /* The transfers in flight while a step's blocks run (run_steps), which the host blocks' threads
+   * move on from inside the block (ring_progress). */
+  const struct transfer *moving[2];
 } ring;
 
 /* Byte sizes of the parts of a scratch buffer, rounded so that every part starts 256-byte aligned
  * (the cuda kernels need 16-byte aligned tensors; the host path does not mind). */
 static int64_t round_part(int64_t x) { return (x + 255) / 256 * 256; }
 
-static void init_ring(ring *g, attn_dist_plan *plan, const attn_inputs *in, const attn_tensor *out,
-                      const attn_tensor *lse) {
+/* Element e of a buffer of partial results or sums (dtype g->pdt). */
+static void *sum_at(const ring *g, void *base, int64_t e) {
+  return (char *)base + (size_t)e * g->pes;
+}
+
+/* The sizes and the mask's geometry, which need no tensor. */
+static void init_geometry(ring *g, attn_dist_plan *plan) {
   memset(g, 0, sizeof *g);
   g->plan = plan;
   g->l = &plan->ring_local;
@@ -63,6 +75,11 @@ static void init_ring(ring *g, attn_dist_plan *plan, const attn_inputs *in, cons
   g->dt = (attn_dtype)l->dtype;
   g->stat = attn_stat_dtype(g->dt);
   g->es = attn_dtype_size(g->dt);
+  attn_positions partial;
+  memset(&partial, 0, sizeof partial);
+  partial.partial = 1;
+  g->pdt = attn_result_dtype(l, &partial);
+  g->pes = attn_dtype_size(g->pdt);
   g->B = l->batch, g->Hq = l->heads_q, g->Hkv = l->heads_kv, g->D = l->head_dim;
   g->Dv = l->head_dim_v, g->Tq = l->seqlen_q, g->Tk = l->seqlen_k;
   g->C = plan->chunks, g->nq = g->Tq / g->C, g->nk = g->Tk / g->C;
@@ -70,6 +87,12 @@ static void init_ring(ring *g, attn_dist_plan *plan, const attn_inputs *in, cons
   const attn_problem *G = &plan->global;
   g->o_global = G->align == ATTN_ALIGN_BOTTOM_RIGHT ? G->seqlen_k - G->seqlen_q : 0;
   g->wl = G->window_left, g->wr = G->window_right;
+}
+
+static void init_ring(ring *g, attn_dist_plan *plan, const attn_inputs *in, const attn_tensor *out,
+                      const attn_tensor *lse) {
+  init_geometry(g, plan);
+  const attn_problem *l = g->l;
   g->seg = l->has_segment_ids;
   g->k_bytes = (size_t)round_part(g->B * g->Tk * g->Hkv * g->D * (int64_t)g->es);
   g->v_bytes = (size_t)round_part(g->B * g->Tk * g->Hkv * g->Dv * (int64_t)g->es);
@@ -127,6 +150,61 @@ static int32_t last_step(const ring *g) {
     for (int32_t s = 1; s < g->n; ++s)
       if (step_visible(g, r, s) && s > last) last = s;
   return last;
+}
+
+/* A block of a step: this rank's query chunks [a0, a0 + na) against key chunks [c0, c0 + nc) of
+ * the slice of rank src. */
+typedef struct ring_block {
+  int32_t src, a0, na, c0, nc;
+} ring_block;
+
+/* The global position of a block's first key (its bias and mask columns start there). */
+static int64_t block_k0(const ring *g, const ring_block *b) {
+  return attn_dist_chunk_start(g->plan, g->plan->global.seqlen_k, b->src, b->c0);
+}
+
+/* The blocks of step s on rank r, at most C x C; returns how many. Split (the device ring, whose
+ * blocks take no positions): one per visible pair of chunks. Otherwise as few as the masks allow:
+ * one block over the hull of the visible pairs, placed in pieces (attn_positions), whose hidden
+ * pairs the implementation skips tile by tile; a zigzag step of a causal mask is then one call
+ * instead of two or three. Key chunks stay apart where a bias or mask has a key dimension: its
+ * columns are the global keys', and a block's bias must be one strided slice. */
+static int step_blocks(const ring *g, int32_t r, int32_t s, int split, ring_block *out) {
+  const int32_t src = ((r - s) % g->n + g->n) % g->n;
+  const attn_problem *l = g->l;
+  const int keys_apart =
+      split || (l->has_bias && l->bias_shape[3] != 1) || (l->has_mask && l->mask_shape[3] != 1);
+  int nb = 0;
+  for (int32_t c = 0; c < g->C; ++c) {
+    int32_t a_lo = g->C, a_hi = -1; /* visible query chunks against key chunk c */
+    for (int32_t a = 0; a < g->C; ++a) {
+      if (!block_visible(g, block_offset(g, r, a, src, c))) continue;
+      if (split) out[nb++] = (ring_block){src, a, 1, c, 1};
+      a_lo = a < a_lo ? a : a_lo, a_hi = a > a_hi ? a : a_hi;
+    }
+    if (split || a_hi < 0) continue;
+    if (keys_apart || nb == 0) {
+      out[nb++] = (ring_block){src, a_lo, a_hi - a_lo + 1, c, 1};
+    } else { /* widen the one block to this key chunk too */
+      ring_block *b = &out[0];
+      const int32_t lo = a_lo < b->a0 ? a_lo : b->a0;
+      const int32_t hi = a_hi > b->a0 + b->na - 1 ? a_hi : b->a0 + b->na - 1;
+      b->a0 = lo, b->na = hi - lo + 1, b->nc = c - b->c0 + 1;
+    }
+  }
+  return nb;
+}
+
+void attn_dist_ring_block_shapes(attn_dist_plan *plan, int used[2][2]) {
+  ring g;
+  init_geometry(&g, plan);
+  memset(used, 0, 4 * sizeof(int));
+  const int32_t last = last_step(&g);
+  ring_block blocks[4];
+  for (int32_t s = 0; s <= last; ++s) {
+    const int nb = step_blocks(&g, g.r, s, 0, blocks);
+    for (int i = 0; i < nb; ++i) used[blocks[i].na - 1][blocks[i].nc - 1] = 1;
+  }
 }
 
 /* ---- scratch --------------------------------------------------------------------------------- */
@@ -218,24 +296,47 @@ static attn_inputs block_inputs(const ring *g, const attn_inputs *in, int32_t a,
   return bi;
 }
 
-static attn_status place_block(const ring *g, int32_t a, int32_t src, int32_t c) {
+/* The plan of a host block (its shape in chunks), placed at the block's global positions: each of
+ * its query chunks and key chunks a piece of its own. */
+static attn_status place_block(const ring *g, const ring_block *b, attn_plan **block_plan) {
   const attn_problem *G = &g->plan->global;
   attn_positions pos;
   memset(&pos, 0, sizeof pos);
   pos.batch0 = g->plan->b0;
   pos.head0 = g->plan->ring_head0;
-  pos.row0 = attn_dist_chunk_start(g->plan, G->seqlen_q, g->r, a);
-  pos.col0 = attn_dist_chunk_start(g->plan, G->seqlen_k, src, c);
+  pos.rows.pieces = b->na, pos.cols.pieces = b->nc;
+  for (int32_t a = 0; a < b->na; ++a) {
+    pos.rows.start[a] = (int64_t)a * g->nq;
+    pos.rows.global[a] = attn_dist_chunk_start(g->plan, G->seqlen_q, g->r, b->a0 + a);
+  }
+  for (int32_t c = 0; c < b->nc; ++c) {
+    pos.cols.start[c] = (int64_t)c * g->nk;
+    pos.cols.global[c] = attn_dist_chunk_start(g->plan, G->seqlen_k, b->src, b->c0 + c);
+  }
   pos.has_offset = 1;
-  pos.offset = pos.row0 - pos.col0 + g->o_global;
-  return attn_plan_set_positions(g->plan->block_plan, &pos);
+  pos.offset = g->o_global;
+  pos.partial = 1;
+  *block_plan =
+      b->na == 1 && b->nc == 1 ? g->plan->block_plan : g->plan->span_plans[b->na - 1][b->nc - 1];
+  return attn_plan_set_positions(*block_plan, &pos);
+}
+
+/* The sinks plan (the local queries against the sinks alone) at the ring's batch and heads, its
+ * results partial as a block's. */
+static attn_status place_sinks(const ring *g) {
+  attn_positions pos;
+  memset(&pos, 0, sizeof pos);
+  pos.batch0 = g->plan->b0;
+  pos.head0 = g->plan->ring_head0;
+  pos.partial = 1;
+  return attn_plan_set_positions(g->plan->sinks_plan, &pos);
 }
 
 /* Merges a partial result (rows [row0, row0 + rows) of the local queries: out_blk dense
- * [B, rows, Hq, Dv] of the tensor dtype, lse_blk dense [B, Hq, rows]) into the accumulators
- * (double: acc_out [B, Tq, Hq, Dv], acc_lse [B, Hq, Tq]). */
+ * [B, rows, Hq, Dv] of dtype pdt, lse_blk dense [B, Hq, rows]) into the accumulators (acc_out
+ * [B, Tq, Hq, Dv] of dtype pdt, acc_lse [B, Hq, Tq] double). */
 static void merge(const ring *g, const void *out_blk, const void *lse_blk, int64_t row0,
-                  int64_t rows, double *acc_out, double *acc_lse) {
+                  int64_t rows, void *acc_out, double *acc_lse) {
   const int dist_threads = attn_dist_host_threads(g->plan);
   DIST_PARALLEL_FOR
   for (int64_t bh = 0; bh < g->B * g->Hq; ++bh) { /* one (batch, head) */
@@ -247,8 +348,9 @@ static void merge(const ring *g, const void *out_blk, const void *lse_blk, int64
       const double m = *L > l ? *L : l;
       const double total = m + log(exp(*L - m) + exp(l - m));
       const double wa = exp(*L - total), wb = exp(l - total);
-      double *acc = acc_out + ((b * g->Tq + row0 + i) * g->Hq + h) * g->Dv;
-      dist_row_blend(acc, wa, wb, out_blk, g->dt, ((b * rows + i) * g->Hq + h) * g->Dv, g->Dv);
+      void *acc = sum_at(g, acc_out, ((b * g->Tq + row0 + i) * g->Hq + h) * g->Dv);
+      dist_row_blend(acc, g->pdt, wa, wb, out_blk, g->pdt, ((b * rows + i) * g->Hq + h) * g->Dv,
+                     g->Dv);
       *L = total;
     }
   }
@@ -317,10 +419,19 @@ static attn_status finish_shift(ring *g, transfer *t, int32_t to, int32_t from) 
 
 /* Between blocks: gives the transport a chance to move the transfers in flight along (MPI's
  * rendezvous protocols often copy only inside MPI calls), so they overlap the next block. */
-static void progress(ring *g, const transfer *t) {
+static void progress(const ring *g, const transfer *t) {
   if (g->plan->ops->progress == NULL) return;
   if (t->recv != NULL) g->plan->ops->progress(g->plan->ring_comm, t->recv);
   if (t->send != NULL) g->plan->ops->progress(g->plan->ring_comm, t->send);
+}
+
+/* The host blocks' progress hook (attn_plan_set_progress): called by a block's calling thread
+ * between its work items, it moves the step's transfers on, which MPI otherwise moves only when
+ * the ring calls it between blocks, and a zigzag step is one block. */
+static void ring_progress(void *arg) {
+  const ring *g = arg;
+  for (int i = 0; i < 2; ++i)
+    if (g->moving[i] != NULL) progress(g, g->moving[i]);
 }
 
 /* After a failed block, the transfers in flight still have to be waited for (briefly) so their
@@ -354,10 +465,9 @@ typedef struct ring_pass {
   /* Backward: at the start of a step, after its K/V transfer was posted: clears the step's share
    * of the dK/dV sums (summed apart, so the previous step's sums can still be in flight). */
   attn_status (*begin_step)(void *self);
-  /* The visible block of this rank's query chunk a against key chunk c of rank src's slice kv:
-   * offset off, its keys starting at global position k0. */
-  attn_status (*block)(void *self, int32_t a, int32_t src, int32_t c, int64_t off, int64_t k0,
-                       const char *kv);
+  /* A block of the step (step_blocks) against rank src's slice kv. */
+  attn_status (*block)(void *self, const ring_block *b, const char *kv);
+  int split; /* blocks of one pair of chunks each (the device ring: no positions) */
   /* Backward: the step's share joins the travelling sums in hand, dkv. */
   attn_status (*add_step)(void *self, void *dkv);
 } ring_pass;
@@ -394,15 +504,15 @@ static attn_status run_steps(ring_pass *p) {
       }
     }
     if (p->begin_step != NULL) status = p->begin_step(p->self);
-    for (int32_t a = 0; a < g->C && status == ATTN_STATUS_OK; ++a)
-      for (int32_t c = 0; c < g->C && status == ATTN_STATUS_OK; ++c) {
-        const int64_t off = block_offset(g, g->r, a, src, c);
-        if (!block_visible(g, off)) continue;
-        const int64_t k0 = attn_dist_chunk_start(g->plan, g->plan->global.seqlen_k, src, c);
-        status = p->block(p->self, a, src, c, off, k0, p->kv[cur]);
-        progress(g, &t);
-        progress(g, &dt);
-      }
+    ring_block blocks[4];
+    const int nb = step_blocks(g, g->r, s, p->split, blocks);
+    g->moving[0] = &t, g->moving[1] = &dt;
+    for (int i = 0; i < nb && status == ATTN_STATUS_OK; ++i) {
+      status = p->block(p->self, &blocks[i], p->kv[cur]);
+      progress(g, &t);
+      progress(g, &dt);
+    }
+    g->moving[0] = g->moving[1] = NULL;
     if (status != ATTN_STATUS_OK) {
       abandon(g, &t);
       abandon(g, &dt);
@@ -687,12 +797,13 @@ typedef struct device_forward {
   size_t ws;
 } device_forward;
 
-static attn_status device_forward_block(void *self, int32_t a, int32_t src, int32_t c, int64_t off,
-                                        int64_t k0, const char *kv) {
+static attn_status device_forward_block(void *self, const ring_block *b, const char *kv) {
   device_forward *f = self;
   const ring *g = f->g;
   attn_dist_plan *plan = g->plan;
-  (void)src; /* the block runs without positions (device_block_plan) */
+  /* one pair of chunks (split), run without positions (device_block_plan) */
+  const int32_t a = b->a0, c = b->c0;
+  const int64_t off = block_offset(g, g->r, a, b->src, c), k0 = block_k0(g, b);
   attn_inputs bi = block_inputs(g, f->in, a, kv, c, k0);
   attn_outputs bo;
   attn_outputs_init(&bo);
@@ -701,6 +812,7 @@ static attn_status device_forward_block(void *self, int32_t a, int32_t src, int3
   const double t0 = attn_dist_now();
   attn_status status = attn_plan_forward(device_block_plan(g, off), &bi, f->wsp, f->ws, &bo);
   plan->stats.compute_seconds += attn_dist_now() - t0;
+  ++plan->stats.blocks;
   if (status != ATTN_STATUS_OK) return status;
   DEV("merging a block", merge, plan->global.device_index, (int32_t)g->dt, f->ao, f->al, f->ob,
       (const float *)f->lb, g->B, g->Hq, g->Tq, (int64_t)a * g->nq, g->nq, g->Dv, plan->stream);
@@ -730,7 +842,8 @@ static attn_status ring_forward_device(attn_dist_plan *plan, const attn_inputs *
                     .self = &f,
                     .kv = {base, base + g.kv_bytes},
                     .order_transfer = device_order_transfer,
-                    .block = device_forward_block};
+                    .block = device_forward_block,
+                    .split = 1};
   transfers_on(plan, plan->comm_stream);
   DEV("clearing the output sums", fill, dev, f.ao, n_out, 0.0f, plan->stream);
   DEV("clearing the lse sums", fill, dev, f.al, n_lse, -INFINITY, plan->stream);
@@ -771,13 +884,14 @@ done:
   return status;
 }
 
-static attn_status device_backward_block(void *self, int32_t a, int32_t src, int32_t c, int64_t off,
-                                         int64_t k0, const char *kv) {
+static attn_status device_backward_block(void *self, const ring_block *rb, const char *kv) {
   device_backward *b = self;
   const ring *g = b->x.g;
   attn_dist_plan *plan = g->plan;
   const int32_t dev = plan->global.device_index;
-  (void)src; /* the block runs without positions (device_block_plan) */
+  /* one pair of chunks (split), run without positions (device_block_plan) */
+  const int32_t a = rb->a0, c = rb->c0;
+  const int64_t off = block_offset(g, g->r, a, rb->src, c), k0 = block_k0(g, rb);
   attn_status status = ATTN_STATUS_OK;
   const int64_t q_row = (int64_t)a * g->nq;
   block_args blk;
@@ -794,6 +908,7 @@ static attn_status device_backward_block(void *self, int32_t a, int32_t src, int
   status = attn_plan_backward(device_block_plan(g, off), &blk.in, &blk.fwd, &blk.dout, b->wsp,
                               b->ws, &blk.grads);
   plan->stats.compute_seconds += attn_dist_now() - t0;
+  ++plan->stats.blocks;
   if (status != ATTN_STATUS_OK) return status;
   /* dq rows of query chunk a; dK and dV rows of key chunk c of the slice in hand. */
   DEV("summing gradients", accumulate, dev, b->dqa, g->Tq, q_row, b->x.qb, (int32_t)g->dt, g->B,
@@ -843,6 +958,7 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
                     .order_transfer = device_order_transfer,
                     .begin_step = device_begin_step,
                     .block = device_backward_block,
+                    .split = 1,
                     .add_step = device_add_step};
   char *rest = lay_out_backward(&pass, &b.x, base, dq_blk, dk_blk, dv_blk, dkv_acc);
   b.step = (float *)rest;
@@ -877,29 +993,34 @@ done:
 
 /* ---- forward --------------------------------------------------------------------------------- */
 
-/* The host forward's state: a block's output and lse, and the double accumulators. */
+/* The host forward's state: a block's output and lse, and the accumulators (out of dtype pdt,
+ * lse double). */
 typedef struct host_forward {
   ring *g;
   const attn_inputs *in;
   char *ob, *lb;
-  double *ao, *al;
+  void *ao;
+  double *al;
 } host_forward;
 
-static attn_status host_forward_block(void *self, int32_t a, int32_t src, int32_t c, int64_t off,
-                                      int64_t k0, const char *kv) {
+static attn_status host_forward_block(void *self, const ring_block *b, const char *kv) {
   host_forward *f = self;
   const ring *g = f->g;
-  (void)off; /* the block is placed at its global positions instead */
-  attn_inputs bi = block_inputs(g, f->in, a, kv, c, k0);
+  attn_inputs bi = block_inputs(g, f->in, b->a0, kv, b->c0, block_k0(g, b));
   attn_outputs bo;
   attn_outputs_init(&bo);
   bo.out = attn_tensor_dense(f->ob);
   bo.lse = attn_tensor_dense(f->lb);
-  attn_status status = place_block(g, a, src, c);
+  attn_plan *block_plan = NULL;
+  attn_status status = place_block(g, b, &block_plan);
   const double t0 = attn_dist_now();
-  if (status == ATTN_STATUS_OK) status = attn_plan_forward(g->plan->block_plan, &bi, NULL, 0, &bo);
+  attn_plan_set_progress(block_plan, ring_progress, (void *)g);
+  if (status == ATTN_STATUS_OK) status = attn_plan_forward(block_plan, &bi, NULL, 0, &bo);
+  attn_plan_set_progress(block_plan, NULL, NULL);
   g->plan->stats.compute_seconds += attn_dist_now() - t0;
-  if (status == ATTN_STATUS_OK) merge(g, f->ob, f->lb, (int64_t)a * g->nq, g->nq, f->ao, f->al);
+  ++g->plan->stats.blocks;
+  if (status == ATTN_STATUS_OK)
+    merge(g, f->ob, f->lb, (int64_t)b->a0 * g->nq, (int64_t)b->na * g->nq, f->ao, f->al);
   return status;
 }
 
@@ -920,9 +1041,9 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
   ring g;
   init_ring(&g, plan, in, &out->out, out->lse.data != NULL ? &out->lse : NULL);
   const size_t stat_es = attn_dtype_size(g.stat);
-  const size_t out_blk = (size_t)round_part(g.B * g.Tq * g.Hq * g.Dv * (int64_t)g.es);
+  const size_t out_blk = (size_t)round_part(g.B * g.Tq * g.Hq * g.Dv * (int64_t)g.pes);
   const size_t lse_blk = (size_t)round_part(g.B * g.Hq * g.Tq * (int64_t)stat_es);
-  const size_t acc_out = (size_t)(g.B * g.Tq * g.Hq * g.Dv) * sizeof(double);
+  const size_t acc_out = (size_t)round_part(g.B * g.Tq * g.Hq * g.Dv * (int64_t)g.pes);
   const size_t acc_lse = (size_t)(g.B * g.Hq * g.Tq) * sizeof(double);
   char *base = NULL;
   attn_status status =
@@ -930,10 +1051,14 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
   if (status != ATTN_STATUS_OK) return status;
   host_forward f = {.g = &g, .in = in};
   f.ob = base + 2 * g.kv_bytes, f.lb = f.ob + out_blk;
-  f.ao = (double *)(f.lb + lse_blk), f.al = (double *)((char *)f.ao + acc_out);
-  double *ao = f.ao, *al = f.al;
-  ring_pass pass = {
-      .g = &g, .self = &f, .kv = {base, base + g.kv_bytes}, .block = host_forward_block};
+  f.ao = f.lb + lse_blk, f.al = (double *)((char *)f.ao + acc_out);
+  void *ao = f.ao;
+  double *al = f.al;
+  ring_pass pass = {.g = &g,
+                    .self = &f,
+                    .kv = {base, base + g.kv_bytes},
+                    .block = host_forward_block,
+                    .split = 0};
   memset(ao, 0, acc_out);
   for (int64_t i = 0; i < g.B * g.Hq * g.Tq; ++i) al[i] = -INFINITY;
   pack_kv(&g, in, pass.kv[0]);
@@ -951,7 +1076,8 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
     attn_outputs_init(&so);
     so.out = attn_tensor_dense(f.ob);
     so.lse = attn_tensor_dense(f.lb);
-    status = attn_plan_forward(plan->sinks_plan, &si, NULL, 0, &so);
+    status = place_sinks(&g);
+    if (status == ATTN_STATUS_OK) status = attn_plan_forward(plan->sinks_plan, &si, NULL, 0, &so);
     if (status != ATTN_STATUS_OK) return status;
     merge(&g, f.ob, f.lb, 0, g.Tq, ao, al);
   }
@@ -962,7 +1088,7 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
     const int64_t b = bi / g.Tq, i = bi % g.Tq;
     for (int64_t h = 0; h < g.Hq; ++h) {
       dist_row_store(out->out.data, g.dt, b * g.os[0] + i * g.os[1] + h * g.os[2], g.os[3],
-                     ao + (bi * g.Hq + h) * g.Dv, g.Dv);
+                     sum_at(&g, ao, (bi * g.Hq + h) * g.Dv), g.pdt, g.Dv);
       if (out->lse.data != NULL)
         attn_store(out->lse.data, g.stat, b * g.lses[0] + h * g.lses[1] + i * g.lses[2],
                    al[(b * g.Hq + h) * g.Tq + i]);
@@ -973,20 +1099,21 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
 
 /* ---- backward -------------------------------------------------------------------------------- */
 
-/* acc[b, rows, H, W] (double, rows of a tensor of `T` rows starting at row0) += blk dense
- * [B, rows, H, W] of dtype dt. */
-static void add_rows(const ring *g, double *acc, int64_t T, int64_t row0, int64_t rows, int64_t H,
+/* acc[b, rows, H, W] (dtype pdt, rows of a tensor of `T` rows starting at row0) += blk dense
+ * [B, rows, H, W] of dtype pdt (a block's partial gradient). */
+static void add_rows(const ring *g, void *acc, int64_t T, int64_t row0, int64_t rows, int64_t H,
                      int64_t W, const void *blk) {
   const int dist_threads = attn_dist_host_threads(g->plan);
   DIST_PARALLEL_FOR
   for (int64_t bi = 0; bi < g->B * rows; ++bi) { /* one (batch, row) */
     const int64_t b = bi / rows, i = bi % rows;
-    dist_row_add(acc + ((b * T + row0 + i) * H) * W, blk, g->dt, bi * H * W, H * W);
+    dist_row_add(sum_at(g, acc, ((b * T + row0 + i) * H) * W), g->pdt, blk, g->pdt, bi * H * W,
+                 H * W);
   }
 }
 
-/* Writes acc [B, T, H, W] (double) into a caller's tensor of dtype dt with strides st. */
-static void write_rows(const ring *g, const double *acc, int64_t T, int64_t H, int64_t W,
+/* Writes acc [B, T, H, W] (dtype pdt) into a caller's tensor of dtype dt with strides st. */
+static void write_rows(const ring *g, void *acc, int64_t T, int64_t H, int64_t W,
                        const attn_tensor *t, const int64_t st[4]) {
   const int dist_threads = attn_dist_host_threads(g->plan);
   DIST_PARALLEL_FOR
@@ -994,62 +1121,66 @@ static void write_rows(const ring *g, const double *acc, int64_t T, int64_t H, i
     const int64_t b = bi / T, i = bi % T;
     for (int64_t h = 0; h < H; ++h)
       dist_row_store(t->data, g->dt, b * st[0] + i * st[1] + h * st[2], st[3],
-                     acc + (bi * H + h) * W, W);
+                     sum_at(g, acc, (bi * H + h) * W), g->pdt, W);
   }
 }
 
 /* The host backward's state: dense block gradients, the step's dK/dV share and the dq sums
- * (double), and dbias: each block's part is added into a double accumulator of the local dbias's
+ * (dtype pdt), and dbias: each block's part is added into a double accumulator of the local dbias's
  * shape (blocks meet in one place when the bias broadcasts rows or keys), written out at the end. */
 typedef struct host_backward {
   backward_args x;
-  double *step, *dqa;
+  void *step, *dqa;
   int64_t nkd; /* elements of dK and dV of a travelling slice */
   double *dbias_acc;
-  char *dbias_blk;
-  int64_t blk_rows, blk_cols; /* of a block's dbias */
+  char *dbias_blk; /* room for the largest block's */
 } host_backward;
 
 static attn_status host_begin_step(void *self) {
   host_backward *b = self;
-  memset(b->step, 0, (size_t)b->nkd * sizeof(double));
+  memset(b->step, 0, (size_t)b->nkd * b->x.g->pes);
   return ATTN_STATUS_OK;
 }
 
-static attn_status host_backward_block(void *self, int32_t a, int32_t src, int32_t c, int64_t off,
-                                       int64_t k0, const char *kv) {
+static attn_status host_backward_block(void *self, const ring_block *rb, const char *kv) {
   host_backward *b = self;
   const ring *g = b->x.g;
   const attn_problem *l = g->l;
-  (void)off; /* the block is placed at its global positions instead */
-  const int64_t q_row = (int64_t)a * g->nq;
+  const int64_t q_row = (int64_t)rb->a0 * g->nq, k0 = block_k0(g, rb);
+  const int64_t rows = (int64_t)rb->na * g->nq, keys = (int64_t)rb->nc * g->nk;
   block_args blk;
-  block_backward_args(&b->x, a, kv, c, k0, &blk);
+  block_backward_args(&b->x, rb->a0, kv, rb->c0, k0, &blk);
   blk.fwd.lse = b->x.fwd->lse;
   blk.fwd.lse.data =
       (char *)b->x.fwd->lse.data + (size_t)(q_row * g->lses[2]) * attn_dtype_size(g->stat);
   memcpy(blk.fwd.lse.stride, g->lses, sizeof g->lses);
   if (b->dbias_blk != NULL) blk.grads.dbias = attn_tensor_dense(b->dbias_blk);
-  attn_status status = place_block(g, a, src, c);
+  attn_plan *block_plan = NULL;
+  attn_status status = place_block(g, rb, &block_plan);
   const double t0 = attn_dist_now();
+  attn_plan_set_progress(block_plan, ring_progress, (void *)g);
   if (status == ATTN_STATUS_OK)
-    status =
-        attn_plan_backward(g->plan->block_plan, &blk.in, &blk.fwd, &blk.dout, NULL, 0, &blk.grads);
+    status = attn_plan_backward(block_plan, &blk.in, &blk.fwd, &blk.dout, NULL, 0, &blk.grads);
+  attn_plan_set_progress(block_plan, NULL, NULL);
   g->plan->stats.compute_seconds += attn_dist_now() - t0;
+  ++g->plan->stats.blocks;
   if (status != ATTN_STATUS_OK) return status;
-  add_rows(g, b->dqa, g->Tq, q_row, g->nq, g->Hq, g->D, b->x.qb);
+  add_rows(g, b->dqa, g->Tq, q_row, rows, g->Hq, g->D, b->x.qb);
   /* dK and dV of the slice in hand: [B, Tk, Hkv, D] then [B, Tk, Hkv, Dv]. */
-  add_rows(g, b->step, g->Tk, (int64_t)c * g->nk, g->nk, g->Hkv, g->D, b->x.kb);
-  add_rows(g, b->step + g->B * g->Tk * g->Hkv * g->D, g->Tk, (int64_t)c * g->nk, g->nk, g->Hkv,
-           g->Dv, b->x.vb);
+  const int64_t k_row = (int64_t)rb->c0 * g->nk;
+  add_rows(g, b->step, g->Tk, k_row, keys, g->Hkv, g->D, b->x.kb);
+  add_rows(g, sum_at(g, b->step, g->B * g->Tk * g->Hkv * g->D), g->Tk, k_row, keys, g->Hkv, g->Dv,
+           b->x.vb);
   if (b->dbias_blk != NULL) {
     const int64_t *bsh = l->bias_shape;
     const int64_t r0 = bsh[2] != 1 ? q_row : 0, c0 = bsh[3] != 1 ? k0 : 0;
+    /* a block's dbias: its rows (step_blocks keeps key chunks apart when bias has keys) */
+    const int64_t blk_rows = bsh[2] != 1 ? rows : 1, blk_cols = bsh[3] != 1 ? keys : 1;
     int64_t e = 0;
     for (int64_t i0 = 0; i0 < bsh[0]; ++i0)
       for (int64_t i1 = 0; i1 < bsh[1]; ++i1)
-        for (int64_t i2 = 0; i2 < b->blk_rows; ++i2)
-          for (int64_t i3 = 0; i3 < b->blk_cols; ++i3, ++e)
+        for (int64_t i2 = 0; i2 < blk_rows; ++i2)
+          for (int64_t i3 = 0; i3 < blk_cols; ++i3, ++e)
             b->dbias_acc[((i0 * bsh[1] + i1) * bsh[2] + r0 + i2) * bsh[3] + c0 + i3] +=
                 attn_load(b->dbias_blk, (attn_dtype)l->bias_dtype, e);
   }
@@ -1058,11 +1189,13 @@ static attn_status host_backward_block(void *self, int32_t a, int32_t src, int32
 
 static attn_status host_add_step(void *self, void *dkv) {
   host_backward *b = self;
-  double *sums = dkv;
-  const double *step = b->step;
-  const int dist_threads = attn_dist_host_threads(b->x.g->plan);
+  const ring *g = b->x.g;
+  const int dist_threads = attn_dist_host_threads(g->plan);
+  const int64_t span = 4096; /* elements a thread adds at a time */
   DIST_PARALLEL_FOR
-  for (int64_t e = 0; e < b->nkd; ++e) sums[e] += step[e];
+  for (int64_t e0 = 0; e0 < b->nkd; e0 += span)
+    dist_row_add(sum_at(g, dkv, e0), g->pdt, b->step, g->pdt, e0,
+                 b->nkd - e0 < span ? b->nkd - e0 : span);
   return ATTN_STATUS_OK;
 }
 
@@ -1086,11 +1219,12 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
   int64_t dbias_s[4];
   if (grads->dbias.data != NULL) attn_dist_strides(&grads->dbias, l->bias_shape, 4, dbias_s);
   b.nkd = g.B * g.Tk * g.Hkv * (g.D + g.Dv); /* dK then dV, per travelling slice */
-  const size_t dq_blk = (size_t)round_part(g.B * g.Tq * g.Hq * g.D * (int64_t)g.es);
-  const size_t dk_blk = (size_t)round_part(g.B * g.nk * g.Hkv * g.D * (int64_t)g.es);
-  const size_t dv_blk = (size_t)round_part(g.B * g.nk * g.Hkv * g.Dv * (int64_t)g.es);
-  const size_t dkv_acc = (size_t)b.nkd * sizeof(double);
-  const size_t dq_acc = (size_t)(g.B * g.Tq * g.Hq * g.D) * sizeof(double);
+  const size_t dq_blk = (size_t)round_part(g.B * g.Tq * g.Hq * g.D * (int64_t)g.pes);
+  /* a block's dK and dV: up to every key chunk of the slice */
+  const size_t dk_blk = (size_t)round_part(g.B * g.Tk * g.Hkv * g.D * (int64_t)g.pes);
+  const size_t dv_blk = (size_t)round_part(g.B * g.Tk * g.Hkv * g.Dv * (int64_t)g.pes);
+  const size_t dkv_acc = (size_t)round_part(b.nkd * (int64_t)g.pes);
+  const size_t dq_acc = (size_t)round_part(g.B * g.Tq * g.Hq * g.D * (int64_t)g.pes);
   char *base = NULL;
   attn_status status =
       get_scratch(plan, 2 * g.kv_bytes + dq_blk + dk_blk + dv_blk + 3 * dkv_acc + dq_acc, &base);
@@ -1102,17 +1236,17 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
                     .block = host_backward_block,
                     .add_step = host_add_step};
   char *rest = lay_out_backward(&pass, &b.x, base, dq_blk, dk_blk, dv_blk, dkv_acc);
-  b.step = (double *)rest;
-  b.dqa = (double *)(rest + dkv_acc);
+  b.step = rest;
+  b.dqa = rest + dkv_acc;
   memset(pass.dkv[0], 0, dkv_acc);
   memset(b.dqa, 0, dq_acc);
   pack_kv(&g, in, pass.kv[0]);
   const int64_t *bsh = l->bias_shape;
   const int64_t dbias_n = grads->dbias.data != NULL ? bsh[0] * bsh[1] * bsh[2] * bsh[3] : 0;
-  b.blk_rows = bsh[2] != 1 ? g.nq : 1, b.blk_cols = bsh[3] != 1 ? g.nk : 1;
   if (dbias_n > 0) {
+    const int64_t most_rows = bsh[2] != 1 ? g.Tq : 1, most_cols = bsh[3] != 1 ? g.nk : 1;
     b.dbias_acc = calloc((size_t)dbias_n, sizeof(double));
-    b.dbias_blk = malloc((size_t)(bsh[0] * bsh[1] * b.blk_rows * b.blk_cols) *
+    b.dbias_blk = malloc((size_t)(bsh[0] * bsh[1] * most_rows * most_cols) *
                          attn_dtype_size((attn_dtype)l->bias_dtype));
     if (b.dbias_acc == NULL || b.dbias_blk == NULL) {
       free(b.dbias_acc);
@@ -1123,10 +1257,11 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
 
   status = run_steps(&pass);
   if (status != ATTN_STATUS_OK) goto done;
-  const double *dkv = pass.dkv[pass.dcur];
+  void *dkv = pass.dkv[pass.dcur];
   write_rows(&g, b.dqa, g.Tq, g.Hq, g.D, &grads->dq, b.x.st.dq);
   write_rows(&g, dkv, g.Tk, g.Hkv, g.D, &grads->dk, b.x.st.dk);
-  write_rows(&g, dkv + g.B * g.Tk * g.Hkv * g.D, g.Tk, g.Hkv, g.Dv, &grads->dv, b.x.st.dv);
+  write_rows(&g, sum_at(&g, dkv, g.B * g.Tk * g.Hkv * g.D), g.Tk, g.Hkv, g.Dv, &grads->dv,
+             b.x.st.dv);
 
   if (plan->sinks_plan != NULL && grads->dsinks.data != NULL) {
     attn_inputs si;
@@ -1145,7 +1280,9 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
     attn_outputs_init(&sf);
     sf.out = fwd->out;
     sf.lse = fwd->lse;
-    status = attn_plan_backward(plan->sinks_plan, &si, &sf, dout, NULL, 0, &sg);
+    status = place_sinks(&g);
+    if (status == ATTN_STATUS_OK)
+      status = attn_plan_backward(plan->sinks_plan, &si, &sf, dout, NULL, 0, &sg);
     /* Hybrid: the all-to-all layer sums the caller's dsinks once the heads are back. */
     if (status == ATTN_STATUS_OK && !plan->hybrid)
       status = attn_dist_reduce_dsinks(plan, &grads->dsinks);

@@ -20,19 +20,69 @@
 /* Where a run's problem sits inside a larger one: the distributed layer (src/dist) runs each block
  * of a sharded problem as a problem of its own, and the block's rows, keys, heads and batch entries
  * keep their global meaning through this. Only implementations that declare honours_positions are
- * given one; attn_run.positions is NULL otherwise (indices are the problem's own). */
+ * given one; attn_run.positions is NULL otherwise (indices are the problem's own).
+ *
+ * Rows and keys are each a list of pieces: local indices [start[k], start[k + 1]) (the last piece
+ * runs to the end) sit at global positions global[k], global[k] + 1, ... So one block can hold
+ * chunks of the sequence that are not adjacent globally (a zigzag ring step: two query chunks
+ * against two key chunks, in one call). Zeroed, an axis is one piece at global position 0. */
+#define ATTN_POSITION_PIECES 2
+typedef struct attn_position_axis {
+  int32_t pieces;                      /* 0 or 1: one piece; at most ATTN_POSITION_PIECES */
+  int64_t start[ATTN_POSITION_PIECES]; /* local index of each piece's first element; start[0] = 0 */
+  int64_t global[ATTN_POSITION_PIECES]; /* global position of that element */
+} attn_position_axis;
+
 typedef struct attn_positions {
   int64_t batch0; /* global index of batch entry 0: the b of the Philox counter */
   int64_t head0;  /* global index of query head 0: the h of the Philox counter */
-  int64_t row0;   /* global position of query row 0: the i of the Philox counter */
-  int64_t col0;   /* global position of key 0: the j of the Philox counter (any value, not only
-                     multiples of 4: fast paths that share one Philox call per 4 keys must check) */
-  /* 1: `offset` replaces the alignment offset o of SPEC.md (causal, windows and ALiBi), so a block
-   * whose rows start at global row0 and keys at col0 sees o = row0 - col0 + o_global. Dense
-   * problems only (the distributed layer refuses varlen under sequence sharding). */
+  /* Global positions of the query rows and of the keys: the i and j of the Philox counter (any
+   * value, not only multiples of 4: fast paths that share one Philox call per 4 keys must check) */
+  attn_position_axis rows, cols;
+  /* 1: causal masks, windows and ALiBi compare global positions, with `offset` the alignment
+   * offset o of the larger problem (SPEC.md): local row i sees local key j when rows(i) + o - left
+   * <= cols(j) <= rows(i) + o + right. Dense problems only (the distributed layer refuses varlen
+   * under sequence sharding). 0: they use the problem's own indices and offset (one piece each). */
   int32_t has_offset;
   int64_t offset;
+  /* 1: the run's results are partial sums that the caller adds up with others (the ring's
+   * blocks): a low-precision problem writes out, dq, dk and dv in f32, never rounded to its dtype
+   * (SPEC.md: partial sums are never rounded to bf16); the backward still reads the forward's out
+   * in the problem's dtype (it is the caller's whole result). Dense problems only. */
+  int32_t partial;
 } attn_positions;
+
+/* The dtype a run writes out, dq, dk and dv in: f32 for the partial results of a low-precision
+ * problem (attn_positions.partial), else the problem's. */
+static inline attn_dtype attn_result_dtype(const attn_problem *p, const attn_positions *pos) {
+  const attn_dtype dt = (attn_dtype)p->dtype;
+  return pos != NULL && pos->partial && dt != ATTN_DTYPE_F64 ? ATTN_DTYPE_F32 : dt;
+}
+
+/* The piece of a positions axis that holds local index x, and x's global position. */
+static inline int32_t attn_position_piece(const attn_position_axis *a, int64_t x) {
+  int32_t k = 0;
+  while (k + 1 < a->pieces && x >= a->start[k + 1]) ++k;
+  return k;
+}
+static inline int64_t attn_position_of(const attn_position_axis *a, int64_t x) {
+  const int32_t k = attn_position_piece(a, x);
+  return a->global[k] + (x - a->start[k]);
+}
+/* Pieces of an axis (at least one), and where piece k ends locally on an axis of n elements. */
+static inline int32_t attn_position_pieces(const attn_position_axis *a) {
+  return a->pieces > 1 ? a->pieces : 1;
+}
+static inline int64_t attn_position_piece_end(const attn_position_axis *a, int32_t k, int64_t n) {
+  return k + 1 < attn_position_pieces(a) ? a->start[k + 1] : n;
+}
+/* The alignment offset that rows of piece a and keys of piece c see in local indices: within one
+ * pair of pieces both maps are shifts, so row i sees key j as a problem of its own would with this
+ * offset (has_offset only). */
+static inline int64_t attn_position_offset(const attn_positions *p, int32_t a, int32_t c) {
+  return (p->rows.global[a] - p->rows.start[a]) - (p->cols.global[c] - p->cols.start[c]) +
+         p->offset;
+}
 
 /* Everything one forward or backward run needs. Tensors have explicit strides (never all-zero),
  * and pointers the problem does not use are NULL. */
@@ -53,6 +103,12 @@ typedef struct attn_run {
    * honours it. */
   attn_dtype round_to;
   const attn_positions *positions; /* NULL, or where the problem sits (honours_positions only) */
+  /* NULL, or a function to call now and then from the calling thread while the run computes (a
+   * multi-threaded implementation: its thread 0 between work items), so that the distributed
+   * layer's transfers in flight move on: most MPI builds move a large transfer only inside MPI
+   * calls, and a ring step is one call now. Implementations may ignore it. */
+  void (*progress)(void *arg);
+  void *progress_arg;
   char *why; /* message buffer for failures */
   size_t why_size;
 } attn_run;

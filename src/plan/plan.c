@@ -34,6 +34,8 @@ struct attn_plan {
   attn_dtype round_to;
   int has_positions; /* attn_plan_set_positions: this plan's problem is a block of a larger one */
   attn_positions positions;
+  void (*progress)(void *arg); /* attn_plan_set_progress */
+  void *progress_arg;
   void *owned_workspace; /* for callers that pass no workspace */
   size_t owned_workspace_size;
   /* PLAN_ALIVE from creation until attn_plan_destroy clears it. Using a destroyed plan is undefined
@@ -169,6 +171,12 @@ void attn_plan_set_rounding(attn_plan *plan, attn_dtype dtype) {
   if (plan_alive(plan)) plan->round_to = dtype;
 }
 
+void attn_plan_set_progress(attn_plan *plan, void (*progress)(void *arg), void *arg) {
+  if (!plan_alive(plan)) return;
+  plan->progress = progress;
+  plan->progress_arg = arg;
+}
+
 attn_status attn_plan_set_positions(attn_plan *plan, const attn_positions *positions) {
   if (plan == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
   if (positions == NULL) {
@@ -180,6 +188,35 @@ attn_status attn_plan_set_positions(attn_plan *plan, const attn_positions *posit
                      "%s: does not run a block of a larger problem (global dropout counters and "
                      "alignment offsets); the distributed layer needs one that does",
                      plan->impl->name);
+  if (positions->partial && plan->problem.varlen != ATTN_VARLEN_NONE)
+    return attn_fail(
+        plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
+        "positions.partial: partial results in f32 need a dense problem (varlen none)");
+  const attn_position_axis *axes[2] = {&positions->rows, &positions->cols};
+  const char *names[2] = {"rows", "cols"};
+  const int64_t lens[2] = {plan->problem.seqlen_q, plan->problem.seqlen_k};
+  for (int x = 0; x < 2; ++x) {
+    const attn_position_axis *a = axes[x];
+    if (a->pieces < 0 || a->pieces > ATTN_POSITION_PIECES)
+      return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                       "positions.%s.pieces=%d is not in 0..%d", names[x], (int)a->pieces,
+                       ATTN_POSITION_PIECES);
+    if (a->pieces > 1 && (!positions->has_offset || plan->problem.varlen != ATTN_VARLEN_NONE))
+      return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                       "positions.%s: %d pieces need has_offset and a dense problem (varlen none)",
+                       names[x], (int)a->pieces);
+    for (int32_t k = 0; k < attn_position_pieces(a); ++k) {
+      const int64_t lo = k == 0 ? 0 : a->start[k - 1] + 1;
+      if ((k == 0 && a->start[0] != 0) || a->start[k] < lo || (k > 0 && a->start[k] >= lens[x]) ||
+          a->global[k] < 0)
+        return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                         "positions.%s piece %d (start %lld, global %lld): pieces start at 0, "
+                         "then at increasing local indices below the length %lld, at global "
+                         "positions >= 0",
+                         names[x], (int)k, (long long)a->start[k], (long long)a->global[k],
+                         (long long)lens[x]);
+    }
+  }
   plan->positions = *positions;
   plan->has_positions = 1;
   return attn_succeed(plan->ctx);
@@ -228,6 +265,8 @@ static attn_run make_run(attn_plan *plan, char *why, size_t why_size) {
   run.num_threads = plan->ctx->num_threads;
   run.round_to = plan->round_to;
   run.positions = plan->has_positions ? &plan->positions : NULL;
+  run.progress = plan->progress;
+  run.progress_arg = plan->progress_arg;
   run.why = why;
   run.why_size = why_size;
   why[0] = '\0';

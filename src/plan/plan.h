@@ -18,4 +18,9 @@ void attn_plan_set_rounding(attn_plan *plan, attn_dtype dtype);
 struct attn_positions;
 attn_status attn_plan_set_positions(attn_plan *plan, const struct attn_positions *positions);
 
+/* A function the plan's implementation may call now and then from the calling thread while a run
+ * computes (attn_run.progress), and its argument; NULL: none. For the distributed layer, whose
+ * transfers in flight move on only inside MPI calls on most MPI builds. */
+void attn_plan_set_progress(attn_plan *plan, void (*progress)(void *arg), void *arg);
+
 #endif /* ATTN_PLAN_PLAN_H */

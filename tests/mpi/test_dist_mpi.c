@@ -79,6 +79,7 @@ typedef struct dist_case {
   attn_problem p;
   attn_dist_spec spec;
   int want_dsinks, want_dbias;
+  int one_block_per_step; /* the ring's steps each run one block call (zigzag, merged chunks) */
 } dist_case;
 
 /* The global tensors of a problem, as doubles (rounded to the dtype), and the global results. */
@@ -350,8 +351,16 @@ static void run_case(const dist_case *c, uint64_t seed) {
   st = attn_dist_plan_forward(plan, &x.in, &x.out);
   tu_check(st == ATTN_STATUS_OK, "rank %d %s: forward: %s", world_rank, c->name,
            attn_ctx_last_error(ctx));
-  /* f32: SPEC.md's tolerance; bf16 block outputs are rounded before the merge, once more than one
-   * device rounds them, so a bf16 case gets the low-precision allowance. */
+  if (c->one_block_per_step) {
+    attn_dist_stats stats;
+    attn_dist_plan_last_stats(plan, &stats);
+    tu_check(stats.steps > 1 && stats.blocks == stats.steps,
+             "rank %d %s: one block call per ring step (%d blocks, %d steps)", world_rank, c->name,
+             (int)stats.blocks, (int)stats.steps);
+  }
+  /* f32: SPEC.md's tolerance; bf16: both sides round P before P V and their results once, in
+   * different places (the ring's blocks keep their partial results in f32), so a bf16 case gets
+   * the low-precision allowance. */
   const double tol = dt == ATTN_DTYPE_F32 ? 1e-4 : dt == ATTN_DTYPE_F64 ? 1e-10 : 2e-2;
   if (st == ATTN_STATUS_OK) {
     compare("out", c->name, &out, lout, no, tol);
@@ -553,8 +562,37 @@ static void grid(uint64_t seed) {
                      !((meshes[m].spec.strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL ||
                         strncmp(meshes[m].name, "ring2x", 6) == 0) &&
                        (feat & F_BIAS_ROWS));
+      /* The zigzag ring runs each step as one call unless a window hides a step from some
+       * rank or a bias or mask over keys keeps key chunks apart. */
+      c.one_block_per_step = strcmp(meshes[m].name, "seq-zigzag") == 0 &&
+                             !(feat & (F_WINDOW | F_BIAS | F_BIAS_BCAST | F_BIAS_ROWS | F_MASK));
       run_case(&c, seed + f);
     }
+  /* Zigzag chunks of 37 positions, which cross the cpu's tiles and start at global positions
+   * that are not multiples of 4 (dropout's scalar rule): every step one call, its query and key
+   * chunks in pieces; causal (both chunks of a step merged), with a window, ALiBi and dropout,
+   * in f32 and bf16. */
+  static const struct {
+    const char *name;
+    int features;
+    attn_dtype dt;
+  } longs[] = {
+      {"seq-zigzag/chunks37-causal-dropout-alibi", F_CAUSAL | F_DROPOUT | F_ALIBI, ATTN_DTYPE_F32},
+      {"seq-zigzag/chunks37-causal-window-softcap", F_CAUSAL | F_SOFTCAP, ATTN_DTYPE_F32},
+      {"seq-zigzag/chunks37-bf16-causal-dropout", F_CAUSAL | F_DROPOUT, ATTN_DTYPE_BF16}};
+  for (size_t i = 0; i < sizeof longs / sizeof longs[0]; ++i) {
+    dist_case c;
+    memset(&c, 0, sizeof c);
+    c.name = longs[i].name;
+    c.p = with_features(base_problem(n), longs[i].features);
+    c.p.seqlen_q = c.p.seqlen_k = 2 * n * 37;
+    c.p.dtype = longs[i].dt;
+    if (i == 1) c.p.window_left = 50; /* a step of rank r sees chunks up to 2 back */
+    c.spec = spec_1d(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_ZIGZAG);
+    c.spec.strategy = ATTN_DIST_STRATEGY_RING;
+    c.one_block_per_step = i != 1; /* a window hides some steps of some ranks */
+    run_case(&c, seed + 200 + i);
+  }
   /* One low-precision case per sharding of the sequence. */
   dist_case c;
   memset(&c, 0, sizeof c);

@@ -115,6 +115,7 @@ typedef struct cpu_run {
   const attn_inputs *in;
   const attn_cpu_kernels *kern;
   attn_dtype dt;
+  attn_dtype rdt; /* of the results (store_vec) */
   int packed; /* varlen packed: token tensors are [total, H, W] */
   int64_t B, Hq, Hkv, group, D, Dv, Dp, Dvp, Tq, Tk;
   int64_t bq, bk, nqb, nkb; /* block sizes and the block counts of the longest sequence */
@@ -131,7 +132,10 @@ typedef struct cpu_run {
 typedef struct cpu_seq {
   int64_t b, g;
   attn_seq s;
-  int64_t o; /* alignment offset */
+  int64_t o; /* alignment offset (of the first pieces of rows and keys, when placed in pieces) */
+  /* A block placed in pieces of rows or keys (attn_positions, more than one piece on an axis):
+   * each pair of pieces sees its own offset (tile_parts); NULL when o holds for the whole block. */
+  const attn_positions *pieces;
 } cpu_seq;
 
 static cpu_run make_cpu_run(const attn_run *run) {
@@ -144,6 +148,7 @@ static cpu_run make_cpu_run(const attn_run *run) {
   c.kern = run->state != NULL ? (const attn_cpu_kernels *)run->state
                                 : select_kernels((attn_dtype)p->dtype);
   c.dt = (attn_dtype)p->dtype;
+  c.rdt = attn_result_dtype(p, run->positions);
   c.packed = p->varlen == ATTN_VARLEN_PACKED;
   c.B = p->batch, c.Hq = p->heads_q, c.Hkv = p->heads_kv, c.group = p->heads_q / p->heads_kv;
   c.D = p->head_dim, c.Dv = p->head_dim_v;
@@ -169,25 +174,42 @@ static cpu_seq make_seq(const cpu_run *c, int64_t pair) {
   cpu_seq s;
   s.b = pair / c->Hkv, s.g = pair % c->Hkv;
   s.s = attn_seq_of(c->p, c->in, s.b);
-  s.o = c->pos != NULL && c->pos->has_offset ? c->pos->offset : attn_align_offset(c->p, &s.s);
+  const int placed = c->pos != NULL && c->pos->has_offset;
+  s.o = placed ? attn_position_offset(c->pos, 0, 0) : attn_align_offset(c->p, &s.s);
+  s.pieces =
+      placed && (attn_position_pieces(&c->pos->rows) > 1 || attn_position_pieces(&c->pos->cols) > 1)
+          ? c->pos
+          : NULL;
   return s;
 }
 
 /* keep[jj] for keys j0 .. j0 + n - 1 of row i: the kernel table's vector Philox, with the
- * problem's indices made global when it is a block of a larger one. The vector paths share one
- * Philox call per 4 keys and so need a key start that is a multiple of 4; a block whose global
- * keys start elsewhere takes the scalar rule, element by element. */
+ * problem's indices made global when it is a block of a larger one (key by key in the pieces of
+ * attn_positions: the keys of a tile may lie in two). The vector paths share one Philox call per
+ * 4 keys and so need a key start that is a multiple of 4; keys whose global positions start
+ * elsewhere take the scalar rule, element by element. */
 static void dropout_keep(const cpu_run *c, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
                          uint8_t *keep) {
-  if (c->pos != NULL) {
-    b += c->pos->batch0, h += c->pos->head0, i += c->pos->row0, j0 += c->pos->col0;
-    if (j0 % 4 != 0) {
-      for (int64_t jj = 0; jj < n; ++jj)
-        keep[jj] = (uint8_t)attn_dropout_keep(c->in->dropout_seed, c->drop_threshold, b, h, i, j0 + jj);
-      return;
-    }
+  if (c->pos == NULL) {
+    c->kern->dropout_keep(c->in->dropout_seed, c->drop_threshold, b, h, i, j0, n, keep);
+    return;
   }
-  c->kern->dropout_keep(c->in->dropout_seed, c->drop_threshold, b, h, i, j0, n, keep);
+  const attn_position_axis *cols = &c->pos->cols;
+  b += c->pos->batch0, h += c->pos->head0, i = attn_position_of(&c->pos->rows, i);
+  for (int64_t done = 0; done < n;) {
+    const int32_t k = attn_position_piece(cols, j0 + done);
+    const int64_t end = min64(n, attn_position_piece_end(cols, k, j0 + n) - j0);
+    const int64_t gj = cols->global[k] + (j0 + done - cols->start[k]);
+    if (gj % 4 == 0) {
+      c->kern->dropout_keep(c->in->dropout_seed, c->drop_threshold, b, h, i, gj, end - done,
+                            keep + done);
+    } else {
+      for (int64_t jj = done; jj < end; ++jj)
+        keep[jj] = (uint8_t)attn_dropout_keep(c->in->dropout_seed, c->drop_threshold, b, h, i,
+                                              gj + (jj - done));
+    }
+    done = end;
+  }
 }
 
 /* ---- element access --------------------------------------------------------------------------- */
@@ -227,10 +249,11 @@ static void load_vec(const cpu_run *c, const void *base, int64_t off, int64_t st
   }
 }
 
-/* dst[off + d * stride] = s * src[d], rounded to the run's dtype, d < n. */
+/* dst[off + d * stride] = s * src[d], rounded to the dtype of the run's results (out, dq, dk,
+ * dv: the problem's, or f32 for partial results, attn_result_dtype), d < n. */
 static void store_vec(const cpu_run *c, void *base, int64_t off, int64_t stride, int64_t n,
                       const float *src, float s) {
-  const attn_dtype dt = c->dt;
+  const attn_dtype dt = c->rdt;
   if (dt == ATTN_DTYPE_F16 && stride == 1) {
     c->kern->store_f16((uint16_t *)base + off, n, src, s);
   } else if (dt == ATTN_DTYPE_F32 && stride == 1) {
@@ -287,19 +310,63 @@ static inline int64_t bcast_jstride(const int64_t shape[4], const int64_t stride
 
 /* ---- masks and per-element features on a score tile -------------------------------------------- */
 
+/* A part of a tile that lies in one piece of rows and one piece of keys (attn_positions): its rows
+ * [i0, i0 + rows) see its keys [j0, j0 + nk) as a problem of alignment offset o would. A block
+ * that is one piece is one part; a tile of a block in pieces splits where a piece ends, into at
+ * most CPU_MAX_PARTS parts, which cover the tile. */
+typedef struct cpu_part {
+  int64_t i0, rows, j0, nk, o;
+} cpu_part;
+#define CPU_MAX_PARTS (ATTN_POSITION_PIECES * ATTN_POSITION_PIECES)
+
+static int tile_parts(const cpu_seq *s, int64_t i0, int64_t rows, int64_t j0, int64_t nk,
+                      cpu_part parts[CPU_MAX_PARTS]) {
+  if (s->pieces == NULL) {
+    parts[0] = (cpu_part){i0, rows, j0, nk, s->o};
+    return 1;
+  }
+  const attn_position_axis *pr = &s->pieces->rows, *pc = &s->pieces->cols;
+  int n = 0;
+  for (int32_t a = 0; a < attn_position_pieces(pr); ++a) {
+    const int64_t lo = max64(i0, pr->start[a]);
+    const int64_t hi = min64(i0 + rows, attn_position_piece_end(pr, a, s->s.len_q));
+    for (int32_t k = 0; hi > lo && k < attn_position_pieces(pc); ++k) {
+      const int64_t jl = max64(j0, pc->start[k]);
+      const int64_t jh = min64(j0 + nk, attn_position_piece_end(pc, k, s->s.len_k));
+      if (jh > jl)
+        parts[n++] = (cpu_part){lo, hi - lo, jl, jh - jl, attn_position_offset(s->pieces, a, k)};
+    }
+  }
+  return n;
+}
+
+/* The keys [*lo, *hi) of a part that some of its rows see by the window (*hi <= *lo: none). */
+static void part_keys(const cpu_run *c, const cpu_part *t, int64_t *lo, int64_t *hi) {
+  *lo = c->wl >= 0 ? max64(t->j0, t->i0 + t->o - c->wl) : t->j0;
+  *hi = c->wr >= 0 ? min64(t->j0 + t->nk, t->i0 + t->rows - 1 + t->o + c->wr + 1) : t->j0 + t->nk;
+}
+
 /* Whether key block [j0, j0 + nk) is visible from every row of [i0, i0 + rows) by the window. */
 static int window_covers(const cpu_run *c, const cpu_seq *s, int64_t i0, int64_t rows, int64_t j0,
                          int64_t nk) {
-  if (c->wl >= 0 && j0 < i0 + rows - 1 + s->o - c->wl) return 0;
-  if (c->wr >= 0 && j0 + nk - 1 > i0 + s->o + c->wr) return 0;
+  if (c->wl < 0 && c->wr < 0) return 1;
+  cpu_part parts[CPU_MAX_PARTS];
+  const int n = tile_parts(s, i0, rows, j0, nk, parts);
+  for (int k = 0; k < n; ++k) {
+    const cpu_part *t = &parts[k];
+    if (c->wl >= 0 && t->j0 < t->i0 + t->rows - 1 + t->o - c->wl) return 0;
+    if (c->wr >= 0 && t->j0 + t->nk - 1 > t->i0 + t->o + c->wr) return 0;
+  }
   return 1;
 }
 
-/* S[r][jj] for rows i0 + r and keys j0 + jj becomes the logit x of SPEC.md steps 1-3 (S holds
- * s * dot(q, k) on entry): bias, ALiBi and the soft cap added, -inf where the key is not visible.
- * dcap (may be NULL) gets the cap's derivative 1 - tanh^2 (1 where there is no cap or no key). */
-static void tile_features(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t i0, int64_t rows,
-                          int64_t j0, int64_t nk, float *S, int64_t lds, float *dcap) {
+/* S[r][jj] for rows i0 + r and keys j0 + jj, a part of a tile whose rows see its keys at offset
+ * o (tile_parts), becomes the logit x of SPEC.md steps 1-3 (S holds s * dot(q, k) on entry): bias,
+ * ALiBi and the soft cap added, -inf where the key is not visible. dcap (may be NULL) gets the
+ * cap's derivative 1 - tanh^2 (1 where there is no cap or no key). */
+static void tile_features(const cpu_run *c, const cpu_seq *s, int64_t o, int64_t h, int64_t i0,
+                          int64_t rows, int64_t j0, int64_t nk, float *S, int64_t lds,
+                          float *dcap) {
   const attn_problem *p = c->p;
   const attn_inputs *in = c->in;
   const int64_t b = s->b;
@@ -320,7 +387,7 @@ static void tile_features(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
   }
   const attn_dtype bias_dt = (attn_dtype)p->bias_dtype;
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = i0 + r, diag = i + s->o;
+    const int64_t i = i0 + r, diag = i + o;
     float *x = S + r * lds;
     float *dc = dcap != NULL ? dcap + r * lds : NULL;
     int32_t qseg = 0;
@@ -375,11 +442,12 @@ static void tile_features(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
   }
 }
 
-/* -inf outside the window for a block the window covers only partly (no other feature). */
-static void tile_window(const cpu_run *c, const cpu_seq *s, int64_t i0, int64_t rows, int64_t j0,
+/* -inf outside the window in a part (offset o) of a tile the window covers only partly (no other
+ * feature). */
+static void tile_window(const cpu_run *c, int64_t o, int64_t i0, int64_t rows, int64_t j0,
                         int64_t nk, float *S, int64_t lds) {
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t diag = i0 + r + s->o;
+    const int64_t diag = i0 + r + o;
     float *x = S + r * lds;
     int64_t lo = c->wl >= 0 ? diag - c->wl - j0 : 0;       /* first visible jj */
     int64_t hi = c->wr >= 0 ? diag + c->wr - j0 + 1 : nk;  /* one past the last */
@@ -390,17 +458,35 @@ static void tile_window(const cpu_run *c, const cpu_seq *s, int64_t i0, int64_t 
   }
 }
 
+/* Masks and per-element features of a tile, part by part (tile_parts). */
 static void apply_masks(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t i0, int64_t rows,
                         int64_t j0, int64_t nk, float *S, int64_t lds, float *dcap) {
-  if (c->features) tile_features(c, s, h, i0, rows, j0, nk, S, lds, dcap);
-  else if (!window_covers(c, s, i0, rows, j0, nk)) tile_window(c, s, i0, rows, j0, nk, S, lds);
+  if (!c->features && window_covers(c, s, i0, rows, j0, nk)) return;
+  cpu_part parts[CPU_MAX_PARTS];
+  const int n = tile_parts(s, i0, rows, j0, nk, parts);
+  for (int k = 0; k < n; ++k) {
+    const cpu_part *t = &parts[k];
+    float *St = S + (t->i0 - i0) * lds + (t->j0 - j0);
+    if (c->features)
+      tile_features(c, s, t->o, h, t->i0, t->rows, t->j0, t->nk, St, lds,
+                    dcap != NULL ? dcap + (St - S) : NULL);
+    else
+      tile_window(c, t->o, t->i0, t->rows, t->j0, t->nk, St, lds);
+  }
 }
 
-/* The key blocks [*kb_lo, *kb_hi) that rows [i0, i0 + rows) of a sequence can see. */
+/* The key blocks [*kb_lo, *kb_hi) that rows [i0, i0 + rows) of a sequence can see (a hull: in
+ * pieces, blocks between visible ones may be hidden, and trim_block finds them empty). */
 static void key_block_range(const cpu_run *c, const cpu_seq *s, int64_t i0, int64_t rows,
                             int64_t *kb_lo, int64_t *kb_hi) {
-  int64_t jmin = c->wl >= 0 ? max64(0, i0 + s->o - c->wl) : 0;
-  int64_t jmax = c->wr >= 0 ? min64(s->s.len_k, i0 + rows - 1 + s->o + c->wr + 1) : s->s.len_k;
+  cpu_part parts[CPU_MAX_PARTS];
+  const int n = tile_parts(s, i0, rows, 0, s->s.len_k, parts);
+  int64_t jmin = INT64_MAX, jmax = INT64_MIN;
+  for (int k = 0; k < n; ++k) {
+    int64_t lo, hi;
+    part_keys(c, &parts[k], &lo, &hi);
+    if (hi > lo) jmin = min64(jmin, lo), jmax = max64(jmax, hi);
+  }
   if (jmax <= jmin) {
     *kb_lo = *kb_hi = 0;
     return;
@@ -415,20 +501,40 @@ static void key_block_range(const cpu_run *c, const cpu_seq *s, int64_t i0, int6
  * diagonal blocks of a causal mask so compute about half as many columns. */
 static void trim_block(const cpu_run *c, const cpu_seq *s, int64_t i0, int64_t rows, int64_t j0,
                        int64_t nk, int64_t *off, int64_t *nk_vis) {
-  int64_t lo = c->wl >= 0 ? max64(0, i0 + s->o - c->wl - j0) : 0;
-  int64_t hi = c->wr >= 0 ? min64(nk, i0 + rows - 1 + s->o + c->wr + 1 - j0) : nk;
-  lo = min64(lo / ATTN_CPU_NPAD * ATTN_CPU_NPAD, nk);
+  cpu_part parts[CPU_MAX_PARTS];
+  const int n = tile_parts(s, i0, rows, j0, nk, parts);
+  int64_t jmin = INT64_MAX, jmax = INT64_MIN;
+  for (int k = 0; k < n; ++k) {
+    int64_t lo, hi;
+    part_keys(c, &parts[k], &lo, &hi);
+    if (hi > lo) jmin = min64(jmin, lo), jmax = max64(jmax, hi);
+  }
+  if (jmax <= jmin) {
+    *off = *nk_vis = 0;
+    return;
+  }
+  const int64_t lo = (jmin - j0) / ATTN_CPU_NPAD * ATTN_CPU_NPAD;
   *off = lo;
-  *nk_vis = hi > lo ? hi - lo : 0;
+  *nk_vis = jmax - j0 - lo;
 }
 
-/* The query rows [*i_lo, *i_hi) of a sequence that can see keys [j0, j0 + nk). */
+/* The query rows [*i_lo, *i_hi) of a sequence that can see keys [j0, j0 + nk) (a hull, as
+ * key_block_range's). */
 static void query_row_range(const cpu_run *c, const cpu_seq *s, int64_t j0, int64_t nk,
                             int64_t *i_lo, int64_t *i_hi) {
-  int64_t lo = c->wr >= 0 ? max64(0, j0 - s->o - c->wr) : 0;
-  int64_t hi = c->wl >= 0 ? min64(s->s.len_q, j0 + nk - 1 - s->o + c->wl + 1) : s->s.len_q;
-  *i_lo = lo;
-  *i_hi = hi > lo ? hi : lo;
+  cpu_part parts[CPU_MAX_PARTS];
+  const int n = tile_parts(s, 0, s->s.len_q, j0, nk, parts);
+  int64_t imin = INT64_MAX, imax = INT64_MIN;
+  for (int k = 0; k < n; ++k) {
+    const cpu_part *t = &parts[k];
+    const int64_t lo = c->wr >= 0 ? max64(t->i0, t->j0 - t->o - c->wr) : t->i0;
+    const int64_t hi =
+        c->wl >= 0 ? min64(t->i0 + t->rows, t->j0 + t->nk - 1 - t->o + c->wl + 1) : t->i0 + t->rows;
+    if (hi > lo) imin = min64(imin, lo), imax = max64(imax, hi);
+  }
+  if (imax <= imin) imin = imax = 0;
+  *i_lo = imin;
+  *i_hi = imax;
 }
 
 /* ---- workspace ---------------------------------------------------------------------------------- */
@@ -584,6 +690,13 @@ static int thread_id(void) {
 #else
   return 0;
 #endif
+}
+
+/* After a work item: the caller's progress hook (attn_run.progress), from the calling thread
+ * (thread 0 of the team is the thread that called), so a distributed caller's transfers move on
+ * while the other threads compute. */
+static void after_item(const cpu_run *c) {
+  if (c->run->progress != NULL && thread_id() == 0) c->run->progress(c->run->progress_arg);
 }
 
 /* ---- rows outside every sequence ---------------------------------------------------------------- */
@@ -1031,6 +1144,7 @@ static attn_status cpu_forward(const attn_run *run) {
         PHASE_MARK(pack_start);
         forward_pack(&c, &s, kb, slot + kb * c.D * c.bk, slot + kt_size + kb * c.bk * c.Dvp,
                      slot + kt_size + v_size, t.tmp);
+        after_item(&c);
         PHASE_ADD(&t, PACK, pack_start);
       }
       /* Heaviest first over the whole phase: later query blocks see more keys under a
@@ -1048,6 +1162,7 @@ static attn_status cpu_forward(const attn_run *run) {
         const float *slot = packs + pr * lay.slot;
         forward_block(&c, &s, s.g * c.group + hh, qb, slot, slot + kt_size, slot + kt_size + v_size,
                       &t);
+        after_item(&c);
       }
     }
     if (c.kern->tiles_release != NULL) c.kern->tiles_release();
@@ -1417,6 +1532,7 @@ static attn_status cpu_backward(const attn_run *run) {
         const cpu_seq s = make_seq(&c, pair0 + pr);
         if (kb * c.bk >= s.s.len_k) continue;
         backward_item(&c, &sh, &t, pr, &s, kb, dbias);
+        after_item(&c);
       }
       /* dq = s * the accumulator, per query block as above */
 #ifdef _OPENMP

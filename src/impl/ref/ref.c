@@ -32,6 +32,9 @@ typedef struct ref_args {
    * problem's for a plan's run; f64 where the attn tool evaluates chosen rows (ref_rows.h), so that
    * its oracle reads a low-precision problem's inputs where they lie, with no f64 copy of them. */
   attn_dtype result_dtype, result_stat_dtype;
+  /* The dtype the backward reads the forward's out in: result_dtype, but the problem's when the
+   * results are partial sums written in f32 (attn_positions.partial; out is the caller's). */
+  attn_dtype out_dtype;
   int64_t group;         /* query heads per KV head: Hq / Hkv */
   uint32_t drop_threshold;
   double keep_scale;     /* 1 / (1 - p_drop): the weight of a kept probability */
@@ -43,7 +46,10 @@ typedef struct ref_args {
 typedef struct ref_row {
   int64_t b, h, g, i;
   attn_seq seq;
-  int64_t o; /* alignment offset: len_k - len_q (bottom-right) or 0 (top-left) */
+  /* The aligned diagonal of the row, in the coordinates keys are compared in (key_at): i + o with
+   * o = len_k - len_q (bottom-right) or 0 (top-left); a block placed at global positions compares
+   * global ones, rows(i) + the larger problem's o. */
+  int64_t diagonal;
 } ref_row;
 
 static ref_args make_args(const attn_run *run) {
@@ -53,8 +59,9 @@ static ref_args make_args(const attn_run *run) {
   a.in = run->inputs;
   a.dtype = (attn_dtype)p->dtype;
   a.stat_dtype = attn_stat_dtype(a.dtype);
-  a.result_dtype = a.dtype;
+  a.result_dtype = attn_result_dtype(p, run->positions);
   a.result_stat_dtype = a.stat_dtype;
+  a.out_dtype = a.dtype;
   a.group = p->heads_q / p->heads_kv;
   a.drop_threshold = attn_dropout_threshold(p->dropout_p);
   a.keep_scale = 1.0 / (1.0 - p->dropout_p);
@@ -67,8 +74,15 @@ static ref_row make_row(const ref_args *a, int64_t b, int64_t h, int64_t i) {
   ref_row r;
   r.b = b, r.h = h, r.g = h / a->group, r.i = i;
   r.seq = attn_seq_of(a->p, a->in, b);
-  r.o = a->pos != NULL && a->pos->has_offset ? a->pos->offset : attn_align_offset(a->p, &r.seq);
+  r.diagonal = a->pos != NULL && a->pos->has_offset
+                   ? attn_position_of(&a->pos->rows, i) + a->pos->offset
+                   : i + attn_align_offset(a->p, &r.seq);
   return r;
+}
+
+/* Key j in the coordinates of ref_row.diagonal: its global position in a placed block. */
+static int64_t key_at(const ref_args *a, int64_t j) {
+  return a->pos != NULL && a->pos->has_offset ? attn_position_of(&a->pos->cols, j) : j;
 }
 
 /* ---- element addressing --------------------------------------------------------------------- */
@@ -144,9 +158,9 @@ static int visible(const ref_args *a, const ref_row *r, int64_t j) {
   if (j >= r->seq.len_k) return 0; /* varlen: j < len_k[b] */
   /* window (left, right) around the aligned diagonal i + o, both bounds inclusive; causal was
    * folded into right = 0 by the plan, so causal with a window (left, r) uses (left, 0). */
-  int64_t diagonal = r->i + r->o;
-  if (p->window_left >= 0 && j < diagonal - p->window_left) return 0;
-  if (p->window_right >= 0 && j > diagonal + p->window_right) return 0;
+  const int64_t key = key_at(a, j);
+  if (p->window_left >= 0 && key < r->diagonal - p->window_left) return 0;
+  if (p->window_right >= 0 && key > r->diagonal + p->window_right) return 0;
   if (p->has_mask) {
     const attn_tensor *m = &a->in->mask;
     int64_t head = p->mask_shape[1] == 1 ? 0 : r->h;
@@ -182,7 +196,7 @@ static double logit(const ref_args *a, const ref_row *r, const double *q, int64_
     int64_t off = p->alibi == ATTN_ALIBI_PER_BATCH_HEAD ? r->b * sl->stride[0] + r->h * sl->stride[1]
                                                         : r->h * sl->stride[0];
     double slope = attn_load(sl->data, a->stat_dtype, off);
-    x -= slope * fabs((double)(r->i + r->o - j));
+    x -= slope * fabs((double)(r->diagonal - key_at(a, j)));
   }
   *pre = x;
   /* Soft cap: bias and ALiBi are inside it; masking came before, so masked keys stay at zero. */
@@ -202,7 +216,8 @@ static int kept(const ref_args *a, const ref_row *r, int64_t j) {
   if (a->p->dropout_p == 0.0) return 1;
   if (a->pos != NULL) /* a block of a larger problem: the counter takes global indices */
     return attn_dropout_keep(a->in->dropout_seed, a->drop_threshold, r->b + a->pos->batch0,
-                             r->h + a->pos->head0, r->i + a->pos->row0, j + a->pos->col0);
+                             r->h + a->pos->head0, attn_position_of(&a->pos->rows, r->i),
+                             attn_position_of(&a->pos->cols, j));
   return attn_dropout_keep(a->in->dropout_seed, a->drop_threshold, r->b, r->h, r->i, j);
 }
 
@@ -289,11 +304,10 @@ static void forward_row(const ref_args *a, const attn_outputs *out, const ref_ro
 /* Writes values[e] (or 0 when values is NULL) to element e, in dense C order, of an output tensor
  * of the role, through its strides and in its dtype. */
 static void write_dense(const attn_problem *p, attn_role role, const attn_tensor *t,
-                        const double *values) {
+                        const double *values, attn_dtype dtype) {
   int64_t shape[ATTN_MAX_DIMS];
   int ndim = attn_role_shape(p, role, shape);
   int64_t n = attn_role_numel(p, role);
-  attn_dtype dtype = attn_role_dtype(p, role);
   for (int64_t e = 0; e < n; ++e) {
     int64_t rest = e, off = 0;
     for (int d = ndim - 1; d >= 0; --d) {
@@ -330,7 +344,8 @@ static attn_status ref_forward(const attn_run *run) {
   s.v = (unsigned char *)(s.q + p->head_dim);
 
   attn_paged_append(p, run->inputs); /* a paged cache's new rows first: they are attended to */
-  if (out->probs.data != NULL) write_dense(p, ATTN_ROLE_PROBS, &out->probs, NULL);
+  if (out->probs.data != NULL)
+    write_dense(p, ATTN_ROLE_PROBS, &out->probs, NULL, attn_role_dtype(p, ATTN_ROLE_PROBS));
   write_rows_outside_sequences(&a, out);
   for (int64_t b = 0; b < p->batch; ++b) {
     attn_seq seq = attn_seq_of(p, run->inputs, b);
@@ -392,7 +407,7 @@ static void backward_row(const ref_args *a, const attn_run *run, const ref_row *
     /* Delta_i = dot(dout_i, out_i) */
     double delta = 0.0;
     for (int64_t d = 0; d < p->head_dim_v; ++d)
-      delta += s->dout[d] * attn_load(fwd->out.data, a->result_dtype,
+      delta += s->dout[d] * attn_load(fwd->out.data, a->out_dtype,
                                       token_at(p, &fwd->out, r->b, q_row(r), r->h, d));
     int64_t visits = ks.list != NULL ? ks.count : r->seq.len_k;
     for (int64_t n = 0; n < visits; ++n) {
@@ -456,7 +471,7 @@ static attn_status ref_backward(const attn_run *run) {
   memset(s.dk, 0, (size_t)(n_dk + n_dv + n_bias + n_sinks) * sizeof(double));
 
   /* dq rows outside every sequence are 0 */
-  write_dense(p, ATTN_ROLE_DQ, &g->dq, NULL);
+  write_dense(p, ATTN_ROLE_DQ, &g->dq, NULL, a.result_dtype);
   const ref_keys every_key = {NULL, 0};
   for (int64_t b = 0; b < p->batch; ++b) {
     attn_seq seq = attn_seq_of(p, run->inputs, b);
@@ -467,10 +482,12 @@ static attn_status ref_backward(const attn_run *run) {
       }
   }
   /* The accumulators are dense in the canonical layout, which is the role's dense shape. */
-  write_dense(p, ATTN_ROLE_DK, &g->dk, s.dk);
-  write_dense(p, ATTN_ROLE_DV, &g->dv, s.dv);
-  if (g->dbias.data != NULL) write_dense(p, ATTN_ROLE_DBIAS, &g->dbias, s.dbias);
-  if (g->dsinks.data != NULL) write_dense(p, ATTN_ROLE_DSINKS, &g->dsinks, s.dsinks);
+  write_dense(p, ATTN_ROLE_DK, &g->dk, s.dk, a.result_dtype);
+  write_dense(p, ATTN_ROLE_DV, &g->dv, s.dv, a.result_dtype);
+  if (g->dbias.data != NULL)
+    write_dense(p, ATTN_ROLE_DBIAS, &g->dbias, s.dbias, attn_role_dtype(p, ATTN_ROLE_DBIAS));
+  if (g->dsinks.data != NULL)
+    write_dense(p, ATTN_ROLE_DSINKS, &g->dsinks, s.dsinks, attn_role_dtype(p, ATTN_ROLE_DSINKS));
   return ATTN_STATUS_OK;
 }
 
@@ -479,7 +496,7 @@ static attn_status ref_backward(const attn_run *run) {
 /* The arguments of a run whose results are in results_dtype (f64 for the oracle). */
 static ref_args rows_args(const attn_run *run, attn_dtype results_dtype) {
   ref_args a = make_args(run);
-  a.result_dtype = results_dtype;
+  a.result_dtype = a.out_dtype = results_dtype;
   a.result_stat_dtype = attn_stat_dtype(results_dtype);
   return a;
 }
