@@ -12,5 +12,5 @@
 const attn_module_table *ATTN_MODULE_TABLE(void);
 
 /* The name must be ATTN_MODULE_ENTRY's. */
-__attribute__((visibility("default"))) const attn_module_table *attn_module_entry_v2(void);
-const attn_module_table *attn_module_entry_v2(void) { return ATTN_MODULE_TABLE(); }
+__attribute__((visibility("default"))) const attn_module_table *attn_module_entry_v3(void);
+const attn_module_table *attn_module_entry_v3(void) { return ATTN_MODULE_TABLE(); }

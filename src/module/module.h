@@ -21,9 +21,10 @@
 
 /* Bumped whenever attn_module_table, attn_impl, attn_run, attn_gpu_ops or attn_dist_device_ops
  * change meaning; the entry's name carries it, so a module of another ABI is not even called.
- * 2: the table's dist (the ring's device operations). */
-#define ATTN_MODULE_ABI 2
-#define ATTN_MODULE_ENTRY "attn_module_entry_v2"
+ * 2: the table's dist (the ring's device operations). 3: attn_run's positions in pieces and
+ * progress hook. */
+#define ATTN_MODULE_ABI 3
+#define ATTN_MODULE_ENTRY "attn_module_entry_v3"
 
 typedef struct attn_module_table {
   int32_t abi;         /* ATTN_MODULE_ABI of the module's build */

@@ -80,5 +80,5 @@ static const attn_module_table fake_table = {FAKE_ABI,
                                              NULL,
                                              NULL};
 
-__attribute__((visibility("default"))) const attn_module_table *attn_module_entry_v2(void);
-const attn_module_table *attn_module_entry_v2(void) { return &fake_table; }
+__attribute__((visibility("default"))) const attn_module_table *attn_module_entry_v3(void);
+const attn_module_table *attn_module_entry_v3(void) { return &fake_table; }
