@@ -639,7 +639,19 @@ int main(void) {
   if (gpu != NULL && gpu->device_count(&gpus, why, sizeof why) == ATTN_STATUS_OK && gpus > 0) {
     test_grid(ctx, &rng, NULL, ATTN_DEVICE_CUDA);
     test_dense_decode(ctx, &rng, NULL, ATTN_DEVICE_CUDA);
-    test_gpu_splits(ctx, &rng);
+    /* the decode kernel's data paths (ATTN_CUDA_DECODE, docs/DECODE.md): the default, then the
+     * others, each copy path with each way of merging the splits */
+    const char *saved_decode = getenv("ATTN_CUDA_DECODE");
+    static const char *const decode_variants[] = {NULL, "cpasync,mergekernel", "cpasync,lastcta,nocluster",
+                                                  "bulk,mergekernel,nocluster"};
+    for (int i = 0; i < 4; ++i) {
+      if (decode_variants[i] != NULL) setenv("ATTN_CUDA_DECODE", decode_variants[i], 1);
+      printf("test_paged: GPU split cases with ATTN_CUDA_DECODE=%s\n",
+             decode_variants[i] ? decode_variants[i] : saved_decode ? saved_decode : "(default)");
+      test_gpu_splits(ctx, &rng);
+    }
+    if (saved_decode != NULL) setenv("ATTN_CUDA_DECODE", saved_decode, 1);
+    else unsetenv("ATTN_CUDA_DECODE");
     printf("test_paged: %d GPU cases skipped (no GPU implementation takes them)\n", skipped_gpu);
   } else {
     printf("test_paged: no GPU (%s): the device=cuda cases are skipped\n",
