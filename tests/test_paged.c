@@ -640,10 +640,9 @@ int main(void) {
     test_grid(ctx, &rng, NULL, ATTN_DEVICE_CUDA);
     test_dense_decode(ctx, &rng, NULL, ATTN_DEVICE_CUDA);
     /* the decode kernel's data paths (ATTN_CUDA_DECODE, docs/DECODE.md): the default, then the
-     * others, each copy path with each way of merging the splits */
+     * others, each way of copying with each way of merging the splits */
     const char *saved_decode = getenv("ATTN_CUDA_DECODE");
-    static const char *const decode_variants[] = {NULL, "cpasync,mergekernel", "cpasync,lastcta,nocluster",
-                                                  "bulk,mergekernel,nocluster"};
+    static const char *const decode_variants[] = {NULL, "cpasync", "cpasync,nocluster", "lateissue,nocluster"};
     for (int i = 0; i < 4; ++i) {
       if (decode_variants[i] != NULL) setenv("ATTN_CUDA_DECODE", decode_variants[i], 1);
       printf("test_paged: GPU split cases with ATTN_CUDA_DECODE=%s\n",

@@ -69,26 +69,23 @@ constexpr int kPartHead = 4;
 constexpr int kMergeBatch = 16;
 
 /* How the kernels move data, for measuring the choices side by side (ATTN_CUDA_DECODE, a comma-
- * separated list read at each call; docs/DECODE.md): sm_90's paths apply only where the kernel
- * was compiled for sm_90 and runs on it. */
+ * separated list read at each call; docs/DECODE.md has the measurements). The defaults are the
+ * fastest; sm_90's paths apply only where the kernel was compiled for sm_90 and runs on it. */
 struct Variant {
-  bool bulk = true;     /* K/V rows by cp.async.bulk (one 256-byte copy per thread and tile, the
-                           copy engine gathering) instead of 16-byte cp.async ("cpasync") */
-  bool last_cta = true; /* more than one split, no cluster: the last split CTA of each (sequence,
-                           KV head, row chunk) to finish merges them ("mergekernel": a second kernel) */
-  bool cluster = true;  /* 2-16 splits in one wave: merged in a thread-block cluster ("nocluster") */
-  int min_split_keys = kMinSplitKeys; /* "split64": splits as short as one tile */
+  bool bulk = true;        /* K/V rows by cp.async.bulk, one row per thread and tile, the copy
+                              engine gathering the pages ("cpasync": 16-byte cp.async) */
+  bool early_issue = true; /* bulk: a tile's copies issued before waiting for the tile to be used,
+                              so a CTA has all its stages in flight from the start ("lateissue") */
+  bool cluster = true;     /* 2-16 splits in one wave: merged in a thread-block cluster
+                              ("nocluster": the merge kernel) */
 };
 Variant variant_from_env() {
   Variant v;
   const char *e = getenv("ATTN_CUDA_DECODE");
   if (e == nullptr) return v;
   if (strstr(e, "cpasync") != nullptr) v.bulk = false;
-  if (strstr(e, "bulk") != nullptr) v.bulk = true;
-  if (strstr(e, "mergekernel") != nullptr) v.last_cta = false;
-  if (strstr(e, "lastcta") != nullptr) v.last_cta = true;
+  if (strstr(e, "lateissue") != nullptr) v.early_issue = false;
   if (strstr(e, "nocluster") != nullptr) v.cluster = false;
-  if (strstr(e, "split64") != nullptr) v.min_split_keys = kBN;
   return v;
 }
 
@@ -287,8 +284,8 @@ __device__ __forceinline__ void merge_cluster(const attn_cuda_decode_params &p, 
  * workspace and writes its rows' out and lse, with the kThreads threads of the calling CTA: each
  * thread four columns of a row, every split's (m, l) and O loaded kMergeBatch splits at a time
  * (one round trip to L2 per batch, not one per split), the splits summed in split order with a
- * running maximum (the same bits each run). The partials are read through L2 (.cg): another CTA
- * of the same grid may have written them (the last-CTA merge). */
+ * running maximum (the same bits each run). The partials are read through L2 (.cg): the split
+ * kernel, still finishing when this one was launched, wrote them. */
 template <typename T>
 __device__ __forceinline__ void merge_splits(const attn_cuda_decode_params &p, int item, int row_chunks) {
   const int g = item / row_chunks % p.heads_kv, chunk = item % row_chunks, b = item / (row_chunks * p.heads_kv);
@@ -345,17 +342,16 @@ enum Merge {
   kMergeNone = 0,    /* one split: it writes out and lse itself */
   kMergeKernel = 1,  /* partials to the workspace, merge_kernel after */
   kMergeCluster = 2, /* the grid's x dimension (the splits) is a cluster: distributed shared memory */
-  kMergeLastCta = 3, /* partials to the workspace; the last CTA of each item (an atomic counter in
-                        the workspace, zeroed before the launch) merges them */
 };
 
 /* One (key split, KV head x row chunk, sequence): grid (splits, Hkv * row_chunks, B). kBulk: K and
  * V rows arrive by cp.async.bulk (sm_90), each thread one row of K (threads 0-63) or V (64-127)
  * of a tile, completing on the stage's mbarrier; else by 16-byte cp.async, each row by KD / 8
- * consecutive threads. */
+ * consecutive threads. merge: a Merge. early_issue (bulk): each iteration issues the next tile's
+ * copies before waiting for its own tile. */
 template <typename T, int KD, bool kBulk>
 __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
-    split_kernel(const attn_cuda_decode_params p, int row_chunks, int merge) {
+    split_kernel(const attn_cuda_decode_params p, int row_chunks, int merge, int early_issue) {
   using S = Shape<KD>;
   constexpr int kPitch = S::kPitch, kStages = S::kStages, kTile = S::kTile;
   constexpr uint32_t kPitchB = kPitch * sizeof(T);
@@ -509,15 +505,28 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
   const float inv_cap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
   for (int t = 0; t < ntiles; ++t) {
     if constexpr (kBulk) {
+      /* Each thread waits on the tile's barrier itself, which makes the copies visible to it: the
+       * barrier below only frees tile t - 1's stage, so tile t + kStages - 1 can be issued into it
+       * first and fly while this one is awaited (a CTA of a few tiles then has kStages of them in
+       * flight from its start, not kStages - 1). Zeroed rows past the split were stored at least
+       * one barrier before their tile is used. */
+      if (early_issue) {
+        __syncthreads(); /* tile t - 1's stage is free */
+        if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1, (t + kStages - 1) % kStages);
+      }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
       attn_cuda::mbar_wait(bars + 8 * (t % kStages), (uint32_t)(t / kStages) & 1u); /* tile t landed */
 #endif
+      if (!early_issue) {
+        __syncthreads();
+        if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1, (t + kStages - 1) % kStages);
+      }
     } else {
       cp_async_wait<kStages - 2>(); /* tile t (and q) landed for this thread's copies */
+      __syncthreads();              /* ... for everyone's; and tile t - 1's stage is free again */
+      if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1, (t + kStages - 1) % kStages);
+      attn_cuda::cp_async_commit();
     }
-    __syncthreads(); /* ... for everyone's; and tile t - 1's stage is free again */
-    if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1, (t + kStages - 1) % kStages);
-    if constexpr (!kBulk) attn_cuda::cp_async_commit();
     if (t + kStages < ntiles) fetch_pages(t + kStages); /* its loads land during this tile */
 
     const T *ks = kv_s + (t % kStages) * 2 * kTile, *vs = ks + kTile;
@@ -628,20 +637,6 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
     }
   }
   if (merge == kMergeCluster) merge_cluster<T>(p, b, g, first, nrows, part);
-  if (merge == kMergeLastCta) {
-    /* the counter after the partials (attn_cuda_decode_workspace) counts the item's finished
-     * splits; this CTA's partial is published before its count (fence, then the atomic) */
-    int *counter = reinterpret_cast<int *>(p.partials + (int64_t)p.batch * p.heads_kv * row_chunks *
-                                                           p.splits * kRows * stride) + item;
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(counter, 1) == p.splits - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence(); /* the others' partials, published before their counts, are seen */
-    merge_splits<T>(p, item, row_chunks);
-  }
 }
 
 /* Merges the splits of one work item per CTA: grid (B * Hkv * row_chunks), kThreads threads. On
@@ -739,13 +734,7 @@ attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream
            : variant.cluster && major >= 9 && fits &&
                    p->splits <= cluster_limit<T, KD, kBulk>(p->device_index, major)
                ? kMergeCluster
-           : variant.last_cta ? kMergeLastCta
-                              : kMergeKernel;
-  if (*merge == kMergeLastCta) { /* the counters after the partials start at zero */
-    const int64_t items = (int64_t)p->batch * p->heads_kv * row_chunks;
-    ATTN_CUDA_CHECK(cudaMemsetAsync(p->partials + items * p->splits * kRows * (p->dv + kPartHead), 0,
-                                    sizeof(int) * (size_t)items, stream));
-  }
+               : kMergeKernel;
   if (major >= 9) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = Shape<KD>::kSmem;
@@ -756,10 +745,11 @@ attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream
     attr[1].id = cudaLaunchAttributeClusterDimension;
     attr[1].val.clusterDim.x = (unsigned)p->splits, attr[1].val.clusterDim.y = 1, attr[1].val.clusterDim.z = 1;
     cfg.attrs = attr, cfg.numAttrs = *merge == kMergeCluster ? 2 : 1;
-    ATTN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, split_kernel<T, KD, kBulk>, *p, row_chunks, (int)*merge));
+    ATTN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, split_kernel<T, KD, kBulk>, *p, row_chunks, (int)*merge,
+                                       variant.early_issue ? 1 : 0));
     return ATTN_STATUS_OK;
   }
-  split_kernel<T, KD, kBulk><<<grid, kThreads, Shape<KD>::kSmem, stream>>>(*p, row_chunks, (int)*merge);
+  split_kernel<T, KD, kBulk><<<grid, kThreads, Shape<KD>::kSmem, stream>>>(*p, row_chunks, (int)*merge, 0);
   ATTN_CUDA_CHECK(cudaGetLastError());
   return ATTN_STATUS_OK;
 }
@@ -844,8 +834,7 @@ extern "C" int attn_cuda_decode_splits(int index, int batch, int heads_kv, int r
    * last wave would leave SMs idle while it runs), none shorter than kMinSplitKeys */
   const int64_t ctas = (int64_t)batch * heads_kv * row_chunks;
   int64_t want = (int64_t)(half_waves > 0 ? half_waves : 2) * slots / (2 * ctas);
-  const int min_keys = variant_from_env().min_split_keys;
-  int64_t most = (keys + min_keys - 1) / min_keys;
+  int64_t most = (keys + kMinSplitKeys - 1) / kMinSplitKeys;
   if (want > most) want = most;
   if (want > kMaxSplits) want = kMaxSplits;
   return (int)(want < 1 ? 1 : want);
@@ -854,12 +843,9 @@ extern "C" int attn_cuda_decode_splits(int index, int batch, int heads_kv, int r
 extern "C" size_t attn_cuda_decode_workspace(int batch, int heads_kv, int row_chunks, int splits,
                                              int dv) {
   if (splits <= 1) return 0; /* one split writes the result itself */
-  /* the partials [item][split][row][m, l, -, -, O[Dv]], then one counter per item (the last-CTA
-   * merge) */
-  const size_t items = (size_t)batch * heads_kv * row_chunks;
-  return sizeof(float) * items * splits * ATTN_CUDA_DECODE_ROWS *
-             (size_t)(dv + attn_cuda_decode::kPartHead) +
-         sizeof(int) * items;
+  /* the partials [item][split][row][m, l, -, -, O[Dv]] */
+  return sizeof(float) * (size_t)batch * heads_kv * row_chunks * splits * ATTN_CUDA_DECODE_ROWS *
+         (size_t)(dv + attn_cuda_decode::kPartHead);
 }
 
 extern "C" attn_status attn_cuda_decode_forward(const attn_cuda_decode_params *p, int is_bf16,
