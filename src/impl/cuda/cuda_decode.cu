@@ -8,16 +8,21 @@
  *     the rows are the Hq/Hkv query heads times Tq queries of head g (GQA packing): they are the
  *     16 rows of one tensor-core tile, so each K and V row is read from memory once for all of
  *     them and Tq = 4 costs what Tq = 1 does;
- *   - the split's keys stream through shared memory in tiles of 64 rows with cp.async, 16 bytes
- *     per copy, a row of a page per 8 to 32 consecutive threads (coalesced), two or three tiles
- *     in flight while one is used (a CTA keeps 64-128 KiB requested; two CTAs per SM at D = 128).
- *     A paged cache is gathered row by row through the block table, so any page size works;
+ *   - the split's keys stream through shared memory in tiles of 64 rows, two or three tiles in
+ *     flight (a CTA keeps 64-96 KiB requested; two CTAs per SM at D = 128). On sm_90 each row of
+ *     K or V is one cp.async.bulk (256 bytes at D = 128) issued by one thread, completing on the
+ *     stage's mbarrier: 128 copies per tile instead of 2048 16-byte cp.async, the copy engine
+ *     doing the gather, and the next tile issued before the current one is awaited. Elsewhere
+ *     16-byte cp.async, a row per 8 to 32 consecutive threads. A paged cache is gathered row by
+ *     row through the block table, so any page size works (bulk copies took paged 16 on the
+ *     H100 from 80% to 92% of the copy rate at B = 64, Tk = 8192: bench/RESULTS.md);
  *   - each warp owns 16 keys of a tile: S = Q K^T and O += P V on mma.sync (m16n8k16, f32
  *     accumulation, P rounded to the input type as in the main forward kernel), an online softmax
  *     per row in registers; the warps' (m, l, O) merge in shared memory in a fixed order;
  *   - with one split the CTA writes out and lse itself; otherwise each split writes its partial
- *     (m, l, unnormalised O) and a small kernel, one CTA per output row, merges them through
- *     their maxima (the lse merge of flash-decoding), adds the sinks once, and writes out and lse.
+ *     (m, l, unnormalised O) and a small kernel, one CTA per (sequence, KV head, row chunk),
+ *     merges them through their maxima (the lse merge of flash-decoding), adds the sinks once,
+ *     and writes out and lse.
  *     On sm_90, where 2 to 16 splits' CTAs all fit on the device at once, the splits of one
  *     (sequence, KV head, row chunk) are instead one thread-block cluster that merges them
  *     through distributed shared memory: no second kernel, no workspace round trip. Every sum
@@ -78,6 +83,8 @@ struct Variant {
                               so a CTA has all its stages in flight from the start ("lateissue") */
   bool cluster = true;     /* 2-16 splits in one wave: merged in a thread-block cluster
                               ("nocluster": the merge kernel) */
+  bool wide_merge = false; /* the merge kernel: one CTA per row, its threads over columns and
+                              splits ("mergewide"; else one CTA per row chunk, over columns) */
 };
 Variant variant_from_env() {
   Variant v;
@@ -86,6 +93,7 @@ Variant variant_from_env() {
   if (strstr(e, "cpasync") != nullptr) v.bulk = false;
   if (strstr(e, "lateissue") != nullptr) v.early_issue = false;
   if (strstr(e, "nocluster") != nullptr) v.cluster = false;
+  if (strstr(e, "mergewide") != nullptr) v.wide_merge = true;
   return v;
 }
 
@@ -639,17 +647,91 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
   if (merge == kMergeCluster) merge_cluster<T>(p, b, g, first, nrows, part);
 }
 
-/* Merges the splits of one work item per CTA: grid (B * Hkv * row_chunks), kThreads threads. On
- * sm_90 it may start before the split kernel has finished (programmatic dependent launch) and
- * waits for its results first. */
-template <typename T> __global__ void __launch_bounds__(kThreads) merge_kernel(const attn_cuda_decode_params p, int row_chunks) {
+/* Merges the splits of row r of work item `item` with the kThreads threads of the calling CTA: they
+ * form `groups` groups of Dv / 4, each thread four columns, group k taking splits k, k + groups,
+ * ... (up to kMergeBatch of them in one round of loads: at Dv = 128, 64 splits in one round trip
+ * to L2); then group 0 combines the groups' (m, l, O) from shared memory in group order (the same
+ * bits each run). */
+template <typename T>
+__device__ __forceinline__ void merge_row_wide(const attn_cuda_decode_params &p, int item, int row_chunks, int r) {
+  __shared__ float4 o_s[kThreads];   /* [group][quad] */
+  __shared__ float2 ml_s[kThreads];  /* [group] */
+  const int g = item / row_chunks % p.heads_kv, chunk = item % row_chunks, b = item / (row_chunks * p.heads_kv);
+  const int quads = p.dv / 4, groups = kThreads / quads; /* Dv <= 256: groups >= 2 */
+  const int q4 = (int)threadIdx.x % quads, gi = (int)threadIdx.x / quads;
+  const int stride = p.dv + kPartHead, splits = p.splits;
+  const int64_t sstride = (int64_t)kRows * stride;
+  const float *row = p.partials + (int64_t)item * splits * sstride + (int64_t)r * stride;
+  if (gi < groups) {
+    float M = -INFINITY, L = 0.0f;
+    float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s0 = gi; s0 < splits; s0 += groups * kMergeBatch) {
+      float2 ml[kMergeBatch];
+      float4 o[kMergeBatch];
+#pragma unroll
+      for (int u = 0; u < kMergeBatch; ++u) {
+        const int s = s0 + u * groups;
+        ml[u] = make_float2(-INFINITY, 0.0f), o[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (s < splits) {
+          const float *ps = row + (int64_t)s * sstride;
+          ml[u] = __ldcg(reinterpret_cast<const float2 *>(ps));
+          o[u] = __ldcg(reinterpret_cast<const float4 *>(ps + kPartHead) + q4);
+        }
+      }
+      float Mn = M;
+#pragma unroll
+      for (int u = 0; u < kMergeBatch; ++u) Mn = fmaxf(Mn, ml[u].x);
+      if (Mn == -INFINITY) continue;
+      const float a = __expf(M - Mn);
+      L *= a, O.x *= a, O.y *= a, O.z *= a, O.w *= a;
+#pragma unroll
+      for (int u = 0; u < kMergeBatch; ++u) {
+        if (ml[u].x == -INFINITY) continue;
+        const float w = __expf(ml[u].x - Mn);
+        L += w * ml[u].y;
+        O.x += w * o[u].x, O.y += w * o[u].y, O.z += w * o[u].z, O.w += w * o[u].w;
+      }
+      M = Mn;
+    }
+    o_s[gi * quads + q4] = O;
+    if (q4 == 0) ml_s[gi] = make_float2(M, L);
+  }
+  __syncthreads();
+  if (gi != 0) return;
+  float M = -INFINITY, L = 0.0f;
+  float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int k = 0; k < groups; ++k) M = fmaxf(M, ml_s[k].x);
+  for (int k = 0; k < groups; ++k) {
+    if (ml_s[k].x == -INFINITY) continue; /* a group without a seen key */
+    const float w = __expf(ml_s[k].x - M);
+    const float4 ok = o_s[k * quads + q4];
+    L += w * ml_s[k].y;
+    O.x += w * ok.x, O.y += w * ok.y, O.z += w * ok.z, O.w += w * ok.w;
+  }
+  int h, i;
+  row_head(p, g, chunk * kRows + r, h, i);
+  const RowEnd e = row_end(p, h, M, L);
+  T *out = static_cast<T *>(p.out) + (int64_t)b * p.o_b + (int64_t)i * p.o_r + (int64_t)h * p.o_h + 4 * q4;
+  out[0] = from_float<T>(O.x * e.scale), out[1] = from_float<T>(O.y * e.scale);
+  out[2] = from_float<T>(O.z * e.scale), out[3] = from_float<T>(O.w * e.scale);
+  if (q4 == 0 && p.lse != nullptr) p.lse[(int64_t)b * p.lse_b + (int64_t)h * p.lse_h + (int64_t)i * p.lse_r] = e.lse;
+}
+
+/* Merges the splits: grid (B * Hkv * row_chunks) of one CTA per work item, or (wide) (B * Hkv *
+ * row_chunks, kRows) of one CTA per row; kThreads threads. On sm_90 it may start before the split
+ * kernel has finished (programmatic dependent launch) and waits for its results first. */
+template <typename T>
+__global__ void __launch_bounds__(kThreads) merge_kernel(const attn_cuda_decode_params p, int row_chunks, int wide) {
+  const int item = (int)blockIdx.x, r = (int)blockIdx.y;
+  if (wide && r >= min(kRows, p.group * p.seqlen_q - item % row_chunks * kRows)) return; /* no row: no wait */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   /* the next kernel (a programmatic dependent: the next call's split kernel) may be placed now;
    * it waits for this grid to finish before it reads or writes anything */
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-  merge_splits<T>(p, (int)blockIdx.x, row_chunks);
+  if (wide) merge_row_wide<T>(p, item, row_chunks, r);
+  else merge_splits<T>(p, item, row_chunks);
 }
 
 /* The kernel dim of a problem: the smallest of 64, 128, 256 that holds D and Dv. */
@@ -803,7 +885,8 @@ attn_status launch(const attn_cuda_decode_params *p, cudaStream_t stream, char *
       : kd == 128 ? launch_split_dim<T, 128>(p, grid, stream, row_chunks, major, variant, &merge, why, why_size)
                   : launch_split_dim<T, 256>(p, grid, stream, row_chunks, major, variant, &merge, why, why_size);
   if (st != ATTN_STATUS_OK || merge != kMergeKernel) return st;
-  const dim3 mgrid(p->batch * p->heads_kv * row_chunks);
+  const int wide = variant.wide_merge ? 1 : 0;
+  const dim3 mgrid(p->batch * p->heads_kv * row_chunks, wide ? kRows : 1);
   if (major >= 9) { /* programmatic dependent launch: the merge's launch overlaps the splits' tail */
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = mgrid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = 0, cfg.stream = stream;
@@ -811,10 +894,10 @@ attn_status launch(const attn_cuda_decode_params *p, cudaStream_t stream, char *
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr, cfg.numAttrs = 1;
-    if (cudaLaunchKernelEx(&cfg, merge_kernel<T>, *p, row_chunks) == cudaSuccess) return ATTN_STATUS_OK;
+    if (cudaLaunchKernelEx(&cfg, merge_kernel<T>, *p, row_chunks, wide) == cudaSuccess) return ATTN_STATUS_OK;
     (void)cudaGetLastError(); /* not taken here: the ordinary launch below */
   }
-  merge_kernel<T><<<mgrid, kThreads, 0, stream>>>(*p, row_chunks);
+  merge_kernel<T><<<mgrid, kThreads, 0, stream>>>(*p, row_chunks, wide);
   ATTN_CUDA_CHECK(cudaGetLastError());
   return ATTN_STATUS_OK;
 }
