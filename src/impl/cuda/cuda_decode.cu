@@ -98,9 +98,9 @@ Variant variant_from_env() {
 }
 
 /* Per head-dim kernel: stages in flight and CTAs per SM (registers are bounded for that many;
- * shared memory allows it on sm_90: 2 x 107 KiB at KD = 128, so 4 tiles of 32 KiB requested per
- * SM; that reaches 91-95% of the H100's copy rate on dense caches of B * Tk >= 64k keys, and
- * 75-80% with 16-row pages, whose scattered rows would need more in flight). */
+ * shared memory allows it on sm_90: 2 x 107 KiB at KD = 128, so up to 6 tiles of 32 KiB requested
+ * per SM; with bulk copies that reaches 91-97% of the H100's copy rate on dense caches of B * Tk
+ * >= 64k keys and 86-93% with 16-row pages, bench/RESULTS.md). */
 template <int KD> struct Shape {
   static constexpr int kStages = KD >= 256 ? 2 : 3;
   static constexpr int kPitch = KD + 8; /* elements per shared row: +16 bytes, ldmatrix conflict-free */
