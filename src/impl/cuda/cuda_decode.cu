@@ -288,12 +288,59 @@ __device__ __forceinline__ void merge_cluster(const attn_cuda_decode_params &p, 
 #endif
 }
 
+/* Adds splits first, first + step, ... (< splits) of one row's partials (row: split 0's, the next
+ * split sstride floats on) to a running (M, L, O) of four columns (quad q4), in that order:
+ * kMergeBatch splits' (m, l) and O loaded at once (one round trip to L2 per batch, not one per
+ * split), then summed through a running maximum. The same bits each run. The partials are read
+ * through L2 (.cg): the split kernel, still finishing when the merge kernel was launched, wrote
+ * them. */
+__device__ __forceinline__ void merge_partials(const float *row, int64_t sstride, int first, int step, int splits,
+                                               int q4, float &M, float &L, float4 &O) {
+  for (int s0 = first; s0 < splits; s0 += step * kMergeBatch) {
+    float2 ml[kMergeBatch];
+    float4 o[kMergeBatch];
+#pragma unroll
+    for (int u = 0; u < kMergeBatch; ++u) {
+      const int s = s0 + u * step;
+      ml[u] = make_float2(-INFINITY, 0.0f), o[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (s < splits) {
+        const float *ps = row + (int64_t)s * sstride;
+        ml[u] = __ldcg(reinterpret_cast<const float2 *>(ps));
+        o[u] = __ldcg(reinterpret_cast<const float4 *>(ps + kPartHead) + q4);
+      }
+    }
+    float Mn = M;
+#pragma unroll
+    for (int u = 0; u < kMergeBatch; ++u) Mn = fmaxf(Mn, ml[u].x);
+    if (Mn == -INFINITY) continue; /* no key seen so far */
+    const float a = __expf(M - Mn);  /* M = -inf: 0 */
+    L *= a, O.x *= a, O.y *= a, O.z *= a, O.w *= a;
+#pragma unroll
+    for (int u = 0; u < kMergeBatch; ++u) {
+      if (ml[u].x == -INFINITY) continue; /* an empty split, or past the last */
+      const float w = __expf(ml[u].x - Mn);
+      L += w * ml[u].y;
+      O.x += w * o[u].x, O.y += w * o[u].y, O.z += w * o[u].z, O.w += w * o[u].w;
+    }
+    M = Mn;
+  }
+}
+
+/* Writes columns 4 q4 .. 4 q4 + 3 of out[b, i, h] (and, q4 = 0, lse[b, h, i]) from the row's
+ * merged M, L and unnormalised O. */
+template <typename T>
+__device__ __forceinline__ void finish_quad(const attn_cuda_decode_params &p, int b, int h, int i, int q4, float M,
+                                            float L, float4 O) {
+  const RowEnd e = row_end(p, h, M, L);
+  T *out = static_cast<T *>(p.out) + (int64_t)b * p.o_b + (int64_t)i * p.o_r + (int64_t)h * p.o_h + 4 * q4;
+  out[0] = from_float<T>(O.x * e.scale), out[1] = from_float<T>(O.y * e.scale);
+  out[2] = from_float<T>(O.z * e.scale), out[3] = from_float<T>(O.w * e.scale);
+  if (q4 == 0 && p.lse != nullptr) p.lse[(int64_t)b * p.lse_b + (int64_t)h * p.lse_h + (int64_t)i * p.lse_r] = e.lse;
+}
+
 /* Merges the splits' partials of work item `item` (sequence, KV head, row chunk) from the
  * workspace and writes its rows' out and lse, with the kThreads threads of the calling CTA: each
- * thread four columns of a row, every split's (m, l) and O loaded kMergeBatch splits at a time
- * (one round trip to L2 per batch, not one per split), the splits summed in split order with a
- * running maximum (the same bits each run). The partials are read through L2 (.cg): the split
- * kernel, still finishing when this one was launched, wrote them. */
+ * thread four columns of a row, the rows in passes of kThreads / (Dv / 4). */
 template <typename T>
 __device__ __forceinline__ void merge_splits(const attn_cuda_decode_params &p, int item, int row_chunks) {
   const int g = item / row_chunks % p.heads_kv, chunk = item % row_chunks, b = item / (row_chunks * p.heads_kv);
@@ -301,47 +348,16 @@ __device__ __forceinline__ void merge_splits(const attn_cuda_decode_params &p, i
   const int quads = p.dv / 4, per_pass = kThreads / quads; /* Dv <= 256: per_pass >= 2 */
   const int q4 = (int)threadIdx.x % quads;
   if ((int)threadIdx.x >= per_pass * quads) return;
-  const int stride = p.dv + kPartHead, splits = p.splits;
+  const int stride = p.dv + kPartHead;
   const int64_t sstride = (int64_t)kRows * stride;
-  const float *base = p.partials + (int64_t)item * splits * sstride;
+  const float *base = p.partials + (int64_t)item * p.splits * sstride;
   for (int r = (int)threadIdx.x / quads; r < nrows; r += per_pass) {
-    const float *row = base + (int64_t)r * stride;
     float M = -INFINITY, L = 0.0f;
     float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int s0 = 0; s0 < splits; s0 += kMergeBatch) {
-      float2 ml[kMergeBatch];
-      float4 o[kMergeBatch];
-#pragma unroll
-      for (int u = 0; u < kMergeBatch; ++u) {
-        ml[u] = make_float2(-INFINITY, 0.0f), o[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (s0 + u < splits) {
-          const float *ps = row + (int64_t)(s0 + u) * sstride;
-          ml[u] = __ldcg(reinterpret_cast<const float2 *>(ps));
-          o[u] = __ldcg(reinterpret_cast<const float4 *>(ps + kPartHead) + q4);
-        }
-      }
-      float Mn = M;
-#pragma unroll
-      for (int u = 0; u < kMergeBatch; ++u) Mn = fmaxf(Mn, ml[u].x);
-      if (Mn == -INFINITY) continue; /* no key seen so far */
-      const float a = __expf(M - Mn);  /* M = -inf: 0 */
-      L *= a, O.x *= a, O.y *= a, O.z *= a, O.w *= a;
-#pragma unroll
-      for (int u = 0; u < kMergeBatch; ++u) {
-        if (ml[u].x == -INFINITY) continue; /* an empty split, or past the last */
-        const float w = __expf(ml[u].x - Mn);
-        L += w * ml[u].y;
-        O.x += w * o[u].x, O.y += w * o[u].y, O.z += w * o[u].z, O.w += w * o[u].w;
-      }
-      M = Mn;
-    }
+    merge_partials(base + (int64_t)r * stride, sstride, 0, 1, p.splits, q4, M, L, O);
     int h, i;
     row_head(p, g, first + r, h, i);
-    const RowEnd e = row_end(p, h, M, L);
-    T *out = static_cast<T *>(p.out) + (int64_t)b * p.o_b + (int64_t)i * p.o_r + (int64_t)h * p.o_h + 4 * q4;
-    out[0] = from_float<T>(O.x * e.scale), out[1] = from_float<T>(O.y * e.scale);
-    out[2] = from_float<T>(O.z * e.scale), out[3] = from_float<T>(O.w * e.scale);
-    if (q4 == 0 && p.lse != nullptr) p.lse[(int64_t)b * p.lse_b + (int64_t)h * p.lse_h + (int64_t)i * p.lse_r] = e.lse;
+    finish_quad<T>(p, b, h, i, q4, M, L, O);
   }
 }
 
@@ -649,50 +665,22 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
 
 /* Merges the splits of row r of work item `item` with the kThreads threads of the calling CTA: they
  * form `groups` groups of Dv / 4, each thread four columns, group k taking splits k, k + groups,
- * ... (up to kMergeBatch of them in one round of loads: at Dv = 128, 64 splits in one round trip
- * to L2); then group 0 combines the groups' (m, l, O) from shared memory in group order (the same
- * bits each run). */
+ * ... (at Dv = 128, 64 splits in one round of loads); then group 0 combines the groups' (m, l, O)
+ * from shared memory in group order (the same bits each run). */
 template <typename T>
 __device__ __forceinline__ void merge_row_wide(const attn_cuda_decode_params &p, int item, int row_chunks, int r) {
-  __shared__ float4 o_s[kThreads];   /* [group][quad] */
-  __shared__ float2 ml_s[kThreads];  /* [group] */
+  __shared__ float4 o_s[kThreads];  /* [group][quad] */
+  __shared__ float2 ml_s[kThreads]; /* [group] */
   const int g = item / row_chunks % p.heads_kv, chunk = item % row_chunks, b = item / (row_chunks * p.heads_kv);
   const int quads = p.dv / 4, groups = kThreads / quads; /* Dv <= 256: groups >= 2 */
   const int q4 = (int)threadIdx.x % quads, gi = (int)threadIdx.x / quads;
-  const int stride = p.dv + kPartHead, splits = p.splits;
+  const int stride = p.dv + kPartHead;
   const int64_t sstride = (int64_t)kRows * stride;
-  const float *row = p.partials + (int64_t)item * splits * sstride + (int64_t)r * stride;
   if (gi < groups) {
     float M = -INFINITY, L = 0.0f;
     float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int s0 = gi; s0 < splits; s0 += groups * kMergeBatch) {
-      float2 ml[kMergeBatch];
-      float4 o[kMergeBatch];
-#pragma unroll
-      for (int u = 0; u < kMergeBatch; ++u) {
-        const int s = s0 + u * groups;
-        ml[u] = make_float2(-INFINITY, 0.0f), o[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (s < splits) {
-          const float *ps = row + (int64_t)s * sstride;
-          ml[u] = __ldcg(reinterpret_cast<const float2 *>(ps));
-          o[u] = __ldcg(reinterpret_cast<const float4 *>(ps + kPartHead) + q4);
-        }
-      }
-      float Mn = M;
-#pragma unroll
-      for (int u = 0; u < kMergeBatch; ++u) Mn = fmaxf(Mn, ml[u].x);
-      if (Mn == -INFINITY) continue;
-      const float a = __expf(M - Mn);
-      L *= a, O.x *= a, O.y *= a, O.z *= a, O.w *= a;
-#pragma unroll
-      for (int u = 0; u < kMergeBatch; ++u) {
-        if (ml[u].x == -INFINITY) continue;
-        const float w = __expf(ml[u].x - Mn);
-        L += w * ml[u].y;
-        O.x += w * o[u].x, O.y += w * o[u].y, O.z += w * o[u].z, O.w += w * o[u].w;
-      }
-      M = Mn;
-    }
+    merge_partials(p.partials + (int64_t)item * p.splits * sstride + (int64_t)r * stride, sstride, gi, groups,
+                   p.splits, q4, M, L, O);
     o_s[gi * quads + q4] = O;
     if (q4 == 0) ml_s[gi] = make_float2(M, L);
   }
@@ -710,11 +698,7 @@ __device__ __forceinline__ void merge_row_wide(const attn_cuda_decode_params &p,
   }
   int h, i;
   row_head(p, g, chunk * kRows + r, h, i);
-  const RowEnd e = row_end(p, h, M, L);
-  T *out = static_cast<T *>(p.out) + (int64_t)b * p.o_b + (int64_t)i * p.o_r + (int64_t)h * p.o_h + 4 * q4;
-  out[0] = from_float<T>(O.x * e.scale), out[1] = from_float<T>(O.y * e.scale);
-  out[2] = from_float<T>(O.z * e.scale), out[3] = from_float<T>(O.w * e.scale);
-  if (q4 == 0 && p.lse != nullptr) p.lse[(int64_t)b * p.lse_b + (int64_t)h * p.lse_h + (int64_t)i * p.lse_r] = e.lse;
+  finish_quad<T>(p, b, h, i, q4, M, L, O);
 }
 
 /* Merges the splits: grid (B * Hkv * row_chunks) of one CTA per work item, or (wide) (B * Hkv *
