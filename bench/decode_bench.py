@@ -4,8 +4,8 @@ PyTorch's scaled_dot_product_attention through its flash and cuDNN backends on t
 equivalent, timed the same way (20 calls captured in a CUDA graph, median of 10 replays), and the
 device's measured copy rate for the percentages.
 
-usage: python3 bench/decode_bench.py BUILD/decode_bench [max_keys]   (bench/decode_bench.sh builds
-the program and runs this). Prints the raw CSV of both sides, then a markdown table:
+usage: python3 bench/decode_bench.py BUILD/decode_bench [max_keys [problems [variants]]]
+(bench/decode_bench.sh builds the program and runs this; the arguments go to gpu/decode_bench.c). Prints the raw CSV of both sides, then a markdown table:
 K+V read rate (TB/s) and its share of the copy rate; for the features and Tq = 4 their time
 against paged 16's plain time at the same B and Tk.
 
@@ -91,7 +91,7 @@ def torch_rows(shapes):
 
 def main():
     prog = sys.argv[1]
-    args = [prog] + sys.argv[2:3]
+    args = [prog] + sys.argv[2:5]
     res = subprocess.run(args, capture_output=True, text=True)
     print(res.stdout, end="")
     if res.returncode != 0:

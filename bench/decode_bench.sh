@@ -4,10 +4,11 @@
 # bench/decode_bench.py, which times libattn and PyTorch's flash and cuDNN SDPA in one run and
 # prints the table of bench/RESULTS.md "Decode (14)".
 #
-# usage: bench/decode_bench.sh [BUILD] [MAX_KEYS]
+# usage: bench/decode_bench.sh [BUILD] [MAX_KEYS [PROBLEMS [VARIANTS]]]
 #   BUILD     a build folder of this tree with the modules (default build-gpu, gpu/run.sh's); made
 #             here when it has no libattn.a: Release, the cuda module only (-j16)
 #   MAX_KEYS  problems with B * Tk up to this (default 524288: K + V of 2 GiB at most)
+#   PROBLEMS, VARIANTS  a part of the grid: gpu/decode_bench.c's usage
 set -eu -o pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-gpu}
@@ -25,4 +26,4 @@ libs+=("$cudart" "-Wl,-rpath,$(dirname "$cudart")" -fopenmp -lm -lpthread)
 gcc -O2 -std=c11 -Iinclude -I"$(dirname "$(dirname "$(command -v nvcc)")")/include" gpu/decode_bench.c \
   "${libs[@]}" -o "$BUILD/decode_bench"
 export ATTN_MODULE_PATH="$PWD/$BUILD"
-python3 bench/decode_bench.py "$BUILD/decode_bench" "$MAX_KEYS"
+python3 bench/decode_bench.py "$BUILD/decode_bench" "$MAX_KEYS" "${@:3}"

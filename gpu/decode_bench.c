@@ -16,7 +16,12 @@
  * decode steps from graphs too). gpu/decode_bench.py times PyTorch the same way. The copy rate is
  * cudaMemcpyAsync of 1 GiB device to device, read + written bytes over the median time.
  *
- * usage: decode_bench [max_keys]   (problems with B * Tk <= max_keys, default 524288)
+ * usage: decode_bench [max_keys [problems [variants]]]
+ *   max_keys  problems with B * Tk <= max_keys (default 524288)
+ *   problems  only these B x Tk of the grid, e.g. "1x8192,64x8192" (default, or "all": every one)
+ *   variants  only these variants, e.g. "dense,paged16" (default, or "all": every one)
+ * The decode kernel's data paths follow ATTN_CUDA_DECODE (docs/DECODE.md), so runs with different
+ * values of it compare them on the same problems.
  * rows: kind,variant,B,Tk,Tq,impl,config,us,kv_gbps,pct_copy,maxdiff
  *   kind "copy": the copy rate in GB/s in kv_gbps. variant: dense, paged16, paged64, sinks,
  *   softcap, window4k (causal, 4096 keys to the left), tq4 (Tq = 4, causal).
@@ -252,8 +257,24 @@ static void run_problem(attn_ctx *ctx, bench_data *bd, const variant *var, int B
   free(want);
 }
 
+/* Whether `name` is one of the comma-separated `list` (NULL or "all": everything). */
+static int listed(const char *list, const char *name) {
+  if (list == NULL || strcmp(list, "all") == 0) return 1;
+  const size_t n = strlen(name);
+  for (const char *at = list; (at = strstr(at, name)) != NULL; at += n)
+    if ((at == list || at[-1] == ',') && (at[n] == ',' || at[n] == '\0')) return 1;
+  return 0;
+}
+
+static int wanted(const char *problems, const char *variants, const variant *var, int B, int Tk) {
+  char name[32];
+  snprintf(name, sizeof name, "%dx%d", B, Tk);
+  return listed(problems, name) && listed(variants, var->name);
+}
+
 int main(int argc, char **argv) {
   const size_t max_keys = argc > 1 ? (size_t)atol(argv[1]) : (size_t)1 << 19;
+  const char *problems = argc > 2 ? argv[2] : NULL, *only = argc > 3 ? argv[3] : NULL;
   attn_ctx *ctx;
   if (attn_ctx_create(&ctx) != ATTN_STATUS_OK) return 1;
   const double copy = copy_rate_gbps();
@@ -281,14 +302,16 @@ int main(int argc, char **argv) {
   for (int bi = 0; bi < 4; ++bi)
     for (int ti = 0; ti < 3; ++ti)
       for (int v = 0; v < 3; ++v)
-        if ((size_t)batches[bi] * lens[ti] <= max_keys)
+        if ((size_t)batches[bi] * lens[ti] <= max_keys &&
+            wanted(problems, only, &variants[v], batches[bi], lens[ti]))
           run_problem(ctx, &bd, &variants[v], batches[bi], lens[ti], copy, s);
   /* the features and Tq = 4 beside paged 16, at B = 1 and 16 with Tk = 8192 and 32768 */
   static const int fb[] = {1, 16}, ft[] = {8192, 32768};
   for (int bi = 0; bi < 2; ++bi)
     for (int ti = 0; ti < 2; ++ti)
       for (int v = 3; v < 7; ++v)
-        if ((size_t)fb[bi] * ft[ti] <= max_keys) run_problem(ctx, &bd, &variants[v], fb[bi], ft[ti], copy, s);
+        if ((size_t)fb[bi] * ft[ti] <= max_keys && wanted(problems, only, &variants[v], fb[bi], ft[ti]))
+          run_problem(ctx, &bd, &variants[v], fb[bi], ft[ti], copy, s);
   attn_ctx_destroy(ctx);
   return 0;
 }

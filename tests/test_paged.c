@@ -768,7 +768,19 @@ int main(void) {
     if (gpu_impl_wanted("cuda")) {
       test_grid(ctx, &rng, "cuda", ATTN_DEVICE_CUDA);
       test_dense_decode(ctx, &rng, NULL, ATTN_DEVICE_CUDA);
-      test_gpu_splits(ctx, &rng);
+      /* the decode kernel's data paths (ATTN_CUDA_DECODE, docs/DECODE.md): the default, then the
+       * others, each way of copying with each way of merging the splits */
+      const char *saved_decode = getenv("ATTN_CUDA_DECODE");
+      static const char *const decode_variants[] = {NULL, "cpasync", "cpasync,nocluster", "lateissue,nocluster",
+                                                    "mergewide,nocluster"};
+      for (int i = 0; i < 5; ++i) {
+        if (decode_variants[i] != NULL) setenv("ATTN_CUDA_DECODE", decode_variants[i], 1);
+        printf("test_paged: GPU split cases with ATTN_CUDA_DECODE=%s\n",
+               decode_variants[i] ? decode_variants[i] : saved_decode ? saved_decode : "(default)");
+        test_gpu_splits(ctx, &rng);
+      }
+      if (saved_decode != NULL) setenv("ATTN_CUDA_DECODE", saved_decode, 1);
+      else unsetenv("ATTN_CUDA_DECODE");
       printf("test_paged: %d GPU cases skipped (cuda does not take them)\n", skipped_gpu);
     }
     if (gpu_impl_wanted("cudnn")) {

@@ -189,7 +189,8 @@ static int sm90_offered(const attn_problem *p) {
  * heuristic), half a wave (longer splits: less per-CTA overhead and merging where the keys are
  * few) or two, for the executor to time; the backward pass as "deterministic". A paged problem has
  * these three only, from index 0. The table holds half waves. One wave is the default: on the H100
- * it was the fastest in 34 of the 43 decode rows of bench/RESULTS.md and within 1.5% in the rest. */
+ * it was the fastest in 29 of the 43 decode rows of bench/RESULTS.md and within 1.5% in all but
+ * one (Tq = 4 at B = 1, Tk = 8192: 11% behind half a wave). */
 #define CUDA_CONFIG_SPLITKV 2
 static const int splitkv_half_waves[] = {2, 1, 4};
 static const char *const splitkv_names[] = {"splitkv", "splitkv_half", "splitkv_waves2"};

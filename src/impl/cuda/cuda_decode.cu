@@ -8,16 +8,21 @@
  *     the rows are the Hq/Hkv query heads times Tq queries of head g (GQA packing): they are the
  *     16 rows of one tensor-core tile, so each K and V row is read from memory once for all of
  *     them and Tq = 4 costs what Tq = 1 does;
- *   - the split's keys stream through shared memory in tiles of 64 rows with cp.async, 16 bytes
- *     per copy, a row of a page per 8 to 32 consecutive threads (coalesced), two or three tiles
- *     in flight while one is used (a CTA keeps 64-128 KiB requested; two CTAs per SM at D = 128).
- *     A paged cache is gathered row by row through the block table, so any page size works;
+ *   - the split's keys stream through shared memory in tiles of 64 rows, two or three tiles in
+ *     flight (a CTA keeps 64-96 KiB requested; two CTAs per SM at D = 128). On sm_90 each row of
+ *     K or V is one cp.async.bulk (256 bytes at D = 128) issued by one thread, completing on the
+ *     stage's mbarrier: 128 copies per tile instead of 2048 16-byte cp.async, the copy engine
+ *     doing the gather, and the next tile issued before the current one is awaited. Elsewhere
+ *     16-byte cp.async, a row per 8 to 32 consecutive threads. A paged cache is gathered row by
+ *     row through the block table, so any page size works (bulk copies took paged 16 on the
+ *     H100 from 80% to 92% of the copy rate at B = 64, Tk = 8192: bench/RESULTS.md);
  *   - each warp owns 16 keys of a tile: S = Q K^T and O += P V on mma.sync (m16n8k16, f32
  *     accumulation, P rounded to the input type as in the main forward kernel), an online softmax
  *     per row in registers; the warps' (m, l, O) merge in shared memory in a fixed order;
  *   - with one split the CTA writes out and lse itself; otherwise each split writes its partial
- *     (m, l, unnormalised O) and a small kernel, one CTA per output row, merges them through
- *     their maxima (the lse merge of flash-decoding), adds the sinks once, and writes out and lse.
+ *     (m, l, unnormalised O) and a small kernel, one CTA per (sequence, KV head, row chunk),
+ *     merges them through their maxima (the lse merge of flash-decoding), adds the sinks once,
+ *     and writes out and lse.
  *     On sm_90, where 2 to 16 splits' CTAs all fit on the device at once, the splits of one
  *     (sequence, KV head, row chunk) are instead one thread-block cluster that merges them
  *     through distributed shared memory: no second kernel, no workspace round trip. Every sum
@@ -36,11 +41,14 @@
 #include "impl/cuda/cuda_check.cuh"
 #include "impl/cuda/cuda_common.cuh"
 #include "impl/cuda/cuda_decode.h"
+#include "impl/cuda/cuda_mbarrier.cuh"
 
 #include <atomic>
 #include <cooperative_groups.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 namespace attn_cuda_decode {
 
@@ -54,27 +62,58 @@ constexpr int kBN = 64;                      /* keys per tile: 16 per warp */
  * Shorter splits cost more in ramp and merge than their parallelism gains (H100, B = 1, Tk = 8192,
  * paged 16: 33 splits of 256 keys 25.7 us, 64 of 128 keys 32.2 us). */
 constexpr int kMinSplitKeys = 2 * kBN;
-/* The most splits it makes: the merge kernel holds their weights in a fixed shared array. */
+/* The most splits it makes (a bound on the workspace; more would each stream less than a tile). */
 constexpr int kMaxSplits = 1024;
 /* The most splits merged inside one thread-block cluster (sm_90: 16 with the non-portable opt-in),
  * which replaces the merge kernel: see split_kernel's epilogue. */
 constexpr int kMaxClusterSplits = 16;
+/* A split's partial result per row: [m, l, 2 unused, O[Dv]], so that O starts on 16 bytes and
+ * the merge reads four columns per load. */
+constexpr int kPartHead = 4;
+/* Splits whose partials the merge requests at once per thread (their loads in flight together). */
+constexpr int kMergeBatch = 16;
+
+/* How the kernels move data, for measuring the choices side by side (ATTN_CUDA_DECODE, a comma-
+ * separated list read at each call; docs/DECODE.md has the measurements). The defaults are the
+ * fastest; sm_90's paths apply only where the kernel was compiled for sm_90 and runs on it. */
+struct Variant {
+  bool bulk = true;        /* K/V rows by cp.async.bulk, one row per thread and tile, the copy
+                              engine gathering the pages ("cpasync": 16-byte cp.async) */
+  bool early_issue = true; /* bulk: a tile's copies issued before waiting for the tile to be used,
+                              so a CTA has all its stages in flight from the start ("lateissue") */
+  bool cluster = true;     /* 2-16 splits in one wave: merged in a thread-block cluster
+                              ("nocluster": the merge kernel) */
+  bool wide_merge = false; /* the merge kernel: one CTA per row, its threads over columns and
+                              splits ("mergewide"; else one CTA per row chunk, over columns) */
+};
+Variant variant_from_env() {
+  Variant v;
+  const char *e = getenv("ATTN_CUDA_DECODE");
+  if (e == nullptr) return v;
+  if (strstr(e, "cpasync") != nullptr) v.bulk = false;
+  if (strstr(e, "lateissue") != nullptr) v.early_issue = false;
+  if (strstr(e, "nocluster") != nullptr) v.cluster = false;
+  if (strstr(e, "mergewide") != nullptr) v.wide_merge = true;
+  return v;
+}
 
 /* Per head-dim kernel: stages in flight and CTAs per SM (registers are bounded for that many;
- * shared memory allows it on sm_90: 2 x 107 KiB at KD = 128, so 4 tiles of 32 KiB requested per
- * SM; that reaches 91-95% of the H100's copy rate on dense caches of B * Tk >= 64k keys, and
- * 75-80% with 16-row pages, whose scattered rows would need more in flight). */
+ * shared memory allows it on sm_90: 2 x 107 KiB at KD = 128, so up to 6 tiles of 32 KiB requested
+ * per SM; with bulk copies that reaches 91-97% of the H100's copy rate on dense caches of B * Tk
+ * >= 64k keys and 86-93% with 16-row pages, bench/RESULTS.md). */
 template <int KD> struct Shape {
   static constexpr int kStages = KD >= 256 ? 2 : 3;
   static constexpr int kPitch = KD + 8; /* elements per shared row: +16 bytes, ldmatrix conflict-free */
   static constexpr int kMinBlocks = KD >= 256 ? 1 : KD >= 128 ? 2 : 4;
   static constexpr int kTile = kBN * kPitch; /* elements of one K or V tile */
+  /* q, the stages, the warps' (m, l), the stages' mbarriers (bulk copies) */
   static constexpr size_t kSmem = 2 * ((size_t)kRows * kPitch + (size_t)kStages * 2 * kTile) +
-                                  sizeof(float) * kWarps * kRows * 2;
+                                  sizeof(float) * kWarps * kRows * 2 + sizeof(uint64_t) * kStages;
   /* after the loop the tiles' space holds the warps' O (f32) and then the CTA's merged partial
    * [kRows][m, l, O[KD]] that the other CTAs of a cluster read */
   static constexpr size_t kOwFloats = (size_t)kWarps * kRows * KD;
-  static_assert(sizeof(float) * (kOwFloats + (size_t)kRows * (KD + 2)) <= 2 * (size_t)kStages * 2 * kTile,
+  static_assert(sizeof(float) * (kOwFloats + (size_t)kRows * (KD + kPartHead)) <=
+                    2 * (size_t)kStages * 2 * kTile,
                 "o_w and the partial fit");
 };
 
@@ -167,37 +206,43 @@ __device__ __forceinline__ void row_head(const attn_cuda_decode_params &p, int g
   h = g * p.group + rr / p.seqlen_q, i = rr % p.seqlen_q;
 }
 
-/* The end of a row: from the maximum M, sum L and unnormalised O (column c < Dv; c == Dv: lse) over
- * the keys, with the sinks added, writes out[b, i, h, c] or lse[b, h, i]. */
-template <typename T>
-__device__ __forceinline__ void finish(const attn_cuda_decode_params &p, int b, int h, int i, int c,
-                                       float M, float L, float O) {
+/* The end of a row of query head h: from the maximum M and sum L of its exponentials over the keys,
+ * with the sinks added, the factor of its unnormalised O (0 when nothing, not even a sink, is
+ * seen) and its lse. */
+struct RowEnd {
+  float scale, lse;
+};
+__device__ __forceinline__ RowEnd row_end(const attn_cuda_decode_params &p, int h, float M, float L) {
   float Ms = M;
   for (int t = 0; t < p.num_sinks; ++t)
     Ms = fmaxf(Ms, p.sinks[(int64_t)h * p.sinks_h + (int64_t)t * p.sinks_t]);
-  float Ls = 0.0f, f = 0.0f;
-  if (Ms != -INFINITY) {
-    f = M == -INFINITY ? 0.0f : __expf(M - Ms);
-    Ls = L * f;
-    for (int t = 0; t < p.num_sinks; ++t)
-      Ls += __expf(p.sinks[(int64_t)h * p.sinks_h + (int64_t)t * p.sinks_t] - Ms);
-  }
+  if (Ms == -INFINITY) return {0.0f, -INFINITY};
+  const float f = M == -INFINITY ? 0.0f : __expf(M - Ms);
+  float Ls = L * f;
+  for (int t = 0; t < p.num_sinks; ++t) Ls += __expf(p.sinks[(int64_t)h * p.sinks_h + (int64_t)t * p.sinks_t] - Ms);
+  return {f / Ls, Ms + logf(Ls)};
+}
+
+/* Writes column c of out[b, i, h] (c < Dv) or, c == Dv, lse[b, h, i], from the row's M, L and
+ * unnormalised O[c]. */
+template <typename T>
+__device__ __forceinline__ void finish(const attn_cuda_decode_params &p, int b, int h, int i, int c,
+                                       float M, float L, float O) {
+  const RowEnd e = row_end(p, h, M, L);
   if (c < p.dv) {
     T *out = static_cast<T *>(p.out);
-    out[(int64_t)b * p.o_b + (int64_t)i * p.o_r + (int64_t)h * p.o_h + c] =
-        from_float<T>(Ms == -INFINITY ? 0.0f : O * f / Ls);
+    out[(int64_t)b * p.o_b + (int64_t)i * p.o_r + (int64_t)h * p.o_h + c] = from_float<T>(O * e.scale);
   } else if (p.lse != nullptr) {
-    p.lse[(int64_t)b * p.lse_b + (int64_t)h * p.lse_h + (int64_t)i * p.lse_r] =
-        Ms == -INFINITY ? -INFINITY : Ms + logf(Ls);
+    p.lse[(int64_t)b * p.lse_b + (int64_t)h * p.lse_h + (int64_t)i * p.lse_r] = e.lse;
   }
 }
 
 /* The splits of one (sequence, KV head, row chunk) are one cluster: after every CTA has put its
- * partial (part: [kRows][m, l, O[Dv]] in its shared memory) the cluster's CTAs read each other's
- * through distributed shared memory, CTA `rank` taking every (cluster size)-th output element, and
- * merge the splits through their maxima in rank order (split order: the same bits each run).
- * This replaces the merge kernel: no second launch, no round trip of the partials through L2,
- * no workspace. Every CTA of the cluster must arrive here (no early exit above). */
+ * partial (part: [kRows][m, l, -, -, O[Dv]] in its shared memory) the cluster's CTAs read each
+ * other's through distributed shared memory, CTA `rank` taking every (cluster size)-th output
+ * element, and merge the splits through their maxima in rank order (split order: the same bits
+ * each run). This replaces the merge kernel: no second launch, no round trip of the partials
+ * through L2, no workspace. Every CTA of the cluster must arrive here (no early exit above). */
 template <typename T>
 __device__ __forceinline__ void merge_cluster(const attn_cuda_decode_params &p, int b, int g, int first,
                                               int nrows, float *part) {
@@ -206,7 +251,7 @@ __device__ __forceinline__ void merge_cluster(const attn_cuda_decode_params &p, 
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync(); /* every split's partial is written (release / acquire across the cluster) */
   const int splits = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
-  const int stride = p.dv + 2;
+  const int stride = p.dv + kPartHead;
   for (int e = rank * kThreads + (int)threadIdx.x; e < nrows * (p.dv + 1); e += splits * kThreads) {
     const int r = e / (p.dv + 1), c = e % (p.dv + 1);
     /* every split's (m, l, O[c]) requested at once: one latency of distributed shared memory, not
@@ -218,7 +263,7 @@ __device__ __forceinline__ void merge_cluster(const attn_cuda_decode_params &p, 
       if (s < splits) {
         const float *ps = cluster.map_shared_rank(part, s) + r * stride;
         ms[s] = ps[0], ls[s] = ps[1];
-        if (c < p.dv) os[s] = ps[2 + c];
+        if (c < p.dv) os[s] = ps[kPartHead + c];
       }
     }
     float M = -INFINITY;
@@ -243,22 +288,106 @@ __device__ __forceinline__ void merge_cluster(const attn_cuda_decode_params &p, 
 #endif
 }
 
-/* One (key split, KV head x row chunk, sequence): grid (splits, Hkv * row_chunks, B). */
-/* merge_in_cluster: the grid's x dimension (the splits) is one thread-block cluster (sm_90), and
- * the splits merge through distributed shared memory at the end instead of through the
- * workspace and merge_kernel. */
-template <typename T, int KD>
+/* Adds splits first, first + step, ... (< splits) of one row's partials (row: split 0's, the next
+ * split sstride floats on) to a running (M, L, O) of four columns (quad q4), in that order:
+ * kMergeBatch splits' (m, l) and O loaded at once (one round trip to L2 per batch, not one per
+ * split), then summed through a running maximum. The same bits each run. The partials are read
+ * through L2 (.cg): the split kernel, still finishing when the merge kernel was launched, wrote
+ * them. */
+__device__ __forceinline__ void merge_partials(const float *row, int64_t sstride, int first, int step, int splits,
+                                               int q4, float &M, float &L, float4 &O) {
+  for (int s0 = first; s0 < splits; s0 += step * kMergeBatch) {
+    float2 ml[kMergeBatch];
+    float4 o[kMergeBatch];
+#pragma unroll
+    for (int u = 0; u < kMergeBatch; ++u) {
+      const int s = s0 + u * step;
+      ml[u] = make_float2(-INFINITY, 0.0f), o[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (s < splits) {
+        const float *ps = row + (int64_t)s * sstride;
+        ml[u] = __ldcg(reinterpret_cast<const float2 *>(ps));
+        o[u] = __ldcg(reinterpret_cast<const float4 *>(ps + kPartHead) + q4);
+      }
+    }
+    float Mn = M;
+#pragma unroll
+    for (int u = 0; u < kMergeBatch; ++u) Mn = fmaxf(Mn, ml[u].x);
+    if (Mn == -INFINITY) continue; /* no key seen so far */
+    const float a = __expf(M - Mn);  /* M = -inf: 0 */
+    L *= a, O.x *= a, O.y *= a, O.z *= a, O.w *= a;
+#pragma unroll
+    for (int u = 0; u < kMergeBatch; ++u) {
+      if (ml[u].x == -INFINITY) continue; /* an empty split, or past the last */
+      const float w = __expf(ml[u].x - Mn);
+      L += w * ml[u].y;
+      O.x += w * o[u].x, O.y += w * o[u].y, O.z += w * o[u].z, O.w += w * o[u].w;
+    }
+    M = Mn;
+  }
+}
+
+/* Writes columns 4 q4 .. 4 q4 + 3 of out[b, i, h] (and, q4 = 0, lse[b, h, i]) from the row's
+ * merged M, L and unnormalised O. */
+template <typename T>
+__device__ __forceinline__ void finish_quad(const attn_cuda_decode_params &p, int b, int h, int i, int q4, float M,
+                                            float L, float4 O) {
+  const RowEnd e = row_end(p, h, M, L);
+  T *out = static_cast<T *>(p.out) + (int64_t)b * p.o_b + (int64_t)i * p.o_r + (int64_t)h * p.o_h + 4 * q4;
+  out[0] = from_float<T>(O.x * e.scale), out[1] = from_float<T>(O.y * e.scale);
+  out[2] = from_float<T>(O.z * e.scale), out[3] = from_float<T>(O.w * e.scale);
+  if (q4 == 0 && p.lse != nullptr) p.lse[(int64_t)b * p.lse_b + (int64_t)h * p.lse_h + (int64_t)i * p.lse_r] = e.lse;
+}
+
+/* Merges the splits' partials of work item `item` (sequence, KV head, row chunk) from the
+ * workspace and writes its rows' out and lse, with the kThreads threads of the calling CTA: each
+ * thread four columns of a row, the rows in passes of kThreads / (Dv / 4). */
+template <typename T>
+__device__ __forceinline__ void merge_splits(const attn_cuda_decode_params &p, int item, int row_chunks) {
+  const int g = item / row_chunks % p.heads_kv, chunk = item % row_chunks, b = item / (row_chunks * p.heads_kv);
+  const int first = chunk * kRows, nrows = min(kRows, p.group * p.seqlen_q - first);
+  const int quads = p.dv / 4, per_pass = kThreads / quads; /* Dv <= 256: per_pass >= 2 */
+  const int q4 = (int)threadIdx.x % quads;
+  if ((int)threadIdx.x >= per_pass * quads) return;
+  const int stride = p.dv + kPartHead;
+  const int64_t sstride = (int64_t)kRows * stride;
+  const float *base = p.partials + (int64_t)item * p.splits * sstride;
+  for (int r = (int)threadIdx.x / quads; r < nrows; r += per_pass) {
+    float M = -INFINITY, L = 0.0f;
+    float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    merge_partials(base + (int64_t)r * stride, sstride, 0, 1, p.splits, q4, M, L, O);
+    int h, i;
+    row_head(p, g, first + r, h, i);
+    finish_quad<T>(p, b, h, i, q4, M, L, O);
+  }
+}
+
+/* How the split kernel's splits are merged: */
+enum Merge {
+  kMergeNone = 0,    /* one split: it writes out and lse itself */
+  kMergeKernel = 1,  /* partials to the workspace, merge_kernel after */
+  kMergeCluster = 2, /* the grid's x dimension (the splits) is a cluster: distributed shared memory */
+};
+
+/* One (key split, KV head x row chunk, sequence): grid (splits, Hkv * row_chunks, B). kBulk: K and
+ * V rows arrive by cp.async.bulk (sm_90), each thread one row of K (threads 0-63) or V (64-127)
+ * of a tile, completing on the stage's mbarrier; else by 16-byte cp.async, each row by KD / 8
+ * consecutive threads. merge: a Merge. early_issue (bulk): each iteration issues the next tile's
+ * copies before waiting for its own tile. */
+template <typename T, int KD, bool kBulk>
 __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
-    split_kernel(const attn_cuda_decode_params p, int row_chunks, int merge_in_cluster) {
+    split_kernel(const attn_cuda_decode_params p, int row_chunks, int merge, int early_issue) {
   using S = Shape<KD>;
   constexpr int kPitch = S::kPitch, kStages = S::kStages, kTile = S::kTile;
   constexpr uint32_t kPitchB = kPitch * sizeof(T);
   constexpr int kChunks = KD / 8, kStep = kThreads / kChunks; /* 16-byte copies per row; rows per pass */
-  constexpr int kPasses = kBN / kStep;                          /* rows of a tile per thread */
+  /* rows of a tile per thread (and their block-table entries) */
+  constexpr int kPasses = kBulk ? 1 : kBN / kStep;
+  static_assert(!kBulk || kThreads == 2 * kBN, "bulk copies: one K or V row per thread");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *q_s = reinterpret_cast<T *>(smem_raw);                          /* [kRows][kPitch] */
   T *kv_s = q_s + kRows * kPitch;                                    /* [kStages][K, V][kBN][kPitch] */
   float *ml_s = reinterpret_cast<float *>(kv_s + kStages * 2 * kTile); /* [kWarps][kRows][m, l] */
+  const uint32_t bars = attn_cuda::smem_u32(ml_s + kWarps * kRows * 2); /* [kStages] mbarriers */
   float *o_w = reinterpret_cast<float *>(kv_s);                      /* after the loop: [kWarps][kRows][KD] */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -289,21 +418,32 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
     uint4 *s4 = reinterpret_cast<uint4 *>(smem_raw);
     const int n16 = (int)(sizeof(T) * (kRows * kPitch + kStages * 2 * kTile) / 16);
     for (int e = tid; e < n16; e += kThreads) s4[e] = make_uint4(0, 0, 0, 0);
-    __syncthreads();
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kBulk) {
+    if (tid < kStages) attn_cuda::mbar_init(bars + 8 * tid, 1); /* one arrival: thread 0's expect_tx */
+    /* the barriers' initialisation visible to the copy engine */
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+#endif
+  if (kBulk || D < KD || Dv < KD) __syncthreads();
 
-  /* this thread copies column chunk `col` of rows r0, r0 + kStep, ... */
-  const int r0 = tid / kChunks, col = tid % kChunks * 8;
+  /* this thread copies column chunk `col` of rows r0, r0 + kStep, ... (cp.async) or, bulk, row r0
+   * of K (threads 0-63) or V */
+  const int r0 = kBulk ? tid % kBN : tid / kChunks, col = kBulk ? 0 : tid % kChunks * 8;
   const T *q = static_cast<const T *>(p.q);
   const T *kp = static_cast<const T *>(p.k), *vp = static_cast<const T *>(p.v);
-  if (col < D) {
+  {
+    const int qr0 = tid / kChunks, qcol = tid % kChunks * 8;
+    if (qcol < D) {
 #pragma unroll
-    for (int r = r0; r < kRows; r += kStep) {
-      const bool ok = r < nrows;
-      int h, i;
-      row_head(p, g, first + (ok ? r : 0), h, i);
-      attn_cuda::cp_async16(q_s + r * kPitch + col,
-                            q + (int64_t)b * p.q_b + (int64_t)i * p.q_r + (int64_t)h * p.q_h + col, ok);
+      for (int r = qr0; r < kRows; r += kStep) {
+        const bool ok = r < nrows;
+        int h, i;
+        row_head(p, g, first + (ok ? r : 0), h, i);
+        attn_cuda::cp_async16(q_s + r * kPitch + qcol,
+                              q + (int64_t)b * p.q_b + (int64_t)i * p.q_r + (int64_t)h * p.q_h + qcol, ok);
+      }
     }
   }
   attn_cuda::cp_async_commit();
@@ -326,22 +466,46 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
   auto load_tile = [&](int t, int stage) {
     T *ks = kv_s + stage * 2 * kTile, *vs = ks + kTile;
     const int base = k0 + t * kBN;
+    if constexpr (kBulk) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      const uint32_t bar = bars + 8 * stage;
+      const bool is_k = tid < kBN;
+      if (tid == 0) attn_cuda::mbar_expect_tx(bar, (uint32_t)(min(kBN, k1 - base) * (D + Dv) * (int)sizeof(T)));
+      const int j = base + r0;
+      T *dst = (is_k ? ks : vs) + r0 * kPitch;
+      if (j < k1) {
+        int64_t koff, voff;
+        key_offsets(p, po, b, j, g, pages[0], koff, voff);
+        attn_cuda::bulk_load(attn_cuda::smem_u32(dst), is_k ? kp + koff : vp + voff,
+                             (uint32_t)((is_k ? D : Dv) * sizeof(T)), bar);
+      } else { /* past the split: zeros (a probability of 0 times stale V could be NaN) */
+        uint4 *d4 = reinterpret_cast<uint4 *>(dst);
 #pragma unroll
-    for (int it = 0; it < kPasses; ++it) {
-      const int r = r0 + it * kStep, j = base + r;
-      const bool ok = j < k1; /* rows past the split are zero-filled, never read */
-      int64_t koff = 0, voff = 0;
-      if (ok) key_offsets(p, po, b, j, g, pages[it], koff, voff);
-      if (col < D) attn_cuda::cp_async16(ks + r * kPitch + col, kp + koff + col, ok);
-      if (col < Dv) attn_cuda::cp_async16(vs + r * kPitch + col, vp + voff + col, ok);
+        for (int c = 0; c < KD / 8; ++c) d4[c] = make_uint4(0, 0, 0, 0);
+      }
+#else
+      (void)ks, (void)vs, (void)base;
+      __trap(); /* launch_split takes bulk copies only for a kernel compiled for sm_90 */
+#endif
+    } else {
+#pragma unroll
+      for (int it = 0; it < kPasses; ++it) {
+        const int r = r0 + it * kStep, j = base + r;
+        const bool ok = j < k1; /* rows past the split are zero-filled, never read */
+        int64_t koff = 0, voff = 0;
+        if (ok) key_offsets(p, po, b, j, g, pages[it], koff, voff);
+        if (col < D) attn_cuda::cp_async16(ks + r * kPitch + col, kp + koff + col, ok);
+        if (col < Dv) attn_cuda::cp_async16(vs + r * kPitch + col, vp + voff + col, ok);
+      }
     }
   };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < ntiles) fetch_pages(s), load_tile(s, s);
-    attn_cuda::cp_async_commit();
+    if constexpr (!kBulk) attn_cuda::cp_async_commit();
   }
   fetch_pages(kStages - 1);
+  if constexpr (kBulk) attn_cuda::cp_async_wait_all(); /* q (the tiles complete on their barriers) */
 
   /* the two rows of this lane's C fragments (lane / 4 and lane / 4 + 8): diagonal and slope */
   int diag[2];
@@ -364,10 +528,29 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
   const uint32_t qa = attn_cuda::smem_u32(q_s) + attn_cuda::lane_a<T, kPitchB>(lane);
   const float inv_cap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
   for (int t = 0; t < ntiles; ++t) {
-    cp_async_wait<kStages - 2>(); /* tile t (and q) landed for this thread's copies */
-    __syncthreads();              /* ... for everyone's; and tile t - 1's stage is free again */
-    if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1, (t + kStages - 1) % kStages);
-    attn_cuda::cp_async_commit();
+    if constexpr (kBulk) {
+      /* Each thread waits on the tile's barrier itself, which makes the copies visible to it: the
+       * barrier below only frees tile t - 1's stage, so tile t + kStages - 1 can be issued into it
+       * first and fly while this one is awaited (a CTA of a few tiles then has kStages of them in
+       * flight from its start, not kStages - 1). Zeroed rows past the split were stored at least
+       * one barrier before their tile is used. */
+      if (early_issue) {
+        __syncthreads(); /* tile t - 1's stage is free */
+        if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1, (t + kStages - 1) % kStages);
+      }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      attn_cuda::mbar_wait(bars + 8 * (t % kStages), (uint32_t)(t / kStages) & 1u); /* tile t landed */
+#endif
+      if (!early_issue) {
+        __syncthreads();
+        if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1, (t + kStages - 1) % kStages);
+      }
+    } else {
+      cp_async_wait<kStages - 2>(); /* tile t (and q) landed for this thread's copies */
+      __syncthreads();              /* ... for everyone's; and tile t - 1's stage is free again */
+      if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1, (t + kStages - 1) % kStages);
+      attn_cuda::cp_async_commit();
+    }
     if (t + kStages < ntiles) fetch_pages(t + kStages); /* its loads land during this tile */
 
     const T *ks = kv_s + (t % kStages) * 2 * kTile, *vs = ks + kTile;
@@ -377,7 +560,6 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
 #pragma unroll
     for (int kk = 0; kk < KD / 16; ++kk)
       if (kk * 16 < D) attn_cuda::mma_abt<T, 1, 16, kPitchB, kPitchB>(sacc, qa + kk * 32, kb + kk * 32);
-
     /* logits, masks, online softmax; rows 8-15 only when the chunk has them (Hq/Hkv x Tq <= 8:
      * their probabilities stay 0, so their products add nothing) */
     const int jbase = k0 + t * kBN + warp * 16 + (lane & 3) * 2;
@@ -426,7 +608,7 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
     const uint32_t vb = attn_cuda::smem_u32(vs + warp * 16 * kPitch) + attn_cuda::lane_bt<T, kPitchB>(lane);
     attn_cuda::mma_ab_regs<T, 1, KD, kPitchB>(oacc, fa, vb, (Dv + 15) / 16);
   }
-  attn_cuda::cp_async_wait_all();
+  if constexpr (!kBulk) attn_cuda::cp_async_wait_all();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   /* the merge kernel (launched as a programmatic dependent) may be scheduled now: its launch
    * overlaps these epilogues, and it waits for this grid's results before reading them */
@@ -447,13 +629,13 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
   }
   __syncthreads();
 
-  /* merged in warp order; one split: the result, else this split's partial [m, l, O[Dv]], in
-   * the workspace or (merge_in_cluster) in shared memory after o_w */
-  const int stride = Dv + 2;
-  float *part = p.splits == 1 ? nullptr
-                : merge_in_cluster ? o_w + S::kOwFloats
-                : p.partials + ((((int64_t)b * p.heads_kv + g) * row_chunks + chunk) * p.splits + split) *
-                                   kRows * stride;
+  /* merged in warp order; one split: the result, else this split's partial [m, l, -, -, O[Dv]],
+   * in the workspace or (kMergeCluster) in shared memory after o_w */
+  const int stride = Dv + kPartHead;
+  const int item = (b * p.heads_kv + g) * row_chunks + chunk;
+  float *part = merge == kMergeNone      ? nullptr
+                : merge == kMergeCluster ? o_w + S::kOwFloats
+                                         : p.partials + ((int64_t)item * p.splits + split) * kRows * stride;
   for (int e = tid; e < nrows * (Dv + 1); e += kThreads) {
     const int r = e / (Dv + 1), c = e % (Dv + 1);
     float M = -INFINITY;
@@ -468,91 +650,72 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
       L += wt * ml_s[(w * kRows + r) * 2 + 1];
       if (c < Dv) O += wt * o_w[(w * kRows + r) * KD + c];
     }
-    if (p.splits == 1) {
+    if (merge == kMergeNone) {
       int h, i;
       row_head(p, g, first + r, h, i);
       finish<T>(p, b, h, i, c, M, L, O);
     } else if (c < Dv) {
-      part[r * stride + 2 + c] = O;
+      part[r * stride + kPartHead + c] = O;
     } else {
       part[r * stride] = M, part[r * stride + 1] = L;
     }
   }
-  if (p.splits > 1 && merge_in_cluster) merge_cluster<T>(p, b, g, first, nrows, part);
+  if (merge == kMergeCluster) merge_cluster<T>(p, b, g, first, nrows, part);
 }
 
-/* Sum over the block in a fixed order (warp trees, then warps in order): the same bits each run. */
-__device__ __forceinline__ float block_sum(float x, float *red) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
-  __syncthreads();
-  float s = 0.0f;
-  for (int w = 0; w < (int)(blockDim.x >> 5); ++w) s += red[w];
-  return s;
-}
-__device__ __forceinline__ float block_max(float x, float *red) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
-  __syncthreads();
-  float s = -INFINITY;
-  for (int w = 0; w < (int)(blockDim.x >> 5); ++w) s = fmaxf(s, red[w]);
-  return s;
-}
-
-/* Merges the splits of one row: grid (B * Hkv * row_chunks, kRows), kThreads threads. On sm_90 it
- * may start before the split kernel has finished (programmatic dependent launch) and waits for
- * its results first. The splits' weights live in a fixed array (no dynamic shared memory:
- * compute-sanitizer's memcheck flagged reads of the dynamic one under the programmatic launch). */
-template <typename T> __global__ void __launch_bounds__(kThreads) merge_kernel(const attn_cuda_decode_params p, int row_chunks) {
-  __shared__ float w_s[kMaxSplits];
-  __shared__ float red[kWarps];
-  const int item = blockIdx.x, r = blockIdx.y;
+/* Merges the splits of row r of work item `item` with the kThreads threads of the calling CTA: they
+ * form `groups` groups of Dv / 4, each thread four columns, group k taking splits k, k + groups,
+ * ... (at Dv = 128, 64 splits in one round of loads); then group 0 combines the groups' (m, l, O)
+ * from shared memory in group order (the same bits each run). */
+template <typename T>
+__device__ __forceinline__ void merge_row_wide(const attn_cuda_decode_params &p, int item, int row_chunks, int r) {
+  __shared__ float4 o_s[kThreads];  /* [group][quad] */
+  __shared__ float2 ml_s[kThreads]; /* [group] */
   const int g = item / row_chunks % p.heads_kv, chunk = item % row_chunks, b = item / (row_chunks * p.heads_kv);
-  const int first = chunk * kRows;
-  if (r >= min(kRows, p.group * p.seqlen_q - first)) return; /* no row: leaves without waiting */
+  const int quads = p.dv / 4, groups = kThreads / quads; /* Dv <= 256: groups >= 2 */
+  const int q4 = (int)threadIdx.x % quads, gi = (int)threadIdx.x / quads;
+  const int stride = p.dv + kPartHead;
+  const int64_t sstride = (int64_t)kRows * stride;
+  if (gi < groups) {
+    float M = -INFINITY, L = 0.0f;
+    float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    merge_partials(p.partials + (int64_t)item * p.splits * sstride + (int64_t)r * stride, sstride, gi, groups,
+                   p.splits, q4, M, L, O);
+    o_s[gi * quads + q4] = O;
+    if (q4 == 0) ml_s[gi] = make_float2(M, L);
+  }
+  __syncthreads();
+  if (gi != 0) return;
+  float M = -INFINITY, L = 0.0f;
+  float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int k = 0; k < groups; ++k) M = fmaxf(M, ml_s[k].x);
+  for (int k = 0; k < groups; ++k) {
+    if (ml_s[k].x == -INFINITY) continue; /* a group without a seen key */
+    const float w = __expf(ml_s[k].x - M);
+    const float4 ok = o_s[k * quads + q4];
+    L += w * ml_s[k].y;
+    O.x += w * ok.x, O.y += w * ok.y, O.z += w * ok.z, O.w += w * ok.w;
+  }
+  int h, i;
+  row_head(p, g, chunk * kRows + r, h, i);
+  finish_quad<T>(p, b, h, i, q4, M, L, O);
+}
+
+/* Merges the splits: grid (B * Hkv * row_chunks) of one CTA per work item, or (wide) (B * Hkv *
+ * row_chunks, kRows) of one CTA per row; kThreads threads. On sm_90 it may start before the split
+ * kernel has finished (programmatic dependent launch) and waits for its results first. */
+template <typename T>
+__global__ void __launch_bounds__(kThreads) merge_kernel(const attn_cuda_decode_params p, int row_chunks, int wide) {
+  const int item = (int)blockIdx.x, r = (int)blockIdx.y;
+  if (wide && r >= min(kRows, p.group * p.seqlen_q - item % row_chunks * kRows)) return; /* no row: no wait */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   /* the next kernel (a programmatic dependent: the next call's split kernel) may be placed now;
    * it waits for this grid to finish before it reads or writes anything */
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-  const int stride = p.dv + 2, splits = p.splits;
-  const float *part = p.partials + ((int64_t)item * splits * kRows + r) * stride; /* split s: + s * kRows * stride */
-  const int64_t sstride = (int64_t)kRows * stride;
-  float M = -INFINITY;
-  for (int s = threadIdx.x; s < splits; s += blockDim.x) M = fmaxf(M, part[s * sstride]);
-  M = block_max(M, red);
-  float L = 0.0f;
-  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-    const float ms = part[s * sstride];
-    const float w = ms == -INFINITY ? 0.0f : __expf(ms - M);
-    w_s[s] = w;
-    L += w * part[s * sstride + 1];
-  }
-  L = block_sum(L, red); /* its barriers also publish w_s */
-  int h, i;
-  row_head(p, g, first + r, h, i);
-  for (int c = threadIdx.x; c <= p.dv; c += blockDim.x) {
-    float O = 0.0f;
-    if (c < p.dv) {
-      /* eight splits' loads in flight at a time, summed in split order (the same bits each run) */
-      const float *col = part + 2 + c;
-      int s = 0;
-      for (; s + 8 <= splits; s += 8) {
-        float x[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) x[u] = col[(s + u) * sstride];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) O += w_s[s + u] * x[u];
-      }
-      for (; s < splits; ++s) O += w_s[s] * col[s * sstride];
-    }
-    finish<T>(p, b, h, i, c, M, L, O);
-  }
+  if (wide) merge_row_wide<T>(p, item, row_chunks, r);
+  else merge_splits<T>(p, item, row_chunks);
 }
 
 /* The kernel dim of a problem: the smallest of 64, 128, 256 that holds D and Dv. */
@@ -588,14 +751,14 @@ int64_t resident_slots(int index, int kd) {
 /* The largest cluster of split CTAs device `index` can run (0: none; sm_90 and later), asked once
  * per device and kernel: kMaxClusterSplits where the occupancy calculator places such a cluster,
  * else the portable 8, else 0. */
-template <typename T, int KD> int cluster_limit(int index, int major) {
+template <typename T, int KD, bool kBulk> int cluster_limit(int index, int major) {
   static std::atomic<int> known[64]; /* limit + 1 per device; 0: not asked yet */
   std::atomic<int> &slot = known[index & 63];
   const int k = slot.load(std::memory_order_relaxed);
   if (k > 0) return k - 1;
   int limit = 0;
-  if (major >= 9 && cudaFuncSetAttribute(split_kernel<T, KD>, cudaFuncAttributeNonPortableClusterSizeAllowed,
-                                         1) == cudaSuccess) {
+  if (major >= 9 && cudaFuncSetAttribute(split_kernel<T, KD, kBulk>,
+                                         cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
     for (int size = kMaxClusterSplits; size >= 8 && limit == 0; size /= 2) {
       cudaLaunchConfig_t cfg = {};
       cfg.gridDim = dim3(size), cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = Shape<KD>::kSmem;
@@ -604,7 +767,8 @@ template <typename T, int KD> int cluster_limit(int index, int major) {
       attr[0].val.clusterDim.x = size, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
       cfg.attrs = attr, cfg.numAttrs = 1;
       int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, split_kernel<T, KD>, &cfg) == cudaSuccess && clusters > 0)
+      if (cudaOccupancyMaxActiveClusters(&clusters, split_kernel<T, KD, kBulk>, &cfg) == cudaSuccess &&
+          clusters > 0)
         limit = size;
     }
   }
@@ -613,15 +777,16 @@ template <typename T, int KD> int cluster_limit(int index, int major) {
   return limit;
 }
 
-/* Launches the split kernel; *merged: its splits merged in clusters (no merge kernel to run). */
-template <typename T, int KD>
+/* Launches the split kernel (bulk copies or cp.async); *merge: how its splits are merged (the
+ * caller launches the merge kernel for kMergeKernel). */
+template <typename T, int KD, bool kBulk>
 attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream_t stream, int row_chunks,
-                         int major, bool *merged, char *why, size_t why_size) {
+                         int major, const Variant &variant, Merge *merge, char *why, size_t why_size) {
   /* shared memory above 48 KiB is opted into once per device (the attribute is the device's) */
   static std::atomic<uint64_t> opted{0};
   const uint64_t bit = (uint64_t)1 << (p->device_index & 63);
   if ((opted.load(std::memory_order_relaxed) & bit) == 0) {
-    ATTN_CUDA_CHECK(cudaFuncSetAttribute(split_kernel<T, KD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    ATTN_CUDA_CHECK(cudaFuncSetAttribute(split_kernel<T, KD, kBulk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)Shape<KD>::kSmem));
     opted.fetch_or(bit, std::memory_order_relaxed);
   }
@@ -630,20 +795,12 @@ attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream
    * its splits itself. (H100, bench/RESULTS.md: B = 16, Tk = 2048, 2 splits in one wave: 60 us
    * against 67 us with the merge kernel; but 4 splits in two waves: 89 us against 71, since a
    * cluster's CTAs hold their SMs until the slowest of them is done, and are placed together.) */
-  /* Those paths are in the kernel only when it was compiled for sm_90 or later: a build for older
-   * targets alone, run on a Hopper GPU through its PTX, takes the plain launch. (The image the
-   * driver picks depends on the device, hence one answer per device.) */
-  static std::atomic<int> ptx_version[64];
-  int ptx = ptx_version[p->device_index & 63].load(std::memory_order_relaxed);
-  if (ptx == 0) {
-    cudaFuncAttributes fa;
-    ATTN_CUDA_CHECK(cudaFuncGetAttributes(&fa, split_kernel<T, KD>));
-    ptx = fa.ptxVersion;
-    ptx_version[p->device_index & 63].store(ptx, std::memory_order_relaxed);
-  }
-  if (ptx < 90 && major >= 9) major = 8;
-  *merged = p->splits > 1 && p->splits <= cluster_limit<T, KD>(p->device_index, major) &&
-            (int64_t)grid.x * grid.y * grid.z <= resident_slots(p->device_index, KD);
+  const bool fits = (int64_t)grid.x * grid.y * grid.z <= resident_slots(p->device_index, KD);
+  *merge = p->splits == 1 ? kMergeNone
+           : variant.cluster && major >= 9 && fits &&
+                   p->splits <= cluster_limit<T, KD, kBulk>(p->device_index, major)
+               ? kMergeCluster
+               : kMergeKernel;
   if (major >= 9) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = Shape<KD>::kSmem;
@@ -653,13 +810,37 @@ attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     attr[1].id = cudaLaunchAttributeClusterDimension;
     attr[1].val.clusterDim.x = (unsigned)p->splits, attr[1].val.clusterDim.y = 1, attr[1].val.clusterDim.z = 1;
-    cfg.attrs = attr, cfg.numAttrs = *merged ? 2 : 1;
-    ATTN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, split_kernel<T, KD>, *p, row_chunks, *merged ? 1 : 0));
+    cfg.attrs = attr, cfg.numAttrs = *merge == kMergeCluster ? 2 : 1;
+    ATTN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, split_kernel<T, KD, kBulk>, *p, row_chunks, (int)*merge,
+                                       variant.early_issue ? 1 : 0));
     return ATTN_STATUS_OK;
   }
-  split_kernel<T, KD><<<grid, kThreads, Shape<KD>::kSmem, stream>>>(*p, row_chunks, 0);
+  split_kernel<T, KD, kBulk><<<grid, kThreads, Shape<KD>::kSmem, stream>>>(*p, row_chunks, (int)*merge, 0);
   ATTN_CUDA_CHECK(cudaGetLastError());
   return ATTN_STATUS_OK;
+}
+
+/* The split kernel of head dim KD, with bulk copies where they run (sm_90 machine code on an sm_90
+ * device, and the variant asks for them). */
+template <typename T, int KD>
+attn_status launch_split_dim(const attn_cuda_decode_params *p, dim3 grid, cudaStream_t stream, int row_chunks,
+                             int major, const Variant &variant, Merge *merge, char *why, size_t why_size) {
+  /* The sm_90 paths (programmatic launch, clusters, bulk copies) are in the kernel only when it
+   * was compiled for sm_90 or later: a build for older targets alone, run on a Hopper GPU through
+   * its PTX, takes the plain launch. (The image the driver picks depends on the device, hence one
+   * answer per device.) */
+  static std::atomic<int> ptx_version[64];
+  int ptx = ptx_version[p->device_index & 63].load(std::memory_order_relaxed);
+  if (ptx == 0) {
+    cudaFuncAttributes fa;
+    ATTN_CUDA_CHECK(cudaFuncGetAttributes(&fa, split_kernel<T, KD, false>));
+    ptx = fa.ptxVersion;
+    ptx_version[p->device_index & 63].store(ptx, std::memory_order_relaxed);
+  }
+  if (ptx < 90 && major >= 9) major = 8;
+  if (major >= 9 && variant.bulk)
+    return launch_split<T, KD, true>(p, grid, stream, row_chunks, major, variant, merge, why, why_size);
+  return launch_split<T, KD, false>(p, grid, stream, row_chunks, major, variant, merge, why, why_size);
 }
 
 template <typename T>
@@ -670,19 +851,26 @@ attn_status launch(const attn_cuda_decode_params *p, cudaStream_t stream, char *
     ATTN_CUDA_CHECK(cudaGetLastError());
   }
   if (p->splits > kMaxSplits) {
-    snprintf(why, why_size, "decode: %d key splits, more than the merge kernel's %d", p->splits, kMaxSplits);
+    snprintf(why, why_size, "decode: %d key splits, more than the kernel's %d", p->splits, kMaxSplits);
+    return ATTN_STATUS_INTERNAL;
+  }
+  if (p->dv % 8 != 0) { /* cuda.c takes Dv in multiples of 8; the merge reads 4 columns at a time */
+    snprintf(why, why_size, "decode: head_dim_v=%d is not a multiple of 8", p->dv);
     return ATTN_STATUS_INTERNAL;
   }
   int major = 0;
   ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p->device_index));
   const dim3 grid(p->splits, p->heads_kv * row_chunks, p->batch);
   const int kd = kernel_dim(p->d, p->dv);
-  bool merged = false;
-  attn_status st = kd == 64    ? launch_split<T, 64>(p, grid, stream, row_chunks, major, &merged, why, why_size)
-                   : kd == 128 ? launch_split<T, 128>(p, grid, stream, row_chunks, major, &merged, why, why_size)
-                               : launch_split<T, 256>(p, grid, stream, row_chunks, major, &merged, why, why_size);
-  if (st != ATTN_STATUS_OK || p->splits == 1 || merged) return st;
-  const dim3 mgrid(p->batch * p->heads_kv * row_chunks, kRows);
+  const Variant variant = variant_from_env();
+  Merge merge = kMergeNone;
+  attn_status st =
+      kd == 64    ? launch_split_dim<T, 64>(p, grid, stream, row_chunks, major, variant, &merge, why, why_size)
+      : kd == 128 ? launch_split_dim<T, 128>(p, grid, stream, row_chunks, major, variant, &merge, why, why_size)
+                  : launch_split_dim<T, 256>(p, grid, stream, row_chunks, major, variant, &merge, why, why_size);
+  if (st != ATTN_STATUS_OK || merge != kMergeKernel) return st;
+  const int wide = variant.wide_merge ? 1 : 0;
+  const dim3 mgrid(p->batch * p->heads_kv * row_chunks, wide ? kRows : 1);
   if (major >= 9) { /* programmatic dependent launch: the merge's launch overlaps the splits' tail */
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = mgrid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = 0, cfg.stream = stream;
@@ -690,10 +878,10 @@ attn_status launch(const attn_cuda_decode_params *p, cudaStream_t stream, char *
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr, cfg.numAttrs = 1;
-    if (cudaLaunchKernelEx(&cfg, merge_kernel<T>, *p, row_chunks) == cudaSuccess) return ATTN_STATUS_OK;
+    if (cudaLaunchKernelEx(&cfg, merge_kernel<T>, *p, row_chunks, wide) == cudaSuccess) return ATTN_STATUS_OK;
     (void)cudaGetLastError(); /* not taken here: the ordinary launch below */
   }
-  merge_kernel<T><<<mgrid, kThreads, 0, stream>>>(*p, row_chunks);
+  merge_kernel<T><<<mgrid, kThreads, 0, stream>>>(*p, row_chunks, wide);
   ATTN_CUDA_CHECK(cudaGetLastError());
   return ATTN_STATUS_OK;
 }
@@ -722,8 +910,9 @@ extern "C" int attn_cuda_decode_splits(int index, int batch, int heads_kv, int r
 extern "C" size_t attn_cuda_decode_workspace(int batch, int heads_kv, int row_chunks, int splits,
                                              int dv) {
   if (splits <= 1) return 0; /* one split writes the result itself */
+  /* the partials [item][split][row][m, l, -, -, O[Dv]] */
   return sizeof(float) * (size_t)batch * heads_kv * row_chunks * splits * ATTN_CUDA_DECODE_ROWS *
-         (size_t)(dv + 2);
+         (size_t)(dv + attn_cuda_decode::kPartHead);
 }
 
 extern "C" attn_status attn_cuda_decode_forward(const attn_cuda_decode_params *p, int is_bf16,

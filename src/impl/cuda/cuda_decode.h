@@ -5,11 +5,12 @@
  * Plain C, like cuda_params.h: raw device pointers, strides in elements, sizes. A CTA takes one
  * (sequence, KV head, chunk of up to 16 query rows, key split); the rows are the Hq/Hkv query heads
  * times Tq queries of the KV head (GQA packing), so each K and V row is read once for all of them.
- * With more than one split, the partial results (m, l, unnormalised O) go to the workspace and a
- * second kernel merges them through their maxima, adds the sinks, and writes out and lse (on sm_90
- * with at most 16 splits in one wave of CTAs, the splits are one thread-block cluster that merges
- * them itself, and the workspace goes unused); with one, the CTA writes them itself and the
- * workspace is empty.
+ * K and V rows arrive by cp.async.bulk on sm_90 (16-byte cp.async elsewhere; ATTN_CUDA_DECODE
+ * picks the data paths for measurements, docs/DECODE.md). With more than one split, the partial
+ * results (m, l, unnormalised O) go to the workspace and a second kernel merges them through their
+ * maxima, adds the sinks, and writes out and lse (on sm_90 with at most 16 splits in one wave of
+ * CTAs, the splits are one thread-block cluster that merges them itself, and the workspace goes
+ * unused); with one, the CTA writes them itself and the workspace is empty.
  */
 #ifndef ATTN_IMPL_CUDA_CUDA_DECODE_H
 #define ATTN_IMPL_CUDA_CUDA_DECODE_H

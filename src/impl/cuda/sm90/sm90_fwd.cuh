@@ -47,6 +47,7 @@
 
 #include "impl/cuda/cuda_check.cuh"
 #include "impl/cuda/cuda_common.cuh"
+#include "impl/cuda/cuda_mbarrier.cuh"
 #include "impl/cuda/sm90/sm90_wgmma.cuh"
 
 namespace attn_cuda {
@@ -54,25 +55,7 @@ namespace sm90 {
 
 /* ---- instructions ------------------------------------------------------------------------------ */
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-/* One arrival that also says how many bytes the copies completing on this phase will bring. */
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-/* Waits until the phase of the given parity has completed (a barrier starts in phase 0, so
- * waiting for parity 1 on a fresh barrier returns at once: how a producer finds empty buffers). */
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile("{\n.reg .pred done;\nWAIT:\n"
-               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-               "@!done bra WAIT;\n}\n" ::"r"(bar),
-               "r"(parity)
-               : "memory");
-}
+/* mbar_init, mbar_expect_tx, mbar_arrive, mbar_wait: impl/cuda/cuda_mbarrier.cuh */
 
 /* A box of the tensor map at coordinates (c0 innermost .. c3) into shared memory at dst, counted
  * on bar. */
