@@ -62,11 +62,11 @@ static void permute_pairs(float *x, int64_t n, int inverse) {
 }
 
 /* x[0..n) (n a multiple of 32) from the order attn_cpu_decode_pv_bf16 accumulates in (cpu.h) back
- * to the natural one. */
+ * to the natural one: each 32 columns are 8 runs of 4, run 4 h + L holding columns 8 L + 4 h. */
 static void unpermute_pv(float *x, int64_t n) {
   float tmp[32];
   for (int64_t d0 = 0; d0 < n; d0 += 32) {
-    for (int u = 0; u < 32; ++u) tmp[8 * (u % 16 / 4) + 4 * (u / 16) + u % 4] = x[d0 + u];
+    for (int run = 0; run < 8; ++run) memcpy(tmp + 8 * (run % 4) + 4 * (run / 4), x + d0 + 4 * run, 4 * sizeof(float));
     memcpy(x + d0, tmp, sizeof tmp);
   }
 }
@@ -257,7 +257,7 @@ static void softmax_block(const decode_run *c, int64_t b, int64_t o, int64_t g, 
 
 /* Rows requested ahead by the bf16 loops: the keys that many rows past the one being computed
  * (measured on the 2-core Zen 5 VM: 8 keys = 16 KiB of K or V at Hkv = 8, D = 128). */
-#define AHEAD_KEYS 8
+#define AHEAD_KEYS 16
 
 /* The block loop of the bf16 loops (attn_cpu_decode_bf16, kernels_avx512bf16.c): per block all
  * heads' scores, key by key in address order, then the softmax, then P V, key pair by key pair.
@@ -373,7 +373,10 @@ static void decode_item(const decode_run *c, const decode_thread *t, int64_t b,
     const int64_t off = b * qt->stride[0] + i * qt->stride[1] + h * qt->stride[2];
     if (loops_bf16) { /* bf16 bits as given, in the f32 rows' space */
       uint16_t *q16 = (uint16_t *)t->q + r * Dp;
-      for (int64_t d = 0; d < D; ++d) q16[d] = ((const uint16_t *)qt->data)[off + d * qt->stride[3]];
+      if (qt->stride[3] == 1)
+        memcpy(q16, (const uint16_t *)qt->data + off, (size_t)D * sizeof *q16);
+      else
+        for (int64_t d = 0; d < D; ++d) q16[d] = ((const uint16_t *)qt->data)[off + d * qt->stride[3]];
       continue;
     }
     float *qr = t->q + r * Dp; /* scaled by s, f32 */

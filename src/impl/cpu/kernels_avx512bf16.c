@@ -163,6 +163,8 @@ ALWAYS_INLINE void hsum4_avx512(__m512 a0, __m512 a1, __m512 a2, __m512 a3, floa
  *   P V:    16 vdpbf16ps (two keys each), 4 V loads, 4 unpacks, 8 loads and 8 stores of O (held
  *           over two key pairs); before: 32 FMA, 8 widening shifts/masks, O in registers. */
 
+static inline int64_t min64i(int64_t x, int64_t y) { return x < y ? x : y; }
+
 /* The requests of the rows ahead (cpu.h), walked in address order by a cursor over spans of
  * whole lines: one per row when a key's heads are neighbours (the usual layout), else one per
  * head's row; each step requests its quota from the current span with one comparison. */
@@ -280,12 +282,14 @@ void attn_cpu_decode_scores_bf16(const attn_cpu_decode_bf16 *a) {
   request_ahead(&cur, -1);
 }
 
-/* O rows (R of them, ldo apart) += P V over NP key pairs (the 32-bit words p[r * ldp32 + t] of P,
- * pair t) for NC chunks of 32 columns from column d: each pair's two rows unpacked into pairs
- * of elements (vpunpck[lh]wd), then one vdpbf16ps per 16 columns, pair and row. */
+/* O rows (R of them, ldo apart) += P V over NP <= 4 key pairs (the 32-bit words p[r * ldp32 + t]
+ * of P, pair t) for NC <= 2 chunks of 32 columns from column d: each pair's two rows unpacked
+ * into pairs of elements (vpunpck[lh]wd), then one vdpbf16ps per 16 columns, pair and row. Four
+ * pairs a load and store of O: with Tq = 4 (16 rows a KV head) every head's O is 64 KiB, which
+ * L1 does not hold, and its traffic bounded the loop at two pairs. */
 ALWAYS_INLINE void pv_window(const int NP, const int NC, const uint16_t *const *v, int64_t d,
                              const uint32_t *p, int64_t ldp32, int64_t R, float *O, int64_t ldo) {
-  __m512bh lo[2][4], hi[2][4];
+  __m512bh lo[4][2], hi[4][2];
   for (int t = 0; t < NP; ++t)
     for (int c = 0; c < NC; ++c) {
       const __m512i e = _mm512_loadu_si512(v[2 * t] + d + 32 * c);
@@ -295,7 +299,7 @@ ALWAYS_INLINE void pv_window(const int NP, const int NC, const uint16_t *const *
       hi[t][c] = (__m512bh)_mm512_unpackhi_epi16(e, o);
     }
   for (int64_t r = 0; r < R; ++r) {
-    __m512bh pw[2];
+    __m512bh pw[4];
     for (int t = 0; t < NP; ++t) pw[t] = (__m512bh)_mm512_set1_epi32((int)p[r * ldp32 + t]);
     float *o = O + r * ldo + d;
     for (int c = 0; c < NC; ++c) {
@@ -309,8 +313,10 @@ ALWAYS_INLINE void pv_window(const int NP, const int NC, const uint16_t *const *
   }
 }
 
+#define PV_KEYS 8 /* keys a step: four pairs */
+
 #define PV_CASE(NP, NC)                                                                             \
-  case NC:                                                                                          \
+  case 4 * (NC - 1) + NP - 1:                                                                       \
     pv_window(NP, NC, v, d, p, 16, R, O, a->ldo);                                                   \
     break;
 
@@ -325,34 +331,28 @@ void attn_cpu_decode_pv_bf16(const attn_cpu_decode_bf16 *a) {
     _mm512_storeu_si512((void *)(a->P + r * 32), (__m512i)b);
   }
   ahead_cursor cur;
-  ahead_start(&cur, a, (nb + 3) / 4 * a->heads);
-  for (int64_t j0 = 0; j0 < nb; j0 += 4) { /* two key pairs a step */
-    const int np = nb - j0 > 2 ? 2 : 1;
+  ahead_start(&cur, a, (nb + PV_KEYS - 1) / PV_KEYS * a->heads);
+  for (int64_t j0 = 0; j0 < nb; j0 += PV_KEYS) {
+    const int64_t np = (min64i(PV_KEYS, nb - j0) + 1) / 2;
     for (int64_t g = 0; g < a->heads; ++g) {
       request_ahead(&cur, cur.quota);
-      const uint16_t *v[4];
-      for (int u = 0; u < 4; ++u)
+      const uint16_t *v[PV_KEYS];
+      for (int u = 0; u < PV_KEYS; ++u)
         v[u] = j0 + u < nb ? (const uint16_t *)(a->rows[j0 + u] + (size_t)g * a->head_bytes) : NULL;
       const uint32_t *p = (const uint32_t *)(a->P + g * R * 32) + j0 / 2;
       float *O = a->O + g * R * a->ldo;
-      for (int64_t d = 0; d < a->Dv; d += 128) {
-        const int64_t nc = (a->Dv - d) / 32 < 4 ? (a->Dv - d) / 32 : 4;
-        if (np == 2) {
-          switch (nc) {
-            PV_CASE(2, 1)
-            PV_CASE(2, 2)
-            PV_CASE(2, 3)
-            PV_CASE(2, 4)
-          default: break;
-          }
-        } else {
-          switch (nc) {
-            PV_CASE(1, 1)
-            PV_CASE(1, 2)
-            PV_CASE(1, 3)
-            PV_CASE(1, 4)
-          default: break;
-          }
+      for (int64_t d = 0; d < a->Dv; d += 64) {
+        const int64_t nc = a->Dv - d >= 64 ? 2 : 1;
+        switch (4 * (nc - 1) + np - 1) {
+          PV_CASE(1, 1)
+          PV_CASE(2, 1)
+          PV_CASE(3, 1)
+          PV_CASE(4, 1)
+          PV_CASE(1, 2)
+          PV_CASE(2, 2)
+          PV_CASE(3, 2)
+          PV_CASE(4, 2)
+        default: break;
         }
       }
     }
