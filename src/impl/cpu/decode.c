@@ -13,11 +13,15 @@
  *     head read 256 bytes of every 2 KiB and streamed at half the rate);
  *   - GQA packing: for each KV head the item holds the R = (Hq/Hkv) * Tq query rows that read it,
  *     so each K and V row is read from memory once for all of them;
- *   - K and V rows are read in place (f32 and bf16 rows with unit element stride; f16 or strided
- *     rows are converted into a small buffer first) by the vector loops of decode_kernels.h, one
- *     copy per kernel table (cpu.h: AVX-512, AVX2, generic), and on AVX-512 BF16 machines bf16
- *     scores by vdpbf16ps (kernels_avx512bf16.c); the next block's rows are requested a few lines
- *     per key while this block is computed;
+ *   - on AVX-512 BF16 machines bf16 blocks (D and Dv multiples of 32, unit element stride) run on
+ *     the bf16 loops of kernels_avx512bf16.c (decode_blocks_bf16): K and V touched strictly in
+ *     address order (key by key, all heads of a key inside), rows requested 16 keys ahead in that
+ *     order, scores and P V by vdpbf16ps (P rounded to bf16, as SPEC.md allows);
+ *   - otherwise K and V rows are read in place (f32 and bf16 rows with unit element stride; f16 or
+ *     strided rows are converted into a small buffer first) by the vector loops of
+ *     decode_kernels.h, one copy per kernel table (cpu.h: AVX-512, AVX2, generic), a KV head at a
+ *     time over the block (decode_blocks); the next block's rows are requested a few lines per
+ *     key while this block is computed;
  *   - each item keeps an online softmax (m, l, unnormalised O) per row and writes it as a partial
  *     result; a second pass merges the splits of each sequence through their maxima, adds the
  *     sinks once, and writes out and lse.
@@ -128,7 +132,7 @@ typedef struct decode_run {
   const attn_problem *p;
   const attn_inputs *in;
   const attn_cpu_kernels *kern; /* whose decode loops run (decode_loops) */
-  int dots_bf16;                /* bf16 scores by vdpbf16ps available (decode_loops) */
+  int bf16_loops;               /* the bf16 loops (vdpbf16ps) available (decode_loops) */
   attn_dtype dt;
   decode_layout l;
   int64_t group, splits;
@@ -255,8 +259,9 @@ static void softmax_block(const decode_run *c, int64_t b, int64_t o, int64_t g, 
   }
 }
 
-/* Rows requested ahead by the bf16 loops: the keys that many rows past the one being computed
- * (measured on the 2-core Zen 5 VM: 8 keys = 16 KiB of K or V at Hkv = 8, D = 128). */
+/* Rows requested ahead by the bf16 loops: the keys that many past the one being computed (32 KiB
+ * of K or V at Hkv = 8, D = 128; on the 2-core Zen 5 VM 8 to 32 keys streamed alike within its
+ * run-to-run noise, one step of P V being 8 keys). */
 #define AHEAD_KEYS 16
 
 /* The block loop of the bf16 loops (attn_cpu_decode_bf16, kernels_avx512bf16.c): per block all
@@ -365,7 +370,7 @@ static void decode_item(const decode_run *c, const decode_thread *t, int64_t b,
   const int kmode = rows_mode(c, &in->k, D), vmode = rows_mode(c, &in->v, Dv);
   /* bf16 rows of widths that are multiples of 32 where vdpbf16ps is there: the bf16 loops, on q
    * as given (the scale applied to the sums) and P rounded to bf16 (SPEC.md allows it) */
-  const int loops_bf16 = c->dots_bf16 && kmode == ROWS_BF16_PAIRS && vmode == ROWS_BF16_PAIRS;
+  const int loops_bf16 = c->bf16_loops && kmode == ROWS_BF16_PAIRS && vmode == ROWS_BF16_PAIRS;
   for (int64_t r = 0; r < Hkv * R && k1 > k0; ++r) {
     /* row g * R + hh * Tq + i: query i of head g * group + hh */
     const int64_t h = r / R * c->group + r % R / Tq, i = r % Tq;
@@ -461,14 +466,15 @@ static void decode_merge(const decode_run *c, const attn_outputs *out, int64_t b
  *     would be padding, and the tile loads and stores cost more than the vector loop they would
  *     replace in a loop bound by memory anyway. cpu.c chooses AMX only where AVX-512 BF16 is there
  *     too (has_amx needs has_bf16), so the AMX machine runs the avx512bf16 table's loops;
- *   - bf16 scores by vdpbf16ps (attn_cpu_decode_dots_bf16, kernels_avx512bf16.c) on those
- *     machines: bf16 q and K rows go into the dot products as they are (no widening), half the
- *     instructions of the f32 loop; every other table widens bf16 to f32. */
+ *   - the bf16 loops (attn_cpu_decode_scores_bf16 and attn_cpu_decode_pv_bf16,
+ *     kernels_avx512bf16.c) on those machines: bf16 q, K and V rows go into vdpbf16ps as they are
+ *     (no widening; P rounded to bf16), half the multiply instructions of the f32 loops, and every
+ *     head of a key before the next key; every other table widens bf16 to f32. */
 static void decode_loops(const attn_cpu_kernels *chosen, decode_run *c) {
-  c->kern = chosen, c->dots_bf16 = 0;
+  c->kern = chosen, c->bf16_loops = 0;
 #if defined(ATTN_CPU_X86)
   if (chosen == &attn_cpu_kernels_amx) c->kern = &attn_cpu_kernels_avx512bf16;
-  c->dots_bf16 = c->kern == &attn_cpu_kernels_avx512bf16;
+  c->bf16_loops = c->kern == &attn_cpu_kernels_avx512bf16;
 #endif
 }
 

@@ -202,12 +202,14 @@ static int ahead_next_span(ahead_cursor *c) {
   return 0;
 }
 
-/* Requests count lines (-1: all the rest). */
+/* Requests count lines (-1: all the rest): a run of requests per span, one comparison a line. */
 static inline void request_ahead(ahead_cursor *c, int64_t count) {
-  for (; count != 0; --count) {
+  if (count < 0) count = INT64_MAX;
+  while (count > 0) {
     if (c->at >= c->end && !ahead_next_span(c)) return;
-    _mm_prefetch(c->at, _MM_HINT_T0);
-    c->at += 64;
+    const int64_t left = (c->end - c->at + 63) / 64, n = left < count ? left : count;
+    for (int64_t i = 0; i < n; ++i) _mm_prefetch(c->at + 64 * i, _MM_HINT_T0);
+    c->at += 64 * n, count -= n;
   }
 }
 
