@@ -160,12 +160,39 @@ extern const attn_cpu_kernels attn_cpu_kernels_amx;
 /* 1 when the processor has AMX-TILE and AMX-BF16, the OS saves their state and (Linux) granted it
  * to this process (asked once); 0 otherwise, and always where the compiler had no AMX. */
 int attn_cpu_amx_usable(void);
-/* The decode path's scores on bf16 rows with vdpbf16ps (decode.c uses it with the avx512bf16
- * table): S[r * lds + jj] = scale * dot(q row r, key row jj), q and keys bf16, D % 32 == 0; the
- * nprefetch rows of prefetch are requested meanwhile, a few lines per key. */
-void attn_cpu_decode_dots_bf16(int64_t R, int64_t nb, int64_t D, const uint16_t *q, int64_t ldq,
-                               const void *const *rows, float *S, int64_t lds, float scale,
-                               const char *const *prefetch, int64_t nprefetch, size_t prefetch_bytes);
+/* The decode path's bf16 loops with vdpbf16ps (decode.c runs them with the avx512bf16 table when
+ * D and Dv are multiples of 32 and K and V rows have unit element stride). One call covers one key
+ * block of nb <= 32 keys for every KV head, walking the keys in address order (key-outer, heads
+ * inside): the hardware prefetchers follow a stream only when every miss is in address order, and
+ * a loop over one head's rows of a block (2 KiB apart) streamed at two thirds of the read rate
+ * even with no arithmetic. Row r of KV head g is row g * R + r of q, S, P and O. */
+typedef struct attn_cpu_decode_bf16 {
+  int64_t heads, R, D, Dv, nb;
+  const uint16_t *q; /* bf16 query rows, ldq apart, unscaled */
+  int64_t ldq;
+  float scale;       /* applied to the sums */
+  float *S;          /* scores, then (softmax in decode.c) f32 probabilities, lds apart */
+  int64_t lds;
+  uint16_t *P;       /* scratch: P rounded to bf16, heads * R rows of 32 */
+  float *O;          /* unnormalised out, ldo apart, each 32 columns in the unpack order */
+  int64_t ldo;
+  const char *const *rows; /* head 0's row (of K for scores, V for pv) of each key of the block */
+  size_t head_bytes;       /* between the heads of one key */
+  /* rows to request while this call runs (head 0's addresses, every head's row_bytes each, in
+   * address order, spread over the keys): the next keys of this stream, then the first of the
+   * next phase's */
+  struct {
+    const char *const *rows;
+    int64_t n;
+    size_t head_bytes, row_bytes;
+  } ahead[2];
+} attn_cpu_decode_bf16;
+/* S[(g R + r) lds + jj] = scale * dot(q row g R + r, K row jj of head g), products exact. */
+void attn_cpu_decode_scores_bf16(const attn_cpu_decode_bf16 *a);
+/* O[g R + r] += sum_jj bf16(S[(g R + r) lds + jj]) V row jj of head g, keys in pairs by vdpbf16ps
+ * (an even/odd key's rows unpacked into pairs: O's 32 columns d0 + c of each chunk then hold d0 +
+ * 8 (c / 4 % 4) + 4 (c / 16) + c % 4, decode.c's unpermute_pv). */
+void attn_cpu_decode_pv_bf16(const attn_cpu_decode_bf16 *a);
 /* The AVX-512 kernels shared by both AVX-512 tables. */
 void attn_cpu_gemm_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
                           const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,

@@ -13,11 +13,15 @@
  *     head read 256 bytes of every 2 KiB and streamed at half the rate);
  *   - GQA packing: for each KV head the item holds the R = (Hq/Hkv) * Tq query rows that read it,
  *     so each K and V row is read from memory once for all of them;
- *   - K and V rows are read in place (f32 and bf16 rows with unit element stride; f16 or strided
- *     rows are converted into a small buffer first) by the vector loops of decode_kernels.h, one
- *     copy per kernel table (cpu.h: AVX-512, AVX2, generic), and on AVX-512 BF16 machines bf16
- *     scores by vdpbf16ps (kernels_avx512bf16.c); the next block's rows are requested a few lines
- *     per key while this block is computed;
+ *   - on AVX-512 BF16 machines bf16 blocks (D and Dv multiples of 32, unit element stride) run on
+ *     the bf16 loops of kernels_avx512bf16.c (decode_blocks_bf16): K and V touched strictly in
+ *     address order (key by key, all heads of a key inside), rows requested 16 keys ahead in that
+ *     order, scores and P V by vdpbf16ps (P rounded to bf16, as SPEC.md allows);
+ *   - otherwise K and V rows are read in place (f32 and bf16 rows with unit element stride; f16 or
+ *     strided rows are converted into a small buffer first) by the vector loops of
+ *     decode_kernels.h, one copy per kernel table (cpu.h: AVX-512, AVX2, generic), a KV head at a
+ *     time over the block (decode_blocks); the next block's rows are requested a few lines per
+ *     key while this block is computed;
  *   - each item keeps an online softmax (m, l, unnormalised O) per row and writes it as a partial
  *     result; a second pass merges the splits of each sequence through their maxima, adds the
  *     sinks once, and writes out and lse.
@@ -39,7 +43,6 @@
 #endif
 
 #define KEY_BLOCK 32      /* keys per online-softmax step: the block's K and V of every head stay in L2 */
-#define PREFETCH_BLOCKS 1  /* how far ahead rows are requested (measured: 2 and 3 gain nothing) */
 #define MIN_SPLIT_KEYS 256 /* a split shorter than this costs more to merge than it saves */
 #define MAX_DECODE_TQ 16   /* queries per sequence the decode path takes (speculative decoding) */
 
@@ -58,6 +61,16 @@ static void permute_pairs(float *x, int64_t n, int inverse) {
       else
         tmp[u] = x[d0 + 2 * u], tmp[16 + u] = x[d0 + 2 * u + 1];
     }
+    memcpy(x + d0, tmp, sizeof tmp);
+  }
+}
+
+/* x[0..n) (n a multiple of 32) from the order attn_cpu_decode_pv_bf16 accumulates in (cpu.h) back
+ * to the natural one: each 32 columns are 8 runs of 4, run 4 h + L holding columns 8 L + 4 h. */
+static void unpermute_pv(float *x, int64_t n) {
+  float tmp[32];
+  for (int64_t d0 = 0; d0 < n; d0 += 32) {
+    for (int run = 0; run < 8; ++run) memcpy(tmp + 8 * (run % 4) + 4 * (run / 4), x + d0 + 4 * run, 4 * sizeof(float));
     memcpy(x + d0, tmp, sizeof tmp);
   }
 }
@@ -84,7 +97,7 @@ static int64_t decode_splits(const attn_problem *p, int threads) {
 typedef struct decode_layout {
   int64_t R, Dp, Dvp;
   int64_t partial;    /* one item's result: per row of the sequence m, l and O[Dvp] */
-  int64_t per_thread; /* q rows, S/P, O, m, l, converted K and V rows */
+  int64_t per_thread; /* q rows, S/P of every head, bf16 P, O, m, l, converted K and V rows */
 } decode_layout;
 
 static decode_layout layout_of(const attn_problem *p) {
@@ -93,8 +106,8 @@ static decode_layout layout_of(const attn_problem *p) {
   l.Dp = round16(p->head_dim), l.Dvp = round16(p->head_dim_v > 0 ? p->head_dim_v : p->head_dim);
   const int64_t rows = p->heads_kv * l.R; /* every row of a sequence */
   l.partial = round16(rows * (l.Dvp + 2));
-  l.per_thread = round16(rows * l.Dp) + round16(l.R * KEY_BLOCK) + round16(rows * l.Dvp) +
-                 2 * round16(rows) + KEY_BLOCK * (l.Dp + l.Dvp);
+  l.per_thread = round16(rows * l.Dp) + round16(rows * KEY_BLOCK) + round16(rows * KEY_BLOCK / 2) +
+                 round16(rows * l.Dvp) + 2 * round16(rows) + KEY_BLOCK * (l.Dp + l.Dvp);
   return l;
 }
 
@@ -119,7 +132,7 @@ typedef struct decode_run {
   const attn_problem *p;
   const attn_inputs *in;
   const attn_cpu_kernels *kern; /* whose decode loops run (decode_loops) */
-  int dots_bf16;                /* bf16 scores by vdpbf16ps available (decode_loops) */
+  int bf16_loops;               /* the bf16 loops (vdpbf16ps) available (decode_loops) */
   attn_dtype dt;
   decode_layout l;
   int64_t group, splits;
@@ -128,6 +141,7 @@ typedef struct decode_run {
 
 typedef struct decode_thread {
   float *q, *s, *o, *m, *l, *kbuf, *vbuf;
+  uint16_t *p16; /* the bf16 loops' P (attn_cpu_decode_bf16's) */
 } decode_thread;
 
 /* The visible keys [*lo, *hi) of a sequence: the union of its rows' windows within its length. */
@@ -201,11 +215,140 @@ static void kernel_rows(const decode_run *c, const attn_tensor *t, int64_t width
 
 static float stat_at(const attn_tensor *t, int64_t off) { return ((const float *)t->data)[off]; }
 
-/* One item: rows of KV head g of sequence b against keys [k0, k1) (within the visible range);
- * writes its partial (m, l, O) for every row. */
 /* Rows of KV head g from head 0's addresses (the heads of a key are stride[2] apart). */
 static void head_rows(const char *const *rows0, int64_t nb, size_t head_bytes, const char **rows) {
   for (int64_t jj = 0; jj < nb; ++jj) rows[jj] = rows0[jj] + head_bytes;
+}
+
+/* The online softmax of the R rows of KV head g over keys [j0, j0 + nb): x (row r at x + r *
+ * KEY_BLOCK) holds their scores; leaves their probabilities exp(x - m) there (0 where masked),
+ * updates m and l, and rescales the rows of O (ldo apart) by exp(m_old - m_new). */
+static void softmax_block(const decode_run *c, int64_t b, int64_t o, int64_t g, int64_t j0,
+                          int64_t nb, float *xs, float *m, float *l, float *O, int64_t ldo) {
+  const attn_problem *p = c->p;
+  const attn_cpu_kernels *kern = c->kern;
+  const int64_t R = c->l.R, Tq = p->seqlen_q;
+  const float cap = (float)p->softcap;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t h = g * c->group + r / Tq, diag = r % Tq + o;
+    float *x = xs + r * KEY_BLOCK;
+    if (p->alibi != ATTN_ALIBI_NONE) { /* x -= slope |i + o - j| */
+      const attn_tensor *sl = &c->in->alibi_slopes;
+      const float slope = stat_at(sl, p->alibi == ATTN_ALIBI_PER_BATCH_HEAD
+                                          ? b * sl->stride[0] + h * sl->stride[1]
+                                          : h * sl->stride[0]);
+      const float base = (float)(diag - j0);
+      for (int64_t jj = 0; jj < nb; ++jj) x[jj] -= slope * fabsf(base - (float)jj);
+    }
+    if (cap > 0.0f) kern->softcap(x, NULL, nb, cap);
+    /* this row's window within the block (the block is the union of all rows') */
+    int64_t lo = p->window_left >= 0 ? diag - p->window_left - j0 : 0;
+    int64_t hi = p->window_right >= 0 ? diag + p->window_right - j0 + 1 : nb;
+    lo = max64(0, min64(lo, nb)), hi = max64(lo, min64(hi, nb));
+    for (int64_t jj = 0; jj < lo; ++jj) x[jj] = -INFINITY;
+    for (int64_t jj = hi; jj < nb; ++jj) x[jj] = -INFINITY;
+    const float m_new = fmaxf(m[r], kern->row_max(x, nb));
+    if (m_new == -INFINITY) { /* nothing visible to this row yet: P = 0 */
+      memset(x, 0, (size_t)nb * sizeof(float));
+      continue;
+    }
+    const float alpha = m[r] == m_new ? 1.0f : expf(m[r] - m_new);
+    l[r] = l[r] * alpha + kern->exp_sum(x, nb, m_new);
+    if (alpha != 1.0f) kern->scale(O + r * ldo, p->head_dim_v, alpha);
+    m[r] = m_new;
+  }
+}
+
+/* Rows requested ahead by the bf16 loops: the keys that many past the one being computed (32 KiB
+ * of K or V at Hkv = 8, D = 128; on the 2-core Zen 5 VM 8 to 32 keys streamed alike within its
+ * run-to-run noise, one step of P V being 8 keys). */
+#define AHEAD_KEYS 16
+
+/* The block loop of the bf16 loops (attn_cpu_decode_bf16, kernels_avx512bf16.c): per block all
+ * heads' scores, key by key in address order, then the softmax, then P V, key pair by key pair.
+ * The rows ahead: while the scores run, the rest of this block's K and the first of its V; while
+ * P V runs, the rest of its V and the first of the next block's K. */
+static void decode_blocks_bf16(const decode_run *c, const decode_thread *t, int64_t b, int64_t o,
+                               int64_t k0, int64_t k1) {
+#ifdef ATTN_CPU_X86
+  const attn_problem *p = c->p;
+  const attn_inputs *in = c->in;
+  const int64_t R = c->l.R, Hkv = p->heads_kv, D = p->head_dim, Dv = p->head_dim_v;
+  const size_t es = 2, khead = (size_t)in->k.stride[2] * es, vhead = (size_t)in->v.stride[2] * es;
+  const char *kraw[2][KEY_BLOCK], *vraw[2][KEY_BLOCK];
+  int cur = 0;
+  row_addresses(c, b, 0, k0, min64(KEY_BLOCK, k1 - k0), kraw[0], vraw[0]);
+  attn_cpu_decode_bf16 a;
+  memset(&a, 0, sizeof a);
+  a.heads = Hkv, a.R = R, a.D = D, a.Dv = Dv;
+  a.q = (const uint16_t *)t->q, a.ldq = c->l.Dp, a.scale = (float)p->scale;
+  a.S = t->s, a.lds = KEY_BLOCK, a.P = t->p16, a.O = t->o, a.ldo = c->l.Dvp;
+  for (int64_t j0 = k0; j0 < k1; j0 += KEY_BLOCK, cur ^= 1) {
+    const int64_t nb = min64(KEY_BLOCK, k1 - j0), nb_next = min64(KEY_BLOCK, k1 - j0 - nb);
+    if (nb_next > 0) row_addresses(c, b, 0, j0 + nb, nb_next, kraw[cur ^ 1], vraw[cur ^ 1]);
+    const int64_t ahead = min64(AHEAD_KEYS, nb);
+    a.nb = nb;
+    a.rows = kraw[cur], a.head_bytes = khead;
+    a.ahead[0].rows = kraw[cur] + ahead, a.ahead[0].n = nb - ahead;
+    a.ahead[0].head_bytes = khead, a.ahead[0].row_bytes = (size_t)D * es;
+    a.ahead[1].rows = vraw[cur], a.ahead[1].n = ahead;
+    a.ahead[1].head_bytes = vhead, a.ahead[1].row_bytes = (size_t)Dv * es;
+    attn_cpu_decode_scores_bf16(&a);
+    for (int64_t g = 0; g < Hkv; ++g)
+      softmax_block(c, b, o, g, j0, nb, t->s + g * R * KEY_BLOCK, t->m + g * R, t->l + g * R,
+                    t->o + g * R * c->l.Dvp, c->l.Dvp);
+    a.rows = vraw[cur], a.head_bytes = vhead;
+    a.ahead[0].rows = vraw[cur] + ahead, a.ahead[0].n = nb - ahead;
+    a.ahead[0].head_bytes = vhead, a.ahead[0].row_bytes = (size_t)Dv * es;
+    a.ahead[1].rows = kraw[cur ^ 1], a.ahead[1].n = min64(AHEAD_KEYS, max64(0, nb_next));
+    a.ahead[1].head_bytes = khead, a.ahead[1].row_bytes = (size_t)D * es;
+    attn_cpu_decode_pv_bf16(&a);
+  }
+#else
+  (void)c, (void)t, (void)b, (void)o, (void)k0, (void)k1;
+#endif
+}
+
+/* The block loop of the table's own loops (decode_kernels.h): per block and KV head, the scores,
+ * the softmax and P V; rows converted first where they are not read in place. */
+static void decode_blocks(const decode_run *c, const decode_thread *t, int64_t b, int64_t o,
+                          int64_t k0, int64_t k1, int kmode, int vmode) {
+  const attn_problem *p = c->p;
+  const attn_inputs *in = c->in;
+  const attn_cpu_kernels *kern = c->kern;
+  const int64_t R = c->l.R, Hkv = p->heads_kv, D = p->head_dim, Dv = p->head_dim_v;
+  const int64_t Dp = c->l.Dp, Dvp = c->l.Dvp;
+  const size_t es = attn_dtype_size(c->dt);
+  /* Head 0's row addresses of this block and the next: a paged cache's next block (another page)
+   * is prefetched while this one is computed; a dense one streams by itself. */
+  const char *kraw[2][KEY_BLOCK], *vraw[2][KEY_BLOCK], *kg[KEY_BLOCK], *vg[KEY_BLOCK];
+  const void *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
+  int cur = 0;
+  row_addresses(c, b, 0, k0, min64(KEY_BLOCK, k1 - k0), kraw[0], vraw[0]);
+  for (int64_t j0 = k0; j0 < k1; j0 += KEY_BLOCK, cur ^= 1) {
+    const int64_t nb = min64(KEY_BLOCK, k1 - j0);
+    /* the next block: its rows are requested while this one is computed */
+    const int64_t nb_next = min64(KEY_BLOCK, k1 - j0 - nb);
+    if (nb_next > 0) row_addresses(c, b, 0, j0 + nb, nb_next, kraw[cur ^ 1], vraw[cur ^ 1]);
+    for (int64_t g = 0; g < Hkv; ++g) {
+      /* the next block's rows of this head (K, then V), requested while this one is computed */
+      const char *pf[2 * KEY_BLOCK];
+      int64_t npf = 0;
+      if (nb_next > 0) {
+        head_rows(kraw[cur ^ 1], nb_next, (size_t)(g * in->k.stride[2]) * es, pf);
+        head_rows(vraw[cur ^ 1], nb_next, (size_t)(g * in->v.stride[2]) * es, pf + nb_next);
+        npf = 2 * nb_next;
+      }
+      head_rows(kraw[cur], nb, (size_t)(g * in->k.stride[2]) * es, kg);
+      kernel_rows(c, &in->k, D, kg, nb, t->kbuf, Dp, krows);
+      kern->decode_dots(R, nb, D, t->q + g * R * Dp, Dp, krows, kmode, t->s, KEY_BLOCK, pf, npf,
+                        (size_t)(D > Dv ? D : Dv) * es);
+      softmax_block(c, b, o, g, j0, nb, t->s, t->m + g * R, t->l + g * R, t->o + g * R * Dvp, Dvp);
+      head_rows(vraw[cur], nb, (size_t)(g * in->v.stride[2]) * es, vg);
+      kernel_rows(c, &in->v, Dv, vg, nb, t->vbuf, Dvp, vrows);
+      kern->decode_axpys(R, nb, Dv, t->s, KEY_BLOCK, vrows, vmode, t->o + g * R * Dvp, Dvp);
+    }
+  }
 }
 
 /* One item: every row of sequence b (all KV heads, R rows each) against keys [k0, k1) (within the
@@ -217,118 +360,50 @@ static void decode_item(const decode_run *c, const decode_thread *t, int64_t b,
                         const attn_seq *seq, int64_t k0, int64_t k1, float *partial) {
   const attn_problem *p = c->p;
   const attn_inputs *in = c->in;
-  const attn_cpu_kernels *kern = c->kern;
   const int64_t R = c->l.R, Hkv = p->heads_kv, Tq = p->seqlen_q, D = p->head_dim;
   const int64_t Dv = p->head_dim_v, Dp = c->l.Dp, Dvp = c->l.Dvp, o = attn_align_offset(p, seq);
-  const float scale = (float)p->scale, cap = (float)p->softcap;
-  const size_t es = attn_dtype_size(c->dt);
+  const float scale = (float)p->scale;
   for (int64_t r = 0; r < Hkv * R; ++r) {
     t->m[r] = -INFINITY, t->l[r] = 0.0f;
     memset(t->o + r * Dvp, 0, (size_t)Dvp * sizeof(float));
   }
   const int kmode = rows_mode(c, &in->k, D), vmode = rows_mode(c, &in->v, Dv);
-  /* bf16 rows where vdpbf16ps is there: scores on q as given, the scale applied to the sums */
-  const int dpbf16 = c->dots_bf16 && kmode == ROWS_BF16_PAIRS;
-  uint16_t *q16 = (uint16_t *)t->q; /* dpbf16: q rows as bf16 bits, in the f32 rows' space */
-  if (k1 > k0 && dpbf16) {
+  /* bf16 rows of widths that are multiples of 32 where vdpbf16ps is there: the bf16 loops, on q
+   * as given (the scale applied to the sums) and P rounded to bf16 (SPEC.md allows it) */
+  const int loops_bf16 = c->bf16_loops && kmode == ROWS_BF16_PAIRS && vmode == ROWS_BF16_PAIRS;
+  for (int64_t r = 0; r < Hkv * R && k1 > k0; ++r) {
+    /* row g * R + hh * Tq + i: query i of head g * group + hh */
+    const int64_t h = r / R * c->group + r % R / Tq, i = r % Tq;
     const attn_tensor *qt = &in->q;
-    for (int64_t r = 0; r < Hkv * R; ++r) {
-      const int64_t h = r / R * c->group + r % R / Tq, i = r % Tq;
-      const int64_t off = b * qt->stride[0] + i * qt->stride[1] + h * qt->stride[2];
-      for (int64_t d = 0; d < D; ++d) q16[r * Dp + d] = ((const uint16_t *)qt->data)[off + d * qt->stride[3]];
-    }
-  } else if (k1 > k0) {
-    /* row g * R + hh * Tq + i: query i of head g * group + hh, scaled by s (f32) */
-    for (int64_t r = 0; r < Hkv * R; ++r) {
-      const int64_t h = r / R * c->group + r % R / Tq, i = r % Tq;
-      const attn_tensor *qt = &in->q;
-      const int64_t off = b * qt->stride[0] + i * qt->stride[1] + h * qt->stride[2];
-      float *qr = t->q + r * Dp;
-      if (c->dt == ATTN_DTYPE_F16 && qt->stride[3] == 1)
-        kern->load_f16((const uint16_t *)qt->data + off, D, scale, qr);
+    const int64_t off = b * qt->stride[0] + i * qt->stride[1] + h * qt->stride[2];
+    if (loops_bf16) { /* bf16 bits as given, in the f32 rows' space */
+      uint16_t *q16 = (uint16_t *)t->q + r * Dp;
+      if (qt->stride[3] == 1)
+        memcpy(q16, (const uint16_t *)qt->data + off, (size_t)D * sizeof *q16);
       else
-        for (int64_t d = 0; d < D; ++d) qr[d] = scale * (float)attn_load(qt->data, c->dt, off + d * qt->stride[3]);
-      if (kmode == ROWS_BF16_PAIRS) permute_pairs(qr, D, 0);
+        for (int64_t d = 0; d < D; ++d) q16[d] = ((const uint16_t *)qt->data)[off + d * qt->stride[3]];
+      continue;
     }
+    float *qr = t->q + r * Dp; /* scaled by s, f32 */
+    if (c->dt == ATTN_DTYPE_F16 && qt->stride[3] == 1)
+      c->kern->load_f16((const uint16_t *)qt->data + off, D, scale, qr);
+    else
+      for (int64_t d = 0; d < D; ++d) qr[d] = scale * (float)attn_load(qt->data, c->dt, off + d * qt->stride[3]);
+    if (kmode == ROWS_BF16_PAIRS) permute_pairs(qr, D, 0);
   }
-  /* Head 0's row addresses of this block and the next: a paged cache's next block (another page)
-   * is prefetched while this one is computed; a dense one streams by itself. */
-  const char *kraw[2][KEY_BLOCK], *vraw[2][KEY_BLOCK], *kg[KEY_BLOCK], *vg[KEY_BLOCK];
-  const void *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
-  const int prefetch = 1;
-  int cur = 0;
-  if (k1 > k0) row_addresses(c, b, 0, k0, min64(KEY_BLOCK, k1 - k0), kraw[0], vraw[0]);
-  for (int64_t j0 = k0; j0 < k1; j0 += KEY_BLOCK, cur ^= 1) {
-    const int64_t nb = min64(KEY_BLOCK, k1 - j0);
-    if (j0 + nb < k1) {
-      const int64_t nb_next = min64(KEY_BLOCK, k1 - j0 - nb);
-      row_addresses(c, b, 0, j0 + nb, nb_next, kraw[cur ^ 1], vraw[cur ^ 1]);
-    }
-    /* the block PREFETCH_BLOCKS ahead: its rows are requested while this one is computed */
-    const int64_t pf0 = j0 + PREFETCH_BLOCKS * KEY_BLOCK;
-    const int64_t nb_next = pf0 < k1 ? min64(KEY_BLOCK, k1 - pf0) : 0;
-    const char *kpf[KEY_BLOCK], *vpf[KEY_BLOCK];
-    if (prefetch && nb_next > 0) row_addresses(c, b, 0, pf0, nb_next, kpf, vpf);
-    for (int64_t g = 0; g < Hkv; ++g) {
-      float *m = t->m + g * R, *l = t->l + g * R, *O = t->o + g * R * Dvp;
-      /* the next block's rows of this head (K, then V), requested while this one is computed */
-      const char *pf[2 * KEY_BLOCK];
-      int64_t npf = 0;
-      if (prefetch && nb_next > 0) {
-        head_rows(kpf, nb_next, (size_t)(g * in->k.stride[2]) * es, pf);
-        head_rows(vpf, nb_next, (size_t)(g * in->v.stride[2]) * es, pf + nb_next);
-        npf = 2 * nb_next;
-      }
-      head_rows(kraw[cur], nb, (size_t)(g * in->k.stride[2]) * es, kg);
-      kernel_rows(c, &in->k, D, kg, nb, t->kbuf, Dp, krows);
-      if (dpbf16) {
-#ifdef ATTN_CPU_X86
-        attn_cpu_decode_dots_bf16(R, nb, D, q16 + g * R * Dp, Dp, krows, t->s, KEY_BLOCK, scale, pf,
-                                  npf, (size_t)(D > Dv ? D : Dv) * es);
-#endif
-      } else {
-        kern->decode_dots(R, nb, D, t->q + g * R * Dp, Dp, krows, kmode, t->s, KEY_BLOCK, pf, npf,
-                          (size_t)(D > Dv ? D : Dv) * es);
-      }
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t h = g * c->group + r / Tq, diag = r % Tq + o;
-        float *x = t->s + r * KEY_BLOCK;
-        if (p->alibi != ATTN_ALIBI_NONE) { /* x -= slope |i + o - j| */
-          const attn_tensor *sl = &in->alibi_slopes;
-          const float slope = stat_at(sl, p->alibi == ATTN_ALIBI_PER_BATCH_HEAD
-                                              ? b * sl->stride[0] + h * sl->stride[1]
-                                              : h * sl->stride[0]);
-          const float base = (float)(diag - j0);
-          for (int64_t jj = 0; jj < nb; ++jj) x[jj] -= slope * fabsf(base - (float)jj);
-        }
-        if (cap > 0.0f) kern->softcap(x, NULL, nb, cap);
-        /* this row's window within the block (the block is the union of all rows') */
-        int64_t lo = p->window_left >= 0 ? diag - p->window_left - j0 : 0;
-        int64_t hi = p->window_right >= 0 ? diag + p->window_right - j0 + 1 : nb;
-        lo = max64(0, min64(lo, nb)), hi = max64(lo, min64(hi, nb));
-        for (int64_t jj = 0; jj < lo; ++jj) x[jj] = -INFINITY;
-        for (int64_t jj = hi; jj < nb; ++jj) x[jj] = -INFINITY;
-        /* online softmax */
-        const float m_new = fmaxf(m[r], kern->row_max(x, nb));
-        if (m_new == -INFINITY) { /* nothing visible to this row yet: P = 0 */
-          memset(x, 0, (size_t)nb * sizeof(float));
-          continue;
-        }
-        const float alpha = m[r] == m_new ? 1.0f : expf(m[r] - m_new);
-        l[r] = l[r] * alpha + kern->exp_sum(x, nb, m_new);
-        if (alpha != 1.0f) kern->scale(O + r * Dvp, Dv, alpha);
-        m[r] = m_new;
-      }
-      head_rows(vraw[cur], nb, (size_t)(g * in->v.stride[2]) * es, vg);
-      kernel_rows(c, &in->v, Dv, vg, nb, t->vbuf, Dvp, vrows);
-      kern->decode_axpys(R, nb, Dv, t->s, KEY_BLOCK, vrows, vmode, O, Dvp);
-    }
-  }
+  if (k1 > k0 && loops_bf16)
+    decode_blocks_bf16(c, t, b, o, k0, k1);
+  else if (k1 > k0)
+    decode_blocks(c, t, b, o, k0, k1, kmode, vmode);
   for (int64_t r = 0; r < Hkv * R; ++r) {
     float *dst = partial + r * (Dvp + 2);
     dst[0] = t->m[r], dst[1] = t->l[r];
     memcpy(dst + 2, t->o + r * Dvp, (size_t)Dv * sizeof(float));
-    if (vmode == ROWS_BF16_PAIRS) permute_pairs(dst + 2, Dv, 1); /* back to the natural order */
+    /* back to the natural order */
+    if (loops_bf16)
+      unpermute_pv(dst + 2, Dv);
+    else if (vmode == ROWS_BF16_PAIRS)
+      permute_pairs(dst + 2, Dv, 1);
   }
 }
 
@@ -391,14 +466,15 @@ static void decode_merge(const decode_run *c, const attn_outputs *out, int64_t b
  *     would be padding, and the tile loads and stores cost more than the vector loop they would
  *     replace in a loop bound by memory anyway. cpu.c chooses AMX only where AVX-512 BF16 is there
  *     too (has_amx needs has_bf16), so the AMX machine runs the avx512bf16 table's loops;
- *   - bf16 scores by vdpbf16ps (attn_cpu_decode_dots_bf16, kernels_avx512bf16.c) on those
- *     machines: bf16 q and K rows go into the dot products as they are (no widening), half the
- *     instructions of the f32 loop; every other table widens bf16 to f32. */
+ *   - the bf16 loops (attn_cpu_decode_scores_bf16 and attn_cpu_decode_pv_bf16,
+ *     kernels_avx512bf16.c) on those machines: bf16 q, K and V rows go into vdpbf16ps as they are
+ *     (no widening; P rounded to bf16), half the multiply instructions of the f32 loops, and every
+ *     head of a key before the next key; every other table widens bf16 to f32. */
 static void decode_loops(const attn_cpu_kernels *chosen, decode_run *c) {
-  c->kern = chosen, c->dots_bf16 = 0;
+  c->kern = chosen, c->bf16_loops = 0;
 #if defined(ATTN_CPU_X86)
   if (chosen == &attn_cpu_kernels_amx) c->kern = &attn_cpu_kernels_avx512bf16;
-  c->dots_bf16 = c->kern == &attn_cpu_kernels_avx512bf16;
+  c->bf16_loops = c->kern == &attn_cpu_kernels_avx512bf16;
 #endif
 }
 
@@ -441,7 +517,8 @@ attn_status attn_cpu_decode_forward(const attn_run *run, const attn_cpu_kernels 
     decode_thread t;
     t.q = thread_base + (int64_t)tid * c.l.per_thread;
     t.s = t.q + round16(rows * c.l.Dp);
-    t.o = t.s + round16(c.l.R * KEY_BLOCK);
+    t.p16 = (uint16_t *)(t.s + round16(rows * KEY_BLOCK));
+    t.o = t.s + round16(rows * KEY_BLOCK) + round16(rows * KEY_BLOCK / 2);
     t.m = t.o + round16(rows * c.l.Dvp);
     t.l = t.m + round16(rows);
     t.kbuf = t.l + round16(rows);
