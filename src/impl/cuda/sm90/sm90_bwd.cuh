@@ -401,6 +401,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
           bump_counter(counter);
         }
       }
+      /* lane 0 may have spun on the counter: the warp meets again before wgmma's aligned wait */
+      if constexpr (kDeterministic) __syncwarp();
     } else {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
