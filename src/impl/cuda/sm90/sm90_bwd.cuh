@@ -1,9 +1,15 @@
 /*
  * src/impl/cuda/sm90/sm90_bwd.cuh - the Hopper backward (sm_90a only), FlashAttention-3's
- * schedule for the plain problem: bf16 / f16, D = 64 or 128, the causal / window band, GQA, any
- * lengths (dense tensors; no varlen, per-element functions, dropout or sinks yet: the sm90
- * configuration runs those on the atomic sm_80 backward, cuda_bwd.cuh). Each version's idea and
- * speed: dev/cuda/bwd_hopper.cu (v4: 1.18-1.54x the atomic sm_80 backward on an H100).
+ * schedule: bf16 / f16, D = 64 or 128 with Dv = D, the causal / window band in both alignments,
+ * GQA / MQA, any lengths, packed and padded varlen (the forward's map geometry: a packed
+ * sequence is addressed by its first rows, its partial blocks' rows past the end zeroed in shared
+ * memory, clear_tail_rows), the soft cap and ALiBi (a second instantiation, kModeCapAlibi: the
+ * forward's logit in registers, dS times the cap's derivative), sinks (nothing here: P comes from
+ * lse, which has them, and dsinks is cuda_launch.cu's kernel), and a deterministic order of dQ's
+ * additions (kDeterministic, the "sm90_deterministic" configuration: first_key_block). Dropout,
+ * bias, masks and segment ids run on the sm_80 backward (sm90_bwd_unsupported says why). Each
+ * version's idea and speed: dev/cuda/bwd_hopper.cu (v4: 1.18-1.54x the atomic sm_80 backward on
+ * an H100; v5 the features).
  *
  * One CTA per (block of kBN = 128 keys, KV head, batch) keeps dK and dV of its keys in f32
  * registers while it walks every query head of the KV head's group and every 64-row query block
