@@ -573,10 +573,11 @@ static void test_grid(int quick) {
     c.p.causal = 1, c.p.align = ATTN_ALIGN_TOP_LEFT, c.p.alibi = ATTN_ALIBI_PER_HEAD, run_case(&c);
   }
   /* many key blocks adding into each dq tile: where "sm90_deterministic" must order them (and a
-   * band whose first key block varies per query block: first_key_block) */
+   * band whose first key block varies per query block: first_key_block); ALiBi on tiles wholly
+   * above, wholly below and across the diagonal (the sm90 backward's kLinear and general forms) */
   if (!quick)
-    c = make("gqa 1000 window d128", tu_gpu_problem(1, 1000, 1000, 4, 1, 128, BF)), c.p.window_left = 300,
-    c.p.window_right = 200, run_case(&c);
+    c = make("gqa 1000 window alibi d128", tu_gpu_problem(1, 1000, 1000, 4, 1, 128, BF)), c.p.window_left = 300,
+    c.p.window_right = 200, c.p.alibi = ATTN_ALIBI_PER_HEAD, run_case(&c);
   /* everything at once */
   c = make("everything", tu_gpu_problem(2, 127, 129, 4, 2, 64, BF));
   c.p.causal = 1, c.p.window_left = 50, c.p.softcap = 3.0, c.p.alibi = ATTN_ALIBI_PER_HEAD, c.p.num_sinks = 2;
