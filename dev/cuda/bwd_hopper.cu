@@ -6,7 +6,9 @@
  * atomic sm_80 backward (cuda_bwd.cuh) on the same inputs, whose error is the yardstick; then both
  * timed on the bench shapes (bf16, B * T = 16384, Hq * D = 2048, T = 8192, causal and not; the
  * workspace's zeroing, the kernel and the dq conversion, not Delta's pass). TFLOPS as
- * gpu/cuda_bench: 2.5 x the forward's 4 * B * H * T^2 * D (halved when causal).
+ * gpu/cuda_bench: 2.5 x the forward's 4 * B * H * T^2 * D (halved when causal). The features
+ * (v5: varlen, the soft cap, ALiBi, the deterministic order) are checked against the atomic
+ * sm_80 backward on the same inputs and timed beside the plain run (checks_feat, bench_feat).
  *
  * Versions (H100 80GB HBM3, bf16, T = 8192, TFLOPS non-causal / causal, beside the atomic
  * backward in the same call, one device call of 2026-11-24; every check passed, each gradient's
@@ -38,10 +40,30 @@
  *      elementwise work (7.5% of samples: both warpgroups run in lockstep, so nothing else is
  *      ready) and the proxy fence after the dQ slice's stores (6%: MEMBAR.ALL.CTA behind the
  *      stores, which queue behind the products' shared-memory reads).
+ *   v5 (the features, in the library: sm90_bwd.cuh) packed / padded varlen (the forward's map
+ *      geometry; partial blocks' rows past a sequence zeroed in shared memory), the soft cap and
+ *      ALiBi (kernels of their own), sinks (nothing in the kernel), and the deterministic order
+ *      (each dQ slice's additions behind a counter, key block by key block). Checked against the
+ *      atomic sm80 kernel on the same inputs (checks_feat: relative L2 differences at most 1.7e-4
+ *      bf16, 7.5e-5 f16; dq bits repeat in the deterministic order). H100, T = 8192, bf16,
+ *      TFLOPS non-causal / causal and the ratio to the plain run of the same call:
+ *      D = 128: plain 441.5 / 402.1; packed 445.2 / 400.4 (1.01 / 1.00x); padded 1.01 / 1.01x;
+ *      GQA 4:1 1.03 / 0.87x; ALiBi 362.1 / 329.7 (0.82x: with the fold of kLinear; 0.80 / 0.79x
+ *      without it); soft cap 304.1 / 279.3 (0.69x); deterministic 287.9 / 268.6 (0.65 / 0.67x;
+ *      causal was 0.38x with ascending query blocks). D = 64: plain 284.3 / 265.2; packed 0.99 /
+ *      0.98x; ALiBi 0.79x; soft cap 0.61 / 0.62x; deterministic 0.67x. The soft cap and ALiBi
+ *      are per-score work in the elementwise step, which already bounds the plain kernel at
+ *      D = 64 (v4's note): the cap adds two special-function instructions per score (ex2, rcp),
+ *      ALiBi two FP32 instructions; the deterministic order makes key block n wait for n - 1 at
+ *      each dQ slice, so a CTA starts about one item after the previous one (the chain of 64
+ *      key blocks per head costs half of the 128 items' time).
  *   Not yet tried (FlashAttention-3 reaches ~1.5-1.75x of FlashAttention-2 here): S^T / dP^T of
  *   item it + 1 issued under item it's elementwise work (what D = 64 needs most; at D = 128 it
- *   needs the registers the spills show are short), the two consumer warpgroups out of lockstep
- *   (the per-item barrier for dS^T), 3 warpgroups (kBN = 192) at D = 64, a persistent grid.
+ *   needs the registers the spills show are short; it would also hide the soft cap's and
+ *   ALiBi's per-score work), the two consumer warpgroups out of lockstep (the per-item barrier
+ *   for dS^T), 3 warpgroups (kBN = 192) at D = 64, a persistent grid; for the soft cap,
+ *   tanh.approx (one instruction, but its 2^-11 error in the logit would be off the forward's
+ *   lse unless the forward used it too).
  *
  * build + run on the GPU machine (`gpu/run.sh cuda lab` does it):
  *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90a,code=sm_90a dev/cuda/bwd_hopper.cu -o bwd90 && ./bwd90
