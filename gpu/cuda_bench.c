@@ -3,8 +3,8 @@
  * tokens, Hq * D = 2048): forward and backward, medians of CUDA-event timings after a warm-up;
  * a shape whose calls fail prints the error instead (the correctness proof is tests/test_cuda.c).
  *
- * usage: cuda_bench [reps] [config]   (config: "deterministic", the default, "atomic" or "sm90") prints
- * one CSV row per shape:
+ * usage: cuda_bench [reps] [config]   (config: "deterministic", the default, "atomic", "sm90" or
+ * "sm90_deterministic") prints one CSV row per shape:
  *   cuda,<D>,<T>,<causal>,<fwd ms>,<bwd ms>,<fwd TFLOPS>,<bwd TFLOPS>
  * TFLOPS: forward 4 * B * Hq * T * T * D (halved when causal), backward 2.5x that.
  * Built and run by gpu/run.sh (not part of the CMake build: it needs a GPU to mean anything).

@@ -15,10 +15,11 @@
  * attn_plan_set_rounding, since rounding out, which Delta reads, is unavoidable). Outputs start as
  * NaN, so an element left unwritten fails; lse must be -inf exactly where the reference's is.
  * Each case runs under both configurations, "deterministic" and "atomic" (dq added with atomics),
- * and under "sm90" (the Hopper forward, then the Hopper backward, or the atomic one for what it
- * lacks) where the implementation offers it (compute capability 9.0, the problems that forward
- * takes); the backward pass is run twice and must give identical bits (in the atomic and sm90
- * ones: dk, dv and dsinks, which no atomic touches). Golden cases
+ * and under "sm90" and "sm90_deterministic" (the Hopper forward, then the Hopper backward, or the
+ * atomic / deterministic sm80 one for what it lacks) where the implementation offers them
+ * (compute capability 9.0, the problems that forward takes); the backward pass is run twice and
+ * must give identical bits (in the atomic and sm90 ones: dk, dv and dsinks, which no atomic
+ * touches). Golden cases
  * (folder argv[1] or $ATTN_GOLDEN_DIR; skipped when absent) are checked against their stored f64
  * results the same way.
  *
@@ -296,7 +297,7 @@ static int run_gpu(const hcase *c, const char *config, results *r) {
   if (ok) { /* a second backward pass gives the same bits: all of them in the deterministic
               * configuration; dk, dv and dsinks in the atomic and sm90 ones, where dq adds with
               * atomics */
-    int deterministic = strcmp(config, "deterministic") == 0;
+    int deterministic = strcmp(config, "deterministic") == 0 || strcmp(config, "sm90_deterministic") == 0;
     s = attn_plan_backward(plan, &in, &out, &t[R_DOUT], exec.workspace, exec.workspace_size, &g);
     TU_CUDA_CHECK(cudaStreamSynchronize(exec.stream));
     int same = s == ATTN_STATUS_OK;
@@ -306,7 +307,7 @@ static int run_gpu(const hcase *c, const char *config, results *r) {
       same = memcmp(again.data, r->o[o].data, (size_t)n[o] * attn_dtype_size(odt[o])) == 0;
       tu_buf_free(&again);
     }
-    if (deterministic) tu_check(same, "%s: a second backward pass gives the same bits", c->name);
+    if (deterministic) tu_check(same, "%s %s: a second backward pass gives the same bits", c->name, config);
     else
       tu_check(same, "%s %s: a second backward pass gives the same dk, dv bits", c->name, config);
   }
@@ -338,9 +339,9 @@ static void check_case(hcase *c) {
     tu_check(0, "%s: naive reference", c->name);
     return;
   }
-  static const char *configs[] = {"deterministic", "atomic", "sm90"};
-  for (int k = 0; k < 3; ++k) {
-    if (k == 2 && !offers(&c->p, configs[k])) continue;
+  static const char *configs[] = {"deterministic", "atomic", "sm90", "sm90_deterministic"};
+  for (int k = 0; k < 4; ++k) {
+    if (k >= 2 && !offers(&c->p, configs[k])) continue;
     if (run_gpu(c, configs[k], &gpu)) {
       /* The exact backward given this run's out and lse (tol_naive_error's fed): with a
        * golden case's expected values there is no exact run to feed. */
@@ -350,7 +351,7 @@ static void check_case(hcase *c) {
       for (int o = 0; o < O_N; ++o) {
         const double *e = have_exact ? (const double *)exact.o[o].data : c->expect[o];
         if (e == NULL || naive.o[o].n == 0) continue;
-        if (k == 1 && o < O_DQ) continue; /* the forward pass is the same in both */
+        if ((k == 1 || k == 3) && o < O_DQ) continue; /* the forward pass is that of k - 1 */
         char what[32];
         snprintf(what, sizeof what, "%s%s%s", out_name[o], k > 0 ? "@" : "", k > 0 ? configs[k] : "");
         tu_gpu_check_close(c->name, what, o < O_DQ ? TOL_FORWARD : TOL_GRADIENT, &gpu.o[o],
@@ -555,6 +556,28 @@ static void test_grid(int quick) {
     c = make("padded causal bias dropout", tu_gpu_problem(4, 129, 140, 2, 1, 64, BF)), with_padded(&c, lq, lk),
     c.p.causal = 1, c.p.dropout_p = 0.1, with_bias(&c, 4, 2, 129, 140, ATTN_DTYPE_F32), run_case(&c);
   }
+  /* the sm90 backward's varlen with its per-score features (the cap / ALiBi kernel) and sinks:
+   * sequences of partial and whole 64-row and 128-key blocks, one with a single row, Tq > Tk and
+   * Tq < Tk, both causal alignments, a window, GQA, extra rows past the last sequence */
+  {
+    static const int32_t lq[4] = {200, 1, 77, 130}, lk[4] = {130, 64, 200, 77};
+    c = make("packed causal br alibi softcap sinks gqa d128", tu_gpu_problem(4, 200, 200, 4, 2, 128, BF)),
+    with_packed(&c, lq, lk, 7), c.p.causal = 1, c.p.alibi = ATTN_ALIBI_PER_HEAD, c.p.softcap = 8.0, c.p.num_sinks = 2,
+    c.want_dsinks = 1, run_case(&c);
+    c = make("packed causal tl softcap d64", tu_gpu_problem(4, 200, 200, 2, 2, 64, F16)), with_packed(&c, lq, lk, 0),
+    c.p.causal = 1, c.p.align = ATTN_ALIGN_TOP_LEFT, c.p.softcap = 30.0, run_case(&c);
+    c = make("padded window alibi sinks mqa d128", tu_gpu_problem(4, 200, 200, 3, 1, 128, F16)), with_padded(&c, lq, lk),
+    c.p.window_left = 40, c.p.window_right = 70, c.p.alibi = ATTN_ALIBI_PER_BATCH_HEAD, c.p.num_sinks = 1,
+    c.want_dsinks = 1, run_case(&c);
+    c = make("padded causal tl alibi d64", tu_gpu_problem(4, 200, 200, 2, 1, 64, BF)), with_padded(&c, lq, lk),
+    c.p.causal = 1, c.p.align = ATTN_ALIGN_TOP_LEFT, c.p.alibi = ATTN_ALIBI_PER_HEAD, run_case(&c);
+  }
+  /* many key blocks adding into each dq tile: where "sm90_deterministic" must order them (and a
+   * band whose first key block varies per query block: first_key_block); ALiBi on tiles wholly
+   * above, wholly below and across the diagonal (the sm90 backward's kLinear and general forms) */
+  if (!quick)
+    c = make("gqa 1000 window alibi d128", tu_gpu_problem(1, 1000, 1000, 4, 1, 128, BF)), c.p.window_left = 300,
+    c.p.window_right = 200, c.p.alibi = ATTN_ALIBI_PER_HEAD, run_case(&c);
   /* everything at once */
   c = make("everything", tu_gpu_problem(2, 127, 129, 4, 2, 64, BF));
   c.p.causal = 1, c.p.window_left = 50, c.p.softcap = 3.0, c.p.alibi = ATTN_ALIBI_PER_HEAD, c.p.num_sinks = 2;
@@ -719,10 +742,11 @@ static void test_golden(const char *root) {
 
 /* ---- the executor on a GPU problem ---------------------------------------------------------- */
 
-/* Autotuning a GPU problem times the cuda implementation's two configurations on device scratch
- * data of the tuner's own, plans the winner and keeps it in the context's memory cache; under a
- * deterministic policy "atomic" is no candidate, and the lone one left is taken untimed. No cache
- * file is touched. (cudnn is left out: test_cuda runs under racecheck, and cuDNN's own kernels
+/* Autotuning a GPU problem times the cuda implementation's two configurations (four on an H100 /
+ * H200: "sm90" and "sm90_deterministic" too) on device scratch data of the tuner's own, plans the
+ * winner and keeps it in the context's memory cache; under a deterministic policy "atomic" and
+ * "sm90" are no candidates, and the lone one left ("deterministic" without sm90) is taken untimed,
+ * the two left with it timed. No cache file is touched. (cudnn is left out: test_cuda runs under racecheck, and cuDNN's own kernels
  * are none of ours to check.) */
 static void test_autotune(void) {
   for (int deterministic = 0; deterministic <= 1; ++deterministic) {
@@ -739,19 +763,25 @@ static void test_autotune(void) {
     attn_ctx_set_event_callback(tctx, tu_gpu_on_tune_event, &log);
     attn_problem p = tu_gpu_problem(2, 300, 300, 4, 2, 64, ATTN_DTYPE_BF16);
     p.causal = 1;
-    const int sm90 = offers(&p, "sm90"); /* a third configuration, not deterministic */
+    const int sm90 = offers(&p, "sm90"); /* two more configurations, the second deterministic */
     attn_select sel;
     attn_select_init(&sel);
     sel.impl = "cuda";
     attn_plan *plan = NULL;
     attn_status s = attn_plan_create(tctx, &p, &sel, &plan);
     tu_check(s == ATTN_STATUS_OK, "%s: plan: %s %s", name, attn_status_string(s), attn_ctx_last_error(tctx));
-    if (deterministic)
+    if (deterministic && !sm90)
       tu_check(log.starts == 0 && plan != NULL && strcmp(attn_plan_config_name(plan), "deterministic") == 0,
                "%s: the lone deterministic configuration, untimed (%d tunings, %s)", name, log.starts,
                plan != NULL ? attn_plan_config_name(plan) : "no plan");
+    else if (deterministic)
+      tu_check(log.starts == 1 && log.measured == 2 && log.failed == 0 && plan != NULL &&
+                   (strcmp(attn_plan_config_name(plan), "deterministic") == 0 ||
+                    strcmp(attn_plan_config_name(plan), "sm90_deterministic") == 0),
+               "%s: both deterministic configurations timed (%d measured, %d failed), the plan runs %s", name,
+               log.measured, log.failed, plan != NULL ? attn_plan_config_name(plan) : "no plan");
     else
-      tu_check(log.starts == 1 && log.finishes == 1 && log.measured == 2 + sm90 && log.failed == 0 && plan != NULL &&
+      tu_check(log.starts == 1 && log.finishes == 1 && log.measured == 2 + 2 * sm90 && log.failed == 0 && plan != NULL &&
                    strcmp(attn_plan_impl_name(plan), log.impl) == 0 &&
                    strcmp(attn_plan_config_name(plan), log.config) == 0,
                "%s: every configuration timed on the device (%d measured, %d failed), the plan runs the "
@@ -785,6 +815,8 @@ static void test_sm90_offer(void) {
   p.causal = 1;
   tu_check(offers(&p, "sm90") == hopper, "sm90 offered (%d) for d128 causal GQA on compute capability %d.%d",
            offers(&p, "sm90"), prop.major, prop.minor);
+  tu_check(offers(&p, "sm90_deterministic") == hopper, "sm90_deterministic offered (%d) where sm90 is",
+           offers(&p, "sm90_deterministic"));
   char name[64] = "";
   attn_impl_config_default(ctx, "cuda", &p, name, sizeof name);
   tu_check(strcmp(name, hopper ? "sm90" : "deterministic") == 0, "default configuration %s on %d.%d", name,

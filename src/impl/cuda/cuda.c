@@ -17,8 +17,10 @@
  * compute capability 9.0 device (H100, H200), the problems the Hopper forward takes (sm90/:
  * head dims 64, 128, 256 with Dv = D, no dropout; sinks, varlen, soft cap and ALiBi at every one of
  * them, bias, masks and segment ids at D = 256 only) also offer "sm90", the default there: that
- * forward, with the Hopper backward (sm90/sm90_bwd.cuh: the plain problem at D = 64 and 128) or
- * elsewhere the atomic one; both add dq with atomics, so "sm90" is not deterministic.
+ * forward, with the Hopper backward (sm90/sm90_bwd.cuh: D = 64 and 128 with the band, GQA, varlen,
+ * the soft cap, ALiBi and sinks) or elsewhere the atomic one; both add dq with atomics, so "sm90"
+ * is not deterministic. "sm90_deterministic" is the same forward with the Hopper backward's dq
+ * additions in a fixed order (counters per dq slice), or elsewhere the deterministic backward.
  */
 #include "impl/impl.h"
 
@@ -219,15 +221,20 @@ static int splitkv_splits(const attn_problem *p, int32_t config) {
                                  splitkv_half_waves[splitkv_index(p, config)]);
 }
 
-/* The last one, "sm90": the Hopper forward (sm90/), then the Hopper backward where it takes the
- * problem, else the atomic one (both need the dq workspace); offered where sm90_offered says. */
+/* The last two, "sm90" and "sm90_deterministic": the Hopper forward (sm90/), then the Hopper
+ * backward where it takes the problem, else the atomic one (both need the dq workspace) or, in
+ * the second, the deterministic one; offered where sm90_offered says. */
 static int32_t cuda_num_configs(const attn_problem *problem) {
   if (problem->page_size > 0) return N_SPLITKV;
-  return (decode_shaped(problem) ? CUDA_CONFIG_SPLITKV + N_SPLITKV : 2) + sm90_offered(problem);
+  return (decode_shaped(problem) ? CUDA_CONFIG_SPLITKV + N_SPLITKV : 2) + 2 * sm90_offered(problem);
 }
 
 static int is_sm90(const attn_problem *p, int32_t config) {
   return config >= 2 && !is_splitkv(p, config) && sm90_offered(p);
+}
+
+static int is_sm90_deterministic(const attn_problem *p, int32_t config) {
+  return is_sm90(p, config) && config == cuda_num_configs(p) - 1;
 }
 
 static void cuda_config_name(const attn_problem *problem, int32_t config, char *buf, size_t size) {
@@ -236,7 +243,7 @@ static void cuda_config_name(const attn_problem *problem, int32_t config, char *
     return;
   }
   if (is_sm90(problem, config)) {
-    attn_format(buf, size, "sm90");
+    attn_format(buf, size, is_sm90_deterministic(problem, config) ? "sm90_deterministic" : "sm90");
     return;
   }
   attn_format(buf, size, "%s", config == CUDA_CONFIG_ATOMIC ? "atomic" : "deterministic");
@@ -245,13 +252,14 @@ static void cuda_config_name(const attn_problem *problem, int32_t config, char *
 /* Whether a configuration repeats its bits: not "atomic" or "sm90" (dq accumulated with
  * atomics), and not when dbias is summed over broadcast dims of the bias, which every
  * configuration does with atomics (the problem does not say whether dbias is asked for, so this
- * answers for the worst). */
+ * answers for the worst). "sm90_deterministic" orders its dq additions. */
 static int cuda_config_deterministic(const attn_problem *p, int32_t config) {
   int broadcast_bias =
       p->has_bias && (p->bias_shape[0] != p->batch || p->bias_shape[1] != p->heads_q ||
                       p->bias_shape[2] != p->seqlen_q || p->bias_shape[3] != p->seqlen_k);
   if (is_splitkv(p, config)) return 1; /* its splits merge in a fixed order */
-  return config != CUDA_CONFIG_ATOMIC && !is_sm90(p, config) && !broadcast_bias;
+  return config != CUDA_CONFIG_ATOMIC && (!is_sm90(p, config) || is_sm90_deterministic(p, config)) &&
+         !broadcast_bias;
 }
 
 /* Decode-shaped problems (paged or dense): "splitkv", whose GQA-packed rows read K and V once where
@@ -260,13 +268,23 @@ static int cuda_config_deterministic(const attn_problem *p, int32_t config) {
 static int32_t cuda_default_config(const attn_problem *problem) {
   if (problem->page_size > 0) return 0;
   if (decode_shaped(problem)) return CUDA_CONFIG_SPLITKV;
-  return sm90_offered(problem) ? cuda_num_configs(problem) - 1 : 0;
+  return sm90_offered(problem) ? cuda_num_configs(problem) - 2 : 0;
+}
+
+/* The f32 dq accumulator of the atomic and sm90 configurations (none in the others): [Hq, rows_q,
+ * D], or the sm90 backward's tiles where those are larger (the sm90 configurations run the
+ * problems the sm90 backward lacks on the sm80 kernels). */
+static size_t dq_accum_bytes(const attn_problem *p, int32_t config) {
+  if (config != CUDA_CONFIG_ATOMIC && !is_sm90(p, config)) return 0;
+  int64_t floats = p->heads_q * rows_q(p) * p->head_dim;
+  const int64_t tiles = ATTN_CUDA_SM90_DQ_FLOATS(p->heads_q, p->batch, p->seqlen_q, p->head_dim);
+  if (is_sm90(p, config) && tiles > floats) floats = tiles;
+  return align_up((size_t)floats * sizeof(float));
 }
 
 /* Backward: Delta [Hq, rows_q] f32, then the dense f32 dbias accumulator when there is a bias,
- * then (atomic and sm90 configurations) the f32 dq accumulator: [Hq, rows_q, D], or the sm90
- * backward's tiles where that kernel takes the problem (the larger of the two: the sm90
- * configuration runs the problems the sm90 backward lacks on the atomic kernel). */
+ * then dq_accum_bytes, then ("sm90_deterministic") the counters that order the additions into
+ * the tiles. */
 static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const void *state,
                                   int backward) {
   (void)state;
@@ -278,12 +296,9 @@ static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const v
   if (!backward) return 0;
   size_t bytes = align_up((size_t)(p->heads_q * rows_q(p)) * sizeof(float));
   if (p->has_bias) bytes += align_up((size_t)attn_role_numel(p, ATTN_ROLE_BIAS) * sizeof(float));
-  if (config == CUDA_CONFIG_ATOMIC || is_sm90(p, config)) {
-    int64_t floats = p->heads_q * rows_q(p) * p->head_dim;
-    const int64_t tiles = ATTN_CUDA_SM90_DQ_FLOATS(p->heads_q, p->batch, p->seqlen_q, p->head_dim);
-    if (is_sm90(p, config) && tiles > floats) floats = tiles;
-    bytes += align_up((size_t)floats * sizeof(float));
-  }
+  bytes += dq_accum_bytes(p, config);
+  if (is_sm90_deterministic(p, config))
+    bytes += align_up((size_t)ATTN_CUDA_SM90_DQ_SLICES(p->heads_q, p->batch, p->seqlen_q) * sizeof(int32_t));
   return bytes;
 }
 
@@ -423,7 +438,11 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
       k->dbias_accum = (float *)w;
     }
     if (p->has_bias) w += align_up((size_t)attn_role_numel(p, ATTN_ROLE_BIAS) * sizeof(float));
-    if (run->config == CUDA_CONFIG_ATOMIC || k->use_sm90) k->dq_accum = (float *)w;
+    if (run->config == CUDA_CONFIG_ATOMIC || k->use_sm90) {
+      k->dq_accum = (float *)w;
+      if (is_sm90_deterministic(p, run->config)) /* the counters follow the accumulator */
+        k->dq_semaphore = (int32_t *)(w + dq_accum_bytes(p, run->config));
+    }
     if (p->num_sinks > 0 && g->dsinks.data != NULL) {
       k->dsinks = (float *)g->dsinks.data;
       if (p->sinks_shared)

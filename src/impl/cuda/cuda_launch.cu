@@ -263,8 +263,12 @@ extern "C" attn_status attn_cuda_backward(const attn_cuda_params *p, int is_bf16
   if (p->use_sm90 && p->seqlen_q > 0 && p->seqlen_k > 0 && attn_cuda_sm90_bwd_unsupported(p) == nullptr) {
     st = attn_cuda_sm90_backward(p, is_bf16, stream, why, why_size);
     if (st != ATTN_STATUS_OK) return st;
-  } else if (p->seqlen_q > 0 || p->seqlen_k > 0) { /* use_sm90 with dq_accum: the atomic backward */
-    st = is_bf16 ? dispatch<__nv_bfloat16>(*p, 1, s, why, why_size) : dispatch<__half>(*p, 1, s, why, why_size);
+  } else if (p->seqlen_q > 0 || p->seqlen_k > 0) {
+    /* use_sm90 with dq_accum: the atomic backward; with the counters too ("sm90_deterministic"):
+     * the deterministic one, which takes no dq_accum */
+    attn_cuda_params q = *p;
+    if (q.dq_semaphore != nullptr) q.dq_accum = nullptr, q.dq_semaphore = nullptr;
+    st = is_bf16 ? dispatch<__nv_bfloat16>(q, 1, s, why, why_size) : dispatch<__half>(q, 1, s, why, why_size);
     if (st != ATTN_STATUS_OK) return st;
   }
   if (p->dbias != nullptr && n_bias > 0) {

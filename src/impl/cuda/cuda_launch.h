@@ -35,9 +35,10 @@ int attn_cuda_sm90_built(void);
 const char *attn_cuda_sm90_unsupported(const attn_cuda_params *p);
 attn_status attn_cuda_sm90_forward(const attn_cuda_params *p, int is_bf16, void *stream, char *why,
                                    size_t why_size);
-/* The Hopper backward (sm90/sm90_bwd.cuh): why it cannot run p, or NULL when it can (the plain
- * problem at D = 64 and 128, dense, with the f32 dq workspace); attn_cuda_backward with
- * p->use_sm90 set runs it there and the atomic sm80 backward elsewhere. */
+/* The Hopper backward (sm90/sm90_bwd.cuh): why it cannot run p, or NULL when it can (D = 64 and
+ * 128 with Dv = D, varlen, the soft cap, ALiBi and sinks; no dropout, bias, masks or segment ids;
+ * the f32 dq workspace); attn_cuda_backward with p->use_sm90 set runs it there and elsewhere the
+ * atomic sm80 backward, or the deterministic one when p->dq_semaphore is set. */
 const char *attn_cuda_sm90_bwd_unsupported(const attn_cuda_params *p);
 attn_status attn_cuda_sm90_backward(const attn_cuda_params *p, int is_bf16, void *stream, char *why,
                                     size_t why_size);

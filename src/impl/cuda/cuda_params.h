@@ -88,6 +88,8 @@ typedef struct attn_cuda_params {
   float *dq_accum;      /* the "atomic" and "sm90" configurations' f32 workspace: [Hq, rows_q, d]
                          * for the atomic kernels, ATTN_CUDA_SM90_DQ_FLOATS for the sm90
                          * backward's tiles (sm90_bwd.cuh); NULL in the deterministic one */
+  int32_t *dq_semaphore; /* "sm90_deterministic": ATTN_CUDA_SM90_DQ_SLICES counters that order
+                          * the additions into each slice of dq_accum's tiles; NULL otherwise */
   int64_t rows_q;
 } attn_cuda_params;
 
@@ -98,5 +100,10 @@ typedef struct attn_cuda_params {
 #define ATTN_CUDA_SM90_DQ_FLOATS(heads_q, batch, seqlen_q, d)                                             \
   ((int64_t)(heads_q) * (batch) *                                                                        \
    (((int64_t)(seqlen_q) + ATTN_CUDA_SM90_BWD_ROWS - 1) / ATTN_CUDA_SM90_BWD_ROWS * ATTN_CUDA_SM90_BWD_ROWS) * (d))
+
+/* The deterministic sm90 backward's counters: one per warp slice of a dQ tile (8 slices of 16 rows
+ * x d / 2 columns), counting the key blocks that have added into it. */
+#define ATTN_CUDA_SM90_DQ_SLICES(heads_q, batch, seqlen_q)                                               \
+  ((int64_t)(heads_q) * (batch) * (((int64_t)(seqlen_q) + ATTN_CUDA_SM90_BWD_ROWS - 1) / ATTN_CUDA_SM90_BWD_ROWS) * 8)
 
 #endif /* ATTN_IMPL_CUDA_CUDA_PARAMS_H */

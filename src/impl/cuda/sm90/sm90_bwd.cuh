@@ -1,9 +1,15 @@
 /*
  * src/impl/cuda/sm90/sm90_bwd.cuh - the Hopper backward (sm_90a only), FlashAttention-3's
- * schedule for the plain problem: bf16 / f16, D = 64 or 128, the causal / window band, GQA, any
- * lengths (dense tensors; no varlen, per-element functions, dropout or sinks yet: the sm90
- * configuration runs those on the atomic sm_80 backward, cuda_bwd.cuh). Each version's idea and
- * speed: dev/cuda/bwd_hopper.cu (v4: 1.18-1.54x the atomic sm_80 backward on an H100).
+ * schedule: bf16 / f16, D = 64 or 128 with Dv = D, the causal / window band in both alignments,
+ * GQA / MQA, any lengths, packed and padded varlen (the forward's map geometry: a packed
+ * sequence is addressed by its first rows, its partial blocks' rows past the end zeroed in shared
+ * memory, clear_tail_rows), the soft cap and ALiBi (instantiations of their own, Bwd90Mode: the
+ * forward's logit in registers, dS times the cap's derivative), sinks (nothing here: P comes from
+ * lse, which has them, and dsinks is cuda_launch.cu's kernel), and a deterministic order of dQ's
+ * additions (kDeterministic, the "sm90_deterministic" configuration: first_key_block). Dropout,
+ * bias, masks and segment ids run on the sm_80 backward (sm90_bwd_unsupported says why). Each
+ * version's idea and speed: dev/cuda/bwd_hopper.cu (v4: 1.18-1.54x the atomic sm_80 backward on
+ * an H100; v5 the features).
  *
  * One CTA per (block of kBN = 128 keys, KV head, batch) keeps dK and dV of its keys in f32
  * registers while it walks every query head of the KV head's group and every 64-row query block
@@ -77,23 +83,59 @@ __device__ __forceinline__ int64_t dq_tile_index(const attn_cuda_params &p, int 
   return tile * (kBM * kD) + slice * (16 * kD / 2) + ((cc / 8) * 32 + lane) * 4 + reg;
 }
 
-/* dq = scale * the tiled f32 workspace (kDqTiled), for every row of dq. */
+/* dq = scale * the tiled f32 workspace (kDqTiled), for every row of every sequence (varlen: the
+ * rows outside them were zeroed before, by zero_outside_kernel). */
 template <typename T, int kD> __global__ void dq_tiles_convert_kernel(const __grid_constant__ attn_cuda_params p) {
-  const int64_t n = p.rows_q * p.heads_q * (kD / 2);
+  const int64_t n = (int64_t)p.batch * p.seqlen_q * p.heads_q * (kD / 2);
   for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (int64_t)blockDim.x) {
     const int c = (int)(e % (kD / 2)) * 2;
     const int64_t rest = e / (kD / 2);
     const int h = (int)(rest % p.heads_q);
     const int64_t row = rest / p.heads_q;
     const int b = (int)(row / p.seqlen_q), i = (int)(row % p.seqlen_q);
+    const Seq sq = seq_of(p, b);
+    if (i >= sq.len_q) continue;
     const int m0 = i / ATTN_CUDA_SM90_BWD_ROWS * ATTN_CUDA_SM90_BWD_ROWS;
     const float2 v = *reinterpret_cast<const float2 *>(p.dq_accum + dq_tile_index<kD>(p, h, b, m0, i - m0, c));
-    *reinterpret_cast<uint32_t *>(static_cast<T *>(p.dq_out) + b * p.dq_b + (int64_t)i * p.dq_r + h * p.dq_h + c) =
+    *reinterpret_cast<uint32_t *>(static_cast<T *>(p.dq_out) + b * p.dq_b + (sq.q0 + i) * p.dq_r + h * p.dq_h + c) =
         Elem<T>::pack(v.x * p.scale, v.y * p.scale);
   }
 }
 
-template <typename C>
+/* The deterministic configuration's order of the additions into dQ tile mb (kBM rows): the key
+ * blocks whose query_block_range holds mb are n_first .. in turn, n_first being the first whose
+ * last key reaches row mb * kBM's left window edge (query_block_range's upper bound solved for
+ * n; the lower bound grows with n, so the blocks that add are one run from n_first). A key block
+ * n_first + r adds into each of the tile's slices once its counter reads r. */
+__device__ __forceinline__ int first_key_block(const attn_cuda_params &p, const Head &r, int mb, int kBM, int kBN) {
+  if (p.window_left < 0) return 0;
+  return max(0, floor_div(mb * kBM + r.o - p.window_left, kBN));
+}
+
+/* Spins until the counter at c reads v (acquire: the additions it counts are visible after). */
+__device__ __forceinline__ void wait_counter(const int32_t *c, int v) {
+  int x;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(x) : "l"(c) : "memory");
+  } while (x != v);
+}
+/* Adds one to the counter at c after this thread's earlier writes (release). */
+__device__ __forceinline__ void bump_counter(int32_t *c) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(c) : "memory");
+}
+
+/* What a kernel instantiation computes per score (bwd90_mode picks one for a problem): the plain
+ * one folds the scale into the exponent's FMA; the other two compute the forward's kModeCapAlibi
+ * logit in registers, ALiBi's kernel also the cheaper form of tiles where i + o - j keeps its sign
+ * (elementwise's kLinear: kept out of the cap's kernel, whose registers it spilled). */
+enum Bwd90Mode : int {
+  kBwdPlain = 0,
+  kBwdAlibi = 1,  /* ALiBi without the soft cap */
+  kBwdCap = 2,    /* the soft cap, with or without ALiBi */
+};
+
+/* kDeterministic: dQ's additions in a fixed order (first_key_block). */
+template <typename C, int kMode, bool kDeterministic>
 __global__ void __launch_bounds__(C::kThreads, 1)
     bwd90_kernel(const __grid_constant__ attn_cuda_params p, const __grid_constant__ CUtensorMap tq,
                  const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
@@ -119,10 +161,18 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const Seq sq = seq_of(p, b);
   if (n0 >= sq.len_k) return;
   const int n_last = min(n0 + kBN, sq.len_k) - 1;
+  const MapOrigin org = map_origin(p, sq, b);
   const Head hd0 = head_of(p, sq, b, g * p.group);
   int m_lo, m_hi;
   query_block_range(p, hd0, n0, n_last, kBM, m_lo, m_hi);
   const int nm = max(m_hi - m_lo, 0), items = nm * p.group;
+  /* item it's query block: ascending, or descending in the deterministic order, where a key block
+   * waits for the previous one at each dQ tile (first_key_block). Descending, the previous key
+   * block is at most one item ahead (under a causal band both start at the last query block and
+   * this one has two blocks fewer; under a window it starts below this one's first); ascending,
+   * this one waited while the previous one did its blocks below this one's first (0.38x the
+   * plain speed, causal, T = 8192, H100). */
+  auto block_of = [&](int it) { return kDeterministic ? m_hi - 1 - it % nm : m_lo + it % nm; };
 
   if (tid == 0) {
     mbar_init(bar_kv, 1);
@@ -140,31 +190,34 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     if (tid == 0) {
       mbar_expect_tx(bar_kv, 2 * C::kKVBytes);
       for (int c = 0; c < C::kPanels; ++c) {
-        tma_load(sK + c * kBN * 128, &tk, bar_kv, c * 64, g, n0, b);
-        tma_load(sV + c * kBN * 128, &tv, bar_kv, c * 64, g, n0, b);
+        tma_load(sK + c * kBN * 128, &tk, bar_kv, c * 64, g, org.k_row0 + n0, org.batch);
+        tma_load(sV + c * kBN * 128, &tv, bar_kv, c * 64, g, org.k_row0 + n0, org.batch);
       }
       for (int it = 0; it < items; ++it) {
-        const int s = it % kStages, h = g * p.group + it / nm, m0 = (m_lo + it % nm) * kBM;
+        const int s = it % kStages, h = g * p.group + it / nm, m0 = block_of(it) * kBM;
         mbar_wait(empty(s), ((it / kStages) & 1) ^ 1);
         mbar_expect_tx(full(s), 2 * C::kQBytes);
         for (int c = 0; c < C::kPanels; ++c) {
-          tma_load(sQ + s * C::kQBytes + c * kBM * 128, &tq, full(s), c * 64, h, m0, b);
-          tma_load(sO + s * C::kQBytes + c * kBM * 128, &tdo, full(s), c * 64, h, m0, b);
+          tma_load(sQ + s * C::kQBytes + c * kBM * 128, &tq, full(s), c * 64, h, org.q_row0 + m0, org.batch);
+          tma_load(sO + s * C::kQBytes + c * kBM * 128, &tdo, full(s), c * 64, h, org.q_row0 + m0, org.batch);
         }
       }
     } else if (tid >= 32 && tid < 64) {
       /* the second warp: lse (log2 units; +inf past the sequence or for a row that sees nothing,
-       * so that P = 0) and Delta of each item's rows */
+       * so that P = 0) and Delta of each item's rows, from the sequence's first row (pointers made
+       * once: this warp has 24 registers) */
+      const float *lse_seq = p.lse + b * p.lse_b + sq.q0 * p.lse_r, *delta_seq = p.delta + delta_row(p, sq, b, 0);
       for (int it = 0; it < items; ++it) {
-        const int s = it % kStages, h = g * p.group + it / nm, m0 = (m_lo + it % nm) * kBM;
+        const int s = it % kStages, h = g * p.group + it / nm, m0 = block_of(it) * kBM;
         mbar_wait(empty(s), ((it / kStages) & 1) ^ 1);
+        const float *lse = lse_seq + h * p.lse_h + m0 * p.lse_r, *delta = delta_seq + h * p.rows_q + m0;
+        const int rows = sq.len_q - m0;
         for (int r = lane; r < kBM; r += 32) {
-          const int i = m0 + r;
           float2 st = make_float2(INFINITY, 0.f);
-          if (i < sq.len_q) {
-            const float l = p.lse[b * p.lse_b + h * p.lse_h + i * p.lse_r];
+          if (r < rows) {
+            const float l = lse[r * p.lse_r];
             st.x = l == -INFINITY ? INFINITY : l * kLog2e;
-            st.y = p.delta[h * p.rows_q + (int64_t)b * p.seqlen_q + i];
+            st.y = delta[r];
           }
           stats(s)[r] = st;
         }
@@ -213,14 +266,45 @@ __global__ void __launch_bounds__(C::kThreads, 1)
                             kk > 0);
   };
 
+  /* varlen: rows past the sequence's end are zeroed before a product reads them (clear_tail_rows):
+   * K's once (dQ = dS K), each partial item's Q and dO (dK = dS^T Q, dV = P^T dO); V's need not
+   * be, dP^T of those keys being dropped with their dS. Then a barrier of both warpgroups. */
+  const bool varlen = p.varlen != ATTN_CUDA_VARLEN_NONE;
+  auto both_cleared = [&]() { asm volatile("bar.sync 1, %0;\n" ::"n"(128 * C::kCWG) : "memory"); };
   mbar_wait(bar_kv, 0);
+  if (varlen && n0 + kBN > sq.len_k) {
+    clear_tail_rows<C::kPanels, kBN, 128 * C::kCWG>(sK, sq.len_k - n0, tid - 128);
+    both_cleared();
+  }
+  /* the soft cap and ALiBi: ALiBi's -slope |i + o - j| in dot-product units, as the forward's
+   * kModeCapAlibi adds it (divided by the scale, which sm90_bwd_unsupported makes positive), then
+   * the cap, whose derivative multiplies dS */
+  const bool has_alibi = kMode != kBwdPlain && p.alibi != nullptr;
+  const bool has_cap = kMode == kBwdCap && p.softcap > 0.f;
+  const SoftCap cap(p); /* read only with has_cap */
   for (int it = 0; it < items; ++it) {
-    const int s = it % kStages, h = g * p.group + it / nm, m0 = (m_lo + it % nm) * kBM;
+    const int s = it % kStages, h = g * p.group + it / nm, m0 = block_of(it) * kBM;
     const Head hd = head_of(p, sq, b, h);
     const int m_last = min(m0 + kBM, sq.len_q) - 1;
     const bool interior = band_full(p, hd, m0, m_last, n0, kBN) && m0 + kBM <= sq.len_q;
     mbar_wait(full(s), (it / kStages) & 1);
     const uint32_t q = sQ + s * C::kQBytes, o = sO + s * C::kQBytes;
+    if (varlen && m0 + kBM > sq.len_q) {
+      clear_tail_rows<C::kPanels, kBM, 128 * C::kCWG>(q, sq.len_q - m0, tid - 128);
+      clear_tail_rows<C::kPanels, kBM, 128 * C::kCWG>(o, sq.len_q - m0, tid - 128);
+      both_cleared();
+    }
+    const float alibi_step = has_alibi ? -p.alibi[b * p.alibi_b + h * p.alibi_h] / p.scale : 0.f;
+    /* i + o - j of this thread's first element (query m0 + 2 (lane & 3), key n0 + kr); the others
+     * differ by constants, so |i + o - j| is exact in f32 below 2^24 */
+    const float dist0 = (float)(m0 + hd.o - n0 - kr + 2 * (lane & 3));
+    /* the sign of i + o - j on every score of the tile the band lets through (elementwise's
+     * kLinear), 0 where it has both, or with the cap */
+    int side = 0;
+    if (has_alibi && !has_cap) {
+      if (p.window_right == 0 || m0 + hd.o - (n0 + kBN - 1) >= 0) side = 1;
+      else if (p.window_left == 0 || m0 + kBM - 1 + hd.o - n0 <= 0) side = -1;
+    }
     wgmma_fence();
     issue_transposed(st, sK, q);
     issue_transposed(dpt, sV, o);
@@ -229,19 +313,53 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     pin(st);
     pin(dpt);
 
-    /* P^T and dS^T, packed as A fragments (two adjacent 8-query groups make one 16-wide slice) */
+    /* P^T and dS^T, packed as A fragments (two adjacent 8-query groups make one 16-wide slice).
+     * kLinear (ALiBi without the cap where i + o - j keeps one sign on every visible score of the
+     * tile: a causal band, or a tile wholly on one side of the diagonal): |i + o - j| is then
+     * side * (i + o - j), so ALiBi's term splits into one per key row and one per query column,
+     * the latter folded into -lse2 once per column: one FADD per score instead of an abs, an add
+     * and an FFMA (0.76-0.80x of the plain speed before, H100). */
+    auto elementwise = [&](auto linear) {
+      constexpr bool kLinear = decltype(linear)::value;
+      /* kLinear: ALiBi's log2-unit term of this thread's key rows (hf) and its step per query */
+      const float a = alibi_step * scale_log2 * (float)side;
+      const float row_term[2] = {a * dist0, a * (dist0 - 8.f)};
 #pragma unroll
-    for (int jj = 0; jj < kBM / 8; ++jj) {
-      /* {lse2, Delta} of this thread's query columns 8 jj + 2 (lane & 3) + {0, 1} */
-      const float4 qs = *reinterpret_cast<const float4 *>(stats(s) + jj * 8 + (lane & 3) * 2);
+      for (int jj = 0; jj < kBM / 8; ++jj) {
+        /* {lse2, Delta} of this thread's query columns 8 jj + 2 (lane & 3) + {0, 1} */
+        const float4 qs = *reinterpret_cast<const float4 *>(stats(s) + jj * 8 + (lane & 3) * 2);
+        float col_term[2] = {-qs.x, -qs.z};
+        if constexpr (kLinear) col_term[0] = fmaf(a, (float)(8 * jj), -qs.x), col_term[1] = fmaf(a, (float)(8 * jj + 1), -qs.z);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = e & 1, hf = e >> 1;
-        float P = ex2(at_most_zero(fmaf(st[4 * jj + e], scale_log2, -(c ? qs.z : qs.x))));
-        if (!interior && !visible_band(p, hd, m0 + jj * 8 + (lane & 3) * 2 + c, n0 + kr + hf * 8)) P = 0.f;
-        st[4 * jj + e] = P;
-        dpt[4 * jj + e] = P * (dpt[4 * jj + e] - (c ? qs.w : qs.y));
+        for (int e = 0; e < 4; ++e) {
+          const int c = e & 1, hf = e >> 1;
+          const float delta = c ? qs.w : qs.y;
+          float P, ds;
+          if constexpr (kLinear) {
+            P = ex2(at_most_zero(fmaf(st[4 * jj + e], scale_log2, row_term[hf] + col_term[c])));
+            ds = P * (dpt[4 * jj + e] - delta);
+          } else if constexpr (kMode != kBwdPlain) {
+            float x = st[4 * jj + e], slope = 1.f;
+            if (has_alibi) x = fmaf(alibi_step, fabsf(dist0 + (float)(8 * jj + c - 8 * hf)), x);
+            P = ex2(at_most_zero((has_cap ? cap.logit2(x, &slope) : x * scale_log2) + col_term[c]));
+            ds = P * (dpt[4 * jj + e] - delta) * slope;
+          } else {
+            P = ex2(at_most_zero(fmaf(st[4 * jj + e], scale_log2, col_term[c])));
+            ds = P * (dpt[4 * jj + e] - delta);
+          }
+          /* outside the band or the lengths both are 0, also where S^T or dP^T is not finite (a
+           * varlen tile's rows of another sequence) */
+          if (!interior && !visible_band(p, hd, m0 + jj * 8 + (lane & 3) * 2 + c, n0 + kr + hf * 8)) P = ds = 0.f;
+          st[4 * jj + e] = P;
+          dpt[4 * jj + e] = ds;
+        }
       }
+    };
+    if constexpr (kMode == kBwdAlibi) {
+      if (side != 0) elementwise(std::true_type{});
+      else elementwise(std::false_type{});
+    } else {
+      elementwise(std::false_type{});
     }
 #pragma unroll
     for (int kk = 0; kk < kBM / 16; ++kk)
@@ -265,7 +383,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         }
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* visible to wgmma */
     };
-    auto both_halves_stored = [&]() { asm volatile("bar.sync 1, %0;\n" ::"n"(128 * C::kCWG) : "memory"); };
+    auto both_halves_stored = both_cleared; /* the same barrier of both warpgroups */
 
     pin(dka);
     pin(dva);
@@ -315,17 +433,32 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       __syncwarp();
       if (lane == 0) {
         const float *slice = p.dq_accum + dq_tile_index<kD>(p, h, b, m0, wq * 16, dq_col0);
+        /* kDeterministic: this slice's counter (the same order as dq_tile_index's slices) */
+        int32_t *counter = nullptr;
+        if constexpr (kDeterministic) {
+          counter = p.dq_semaphore + (dq_tile_index<kD>(p, h, b, m0, 0, 0) / (kBM * kD)) * 8 + cw * 4 + wq;
+          wait_counter(counter, n0 / kBN - first_key_block(p, hd, m0 / kBM, kBM, kBN));
+          asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the copy engine reads after it */
+        }
         asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
                      "cp.async.bulk.commit_group;\n" ::"l"(slice),
                      "r"(dqs), "n"(C::kDqWarpFloats * 4)
                      : "memory");
+        if constexpr (kDeterministic) {
+          /* the addition is complete (not only read) before the next key block may add */
+          asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+          asm volatile("fence.proxy.async.global;\n" ::: "memory");
+          bump_counter(counter);
+        }
       }
+      /* lane 0 may have spun on the counter: the warp meets again before wgmma's aligned wait */
+      if constexpr (kDeterministic) __syncwarp();
     } else {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = m0 + wq * 16 + (lane >> 2) + hf * 8;
         if (i >= sq.len_q) continue;
-        float *row = p.dq_accum + (h * p.rows_q + (int64_t)b * p.seqlen_q + i) * kD + dq_col0 + (lane & 3) * 2;
+        float *row = p.dq_accum + (h * p.rows_q + delta_row(p, sq, b, i)) * kD + dq_col0 + (lane & 3) * 2;
 #pragma unroll
         for (int jj = 0; jj < kD / 16; ++jj)
           atomicAdd(reinterpret_cast<float2 *>(row + jj * 8), make_float2(dq[4 * jj + 2 * hf], dq[4 * jj + 2 * hf + 1]));
@@ -345,18 +478,23 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 
   /* this warp's 16 keys of dK (times the softmax scale) and dV */
   const int k_row = n0 + cw * 64 + wq * 16;
-  T *gdk = static_cast<T *>(p.dk_out) + b * p.dk_b + k_row * p.dk_r + g * p.dk_h;
-  T *gdv = static_cast<T *>(p.dv_out) + b * p.dv_b + k_row * p.dv_r + g * p.dv_h;
+  const int64_t k0 = seq_of(p, b).k0; /* read again: held across the loop it cost registers */
+  T *gdk = static_cast<T *>(p.dk_out) + b * p.dk_b + (k0 + k_row) * p.dk_r + g * p.dk_h;
+  T *gdv = static_cast<T *>(p.dv_out) + b * p.dv_b + (k0 + k_row) * p.dv_r + g * p.dv_h;
   const float scale[1][2] = {{p.scale, p.scale}}, one[1][2] = {{1.f, 1.f}};
   store_rows<T, 1, kD / 8, false>(gdk, p.dk_r, dk, scale, lane, sq.len_k - k_row, kD);
   store_rows<T, 1, kD / 8, false>(gdv, p.dv_r, dv, one, lane, sq.len_k - k_row, kD);
 }
 
-/* Why the sm90 backward cannot run p (a sentence), or NULL when it can. */
+/* Why the sm90 backward cannot run p (a sentence), or NULL when it can. Dropout, bias (and dbias),
+ * masks and segment ids stay on the atomic sm_80 backward: the forward's generic kernel, their
+ * one sm90 path, loses to the sm_80 kernel at head dims 64 and 128 (kGenericDeclined), and
+ * dropout's Philox words per score would bound this kernel likewise. */
 static inline const char *sm90_bwd_unsupported(const attn_cuda_params &p) {
   if (p.d != p.dv || (p.d != 64 && p.d != 128)) return "the sm90 backward has head dims 64 and 128 with Dv = D only";
-  if (p.varlen != ATTN_CUDA_VARLEN_NONE) return "the sm90 backward has no varlen";
-  if (needs_features(p, p.d) || p.softcap > 0.f) return "the sm90 backward has no per-element functions, dropout or sinks";
+  if (p.dropout_p > 0.f || p.dbias != nullptr || generic_kernel(p))
+    return "the sm90 backward has no dropout, bias, masks or segment ids, caps above 1024, or ALiBi under a scale "
+           "that is not positive";
   if (p.dq_accum == nullptr) return "the sm90 backward needs the f32 dq workspace";
   const void *ptrs[4] = {p.q, p.k, p.v, p.dout};
   for (const void *ptr : ptrs)
@@ -366,8 +504,9 @@ static inline const char *sm90_bwd_unsupported(const attn_cuda_params &p) {
     if (s % 8 != 0 || s < 0) return "the sm90 backward needs q, k, v, dout strides that are multiples of 8 elements";
   /* What the tensor maps refuse, refused here so that such a problem takes the atomic backward: a
    * broadcast (stride 0) dimension of more than one index, and strides of 2^40 bytes or more. */
-  const int64_t extents[12] = {p.batch, p.seqlen_q, p.heads_q, p.batch, p.seqlen_k, p.heads_kv,
-                               p.batch, p.seqlen_k, p.heads_kv, p.batch, p.seqlen_q, p.heads_q};
+  const MapGeometry mg = map_geometry(p);
+  const int64_t extents[12] = {mg.batch, mg.rows_q, p.heads_q, mg.batch, mg.rows_k, p.heads_kv,
+                               mg.batch, mg.rows_k, p.heads_kv, mg.batch, mg.rows_q, p.heads_q};
   for (int i = 0; i < 12; ++i)
     if ((strides[i] == 0 && extents[i] > 1) || strides[i] >= ((int64_t)1 << 39))
       return "the sm90 backward needs q, k, v, dout without broadcast dimensions (stride 0) and with strides "
@@ -375,39 +514,42 @@ static inline const char *sm90_bwd_unsupported(const attn_cuda_params &p) {
   return nullptr;
 }
 
-/* The backward of p (p.delta computed, p.dq_accum the f32 workspace): zeroes the workspace, runs
- * bwd90_kernel<C>, then dq_convert_kernel. */
-template <typename C> attn_status launch_bwd90(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
-  const char *no = sm90_bwd_unsupported(p);
-  if (no == nullptr && p.d != C::kD) no = "the sm90 backward was asked for another head dim";
-  if (no != nullptr) {
-    snprintf(why, why_size, "%s", no);
-    return ATTN_STATUS_UNSUPPORTED;
-  }
+/* The backward of p (p.delta computed, p.dq_accum the f32 workspace, p.dq_semaphore the counters
+ * when kDeterministic): zeroes the workspace, runs bwd90_kernel<C, kMode, kDeterministic>, then
+ * the dq conversion. */
+template <typename C, int kMode, bool kDeterministic>
+attn_status launch_bwd90_mode(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
+  static_assert(!kDeterministic || C::kDqTiled, "the ordered additions are the tiles' bulk reduce-adds");
   using T = typename C::T;
   constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
+  const MapGeometry mg = map_geometry(p);
   CUtensorMap tq, tk, tv, tdo;
   attn_status st;
-  if ((st = make_token_map(&tq, p.q, kBf16, p.d, p.heads_q, p.seqlen_q, p.batch, p.q_h, p.q_r, p.q_b, C::kBM, why,
+  if ((st = make_token_map(&tq, p.q, kBf16, p.d, p.heads_q, mg.rows_q, mg.batch, p.q_h, p.q_r, p.q_b, C::kBM, why,
                            why_size)) != ATTN_STATUS_OK ||
-      (st = make_token_map(&tdo, p.dout, kBf16, p.d, p.heads_q, p.seqlen_q, p.batch, p.do_h, p.do_r, p.do_b, C::kBM,
+      (st = make_token_map(&tdo, p.dout, kBf16, p.d, p.heads_q, mg.rows_q, mg.batch, p.do_h, p.do_r, p.do_b, C::kBM,
                            why, why_size)) != ATTN_STATUS_OK ||
-      (st = make_token_map(&tk, p.k, kBf16, p.d, p.heads_kv, p.seqlen_k, p.batch, p.k_h, p.k_r, p.k_b, C::kBN, why,
+      (st = make_token_map(&tk, p.k, kBf16, p.d, p.heads_kv, mg.rows_k, mg.batch, p.k_h, p.k_r, p.k_b, C::kBN, why,
                            why_size)) != ATTN_STATUS_OK ||
-      (st = make_token_map(&tv, p.v, kBf16, p.d, p.heads_kv, p.seqlen_k, p.batch, p.v_h, p.v_r, p.v_b, C::kBN, why,
+      (st = make_token_map(&tv, p.v, kBf16, p.d, p.heads_kv, mg.rows_k, mg.batch, p.v_h, p.v_r, p.v_b, C::kBN, why,
                            why_size)) != ATTN_STATUS_OK)
     return st;
   const int64_t dq_floats =
       C::kDqTiled ? ATTN_CUDA_SM90_DQ_FLOATS(p.heads_q, p.batch, p.seqlen_q, C::kD) : p.rows_q * p.heads_q * p.d;
-  if (p.rows_q > 0) ATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, (size_t)dq_floats * sizeof(float), stream));
-  auto kernel = bwd90_kernel<C>;
+  if (dq_floats > 0) ATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, (size_t)dq_floats * sizeof(float), stream));
+  const int64_t counters = ATTN_CUDA_SM90_DQ_SLICES(p.heads_q, p.batch, p.seqlen_q);
+  if (kDeterministic && counters > 0)
+    ATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_semaphore, 0, (size_t)counters * sizeof(int32_t), stream));
+  auto kernel = bwd90_kernel<C, kMode, kDeterministic>;
   ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmem));
+  /* key blocks along x: the deterministic order has key block n wait for n - 1 of the same head
+   * and sequence, which the hardware's in-order dispatch of x-major block indices has started */
   dim3 grid((p.seqlen_k + C::kBN - 1) / C::kBN, p.heads_kv, p.batch);
   if (grid.x > 0) {
     kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p, tq, tk, tv, tdo);
     ATTN_CUDA_CHECK(cudaGetLastError());
   }
-  const int64_t n = p.rows_q * p.heads_q * (p.d / 2);
+  const int64_t n = (int64_t)p.batch * p.seqlen_q * p.heads_q * (p.d / 2);
   if (n > 0) {
     const int64_t blocks = (n + 255) / 256;
     if constexpr (C::kDqTiled)
@@ -417,6 +559,34 @@ template <typename C> attn_status launch_bwd90(const attn_cuda_params &p, cudaSt
     ATTN_CUDA_CHECK(cudaGetLastError());
   }
   return ATTN_STATUS_OK;
+}
+
+/* The kernel that computes p's scores (Bwd90Mode). */
+static inline Bwd90Mode bwd90_mode(const attn_cuda_params &p) {
+  return p.softcap > 0.f ? kBwdCap : p.alibi != nullptr ? kBwdAlibi : kBwdPlain;
+}
+
+/* Runs p on configuration C: the kernel of its mode, deterministic where p.dq_semaphore is set. */
+template <typename C> attn_status launch_bwd90(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
+  const char *no = sm90_bwd_unsupported(p);
+  if (no == nullptr && p.d != C::kD) no = "the sm90 backward was asked for another head dim";
+  if (no == nullptr && p.dq_semaphore != nullptr && !C::kDqTiled) no = "the deterministic sm90 backward needs kDqTiled";
+  if (no != nullptr) {
+    snprintf(why, why_size, "%s", no);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  const bool det = p.dq_semaphore != nullptr;
+  switch (bwd90_mode(p)) {
+  case kBwdPlain:
+    return det ? launch_bwd90_mode<C, kBwdPlain, C::kDqTiled>(p, stream, why, why_size)
+               : launch_bwd90_mode<C, kBwdPlain, false>(p, stream, why, why_size);
+  case kBwdAlibi:
+    return det ? launch_bwd90_mode<C, kBwdAlibi, C::kDqTiled>(p, stream, why, why_size)
+               : launch_bwd90_mode<C, kBwdAlibi, false>(p, stream, why, why_size);
+  default:
+    return det ? launch_bwd90_mode<C, kBwdCap, C::kDqTiled>(p, stream, why, why_size)
+               : launch_bwd90_mode<C, kBwdCap, false>(p, stream, why, why_size);
+  }
 }
 
 } // namespace sm90

@@ -93,6 +93,34 @@ template <int N> __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
 }
 
+/* Where sequence b's rows start in the tensor maps (map_geometry): packed varlen maps all the
+ * rows as one batch, so a sequence is addressed by its first rows; dense and padded ones by b. */
+struct MapOrigin {
+  int q_row0, k_row0, batch;
+};
+__device__ __forceinline__ MapOrigin map_origin(const attn_cuda_params &p, const Seq &sq, int b) {
+  if (p.varlen == ATTN_CUDA_VARLEN_PACKED) return {(int)sq.q0, (int)sq.k0, 0};
+  return {0, 0, b};
+}
+
+/* Zeroes rows [valid, kRows) of a swizzled tile of kPanels panels x kRows rows (16-byte chunks
+ * spread over threads tid0.. of a team of kTeam) and makes the zeros visible to wgmma's async
+ * proxy; the caller's barrier of the team orders them before the products. Varlen only: past a
+ * sequence's end the copy engine brings the next sequence's rows (or the tensor's padding), which
+ * may hold anything, and a product that multiplies them by a zero P or dS still gives NaN for a
+ * NaN; dense rows past the length lie outside the map, where the copy engine writes zeros. */
+template <int kPanels, int kRows, int kTeam>
+__device__ __forceinline__ void clear_tail_rows(uint32_t tile, int valid, int tid0) {
+  for (int c = tid0; c < kPanels * kRows * 8; c += kTeam) {
+    const int panel = c / (kRows * 8), r = c / 8 % kRows;
+    if (r >= valid) /* a whole 128-byte row: the swizzle moves chunks only within a row */
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(tile + panel * kRows * 128 + r * 128 + (c % 8) * 16),
+                   "r"(0)
+                   : "memory");
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 /* ---- configuration ----------------------------------------------------------------------------- */
 
 /* kCWG consumer warpgroups of 64 rows each (2 or 3) beside the producer. The register file (64K
@@ -161,11 +189,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
     if (tid == 0) {
       mbar_expect_tx(bar_q, C::kQBytes);
-      /* the maps' row and batch of the sequence's first row: packed varlen (the feature kernel's)
-       * is one batch of all rows */
-      const bool packed = p.varlen == ATTN_CUDA_VARLEN_PACKED;
-      const int q_row0 = packed ? (int)sq.q0 : 0, k_row0 = packed ? (int)sq.k0 : 0, mb = packed ? 0 : b;
-      for (int c = 0; c < C::kPanels; ++c) tma_load(sQ + c * kBM * 128, &tq, bar_q, c * 64, h, q_row0 + m0, mb);
+      const MapOrigin org = map_origin(p, sq, b);
+      const int k_row0 = org.k_row0, mb = org.batch;
+      for (int c = 0; c < C::kPanels; ++c) tma_load(sQ + c * kBM * 128, &tq, bar_q, c * 64, h, org.q_row0 + m0, mb);
       for (int i = 0, n = n_lo; n < n_hi; ++i, ++n) {
         const int s = i % kStages;
         const uint32_t ph = (i / kStages) & 1;
@@ -308,24 +334,13 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 #pragma unroll
         for (int r = 0; r < 4; ++r) pa[kk][r] = Elem<T>::pack(sacc[8 * kk + 2 * r], sacc[8 * kk + 2 * r + 1]);
     };
-    /* Varlen: past the sequence's last key the copy engine brings the next sequence's V rows (or
-     * the tensor's padding), which may hold anything; P is 0 there, but 0 * NaN is not 0, so the
-     * consumers zero those rows of the partial block (only ever the last, n_hi - 1) before P V
-     * reads them: generic stores made visible to wgmma's async proxy, then a named barrier of the
-     * consumer warpgroups. Dense rows past the key length are outside the map: the copy engine
-     * fills them with zeros. */
+    /* Varlen: V rows past the sequence's last key (clear_tail_rows says why) are zeroed in the
+     * partial block (only ever the last, n_hi - 1) before P V reads them, then a named barrier of
+     * the consumer warpgroups. */
     auto clear_v_tail = [&](int s, int n) {
       const int valid = sq.len_k - n * kBN;
       if (p.varlen == ATTN_CUDA_VARLEN_NONE || valid >= kBN) return;
-      const uint32_t v = sV + s * C::kKVBytes;
-      for (int c = tid - 128; c < C::kPanels * kBN * 8; c += 128 * C::kCWG) { /* 16-byte chunks */
-        const int panel = c / (kBN * 8), r = c / 8 % kBN;
-        if (r >= valid) /* a whole 128-byte row: the swizzle moves chunks only within a row */
-          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(v + panel * kBN * 128 + r * 128 + (c % 8) * 16),
-                       "r"(0)
-                       : "memory");
-      }
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      clear_tail_rows<C::kPanels, kBN, 128 * C::kCWG>(sV + s * C::kKVBytes, valid, tid - 128);
       asm volatile("bar.sync 1, %0;\n" ::"n"(128 * C::kCWG) : "memory");
     };
     auto release = [&](uint32_t bar) {
@@ -485,6 +500,18 @@ static inline const char *sm90_fwd_unsupported(const attn_cuda_params &p) {
   return nullptr;
 }
 
+/* The batch and rows of the token tensors' maps: packed varlen maps all the rows as one batch (at
+ * least one row: the encoder takes no empty dimension, and an empty tensor is never read, its
+ * sequences having no rows); map_origin finds a sequence in them. */
+struct MapGeometry {
+  int batch, rows_q, rows_k;
+};
+static inline MapGeometry map_geometry(const attn_cuda_params &p) {
+  if (p.varlen == ATTN_CUDA_VARLEN_PACKED)
+    return {1, (int)std::max<int64_t>(p.total_q, 1), (int)std::max<int64_t>(p.total_k, 1)};
+  return {p.batch, p.seqlen_q, p.seqlen_k};
+}
+
 /* A 4-d map [batch][rows][heads][d] of a token tensor, boxes of 64 columns x box_rows rows of one
  * head, swizzled by 128 bytes. A dimension of size 1 gets a stride that is never used. */
 static inline attn_status make_token_map(CUtensorMap *map, const void *base, bool is_bf16, int d, int heads,
@@ -529,19 +556,14 @@ attn_status launch_fwd90(const attn_cuda_params &p, cudaStream_t stream, char *w
     return ATTN_STATUS_UNSUPPORTED;
   }
   constexpr bool kBf16 = std::is_same<typename C::T, __nv_bfloat16>::value;
-  /* packed varlen: one batch of all the rows (at least one: the encoder takes no empty dimension,
-   * and an empty tensor is never read, its sequences having no rows) */
-  const bool packed = p.varlen == ATTN_CUDA_VARLEN_PACKED;
-  const int batch = packed ? 1 : p.batch;
-  const int rows_q = packed ? (int)std::max<int64_t>(p.total_q, 1) : p.seqlen_q;
-  const int rows_k = packed ? (int)std::max<int64_t>(p.total_k, 1) : p.seqlen_k;
+  const MapGeometry mg = map_geometry(p);
   CUtensorMap tq, tk, tv;
   attn_status st;
-  if ((st = make_token_map(&tq, p.q, kBf16, p.d, p.heads_q, rows_q, batch, p.q_h, p.q_r, p.q_b, C::kBM, why,
+  if ((st = make_token_map(&tq, p.q, kBf16, p.d, p.heads_q, mg.rows_q, mg.batch, p.q_h, p.q_r, p.q_b, C::kBM, why,
                            why_size)) != ATTN_STATUS_OK ||
-      (st = make_token_map(&tk, p.k, kBf16, p.d, p.heads_kv, rows_k, batch, p.k_h, p.k_r, p.k_b, C::kBN, why,
+      (st = make_token_map(&tk, p.k, kBf16, p.d, p.heads_kv, mg.rows_k, mg.batch, p.k_h, p.k_r, p.k_b, C::kBN, why,
                            why_size)) != ATTN_STATUS_OK ||
-      (st = make_token_map(&tv, p.v, kBf16, p.dv, p.heads_kv, rows_k, batch, p.v_h, p.v_r, p.v_b, C::kBN, why,
+      (st = make_token_map(&tv, p.v, kBf16, p.dv, p.heads_kv, mg.rows_k, mg.batch, p.v_h, p.v_r, p.v_b, C::kBN, why,
                            why_size)) != ATTN_STATUS_OK)
     return st;
   auto kernel = fwd90_kernel<C, kMode>;

@@ -26,7 +26,9 @@ template <typename T> attn_status run(const attn_cuda_params &p, cudaStream_t s,
 }
 
 /* The backward at D = 64 and 128: v4 of dev/cuda/bwd_hopper.cu (dQ by bulk reduce-adds into a
- * tiled workspace: 1.51-1.54x the atomic sm80 backward at D = 128 on an H100, 1.18-1.20x at 64). */
+ * tiled workspace: 1.51-1.54x the atomic sm80 backward at D = 128 on an H100, 1.18-1.20x at 64),
+ * with the features of v5 (launch_bwd90 picks the plain or cap / ALiBi kernel, deterministic or
+ * not). */
 template <typename T> attn_status run_bwd90(const attn_cuda_params &p, cudaStream_t s, char *why, size_t why_size) {
   if (p.d == 64) return launch_bwd90<BwdCfg90<T, 64>>(p, s, why, why_size);
   return launch_bwd90<BwdCfg90<T, 128>>(p, s, why, why_size);
