@@ -120,6 +120,9 @@ struct Feat {
   int segments = 0;
   int varlen = 0;  /* ATTN_CUDA_VARLEN_*: B sequences of ragged lengths (some empty) up to Tq, Tk */
   int ragged = 1;  /* 0: every varlen sequence at the full Tq, Tk (the benchmark's) */
+  int window = 0;  /* bench_feature only: a sliding window of this many keys left (and right when
+                      not causal) */
+  int group = 1;   /* bench_feature only: Hq / Hkv */
   const char *name = "";
 };
 
@@ -336,12 +339,12 @@ template <typename C, typename G = C> void check(const char *tag, const Problem 
 
 template <typename C> void checks(const char *tag, unsigned seed) {
   const int D = C::kD;
-  check<C>(tag, {2, 1000, 1000, 4, 4, D, -1, -1, 0}, seed);      /* ragged, non-causal */
-  check<C>(tag, {2, 1000, 1000, 4, 4, D, -1, 0, 0}, seed + 10);  /* causal */
-  check<C>(tag, {1, 777, 1333, 8, 2, D, -1, 0, 1}, seed + 20);   /* GQA 4:1, causal bottom-right */
-  check<C>(tag, {1, 1333, 777, 8, 1, D, -1, 0, 0}, seed + 30);   /* MQA, causal top-left: empty rows */
-  check<C>(tag, {2, 600, 600, 2, 2, D, 200, 0, 0}, seed + 40);   /* sliding window */
-  check<C>(tag, {3, 65, 200, 3, 3, D, -1, -1, 0}, seed + 50);    /* one short block */
+  check<C, void>(tag, {2, 1000, 1000, 4, 4, D, -1, -1, 0}, seed);      /* ragged, non-causal */
+  check<C, void>(tag, {2, 1000, 1000, 4, 4, D, -1, 0, 0}, seed + 10);  /* causal */
+  check<C, void>(tag, {1, 777, 1333, 8, 2, D, -1, 0, 1}, seed + 20);   /* GQA 4:1, causal bottom-right */
+  check<C, void>(tag, {1, 1333, 777, 8, 1, D, -1, 0, 0}, seed + 30);   /* MQA, causal top-left: empty rows */
+  check<C, void>(tag, {2, 600, 600, 2, 2, D, 200, 0, 0}, seed + 40);   /* sliding window */
+  check<C, void>(tag, {3, 65, 200, 3, 3, D, -1, -1, 0}, seed + 50);    /* one short block */
 }
 
 /* The kernels of configuration C (G: the generic one) against the sm_80 kernel: every feature
@@ -388,25 +391,34 @@ template <typename C, typename G> void feature_checks(const char *tag, unsigned 
 }
 
 /* Times feature f on the bench shape (the kernel of its mode: configuration P, F for the generic
- * one) beside the plain kernel of configuration P on the same tensors without it (the issue's
- * target: >= 0.9x) and beside the sm_80 kernel with the feature; the feature's output is checked
- * first. Varlen runs B sequences of the full length, the same work. */
-template <typename P, typename F> void bench_feature(Feat f, int causal) {
+ * one) beside the plain kernel of configuration B (default P) on the same shape without it (the
+ * issue's target: >= 0.9x of its TFLOPS) and beside the sm_80 kernel with the feature; the
+ * feature's output is checked first. Varlen runs B sequences of the full length, the same work; a
+ * window or GQA changes the shape the feature runs on, not the plain one's (a window's TFLOPS
+ * count the scores it sees, the plain one's the causal or full square). */
+template <typename P, typename F, typename Bp = P> void bench_feature(Feat f, int causal, const char *tag = "") {
   using T = typename P::T;
   const int D = P::kD, T_ = 8192, B = 16384 / T_, H = 2048 / D;
   f.ragged = 0;
-  const Problem s{B, T_, T_, H, H, D, -1, causal ? 0 : -1, 0, f};
+  const Problem s{B, T_, T_, H, H / f.group, D, f.window > 0 ? f.window : -1, causal ? 0 : f.window > 0 ? f.window : -1, 0, f};
+  const Problem s_plain{B, T_, T_, H, H, D, -1, causal ? 0 : -1, 0};
   check<P, F>("bench", s, 7);
-  Buffers<T> bu(s, 7);
-  attn_cuda_params pf = bu.p, pp = bu.plain;
-  pf.out = pp.out = bu.o;
-  const double flops = 4.0 * B * H * (double)T_ * T_ * D * (causal ? 0.5 : 1.0);
+  Buffers<T> bu(s, 7), bp(s_plain, 7);
+  attn_cuda_params pf = bu.p, pp = bp.plain;
+  pf.out = bu.o, pp.out = bp.o;
+  double pairs = 0, pairs_plain = 0; /* visible (query, key) pairs of one head */
+  for (int i = 0; i < T_; ++i) {
+    const int lo = s.wl < 0 ? 0 : std::max(0, i - s.wl), hi = s.wr < 0 ? T_ - 1 : std::min(T_ - 1, i + s.wr);
+    pairs += hi - lo + 1, pairs_plain += causal ? i + 1 : T_;
+  }
+  const double flops = 4.0 * B * H * pairs * D, flops_plain = 4.0 * B * H * pairs_plain * D;
   const float ms = median_ms([&] { run90<P, F>(pf); });
-  const float ms_plain = median_ms([&] { run90<P>(pp); });
+  const float ms_plain = median_ms([&] { run90<Bp, void>(pp); });
   const float ms80 = median_ms([&] { run_ref<T, D>(bu.p, bu.oref, bu.lseref); });
-  printf("lab fwd90 feature %s D=%d T=%d causal=%d: %.3f ms %.1f TFLOPS (plain %.3f ms %.1f TFLOPS): %.2fx plain; "
+  const double tf = flops / ms * 1e-9, tf_plain = flops_plain / ms_plain * 1e-9;
+  printf("lab fwd90 feature%s%s %s D=%d T=%d causal=%d: %.3f ms %.1f TFLOPS (plain %.3f ms %.1f TFLOPS): %.2fx plain; "
          "sm80 with it %.3f ms: %.2fx sm80\n",
-         f.name, D, T_, causal, ms, flops / ms * 1e-9, ms_plain, flops / ms_plain * 1e-9, ms_plain / ms, ms80, ms80 / ms);
+         tag[0] ? " " : "", tag, f.name, D, T_, causal, ms, tf, ms_plain, tf_plain, tf / tf_plain, ms80, ms80 / ms);
 }
 
 template <typename P, typename F> void bench_features() {
@@ -417,8 +429,37 @@ template <typename P, typename F> void bench_features() {
   cap_alibi.softcap = 30.f, cap_alibi.alibi = 1, cap_alibi.name = "softcap 30 + alibi";
   packed.varlen = ATTN_CUDA_VARLEN_PACKED, packed.name = "packed varlen";
   bias.bias = 3, bias.name = "bias f16 [B, 1, 1, Tk] (generic)";
+  Feat window, gqa;
+  window.window = 2048, window.name = "window 2048";
+  gqa.group = 4, gqa.name = "GQA 4:1";
   for (int c = 0; c < 2; ++c)
-    for (const Feat &f : {cap, sinks, alibi, cap_alibi, packed, bias}) bench_feature<P, F>(f, c);
+    for (const Feat &f : {cap, sinks, alibi, cap_alibi, packed, window, gqa, bias}) bench_feature<P, F>(f, c);
+}
+
+/* The soft cap (30) on variant V of the cap kernel against the plain kernel of configuration P
+ * (the library's), both causal and not: how each way of computing it compares, in one run. */
+template <typename V, typename P> void bench_cap(const char *tag) {
+  Feat cap;
+  cap.softcap = 30.f, cap.name = "softcap 30";
+  for (int c = 0; c < 2; ++c) bench_feature<V, void, P>(cap, c, tag);
+}
+
+/* Variant C's plain and cap / ALiBi kernels (no generic one) against the sm_80 kernel: the plain
+ * checks, and the soft cap, ALiBi and sinks alone and together on odd shapes. */
+template <typename C> void variant_checks(const char *tag, unsigned seed) {
+  const int D = C::kD;
+  checks<C>(tag, seed);
+  Feat cap, cap30, alibi, cap_alibi;
+  cap.softcap = 5.f, cap.name = "softcap 5";
+  cap30.softcap = 30.f, cap30.sinks = 1, cap30.name = "softcap 30 + 1 sink";
+  alibi.alibi = 2, alibi.name = "alibi [B, H]";
+  cap_alibi.softcap = 5.f, cap_alibi.alibi = 2, cap_alibi.sinks = 1, cap_alibi.varlen = ATTN_CUDA_VARLEN_PADDED;
+  cap_alibi.name = "softcap 5 + alibi [B, H] + 1 sink, padded";
+  check<C, void>(tag, {2, 1000, 1000, 4, 4, D, -1, -1, 0, cap}, seed + 60);
+  check<C, void>(tag, {1, 777, 1333, 8, 2, D, -1, 0, 1, cap30}, seed + 61);
+  check<C, void>(tag, {2, 300, 517, 4, 4, D, -1, -1, 0, alibi}, seed + 62);
+  check<C, void>(tag, {3, 500, 700, 4, 2, D, -1, 0, 1, cap_alibi}, seed + 63);
+  check<C, void>(tag, {2, 700, 500, 4, 4, D, 100, 20, 0, cap_alibi}, seed + 64);
 }
 
 /* Times version C beside the sm_80 kernel on the bench shape; the output is checked first. */
@@ -426,12 +467,12 @@ template <typename C> void bench(const char *tag, int causal) {
   using T = typename C::T;
   const int D = C::kD, T_ = 8192, B = 16384 / T_, H = 2048 / D;
   const Problem s{B, T_, T_, H, H, D, -1, causal ? 0 : -1, 0};
-  check<C>(tag, s, 7);
+  check<C, void>(tag, s, 7);
   Buffers<T> bu(s, 7);
   attn_cuda_params p = bu.p;
   p.out = bu.o;
   const double flops = 4.0 * B * H * (double)T_ * T_ * D * (causal ? 0.5 : 1.0);
-  const float ms = median_ms([&] { run90<C>(p); });
+  const float ms = median_ms([&] { run90<C, void>(p); });
   const float ms80 = median_ms([&] { run_ref<T, C::kD>(bu.p, bu.oref, bu.lseref); });
   printf("lab fwd90 %s D=%d T=%d causal=%d bm=%d bn=%d stages=%d: %.3f ms %.1f TFLOPS (sm80 %.3f ms %.1f TFLOPS, %.2fx)\n",
          tag, D, T_, causal, C::kBM, C::kBN, C::kStages, ms, flops / ms * 1e-9, ms80, flops / ms80 * 1e-9, ms80 / ms);
@@ -471,10 +512,87 @@ int main(int argc, char **argv) {
   feature_checks<V3_64h, F64h>("v5", seed);
   feature_checks<V2_128h, V2_128h>("v5", seed);
   feature_checks<V2_256h, V2_256h>("v5", seed);
+  /* v6-v8 (the header): the soft cap's reciprocal on the FMA pipe (v6, now every configuration's
+   * default), a share of the softmax's exponentials on the FMA pipe (v7, one 8-key group in 4 or
+   * 2), the consumer warpgroups' ping-pong (v8); v5's cap (rcp) for comparison */
+  using V5c_64 = FwdCfg90<bf, 64, 128, 3, true, 3, 0>;
+  using V7e4_64 = FwdCfg90<bf, 64, 128, 3, true, 3, 1, 4>;
+  using V7e2_64 = FwdCfg90<bf, 64, 128, 3, true, 3, 1, 2>;
+  using V8_64 = FwdCfg90<bf, 64, 128, 3, true, 3, 1, 0, true>;
+  using V8e4_64 = FwdCfg90<bf, 64, 128, 3, true, 3, 1, 4, true>;
+  using V5c_128 = FwdCfg90<bf, 128, 128, 2, true, 2, 0>;
+  using V7e4_128 = FwdCfg90<bf, 128, 128, 2, true, 2, 1, 4>;
+  using V7e2_128 = FwdCfg90<bf, 128, 128, 2, true, 2, 1, 2>;
+  using V8_128 = FwdCfg90<bf, 128, 128, 2, true, 2, 1, 0, true>;
+  using V8e4_128 = FwdCfg90<bf, 128, 128, 2, true, 2, 1, 4, true>;
+  using V5c_256 = FwdCfg90<bf, 256, 64, 2, true, 2, 0>;
+  using V7e4_256 = FwdCfg90<bf, 256, 64, 2, true, 2, 1, 4>;
+  using V8_256 = FwdCfg90<bf, 256, 64, 2, true, 2, 1, 0, true>;
+  using V6h_64 = FwdCfg90<bf, 64, 128, 3, true, 3, 2>; /* half the cap's reciprocals on each pipe */
+  using V6h_128 = FwdCfg90<bf, 128, 128, 2, true, 2, 2>;
+  /* D = 64's cap kernel with two consumer warpgroups (240 registers; ptxas spills v6 at 160) */
+  using V6w2_64 = FwdCfg90<bf, 64, 128, 3, true, 2, 1>;
+  using V6hw2_64 = FwdCfg90<bf, 64, 128, 3, true, 2, 2>;
+  using V8w2_64 = FwdCfg90<bf, 64, 128, 3, true, 2, 1, 0, true>;
+  variant_checks<V5c_64>("v5 cap", seed);
+  variant_checks<V7e4_64>("v7 exp 1/4", seed);
+  variant_checks<V7e2_64>("v7 exp 1/2", seed);
+  variant_checks<V8_64>("v8 ping-pong", seed);
+  variant_checks<V8e4_64>("v8 ping-pong exp 1/4", seed);
+  variant_checks<V5c_128>("v5 cap", seed);
+  variant_checks<V7e4_128>("v7 exp 1/4", seed);
+  variant_checks<V7e2_128>("v7 exp 1/2", seed);
+  variant_checks<V8_128>("v8 ping-pong", seed);
+  variant_checks<V8e4_128>("v8 ping-pong exp 1/4", seed);
+  variant_checks<V5c_256>("v5 cap", seed);
+  variant_checks<V7e4_256>("v7 exp 1/4", seed);
+  variant_checks<V8_256>("v8 ping-pong", seed);
+  variant_checks<V6h_64>("v6 half fma rcp", seed);
+  variant_checks<V6h_128>("v6 half fma rcp", seed);
+  variant_checks<V6w2_64>("v6 fma rcp, 2 consumer wg", seed);
+  variant_checks<V6hw2_64>("v6 half fma rcp, 2 consumer wg", seed);
+  variant_checks<V8w2_64>("v8 ping-pong, 2 consumer wg", seed);
+  variant_checks<FwdCfg90<hf, 64, 128, 3, true, 3, 1, 4, true>>("v8 ping-pong exp 1/4", seed);
+  variant_checks<FwdCfg90<hf, 128, 128, 2, true, 2, 1, 4, true>>("v8 ping-pong exp 1/4", seed);
+  variant_checks<FwdCfg90<hf, 256, 64, 2, true, 2, 1, 0, true>>("v8 ping-pong", seed);
   if (argc > 2 && strcmp(argv[2], "features") == 0) { /* the checks, then the features' benchmarks only */
     bench_features<V3_64, F64>();
     bench_features<V2_128, V2_128>();
     bench_features<V2_256, V2_256>();
+    bench_cap<V5c_64, V3_64>("v5 rcp");
+    bench_cap<V3_64, V3_64>("v6 fma rcp");
+    bench_cap<V6h_64, V3_64>("v6 half fma rcp");
+    bench_cap<V6w2_64, V3_64>("v6 fma rcp, 2 consumer wg");
+    bench_cap<V6hw2_64, V3_64>("v6 half fma rcp, 2 consumer wg");
+    bench_cap<V8w2_64, V3_64>("v8 ping-pong, 2 consumer wg");
+    bench_cap<V7e4_64, V3_64>("v7 exp 1/4");
+    bench_cap<V7e2_64, V3_64>("v7 exp 1/2");
+    bench_cap<V8_64, V3_64>("v8 ping-pong");
+    bench_cap<V8e4_64, V3_64>("v8 ping-pong exp 1/4");
+    bench_cap<V5c_128, V2_128>("v5 rcp");
+    bench_cap<V2_128, V2_128>("v6 fma rcp");
+    bench_cap<V6h_128, V2_128>("v6 half fma rcp");
+    bench_cap<V7e4_128, V2_128>("v7 exp 1/4");
+    bench_cap<V7e2_128, V2_128>("v7 exp 1/2");
+    bench_cap<V8_128, V2_128>("v8 ping-pong");
+    bench_cap<V8e4_128, V2_128>("v8 ping-pong exp 1/4");
+    bench_cap<V5c_256, V2_256>("v5 rcp");
+    bench_cap<V2_256, V2_256>("v6 fma rcp");
+    bench_cap<V7e4_256, V2_256>("v7 exp 1/4");
+    bench_cap<V8_256, V2_256>("v8 ping-pong");
+    for (int c = 0; c < 2; ++c) { /* the plain kernel with v7's and v8's changes */
+      bench<V3_64>("v3", c);
+      bench<V7e4_64>("v7 exp 1/4", c);
+      bench<V7e2_64>("v7 exp 1/2", c);
+      bench<V8_64>("v8 ping-pong", c);
+      bench<V8e4_64>("v8 ping-pong exp 1/4", c);
+      bench<V2_128>("v2", c);
+      bench<V7e4_128>("v7 exp 1/4", c);
+      bench<V8_128>("v8 ping-pong", c);
+      bench<V8e4_128>("v8 ping-pong exp 1/4", c);
+      bench<V2_256>("v2", c);
+      bench<V8_256>("v8 ping-pong", c);
+    }
     printf("lab fwd90: %d failed checks\n", failures);
     return failures != 0;
   }

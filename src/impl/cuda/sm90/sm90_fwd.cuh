@@ -26,7 +26,7 @@
  * the plain kernel takes the band, the sinks (they seed each row's running max and sum before the
  * first key block, once per row) and varlen (sequences addressed by their first rows when packed,
  * their lengths masking the rest), none of which costs anything per score; the cap / ALiBi kernel
- * adds the soft cap (SoftCap::logit2: one ex2 and one rcp) and ALiBi (one FADD and one FFMA) on
+ * adds the soft cap (SoftCap::logit2_fma: one ex2, the reciprocal on the FMA pipe) and ALiBi (one FADD and one FFMA) on
  * the whole S tile in registers, masking only the band's edge blocks like the plain kernel; the
  * generic kernel takes the rest (bias, masks, segment ids, caps above SoftCap::kMaxCap) through
  * the sm_80 kernel's per-element helpers (cuda_common.cuh: visible, logit) on every block.
@@ -114,11 +114,21 @@ template <int N> __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
 
 /* kCWG consumer warpgroups of 64 rows each (2 or 3) beside the producer. The register file (64K
  * per SM, one CTA) is split by setmaxnreg: 24 per producer thread, the rest to the consumers in
- * steps of 8 (240 each for two consumer warpgroups, 160 for three). */
-template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_, int kCWG_ = 2> struct FwdCfg90 {
+ * steps of 8 (240 each for two consumer warpgroups, 160 for three). Two choices move work off the
+ * special-function unit onto the FMA pipe (cuda_common.cuh), each for one 8-key group in N (0:
+ * none): kRcpFmaEvery, the soft cap's 1 / (1 + u) by rcp_1to2 (SoftCap::logit2_fma) rather than
+ * rcp; kExpFmaEvery, the softmax's exponentials by ex2_fma rather than ex2. kPingPong (with kOverlap): the
+ * consumer warpgroups take turns to issue their products, so that one's softmax runs while the
+ * others' products do (FlashAttention-3's inter-warpgroup overlap). */
+template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_, int kCWG_ = 2, int kRcpFmaEvery_ = 1,
+          int kExpFmaEvery_ = 0, bool kPingPong_ = false>
+struct FwdCfg90 {
   using T = T_;
   static constexpr int kD = kD_, kBN = kBN_, kStages = kStages_, kCWG = kCWG_;
-  static constexpr bool kOverlap = kOverlap_;
+  static constexpr int kRcpFmaEvery = kRcpFmaEvery_, kExpFmaEvery = kExpFmaEvery_;
+  static constexpr bool kOverlap = kOverlap_, kPingPong = kPingPong_ && kOverlap_;
+  /* whether 8-key group g (of kBN / 8) takes the FMA pipe, one in every N (0: none) */
+  __host__ __device__ static constexpr bool on_fma(int every, int g) { return every > 0 && g % (every > 0 ? every : 1) == every - 1; }
   static constexpr int kBM = 64 * kCWG, kThreads = 128 * (kCWG + 1), kPanels = kD / 64;
   static constexpr int kProducerRegs = 24, kConsumerRegs = (65536 / 128 - kProducerRegs) / kCWG / 8 * 8;
   static constexpr uint32_t kQBytes = kBM * kD * 2, kKVBytes = kBN * kD * 2;
@@ -270,7 +280,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       if (p.softcap > 0.f) {
         const SoftCap cap(p);
 #pragma unroll
-        for (int k = 0; k < kBN / 2; ++k) sacc[k] = cap.logit2(sacc[k]);
+        for (int k = 0; k < kBN / 2; ++k) /* sacc[k] is of 8-key group k / 4 */
+          sacc[k] = C::on_fma(C::kRcpFmaEvery, k / 4) ? cap.logit2_fma(sacc[k]) : cap.logit2(sacc[k]);
       }
     };
     /* Masks S of key block n outside the band and the key length (the feature kernel: steps 1-3),
@@ -307,7 +318,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float &x = sacc[4 * jj + 2 * hf + e];
-            x = ex2(fmaf(x, mult, -base));
+            x = C::on_fma(C::kExpFmaEvery, jj) ? ex2_fma(fmaf(x, mult, -base)) : ex2(fmaf(x, mult, -base));
             sum += x;
           }
         row_sum[hf] = row_sum[hf] * corr[hf] + sum;
@@ -348,6 +359,22 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     auto release = [&](uint32_t bar) {
       if (lane == 0) mbar_arrive(bar);
     };
+    /* kPingPong's turns: warpgroup cw issues its products after bar.sync on named barrier 2 + cw,
+     * which completes when the warpgroup before it has arrived there (bar.arrive) after issuing
+     * its own. Every warpgroup of a CTA takes n_hi - n_lo turns; the last one's first arrival is
+     * made in advance (pass_turn_ahead) and its final one left out, so no barrier is left
+     * half-arrived at exit. */
+    auto take_turn = [&]() {
+      if constexpr (C::kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(2 + cw) : "memory");
+    };
+    auto pass_turn = [&](bool last) {
+      if constexpr (C::kPingPong)
+        if (!(last && cw == C::kCWG - 1)) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + (cw + 1) % C::kCWG) : "memory");
+    };
+    auto pass_turn_ahead = [&]() {
+      if constexpr (C::kPingPong)
+        if (cw == C::kCWG - 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+    };
 
     mbar_wait(bar_q, 0);
     float corr[2];
@@ -378,10 +405,13 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         release(empty_v(s));
       }
     } else if (n_lo < n_hi) {
+      pass_turn_ahead();
       mbar_wait(full_k(0), 0);
+      take_turn();
       wgmma_fence();
       issue_s(0);
       wgmma_commit();
+      pass_turn(n_lo + 1 == n_hi);
       wgmma_wait<0>();
       pin(sacc);
       release(empty_k(0));
@@ -395,11 +425,13 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         mbar_wait(full_v(sp), php); /* block n - 1 < n_hi - 1 is whole: no clear_v_tail */
         pin(oacc);
         pin(pa);
+        take_turn();
         wgmma_fence();
         issue_s(s);
         wgmma_commit();
         issue_pv(sp);
         wgmma_commit();
+        pass_turn(n + 1 == n_hi);
         wgmma_wait<1>(); /* S(n) has landed; P(n-1) V(n-1) may still run */
         pin(sacc);
         release(empty_k(s));
