@@ -26,7 +26,7 @@
  * the plain kernel takes the band, the sinks (they seed each row's running max and sum before the
  * first key block, once per row) and varlen (sequences addressed by their first rows when packed,
  * their lengths masking the rest), none of which costs anything per score; the cap / ALiBi kernel
- * adds the soft cap (SoftCap::logit2_fma: one ex2, the reciprocal on the FMA pipe) and ALiBi (one FADD and one FFMA) on
+ * adds ALiBi (one FADD and one FFMA) and the soft cap (folded into the softmax: cap_softmax) on
  * the whole S tile in registers, masking only the band's edge blocks like the plain kernel; the
  * generic kernel takes the rest (bias, masks, segment ids, caps above SoftCap::kMaxCap) through
  * the sm_80 kernel's per-element helpers (cuda_common.cuh: visible, logit) on every block.
@@ -114,18 +114,23 @@ template <int N> __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
 
 /* kCWG consumer warpgroups of 64 rows each (2 or 3) beside the producer. The register file (64K
  * per SM, one CTA) is split by setmaxnreg: 24 per producer thread, the rest to the consumers in
- * steps of 8 (240 each for two consumer warpgroups, 160 for three). Two choices move work off the
- * special-function unit onto the FMA pipe (cuda_common.cuh), each for one 8-key group in N (0:
- * none): kRcpFmaEvery, the soft cap's 1 / (1 + u) by rcp_1to2 (SoftCap::logit2_fma) rather than
- * rcp; kExpFmaEvery, the softmax's exponentials by ex2_fma rather than ex2. kPingPong (with kOverlap): the
- * consumer warpgroups take turns to issue their products, so that one's softmax runs while the
- * others' products do (FlashAttention-3's inter-warpgroup overlap). */
-template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_, int kCWG_ = 2, int kRcpFmaEvery_ = 1,
+ * steps of 8 (240 each for two consumer warpgroups, 160 for three). kCap: how the cap / ALiBi
+ * kernel computes the soft cap (CapForm). kExpFmaEvery = N > 0: the softmax's exponentials of one
+ * 8-key group in N by ex2_fma on the FMA pipe rather than ex2 on the special-function unit.
+ * kPingPong (with kOverlap): the consumer warpgroups take turns to issue their products, so that
+ * one's softmax runs while the others' products do (FlashAttention-3's inter-warpgroup overlap). */
+enum CapForm : int {
+  kCapRcp = 0,     /* SoftCap::logit2 on every score, then the softmax: 3 special-function ops a score */
+  kCapRcpFma = 1,  /* SoftCap::logit2_fma: the reciprocal on the FMA pipe; 2 ops, 6 FMAs more */
+  kCapRcpHalf = 2, /* logit2_fma on every other 8-key group, logit2 on the rest */
+  kCapFused = 3,   /* the cap folded into the softmax (cap_softmax): 3 ops, 8.5 instructions a score */
+};
+template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_, int kCWG_ = 2, int kCap_ = kCapFused,
           int kExpFmaEvery_ = 0, bool kPingPong_ = false>
 struct FwdCfg90 {
   using T = T_;
   static constexpr int kD = kD_, kBN = kBN_, kStages = kStages_, kCWG = kCWG_;
-  static constexpr int kRcpFmaEvery = kRcpFmaEvery_, kExpFmaEvery = kExpFmaEvery_;
+  static constexpr int kCap = kCap_, kExpFmaEvery = kExpFmaEvery_;
   static constexpr bool kOverlap = kOverlap_, kPingPong = kPingPong_ && kOverlap_;
   /* whether 8-key group g (of kBN / 8) takes the FMA pipe, one in every N (0: none) */
   __host__ __device__ static constexpr bool on_fma(int every, int g) { return every > 0 && g % (every > 0 ? every : 1) == every - 1; }
@@ -267,7 +272,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
      * element (exact in f32 below 2^24); then the soft cap, which yields log2-unit logits. */
     const bool has_alibi = kMode == kModeCapAlibi && p.alibi != nullptr;
     const float alibi_step = has_alibi ? -p.alibi[b * p.alibi_b + h * p.alibi_h] / p.scale : 0.f;
-    auto cap_alibi = [&](int n) {
+    auto add_alibi = [&](int n) {
       if (has_alibi) {
         const float d0 = (float)(m0 + row0 + hd.o - n * kBN - (lane & 3) * 2);
 #pragma unroll
@@ -277,11 +282,74 @@ __global__ void __launch_bounds__(C::kThreads, 1)
             sacc[4 * jj + e] =
                 fmaf(alibi_step, fabsf(d0 + (float)((e >> 1) * 8 - jj * 8 - (e & 1))), sacc[4 * jj + e]);
       }
+    };
+    auto cap_alibi = [&](int n) {
+      add_alibi(n);
       if (p.softcap > 0.f) {
         const SoftCap cap(p);
 #pragma unroll
-        for (int k = 0; k < kBN / 2; ++k) /* sacc[k] is of 8-key group k / 4 */
-          sacc[k] = C::on_fma(C::kRcpFmaEvery, k / 4) ? cap.logit2_fma(sacc[k]) : cap.logit2(sacc[k]);
+        for (int k = 0; k < kBN / 2; ++k) { /* sacc[k] is of 8-key group k / 4 */
+          const bool fma_rcp = C::kCap == kCapRcpFma || (C::kCap == kCapRcpHalf && k / 4 % 2 == 1);
+          sacc[k] = fma_rcp ? cap.logit2_fma(sacc[k]) : cap.logit2(sacc[k]);
+        }
+      }
+    };
+    auto mask_edge = [&](int n, float masked) { /* S outside the band and the key length := masked */
+#pragma unroll
+      for (int jj = 0; jj < kBN / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = m0 + row0 + (e >> 1) * 8, j = n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1);
+          if (!visible_band(p, hd, i, j)) sacc[4 * jj + e] = masked;
+        }
+    };
+    /* The soft cap folded into the softmax (kCapFused), on key block n: with z = dot * zk (zk =
+     * -2 log2(e) scale / cap, held to +-FLT_MAX) and u = 2^z = e^(-2y), tanh(y) = 2 / (1 + u) - 1
+     * and the logit in log2 units is out (2 r - 1), r = 1 / (1 + u), out = cap log2(e). It falls as
+     * z grows, so the row's largest logit is that of its smallest z, computed once a row, and each
+     * P is ex2(r 2 out - (out + max)): one FMUL, FMNMX, FADD and FFMA and three special-function
+     * ops (ex2, rcp, ex2) a score, no sign to restore (u overflows to inf and r to 0 for very
+     * negative y, which is the limit). Within cap * 4e-7 of tanh (u's 2^-22 and rcp's 2^-23 times
+     * out, absolute), as logit2. Masked scores get z = NaN, which the row's minimum passes over
+     * (z = +inf is a visible score's limit, -out), then P = 0, on the band's edge blocks only.
+     * The same rescale factors and log2-unit maxima as softmax. */
+    auto cap_softmax = [&](int n, float (&corr)[2]) {
+      add_alibi(n);
+      const SoftCap cap(p);
+      const float zk = copysignf(fminf(2.f * kLog2e * fabsf(cap.in), 3.40282347e38f), -cap.in);
+      const float out2 = 2.f * cap.out;
+#pragma unroll
+      for (int k = 0; k < kBN / 2; ++k) sacc[k] *= zk;
+      const bool edge = n < f_lo || n >= f_hi;
+      if (edge) mask_edge(n, NAN);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float zmin = NAN; /* fminf and fmaxf pass NaN over: it stays NaN only if nothing is visible */
+#pragma unroll
+        for (int jj = 0; jj < kBN / 8; ++jj) zmin = fminf(zmin, fminf(sacc[4 * jj + 2 * hf], sacc[4 * jj + 2 * hf + 1]));
+        zmin = -quad_max(-zmin);
+        /* a row with nothing visible yet keeps max -inf */
+        const float mx = fmaxf(row_max[hf], zmin != zmin ? -INFINITY : fmaf(rcp(1.f + ex2(zmin)), out2, -cap.out));
+        const float base = mx == -INFINITY ? 0.f : mx;
+        corr[hf] = ex2(row_max[hf] - base);
+        row_max[hf] = mx;
+        const float c = -(cap.out + base);
+#pragma unroll
+        for (int jj = 0; jj < kBN / 8; ++jj)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float &x = sacc[4 * jj + 2 * hf + e];
+            const float a = fmaf(rcp(1.f + ex2(x)), out2, c);
+            x = C::on_fma(C::kExpFmaEvery, jj) ? ex2_fma(a) : ex2(a);
+          }
+      }
+      if (edge) mask_edge(n, 0.f);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float sum = 0.f;
+#pragma unroll
+        for (int jj = 0; jj < kBN / 8; ++jj) sum += sacc[4 * jj + 2 * hf] + sacc[4 * jj + 2 * hf + 1];
+        row_sum[hf] = row_sum[hf] * corr[hf] + sum;
       }
     };
     /* Masks S of key block n outside the band and the key length (the feature kernel: steps 1-3),
@@ -291,16 +359,11 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       if constexpr (kMode == kModeGeneric) {
         logits(n);
       } else {
-        if constexpr (kMode == kModeCapAlibi) cap_alibi(n);
-        if (n < f_lo || n >= f_hi) {
-#pragma unroll
-          for (int jj = 0; jj < kBN / 8; ++jj)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int i = m0 + row0 + (e >> 1) * 8, j = n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1);
-              if (!visible_band(p, hd, i, j)) sacc[4 * jj + e] = -INFINITY;
-            }
+        if constexpr (kMode == kModeCapAlibi) {
+          if (C::kCap == kCapFused && p.softcap > 0.f) return cap_softmax(n, corr);
+          cap_alibi(n);
         }
+        if (n < f_lo || n >= f_hi) mask_edge(n, -INFINITY);
       }
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
@@ -601,14 +664,14 @@ attn_status launch_fwd90(const attn_cuda_params &p, cudaStream_t stream, char *w
   return ATTN_STATUS_OK;
 }
 
-/* Runs p on the kernel of its mode: configuration C for the plain and cap / ALiBi kernels, G for
- * the generic one (whose per-element function needs more registers at some head dims; void: not
- * built, such problems refused with kGenericDeclined). */
-template <typename C, typename G>
+/* Runs p on the kernel of its mode: configuration C for the plain kernel, A (default C) for the
+ * cap / ALiBi one, G for the generic one (whose per-element function needs more registers at some
+ * head dims; void: not built, such problems refused with kGenericDeclined). */
+template <typename C, typename G, typename A = C>
 attn_status launch_fwd90_any(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
   switch (fwd90_mode(p)) {
   case kModePlain: return launch_fwd90<C, kModePlain>(p, stream, why, why_size);
-  case kModeCapAlibi: return launch_fwd90<C, kModeCapAlibi>(p, stream, why, why_size);
+  case kModeCapAlibi: return launch_fwd90<A, kModeCapAlibi>(p, stream, why, why_size);
   default:
     if constexpr (std::is_void<G>::value) {
       const char *no = sm90_fwd_unsupported(p);
