@@ -62,16 +62,16 @@
  *      added one, 0.63 / 0.83 / 0.97 non-causal, with a relative error of 2^-11, cap * 5e-4 on a
  *      logit). Tried, not measured (no device time left): 1 / (1 + u) by Newton's iteration on
  *      the FMA pipe (commit 3da0619's cap_logit2), two special-function ops a score.
- *   v6 the soft cap's 1 / (1 + u) by rcp_1to2 on the FMA pipe (SoftCap::logit2_fma: a degree-2
+ *   v6 the soft cap's 1 / (1 + u) by rcp_1to2 on the FMA pipe (cap_logit2_fma: a degree-2
  *      start and a cubic correction, within 7e-8; kCapRcpFma), two special-function ops a score
- *      instead of three, six FMAs more; kCapRcpHalf: on every other 8-key group. One call (H100,
+ *      instead of three, six FMAs more; "half": on every other 8-key group (measured in this
+ *      call, since removed). One call (H100,
  *      2026-11-24, soft cap 30, ratio to the plain kernel non-causal / causal, v5 in the same
  *      call): D = 64 0.48 / 0.53 (v5 0.52 / 0.58; ptxas spills 252 bytes at 160 registers), two
  *      consumer warpgroups 0.51 / 0.60, half 0.53 / 0.65; D = 128 0.63 / 0.64 (v5 0.59 / 0.60),
- *      half 0.63 / 0.62; D = 256 0.80 / 0.78 (v5 0.81 / 0.79). The special-function unit is not
- *      what bounds it: the cap kernel issued 11-14 instructions more a score than the plain one
- *      (static SASS counts, cuobjdump), far from the issue or MUFU limits at the measured rate, so
- *      the three dependent passes (cap, max, exponentials) with few warps to hide them are.
+ *      half 0.63 / 0.62; D = 256 0.80 / 0.78 (v5 0.81 / 0.79). So the special-function unit was
+ *      not the bound (static SASS counts: v5's cap ~11 instructions a score more than the plain
+ *      kernel, v6's ~14). Not kept (v9 is; kCapRcpFma stays for the lab).
  *   v7 a share of the softmax's exponentials on the FMA pipe (ex2_fma: round-to-integer by
  *      1.5 * 2^23, a degree-3 minimax polynomial on [-1/2, 1/2], 7.5e-5 relative; FlashAttention-
  *      4's split), one 8-key group in 4 or 2 (kExpFmaEvery). Same call: plain D = 64 1/4 471.5 /
@@ -95,7 +95,22 @@
  *      row's largest logit comes from its smallest z, computed once a row, and P = ex2(r 2 out -
  *      (out + max)) with r = rcp(1 + ex2(z)): 8.5 instructions a score in all (v5: ~15, v6:
  *      ~15.5), three special-function ops, no sign to restore, one pass less. D = 64's cap /
- *      ALiBi kernel on two consumer warpgroups.
+ *      ALiBi kernel on two consumer warpgroups (ptxas spills it at 160 registers). One call (H100,
+ *      2026-11-25, soft cap 30, ratio to the library's plain kernel, v5 in the same call): D = 64
+ *      0.44 / 0.53 (v5 0.46 / 0.52; three warpgroups with ping-pong 0.48 / 0.49, without 0.47 /
+ *      0.51, with v7's exponentials 1/4 0.50 / 0.50), D = 128 0.61 / 0.62 (v5 0.60 / 0.60, v6
+ *      0.63 / 0.62, exponentials 1/4 0.63 / 0.62), D = 256 0.94 / 0.82 (v5 0.80 / 0.80; 1/4 0.83 /
+ *      0.78). Kept (sm90_launch.cu): it wins at D = 256 and ties at 64 and 128, with the fewest
+ *      instructions. ncu (`fwd_hopper ncu-cap`, D = 128 non-causal, beside `ncu`'s plain launch):
+ *      2.60 ms against 1.65, 881M instructions issued against 599M (+47%: ~4 a score), issue slots
+ *      35% busy (plain 40%), 6.15 cycles per issued instruction (5.33), no warp eligible in 64% of
+ *      the cycles (58%), 0.51 eligible of 2.24 active warps per scheduler, a third of the stalls
+ *      on fixed-latency dependencies, the special-function unit ~64% busy (3 ops a score against
+ *      the plain kernel's 1 at 37%), the tensor pipe 43%. Each consumer warp's softmax is a chain
+ *      of dependent ops longer than the other warpgroup's products, and two consumer warps per
+ *      scheduler cannot hide it: what is left is more independent work per warp (a third
+ *      consumer warpgroup at D = 128 needs O, S and P in 160 registers: spills) or splitting a
+ *      block's softmax in halves that overlap each other's products.
  *   ncu (v2, D = 128, non-causal, `fwd_hopper ncu`): 1.62 ms, SM busy 72% (the tensor pipe is
  *      what fills it), the XU pipe (exp2, conversions) 37%, DRAM 5%, issue slots 40% busy, 5.4 cycles per
  *      issued instruction. What is left is the softmax between the products that the two
@@ -437,7 +452,8 @@ void bench_feature(Feat f, int causal, const char *tag = "") {
   using T = typename P::T;
   const int D = P::kD, T_ = 8192, B = 16384 / T_, H = 2048 / D;
   f.ragged = 0;
-  const Problem s{B, T_, T_, H, H / f.group, D, f.window > 0 ? f.window : -1, causal ? 0 : f.window > 0 ? f.window : -1, 0, f};
+  const int wl = f.window > 0 ? f.window : -1, wr = causal ? 0 : wl;
+  const Problem s{B, T_, T_, H, H / f.group, D, wl, wr, 0, f};
   const Problem s_plain{B, T_, T_, H, H, D, -1, causal ? 0 : -1, 0};
   check<P, F, A>("bench", s, 7);
   Buffers<T> bu(s, 7), bp(s_plain, 7);

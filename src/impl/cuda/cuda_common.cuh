@@ -318,33 +318,6 @@ __device__ __forceinline__ float rcp(float x) {
   return y;
 }
 
-/* Where the special-function unit is the bound (the sm90 forward: its softmax's ex2 alone keeps it
- * about as busy as wgmma keeps the tensor cores at D <= 128), these two move work to the FMA pipe.
- *
- * 1 / x for x in [1, 2], within 7e-8 relative (rcp's 2^-23 and a rounding): a degree-2 start
- * p(x) = (210 - 144 x + 32 x^2) / 99, whose 1 - x p(x) is T3(2x - 3) / -99, so within 1/99, then
- * one cubic correction p (1 + e + e^2 + e^3) with e = 1 - x p, which leaves e^4 ~ 1e-8. Six FMAs. */
-__device__ __forceinline__ float rcp_1to2(float x) {
-  const float p = fmaf(x, fmaf(x, 32.f / 99.f, -144.f / 99.f), 210.f / 99.f);
-  const float e = fmaf(-x, p, 1.f);
-  return fmaf(p, fmaf(fmaf(e, e, e), e, e), p);
-}
-
-/* 2^x for x <= 0 within 7.5e-5 relative: enough for a P rounded to 16 bits (bf16 rounds by
- * 2^-9, f16 by 2^-12), not for a logit. x is rounded to an integer j by adding 1.5 * 2^23 (j
- * lands in the sum's low mantissa bits), 2^(x - j) is a degree-3 minimax polynomial on
- * [-1/2, 1/2], and j is added to its exponent field by an integer shift and add. Below -126
- * (-inf included) it gives a number under 2^-125, not 0: the clamp keeps the exponent field from
- * wrapping. Six FMA-pipe instructions and two integer ones where ex2 is one special-function
- * instruction, which costs the FMA pipe's eight (FlashAttention-4's split of the exponentials). */
-__device__ __forceinline__ float ex2_fma(float x) {
-  x = fmaxf(x, -126.f);
-  const float t = __fadd_rn(x, 12582912.f);
-  const float f = __fsub_rn(x, __fsub_rn(t, 12582912.f));
-  const float p = fmaf(fmaf(fmaf(0.0551716691f, f, 0.242611122f), f, 0.693260985f), f, 0.999928074f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -540,19 +513,6 @@ struct SoftCap {
     const float r = rcp(1.f + u);
     if (slope != nullptr) *slope = 4.f * u * r * r;
     return copysignf(fmaf(-u, out, out), y) * r;
-  }
-  /* logit2 with one special-function instruction, not two: 1 / (1 + u) by rcp_1to2 on the FMA
-   * pipe, and the logit as out (2 r - 1) = out (1 - u) / (1 + u), its sign that of dot * in (the
-   * sign of in folded into the constants). Within cap * 2.6e-7 (logit2: 2e-7; both simulated in
-   * f32 for |y| < 2, the exponential exact), u's 2^-22 on top;
-   * ten instructions in all, one on the special-function unit. The sm90 forward's soft cap. */
-  __device__ __forceinline__ float logit2_fma(float dot) const {
-    /* -2 log2(e) |in| held to -FLT_MAX like in, so a zero dot product stays 0 under a tiny cap */
-    const float u = ex2(fabsf(dot) * fmaxf(-2.f * kLog2e * fabsf(in), -3.40282347e38f));
-    const float r = rcp_1to2(1.f + u);
-    const float out_s = copysignf(out, in); /* constants of the block: hoisted out of the loop */
-    const float v = fmaf(r, 2.f * out_s, -out_s);
-    return __int_as_float(__float_as_int(v) ^ (__float_as_int(dot) & 0x80000000));
   }
 };
 

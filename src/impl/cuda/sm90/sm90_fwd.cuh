@@ -110,6 +110,46 @@ template <int N> __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
 }
 
+/* ---- the soft cap's and the softmax's arithmetic off the special-function unit (lab v6, v7) ----- */
+
+/* 1 / x for x in [1, 2] on the FMA pipe, within 7e-8 relative (rcp's 2^-23 and a rounding): a
+ * degree-2 start p(x) = (210 - 144 x + 32 x^2) / 99, whose 1 - x p(x) is T3(2x - 3) / -99, so
+ * within 1/99, then one cubic correction p (1 + e + e^2 + e^3) with e = 1 - x p, which leaves
+ * e^4 ~ 1e-8. Six FMAs. */
+__device__ __forceinline__ float rcp_1to2(float x) {
+  const float p = fmaf(x, fmaf(x, 32.f / 99.f, -144.f / 99.f), 210.f / 99.f);
+  const float e = fmaf(-x, p, 1.f);
+  return fmaf(p, fmaf(fmaf(e, e, e), e, e), p);
+}
+
+/* SoftCap::logit2 with 1 / (1 + u) by rcp_1to2 (kCapRcpFma): one special-function instruction, not
+ * two, and the logit as out (2 r - 1) = out (1 - u) / (1 + u), its sign that of dot * in (the sign
+ * of in folded into the constants). Within cap * 2.6e-7 (logit2: 2e-7; both simulated in f32 for
+ * |y| < 2, the exponential exact), u's 2^-22 on top; ten instructions in all. */
+__device__ __forceinline__ float cap_logit2_fma(const SoftCap &cap, float dot) {
+  /* -2 log2(e) |in| held to -FLT_MAX like in, so a zero dot product stays 0 under a tiny cap */
+  const float u = ex2(fabsf(dot) * fmaxf(-2.f * kLog2e * fabsf(cap.in), -3.40282347e38f));
+  const float r = rcp_1to2(1.f + u);
+  const float out_s = copysignf(cap.out, cap.in); /* constants of the block: hoisted out of the loop */
+  const float v = fmaf(r, 2.f * out_s, -out_s);
+  return __int_as_float(__float_as_int(v) ^ (__float_as_int(dot) & 0x80000000));
+}
+
+/* 2^x for x <= 0 on the FMA pipe (kExpFmaEvery), within 7.5e-5 relative: enough for a P rounded to
+ * 16 bits (bf16 rounds by 2^-9, f16 by 2^-12), not for a logit. x is rounded to an integer j by
+ * adding 1.5 * 2^23 (j lands in the sum's low mantissa bits), 2^(x - j) is a degree-3 minimax
+ * polynomial on [-1/2, 1/2], and j is added to its exponent field by an integer shift and add.
+ * Below -126 (-inf included) it gives a number under 2^-125, not 0: the clamp keeps the exponent
+ * field from wrapping. Six FMA-pipe instructions and two integer ones where ex2 is one
+ * special-function instruction, which costs the FMA pipe's eight (FlashAttention-4's split). */
+__device__ __forceinline__ float ex2_fma(float x) {
+  x = fmaxf(x, -126.f);
+  const float t = __fadd_rn(x, 12582912.f);
+  const float f = __fsub_rn(x, __fsub_rn(t, 12582912.f));
+  const float p = fmaf(fmaf(fmaf(0.0551716691f, f, 0.242611122f), f, 0.693260985f), f, 0.999928074f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
+
 /* ---- configuration ----------------------------------------------------------------------------- */
 
 /* kCWG consumer warpgroups of 64 rows each (2 or 3) beside the producer. The register file (64K
@@ -120,10 +160,9 @@ template <int N> __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
  * kPingPong (with kOverlap): the consumer warpgroups take turns to issue their products, so that
  * one's softmax runs while the others' products do (FlashAttention-3's inter-warpgroup overlap). */
 enum CapForm : int {
-  kCapRcp = 0,     /* SoftCap::logit2 on every score, then the softmax: 3 special-function ops a score */
-  kCapRcpFma = 1,  /* SoftCap::logit2_fma: the reciprocal on the FMA pipe; 2 ops, 6 FMAs more */
-  kCapRcpHalf = 2, /* logit2_fma on every other 8-key group, logit2 on the rest */
-  kCapFused = 3,   /* the cap folded into the softmax (cap_softmax): 3 ops, 8.5 instructions a score */
+  kCapRcp = 0,    /* SoftCap::logit2 on every score, then the softmax: 3 special-function ops a score */
+  kCapRcpFma = 1, /* cap_logit2_fma: the reciprocal on the FMA pipe; 2 ops, 6 FMAs more */
+  kCapFused = 2,  /* the cap folded into the softmax (cap_softmax): 3 ops, 8.5 instructions a score */
 };
 template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_, int kCWG_ = 2, int kCap_ = kCapFused,
           int kExpFmaEvery_ = 0, bool kPingPong_ = false>
@@ -133,7 +172,9 @@ struct FwdCfg90 {
   static constexpr int kCap = kCap_, kExpFmaEvery = kExpFmaEvery_;
   static constexpr bool kOverlap = kOverlap_, kPingPong = kPingPong_ && kOverlap_;
   /* whether 8-key group g (of kBN / 8) takes the FMA pipe, one in every N (0: none) */
-  __host__ __device__ static constexpr bool on_fma(int every, int g) { return every > 0 && g % (every > 0 ? every : 1) == every - 1; }
+  __host__ __device__ static constexpr bool on_fma(int every, int g) {
+    return every > 0 && g % (every > 0 ? every : 1) == every - 1;
+  }
   static constexpr int kBM = 64 * kCWG, kThreads = 128 * (kCWG + 1), kPanels = kD / 64;
   static constexpr int kProducerRegs = 24, kConsumerRegs = (65536 / 128 - kProducerRegs) / kCWG / 8 * 8;
   static constexpr uint32_t kQBytes = kBM * kD * 2, kKVBytes = kBN * kD * 2;
@@ -288,10 +329,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       if (p.softcap > 0.f) {
         const SoftCap cap(p);
 #pragma unroll
-        for (int k = 0; k < kBN / 2; ++k) { /* sacc[k] is of 8-key group k / 4 */
-          const bool fma_rcp = C::kCap == kCapRcpFma || (C::kCap == kCapRcpHalf && k / 4 % 2 == 1);
-          sacc[k] = fma_rcp ? cap.logit2_fma(sacc[k]) : cap.logit2(sacc[k]);
-        }
+        for (int k = 0; k < kBN / 2; ++k)
+          sacc[k] = C::kCap == kCapRcpFma ? cap_logit2_fma(cap, sacc[k]) : cap.logit2(sacc[k]);
       }
     };
     auto mask_edge = [&](int n, float masked) { /* S outside the band and the key length := masked */
@@ -309,10 +348,11 @@ __global__ void __launch_bounds__(C::kThreads, 1)
      * z grows, so the row's largest logit is that of its smallest z, computed once a row, and each
      * P is ex2(r 2 out - (out + max)): one FMUL, FMNMX, FADD and FFMA and three special-function
      * ops (ex2, rcp, ex2) a score, no sign to restore (u overflows to inf and r to 0 for very
-     * negative y, which is the limit). Within cap * 4e-7 of tanh (u's 2^-22 and rcp's 2^-23 times
-     * out, absolute), as logit2. Masked scores get z = NaN, which the row's minimum passes over
-     * (z = +inf is a visible score's limit, -out), then P = 0, on the band's edge blocks only.
-     * The same rescale factors and log2-unit maxima as softmax. */
+     * negative y, which is the limit). Within cap * 2.6e-7 of tanh with ex2 and rcp exact
+     * (simulated in f32), u's 2^-22 and r's 2^-23 on top: logit2's error. Masked scores get
+     * z = NaN, which the row's minimum passes over (z = +inf is a visible score's limit, -out),
+     * then P = 0, on the band's edge blocks only. The same rescale factors and log2-unit maxima
+     * as softmax. */
     auto cap_softmax = [&](int n, float (&corr)[2]) {
       add_alibi(n);
       const SoftCap cap(p);
@@ -326,7 +366,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       for (int hf = 0; hf < 2; ++hf) {
         float zmin = NAN; /* fminf and fmaxf pass NaN over: it stays NaN only if nothing is visible */
 #pragma unroll
-        for (int jj = 0; jj < kBN / 8; ++jj) zmin = fminf(zmin, fminf(sacc[4 * jj + 2 * hf], sacc[4 * jj + 2 * hf + 1]));
+        for (int jj = 0; jj < kBN / 8; ++jj)
+          zmin = fminf(zmin, fminf(sacc[4 * jj + 2 * hf], sacc[4 * jj + 2 * hf + 1]));
         zmin = -quad_max(-zmin);
         /* a row with nothing visible yet keeps max -inf */
         const float mx = fmaxf(row_max[hf], zmin != zmin ? -INFINITY : fmaf(rcp(1.f + ex2(zmin)), out2, -cap.out));
@@ -432,7 +473,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     };
     auto pass_turn = [&](bool last) {
       if constexpr (C::kPingPong)
-        if (!(last && cw == C::kCWG - 1)) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + (cw + 1) % C::kCWG) : "memory");
+        if (!(last && cw == C::kCWG - 1))
+          asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + (cw + 1) % C::kCWG) : "memory");
     };
     auto pass_turn_ahead = [&]() {
       if constexpr (C::kPingPong)

@@ -22,8 +22,8 @@ namespace sm90 {
 template <typename T> attn_status run(const attn_cuda_params &p, cudaStream_t s, char *why, size_t why_size) {
   switch (p.d) {
   case 64:
-    return launch_fwd90_any<FwdCfg90<T, 64, 128, 3, true, 3, kCapFused, 0, true>, void, FwdCfg90<T, 64, 128, 3, true, 2>>(
-        p, s, why, why_size);
+    return launch_fwd90_any<FwdCfg90<T, 64, 128, 3, true, 3, kCapFused, 0, true>, void,
+                            FwdCfg90<T, 64, 128, 3, true, 2>>(p, s, why, why_size);
   case 128: return launch_fwd90_any<FwdCfg90<T, 128, 128, 2, true>, void>(p, s, why, why_size);
   default: return launch_fwd90_any<FwdCfg90<T, 256, 64, 2, true>, FwdCfg90<T, 256, 64, 2, true>>(p, s, why, why_size);
   }
