@@ -14,8 +14,9 @@ namespace sm90 {
 /* 128 keys per block up to D = 128 (S and O fit the 240 registers with P beside them), 64 at
  * D = 256 (O alone takes 128); as many K/V stages as shared memory holds, at most 3. D = 64's
  * plain kernel has three consumer warpgroups (192-row CTAs: each K/V tile feeds 1.5x the rows;
- * 160 registers hold its O, S and P) taking turns (ping-pong: lab v8, 1.10x / 1.15-1.20x v3 non-causal
- * / causal on an H100); its cap / ALiBi kernel has two (ptxas spills the cap at 160 registers).
+ * 160 registers hold its O, S and P) taking turns (ping-pong: lab v8, 1.10x / 1.15-1.20x v3
+ * non-causal / causal on an H100); its cap / ALiBi kernel has two (ptxas spills the cap at 160
+ * registers).
  * The soft cap is folded into the softmax everywhere (kCapFused: lab v9). The generic kernel is
  * built at D = 256 alone (kGenericDeclined says why); the lab runs it at every head dim (at
  * D = 64 with two consumer warpgroups: its per-element function spills at 160 registers). */
