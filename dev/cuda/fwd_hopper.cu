@@ -62,14 +62,64 @@
  *      added one, 0.63 / 0.83 / 0.97 non-causal, with a relative error of 2^-11, cap * 5e-4 on a
  *      logit). Tried, not measured (no device time left): 1 / (1 + u) by Newton's iteration on
  *      the FMA pipe (commit 3da0619's cap_logit2), two special-function ops a score.
+ *   v6 the soft cap's 1 / (1 + u) by rcp_1to2 on the FMA pipe (cap_logit2_fma: a degree-2
+ *      start and a cubic correction, within 7e-8; kCapRcpFma), two special-function ops a score
+ *      instead of three, six FMAs more; "half": on every other 8-key group (measured in this
+ *      call, since removed). One call (H100,
+ *      2026-11-24, soft cap 30, ratio to the plain kernel non-causal / causal, v5 in the same
+ *      call): D = 64 0.48 / 0.53 (v5 0.52 / 0.58; ptxas spills 252 bytes at 160 registers), two
+ *      consumer warpgroups 0.51 / 0.60, half 0.53 / 0.65; D = 128 0.63 / 0.64 (v5 0.59 / 0.60),
+ *      half 0.63 / 0.62; D = 256 0.80 / 0.78 (v5 0.81 / 0.79). So the special-function unit was
+ *      not the bound (static SASS counts: v5's cap ~11 instructions a score more than the plain
+ *      kernel, v6's ~14). Not kept (v9 is; kCapRcpFma stays for the lab).
+ *   v7 a share of the softmax's exponentials on the FMA pipe (ex2_fma: round-to-integer by
+ *      1.5 * 2^23, a degree-3 minimax polynomial on [-1/2, 1/2], 7.5e-5 relative; FlashAttention-
+ *      4's split), one 8-key group in 4 or 2 (kExpFmaEvery). Same call: plain D = 64 1/4 471.5 /
+ *      367.1 TFLOPS (v3 467.9 / 344.4), 1/2 431.9 / 337.8; D = 128 1/4 579.4 / 544.9 (v2 644.1 /
+ *      593.6); with the cap no gain (D = 64 0.50 / 0.54, D = 128 0.61 / 0.61, D = 256 0.76 /
+ *      0.72). Not kept.
+ *   v8 the consumer warpgroups' ping-pong (kPingPong: each issues its two products after a
+ *      named barrier the one before it arrives at once it has issued its own, so one's softmax
+ *      runs under the others' products; FlashAttention-3's inter-warpgroup overlap). Same call,
+ *      plain: D = 64 (three warpgroups) 512.5 / 413.7 TFLOPS against v3's 467.9 / 344.4 (1.10x /
+ *      1.20x: kept, sm90_launch.cu); D = 128 622.2 / 573.1 against 644.1 / 593.6, D = 256 680.1 /
+ *      595.5 against 682.2 / 603.0 (not kept); with the cap no gain (0.49-0.62).
+ *      The same call's feature table (the plain kernel v3 / v2, the cap v6): 1 sink, packed
+ *      varlen and GQA 4:1 0.98-1.17x plain at every head dim; ALiBi 0.84 / 0.88 (D = 64), 0.90 /
+ *      0.90, 0.99 / 0.99; a sliding window of 2048 keys (its TFLOPS over the scores it sees)
+ *      0.77 / 0.66, 0.82 / 0.74, 0.87 / 0.88: its CTAs see 17 key blocks each, two of them
+ *      masked, so the prologue and epilogue that one CTA per 128 or 192 rows leaves unhidden
+ *      weigh as at T = 2048 (a persistent scheduler is what is left).
+ *   v9 the soft cap folded into the softmax (kCapFused, cap_softmax): with z = dot * (-2 log2(e)
+ *      scale / cap) the capped logit is cap log2(e) (2 / (1 + 2^z) - 1), falling in z, so the
+ *      row's largest logit comes from its smallest z, computed once a row, and P = ex2(r 2 out -
+ *      (out + max)) with r = rcp(1 + ex2(z)): 8.5 instructions a score in all (v5: ~15, v6:
+ *      ~15.5), three special-function ops, no sign to restore, one pass less. D = 64's cap /
+ *      ALiBi kernel on two consumer warpgroups (ptxas spills it at 160 registers). One call (H100,
+ *      2026-11-25, soft cap 30, ratio to the library's plain kernel, v5 in the same call): D = 64
+ *      0.44 / 0.53 (v5 0.46 / 0.52; three warpgroups with ping-pong 0.48 / 0.49, without 0.47 /
+ *      0.51, with v7's exponentials 1/4 0.50 / 0.50), D = 128 0.61 / 0.62 (v5 0.60 / 0.60, v6
+ *      0.63 / 0.62, exponentials 1/4 0.63 / 0.62), D = 256 0.94 / 0.82 (v5 0.80 / 0.80; 1/4 0.83 /
+ *      0.78). Kept (sm90_launch.cu): it wins at D = 256 and ties at 64 and 128, with the fewest
+ *      instructions. ncu (`fwd_hopper ncu-cap`, D = 128 non-causal, beside `ncu`'s plain launch):
+ *      2.60 ms against 1.65, 881M instructions issued against 599M (+47%: ~4 a score), issue slots
+ *      35% busy (plain 40%), 6.15 cycles per issued instruction (5.33), no warp eligible in 64% of
+ *      the cycles (58%), 0.51 eligible of 2.24 active warps per scheduler, a third of the stalls
+ *      on fixed-latency dependencies, the special-function unit ~64% busy (3 ops a score against
+ *      the plain kernel's 1 at 37%), the tensor pipe 43%. Each consumer warp's softmax is a chain
+ *      of dependent ops longer than the other warpgroup's products, and two consumer warps per
+ *      scheduler cannot hide it: what is left is more independent work per warp (a third
+ *      consumer warpgroup at D = 128 needs O, S and P in 160 registers: spills) or splitting a
+ *      block's softmax in halves that overlap each other's products.
  *   ncu (v2, D = 128, non-causal, `fwd_hopper ncu`): 1.62 ms, SM busy 72% (the tensor pipe is
  *      what fills it), the XU pipe (exp2, conversions) 37%, DRAM 5%, issue slots 40% busy, 5.4 cycles per
  *      issued instruction. What is left is the softmax between the products that the two
  *      consumer warpgroups do not yet hide from each other (FlashAttention-3's ping-pong), and at
  *      T = 512 the non-persistent grid (one CTA per 128 rows, prologue and epilogue unhidden).
  *
- * `fwd_hopper ncu` runs the D = 128 non-causal shape alone (for Nsight Compute); `fwd_hopper SEED
- * features` runs the checks, then only the features' benchmarks.
+ * `fwd_hopper ncu` runs the D = 128 non-causal shape alone (for Nsight Compute; `ncu-cap`: with the
+ * soft cap, its 5th sm90 launch the capped kernel's); `fwd_hopper SEED features` runs the checks,
+ * then only the features' benchmarks (the cap's variants and D = 64's plain kernel included).
  *
  * build + run on the GPU machine (`gpu/run.sh cuda lab` does it):
  *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90a,code=sm_90a dev/cuda/fwd_hopper.cu -o lab90 && ./lab90
@@ -120,6 +170,9 @@ struct Feat {
   int segments = 0;
   int varlen = 0;  /* ATTN_CUDA_VARLEN_*: B sequences of ragged lengths (some empty) up to Tq, Tk */
   int ragged = 1;  /* 0: every varlen sequence at the full Tq, Tk (the benchmark's) */
+  int window = 0;  /* bench_feature only: a sliding window of this many keys left (and right when
+                      not causal) */
+  int group = 1;   /* bench_feature only: Hq / Hkv */
   const char *name = "";
 };
 
@@ -290,10 +343,11 @@ template <typename T, int kD> void run_ref(attn_cuda_params p, T *out, float *ls
   }
 }
 
-/* p on the sm90 kernel of its mode (sm90::fwd90_mode), configuration C, or G for the generic one */
-template <typename C, typename G = C> void run90(const attn_cuda_params &p) {
+/* p on the sm90 kernel of its mode (sm90::fwd90_mode), configuration C, G for the generic one, A
+ * for the cap / ALiBi one */
+template <typename C, typename G = C, typename A = C> void run90(const attn_cuda_params &p) {
   char why[256];
-  if (sm90::launch_fwd90_any<C, G>(p, 0, why, sizeof why) != ATTN_STATUS_OK) {
+  if (sm90::launch_fwd90_any<C, G, A>(p, 0, why, sizeof why) != ATTN_STATUS_OK) {
     printf("sm90: %s\n", why);
     exit(1);
   }
@@ -302,7 +356,7 @@ template <typename C, typename G = C> void run90(const attn_cuda_params &p) {
 /* Runs version C (G for the generic kernel) on s against the sm_80 kernel: relative L2 error of
  * O (< 1e-2 for 16-bit outputs), max lse difference (< 1e-3; 5e-3 with the soft cap), and no
  * unwritten (NaN-poisoned) element. */
-template <typename C, typename G = C> void check(const char *tag, const Problem &s, unsigned seed) {
+template <typename C, typename G = C, typename A = C> void check(const char *tag, const Problem &s, unsigned seed) {
   using T = typename C::T;
   Buffers<T> bu(s, seed);
   CU(cudaMemset(bu.oref, 0, bu.nq * 2));
@@ -311,7 +365,7 @@ template <typename C, typename G = C> void check(const char *tag, const Problem 
   CU(cudaMemset(bu.lse, 0xff, bu.nl * 4));
   attn_cuda_params p = bu.p;
   p.out = bu.o;
-  run90<C, G>(p);
+  run90<C, G, A>(p);
   CU(cudaGetLastError());
   CU(cudaDeviceSynchronize());
   bu.clear_padding(bu.o, bu.lse), bu.clear_padding(bu.oref, bu.lseref);
@@ -336,17 +390,17 @@ template <typename C, typename G = C> void check(const char *tag, const Problem 
 
 template <typename C> void checks(const char *tag, unsigned seed) {
   const int D = C::kD;
-  check<C>(tag, {2, 1000, 1000, 4, 4, D, -1, -1, 0}, seed);      /* ragged, non-causal */
-  check<C>(tag, {2, 1000, 1000, 4, 4, D, -1, 0, 0}, seed + 10);  /* causal */
-  check<C>(tag, {1, 777, 1333, 8, 2, D, -1, 0, 1}, seed + 20);   /* GQA 4:1, causal bottom-right */
-  check<C>(tag, {1, 1333, 777, 8, 1, D, -1, 0, 0}, seed + 30);   /* MQA, causal top-left: empty rows */
-  check<C>(tag, {2, 600, 600, 2, 2, D, 200, 0, 0}, seed + 40);   /* sliding window */
-  check<C>(tag, {3, 65, 200, 3, 3, D, -1, -1, 0}, seed + 50);    /* one short block */
+  check<C, void>(tag, {2, 1000, 1000, 4, 4, D, -1, -1, 0}, seed);      /* ragged, non-causal */
+  check<C, void>(tag, {2, 1000, 1000, 4, 4, D, -1, 0, 0}, seed + 10);  /* causal */
+  check<C, void>(tag, {1, 777, 1333, 8, 2, D, -1, 0, 1}, seed + 20);   /* GQA 4:1, causal bottom-right */
+  check<C, void>(tag, {1, 1333, 777, 8, 1, D, -1, 0, 0}, seed + 30);   /* MQA, causal top-left: empty rows */
+  check<C, void>(tag, {2, 600, 600, 2, 2, D, 200, 0, 0}, seed + 40);   /* sliding window */
+  check<C, void>(tag, {3, 65, 200, 3, 3, D, -1, -1, 0}, seed + 50);    /* one short block */
 }
 
 /* The kernels of configuration C (G: the generic one) against the sm_80 kernel: every feature
  * alone and combined, on odd shapes (ragged lengths, GQA / MQA, both alignments, windows). */
-template <typename C, typename G> void feature_checks(const char *tag, unsigned seed) {
+template <typename C, typename G, typename A = C> void feature_checks(const char *tag, unsigned seed) {
   const int D = C::kD;
   Feat cap, cap30, sinks, sinks3, alibi_h, alibi_bh, bias_full, bias_kv, bias_row, mask, seg, packed, padded, all;
   cap.softcap = 5.f, cap.name = "softcap 5";
@@ -367,49 +421,60 @@ template <typename C, typename G> void feature_checks(const char *tag, unsigned 
   Feat cap_alibi; /* the cap / ALiBi kernel with both, and the sinks, padded varlen */
   cap_alibi.softcap = 5.f, cap_alibi.alibi = 2, cap_alibi.sinks = 1, cap_alibi.varlen = ATTN_CUDA_VARLEN_PADDED;
   cap_alibi.name = "softcap 5 + alibi [B, H] + 1 sink, padded";
-  check<C, G>(tag, {2, 1000, 1000, 4, 4, D, -1, -1, 0, cap}, seed);
-  check<C, G>(tag, {1, 777, 1333, 8, 2, D, -1, 0, 1, cap30}, seed + 1);
-  check<C, G>(tag, {2, 1000, 1000, 4, 4, D, -1, 0, 0, sinks}, seed + 2);
-  check<C, G>(tag, {1, 600, 600, 2, 2, D, 200, 0, 0, sinks3}, seed + 3);
-  check<C, G>(tag, {1, 1333, 777, 8, 1, D, -1, 0, 0, sinks}, seed + 4); /* rows with only the sinks */
-  check<C, G>(tag, {1, 777, 1333, 8, 2, D, -1, 0, 1, alibi_h}, seed + 5);
-  check<C, G>(tag, {2, 300, 517, 4, 4, D, -1, -1, 0, alibi_bh}, seed + 6);
-  check<C, G>(tag, {2, 129, 300, 4, 2, D, -1, -1, 0, bias_full}, seed + 7);
-  check<C, G>(tag, {2, 300, 129, 4, 2, D, -1, 0, 1, bias_kv}, seed + 8);
-  check<C, G>(tag, {3, 65, 200, 3, 3, D, -1, -1, 0, bias_row}, seed + 9);
-  check<C, G>(tag, {1, 300, 333, 4, 2, D, -1, -1, 0, mask}, seed + 10);
-  check<C, G>(tag, {2, 250, 250, 2, 1, D, -1, 0, 0, seg}, seed + 11);
-  check<C, G>(tag, {3, 1000, 777, 4, 2, D, -1, -1, 0, packed}, seed + 12);
-  check<C, G>(tag, {3, 777, 1000, 4, 2, D, -1, 0, 1, packed}, seed + 13);
-  check<C, G>(tag, {3, 500, 600, 2, 2, D, 100, 10, 0, padded}, seed + 14);
-  check<C, G>(tag, {3, 200, 300, 4, 2, D, 50, 0, 1, all}, seed + 15);
-  check<C, G>(tag, {3, 500, 700, 4, 2, D, -1, 0, 1, cap_alibi}, seed + 16);
-  check<C, G>(tag, {2, 700, 500, 4, 4, D, 100, 20, 0, cap_alibi}, seed + 17);
+  check<C, G, A>(tag, {2, 1000, 1000, 4, 4, D, -1, -1, 0, cap}, seed);
+  check<C, G, A>(tag, {1, 777, 1333, 8, 2, D, -1, 0, 1, cap30}, seed + 1);
+  check<C, G, A>(tag, {2, 1000, 1000, 4, 4, D, -1, 0, 0, sinks}, seed + 2);
+  check<C, G, A>(tag, {1, 600, 600, 2, 2, D, 200, 0, 0, sinks3}, seed + 3);
+  check<C, G, A>(tag, {1, 1333, 777, 8, 1, D, -1, 0, 0, sinks}, seed + 4); /* rows with only the sinks */
+  check<C, G, A>(tag, {1, 777, 1333, 8, 2, D, -1, 0, 1, alibi_h}, seed + 5);
+  check<C, G, A>(tag, {2, 300, 517, 4, 4, D, -1, -1, 0, alibi_bh}, seed + 6);
+  check<C, G, A>(tag, {2, 129, 300, 4, 2, D, -1, -1, 0, bias_full}, seed + 7);
+  check<C, G, A>(tag, {2, 300, 129, 4, 2, D, -1, 0, 1, bias_kv}, seed + 8);
+  check<C, G, A>(tag, {3, 65, 200, 3, 3, D, -1, -1, 0, bias_row}, seed + 9);
+  check<C, G, A>(tag, {1, 300, 333, 4, 2, D, -1, -1, 0, mask}, seed + 10);
+  check<C, G, A>(tag, {2, 250, 250, 2, 1, D, -1, 0, 0, seg}, seed + 11);
+  check<C, G, A>(tag, {3, 1000, 777, 4, 2, D, -1, -1, 0, packed}, seed + 12);
+  check<C, G, A>(tag, {3, 777, 1000, 4, 2, D, -1, 0, 1, packed}, seed + 13);
+  check<C, G, A>(tag, {3, 500, 600, 2, 2, D, 100, 10, 0, padded}, seed + 14);
+  check<C, G, A>(tag, {3, 200, 300, 4, 2, D, 50, 0, 1, all}, seed + 15);
+  check<C, G, A>(tag, {3, 500, 700, 4, 2, D, -1, 0, 1, cap_alibi}, seed + 16);
+  check<C, G, A>(tag, {2, 700, 500, 4, 4, D, 100, 20, 0, cap_alibi}, seed + 17);
 }
 
 /* Times feature f on the bench shape (the kernel of its mode: configuration P, F for the generic
- * one) beside the plain kernel of configuration P on the same tensors without it (the issue's
- * target: >= 0.9x) and beside the sm_80 kernel with the feature; the feature's output is checked
- * first. Varlen runs B sequences of the full length, the same work. */
-template <typename P, typename F> void bench_feature(Feat f, int causal) {
+ * one) beside the plain kernel of configuration B (default P) on the same shape without it (the
+ * issue's target: >= 0.9x of its TFLOPS) and beside the sm_80 kernel with the feature; the
+ * feature's output is checked first. Varlen runs B sequences of the full length, the same work; a
+ * window or GQA changes the shape the feature runs on, not the plain one's (a window's TFLOPS
+ * count the scores it sees, the plain one's the causal or full square). */
+template <typename P, typename F, typename Bp = P, typename A = P>
+void bench_feature(Feat f, int causal, const char *tag = "") {
   using T = typename P::T;
   const int D = P::kD, T_ = 8192, B = 16384 / T_, H = 2048 / D;
   f.ragged = 0;
-  const Problem s{B, T_, T_, H, H, D, -1, causal ? 0 : -1, 0, f};
-  check<P, F>("bench", s, 7);
-  Buffers<T> bu(s, 7);
-  attn_cuda_params pf = bu.p, pp = bu.plain;
-  pf.out = pp.out = bu.o;
-  const double flops = 4.0 * B * H * (double)T_ * T_ * D * (causal ? 0.5 : 1.0);
-  const float ms = median_ms([&] { run90<P, F>(pf); });
-  const float ms_plain = median_ms([&] { run90<P>(pp); });
+  const int wl = f.window > 0 ? f.window : -1, wr = causal ? 0 : wl;
+  const Problem s{B, T_, T_, H, H / f.group, D, wl, wr, 0, f};
+  const Problem s_plain{B, T_, T_, H, H, D, -1, causal ? 0 : -1, 0};
+  check<P, F, A>("bench", s, 7);
+  Buffers<T> bu(s, 7), bp(s_plain, 7);
+  attn_cuda_params pf = bu.p, pp = bp.plain;
+  pf.out = bu.o, pp.out = bp.o;
+  double pairs = 0, pairs_plain = 0; /* visible (query, key) pairs of one head */
+  for (int i = 0; i < T_; ++i) {
+    const int lo = s.wl < 0 ? 0 : std::max(0, i - s.wl), hi = s.wr < 0 ? T_ - 1 : std::min(T_ - 1, i + s.wr);
+    pairs += hi - lo + 1, pairs_plain += causal ? i + 1 : T_;
+  }
+  const double flops = 4.0 * B * H * pairs * D, flops_plain = 4.0 * B * H * pairs_plain * D;
+  const float ms = median_ms([&] { run90<P, F, A>(pf); });
+  const float ms_plain = median_ms([&] { run90<Bp, void>(pp); });
   const float ms80 = median_ms([&] { run_ref<T, D>(bu.p, bu.oref, bu.lseref); });
-  printf("lab fwd90 feature %s D=%d T=%d causal=%d: %.3f ms %.1f TFLOPS (plain %.3f ms %.1f TFLOPS): %.2fx plain; "
+  const double tf = flops / ms * 1e-9, tf_plain = flops_plain / ms_plain * 1e-9;
+  printf("lab fwd90 feature%s%s %s D=%d T=%d causal=%d: %.3f ms %.1f TFLOPS (plain %.3f ms %.1f TFLOPS): %.2fx plain; "
          "sm80 with it %.3f ms: %.2fx sm80\n",
-         f.name, D, T_, causal, ms, flops / ms * 1e-9, ms_plain, flops / ms_plain * 1e-9, ms_plain / ms, ms80, ms80 / ms);
+         tag[0] ? " " : "", tag, f.name, D, T_, causal, ms, tf, ms_plain, tf_plain, tf / tf_plain, ms80, ms80 / ms);
 }
 
-template <typename P, typename F> void bench_features() {
+template <typename P, typename F, typename A = P> void bench_features() {
   Feat cap, sinks, alibi, cap_alibi, packed, bias;
   cap.softcap = 30.f, cap.name = "softcap 30";
   sinks.sinks = 1, sinks.name = "1 sink";
@@ -417,8 +482,37 @@ template <typename P, typename F> void bench_features() {
   cap_alibi.softcap = 30.f, cap_alibi.alibi = 1, cap_alibi.name = "softcap 30 + alibi";
   packed.varlen = ATTN_CUDA_VARLEN_PACKED, packed.name = "packed varlen";
   bias.bias = 3, bias.name = "bias f16 [B, 1, 1, Tk] (generic)";
+  Feat window, gqa;
+  window.window = 2048, window.name = "window 2048";
+  gqa.group = 4, gqa.name = "GQA 4:1";
   for (int c = 0; c < 2; ++c)
-    for (const Feat &f : {cap, sinks, alibi, cap_alibi, packed, bias}) bench_feature<P, F>(f, c);
+    for (const Feat &f : {cap, sinks, alibi, cap_alibi, packed, window, gqa, bias}) bench_feature<P, F, P, A>(f, c);
+}
+
+/* The soft cap (30) on variant V of the cap kernel against the plain kernel of configuration P
+ * (the library's), both causal and not: how each way of computing it compares, in one run. */
+template <typename V, typename P> void bench_cap(const char *tag) {
+  Feat cap;
+  cap.softcap = 30.f, cap.name = "softcap 30";
+  for (int c = 0; c < 2; ++c) bench_feature<V, void, P>(cap, c, tag);
+}
+
+/* Variant C's plain and cap / ALiBi kernels (no generic one) against the sm_80 kernel: the plain
+ * checks, and the soft cap, ALiBi and sinks alone and together on odd shapes. */
+template <typename C> void variant_checks(const char *tag, unsigned seed) {
+  const int D = C::kD;
+  checks<C>(tag, seed);
+  Feat cap, cap30, alibi, cap_alibi;
+  cap.softcap = 5.f, cap.name = "softcap 5";
+  cap30.softcap = 30.f, cap30.sinks = 1, cap30.name = "softcap 30 + 1 sink";
+  alibi.alibi = 2, alibi.name = "alibi [B, H]";
+  cap_alibi.softcap = 5.f, cap_alibi.alibi = 2, cap_alibi.sinks = 1, cap_alibi.varlen = ATTN_CUDA_VARLEN_PADDED;
+  cap_alibi.name = "softcap 5 + alibi [B, H] + 1 sink, padded";
+  check<C, void>(tag, {2, 1000, 1000, 4, 4, D, -1, -1, 0, cap}, seed + 60);
+  check<C, void>(tag, {1, 777, 1333, 8, 2, D, -1, 0, 1, cap30}, seed + 61);
+  check<C, void>(tag, {2, 300, 517, 4, 4, D, -1, -1, 0, alibi}, seed + 62);
+  check<C, void>(tag, {3, 500, 700, 4, 2, D, -1, 0, 1, cap_alibi}, seed + 63);
+  check<C, void>(tag, {2, 700, 500, 4, 4, D, 100, 20, 0, cap_alibi}, seed + 64);
 }
 
 /* Times version C beside the sm_80 kernel on the bench shape; the output is checked first. */
@@ -426,12 +520,12 @@ template <typename C> void bench(const char *tag, int causal) {
   using T = typename C::T;
   const int D = C::kD, T_ = 8192, B = 16384 / T_, H = 2048 / D;
   const Problem s{B, T_, T_, H, H, D, -1, causal ? 0 : -1, 0};
-  check<C>(tag, s, 7);
+  check<C, void>(tag, s, 7);
   Buffers<T> bu(s, 7);
   attn_cuda_params p = bu.p;
   p.out = bu.o;
   const double flops = 4.0 * B * H * (double)T_ * T_ * D * (causal ? 0.5 : 1.0);
-  const float ms = median_ms([&] { run90<C>(p); });
+  const float ms = median_ms([&] { run90<C, void>(p); });
   const float ms80 = median_ms([&] { run_ref<T, C::kD>(bu.p, bu.oref, bu.lseref); });
   printf("lab fwd90 %s D=%d T=%d causal=%d bm=%d bn=%d stages=%d: %.3f ms %.1f TFLOPS (sm80 %.3f ms %.1f TFLOPS, %.2fx)\n",
          tag, D, T_, causal, C::kBM, C::kBN, C::kStages, ms, flops / ms * 1e-9, ms80, flops / ms80 * 1e-9, ms80 / ms);
@@ -440,6 +534,12 @@ template <typename C> void bench(const char *tag, int causal) {
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "ncu") == 0) { /* one shape, for Nsight Compute: D = 128 non-causal */
     bench<FwdCfg90<bf, 128, 128, 2, true>>("v2", 0);
+    return failures != 0;
+  }
+  if (argc > 1 && strcmp(argv[1], "ncu-cap") == 0) { /* the same with the soft cap (30), v9 */
+    Feat cap;
+    cap.softcap = 30.f, cap.name = "softcap 30";
+    bench_feature<FwdCfg90<bf, 128, 128, 2, true>, void>(cap, 0, "v9");
     return failures != 0;
   }
   unsigned seed = argc > 1 ? (unsigned)atoi(argv[1]) : 1234u;
@@ -462,19 +562,63 @@ int main(int argc, char **argv) {
   checks<V2_128h>("v2", seed);
   checks<V3_64h>("v3", seed);
   checks<V2_256h>("v2", seed);
-  /* the feature kernels, at the library's configurations (sm90_launch.cu) */
+  /* the library's configurations (sm90_launch.cu): D = 64's plain kernel with v8's ping-pong,
+   * every head dim's cap with v9's; F64: D = 64's cap / ALiBi and generic kernels (two consumer
+   * warpgroups: at 160 registers ptxas spills theirs) */
+  using sm90::kCapRcp;
+  using sm90::kCapRcpFma;
+  using sm90::kCapFused;
+  using P64 = FwdCfg90<bf, 64, 128, 3, true, 3, kCapFused, 0, true>;
+  using P64h = FwdCfg90<hf, 64, 128, 3, true, 3, kCapFused, 0, true>;
   using F64 = FwdCfg90<bf, 64, 128, 3, true, 2>;
   using F64h = FwdCfg90<hf, 64, 128, 3, true, 2>;
-  feature_checks<V3_64, F64>("v5", seed);
-  feature_checks<V2_128, V2_128>("v5", seed);
-  feature_checks<V2_256, V2_256>("v5", seed);
-  feature_checks<V3_64h, F64h>("v5", seed);
-  feature_checks<V2_128h, V2_128h>("v5", seed);
-  feature_checks<V2_256h, V2_256h>("v5", seed);
+  feature_checks<P64, F64, F64>("v9", seed);
+  feature_checks<V2_128, V2_128>("v9", seed);
+  feature_checks<V2_256, V2_256>("v9", seed);
+  feature_checks<P64h, F64h, F64h>("v9", seed);
+  feature_checks<V2_128h, V2_128h>("v9", seed);
+  feature_checks<V2_256h, V2_256h>("v9", seed);
+  /* the cap's other forms (the header's v5, v6, v9 variants), checked, then timed beside the
+   * library's plain kernel */
+  using V5c_64 = FwdCfg90<bf, 64, 128, 3, true, 3, kCapRcp>; /* v5: the library before */
+  using V9n_64 = FwdCfg90<bf, 64, 128, 3, true, 3, kCapFused>;
+  using V9e4_64 = FwdCfg90<bf, 64, 128, 3, true, 3, kCapFused, 4, true>;
+  using V5c_128 = FwdCfg90<bf, 128, 128, 2, true, 2, kCapRcp>;
+  using V6_128 = FwdCfg90<bf, 128, 128, 2, true, 2, kCapRcpFma>;
+  using V9e4_128 = FwdCfg90<bf, 128, 128, 2, true, 2, kCapFused, 4>;
+  using V5c_256 = FwdCfg90<bf, 256, 64, 2, true, 2, kCapRcp>;
+  using V9e4_256 = FwdCfg90<bf, 256, 64, 2, true, 2, kCapFused, 4>;
+  variant_checks<V5c_64>("v5 cap", seed);
+  variant_checks<V9n_64>("v9 cap, no ping-pong", seed);
+  variant_checks<V9e4_64>("v9 cap, exp 1/4", seed);
+  variant_checks<V5c_128>("v5 cap", seed);
+  variant_checks<V6_128>("v6 cap", seed);
+  variant_checks<V9e4_128>("v9 cap, exp 1/4", seed);
+  variant_checks<V5c_256>("v5 cap", seed);
+  variant_checks<V9e4_256>("v9 cap, exp 1/4", seed);
+  auto caps = [&]() {
+    bench_cap<V5c_64, P64>("v5 rcp");
+    bench_cap<F64, P64>("v9 fused, 2 consumer wg (the library's)");
+    bench_cap<P64, P64>("v9 fused, 3 consumer wg, ping-pong");
+    bench_cap<V9n_64, P64>("v9 fused, 3 consumer wg");
+    bench_cap<V9e4_64, P64>("v9 fused, exp 1/4");
+    bench_cap<V5c_128, V2_128>("v5 rcp");
+    bench_cap<V6_128, V2_128>("v6 fma rcp");
+    bench_cap<V2_128, V2_128>("v9 fused");
+    bench_cap<V9e4_128, V2_128>("v9 fused, exp 1/4");
+    bench_cap<V5c_256, V2_256>("v5 rcp");
+    bench_cap<V2_256, V2_256>("v9 fused");
+    bench_cap<V9e4_256, V2_256>("v9 fused, exp 1/4");
+  };
   if (argc > 2 && strcmp(argv[2], "features") == 0) { /* the checks, then the features' benchmarks only */
-    bench_features<V3_64, F64>();
+    bench_features<P64, F64, F64>();
     bench_features<V2_128, V2_128>();
     bench_features<V2_256, V2_256>();
+    caps();
+    for (int c = 0; c < 2; ++c) { /* D = 64's plain kernel before (v3) and after (v8) */
+      bench<V3_64>("v3", c);
+      bench<P64>("v8 ping-pong", c);
+    }
     printf("lab fwd90: %d failed checks\n", failures);
     return failures != 0;
   }
@@ -488,9 +632,11 @@ int main(int argc, char **argv) {
     bench<V1_256>("v1", c);
     bench<V2_256>("v2", c);
   }
-  bench_features<V3_64, F64>();
+  for (int c = 0; c < 2; ++c) bench<P64>("v8 ping-pong", c);
+  bench_features<P64, F64, F64>();
   bench_features<V2_128, V2_128>();
   bench_features<V2_256, V2_256>();
+  caps();
   printf("lab fwd90: %d failed checks\n", failures);
   return failures != 0;
 }

@@ -26,7 +26,7 @@
  * the plain kernel takes the band, the sinks (they seed each row's running max and sum before the
  * first key block, once per row) and varlen (sequences addressed by their first rows when packed,
  * their lengths masking the rest), none of which costs anything per score; the cap / ALiBi kernel
- * adds the soft cap (SoftCap::logit2: one ex2 and one rcp) and ALiBi (one FADD and one FFMA) on
+ * adds ALiBi (one FADD and one FFMA) and the soft cap (folded into the softmax: cap_softmax) on
  * the whole S tile in registers, masking only the band's edge blocks like the plain kernel; the
  * generic kernel takes the rest (bias, masks, segment ids, caps above SoftCap::kMaxCap) through
  * the sm_80 kernel's per-element helpers (cuda_common.cuh: visible, logit) on every block.
@@ -121,15 +121,71 @@ __device__ __forceinline__ void clear_tail_rows(uint32_t tile, int valid, int ti
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+/* ---- the soft cap's and the softmax's arithmetic off the special-function unit (lab v6, v7) ----- */
+
+/* 1 / x for x in [1, 2] on the FMA pipe, within 7e-8 relative (rcp's 2^-23 and a rounding): a
+ * degree-2 start p(x) = (210 - 144 x + 32 x^2) / 99, whose 1 - x p(x) is T3(2x - 3) / -99, so
+ * within 1/99, then one cubic correction p (1 + e + e^2 + e^3) with e = 1 - x p, which leaves
+ * e^4 ~ 1e-8. Six FMAs. */
+__device__ __forceinline__ float rcp_1to2(float x) {
+  const float p = fmaf(x, fmaf(x, 32.f / 99.f, -144.f / 99.f), 210.f / 99.f);
+  const float e = fmaf(-x, p, 1.f);
+  return fmaf(p, fmaf(fmaf(e, e, e), e, e), p);
+}
+
+/* SoftCap::logit2 with 1 / (1 + u) by rcp_1to2 (kCapRcpFma): one special-function instruction, not
+ * two, and the logit as out (2 r - 1) = out (1 - u) / (1 + u), its sign that of dot * in (the sign
+ * of in folded into the constants). Within cap * 2.6e-7 (logit2: 2e-7; both simulated in f32 for
+ * |y| < 2, the exponential exact), u's 2^-22 on top; ten instructions in all. */
+__device__ __forceinline__ float cap_logit2_fma(const SoftCap &cap, float dot) {
+  /* -2 log2(e) |in| held to -FLT_MAX like in, so a zero dot product stays 0 under a tiny cap */
+  const float u = ex2(fabsf(dot) * fmaxf(-2.f * kLog2e * fabsf(cap.in), -3.40282347e38f));
+  const float r = rcp_1to2(1.f + u);
+  const float out_s = copysignf(cap.out, cap.in); /* constants of the block: hoisted out of the loop */
+  const float v = fmaf(r, 2.f * out_s, -out_s);
+  return __int_as_float(__float_as_int(v) ^ (__float_as_int(dot) & 0x80000000));
+}
+
+/* 2^x for x <= 0 on the FMA pipe (kExpFmaEvery), within 7.5e-5 relative: enough for a P rounded to
+ * 16 bits (bf16 rounds by 2^-9, f16 by 2^-12), not for a logit. x is rounded to an integer j by
+ * adding 1.5 * 2^23 (j lands in the sum's low mantissa bits), 2^(x - j) is a degree-3 minimax
+ * polynomial on [-1/2, 1/2], and j is added to its exponent field by an integer shift and add.
+ * Below -126 (-inf included) it gives a number under 2^-125, not 0: the clamp keeps the exponent
+ * field from wrapping. Six FMA-pipe instructions and two integer ones where ex2 is one
+ * special-function instruction, which costs the FMA pipe's eight (FlashAttention-4's split). */
+__device__ __forceinline__ float ex2_fma(float x) {
+  x = fmaxf(x, -126.f);
+  const float t = __fadd_rn(x, 12582912.f);
+  const float f = __fsub_rn(x, __fsub_rn(t, 12582912.f));
+  const float p = fmaf(fmaf(fmaf(0.0551716691f, f, 0.242611122f), f, 0.693260985f), f, 0.999928074f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
+
 /* ---- configuration ----------------------------------------------------------------------------- */
 
 /* kCWG consumer warpgroups of 64 rows each (2 or 3) beside the producer. The register file (64K
  * per SM, one CTA) is split by setmaxnreg: 24 per producer thread, the rest to the consumers in
- * steps of 8 (240 each for two consumer warpgroups, 160 for three). */
-template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_, int kCWG_ = 2> struct FwdCfg90 {
+ * steps of 8 (240 each for two consumer warpgroups, 160 for three). kCap: how the cap / ALiBi
+ * kernel computes the soft cap (CapForm). kExpFmaEvery = N > 0: the softmax's exponentials of one
+ * 8-key group in N by ex2_fma on the FMA pipe rather than ex2 on the special-function unit.
+ * kPingPong (with kOverlap): the consumer warpgroups take turns to issue their products, so that
+ * one's softmax runs while the others' products do (FlashAttention-3's inter-warpgroup overlap). */
+enum CapForm : int {
+  kCapRcp = 0,    /* SoftCap::logit2 on every score, then the softmax: 3 special-function ops a score */
+  kCapRcpFma = 1, /* cap_logit2_fma: the reciprocal on the FMA pipe; 2 ops, 6 FMAs more */
+  kCapFused = 2,  /* the cap folded into the softmax (cap_softmax): 3 ops, 8.5 instructions a score */
+};
+template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_, int kCWG_ = 2, int kCap_ = kCapFused,
+          int kExpFmaEvery_ = 0, bool kPingPong_ = false>
+struct FwdCfg90 {
   using T = T_;
   static constexpr int kD = kD_, kBN = kBN_, kStages = kStages_, kCWG = kCWG_;
-  static constexpr bool kOverlap = kOverlap_;
+  static constexpr int kCap = kCap_, kExpFmaEvery = kExpFmaEvery_;
+  static constexpr bool kOverlap = kOverlap_, kPingPong = kPingPong_ && kOverlap_;
+  /* whether 8-key group g (of kBN / 8) takes the FMA pipe, one in every N (0: none) */
+  __host__ __device__ static constexpr bool on_fma(int every, int g) {
+    return every > 0 && g % (every > 0 ? every : 1) == every - 1;
+  }
   static constexpr int kBM = 64 * kCWG, kThreads = 128 * (kCWG + 1), kPanels = kD / 64;
   static constexpr int kProducerRegs = 24, kConsumerRegs = (65536 / 128 - kProducerRegs) / kCWG / 8 * 8;
   static constexpr uint32_t kQBytes = kBM * kD * 2, kKVBytes = kBN * kD * 2;
@@ -266,7 +322,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
      * element (exact in f32 below 2^24); then the soft cap, which yields log2-unit logits. */
     const bool has_alibi = kMode == kModeCapAlibi && p.alibi != nullptr;
     const float alibi_step = has_alibi ? -p.alibi[b * p.alibi_b + h * p.alibi_h] / p.scale : 0.f;
-    auto cap_alibi = [&](int n) {
+    auto add_alibi = [&](int n) {
       if (has_alibi) {
         const float d0 = (float)(m0 + row0 + hd.o - n * kBN - (lane & 3) * 2);
 #pragma unroll
@@ -276,10 +332,74 @@ __global__ void __launch_bounds__(C::kThreads, 1)
             sacc[4 * jj + e] =
                 fmaf(alibi_step, fabsf(d0 + (float)((e >> 1) * 8 - jj * 8 - (e & 1))), sacc[4 * jj + e]);
       }
+    };
+    auto cap_alibi = [&](int n) {
+      add_alibi(n);
       if (p.softcap > 0.f) {
         const SoftCap cap(p);
 #pragma unroll
-        for (int k = 0; k < kBN / 2; ++k) sacc[k] = cap.logit2(sacc[k]);
+        for (int k = 0; k < kBN / 2; ++k)
+          sacc[k] = C::kCap == kCapRcpFma ? cap_logit2_fma(cap, sacc[k]) : cap.logit2(sacc[k]);
+      }
+    };
+    auto mask_edge = [&](int n, float masked) { /* S outside the band and the key length := masked */
+#pragma unroll
+      for (int jj = 0; jj < kBN / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = m0 + row0 + (e >> 1) * 8, j = n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1);
+          if (!visible_band(p, hd, i, j)) sacc[4 * jj + e] = masked;
+        }
+    };
+    /* The soft cap folded into the softmax (kCapFused), on key block n: with z = dot * zk (zk =
+     * -2 log2(e) scale / cap, held to +-FLT_MAX) and u = 2^z = e^(-2y), tanh(y) = 2 / (1 + u) - 1
+     * and the logit in log2 units is out (2 r - 1), r = 1 / (1 + u), out = cap log2(e). It falls as
+     * z grows, so the row's largest logit is that of its smallest z, computed once a row, and each
+     * P is ex2(r 2 out - (out + max)): one FMUL, FMNMX, FADD and FFMA and three special-function
+     * ops (ex2, rcp, ex2) a score, no sign to restore (u overflows to inf and r to 0 for very
+     * negative y, which is the limit). Within cap * 2.6e-7 of tanh with ex2 and rcp exact
+     * (simulated in f32), u's 2^-22 and r's 2^-23 on top: logit2's error. Masked scores get
+     * z = NaN, which the row's minimum passes over (z = +inf is a visible score's limit, -out),
+     * then P = 0, on the band's edge blocks only. The same rescale factors and log2-unit maxima
+     * as softmax. */
+    auto cap_softmax = [&](int n, float (&corr)[2]) {
+      add_alibi(n);
+      const SoftCap cap(p);
+      const float zk = copysignf(fminf(2.f * kLog2e * fabsf(cap.in), 3.40282347e38f), -cap.in);
+      const float out2 = 2.f * cap.out;
+#pragma unroll
+      for (int k = 0; k < kBN / 2; ++k) sacc[k] *= zk;
+      const bool edge = n < f_lo || n >= f_hi;
+      if (edge) mask_edge(n, NAN);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float zmin = NAN; /* fminf and fmaxf pass NaN over: it stays NaN only if nothing is visible */
+#pragma unroll
+        for (int jj = 0; jj < kBN / 8; ++jj)
+          zmin = fminf(zmin, fminf(sacc[4 * jj + 2 * hf], sacc[4 * jj + 2 * hf + 1]));
+        zmin = -quad_max(-zmin);
+        /* a row with nothing visible yet keeps max -inf */
+        const float mx = fmaxf(row_max[hf], zmin != zmin ? -INFINITY : fmaf(rcp(1.f + ex2(zmin)), out2, -cap.out));
+        const float base = mx == -INFINITY ? 0.f : mx;
+        corr[hf] = ex2(row_max[hf] - base);
+        row_max[hf] = mx;
+        const float c = -(cap.out + base);
+#pragma unroll
+        for (int jj = 0; jj < kBN / 8; ++jj)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float &x = sacc[4 * jj + 2 * hf + e];
+            const float a = fmaf(rcp(1.f + ex2(x)), out2, c);
+            x = C::on_fma(C::kExpFmaEvery, jj) ? ex2_fma(a) : ex2(a);
+          }
+      }
+      if (edge) mask_edge(n, 0.f);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float sum = 0.f;
+#pragma unroll
+        for (int jj = 0; jj < kBN / 8; ++jj) sum += sacc[4 * jj + 2 * hf] + sacc[4 * jj + 2 * hf + 1];
+        row_sum[hf] = row_sum[hf] * corr[hf] + sum;
       }
     };
     /* Masks S of key block n outside the band and the key length (the feature kernel: steps 1-3),
@@ -289,16 +409,11 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       if constexpr (kMode == kModeGeneric) {
         logits(n);
       } else {
-        if constexpr (kMode == kModeCapAlibi) cap_alibi(n);
-        if (n < f_lo || n >= f_hi) {
-#pragma unroll
-          for (int jj = 0; jj < kBN / 8; ++jj)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int i = m0 + row0 + (e >> 1) * 8, j = n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1);
-              if (!visible_band(p, hd, i, j)) sacc[4 * jj + e] = -INFINITY;
-            }
+        if constexpr (kMode == kModeCapAlibi) {
+          if (C::kCap == kCapFused && p.softcap > 0.f) return cap_softmax(n, corr);
+          cap_alibi(n);
         }
+        if (n < f_lo || n >= f_hi) mask_edge(n, -INFINITY);
       }
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
@@ -316,7 +431,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float &x = sacc[4 * jj + 2 * hf + e];
-            x = ex2(fmaf(x, mult, -base));
+            x = C::on_fma(C::kExpFmaEvery, jj) ? ex2_fma(fmaf(x, mult, -base)) : ex2(fmaf(x, mult, -base));
             sum += x;
           }
         row_sum[hf] = row_sum[hf] * corr[hf] + sum;
@@ -345,6 +460,23 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     };
     auto release = [&](uint32_t bar) {
       if (lane == 0) mbar_arrive(bar);
+    };
+    /* kPingPong's turns: warpgroup cw issues its products after bar.sync on named barrier 2 + cw,
+     * which completes when the warpgroup before it has arrived there (bar.arrive) after issuing
+     * its own. Every warpgroup of a CTA takes n_hi - n_lo turns; the last one's first arrival is
+     * made in advance (pass_turn_ahead) and its final one left out, so no barrier is left
+     * half-arrived at exit. */
+    auto take_turn = [&]() {
+      if constexpr (C::kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(2 + cw) : "memory");
+    };
+    auto pass_turn = [&](bool last) {
+      if constexpr (C::kPingPong)
+        if (!(last && cw == C::kCWG - 1))
+          asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + (cw + 1) % C::kCWG) : "memory");
+    };
+    auto pass_turn_ahead = [&]() {
+      if constexpr (C::kPingPong)
+        if (cw == C::kCWG - 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
     };
 
     mbar_wait(bar_q, 0);
@@ -376,10 +508,13 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         release(empty_v(s));
       }
     } else if (n_lo < n_hi) {
+      pass_turn_ahead();
       mbar_wait(full_k(0), 0);
+      take_turn();
       wgmma_fence();
       issue_s(0);
       wgmma_commit();
+      pass_turn(n_lo + 1 == n_hi);
       wgmma_wait<0>();
       pin(sacc);
       release(empty_k(0));
@@ -393,11 +528,13 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         mbar_wait(full_v(sp), php); /* block n - 1 < n_hi - 1 is whole: no clear_v_tail */
         pin(oacc);
         pin(pa);
+        take_turn();
         wgmma_fence();
         issue_s(s);
         wgmma_commit();
         issue_pv(sp);
         wgmma_commit();
+        pass_turn(n + 1 == n_hi);
         wgmma_wait<1>(); /* S(n) has landed; P(n-1) V(n-1) may still run */
         pin(sacc);
         release(empty_k(s));
@@ -574,14 +711,14 @@ attn_status launch_fwd90(const attn_cuda_params &p, cudaStream_t stream, char *w
   return ATTN_STATUS_OK;
 }
 
-/* Runs p on the kernel of its mode: configuration C for the plain and cap / ALiBi kernels, G for
- * the generic one (whose per-element function needs more registers at some head dims; void: not
- * built, such problems refused with kGenericDeclined). */
-template <typename C, typename G>
+/* Runs p on the kernel of its mode: configuration C for the plain kernel, A (default C) for the
+ * cap / ALiBi one, G for the generic one (whose per-element function needs more registers at some
+ * head dims; void: not built, such problems refused with kGenericDeclined). */
+template <typename C, typename G, typename A = C>
 attn_status launch_fwd90_any(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
   switch (fwd90_mode(p)) {
   case kModePlain: return launch_fwd90<C, kModePlain>(p, stream, why, why_size);
-  case kModeCapAlibi: return launch_fwd90<C, kModeCapAlibi>(p, stream, why, why_size);
+  case kModeCapAlibi: return launch_fwd90<A, kModeCapAlibi>(p, stream, why, why_size);
   default:
     if constexpr (std::is_void<G>::value) {
       const char *no = sm90_fwd_unsupported(p);

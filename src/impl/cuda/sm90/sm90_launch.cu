@@ -12,14 +12,19 @@ namespace attn_cuda {
 namespace sm90 {
 
 /* 128 keys per block up to D = 128 (S and O fit the 240 registers with P beside them), 64 at
- * D = 256 (O alone takes 128); as many K/V stages as shared memory holds, at most 3. D = 64 has
- * three consumer warpgroups (192-row CTAs: each K/V tile feeds 1.5x the rows; 160 registers
- * hold its O, S and P), plain and with the soft cap / ALiBi. The generic kernel is built at
- * D = 256 alone (kGenericDeclined says why); the lab runs it at every head dim (at D = 64 with two
- * consumer warpgroups: its per-element function spills at 160 registers). */
+ * D = 256 (O alone takes 128); as many K/V stages as shared memory holds, at most 3. D = 64's
+ * plain kernel has three consumer warpgroups (192-row CTAs: each K/V tile feeds 1.5x the rows;
+ * 160 registers hold its O, S and P) taking turns (ping-pong: lab v8, 1.10x / 1.15-1.20x v3
+ * non-causal / causal on an H100); its cap / ALiBi kernel has two (ptxas spills the cap at 160
+ * registers).
+ * The soft cap is folded into the softmax everywhere (kCapFused: lab v9). The generic kernel is
+ * built at D = 256 alone (kGenericDeclined says why); the lab runs it at every head dim (at
+ * D = 64 with two consumer warpgroups: its per-element function spills at 160 registers). */
 template <typename T> attn_status run(const attn_cuda_params &p, cudaStream_t s, char *why, size_t why_size) {
   switch (p.d) {
-  case 64: return launch_fwd90_any<FwdCfg90<T, 64, 128, 3, true, 3>, void>(p, s, why, why_size);
+  case 64:
+    return launch_fwd90_any<FwdCfg90<T, 64, 128, 3, true, 3, kCapFused, 0, true>, void,
+                            FwdCfg90<T, 64, 128, 3, true, 2>>(p, s, why, why_size);
   case 128: return launch_fwd90_any<FwdCfg90<T, 128, 128, 2, true>, void>(p, s, why, why_size);
   default: return launch_fwd90_any<FwdCfg90<T, 256, 64, 2, true>, FwdCfg90<T, 256, 64, 2, true>>(p, s, why, why_size);
   }
