@@ -159,7 +159,7 @@ typedef enum attn_alibi {
 typedef enum attn_descale {
   ATTN_DESCALE_NONE = 0,             /* every factor 1: the descale tensors are not read */
   ATTN_DESCALE_TENSOR = 1,           /* q_descale, k_descale, v_descale: [1] each */
-  ATTN_DESCALE_PER_BATCH_KV_HEAD = 2, /* [B, Hkv] each: query head h uses entry (b, h / (Hq / Hkv)) */
+  ATTN_DESCALE_PER_BATCH_KV_HEAD = 2, /* [B, Hkv] each: query head h reads (b, h / (Hq / Hkv)) */
   ATTN_DESCALE_COUNT
 } attn_descale;
 

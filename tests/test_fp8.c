@@ -6,10 +6,10 @@
  * The grid goes through the attn tool's oracle (tools/harness.c, what `attn check` runs): e4m3
  * inputs and descale factors drawn from the printed seed, the f64 reference on the decoded values,
  * and the rule of tests/tolerance.h (tol_bound_fp8: 2 x err(naive) + 2^-6 x max|r| for out, with
- * naive the reference rounding P to e4m3 as FlashAttention-3 does). Sizes are odd (1, 3, 17, 63, 65,
- * 127, 129, 1000), every forward feature runs alone and with the others, the descale factors are
- * absent, one per tensor or one per (batch entry, KV head), out is bf16, f16 or f32, and cpu runs
- * on each instruction-set path it has (ATTN_CPU_ISA) with its smallest and largest blocks.
+ * naive the reference rounding P to e4m3 as FlashAttention-3 does). Sizes are odd (1, 3, 17, 63,
+ * 65, 127, 129, 1000), every forward feature runs alone and with the others, the descale factors
+ * are absent, one per tensor or one per (batch entry, KV head), out is bf16, f16 or f32, and cpu
+ * runs on each instruction-set path it has (ATTN_CPU_ISA) with its smallest and largest blocks.
  *
  * Two cases build their data by hand and are compared here with the f64 reference run on the
  * decoded values times their factors: saturating values (+-448 and values rounded to it), and the
@@ -32,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- the e4m3 codec ---------------------------------------------------------------------------- */
+/* ---- the e4m3 codec -------------------------------------------------------------------------- */
 
 static void test_codec(void) {
   /* every pattern decodes to the value of OCP E4M3FN's table and encodes back to itself */
@@ -45,7 +45,8 @@ static void test_codec(void) {
                                             : ldexp(1.0 + m / 8.0, e - 7);
     const double signed_want = (bits & 0x80) ? -want : want;
     if (isnan(want) ? !isnan(v) : (double)v != signed_want) table = 0;
-    if (isnan(want) ? attn_f32_to_f8e4m3(v) != (uint8_t)(bits | 0x7f) : attn_f32_to_f8e4m3(v) != bits)
+    const uint8_t back = attn_f32_to_f8e4m3(v);
+    if (isnan(want) ? back != (uint8_t)(bits | 0x7f) : back != bits)
       exact = 0;
   }
   tu_check(table, "codec: the 256 patterns decode to E4M3FN's values (0x7e = 448, 0x01 = 2^-9, "
@@ -81,7 +82,7 @@ static void test_codec(void) {
            "dtype: f8e4m3 is 1 byte, named \"f8e4m3\"");
 }
 
-/* ---- the public form --------------------------------------------------------------------------- */
+/* ---- the public form ------------------------------------------------------------------------- */
 
 static int parses_to(attn_ctx *ctx, const char *text, const char *want) {
   attn_problem p;
@@ -139,7 +140,8 @@ static void test_api(attn_ctx *ctx) {
   attn_problem_tensor(ctx, &p, ATTN_ROLE_K_DESCALE, &ndim, shape, &numel, &dt);
   attn_problem_tensor(ctx, &p, ATTN_ROLE_OUT, NULL, NULL, NULL, &out_dt);
   tu_check(ndim == 2 && shape[0] == 3 && shape[1] == 2 && dt == ATTN_DTYPE_F32 &&
-               out_dt == ATTN_DTYPE_F16 && strcmp(attn_role_name(ATTN_ROLE_V_DESCALE), "v_descale") == 0,
+               out_dt == ATTN_DTYPE_F16 &&
+               strcmp(attn_role_name(ATTN_ROLE_V_DESCALE), "v_descale") == 0,
            "tensors: descale=bhkv is f32 [B, Hkv]; out is the problem's out_dtype");
   p.descale = ATTN_DESCALE_TENSOR;
   attn_problem_tensor(ctx, &p, ATTN_ROLE_Q_DESCALE, &ndim, shape, &numel, &dt);
@@ -202,13 +204,14 @@ static void test_naive(attn_ctx *ctx) {
   }
   attn_plan_destroy(plan);
   const double p0 = exp(-0.5), p1 = exp(-4.5);
-  const double want0 = (1.0 - 160.0 / 256.0) / (1.0 + p0), want1 = (1.0 - 2.75 / 256.0) / (1.0 + p1);
+  const double want0 = (1.0 - 160.0 / 256.0) / (1.0 + p0);
+  const double want1 = (1.0 - 2.75 / 256.0) / (1.0 + p1);
   tu_check(s == ATTN_STATUS_OK && fabs(out[0] - want0) < 1e-6 && fabs(out[1] - want1) < 1e-6,
            "naive: P is rounded as 2^8 p in e4m3 (out %.7f %.7f, want %.7f %.7f)", out[0], out[1],
            want0, want1);
 }
 
-/* ---- the grid, through the attn tool's oracle ------------------------------------------------------ */
+/* ---- the grid, through the attn tool's oracle ------------------------------------------------ */
 
 static const char *const cpu_isas[] = {"generic", "avx2", NULL /* the best */};
 
@@ -323,9 +326,9 @@ static void test_grid(attn_ctx *ctx, uint64_t seed, const char *filter) {
     }
 }
 
-/* ---- hand-made data: saturation and NaN --------------------------------------------------------- */
+/* ---- hand-made data: saturation and NaN ------------------------------------------------------ */
 
-/* A dense fp8 problem's inputs: q, k, v and the three descale tensors (per batch entry and KV head). */
+/* A dense fp8 problem's inputs: q, k, v and their descale tensors (per batch entry and KV head). */
 typedef struct fp8_data {
   tu_buf x[3], descale[3]; /* q, k, v */
 } fp8_data;
@@ -369,8 +372,9 @@ static int forward(attn_ctx *ctx, const attn_problem *p, const fp8_data *d, cons
       for (int64_t e = 0; e < d->x[t].n; ++e) tu_set(&x64[t], e, decoded(p, d, t, e));
     }
   }
-  *out = tu_buf_new(impl == NULL ? ATTN_DTYPE_F64 : ATTN_DTYPE_BF16, attn_problem_numel(p, ATTN_ROLE_OUT));
-  *lse = tu_buf_new(impl == NULL ? ATTN_DTYPE_F64 : ATTN_DTYPE_F32, attn_problem_numel(p, ATTN_ROLE_LSE));
+  const int exact = impl == NULL;
+  *out = tu_buf_new(exact ? ATTN_DTYPE_F64 : ATTN_DTYPE_BF16, attn_problem_numel(p, ATTN_ROLE_OUT));
+  *lse = tu_buf_new(exact ? ATTN_DTYPE_F64 : ATTN_DTYPE_F32, attn_problem_numel(p, ATTN_ROLE_LSE));
   const tu_buf *in = impl == NULL ? x64 : d->x;
   tu_args_bufs(&a, &in[0], &in[1], &in[2], out, lse, NULL, NULL, NULL, NULL);
   if (impl != NULL) {

@@ -89,7 +89,7 @@ static inline uint8_t attn_inline_f64_to_f8e4m3(double value) {
   const double f = frexp(a, &e); /* a = f 2^e, f in [0.5, 1): a = (2f) 2^(e-1) */
   int exponent = e - 1 + 7;
   int mantissa = (int)nearbyint((2.0 * f - 1.0) * 8.0);
-  if (mantissa == 8) mantissa = 0, ++exponent; /* rounded up into the next binade (a < 448: no NaN) */
+  if (mantissa == 8) mantissa = 0, ++exponent; /* up into the next binade (a < 448: never NaN) */
   return (uint8_t)(sign | (uint8_t)(exponent << 3) | (uint8_t)mantissa);
 }
 
