@@ -512,7 +512,8 @@ ATTN_API attn_status attn_plan_forward(attn_plan *plan, const attn_inputs *input
                                        size_t workspace_size, const attn_outputs *outputs /* out */);
 
 /* Backward pass. forward holds out and lse of the forward pass on the same inputs (probs is
- * ignored); dout is like out. Gradients are written, not accumulated. */
+ * ignored); dout is like out. Gradients are written, not accumulated. UNSUPPORTED, with the reason,
+ * for a problem without one: a paged KV cache (docs/DECODE.md), an f8e4m3 problem (docs/FP8.md). */
 ATTN_API attn_status attn_plan_backward(attn_plan *plan, const attn_inputs *inputs,
                                         const attn_outputs *forward, const attn_tensor *dout,
                                         void *workspace, size_t workspace_size,

@@ -56,9 +56,9 @@ static int decode_shaped(const attn_problem *p) {
 static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_size) {
   if (p->dtype == ATTN_DTYPE_F8E4M3) {
     attn_format(why, why_size,
-                "dtype=f8e4m3: the fp8 forward needs the sm90 (Hopper wgmma) kernel, not built "
-                "yet (issue 13); the sm80 kernels have no fp8 tensor-core path. cpu and ref run "
-                "it");
+                "dtype=f8e4m3: the fp8 forward needs an sm90 wgmma e4m3 kernel, not built yet "
+                "(issue 13); the sm80 and sm90 f16/bf16 kernels have no fp8 path (cpu and ref "
+                "run it)");
     return ATTN_STATUS_UNSUPPORTED;
   }
   if (p->page_size > 0 && !decode_shaped(p)) {
