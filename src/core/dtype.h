@@ -68,12 +68,15 @@ static inline uint16_t attn_inline_f32_to_f16(float f) {
  * subnormals m * 2^-9; S.1111.111 is the one NaN (no infinities), so the largest value is
  * 1.75 * 2^8 = 448. The one decoder every implementation and test reads e4m3 through. */
 static inline float attn_inline_f8e4m3_to_f32(uint8_t bits) {
-  const unsigned exponent = (bits >> 3) & 0xfu, mantissa = bits & 0x7u;
-  float magnitude;
-  if (exponent == 0xfu && mantissa == 0x7u) magnitude = NAN;
-  else if (exponent == 0) magnitude = (float)mantissa * 0x1p-9f;
-  else magnitude = ldexpf(1.0f + (float)mantissa * 0.125f, (int)exponent - 7);
-  return (bits & 0x80u) ? -magnitude : magnitude;
+  const uint32_t sign = (uint32_t)(bits & 0x80u) << 24;
+  const uint32_t exponent = (bits >> 3) & 0xfu, mantissa = bits & 0x7u;
+  if (exponent == 0) { /* zero or subnormal: mantissa * 2^-9 */
+    const float magnitude = (float)mantissa * 0x1p-9f;
+    return sign ? -magnitude : magnitude;
+  }
+  if (exponent == 0xfu && mantissa == 0x7u) return attn_f32_from_bits(sign | 0x7fc00000u);
+  /* (1 + m/8) 2^(e-7): f32's biased exponent e - 7 + 127, its mantissa m in the top 3 bits */
+  return attn_f32_from_bits(sign | ((exponent + 120u) << 23) | (mantissa << 20));
 }
 
 /* value rounded to e4m3, to nearest with ties to even, from the double itself (one rounding);

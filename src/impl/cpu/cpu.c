@@ -245,6 +245,9 @@ static void load_vec(const cpu_run *c, const void *base, int64_t off, int64_t st
   } else if (dt == ATTN_DTYPE_BF16 && stride == 1) {
     const uint16_t *x = (const uint16_t *)base + off;
     for (int64_t d = 0; d < n; ++d) dst[d] = s * attn_f32_from_bits((uint32_t)x[d] << 16);
+  } else if (dt == ATTN_DTYPE_F8E4M3 && stride == 1) { /* the decode, without load1's switch */
+    const uint8_t *x = (const uint8_t *)base + off;
+    for (int64_t d = 0; d < n; ++d) dst[d] = s * attn_inline_f8e4m3_to_f32(x[d]);
   } else {
     for (int64_t d = 0; d < n; ++d) dst[d] = s * load1(base, dt, off + d * stride);
   }
