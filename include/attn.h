@@ -101,12 +101,17 @@ typedef enum attn_dtype {
   ATTN_DTYPE_F64 = 3, /* the reference implementation only: for gradient checks and oracles */
   ATTN_DTYPE_U8 = 4,  /* masks */
   ATTN_DTYPE_I32 = 5, /* segment ids, sequence lengths */
+  /* OCP FP8 E4M3FN (torch.float8_e4m3fn): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no
+   * infinities, one NaN pattern (S.1111.111), largest finite value 448. q, k, v of a forward-only
+   * problem with per-tensor descale factors; out is bf16, f16 or f32 (attn_problem.out_dtype).
+   * docs/FP8.md defines the computation. */
+  ATTN_DTYPE_F8E4M3 = 6,
   ATTN_DTYPE_COUNT
 } attn_dtype;
 
 /* Size in bytes of one element; 0 for a value outside the enum. */
 ATTN_API size_t attn_dtype_size(attn_dtype dtype);
-/* "f32", "f16", "bf16", "f64", "u8", "i32"; "unknown" outside the enum. */
+/* "f32", "f16", "bf16", "f64", "u8", "i32", "f8e4m3"; "unknown" outside the enum. */
 ATTN_API const char *attn_dtype_name(attn_dtype dtype);
 
 /* Conversions between f32 and the 16-bit formats, held in uint16_t: bf16 (bfloat16) and f16 (IEEE
@@ -117,6 +122,12 @@ ATTN_API uint16_t attn_f32_to_bf16(float value);
 ATTN_API float attn_bf16_to_f32(uint16_t bits);
 ATTN_API uint16_t attn_f32_to_f16(float value);
 ATTN_API float attn_f16_to_f32(uint16_t bits);
+/* The same for f8e4m3 (OCP E4M3FN) in a uint8_t. f32 -> e4m3 rounds to nearest, ties to even, and
+ * saturates: a finite value beyond 448 in magnitude (and an infinity) becomes +-448, as NVIDIA's
+ * __NV_SATFINITE conversion and quantisers do (e4m3 has no infinity); NaN becomes NaN (0x7f, with
+ * the sign). e4m3 -> f32 is exact. */
+ATTN_API uint8_t attn_f32_to_f8e4m3(float value);
+ATTN_API float attn_f8e4m3_to_f32(uint8_t bits);
 
 /* The two operations of SPEC.md. Both compute the same function; scaled_dot_product_attention
  * materialises the scores of one (batch, head) and may return the probabilities. */
@@ -141,6 +152,16 @@ typedef enum attn_alibi {
   ATTN_ALIBI_PER_BATCH_HEAD = 2, /* slopes [B, Hq] */
   ATTN_ALIBI_COUNT
 } attn_alibi;
+
+/* Descale factors of an f8e4m3 problem (docs/FP8.md): q, k and v are read as q_descale * q, and so
+ * on, in f32. FlashAttention-3 takes one factor per (batch entry, KV head); one per tensor is its
+ * broadcast, the form of per-tensor quantisation. */
+typedef enum attn_descale {
+  ATTN_DESCALE_NONE = 0,             /* every factor 1: the descale tensors are not read */
+  ATTN_DESCALE_TENSOR = 1,           /* q_descale, k_descale, v_descale: [1] each */
+  ATTN_DESCALE_PER_BATCH_KV_HEAD = 2, /* [B, Hkv] each: query head h reads (b, h / (Hq / Hkv)) */
+  ATTN_DESCALE_COUNT
+} attn_descale;
 
 typedef enum attn_varlen {
   ATTN_VARLEN_NONE = 0,
@@ -214,6 +235,12 @@ typedef struct attn_problem {
   int64_t max_pages_per_seq; /* columns of block_table; 0 = ceil(seqlen_k / page_size) */
   int64_t seqlen_new;        /* rows of k_new and v_new the call first writes into each sequence's
                                 pages at positions cache_seqlens[b] ..; 0 (default) = none */
+
+  /* fp8 (docs/FP8.md). */
+  int32_t out_dtype; /* attn_dtype of out and probs; -1 (default) = the problem's dtype, bf16 for
+                        an f8e4m3 problem. Another value must equal dtype, except that an f8e4m3
+                        problem takes bf16, f16 or f32 */
+  int32_t descale;   /* attn_descale of an f8e4m3 problem (NONE for any other); default NONE */
 } attn_problem;
 
 /* Fills *problem with the defaults above and zero sizes. Never allocates. */
@@ -244,6 +271,10 @@ typedef enum attn_role {
   ATTN_ROLE_BLOCK_TABLE,
   ATTN_ROLE_K_NEW,
   ATTN_ROLE_V_NEW,
+  /* Descale factors of an f8e4m3 problem (problem.descale != NONE; docs/FP8.md). */
+  ATTN_ROLE_Q_DESCALE,
+  ATTN_ROLE_K_DESCALE,
+  ATTN_ROLE_V_DESCALE,
   ATTN_ROLE_COUNT
 } attn_role;
 
@@ -306,6 +337,10 @@ typedef struct attn_inputs {
   attn_tensor k_new;            /* seqlen_new > 0: [B, seqlen_new, Hkv, D], written into k (which
                                    is then both read and written) at rows cache_seqlens[b] .. */
   attn_tensor v_new;            /* seqlen_new > 0: [B, seqlen_new, Hkv, Dv], likewise into v */
+  /* Descale factors of an f8e4m3 problem, f32 (problem.descale: [1] each, or [B, Hkv] each). */
+  attn_tensor q_descale;
+  attn_tensor k_descale;
+  attn_tensor v_descale;
 } attn_inputs;
 
 /* Fills *inputs with NULL tensors and seed 0. Never allocates. */
@@ -313,12 +348,13 @@ ATTN_API void attn_inputs_init(attn_inputs *inputs);
 
 /* Results of the forward pass; also the out and lse handed to the backward pass. */
 typedef struct attn_outputs {
-  attn_tensor out;   /* [B, Tq, Hq, Dv]; packed: [total_q, Hq, Dv]. Required. */
+  attn_tensor out;   /* [B, Tq, Hq, Dv]; packed: [total_q, Hq, Dv], of the problem's out dtype
+                        (its dtype, or out_dtype of an f8e4m3 problem). Required. */
   attn_tensor lse;   /* [B, Hq, Tq]; packed: [Hq, total_q]. Always f32, also for f16 and bf16
                         problems (f64 only with an F64 problem); natural log; -inf on fully masked
                         and padded rows. Optional in the forward pass, required by the backward
                         pass. */
-  attn_tensor probs; /* [B, Hq, Tq, Tk] of the problem's dtype: the probabilities after dropout,
+  attn_tensor probs; /* [B, Hq, Tq, Tk] of out's dtype: the probabilities after dropout,
                         P'/Z. scaled_dot_product_attention only; optional. Varlen: indexed by
                         sequence and in-sequence position, zero outside each sequence. */
 } attn_outputs;
@@ -476,7 +512,8 @@ ATTN_API attn_status attn_plan_forward(attn_plan *plan, const attn_inputs *input
                                        size_t workspace_size, const attn_outputs *outputs /* out */);
 
 /* Backward pass. forward holds out and lse of the forward pass on the same inputs (probs is
- * ignored); dout is like out. Gradients are written, not accumulated. */
+ * ignored); dout is like out. Gradients are written, not accumulated. UNSUPPORTED, with the reason,
+ * for a problem without one: a paged KV cache (docs/DECODE.md), an f8e4m3 problem (docs/FP8.md). */
 ATTN_API attn_status attn_plan_backward(attn_plan *plan, const attn_inputs *inputs,
                                         const attn_outputs *forward, const attn_tensor *dout,
                                         void *workspace, size_t workspace_size,
@@ -498,7 +535,9 @@ ATTN_API attn_status attn_backward(attn_ctx *ctx, const attn_problem *problem,
  * Tokens, separated by spaces, in any order when parsed and in this order when written:
  *   b<B> hq<Hq> hkv<Hkv> sq<Tq> sk<Tk> d<D>   sizes (parse defaults: b1, hkv = hq, sk = sq)
  *   dv<Dv>                 head_dim_v when it differs from D
- *   f32 | f16 | bf16 | f64 dtype (parse default f32)
+ *   f32 | f16 | bf16 | f64 | f8e4m3   dtype (parse default f32; fp8 and e4m3 read as f8e4m3)
+ *   out=<dtype>            out_dtype when not the default (an f8e4m3 problem's f16 or f32 out)
+ *   descale=tensor | descale=bhkv    an f8e4m3 problem's descale factors ([1] or [B, Hkv] each)
  *   causal                 window=<L>,<R>   (-1 = unbounded)     align=tl (top-left; br default)
  *   scale=<s>  softcap=<c>  dropout=<p>
  *   bias=<B>x<H>x<Tq>x<Tk>[:<dtype>]   mask=<B>x<H>x<Tq>x<Tk>   alibi=h|bh

@@ -104,6 +104,12 @@ expect 3 "attn check --backward of a paged problem is refused" "$ATTN" check --b
   "b3 hq4 hkv1 sq3 sk33 d8 f32 paged=8,2"
 has "^attn: .*backward of a paged KV cache \(page_size=8\) is not supported" \
   "the refusal says why" "$DIR/err"
+# fp8 (docs/FP8.md): checked forward, refused backward.
+expect 0 "attn check of an fp8 problem" "$ATTN" check "b2 hq4 hkv2 sq9 sk17 d16 fp8 causal descale=bhkv"
+has "^  cpu .* ok " "cpu runs the fp8 forward"
+expect 3 "attn check --backward of an fp8 problem is refused" "$ATTN" check --backward \
+  "b2 hq4 hkv2 sq9 sk17 d16 fp8"
+has "^attn: .*backward of an f8e4m3 problem is not supported" "the refusal says why" "$DIR/err"
 
 expect 0 "attn bench (table)" "$ATTN" bench --reps 2 --min-time 0 "$P1"
 has "^  ref +default +ok .* [0-9]+\.[0-9] " "bench prints a checked, timed row"

@@ -7,6 +7,8 @@
  *   f32:      max|a - r| <= 1e-4 * max(1, max|r|)
  *   f16/bf16: max|a - r| <= k * err(naive) + 1e-3 * max|r| (+ FLT_MIN), k = 2 for the forward
  *             pass (out, lse) and 3 for gradients
+ *   f8e4m3:   out: max|a - r| <= 2 * err(naive) + 2^-6 * max|r|; lse: 2 * err(naive) + 1e-3 *
+ *             max(1, max|r|) (forward only; docs/FP8.md derives it)
  *
  * and, where the caller measures them (tol_extent: the attn tool and the fuzzers, whose problems
  * reach any scale), the rule's intent past its letter for problems whose own values put the letter
@@ -117,7 +119,8 @@ static inline tol_extent tol_extent_make(attn_dtype dtype, double scale, double 
   double logits = fabs(scale) * (double)head_dim * max_q * max_k + max_bias +
                   max_slope * (double)span;
   x.logits = logits * (softcap > 0.0 ? 1.0 + 2.0 / softcap : 1.0);
-  x.unit = dtype == ATTN_DTYPE_BF16  ? 0x1p-8
+  x.unit = dtype == ATTN_DTYPE_F8E4M3 ? 0x1p-24 /* an fp8 problem's logits are f32 sums */
+           : dtype == ATTN_DTYPE_BF16  ? 0x1p-8
            : dtype == ATTN_DTYPE_F16 ? 0x1p-11
            : dtype == ATTN_DTYPE_F64 ? 0x1p-53
                                      : 0x1p-24;
@@ -156,6 +159,25 @@ static inline double tol_bound_low_precision(tol_pass pass, double max_ref, doub
   return (pass == TOL_GRADIENT ? 3.0 : 2.0) * naive_err + relative * max_ref + floor;
 }
 
+/* The rule for an f8e4m3 problem's forward results (docs/FP8.md, "Tolerance"): SPEC's rule with
+ * e4m3's unit roundoff in its absolute term. SPEC's 1e-3 is about a quarter of bf16's unit
+ * roundoff 2^-8 (2^-10 = 9.8e-4); P V multiplies P rounded to e4m3 (3 mantissa bits, u = 2^-4),
+ * so the term is a quarter of that, 2^-6 relative. A kernel whose f32 scores differ from the
+ * naive run's in their last bits (another summation order; Hopper's fp8 MMA keeps fewer bits than
+ * f32 as it accumulates) rounds some of P's elements to the other e4m3 neighbour, 2^-3 of the
+ * element each, and where few keys are visible those flips do not average out: the naive run's
+ * own draw is no bound there. lse never sees P's rounding (Z sums the unrounded values) and keeps
+ * the f16/bf16 rule's term. With an extent, the logits' f32 term of tol_bound_f32 joins lse's. */
+static inline double tol_bound_fp8(tol_pass pass, double max_ref, double naive_err,
+                                   const tol_extent *x) {
+  if (pass == TOL_LSE) {
+    const double fixed = 2.0 * naive_err + 1e-3 * (max_ref > 1.0 ? max_ref : 1.0);
+    const double held = x != NULL ? 2.0 * x->unit * x->logits : 0.0;
+    return fixed + held;
+  }
+  return 2.0 * naive_err + 0x1p-6 * max_ref + TOL_DENORMAL_FLOOR;
+}
+
 /* The largest max|a - r| allowed to a result of a problem of dtype (f16 and bf16: the low-precision
  * rule, which needs naive_err; any other: the f32 rule, which ignores it). extent: NULL for the
  * rule's letter, else what the problem's values add. */
@@ -163,6 +185,7 @@ static inline double tol_bound(attn_dtype dtype, tol_pass pass, double max_ref, 
                                const tol_extent *extent) {
   if (dtype == ATTN_DTYPE_F16 || dtype == ATTN_DTYPE_BF16)
     return tol_bound_low_precision(pass, max_ref, naive_err, extent);
+  if (dtype == ATTN_DTYPE_F8E4M3) return tol_bound_fp8(pass, max_ref, naive_err, extent);
   return tol_bound_f32(pass, max_ref, extent);
 }
 

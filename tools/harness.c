@@ -31,7 +31,8 @@ _Static_assert(sizeof(((h_buffers *)0)->role) / sizeof(void *) == ATTN_ROLE_COUN
 
 static int input_role(attn_role r) {
   return r <= ATTN_ROLE_KV_SEGMENT_IDS || r == ATTN_ROLE_DOUT || r == ATTN_ROLE_BLOCK_TABLE ||
-         r == ATTN_ROLE_K_NEW || r == ATTN_ROLE_V_NEW;
+         r == ATTN_ROLE_K_NEW || r == ATTN_ROLE_V_NEW || r == ATTN_ROLE_Q_DESCALE ||
+         r == ATTN_ROLE_K_DESCALE || r == ATTN_ROLE_V_DESCALE;
 }
 
 static double uniform(uint64_t *state) {
@@ -167,6 +168,9 @@ static void fill_input(h_data *d, attn_role role, uint64_t seed) {
         ((int32_t *)buf)[i] = (int32_t)(u * 3.0) - (u < 0.05);
       else if (role == ATTN_ROLE_ALIBI)
         attn_store(buf, dtype, i, 0.05 + 0.5 * u);
+      else if (role == ATTN_ROLE_Q_DESCALE || role == ATTN_ROLE_K_DESCALE ||
+               role == ATTN_ROLE_V_DESCALE) /* positive, as a quantiser's */
+        attn_store(buf, dtype, i, 0.5 + u);
       else
         attn_store(buf, dtype, i, 2.0 * u - 1.0);
     }
@@ -411,7 +415,8 @@ struct h_oracle {
   attn_inputs in;        /* data's host inputs, resolved */
   attn_tensor dout;
   attn_dtype dtype;
-  int low;               /* f16/bf16: the naive run sets the tolerance */
+  attn_dtype out_dtype;  /* of out (attn_out_dtype): the dtype, or an f8e4m3 problem's bf16 .. */
+  int low;               /* f16/bf16/f8e4m3: the naive run sets the tolerance */
   ref_results res[RUNS]; /* by run (ORACLE, NAIVE, AT_DTYPE) */
   int64_t *query_ids, nquery;
   key_slice *slices;
@@ -622,7 +627,7 @@ typedef struct ref_run {
 static void ref_run_init(ref_run *r, const h_oracle *o, int which) {
   const attn_problem *p = &o->resolved;
   memset(r, 0, sizeof *r);
-  r->results = in_f64(which) ? ATTN_DTYPE_F64 : o->dtype;
+  r->results = in_f64(which) ? ATTN_DTYPE_F64 : o->out_dtype;
   r->out.out = attn_role_resolve(p, ATTN_ROLE_OUT, attn_tensor_dense(o->res[which].out));
   r->out.lse = attn_role_resolve(p, ATTN_ROLE_LSE, attn_tensor_dense(o->res[which].lse));
   r->grads.dq = attn_role_resolve(p, ATTN_ROLE_DQ, attn_tensor_dense(o->res[which].dq));
@@ -772,7 +777,7 @@ static tol_err compare_rows(const h_oracle *o, int which, const void *a, attn_dt
 static tol_err run_error(const h_oracle *o, int which, int output) {
   const attn_problem *p = &o->resolved;
   const ref_results *run = &o->res[which], *exact = &o->res[ORACLE];
-  const attn_dtype dt = in_f64(which) ? ATTN_DTYPE_F64 : o->dtype;
+  const attn_dtype dt = in_f64(which) ? ATTN_DTYPE_F64 : o->out_dtype;
   switch (output) {
   case 0: return compare_rows(o, 0, run->out, dt, exact, ATTN_DTYPE_F64);
   case 1: return compare_rows(o, 1, run->lse, attn_stat_dtype(dt), exact, ATTN_DTYPE_F64);
@@ -791,7 +796,7 @@ static void measure_naive(h_oracle *o) {
 
 static int alloc_results(h_oracle *o, int which) {
   const attn_problem *p = &o->resolved;
-  attn_dtype t = in_f64(which) ? ATTN_DTYPE_F64 : o->dtype;
+  attn_dtype t = in_f64(which) ? ATTN_DTYPE_F64 : o->out_dtype;
   ref_results *r = &o->res[which];
   r->out = calloc((size_t)attn_role_numel(p, ATTN_ROLE_OUT), attn_dtype_size(t));
   r->lse = calloc((size_t)attn_role_numel(p, ATTN_ROLE_LSE), attn_dtype_size(attn_stat_dtype(t)));
@@ -872,7 +877,9 @@ attn_status h_oracle_make(attn_ctx *ctx, const attn_problem *problem, int backwa
   if (st != ATTN_STATUS_OK) return h_oracle_free(o), st;
   const attn_problem *p = &o->resolved;
   o->dtype = (attn_dtype)p->dtype;
-  o->low = o->dtype == ATTN_DTYPE_F16 || o->dtype == ATTN_DTYPE_BF16;
+  o->out_dtype = attn_out_dtype(p);
+  o->low = o->dtype == ATTN_DTYPE_F16 || o->dtype == ATTN_DTYPE_BF16 ||
+           o->dtype == ATTN_DTYPE_F8E4M3;
   o->extent = measure_extent(o);
   resolve_inputs(o);
   /* A paged problem's new rows go into the cache first, as every implementation's run does (with

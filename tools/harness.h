@@ -22,7 +22,7 @@
  * padded; NULL otherwise) or of a paged cache (cache_seqlens: every sequence full, seqlen_k -
  * seqlen_new; its block table gives each sequence distinct pages in shuffled order). */
 typedef struct h_buffers {
-  void *role[21]; /* indexed by attn_role */
+  void *role[24]; /* indexed by attn_role */
   int32_t *cu_seqlens_q, *cu_seqlens_k, *seqlens_q, *seqlens_k, *cache_seqlens;
 } h_buffers;
 

@@ -1,6 +1,6 @@
 /*
  * src/core/dtype.h - element types: sizes, names, and exact conversions between f64/f32 and the
- * 16-bit formats (IEEE binary16 and bfloat16), rounding to nearest even.
+ * 16-bit formats (IEEE binary16 and bfloat16) and f8e4m3 (OCP E4M3FN), rounding to nearest even.
  *
  * These are plain C so that every backend's host code and the tests share one definition. The
  * attn_inline_* conversions are the bodies of attn.h's public attn_f32_to_bf16 and friends
@@ -64,6 +64,38 @@ static inline uint16_t attn_inline_f32_to_f16(float f) {
   return (uint16_t)(sign | ((rounded - (112u << 23)) >> 13));
 }
 
+/* f8e4m3 (OCP E4M3FN): sign, 4 exponent bits of bias 7, 3 mantissa bits. Exponent 0 holds the
+ * subnormals m * 2^-9; S.1111.111 is the one NaN (no infinities), so the largest value is
+ * 1.75 * 2^8 = 448. The one decoder every implementation and test reads e4m3 through. */
+static inline float attn_inline_f8e4m3_to_f32(uint8_t bits) {
+  const uint32_t sign = (uint32_t)(bits & 0x80u) << 24;
+  const uint32_t exponent = (bits >> 3) & 0xfu, mantissa = bits & 0x7u;
+  if (exponent == 0) { /* zero or subnormal: mantissa * 2^-9 */
+    const float magnitude = (float)mantissa * 0x1p-9f;
+    return sign ? -magnitude : magnitude;
+  }
+  if (exponent == 0xfu && mantissa == 0x7u) return attn_f32_from_bits(sign | 0x7fc00000u);
+  /* (1 + m/8) 2^(e-7): f32's biased exponent e - 7 + 127, its mantissa m in the top 3 bits */
+  return attn_f32_from_bits(sign | ((exponent + 120u) << 23) | (mantissa << 20));
+}
+
+/* value rounded to e4m3, to nearest with ties to even, from the double itself (one rounding);
+ * beyond 448 in magnitude it saturates to +-448 (attn.h's attn_f32_to_f8e4m3 says why). */
+static inline uint8_t attn_inline_f64_to_f8e4m3(double value) {
+  const uint8_t sign = signbit(value) ? 0x80u : 0x00u;
+  const double a = fabs(value);
+  if (isnan(value)) return (uint8_t)(sign | 0x7fu);
+  if (a >= 448.0) return (uint8_t)(sign | 0x7eu);
+  if (a < 0x1p-6) /* subnormal: a multiple of 2^-9; 8 * 2^-9 is the smallest normal, bits 0x08 */
+    return (uint8_t)(sign | (uint8_t)nearbyint(a * 0x1p9)); /* default mode: ties to even */
+  int e;
+  const double f = frexp(a, &e); /* a = f 2^e, f in [0.5, 1): a = (2f) 2^(e-1) */
+  int exponent = e - 1 + 7;
+  int mantissa = (int)nearbyint((2.0 * f - 1.0) * 8.0);
+  if (mantissa == 8) mantissa = 0, ++exponent; /* up into the next binade (a < 448: never NaN) */
+  return (uint8_t)(sign | (uint8_t)(exponent << 3) | (uint8_t)mantissa);
+}
+
 /* A double rounded to float with round-to-odd, so that a second rounding to a narrower format
  * (f16, bf16) gives the correctly rounded result of the double (Boldo and Melquiond). */
 static inline float attn_f64_to_f32_odd(double d) {
@@ -83,6 +115,7 @@ static inline double attn_load(const void *data, attn_dtype dtype, int64_t index
   case ATTN_DTYPE_F64: return ((const double *)data)[index];
   case ATTN_DTYPE_U8: return ((const uint8_t *)data)[index];
   case ATTN_DTYPE_I32: return ((const int32_t *)data)[index];
+  case ATTN_DTYPE_F8E4M3: return attn_inline_f8e4m3_to_f32(((const uint8_t *)data)[index]);
   case ATTN_DTYPE_COUNT: break;
   }
   return 0.0;
@@ -102,6 +135,7 @@ static inline void attn_store(void *data, attn_dtype dtype, int64_t index, doubl
     ((uint16_t *)data)[index] = attn_inline_f32_to_bf16(attn_f64_to_f32_odd(value));
     break;
   case ATTN_DTYPE_F64: ((double *)data)[index] = value; break;
+  case ATTN_DTYPE_F8E4M3: ((uint8_t *)data)[index] = attn_inline_f64_to_f8e4m3(value); break;
   case ATTN_DTYPE_COUNT: break;
   }
 }
@@ -114,8 +148,22 @@ static inline double attn_round_to(attn_dtype dtype, double value) {
     return attn_inline_f16_to_f32(attn_inline_f32_to_f16(attn_f64_to_f32_odd(value)));
   case ATTN_DTYPE_BF16:
     return attn_inline_bf16_to_f32(attn_inline_f32_to_bf16(attn_f64_to_f32_odd(value)));
+  case ATTN_DTYPE_F8E4M3: return attn_inline_f8e4m3_to_f32(attn_inline_f64_to_f8e4m3(value));
   default: return value;
   }
+}
+
+/* The dtype of out (and probs) of a problem: out_dtype when set, else the problem's dtype, bf16
+ * for an f8e4m3 problem (docs/FP8.md). */
+static inline attn_dtype attn_out_dtype(const attn_problem *p) {
+  if (p->out_dtype >= 0) return (attn_dtype)p->out_dtype;
+  return p->dtype == ATTN_DTYPE_F8E4M3 ? ATTN_DTYPE_BF16 : (attn_dtype)p->dtype;
+}
+
+/* Whether the problem has a backward pass; paged caches (docs/DECODE.md) and f8e4m3 problems
+ * (docs/FP8.md) are forward only. plan/validate.c's attn_validate_has_backward gives the reason. */
+static inline int attn_has_backward(const attn_problem *p) {
+  return p->page_size <= 0 && p->dtype != ATTN_DTYPE_F8E4M3;
 }
 
 /* The dtype of lse, alibi slopes, sinks and dsinks: f64 for an f64 problem, f32 otherwise. */

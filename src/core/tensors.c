@@ -30,6 +30,9 @@ const char *attn_role_name(attn_role role) {
       [ATTN_ROLE_BLOCK_TABLE] = "block_table",
       [ATTN_ROLE_K_NEW] = "k_new",
       [ATTN_ROLE_V_NEW] = "v_new",
+      [ATTN_ROLE_Q_DESCALE] = "q_descale",
+      [ATTN_ROLE_K_DESCALE] = "k_descale",
+      [ATTN_ROLE_V_DESCALE] = "v_descale",
   };
   return (unsigned)role < ATTN_ROLE_COUNT ? names[role] : "unknown";
 }
@@ -48,6 +51,9 @@ int attn_role_used(const attn_problem *p, attn_role role) {
   case ATTN_ROLE_BLOCK_TABLE: return p->page_size > 0;
   case ATTN_ROLE_K_NEW:
   case ATTN_ROLE_V_NEW: return p->page_size > 0 && p->seqlen_new > 0;
+  case ATTN_ROLE_Q_DESCALE:
+  case ATTN_ROLE_K_DESCALE:
+  case ATTN_ROLE_V_DESCALE: return p->descale != ATTN_DESCALE_NONE;
   default: return 1;
   }
 }
@@ -76,6 +82,9 @@ attn_tensor *attn_role_field(attn_role role, attn_inputs *in, attn_outputs *out,
   case ATTN_ROLE_BLOCK_TABLE: return &in->block_table;
   case ATTN_ROLE_K_NEW: return &in->k_new;
   case ATTN_ROLE_V_NEW: return &in->v_new;
+  case ATTN_ROLE_Q_DESCALE: return &in->q_descale;
+  case ATTN_ROLE_K_DESCALE: return &in->k_descale;
+  case ATTN_ROLE_V_DESCALE: return &in->v_descale;
   case ATTN_ROLE_COUNT: break;
   }
   return NULL;
@@ -192,6 +201,15 @@ int attn_role_shape(const attn_problem *p, attn_role role, int64_t shape[ATTN_MA
   case ATTN_ROLE_KV_SEGMENT_IDS:
     shape[0] = p->batch, shape[1] = p->seqlen_k;
     return 2;
+  case ATTN_ROLE_Q_DESCALE:
+  case ATTN_ROLE_K_DESCALE:
+  case ATTN_ROLE_V_DESCALE:
+    if (p->descale == ATTN_DESCALE_PER_BATCH_KV_HEAD) {
+      shape[0] = p->batch, shape[1] = p->heads_kv;
+      return 2;
+    }
+    shape[0] = 1;
+    return 1;
   case ATTN_ROLE_COUNT: break;
   }
   shape[0] = 0;
@@ -210,6 +228,12 @@ attn_dtype attn_role_dtype(const attn_problem *p, attn_role role) {
   case ATTN_ROLE_ALIBI:
   case ATTN_ROLE_SINKS:
   case ATTN_ROLE_DSINKS: return attn_stat_dtype((attn_dtype)p->dtype);
+  case ATTN_ROLE_Q_DESCALE:
+  case ATTN_ROLE_K_DESCALE:
+  case ATTN_ROLE_V_DESCALE: return ATTN_DTYPE_F32;
+  case ATTN_ROLE_OUT:
+  case ATTN_ROLE_DOUT:
+  case ATTN_ROLE_PROBS: return attn_out_dtype(p);
   default: return (attn_dtype)p->dtype;
   }
 }

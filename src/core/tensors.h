@@ -69,6 +69,15 @@ static inline int64_t attn_paged_offset(const attn_problem *problem, const attn_
  * seqlen_new. inputs resolved and validated. */
 void attn_paged_append(const attn_problem *problem, const attn_inputs *inputs);
 
+/* Descale factor of an f8e4m3 tensor (q_descale, k_descale or v_descale: t) for batch entry b and
+ * KV head g, f32 in host memory; 1 without descale (docs/FP8.md). t resolved. */
+static inline float attn_descale_of(const attn_problem *problem, const attn_tensor *t, int64_t b,
+                                    int64_t g) {
+  if (problem->descale == ATTN_DESCALE_NONE) return 1.0f;
+  if (problem->descale == ATTN_DESCALE_TENSOR) return ((const float *)t->data)[0];
+  return ((const float *)t->data)[b * t->stride[0] + g * t->stride[1]];
+}
+
 /* The alignment offset o of SPEC.md for a sequence: Tk - Tq (bottom-right) or 0 (top-left). */
 static inline int64_t attn_align_offset(const attn_problem *problem, const attn_seq *seq) {
   return problem->align == ATTN_ALIGN_BOTTOM_RIGHT ? seq->len_k - seq->len_q : 0;

@@ -14,6 +14,7 @@
 #define ATTN_IMPL_IMPL_H
 
 #include "attn.h"
+#include "core/dtype.h"
 
 #include <stddef.h>
 
@@ -53,9 +54,10 @@ typedef struct attn_positions {
 } attn_positions;
 
 /* The dtype a run writes out, dq, dk and dv in: f32 for the partial results of a low-precision
- * problem (attn_positions.partial), else the problem's. */
+ * problem (attn_positions.partial), else the problem's out dtype (attn_out_dtype: the problem's
+ * dtype, or an f8e4m3 problem's bf16, f16 or f32; it has no dq, dk, dv). */
 static inline attn_dtype attn_result_dtype(const attn_problem *p, const attn_positions *pos) {
-  const attn_dtype dt = (attn_dtype)p->dtype;
+  const attn_dtype dt = attn_out_dtype(p);
   return pos != NULL && pos->partial && dt != ATTN_DTYPE_F64 ? ATTN_DTYPE_F32 : dt;
 }
 

@@ -21,6 +21,8 @@ void attn_problem_init(attn_problem *p) {
   p->bias_dtype = ATTN_DTYPE_F32;
   p->alibi = ATTN_ALIBI_NONE;
   p->varlen = ATTN_VARLEN_NONE;
+  p->out_dtype = -1; /* the problem's dtype (bf16 for f8e4m3) */
+  p->descale = ATTN_DESCALE_NONE;
 }
 
 attn_tensor attn_tensor_dense(void *data) {

@@ -10,6 +10,7 @@
 #include "plan/exec.h"
 
 #include "core/ctx.h"
+#include "core/dtype.h"
 #include "core/tensors.h"
 
 #include <ctype.h>
@@ -116,6 +117,10 @@ size_t attn_problem_to_string(const attn_problem *p, char *buf, size_t size) {
       put(&w, "paged=%lld", (long long)p->page_size);
   }
   if (p->seqlen_new != 0) put(&w, "new=%lld", (long long)p->seqlen_new);
+  if (p->out_dtype != -1) put(&w, "out=%s", dtype_token(p->out_dtype));
+  if (p->descale == ATTN_DESCALE_TENSOR) put(&w, "descale=tensor");
+  else if (p->descale == ATTN_DESCALE_PER_BATCH_KV_HEAD) put(&w, "descale=bhkv");
+  else if (p->descale != ATTN_DESCALE_NONE) put(&w, "descale=%d", (int)p->descale);
   if (p->operation == ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION)
     put(&w, "op=sdpa");
   else if (p->operation != ATTN_OPERATION_FLASH_ATTENTION)
@@ -142,6 +147,9 @@ void attn_problem_key(const attn_problem *resolved, char *buf, size_t size) {
   }
   if (!p.has_mask) memset(p.mask_shape, 0, sizeof p.mask_shape);
   if (p.num_sinks == 0) p.sinks_shared = 0;
+  attn_problem default_out = p;
+  default_out.out_dtype = -1;
+  if (attn_out_dtype(&p) == attn_out_dtype(&default_out)) p.out_dtype = -1; /* spelled out */
   /* A paged cache's pool and table sizes left out when they are the defaults they resolved from. */
   if (p.page_size > 0) {
     attn_problem bare = p;
@@ -206,7 +214,16 @@ static int underflows_to_zero(const char *s, size_t n) {
   return *end == '\0' && end != tmp && errno == ERANGE && v == 0.0;
 }
 
+static int token_is(const char *tok, size_t n, const char *word) {
+  return strlen(word) == n && strncmp(tok, word, n) == 0;
+}
+
 static int parse_dtype(const char *s, size_t n, int32_t *out) {
+  /* the names fp8 formats go by elsewhere (FlashAttention-3's "fp8", OCP's "E4M3") */
+  if (token_is(s, n, "fp8") || token_is(s, n, "e4m3")) {
+    *out = ATTN_DTYPE_F8E4M3;
+    return 1;
+  }
   for (int d = 0; d < ATTN_DTYPE_COUNT; ++d) {
     const char *name = attn_dtype_name((attn_dtype)d);
     if (strlen(name) == n && strncmp(s, name, n) == 0) {
@@ -245,21 +262,18 @@ static int parse_shape(const char *s, size_t n, int64_t shape[4]) {
   return at == n;
 }
 
-static int token_is(const char *tok, size_t n, const char *word) {
-  return strlen(word) == n && strncmp(tok, word, n) == 0;
-}
-
 /* The fields a token sets; each may be set by one token only. */
 typedef enum field {
   F_BATCH, F_HEADS_Q, F_HEADS_KV, F_SEQLEN_Q, F_SEQLEN_K, F_HEAD_DIM, F_HEAD_DIM_V, F_DTYPE,
   F_CAUSAL, F_WINDOW, F_ALIGN, F_SCALE, F_SOFTCAP, F_DROPOUT, F_BIAS, F_MASK, F_ALIBI, F_SINKS,
-  F_SEGMENTS, F_VARLEN, F_OPERATION, F_DEVICE, F_COUNT
+  F_SEGMENTS, F_VARLEN, F_OPERATION, F_DEVICE, F_OUT_DTYPE, F_DESCALE, F_COUNT
 } field;
 
 static const char *const field_names[F_COUNT] = {
     "batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "head_dim_v", "dtype",
     "causal", "the window", "align", "scale", "softcap", "dropout_p", "the bias", "the mask",
-    "alibi", "the sinks", "segment ids", "varlen", "the operation", "the device"};
+    "alibi", "the sinks", "segment ids", "varlen", "the operation", "the device", "out_dtype",
+    "descale"};
 
 /* The token that set each field so far (NULL: none). */
 typedef struct claims {
@@ -311,7 +325,10 @@ static const struct value_key {
     {"varlen", F_VARLEN, "varlen=packed:TQ,TK (the total query and key rows) or varlen=padded"},
     {"op", F_OPERATION, "op=sdpa or op=flash"},
     {"device", F_DEVICE, "device=cpu, device=cuda or device=cuda:N, N >= 0"},
-    {"dtype", F_DTYPE, "dtype=f32, dtype=f16, dtype=bf16 or dtype=f64"},
+    {"dtype", F_DTYPE, "dtype=f32, dtype=f16, dtype=bf16, dtype=f64 or dtype=f8e4m3"},
+    {"out", F_OUT_DTYPE, "out=DTYPE (f32, f16 or bf16): the dtype of out"},
+    {"descale", F_DESCALE, "descale=tensor (one factor per tensor) or descale=bhkv (per batch "
+                           "entry and KV head)"},
 };
 
 #define TRY_CLAIM(f)                                                                               \
@@ -456,6 +473,15 @@ attn_status attn_problem_parse(attn_ctx *ctx, const char *text, attn_problem *pr
         p.device_index = (int32_t)index;
       } else if (token_is(tok, kn, "dtype")) {
         ok = parse_dtype(val, vn, &p.dtype);
+      } else if (token_is(tok, kn, "out")) {
+        ok = parse_dtype(val, vn, &p.out_dtype);
+      } else if (token_is(tok, kn, "descale")) {
+        if (token_is(val, vn, "tensor"))
+          p.descale = ATTN_DESCALE_TENSOR;
+        else if (token_is(val, vn, "bhkv"))
+          p.descale = ATTN_DESCALE_PER_BATCH_KV_HEAD;
+        else
+          ok = 0;
       } else {
         ok = 0;
       }

@@ -17,6 +17,7 @@
 
 #include "core/ctx.h"
 #include "core/device.h"
+#include "core/dtype.h"
 #include "plan/registry.h"
 #include "plan/validate.h"
 
@@ -481,7 +482,7 @@ static const candidate *autotune(attn_ctx *ctx, attn_exec *e, const attn_problem
   int injected = attn_tune_injected(NULL, NULL, problem, &probe);
   if (!injected) {
     /* (a GPU problem's scratch is device memory; UNSUPPORTED in a build without CUDA) */
-    attn_status status = attn_scratch_create(p, e->policy.tune_backward && p->page_size == 0,
+    attn_status status = attn_scratch_create(p, e->policy.tune_backward && attn_has_backward(p),
                                               &scratch, msg, sizeof msg);
     if (status != ATTN_STATUS_OK) {
       attn_exec_report_failure(ctx, status, msg);

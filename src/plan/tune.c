@@ -105,6 +105,9 @@ attn_status attn_scratch_create(const attn_problem *p, int backward, attn_scratc
         ((int32_t *)s->data[r])[i] = (int32_t)(i % attn_paged_num_pages(p));
       else if (dtype == ATTN_DTYPE_I32)
         ((int32_t *)s->data[r])[i] = 0; /* one segment */
+      else if (role == ATTN_ROLE_Q_DESCALE || role == ATTN_ROLE_K_DESCALE ||
+               role == ATTN_ROLE_V_DESCALE) /* a quantiser's factors are positive */
+        attn_store(s->data[r], dtype, i, 0.5 + u);
       else
         attn_store(s->data[r], dtype, i, role == ATTN_ROLE_ALIBI ? 0.5 * u : 2.0 * u - 1.0);
     }
@@ -228,9 +231,9 @@ attn_status attn_tune_measure(attn_ctx *ctx, const attn_problem *p, const attn_i
     return status;
   }
   tctx->num_threads = ctx->num_threads;
-  /* A paged cache has no backward pass (docs/DECODE.md): its forward is what a training policy
-   * gets timed. */
-  const int backward = policy->tune_backward && p->page_size == 0;
+  /* A paged cache or an f8e4m3 problem has no backward pass (docs/DECODE.md, docs/FP8.md): its
+   * forward is what a training policy gets timed. */
+  const int backward = policy->tune_backward && attn_has_backward(p);
   attn_plan *plan = NULL;
   status = attn_plan_create_exact(tctx, p, impl, config, &plan);
   /* A GPU plan runs on the caller's device workspace: the tuner's, sized for this candidate. */

@@ -87,12 +87,37 @@ static attn_status check_paged_problem(attn_ctx *ctx, const attn_problem *p) {
   return ATTN_STATUS_OK;
 }
 
+/* The fields of an f8e4m3 problem (docs/FP8.md): the out dtype and the descale factors. */
+static attn_status check_fp8_problem(attn_ctx *ctx, const attn_problem *p) {
+  const int fp8 = p->dtype == ATTN_DTYPE_F8E4M3;
+  const int32_t out = p->out_dtype;
+  if (out != -1 && out != p->dtype) {
+    if (!fp8)
+      return INVALID("out_dtype=%s with dtype=%s: out has the inputs' dtype (-1 = the default); "
+                     "only an f8e4m3 problem writes another (bf16, f16 or f32)",
+                     attn_dtype_name((attn_dtype)out), attn_dtype_name((attn_dtype)p->dtype));
+    if (out != ATTN_DTYPE_BF16 && out != ATTN_DTYPE_F16 && out != ATTN_DTYPE_F32)
+      return INVALID("out_dtype=%s with dtype=f8e4m3: out must be bf16 (the default, -1), f16 "
+                     "or f32 (an e4m3 out would lose the f32 accumulation's precision)",
+                     attn_dtype_name((attn_dtype)out));
+  }
+  if (fp8 && out == ATTN_DTYPE_F8E4M3)
+    return INVALID("out_dtype=f8e4m3 with dtype=f8e4m3: out must be bf16 (the default, -1), f16 "
+                   "or f32 (an e4m3 out would lose the f32 accumulation's precision)");
+  TRY(check_enum(ctx, "descale", p->descale, ATTN_DESCALE_COUNT));
+  if (p->descale != ATTN_DESCALE_NONE && !fp8)
+    return INVALID("descale=%d with dtype=%s: descale factors belong to f8e4m3 inputs only",
+                   (int)p->descale, attn_dtype_name((attn_dtype)p->dtype));
+  return ATTN_STATUS_OK;
+}
+
 attn_status attn_validate_problem(attn_ctx *ctx, const attn_problem *p, attn_problem *resolved) {
   if (p == NULL) return INVALID("problem is NULL");
   TRY(check_enum(ctx, "operation", p->operation, ATTN_OPERATION_COUNT));
   if (p->dtype != ATTN_DTYPE_F32 && p->dtype != ATTN_DTYPE_F16 && p->dtype != ATTN_DTYPE_BF16 &&
-      p->dtype != ATTN_DTYPE_F64)
-    return INVALID("dtype=%d must be f32, f16, bf16 or f64", (int)p->dtype);
+      p->dtype != ATTN_DTYPE_F64 && p->dtype != ATTN_DTYPE_F8E4M3)
+    return INVALID("dtype=%d must be f32, f16, bf16, f64 or f8e4m3", (int)p->dtype);
+  TRY(check_fp8_problem(ctx, p));
   TRY(check_enum(ctx, "device", p->device, ATTN_DEVICE_COUNT));
   TRY(check_min(ctx, "device_index", p->device_index, 0));
 
@@ -389,7 +414,11 @@ static int input_slots(const attn_inputs *in, attn_inputs *r, slot *s) {
   s[9] = (slot){ATTN_ROLE_BLOCK_TABLE, &in->block_table, &r->block_table, 1, 0};
   s[10] = (slot){ATTN_ROLE_K_NEW, &in->k_new, &r->k_new, 1, 0};
   s[11] = (slot){ATTN_ROLE_V_NEW, &in->v_new, &r->v_new, 1, 0};
-  return 12;
+  /* an f8e4m3 problem's descale factors */
+  s[12] = (slot){ATTN_ROLE_Q_DESCALE, &in->q_descale, &r->q_descale, 1, 0};
+  s[13] = (slot){ATTN_ROLE_K_DESCALE, &in->k_descale, &r->k_descale, 1, 0};
+  s[14] = (slot){ATTN_ROLE_V_DESCALE, &in->v_descale, &r->v_descale, 1, 0};
+  return 15;
 }
 
 /* Lengths and block table of a paged cache, once the tensors are resolved: each sequence's keys
@@ -429,7 +458,7 @@ attn_status attn_validate_forward(attn_ctx *ctx, const attn_problem *p, const at
   if (out->probs.data != NULL && p->operation != ATTN_OPERATION_SCALED_DOT_PRODUCT_ATTENTION)
     return INVALID("probs is given but operation=flash_attention never forms the probabilities: "
                    "use scaled_dot_product_attention");
-  slot s[20];
+  slot s[24];
   int n = input_slots(in, in_r, s);
   *out_r = *out;
   s[n++] = (slot){ATTN_ROLE_OUT, &out->out, &out_r->out, 1, 1};
@@ -452,7 +481,7 @@ attn_status attn_validate_backward(attn_ctx *ctx, const attn_problem *p, const a
     return INVALID("dbias is given but the problem has no bias (has_bias=0)");
   if (g->dsinks.data != NULL && p->num_sinks == 0)
     return INVALID("dsinks is given but the problem has no sinks (num_sinks=0)");
-  slot s[24];
+  slot s[28];
   int n = input_slots(in, in_r, s);
   *fwd_r = *fwd;
   fwd_r->probs.data = NULL; /* not used by the backward pass */
@@ -471,6 +500,11 @@ attn_status attn_validate_backward(attn_ctx *ctx, const attn_problem *p, const a
 }
 
 attn_status attn_validate_has_backward(attn_ctx *ctx, const attn_problem *p) {
+  if (p->dtype == ATTN_DTYPE_F8E4M3)
+    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                     "backward of an f8e4m3 problem is not supported: fp8 attention is an "
+                     "inference format here (as FlashAttention-3's), and e4m3 gradients of 3 "
+                     "mantissa bits would need scaling rules no one has settled; train in bf16");
   if (p->page_size > 0)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                      "backward of a paged KV cache (page_size=%lld) is not supported: the cache is "

@@ -219,6 +219,7 @@ static inline float load1(const void *base, attn_dtype dt, int64_t off) {
   case ATTN_DTYPE_F32: return ((const float *)base)[off];
   case ATTN_DTYPE_F16: return attn_inline_f16_to_f32(((const uint16_t *)base)[off]);
   case ATTN_DTYPE_BF16: return attn_inline_bf16_to_f32(((const uint16_t *)base)[off]);
+  case ATTN_DTYPE_F8E4M3: return attn_inline_f8e4m3_to_f32(((const uint8_t *)base)[off]);
   default: return 0.0f;
   }
 }
@@ -244,6 +245,9 @@ static void load_vec(const cpu_run *c, const void *base, int64_t off, int64_t st
   } else if (dt == ATTN_DTYPE_BF16 && stride == 1) {
     const uint16_t *x = (const uint16_t *)base + off;
     for (int64_t d = 0; d < n; ++d) dst[d] = s * attn_f32_from_bits((uint32_t)x[d] << 16);
+  } else if (dt == ATTN_DTYPE_F8E4M3 && stride == 1) { /* the decode, without load1's switch */
+    const uint8_t *x = (const uint8_t *)base + off;
+    for (int64_t d = 0; d < n; ++d) dst[d] = s * attn_inline_f8e4m3_to_f32(x[d]);
   } else {
     for (int64_t d = 0; d < n; ++d) dst[d] = s * load1(base, dt, off + d * stride);
   }
@@ -783,6 +787,10 @@ static int pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float *
   /* rows read in place: f32, unit stride, evenly spaced (no pages); V also without padding */
   const int in_place = c->dt == ATTN_DTYPE_F32 && c->p->page_size == 0;
   const int k_in_place = in_place && kds == 1, v_in_place = in_place && vds == 1 && c->Dv == c->Dvp;
+  /* An f8e4m3 problem's K and V are decoded here, times their descale factors (docs/FP8.md): the
+   * product of an e4m3 value and an f32 factor is rounded once, to f32. */
+  const float k_descale = attn_descale_of(c->p, &in->k_descale, s->b, s->g);
+  const float v_descale = attn_descale_of(c->p, &in->v_descale, s->b, s->g);
   for (int64_t jb = 0; kt != NULL && jb < nk; jb += 16) {
     const int64_t n = min64(16, nk - jb);
     const float *src = keys;
@@ -792,7 +800,8 @@ static int pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float *
       src = (const float *)in->k.data + off, lds = kv_off(c, &in->k, s, j0 + jb + 1) - off;
     } else {
       for (int64_t i = 0; i < n; ++i)
-        load_vec(c, in->k.data, kv_off(c, &in->k, s, j0 + jb + i), kds, D, 1.0f, keys + i * D);
+        load_vec(c, in->k.data, kv_off(c, &in->k, s, j0 + jb + i), kds, D, k_descale,
+                 keys + i * D);
       for (int64_t i = n; i < 16; ++i) memset(keys + i * D, 0, (size_t)D * sizeof(float));
     }
     /* K^T's element (d, jb + i) at dst[d * ld + i] */
@@ -816,7 +825,7 @@ static int pack_kv_block(const cpu_run *c, const cpu_seq *s, int64_t kb, float *
       row = (const float *)in->v.data + off;
     } else {
       float *r = panels ? keys : v + jj * c->Dvp;
-      load_vec(c, in->v.data, off, vds, c->Dv, 1.0f, r);
+      load_vec(c, in->v.data, off, vds, c->Dv, v_descale, r);
       for (int64_t d = c->Dv; d < c->Dvp; ++d) r[d] = 0.0f;
       row = r;
     }
@@ -892,10 +901,11 @@ static void forward_block(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t
    * bf16 gemm rounds its operands to bf16, exact for the inputs but not for s * q. */
   PHASE_MARK(q_start);
   const int64_t qds = token_dstride(c, &in->q);
+  const float q_descale = attn_descale_of(p, &in->q_descale, s->b, s->g); /* 1 but for fp8 */
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t qoff = token_off(c, &in->q, s->b, s->s.q_row0 + i0 + r, h);
     if (tiles) load_bf16_row(c, in->q.data, qoff, qds, c->D, ldqh, t->qh + r * ldqh);
-    else load_vec(c, in->q.data, qoff, qds, c->D, 1.0f, t->q + r * c->Dp);
+    else load_vec(c, in->q.data, qoff, qds, c->D, q_descale, t->q + r * c->Dp);
   }
   memset(t->o, 0, (size_t)(rows * c->Dvp) * sizeof(float));
   /* Sinks enter the running max and sum once, here. */
@@ -1571,8 +1581,11 @@ static attn_status cpu_backward(const attn_run *run) {
 /* ---- the contract ------------------------------------------------------------------------------- */
 
 static attn_status cpu_supports(const attn_problem *p, char *why, size_t why_size) {
-  if (p->dtype != ATTN_DTYPE_F32 && p->dtype != ATTN_DTYPE_F16 && p->dtype != ATTN_DTYPE_BF16) {
-    attn_format(why, why_size, "dtype=%s: f32, f16 and bf16 only (the reference runs f64)",
+  /* f8e4m3 is decoded to f32 as K and V are packed (forward only: validation refuses its
+   * backward), so that users without a Hopper GPU can run and check their fp8 models */
+  if (p->dtype != ATTN_DTYPE_F32 && p->dtype != ATTN_DTYPE_F16 && p->dtype != ATTN_DTYPE_BF16 &&
+      p->dtype != ATTN_DTYPE_F8E4M3) {
+    attn_format(why, why_size, "dtype=%s: f32, f16, bf16 and f8e4m3 only (the reference runs f64)",
                 attn_dtype_name((attn_dtype)p->dtype));
     return ATTN_STATUS_UNSUPPORTED;
   }

@@ -56,6 +56,13 @@ static int decode_shaped(const attn_problem *p) {
 }
 
 static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_size) {
+  if (p->dtype == ATTN_DTYPE_F8E4M3) {
+    attn_format(why, why_size,
+                "dtype=f8e4m3: the fp8 forward needs an sm90 wgmma e4m3 kernel, not built yet "
+                "(issue 13); the sm80 and sm90 f16/bf16 kernels have no fp8 path (cpu and ref "
+                "run it)");
+    return ATTN_STATUS_UNSUPPORTED;
+  }
   if (p->page_size > 0 && !decode_shaped(p)) {
     attn_format(why, why_size,
                 "page_size=%lld: a paged cache runs on the cuda decode kernel (cuda_decode.cu), "

@@ -8,7 +8,8 @@
  * computes it row by row (never a Tq x Tk buffer), writing the probabilities when asked.
  *
  * Notation follows SPEC.md: row (b, h, i), key j, KV head g = h / (Hq / Hkv), alignment offset o,
- * logit x_ij, row max m, normaliser Z, dropout keep mask keep_ij, and lse_i = m + log Z.
+ * logit x_ij, row max m, normaliser Z, dropout keep mask keep_ij, and lse_i = m + log Z. An
+ * f8e4m3 problem (docs/FP8.md) reads its inputs decoded exactly, times their descale factors.
  */
 #include "impl/impl.h"
 #include "impl/ref/ref_rows.h"
@@ -39,6 +40,7 @@ typedef struct ref_args {
   uint32_t drop_threshold;
   double keep_scale;     /* 1 / (1 - p_drop): the weight of a kept probability */
   attn_dtype round_to;   /* F64 = exact; else the naive same-dtype computation (tests only) */
+  attn_dtype round_scores_to; /* round_to, but f32 for f8e4m3: fp8 kernels keep scores in f32 */
   const attn_positions *pos; /* where the problem sits in a larger one, or NULL */
 } ref_args;
 
@@ -66,6 +68,7 @@ static ref_args make_args(const attn_run *run) {
   a.drop_threshold = attn_dropout_threshold(p->dropout_p);
   a.keep_scale = 1.0 / (1.0 - p->dropout_p);
   a.round_to = run->round_to;
+  a.round_scores_to = run->round_to == ATTN_DTYPE_F8E4M3 ? ATTN_DTYPE_F32 : run->round_to;
   a.pos = run->positions;
   return a;
 }
@@ -184,8 +187,10 @@ static double logit(const ref_args *a, const ref_row *r, const double *q, int64_
   double dot = 0.0;
   for (int64_t d = 0; d < p->head_dim; ++d)
     dot += q[d] * attn_load(k->data, a->dtype, kv_at(a, k, r, j, d));
-  /* x = s * dot(q_i, k_j) + bias + alibi */
-  double x = attn_round_to(a->round_to, p->scale * dot);
+  /* x = s * dot(q_i, k_j) + bias + alibi; an f8e4m3 problem's q and k carry descale factors */
+  const double descale = (double)attn_descale_of(p, &a->in->q_descale, r->b, r->g) *
+                         (double)attn_descale_of(p, &a->in->k_descale, r->b, r->g);
+  double x = attn_round_to(a->round_scores_to, p->scale * descale * dot);
   if (p->has_bias) {
     const attn_tensor *bias = &a->in->bias;
     x += attn_load(bias->data, (attn_dtype)p->bias_dtype,
@@ -201,7 +206,7 @@ static double logit(const ref_args *a, const ref_row *r, const double *q, int64_
   *pre = x;
   /* Soft cap: bias and ALiBi are inside it; masking came before, so masked keys stay at zero. */
   if (p->softcap > 0.0) x = p->softcap * tanh(x / p->softcap);
-  return attn_round_to(a->round_to, x);
+  return attn_round_to(a->round_scores_to, x);
 }
 
 /* The soft cap's derivative 1 - tanh^2(y) as 4u / (1 + u)^2 with u = exp(-2|y|): 1 - t * t cancels
@@ -282,20 +287,30 @@ static void forward_row(const ref_args *a, const attn_outputs *out, const ref_ro
   const attn_tensor *v = &a->in->v;
   for (int64_t j = 0; j < r->seq.len_k; ++j) {
     if (!s->v[j]) continue;
-    double prob = kept(a, r, j) ? exp(s->x[j] - m) / z * a->keep_scale : 0.0;
-    prob = attn_round_to(a->round_to, prob);
+    double prob;
+    if (a->round_to == ATTN_DTYPE_F8E4M3) {
+      /* FlashAttention-3's fp8 P: exp(x - m) <= 1 times 2^8, into e4m3's normal range, rounded
+       * to e4m3 for P V; Z sums the unrounded values (docs/FP8.md) */
+      prob = kept(a, r, j) ? attn_round_to(ATTN_DTYPE_F8E4M3, exp(s->x[j] - m) * 256.0) / 256.0 /
+                                 z * a->keep_scale
+                           : 0.0;
+    } else {
+      prob = kept(a, r, j) ? exp(s->x[j] - m) / z * a->keep_scale : 0.0;
+      prob = attn_round_to(a->round_to, prob);
+    }
     for (int64_t d = 0; d < p->head_dim_v; ++d)
       s->acc[d] += prob * attn_load(v->data, a->dtype, kv_at(a, v, r, j, d));
     if (out->probs.data != NULL) {
       const attn_tensor *pr = &out->probs;
-      attn_store(pr->data, a->dtype,
+      attn_store(pr->data, attn_out_dtype(p),
                  r->b * pr->stride[0] + r->h * pr->stride[1] + r->i * pr->stride[2] + j * pr->stride[3],
                  prob);
     }
   }
+  const double v_descale = attn_descale_of(p, &a->in->v_descale, r->b, r->g);
   for (int64_t d = 0; d < p->head_dim_v; ++d)
     attn_store(out->out.data, a->result_dtype, token_at(p, &out->out, r->b, q_row(r), r->h, d),
-               s->acc[d]);
+               s->acc[d] * v_descale);
   if (out->lse.data != NULL)
     attn_store(out->lse.data, a->result_stat_dtype, lse_at(p, &out->lse, r->b, r->h, q_row(r)),
                m + log(z));
