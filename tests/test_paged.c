@@ -806,7 +806,7 @@ int main(void) {
        * others, each way of copying with each way of merging the splits */
       const char *saved_decode = getenv("ATTN_CUDA_DECODE");
       static const char *const decode_variants[] = {NULL, "cpasync", "cpasync,nocluster", "lateissue,nocluster",
-                                                    "mergewide,nocluster"};
+                                                    "mergechunk,nocluster"};
       for (int i = 0; i < 5; ++i) {
         if (decode_variants[i] != NULL) setenv("ATTN_CUDA_DECODE", decode_variants[i], 1);
         printf("test_paged: GPU split cases with ATTN_CUDA_DECODE=%s\n",
