@@ -18,6 +18,12 @@
  * "atomic" and "deterministic". The golden cases cuDNN supports are checked the same way against
  * their stored f64 results (folder: argv[1] or $ATTN_GOLDEN_DIR).
  *
+ * fp8 (docs/FP8.md): e4m3 problems (odd sizes, causal both alignments, GQA/MQA, factors per tensor
+ * and none, out bf16 and f16) against the f64 reference under tol_bound_fp8, through the attn
+ * tool's oracle; where cuDNN writes no bf16/f16 out (Hopper, cuDNN < 9.13) each must be refused
+ * with that reason, printed. What the fp8 graph lacks on every GPU (factors per (batch, KV head),
+ * an f32 out, bias, windows, head dims not multiples of 16) is refused with or without a GPU.
+ *
  * Determinism: every configuration declared deterministic for a problem repeats the bits of its
  * gradients when the backward pass runs twice (B=2 H=8 T=1000 D=128: causal, not, GQA, a full bias
  * with dbias). Autotuning across implementations: a causal GQA problem tuned forward + backward
@@ -47,6 +53,7 @@
 
 #ifdef ATTN_HAVE_CUDNN
 #include "gputest.h"
+#include "harness.h"                /* the attn tool's oracle, for the fp8 problems */
 #include "impl/cudnn/cudnn_graph.h" /* the graph cache's counters */
 #include "module/module.h"
 #include <cudnn_backend.h>
@@ -84,8 +91,20 @@ static void test_unsupported(void) {
   tu_gpu_expect_unsupported(ctx, "cudnn", "packed varlen", p, "packed");
   p = base, p.dtype = ATTN_DTYPE_F32;
   tu_gpu_expect_unsupported(ctx, "cudnn", "f32", p, "dtype=f32");
-  p = base, p.dtype = ATTN_DTYPE_F8E4M3; /* docs/FP8.md: cuDNN's fp8 graph is not built */
-  tu_gpu_expect_unsupported(ctx, "cudnn", "f8e4m3", p, "dtype=f8e4m3");
+  /* fp8 (docs/FP8.md): what cuDNN's fp8 graph lacks, on any GPU (test_fp8_forward: the rest) */
+  attn_problem fp8 = base;
+  fp8.dtype = ATTN_DTYPE_F8E4M3, fp8.descale = ATTN_DESCALE_TENSOR;
+  p = fp8, p.descale = ATTN_DESCALE_PER_BATCH_KV_HEAD;
+  tu_gpu_expect_unsupported(ctx, "cudnn", "fp8 descale per (batch, KV head)", p, "descale=bhkv");
+  p = fp8, p.out_dtype = ATTN_DTYPE_F32;
+  tu_gpu_expect_unsupported(ctx, "cudnn", "fp8 with an f32 out", p, "out_dtype=f32");
+  p = fp8, p.has_bias = 1, p.bias_dtype = ATTN_DTYPE_BF16, p.bias_shape[0] = 1,
+  p.bias_shape[1] = 1, p.bias_shape[2] = 64, p.bias_shape[3] = 64;
+  tu_gpu_expect_unsupported(ctx, "cudnn", "fp8 bias", p, "bias");
+  p = fp8, p.window_left = 8, p.window_right = 0;
+  tu_gpu_expect_unsupported(ctx, "cudnn", "fp8 sliding window", p, "sliding window");
+  p = fp8, p.head_dim = 40, p.head_dim_v = 40;
+  tu_gpu_expect_unsupported(ctx, "cudnn", "fp8 head_dim 40", p, "multiples of 16");
   p = base, p.alibi = ATTN_ALIBI_PER_BATCH_HEAD;
   tu_gpu_expect_unsupported(ctx, "cudnn", "alibi per batch", p, "alibi");
   p = base, p.alibi = ATTN_ALIBI_PER_HEAD;
@@ -1128,6 +1147,70 @@ static void test_golden(const char *root) {
   }
 }
 
+/* ---- fp8 (e4m3) forward ------------------------------------------------------------------------ */
+
+/* Problems of cuDNN's fp8 graph: odd sizes, causal both alignments (bottom-right with rows that
+ * see no key too), GQA and MQA, factors per tensor and none, out bf16 and f16 (the same shape with
+ * both: the graph cache must tell them apart), D 64, 128 and 192 with Dv 128. */
+static const char *const fp8_problems[] = {
+    "b2 hq4 hkv4 sq128 sk128 d64 fp8 descale=tensor",
+    "b2 hq4 hkv4 sq128 sk128 d64 fp8 descale=tensor out=f16",
+    "b1 hq3 hkv3 sq17 sk63 d64 fp8",
+    "b2 hq4 hkv1 sq65 sk129 d128 fp8 descale=tensor causal",
+    "b2 hq6 hkv2 sq129 sk65 d128 fp8 descale=tensor causal align=tl out=f16",
+    "b1 hq2 hkv2 sq100 sk40 d64 fp8 descale=tensor causal",
+    "b3 hq4 hkv2 sq37 sk45 d64 fp8 descale=tensor varlen=padded causal",
+    "b1 hq8 hkv2 sq1000 sk1000 d128 fp8 descale=tensor causal",
+    "b1 hq2 hkv2 sq64 sk80 d192 dv128 fp8 descale=tensor",
+};
+
+/* cuDNN's fp8 forward against the f64 reference through the attn tool's oracle (tools/harness.c:
+ * e4m3 data and positive factors drawn from the seed, the reference on the decoded values, and
+ * tol_bound_fp8 of tests/tolerance.h). Where cuDNN cannot write a bf16 or f16 out (Hopper, or
+ * cuDNN before 9.13), every problem must be refused with that reason, which is printed. */
+static void test_fp8_forward(uint64_t seed) {
+  int version = (int)cudnnGetVersion(), major = 0, minor = 0;
+  TU_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  TU_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
+  const int sm = major * 10 + minor, runs_fp8 = sm >= 100 && version >= 91300;
+  for (size_t i = 0; i < sizeof fp8_problems / sizeof *fp8_problems; ++i) {
+    char text[256];
+    snprintf(text, sizeof text, "%s device=cuda", fp8_problems[i]);
+    attn_problem p;
+    if (attn_problem_parse(ctx, text, &p) != ATTN_STATUS_OK) {
+      tu_check(0, "fp8 %s: does not parse: %s", text, attn_ctx_last_error(ctx));
+      continue;
+    }
+    attn_status st = attn_impl_supports(ctx, "cudnn", &p);
+    const int d192_missing = p.head_dim == 192 && version < 91900;
+    if (!runs_fp8 || d192_missing) {
+      const char *why = attn_ctx_last_error(ctx);
+      tu_check(st == ATTN_STATUS_UNSUPPORTED &&
+                   strstr(why, d192_missing && runs_fp8 ? "192" : "Blackwell") != NULL,
+               "fp8 %s: refused on sm%d with cuDNN %d: %s \"%s\"", text, sm, version,
+               attn_status_string(st), why);
+      continue;
+    }
+    if (st != ATTN_STATUS_OK) {
+      tu_check(0, "fp8 %s: cuDNN %d on sm%d refused it: %s", text, version, sm,
+               attn_ctx_last_error(ctx));
+      continue;
+    }
+    h_oracle *oracle = NULL;
+    if (h_oracle_make(ctx, &p, 0, seed + i, 0, &oracle) != ATTN_STATUS_OK) {
+      tu_check(0, "fp8 %s: no oracle: %s", text, attn_ctx_last_error(ctx));
+      continue;
+    }
+    h_check c = h_check_run(ctx, oracle, "cudnn", NULL);
+    if (c.status != ATTN_STATUS_OK)
+      tu_check(0, "fp8 %s: %s", text, attn_ctx_last_error(ctx));
+    else /* a nonzero out: factors or outputs that never reached the run read as zeros */
+      tu_check(c.ok && c.ref[0] > 0.0, "fp8 %s: out %.2e/%.2e (max|r| %.2e) lse %.2e/%.2e", text,
+               c.err[0], c.tol[0], c.ref[0], c.err[1], c.tol[1]);
+    h_oracle_free(oracle);
+  }
+}
+
 int main(int argc, char **argv) {
   if (attn_ctx_create(&ctx) != ATTN_STATUS_OK) return 1;
   uint64_t seed = tu_seed("test_cudnn");
@@ -1142,6 +1225,7 @@ int main(int argc, char **argv) {
   test_graph_cache();
   if (!quick) test_graph_cache_threads();
   test_grid(quick);
+  test_fp8_forward(seed);
   if (!quick) {
     test_determinism();
     test_autotune();
