@@ -98,8 +98,8 @@ static void test_unsupported(void) {
   tu_gpu_expect_unsupported(ctx, "cudnn", "fp8 descale per (batch, KV head)", p, "descale=bhkv");
   p = fp8, p.out_dtype = ATTN_DTYPE_F32;
   tu_gpu_expect_unsupported(ctx, "cudnn", "fp8 with an f32 out", p, "out_dtype=f32");
-  p = fp8, p.has_bias = 1, p.bias_dtype = ATTN_DTYPE_BF16, p.bias_shape[0] = 1,
-  p.bias_shape[1] = 1, p.bias_shape[2] = 64, p.bias_shape[3] = 64;
+  p = fp8, p.has_bias = 1, p.bias_dtype = ATTN_DTYPE_BF16, p.bias_shape[0] = 1, p.bias_shape[1] = 1,
+  p.bias_shape[2] = 64, p.bias_shape[3] = 64;
   tu_gpu_expect_unsupported(ctx, "cudnn", "fp8 bias", p, "bias");
   p = fp8, p.window_left = 8, p.window_right = 0;
   tu_gpu_expect_unsupported(ctx, "cudnn", "fp8 sliding window", p, "sliding window");
@@ -1182,13 +1182,18 @@ static void test_fp8_forward(uint64_t seed) {
       continue;
     }
     attn_status st = attn_impl_supports(ctx, "cudnn", &p);
-    const int d192_missing = p.head_dim == 192 && version < 91900;
-    if (!runs_fp8 || d192_missing) {
+    /* the reason a refusal must give here, or NULL where the problem must run */
+    const char *expect = version < 90100                        ? "fp8 attention"
+                         : sm < 90                              ? "sm90"
+                         : !runs_fp8                            ? "Blackwell"
+                         : p.head_dim == 192 && version < 91900 ? "192"
+                                                                : NULL;
+    if (expect != NULL) {
       const char *why = attn_ctx_last_error(ctx);
-      tu_check(st == ATTN_STATUS_UNSUPPORTED &&
-                   strstr(why, d192_missing && runs_fp8 ? "192" : "Blackwell") != NULL,
-               "fp8 %s: refused on sm%d with cuDNN %d: %s \"%s\"", text, sm, version,
-               attn_status_string(st), why);
+      tu_check(st == ATTN_STATUS_UNSUPPORTED && strstr(why, expect) != NULL,
+               "fp8 %s: refused on sm%d with cuDNN %d: %s \"%s\" (expected a reason naming "
+               "\"%s\")",
+               text, sm, version, attn_status_string(st), why, expect);
       continue;
     }
     if (st != ATTN_STATUS_OK) {

@@ -192,7 +192,8 @@ static attn_status problem_supported(const attn_problem *p, int version, int sm,
   if (p->head_dim % 8 != 0 || p->head_dim_v % 8 != 0)
     NO("head_dim=%lld, head_dim_v=%lld: both must be multiples of 8", (long long)p->head_dim,
        (long long)p->head_dim_v);
-  int64_t max_d = sm == 0 || (sm >= 90 && sm < 100) ? 256 : 128;
+  /* fp8's bound on a known GPU is fp8_supported's (192 with Dv = 128 on Blackwell) */
+  int64_t max_d = sm == 0 || (sm >= 90 && sm < 100) || p->dtype == ATTN_DTYPE_F8E4M3 ? 256 : 128;
   if ((p->head_dim > max_d || p->head_dim_v > max_d) && sm == 0)
     NO("head_dim=%lld, head_dim_v=%lld: at most %lld", (long long)p->head_dim,
        (long long)p->head_dim_v, (long long)max_d);
@@ -380,8 +381,17 @@ static size_t seqlen_bytes(const attn_problem *p) {
 
 /* An fp8 graph's f32 [1] tensors (CG_UID_DESCALE_Q .. CG_UID_AMAX_O), one per 16 bytes (the
  * alignment the graph declares), in this order. */
-enum { FP8_DESCALE_Q, FP8_DESCALE_K, FP8_DESCALE_V, FP8_SCALE_S, FP8_DESCALE_S, FP8_SCALE_O,
-       FP8_AMAX_S, FP8_AMAX_O, FP8_SLOTS };
+enum {
+  FP8_DESCALE_Q,
+  FP8_DESCALE_K,
+  FP8_DESCALE_V,
+  FP8_SCALE_S,
+  FP8_DESCALE_S,
+  FP8_SCALE_O,
+  FP8_AMAX_S,
+  FP8_AMAX_O,
+  FP8_SLOTS
+};
 #define FP8_SLOT_BYTES 16
 static size_t fp8_bytes(const attn_problem *p) {
   return p->dtype == ATTN_DTYPE_F8E4M3 ? align_up(FP8_SLOTS * FP8_SLOT_BYTES) : 0;

@@ -470,8 +470,8 @@ static void fp8_output(cg_graph *g, const cg_shapes *sh, cudnnBackendDescriptor_
   cudnnBackendDescriptor_t p = pointwise(g, CUDNN_POINTWISE_DIV, CUDNN_DATA_FLOAT, 0, ex, sum, NULL,
                                          s_like(g, sh, CUDNN_DATA_FLOAT));
   reduction(g, CUDNN_REDUCE_TENSOR_AMAX, p, unit_tensor(g, CG_UID_AMAX_S));
-  p = pointwise(g, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, 0, p, unit_tensor(g, CG_UID_SCALE_S), NULL,
-                s_like(g, sh, CUDNN_DATA_FP8_E4M3));
+  p = pointwise(g, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, 0, p, unit_tensor(g, CG_UID_SCALE_S),
+                NULL, s_like(g, sh, CUDNN_DATA_FP8_E4M3));
   int64_t o_dims[4] = {s->b, s->hq, s->tq, s->dv};
   int64_t o_str[4] = {s->hq * s->tq * s->dv, s->tq * s->dv, s->dv, 1};
   cudnnBackendDescriptor_t pv = virt(g, CUDNN_DATA_FLOAT, o_dims, o_str);
@@ -480,7 +480,8 @@ static void fp8_output(cg_graph *g, const cg_shapes *sh, cudnnBackendDescriptor_
                  NULL, virt(g, CUDNN_DATA_FLOAT, o_dims, o_str));
   pv = pointwise(g, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, 0, pv, unit_tensor(g, CG_UID_DESCALE_V),
                  NULL, virt(g, CUDNN_DATA_FLOAT, o_dims, o_str));
-  pointwise(g, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, 0, pv, unit_tensor(g, CG_UID_SCALE_O), NULL, o);
+  pointwise(g, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, 0, pv, unit_tensor(g, CG_UID_SCALE_O), NULL,
+            o);
   reduction(g, CUDNN_REDUCE_TENSOR_AMAX, pv, unit_tensor(g, CG_UID_AMAX_O));
 }
 

@@ -53,8 +53,8 @@ typedef struct cg_spec {
   int32_t backward;      /* 0: forward graph (always with statistics); 1: backward graph */
   int32_t with_dbias;    /* backward: also reduce dS into dbias */
   int32_t deterministic; /* backward: cudnn-frontend's set_deterministic_algorithm(true), below */
-  int32_t dtype;      /* ATTN_DTYPE_F16, ATTN_DTYPE_BF16, or ATTN_DTYPE_F8E4M3 (forward only) */
-  int32_t out_dtype;  /* of out: dtype, or an f8e4m3 problem's bf16 or f16 (attn_out_dtype) */
+  int32_t dtype;         /* ATTN_DTYPE_F16, ATTN_DTYPE_BF16, or ATTN_DTYPE_F8E4M3 (forward only) */
+  int32_t out_dtype;     /* of out: dtype, or an f8e4m3 problem's bf16 or f16 (attn_out_dtype) */
   int64_t b, hq, hkv, tq, tk, d, dv;
   float scale;
   int32_t has_bias;
