@@ -172,10 +172,16 @@ typedef struct attn_cudnn_cache_stats {
 void attn_cudnn_graph_cache_stats(attn_cudnn_cache_stats *stats);
 void attn_cudnn_graph_cache_set_capacity(size_t capacity);
 
-/* Those two as the module's test hooks (attn_module_table.test_hooks of libattn_cudnn.so). */
+/* Those two as the module's test hooks (attn_module_table.test_hooks of libattn_cudnn.so), and a
+ * probe of what cuDNN's backend itself accepts: probe_forward_graph builds (through the cache) the
+ * forward graph of p with out in out_dtype, the implementation's rules not applied, and returns
+ * the status with cuDNN's reason (test_cudnn: the fp8 graph on Hopper, with the e4m3 out cuDNN
+ * writes there). */
 typedef struct attn_cudnn_test_hooks {
   void (*cache_stats)(attn_cudnn_cache_stats *stats);
   void (*cache_set_capacity)(size_t capacity);
+  attn_status (*probe_forward_graph)(const attn_problem *p, int32_t out_dtype, char *why,
+                                     size_t why_size);
 } attn_cudnn_test_hooks;
 
 #endif /* ATTN_IMPL_CUDNN_GRAPH_H */
