@@ -1069,34 +1069,38 @@ const attn_impl attn_cudnn_impl = {
  * services and the graph cache's counters for test_cudnn. src/module/entry.c exports it;
  * libattn_gpu.a links it in directly. */
 static const attn_impl *const cudnn_module_impls[] = {&attn_cudnn_impl};
-static attn_status probe_forward_graph(const attn_problem *p, int32_t out_dtype, char *why,
-                                       size_t why_size) {
-  cg_err err = {ATTN_STATUS_OK, why, why_size};
-  int previous;
-  if (enter_device(p, &previous, &err)) return err.status;
-  int sm = device_sm(p->device_index, why, why_size);
-  if (sm == 0) {
-    leave_device(p, previous);
-    return ATTN_STATUS_UNSUPPORTED;
+/* The test hook probe_forward (cudnn_graph.h): plan_init, workspace and forward, without
+ * cudnn_supports. */
+static attn_status probe_forward(const attn_problem *p, const attn_inputs *inputs,
+                                 const attn_outputs *outputs, char *why, size_t why_size) {
+  void *state = NULL;
+  attn_status s = cudnn_plan_init(p, CUDNN_CONFIG_ATOMIC, &state, why, why_size);
+  if (s == ATTN_STATUS_OK && outputs != NULL) {
+    cg_err err = {ATTN_STATUS_OK, why, why_size};
+    size_t size = cudnn_workspace_size(p, CUDNN_CONFIG_ATOMIC, state, 0);
+    void *workspace = NULL;
+    int previous;
+    if (!enter_device(p, &previous, &err)) {
+      if (!ATTN_CUDA_CHECK(&err, cudaMalloc(&workspace, size))) {
+        attn_run run;
+        memset(&run, 0, sizeof run);
+        run.problem = p, run.config = CUDNN_CONFIG_ATOMIC, run.inputs = inputs;
+        run.outputs = outputs, run.workspace = workspace, run.workspace_size = size;
+        run.state = state, run.round_to = ATTN_DTYPE_F64, run.why = why, run.why_size = why_size;
+        err.status = cudnn_forward(&run);
+        if (err.status == ATTN_STATUS_OK) ATTN_CUDA_CHECK(&err, cudaDeviceSynchronize());
+        cudaFree(workspace);
+      }
+      leave_device(p, previous);
+    }
+    s = err.status;
   }
-  cudnn_state *st = calloc(1, sizeof *st);
-  if (st == NULL) {
-    leave_device(p, previous);
-    attn_format(why, why_size, "out of memory");
-    return ATTN_STATUS_OUT_OF_MEMORY;
-  }
-  st->problem = *p;
-  base_spec(p, (int)cudnnGetVersion(), sm, &st->base);
-  cg_spec spec = pass_spec(st, 0);
-  spec.out_dtype = out_dtype;
-  attn_cudnn_graph_put(attn_cudnn_graph_get(p->device_index, &spec, &err));
-  free(st);
-  leave_device(p, previous);
-  return err.status;
+  cudnn_plan_fini(state);
+  return s;
 }
 
 static const attn_cudnn_test_hooks cudnn_test_hooks = {
-    attn_cudnn_graph_cache_stats, attn_cudnn_graph_cache_set_capacity, probe_forward_graph};
+    attn_cudnn_graph_cache_stats, attn_cudnn_graph_cache_set_capacity, probe_forward};
 static const attn_module_table cudnn_module_table = {ATTN_MODULE_TABLE_HEADER, "cudnn",
                                                      cudnn_module_impls,       1,
                                                      &attn_gpu_runtime_ops,    &cudnn_test_hooks,

@@ -173,15 +173,16 @@ void attn_cudnn_graph_cache_stats(attn_cudnn_cache_stats *stats);
 void attn_cudnn_graph_cache_set_capacity(size_t capacity);
 
 /* Those two as the module's test hooks (attn_module_table.test_hooks of libattn_cudnn.so), and a
- * probe of what cuDNN's backend itself accepts: probe_forward_graph builds (through the cache) the
- * forward graph of p with out in out_dtype, the implementation's rules not applied, and returns
- * the status with cuDNN's reason (test_cudnn: the fp8 graph on Hopper, with the e4m3 out cuDNN
- * writes there). */
+ * probe of what cuDNN's backend itself does: probe_forward runs the forward pass of p (resolved by
+ * the caller; not validated, so its out_dtype may be one the library does not take) through this
+ * implementation with its support rules skipped, on the default stream, and waits for it; outputs
+ * NULL builds the graph only. The status comes with cuDNN's reason. test_cudnn runs cuDNN's fp8
+ * graph on Hopper with it, in the e4m3 out cuDNN writes there. */
 typedef struct attn_cudnn_test_hooks {
   void (*cache_stats)(attn_cudnn_cache_stats *stats);
   void (*cache_set_capacity)(size_t capacity);
-  attn_status (*probe_forward_graph)(const attn_problem *p, int32_t out_dtype, char *why,
-                                     size_t why_size);
+  attn_status (*probe_forward)(const attn_problem *p, const attn_inputs *inputs,
+                               const attn_outputs *outputs, char *why, size_t why_size);
 } attn_cudnn_test_hooks;
 
 #endif /* ATTN_IMPL_CUDNN_GRAPH_H */
