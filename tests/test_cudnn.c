@@ -1186,10 +1186,11 @@ static int fp8_probe_problem(const char *text, attn_problem *r) {
  * rounding (2^-4 of each element) to a loose one for P's (2^-5 max|r|): a factor or scale missed
  * or applied twice is off by 2x at least. What cuDNN says of a bf16 out here is printed. */
 static void fp8_hopper_probe(int sm, int version, uint64_t seed) {
+  /* lengths multiples of 64, as cudnn-frontend's fp8 samples: Hopper's fp8 kernels are older */
   static const char *const probes[] = {
-      "b2 hq4 hkv2 sq128 sk96 d64 fp8 descale=tensor causal align=tl device=cuda", /* run */
-      "b1 hq8 hkv2 sq200 sk200 d128 fp8 causal device=cuda",
-      "b3 hq4 hkv2 sq37 sk45 d64 fp8 varlen=padded device=cuda"};
+      "b2 hq4 hkv2 sq128 sk192 d64 fp8 descale=tensor causal align=tl device=cuda", /* run */
+      "b1 hq8 hkv2 sq256 sk256 d128 fp8 causal device=cuda",
+      "b3 hq4 hkv2 sq64 sk128 d64 fp8 varlen=padded device=cuda"};
   char why[1024];
   for (size_t i = 0; i < sizeof probes / sizeof *probes; ++i) {
     attn_problem r;
