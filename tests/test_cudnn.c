@@ -18,6 +18,12 @@
  * "atomic" and "deterministic". The golden cases cuDNN supports are checked the same way against
  * their stored f64 results (folder: argv[1] or $ATTN_GOLDEN_DIR).
  *
+ * fp8 (docs/FP8.md): e4m3 problems (odd sizes, causal both alignments, GQA/MQA, factors per tensor
+ * and none, out bf16 and f16) against the f64 reference under tol_bound_fp8, through the attn
+ * tool's oracle; where cuDNN writes no bf16/f16 out (Hopper, cuDNN < 9.13) each must be refused
+ * with that reason, printed. What the fp8 graph lacks on every GPU (factors per (batch, KV head),
+ * an f32 out, bias, windows, head dims not multiples of 16) is refused with or without a GPU.
+ *
  * Determinism: every configuration declared deterministic for a problem repeats the bits of its
  * gradients when the backward pass runs twice (B=2 H=8 T=1000 D=128: causal, not, GQA, a full bias
  * with dbias). Autotuning across implementations: a causal GQA problem tuned forward + backward
@@ -38,6 +44,7 @@
 #include "core/tensors.h"
 #include "plan/plan.h"
 #include "plan/registry.h"
+#include "plan/validate.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -47,6 +54,7 @@
 
 #ifdef ATTN_HAVE_CUDNN
 #include "gputest.h"
+#include "harness.h"                /* the attn tool's oracle, for the fp8 problems */
 #include "impl/cudnn/cudnn_graph.h" /* the graph cache's counters */
 #include "module/module.h"
 #include <cudnn_backend.h>
@@ -84,8 +92,20 @@ static void test_unsupported(void) {
   tu_gpu_expect_unsupported(ctx, "cudnn", "packed varlen", p, "packed");
   p = base, p.dtype = ATTN_DTYPE_F32;
   tu_gpu_expect_unsupported(ctx, "cudnn", "f32", p, "dtype=f32");
-  p = base, p.dtype = ATTN_DTYPE_F8E4M3; /* docs/FP8.md: cuDNN's fp8 graph is not built */
-  tu_gpu_expect_unsupported(ctx, "cudnn", "f8e4m3", p, "dtype=f8e4m3");
+  /* fp8 (docs/FP8.md): what cuDNN's fp8 graph lacks, on any GPU (test_fp8_forward: the rest) */
+  attn_problem fp8 = base;
+  fp8.dtype = ATTN_DTYPE_F8E4M3, fp8.descale = ATTN_DESCALE_TENSOR;
+  p = fp8, p.descale = ATTN_DESCALE_PER_BATCH_KV_HEAD;
+  tu_gpu_expect_unsupported(ctx, "cudnn", "fp8 descale per (batch, KV head)", p, "descale=bhkv");
+  p = fp8, p.out_dtype = ATTN_DTYPE_F32;
+  tu_gpu_expect_unsupported(ctx, "cudnn", "fp8 with an f32 out", p, "out_dtype=f32");
+  p = fp8, p.has_bias = 1, p.bias_dtype = ATTN_DTYPE_BF16, p.bias_shape[0] = 1, p.bias_shape[1] = 1,
+  p.bias_shape[2] = 64, p.bias_shape[3] = 64;
+  tu_gpu_expect_unsupported(ctx, "cudnn", "fp8 bias", p, "bias");
+  p = fp8, p.window_left = 8, p.window_right = 0;
+  tu_gpu_expect_unsupported(ctx, "cudnn", "fp8 sliding window", p, "sliding window");
+  p = fp8, p.head_dim = 40, p.head_dim_v = 40;
+  tu_gpu_expect_unsupported(ctx, "cudnn", "fp8 head_dim 40", p, "multiples of 16");
   p = base, p.alibi = ATTN_ALIBI_PER_BATCH_HEAD;
   tu_gpu_expect_unsupported(ctx, "cudnn", "alibi per batch", p, "alibi");
   p = base, p.alibi = ATTN_ALIBI_PER_HEAD;
@@ -1128,6 +1148,202 @@ static void test_golden(const char *root) {
   }
 }
 
+/* ---- fp8 (e4m3) forward ------------------------------------------------------------------------ */
+
+/* Problems of cuDNN's fp8 graph: odd sizes, causal both alignments (bottom-right with rows that
+ * see no key too), GQA and MQA, factors per tensor and none, out bf16 and f16 (the same shape with
+ * both: the graph cache must tell them apart), D 64, 128 and 192 with Dv 128. */
+static const char *const fp8_problems[] = {
+    "b2 hq4 hkv4 sq128 sk128 d64 fp8 descale=tensor",
+    "b2 hq4 hkv4 sq128 sk128 d64 fp8 descale=tensor out=f16",
+    "b1 hq3 hkv3 sq17 sk63 d64 fp8",
+    "b2 hq4 hkv1 sq65 sk129 d128 fp8 descale=tensor causal",
+    "b2 hq6 hkv2 sq129 sk65 d128 fp8 descale=tensor causal align=tl out=f16",
+    "b1 hq2 hkv2 sq100 sk40 d64 fp8 descale=tensor causal",
+    "b3 hq4 hkv2 sq37 sk45 d64 fp8 descale=tensor varlen=padded causal",
+    "b1 hq8 hkv2 sq1000 sk1000 d128 fp8 descale=tensor causal",
+    "b1 hq2 hkv2 sq64 sk80 d192 dv128 fp8 descale=tensor",
+};
+
+/* A problem string for the probe: resolved as a plan would (scale, causal folded in), then with
+ * out in e4m3, the form cuDNN's fp8 graph writes on Hopper and the library does not take. */
+static int fp8_probe_problem(const char *text, attn_problem *r) {
+  attn_problem p;
+  if (attn_problem_parse(ctx, text, &p) != ATTN_STATUS_OK ||
+      attn_validate_problem(ctx, &p, r) != ATTN_STATUS_OK) {
+    tu_check(0, "fp8 probe %s: %s", text, attn_ctx_last_error(ctx));
+    return 0;
+  }
+  r->out_dtype = ATTN_DTYPE_F8E4M3;
+  return 1;
+}
+
+/* Hopper: cuDNN's fp8 graph writes out in e4m3 there, so the library refuses it (fp8_supported);
+ * run through the module's probe (its rules skipped) with that out, it checks the graph's ops (the
+ * factors, amax, P's scale 2^8, the masks), which Blackwell's graph shares but for out's type.
+ * Each problem must build; one runs on e4m3 data drawn from the seed with factors 1/2, 1/4 and 2
+ * and is compared with the f64 reference (ref, out in f32) under a bound that adds out's e4m3
+ * rounding (2^-4 of each element) to a loose one for P's (2^-5 max|r|): a factor or scale missed
+ * or applied twice is off by 2x at least. What cuDNN says of a bf16 out here is printed. */
+static void fp8_hopper_probe(int sm, int version, uint64_t seed) {
+  /* lengths multiples of 64, as cudnn-frontend's fp8 samples: Hopper's fp8 kernels are older */
+  static const char *const probes[] = {
+      "b2 hq4 hkv2 sq128 sk192 d64 fp8 descale=tensor causal align=tl device=cuda", /* run */
+      "b1 hq8 hkv2 sq256 sk256 d128 fp8 causal device=cuda",
+      "b3 hq4 hkv2 sq64 sk128 d64 fp8 varlen=padded device=cuda"};
+  char why[1024];
+  for (size_t i = 0; i < sizeof probes / sizeof *probes; ++i) {
+    attn_problem r;
+    if (!fp8_probe_problem(probes[i], &r)) continue;
+    why[0] = '\0';
+    attn_status st = cache_hooks()->probe_forward(&r, NULL, NULL, why, sizeof why);
+    tu_check(st == ATTN_STATUS_OK,
+             "fp8 probe %s: cuDNN %d on sm%d builds the graph with an e4m3 out: %s%s%s", probes[i],
+             version, sm, attn_status_string(st), why[0] ? ": " : "", why);
+    r.out_dtype = ATTN_DTYPE_BF16, why[0] = '\0';
+    st = cache_hooks()->probe_forward(&r, NULL, NULL, why, sizeof why);
+    printf("note: fp8 probe %s: cuDNN %d on sm%d %s the graph with a bf16 out%s%s (cudnn-frontend "
+           "documents it for Blackwell only)\n",
+           probes[i], version, sm, st == ATTN_STATUS_OK ? "builds" : "refuses", why[0] ? ": " : "",
+           why);
+  }
+
+  attn_problem r;
+  if (!fp8_probe_problem(probes[0], &r)) return;
+  tu_rng data_rng = tu_rng_make(seed ^ 0xf8);
+  const float factor[3] = {0.5f, 0.25f, 2.0f};
+  tu_buf host[3], fbuf[3];
+  void *dev[3], *dfac[3];
+  attn_inputs in, ref_in;
+  attn_inputs_init(&in), attn_inputs_init(&ref_in);
+  attn_tensor *const dt[3] = {&in.q, &in.k, &in.v};
+  attn_tensor *const rt[3] = {&ref_in.q, &ref_in.k, &ref_in.v};
+  attn_tensor *const df[3] = {&in.q_descale, &in.k_descale, &in.v_descale};
+  attn_tensor *const rf[3] = {&ref_in.q_descale, &ref_in.k_descale, &ref_in.v_descale};
+  for (int t = 0; t < 3; ++t) {
+    host[t] = tu_buf_new(ATTN_DTYPE_F8E4M3, attn_role_numel(&r, (attn_role)(ATTN_ROLE_Q + t)));
+    tu_fill_uniform(&host[t], &data_rng, -4.0, 4.0);
+    fbuf[t] = tu_buf_new(ATTN_DTYPE_F32, 1);
+    tu_set(&fbuf[t], 0, factor[t]);
+    dev[t] = tu_gpu_upload(host[t].data, (size_t)host[t].n);
+    dfac[t] = tu_gpu_upload(fbuf[t].data, sizeof(float));
+    *dt[t] = attn_role_resolve(&r, (attn_role)(ATTN_ROLE_Q + t), attn_tensor_dense(dev[t]));
+    *df[t] = attn_tensor_dense(dfac[t]);
+    *rt[t] = tu_tensor(&host[t]), *rf[t] = tu_tensor(&fbuf[t]);
+  }
+  const int64_t n_out = attn_role_numel(&r, ATTN_ROLE_OUT);
+  const int64_t n_lse = attn_role_numel(&r, ATTN_ROLE_LSE);
+  void *d_out = tu_gpu_upload(NULL, (size_t)n_out), *d_lse = tu_gpu_upload(NULL, (size_t)n_lse * 4);
+  attn_outputs out;
+  attn_outputs_init(&out);
+  out.out = attn_role_resolve(&r, ATTN_ROLE_OUT, attn_tensor_dense(d_out));
+  out.lse = attn_role_resolve(&r, ATTN_ROLE_LSE, attn_tensor_dense(d_lse));
+  why[0] = '\0';
+  attn_status st = cache_hooks()->probe_forward(&r, &in, &out, why, sizeof why);
+  tu_check(st == ATTN_STATUS_OK, "fp8 probe %s: runs: %s%s%s", probes[0], attn_status_string(st),
+           why[0] ? ": " : "", why);
+
+  /* the reference: the same problem on the host, out in f32 */
+  attn_problem hp = r;
+  hp.device = ATTN_DEVICE_CPU, hp.out_dtype = ATTN_DTYPE_F32;
+  tu_buf ref_out = tu_buf_new(ATTN_DTYPE_F32, n_out), ref_lse = tu_buf_new(ATTN_DTYPE_F32, n_lse);
+  attn_outputs ref;
+  attn_outputs_init(&ref);
+  ref.out = tu_tensor(&ref_out), ref.lse = tu_tensor(&ref_lse);
+  attn_select sel;
+  attn_select_init(&sel);
+  sel.impl = "ref";
+  attn_plan *plan = NULL;
+  int ref_ok = attn_plan_create(ctx, &hp, &sel, &plan) == ATTN_STATUS_OK &&
+               attn_plan_forward(plan, &ref_in, NULL, 0, &ref) == ATTN_STATUS_OK;
+  tu_check(ref_ok, "fp8 probe: the reference runs: %s", attn_ctx_last_error(ctx));
+  attn_plan_destroy(plan);
+  if (st == ATTN_STATUS_OK && ref_ok) {
+    tu_buf got = tu_gpu_fetch(d_out, ATTN_DTYPE_F8E4M3, n_out);
+    tu_buf got_lse = tu_gpu_fetch(d_lse, ATTN_DTYPE_F32, n_lse);
+    double max_ref = 0.0, worst = 0.0, max_lse = 1.0, lse_err = 0.0;
+    for (int64_t e = 0; e < n_out; ++e) max_ref = fmax(max_ref, fabs(tu_get(&ref_out, e)));
+    for (int64_t e = 0; e < n_out; ++e) { /* error over its bound, NaN included */
+      const double a = tu_get(&got, e), x = tu_get(&ref_out, e);
+      const double over = fabs(a - x) / (0x1p-4 * fabs(x) + 0x1p-5 * max_ref);
+      if (!(over <= worst)) worst = isnan(over) ? INFINITY : over;
+    }
+    for (int64_t e = 0; e < n_lse; ++e) {
+      const double a = tu_get(&got_lse, e), x = tu_get(&ref_lse, e);
+      max_lse = fmax(max_lse, fabs(x));
+      if (!(fabs(a - x) <= lse_err)) lse_err = isnan(a - x) ? INFINITY : fabs(a - x);
+    }
+    tu_check(worst <= 1.0 && max_ref > 0.0,
+             "fp8 probe %s: out (e4m3) within 2^-4|r| + 2^-5 max|r| of the reference: worst "
+             "%.2f of its bound (max|r| %.3g)",
+             probes[0], worst, max_ref);
+    tu_check(lse_err <= 1e-3 * max_lse, "fp8 probe %s: lse %.2e (bound %.2e)", probes[0], lse_err,
+             1e-3 * max_lse);
+    tu_buf_free(&got), tu_buf_free(&got_lse);
+  }
+  tu_buf_free(&ref_out), tu_buf_free(&ref_lse);
+  for (int t = 0; t < 3; ++t) {
+    tu_buf_free(&host[t]), tu_buf_free(&fbuf[t]);
+    TU_CUDA_CHECK(cudaFree(dev[t]));
+    TU_CUDA_CHECK(cudaFree(dfac[t]));
+  }
+  TU_CUDA_CHECK(cudaFree(d_out));
+  TU_CUDA_CHECK(cudaFree(d_lse));
+}
+
+/* cuDNN's fp8 forward against the f64 reference through the attn tool's oracle (tools/harness.c:
+ * e4m3 data and positive factors drawn from the seed, the reference on the decoded values, and
+ * tol_bound_fp8 of tests/tolerance.h). Where cuDNN cannot write a bf16 or f16 out (Hopper, or
+ * cuDNN before 9.13), every problem must be refused with that reason, which is printed. */
+static void test_fp8_forward(uint64_t seed) {
+  int version = (int)cudnnGetVersion(), major = 0, minor = 0;
+  TU_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  TU_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
+  const int sm = major * 10 + minor, runs_fp8 = sm >= 100 && version >= 91300;
+  if (!runs_fp8 && sm >= 90 && version >= 90100) fp8_hopper_probe(sm, version, seed);
+  for (size_t i = 0; i < sizeof fp8_problems / sizeof *fp8_problems; ++i) {
+    char text[256];
+    snprintf(text, sizeof text, "%s device=cuda", fp8_problems[i]);
+    attn_problem p;
+    if (attn_problem_parse(ctx, text, &p) != ATTN_STATUS_OK) {
+      tu_check(0, "fp8 %s: does not parse: %s", text, attn_ctx_last_error(ctx));
+      continue;
+    }
+    attn_status st = attn_impl_supports(ctx, "cudnn", &p);
+    /* the reason a refusal must give here, or NULL where the problem must run */
+    const char *expect = version < 90100                        ? "fp8 attention"
+                         : sm < 90                              ? "sm90"
+                         : !runs_fp8                            ? "Blackwell"
+                         : p.head_dim == 192 && version < 91900 ? "192"
+                                                                : NULL;
+    if (expect != NULL) {
+      const char *why = attn_ctx_last_error(ctx);
+      tu_check(st == ATTN_STATUS_UNSUPPORTED && strstr(why, expect) != NULL,
+               "fp8 %s: refused on sm%d with cuDNN %d: %s \"%s\" (expected a reason naming "
+               "\"%s\")",
+               text, sm, version, attn_status_string(st), why, expect);
+      continue;
+    }
+    if (st != ATTN_STATUS_OK) {
+      tu_check(0, "fp8 %s: cuDNN %d on sm%d refused it: %s", text, version, sm,
+               attn_ctx_last_error(ctx));
+      continue;
+    }
+    h_oracle *oracle = NULL;
+    if (h_oracle_make(ctx, &p, 0, seed + i, 0, &oracle) != ATTN_STATUS_OK) {
+      tu_check(0, "fp8 %s: no oracle: %s", text, attn_ctx_last_error(ctx));
+      continue;
+    }
+    h_check c = h_check_run(ctx, oracle, "cudnn", NULL);
+    if (c.status != ATTN_STATUS_OK)
+      tu_check(0, "fp8 %s: %s", text, attn_ctx_last_error(ctx));
+    else /* a nonzero out: factors or outputs that never reached the run read as zeros */
+      tu_check(c.ok && c.ref[0] > 0.0, "fp8 %s: out %.2e/%.2e (max|r| %.2e) lse %.2e/%.2e", text,
+               c.err[0], c.tol[0], c.ref[0], c.err[1], c.tol[1]);
+    h_oracle_free(oracle);
+  }
+}
+
 int main(int argc, char **argv) {
   if (attn_ctx_create(&ctx) != ATTN_STATUS_OK) return 1;
   uint64_t seed = tu_seed("test_cudnn");
@@ -1143,6 +1359,7 @@ int main(int argc, char **argv) {
   if (!quick) test_graph_cache_threads();
   test_grid(quick);
   if (!quick) {
+    test_fp8_forward(seed);
     test_determinism();
     test_autotune();
     test_run_checks();

@@ -1,6 +1,7 @@
 /*
  * src/impl/cudnn/cudnn.c - the "cudnn" implementation: scaled dot-product attention, forward and
- * backward, run by cuDNN's fused flash-attention engines on an NVIDIA GPU (bf16 and f16 inputs).
+ * backward, run by cuDNN's fused flash-attention engines on an NVIDIA GPU (bf16 and f16 inputs;
+ * e4m3 inputs forward only, where cuDNN writes a bf16 or f16 out: fp8_supported, docs/FP8.md).
  *
  * What it runs is exactly what cuDNN's fused SDPA graphs express (cudnn_graph.c builds them):
  * causal masks and windows aligned bottom-right or top-left, an additive bias (with its gradient),
@@ -26,6 +27,7 @@
  * after; work is queued on the plan's stream and nothing here synchronises.
  */
 #include "core/ctx.h"
+#include "core/dtype.h"
 #include "core/tensors.h"
 #include "impl/cudnn/cudnn_graph.h"
 #include "impl/impl.h"
@@ -113,15 +115,67 @@ static int device_sm(int32_t index, char *why, size_t why_size) {
     return ATTN_STATUS_UNSUPPORTED;                                                                \
   } while (0)
 
-/* The problem-level rules (no GPU or library needed). */
+/* The rules of cuDNN's fp8 (e4m3) forward graph, on top of the others: cudnn-frontend's support
+ * checks of its fp8 SDPA node (validate_sdpa_support_surface, for FP8_E4M3; before v1.14 the node
+ * sdpa_fp8.h) and what docs/FP8.md asks. sm 0: the GPU is not known yet (only its rules wait). */
+static attn_status fp8_supported(const attn_problem *p, int version, int sm, char *why,
+                                 size_t why_size) {
+  attn_dtype out = attn_out_dtype(p);
+  if (p->descale == ATTN_DESCALE_PER_BATCH_KV_HEAD)
+    NO("descale=bhkv: cuDNN's fp8 attention takes one descale factor per tensor (descale=tensor), "
+       "not one per (batch, KV head)");
+  if (out != ATTN_DTYPE_BF16 && out != ATTN_DTYPE_F16)
+    NO("out_dtype=%s: cuDNN's fp8 attention writes out in bf16 or f16 (or e4m3, which docs/FP8.md "
+       "does not take)",
+       attn_dtype_name(out));
+  if (p->has_bias) NO("has_bias=1: cuDNN's fp8 attention takes no bias");
+  if (p->alibi) NO("alibi: cuDNN's fp8 attention takes no ALiBi");
+  if (p->window_left >= 0 || p->window_right > 0)
+    NO("window_left=%lld, window_right=%lld: cuDNN's fp8 attention masks causally only (no "
+       "sliding window)",
+       (long long)p->window_left, (long long)p->window_right);
+  if (p->page_size > 0)
+    NO("page_size=%lld: cuDNN's fp8 attention does not read a paged KV cache here",
+       (long long)p->page_size);
+  if (p->head_dim % 16 != 0 || p->head_dim_v % 16 != 0)
+    NO("head_dim=%lld, head_dim_v=%lld: cuDNN's fp8 attention needs multiples of 16",
+       (long long)p->head_dim, (long long)p->head_dim_v);
+  if (CUDNN_VERSION < 90100)
+    NO("dtype=f8e4m3: this library was built against cuDNN %d's headers; fp8 attention needs 9.1 "
+       "or newer",
+       CUDNN_VERSION);
+  if (version < 90100)
+    NO("cuDNN %d has no fp8 attention (dtype=f8e4m3): it needs cuDNN 9.1 or newer", version);
+  if (sm == 0) return ATTN_STATUS_OK;
+  if (sm < 90) NO("sm%d: cuDNN's fp8 attention needs Hopper (sm90) or newer", sm);
+  /* cudnn-frontend refuses a bf16 or f16 out elsewhere; cuDNN's Hopper fp8 kernels write out in
+   * e4m3 only, whose 3 mantissa bits (up to 6% an element) break docs/FP8.md's bound. */
+  if (sm < 100 || version < 91300)
+    NO("out_dtype=%s on sm%d with cuDNN %d: cuDNN's fp8 attention writes a bf16 or f16 out only on "
+       "Blackwell (sm100 or newer) with cuDNN 9.13 or newer; elsewhere its out is e4m3, too coarse "
+       "for docs/FP8.md's bound",
+       attn_dtype_name(out), sm, version);
+  int d192 = p->head_dim == 192 && p->head_dim_v == 128 && version >= 91900;
+  if ((p->head_dim > 128 && !d192) || p->head_dim_v > 128)
+    NO("head_dim=%lld, head_dim_v=%lld: cuDNN's fp8 attention on sm%d takes head dims up to 128 "
+       "(and 192 with 128 from cuDNN 9.19)",
+       (long long)p->head_dim, (long long)p->head_dim_v, sm);
+  if (p->window_right == 0 && !effective_top_left(p) && version < 90700)
+    NO("cuDNN %d's fp8 attention has no bottom-right causal mask (9.7 or newer)", version);
+  return ATTN_STATUS_OK;
+}
+
+/* The problem-level rules (no GPU or library needed). sm 0: the GPU is not known yet, so only the
+ * rules of every GPU apply. */
 static attn_status problem_supported(const attn_problem *p, int version, int sm, char *why,
                                      size_t why_size) {
-  if (p->dtype == ATTN_DTYPE_F8E4M3)
-    NO("dtype=f8e4m3: cuDNN's fp8 attention (Hopper, cuDNN 9) is not wired here yet: its graph "
-       "takes descale and scale tensors and an amax output this implementation does not build");
-  if (p->dtype != ATTN_DTYPE_BF16 && p->dtype != ATTN_DTYPE_F16)
-    NO("dtype=%s: cuDNN's fused attention takes bf16 or f16 inputs",
+  if (p->dtype == ATTN_DTYPE_F8E4M3) {
+    attn_status s = fp8_supported(p, version, sm, why, why_size);
+    if (s != ATTN_STATUS_OK) return s;
+  } else if (p->dtype != ATTN_DTYPE_BF16 && p->dtype != ATTN_DTYPE_F16) {
+    NO("dtype=%s: cuDNN's fused attention takes bf16, f16 or f8e4m3 inputs",
        attn_dtype_name((attn_dtype)p->dtype));
+  }
   if (p->dropout_p > 0.0)
     NO("dropout_p=%g: cuDNN's random generator cannot reproduce the Philox dropout of SPEC.md",
        p->dropout_p);
@@ -138,7 +192,11 @@ static attn_status problem_supported(const attn_problem *p, int version, int sm,
   if (p->head_dim % 8 != 0 || p->head_dim_v % 8 != 0)
     NO("head_dim=%lld, head_dim_v=%lld: both must be multiples of 8", (long long)p->head_dim,
        (long long)p->head_dim_v);
-  int64_t max_d = sm >= 90 && sm < 100 ? 256 : 128;
+  /* fp8's bound on a known GPU is fp8_supported's (192 with Dv = 128 on Blackwell) */
+  int64_t max_d = sm == 0 || (sm >= 90 && sm < 100) || p->dtype == ATTN_DTYPE_F8E4M3 ? 256 : 128;
+  if ((p->head_dim > max_d || p->head_dim_v > max_d) && sm == 0)
+    NO("head_dim=%lld, head_dim_v=%lld: at most %lld", (long long)p->head_dim,
+       (long long)p->head_dim_v, (long long)max_d);
   if (p->head_dim > max_d || p->head_dim_v > max_d)
     NO("head_dim=%lld, head_dim_v=%lld: at most %lld on sm%d", (long long)p->head_dim,
        (long long)p->head_dim_v, (long long)max_d, sm);
@@ -216,7 +274,7 @@ static attn_status problem_supported(const attn_problem *p, int version, int sm,
 
 static attn_status cudnn_supports(const attn_problem *p, char *why, size_t why_size) {
   /* The cheap problem rules first, so a CPU-style problem never wakes the GPU. */
-  attn_status s = problem_supported(p, 99999, 90, why, why_size);
+  attn_status s = problem_supported(p, 99999, 0, why, why_size);
   if (s != ATTN_STATUS_OK) return s;
   int sm = device_sm(p->device_index, why, why_size);
   if (sm == 0) return ATTN_STATUS_UNSUPPORTED;
@@ -244,15 +302,21 @@ static attn_status cudnn_supports(const attn_problem *p, char *why, size_t why_s
  *   the heuristics are skipped for an engine and knobs named by index
  *   (override_heuristics_query; cudnn_graph.c: pinned_engine). Where cuDNN has no such engine,
  *   plan_init refuses it.
- * A paged problem has no backward pass, so it has one configuration, "paged" (number 0: its
- * forward graph is the one both others share), and the executor times no duplicate. */
+ * A paged problem and an fp8 one have no backward pass, so they have one configuration, "paged"
+ * or "fp8" (number 0: its forward graph is the one both others share), and the executor times no
+ * duplicate. */
 enum { CUDNN_CONFIG_ATOMIC = 0, CUDNN_CONFIG_DETERMINISTIC = 1 };
 
-static int32_t cudnn_num_configs(const attn_problem *p) { return p->page_size > 0 ? 1 : 2; }
+static int forward_only(const attn_problem *p) {
+  return p->page_size > 0 || p->dtype == ATTN_DTYPE_F8E4M3;
+}
+
+static int32_t cudnn_num_configs(const attn_problem *p) { return forward_only(p) ? 1 : 2; }
 
 static void cudnn_config_name(const attn_problem *p, int32_t config, char *buf, size_t size) {
   attn_format(buf, size, "%s",
               p->page_size > 0                       ? "paged"
+              : p->dtype == ATTN_DTYPE_F8E4M3        ? "fp8"
               : config == CUDNN_CONFIG_DETERMINISTIC ? "deterministic"
                                                      : "atomic");
 }
@@ -313,6 +377,24 @@ static size_t dq_accum_bytes(const attn_problem *p, int32_t config) {
 }
 static size_t seqlen_bytes(const attn_problem *p) {
   return align_up((size_t)p->batch * sizeof(int32_t));
+}
+
+/* An fp8 graph's f32 [1] tensors (CG_UID_DESCALE_Q .. CG_UID_AMAX_O), one per 16 bytes (the
+ * alignment the graph declares), in this order. */
+enum {
+  FP8_DESCALE_Q,
+  FP8_DESCALE_K,
+  FP8_DESCALE_V,
+  FP8_SCALE_S,
+  FP8_DESCALE_S,
+  FP8_SCALE_O,
+  FP8_AMAX_S,
+  FP8_AMAX_O,
+  FP8_SLOTS
+};
+#define FP8_SLOT_BYTES 16
+static size_t fp8_bytes(const attn_problem *p) {
+  return p->dtype == ATTN_DTYPE_F8E4M3 ? align_up(FP8_SLOTS * FP8_SLOT_BYTES) : 0;
 }
 
 /* ---- plan state ---------------------------------------------------------------------------------- */
@@ -395,6 +477,7 @@ static void dense_layout(const attn_problem *p, cg_layout *l) {
 static void base_spec(const attn_problem *p, int version, int sm, cg_spec *s) {
   memset(s, 0, sizeof *s);
   s->dtype = p->dtype;
+  s->out_dtype = attn_out_dtype(p);
   s->b = p->batch;
   s->hq = p->heads_q;
   s->hkv = p->heads_kv;
@@ -456,7 +539,7 @@ static void free_state(cudnn_state *st) {
 }
 
 static size_t forward_workspace(const attn_problem *p, size_t plan_ws) {
-  return align_up(plan_ws) + stats_bytes(p) + 2 * seqlen_bytes(p);
+  return align_up(plan_ws) + stats_bytes(p) + 2 * seqlen_bytes(p) + fp8_bytes(p);
 }
 
 static size_t backward_workspace(const attn_problem *p, int32_t config, size_t plan_ws) {
@@ -501,8 +584,8 @@ static attn_status cudnn_plan_init(const attn_problem *p, int32_t config, void *
   /* The forward graph must build; a backward graph that does not is reported when it is asked
    * for, so that forward-only users keep the plan. */
   /* An empty problem (Tq = 0) runs no graph: cuDNN cannot build one without rows. A paged cache
-   * has only the forward pass. */
-  int passes = p->seqlen_q == 0 ? 0 : p->page_size > 0 ? 1 : p->has_bias ? 3 : 2;
+   * and fp8 have only the forward pass. */
+  int passes = p->seqlen_q == 0 ? 0 : forward_only(p) ? 1 : p->has_bias ? 3 : 2;
   for (int pass = 0; pass < passes && err.status == ATTN_STATUS_OK; ++pass) {
     cg_spec spec = pass_spec(st, pass);
     char pass_why[ATTN_MESSAGE_SIZE] = "";
@@ -548,7 +631,7 @@ static size_t cudnn_workspace_size(const attn_problem *p, int32_t config, const 
                                    int backward) {
   const cudnn_state *st = state;
   if (!backward) return forward_workspace(p, st->plan_ws[0]);
-  if (p->page_size > 0) return 0; /* a paged cache has no backward pass */
+  if (forward_only(p)) return 0; /* a paged cache and fp8 have no backward pass */
   return backward_workspace(p, config,
                             st->plan_ws[1] > st->plan_ws[2] ? st->plan_ws[1] : st->plan_ws[2]);
 }
@@ -752,6 +835,37 @@ static void bind_full_lengths(const cudnn_state *st, char *seq, void *ptrs[], cu
   ptrs[CG_UID_SEQ_KV] = seq + seqlen_bytes(p);
 }
 
+static void fill_f32(void *dst, float value, cudaStream_t stream, cg_err *err) {
+  int32_t bits;
+  memcpy(&bits, &value, sizeof bits);
+  fill_i32(dst, bits, 1, stream, err);
+}
+
+_Static_assert(CG_UID_AMAX_O - CG_UID_DESCALE_Q == FP8_AMAX_O && FP8_AMAX_O + 1 == FP8_SLOTS,
+               "the fp8 slots follow the order of their uids");
+
+/* Fills an fp8 graph's factors in the workspace at slots and binds them and the amax outputs:
+ * descale_q, _k, _v copied from the caller's [1] tensors (descale=tensor) or 1 (none), P's scale
+ * and its inverse, and scale_o = 1. Device copies and memsets only, so the call waits for nothing
+ * and stays capturable in a CUDA graph. */
+static void bind_fp8(const attn_run *run, char *slots, void *ptrs[], cudaStream_t stream,
+                     cg_err *err) {
+  const attn_inputs *in = run->inputs;
+  const attn_tensor *given[3] = {&in->q_descale, &in->k_descale, &in->v_descale};
+  for (int t = 0; t < 3; ++t) {
+    char *dst = slots + (FP8_DESCALE_Q + t) * FP8_SLOT_BYTES;
+    if (run->problem->descale == ATTN_DESCALE_TENSOR)
+      ATTN_CUDA_CHECK(err, cudaMemcpyAsync(dst, given[t]->data, sizeof(float),
+                                           cudaMemcpyDeviceToDevice, stream));
+    else
+      fill_f32(dst, 1.0f, stream, err);
+  }
+  fill_f32(slots + FP8_SCALE_S * FP8_SLOT_BYTES, CG_FP8_P_SCALE, stream, err);
+  fill_f32(slots + FP8_DESCALE_S * FP8_SLOT_BYTES, 1.0f / CG_FP8_P_SCALE, stream, err);
+  fill_f32(slots + FP8_SCALE_O * FP8_SLOT_BYTES, 1.0f, stream, err);
+  for (int i = 0; i < FP8_SLOTS; ++i) ptrs[CG_UID_DESCALE_Q + i] = slots + i * FP8_SLOT_BYTES;
+}
+
 static int check_inputs(const attn_run *run, cg_err *err) {
   const attn_problem *p = run->problem;
   const attn_inputs *in = run->inputs;
@@ -795,7 +909,7 @@ static attn_status cudnn_forward(const attn_run *run) {
                 "implementation)");
     return ATTN_STATUS_UNSUPPORTED;
   }
-  size_t es = attn_dtype_size((attn_dtype)p->dtype);
+  size_t es = attn_dtype_size(attn_out_dtype(p)); /* of out; q, k, v are checked by theirs */
   const attn_outputs *out = run->outputs;
   if (check_inputs(run, &err) || check_tensor("out", &out->out, 4, es, QKV_RULES, &err) ||
       check_tensor("lse", &out->lse, 3, 4, 0, &err))
@@ -824,6 +938,8 @@ static attn_status cudnn_forward(const attn_run *run) {
     ATTN_CUDNN_CHECK(&err, cudnnSetStream(handle, stream));
     if (attn_cudnn_graph_spec(g)->full_padding)
       bind_full_lengths(st, own + stats_bytes(p), ptrs, stream, &err);
+    if (p->dtype == ATTN_DTYPE_F8E4M3)
+      bind_fp8(run, own + stats_bytes(p) + 2 * seqlen_bytes(p), ptrs, stream, &err);
     if (p->page_size > 0) {
       /* Every sequence has Tq queries and cache_seqlens[b] keys, read in place from the
        * caller's device memory; the queries' [B] copies of Tq go in the workspace. */
@@ -953,8 +1069,38 @@ const attn_impl attn_cudnn_impl = {
  * services and the graph cache's counters for test_cudnn. src/module/entry.c exports it;
  * libattn_gpu.a links it in directly. */
 static const attn_impl *const cudnn_module_impls[] = {&attn_cudnn_impl};
-static const attn_cudnn_test_hooks cudnn_test_hooks = {attn_cudnn_graph_cache_stats,
-                                                       attn_cudnn_graph_cache_set_capacity};
+/* The test hook probe_forward (cudnn_graph.h): plan_init, workspace and forward, without
+ * cudnn_supports. */
+static attn_status probe_forward(const attn_problem *p, const attn_inputs *inputs,
+                                 const attn_outputs *outputs, char *why, size_t why_size) {
+  void *state = NULL;
+  attn_status s = cudnn_plan_init(p, CUDNN_CONFIG_ATOMIC, &state, why, why_size);
+  if (s == ATTN_STATUS_OK && outputs != NULL) {
+    cg_err err = {ATTN_STATUS_OK, why, why_size};
+    size_t size = cudnn_workspace_size(p, CUDNN_CONFIG_ATOMIC, state, 0);
+    void *workspace = NULL;
+    int previous;
+    if (!enter_device(p, &previous, &err)) {
+      if (!ATTN_CUDA_CHECK(&err, cudaMalloc(&workspace, size))) {
+        attn_run run;
+        memset(&run, 0, sizeof run);
+        run.problem = p, run.config = CUDNN_CONFIG_ATOMIC, run.inputs = inputs;
+        run.outputs = outputs, run.workspace = workspace, run.workspace_size = size;
+        run.state = state, run.round_to = ATTN_DTYPE_F64, run.why = why, run.why_size = why_size;
+        err.status = cudnn_forward(&run);
+        if (err.status == ATTN_STATUS_OK) ATTN_CUDA_CHECK(&err, cudaDeviceSynchronize());
+        cudaFree(workspace);
+      }
+      leave_device(p, previous);
+    }
+    s = err.status;
+  }
+  cudnn_plan_fini(state);
+  return s;
+}
+
+static const attn_cudnn_test_hooks cudnn_test_hooks = {
+    attn_cudnn_graph_cache_stats, attn_cudnn_graph_cache_set_capacity, probe_forward};
 static const attn_module_table cudnn_module_table = {ATTN_MODULE_TABLE_HEADER, "cudnn",
                                                      cudnn_module_impls,       1,
                                                      &attn_gpu_runtime_ops,    &cudnn_test_hooks,

@@ -77,7 +77,7 @@ static void init_cache(void) {
 /* Every field of cg_spec must be in the key, or two specs that build different graphs would share
  * one. This size is the fields listed in spec_key on an LP64 machine: a field added to cg_spec
  * changes it and stops the build here until spec_key has it too. */
-_Static_assert(sizeof(cg_spec) == 568, "cg_spec changed: add the new field to spec_key");
+_Static_assert(sizeof(cg_spec) == 576, "cg_spec changed: add the new field to spec_key");
 
 static void put_layout(int64_t *key, int *n, const int64_t s[4]) {
   for (int i = 0; i < 4; ++i) key[(*n)++] = s[i];
@@ -89,7 +89,7 @@ static int spec_key(int device, const cg_spec *s, int64_t key[GC_MAX_KEY_WORDS])
   memcpy(&scale_bits, &s->scale, sizeof scale_bits);
   key[n++] = device;
   key[n++] = s->backward, key[n++] = s->with_dbias, key[n++] = s->deterministic;
-  key[n++] = s->dtype;
+  key[n++] = s->dtype, key[n++] = s->out_dtype;
   key[n++] = s->b, key[n++] = s->hq, key[n++] = s->hkv, key[n++] = s->tq, key[n++] = s->tk;
   key[n++] = s->d, key[n++] = s->dv;
   key[n++] = scale_bits;

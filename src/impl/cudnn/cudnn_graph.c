@@ -101,9 +101,16 @@ static void set(cg_graph *g, cudnnBackendDescriptor_t d, cudnnBackendAttributeNa
 
 static void finalize(cg_graph *g, cudnnBackendDescriptor_t d) { CK(g, cudnnBackendFinalize(d)); }
 
-static cudnnDataType_t io_type(const cg_spec *s) {
-  return s->dtype == ATTN_DTYPE_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+static cudnnDataType_t cudnn_type(int32_t dtype) {
+  return dtype == ATTN_DTYPE_F8E4M3 ? CUDNN_DATA_FP8_E4M3
+         : dtype == ATTN_DTYPE_BF16 ? CUDNN_DATA_BFLOAT16
+                                    : CUDNN_DATA_HALF;
 }
+
+/* The type of q, k and v (and of every tensor of the backward graph, which is never fp8). */
+static cudnnDataType_t io_type(const cg_spec *s) { return cudnn_type(s->dtype); }
+
+static int is_fp8(const cg_spec *s) { return s->dtype == ATTN_DTYPE_F8E4M3; }
 
 /* A tensor descriptor; uid 0 takes the next virtual uid. */
 static cudnnBackendDescriptor_t tensor(cg_graph *g, int64_t uid, cudnnDataType_t type,
@@ -155,6 +162,11 @@ static cudnnBackendDescriptor_t scalar_i32(cg_graph *g, int32_t v) {
 static cudnnBackendDescriptor_t virt(cg_graph *g, cudnnDataType_t type, const int64_t dims[4],
                                      const int64_t strides[4]) {
   return tensor(g, 0, type, dims, strides, true, false);
+}
+
+/* An f32 [1, 1, 1, 1] tensor the run binds: an fp8 graph's factors and amax outputs. */
+static cudnnBackendDescriptor_t unit_tensor(cg_graph *g, int64_t uid) {
+  return tensor(g, uid, CUDNN_DATA_FLOAT, one4, one4, false, false);
 }
 
 static void add_op(cg_graph *g, cudnnBackendDescriptor_t op) {
@@ -356,6 +368,12 @@ static cudnnBackendDescriptor_t modifiers(cg_graph *g, const cg_shapes *sh,
   const cg_spec *sp = &g->spec;
   s = pointwise(g, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, 0, s, scalar_f32(g, sp->scale), NULL,
                 s_like(g, sh, CUDNN_DATA_FLOAT));
+  if (is_fp8(sp)) { /* dq dk of docs/FP8.md, where cudnn-frontend's fp8 node multiplies them */
+    s = pointwise(g, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, 0, s, unit_tensor(g, CG_UID_DESCALE_Q),
+                  NULL, s_like(g, sh, CUDNN_DATA_FLOAT));
+    s = pointwise(g, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, 0, s, unit_tensor(g, CG_UID_DESCALE_K),
+                  NULL, s_like(g, sh, CUDNN_DATA_FLOAT));
+  }
   if (sp->has_bias) {
     cudnnBackendDescriptor_t bias =
         tensor(g, CG_UID_BIAS, io_type(sp), sp->bias_dims, sp->st.bias, false, false);
@@ -439,6 +457,34 @@ static void paged_inputs(cg_graph *g, cudnnBackendDescriptor_t *k_pool,
   *table = tensor(g, CG_UID_PAGE_TABLE, CUDNN_DATA_INT32, t_dims, s->st.table, false, false);
 }
 
+/* The end of the fp8 forward graph, after the statistics: cudnn-frontend's fp8 SDPA node (softmax,
+ * amax_s, scale_s, then its matmul_fp8 node: P V, descale_s, descale_v, amax_o, scale_o), op for
+ * op. P = ex / sum stays f32 for its amax (an output cuDNN requires; nobody reads it), is scaled by
+ * CG_FP8_P_SCALE into e4m3 for the product, and the product is divided by that scale and
+ * multiplied by dv (descale_s, descale_v); scale_o is 1, out being bf16 or f16. */
+static void fp8_output(cg_graph *g, const cg_shapes *sh, cudnnBackendDescriptor_t ex,
+                       cudnnBackendDescriptor_t sum, cudnnBackendDescriptor_t v,
+                       cudnnBackendDescriptor_t o, cudnnBackendDescriptor_t seq_q,
+                       cudnnBackendDescriptor_t seq_kv) {
+  const cg_spec *s = &g->spec;
+  cudnnBackendDescriptor_t p = pointwise(g, CUDNN_POINTWISE_DIV, CUDNN_DATA_FLOAT, 0, ex, sum, NULL,
+                                         s_like(g, sh, CUDNN_DATA_FLOAT));
+  reduction(g, CUDNN_REDUCE_TENSOR_AMAX, p, unit_tensor(g, CG_UID_AMAX_S));
+  p = pointwise(g, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, 0, p, unit_tensor(g, CG_UID_SCALE_S),
+                NULL, s_like(g, sh, CUDNN_DATA_FP8_E4M3));
+  int64_t o_dims[4] = {s->b, s->hq, s->tq, s->dv};
+  int64_t o_str[4] = {s->hq * s->tq * s->dv, s->tq * s->dv, s->dv, 1};
+  cudnnBackendDescriptor_t pv = virt(g, CUDNN_DATA_FLOAT, o_dims, o_str);
+  matmul(g, p, v, pv, seq_q, NULL, seq_kv);
+  pv = pointwise(g, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, 0, pv, unit_tensor(g, CG_UID_DESCALE_S),
+                 NULL, virt(g, CUDNN_DATA_FLOAT, o_dims, o_str));
+  pv = pointwise(g, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, 0, pv, unit_tensor(g, CG_UID_DESCALE_V),
+                 NULL, virt(g, CUDNN_DATA_FLOAT, o_dims, o_str));
+  pointwise(g, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, 0, pv, unit_tensor(g, CG_UID_SCALE_O), NULL,
+            o);
+  reduction(g, CUDNN_REDUCE_TENSOR_AMAX, pv, unit_tensor(g, CG_UID_AMAX_O));
+}
+
 static void build_forward(cg_graph *g) {
   const cg_spec *s = &g->spec;
   const cg_layout *st = &s->st;
@@ -458,7 +504,8 @@ static void build_forward(cg_graph *g) {
     kt = tensor(g, CG_UID_K, io, kt_dims, kt_str, false, false);
     v = tensor(g, CG_UID_V, io, v_dims, st->v, false, false);
   }
-  cudnnBackendDescriptor_t o = tensor(g, CG_UID_O, io, o_dims, st->o, false, false);
+  cudnnBackendDescriptor_t o =
+      tensor(g, CG_UID_O, cudnn_type(s->out_dtype), o_dims, st->o, false, false);
   cudnnBackendDescriptor_t stats =
       tensor(g, CG_UID_STATS, CUDNN_DATA_FLOAT, sh.r_dims, st->lse, false, false);
   cudnnBackendDescriptor_t seq_q, seq_kv;
@@ -485,6 +532,10 @@ static void build_forward(cg_graph *g) {
   cudnnBackendDescriptor_t lg = pointwise(g, CUDNN_POINTWISE_LOG, CUDNN_DATA_FLOAT, 0, sum, NULL,
                                           NULL, virt(g, CUDNN_DATA_FLOAT, sh.r_dims, sh.r_str));
   pointwise(g, CUDNN_POINTWISE_ADD, CUDNN_DATA_FLOAT, 0, mx, lg, NULL, stats);
+  if (is_fp8(s)) {
+    fp8_output(g, &sh, ex, sum, v, o, seq_q, seq_kv);
+    return;
+  }
   /* P is rounded to the input type before P V, as the fused kernels do. */
   cudnnBackendDescriptor_t p = pointwise(g, CUDNN_POINTWISE_DIV, CUDNN_DATA_FLOAT, 0, ex, sum, NULL,
                                          s_like(g, &sh, io));

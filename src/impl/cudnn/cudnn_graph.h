@@ -7,7 +7,9 @@
  * masks] -> softmax (max, sub, exp, sum, div; log for the statistics) -> matmul(P, V), and the
  * matching backward graph. The graphs here are the ones cudnn-frontend's "composite" SDPA nodes
  * build (include/cudnn_frontend/node/scaled_dot_product_flash_attention.h), written out descriptor
- * by descriptor; the heuristics then pick the fused engine.
+ * by descriptor; the heuristics then pick the fused engine. The fp8 (e4m3) forward graph is its
+ * fp8 node's (node/sdpa_fp8.h before cudnn-frontend 1.14): descale factors after Q K^T, amax of P,
+ * P scaled into e4m3, and descale, amax and scale of the P V product.
  *
  * Layout: every tensor is described in cuDNN's [b, h, s, d] order with the caller's strides, so the
  * library's [B, T, H, D] tensors are passed without copies.
@@ -51,7 +53,8 @@ typedef struct cg_spec {
   int32_t backward;      /* 0: forward graph (always with statistics); 1: backward graph */
   int32_t with_dbias;    /* backward: also reduce dS into dbias */
   int32_t deterministic; /* backward: cudnn-frontend's set_deterministic_algorithm(true), below */
-  int32_t dtype;      /* ATTN_DTYPE_F16 or ATTN_DTYPE_BF16 */
+  int32_t dtype;         /* ATTN_DTYPE_F16, ATTN_DTYPE_BF16, or ATTN_DTYPE_F8E4M3 (forward only) */
+  int32_t out_dtype;     /* of out: dtype, or an f8e4m3 problem's bf16 or f16 (attn_out_dtype) */
   int64_t b, hq, hkv, tq, tk, d, dv;
   float scale;
   int32_t has_bias;
@@ -82,6 +85,11 @@ static inline int cg_dq_accumulated(const cg_spec *s) {
 
 typedef struct cg_graph cg_graph;
 
+/* The factor P (at most 1) is multiplied by before cuDNN rounds it to e4m3 for P V, and divided by
+ * after: 2^8, docs/FP8.md's choice (FlashAttention-3's Max_offset = 8), so that the tolerance's
+ * naive run and cuDNN round the same values (1 becomes 256, exact; down to 2^-14 stays normal). */
+#define CG_FP8_P_SCALE 256.0f
+
 /* Unique ids of the tensors a run binds (the rest are virtual or scalars the graph holds). */
 enum {
   CG_UID_Q = 1,
@@ -101,6 +109,15 @@ enum {
   CG_UID_SOFTMAX_SUM, /* backward: f32 [B, Hq, Tq, 1] in the workspace */
   CG_UID_DQ_ACCUM,    /* backward: f32 [B, Hq, Tq, D] in the workspace */
   CG_UID_PAGE_TABLE,  /* paged: the block table, i32 [B, ceil(Tk / page_size)] of its columns */
+  /* fp8 (e4m3) forward: f32 [1, 1, 1, 1] factors and amax outputs, in the workspace (cudnn.c) */
+  CG_UID_DESCALE_Q,
+  CG_UID_DESCALE_K,
+  CG_UID_DESCALE_V,
+  CG_UID_SCALE_S,   /* P's scale before it is rounded to e4m3 (CG_FP8_P_SCALE) */
+  CG_UID_DESCALE_S, /* its inverse, after P V */
+  CG_UID_SCALE_O,   /* 1: out is bf16 or f16 */
+  CG_UID_AMAX_S,    /* max|P| and max|O| before scale_o: outputs the graph must have; unread */
+  CG_UID_AMAX_O,
   CG_UID_COUNT
 };
 
@@ -155,10 +172,17 @@ typedef struct attn_cudnn_cache_stats {
 void attn_cudnn_graph_cache_stats(attn_cudnn_cache_stats *stats);
 void attn_cudnn_graph_cache_set_capacity(size_t capacity);
 
-/* Those two as the module's test hooks (attn_module_table.test_hooks of libattn_cudnn.so). */
+/* Those two as the module's test hooks (attn_module_table.test_hooks of libattn_cudnn.so), and a
+ * probe of what cuDNN's backend itself does: probe_forward runs the forward pass of p (resolved by
+ * the caller; not validated, so its out_dtype may be one the library does not take) through this
+ * implementation with its support rules skipped, on the default stream, and waits for it; outputs
+ * NULL builds the graph only. The status comes with cuDNN's reason. test_cudnn runs cuDNN's fp8
+ * graph on Hopper with it, in the e4m3 out cuDNN writes there. */
 typedef struct attn_cudnn_test_hooks {
   void (*cache_stats)(attn_cudnn_cache_stats *stats);
   void (*cache_set_capacity)(size_t capacity);
+  attn_status (*probe_forward)(const attn_problem *p, const attn_inputs *inputs,
+                               const attn_outputs *outputs, char *why, size_t why_size);
 } attn_cudnn_test_hooks;
 
 #endif /* ATTN_IMPL_CUDNN_GRAPH_H */
