@@ -37,7 +37,8 @@
  * its own context, plan, handle and stream, run one shared graph at once and get the bits of a
  * single-threaded run.
  *
- * ATTN_CUDNN_QUICK=1 runs three small cases only (for compute-sanitizer).
+ * ATTN_CUDNN_QUICK=1 runs three small cases only (for compute-sanitizer); ATTN_CUDNN_FP8_ONLY=1
+ * the refusals and the fp8 forward only (a short device call after an fp8 change).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
@@ -1353,6 +1354,12 @@ int main(int argc, char **argv) {
   if (!tu_gpu_found()) {
     attn_ctx_destroy(ctx);
     return tu_gpu_skipped();
+  }
+  if (getenv("ATTN_CUDNN_FP8_ONLY") != NULL) {
+    test_fp8_forward(seed);
+    int rc = tu_finish();
+    attn_ctx_destroy(ctx);
+    return rc;
   }
   int quick = getenv("ATTN_CUDNN_QUICK") != NULL;
   test_graph_cache();
