@@ -427,8 +427,8 @@ def test_torch_compile_inductor(seed):
 def test_opcheck(seed):
     q, k, v = qkv(1, 3, 4, 2, 1, 4, grad=True)
     bias = randn(1, 2, 3, 4, grad=True)
-    args = (q, k, v, bias, None, None, None, None, None, None, None, None, None, 3, 4, 0.0, True,
-            False, -1, -1, 0.0, 0.0, 0, False, False, None, None, 0, False)
+    args = (q, k, v, bias, None, None, None, None, None, None, None, None, None, None, None, None,
+            3, 4, 0.0, True, False, -1, -1, 0.0, 0.0, 0, False, False, None, None, 0, False, -1)
     torch.library.opcheck(torch.ops.libattn.fwd.default, args)
 
 
