@@ -34,10 +34,14 @@ class Tensor(ctypes.Structure):
 
 
 class Inputs(ctypes.Structure):
+    """attn_inputs, every field in attn.h's order (the library reads the whole structure)."""
     _fields_ = [(n, Tensor) for n in ("q", "k", "v", "bias", "mask", "alibi_slopes", "sinks",
                                       "q_segment_ids", "kv_segment_ids")] + \
                [(n, ctypes.c_void_p) for n in ("cu_seqlens_q", "cu_seqlens_k", "seqlens_q",
-                                               "seqlens_k")] + [("dropout_seed", ctypes.c_uint64)]
+                                               "seqlens_k")] + \
+               [("dropout_seed", ctypes.c_uint64)] + \
+               [("block_table", Tensor), ("cache_seqlens", ctypes.c_void_p)] + \
+               [(n, Tensor) for n in ("k_new", "v_new", "q_descale", "k_descale", "v_descale")]
 
 
 class Outputs(ctypes.Structure):
@@ -106,8 +110,9 @@ def main():
     def op(n):
         f = torch.ops.libattn.fwd
         for _ in range(n):
-            f(q, k, v, None, None, None, None, None, None, None, None, None, None, t, t, 0.0,
-              False, False, -1, -1, 0.0, 0.0, 0, False, False, None, None, 0, False)
+            f(q, k, v, None, None, None, None, None, None, None, None, None, None, None, None,
+              None, t, t, 0.0, False, False, -1, -1, 0.0, 0.0, 0, False, False, None, None, 0,
+              False, -1)
 
     def front(n):
         for _ in range(n):

@@ -17,7 +17,9 @@ InvalidArgument = _ext.InvalidArgument
 Unsupported = _ext.Unsupported
 
 # attn.h's enumerations, as plain integers.
-DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_F64, DTYPE_U8, DTYPE_I32 = range(6)
+DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_F64, DTYPE_U8, DTYPE_I32, DTYPE_F8E4M3 = range(7)
+OUT_DTYPE_DEFAULT = -1  # attn_problem.out_dtype: the problem's dtype (bf16 for f8e4m3)
+DESCALE_NONE, DESCALE_TENSOR, DESCALE_PER_BATCH_KV_HEAD = 0, 1, 2
 OP_FLASH, OP_SDPA = 0, 1
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 ALIGN_BOTTOM_RIGHT, ALIGN_TOP_LEFT = 0, 1
@@ -26,14 +28,11 @@ VARLEN_NONE, VARLEN_PACKED, VARLEN_PADDED = 0, 1, 2
 PLATFORMS = {"auto": 0, "ref": 1, "cpu": 2, "cuda": 3, "cudnn": 4}
 ON_MISS_HEURISTICS, ON_MISS_AUTOTUNE = 0, 1
 
-# The fields of attn_problem in declaration order: the layout of a problem tuple.
-PROBLEM_FIELDS = (
-    "operation", "dtype", "device", "device_index", "batch", "seqlen_q", "seqlen_k", "heads_q",
-    "heads_kv", "head_dim", "head_dim_v", "scale", "causal", "align", "window_left",
-    "window_right", "softcap", "dropout_p", "has_bias", "bias_dtype", "bias_shape0",
-    "bias_shape1", "bias_shape2", "bias_shape3", "has_mask", "mask_shape0", "mask_shape1",
-    "mask_shape2", "mask_shape3", "alibi", "num_sinks", "sinks_shared", "has_segment_ids",
-    "varlen", "total_q", "total_k")
+# The layouts of a problem tuple (attn_problem's fields) and of an inputs tuple (attn_inputs'), as
+# the binding's tables give them (python/src/_ext.c, their one place). A tuple may stop early: the
+# fields past its end keep their defaults, so a front-end builds by position the fields it uses.
+PROBLEM_FIELDS = _ext.problem_fields()
+INPUT_FIELDS = _ext.input_fields()
 _DEFAULT_PROBLEM = _ext.problem_default()
 _FIELD_INDEX = {name: i for i, name in enumerate(PROBLEM_FIELDS)}
 

@@ -51,7 +51,11 @@ def _register():
 _register()
 
 _DTYPES = {jnp.dtype(jnp.float32): _core.DTYPE_F32, jnp.dtype(jnp.float16): _core.DTYPE_F16,
-           jnp.dtype(jnp.bfloat16): _core.DTYPE_BF16, jnp.dtype(jnp.float64): _core.DTYPE_F64}
+           jnp.dtype(jnp.bfloat16): _core.DTYPE_BF16, jnp.dtype(jnp.float64): _core.DTYPE_F64,
+           jnp.dtype(jnp.float8_e4m3fn): _core.DTYPE_F8E4M3}
+_FP8 = jnp.dtype(jnp.float8_e4m3fn)
+# out of a float8_e4m3fn call (docs/FP8.md): bfloat16 by default, as FlashAttention-3's.
+_FP8_OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 
 # ejKernel's platform names for its own kernels (Triton, Pallas, its CUDA kernels, plain XLA): no
 # such kernels here, so they mean "let libattn's executor choose" (docs/JAX.md).
@@ -95,6 +99,7 @@ class _Spec:
     config: str = ""
     policy: tuple = ()  # attn_policy's fields in _core._POLICY_KEYS's order
     num_threads: int = 0
+    out_dtype: object = None  # a float8_e4m3fn call's out dtype (None: bfloat16)
 
 
 def _policy_of(overrides=None):
@@ -116,13 +121,16 @@ def _policy_of(overrides=None):
     return tuple(values)
 
 
+# The optional operands in attn_inputs' order (the handler binds them so, python/src/_jax_ffi.cc);
+# a call's opt tuple may stop before the descale factors (the ring's does).
 _OPTIONAL = ("bias", "mask", "sinks", "q_segment_ids", "kv_segment_ids", "cu_seqlens_q",
-             "cu_seqlens_k")
+             "cu_seqlens_k", "q_descale", "k_descale", "v_descale")
 
 
 def _problem(spec, q, k, v, opt, device):
     """The problem tuple of a call (attn_problem's fields), from static shapes."""
-    bias, mask, sinks, qseg, _, cuq, _ = opt
+    bias, mask, sinks, qseg, _, cuq, _ = opt[:7]
+    q_descale = opt[7] if len(opt) > 7 else None
     op = _core.OP_SDPA if spec.sdpa else _core.OP_FLASH
     mech_op, _ = _mechanism(spec.mechanism)
     if mech_op >= 0:
@@ -145,6 +153,11 @@ def _problem(spec, q, k, v, opt, device):
         align=_core.ALIGN_TOP_LEFT if spec.top_left else _core.ALIGN_BOTTOM_RIGHT,
         window_left=spec.window[0], window_right=spec.window[1], softcap=float(spec.softcap),
         dropout_p=float(spec.dropout_p), varlen=varlen, total_q=total_q, total_k=total_k)
+    if spec.out_dtype is not None:
+        fields.update(out_dtype=_DTYPES[spec.out_dtype])
+    if q_descale is not None:  # the checks made the three alike: its size says the form
+        fields.update(descale=_core.DESCALE_TENSOR if q_descale.size == 1
+                      else _core.DESCALE_PER_BATCH_KV_HEAD)
     if bias is not None:
         fields.update(has_bias=1, bias_dtype=_DTYPES[bias.dtype],
                       **{f"bias_shape{i}": n for i, n in enumerate(bias.shape)})
@@ -217,6 +230,12 @@ def _stat_dtype(q):
     return jnp.float64 if q.dtype == jnp.float64 else jnp.float32
 
 
+def _out_dtype(spec, q):
+    if q.dtype == _FP8:
+        return spec.out_dtype or jnp.dtype(jnp.bfloat16)
+    return q.dtype
+
+
 def _lse_shape(q, packed):
     return (q.shape[1], q.shape[0]) if packed else (q.shape[0], q.shape[2], q.shape[1])
 
@@ -225,7 +244,7 @@ def _ffi_forward(spec, q, k, v, opt):
     """out [.., Tq, Hq, Dv] and lse [B, Hq, Tq] (packed: [Hq, total_q]) of one call."""
     attrs, workspace, _ = _plan_call(spec, q, k, v, opt)
     packed = opt[5] is not None
-    results = (jax.ShapeDtypeStruct((*q.shape[:-1], v.shape[-1]), q.dtype),
+    results = (jax.ShapeDtypeStruct((*q.shape[:-1], v.shape[-1]), _out_dtype(spec, q)),
                jax.ShapeDtypeStruct(_lse_shape(q, packed), _stat_dtype(q)),
                jax.ShapeDtypeStruct((workspace,), jnp.uint8))
     call = jax.ffi.ffi_call(_FORWARD, results, vmap_method="broadcast_all")
@@ -235,6 +254,10 @@ def _ffi_forward(spec, q, k, v, opt):
 
 def _ffi_backward(spec, dout, q, k, v, out, lse, opt):
     """dq, dk, dv, and dbias / dsinks when the call has a bias / sinks (None otherwise)."""
+    if q.dtype == _FP8:
+        raise NotImplementedError(
+            "query: float8_e4m3fn attention has no backward pass (forward only, as "
+            "FlashAttention-3's fp8; train in bfloat16, or stop the gradient at its inputs)")
     attrs, _, workspace = _plan_call(spec, q, k, v, opt)
     bias, sinks = opt[0], opt[2]
     results = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
@@ -256,13 +279,14 @@ def _ffi_backward(spec, dout, q, k, v, out, lse, opt):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attend(spec, q, k, v, bias, sinks, mask, qseg, kvseg, cuq, cuk):
-    out, _ = _ffi_forward(spec, q, k, v, (bias, mask, sinks, qseg, kvseg, cuq, cuk))
+def _attend(spec, q, k, v, bias, sinks, mask, qseg, kvseg, cuq, cuk, qd=None, kd=None, vd=None):
+    out, _ = _ffi_forward(spec, q, k, v, (bias, mask, sinks, qseg, kvseg, cuq, cuk, qd, kd, vd))
     return out
 
 
-def _attend_fwd(spec, q, k, v, bias, sinks, mask, qseg, kvseg, cuq, cuk):
-    opt = (bias, mask, sinks, qseg, kvseg, cuq, cuk)
+def _attend_fwd(spec, q, k, v, bias, sinks, mask, qseg, kvseg, cuq, cuk, qd=None, kd=None,
+                vd=None):
+    opt = (bias, mask, sinks, qseg, kvseg, cuq, cuk, qd, kd, vd)
     out, lse = _ffi_forward(spec, q, k, v, opt)
     # The residuals are the inputs, out and lse: never the probabilities.
     return out, (q, k, v, opt, out, lse)
@@ -271,8 +295,8 @@ def _attend_fwd(spec, q, k, v, bias, sinks, mask, qseg, kvseg, cuq, cuk):
 def _attend_bwd(spec, residuals, dout):
     q, k, v, opt, out, lse = residuals
     dq, dk, dv, dbias, dsinks = _ffi_backward(spec, dout, q, k, v, out, lse, opt)
-    # Masks, segment ids and cu_seqlens take no gradient.
-    return dq, dk, dv, dbias, dsinks, None, None, None, None, None
+    # Masks, segment ids, cu_seqlens and descale factors (fp8 raises above) take no gradient.
+    return dq, dk, dv, dbias, dsinks, None, None, None, None, None, None, None, None
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd)
@@ -290,8 +314,8 @@ def _check_inputs(q, k, v, bias, mask, sinks, qseg, kvseg, cuq, cuk):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{name}: expected an array, got {type(x).__name__}")
         if jnp.dtype(x.dtype) not in _DTYPES:
-            raise TypeError(f"{name}: dtype {x.dtype} is not float16, bfloat16, float32 or "
-                            "float64")
+            raise TypeError(f"{name}: dtype {x.dtype} is not float16, bfloat16, float32, "
+                            "float64 or float8_e4m3fn")
     for name, x in (("key", k), ("value", v)):
         if x.dtype != q.dtype:
             raise TypeError(f"{name}: dtype {x.dtype} differs from query's {q.dtype}")
@@ -329,8 +353,8 @@ def _check_inputs(q, k, v, bias, mask, sinks, qseg, kvseg, cuq, cuk):
         return
     b, tq, tk = q.shape[0], q.shape[1], k.shape[1]
     if bias is not None:
-        if jnp.dtype(bias.dtype) not in _DTYPES or (bias.dtype == jnp.float64) != (
-                q.dtype == jnp.float64):
+        if jnp.dtype(bias.dtype) not in _DTYPES or bias.dtype == _FP8 or (
+                bias.dtype == jnp.float64) != (q.dtype == jnp.float64):
             raise TypeError(f"bias: dtype {bias.dtype} is not float16, bfloat16 or float32 "
                             "(float64 with float64 inputs)")
         if bias.ndim != 4 or bias.shape[0] not in (1, b) or bias.shape[1] not in (1, hq, hkv) \
@@ -353,6 +377,42 @@ def _check_inputs(q, k, v, bias, mask, sinks, qseg, kvseg, cuq, cuk):
         for name, x, t in (("q_segment_ids", qseg, tq), ("kv_segment_ids", kvseg, tk)):
             if x.shape != (b, t) or not jnp.issubdtype(x.dtype, jnp.integer):
                 raise _shape_error(name, x, f"expected integer [{b}, {t}], got {x.dtype}")
+
+
+def _check_fp8(q, k, cuq, descales, out_dtype):
+    """Checks a call's fp8 arguments (docs/FP8.md); returns q_descale, k_descale, v_descale as
+    the handler takes them: None without any, else three float32 arrays of one form, [B, Hkv] or
+    [1] (one left out is ones; a per-tensor one beside a [B, Hkv] one is broadcast to it)."""
+    fp8 = q.dtype == _FP8
+    if out_dtype is not None:  # a dtype already (_fp8_out_dtype)
+        if fp8 and out_dtype not in _FP8_OUT_DTYPES:
+            raise TypeError(f"out_dtype: {out_dtype} with float8_e4m3fn inputs: out must be "
+                            "bfloat16 (the default), float16 or float32")
+        if not fp8 and out_dtype != q.dtype:
+            raise TypeError(f"out_dtype: {out_dtype} with {q.dtype} inputs: out has the inputs' "
+                            "dtype; only float8_e4m3fn inputs write another")
+    names = ("q_descale", "k_descale", "v_descale")
+    given = {n: d for n, d in zip(names, descales) if d is not None}
+    if not given:
+        return None, None, None
+    if not fp8:
+        raise TypeError(f"{next(iter(given))}: descale factors belong to float8_e4m3fn inputs "
+                        f"only (query is {q.dtype})")
+    b = cuq.shape[0] - 1 if cuq is not None else q.shape[0]
+    hkv = k.shape[-2]
+    for name, d in given.items():
+        if not hasattr(d, "shape") or not hasattr(d, "dtype"):
+            raise TypeError(f"{name}: expected an array, got {type(d).__name__}")
+        if d.dtype != jnp.float32:
+            raise TypeError(f"{name}: dtype {d.dtype} is not float32 (descale factors are "
+                            "float32)")
+        if d.size != 1 and tuple(d.shape) != (b, hkv):
+            raise _shape_error(name, d, f"is neither [batch, kv heads] = [{b}, {hkv}] (one "
+                               "factor per batch entry and KV head) nor one element (per tensor)")
+    shape = (b, hkv) if any(d.size != 1 for d in given.values()) else (1,)
+    return tuple(jnp.broadcast_to(jnp.reshape(given[n], (-1,) if given[n].size == 1 else shape),
+                                  shape) if n in given else jnp.ones(shape, jnp.float32)
+                 for n in names)
 
 
 def _window(sliding_window):
@@ -420,7 +480,8 @@ def flash_attention(query, key, value, bias=None, cum_seqlens_q=None, cum_seqlen
                     softmax_scale=None, dropout_prob=0.0, causal=False, dropout_seed=None,
                     sliding_window=None, logits_soft_cap=None, normalize_output=True,
                     platform=None, cfg=None, q_segment_ids=None, kv_segment_ids=None, mesh=None,
-                    in_specs=None, out_specs=None, _policy=None):
+                    in_specs=None, out_specs=None, q_descale=None, k_descale=None,
+                    v_descale=None, out_dtype=None, _policy=None):
     """Flash attention, SPEC.md's function: out [batch, seq_q, heads_q, dim_v].
 
     query [B, Tq, Hq, D], key [B, Tk, Hkv, D], value [B, Tk, Hkv, Dv] (Hq a multiple of Hkv:
@@ -444,6 +505,10 @@ def flash_attention(query, key, value, bias=None, cum_seqlens_q=None, cum_seqlen
     q_segment_ids, kv_segment_ids). A key/value sequence axis sharded over a mesh axis runs
     ring attention over it, equal to the unsharded call (ejKernel computes each shard's block
     alone there).
+    float8_e4m3fn query, key, value (docs/FP8.md; forward only): q_descale, k_descale,
+    v_descale are float32 factors the values are read times, each [batch, kv heads]
+    (FlashAttention-3's) or one element (per tensor); one left out is 1. out_dtype: bfloat16 (the
+    default), float16 or float32. Not with a mesh.
     """
     attention_mask, q_segment_ids, kv_segment_ids = _mask_parts(
         mask_info, attention_mask, q_segment_ids, kv_segment_ids)
@@ -451,8 +516,16 @@ def flash_attention(query, key, value, bias=None, cum_seqlens_q=None, cum_seqlen
         raise ValueError("normalize_output=False: libattn returns the normalised output only")
     spec = _make_spec(False, softmax_scale, causal, False, sliding_window, logits_soft_cap,
                       dropout_prob, dropout_seed, platform, cfg, _policy)
+    descales = (q_descale, k_descale, v_descale)
+    if out_dtype is not None or any(d is not None for d in descales):
+        if mesh is not None:
+            raise NotImplementedError("q_descale/out_dtype: float8_e4m3fn arguments do not "
+                                      "combine with mesh (each shard's factors are a slice)")
+        spec = dataclasses.replace(spec, out_dtype=None if out_dtype is None else
+                                   _fp8_out_dtype(out_dtype))
     return _run(spec, query, key, value, bias, attention_mask, softmax_aux, q_segment_ids,
-                kv_segment_ids, cum_seqlens_q, cum_seqlens_k, mesh, in_specs, out_specs)
+                kv_segment_ids, cum_seqlens_q, cum_seqlens_k, mesh, in_specs, out_specs,
+                descales)
 
 
 def scaled_dot_product_attention(query, key, value, bias=None, cum_seqlens_q=None,
@@ -501,6 +574,14 @@ def _make_spec(sdpa, softmax_scale, causal, top_left, sliding_window, softcap, d
                  num_threads=int(_core._num_threads))
 
 
+def _fp8_out_dtype(out_dtype):
+    """out_dtype as the spec keeps it (a hashable numpy dtype); checked with the inputs."""
+    try:
+        return jnp.dtype(out_dtype)
+    except TypeError:
+        raise TypeError(f"out_dtype: expected a dtype, got {out_dtype!r}") from None
+
+
 def _prepare(q, bias, mask, sinks, qseg, kvseg):
     """The dtypes attn.h reads: u8 masks, i32 segment ids, f32 (f64) sinks."""
     if mask is not None:
@@ -513,22 +594,24 @@ def _prepare(q, bias, mask, sinks, qseg, kvseg):
     return bias, mask, sinks, qseg, kvseg
 
 
-def _local(spec, q, k, v, bias, mask, sinks, qseg, kvseg, cuq, cuk):
+def _local(spec, q, k, v, bias, mask, sinks, qseg, kvseg, cuq, cuk, descales=(None,) * 3):
     """One device's call: checks, then the differentiable custom call."""
     _check_inputs(q, k, v, bias, mask, sinks, qseg, kvseg, cuq, cuk)
+    descales = _check_fp8(q, k, cuq, descales, spec.out_dtype)
     bias, mask, sinks, qseg, kvseg = _prepare(q, bias, mask, sinks, qseg, kvseg)
-    return _attend(spec, q, k, v, bias, sinks, mask, qseg, kvseg, cuq, cuk)
+    return _attend(spec, q, k, v, bias, sinks, mask, qseg, kvseg, cuq, cuk, *descales)
 
 
-def _run(spec, q, k, v, bias, mask, sinks, qseg, kvseg, cuq, cuk, mesh, in_specs, out_specs):
+def _run(spec, q, k, v, bias, mask, sinks, qseg, kvseg, cuq, cuk, mesh, in_specs, out_specs,
+         descales=(None,) * 3):
     if cuq is not None and q.ndim == 4 and q.shape[0] == 1:
         # ejKernel passes packed sequences as [1, total, H, D].
         return _run(spec, q[0], k[0], v[0], bias, mask, sinks, qseg, kvseg, cuq, cuk, mesh,
-                    in_specs, out_specs)[None]
+                    in_specs, out_specs, descales)[None]
     if mesh is None:
         if in_specs is not None or out_specs is not None:
             raise ValueError("in_specs/out_specs: given without mesh")
-        return _local(spec, q, k, v, bias, mask, sinks, qseg, kvseg, cuq, cuk)
+        return _local(spec, q, k, v, bias, mask, sinks, qseg, kvseg, cuq, cuk, descales)
     from . import _jax_ring
     return _jax_ring.sharded(_local, spec, mesh, in_specs, out_specs,
                              (q, k, v, mask, bias, sinks, cuq, cuk, qseg, kvseg))

@@ -25,8 +25,13 @@ __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_fu
            "flash_attn_varlen_kvpacked_func", "scaled_dot_product_attention", "attention"]
 
 _DTYPES = {torch.float32: _core.DTYPE_F32, torch.float16: _core.DTYPE_F16,
-           torch.bfloat16: _core.DTYPE_BF16, torch.float64: _core.DTYPE_F64}
-_DTYPE_NAMES = "float16, bfloat16, float32 or float64"
+           torch.bfloat16: _core.DTYPE_BF16, torch.float64: _core.DTYPE_F64,
+           torch.float8_e4m3fn: _core.DTYPE_F8E4M3}
+_TORCH_DTYPES = {code: dtype for dtype, code in _DTYPES.items()}
+_DTYPE_NAMES = "float16, bfloat16, float32, float64 or float8_e4m3fn"
+_FP8 = torch.float8_e4m3fn
+# out of a float8_e4m3fn call (docs/FP8.md): bfloat16 by default, as FlashAttention-3's.
+_FP8_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 # ---- the problem of a call -------------------------------------------------------------------
 
@@ -38,7 +43,7 @@ def _broadcast_shape(t):
 
 def _problem(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, cu_seqlens_q, seqlens_q,
              max_seqlen_q, max_seqlen_k, scale, causal, top_left, window_left, window_right,
-             softcap, dropout_p, sdpa):
+             softcap, dropout_p, sdpa, q_descale=None, out_dtype=_core.OUT_DTYPE_DEFAULT):
     packed = cu_seqlens_q is not None
     if packed:
         total_q, hq, d = q.shape
@@ -65,7 +70,11 @@ def _problem(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, cu_seqlens
         0 if alibi_slopes is None else (_core.ALIBI_PER_HEAD if alibi_slopes.dim() == 1
                                          else _core.ALIBI_PER_BATCH_HEAD),
         0 if sinks is None else sinks.shape[-1], int(sinks is not None and sinks.dim() == 1),
-        int(q_segment_ids is not None), varlen, total_q, total_k)
+        int(q_segment_ids is not None), varlen, total_q, total_k,
+        # The fields appended for fp8 (_core.PROBLEM_FIELDS): the checks made the three descale
+        # tensors alike, so q_descale's size says the form.
+        out_dtype, _core.DESCALE_NONE if q_descale is None else
+        (_core.DESCALE_TENSOR if q_descale.numel() == 1 else _core.DESCALE_PER_BATCH_KV_HEAD))
 
 
 def _t(t):
@@ -80,10 +89,16 @@ def _p(t):
 
 
 def _inputs(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
-            cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, seed):
-    return (_t(q), _t(k), _t(v), _t(bias), _t(mask), _t(alibi_slopes), _t(sinks),
-            _t(q_segment_ids), _t(kv_segment_ids), _p(cu_seqlens_q), _p(cu_seqlens_k),
-            _p(seqlens_q), _p(seqlens_k), seed)
+            cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, seed, q_descale=None,
+            k_descale=None, v_descale=None):
+    """The inputs tuple in _core.INPUT_FIELDS' order; without descale factors it stops before
+    them (the binding's defaults: none)."""
+    inputs = (_t(q), _t(k), _t(v), _t(bias), _t(mask), _t(alibi_slopes), _t(sinks),
+              _t(q_segment_ids), _t(kv_segment_ids), _p(cu_seqlens_q), _p(cu_seqlens_k),
+              _p(seqlens_q), _p(seqlens_k), seed)
+    if q_descale is None:
+        return inputs
+    return (*inputs, _t(q_descale), _t(k_descale), _t(v_descale))
 
 
 # The cudaStream_t of a device's current stream, by device index: PyTorch's own fast query (no
@@ -106,13 +121,22 @@ def _workspace(nbytes, device):
     return buf.data_ptr(), nbytes, buf
 
 
-def _new_out(q, dv):
-    """out for q [B, Tq, Hq, D] and Dv: with Dv == D, torch.empty_like(q), which keeps a dense q's
-    memory order as FlashAttention and PyTorch's cuDNN SDPA do (q read through [B, H, T, D] gives
-    out the same way, no copy either side); otherwise contiguous."""
+def _out_dtype(q, out_dtype):
+    """The torch dtype of out (and probs) for q and the operator's out_dtype (an attn_dtype,
+    -1 = the problem's: q's, bfloat16 for float8_e4m3fn)."""
+    if out_dtype == _core.OUT_DTYPE_DEFAULT:
+        return torch.bfloat16 if q.dtype == _FP8 else q.dtype
+    return _TORCH_DTYPES[out_dtype]
+
+
+def _new_out(q, dv, dtype=None):
+    """out for q [B, Tq, Hq, D] and Dv (of dtype, default q's): with Dv == D, torch.empty_like(q),
+    which keeps a dense q's memory order as FlashAttention and PyTorch's cuDNN SDPA do (q read
+    through [B, H, T, D] gives out the same way, no copy either side); otherwise contiguous."""
+    dtype = dtype or q.dtype
     if dv == q.shape[-1]:
-        return torch.empty_like(q)
-    return q.new_empty((*q.shape[:-1], dv))
+        return torch.empty_like(q, dtype=dtype)
+    return q.new_empty((*q.shape[:-1], dv), dtype=dtype)
 
 
 def _lse_shape(q, cu_seqlens_q):
@@ -135,36 +159,40 @@ def _probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
 
 
 def _forward_plan(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
-                  cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k,
-                  scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed,
-                  return_probs, sdpa, impl, config, platform, deterministic):
+                  cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, q_descale, k_descale,
+                  v_descale, max_seqlen_q, max_seqlen_k, scale, causal, top_left, window_left,
+                  window_right, softcap, dropout_p, seed, return_probs, sdpa, impl, config,
+                  platform, deterministic, out_dtype):
     """The plan of a forward call, from _fwd's arguments (this thread's, cached per problem)."""
     sdpa = sdpa or return_probs  # attn.h returns probabilities from the SDPA operation only
     problem = _problem(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, cu_seqlens_q,
                        seqlens_q, max_seqlen_q, max_seqlen_k, scale, causal, top_left,
-                       window_left, window_right, softcap, dropout_p, sdpa)
+                       window_left, window_right, softcap, dropout_p, sdpa, q_descale, out_dtype)
     return _core.get_plan(problem, impl, config, platform, deterministic)
 
 
 def _fwd_impl(need_lse, q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
-              cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-              causal, top_left, window_left, window_right, softcap, dropout_p, seed, return_probs,
-              sdpa, impl, config, platform, deterministic):
+              cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, q_descale, k_descale, v_descale,
+              max_seqlen_q, max_seqlen_k, scale, causal, top_left, window_left, window_right,
+              softcap, dropout_p, seed, return_probs, sdpa, impl, config, platform, deterministic,
+              out_dtype):
     """The forward pass: out, and lse / probs when asked (None otherwise)."""
     plan = _forward_plan(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
-                         cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q,
-                         max_seqlen_k, scale, causal, top_left, window_left, window_right, softcap,
-                         dropout_p, seed, return_probs, sdpa, impl, config, platform,
-                         deterministic)
-    out = _new_out(q, v.shape[-1])
+                         cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, q_descale, k_descale,
+                         v_descale, max_seqlen_q, max_seqlen_k, scale, causal, top_left,
+                         window_left, window_right, softcap, dropout_p, seed, return_probs, sdpa,
+                         impl, config, platform, deterministic, out_dtype)
+    dtype = _out_dtype(q, out_dtype)
+    out = _new_out(q, v.shape[-1], dtype)
     lse = (torch.empty(_lse_shape(q, cu_seqlens_q), dtype=_stat_dtype(q), device=q.device)
            if need_lse or return_probs else None)
-    probs = (q.new_empty(_probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k))
-             if return_probs else None)
+    probs = (q.new_empty(_probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k),
+                         dtype=dtype) if return_probs else None)
     ws, ws_size, _keep = _workspace(plan.forward_workspace, q.device)
     _ext.forward(plan.capsule,
                  _inputs(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
-                         cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, seed),
+                         cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, seed, q_descale,
+                         k_descale, v_descale),
                  _t(out), _t(lse), _t(probs), _stream(q), ws, ws_size)
     return out, lse, probs
 
@@ -174,28 +202,31 @@ def _fwd(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], mask: Optional
          alibi_slopes: Optional[Tensor], sinks: Optional[Tensor],
          q_segment_ids: Optional[Tensor], kv_segment_ids: Optional[Tensor],
          cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-         seqlens_q: Optional[Tensor], seqlens_k: Optional[Tensor], max_seqlen_q: int,
+         seqlens_q: Optional[Tensor], seqlens_k: Optional[Tensor], q_descale: Optional[Tensor],
+         k_descale: Optional[Tensor], v_descale: Optional[Tensor], max_seqlen_q: int,
          max_seqlen_k: int, scale: float, causal: bool, top_left: bool, window_left: int,
          window_right: int, softcap: float, dropout_p: float, seed: int, return_probs: bool,
          sdpa: bool, impl: Optional[str], config: Optional[str], platform: int,
-         deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+         deterministic: bool, out_dtype: int) -> Tuple[Tensor, Tensor, Tensor]:
     out, lse, probs = _fwd_impl(
         True, q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
-        cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-        causal, top_left, window_left, window_right, softcap, dropout_p, seed, return_probs, sdpa,
-        impl, config, platform, deterministic)
-    return out, lse, probs if probs is not None else q.new_empty((0,))
+        cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, q_descale, k_descale, v_descale,
+        max_seqlen_q, max_seqlen_k, scale, causal, top_left, window_left, window_right, softcap,
+        dropout_p, seed, return_probs, sdpa, impl, config, platform, deterministic, out_dtype)
+    return out, lse, probs if probs is not None else out.new_empty((0,))
 
 
 @_fwd.register_fake
 def _fwd_fake(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
-              cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k,
-              scale, causal, top_left, window_left, window_right, softcap, dropout_p, seed,
-              return_probs, sdpa, impl, config, platform, deterministic):
-    out = _new_out(q, v.shape[-1])
+              cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, q_descale, k_descale, v_descale,
+              max_seqlen_q, max_seqlen_k, scale, causal, top_left, window_left, window_right,
+              softcap, dropout_p, seed, return_probs, sdpa, impl, config, platform,
+              deterministic, out_dtype):
+    dtype = _out_dtype(q, out_dtype)
+    out = _new_out(q, v.shape[-1], dtype)
     lse = q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=_stat_dtype(q))
-    probs = (q.new_empty(_probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k))
-             if return_probs else q.new_empty((0,)))
+    probs = (q.new_empty(_probs_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k),
+                         dtype=dtype) if return_probs else out.new_empty((0,)))
     return out, lse, probs
 
 
@@ -244,10 +275,21 @@ def _bwd_fake(dout, q, k, v, out, lse, bias, mask, alibi_slopes, sinks, q_segmen
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias, dsinks
 
 
-_TENSOR_INPUTS = 13  # q .. seqlens_k: the tensors of _fwd, saved for the backward pass
+_TENSOR_INPUTS = 16  # q .. v_descale: the tensors of _fwd, saved for the backward pass
+_BWD_TENSORS = 13  # q .. seqlens_k: those _bwd takes (float8_e4m3fn, the one with descale
+# factors, has no backward)
 _SCALARS = ("max_seqlen_q", "max_seqlen_k", "scale", "causal", "top_left", "window_left",
             "window_right", "softcap", "dropout_p", "seed", "return_probs", "sdpa", "impl",
-            "config", "platform", "deterministic")
+            "config", "platform", "deterministic", "out_dtype")
+
+
+def _no_fp8_backward(q):
+    """Raises for a backward pass of float8_e4m3fn inputs (docs/FP8.md: forward only)."""
+    if q.dtype == _FP8:
+        raise _core.Unsupported(
+            "q: float8_e4m3fn attention has no backward pass (forward only, as FlashAttention-3's "
+            "fp8; train in bfloat16, or call it under torch.no_grad() or on tensors that do not "
+            "require grad)")
 
 
 def _setup_context(ctx, inputs, output):
@@ -266,14 +308,16 @@ def _backward(ctx, dout, dlse, dprobs, bwd=None):
     saved = ctx.saved_tensors
     tensors, out, lse = saved[:_TENSOR_INPUTS], saved[_TENSOR_INPUTS], saved[_TENSOR_INPUTS + 1]
     (max_seqlen_q, max_seqlen_k, scale, causal, top_left, window_left, window_right, softcap,
-     dropout_p, seed, return_probs, sdpa, impl, config, platform, deterministic) = ctx.scalars
+     dropout_p, seed, return_probs, sdpa, impl, config, platform, deterministic,
+     _out_dtype_code) = ctx.scalars
+    _no_fp8_backward(tensors[0])
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv, dbias, dsinks = (bwd or _bwd)(
-        dout, tensors[0], tensors[1], tensors[2], out, lse, *tensors[3:], max_seqlen_q,
-        max_seqlen_k, scale, causal, top_left, window_left, window_right, softcap, dropout_p,
-        seed, sdpa or return_probs, impl, config, platform, deterministic, ctx.need_dbias,
-        ctx.need_dsinks)
+        dout, tensors[0], tensors[1], tensors[2], out, lse, *tensors[3:_BWD_TENSORS],
+        max_seqlen_q, max_seqlen_k, scale, causal, top_left, window_left, window_right, softcap,
+        dropout_p, seed, sdpa or return_probs, impl, config, platform, deterministic,
+        ctx.need_dbias, ctx.need_dsinks)
     grads = [dq, dk, dv, dbias.expand(ctx.bias_shape) if ctx.need_dbias else None, None, None,
              dsinks.to(ctx.sinks_dtype) if ctx.need_dsinks else None]
     return (*grads, *([None] * (_TENSOR_INPUTS - len(grads) + len(_SCALARS))))
@@ -370,6 +414,8 @@ def _remember(options, given, views, checked, args, out, bhtd, return_lse):
     if any(a is not b for a, b in zip(views, checked)):
         return  # the checks replaced a tensor (an all-broadcast one, copied): not repeated
     q = checked[0]
+    if q.dtype == _FP8:
+        return  # out's dtype is not q's (the entry allocates like q): the checked path runs it
     dv = given[2].shape[-1]
     if dv == given[0].shape[-1]:
         alloc_out = (torch.empty_like, None)  # _new_out's rule
@@ -562,6 +608,52 @@ def _check_inputs(q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_se
             cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k)
 
 
+def _check_fp8(q, k, cu_seqlens_q, q_descale, k_descale, v_descale, out_dtype):
+    """Checks the fp8 arguments (docs/FP8.md) against q and k (checked before); returns
+    q_descale, k_descale, v_descale as the operator takes them: None without any, else three
+    float32 tensors of one form, [B, Hkv] or [1] (one left out is ones; a per-tensor one beside a
+    [B, Hkv] one is broadcast to it)."""
+    fp8 = q.dtype == _FP8
+    if out_dtype is not None:
+        if not isinstance(out_dtype, torch.dtype):
+            _fail("out_dtype", f"expected a torch.dtype, got {type(out_dtype).__name__}",
+                  TypeError)
+        if fp8 and out_dtype not in _FP8_OUT_DTYPES:
+            _fail("out_dtype", f"{out_dtype} with float8_e4m3fn q: out must be torch.bfloat16 "
+                  "(the default), torch.float16 or torch.float32", TypeError)
+        if not fp8 and out_dtype != q.dtype:
+            _fail("out_dtype", f"{out_dtype} with q of {q.dtype}: out has q's dtype; only "
+                  "float8_e4m3fn inputs write another (bfloat16, float16 or float32)", TypeError)
+    given = {name: t for name, t in (("q_descale", q_descale), ("k_descale", k_descale),
+                                     ("v_descale", v_descale)) if t is not None}
+    if not given:
+        return None, None, None
+    if not fp8:
+        _fail(next(iter(given)), f"descale factors belong to float8_e4m3fn inputs only (q is "
+              f"{q.dtype})", TypeError)
+    batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q is not None else q.shape[0]
+    hkv = k.shape[-2]
+    for name, t in given.items():
+        _check_tensor(name, t, q.device)
+        if t.dtype != torch.float32:
+            _fail(name, f"dtype {t.dtype} is not torch.float32 (descale factors are float32)",
+                  TypeError)
+        if t.numel() != 1 and tuple(t.shape) != (batch, hkv):
+            _fail(name, f"shape {tuple(t.shape)} is neither [B, Hkv] = [{batch}, {hkv}] (one "
+                  "factor per batch entry and KV head) nor one element (per tensor)")
+    shape = (batch, hkv) if any(t.numel() != 1 for t in given.values()) else (1,)
+
+    def form(name):
+        t = given.get(name)
+        if t is None:
+            return torch.ones(shape, dtype=torch.float32, device=q.device)
+        if t.numel() == 1:  # expanded to [B, Hkv] by a copy: strides all 0 would read as dense
+            return t.reshape(1).expand(shape).contiguous()
+        return _dense_if_all_broadcast(t)
+
+    return form("q_descale"), form("k_descale"), form("v_descale")
+
+
 def _seed(dropout_p, dropout_seed):
     if dropout_seed is not None:
         seed = int(dropout_seed) & 0xFFFFFFFFFFFFFFFF
@@ -591,7 +683,8 @@ def attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
               causal=False, align="bottom_right", window=(-1, -1), softcap=0.0, dropout_p=0.0,
               dropout_seed=None, return_lse=False, return_probs=False, layout="bthd",
               operation="flash", impl=None, config=None, platform="auto",
-              deterministic=False):
+              deterministic=False, q_descale=None, k_descale=None, v_descale=None,
+              out_dtype=None):
     """libattn's attention with every feature of SPEC.md.
 
     q [B, Tq, Hq, D], k [B, Tk, Hkv, D], v [B, Tk, Hkv, Dv] (layout="bthd", FlashAttention's) or
@@ -606,6 +699,11 @@ def attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
     operation: "flash" or "sdpa". impl/config/platform steer the executor ("ref", "cpu",
     "cuda", "cudnn"); deterministic selects configurations that repeat their bits.
 
+    float8_e4m3fn q, k, v (docs/FP8.md; forward only): q_descale, k_descale, v_descale are
+    float32 factors the values are read times, each [B, Hkv] (FlashAttention-3's) or one element
+    (per tensor); one left out is 1. out_dtype: bfloat16 (the default), float16 or float32; other
+    inputs take None or q's dtype.
+
     Returns out ([B, Tq, Hq, Dv] or the layout's shape); (out, lse) with return_lse, lse
     [B, Hq, Tq] (packed: [Hq, total_q]) in float32 (float64 for float64 q); (out, lse, probs) with
     return_probs, probs [B, Hq, Tq, Tk] the probabilities after dropout.
@@ -614,7 +712,8 @@ def attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
     if (bias is None and mask is None and alibi_slopes is None and sinks is None
             and q_segment_ids is None and kv_segment_ids is None and cu_seqlens_q is None
             and cu_seqlens_k is None and seqlens_q is None and seqlens_k is None
-            and not return_probs and not dropout_p and not _compiling()):
+            and q_descale is None and k_descale is None and v_descale is None
+            and out_dtype is None and not return_probs and not dropout_p and not _compiling()):
         memo = ("attention", scale, causal, align, window, softcap, dropout_seed, return_lse,
                 layout, operation, impl, config, platform, deterministic)
         result = _memo_forward(_core._thread().plans, memo, q, k, v)
@@ -628,7 +727,8 @@ def attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
                       softcap=softcap, dropout_p=dropout_p, dropout_seed=dropout_seed,
                       return_lse=return_lse, return_probs=return_probs, layout=layout,
                       operation=operation, impl=impl, config=config, platform=platform,
-                      deterministic=deterministic, memo=memo)
+                      deterministic=deterministic, q_descale=q_descale, k_descale=k_descale,
+                      v_descale=v_descale, out_dtype=out_dtype, memo=memo)
 
 
 def _attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
@@ -637,7 +737,8 @@ def _attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
               causal=False, align="bottom_right", window=(-1, -1), softcap=0.0, dropout_p=0.0,
               dropout_seed=None, return_lse=False, return_probs=False, layout="bthd",
               operation="flash", impl=None, config=None, platform="auto",
-              deterministic=False, memo=None):
+              deterministic=False, q_descale=None, k_descale=None, v_descale=None,
+              out_dtype=None, memo=None):
     """attention() past the memo: checks every input, then runs. memo: the options the caller
     looked the memo up with (None: not to be kept)."""
     given = (q, k, v)
@@ -665,16 +766,18 @@ def _attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
      cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k) = _check_inputs(
         q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids, cu_seqlens_q,
         cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k)
+    descales = _check_fp8(q, k, cu_seqlens_q, q_descale, k_descale, v_descale, out_dtype)
     args = (q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids, cu_seqlens_q,
-            cu_seqlens_k, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k,
+            cu_seqlens_k, seqlens_q, seqlens_k, *descales, max_seqlen_q, max_seqlen_k,
             0.0 if scale is None else float(scale), bool(causal), _ALIGNS[align], left, right,
             float(softcap), float(dropout_p), _seed(dropout_p, dropout_seed), bool(return_probs),
-            operation == "sdpa", impl, config, _core._platform(platform), bool(deterministic))
+            operation == "sdpa", impl, config, _core._platform(platform), bool(deterministic),
+            _core.OUT_DTYPE_DEFAULT if out_dtype is None else _DTYPES[out_dtype])
     eager = _eager(q)
     if not eager:
         out, lse, probs = _fwd(*args)
     elif torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                         for t in (q, k, v, bias, sinks)):
+                                         for t in (q, k, v, bias, sinks, *descales)):
         out, lse, probs = _EagerAttention.apply(*args)
     else:
         out, lse, probs = _fwd_impl(return_lse, *args)
@@ -693,44 +796,50 @@ def _attention(q, k, v, *, bias=None, mask=None, alibi_slopes=None, sinks=None,
 
 
 def _flash(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-           deterministic, return_attn_probs, memo=None, **varlen):
+           deterministic, return_attn_probs, memo=None, **more):
     return _attention(q, k, v, alibi_slopes=alibi_slopes, scale=softmax_scale, causal=causal,
                       window=window_size, softcap=softcap, dropout_p=dropout_p,
                       deterministic=deterministic, return_probs=return_attn_probs, memo=memo,
-                      **varlen)
+                      **more)
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_attn_probs=False):
+                    return_attn_probs=False, *, q_descale=None, k_descale=None, v_descale=None):
     """FlashAttention 2's flash_attn_func: q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D]; causal is
     bottom-right aligned. Returns out, or (out, softmax_lse [B, Hq, Tq], probs [B, Hq, Tq, Tk])
     with return_attn_probs (the probabilities after dropout, not FlashAttention's sign-encoded
-    S_dmask)."""
+    S_dmask). float8_e4m3fn q, k, v take FlashAttention-3's q_descale, k_descale, v_descale
+    (float32 [B, Hkv], or one element per tensor) and give a bfloat16 out (forward only)."""
     memo = None
-    if not (dropout_p or return_attn_probs or alibi_slopes is not None or _compiling()):
+    if not (dropout_p or return_attn_probs or alibi_slopes is not None or _compiling()
+            or q_descale is not None or k_descale is not None or v_descale is not None):
         memo = ("flash_attn_func", softmax_scale, causal, window_size, softcap, deterministic)
         out = _memo_forward(_core._thread().plans, memo, q, k, v)
         if out is not None:
             return out
     return _flash(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  deterministic, return_attn_probs, memo)
+                  deterministic, return_attn_probs, memo, q_descale=q_descale,
+                  k_descale=k_descale, v_descale=v_descale)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
+                           deterministic=False, return_attn_probs=False, block_table=None, *,
+                           q_descale=None, k_descale=None, v_descale=None):
     """FlashAttention 2's flash_attn_varlen_func: q [total_q, Hq, D], k/v [total_k, Hkv, D],
     cu_seqlens_q/k [B + 1] int32. softmax_lse is [Hq, total_q]. block_table (paged KV) is not
-    supported."""
+    supported. float8_e4m3fn inputs as flash_attn_func's (descale factors [B, Hkv], B the
+    number of sequences)."""
     if block_table is not None:
         _fail("block_table", "paged KV caches are not supported by libattn.torch yet",
               NotImplementedError)
     return _flash(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                   deterministic, return_attn_probs, cu_seqlens_q=cu_seqlens_q,
                   cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                  max_seqlen_k=max_seqlen_k)
+                  max_seqlen_k=max_seqlen_k, q_descale=q_descale, k_descale=k_descale,
+                  v_descale=v_descale)
 
 
 def _unpack(name, t, dim, count):

@@ -17,6 +17,7 @@
 
 #include <attn.h>
 
+#include <stddef.h>
 #include <string.h>
 
 static PyObject *attn_error_type;  /* libattn.Error(RuntimeError) */
@@ -65,76 +66,151 @@ static PyObject *ext_ctx_new(PyObject *self, PyObject *args) {
   return capsule;
 }
 
-/* ---- problems: a tuple of the fields of attn_problem, in declaration order ----------------- */
+/* ---- problems and inputs: tuples laid out by the tables below ----------------------------------
+ *
+ * A problem crosses as a tuple of attn_problem's fields and a run's inputs as a tuple of
+ * attn_inputs' fields, each in the order of its table here: the one place of the layout. Python
+ * reads the names (problem_fields, input_fields), so a front-end builds tuples by name or by
+ * position in that order. A tuple may stop early: the fields past its end keep attn_problem_init's
+ * (attn_inputs_init's) values, so a front-end that does not use a field added later passes the
+ * same tuple as before. A field added to attn.h is one line in its table, appended at the end. */
 
-enum { PROBLEM_FIELDS = 36 };
+typedef enum field_kind { FIELD_I32, FIELD_I64, FIELD_F64 } field_kind;
+
+typedef struct problem_field {
+  const char *name;
+  field_kind kind;
+  size_t offset;
+} problem_field;
+
+#define PROBLEM_FIELD(name, member, kind) {name, kind, offsetof(attn_problem, member)}
+#define PROBLEM_SHAPE(name, member, d)                                                            \
+  {name, FIELD_I64, offsetof(attn_problem, member) + (d) * sizeof(int64_t)}
+
+static const problem_field problem_layout[] = {
+    PROBLEM_FIELD("operation", operation, FIELD_I32),
+    PROBLEM_FIELD("dtype", dtype, FIELD_I32),
+    PROBLEM_FIELD("device", device, FIELD_I32),
+    PROBLEM_FIELD("device_index", device_index, FIELD_I32),
+    PROBLEM_FIELD("batch", batch, FIELD_I64),
+    PROBLEM_FIELD("seqlen_q", seqlen_q, FIELD_I64),
+    PROBLEM_FIELD("seqlen_k", seqlen_k, FIELD_I64),
+    PROBLEM_FIELD("heads_q", heads_q, FIELD_I64),
+    PROBLEM_FIELD("heads_kv", heads_kv, FIELD_I64),
+    PROBLEM_FIELD("head_dim", head_dim, FIELD_I64),
+    PROBLEM_FIELD("head_dim_v", head_dim_v, FIELD_I64),
+    PROBLEM_FIELD("scale", scale, FIELD_F64),
+    PROBLEM_FIELD("causal", causal, FIELD_I32),
+    PROBLEM_FIELD("align", align, FIELD_I32),
+    PROBLEM_FIELD("window_left", window_left, FIELD_I64),
+    PROBLEM_FIELD("window_right", window_right, FIELD_I64),
+    PROBLEM_FIELD("softcap", softcap, FIELD_F64),
+    PROBLEM_FIELD("dropout_p", dropout_p, FIELD_F64),
+    PROBLEM_FIELD("has_bias", has_bias, FIELD_I32),
+    PROBLEM_FIELD("bias_dtype", bias_dtype, FIELD_I32),
+    PROBLEM_SHAPE("bias_shape0", bias_shape, 0),
+    PROBLEM_SHAPE("bias_shape1", bias_shape, 1),
+    PROBLEM_SHAPE("bias_shape2", bias_shape, 2),
+    PROBLEM_SHAPE("bias_shape3", bias_shape, 3),
+    PROBLEM_FIELD("has_mask", has_mask, FIELD_I32),
+    PROBLEM_SHAPE("mask_shape0", mask_shape, 0),
+    PROBLEM_SHAPE("mask_shape1", mask_shape, 1),
+    PROBLEM_SHAPE("mask_shape2", mask_shape, 2),
+    PROBLEM_SHAPE("mask_shape3", mask_shape, 3),
+    PROBLEM_FIELD("alibi", alibi, FIELD_I32),
+    PROBLEM_FIELD("num_sinks", num_sinks, FIELD_I64),
+    PROBLEM_FIELD("sinks_shared", sinks_shared, FIELD_I32),
+    PROBLEM_FIELD("has_segment_ids", has_segment_ids, FIELD_I32),
+    PROBLEM_FIELD("varlen", varlen, FIELD_I32),
+    PROBLEM_FIELD("total_q", total_q, FIELD_I64),
+    PROBLEM_FIELD("total_k", total_k, FIELD_I64),
+    /* Appended after the first 36: fp8 (docs/FP8.md), then the paged KV cache (docs/DECODE.md). */
+    PROBLEM_FIELD("out_dtype", out_dtype, FIELD_I32),
+    PROBLEM_FIELD("descale", descale, FIELD_I32),
+    PROBLEM_FIELD("page_size", page_size, FIELD_I64),
+    PROBLEM_FIELD("num_pages", num_pages, FIELD_I64),
+    PROBLEM_FIELD("max_pages_per_seq", max_pages_per_seq, FIELD_I64),
+    PROBLEM_FIELD("seqlen_new", seqlen_new, FIELD_I64),
+};
+
+enum { PROBLEM_FIELDS = (int)(sizeof problem_layout / sizeof problem_layout[0]) };
+
+/* The names of a table's fields, as a tuple of str: each entry of the table (`stride` bytes)
+ * begins with its name, a const char *. */
+static PyObject *field_names(const void *table, size_t stride, Py_ssize_t count) {
+  PyObject *names = PyTuple_New(count);
+  for (Py_ssize_t i = 0; names != NULL && i < count; ++i) {
+    const char *name;
+    memcpy(&name, (const char *)table + (size_t)i * stride, sizeof name);
+    PyObject *item = PyUnicode_FromString(name);
+    if (item == NULL) Py_CLEAR(names);
+    else PyTuple_SET_ITEM(names, i, item);
+  }
+  return names;
+}
 
 static int problem_from_tuple(PyObject *tuple, attn_problem *p) {
-  if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != PROBLEM_FIELDS) {
-    PyErr_Format(PyExc_TypeError, "problem: expected a tuple of %d fields", PROBLEM_FIELDS);
+  if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) > PROBLEM_FIELDS) {
+    PyErr_Format(PyExc_TypeError, "problem: expected a tuple of at most %d fields",
+                 PROBLEM_FIELDS);
     return -1;
   }
   attn_problem_init(p);
-  int64_t v[PROBLEM_FIELDS];
-  double scale = 0, softcap = 0, dropout = 0;
-  for (Py_ssize_t i = 0; i < PROBLEM_FIELDS; ++i) {
+  char *base = (char *)p;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); ++i) {
+    const problem_field *f = &problem_layout[i];
     PyObject *item = PyTuple_GET_ITEM(tuple, i);
-    if (i == 11 || i == 16 || i == 17) {
+    if (f->kind == FIELD_F64) {
       double d = PyFloat_AsDouble(item);
       if (d == -1.0 && PyErr_Occurred()) return -1;
-      if (i == 11) scale = d;
-      if (i == 16) softcap = d;
-      if (i == 17) dropout = d;
-      v[i] = 0;
+      memcpy(base + f->offset, &d, sizeof d);
+      continue;
+    }
+    long long v = PyLong_AsLongLong(item);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (f->kind == FIELD_I64) {
+      int64_t v64 = (int64_t)v;
+      memcpy(base + f->offset, &v64, sizeof v64);
+    } else if (v < INT32_MIN || v > INT32_MAX) {
+      PyErr_Format(PyExc_OverflowError, "problem: %s=%lld does not fit in int32", f->name, v);
+      return -1;
     } else {
-      v[i] = PyLong_AsLongLong(item);
-      if (v[i] == -1 && PyErr_Occurred()) return -1;
+      int32_t v32 = (int32_t)v;
+      memcpy(base + f->offset, &v32, sizeof v32);
     }
   }
-  p->operation = (int32_t)v[0];
-  p->dtype = (int32_t)v[1];
-  p->device = (int32_t)v[2];
-  p->device_index = (int32_t)v[3];
-  p->batch = v[4];
-  p->seqlen_q = v[5];
-  p->seqlen_k = v[6];
-  p->heads_q = v[7];
-  p->heads_kv = v[8];
-  p->head_dim = v[9];
-  p->head_dim_v = v[10];
-  p->scale = scale;
-  p->causal = (int32_t)v[12];
-  p->align = (int32_t)v[13];
-  p->window_left = v[14];
-  p->window_right = v[15];
-  p->softcap = softcap;
-  p->dropout_p = dropout;
-  p->has_bias = (int32_t)v[18];
-  p->bias_dtype = (int32_t)v[19];
-  for (int d = 0; d < 4; ++d) p->bias_shape[d] = v[20 + d];
-  p->has_mask = (int32_t)v[24];
-  for (int d = 0; d < 4; ++d) p->mask_shape[d] = v[25 + d];
-  p->alibi = (int32_t)v[29];
-  p->num_sinks = v[30];
-  p->sinks_shared = (int32_t)v[31];
-  p->has_segment_ids = (int32_t)v[32];
-  p->varlen = (int32_t)v[33];
-  p->total_q = v[34];
-  p->total_k = v[35];
   return 0;
 }
 
 static PyObject *problem_to_tuple(const attn_problem *p) {
-  return Py_BuildValue(
-      "(iiiiLLLLLLLdiiLLddiiLLLLiLLLLiLiiiLL)", p->operation, p->dtype, p->device, p->device_index,
-      (long long)p->batch, (long long)p->seqlen_q, (long long)p->seqlen_k, (long long)p->heads_q,
-      (long long)p->heads_kv, (long long)p->head_dim, (long long)p->head_dim_v, p->scale, p->causal,
-      p->align, (long long)p->window_left, (long long)p->window_right, p->softcap, p->dropout_p,
-      p->has_bias, p->bias_dtype, (long long)p->bias_shape[0], (long long)p->bias_shape[1],
-      (long long)p->bias_shape[2], (long long)p->bias_shape[3], p->has_mask,
-      (long long)p->mask_shape[0], (long long)p->mask_shape[1], (long long)p->mask_shape[2],
-      (long long)p->mask_shape[3], p->alibi, (long long)p->num_sinks, p->sinks_shared,
-      p->has_segment_ids, p->varlen, (long long)p->total_q, (long long)p->total_k);
+  PyObject *tuple = PyTuple_New(PROBLEM_FIELDS);
+  const char *base = (const char *)p;
+  for (Py_ssize_t i = 0; tuple != NULL && i < PROBLEM_FIELDS; ++i) {
+    const problem_field *f = &problem_layout[i];
+    PyObject *item;
+    if (f->kind == FIELD_F64) {
+      double d;
+      memcpy(&d, base + f->offset, sizeof d);
+      item = PyFloat_FromDouble(d);
+    } else if (f->kind == FIELD_I64) {
+      int64_t v64;
+      memcpy(&v64, base + f->offset, sizeof v64);
+      item = PyLong_FromLongLong((long long)v64);
+    } else {
+      int32_t v32;
+      memcpy(&v32, base + f->offset, sizeof v32);
+      item = PyLong_FromLong((long)v32);
+    }
+    if (item == NULL) Py_CLEAR(tuple);
+    else PyTuple_SET_ITEM(tuple, i, item);
+  }
+  return tuple;
+}
+
+static PyObject *ext_problem_fields(PyObject *self, PyObject *args) {
+  (void)self;
+  (void)args;
+  return field_names(problem_layout, sizeof problem_layout[0], PROBLEM_FIELDS);
 }
 
 static PyObject *ext_problem_default(PyObject *self, PyObject *args) {
@@ -250,34 +326,76 @@ static int pointer_from(PyObject *obj, const int32_t **out) {
   return (*out == NULL && PyErr_Occurred()) ? -1 : 0;
 }
 
-/* The inputs tuple: (q, k, v, bias, mask, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
- * cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, dropout_seed); the first nine are tensors,
- * the next four data pointers or None, the seed an integer (taken modulo 2**64). */
+/* The inputs tuple, laid out by input_layout: a tensor is None or (data_ptr, *strides), an index
+ * array a data pointer or None, the seed an integer (taken modulo 2**64). */
+typedef enum input_kind { INPUT_TENSOR, INPUT_POINTER, INPUT_SEED } input_kind;
+
+typedef struct input_field {
+  const char *name;
+  input_kind kind;
+  size_t offset;
+} input_field;
+
+#define INPUT_FIELD(member, kind) {#member, kind, offsetof(attn_inputs, member)}
+
+static const input_field input_layout[] = {
+    INPUT_FIELD(q, INPUT_TENSOR),
+    INPUT_FIELD(k, INPUT_TENSOR),
+    INPUT_FIELD(v, INPUT_TENSOR),
+    INPUT_FIELD(bias, INPUT_TENSOR),
+    INPUT_FIELD(mask, INPUT_TENSOR),
+    INPUT_FIELD(alibi_slopes, INPUT_TENSOR),
+    INPUT_FIELD(sinks, INPUT_TENSOR),
+    INPUT_FIELD(q_segment_ids, INPUT_TENSOR),
+    INPUT_FIELD(kv_segment_ids, INPUT_TENSOR),
+    INPUT_FIELD(cu_seqlens_q, INPUT_POINTER),
+    INPUT_FIELD(cu_seqlens_k, INPUT_POINTER),
+    INPUT_FIELD(seqlens_q, INPUT_POINTER),
+    INPUT_FIELD(seqlens_k, INPUT_POINTER),
+    INPUT_FIELD(dropout_seed, INPUT_SEED),
+    /* Appended after the first 14: fp8's factors (docs/FP8.md), then the paged KV cache's. */
+    INPUT_FIELD(q_descale, INPUT_TENSOR),
+    INPUT_FIELD(k_descale, INPUT_TENSOR),
+    INPUT_FIELD(v_descale, INPUT_TENSOR),
+    INPUT_FIELD(block_table, INPUT_TENSOR),
+    INPUT_FIELD(cache_seqlens, INPUT_POINTER),
+    INPUT_FIELD(k_new, INPUT_TENSOR),
+    INPUT_FIELD(v_new, INPUT_TENSOR),
+};
+
+enum { INPUT_FIELDS = (int)(sizeof input_layout / sizeof input_layout[0]) };
+
 static int inputs_from(PyObject *tuple, attn_inputs *in) {
-  if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != 14) {
-    PyErr_SetString(PyExc_TypeError, "inputs: expected a tuple of 14 items");
+  if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) > INPUT_FIELDS) {
+    PyErr_Format(PyExc_TypeError, "inputs: expected a tuple of at most %d items", INPUT_FIELDS);
     return -1;
   }
   attn_inputs_init(in);
-  attn_tensor *tensors[9] = {&in->q,
-                             &in->k,
-                             &in->v,
-                             &in->bias,
-                             &in->mask,
-                             &in->alibi_slopes,
-                             &in->sinks,
-                             &in->q_segment_ids,
-                             &in->kv_segment_ids};
-  for (int i = 0; i < 9; ++i)
-    if (tensor_from(PyTuple_GET_ITEM(tuple, i), tensors[i]) != 0) return -1;
-  if (pointer_from(PyTuple_GET_ITEM(tuple, 9), &in->cu_seqlens_q) != 0 ||
-      pointer_from(PyTuple_GET_ITEM(tuple, 10), &in->cu_seqlens_k) != 0 ||
-      pointer_from(PyTuple_GET_ITEM(tuple, 11), &in->seqlens_q) != 0 ||
-      pointer_from(PyTuple_GET_ITEM(tuple, 12), &in->seqlens_k) != 0)
-    return -1;
-  in->dropout_seed = (uint64_t)PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(tuple, 13));
-  if (PyErr_Occurred()) return -1;
+  char *base = (char *)in;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); ++i) {
+    const input_field *f = &input_layout[i];
+    PyObject *item = PyTuple_GET_ITEM(tuple, i);
+    if (f->kind == INPUT_TENSOR) {
+      attn_tensor t;
+      if (tensor_from(item, &t) != 0) return -1;
+      memcpy(base + f->offset, &t, sizeof t);
+    } else if (f->kind == INPUT_POINTER) {
+      const int32_t *p;
+      if (pointer_from(item, &p) != 0) return -1;
+      memcpy(base + f->offset, &p, sizeof p);
+    } else {
+      uint64_t seed = (uint64_t)PyLong_AsUnsignedLongLongMask(item);
+      if (PyErr_Occurred()) return -1;
+      memcpy(base + f->offset, &seed, sizeof seed);
+    }
+  }
   return 0;
+}
+
+static PyObject *ext_input_fields(PyObject *self, PyObject *args) {
+  (void)self;
+  (void)args;
+  return field_names(input_layout, sizeof input_layout[0], INPUT_FIELDS);
 }
 
 /* Stream: an integer cudaStream_t (0 = the default stream) or None for a CPU plan. */
@@ -922,6 +1040,8 @@ static PyObject *ext_modules(PyObject *self, PyObject *args) {
 static PyMethodDef ext_methods[] = {
     {"ctx_new", ext_ctx_new, METH_NOARGS, "A new attn_ctx (capsule)."},
     {"problem_default", ext_problem_default, METH_NOARGS, "attn_problem_init's fields as a tuple."},
+    {"problem_fields", ext_problem_fields, METH_NOARGS, "The names of a problem tuple's fields."},
+    {"input_fields", ext_input_fields, METH_NOARGS, "The names of an inputs tuple's items."},
     {"problem_string", ext_problem_string, METH_VARARGS,
      "The canonical string of a problem tuple."},
     {"problem_parse", ext_problem_parse, METH_VARARGS, "A problem tuple from its string."},

@@ -16,10 +16,10 @@
 // allocator (stream-ordered on a GPU), and the handler allocates nothing.
 //
 // Operands: q, k, v, then the optional inputs the problem has, in attn_inputs' order: bias,
-// mask, sinks, q_segment_ids, kv_segment_ids, cu_seqlens_q, cu_seqlens_k. Results: out, lse,
-// workspace. The backward pass takes dout, q, k, v, out, lse and the same optional inputs, and
-// returns dq, dk, dv, then dbias when the problem has a bias, dsinks when it has sinks, and the
-// workspace.
+// mask, sinks, q_segment_ids, kv_segment_ids, cu_seqlens_q, cu_seqlens_k, q_descale, k_descale,
+// v_descale (an f8e4m3 problem's factors, docs/FP8.md). Results: out, lse, workspace. The
+// backward pass takes dout, q, k, v, out, lse and the same optional inputs, and returns dq, dk,
+// dv, then dbias when the problem has a bias, dsinks when it has sinks, and the workspace.
 //
 // Plans: attn.h allows one thread at a time per context, and XLA runs custom calls from several
 // threads at once (one per device of a CPU mesh), so each thread keeps its own context and plans,
@@ -80,9 +80,10 @@ ffi::Error library_error(attn_ctx *ctx, attn_status status, const char *what) {
 
 // Whether `fold` calls of a problem, stacked along a leading (vmapped) axis, are one problem of
 // fold x batch sequences: every input's batch dimension must stack with q's, so no shared
-// sinks or broadcast bias/mask batch dimension, and no packed sequences (their offsets restart).
+// sinks or broadcast bias/mask batch dimension, no per-tensor descale factors (one per call), and
+// no packed sequences (their offsets restart).
 bool foldable(const attn_problem &p) {
-  return p.num_sinks == 0 && p.varlen == ATTN_VARLEN_NONE &&
+  return p.num_sinks == 0 && p.varlen == ATTN_VARLEN_NONE && p.descale != ATTN_DESCALE_TENSOR &&
          (!p.has_bias || p.bias_shape[0] == p.batch) &&
          (!p.has_mask || p.mask_shape[0] == p.batch);
 }
@@ -190,6 +191,11 @@ bool bind_optional(const attn_problem &p, void *const *arg, size_t nargs, size_t
   if (p.varlen == ATTN_VARLEN_PACKED) {
     in->cu_seqlens_q = static_cast<const int32_t *>(take());
     in->cu_seqlens_k = static_cast<const int32_t *>(take());
+  }
+  if (p.descale != ATTN_DESCALE_NONE) {
+    in->q_descale = attn_tensor_dense(take());
+    in->k_descale = attn_tensor_dense(take());
+    in->v_descale = attn_tensor_dense(take());
   }
   return next == nargs;
 }

@@ -361,11 +361,19 @@ FA_SIGNATURES = {
 }
 
 
+# FlashAttention-3's fp8 arguments, keyword-only after FlashAttention 2's (test_torch_fp8.py).
+FA3_DESCALES = [("q_descale", None), ("k_descale", None), ("v_descale", None)]
+FA_SIGNATURES["flash_attn_func"] += FA3_DESCALES
+FA_SIGNATURES["flash_attn_varlen_func"] += FA3_DESCALES
+
+
 @pytest.mark.parametrize("name", sorted(FA_SIGNATURES))
 def test_flash_attention_signatures(name):
     params = inspect.signature(getattr(lt, name)).parameters
     want = FA_SIGNATURES[name]
     assert list(params) == [p[0] for p in want]
+    keyword_only = [n for n, p in params.items() if p.kind == inspect.Parameter.KEYWORD_ONLY]
+    assert keyword_only == ([p[0] for p in FA3_DESCALES] if FA3_DESCALES[0] in want else [])
     for p in want:
         default = params[p[0]].default
         assert default == (p[1] if len(p) > 1 else inspect.Parameter.empty), p[0]
@@ -427,8 +435,8 @@ def test_torch_compile_inductor(seed):
 def test_opcheck(seed):
     q, k, v = qkv(1, 3, 4, 2, 1, 4, grad=True)
     bias = randn(1, 2, 3, 4, grad=True)
-    args = (q, k, v, bias, None, None, None, None, None, None, None, None, None, 3, 4, 0.0, True,
-            False, -1, -1, 0.0, 0.0, 0, False, False, None, None, 0, False)
+    args = (q, k, v, bias, None, None, None, None, None, None, None, None, None, None, None, None,
+            3, 4, 0.0, True, False, -1, -1, 0.0, 0.0, 0, False, False, None, None, 0, False, -1)
     torch.library.opcheck(torch.ops.libattn.fwd.default, args)
 
 
