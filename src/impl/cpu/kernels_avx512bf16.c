@@ -175,10 +175,11 @@ static void gemm_packed_avx512bf16(int64_t m, int64_t n, int64_t k, const float 
   uint16_t *tail = (uint16_t *)scratch, *ap = tail + 2 * n;
   const uint16_t *last = b + (kp > 0 ? kp - 1 : 0) * ldb;
   if (k % 2 == 1) {
-    const __m512i low = _mm512_set1_epi32(0xffff);
-    for (int64_t col = 0; col < n; col += 16)
-      _mm512_storeu_si512((void *)(tail + 2 * col),
-                          _mm512_and_si512(_mm512_loadu_si512((const void *)(last + 2 * col)), low));
+    const __m512i low = _mm512_set1_epi32(0xffff); /* a pair's first row: its low half */
+    for (int64_t col = 0; col < n; col += 16) {
+      const __m512i pairs = _mm512_loadu_si512((const void *)(last + 2 * col));
+      _mm512_storeu_si512((void *)(tail + 2 * col), _mm512_and_si512(pairs, low));
+    }
     last = tail;
   }
   product(m, n, k, a, lda, trans_a, b, ldb, last, c, ldc, accumulate, ap);
