@@ -15,10 +15,11 @@
  *   of its rows (converted once, not once per key block); threads take (pair, key block) items;
  *   each packs K, K^T, V^T of its block once (as bf16 pairs too, on tables with gemm_packed) and
  *   walks every query block of every head of the group that sees it: S, P = exp(S - lse),
- *   dP = dout V^T, dropout, dS = P (dP - Delta) (times the soft cap's derivative), dV += P'^T dout, dK += dS^T Q s,
- *   dQ += dS K into the phase's one f32 accumulator, under a lock per query block (threads on other
- *   key blocks of the pair add to the same rows; per-thread copies would grow with the thread
- *   count and end each phase in a reduction), then dq = s * accumulator.
+ *   dP = dout V^T, dropout, dS = P (dP - Delta) (times the soft cap's derivative),
+ *   dV += P'^T dout, dK += dS^T Q s, dQ += dS K into the phase's one f32 accumulator, under a
+ *   lock per query block (threads on other key blocks of the pair add to the same rows;
+ *   per-thread copies would grow with the thread count and end each phase in a reduction), then
+ *   dq = s * accumulator.
  *   dbias sums dS over the broadcast dims; dsinks = -sum exp(a_t - lse) Delta.
  * Nothing of size Tq x Tk exists: the tiles are bq x bk, the packs per (batch, kv head).
  * Every sum is in f32, whatever the input dtype; inputs are converted when packed.
@@ -610,8 +611,9 @@ static bwd_layout bwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
                group * ((p->seqlen_q + bq - 1) / bq) * LOCK_STRIDE;
   int64_t tiles = 2 + (p->dropout_p > 0.0) + (p->softcap > 0.0);
   l.per_thread_fixed = round_up(bk * Dp, 16) * 2 + round_up(D * bk, 16) + round_up(Dv * bk, 16) +
-                       round_up(bk * Dvp, 16) + tiles * round_up(bq * bk, 16) + gemm_scratch_floats(p, bq, bk) +
-                       packed_floats(D, bk) + packed_floats(Dv, bk) + packed_floats(bk, Dp);
+                       round_up(bk * Dvp, 16) + tiles * round_up(bq * bk, 16) +
+                       gemm_scratch_floats(p, bq, bk) + packed_floats(D, bk) +
+                       packed_floats(Dv, bk) + packed_floats(bk, Dp);
   l.per_thread_dbias = private_dbias ? round_up(nbias, 16) : 0;
   return l;
 }
@@ -1337,7 +1339,8 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
           for (int64_t jj = 0; jj < tnk; ++jj) dbias[at + (tj0 + jj) * js] += dp[jj];
         }
       }
-      k->gemm(tnk, c->Dvp, rows, c->dropout ? t->pd : t->sp, bk, 1, dout, c->Dvp, t->dv + off * c->Dvp, c->Dvp, 1, t->scratch);
+      k->gemm(tnk, c->Dvp, rows, c->dropout ? t->pd : t->sp, bk, 1, dout, c->Dvp,
+              t->dv + off * c->Dvp, c->Dvp, 1, t->scratch);
       k->gemm(tnk, c->Dp, rows, t->dp, bk, 1, q, c->Dp, t->dk + off * c->Dp, c->Dp, 1, t->scratch);
       const int64_t unit = (pr * c->group + hh) * c->nqb + qb;
       lock_dq(sh, unit);
