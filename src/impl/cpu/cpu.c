@@ -11,13 +11,15 @@
  *      the problem has them (a partially visible block without features only masks the window),
  *      online softmax (sinks enter the running max and sum once, at row start), dropout on P,
  *      O += P V (gemm); out = O * keep_scale / l, lse = m + log l.
- * Backward (FlashAttention-2): per phase, Delta = rowsum(dout * out) and lse of its rows; threads
- *   take (pair, key block) items; each packs K, K^T, V^T of its block once and walks every query
- *   block of every head of the group that sees it: S, P = exp(S - lse), dP = dout V^T, dropout,
- *   dS = P (dP - Delta) (times the soft cap's derivative), dV += P'^T dout, dK += dS^T Q s,
- *   dQ += dS K into the phase's one f32 accumulator, under a lock per query block (threads on other
- *   key blocks of the pair add to the same rows; per-thread copies would grow with the thread
- *   count and end each phase in a reduction), then dq = s * accumulator.
+ * Backward (FlashAttention-2): per phase, Delta = rowsum(dout * out), lse, and q and dout as f32
+ *   of its rows (converted once, not once per key block); threads take (pair, key block) items;
+ *   each packs K, K^T, V^T of its block once (as bf16 pairs too, on tables with gemm_packed) and
+ *   walks every query block of every head of the group that sees it: S, P = exp(S - lse),
+ *   dP = dout V^T, dropout, dS = P (dP - Delta) (times the soft cap's derivative),
+ *   dV += P'^T dout, dK += dS^T Q s, dQ += dS K into the phase's one f32 accumulator, under a
+ *   lock per query block (threads on other key blocks of the pair add to the same rows;
+ *   per-thread copies would grow with the thread count and end each phase in a reduction), then
+ *   dq = s * accumulator.
  *   dbias sums dS over the broadcast dims; dsinks = -sum exp(a_t - lse) Delta.
  * Nothing of size Tq x Tk exists: the tiles are bq x bk, the packs per (batch, kv head).
  * Every sum is in f32, whatever the input dtype; inputs are converted when packed.
@@ -551,7 +553,8 @@ typedef struct fwd_layout {
 
 typedef struct bwd_layout {
   int64_t shared;     /* dbias accumulator */
-  int64_t per_pair;   /* lse, Delta, the dQ accumulator and its locks of one pair's rows */
+  int64_t per_pair;   /* lse, Delta, q and dout as f32, the dQ accumulator and its locks of one
+                       * pair's rows */
   int64_t per_thread_fixed; /* tiles */
   int64_t per_thread_dbias; /* a private dbias accumulator (bias broadcast over keys) */
 } bwd_layout;
@@ -603,13 +606,14 @@ static bwd_layout bwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
   int64_t nbias = p->has_bias ? attn_role_numel(p, ATTN_ROLE_BIAS) : 0;
   int private_dbias = p->has_bias && p->bias_shape[3] == 1;
   l.shared = private_dbias ? 0 : round_up(nbias, 16);
-  l.per_pair = 2 * round_up(group * p->seqlen_q, 16) + round_up(group * p->seqlen_q * Dp, 16) +
+  l.per_pair = 2 * round_up(group * p->seqlen_q, 16) + 2 * round_up(group * p->seqlen_q * Dp, 16) +
+               round_up(group * p->seqlen_q * Dvp, 16) +
                group * ((p->seqlen_q + bq - 1) / bq) * LOCK_STRIDE;
   int64_t tiles = 2 + (p->dropout_p > 0.0) + (p->softcap > 0.0);
   l.per_thread_fixed = round_up(bk * Dp, 16) * 2 + round_up(D * bk, 16) + round_up(Dv * bk, 16) +
-                       round_up(bk * Dvp, 16) + round_up(bq * Dp, 16) + round_up(bq * Dvp, 16) +
-                       tiles * round_up(bq * bk, 16) + gemm_scratch_floats(p, bq, bk) +
-                       packed_floats(D, bk) + packed_floats(Dv, bk) + packed_floats(bk, Dp);
+                       round_up(bk * Dvp, 16) + tiles * round_up(bq * bk, 16) +
+                       gemm_scratch_floats(p, bq, bk) + packed_floats(D, bk) +
+                       packed_floats(Dv, bk) + packed_floats(bk, Dp);
   l.per_thread_dbias = private_dbias ? round_up(nbias, 16) : 0;
   return l;
 }
@@ -1188,7 +1192,7 @@ static attn_status cpu_forward(const attn_run *run) {
 /* ---- backward ------------------------------------------------------------------------------------ */
 
 typedef struct bwd_thread {
-  float *kr, *kt, *vt, *dk, *dv, *q, *dout, *sp, *dp, *pd, *dc, *dbias;
+  float *kr, *kt, *vt, *dk, *dv, *sp, *dp, *pd, *dc, *dbias;
   uint16_t *ktp, *vtp, *krp; /* kt, vt, kr as pack_b's pairs (tables with gemm_packed) */
   void *scratch; /* gemm's */
 } bwd_thread;
@@ -1196,6 +1200,10 @@ typedef struct bwd_thread {
 typedef struct bwd_shared {
   float *dbias;      /* shared dbias accumulator (or NULL) */
   float *lse, *delta; /* [chunk][group][Tq] */
+  /* [chunk][group][Tq][Dp] and [..][Dvp]: q and dout rows as f32 (zero padded), converted once per
+   * phase; every key block of the pair multiplies them, and converting them per key block took 13%
+   * of a bf16 backward (issue 12's ring profile) */
+  float *q, *dout;
   float *dq;          /* [chunk][group][Tq][Dp]: dQ / s of the phase, summed over key blocks */
   float *locks;       /* [chunk][group][nqb] locks of dq's query blocks, LOCK_STRIDE floats apart */
   float *thread_base;
@@ -1268,13 +1276,13 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
 
   int64_t i_lo, i_hi;
   query_row_range(c, s, j0, nk, &i_lo, &i_hi);
-  const int64_t qds = token_dstride(c, &in->q);
-  const int64_t dods = token_dstride(c, c->run->dout);
   for (int64_t hh = 0; hh < c->group; ++hh) {
     const int64_t h = s->g * c->group + hh;
     const float *lse = sh->lse + (pr * c->group + hh) * c->Tq;
     const float *delta = sh->delta + (pr * c->group + hh) * c->Tq;
     float *dq = sh->dq + (pr * c->group + hh) * c->Tq * c->Dp;
+    const float *q_rows = sh->q + (pr * c->group + hh) * c->Tq * c->Dp;
+    const float *dout_rows = sh->dout + (pr * c->group + hh) * c->Tq * c->Dvp;
     /* Threads on other key blocks of this pair walk the same query blocks: each starts at its own
      * place in the range (key block kb at kb / nkb of the way), so they seldom want the same
      * query block's lock at once. */
@@ -1288,25 +1296,19 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
       trim_block(c, s, i0, rows, j0, nk, &off, &tnk);
       if (tnk == 0) continue;
       const int64_t tj0 = j0 + off, tnkp = round_up(tnk, ATTN_CPU_NPAD);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t row = s->s.q_row0 + i0 + r;
-        load_vec(c, in->q.data, token_off(c, &in->q, s->b, row, h), qds, c->D, 1.0f,
-                 t->q + r * c->Dp); /* unscaled, as in the forward; dK gets s at the end */
-        load_vec(c, c->run->dout->data, token_off(c, c->run->dout, s->b, row, h), dods, c->Dv,
-                 1.0f, t->dout + r * c->Dvp);
-      }
+      const float *q = q_rows + i0 * c->Dp, *dout = dout_rows + i0 * c->Dvp;
       if (packed)
-        k->gemm_packed(rows, tnkp, c->D, t->q, c->Dp, 0, t->ktp + 2 * off, 2 * bk, t->sp, bk, 0,
+        k->gemm_packed(rows, tnkp, c->D, q, c->Dp, 0, t->ktp + 2 * off, 2 * bk, t->sp, bk, 0,
                        t->scratch);
       else
-        k->gemm(rows, tnkp, c->D, t->q, c->Dp, 0, t->kt + off, bk, t->sp, bk, 0, t->scratch);
+        k->gemm(rows, tnkp, c->D, q, c->Dp, 0, t->kt + off, bk, t->sp, bk, 0, t->scratch);
       for (int64_t r = 0; r < rows; ++r) k->scale(t->sp + r * bk, tnk, c->scale);
       apply_masks(c, s, h, i0, rows, tj0, tnk, t->sp, bk, t->dc);
       if (packed)
-        k->gemm_packed(rows, tnkp, c->Dv, t->dout, c->Dvp, 0, t->vtp + 2 * off, 2 * bk, t->dp, bk,
+        k->gemm_packed(rows, tnkp, c->Dv, dout, c->Dvp, 0, t->vtp + 2 * off, 2 * bk, t->dp, bk,
                        0, t->scratch);
       else
-        k->gemm(rows, tnkp, c->Dv, t->dout, c->Dvp, 0, t->vt + off, bk, t->dp, bk, 0, t->scratch);
+        k->gemm(rows, tnkp, c->Dv, dout, c->Dvp, 0, t->vt + off, bk, t->dp, bk, 0, t->scratch);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
         float *pr_ = t->sp + r * bk, *dp = t->dp + r * bk;
@@ -1337,8 +1339,9 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
           for (int64_t jj = 0; jj < tnk; ++jj) dbias[at + (tj0 + jj) * js] += dp[jj];
         }
       }
-      k->gemm(tnk, c->Dvp, rows, c->dropout ? t->pd : t->sp, bk, 1, t->dout, c->Dvp, t->dv + off * c->Dvp, c->Dvp, 1, t->scratch);
-      k->gemm(tnk, c->Dp, rows, t->dp, bk, 1, t->q, c->Dp, t->dk + off * c->Dp, c->Dp, 1, t->scratch);
+      k->gemm(tnk, c->Dvp, rows, c->dropout ? t->pd : t->sp, bk, 1, dout, c->Dvp,
+              t->dv + off * c->Dvp, c->Dvp, 1, t->scratch);
+      k->gemm(tnk, c->Dp, rows, t->dp, bk, 1, q, c->Dp, t->dk + off * c->Dp, c->Dp, 1, t->scratch);
       const int64_t unit = (pr * c->group + hh) * c->nqb + qb;
       lock_dq(sh, unit);
       if (packed)
@@ -1451,7 +1454,9 @@ static attn_status cpu_backward(const attn_run *run) {
   sh.lse = ws + lay.shared;
   sh.delta = sh.lse + round_up(chunk * c.group * c.Tq, 16);
   sh.dq = sh.delta + round_up(chunk * c.group * c.Tq, 16);
-  sh.locks = sh.dq + round_up(chunk * c.group * c.Tq * c.Dp, 16);
+  sh.q = sh.dq + round_up(chunk * c.group * c.Tq * c.Dp, 16);
+  sh.dout = sh.q + round_up(chunk * c.group * c.Tq * c.Dp, 16);
+  sh.locks = sh.dout + round_up(chunk * c.group * c.Tq * c.Dvp, 16);
   sh.thread_base = ws + lay.shared + chunk * lay.per_pair;
   sh.per_thread = per_thread;
   if (want_dbias && !private_dbias) memset(sh.dbias, 0, (size_t)nbias * sizeof(float));
@@ -1460,6 +1465,9 @@ static attn_status cpu_backward(const attn_run *run) {
   const int64_t nphases = (c.npairs + chunk - 1) / chunk;
   const attn_outputs *fwd = run->outputs;
   const attn_grads *g = run->grads;
+  const attn_inputs *in = c.in;
+  const int64_t qds = token_dstride(&c, &in->q), dods = token_dstride(&c, run->dout);
+  const int64_t ods = token_dstride(&c, &fwd->out);
 
 #ifdef _OPENMP
 #pragma omp parallel num_threads(c.nthreads)
@@ -1473,9 +1481,7 @@ static attn_status cpu_backward(const attn_run *run) {
     t.kt = t.dk + round_up(c.bk * c.Dp, 16);
     t.vt = t.kt + round_up(c.D * c.bk, 16);
     t.dv = t.vt + round_up(c.Dv * c.bk, 16);
-    t.q = t.dv + round_up(c.bk * c.Dvp, 16);
-    t.dout = t.q + round_up(c.bq * c.Dp, 16);
-    t.sp = t.dout + round_up(c.bq * c.Dvp, 16);
+    t.sp = t.dv + round_up(c.bk * c.Dvp, 16);
     t.dp = t.sp + round_up(c.bq * c.bk, 16);
     float *next = t.dp + round_up(c.bq * c.bk, 16);
     t.pd = NULL, t.dc = NULL;
@@ -1506,7 +1512,7 @@ static attn_status cpu_backward(const attn_run *run) {
         const cpu_seq s = make_seq(&c, pair0 + pr);
         const int64_t h = s.g * c.group + hh;
         float *lse = sh.lse + it * c.Tq, *delta = sh.delta + it * c.Tq;
-        float o[ATTN_CPU_NPAD], d_[ATTN_CPU_NPAD];
+        float o[ATTN_CPU_NPAD];
 #ifdef _OPENMP
         atomic_init(dq_lock(&sh, u), 0);
 #endif
@@ -1517,16 +1523,20 @@ static attn_status cpu_backward(const attn_run *run) {
         for (int64_t i = qb * c.bq; i < i_end; ++i) {
           const int64_t row = s.s.q_row0 + i;
           lse[i] = ((const float *)fwd->lse.data)[lse_off(&c, &fwd->lse, s.b, h, row)];
+          /* q unscaled, as in the forward (dK gets s at the end); the padding columns zero, as
+           * the products with n = Dp (dK += dS^T Q) read them */
+          float *q = sh.q + (it * c.Tq + i) * c.Dp, *dout = sh.dout + (it * c.Tq + i) * c.Dvp;
+          load_vec(&c, in->q.data, token_off(&c, &in->q, s.b, row, h), qds, c.D, 1.0f, q);
+          memset(q + c.D, 0, (size_t)(c.Dp - c.D) * sizeof(float));
+          load_vec(&c, run->dout->data, token_off(&c, run->dout, s.b, row, h), dods, c.Dv, 1.0f,
+                   dout);
+          memset(dout + c.Dv, 0, (size_t)(c.Dvp - c.Dv) * sizeof(float));
           float acc = 0.0f;
           for (int64_t d0 = 0; d0 < c.Dv; d0 += ATTN_CPU_NPAD) {
             const int64_t n = min64(ATTN_CPU_NPAD, c.Dv - d0);
-            load_vec(&c, fwd->out.data,
-                     token_off(&c, &fwd->out, s.b, row, h) + d0 * token_dstride(&c, &fwd->out),
-                     token_dstride(&c, &fwd->out), n, 1.0f, o);
-            load_vec(&c, run->dout->data,
-                     token_off(&c, run->dout, s.b, row, h) + d0 * token_dstride(&c, run->dout),
-                     token_dstride(&c, run->dout), n, 1.0f, d_);
-            for (int64_t d = 0; d < n; ++d) acc += o[d] * d_[d];
+            load_vec(&c, fwd->out.data, token_off(&c, &fwd->out, s.b, row, h) + d0 * ods, ods, n,
+                     1.0f, o);
+            for (int64_t d = 0; d < n; ++d) acc += o[d] * dout[d0 + d];
           }
           delta[i] = acc;
         }

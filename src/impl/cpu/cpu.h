@@ -62,8 +62,8 @@ typedef struct attn_cpu_kernels {
   /* Optional, with gemm_panels (NULL: a scalar loop): dst[d * 16 + i] = src[i * lds + d] for
    * i < 16, d < n: 16 key rows as their K^T panel. */
   void (*transpose16)(const float *src, int64_t lds, int64_t n, float *dst);
-  /* Optional (NULL in all but the AMX table): B operands the driver multiplies many times (a key
-   * block's K^T, V, K) packed once. pack_b writes rows 2p and 2p + 1 of the f32 [k x n] matrix b
+  /* Optional (NULL in the f32 tables; the AMX and avx512bf16 tables have both, gemm_bf16 only
+   * AMX): B operands the driver multiplies many times (a key block's K^T, V, K) packed once. pack_b writes rows 2p and 2p + 1 of the f32 [k x n] matrix b
    * (row stride ldb; n a multiple of ATTN_CPU_NPAD) as bf16 pairs: out[p * ldo + 2c + t] =
    * bf16(b[(2p + t) * ldb + c]), p < ceil(k / 2), the partner of an odd last row 0; ldo >= 2n.
    * gemm_packed is gemm with such a B: pair rows ldb elements apart, reading only rows < k (rows

@@ -8,7 +8,9 @@
  * instruction, twice vfmadd231ps. The operands arrive as f32 tiles (the driver is shared with the
  * f32 path) and are rounded to bf16 and interleaved in pairs along k into the scratch first:
  * B as [k/2][n][2], A as [m][k] (pairs are then adjacent) or, transposed, as [k/2][m][2]. Repacking
- * costs O(mk + kn) against the product's O(mkn): about a tenth at the driver's tile sizes.
+ * costs O(mk + kn) against the product's O(mkn): about a tenth at the driver's tile sizes, so B
+ * operands the driver multiplies many times come packed (pack_b, gemm_packed: the backward's K^T,
+ * V^T and K of a key block, once per block instead of once per query block).
  * Rounding is exact for the bf16 inputs (q, k, v, dout: the driver applies the softmax scale to
  * S in f32, never to q); it rounds P and dS, as FlashAttention's bf16 kernels do; every sum stays
  * in f32.
@@ -32,15 +34,15 @@ ALWAYS_INLINE __m512i pair16(const float *r0, const float *r1, __mmask16 mask) {
   return _mm512_permutex2var_epi16(_mm512_castsi256_si512(a), idx, _mm512_castsi256_si512(b));
 }
 
-/* out[p][c][t] = bf16(src[(2p + t) * ld + c]) for p < ceil(k / 2), c < ncols_pad (a multiple of
- * 16; columns past ncols and the row past k are zero). */
+/* out[p * ldo + 2c + t] = bf16(src[(2p + t) * ld + c]) for p < ceil(k / 2), c < ncols_pad (a
+ * multiple of 16; columns past ncols and the row past k are zero). */
 static void pack_pairs(const float *src, int64_t ld, int64_t k, int64_t ncols, int64_t ncols_pad,
-                       uint16_t *out) {
+                       uint16_t *out, int64_t ldo) {
   const int64_t kp = (k + 1) / 2;
   for (int64_t p = 0; p < kp; ++p) {
     const float *r0 = src + 2 * p * ld;
     const float *r1 = 2 * p + 1 < k ? r0 + ld : NULL;
-    uint16_t *o = out + p * ncols_pad * 2;
+    uint16_t *o = out + p * ldo;
     for (int64_t c = 0; c < ncols_pad; c += 16) {
       const int64_t left = ncols - c;
       const __mmask16 mask = left >= 16 ? (__mmask16)0xffff
@@ -69,27 +71,33 @@ static void pack_rows(const float *src, int64_t ld, int64_t m, int64_t k, uint16
   }
 }
 
+/* One pair step of tile: C rows += A's pair p times B's pair row bp. */
+ALWAYS_INLINE void tile_step(const int R, const int NV, int64_t p, const uint32_t *a, int64_t ars,
+                             int64_t aps, const uint16_t *bp, __m512 *c0, __m512 *c1) {
+  const __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)bp);
+  const __m512bh b1 = NV > 1 ? (__m512bh)_mm512_loadu_si512((const void *)(bp + 32)) : b0;
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[r * ars + p * aps]);
+    c0[r] = _mm512_dpbf16_ps(c0[r], av, b0);
+    if (NV > 1) c1[r] = _mm512_dpbf16_ps(c1[r], av, b1);
+  }
+}
+
 /* R rows x 16 * NV columns of C += A B over kp pairs. A's pair p of row r is the 32-bit word
- * a[r * ars + p * aps]; B's pair row p starts at b + p * ldb (uint16). */
+ * a[r * ars + p * aps]; B's pair row p < kp - 1 starts at b + p * ldb (uint16), the last at
+ * `last` (gemm_packed's copy with an odd k's partner row zeroed). */
 ALWAYS_INLINE void tile(const int R, const int NV, int64_t kp, const uint32_t *a, int64_t ars,
-                        int64_t aps, const uint16_t *b, int64_t ldb, float *c, int64_t ldc, int acc) {
+                        int64_t aps, const uint16_t *b, int64_t ldb, const uint16_t *last,
+                        float *c, int64_t ldc, int acc) {
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     c0[r] = acc ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();
     c1[r] = (NV > 1 && acc) ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();
   }
-  for (int64_t p = 0; p < kp; ++p) {
-    const uint16_t *bp = b + p * ldb;
-    const __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)bp);
-    const __m512bh b1 = NV > 1 ? (__m512bh)_mm512_loadu_si512((const void *)(bp + 32)) : b0;
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[r * ars + p * aps]);
-      c0[r] = _mm512_dpbf16_ps(c0[r], av, b0);
-      if (NV > 1) c1[r] = _mm512_dpbf16_ps(c1[r], av, b1);
-    }
-  }
+  for (int64_t p = 0; p + 1 < kp; ++p) tile_step(R, NV, p, a, ars, aps, b + p * ldb, c0, c1);
+  if (kp > 0) tile_step(R, NV, kp - 1, a, ars, aps, last, c0, c1);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     _mm512_storeu_ps(c + r * ldc, c0[r]);
@@ -99,32 +107,30 @@ ALWAYS_INLINE void tile(const int R, const int NV, int64_t kp, const uint32_t *a
 
 #define TILE_CASE(R)                                                                               \
   case R:                                                                                          \
-    if (nv == 2) tile(R, 2, kp, ai, ars, aps, bj, ldb, cij, ldc, accumulate);                      \
-    else tile(R, 1, kp, ai, ars, aps, bj, ldb, cij, ldc, accumulate);                              \
+    if (nv == 2) tile(R, 2, kp, ai, ars, aps, bj, ldb, lj, cij, ldc, accumulate);                  \
+    else tile(R, 1, kp, ai, ars, aps, bj, ldb, lj, cij, ldc, accumulate);                          \
     break;
 
-static void gemm_avx512bf16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                            int trans_a, const float *b, int64_t ldb_f, float *c, int64_t ldc,
-                            int accumulate, void *scratch) {
+/* C (+)= A B with B as pair rows (p < kp - 1 at bp + p * ldb, the last at last), A rounded into
+ * ap (scratch) as gemm's comment says. */
+static void product(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
+                    const uint16_t *bp, int64_t ldb, const uint16_t *last, float *c, int64_t ldc,
+                    int accumulate, uint16_t *ap) {
   const int64_t kp = (k + 1) / 2, mpad = (m + 15) / 16 * 16;
-  uint16_t *bp = (uint16_t *)scratch;
-  uint16_t *ap = bp + kp * n * 2;
-  pack_pairs(b, ldb_f, k, n, n, bp);
   int64_t ars, aps;
   if (trans_a) {
-    pack_pairs(a, lda, k, m, mpad, ap); /* word (r, p) at p * mpad + r */
+    pack_pairs(a, lda, k, m, mpad, ap, 2 * mpad); /* word (r, p) at p * mpad + r */
     ars = 1, aps = mpad;
   } else {
     pack_rows(a, lda, m, k, ap); /* word (r, p) at r * kp + p */
     ars = kp, aps = 1;
   }
-  const int64_t ldb = n * 2;
   for (int64_t j = 0; j < n; j += 32) {
     const int nv = n - j >= 32 ? 2 : 1;
     for (int64_t i = 0; i < m; i += MR) {
       const int rows = (int)(m - i < MR ? m - i : MR);
       const uint32_t *ai = (const uint32_t *)ap + i * ars;
-      const uint16_t *bj = bp + 2 * j;
+      const uint16_t *bj = bp + 2 * j, *lj = last + 2 * j;
       float *cij = c + i * ldc + j;
       switch (rows) {
         TILE_CASE(1)
@@ -139,6 +145,44 @@ static void gemm_avx512bf16(int64_t m, int64_t n, int64_t k, const float *a, int
       }
     }
   }
+}
+
+static void gemm_avx512bf16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                            int trans_a, const float *b, int64_t ldb_f, float *c, int64_t ldc,
+                            int accumulate, void *scratch) {
+  const int64_t kp = (k + 1) / 2;
+  uint16_t *bp = (uint16_t *)scratch;
+  pack_pairs(b, ldb_f, k, n, n, bp, 2 * n);
+  product(m, n, k, a, lda, trans_a, bp, 2 * n, bp + (kp > 0 ? kp - 1 : 0) * 2 * n, c, ldc,
+          accumulate, bp + kp * n * 2);
+}
+
+/* cpu.h's pack_b: the pairs gemm packs per product, packed once by the driver (the backward's
+ * K^T, V^T and K of a key block, which every query block of the item multiplies: repacking them
+ * per product took 8% of a bf16 backward, issue 12's profile). */
+static void pack_b_avx512bf16(const float *b, int64_t ldb, int64_t k, int64_t n, uint16_t *out,
+                              int64_t ldo) {
+  pack_pairs(b, ldb, k, n, n, out, ldo);
+}
+
+/* gemm with B packed by pack_b (pair rows ldb apart). The packed rows past k may be other keys'
+ * (the driver offsets into a block), so an odd k's last pair row is copied into the scratch with
+ * its partner zeroed: 0 * inf would be NaN, and the sums stay those of gemm bit for bit. */
+static void gemm_packed_avx512bf16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                                   int trans_a, const uint16_t *b, int64_t ldb, float *c,
+                                   int64_t ldc, int accumulate, void *scratch) {
+  const int64_t kp = (k + 1) / 2;
+  uint16_t *tail = (uint16_t *)scratch, *ap = tail + 2 * n;
+  const uint16_t *last = b + (kp > 0 ? kp - 1 : 0) * ldb;
+  if (k % 2 == 1) {
+    const __m512i low = _mm512_set1_epi32(0xffff); /* a pair's first row: its low half */
+    for (int64_t col = 0; col < n; col += 16) {
+      const __m512i pairs = _mm512_loadu_si512((const void *)(last + 2 * col));
+      _mm512_storeu_si512((void *)(tail + 2 * col), _mm512_and_si512(pairs, low));
+    }
+    last = tail;
+  }
+  product(m, n, k, a, lda, trans_a, b, ldb, last, c, ldc, accumulate, ap);
 }
 
 /* The four sums of a0..a3 in one tree of lane shuffles. */
@@ -368,6 +412,8 @@ void attn_cpu_decode_pv_bf16(const attn_cpu_decode_bf16 *a) {
 const attn_cpu_kernels attn_cpu_kernels_avx512bf16 = {
     .name = "avx512bf16",
     .gemm = gemm_avx512bf16,
+    .pack_b = pack_b_avx512bf16,
+    .gemm_packed = gemm_packed_avx512bf16,
     .gemm_exact = attn_cpu_gemm_avx512,
     .row_max = attn_cpu_row_max_avx512,
     .exp_sum = attn_cpu_exp_sum_avx512,
