@@ -30,8 +30,15 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$root" || exit 1
 
+# CMake keeps the MPI it found first: a build folder configured against another MPI (the host's
+# own, say) would give ranks that the launcher here starts as singletons of one rank each.
+mpicc=$(command -v "${mpi_bin}mpicc")
+if [ -f "$build/CMakeCache.txt" ] && ! grep -q "^MPI_C_COMPILER:[A-Z]*=$mpicc\$" "$build/CMakeCache.txt"; then
+  echo "$build was configured against another MPI: configuring it again for $mpicc"
+  rm -rf "$build"
+fi
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DATTN_WITH_CUDA=OFF -DATTN_WITH_CUDNN=OFF \
-  -DATTN_WITH_MPI=ON -DMPI_C_COMPILER="$(command -v "${mpi_bin}mpicc")" >"$out/build.log" 2>&1 &&
+  -DATTN_WITH_MPI=ON -DMPI_C_COMPILER="$mpicc" >"$out/build.log" 2>&1 &&
   cmake --build "$build" -j"$threads" >>"$out/build.log" 2>&1 || {
   tail -20 "$out/build.log"
   exit 1
