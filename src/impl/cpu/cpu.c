@@ -481,19 +481,27 @@ static void apply_masks(const cpu_run *c, const cpu_seq *s, int64_t h, int64_t i
   }
 }
 
+/* The span [*jmin, *jmax) of the columns among [j0, j0 + nk) that rows [i0, i0 + rows) can see
+ * by the mask's band, over the positions' pieces; 0 when they see none. */
+static int visible_columns(const cpu_run *c, const cpu_seq *s, int64_t i0, int64_t rows, int64_t j0,
+                           int64_t nk, int64_t *jmin, int64_t *jmax) {
+  cpu_part parts[CPU_MAX_PARTS];
+  const int n = tile_parts(s, i0, rows, j0, nk, parts);
+  *jmin = INT64_MAX, *jmax = INT64_MIN;
+  for (int k = 0; k < n; ++k) {
+    int64_t lo, hi;
+    part_keys(c, &parts[k], &lo, &hi);
+    if (hi > lo) *jmin = min64(*jmin, lo), *jmax = max64(*jmax, hi);
+  }
+  return *jmax > *jmin;
+}
+
 /* The key blocks [*kb_lo, *kb_hi) that rows [i0, i0 + rows) of a sequence can see (a hull: in
  * pieces, blocks between visible ones may be hidden, and trim_block finds them empty). */
 static void key_block_range(const cpu_run *c, const cpu_seq *s, int64_t i0, int64_t rows,
                             int64_t *kb_lo, int64_t *kb_hi) {
-  cpu_part parts[CPU_MAX_PARTS];
-  const int n = tile_parts(s, i0, rows, 0, s->s.len_k, parts);
-  int64_t jmin = INT64_MAX, jmax = INT64_MIN;
-  for (int k = 0; k < n; ++k) {
-    int64_t lo, hi;
-    part_keys(c, &parts[k], &lo, &hi);
-    if (hi > lo) jmin = min64(jmin, lo), jmax = max64(jmax, hi);
-  }
-  if (jmax <= jmin) {
+  int64_t jmin, jmax;
+  if (!visible_columns(c, s, i0, rows, 0, s->s.len_k, &jmin, &jmax)) {
     *kb_lo = *kb_hi = 0;
     return;
   }
@@ -507,15 +515,8 @@ static void key_block_range(const cpu_run *c, const cpu_seq *s, int64_t i0, int6
  * diagonal blocks of a causal mask so compute about half as many columns. */
 static void trim_block(const cpu_run *c, const cpu_seq *s, int64_t i0, int64_t rows, int64_t j0,
                        int64_t nk, int64_t *off, int64_t *nk_vis) {
-  cpu_part parts[CPU_MAX_PARTS];
-  const int n = tile_parts(s, i0, rows, j0, nk, parts);
-  int64_t jmin = INT64_MAX, jmax = INT64_MIN;
-  for (int k = 0; k < n; ++k) {
-    int64_t lo, hi;
-    part_keys(c, &parts[k], &lo, &hi);
-    if (hi > lo) jmin = min64(jmin, lo), jmax = max64(jmax, hi);
-  }
-  if (jmax <= jmin) {
+  int64_t jmin, jmax;
+  if (!visible_columns(c, s, i0, rows, j0, nk, &jmin, &jmax)) {
     *off = *nk_vis = 0;
     return;
   }
