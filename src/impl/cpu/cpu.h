@@ -145,28 +145,14 @@ void attn_cpu_store_f16_generic(uint16_t *dst, int64_t n, const float *src, floa
 /* The portable dropout bits (one Philox call per 4 columns), also the AVX2 table's. */
 void attn_cpu_dropout_keep_generic(uint64_t seed, uint32_t threshold, int64_t b, int64_t h,
                                    int64_t i, int64_t j0, int64_t n, uint8_t *keep);
-#if defined(__x86_64__) || defined(__i386__)
-#define ATTN_CPU_X86 1
-extern const attn_cpu_kernels attn_cpu_kernels_avx2;
-extern const attn_cpu_kernels attn_cpu_kernels_avx512;
-/* AVX-512 with bf16 dot products: for bf16 problems only. Its gemm rounds both operands to bf16
- * (exact for bf16 inputs; P and dS are rounded, as FlashAttention does: cpu.c says why SPEC.md's
- * bf16 tolerance allows it) and accumulates pairs of products in f32 with vdpbf16ps, twice the
- * f32 FMA rate. */
-extern const attn_cpu_kernels attn_cpu_kernels_avx512bf16;
-/* AMX-BF16 (kernels_amx.c): the bf16 table's products on tiles (tdpbf16ps), the rest its
- * AVX-512 kernels; for bf16 problems only, and only when attn_cpu_amx_usable(). */
-extern const attn_cpu_kernels attn_cpu_kernels_amx;
-/* 1 when the processor has AMX-TILE and AMX-BF16, the OS saves their state and (Linux) granted it
- * to this process (asked once); 0 otherwise, and always where the compiler had no AMX. */
-int attn_cpu_amx_usable(void);
-/* The decode path's bf16 loops with vdpbf16ps (decode.c runs them with the avx512bf16 table when
- * D and Dv are multiples of 32 and K and V rows have unit element stride). One call covers one key
- * block of nb <= 32 keys for every KV head, walking the keys in address order (key-outer, heads
- * inside): the hardware prefetchers follow a stream only when every miss is in address order, and
- * a loop over one head's rows of a block (2 KiB apart) streamed at two thirds of the read rate
- * even with no arithmetic. Row r of KV head g is row g * R + r of q, S, P and O. */
-typedef struct attn_cpu_decode_bf16 {
+/* The arguments of one key block of the decode path's key-by-key loops (decode.c's decode_blocks):
+ * nb <= 32 keys for every KV head, walked in address order (key-outer, heads inside): the hardware
+ * prefetchers follow a stream only when every miss is in address order, and a loop over one head's
+ * rows of a block (2 KiB apart) streamed at two thirds of the read rate even with no arithmetic.
+ * Row r of KV head g is row g * R + r of q, S, P and O. q, P and O's order are the bf16 loops'
+ * (attn_cpu_decode_scores_bf16 below); decode.c's loops for the other dtypes use rows, head_bytes
+ * and ahead. */
+typedef struct attn_cpu_decode_block {
   int64_t heads, R, D, Dv, nb;
   const uint16_t *q; /* bf16 query rows, ldq apart, unscaled */
   int64_t ldq;
@@ -186,13 +172,30 @@ typedef struct attn_cpu_decode_bf16 {
     int64_t n;
     size_t head_bytes, row_bytes;
   } ahead[2];
-} attn_cpu_decode_bf16;
-/* S[(g R + r) lds + jj] = scale * dot(q row g R + r, K row jj of head g), products exact. */
-void attn_cpu_decode_scores_bf16(const attn_cpu_decode_bf16 *a);
+} attn_cpu_decode_block;
+#if defined(__x86_64__) || defined(__i386__)
+#define ATTN_CPU_X86 1
+extern const attn_cpu_kernels attn_cpu_kernels_avx2;
+extern const attn_cpu_kernels attn_cpu_kernels_avx512;
+/* AVX-512 with bf16 dot products: for bf16 problems only. Its gemm rounds both operands to bf16
+ * (exact for bf16 inputs; P and dS are rounded, as FlashAttention does: cpu.c says why SPEC.md's
+ * bf16 tolerance allows it) and accumulates pairs of products in f32 with vdpbf16ps, twice the
+ * f32 FMA rate. */
+extern const attn_cpu_kernels attn_cpu_kernels_avx512bf16;
+/* AMX-BF16 (kernels_amx.c): the bf16 table's products on tiles (tdpbf16ps), the rest its
+ * AVX-512 kernels; for bf16 problems only, and only when attn_cpu_amx_usable(). */
+extern const attn_cpu_kernels attn_cpu_kernels_amx;
+/* 1 when the processor has AMX-TILE and AMX-BF16, the OS saves their state and (Linux) granted it
+ * to this process (asked once); 0 otherwise, and always where the compiler had no AMX. */
+int attn_cpu_amx_usable(void);
+/* The bf16 loops with vdpbf16ps (decode.c runs them with the avx512bf16 table when D and Dv are
+ * multiples of 32 and K and V rows have unit element stride):
+ * S[(g R + r) lds + jj] = scale * dot(q row g R + r, K row jj of head g), products exact. */
+void attn_cpu_decode_scores_bf16(const attn_cpu_decode_block *a);
 /* O[g R + r] += sum_jj bf16(S[(g R + r) lds + jj]) V row jj of head g, keys in pairs by vdpbf16ps
  * (an even/odd key's rows unpacked into pairs: O's 32 columns d0 + c of each chunk then hold d0 +
  * 8 (c / 4 % 4) + 4 (c / 16) + c % 4, decode.c's unpermute_pv). */
-void attn_cpu_decode_pv_bf16(const attn_cpu_decode_bf16 *a);
+void attn_cpu_decode_pv_bf16(const attn_cpu_decode_block *a);
 /* The AVX-512 kernels shared by both AVX-512 tables. */
 void attn_cpu_gemm_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
                           const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,

@@ -30,6 +30,7 @@
  * longer query blocks, take cpu.c's tiled path (which also reads paged caches).
  */
 #include "impl/cpu/cpu.h"
+#include "impl/cpu/decode_ahead.h"
 #include "impl/impl.h"
 
 #include "core/dtype.h"
@@ -141,7 +142,7 @@ typedef struct decode_run {
 
 typedef struct decode_thread {
   float *q, *s, *o, *m, *l, *kbuf, *vbuf;
-  uint16_t *p16; /* the bf16 loops' P (attn_cpu_decode_bf16's) */
+  uint16_t *p16; /* the bf16 loops' P (attn_cpu_decode_block's) */
 } decode_thread;
 
 /* The visible keys [*lo, *hi) of a sequence: the union of its rows' windows within its length. */
@@ -259,26 +260,68 @@ static void softmax_block(const decode_run *c, int64_t b, int64_t o, int64_t g, 
   }
 }
 
-/* Rows requested ahead by the bf16 loops: the keys that many past the one being computed (32 KiB
- * of K or V at Hkv = 8, D = 128; on the 2-core Zen 5 VM 8 to 32 keys streamed alike within its
- * run-to-run noise, one step of P V being 8 keys). */
+/* Rows requested ahead: the keys that many past the one being computed (32 KiB of bf16 K or V at
+ * Hkv = 8, D = 128; on the 2-core Zen 5 VM 8 to 32 keys streamed alike within its run-to-run
+ * noise, one step of P V being 8 keys). */
 #define AHEAD_KEYS 16
+#define PV_STEP_KEYS 8 /* keys a step of the table loops' P V: O's rows loaded and stored once */
 
-/* The block loop of the bf16 loops (attn_cpu_decode_bf16, kernels_avx512bf16.c): per block all
- * heads' scores, key by key in address order, then the softmax, then P V, key pair by key pair.
- * The rows ahead: while the scores run, the rest of this block's K and the first of its V; while
- * P V runs, the rest of its V and the first of the next block's K. */
-static void decode_blocks_bf16(const decode_run *c, const decode_thread *t, int64_t b, int64_t o,
-                               int64_t k0, int64_t k1) {
-#ifdef ATTN_CPU_X86
+/* The scores of the table's own loops (decode_kernels.h) over a's block: key by key, every head
+ * of a key inside (address order), each row converted first where it is not read in place. */
+static void scores_by_key(const decode_run *c, const decode_thread *t, const attn_cpu_decode_block *a,
+                          int kmode) {
+  const int64_t R = a->R, Dp = c->l.Dp;
+  ahead_cursor cur;
+  ahead_start(&cur, a, a->nb * a->heads);
+  for (int64_t jj = 0; jj < a->nb; ++jj)
+    for (int64_t g = 0; g < a->heads; ++g) {
+      request_ahead(&cur, cur.quota);
+      const char *raw = a->rows[jj] + (size_t)g * a->head_bytes;
+      const void *row;
+      kernel_rows(c, &c->in->k, a->D, &raw, 1, t->kbuf, Dp, &row);
+      c->kern->decode_dots(R, 1, a->D, t->q + g * R * Dp, Dp, &row, kmode, a->S + g * R * a->lds + jj,
+                           a->lds, NULL, 0, 0);
+    }
+  request_ahead(&cur, -1);
+}
+
+/* P V of the table's own loops over a's block: PV_STEP_KEYS keys a step, every head inside. */
+static void pv_by_key(const decode_run *c, const decode_thread *t, const attn_cpu_decode_block *a,
+                      int vmode) {
+  const int64_t R = a->R;
+  ahead_cursor cur;
+  ahead_start(&cur, a, (a->nb + PV_STEP_KEYS - 1) / PV_STEP_KEYS * a->heads);
+  for (int64_t j0 = 0; j0 < a->nb; j0 += PV_STEP_KEYS) {
+    const int64_t kn = min64(PV_STEP_KEYS, a->nb - j0);
+    for (int64_t g = 0; g < a->heads; ++g) {
+      request_ahead(&cur, cur.quota);
+      const char *raw[PV_STEP_KEYS];
+      const void *rows[PV_STEP_KEYS];
+      head_rows(a->rows + j0, kn, (size_t)g * a->head_bytes, raw);
+      kernel_rows(c, &c->in->v, a->Dv, raw, kn, t->vbuf, c->l.Dvp, rows);
+      c->kern->decode_axpys(R, kn, a->Dv, a->S + g * R * a->lds + j0, a->lds, rows, vmode,
+                            a->O + g * R * a->ldo, a->ldo);
+    }
+  }
+  request_ahead(&cur, -1);
+}
+
+/* The block loop: per block of KEY_BLOCK keys, every head's scores key by key in address order
+ * (a key's heads are neighbours), the softmax, then P V in steps of a few keys, every head inside;
+ * the bf16 loops (kernels_avx512bf16.c, loops_bf16) or the table's own (decode_kernels.h). The
+ * rows ahead: while the scores run, the rest of this block's K and the first of its V; while P V
+ * runs, the rest of its V and the first of the next block's K. */
+static void decode_blocks(const decode_run *c, const decode_thread *t, int64_t b, int64_t o,
+                          int64_t k0, int64_t k1, int loops_bf16, int kmode, int vmode) {
   const attn_problem *p = c->p;
   const attn_inputs *in = c->in;
   const int64_t R = c->l.R, Hkv = p->heads_kv, D = p->head_dim, Dv = p->head_dim_v;
-  const size_t es = 2, khead = (size_t)in->k.stride[2] * es, vhead = (size_t)in->v.stride[2] * es;
+  const size_t es = attn_dtype_size(c->dt);
+  const size_t khead = (size_t)in->k.stride[2] * es, vhead = (size_t)in->v.stride[2] * es;
   const char *kraw[2][KEY_BLOCK], *vraw[2][KEY_BLOCK];
   int cur = 0;
   row_addresses(c, b, 0, k0, min64(KEY_BLOCK, k1 - k0), kraw[0], vraw[0]);
-  attn_cpu_decode_bf16 a;
+  attn_cpu_decode_block a;
   memset(&a, 0, sizeof a);
   a.heads = Hkv, a.R = R, a.D = D, a.Dv = Dv;
   a.q = (const uint16_t *)t->q, a.ldq = c->l.Dp, a.scale = (float)p->scale;
@@ -293,7 +336,12 @@ static void decode_blocks_bf16(const decode_run *c, const decode_thread *t, int6
     a.ahead[0].head_bytes = khead, a.ahead[0].row_bytes = (size_t)D * es;
     a.ahead[1].rows = vraw[cur], a.ahead[1].n = ahead;
     a.ahead[1].head_bytes = vhead, a.ahead[1].row_bytes = (size_t)Dv * es;
-    attn_cpu_decode_scores_bf16(&a);
+#ifdef ATTN_CPU_X86
+    if (loops_bf16)
+      attn_cpu_decode_scores_bf16(&a);
+    else
+#endif
+      scores_by_key(c, t, &a, kmode);
     for (int64_t g = 0; g < Hkv; ++g)
       softmax_block(c, b, o, g, j0, nb, t->s + g * R * KEY_BLOCK, t->m + g * R, t->l + g * R,
                     t->o + g * R * c->l.Dvp, c->l.Dvp);
@@ -302,53 +350,16 @@ static void decode_blocks_bf16(const decode_run *c, const decode_thread *t, int6
     a.ahead[0].head_bytes = vhead, a.ahead[0].row_bytes = (size_t)Dv * es;
     a.ahead[1].rows = kraw[cur ^ 1], a.ahead[1].n = min64(AHEAD_KEYS, max64(0, nb_next));
     a.ahead[1].head_bytes = khead, a.ahead[1].row_bytes = (size_t)D * es;
-    attn_cpu_decode_pv_bf16(&a);
-  }
-#else
-  (void)c, (void)t, (void)b, (void)o, (void)k0, (void)k1;
+#ifdef ATTN_CPU_X86
+    if (loops_bf16)
+      attn_cpu_decode_pv_bf16(&a);
+    else
 #endif
-}
-
-/* The block loop of the table's own loops (decode_kernels.h): per block and KV head, the scores,
- * the softmax and P V; rows converted first where they are not read in place. */
-static void decode_blocks(const decode_run *c, const decode_thread *t, int64_t b, int64_t o,
-                          int64_t k0, int64_t k1, int kmode, int vmode) {
-  const attn_problem *p = c->p;
-  const attn_inputs *in = c->in;
-  const attn_cpu_kernels *kern = c->kern;
-  const int64_t R = c->l.R, Hkv = p->heads_kv, D = p->head_dim, Dv = p->head_dim_v;
-  const int64_t Dp = c->l.Dp, Dvp = c->l.Dvp;
-  const size_t es = attn_dtype_size(c->dt);
-  /* Head 0's row addresses of this block and the next: a paged cache's next block (another page)
-   * is prefetched while this one is computed; a dense one streams by itself. */
-  const char *kraw[2][KEY_BLOCK], *vraw[2][KEY_BLOCK], *kg[KEY_BLOCK], *vg[KEY_BLOCK];
-  const void *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
-  int cur = 0;
-  row_addresses(c, b, 0, k0, min64(KEY_BLOCK, k1 - k0), kraw[0], vraw[0]);
-  for (int64_t j0 = k0; j0 < k1; j0 += KEY_BLOCK, cur ^= 1) {
-    const int64_t nb = min64(KEY_BLOCK, k1 - j0);
-    /* the next block: its rows are requested while this one is computed */
-    const int64_t nb_next = min64(KEY_BLOCK, k1 - j0 - nb);
-    if (nb_next > 0) row_addresses(c, b, 0, j0 + nb, nb_next, kraw[cur ^ 1], vraw[cur ^ 1]);
-    for (int64_t g = 0; g < Hkv; ++g) {
-      /* the next block's rows of this head (K, then V), requested while this one is computed */
-      const char *pf[2 * KEY_BLOCK];
-      int64_t npf = 0;
-      if (nb_next > 0) {
-        head_rows(kraw[cur ^ 1], nb_next, (size_t)(g * in->k.stride[2]) * es, pf);
-        head_rows(vraw[cur ^ 1], nb_next, (size_t)(g * in->v.stride[2]) * es, pf + nb_next);
-        npf = 2 * nb_next;
-      }
-      head_rows(kraw[cur], nb, (size_t)(g * in->k.stride[2]) * es, kg);
-      kernel_rows(c, &in->k, D, kg, nb, t->kbuf, Dp, krows);
-      kern->decode_dots(R, nb, D, t->q + g * R * Dp, Dp, krows, kmode, t->s, KEY_BLOCK, pf, npf,
-                        (size_t)(D > Dv ? D : Dv) * es);
-      softmax_block(c, b, o, g, j0, nb, t->s, t->m + g * R, t->l + g * R, t->o + g * R * Dvp, Dvp);
-      head_rows(vraw[cur], nb, (size_t)(g * in->v.stride[2]) * es, vg);
-      kernel_rows(c, &in->v, Dv, vg, nb, t->vbuf, Dvp, vrows);
-      kern->decode_axpys(R, nb, Dv, t->s, KEY_BLOCK, vrows, vmode, t->o + g * R * Dvp, Dvp);
-    }
+      pv_by_key(c, t, &a, vmode);
   }
+#ifndef ATTN_CPU_X86
+  (void)loops_bf16;
+#endif
 }
 
 /* One item: every row of sequence b (all KV heads, R rows each) against keys [k0, k1) (within the
@@ -391,10 +402,7 @@ static void decode_item(const decode_run *c, const decode_thread *t, int64_t b,
       for (int64_t d = 0; d < D; ++d) qr[d] = scale * (float)attn_load(qt->data, c->dt, off + d * qt->stride[3]);
     if (kmode == ROWS_BF16_PAIRS) permute_pairs(qr, D, 0);
   }
-  if (k1 > k0 && loops_bf16)
-    decode_blocks_bf16(c, t, b, o, k0, k1);
-  else if (k1 > k0)
-    decode_blocks(c, t, b, o, k0, k1, kmode, vmode);
+  if (k1 > k0) decode_blocks(c, t, b, o, k0, k1, loops_bf16, kmode, vmode);
   for (int64_t r = 0; r < Hkv * R; ++r) {
     float *dst = partial + r * (Dvp + 2);
     dst[0] = t->m[r], dst[1] = t->l[r];
