@@ -186,14 +186,17 @@ static void row_addresses(const decode_run *c, int64_t b, int64_t g, int64_t j0,
   }
 }
 
-/* Whether the kernels read a tensor's rows in place (f32 and bf16 with a unit element stride). */
+/* Whether the kernels read a tensor's rows in place (a unit element stride: f32, bf16 and f16
+ * rows, the last converted in registers by the loads of decode_kernels.h). */
 static int in_place(const decode_run *c, const attn_tensor *t) {
-  return t->stride[3] == 1 && (c->dt == ATTN_DTYPE_F32 || c->dt == ATTN_DTYPE_BF16);
+  (void)c;
+  return t->stride[3] == 1;
 }
 
 /* How the kernels read a tensor's rows of width elements (ROWS_*). */
 static int rows_mode(const decode_run *c, const attn_tensor *t, int64_t width) {
   if (!in_place(c, t) || c->dt == ATTN_DTYPE_F32) return ROWS_F32;
+  if (c->dt == ATTN_DTYPE_F16) return ROWS_F16;
   return width % 32 == 0 ? ROWS_BF16_PAIRS : ROWS_BF16;
 }
 
@@ -206,10 +209,7 @@ static void kernel_rows(const decode_run *c, const attn_tensor *t, int64_t width
   }
   for (int64_t jj = 0; jj < nb; ++jj) {
     float *row = buf + jj * ldbuf;
-    if (c->dt == ATTN_DTYPE_F16 && t->stride[3] == 1)
-      c->kern->load_f16((const uint16_t *)raw[jj], width, 1.0f, row);
-    else
-      for (int64_t d = 0; d < width; ++d) row[d] = (float)attn_load(raw[jj], c->dt, d * t->stride[3]);
+    for (int64_t d = 0; d < width; ++d) row[d] = (float)attn_load(raw[jj], c->dt, d * t->stride[3]);
     rows[jj] = row;
   }
 }
