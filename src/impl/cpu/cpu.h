@@ -31,6 +31,8 @@
 enum { ROWS_F32 = 0, ROWS_BF16 = 1, ROWS_BF16_PAIRS = 2, ROWS_F16 = 3 };
 
 
+struct attn_cpu_decode_block; /* below: the decode loops' arguments */
+
 typedef struct attn_cpu_kernels {
   const char *name; /* "generic", "avx2", "avx512", "avx512bf16", "amx" */
   /* C[m x n] = (accumulate ? C : 0) + A B with f32 accumulation, where A(r, k) = a[r * lda + k]
@@ -126,15 +128,13 @@ typedef struct attn_cpu_kernels {
    * for jj < n; j0 is a multiple of 4 (one Philox call covers 4 columns). */
   void (*dropout_keep)(uint64_t seed, uint32_t threshold, int64_t b, int64_t h, int64_t i,
                        int64_t j0, int64_t n, uint8_t *keep);
-  /* The decode path's loops (decode_kernels.h), over key rows given by address and read as `mode`
-   * (ROWS_*). decode_dots: S[r * lds + jj] = dot(q[r * ldq ..], key row jj) for r < R, jj < nb,
-   * requesting the npf rows of pf (pf_bytes each) meanwhile, a few lines per key. decode_axpys:
-   * O[r * ldo + d] += sum_jj P[r * ldp + jj] * value row jj [d] for r < R, d < Dv. */
-  void (*decode_dots)(int64_t R, int64_t nb, int64_t D, const float *q, int64_t ldq,
-                      const void *const *rows, int mode, float *S, int64_t lds,
-                      const char *const *pf, int64_t npf, size_t pf_bytes);
-  void (*decode_axpys)(int64_t R, int64_t nb, int64_t Dv, const float *P, int64_t ldp,
-                       const void *const *rows, int mode, float *O, int64_t ldo);
+  /* The decode path's loops (decode_kernels.h) over one key block of every KV head (the block's
+   * K or V rows at a->rows, a->head_bytes between a key's heads, read as `mode`, ROWS_*), key by
+   * key with every head of a key inside (address order), requesting a->ahead meanwhile.
+   * decode_scores: S[(g R + r) lds + jj] = dot(q[(g R + r) ldq ..], K row jj of head g).
+   * decode_pv: O[(g R + r) ldo + d] += sum_jj S[(g R + r) lds + jj] V row jj of head g [d]. */
+  void (*decode_scores)(const struct attn_cpu_decode_block *a, const float *q, int mode);
+  void (*decode_pv)(const struct attn_cpu_decode_block *a, int mode);
 } attn_cpu_kernels;
 
 extern const attn_cpu_kernels attn_cpu_kernels_generic;
@@ -216,11 +216,8 @@ void attn_cpu_load_f16_avx512(const uint16_t *src, int64_t n, float s, float *ds
 void attn_cpu_store_f16_avx512(uint16_t *dst, int64_t n, const float *src, float s);
 void attn_cpu_dropout_keep_avx512(uint64_t seed, uint32_t threshold, int64_t b, int64_t h,
                                   int64_t i, int64_t j0, int64_t n, uint8_t *keep);
-void attn_cpu_decode_dots_avx512(int64_t R, int64_t nb, int64_t D, const float *q, int64_t ldq,
-                                 const void *const *rows, int mode, float *S, int64_t lds,
-                                 const char *const *pf, int64_t npf, size_t pf_bytes);
-void attn_cpu_decode_axpys_avx512(int64_t R, int64_t nb, int64_t Dv, const float *P, int64_t ldp,
-                                  const void *const *rows, int mode, float *O, int64_t ldo);
+void attn_cpu_decode_scores_avx512(const attn_cpu_decode_block *a, const float *q, int mode);
+void attn_cpu_decode_pv_avx512(const attn_cpu_decode_block *a, int mode);
 #endif
 
 /* The decode path (decode.c): few queries per sequence against a dense or paged cache, split over

@@ -108,7 +108,7 @@ static decode_layout layout_of(const attn_problem *p) {
   const int64_t rows = p->heads_kv * l.R; /* every row of a sequence */
   l.partial = round16(rows * (l.Dvp + 2));
   l.per_thread = round16(rows * l.Dp) + round16(rows * KEY_BLOCK) + round16(rows * KEY_BLOCK / 2) +
-                 round16(rows * l.Dvp) + 2 * round16(rows) + KEY_BLOCK * (l.Dp + l.Dvp);
+                 round16(rows * l.Dvp) + 2 * round16(rows) + KEY_BLOCK * p->heads_kv * (l.Dp + l.Dvp);
   return l;
 }
 
@@ -200,26 +200,7 @@ static int rows_mode(const decode_run *c, const attn_tensor *t, int64_t width) {
   return width % 32 == 0 ? ROWS_BF16_PAIRS : ROWS_BF16;
 }
 
-/* The rows the vector kernels read: in place (in_place), else converted to f32 in buf. */
-static void kernel_rows(const decode_run *c, const attn_tensor *t, int64_t width, const char *const *raw,
-                        int64_t nb, float *buf, int64_t ldbuf, const void **rows) {
-  if (in_place(c, t)) {
-    for (int64_t jj = 0; jj < nb; ++jj) rows[jj] = raw[jj];
-    return;
-  }
-  for (int64_t jj = 0; jj < nb; ++jj) {
-    float *row = buf + jj * ldbuf;
-    for (int64_t d = 0; d < width; ++d) row[d] = (float)attn_load(raw[jj], c->dt, d * t->stride[3]);
-    rows[jj] = row;
-  }
-}
-
 static float stat_at(const attn_tensor *t, int64_t off) { return ((const float *)t->data)[off]; }
-
-/* Rows of KV head g from head 0's addresses (the heads of a key are stride[2] apart). */
-static void head_rows(const char *const *rows0, int64_t nb, size_t head_bytes, const char **rows) {
-  for (int64_t jj = 0; jj < nb; ++jj) rows[jj] = rows0[jj] + head_bytes;
-}
 
 /* The online softmax of the R rows of KV head g over keys [j0, j0 + nb): x (row r at x + r *
  * KEY_BLOCK) holds their scores; leaves their probabilities exp(x - m) there (0 where masked),
@@ -264,46 +245,23 @@ static void softmax_block(const decode_run *c, int64_t b, int64_t o, int64_t g, 
  * Hkv = 8, D = 128; on the 2-core Zen 5 VM 8 to 32 keys streamed alike within its run-to-run
  * noise, one step of P V being 8 keys). */
 #define AHEAD_KEYS 16
-#define PV_STEP_KEYS 8 /* keys a step of the table loops' P V: O's rows loaded and stored once */
 
-/* The scores of the table's own loops (decode_kernels.h) over a's block: key by key, every head
- * of a key inside (address order), each row converted first where it is not read in place. */
-static void scores_by_key(const decode_run *c, const decode_thread *t, const attn_cpu_decode_block *a,
-                          int kmode) {
-  const int64_t R = a->R, Dp = c->l.Dp;
-  ahead_cursor cur;
-  ahead_start(&cur, a, a->nb * a->heads);
-  for (int64_t jj = 0; jj < a->nb; ++jj)
+/* The rows the table's loops read for a key block (a->rows, a->head_bytes) of tensor t: in place
+ * (in_place), else every head's row of each key converted to f32 into buf (heads rows of ldbuf
+ * floats per key, in key order), whose addresses go to rows. */
+static void block_rows(const decode_run *c, const attn_tensor *t, int64_t width, attn_cpu_decode_block *a,
+                       float *buf, int64_t ldbuf, const char **rows) {
+  if (in_place(c, t)) return;
+  for (int64_t jj = 0; jj < a->nb; ++jj) {
+    float *dst = buf + jj * a->heads * ldbuf;
     for (int64_t g = 0; g < a->heads; ++g) {
-      request_ahead(&cur, cur.quota);
-      const char *raw = a->rows[jj] + (size_t)g * a->head_bytes;
-      const void *row;
-      kernel_rows(c, &c->in->k, a->D, &raw, 1, t->kbuf, Dp, &row);
-      c->kern->decode_dots(R, 1, a->D, t->q + g * R * Dp, Dp, &row, kmode, a->S + g * R * a->lds + jj,
-                           a->lds, NULL, 0, 0);
+      const char *src = a->rows[jj] + (size_t)g * a->head_bytes;
+      for (int64_t d = 0; d < width; ++d)
+        dst[g * ldbuf + d] = (float)attn_load(src, c->dt, d * t->stride[3]);
     }
-  request_ahead(&cur, -1);
-}
-
-/* P V of the table's own loops over a's block: PV_STEP_KEYS keys a step, every head inside. */
-static void pv_by_key(const decode_run *c, const decode_thread *t, const attn_cpu_decode_block *a,
-                      int vmode) {
-  const int64_t R = a->R;
-  ahead_cursor cur;
-  ahead_start(&cur, a, (a->nb + PV_STEP_KEYS - 1) / PV_STEP_KEYS * a->heads);
-  for (int64_t j0 = 0; j0 < a->nb; j0 += PV_STEP_KEYS) {
-    const int64_t kn = min64(PV_STEP_KEYS, a->nb - j0);
-    for (int64_t g = 0; g < a->heads; ++g) {
-      request_ahead(&cur, cur.quota);
-      const char *raw[PV_STEP_KEYS];
-      const void *rows[PV_STEP_KEYS];
-      head_rows(a->rows + j0, kn, (size_t)g * a->head_bytes, raw);
-      kernel_rows(c, &c->in->v, a->Dv, raw, kn, t->vbuf, c->l.Dvp, rows);
-      c->kern->decode_axpys(R, kn, a->Dv, a->S + g * R * a->lds + j0, a->lds, rows, vmode,
-                            a->O + g * R * a->ldo, a->ldo);
-    }
+    rows[jj] = (const char *)dst;
   }
-  request_ahead(&cur, -1);
+  a->rows = rows, a->head_bytes = (size_t)ldbuf * sizeof(float);
 }
 
 /* The block loop: per block of KEY_BLOCK keys, every head's scores key by key in address order
@@ -336,12 +294,16 @@ static void decode_blocks(const decode_run *c, const decode_thread *t, int64_t b
     a.ahead[0].head_bytes = khead, a.ahead[0].row_bytes = (size_t)D * es;
     a.ahead[1].rows = vraw[cur], a.ahead[1].n = ahead;
     a.ahead[1].head_bytes = vhead, a.ahead[1].row_bytes = (size_t)Dv * es;
+    const char *conv[KEY_BLOCK];
 #ifdef ATTN_CPU_X86
     if (loops_bf16)
       attn_cpu_decode_scores_bf16(&a);
     else
 #endif
-      scores_by_key(c, t, &a, kmode);
+    {
+      block_rows(c, &in->k, D, &a, t->kbuf, c->l.Dp, conv);
+      c->kern->decode_scores(&a, t->q, kmode);
+    }
     for (int64_t g = 0; g < Hkv; ++g)
       softmax_block(c, b, o, g, j0, nb, t->s + g * R * KEY_BLOCK, t->m + g * R, t->l + g * R,
                     t->o + g * R * c->l.Dvp, c->l.Dvp);
@@ -355,7 +317,10 @@ static void decode_blocks(const decode_run *c, const decode_thread *t, int64_t b
       attn_cpu_decode_pv_bf16(&a);
     else
 #endif
-      pv_by_key(c, t, &a, vmode);
+    {
+      block_rows(c, &in->v, Dv, &a, t->vbuf, c->l.Dvp, conv);
+      c->kern->decode_pv(&a, vmode);
+    }
   }
 #ifndef ATTN_CPU_X86
   (void)loops_bf16;
@@ -530,7 +495,7 @@ attn_status attn_cpu_decode_forward(const attn_run *run, const attn_cpu_kernels 
     t.m = t.o + round16(rows * c.l.Dvp);
     t.l = t.m + round16(rows);
     t.kbuf = t.l + round16(rows);
-    t.vbuf = t.kbuf + KEY_BLOCK * c.l.Dp;
+    t.vbuf = t.kbuf + KEY_BLOCK * p->heads_kv * c.l.Dp;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif

@@ -15,6 +15,7 @@
 #define ATTN_IMPL_CPU_DECODE_KERNELS_H
 
 #include "impl/cpu/cpu.h"
+#include "impl/cpu/decode_ahead.h"
 
 #include "core/dtype.h"
 
@@ -123,19 +124,13 @@ static inline void hsum4(v16f a0, v16f a1, v16f a2, v16f a3, float *s) {
 
 /* S[r * lds + jj] = dot(q[r * ldq ..], key row jj) for r < R, jj < nb. */
 DECODE_KERNEL
-static void decode_dots_kernel(int64_t R, int64_t nb, int64_t D, const float *q, int64_t ldq,
-                        const void *const *rows, int mode, float *S, int64_t lds,
-                        const char *const *pf, int64_t npf, size_t pf_bytes) {
+static inline void decode_dots_kernel(int64_t R, int64_t nb, int64_t D, const float *q, int64_t ldq,
+                                      const void *const *rows, int mode, float *S, int64_t lds) {
 #if defined(__GNUC__)
   const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load16 and load1 */
   const int64_t step = mode == ROWS_BF16_PAIRS ? 32 : 16, Dv = D / step * step;
   const size_t es = kind == ROWS_F32 ? 4 : 2;
   for (int64_t jj = 0; jj < nb; ++jj) {
-    /* rows of a later block, a few lines per key: requests spread over the work keep the core's
-     * miss buffers busy without a burst that stalls it. A head's rows sit Hkv rows apart and pages
-     * are shuffled, which the hardware prefetchers do not follow. */
-    for (int64_t u = jj; u < npf; u += nb)
-      for (size_t at = 0; at < pf_bytes; at += 64) __builtin_prefetch(pf[u] + at, 0, 2);
     const char *k = rows[jj];
     int64_t r = 0;
     for (; r + 4 <= R; r += 4) { /* four query rows share each load of the key */
@@ -183,7 +178,6 @@ static void decode_dots_kernel(int64_t R, int64_t nb, int64_t D, const float *q,
     }
   }
 #else
-  (void)pf, (void)npf, (void)pf_bytes;
   const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load16 and load1 */
   for (int64_t jj = 0; jj < nb; ++jj)
     for (int64_t r = 0; r < R; ++r) {
@@ -196,7 +190,7 @@ static void decode_dots_kernel(int64_t R, int64_t nb, int64_t D, const float *q,
 
 /* O[r * ldo + d] += sum_jj P[r * ldp + jj] * value row jj [d] for r < R, d < Dv. */
 DECODE_KERNEL
-static void decode_axpys_kernel(int64_t R, int64_t nb, int64_t Dv, const float *P, int64_t ldp,
+static inline void decode_axpys_kernel(int64_t R, int64_t nb, int64_t Dv, const float *P, int64_t ldp,
                          const void *const *rows, int mode, float *O, int64_t ldo) {
 #if defined(__GNUC__)
   const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load16 and load1 */
@@ -273,5 +267,40 @@ static void decode_axpys_kernel(int64_t R, int64_t nb, int64_t Dv, const float *
 #endif
 }
 
+/* cpu.h's decode_scores: the scores of one key block, key by key with every KV head of a key
+ * inside (address order), the rows ahead requested a few lines a key and head. */
+DECODE_KERNEL
+static void decode_scores_kernel(const attn_cpu_decode_block *a, const float *q, int mode) {
+  ahead_cursor cur;
+  ahead_start(&cur, a, a->nb * a->heads);
+  for (int64_t jj = 0; jj < a->nb; ++jj)
+    for (int64_t g = 0; g < a->heads; ++g) {
+      request_ahead(&cur, cur.quota);
+      const void *row = a->rows[jj] + (size_t)g * a->head_bytes;
+      decode_dots_kernel(a->R, 1, a->D, q + g * a->R * a->ldq, a->ldq, &row, mode,
+                         a->S + g * a->R * a->lds + jj, a->lds);
+    }
+  request_ahead(&cur, -1);
+}
+
+#define DECODE_PV_KEYS 8 /* keys a step of P V: O's rows loaded and stored once a step */
+
+/* cpu.h's decode_pv: P V of one key block, DECODE_PV_KEYS keys a step with every KV head inside. */
+DECODE_KERNEL
+static void decode_pv_kernel(const attn_cpu_decode_block *a, int mode) {
+  ahead_cursor cur;
+  ahead_start(&cur, a, (a->nb + DECODE_PV_KEYS - 1) / DECODE_PV_KEYS * a->heads);
+  for (int64_t j0 = 0; j0 < a->nb; j0 += DECODE_PV_KEYS) {
+    const int64_t kn = a->nb - j0 < DECODE_PV_KEYS ? a->nb - j0 : DECODE_PV_KEYS;
+    for (int64_t g = 0; g < a->heads; ++g) {
+      request_ahead(&cur, cur.quota);
+      const void *rows[DECODE_PV_KEYS];
+      for (int64_t u = 0; u < kn; ++u) rows[u] = a->rows[j0 + u] + (size_t)g * a->head_bytes;
+      decode_axpys_kernel(a->R, kn, a->Dv, a->S + g * a->R * a->lds + j0, a->lds, rows, mode,
+                          a->O + g * a->R * a->ldo, a->ldo);
+    }
+  }
+  request_ahead(&cur, -1);
+}
 
 #endif /* ATTN_IMPL_CPU_DECODE_KERNELS_H */

@@ -378,6 +378,6 @@ const attn_cpu_kernels attn_cpu_kernels_avx512bf16 = {
     .load_f16 = attn_cpu_load_f16_avx512,
     .store_f16 = attn_cpu_store_f16_avx512,
     .dropout_keep = attn_cpu_dropout_keep_avx512,
-    .decode_dots = attn_cpu_decode_dots_avx512,
-    .decode_axpys = attn_cpu_decode_axpys_avx512,
+    .decode_scores = attn_cpu_decode_scores_avx512,
+    .decode_pv = attn_cpu_decode_pv_avx512,
 };
