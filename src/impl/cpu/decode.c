@@ -13,15 +13,15 @@
  *     head read 256 bytes of every 2 KiB and streamed at half the rate);
  *   - GQA packing: for each KV head the item holds the R = (Hq/Hkv) * Tq query rows that read it,
  *     so each K and V row is read from memory once for all of them;
- *   - on AVX-512 BF16 machines bf16 blocks (D and Dv multiples of 32, unit element stride) run on
- *     the bf16 loops of kernels_avx512bf16.c (decode_blocks_bf16): K and V touched strictly in
- *     address order (key by key, all heads of a key inside), rows requested 16 keys ahead in that
- *     order, scores and P V by vdpbf16ps (P rounded to bf16, as SPEC.md allows);
- *   - otherwise K and V rows are read in place (f32 and bf16 rows with unit element stride; f16 or
- *     strided rows are converted into a small buffer first) by the vector loops of
- *     decode_kernels.h, one copy per kernel table (cpu.h: AVX-512, AVX2, generic), a KV head at a
- *     time over the block (decode_blocks); the next block's rows are requested a few lines per
- *     key while this block is computed;
+ *   - one block loop (decode_blocks) for every dtype: the scores key by key with every KV head of
+ *     a key inside, the softmax, then P V a few keys a step with every head inside, so K and V
+ *     are touched in address order, the rows 16 keys ahead requested in that order (the cursor of
+ *     decode_ahead.h). On AVX-512 BF16 machines bf16 blocks (D and Dv multiples of 32, unit
+ *     element stride) run it on the bf16 loops of kernels_avx512bf16.c (scores and P V by
+ *     vdpbf16ps, P rounded to bf16, as SPEC.md allows); everything else on the table's own loops
+ *     (decode_kernels.h, one copy per kernel table, cpu.h: AVX-512, AVX2, generic: f32 products,
+ *     P unrounded), f32, f16 and bf16 rows of unit element stride read in place, strided rows
+ *     converted a block at a time first;
  *   - each item keeps an online softmax (m, l, unnormalised O) per row and writes it as a partial
  *     result; a second pass merges the splits of each sequence through their maxima, adds the
  *     sinks once, and writes out and lse.
