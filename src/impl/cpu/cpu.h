@@ -26,8 +26,8 @@
  * vectors, the even elements and the odd ones (each 32-bit lane holds one of each, the even one in
  * its low half: a shift and a mask widen them), so q and the O accumulator are kept in the same
  * order within each 32 columns (decode.c's permute_pairs). It halves the work of widening bf16, which
- * otherwise costs as much as the multiply-adds. Needs widths that are multiples of 32. F16: f16 rows
- * converted in registers (vcvtph2ps where the instruction set has F16C). */
+ * otherwise costs as much as the multiply-adds. Needs widths that are multiples of 32. F16: f16
+ * rows converted in registers (vcvtph2ps where the instruction set has F16C). */
 enum { ROWS_F32 = 0, ROWS_BF16 = 1, ROWS_BF16_PAIRS = 2, ROWS_F16 = 3 };
 
 

@@ -108,7 +108,8 @@ static decode_layout layout_of(const attn_problem *p) {
   const int64_t rows = p->heads_kv * l.R; /* every row of a sequence */
   l.partial = round16(rows * (l.Dvp + 2));
   l.per_thread = round16(rows * l.Dp) + round16(rows * KEY_BLOCK) + round16(rows * KEY_BLOCK / 2) +
-                 round16(rows * l.Dvp) + 2 * round16(rows) + KEY_BLOCK * p->heads_kv * (l.Dp + l.Dvp);
+                 round16(rows * l.Dvp) + 2 * round16(rows) +
+                 KEY_BLOCK * p->heads_kv * (l.Dp + l.Dvp);
   return l;
 }
 
@@ -249,8 +250,8 @@ static void softmax_block(const decode_run *c, int64_t b, int64_t o, int64_t g, 
 /* The rows the table's loops read for a key block (a->rows, a->head_bytes) of tensor t: in place
  * (in_place), else every head's row of each key converted to f32 into buf (heads rows of ldbuf
  * floats per key, in key order), whose addresses go to rows. */
-static void block_rows(const decode_run *c, const attn_tensor *t, int64_t width, attn_cpu_decode_block *a,
-                       float *buf, int64_t ldbuf, const char **rows) {
+static void block_rows(const decode_run *c, const attn_tensor *t, int64_t width,
+                       attn_cpu_decode_block *a, float *buf, int64_t ldbuf, const char **rows) {
   if (in_place(c, t)) return;
   for (int64_t jj = 0; jj < a->nb; ++jj) {
     float *dst = buf + jj * a->heads * ldbuf;

@@ -29,7 +29,8 @@ typedef struct ahead_cursor {
 static inline void ahead_start(ahead_cursor *c, const attn_cpu_decode_block *a, int64_t steps) {
   c->a = a, c->seg = 0, c->row = 0, c->head = 0, c->at = c->end = NULL;
   int64_t lines = 0;
-  for (int s = 0; s < 2; ++s) lines += a->ahead[s].n * a->heads * (int64_t)((a->ahead[s].row_bytes + 63) / 64);
+  for (int s = 0; s < 2; ++s)
+    lines += a->ahead[s].n * a->heads * (int64_t)((a->ahead[s].row_bytes + 63) / 64);
   c->quota = steps > 0 ? (lines + steps - 1) / steps : lines;
 }
 

@@ -170,7 +170,8 @@ static inline void decode_dots_kernel(int64_t R, int64_t nb, int64_t D, const fl
           a0 += load16(q0 + d, 0) * ke + load16(q0 + d + 16, 0) * ko;
         }
       } else {
-        for (int64_t d = 0; d < Dv; d += 16) a0 += load16(q0 + d, 0) * load16(k + (size_t)d * es, kind);
+        for (int64_t d = 0; d < Dv; d += 16)
+          a0 += load16(q0 + d, 0) * load16(k + (size_t)d * es, kind);
       }
       float s0 = hsum16(a0);
       for (int64_t d = Dv; d < D; ++d) s0 += q0[d] * load1(k, d, kind);
@@ -190,8 +191,9 @@ static inline void decode_dots_kernel(int64_t R, int64_t nb, int64_t D, const fl
 
 /* O[r * ldo + d] += sum_jj P[r * ldp + jj] * value row jj [d] for r < R, d < Dv. */
 DECODE_KERNEL
-static inline void decode_axpys_kernel(int64_t R, int64_t nb, int64_t Dv, const float *P, int64_t ldp,
-                         const void *const *rows, int mode, float *O, int64_t ldo) {
+static inline void decode_axpys_kernel(int64_t R, int64_t nb, int64_t Dv, const float *P,
+                                       int64_t ldp, const void *const *rows, int mode, float *O,
+                                       int64_t ldo) {
 #if defined(__GNUC__)
   const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load16 and load1 */
   const int64_t step = mode == ROWS_BF16_PAIRS ? 32 : 16, Dw = Dv / step * step;

@@ -421,7 +421,9 @@ void attn_cpu_decode_scores_avx512(const attn_cpu_decode_block *a, const float *
   decode_scores_kernel(a, q, mode);
 }
 
-void attn_cpu_decode_pv_avx512(const attn_cpu_decode_block *a, int mode) { decode_pv_kernel(a, mode); }
+void attn_cpu_decode_pv_avx512(const attn_cpu_decode_block *a, int mode) {
+  decode_pv_kernel(a, mode);
+}
 
 const attn_cpu_kernels attn_cpu_kernels_avx512 = {
     .name = "avx512",
