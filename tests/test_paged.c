@@ -613,20 +613,25 @@ static void test_cudnn_paged(attn_ctx *ctx, tu_rng *rng) {
     }
 }
 
-/* The cpu's bf16 loops (vdpbf16ps scores and P V on key pairs, kernels_avx512bf16.c, where the
- * processor has AVX-512 BF16; the table's own loops elsewhere): rows per KV head 1, 5, 6 and 16
- * (the 4-row blocks and the rest), widths 32 to 256 in every pairing (P V's 64-column windows and
- * a 32-column rest), odd key counts and counts below a step (1, 2, 3 keys: a key pair without its
- * partner), lengths past one 32-key block and one split, page sizes 1 and 16 and dense caches,
- * padded heads (each head's row its own span of requests), every feature. */
-static void test_bf16_loops(attn_ctx *ctx, tu_rng *rng) {
+/* The cpu decode path's key-by-key loops: for bf16 the bf16 loops (vdpbf16ps scores and P V on
+ * key pairs, kernels_avx512bf16.c, where the processor has AVX-512 BF16), for f32 and f16 (and
+ * bf16 elsewhere) the table's own loops walked key by key (decode.c's scores_by_key, pv_by_key):
+ * rows per KV head 1, 5, 6 and 16 (the 4-row blocks and the rest), widths 32 to 256 in every
+ * pairing for bf16 (P V's 64-column windows and a 32-column rest) and odd widths for f32 and f16
+ * (the 16-lane rest), odd key counts and counts below a step (1, 2, 3 keys: a key pair without its
+ * partner, a P V step of fewer keys), lengths past one 32-key block and one split, page sizes 1
+ * and 16 and dense caches, padded heads (each head's row its own span of requests), every
+ * feature. */
+static void test_key_loops(attn_ctx *ctx, tu_rng *rng, attn_dtype dtype) {
   static const int64_t shapes[][3] = {{8, 2, 1}, {8, 2, 4}, {6, 3, 3}, {3, 3, 1}, {10, 2, 1}};
-  static const int64_t dims[][2] = {{128, 128}, {32, 96}, {256, 64}, {64, 256}};
+  static const int64_t dims_bf16[][2] = {{128, 128}, {32, 96}, {256, 64}, {64, 256}};
+  static const int64_t dims_odd[][2] = {{128, 128}, {37, 53}, {5, 200}, {80, 17}};
   static const int64_t pages[] = {1, 16, 0};
+  const int64_t(*dims)[2] = dtype == ATTN_DTYPE_BF16 ? dims_bf16 : dims_odd;
   for (int n = 0; n < 40; ++n) {
     pcase c;
     memset(&c, 0, sizeof c);
-    c.dtype = ATTN_DTYPE_BF16;
+    c.dtype = dtype;
     c.Hq = shapes[n % 5][0], c.Hkv = shapes[n % 5][1], c.Tq = shapes[n % 5][2];
     c.D = dims[n % 4][0], c.Dv = dims[n % 4][1];
     c.page = pages[n % 3] > 0 ? pages[n % 3] : 16;
@@ -642,7 +647,7 @@ static void test_bf16_loops(attn_ctx *ctx, tu_rng *rng) {
     char what[512];
     describe(&c, what, sizeof what);
     if (!check_case(ctx, &c, "cpu", rng))
-      printf("  failed: bf16 loops %s (feature %s)\n", what, feature_names[n % F_COUNT]);
+      printf("  failed: key loops %s (feature %s)\n", what, feature_names[n % F_COUNT]);
   }
 }
 
@@ -782,7 +787,9 @@ int main(void) {
     test_dense_decode(ctx, &rng, impls[i], ATTN_DEVICE_CPU);
     test_prefill(ctx, &rng, impls[i]);
   }
-  test_bf16_loops(ctx, &rng);
+  test_key_loops(ctx, &rng, ATTN_DTYPE_BF16);
+  test_key_loops(ctx, &rng, ATTN_DTYPE_F32);
+  test_key_loops(ctx, &rng, ATTN_DTYPE_F16);
   /* the cpu's other kernel tables (the decode path scores bf16 with vdpbf16ps only on the
    * avx512bf16 one, and converts f16 with each table's own loads) */
   const char *saved = getenv("ATTN_CPU_ISA");

@@ -26,9 +26,12 @@
  * vectors, the even elements and the odd ones (each 32-bit lane holds one of each, the even one in
  * its low half: a shift and a mask widen them), so q and the O accumulator are kept in the same
  * order within each 32 columns (decode.c's permute_pairs). It halves the work of widening bf16, which
- * otherwise costs as much as the multiply-adds. Needs widths that are multiples of 32. */
-enum { ROWS_F32 = 0, ROWS_BF16 = 1, ROWS_BF16_PAIRS = 2 };
+ * otherwise costs as much as the multiply-adds. Needs widths that are multiples of 32. F16: f16
+ * rows converted in registers (vcvtph2ps where the instruction set has F16C). */
+enum { ROWS_F32 = 0, ROWS_BF16 = 1, ROWS_BF16_PAIRS = 2, ROWS_F16 = 3 };
 
+
+struct attn_cpu_decode_block; /* below: the decode loops' arguments */
 
 typedef struct attn_cpu_kernels {
   const char *name; /* "generic", "avx2", "avx512", "avx512bf16", "amx" */
@@ -125,15 +128,13 @@ typedef struct attn_cpu_kernels {
    * for jj < n; j0 is a multiple of 4 (one Philox call covers 4 columns). */
   void (*dropout_keep)(uint64_t seed, uint32_t threshold, int64_t b, int64_t h, int64_t i,
                        int64_t j0, int64_t n, uint8_t *keep);
-  /* The decode path's loops (decode_kernels.h), over key rows given by address and read as `mode`
-   * (ROWS_*). decode_dots: S[r * lds + jj] = dot(q[r * ldq ..], key row jj) for r < R, jj < nb,
-   * requesting the npf rows of pf (pf_bytes each) meanwhile, a few lines per key. decode_axpys:
-   * O[r * ldo + d] += sum_jj P[r * ldp + jj] * value row jj [d] for r < R, d < Dv. */
-  void (*decode_dots)(int64_t R, int64_t nb, int64_t D, const float *q, int64_t ldq,
-                      const void *const *rows, int mode, float *S, int64_t lds,
-                      const char *const *pf, int64_t npf, size_t pf_bytes);
-  void (*decode_axpys)(int64_t R, int64_t nb, int64_t Dv, const float *P, int64_t ldp,
-                       const void *const *rows, int mode, float *O, int64_t ldo);
+  /* The decode path's loops (decode_kernels.h) over one key block of every KV head (the block's
+   * K or V rows at a->rows, a->head_bytes between a key's heads, read as `mode`, ROWS_*), key by
+   * key with every head of a key inside (address order), requesting a->ahead meanwhile.
+   * decode_scores: S[(g R + r) lds + jj] = dot(q[(g R + r) ldq ..], K row jj of head g).
+   * decode_pv: O[(g R + r) ldo + d] += sum_jj S[(g R + r) lds + jj] V row jj of head g [d]. */
+  void (*decode_scores)(const struct attn_cpu_decode_block *a, const float *q, int mode);
+  void (*decode_pv)(const struct attn_cpu_decode_block *a, int mode);
 } attn_cpu_kernels;
 
 extern const attn_cpu_kernels attn_cpu_kernels_generic;
@@ -145,28 +146,14 @@ void attn_cpu_store_f16_generic(uint16_t *dst, int64_t n, const float *src, floa
 /* The portable dropout bits (one Philox call per 4 columns), also the AVX2 table's. */
 void attn_cpu_dropout_keep_generic(uint64_t seed, uint32_t threshold, int64_t b, int64_t h,
                                    int64_t i, int64_t j0, int64_t n, uint8_t *keep);
-#if defined(__x86_64__) || defined(__i386__)
-#define ATTN_CPU_X86 1
-extern const attn_cpu_kernels attn_cpu_kernels_avx2;
-extern const attn_cpu_kernels attn_cpu_kernels_avx512;
-/* AVX-512 with bf16 dot products: for bf16 problems only. Its gemm rounds both operands to bf16
- * (exact for bf16 inputs; P and dS are rounded, as FlashAttention does: cpu.c says why SPEC.md's
- * bf16 tolerance allows it) and accumulates pairs of products in f32 with vdpbf16ps, twice the
- * f32 FMA rate. */
-extern const attn_cpu_kernels attn_cpu_kernels_avx512bf16;
-/* AMX-BF16 (kernels_amx.c): the bf16 table's products on tiles (tdpbf16ps), the rest its
- * AVX-512 kernels; for bf16 problems only, and only when attn_cpu_amx_usable(). */
-extern const attn_cpu_kernels attn_cpu_kernels_amx;
-/* 1 when the processor has AMX-TILE and AMX-BF16, the OS saves their state and (Linux) granted it
- * to this process (asked once); 0 otherwise, and always where the compiler had no AMX. */
-int attn_cpu_amx_usable(void);
-/* The decode path's bf16 loops with vdpbf16ps (decode.c runs them with the avx512bf16 table when
- * D and Dv are multiples of 32 and K and V rows have unit element stride). One call covers one key
- * block of nb <= 32 keys for every KV head, walking the keys in address order (key-outer, heads
- * inside): the hardware prefetchers follow a stream only when every miss is in address order, and
- * a loop over one head's rows of a block (2 KiB apart) streamed at two thirds of the read rate
- * even with no arithmetic. Row r of KV head g is row g * R + r of q, S, P and O. */
-typedef struct attn_cpu_decode_bf16 {
+/* The arguments of one key block of the decode path's key-by-key loops (decode.c's decode_blocks):
+ * nb <= 32 keys for every KV head, walked in address order (key-outer, heads inside): the hardware
+ * prefetchers follow a stream only when every miss is in address order, and a loop over one head's
+ * rows of a block (2 KiB apart) streamed at two thirds of the read rate even with no arithmetic.
+ * Row r of KV head g is row g * R + r of q, S, P and O. q, P and O's order are the bf16 loops'
+ * (attn_cpu_decode_scores_bf16 below); decode.c's loops for the other dtypes use rows, head_bytes
+ * and ahead. */
+typedef struct attn_cpu_decode_block {
   int64_t heads, R, D, Dv, nb;
   const uint16_t *q; /* bf16 query rows, ldq apart, unscaled */
   int64_t ldq;
@@ -186,13 +173,30 @@ typedef struct attn_cpu_decode_bf16 {
     int64_t n;
     size_t head_bytes, row_bytes;
   } ahead[2];
-} attn_cpu_decode_bf16;
-/* S[(g R + r) lds + jj] = scale * dot(q row g R + r, K row jj of head g), products exact. */
-void attn_cpu_decode_scores_bf16(const attn_cpu_decode_bf16 *a);
+} attn_cpu_decode_block;
+#if defined(__x86_64__) || defined(__i386__)
+#define ATTN_CPU_X86 1
+extern const attn_cpu_kernels attn_cpu_kernels_avx2;
+extern const attn_cpu_kernels attn_cpu_kernels_avx512;
+/* AVX-512 with bf16 dot products: for bf16 problems only. Its gemm rounds both operands to bf16
+ * (exact for bf16 inputs; P and dS are rounded, as FlashAttention does: cpu.c says why SPEC.md's
+ * bf16 tolerance allows it) and accumulates pairs of products in f32 with vdpbf16ps, twice the
+ * f32 FMA rate. */
+extern const attn_cpu_kernels attn_cpu_kernels_avx512bf16;
+/* AMX-BF16 (kernels_amx.c): the bf16 table's products on tiles (tdpbf16ps), the rest its
+ * AVX-512 kernels; for bf16 problems only, and only when attn_cpu_amx_usable(). */
+extern const attn_cpu_kernels attn_cpu_kernels_amx;
+/* 1 when the processor has AMX-TILE and AMX-BF16, the OS saves their state and (Linux) granted it
+ * to this process (asked once); 0 otherwise, and always where the compiler had no AMX. */
+int attn_cpu_amx_usable(void);
+/* The bf16 loops with vdpbf16ps (decode.c runs them with the avx512bf16 table when D and Dv are
+ * multiples of 32 and K and V rows have unit element stride):
+ * S[(g R + r) lds + jj] = scale * dot(q row g R + r, K row jj of head g), products exact. */
+void attn_cpu_decode_scores_bf16(const attn_cpu_decode_block *a);
 /* O[g R + r] += sum_jj bf16(S[(g R + r) lds + jj]) V row jj of head g, keys in pairs by vdpbf16ps
  * (an even/odd key's rows unpacked into pairs: O's 32 columns d0 + c of each chunk then hold d0 +
  * 8 (c / 4 % 4) + 4 (c / 16) + c % 4, decode.c's unpermute_pv). */
-void attn_cpu_decode_pv_bf16(const attn_cpu_decode_bf16 *a);
+void attn_cpu_decode_pv_bf16(const attn_cpu_decode_block *a);
 /* The AVX-512 kernels shared by both AVX-512 tables. */
 void attn_cpu_gemm_avx512(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
                           const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
@@ -212,11 +216,8 @@ void attn_cpu_load_f16_avx512(const uint16_t *src, int64_t n, float s, float *ds
 void attn_cpu_store_f16_avx512(uint16_t *dst, int64_t n, const float *src, float s);
 void attn_cpu_dropout_keep_avx512(uint64_t seed, uint32_t threshold, int64_t b, int64_t h,
                                   int64_t i, int64_t j0, int64_t n, uint8_t *keep);
-void attn_cpu_decode_dots_avx512(int64_t R, int64_t nb, int64_t D, const float *q, int64_t ldq,
-                                 const void *const *rows, int mode, float *S, int64_t lds,
-                                 const char *const *pf, int64_t npf, size_t pf_bytes);
-void attn_cpu_decode_axpys_avx512(int64_t R, int64_t nb, int64_t Dv, const float *P, int64_t ldp,
-                                  const void *const *rows, int mode, float *O, int64_t ldo);
+void attn_cpu_decode_scores_avx512(const attn_cpu_decode_block *a, const float *q, int mode);
+void attn_cpu_decode_pv_avx512(const attn_cpu_decode_block *a, int mode);
 #endif
 
 /* The decode path (decode.c): few queries per sequence against a dense or paged cache, split over

@@ -13,15 +13,15 @@
  *     head read 256 bytes of every 2 KiB and streamed at half the rate);
  *   - GQA packing: for each KV head the item holds the R = (Hq/Hkv) * Tq query rows that read it,
  *     so each K and V row is read from memory once for all of them;
- *   - on AVX-512 BF16 machines bf16 blocks (D and Dv multiples of 32, unit element stride) run on
- *     the bf16 loops of kernels_avx512bf16.c (decode_blocks_bf16): K and V touched strictly in
- *     address order (key by key, all heads of a key inside), rows requested 16 keys ahead in that
- *     order, scores and P V by vdpbf16ps (P rounded to bf16, as SPEC.md allows);
- *   - otherwise K and V rows are read in place (f32 and bf16 rows with unit element stride; f16 or
- *     strided rows are converted into a small buffer first) by the vector loops of
- *     decode_kernels.h, one copy per kernel table (cpu.h: AVX-512, AVX2, generic), a KV head at a
- *     time over the block (decode_blocks); the next block's rows are requested a few lines per
- *     key while this block is computed;
+ *   - one block loop (decode_blocks) for every dtype: the scores key by key with every KV head of
+ *     a key inside, the softmax, then P V a few keys a step with every head inside, so K and V
+ *     are touched in address order, the rows 16 keys ahead requested in that order (the cursor of
+ *     decode_ahead.h). On AVX-512 BF16 machines bf16 blocks (D and Dv multiples of 32, unit
+ *     element stride) run it on the bf16 loops of kernels_avx512bf16.c (scores and P V by
+ *     vdpbf16ps, P rounded to bf16, as SPEC.md allows); everything else on the table's own loops
+ *     (decode_kernels.h, one copy per kernel table, cpu.h: AVX-512, AVX2, generic: f32 products,
+ *     P unrounded), f32, f16 and bf16 rows of unit element stride read in place, strided rows
+ *     converted a block at a time first;
  *   - each item keeps an online softmax (m, l, unnormalised O) per row and writes it as a partial
  *     result; a second pass merges the splits of each sequence through their maxima, adds the
  *     sinks once, and writes out and lse.
@@ -30,6 +30,7 @@
  * longer query blocks, take cpu.c's tiled path (which also reads paged caches).
  */
 #include "impl/cpu/cpu.h"
+#include "impl/cpu/decode_ahead.h"
 #include "impl/impl.h"
 
 #include "core/dtype.h"
@@ -107,7 +108,8 @@ static decode_layout layout_of(const attn_problem *p) {
   const int64_t rows = p->heads_kv * l.R; /* every row of a sequence */
   l.partial = round16(rows * (l.Dvp + 2));
   l.per_thread = round16(rows * l.Dp) + round16(rows * KEY_BLOCK) + round16(rows * KEY_BLOCK / 2) +
-                 round16(rows * l.Dvp) + 2 * round16(rows) + KEY_BLOCK * (l.Dp + l.Dvp);
+                 round16(rows * l.Dvp) + 2 * round16(rows) +
+                 KEY_BLOCK * p->heads_kv * (l.Dp + l.Dvp);
   return l;
 }
 
@@ -141,7 +143,7 @@ typedef struct decode_run {
 
 typedef struct decode_thread {
   float *q, *s, *o, *m, *l, *kbuf, *vbuf;
-  uint16_t *p16; /* the bf16 loops' P (attn_cpu_decode_bf16's) */
+  uint16_t *p16; /* the bf16 loops' P (attn_cpu_decode_block's) */
 } decode_thread;
 
 /* The visible keys [*lo, *hi) of a sequence: the union of its rows' windows within its length. */
@@ -185,40 +187,21 @@ static void row_addresses(const decode_run *c, int64_t b, int64_t g, int64_t j0,
   }
 }
 
-/* Whether the kernels read a tensor's rows in place (f32 and bf16 with a unit element stride). */
+/* Whether the kernels read a tensor's rows in place (a unit element stride: f32, bf16 and f16
+ * rows, the last converted in registers by the loads of decode_kernels.h). */
 static int in_place(const decode_run *c, const attn_tensor *t) {
-  return t->stride[3] == 1 && (c->dt == ATTN_DTYPE_F32 || c->dt == ATTN_DTYPE_BF16);
+  (void)c;
+  return t->stride[3] == 1;
 }
 
 /* How the kernels read a tensor's rows of width elements (ROWS_*). */
 static int rows_mode(const decode_run *c, const attn_tensor *t, int64_t width) {
   if (!in_place(c, t) || c->dt == ATTN_DTYPE_F32) return ROWS_F32;
+  if (c->dt == ATTN_DTYPE_F16) return ROWS_F16;
   return width % 32 == 0 ? ROWS_BF16_PAIRS : ROWS_BF16;
 }
 
-/* The rows the vector kernels read: in place (in_place), else converted to f32 in buf. */
-static void kernel_rows(const decode_run *c, const attn_tensor *t, int64_t width, const char *const *raw,
-                        int64_t nb, float *buf, int64_t ldbuf, const void **rows) {
-  if (in_place(c, t)) {
-    for (int64_t jj = 0; jj < nb; ++jj) rows[jj] = raw[jj];
-    return;
-  }
-  for (int64_t jj = 0; jj < nb; ++jj) {
-    float *row = buf + jj * ldbuf;
-    if (c->dt == ATTN_DTYPE_F16 && t->stride[3] == 1)
-      c->kern->load_f16((const uint16_t *)raw[jj], width, 1.0f, row);
-    else
-      for (int64_t d = 0; d < width; ++d) row[d] = (float)attn_load(raw[jj], c->dt, d * t->stride[3]);
-    rows[jj] = row;
-  }
-}
-
 static float stat_at(const attn_tensor *t, int64_t off) { return ((const float *)t->data)[off]; }
-
-/* Rows of KV head g from head 0's addresses (the heads of a key are stride[2] apart). */
-static void head_rows(const char *const *rows0, int64_t nb, size_t head_bytes, const char **rows) {
-  for (int64_t jj = 0; jj < nb; ++jj) rows[jj] = rows0[jj] + head_bytes;
-}
 
 /* The online softmax of the R rows of KV head g over keys [j0, j0 + nb): x (row r at x + r *
  * KEY_BLOCK) holds their scores; leaves their probabilities exp(x - m) there (0 where masked),
@@ -259,26 +242,45 @@ static void softmax_block(const decode_run *c, int64_t b, int64_t o, int64_t g, 
   }
 }
 
-/* Rows requested ahead by the bf16 loops: the keys that many past the one being computed (32 KiB
- * of K or V at Hkv = 8, D = 128; on the 2-core Zen 5 VM 8 to 32 keys streamed alike within its
- * run-to-run noise, one step of P V being 8 keys). */
+/* Rows requested ahead: the keys that many past the one being computed (32 KiB of bf16 K or V at
+ * Hkv = 8, D = 128; on the 2-core Zen 5 VM 8 to 32 keys streamed alike within its run-to-run
+ * noise, one step of P V being 8 keys). */
 #define AHEAD_KEYS 16
 
-/* The block loop of the bf16 loops (attn_cpu_decode_bf16, kernels_avx512bf16.c): per block all
- * heads' scores, key by key in address order, then the softmax, then P V, key pair by key pair.
- * The rows ahead: while the scores run, the rest of this block's K and the first of its V; while
- * P V runs, the rest of its V and the first of the next block's K. */
-static void decode_blocks_bf16(const decode_run *c, const decode_thread *t, int64_t b, int64_t o,
-                               int64_t k0, int64_t k1) {
-#ifdef ATTN_CPU_X86
+/* The rows the table's loops read for a key block (a->rows, a->head_bytes) of tensor t: in place
+ * (in_place), else every head's row of each key converted to f32 into buf (heads rows of ldbuf
+ * floats per key, in key order), whose addresses go to rows. */
+static void block_rows(const decode_run *c, const attn_tensor *t, int64_t width,
+                       attn_cpu_decode_block *a, float *buf, int64_t ldbuf, const char **rows) {
+  if (in_place(c, t)) return;
+  for (int64_t jj = 0; jj < a->nb; ++jj) {
+    float *dst = buf + jj * a->heads * ldbuf;
+    for (int64_t g = 0; g < a->heads; ++g) {
+      const char *src = a->rows[jj] + (size_t)g * a->head_bytes;
+      for (int64_t d = 0; d < width; ++d)
+        dst[g * ldbuf + d] = (float)attn_load(src, c->dt, d * t->stride[3]);
+    }
+    rows[jj] = (const char *)dst;
+  }
+  a->rows = rows, a->head_bytes = (size_t)ldbuf * sizeof(float);
+}
+
+/* The block loop: per block of KEY_BLOCK keys, every head's scores key by key in address order
+ * (a key's heads are neighbours), the softmax, then P V in steps of a few keys, every head inside;
+ * the bf16 loops (kernels_avx512bf16.c, loops_bf16) or the table's own (decode_kernels.h). The
+ * rows ahead: while the scores run, the rest of this block's K and the first of its V; while P V
+ * runs, the rest of its V and the first of the next block's K. */
+static void decode_blocks(const decode_run *c, const decode_thread *t, int64_t b, int64_t o,
+                          int64_t k0, int64_t k1, int loops_bf16, int kmode, int vmode) {
   const attn_problem *p = c->p;
   const attn_inputs *in = c->in;
   const int64_t R = c->l.R, Hkv = p->heads_kv, D = p->head_dim, Dv = p->head_dim_v;
-  const size_t es = 2, khead = (size_t)in->k.stride[2] * es, vhead = (size_t)in->v.stride[2] * es;
+  const size_t es = attn_dtype_size(c->dt);
+  const size_t khead = (size_t)in->k.stride[2] * es, vhead = (size_t)in->v.stride[2] * es;
   const char *kraw[2][KEY_BLOCK], *vraw[2][KEY_BLOCK];
   int cur = 0;
   row_addresses(c, b, 0, k0, min64(KEY_BLOCK, k1 - k0), kraw[0], vraw[0]);
-  attn_cpu_decode_bf16 a;
+  attn_cpu_decode_block a;
   memset(&a, 0, sizeof a);
   a.heads = Hkv, a.R = R, a.D = D, a.Dv = Dv;
   a.q = (const uint16_t *)t->q, a.ldq = c->l.Dp, a.scale = (float)p->scale;
@@ -293,7 +295,16 @@ static void decode_blocks_bf16(const decode_run *c, const decode_thread *t, int6
     a.ahead[0].head_bytes = khead, a.ahead[0].row_bytes = (size_t)D * es;
     a.ahead[1].rows = vraw[cur], a.ahead[1].n = ahead;
     a.ahead[1].head_bytes = vhead, a.ahead[1].row_bytes = (size_t)Dv * es;
-    attn_cpu_decode_scores_bf16(&a);
+    const char *conv[KEY_BLOCK];
+#ifdef ATTN_CPU_X86
+    if (loops_bf16)
+      attn_cpu_decode_scores_bf16(&a);
+    else
+#endif
+    {
+      block_rows(c, &in->k, D, &a, t->kbuf, c->l.Dp, conv);
+      c->kern->decode_scores(&a, t->q, kmode);
+    }
     for (int64_t g = 0; g < Hkv; ++g)
       softmax_block(c, b, o, g, j0, nb, t->s + g * R * KEY_BLOCK, t->m + g * R, t->l + g * R,
                     t->o + g * R * c->l.Dvp, c->l.Dvp);
@@ -302,53 +313,19 @@ static void decode_blocks_bf16(const decode_run *c, const decode_thread *t, int6
     a.ahead[0].head_bytes = vhead, a.ahead[0].row_bytes = (size_t)Dv * es;
     a.ahead[1].rows = kraw[cur ^ 1], a.ahead[1].n = min64(AHEAD_KEYS, max64(0, nb_next));
     a.ahead[1].head_bytes = khead, a.ahead[1].row_bytes = (size_t)D * es;
-    attn_cpu_decode_pv_bf16(&a);
-  }
-#else
-  (void)c, (void)t, (void)b, (void)o, (void)k0, (void)k1;
+#ifdef ATTN_CPU_X86
+    if (loops_bf16)
+      attn_cpu_decode_pv_bf16(&a);
+    else
 #endif
-}
-
-/* The block loop of the table's own loops (decode_kernels.h): per block and KV head, the scores,
- * the softmax and P V; rows converted first where they are not read in place. */
-static void decode_blocks(const decode_run *c, const decode_thread *t, int64_t b, int64_t o,
-                          int64_t k0, int64_t k1, int kmode, int vmode) {
-  const attn_problem *p = c->p;
-  const attn_inputs *in = c->in;
-  const attn_cpu_kernels *kern = c->kern;
-  const int64_t R = c->l.R, Hkv = p->heads_kv, D = p->head_dim, Dv = p->head_dim_v;
-  const int64_t Dp = c->l.Dp, Dvp = c->l.Dvp;
-  const size_t es = attn_dtype_size(c->dt);
-  /* Head 0's row addresses of this block and the next: a paged cache's next block (another page)
-   * is prefetched while this one is computed; a dense one streams by itself. */
-  const char *kraw[2][KEY_BLOCK], *vraw[2][KEY_BLOCK], *kg[KEY_BLOCK], *vg[KEY_BLOCK];
-  const void *krows[KEY_BLOCK], *vrows[KEY_BLOCK];
-  int cur = 0;
-  row_addresses(c, b, 0, k0, min64(KEY_BLOCK, k1 - k0), kraw[0], vraw[0]);
-  for (int64_t j0 = k0; j0 < k1; j0 += KEY_BLOCK, cur ^= 1) {
-    const int64_t nb = min64(KEY_BLOCK, k1 - j0);
-    /* the next block: its rows are requested while this one is computed */
-    const int64_t nb_next = min64(KEY_BLOCK, k1 - j0 - nb);
-    if (nb_next > 0) row_addresses(c, b, 0, j0 + nb, nb_next, kraw[cur ^ 1], vraw[cur ^ 1]);
-    for (int64_t g = 0; g < Hkv; ++g) {
-      /* the next block's rows of this head (K, then V), requested while this one is computed */
-      const char *pf[2 * KEY_BLOCK];
-      int64_t npf = 0;
-      if (nb_next > 0) {
-        head_rows(kraw[cur ^ 1], nb_next, (size_t)(g * in->k.stride[2]) * es, pf);
-        head_rows(vraw[cur ^ 1], nb_next, (size_t)(g * in->v.stride[2]) * es, pf + nb_next);
-        npf = 2 * nb_next;
-      }
-      head_rows(kraw[cur], nb, (size_t)(g * in->k.stride[2]) * es, kg);
-      kernel_rows(c, &in->k, D, kg, nb, t->kbuf, Dp, krows);
-      kern->decode_dots(R, nb, D, t->q + g * R * Dp, Dp, krows, kmode, t->s, KEY_BLOCK, pf, npf,
-                        (size_t)(D > Dv ? D : Dv) * es);
-      softmax_block(c, b, o, g, j0, nb, t->s, t->m + g * R, t->l + g * R, t->o + g * R * Dvp, Dvp);
-      head_rows(vraw[cur], nb, (size_t)(g * in->v.stride[2]) * es, vg);
-      kernel_rows(c, &in->v, Dv, vg, nb, t->vbuf, Dvp, vrows);
-      kern->decode_axpys(R, nb, Dv, t->s, KEY_BLOCK, vrows, vmode, t->o + g * R * Dvp, Dvp);
+    {
+      block_rows(c, &in->v, Dv, &a, t->vbuf, c->l.Dvp, conv);
+      c->kern->decode_pv(&a, vmode);
     }
   }
+#ifndef ATTN_CPU_X86
+  (void)loops_bf16;
+#endif
 }
 
 /* One item: every row of sequence b (all KV heads, R rows each) against keys [k0, k1) (within the
@@ -391,10 +368,7 @@ static void decode_item(const decode_run *c, const decode_thread *t, int64_t b,
       for (int64_t d = 0; d < D; ++d) qr[d] = scale * (float)attn_load(qt->data, c->dt, off + d * qt->stride[3]);
     if (kmode == ROWS_BF16_PAIRS) permute_pairs(qr, D, 0);
   }
-  if (k1 > k0 && loops_bf16)
-    decode_blocks_bf16(c, t, b, o, k0, k1);
-  else if (k1 > k0)
-    decode_blocks(c, t, b, o, k0, k1, kmode, vmode);
+  if (k1 > k0) decode_blocks(c, t, b, o, k0, k1, loops_bf16, kmode, vmode);
   for (int64_t r = 0; r < Hkv * R; ++r) {
     float *dst = partial + r * (Dvp + 2);
     dst[0] = t->m[r], dst[1] = t->l[r];
@@ -522,7 +496,7 @@ attn_status attn_cpu_decode_forward(const attn_run *run, const attn_cpu_kernels 
     t.m = t.o + round16(rows * c.l.Dvp);
     t.l = t.m + round16(rows);
     t.kbuf = t.l + round16(rows);
-    t.vbuf = t.kbuf + KEY_BLOCK * c.l.Dp;
+    t.vbuf = t.kbuf + KEY_BLOCK * p->heads_kv * c.l.Dp;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif

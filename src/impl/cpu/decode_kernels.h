@@ -15,12 +15,17 @@
 #define ATTN_IMPL_CPU_DECODE_KERNELS_H
 
 #include "impl/cpu/cpu.h"
+#include "impl/cpu/decode_ahead.h"
 
 #include "core/dtype.h"
 
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#if defined(__F16C__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #if defined(__GNUC__) && !defined(__clang__)
 #define DECODE_KERNEL __attribute__((optimize("fp-contract=fast")))
@@ -40,9 +45,25 @@ typedef uint16_t v16h __attribute__((vector_size(32)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
 
-/* 16 elements of a row: f32, or bf16 widened (its bits are the top half of the f32's). */
-static inline v16f load16(const void *p, int bf16) {
-  if (bf16) {
+/* 16 elements of a row read as `kind` (ROWS_F32, ROWS_BF16 or ROWS_F16): f32, bf16 widened (its
+ * bits are the top half of the f32's), or f16 converted (vcvtph2ps where the file has F16C). */
+__attribute__((always_inline)) static inline v16f load16(const void *p, int kind) {
+  if (kind == ROWS_F16) {
+#if defined(__AVX512F__)
+    return (v16f)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#elif defined(__F16C__)
+    const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    const __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p + 1));
+    v16f f;
+    memcpy(&f, &lo, sizeof lo), memcpy((char *)&f + sizeof lo, &hi, sizeof hi);
+    return f;
+#else
+    v16f f;
+    for (int u = 0; u < 16; ++u) f[u] = attn_f16_to_f32(((const uint16_t *)p)[u]);
+    return f;
+#endif
+  }
+  if (kind == ROWS_BF16) {
     v16h h;
     memcpy(&h, p, sizeof h);
     return (v16f)(__builtin_convertvector(h, v16u) << 16);
@@ -65,8 +86,9 @@ static inline float hsum16(v16f a) {
 }
 #endif
 
-static inline float load1(const void *p, int64_t d, int bf16) {
-  return bf16 ? attn_bf16_to_f32(((const uint16_t *)p)[d]) : ((const float *)p)[d];
+static inline float load1(const void *p, int64_t d, int kind) {
+  if (kind == ROWS_F16) return attn_f16_to_f32(((const uint16_t *)p)[d]);
+  return kind == ROWS_BF16 ? attn_bf16_to_f32(((const uint16_t *)p)[d]) : ((const float *)p)[d];
 }
 
 #if defined(__GNUC__)
@@ -102,19 +124,13 @@ static inline void hsum4(v16f a0, v16f a1, v16f a2, v16f a3, float *s) {
 
 /* S[r * lds + jj] = dot(q[r * ldq ..], key row jj) for r < R, jj < nb. */
 DECODE_KERNEL
-static void decode_dots_kernel(int64_t R, int64_t nb, int64_t D, const float *q, int64_t ldq,
-                        const void *const *rows, int mode, float *S, int64_t lds,
-                        const char *const *pf, int64_t npf, size_t pf_bytes) {
+static inline void decode_dots_kernel(int64_t R, int64_t nb, int64_t D, const float *q, int64_t ldq,
+                                      const void *const *rows, int mode, float *S, int64_t lds) {
 #if defined(__GNUC__)
-  const int bf16 = mode != ROWS_F32;
+  const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load16 and load1 */
   const int64_t step = mode == ROWS_BF16_PAIRS ? 32 : 16, Dv = D / step * step;
-  const size_t es = bf16 ? 2 : 4;
+  const size_t es = kind == ROWS_F32 ? 4 : 2;
   for (int64_t jj = 0; jj < nb; ++jj) {
-    /* rows of a later block, a few lines per key: requests spread over the work keep the core's
-     * miss buffers busy without a burst that stalls it. A head's rows sit Hkv rows apart and pages
-     * are shuffled, which the hardware prefetchers do not follow. */
-    for (int64_t u = jj; u < npf; u += nb)
-      for (size_t at = 0; at < pf_bytes; at += 64) __builtin_prefetch(pf[u] + at, 0, 2);
     const char *k = rows[jj];
     int64_t r = 0;
     for (; r + 4 <= R; r += 4) { /* four query rows share each load of the key */
@@ -131,7 +147,7 @@ static void decode_dots_kernel(int64_t R, int64_t nb, int64_t D, const float *q,
         }
       } else {
         for (int64_t d = 0; d < Dv; d += 16) {
-          const v16f kv = load16(k + (size_t)d * es, bf16);
+          const v16f kv = load16(k + (size_t)d * es, kind);
           a0 += load16(q0 + d, 0) * kv, a1 += load16(q1 + d, 0) * kv;
           a2 += load16(q2 + d, 0) * kv, a3 += load16(q3 + d, 0) * kv;
         }
@@ -139,7 +155,7 @@ static void decode_dots_kernel(int64_t R, int64_t nb, int64_t D, const float *q,
       float sum[4];
       hsum4(a0, a1, a2, a3, sum);
       for (int64_t d = Dv; d < D; ++d) {
-        const float kd = load1(k, d, bf16);
+        const float kd = load1(k, d, kind);
         sum[0] += q0[d] * kd, sum[1] += q1[d] * kd, sum[2] += q2[d] * kd, sum[3] += q3[d] * kd;
       }
       for (int u = 0; u < 4; ++u) S[(r + u) * lds + jj] = sum[u];
@@ -154,20 +170,20 @@ static void decode_dots_kernel(int64_t R, int64_t nb, int64_t D, const float *q,
           a0 += load16(q0 + d, 0) * ke + load16(q0 + d + 16, 0) * ko;
         }
       } else {
-        for (int64_t d = 0; d < Dv; d += 16) a0 += load16(q0 + d, 0) * load16(k + (size_t)d * es, bf16);
+        for (int64_t d = 0; d < Dv; d += 16)
+          a0 += load16(q0 + d, 0) * load16(k + (size_t)d * es, kind);
       }
       float s0 = hsum16(a0);
-      for (int64_t d = Dv; d < D; ++d) s0 += q0[d] * load1(k, d, bf16);
+      for (int64_t d = Dv; d < D; ++d) s0 += q0[d] * load1(k, d, kind);
       S[r * lds + jj] = s0;
     }
   }
 #else
-  (void)pf, (void)npf, (void)pf_bytes;
-  const int bf16 = mode != ROWS_F32;
+  const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load16 and load1 */
   for (int64_t jj = 0; jj < nb; ++jj)
     for (int64_t r = 0; r < R; ++r) {
       float s = 0.0f;
-      for (int64_t d = 0; d < D; ++d) s += q[r * ldq + d] * load1(rows[jj], d, bf16);
+      for (int64_t d = 0; d < D; ++d) s += q[r * ldq + d] * load1(rows[jj], d, kind);
       S[r * lds + jj] = s;
     }
 #endif
@@ -175,12 +191,13 @@ static void decode_dots_kernel(int64_t R, int64_t nb, int64_t D, const float *q,
 
 /* O[r * ldo + d] += sum_jj P[r * ldp + jj] * value row jj [d] for r < R, d < Dv. */
 DECODE_KERNEL
-static void decode_axpys_kernel(int64_t R, int64_t nb, int64_t Dv, const float *P, int64_t ldp,
-                         const void *const *rows, int mode, float *O, int64_t ldo) {
+static inline void decode_axpys_kernel(int64_t R, int64_t nb, int64_t Dv, const float *P,
+                                       int64_t ldp, const void *const *rows, int mode, float *O,
+                                       int64_t ldo) {
 #if defined(__GNUC__)
-  const int bf16 = mode != ROWS_F32;
+  const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load16 and load1 */
   const int64_t step = mode == ROWS_BF16_PAIRS ? 32 : 16, Dw = Dv / step * step;
-  const size_t es = bf16 ? 2 : 4;
+  const size_t es = kind == ROWS_F32 ? 4 : 2;
   int64_t r = 0;
   for (; r + 4 <= R; r += 4) { /* four rows' accumulators stay in registers over the block */
     const float *p0 = P + r * ldp, *p1 = p0 + ldp, *p2 = p1 + ldp, *p3 = p2 + ldp;
@@ -207,7 +224,7 @@ static void decode_axpys_kernel(int64_t R, int64_t nb, int64_t Dv, const float *
         v16f a0 = load16(o0 + d, 0), a1 = load16(o1 + d, 0), a2 = load16(o2 + d, 0),
              a3 = load16(o3 + d, 0);
         for (int64_t jj = 0; jj < nb; ++jj) {
-          const v16f vv = load16((const char *)rows[jj] + (size_t)d * es, bf16);
+          const v16f vv = load16((const char *)rows[jj] + (size_t)d * es, kind);
           a0 += p0[jj] * vv, a1 += p1[jj] * vv, a2 += p2[jj] * vv, a3 += p3[jj] * vv;
         }
         memcpy(o0 + d, &a0, sizeof a0), memcpy(o1 + d, &a1, sizeof a1);
@@ -216,7 +233,7 @@ static void decode_axpys_kernel(int64_t R, int64_t nb, int64_t Dv, const float *
     }
     for (int64_t d = Dw; d < Dv; ++d)
       for (int64_t jj = 0; jj < nb; ++jj) {
-        const float vd = load1(rows[jj], d, bf16);
+        const float vd = load1(rows[jj], d, kind);
         o0[d] += p0[jj] * vd, o1[d] += p1[jj] * vd, o2[d] += p2[jj] * vd, o3[d] += p3[jj] * vd;
       }
   }
@@ -237,20 +254,55 @@ static void decode_axpys_kernel(int64_t R, int64_t nb, int64_t Dv, const float *
       for (int64_t d = 0; d < Dw; d += 16) {
         v16f a0 = load16(o0 + d, 0);
         for (int64_t jj = 0; jj < nb; ++jj)
-          a0 += p0[jj] * load16((const char *)rows[jj] + (size_t)d * es, bf16);
+          a0 += p0[jj] * load16((const char *)rows[jj] + (size_t)d * es, kind);
         memcpy(o0 + d, &a0, sizeof a0);
       }
     }
     for (int64_t d = Dw; d < Dv; ++d)
-      for (int64_t jj = 0; jj < nb; ++jj) o0[d] += p0[jj] * load1(rows[jj], d, bf16);
+      for (int64_t jj = 0; jj < nb; ++jj) o0[d] += p0[jj] * load1(rows[jj], d, kind);
   }
 #else
-  const int bf16 = mode != ROWS_F32;
+  const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load16 and load1 */
   for (int64_t r = 0; r < R; ++r)
     for (int64_t jj = 0; jj < nb; ++jj)
-      for (int64_t d = 0; d < Dv; ++d) O[r * ldo + d] += P[r * ldp + jj] * load1(rows[jj], d, bf16);
+      for (int64_t d = 0; d < Dv; ++d) O[r * ldo + d] += P[r * ldp + jj] * load1(rows[jj], d, kind);
 #endif
 }
 
+/* cpu.h's decode_scores: the scores of one key block, key by key with every KV head of a key
+ * inside (address order), the rows ahead requested a few lines a key and head. */
+DECODE_KERNEL
+static void decode_scores_kernel(const attn_cpu_decode_block *a, const float *q, int mode) {
+  ahead_cursor cur;
+  ahead_start(&cur, a, a->nb * a->heads);
+  for (int64_t jj = 0; jj < a->nb; ++jj)
+    for (int64_t g = 0; g < a->heads; ++g) {
+      request_ahead(&cur, cur.quota);
+      const void *row = a->rows[jj] + (size_t)g * a->head_bytes;
+      decode_dots_kernel(a->R, 1, a->D, q + g * a->R * a->ldq, a->ldq, &row, mode,
+                         a->S + g * a->R * a->lds + jj, a->lds);
+    }
+  request_ahead(&cur, -1);
+}
+
+#define DECODE_PV_KEYS 8 /* keys a step of P V: O's rows loaded and stored once a step */
+
+/* cpu.h's decode_pv: P V of one key block, DECODE_PV_KEYS keys a step with every KV head inside. */
+DECODE_KERNEL
+static void decode_pv_kernel(const attn_cpu_decode_block *a, int mode) {
+  ahead_cursor cur;
+  ahead_start(&cur, a, (a->nb + DECODE_PV_KEYS - 1) / DECODE_PV_KEYS * a->heads);
+  for (int64_t j0 = 0; j0 < a->nb; j0 += DECODE_PV_KEYS) {
+    const int64_t kn = a->nb - j0 < DECODE_PV_KEYS ? a->nb - j0 : DECODE_PV_KEYS;
+    for (int64_t g = 0; g < a->heads; ++g) {
+      request_ahead(&cur, cur.quota);
+      const void *rows[DECODE_PV_KEYS];
+      for (int64_t u = 0; u < kn; ++u) rows[u] = a->rows[j0 + u] + (size_t)g * a->head_bytes;
+      decode_axpys_kernel(a->R, kn, a->Dv, a->S + g * a->R * a->lds + j0, a->lds, rows, mode,
+                          a->O + g * a->R * a->ldo, a->ldo);
+    }
+  }
+  request_ahead(&cur, -1);
+}
 
 #endif /* ATTN_IMPL_CPU_DECODE_KERNELS_H */

@@ -232,6 +232,6 @@ const attn_cpu_kernels attn_cpu_kernels_avx2 = {
     .load_f16 = load_f16_avx2,
     .store_f16 = store_f16_avx2,
     .dropout_keep = attn_cpu_dropout_keep_generic,
-    .decode_dots = decode_dots_kernel,
-    .decode_axpys = decode_axpys_kernel,
+    .decode_scores = decode_scores_kernel,
+    .decode_pv = decode_pv_kernel,
 };

@@ -417,15 +417,12 @@ void attn_cpu_dropout_keep_avx512(uint64_t seed, uint32_t threshold, int64_t b, 
 }
 
 /* The decode loops compiled for AVX-512, shared with the avx512bf16 table. */
-void attn_cpu_decode_dots_avx512(int64_t R, int64_t nb, int64_t D, const float *q, int64_t ldq,
-                                 const void *const *rows, int mode, float *S, int64_t lds,
-                                 const char *const *pf, int64_t npf, size_t pf_bytes) {
-  decode_dots_kernel(R, nb, D, q, ldq, rows, mode, S, lds, pf, npf, pf_bytes);
+void attn_cpu_decode_scores_avx512(const attn_cpu_decode_block *a, const float *q, int mode) {
+  decode_scores_kernel(a, q, mode);
 }
 
-void attn_cpu_decode_axpys_avx512(int64_t R, int64_t nb, int64_t Dv, const float *P, int64_t ldp,
-                                  const void *const *rows, int mode, float *O, int64_t ldo) {
-  decode_axpys_kernel(R, nb, Dv, P, ldp, rows, mode, O, ldo);
+void attn_cpu_decode_pv_avx512(const attn_cpu_decode_block *a, int mode) {
+  decode_pv_kernel(a, mode);
 }
 
 const attn_cpu_kernels attn_cpu_kernels_avx512 = {
@@ -444,6 +441,6 @@ const attn_cpu_kernels attn_cpu_kernels_avx512 = {
     .load_f16 = attn_cpu_load_f16_avx512,
     .store_f16 = attn_cpu_store_f16_avx512,
     .dropout_keep = attn_cpu_dropout_keep_avx512,
-    .decode_dots = attn_cpu_decode_dots_avx512,
-    .decode_axpys = attn_cpu_decode_axpys_avx512,
+    .decode_scores = attn_cpu_decode_scores_avx512,
+    .decode_pv = attn_cpu_decode_pv_avx512,
 };

@@ -16,6 +16,7 @@
  * in f32.
  */
 #include "impl/cpu/cpu.h"
+#include "impl/cpu/decode_ahead.h"
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -197,7 +198,7 @@ ALWAYS_INLINE void hsum4_avx512(__m512 a0, __m512 a1, __m512 a2, __m512 a3, floa
   s[0] = lanes[0], s[1] = lanes[4], s[2] = lanes[8], s[3] = lanes[12];
 }
 
-/* ---- the decode path's bf16 loops (cpu.h's attn_cpu_decode_bf16) --------------------------------
+/* ---- the decode path's bf16 loops (cpu.h's attn_cpu_decode_block) ----------------------------
  *
  * Instructions per key and KV head (D = Dv = 128, R = 4 rows, Tq = 1), against the loops before
  * (scores by vdpbf16ps one head at a time over the block, P V by f32 FMA on widened rows):
@@ -211,54 +212,6 @@ ALWAYS_INLINE void hsum4_avx512(__m512 a0, __m512 a1, __m512 a2, __m512 a3, floa
  * at 21-25 (dev/cpu/decode_bench.c, b1 sk2048). */
 
 static inline int64_t min64i(int64_t x, int64_t y) { return x < y ? x : y; }
-
-/* The requests of the rows ahead (cpu.h), walked in address order by a cursor over spans of
- * whole lines: one per row when a key's heads are neighbours (the usual layout), else one per
- * head's row; each step requests its quota from the current span with one comparison. */
-typedef struct ahead_cursor {
-  const attn_cpu_decode_bf16 *a;
-  int seg;
-  int64_t row, head;     /* the next span's */
-  const char *at, *end;  /* the current span: lines [at, end) still to request */
-  int64_t quota;         /* lines a step */
-} ahead_cursor;
-
-static void ahead_start(ahead_cursor *c, const attn_cpu_decode_bf16 *a, int64_t steps) {
-  c->a = a, c->seg = 0, c->row = 0, c->head = 0, c->at = c->end = NULL;
-  int64_t lines = 0;
-  for (int s = 0; s < 2; ++s) lines += a->ahead[s].n * a->heads * (int64_t)((a->ahead[s].row_bytes + 63) / 64);
-  c->quota = steps > 0 ? (lines + steps - 1) / steps : lines;
-}
-
-/* Moves to the next span; 0 when there is none. */
-static int ahead_next_span(ahead_cursor *c) {
-  const attn_cpu_decode_bf16 *a = c->a;
-  for (; c->seg < 2; ++c->seg, c->row = 0, c->head = 0) {
-    if (c->row >= a->ahead[c->seg].n) continue;
-    const size_t hb = a->ahead[c->seg].head_bytes, rb = a->ahead[c->seg].row_bytes;
-    const char *row = a->ahead[c->seg].rows[c->row] + (size_t)c->head * hb;
-    size_t bytes = rb;
-    if (hb == rb) /* heads are neighbours: the whole key */
-      bytes = (size_t)(a->heads - c->head) * rb, ++c->row;
-    else if (++c->head == a->heads)
-      c->head = 0, ++c->row;
-    c->at = (const char *)((uintptr_t)row & ~(uintptr_t)63);
-    c->end = row + bytes;
-    return 1;
-  }
-  return 0;
-}
-
-/* Requests count lines (-1: all the rest): a run of requests per span, one comparison a line. */
-static inline void request_ahead(ahead_cursor *c, int64_t count) {
-  if (count < 0) count = INT64_MAX;
-  while (count > 0) {
-    if (c->at >= c->end && !ahead_next_span(c)) return;
-    const int64_t left = (c->end - c->at + 63) / 64, n = left < count ? left : count;
-    for (int64_t i = 0; i < n; ++i) _mm_prefetch(c->at + 64 * i, _MM_HINT_T0);
-    c->at += 64 * n, count -= n;
-  }
-}
 
 /* The 16 sums of a[0..15] as one vector, lane 4 i + k holding the sum of a[i + 4 k]: one tree of
  * shuffles (45 instructions where 16 separate sums take about 80). */
@@ -310,7 +263,7 @@ ALWAYS_INLINE void scores_1x4(const uint16_t *q0, const uint16_t *const *k, int6
   for (int64_t u = 0; u < kn; ++u) S[u] = scale * sum[u];
 }
 
-void attn_cpu_decode_scores_bf16(const attn_cpu_decode_bf16 *a) {
+void attn_cpu_decode_scores_bf16(const attn_cpu_decode_block *a) {
   const int64_t R = a->R, nb = a->nb;
   ahead_cursor cur;
   ahead_start(&cur, a, (nb + 3) / 4 * a->heads);
@@ -369,7 +322,7 @@ ALWAYS_INLINE void pv_window(const int NP, const int NC, const uint16_t *const *
     pv_window(NP, NC, v, d, p, 16, R, O, a->ldo);                                                   \
     break;
 
-void attn_cpu_decode_pv_bf16(const attn_cpu_decode_bf16 *a) {
+void attn_cpu_decode_pv_bf16(const attn_cpu_decode_block *a) {
   const int64_t R = a->R, nb = a->nb, rows = a->heads * R;
   /* P as bf16 (round to nearest even), each row's 32 keys in 16 pair words; keys past nb are 0 */
   const __mmask16 lo16 = (__mmask16)(nb >= 16 ? 0xffff : (1u << nb) - 1u);
@@ -425,6 +378,6 @@ const attn_cpu_kernels attn_cpu_kernels_avx512bf16 = {
     .load_f16 = attn_cpu_load_f16_avx512,
     .store_f16 = attn_cpu_store_f16_avx512,
     .dropout_keep = attn_cpu_dropout_keep_avx512,
-    .decode_dots = attn_cpu_decode_dots_avx512,
-    .decode_axpys = attn_cpu_decode_axpys_avx512,
+    .decode_scores = attn_cpu_decode_scores_avx512,
+    .decode_pv = attn_cpu_decode_pv_avx512,
 };

@@ -95,6 +95,6 @@ const attn_cpu_kernels attn_cpu_kernels_generic = {
     .load_f16 = attn_cpu_load_f16_generic,
     .store_f16 = attn_cpu_store_f16_generic,
     .dropout_keep = attn_cpu_dropout_keep_generic,
-    .decode_dots = decode_dots_kernel,
-    .decode_axpys = decode_axpys_kernel,
+    .decode_scores = decode_scores_kernel,
+    .decode_pv = decode_pv_kernel,
 };
