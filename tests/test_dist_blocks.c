@@ -26,8 +26,8 @@
 
 typedef struct geometry {
   int n, layout, causal, align;
-  int64_t nq, nk;     /* chunk lengths */
-  int64_t wl, wr;     /* window (-1 unbounded), before causal is folded in */
+  int64_t nq, nk; /* chunk lengths */
+  int64_t wl, wr; /* window (-1 unbounded), before causal is folded in */
 } geometry;
 
 static int make_plan(attn_ctx *ctx, const geometry *ge, int32_t r, attn_dist_plan *plan) {
@@ -111,9 +111,10 @@ static int check_geometry(attn_ctx *ctx, const geometry *ge, const char *name, i
               const int64_t gk = global_row(&plan, G->seqlen_k, ge->nk, k->src, lj);
               const int shown = device ? call_sees(G, rows, keys, k->full, i, j) : sees(G, gq, gk);
               if (device && shown && !sees(G, gq, gk)) {
-                tu_check(0, "%s rank %d step %d: call %d shows global key %lld to row %lld, "
-                         "which the mask hides", name, (int)r, (int)s, b, (long long)gk,
-                         (long long)gq);
+                tu_check(0,
+                         "%s rank %d step %d: call %d shows global key %lld to row %lld, "
+                         "which the mask hides",
+                         name, (int)r, (int)s, b, (long long)gk, (long long)gq);
                 ok = 0;
               }
               cover[li * Tk + lj] += (unsigned char)shown;
@@ -124,10 +125,11 @@ static int check_geometry(attn_ctx *ctx, const geometry *ge, const char *name, i
             const int want = sees(G, global_row(&plan, G->seqlen_q, ge->nq, r, i),
                                   global_row(&plan, G->seqlen_k, ge->nk, src, j));
             if (cover[i * Tk + j] != want) {
-              tu_check(0, "%s rank %d step %d (%s): local row %lld, key %lld of rank %d is "
-                       "covered %d times, the mask %s it", name, (int)r, (int)s,
-                       device ? "device" : "host", (long long)i, (long long)j, (int)src,
-                       (int)cover[i * Tk + j], want ? "shows" : "hides");
+              tu_check(0,
+                       "%s rank %d step %d (%s): local row %lld, key %lld of rank %d is "
+                       "covered %d times, the mask %s it",
+                       name, (int)r, (int)s, device ? "device" : "host", (long long)i, (long long)j,
+                       (int)src, (int)cover[i * Tk + j], want ? "shows" : "hides");
               ok = 0;
             }
           }
@@ -136,8 +138,7 @@ static int check_geometry(attn_ctx *ctx, const geometry *ge, const char *name, i
   }
   free(cover);
   tu_check(ok, "%s: every call's mask is the global one, every visible pair covered once", name);
-  tu_check(fits == !refused_somewhere, "%s: the device verdict (%d) matches its steps", name,
-           fits);
+  tu_check(fits == !refused_somewhere, "%s: the device verdict (%d) matches its steps", name, fits);
   return fits;
 }
 
@@ -149,8 +150,8 @@ int main(void) {
   int geometries = 0, accepted = 0;
   char name[160];
   const int64_t lens[][2] = {{5, 5}, {3, 7}, {7, 3}, {4, 6}};
-  const int64_t windows[][2] = {{-1, -1}, {0, -1}, {2, -1}, {5, -1}, {11, -1}, {-1, 0},
-                                {-1, 3},  {3, 2},  {0, 0},  {9, 4}};
+  const int64_t windows[][2] = {{-1, -1}, {0, -1}, {2, -1}, {5, -1}, {11, -1},
+                                {-1, 0},  {-1, 3}, {3, 2},  {0, 0},  {9, 4}};
   for (int n = 2; n <= 4; ++n)
     for (int layout = 0; layout < 2; ++layout)
       for (int causal = 0; causal <= 1; ++causal)
@@ -158,19 +159,20 @@ int main(void) {
           for (size_t li = 0; li < sizeof lens / sizeof lens[0]; ++li)
             for (size_t wi = 0; wi < sizeof windows / sizeof windows[0]; ++wi) {
               if (causal && windows[wi][1] >= 0) continue; /* causal sets window_right 0 */
-              const geometry ge = {n, layout ? Z : C, causal, align ? BR : TL, lens[li][0],
-                                   lens[li][1], windows[wi][0], windows[wi][1]};
+              const geometry ge = {n,           layout ? Z : C, causal,         align ? BR : TL,
+                                   lens[li][0], lens[li][1],    windows[wi][0], windows[wi][1]};
               snprintf(name, sizeof name, "n=%d %s causal=%d %s nq=%lld nk=%lld window %lld/%lld",
-                       n, layout ? "zigzag" : "contiguous", causal, align ? "bottom-right" : "top-left",
-                       (long long)ge.nq, (long long)ge.nk, (long long)ge.wl, (long long)ge.wr);
+                       n, layout ? "zigzag" : "contiguous", causal,
+                       align ? "bottom-right" : "top-left", (long long)ge.nq, (long long)ge.nk,
+                       (long long)ge.wl, (long long)ge.wr);
               int calls = 0;
               const int fits = check_geometry(ctx, &ge, name, &calls);
               ++geometries, accepted += fits;
               const int no_mask = !causal && ge.wl < 0 && ge.wr < 0;
               const int square_causal = causal && ge.wl < 0 && ge.nq == ge.nk;
               if (no_mask || square_causal) /* the device ring's promise: these always run */
-                tu_check(fits && calls == 1, "%s: runs on the device, one call per step (%d)",
-                         name, calls);
+                tu_check(fits && calls == 1, "%s: runs on the device, one call per step (%d)", name,
+                         calls);
             }
   printf("%d geometries, %d run on the device ring\n", geometries, accepted);
 

@@ -57,7 +57,7 @@ struct attn_dist_plan {
   /* ATTN_DIST_RING_BLOCKS=pairs at plan creation: one call per visible pair of chunks, as before
    * a step's hull ran as one (for comparisons; ring.c, step_blocks). */
   int ring_pairs;
-  attn_problem block;    /* the block plan's problem */
+  attn_problem block; /* the block plan's problem */
   attn_problem sinks_problem;
 
   /* Scratch of sequence-split runs, allocated on first use (ring.c). */
@@ -120,8 +120,7 @@ void attn_dist_ring_block_shapes(attn_dist_plan *plan, int used[2][2]);
  * the global result so (when not, why names one that does not: it is cut by the mask where a plan
  * of its shape is not), and which shapes this rank runs: used[na - 1][nc - 1] bit 1 with the
  * problem's mask, bit 2 unmasked. */
-int attn_dist_ring_device_blocks(attn_dist_plan *plan, int used[2][2], char *why,
-                                 size_t why_size);
+int attn_dist_ring_device_blocks(attn_dist_plan *plan, int used[2][2], char *why, size_t why_size);
 /* The calls of step s on ring rank r (device: unplaced, as the device ring runs them; otherwise
  * placed at global positions as the host does), for tests: query chunks [a0, a0 + na) of rank r
  * against key chunks [c0, c0 + nc) of rank src, unmasked when full. Returns how many (0 after the

@@ -545,14 +545,15 @@ static attn_status check_device_ring(attn_dist_plan *plan, const attn_dist_spec 
   int used[2][2];
   char why[256] = "";
   if (!attn_dist_ring_device_blocks(plan, used, why, sizeof why))
-    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
-                     "device=cuda with a split sequence and this mask (causal=%d, window %lld/%lld, "
-                     "seqlen_q=%lld, seqlen_k=%lld): %s; the cuda kernels take no positions yet, so "
-                     "the device ring needs every block hidden, entirely visible or cut where a "
-                     "plan of its shape is (causal with seqlen_q == seqlen_k, or no mask, always "
-                     "is; the CPU ring runs any mask)",
-                     (int)g->causal, (long long)g->window_left, (long long)g->window_right,
-                     (long long)g->seqlen_q, (long long)g->seqlen_k, why);
+    return attn_fail(
+        ctx, ATTN_STATUS_UNSUPPORTED,
+        "device=cuda with a split sequence and this mask (causal=%d, window %lld/%lld, "
+        "seqlen_q=%lld, seqlen_k=%lld): %s; the cuda kernels take no positions yet, so "
+        "the device ring needs every block hidden, entirely visible or cut where a "
+        "plan of its shape is (causal with seqlen_q == seqlen_k, or no mask, always "
+        "is; the CPU ring runs any mask)",
+        (int)g->causal, (long long)g->window_left, (long long)g->window_right,
+        (long long)g->seqlen_q, (long long)g->seqlen_k, why);
   plan->dev = attn_module_dist_ops();
   if (plan->dev == NULL)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,

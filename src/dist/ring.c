@@ -307,7 +307,8 @@ static int ring_block_shapes(attn_dist_plan *plan, block_mode mode, int used[2][
         return 0;
       }
       if (r != g.r) continue;
-      for (int i = 0; i < nb; ++i) used[blocks[i].na - 1][blocks[i].nc - 1] |= blocks[i].full ? 2 : 1;
+      for (int i = 0; i < nb; ++i)
+        used[blocks[i].na - 1][blocks[i].nc - 1] |= blocks[i].full ? 2 : 1;
     }
   return 1;
 }
@@ -316,8 +317,7 @@ void attn_dist_ring_block_shapes(attn_dist_plan *plan, int used[2][2]) {
   (void)ring_block_shapes(plan, BLOCKS_PLACED, used, NULL, 0);
 }
 
-int attn_dist_ring_device_blocks(attn_dist_plan *plan, int used[2][2], char *why,
-                                 size_t why_size) {
+int attn_dist_ring_device_blocks(attn_dist_plan *plan, int used[2][2], char *why, size_t why_size) {
   return ring_block_shapes(plan, BLOCKS_UNPLACED, used, why, why_size);
 }
 
@@ -329,8 +329,8 @@ int attn_dist_ring_step_blocks(attn_dist_plan *plan, int device, int32_t r, int3
   ring_block blocks[4];
   const int nb = step_blocks(&g, r, s, device ? BLOCKS_UNPLACED : BLOCKS_PLACED, blocks);
   for (int i = 0; i < nb; ++i)
-    out[i] = (attn_dist_block){blocks[i].src, blocks[i].a0, blocks[i].na, blocks[i].c0,
-                               blocks[i].nc, blocks[i].full};
+    out[i] = (attn_dist_block){blocks[i].src, blocks[i].a0, blocks[i].na,
+                               blocks[i].c0,  blocks[i].nc, blocks[i].full};
   return nb;
 }
 
@@ -1035,8 +1035,8 @@ static attn_status device_backward_block(void *self, const ring_block *rb, const
   }
   blk.fwd.lse = attn_tensor_dense(b->lb);
   const double t0 = attn_dist_now();
-  status = attn_plan_backward(device_block_plan(g, rb), &blk.in, &blk.fwd, &blk.dout, b->wsp,
-                              b->ws, &blk.grads);
+  status = attn_plan_backward(device_block_plan(g, rb), &blk.in, &blk.fwd, &blk.dout, b->wsp, b->ws,
+                              &blk.grads);
   plan->stats.compute_seconds += attn_dist_now() - t0;
   ++plan->stats.blocks;
   if (status != ATTN_STATUS_OK) return status;
