@@ -608,7 +608,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0};
-  out[k++] = (tcase){"ring zigzag Tq!=Tk",
+  out[k++] = (tcase){"ring zigzag GQA 4:1",
                      1,
                      {S, 0},
                      {n, 0},
@@ -617,7 +617,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      1,
                      2 * 13 * n,
-                     2 * 31 * n,
+                     2 * 13 * n,
                      8,
                      2,
                      64,
@@ -674,7 +674,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      1};
   out[k++] = (tcase){
-      "ring causal Tq!=Tk", 1, {S, 0}, {n, 0}, Z, AUTO, 1, 1, 2 * 8 * n, 4 * 8 * n, 2, 2, 64, 0, 0,
+      "ring causal Tq!=Tk", 1, {S, 0}, {n, 0}, C, AUTO, 1, 1, 2 * 8 * n, 4 * 8 * n, 2, 2, 64, 0, 0,
       "cut by the mask",    0, 0,      0,      0, 0};
   out[k++] =
       (tcase){"ring window",     1, {S, 0}, {n, 0}, C, AUTO, 1, 1, 32 * n, 32 * n, 2, 2, 64, 0, 0,
