@@ -131,6 +131,8 @@ typedef struct attn_dist_block {
 } attn_dist_block;
 int attn_dist_ring_step_blocks(attn_dist_plan *plan, int device, int32_t r, int32_t s,
                                attn_dist_block out[4]);
+/* The plan a device block of this rank runs on (without positions), for benchmarks. */
+attn_plan *attn_dist_ring_block_plan(const attn_dist_plan *plan, const attn_dist_block *b);
 
 /* Sequence-split runs (ring.c). */
 attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,

@@ -165,11 +165,8 @@ static int32_t last_step(const ring *g) {
 
 /* A block of a step: this rank's query chunks [a0, a0 + na) against key chunks [c0, c0 + nc) of
  * the slice of rank src. Device blocks (unplaced) run on the plan of their shape with the
- * problem's mask, or with none when `full`. */
-typedef struct ring_block {
-  int32_t src, a0, na, c0, nc;
-  int full;
-} ring_block;
+ * problem's mask, or with none when `full` (dist.h says the same to tests and benchmarks). */
+typedef attn_dist_block ring_block;
 
 /* The global position of a block's first key (its bias and mask columns start there). */
 static int64_t block_k0(const ring *g, const ring_block *b) {
@@ -326,12 +323,7 @@ int attn_dist_ring_step_blocks(attn_dist_plan *plan, int device, int32_t r, int3
   ring g;
   init_geometry(&g, plan);
   if (s > last_step(&g)) return 0;
-  ring_block blocks[4];
-  const int nb = step_blocks(&g, r, s, device ? BLOCKS_UNPLACED : BLOCKS_PLACED, blocks);
-  for (int i = 0; i < nb; ++i)
-    out[i] = (attn_dist_block){blocks[i].src, blocks[i].a0, blocks[i].na,
-                               blocks[i].c0,  blocks[i].nc, blocks[i].full};
-  return nb;
+  return step_blocks(&g, r, s, device ? BLOCKS_UNPLACED : BLOCKS_PLACED, out);
 }
 
 /* ---- scratch --------------------------------------------------------------------------------- */
@@ -770,7 +762,7 @@ static void block_backward_args(const backward_args *x, int32_t a, const char *k
  * recorded on the caller's stream after a step's blocks keeps the next transfer from overwriting
  * the buffer they read. A transfer's wait blocks the host only: the blocks of the step were
  * enqueued before it, so the GPU computes while the slice moves. Accumulators are f32 (what the
- * cuda kernels keep per row); blocks run without positions (step_blocks, device_block_plan). */
+ * cuda kernels keep per row); blocks run without positions (step_blocks, attn_dist_ring_block_plan). */
 
 /* What a device operation's failure leaves: work may be in flight, so the plan is broken. */
 static attn_status dev_fail(attn_dist_plan *plan, attn_status status, const char *what,
@@ -792,8 +784,8 @@ static attn_status dev_fail(attn_dist_plan *plan, attn_status status, const char
 
 /* The plan of a device block, run without positions (the cuda kernels take none): the plan of
  * its shape, unmasked or with the problem's mask, as step_blocks chose (block_runs_unplaced). */
-static attn_plan *device_block_plan(const ring *g, const ring_block *b) {
-  return b->full ? g->plan->full_plans[b->na - 1][b->nc - 1] : span_plan(g->plan, b->na, b->nc);
+attn_plan *attn_dist_ring_block_plan(const attn_dist_plan *plan, const attn_dist_block *b) {
+  return b->full ? plan->full_plans[b->na - 1][b->nc - 1] : span_plan(plan, b->na, b->nc);
 }
 
 /* Bytes of device workspace the blocks need, forward and backward, 256-byte rounded. */
@@ -939,7 +931,7 @@ static attn_status device_forward_block(void *self, const ring_block *b, const c
   bo.out = attn_tensor_dense(f->ob);
   bo.lse = attn_tensor_dense(f->lb);
   const double t0 = attn_dist_now();
-  attn_status status = attn_plan_forward(device_block_plan(g, b), &bi, f->wsp, f->ws, &bo);
+  attn_status status = attn_plan_forward(attn_dist_ring_block_plan(g->plan, b), &bi, f->wsp, f->ws, &bo);
   plan->stats.compute_seconds += attn_dist_now() - t0;
   ++plan->stats.blocks;
   if (status != ATTN_STATUS_OK) return status;
@@ -1035,7 +1027,7 @@ static attn_status device_backward_block(void *self, const ring_block *rb, const
   }
   blk.fwd.lse = attn_tensor_dense(b->lb);
   const double t0 = attn_dist_now();
-  status = attn_plan_backward(device_block_plan(g, rb), &blk.in, &blk.fwd, &blk.dout, b->wsp, b->ws,
+  status = attn_plan_backward(attn_dist_ring_block_plan(g->plan, rb), &blk.in, &blk.fwd, &blk.dout, b->wsp, b->ws,
                               &blk.grads);
   plan->stats.compute_seconds += attn_dist_now() - t0;
   ++plan->stats.blocks;

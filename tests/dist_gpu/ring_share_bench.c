@@ -7,19 +7,22 @@
  *
  * The whole problem runs on the GPU as one plan; then the ring of n ranks (threads over the
  * loopback transport, as tests/test_dist_gpu.c) runs it on the same GPU, twice: with a step's
- * chunks in one call where the mask allows (the default) and with one call per pair of chunks
- * (ATTN_DIST_RING_BLOCKS=pairs, the blocks before). The ranks share the GPU, so a pass takes about
- * the sum of their blocks, merges and sums (the K/V moves are device copies of a few ms); a
- * rank's share is that over n, and one GPU's time over it is the speedup n GPUs reach when the
- * transfers hide behind the blocks and the ranks balance (zigzag, causal). Not the n-GPU figure
- * (gpu/dist.sh gpubench measures that): no link, no NCCL, and the ranks' kernels may overlap on
- * the one GPU. Validated first: each rank's lse against the whole problem's at the same rows.
- * Warm-up pass, then the median of --iters passes (forward + backward unless --forward).
+ * chunks in one call where the mask allows (the default, "hull") and with one call per pair of
+ * chunks (ATTN_DIST_RING_BLOCKS=pairs, the blocks before). Validated first: each rank's lse
+ * against the whole problem's at the same rows. Then each rank in turn runs its steps' block
+ * calls alone (the same plans and shapes, forward and backward, back to back on its stream, the
+ * other ranks waiting): one GPU's time over the slowest rank's is the speedup n GPUs reach on
+ * compute alone (transfers hidden, merges and sums free). Also printed: the whole ring with all
+ * ranks on this GPU at once (merges and sums included) over n, where the ranks' kernels overlap
+ * and fill each other's tails, so it hides what small calls cost. Not the n-GPU figure
+ * (gpu/dist.sh gpubench measures that: no link, no NCCL here). Warm-up, then the median of
+ * --iters runs (forward + backward unless --forward).
  */
 #define _POSIX_C_SOURCE 200112L /* setenv, pthread barriers, clock_gettime */
 #include "attn.h"
 #include "attn_dist.h"
 #include "core/gpu.h"
+#include "dist/dist.h"
 #include "dist/transport.h"
 #include "dist_gpu/loopback.h"
 #include "module/module.h"
@@ -105,15 +108,86 @@ static void *gather_rows(const void *g, int64_t B, int64_t T, int64_t rows, cons
 typedef struct rank_job {
   const host_data *h;
   const attn_dist_spec *spec;
-  int rank, iters, backward;
+  int rank, n, iters, backward;
   void *comm;
   pthread_barrier_t *barrier;
   double *times; /* rank 0 writes them */
   attn_dist_stats fwd_stats, bwd_stats;
+  double alone; /* median seconds of the rank's block calls, run alone */
   double lse_error;
   int ok;
   char error[512];
 } rank_job;
+
+/* The rank's block calls alone: every step's calls (attn_dist_ring_step_blocks, on the plans
+ * the ring runs them on), forward then backward, back to back on the rank's stream while the
+ * other ranks wait, so no neighbour's kernel overlaps them: the ring's compute on one GPU of n,
+ * without its merges, sums and transfers. The data are the rank's own q, k and v for every step
+ * (the kernels' time does not depend on the values); results go to the rank's buffers, already
+ * validated. Median seconds of `iters` runs after a warm-up. */
+static double calls_alone(attn_dist_plan *plan, int rank, int n, int iters, int backward,
+                          void *stream, const attn_problem *l, size_t es, char *q, char *k, char *v,
+                          char *dout, void *out, void *lse, void *dq, void *dk, void *dv) {
+  const int64_t Dv = l->head_dim_v > 0 ? l->head_dim_v : l->head_dim, C = plan->chunks;
+  const int64_t nq = l->seqlen_q / C, nk = l->seqlen_k / C;
+  const int64_t Wq = l->heads_q * l->head_dim, Wk = l->heads_kv * l->head_dim;
+  const int64_t Wv = l->heads_kv * Dv, Wo = l->heads_q * Dv;
+  attn_dist_block calls[MAX_RANKS][4];
+  int ncalls[MAX_RANKS];
+  size_t ws_size = 0;
+  for (int s = 0; s < n; ++s) {
+    ncalls[s] = attn_dist_ring_step_blocks(plan, 1, rank, s, calls[s]);
+    for (int i = 0; i < ncalls[s]; ++i) {
+      size_t f = 0, b = 0;
+      attn_plan_workspace_size(attn_dist_ring_block_plan(plan, &calls[s][i]), &f, &b);
+      if (f > ws_size) ws_size = f;
+      if (b > ws_size) ws_size = b;
+    }
+  }
+  void *ws = ws_size > 0 ? device_copy(NULL, ws_size) : NULL;
+  double *times = calloc((size_t)iters, sizeof(double));
+  char why[512] = "";
+  for (int it = -1; it < iters; ++it) {
+    const double t0 = now();
+    for (int s = 0; s < n; ++s)
+      for (int i = 0; i < ncalls[s]; ++i) {
+        const attn_dist_block *b = &calls[s][i];
+        const int64_t q0 = b->a0 * nq, k0 = b->c0 * nk;
+        /* the rank's tensors from the block's first row or key, their strides the whole's */
+        const int64_t qs[4] = {l->seqlen_q * Wq, Wq, l->head_dim, 1};
+        const int64_t ks[4] = {l->seqlen_k * Wk, Wk, l->head_dim, 1};
+        const int64_t vs[4] = {l->seqlen_k * Wv, Wv, Dv, 1};
+        const int64_t ds[4] = {l->seqlen_q * Wo, Wo, Dv, 1};
+        attn_inputs in;
+        attn_inputs_init(&in);
+        in.q = attn_tensor_dense(q + (size_t)(q0 * Wq) * es);
+        in.k = attn_tensor_dense(k + (size_t)(k0 * Wk) * es);
+        in.v = attn_tensor_dense(v + (size_t)(k0 * Wv) * es);
+        memcpy(in.q.stride, qs, sizeof qs), memcpy(in.k.stride, ks, sizeof ks);
+        memcpy(in.v.stride, vs, sizeof vs);
+        attn_outputs o;
+        attn_outputs_init(&o);
+        o.out = attn_tensor_dense(out), o.lse = attn_tensor_dense(lse);
+        attn_plan *bp = attn_dist_ring_block_plan(plan, b);
+        attn_status st = attn_plan_forward(bp, &in, ws, ws_size, &o);
+        if (st == ATTN_STATUS_OK && backward) {
+          attn_tensor d = attn_tensor_dense(dout + (size_t)(q0 * Wo) * es);
+          memcpy(d.stride, ds, sizeof ds);
+          attn_grads g;
+          attn_grads_init(&g);
+          g.dq = attn_tensor_dense(dq), g.dk = attn_tensor_dense(dk), g.dv = attn_tensor_dense(dv);
+          st = attn_plan_backward(bp, &in, &o, &d, ws, ws_size, &g);
+        }
+        if (st != ATTN_STATUS_OK) die("a block call", "failed");
+      }
+    if (dev_ops->stream_sync(0, stream, why, sizeof why) != ATTN_STATUS_OK) die("sync", why);
+    if (it >= 0) times[it] = now() - t0;
+  }
+  const double t = median(times, iters);
+  free(times);
+  if (ws != NULL) gpu->release(0, ws);
+  return t;
+}
 
 static void *run_rank(void *arg) {
   rank_job *j = arg;
@@ -199,6 +273,13 @@ static void *run_rank(void *arg) {
     j->lse_error = err;
     free(got);
   }
+  for (int turn = 0; turn < j->n; ++turn) { /* one rank at a time */
+    pthread_barrier_wait(j->barrier);
+    if (turn == j->rank && ok)
+      j->alone = calls_alone(plan, j->rank, j->n, j->iters, j->backward, stream, &l, h->es, q, k, v,
+                             dout, out, lse, dq, dk, dv);
+  }
+  pthread_barrier_wait(j->barrier);
   attn_dist_plan_destroy(plan);
   dev_ops->stream_destroy(0, stream);
   void *bufs[9] = {q, k, v, dout, out, dq, dk, dv, lse};
@@ -270,7 +351,7 @@ static double one_gpu(host_data *h, int iters, int backward) {
  * after printing why it failed. */
 static double ring_on_one_gpu(const host_data *h, const attn_dist_spec *spec, int n, int iters,
                               int backward, const char *blocks, attn_dist_stats *fs,
-                              attn_dist_stats *bs, double *lse_error) {
+                              attn_dist_stats *bs, double *lse_error, double alone[MAX_RANKS]) {
   if (strcmp(blocks, "pairs") == 0)
     setenv("ATTN_DIST_RING_BLOCKS", "pairs", 1); /* read at plan creation */
   else
@@ -288,6 +369,7 @@ static double ring_on_one_gpu(const host_data *h, const attn_dist_spec *spec, in
     jobs[r] = (rank_job){.h = h,
                          .spec = spec,
                          .rank = r,
+                         .n = n,
                          .iters = iters,
                          .backward = backward,
                          .comm = &lc[r],
@@ -307,6 +389,7 @@ static double ring_on_one_gpu(const host_data *h, const attn_dist_spec *spec, in
     if (jobs[r].lse_error > *lse_error) *lse_error = jobs[r].lse_error;
   }
   *fs = jobs[0].fwd_stats, *bs = jobs[0].bwd_stats;
+  for (int r = 0; r < n; ++r) alone[r] = jobs[r].alone;
   free(times);
   return t;
 }
@@ -383,23 +466,34 @@ int main(int argc, char **argv) {
   printf("%s: one GPU, the whole problem: %.1f ms per %s (median of %d)\n", text, 1e3 * t1, pass,
          iters);
   const char *modes[2] = {"hull", "pairs"};
-  double share[2] = {0, 0};
+  double share[2] = {0, 0}, slowest[2] = {0, 0};
   for (int m = 0; m < 2; ++m) {
     attn_dist_stats fs, bs;
-    double lse_error = 0;
-    const double t = ring_on_one_gpu(&h, &spec, n, iters, backward, modes[m], &fs, &bs, &lse_error);
+    double lse_error = 0, alone[MAX_RANKS];
+    const double t =
+        ring_on_one_gpu(&h, &spec, n, iters, backward, modes[m], &fs, &bs, &lse_error, alone);
     if (t < 0) return 1;
     share[m] = t / n;
-    printf("ring of %d (%s), %s blocks, all ranks on this GPU: %.1f ms per %s; a rank's share "
-           "%.1f ms; rank 0: %d forward calls in %d steps%s; lse max error %.2g%s\n",
-           n, spec.layout == ATTN_DIST_LAYOUT_ZIGZAG ? "zigzag" : "contiguous", modes[m], 1e3 * t,
-           pass, 1e3 * share[m], (int)fs.blocks, (int)fs.steps,
-           backward ? " (backward the same)" : "", lse_error, lse_error <= 1e-3 ? "" : " FAIL");
+    printf("ring of %d (%s), %s blocks: rank 0 makes %d forward calls in %d steps (backward the "
+           "same); lse max error %.2g%s\n",
+           n, spec.layout == ATTN_DIST_LAYOUT_ZIGZAG ? "zigzag" : "contiguous", modes[m],
+           (int)fs.blocks, (int)fs.steps, lse_error, lse_error <= 1e-3 ? "" : " FAIL");
     if (!(lse_error <= 1e-3)) return 1;
+    printf("  all ranks at once on this GPU: %.1f ms per %s (merges and sums included), over %d: "
+           "%.1f ms\n  each rank's block calls alone:",
+           1e3 * t, pass, n, 1e3 * share[m]);
+    for (int r = 0; r < n; ++r) {
+      printf(" %.1f", 1e3 * alone[r]);
+      if (alone[r] > slowest[m]) slowest[m] = alone[r];
+    }
+    printf(" ms\n");
   }
-  printf("compute-bound speedup on %d GPUs (one GPU / a rank's share): %.2fx with the hull, %.2fx "
-         "with pairs (the hull %.1f%% faster)\n",
-         n, t1 / share[0], t1 / share[1], 100.0 * (share[1] / share[0] - 1.0));
+  printf(
+      "compute-bound speedup on %d GPUs, one GPU over the slowest rank's calls alone: %.3fx with "
+      "the hull, %.3fx with pairs (hull calls %.1f%% faster); over all ranks at once / %d: "
+      "%.3fx, %.3fx\n",
+      n, t1 / slowest[0], t1 / slowest[1], 100.0 * (slowest[1] / slowest[0] - 1.0), n,
+      t1 / share[0], t1 / share[1]);
   free(h.q), free(h.k), free(h.v), free(h.dout), free(h.lse);
   return 0;
 }
