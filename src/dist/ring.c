@@ -3,9 +3,11 @@
  *
  * Rank r of n holds a slice of q, k and v (one chunk, or two in the zigzag layout). Forward: the
  * K/V slices travel around the ring, one hop per step; at step s rank r holds the slice of rank
- * src = r - s and computes its queries against it (one single-device block per pair of chunks,
- * placed at the chunks' global positions, so causal masks, windows, ALiBi and dropout keep their
- * global meaning) while the next slice is already in flight (nonblocking send and receive). Each
+ * src = r - s and computes its queries against it (single-device blocks over the visible pairs
+ * of chunks, one call a step where the masks allow: on the host placed at the chunks' global
+ * positions, so causal masks, windows, ALiBi and dropout keep their global meaning; on the device
+ * without positions, where block_runs_unplaced says the mask is the same) while the next slice is
+ * already in flight (nonblocking send and receive). Each
  * block gives a partial output normalised by its own sum and the block's lse; merging through the
  * lse gives exactly the softmax over all keys:
  *     lse = log(e^lse_a + e^lse_b),   out = e^(lse_a - lse) out_a + e^(lse_b - lse) out_b.
