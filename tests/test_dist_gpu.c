@@ -1,9 +1,12 @@
 /*
  * tests/test_dist_gpu.c - distributed attention of CUDA tensors against the whole problem on one
  * GPU with the same implementation: batch and head splits, the ring over a split sequence
- * (contiguous and zigzag, causal and not, GQA, odd lengths, Tq != Tk, soft cap), a 2-D mesh
- * (batch or heads x sequence), forward and backward, on n = 2, 3 and 4 ranks; and the refusals
- * of what the device ring does not run (two sequence axes, the all-to-all, dropout).
+ * (contiguous and zigzag, causal with both alignments and not, GQA, odd lengths, Tq != Tk, soft
+ * cap, a window that hides whole chunks inside a step's call), a 2-D mesh (batch or heads x
+ * sequence), forward and backward, on n = 2, 3 and 4 ranks; the blocks a step runs (a zigzag step
+ * is one call, stats.blocks; ATTN_DIST_RING_BLOCKS=pairs one per pair of chunks, still exact); and
+ * the refusals of what the device ring does not run (two sequence axes, the all-to-all, dropout,
+ * sinks, masks that cut a block where a plan without positions cannot).
  *
  * The ranks are threads of this process. On one GPU they talk through the loopback transport
  * (tests/dist_gpu/transport_loopback.c: cudaMemcpyAsync between the threads' buffers, host
@@ -13,8 +16,10 @@
  *
  * Needs no CUDA header: device memory and streams go through the modules' services (core/gpu.h,
  * dist/device.h), so CI compiles it everywhere; without a GPU module, a GPU or the loopback module
- * it exits 77 (skipped). Seed printed; ATTN_TEST_SEED overrides it.
+ * it exits 77 (skipped). Seed printed; ATTN_TEST_SEED overrides it; ATTN_TEST_FILTER=text runs
+ * only the cases whose name holds text.
  */
+#define _POSIX_C_SOURCE 200112L /* setenv */
 #include "attn.h"
 #include "attn_dist.h"
 #include "core/gpu.h"
@@ -50,6 +55,11 @@ typedef struct tcase {
   int64_t B, Tq, Tk, Hq, Hkv, D;
   double softcap, dropout;
   const char *refused; /* NULL: must run */
+  int align;
+  int has_window;
+  int64_t window_left;
+  int64_t sinks; /* num_sinks */
+  int pairs;     /* run under ATTN_DIST_RING_BLOCKS=pairs */
 } tcase;
 
 /* The global data and the single-device results, on the host. */
@@ -237,6 +247,22 @@ static void *run_rank(void *arg) {
   tu_args_dense(&x, dq_in, dk_in, dv_in, dout_o, dlse, ddout, ddq, ddk, ddv);
   st = attn_dist_plan_forward(plan, &x.in, &x.out);
   report(j, st == ATTN_STATUS_OK, "forward", st == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
+  int ring = 0;
+  for (int a = 0; a < c->naxes; ++a) ring |= c->dims[a] == ATTN_DIST_DIM_SEQUENCE;
+  if (st == ATTN_STATUS_OK && ring) {
+    /* A step's visible chunks are one call (zigzag: every step; contiguous: at most one); pairs:
+     * more calls than steps where a step sees several pairs (the diagonal step of a zigzag ring). */
+    attn_dist_stats stats;
+    attn_dist_plan_last_stats(plan, &stats);
+    char detail[128];
+    snprintf(detail, sizeof detail, "%d calls in %d steps", (int)stats.blocks, (int)stats.steps);
+    const int zigzag = c->layout == ATTN_DIST_LAYOUT_ZIGZAG;
+    report(j,
+           c->pairs ? stats.blocks > stats.steps
+           : zigzag ? stats.blocks == stats.steps
+                    : stats.blocks <= stats.steps,
+           c->pairs ? "runs one call per pair of chunks" : "runs one call per step", detail);
+  }
   if (st == ATTN_STATUS_OK) {
     st = attn_dist_plan_backward(plan, &x.in, &x.out, &x.dout, &x.grads);
     report(j, st == ATTN_STATUS_OK, "backward",
@@ -278,6 +304,9 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
   p->batch = c->B, p->seqlen_q = c->Tq, p->seqlen_k = c->Tk, p->heads_q = c->Hq;
   p->heads_kv = c->Hkv, p->head_dim = c->D, p->causal = c->causal, p->softcap = c->softcap;
   p->dropout_p = c->dropout;
+  p->align = c->align;
+  if (c->has_window) p->window_left = c->window_left;
+  p->num_sinks = c->sinks;
   tu_rng rng = tu_rng_make(seed);
   const int64_t nq = c->B * c->Tq * c->Hq * c->D, nk = c->B * c->Tk * c->Hkv * c->D;
   g->q = tu_buf_new(ATTN_DTYPE_BF16, nq), g->dout = tu_buf_new(ATTN_DTYPE_BF16, nq);
@@ -336,11 +365,50 @@ static int cases_for(int n, tcase *out) {
   const int C = ATTN_DIST_LAYOUT_CONTIGUOUS, Z = ATTN_DIST_LAYOUT_ZIGZAG;
   const int AUTO = ATTN_DIST_STRATEGY_AUTO;
   int k = 0;
-  /* name, naxes, dims, sizes, layout, strategy, causal, B, Tq, Tk, Hq, Hkv, D, softcap, dropout */
-  out[k++] = (tcase){
-      "batch split causal GQA", 1, {BT, 0}, {n, 0}, C, AUTO, 1, n, 77, 77, 4, 2, 64, 0, 0, NULL};
-  out[k++] =
-      (tcase){"head split GQA", 1, {H, 0}, {n, 0}, C, AUTO, 0, 1, 65, 90, 2 * n, n, 64, 0, 0, NULL};
+  /* name, naxes, dims, sizes, layout, strategy, causal, B, Tq, Tk, Hq, Hkv, D, softcap, dropout,
+   * refused, align, has_window, window_left, sinks, pairs */
+  out[k++] = (tcase){"batch split causal GQA",
+                     1,
+                     {BT, 0},
+                     {n, 0},
+                     C,
+                     AUTO,
+                     1,
+                     n,
+                     77,
+                     77,
+                     4,
+                     2,
+                     64,
+                     0,
+                     0,
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0};
+  out[k++] = (tcase){"head split GQA",
+                     1,
+                     {H, 0},
+                     {n, 0},
+                     C,
+                     AUTO,
+                     0,
+                     1,
+                     65,
+                     90,
+                     2 * n,
+                     n,
+                     64,
+                     0,
+                     0,
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0};
   out[k++] = (tcase){"ring contiguous causal",
                      1,
                      {S, 0},
@@ -356,7 +424,12 @@ static int cases_for(int n, tcase *out) {
                      64,
                      0,
                      0,
-                     NULL};
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0};
   out[k++] = (tcase){"ring contiguous Tq!=Tk",
                      1,
                      {S, 0},
@@ -372,7 +445,12 @@ static int cases_for(int n, tcase *out) {
                      64,
                      0,
                      0,
-                     NULL};
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0};
   out[k++] = (tcase){"ring zigzag causal d128",
                      1,
                      {S, 0},
@@ -388,7 +466,12 @@ static int cases_for(int n, tcase *out) {
                      128,
                      0,
                      0,
-                     NULL};
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0};
   out[k++] = (tcase){"ring zigzag softcap",
                      1,
                      {S, 0},
@@ -404,7 +487,12 @@ static int cases_for(int n, tcase *out) {
                      64,
                      30.0,
                      0,
-                     NULL};
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0};
   out[k++] = (tcase){"ring zigzag causal MHA",
                      1,
                      {S, 0},
@@ -420,7 +508,12 @@ static int cases_for(int n, tcase *out) {
                      64,
                      0,
                      0,
-                     NULL};
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0};
   if (n == 4) {
     out[k++] = (tcase){"heads x ring zigzag causal",
                        2,
@@ -437,7 +530,12 @@ static int cases_for(int n, tcase *out) {
                        64,
                        0,
                        0,
-                       NULL};
+                       NULL,
+                       0,
+                       0,
+                       0,
+                       0,
+                       0};
     out[k++] = (tcase){"batch x ring contiguous",
                        2,
                        {BT, S},
@@ -453,10 +551,15 @@ static int cases_for(int n, tcase *out) {
                        64,
                        0,
                        0,
-                       NULL};
+                       NULL,
+                       0,
+                       0,
+                       0,
+                       0,
+                       0};
     out[k++] =
         (tcase){"two sequence axes", 2, {S, S}, {2, 2}, Z, AUTO, 1, 1, 64, 64, 4, 4, 64, 0, 0,
-                "all-to-all"};
+                "all-to-all",        0, 0,      0,      0, 0};
   }
   out[k++] = (tcase){"all-to-all strategy",
                      1,
@@ -473,14 +576,122 @@ static int cases_for(int n, tcase *out) {
                      64,
                      0,
                      0,
-                     "all-to-all"};
-  out[k++] = (tcase){"ring dropout", 1,      {S, 0}, {n, 0}, C,  AUTO, 0,   1,
-                     16 * n,         16 * n, 2,      2,      64, 0,    0.1, "dropout"};
+                     "all-to-all",
+                     0,
+                     0,
+                     0,
+                     0,
+                     0};
+  out[k++] =
+      (tcase){"ring dropout", 1, {S, 0}, {n, 0}, C, AUTO, 0, 1, 16 * n, 16 * n, 2, 2, 64, 0, 0.1,
+              "dropout",      0, 0,      0,      0, 0};
+  /* A step's hull of chunks as one call: its mask must be the global one (test_dist_blocks
+   * checks the geometry key by key; these run it). */
+  const int BR = ATTN_ALIGN_BOTTOM_RIGHT;
+  out[k++] = (tcase){"ring zigzag causal bottom-right",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     Z,
+                     AUTO,
+                     1,
+                     1,
+                     2 * 23 * n,
+                     2 * 23 * n,
+                     4,
+                     2,
+                     64,
+                     0,
+                     0,
+                     NULL,
+                     BR,
+                     0,
+                     0,
+                     0,
+                     0};
+  out[k++] = (tcase){"ring zigzag GQA 4:1",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     Z,
+                     AUTO,
+                     0,
+                     1,
+                     2 * 13 * n,
+                     2 * 13 * n,
+                     8,
+                     2,
+                     64,
+                     0,
+                     0,
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0};
+  /* causal, each row sees itself only: the diagonal step's call holds a pair the mask hides (the
+   * later query chunk against the earlier key chunk), and the ring ends after step 0 */
+  out[k++] = (tcase){"ring zigzag window 0",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     Z,
+                     AUTO,
+                     1,
+                     2,
+                     2 * 21 * n,
+                     2 * 21 * n,
+                     4,
+                     1,
+                     64,
+                     0,
+                     0,
+                     NULL,
+                     0,
+                     1,
+                     0,
+                     0,
+                     0};
+  out[k++] = (tcase){"ring zigzag causal pairs",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     Z,
+                     AUTO,
+                     1,
+                     1,
+                     2 * 27 * n,
+                     2 * 27 * n,
+                     4,
+                     2,
+                     64,
+                     0,
+                     0,
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     0,
+                     1};
+  out[k++] = (tcase){
+      "ring causal Tq!=Tk", 1, {S, 0}, {n, 0}, C, AUTO, 1, 1, 2 * 8 * n, 4 * 8 * n, 2, 2, 64, 0, 0,
+      "cut by the mask",    0, 0,      0,      0, 0};
+  out[k++] =
+      (tcase){"ring window",     1, {S, 0}, {n, 0}, C, AUTO, 1, 1, 32 * n, 32 * n, 2, 2, 64, 0, 0,
+              "cut by the mask", 0, 1,      40,     0, 0};
+  out[k++] = (tcase){"ring sinks", 1, {S, 0}, {n, 0},  Z, AUTO, 1, 1, 32 * n, 32 * n, 2, 2,
+                     64,           0, 0,      "sinks", 0, 0,    0, 1, 0};
   return k;
 }
 
 static void run_case(const tcase *c, const global *g, int n, int32_t transport, void **comms,
                      const int *devices) {
+  /* read at plan creation, in the ranks' threads */
+  if (c->pairs)
+    setenv("ATTN_DIST_RING_BLOCKS", "pairs", 1);
+  else
+    unsetenv("ATTN_DIST_RING_BLOCKS");
   pthread_t th[MAX_RANKS];
   rank_job jobs[MAX_RANKS];
   for (int r = 0; r < n; ++r) {
@@ -488,6 +699,13 @@ static void run_case(const tcase *c, const global *g, int n, int32_t transport, 
     pthread_create(&th[r], NULL, run_rank, &jobs[r]);
   }
   for (int r = 0; r < n; ++r) pthread_join(th[r], NULL);
+}
+
+/* ATTN_TEST_FILTER=text: only the cases whose name holds it (e.g. one case under
+ * compute-sanitizer, where every case would take minutes). */
+static int wanted(const tcase *c) {
+  const char *filter = getenv("ATTN_TEST_FILTER");
+  return filter == NULL || strstr(c->name, filter) != NULL;
 }
 
 int main(void) {
@@ -509,7 +727,7 @@ int main(void) {
     return 77;
   }
   for (int n = 2; n <= MAX_RANKS; ++n) {
-    tcase cases[16];
+    tcase cases[32];
     const int ncases = cases_for(n, cases);
     loopback_group world;
     loopback_group_init(&world, n);
@@ -518,6 +736,7 @@ int main(void) {
     int devices[MAX_RANKS] = {0, 0, 0, 0};
     for (int r = 0; r < n; ++r) lc[r] = (loopback_comm){&world, r}, comms[r] = &lc[r];
     for (int i = 0; i < ncases; ++i) {
+      if (!wanted(&cases[i])) continue;
       global g;
       if (make_global(&cases[i], seed + (uint64_t)(n * 100 + i), &g))
         run_case(&cases[i], &g, n, ATTN_DIST_TRANSPORT_TEST_LOOPBACK, comms, devices);
@@ -533,9 +752,10 @@ int main(void) {
       tu_check(0, "ncclCommInitAll of 2 GPUs");
     } else {
       void *comms[2] = {&nc[0], &nc[1]};
-      tcase cases[16];
+      tcase cases[32];
       const int ncases = cases_for(2, cases);
       for (int i = 0; i < ncases; ++i) {
+        if (!wanted(&cases[i])) continue;
         global g;
         if (make_global(&cases[i], seed + (uint64_t)(900 + i), &g))
           run_case(&cases[i], &g, 2, ATTN_DIST_TRANSPORT_NCCL, comms, devs);

@@ -47,13 +47,17 @@ struct attn_dist_plan {
   attn_plan *block_plan; /* ns > 1: ring: one chunk of queries against one chunk of keys;
                             all-to-all: the whole sequence for 1/ns of the local heads */
   attn_plan *sinks_plan; /* ns > 1 with sinks: the local queries against no keys, only sinks */
-  attn_plan *full_plan;  /* CUDA ring under a causal mask: a block every row of which sees every
-                            key (the block plan then runs the diagonal blocks, causal) */
-  /* Host ring of two chunks per rank (zigzag): blocks of [na][nc] - 1 chunks, the query and key
+  /* Ring of two chunks per rank (zigzag): blocks of [na - 1][nc - 1] chunks, the query and key
    * chunks of one step in one call (ring.c, step_blocks); [0][0] is unused (block_plan). Only the
    * shapes this rank's steps use are made. */
   attn_plan *span_plans[2][2];
-  attn_problem block;    /* the block plan's problem */
+  /* Device ring under a mask (causal or window): the same shapes unmasked, for the blocks every
+   * row of which sees every key ([0][0] included); the others run the masked plans above. */
+  attn_plan *full_plans[2][2];
+  /* ATTN_DIST_RING_BLOCKS=pairs at plan creation: one call per visible pair of chunks, as before
+   * a step's hull ran as one (for comparisons; ring.c, step_blocks). */
+  int ring_pairs;
+  attn_problem block; /* the block plan's problem */
   attn_problem sinks_problem;
 
   /* Scratch of sequence-split runs, allocated on first use (ring.c). */
@@ -64,7 +68,8 @@ struct attn_dist_plan {
    * operations, the caller's stream (blocks, merges), the ring's own transfer stream and the event
    * that orders a transfer after the blocks that last read its buffer; device scratch and the
    * blocks' workspace. Blocks run without global positions (the cuda kernels take none): only
-   * problems whose every block is fully visible, diagonal-causal or hidden are accepted. */
+   * problems whose every block gives the global result so are accepted
+   * (attn_dist_ring_device_blocks). */
   int device_ring;
   const attn_dist_device_ops *dev;
   void *stream, *comm_stream, *compute_done;
@@ -111,6 +116,23 @@ void attn_dist_strides(const attn_tensor *t, const int64_t *shape, int ndim, int
 /* Which block shapes ([query chunks - 1][key chunks - 1]) this rank's host ring steps run
  * (ring.c). */
 void attn_dist_ring_block_shapes(attn_dist_plan *plan, int used[2][2]);
+/* The device ring's blocks run without global positions: whether every block of every rank gives
+ * the global result so (when not, why names one that does not: it is cut by the mask where a plan
+ * of its shape is not), and which shapes this rank runs: used[na - 1][nc - 1] bit 1 with the
+ * problem's mask, bit 2 unmasked. */
+int attn_dist_ring_device_blocks(attn_dist_plan *plan, int used[2][2], char *why, size_t why_size);
+/* The calls of step s on ring rank r (device: unplaced, as the device ring runs them; otherwise
+ * placed at global positions as the host does), for tests: query chunks [a0, a0 + na) of rank r
+ * against key chunks [c0, c0 + nc) of rank src, unmasked when full. Returns how many (0 after the
+ * ring's last step; -1 on a device where a block cannot run unplaced). */
+typedef struct attn_dist_block {
+  int32_t src, a0, na, c0, nc;
+  int full;
+} attn_dist_block;
+int attn_dist_ring_step_blocks(attn_dist_plan *plan, int device, int32_t r, int32_t s,
+                               attn_dist_block out[4]);
+/* The plan a device block of this rank runs on (without positions), for benchmarks. */
+attn_plan *attn_dist_ring_block_plan(const attn_dist_plan *plan, const attn_dist_block *b);
 
 /* Sequence-split runs (ring.c). */
 attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,

@@ -349,12 +349,12 @@ void attn_dist_free_sub_plans(attn_dist_plan *plan) {
   attn_plan_destroy(plan->local_plan);
   attn_plan_destroy(plan->block_plan);
   attn_plan_destroy(plan->sinks_plan);
-  attn_plan_destroy(plan->full_plan);
-  plan->local_plan = plan->block_plan = plan->sinks_plan = plan->full_plan = NULL;
+  plan->local_plan = plan->block_plan = plan->sinks_plan = NULL;
   for (int a = 0; a < 2; ++a)
     for (int c = 0; c < 2; ++c) {
       attn_plan_destroy(plan->span_plans[a][c]);
-      plan->span_plans[a][c] = NULL;
+      attn_plan_destroy(plan->full_plans[a][c]);
+      plan->span_plans[a][c] = plan->full_plans[a][c] = NULL;
     }
 }
 
@@ -394,13 +394,17 @@ attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *se
     if (b->mask_shape[3] != 1) b->mask_shape[3] = b->seqlen_k;
   }
   attn_status status = plan_sub(plan, b, select, &plan->block_plan);
-  if (status == ATTN_STATUS_OK && !plan->device_ring && plan->chunks == 2) {
-    /* The blocks of several chunks that a step runs in one call (ring.c, step_blocks). */
+  if (status == ATTN_STATUS_OK && (plan->device_ring || plan->chunks == 2)) {
+    /* The blocks of several chunks that a step runs in one call, and on the device the unmasked
+     * ones (ring.c, step_blocks; check_device_ring made sure every block can run). */
     int used[2][2];
-    attn_dist_ring_block_shapes(plan, used);
+    if (plan->device_ring)
+      (void)attn_dist_ring_device_blocks(plan, used, NULL, 0);
+    else
+      attn_dist_ring_block_shapes(plan, used);
     for (int na = 1; na <= 2 && status == ATTN_STATUS_OK; ++na)
       for (int nc = 1; nc <= 2 && status == ATTN_STATUS_OK; ++nc) {
-        if (!used[na - 1][nc - 1] || (na == 1 && nc == 1)) continue;
+        if (used[na - 1][nc - 1] == 0) continue;
         attn_problem span = *b;
         span.seqlen_q = na * b->seqlen_q, span.seqlen_k = nc * b->seqlen_k;
         /* bias and mask dims that are not broadcast in the ring's problem follow the block */
@@ -409,15 +413,14 @@ attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *se
         if (r->bias_shape[3] != 1) span.bias_shape[3] = span.seqlen_k;
         if (r->mask_shape[2] != 1) span.mask_shape[2] = span.seqlen_q;
         if (r->mask_shape[3] != 1) span.mask_shape[3] = span.seqlen_k;
-        status = plan_sub(plan, &span, select, &plan->span_plans[na - 1][nc - 1]);
+        if ((used[na - 1][nc - 1] & 1) && (na > 1 || nc > 1))
+          status = plan_sub(plan, &span, select, &plan->span_plans[na - 1][nc - 1]);
+        if (status == ATTN_STATUS_OK && (used[na - 1][nc - 1] & 2)) {
+          span.causal = 0;
+          span.window_left = span.window_right = -1;
+          status = plan_sub(plan, &span, select, &plan->full_plans[na - 1][nc - 1]);
+        }
       }
-  }
-  if (status == ATTN_STATUS_OK && plan->device_ring && b->causal) {
-    /* The blocks below the diagonal see every key (check_device_ring). */
-    attn_problem full = *b;
-    full.causal = 0;
-    full.window_left = full.window_right = -1;
-    status = plan_sub(plan, &full, select, &plan->full_plan);
   }
   if (status != ATTN_STATUS_OK || plan->ring_local.num_sinks == 0) return status;
   /* The sinks of a row, alone: its queries against no keys give out = 0 and lse = logsumexp of
@@ -509,11 +512,14 @@ static attn_status make_groups(attn_dist_plan *plan, char *why, size_t why_size)
 }
 
 /* CUDA tensors with a split sequence: the device ring (ring.c). Its blocks run without global
- * positions, which the cuda kernels do not take yet, so only problems whose every block is fully
- * visible, on the diagonal of a causal mask, or hidden are accepted: no window beyond causal, and
- * causal only with seqlen_q == seqlen_k (the chunks then meet the diagonal at offset 0). Features
- * that need a block's global place or a per-block slice the device ring does not make (ALiBi,
- * dropout, bias, mask, segment ids, sinks) are refused with the reason. Sets plan->device_ring. */
+ * positions, which the cuda kernels do not take yet, so only problems whose every block gives the
+ * global result on a plan of its shape are accepted (attn_dist_ring_device_blocks: every pair of
+ * chunks of a call hidden, entirely visible, or cut by the mask at the offset the plan has there).
+ * A causal mask with seqlen_q == seqlen_k always is (in the zigzag layout one call a step), no
+ * mask always; windows and causal with seqlen_q != seqlen_k only where they happen to fit.
+ * Features that need a block's global place or a per-block slice the device ring does not make
+ * (ALiBi, dropout, bias, mask, segment ids, sinks) are refused with the reason. Sets
+ * plan->device_ring. */
 static attn_status check_device_ring(attn_dist_plan *plan, const attn_dist_spec *spec) {
   attn_ctx *ctx = plan->ctx;
   const attn_problem *g = &plan->global;
@@ -528,8 +534,7 @@ static attn_status check_device_ring(attn_dist_plan *plan, const attn_dist_spec 
                         : g->dropout_p > 0.0          ? "dropout"
                         : g->has_segment_ids          ? "segment ids"
                         : g->num_sinks > 0            ? "sinks"
-                        : g->window_left >= 0 || (g->window_right >= 0 && !g->causal) ? "a window"
-                                                                                      : NULL;
+                                                      : NULL;
   if (feature != NULL)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                      "device=cuda with a split sequence and %s: the ring's blocks would need their "
@@ -537,13 +542,18 @@ static attn_status check_device_ring(attn_dist_plan *plan, const attn_dist_spec 
                      "yet; batch and head splits of CUDA tensors run it, and so does the CPU ring "
                      "(docs/DISTRIBUTED.md)",
                      feature);
-  if (g->causal && g->seqlen_q != g->seqlen_k)
+  int used[2][2];
+  char why[256] = "";
+  if (!attn_dist_ring_device_blocks(plan, used, why, sizeof why))
     return attn_fail(
         ctx, ATTN_STATUS_UNSUPPORTED,
-        "device=cuda with a split sequence, causal and seqlen_q=%lld != seqlen_k=%lld: "
-        "the diagonal would cross blocks at offsets the cuda kernels cannot be given "
-        "yet; causal needs seqlen_q == seqlen_k there",
-        (long long)g->seqlen_q, (long long)g->seqlen_k);
+        "device=cuda with a split sequence and this mask (causal=%d, window %lld/%lld, "
+        "seqlen_q=%lld, seqlen_k=%lld): %s; the cuda kernels take no positions yet, so "
+        "the device ring needs every block hidden, entirely visible or cut where a "
+        "plan of its shape is (causal with seqlen_q == seqlen_k, or no mask, always "
+        "is; the CPU ring runs any mask)",
+        (int)g->causal, (long long)g->window_left, (long long)g->window_right,
+        (long long)g->seqlen_q, (long long)g->seqlen_k, why);
   plan->dev = attn_module_dist_ops();
   if (plan->dev == NULL)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
@@ -598,6 +608,10 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
   status = attn_validate_problem(ctx, problem, &plan->global);
   if (status == ATTN_STATUS_OK) status = check_spec(ctx, spec, world_size, &plan->spec);
   if (status == ATTN_STATUS_OK) status = make_local(plan, world_rank);
+  /* For comparisons (bench/RESULTS.md): the ring's blocks one pair of chunks each, as before a
+   * step's hull ran as one call (docs/DISTRIBUTED.md). */
+  const char *blocks_env = getenv("ATTN_DIST_RING_BLOCKS");
+  plan->ring_pairs = blocks_env != NULL && strcmp(blocks_env, "pairs") == 0;
   if (status == ATTN_STATUS_OK && plan->global.device != ATTN_DEVICE_CPU &&
       transport == ATTN_DIST_TRANSPORT_MPI)
     status = attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
@@ -696,12 +710,14 @@ attn_status attn_dist_plan_set_stream(attn_dist_plan *plan, void *stream) {
       if (comms[i] != NULL) plan->ops->set_stream(comms[i], stream);
   }
   plan->stream = stream;
-  attn_plan *plans[4] = {plan->local_plan, plan->block_plan, plan->sinks_plan, plan->full_plan};
-  for (int i = 0; i < 4; ++i)
+  attn_plan *plans[3] = {plan->local_plan, plan->block_plan, plan->sinks_plan};
+  for (int i = 0; i < 3; ++i)
     if (plans[i] != NULL) attn_plan_set_stream(plans[i], stream);
   for (int a = 0; a < 2; ++a)
-    for (int c = 0; c < 2; ++c)
+    for (int c = 0; c < 2; ++c) {
       if (plan->span_plans[a][c] != NULL) attn_plan_set_stream(plan->span_plans[a][c], stream);
+      if (plan->full_plans[a][c] != NULL) attn_plan_set_stream(plan->full_plans[a][c], stream);
+    }
   return attn_succeed(plan->ctx);
 }
 

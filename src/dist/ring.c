@@ -3,9 +3,11 @@
  *
  * Rank r of n holds a slice of q, k and v (one chunk, or two in the zigzag layout). Forward: the
  * K/V slices travel around the ring, one hop per step; at step s rank r holds the slice of rank
- * src = r - s and computes its queries against it (one single-device block per pair of chunks,
- * placed at the chunks' global positions, so causal masks, windows, ALiBi and dropout keep their
- * global meaning) while the next slice is already in flight (nonblocking send and receive). Each
+ * src = r - s and computes its queries against it (single-device blocks over the visible pairs
+ * of chunks, one call a step where the masks allow: on the host placed at the chunks' global
+ * positions, so causal masks, windows, ALiBi and dropout keep their global meaning; on the device
+ * without positions, where block_runs_unplaced says the mask is the same) while the next slice is
+ * already in flight (nonblocking send and receive). Each
  * block gives a partial output normalised by its own sum and the block's lse; merging through the
  * lse gives exactly the softmax over all keys:
  *     lse = log(e^lse_a + e^lse_b),   out = e^(lse_a - lse) out_a + e^(lse_b - lse) out_b.
@@ -126,12 +128,23 @@ static int64_t block_offset(const ring *g, int32_t r, int32_t a, int32_t src, in
   return q0 - k0 + g->o_global;
 }
 
-/* Whether any key of a block is inside the window of any of its rows: row i sees keys
- * [i + off - wl, i + off + wr], so the rows together see [off - wl, nq - 1 + off + wr]. */
+/* How a block of `rows` x `keys` at offset off (row i sees keys [i + off - wl, i + off + wr])
+ * meets the global window: no key visible to any row, every key visible to every row, or cut. */
+typedef enum pair_view { PAIR_HIDDEN, PAIR_CUT, PAIR_VISIBLE } pair_view;
+
+static pair_view block_view(const ring *g, int64_t rows, int64_t keys, int64_t off) {
+  /* the rows together see [off - wl, rows - 1 + off + wr] */
+  if (g->wr >= 0 && rows - 1 + off + g->wr < 0) return PAIR_HIDDEN;
+  if (g->wl >= 0 && off - g->wl > keys - 1) return PAIR_HIDDEN;
+  /* each row sees them all: row rows - 1 sees key 0 and row 0 sees key keys - 1 */
+  if (g->wl >= 0 && rows - 1 + off - g->wl > 0) return PAIR_CUT;
+  if (g->wr >= 0 && off + g->wr < keys - 1) return PAIR_CUT;
+  return PAIR_VISIBLE;
+}
+
+/* Whether any key of a pair of chunks is inside the window of any of its rows. */
 static int block_visible(const ring *g, int64_t off) {
-  if (g->wr >= 0 && g->nq - 1 + off + g->wr < 0) return 0;
-  if (g->wl >= 0 && off - g->wl > g->nk - 1) return 0;
-  return 1;
+  return block_view(g, g->nq, g->nk, off) != PAIR_HIDDEN;
 }
 
 static int step_visible(const ring *g, int32_t r, int32_t s) {
@@ -153,58 +166,166 @@ static int32_t last_step(const ring *g) {
 }
 
 /* A block of a step: this rank's query chunks [a0, a0 + na) against key chunks [c0, c0 + nc) of
- * the slice of rank src. */
-typedef struct ring_block {
-  int32_t src, a0, na, c0, nc;
-} ring_block;
+ * the slice of rank src. Device blocks (unplaced) run on the plan of their shape with the
+ * problem's mask, or with none when `full` (dist.h says the same to tests and benchmarks). */
+typedef attn_dist_block ring_block;
 
 /* The global position of a block's first key (its bias and mask columns start there). */
 static int64_t block_k0(const ring *g, const ring_block *b) {
   return attn_dist_chunk_start(g->plan, g->plan->global.seqlen_k, b->src, b->c0);
 }
 
-/* The blocks of step s on rank r, at most C x C; returns how many. Split (the device ring, whose
- * blocks take no positions): one per visible pair of chunks. Otherwise as few as the masks allow:
- * one block over the hull of the visible pairs, placed in pieces (attn_positions), whose hidden
- * pairs the implementation skips tile by tile; a zigzag step of a causal mask is then one call
- * instead of two or three. Key chunks stay apart where a bias or mask has a key dimension: its
- * columns are the global keys', and a block's bias must be one strided slice. */
-static int step_blocks(const ring *g, int32_t r, int32_t s, int split, ring_block *out) {
+/* Whether block b of rank r gives its global result as one call without positions: on a plan of
+ * its shape, unmasked (full) or with the problem's window and alignment, whose local offset is
+ * L = keys - rows (bottom-right) or 0. Pair (a, c) of chunks then sits at the local offset
+ * L + a nq - c nk, and the call is exact when every pair is hidden, entirely visible or cut alike
+ * under both offsets, and cut pairs sit at equal ones (the same mask, key for key). That is the
+ * geometry only: features that read absolute positions (ALiBi, dropout, a bias or mask whose key
+ * columns would have to be one slice over key chunks that are not adjacent) are the callers' to
+ * exclude (check_device_ring refuses them on the device). */
+static int block_runs_unplaced(const ring *g, int32_t r, const ring_block *b, int full) {
+  const int64_t rows = (int64_t)b->na * g->nq, keys = (int64_t)b->nc * g->nk;
+  const int64_t local = g->plan->global.align == ATTN_ALIGN_BOTTOM_RIGHT ? keys - rows : 0;
+  for (int32_t a = 0; a < b->na; ++a)
+    for (int32_t c = 0; c < b->nc; ++c) {
+      const int64_t off = block_offset(g, r, b->a0 + a, b->src, b->c0 + c);
+      const pair_view global = block_view(g, g->nq, g->nk, off);
+      if (full) {
+        if (global != PAIR_VISIBLE) return 0;
+        continue;
+      }
+      const int64_t off_local = local + a * g->nq - c * g->nk;
+      if (block_view(g, g->nq, g->nk, off_local) != global) return 0;
+      if (global == PAIR_CUT && off_local != off) return 0;
+    }
+  return 1;
+}
+
+/* Device: whether block b runs as one unplaced call, and on which plan (b->full). The unmasked
+ * plan is preferred where every key is visible: it does no mask work. */
+static int choose_unplaced(const ring *g, int32_t r, ring_block *b) {
+  const int masked = g->wl >= 0 || g->wr >= 0;
+  b->full = masked && block_runs_unplaced(g, r, b, 1);
+  return b->full || block_runs_unplaced(g, r, b, 0);
+}
+
+/* How a ring places its blocks. */
+typedef enum block_mode {
+  BLOCKS_PLACED,   /* host: at global positions (attn_positions), as few calls as the masks allow */
+  BLOCKS_UNPLACED, /* device: no positions (the cuda kernels take none), each call checked */
+} block_mode;
+
+/* Whether the blocks are kept to one pair of chunks each, the blocks before a step's hull ran as
+ * one call (ATTN_DIST_RING_BLOCKS=pairs, read at plan creation; for comparisons). */
+static int pairs_only(const ring *g) { return g->plan->ring_pairs; }
+
+/* The blocks of step s on rank r, at most C x C; returns how many, or -1 (device) when a pair of
+ * chunks cannot run without positions (check_device_ring refuses such problems). As few calls as
+ * the masks allow: one block over the hull of the visible pairs, whose hidden pairs the
+ * implementation skips tile by tile; a zigzag step of a causal mask is then one call instead of
+ * two or three. The host places it at global positions (attn_positions); the device runs it
+ * unplaced where block_runs_unplaced says the result is the same, and one call per visible pair
+ * otherwise. Key chunks stay apart where a bias or mask has a key dimension: its columns are the
+ * global keys', and a block's bias must be one strided slice. */
+static int step_blocks(const ring *g, int32_t r, int32_t s, block_mode mode, ring_block *out) {
   const int32_t src = ((r - s) % g->n + g->n) % g->n;
   const attn_problem *l = g->l;
+  const int split = pairs_only(g);
   const int keys_apart =
       split || (l->has_bias && l->bias_shape[3] != 1) || (l->has_mask && l->mask_shape[3] != 1);
-  int nb = 0;
+  ring_block hull[4];
+  int nh = 0;
   for (int32_t c = 0; c < g->C; ++c) {
     int32_t a_lo = g->C, a_hi = -1; /* visible query chunks against key chunk c */
     for (int32_t a = 0; a < g->C; ++a) {
       if (!block_visible(g, block_offset(g, r, a, src, c))) continue;
-      if (split) out[nb++] = (ring_block){src, a, 1, c, 1};
+      if (split) hull[nh++] = (ring_block){src, a, 1, c, 1, 0};
       a_lo = a < a_lo ? a : a_lo, a_hi = a > a_hi ? a : a_hi;
     }
     if (split || a_hi < 0) continue;
-    if (keys_apart || nb == 0) {
-      out[nb++] = (ring_block){src, a_lo, a_hi - a_lo + 1, c, 1};
+    if (keys_apart || nh == 0) {
+      hull[nh++] = (ring_block){src, a_lo, a_hi - a_lo + 1, c, 1, 0};
     } else { /* widen the one block to this key chunk too */
-      ring_block *b = &out[0];
+      ring_block *b = &hull[0];
       const int32_t lo = a_lo < b->a0 ? a_lo : b->a0;
       const int32_t hi = a_hi > b->a0 + b->na - 1 ? a_hi : b->a0 + b->na - 1;
       b->a0 = lo, b->na = hi - lo + 1, b->nc = c - b->c0 + 1;
     }
   }
+  if (mode == BLOCKS_PLACED) {
+    memcpy(out, hull, (size_t)nh * sizeof *hull);
+    return nh;
+  }
+  int nb = 0;
+  for (int i = 0; i < nh; ++i) {
+    ring_block b = hull[i];
+    if (choose_unplaced(g, r, &b)) {
+      out[nb++] = b;
+      continue;
+    }
+    for (int32_t a = b.a0; a < b.a0 + b.na; ++a) /* its visible pairs apart */
+      for (int32_t c = b.c0; c < b.c0 + b.nc; ++c) {
+        ring_block pair = {src, a, 1, c, 1, 0};
+        if (!block_visible(g, block_offset(g, r, a, src, c))) continue;
+        if (!choose_unplaced(g, r, &pair)) return -1;
+        out[nb++] = pair;
+      }
+  }
   return nb;
 }
 
-void attn_dist_ring_block_shapes(attn_dist_plan *plan, int used[2][2]) {
+/* The block shapes this rank runs (used[na - 1][nc - 1]: bit 1 with the problem's mask, bit 2
+ * unmasked), and, device, whether every rank's every block runs unplaced (when not, `why` names
+ * the first that does not): all ranks reach the same verdict. */
+static int ring_block_shapes(attn_dist_plan *plan, block_mode mode, int used[2][2], char *why,
+                             size_t why_size) {
   ring g;
   init_geometry(&g, plan);
   memset(used, 0, 4 * sizeof(int));
   const int32_t last = last_step(&g);
   ring_block blocks[4];
-  for (int32_t s = 0; s <= last; ++s) {
-    const int nb = step_blocks(&g, g.r, s, 0, blocks);
-    for (int i = 0; i < nb; ++i) used[blocks[i].na - 1][blocks[i].nc - 1] = 1;
-  }
+  for (int32_t r = 0; r < g.n; ++r)
+    for (int32_t s = 0; s <= last; ++s) {
+      const int nb = step_blocks(&g, r, s, mode, blocks);
+      if (nb < 0) {
+        const int32_t src = ((r - s) % g.n + g.n) % g.n;
+        for (int32_t a = 0; a < g.C; ++a)
+          for (int32_t c = 0; c < g.C; ++c) {
+            ring_block pair = {src, a, 1, c, 1, 0};
+            const int64_t off = block_offset(&g, r, a, src, c);
+            if (!block_visible(&g, off) || choose_unplaced(&g, r, &pair)) continue;
+            snprintf(why, why_size,
+                     "on ring rank %d, query chunk %d against key chunk %d of ring rank %d (%lld "
+                     "rows x %lld keys) is cut by the mask at offset %lld, and a block without "
+                     "global positions is cut only at offset %lld",
+                     (int)r, (int)a, (int)c, (int)src, (long long)g.nq, (long long)g.nk,
+                     (long long)off,
+                     (long long)(plan->global.align == ATTN_ALIGN_BOTTOM_RIGHT ? g.nk - g.nq : 0));
+            return 0;
+          }
+        return 0;
+      }
+      if (r != g.r) continue;
+      for (int i = 0; i < nb; ++i)
+        used[blocks[i].na - 1][blocks[i].nc - 1] |= blocks[i].full ? 2 : 1;
+    }
+  return 1;
+}
+
+void attn_dist_ring_block_shapes(attn_dist_plan *plan, int used[2][2]) {
+  (void)ring_block_shapes(plan, BLOCKS_PLACED, used, NULL, 0);
+}
+
+int attn_dist_ring_device_blocks(attn_dist_plan *plan, int used[2][2], char *why, size_t why_size) {
+  return ring_block_shapes(plan, BLOCKS_UNPLACED, used, why, why_size);
+}
+
+int attn_dist_ring_step_blocks(attn_dist_plan *plan, int device, int32_t r, int32_t s,
+                               attn_dist_block out[4]) {
+  ring g;
+  init_geometry(&g, plan);
+  if (s > last_step(&g)) return 0;
+  return step_blocks(&g, r, s, device ? BLOCKS_UNPLACED : BLOCKS_PLACED, out);
 }
 
 /* ---- scratch --------------------------------------------------------------------------------- */
@@ -296,6 +417,11 @@ static attn_inputs block_inputs(const ring *g, const attn_inputs *in, int32_t a,
   return bi;
 }
 
+/* The plan of na x nc chunks with the problem's mask (NULL where this rank runs none). */
+static attn_plan *span_plan(const attn_dist_plan *plan, int32_t na, int32_t nc) {
+  return na == 1 && nc == 1 ? plan->block_plan : plan->span_plans[na - 1][nc - 1];
+}
+
 /* The plan of a host block (its shape in chunks), placed at the block's global positions: each of
  * its query chunks and key chunks a piece of its own. */
 static attn_status place_block(const ring *g, const ring_block *b, attn_plan **block_plan) {
@@ -316,8 +442,7 @@ static attn_status place_block(const ring *g, const ring_block *b, attn_plan **b
   pos.has_offset = 1;
   pos.offset = g->o_global;
   pos.partial = 1;
-  *block_plan =
-      b->na == 1 && b->nc == 1 ? g->plan->block_plan : g->plan->span_plans[b->na - 1][b->nc - 1];
+  *block_plan = span_plan(g->plan, b->na, b->nc);
   return attn_plan_set_positions(*block_plan, &pos);
 }
 
@@ -467,7 +592,7 @@ typedef struct ring_pass {
   attn_status (*begin_step)(void *self);
   /* A block of the step (step_blocks) against rank src's slice kv. */
   attn_status (*block)(void *self, const ring_block *b, const char *kv);
-  int split; /* blocks of one pair of chunks each (the device ring: no positions) */
+  block_mode mode; /* placed at global positions (host) or not (device) */
   /* Backward: the step's share joins the travelling sums in hand, dkv. */
   attn_status (*add_step)(void *self, void *dkv);
 } ring_pass;
@@ -505,7 +630,8 @@ static attn_status run_steps(ring_pass *p) {
     }
     if (p->begin_step != NULL) status = p->begin_step(p->self);
     ring_block blocks[4];
-    const int nb = step_blocks(g, g->r, s, p->split, blocks);
+    /* never -1 here: check_device_ring refused the problems whose blocks cannot run */
+    const int nb = step_blocks(g, g->r, s, p->mode, blocks);
     g->moving[0] = &t, g->moving[1] = &dt;
     for (int i = 0; i < nb && status == ATTN_STATUS_OK; ++i) {
       status = p->block(p->self, &blocks[i], p->kv[cur]);
@@ -638,7 +764,7 @@ static void block_backward_args(const backward_args *x, int32_t a, const char *k
  * recorded on the caller's stream after a step's blocks keeps the next transfer from overwriting
  * the buffer they read. A transfer's wait blocks the host only: the blocks of the step were
  * enqueued before it, so the GPU computes while the slice moves. Accumulators are f32 (what the
- * cuda kernels keep per row); blocks run without positions (see device_block_plan). */
+ * cuda kernels keep per row); blocks run without positions (step_blocks, attn_dist_ring_block_plan). */
 
 /* What a device operation's failure leaves: work may be in flight, so the plan is broken. */
 static attn_status dev_fail(attn_dist_plan *plan, attn_status status, const char *what,
@@ -658,21 +784,20 @@ static attn_status dev_fail(attn_dist_plan *plan, attn_status status, const char
     }                                                                                              \
   } while (0)
 
-/* The plan of a visible block, chosen by its offset instead of placed at global positions (the
- * cuda kernels take none): under a causal mask the plan accepts only problems whose blocks are
- * square and either on the diagonal (offset 0: the causal block plan) or entirely below it (every
- * key visible: the full plan); without a mask every block is a full one. */
-static attn_plan *device_block_plan(const ring *g, int64_t off) {
-  return g->plan->full_plan != NULL && off != 0 ? g->plan->full_plan : g->plan->block_plan;
+/* The plan of a device block, run without positions (the cuda kernels take none): the plan of
+ * its shape, unmasked or with the problem's mask, as step_blocks chose (block_runs_unplaced). */
+attn_plan *attn_dist_ring_block_plan(const attn_dist_plan *plan, const attn_dist_block *b) {
+  return b->full ? plan->full_plans[b->na - 1][b->nc - 1] : span_plan(plan, b->na, b->nc);
 }
 
 /* Bytes of device workspace the blocks need, forward and backward, 256-byte rounded. */
 static size_t device_workspace_bytes(const attn_dist_plan *plan) {
   size_t most = 0;
-  const attn_plan *plans[2] = {plan->block_plan, plan->full_plan};
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 8; ++i) {
+    const int na = i / 2 % 2 + 1, nc = i % 2 + 1;
+    const attn_plan *p = i < 4 ? span_plan(plan, na, nc) : plan->full_plans[na - 1][nc - 1];
     size_t f = 0, b = 0;
-    if (plans[i] == NULL || attn_plan_workspace_size(plans[i], &f, &b) != ATTN_STATUS_OK) continue;
+    if (p == NULL || attn_plan_workspace_size(p, &f, &b) != ATTN_STATUS_OK) continue;
     if (f > most) most = f;
     if (b > most) most = b;
   }
@@ -801,21 +926,20 @@ static attn_status device_forward_block(void *self, const ring_block *b, const c
   device_forward *f = self;
   const ring *g = f->g;
   attn_dist_plan *plan = g->plan;
-  /* one pair of chunks (split), run without positions (device_block_plan) */
-  const int32_t a = b->a0, c = b->c0;
-  const int64_t off = block_offset(g, g->r, a, b->src, c), k0 = block_k0(g, b);
-  attn_inputs bi = block_inputs(g, f->in, a, kv, c, k0);
+  /* query chunks a0.. against key chunks c0.. in one call, without positions */
+  attn_inputs bi = block_inputs(g, f->in, b->a0, kv, b->c0, block_k0(g, b));
   attn_outputs bo;
   attn_outputs_init(&bo);
   bo.out = attn_tensor_dense(f->ob);
   bo.lse = attn_tensor_dense(f->lb);
   const double t0 = attn_dist_now();
-  attn_status status = attn_plan_forward(device_block_plan(g, off), &bi, f->wsp, f->ws, &bo);
+  attn_status status = attn_plan_forward(attn_dist_ring_block_plan(g->plan, b), &bi, f->wsp, f->ws, &bo);
   plan->stats.compute_seconds += attn_dist_now() - t0;
   ++plan->stats.blocks;
   if (status != ATTN_STATUS_OK) return status;
   DEV("merging a block", merge, plan->global.device_index, (int32_t)g->dt, f->ao, f->al, f->ob,
-      (const float *)f->lb, g->B, g->Hq, g->Tq, (int64_t)a * g->nq, g->nq, g->Dv, plan->stream);
+      (const float *)f->lb, g->B, g->Hq, g->Tq, (int64_t)b->a0 * g->nq, (int64_t)b->na * g->nq,
+      g->Dv, plan->stream);
 done:
   return status;
 }
@@ -826,8 +950,9 @@ static attn_status ring_forward_device(attn_dist_plan *plan, const attn_inputs *
   init_ring(&g, plan, in, &out->out, out->lse.data != NULL ? &out->lse : NULL);
   const int32_t dev = plan->global.device_index;
   const size_t ws = device_workspace_bytes(plan);
-  const size_t out_blk = (size_t)round_part(g.B * g.nq * g.Hq * g.Dv * (int64_t)g.es);
-  const size_t lse_blk = (size_t)round_part(g.B * g.Hq * g.nq * 4);
+  /* a block's output and lse: up to every query chunk (a step's hull) */
+  const size_t out_blk = (size_t)round_part(g.B * g.Tq * g.Hq * g.Dv * (int64_t)g.es);
+  const size_t lse_blk = (size_t)round_part(g.B * g.Hq * g.Tq * 4);
   const int64_t n_out = g.B * g.Tq * g.Hq * g.Dv, n_lse = g.B * g.Hq * g.Tq;
   const size_t acc_out = (size_t)round_part(n_out * 4), acc_lse = (size_t)round_part(n_lse * 4);
   char *base = NULL;
@@ -843,7 +968,7 @@ static attn_status ring_forward_device(attn_dist_plan *plan, const attn_inputs *
                     .kv = {base, base + g.kv_bytes},
                     .order_transfer = device_order_transfer,
                     .block = device_forward_block,
-                    .split = 1};
+                    .mode = BLOCKS_UNPLACED};
   transfers_on(plan, plan->comm_stream);
   DEV("clearing the output sums", fill, dev, f.ao, n_out, 0.0f, plan->stream);
   DEV("clearing the lse sums", fill, dev, f.al, n_lse, -INFINITY, plan->stream);
@@ -889,34 +1014,33 @@ static attn_status device_backward_block(void *self, const ring_block *rb, const
   const ring *g = b->x.g;
   attn_dist_plan *plan = g->plan;
   const int32_t dev = plan->global.device_index;
-  /* one pair of chunks (split), run without positions (device_block_plan) */
-  const int32_t a = rb->a0, c = rb->c0;
-  const int64_t off = block_offset(g, g->r, a, rb->src, c), k0 = block_k0(g, rb);
+  /* query chunks a0.. against key chunks c0.. in one call, without positions */
   attn_status status = ATTN_STATUS_OK;
-  const int64_t q_row = (int64_t)a * g->nq;
+  const int64_t q_row = (int64_t)rb->a0 * g->nq, k_row = (int64_t)rb->c0 * g->nk;
+  const int64_t rows = (int64_t)rb->na * g->nq, keys = (int64_t)rb->nc * g->nk;
   block_args blk;
-  block_backward_args(&b->x, a, kv, c, k0, &blk);
+  block_backward_args(&b->x, rb->a0, kv, rb->c0, block_k0(g, rb), &blk);
   {
-    const int64_t lshape[4] = {g->B, g->Hq, g->nq, 1}, dense[4] = {g->Hq * g->nq, g->nq, 1, 0};
+    const int64_t lshape[4] = {g->B, g->Hq, rows, 1}, dense[4] = {g->Hq * rows, rows, 1, 0};
     const int64_t from[4] = {g->lses[0], g->lses[1], g->lses[2], 0};
-    DEV("copying a chunk's lse", copy, dev, b->lb, dense,
+    DEV("copying a block's lse", copy, dev, b->lb, dense,
         (const char *)b->x.fwd->lse.data + (size_t)(q_row * g->lses[2]) * 4, from, lshape, 4,
         plan->stream);
   }
   blk.fwd.lse = attn_tensor_dense(b->lb);
   const double t0 = attn_dist_now();
-  status = attn_plan_backward(device_block_plan(g, off), &blk.in, &blk.fwd, &blk.dout, b->wsp,
-                              b->ws, &blk.grads);
+  status = attn_plan_backward(attn_dist_ring_block_plan(g->plan, rb), &blk.in, &blk.fwd, &blk.dout, b->wsp, b->ws,
+                              &blk.grads);
   plan->stats.compute_seconds += attn_dist_now() - t0;
   ++plan->stats.blocks;
   if (status != ATTN_STATUS_OK) return status;
-  /* dq rows of query chunk a; dK and dV rows of key chunk c of the slice in hand. */
+  /* dq rows of the block's query chunks; dK and dV rows of its key chunks of the slice in hand. */
   DEV("summing gradients", accumulate, dev, b->dqa, g->Tq, q_row, b->x.qb, (int32_t)g->dt, g->B,
-      g->nq, g->Hq * g->D, plan->stream);
-  DEV("summing gradients", accumulate, dev, b->step, g->Tk, (int64_t)c * g->nk, b->x.kb,
-      (int32_t)g->dt, g->B, g->nk, g->Hkv * g->D, plan->stream);
-  DEV("summing gradients", accumulate, dev, b->step + b->nk_el, g->Tk, (int64_t)c * g->nk, b->x.vb,
-      (int32_t)g->dt, g->B, g->nk, g->Hkv * g->Dv, plan->stream);
+      rows, g->Hq * g->D, plan->stream);
+  DEV("summing gradients", accumulate, dev, b->step, g->Tk, k_row, b->x.kb, (int32_t)g->dt, g->B,
+      keys, g->Hkv * g->D, plan->stream);
+  DEV("summing gradients", accumulate, dev, b->step + b->nk_el, g->Tk, k_row, b->x.vb,
+      (int32_t)g->dt, g->B, keys, g->Hkv * g->Dv, plan->stream);
 done:
   return status;
 }
@@ -942,11 +1066,12 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
   b.ws = device_workspace_bytes(plan);
   b.nk_el = g.B * g.Tk * g.Hkv * g.D, b.nkd = b.nk_el + g.B * g.Tk * g.Hkv * g.Dv;
   const int64_t nq_el = g.B * g.Tq * g.Hq * g.D;
-  const size_t dq_blk = (size_t)round_part(g.B * g.nq * g.Hq * g.D * (int64_t)g.es);
-  const size_t dk_blk = (size_t)round_part(g.B * g.nk * g.Hkv * g.D * (int64_t)g.es);
-  const size_t dv_blk = (size_t)round_part(g.B * g.nk * g.Hkv * g.Dv * (int64_t)g.es);
+  /* a block's gradients and lse rows: up to every chunk (a step's hull) */
+  const size_t dq_blk = (size_t)round_part(g.B * g.Tq * g.Hq * g.D * (int64_t)g.es);
+  const size_t dk_blk = (size_t)round_part(g.B * g.Tk * g.Hkv * g.D * (int64_t)g.es);
+  const size_t dv_blk = (size_t)round_part(g.B * g.Tk * g.Hkv * g.Dv * (int64_t)g.es);
   const size_t dkv_acc = (size_t)round_part(b.nkd * 4), dq_acc = (size_t)round_part(nq_el * 4);
-  const size_t lse_blk = (size_t)round_part(g.B * g.Hq * g.nq * 4);
+  const size_t lse_blk = (size_t)round_part(g.B * g.Hq * g.Tq * 4);
   char *base = NULL;
   attn_status status = device_setup(
       plan, 2 * g.kv_bytes + dq_blk + dk_blk + dv_blk + 3 * dkv_acc + dq_acc + lse_blk + b.ws,
@@ -958,12 +1083,12 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
                     .order_transfer = device_order_transfer,
                     .begin_step = device_begin_step,
                     .block = device_backward_block,
-                    .split = 1,
+                    .mode = BLOCKS_UNPLACED,
                     .add_step = device_add_step};
   char *rest = lay_out_backward(&pass, &b.x, base, dq_blk, dk_blk, dv_blk, dkv_acc);
   b.step = (float *)rest;
   b.dqa = (float *)(rest + dkv_acc);
-  /* lb: the query chunk's lse rows, dense and 256-byte aligned: a slice of the global lse starts
+  /* lb: the block's lse rows, dense and 256-byte aligned: a slice of the global lse starts
    * at row a * nq, 4-byte aligned only, which cuDNN's block plans refuse (16 bytes). */
   b.lb = (float *)((char *)b.dqa + dq_acc);
   b.wsp = (char *)b.lb + lse_blk;
@@ -1058,7 +1183,7 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
                     .self = &f,
                     .kv = {base, base + g.kv_bytes},
                     .block = host_forward_block,
-                    .split = 0};
+                    .mode = BLOCKS_PLACED};
   memset(ao, 0, acc_out);
   for (int64_t i = 0; i < g.B * g.Hq * g.Tq; ++i) al[i] = -INFINITY;
   pack_kv(&g, in, pass.kv[0]);
@@ -1234,6 +1359,7 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
                     .dkv_bytes = dkv_acc,
                     .begin_step = host_begin_step,
                     .block = host_backward_block,
+                    .mode = BLOCKS_PLACED,
                     .add_step = host_add_step};
   char *rest = lay_out_backward(&pass, &b.x, base, dq_blk, dk_blk, dv_blk, dkv_acc);
   b.step = rest;
