@@ -105,6 +105,46 @@ static void *gather_rows(const void *g, int64_t B, int64_t T, int64_t rows, cons
   return out;
 }
 
+/* A problem's tensors on the GPU, [B, T, H, D] dense; out, lse and the gradients unset. */
+typedef struct dev_tensors {
+  char *q, *k, *v, *dout;
+  void *out, *lse, *dq, *dk, *dv;
+} dev_tensors;
+
+/* Device copies of q, k, v, dout (rows of problem p) and room for what a pass writes. */
+static dev_tensors upload_tensors(const attn_problem *p, size_t es, const void *q, const void *k,
+                                  const void *v, const void *dout) {
+  const int64_t Dv = p->head_dim_v > 0 ? p->head_dim_v : p->head_dim;
+  const size_t nq = (size_t)(p->batch * p->seqlen_q), nk = (size_t)(p->batch * p->seqlen_k);
+  const size_t bq = nq * (size_t)(p->heads_q * p->head_dim) * es;
+  const size_t bk = nk * (size_t)(p->heads_kv * p->head_dim) * es;
+  const size_t bv = nk * (size_t)(p->heads_kv * Dv) * es, bo = nq * (size_t)(p->heads_q * Dv) * es;
+  dev_tensors t;
+  t.q = device_copy(q, bq), t.k = device_copy(k, bk), t.v = device_copy(v, bv);
+  t.dout = device_copy(dout, bo), t.out = device_copy(NULL, bo);
+  t.lse = device_copy(NULL, (size_t)(p->batch * p->heads_q * p->seqlen_q) * 4);
+  t.dq = device_copy(NULL, bq), t.dk = device_copy(NULL, bk), t.dv = device_copy(NULL, bv);
+  return t;
+}
+
+/* The whole tensors as a pass's arguments. */
+static void bind_tensors(const dev_tensors *t, attn_inputs *in, attn_outputs *o, attn_grads *g,
+                         attn_tensor *dout) {
+  attn_inputs_init(in);
+  in->q = attn_tensor_dense(t->q), in->k = attn_tensor_dense(t->k), in->v = attn_tensor_dense(t->v);
+  attn_outputs_init(o);
+  o->out = attn_tensor_dense(t->out), o->lse = attn_tensor_dense(t->lse);
+  attn_grads_init(g);
+  g->dq = attn_tensor_dense(t->dq), g->dk = attn_tensor_dense(t->dk),
+  g->dv = attn_tensor_dense(t->dv);
+  *dout = attn_tensor_dense(t->dout);
+}
+
+static void release_tensors(dev_tensors *t) {
+  void *bufs[9] = {t->q, t->k, t->v, t->dout, t->out, t->lse, t->dq, t->dk, t->dv};
+  for (int i = 0; i < 9; ++i) gpu->release(0, bufs[i]);
+}
+
 typedef struct rank_job {
   const host_data *h;
   const attn_dist_spec *spec;
@@ -126,8 +166,7 @@ typedef struct rank_job {
  * (the kernels' time does not depend on the values); results go to the rank's buffers, already
  * validated. Median seconds of `iters` runs after a warm-up. */
 static double calls_alone(attn_dist_plan *plan, int rank, int n, int iters, int backward,
-                          void *stream, const attn_problem *l, size_t es, char *q, char *k, char *v,
-                          char *dout, void *out, void *lse, void *dq, void *dk, void *dv) {
+                          void *stream, const attn_problem *l, size_t es, const dev_tensors *dt) {
   const int64_t Dv = l->head_dim_v > 0 ? l->head_dim_v : l->head_dim, C = plan->chunks;
   const int64_t nq = l->seqlen_q / C, nk = l->seqlen_k / C;
   const int64_t Wq = l->heads_q * l->head_dim, Wk = l->heads_kv * l->head_dim;
@@ -160,22 +199,23 @@ static double calls_alone(attn_dist_plan *plan, int rank, int n, int iters, int 
         const int64_t ds[4] = {l->seqlen_q * Wo, Wo, Dv, 1};
         attn_inputs in;
         attn_inputs_init(&in);
-        in.q = attn_tensor_dense(q + (size_t)(q0 * Wq) * es);
-        in.k = attn_tensor_dense(k + (size_t)(k0 * Wk) * es);
-        in.v = attn_tensor_dense(v + (size_t)(k0 * Wv) * es);
+        in.q = attn_tensor_dense(dt->q + (size_t)(q0 * Wq) * es);
+        in.k = attn_tensor_dense(dt->k + (size_t)(k0 * Wk) * es);
+        in.v = attn_tensor_dense(dt->v + (size_t)(k0 * Wv) * es);
         memcpy(in.q.stride, qs, sizeof qs), memcpy(in.k.stride, ks, sizeof ks);
         memcpy(in.v.stride, vs, sizeof vs);
         attn_outputs o;
         attn_outputs_init(&o);
-        o.out = attn_tensor_dense(out), o.lse = attn_tensor_dense(lse);
+        o.out = attn_tensor_dense(dt->out), o.lse = attn_tensor_dense(dt->lse);
         attn_plan *bp = attn_dist_ring_block_plan(plan, b);
         attn_status st = attn_plan_forward(bp, &in, ws, ws_size, &o);
         if (st == ATTN_STATUS_OK && backward) {
-          attn_tensor d = attn_tensor_dense(dout + (size_t)(q0 * Wo) * es);
+          attn_tensor d = attn_tensor_dense(dt->dout + (size_t)(q0 * Wo) * es);
           memcpy(d.stride, ds, sizeof ds);
           attn_grads g;
           attn_grads_init(&g);
-          g.dq = attn_tensor_dense(dq), g.dk = attn_tensor_dense(dk), g.dv = attn_tensor_dense(dv);
+          g.dq = attn_tensor_dense(dt->dq), g.dk = attn_tensor_dense(dt->dk);
+          g.dv = attn_tensor_dense(dt->dv);
           st = attn_plan_backward(bp, &in, &o, &d, ws, ws_size, &g);
         }
         if (st != ATTN_STATUS_OK) die("a block call", "failed");
@@ -216,32 +256,19 @@ static void *run_rank(void *arg) {
   void *hk = gather_rows(h->k, B, p->seqlen_k, l.seqlen_k, kmap, Wk, h->es);
   void *hv = gather_rows(h->v, B, p->seqlen_k, l.seqlen_k, kmap, Wv, h->es);
   void *hd = gather_rows(h->dout, B, p->seqlen_q, l.seqlen_q, qmap, Wo, h->es);
-  const size_t nq = (size_t)(B * l.seqlen_q), nk = (size_t)(B * l.seqlen_k);
-  void *q = device_copy(hq, nq * (size_t)Wq * h->es), *k = device_copy(hk, nk * (size_t)Wk * h->es);
-  void *v = device_copy(hv, nk * (size_t)Wv * h->es),
-       *dout = device_copy(hd, nq * (size_t)Wo * h->es);
+  dev_tensors dt = upload_tensors(&l, h->es, hq, hk, hv, hd);
   free(hq), free(hk), free(hv), free(hd);
-  void *out = device_copy(NULL, nq * (size_t)Wo * h->es),
-       *dq = device_copy(NULL, nq * (size_t)Wq * h->es);
-  void *dk = device_copy(NULL, nk * (size_t)Wk * h->es),
-       *dv = device_copy(NULL, nk * (size_t)Wv * h->es);
   const int64_t n_lse = B * l.heads_q * l.seqlen_q;
-  void *lse = device_copy(NULL, (size_t)n_lse * 4);
   char why[512] = "";
   void *stream = NULL;
   if (dev_ops->stream_create(0, &stream, why, sizeof why) != ATTN_STATUS_OK) die("stream", why);
   attn_dist_plan_set_stream(plan, stream);
   if (gpu->synchronize(0, why, sizeof why) != ATTN_STATUS_OK) die("uploads", why);
   attn_inputs in;
-  attn_inputs_init(&in);
-  in.q = attn_tensor_dense(q), in.k = attn_tensor_dense(k), in.v = attn_tensor_dense(v);
   attn_outputs o;
-  attn_outputs_init(&o);
-  o.out = attn_tensor_dense(out), o.lse = attn_tensor_dense(lse);
   attn_grads g;
-  attn_grads_init(&g);
-  g.dq = attn_tensor_dense(dq), g.dk = attn_tensor_dense(dk), g.dv = attn_tensor_dense(dv);
-  const attn_tensor dout_t = attn_tensor_dense(dout);
+  attn_tensor dout_t;
+  bind_tensors(&dt, &in, &o, &g, &dout_t);
   int ok = 1;
   for (int it = -1; it < j->iters; ++it) { /* it = -1: warm-up */
     pthread_barrier_wait(j->barrier);
@@ -260,7 +287,7 @@ static void *run_rank(void *arg) {
   if (ok) { /* validation: the lse rows against the whole problem's */
     float *got = malloc((size_t)n_lse * 4);
     if (got == NULL ||
-        gpu->download(0, got, lse, (size_t)n_lse * 4, why, sizeof why) != ATTN_STATUS_OK)
+        gpu->download(0, got, dt.lse, (size_t)n_lse * 4, why, sizeof why) != ATTN_STATUS_OK)
       die("download", why);
     double err = 0;
     for (int64_t b = 0; b < B; ++b)
@@ -276,14 +303,12 @@ static void *run_rank(void *arg) {
   for (int turn = 0; turn < j->n; ++turn) { /* one rank at a time */
     pthread_barrier_wait(j->barrier);
     if (turn == j->rank && ok)
-      j->alone = calls_alone(plan, j->rank, j->n, j->iters, j->backward, stream, &l, h->es, q, k, v,
-                             dout, out, lse, dq, dk, dv);
+      j->alone = calls_alone(plan, j->rank, j->n, j->iters, j->backward, stream, &l, h->es, &dt);
   }
   pthread_barrier_wait(j->barrier);
   attn_dist_plan_destroy(plan);
   dev_ops->stream_destroy(0, stream);
-  void *bufs[9] = {q, k, v, dout, out, dq, dk, dv, lse};
-  for (int i = 0; i < 9; ++i) gpu->release(0, bufs[i]);
+  release_tensors(&dt);
   free(qmap), free(kmap);
   attn_ctx_destroy(ctx);
   return NULL;
@@ -292,17 +317,8 @@ static void *run_rank(void *arg) {
 /* The whole problem on the GPU: median seconds per pass; keeps its lse in h. */
 static double one_gpu(host_data *h, int iters, int backward) {
   const attn_problem *p = &h->p;
-  const int64_t Dv = p->head_dim_v > 0 ? p->head_dim_v : p->head_dim;
-  const size_t nq = (size_t)(p->batch * p->seqlen_q), nk = (size_t)(p->batch * p->seqlen_k);
-  const size_t bq = nq * (size_t)(p->heads_q * p->head_dim) * h->es;
-  const size_t bk = nk * (size_t)(p->heads_kv * p->head_dim) * h->es;
-  const size_t bv = nk * (size_t)(p->heads_kv * Dv) * h->es,
-               bo = nq * (size_t)(p->heads_q * Dv) * h->es;
+  dev_tensors dt = upload_tensors(p, h->es, h->q, h->k, h->v, h->dout);
   const size_t n_lse = (size_t)(p->batch * p->heads_q * p->seqlen_q);
-  void *q = device_copy(h->q, bq), *k = device_copy(h->k, bk), *v = device_copy(h->v, bv);
-  void *dout = device_copy(h->dout, bo), *out = device_copy(NULL, bo), *dq = device_copy(NULL, bq);
-  void *dk = device_copy(NULL, bk), *dv = device_copy(NULL, bv),
-       *lse = device_copy(NULL, n_lse * 4);
   attn_ctx *ctx;
   attn_ctx_create(&ctx);
   attn_plan *plan = NULL;
@@ -314,15 +330,10 @@ static double one_gpu(host_data *h, int iters, int backward) {
   const size_t ws_size = fws > bws ? fws : bws;
   void *ws = ws_size > 0 ? device_copy(NULL, ws_size) : NULL;
   attn_inputs in;
-  attn_inputs_init(&in);
-  in.q = attn_tensor_dense(q), in.k = attn_tensor_dense(k), in.v = attn_tensor_dense(v);
   attn_outputs o;
-  attn_outputs_init(&o);
-  o.out = attn_tensor_dense(out), o.lse = attn_tensor_dense(lse);
   attn_grads g;
-  attn_grads_init(&g);
-  g.dq = attn_tensor_dense(dq), g.dk = attn_tensor_dense(dk), g.dv = attn_tensor_dense(dv);
-  const attn_tensor dout_t = attn_tensor_dense(dout);
+  attn_tensor dout_t;
+  bind_tensors(&dt, &in, &o, &g, &dout_t);
   double *times = calloc((size_t)iters, sizeof(double));
   for (int it = -1; it < iters; ++it) {
     if (gpu->synchronize(0, why, sizeof why) != ATTN_STATUS_OK) die("synchronize", why);
@@ -335,14 +346,14 @@ static double one_gpu(host_data *h, int iters, int backward) {
     if (it >= 0) times[it] = now() - t0;
   }
   h->lse = malloc(n_lse * 4);
-  if (h->lse == NULL || gpu->download(0, h->lse, lse, n_lse * 4, why, sizeof why) != ATTN_STATUS_OK)
+  if (h->lse == NULL ||
+      gpu->download(0, h->lse, dt.lse, n_lse * 4, why, sizeof why) != ATTN_STATUS_OK)
     die("download", why);
   const double t = median(times, iters);
   free(times);
   attn_plan_destroy(plan);
-  void *bufs[10] = {q, k, v, dout, out, dq, dk, dv, lse, ws};
-  for (int i = 0; i < 10; ++i)
-    if (bufs[i] != NULL) gpu->release(0, bufs[i]);
+  release_tensors(&dt);
+  if (ws != NULL) gpu->release(0, ws);
   attn_ctx_destroy(ctx);
   return t;
 }
