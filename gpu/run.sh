@@ -19,7 +19,7 @@
 #             tests/test_dist_gpu, distributed attention with ranks as threads on this GPU
 #   cli       the tests modules (the real modules load) and cli_gpu (attn check / bench on GPU
 #             problems), and `attn bench` of two large problems, timed whole with their check
-#   lab       cuda only: the kernel lab, dev/cuda/fwd_tiles.cu, bwd_tiles.cu, fwd_hopper.cu and bwd_hopper.cu (sm_90a,
+#   lab       cuda only: the kernel lab, dev/cuda/fwd_tiles.cu, bwd_tiles.cu, fwd_hopper.cu, bwd_hopper.cu and fwd_hopper_fp8.cu (sm_90a,
 #             with dev/cuda/fwd_hopper_torch.py timing cuDNN and flash beside it), built and run
 #   ncu       cuda only, implies lab: Nsight Compute on one lab launch of each lab program built:
 #             the D = 128 forward (64-key tiles), the atomic backward (v5), the sm90 forward (v2)
@@ -32,7 +32,7 @@
 # Environment: GOLDEN, the golden cases (default ../shared/golden when it exists, else ./.golden,
 # both from the current folder); OUT, the logs (default /tmp/gpu_out); BENCH_REPS, timed calls per
 # shape of gpu/cuda_bench (default 20); LAB_PROGRAMS, the lab's programs to build and run (default
-# "fwd_tiles bwd_tiles fwd_hopper bwd_hopper"); CUDA_GENCODE, the -gencode flags of the cuda kernels when
+# "fwd_tiles bwd_tiles fwd_hopper bwd_hopper fwd_hopper_fp8"); CUDA_GENCODE, the -gencode flags of the cuda kernels when
 # only this GPU's are wanted (e.g. "-gencode=arch=compute_90,code=sm_90": half the build time).
 #
 # Logs: $OUT/env.txt, $OUT/build.log, $OUT/test_paged.log, and per implementation $OUT/cuda/
@@ -69,7 +69,7 @@ for arg in "$@"; do
   esac
 done
 impls=${impls:-" cuda cudnn"}
-lab_programs=${LAB_PROGRAMS:-fwd_tiles bwd_tiles fwd_hopper bwd_hopper}
+lab_programs=${LAB_PROGRAMS:-fwd_tiles bwd_tiles fwd_hopper bwd_hopper fwd_hopper_fp8}
 steps=${steps:-" build test bench sanitize"}
 impl() { case " $impls " in *" $1 "*) return 0 ;; esac; return 1; }
 step() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -143,7 +143,7 @@ cat "$OUT/env.txt"
 if step lab; then
   for lab in $lab_programs; do
     arch=compute_90,code=sm_90
-    case $lab in *_hopper) arch=compute_90a,code=sm_90a ;; esac # wgmma and setmaxnreg are sm_90a's
+    case $lab in *_hopper | *_hopper_fp8) arch=compute_90a,code=sm_90a ;; esac # wgmma and setmaxnreg are sm_90a's
     timeout "$(limit 300)" nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=$arch \
       "dev/cuda/$lab.cu" -o "$BUILD/$lab" >"$OUT/cuda/lab_build_$lab.log" 2>&1 &
   done

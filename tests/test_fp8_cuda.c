@@ -46,16 +46,17 @@ static void check_problem(attn_ctx *ctx, const char *text, uint64_t seed, int ex
       continue;
     }
     tu_check(r.ok && (r.ref[0] > 0.0 || !expect_nonzero),
-             "%s: cuda %s out %.2e/%.2e (max|r| %.2e) lse %.2e/%.2e", text, fp8_configs[c], r.err[0],
-             r.tol[0], r.ref[0], r.err[1], r.tol[1]);
+             "%s: cuda %s out %.2e/%.2e (max|r| %.2e) lse %.2e/%.2e", text, fp8_configs[c],
+             r.err[0], r.tol[0], r.ref[0], r.err[1], r.tol[1]);
   }
   h_oracle_free(oracle);
 }
 
 /* B, Hq, Hkv, Tq, Tk, D */
 static const int64_t grid_sizes[][6] = {
-    {1, 1, 1, 1, 1, 128},    {2, 4, 2, 17, 63, 128},    {1, 2, 1, 129, 127, 128}, {2, 8, 1, 3, 1000, 128},
-    {1, 2, 2, 1000, 65, 128}, {3, 6, 3, 65, 129, 256}, {1, 4, 2, 300, 257, 256},
+    {1, 1, 1, 1, 1, 128},     {2, 4, 2, 17, 63, 128},   {1, 2, 1, 129, 127, 128},
+    {2, 8, 1, 3, 1000, 128},  {1, 2, 2, 1000, 65, 128}, {3, 6, 3, 65, 129, 256},
+    {1, 4, 2, 300, 257, 256},
 };
 
 /* each alone, then together (%B, %Q, %K: batch, Tq, Tk) */
@@ -110,16 +111,11 @@ static void test_refused(attn_ctx *ctx) {
   static const struct {
     const char *extra, *reason;
   } cases[] = {
-      {"d128 softcap=5", "soft cap"},
-      {"d128 alibi=h", "ALiBi"},
-      {"d128 bias=1x1x65x129", "bias"},
-      {"d128 mask=2x1x65x129", "mask"},
-      {"d128 segments", "segment ids"},
-      {"d128 dropout=0.25", "dropout"},
-      {"d64", "head dims 128 and 256"},
-      {"d128 dv64", "Dv = D"},
-      {"d128 op=sdpa", "flash_attention"},
-      {"d128 paged=16 new=1", "paged"},
+      {"d128 softcap=5", "soft cap"},      {"d128 alibi=h", "ALiBi"},
+      {"d128 bias=1x1x65x129", "bias"},    {"d128 mask=2x1x65x129", "mask"},
+      {"d128 segments", "segment ids"},    {"d128 dropout=0.25", "dropout"},
+      {"d64", "head dims 128 and 256"},    {"d128 dv64", "Dv = D"},
+      {"d128 op=sdpa", "flash_attention"}, {"d128 paged=16 new=1", "paged"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i) {
     char text[256];
@@ -152,7 +148,8 @@ int main(int argc, char **argv) {
   if (st == ATTN_STATUS_OK) st = attn_impl_supports(ctx, "cuda", &p);
   if (st != ATTN_STATUS_OK) { /* not a Hopper device (or no sm90 build): the refusal says why */
     const char *msg = attn_ctx_last_error(ctx);
-    tu_check(st == ATTN_STATUS_UNSUPPORTED && (strstr(msg, "9.0") != NULL || strstr(msg, "sm90") != NULL),
+    tu_check(st == ATTN_STATUS_UNSUPPORTED &&
+                 (strstr(msg, "9.0") != NULL || strstr(msg, "sm90") != NULL),
              "cuda refuses fp8 off compute capability 9.0 with the reason: %s", msg);
     attn_ctx_destroy(ctx);
     return tu_finish();

@@ -44,7 +44,9 @@ namespace sm90 {
 
 /* The column of V^T's 16-key group that holds key k of the group is the inverse of vt_key: the
  * key that column c holds (see the header). */
-__host__ __device__ __forceinline__ int vt_key(int c) { return 2 * (c >> 2) + (c & 1) + 8 * ((c >> 1) & 1); }
+__host__ __device__ __forceinline__ int vt_key(int c) {
+  return 2 * (c >> 2) + (c & 1) + 8 * ((c >> 1) & 1);
+}
 
 /* Keys are padded to whole 128-key blocks in V^T. */
 constexpr int kVtBlock = 128;
@@ -52,7 +54,8 @@ constexpr int kVtBlock = 128;
 /* The columns of V^T: every sequence's keys rounded up to kVtBlock (dense and padded: the longest,
  * seqlen_k; packed: vt_col0's offsets), at least one block (the maps need a length). */
 __host__ __device__ __forceinline__ int64_t vt_columns(const attn_cuda_params &p) {
-  if (p.varlen == ATTN_CUDA_VARLEN_PACKED) return kVtBlock * (p.total_k / kVtBlock + 2 * (int64_t)p.batch + 1);
+  if (p.varlen == ATTN_CUDA_VARLEN_PACKED)
+    return kVtBlock * (p.total_k / kVtBlock + 2 * (int64_t)p.batch + 1);
   const int64_t blocks = ((int64_t)p.seqlen_k + kVtBlock - 1) / kVtBlock;
   return kVtBlock * (blocks > 0 ? blocks : 1);
 }
@@ -80,17 +83,19 @@ __device__ __forceinline__ float descale_of(const float *f, int64_t sb, int64_t 
   return f == nullptr ? 1.f : f[b * sb + g * sg];
 }
 
-/* V^T of one 64-key slice of a sequence's keys for one KV head: the slice's rows of V into shared
- * memory (zeros past the sequence's end), then each thread writes 16 columns of one row of V^T,
- * in vt_key's order. Grid: (key slices of seqlen_k rounded up to 128, Hkv, B). */
+/* V^T of one 128-key slice of a sequence's keys for one KV head: the slice's rows of V into shared
+ * memory (zeros past the sequence's end), then each thread writes 32 columns (two 16-key groups,
+ * a whole 32-byte sector) of four rows d of V^T, in vt_key's order: it reads 32-bit words of four
+ * columns d of a key's row (a warp: 128 neighbouring bytes, no bank conflict) and regroups their
+ * bytes with byte permutes. Grid: (128-key slices of seqlen_k, Hkv, B). */
 template <int kDv>
 __global__ void __launch_bounds__(256) vt_kernel(const __grid_constant__ attn_cuda_params p) {
-  constexpr int kKeys = 64, kPitch = kDv + 16; /* 16 bytes of padding: rows start on other banks */
+  constexpr int kKeys = kVtBlock,
+                kPitch = kDv + 16; /* 16 bytes of padding: rows start on other banks */
   __shared__ __align__(16) uint8_t tile[kKeys * kPitch];
   const int b = blockIdx.z, g = blockIdx.y, j0 = blockIdx.x * kKeys, tid = threadIdx.x;
   const Seq sq = seq_of(p, b);
-  const int region = (sq.len_k + kVtBlock - 1) / kVtBlock * kVtBlock;
-  if (j0 >= region) return;
+  if (j0 >= sq.len_k) return; /* the slices cover the sequence's keys rounded up to 128 */
   const uint8_t *v = static_cast<const uint8_t *>(p.v) + b * p.v_b + g * p.v_h;
   for (int c = tid; c < kKeys * kDv / 16; c += 256) {
     const int r = c / (kDv / 16), col = (c % (kDv / 16)) * 16, j = j0 + r;
@@ -99,19 +104,34 @@ __global__ void __launch_bounds__(256) vt_kernel(const __grid_constant__ attn_cu
     *reinterpret_cast<uint4 *>(tile + r * kPitch + col) = x;
   }
   __syncthreads();
-  uint8_t *vt = static_cast<uint8_t *>(p.v_t) +
-                ((int64_t)(p.varlen == ATTN_CUDA_VARLEN_PACKED ? 0 : b) * p.heads_kv + g) * kDv * p.vt_cols +
-                vt_col0(p, sq, b) + j0;
-  for (int c = tid; c < kDv * (kKeys / 16); c += 256) { /* d fastest: a warp reads neighbouring bytes */
-    const int d = c % kDv, grp = c / kDv;
-    uint32_t w[4];
+  uint8_t *vt =
+      static_cast<uint8_t *>(p.v_t) +
+      ((int64_t)(p.varlen == ATTN_CUDA_VARLEN_PACKED ? 0 : b) * p.heads_kv + g) * kDv * p.vt_cols +
+      vt_col0(p, sq, b) + j0;
+  for (int c = tid; c < kDv / 4 * (kKeys / 32); c += 256) { /* d / 4 fastest */
+    const int d4 = c % (kDv / 4), pair = c / (kDv / 4);
+    uint32_t out[4][8]; /* [d - 4 d4][word of the 32 columns] */
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      w[q] = 0;
+    for (int w = 0; w < 8; ++w) { /* columns 4w..4w+3 of the pair's 32 */
+      uint32_t x[4];
 #pragma unroll
-      for (int t = 0; t < 4; ++t) w[q] |= (uint32_t)tile[(grp * 16 + vt_key(4 * q + t)) * kPitch + d] << (8 * t);
+      for (int t = 0; t < 4; ++t) {
+        const int col = 4 * w + t, key = pair * 32 + (col & ~15) + vt_key(col & 15);
+        x[t] = *reinterpret_cast<const uint32_t *>(tile + key * kPitch + 4 * d4);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) { /* byte i of each x: row 4 d4 + i */
+        const uint32_t lo = __byte_perm(x[0], x[1], i | (4 + i) << 4);
+        const uint32_t hi = __byte_perm(x[2], x[3], i | (4 + i) << 4);
+        out[i][w] = __byte_perm(lo, hi, 0x5410);
+      }
     }
-    *reinterpret_cast<uint4 *>(vt + d * p.vt_cols + grp * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint4 *dst = reinterpret_cast<uint4 *>(vt + (4 * d4 + i) * p.vt_cols + pair * 32);
+      dst[0] = make_uint4(out[i][0], out[i][1], out[i][2], out[i][3]);
+      dst[1] = make_uint4(out[i][4], out[i][5], out[i][6], out[i][7]);
+    }
   }
 }
 
@@ -133,14 +153,24 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float
 
 /* Head dim kD (= Dv), 128 keys per block, two consumer warpgroups of 64 rows, kStages K/V buffers,
  * out in TO; kPingPong: the consumer warpgroups take turns to issue their products (sm90_fwd.cuh's
- * FwdCfg90). */
-template <typename TO_, int kD_, int kStages_, bool kPingPong_ = false>
+ * FwdCfg90). The softmax's forms (dev/cuda/fwd_hopper_fp8.cu measures them): kExpFmaEvery = N > 0,
+ * one 8-key group in N takes its exponentials on the FMA pipe (ex2_fma: 7.5e-5 relative, far
+ * below e4m3's 2^-4); kIlp, the row max and sum in four independent chains (both rows together, two
+ * partials each) instead of one dependent chain a row; kLazyRescale, O rescaled only when a row of
+ * the warp has a new max (a factor of 1 changes nothing). */
+template <typename TO_, int kD_, int kStages_, bool kPingPong_ = false, int kExpFmaEvery_ = 0,
+          bool kIlp_ = false, bool kLazyRescale_ = false>
 struct FwdFp8Cfg {
   using TO = TO_;
-  static constexpr int kD = kD_, kBN = 128, kStages = kStages_, kCWG = 2;
-  static constexpr bool kPingPong = kPingPong_;
+  static constexpr int kD = kD_, kBN = 128, kStages = kStages_, kCWG = 2,
+                       kExpFmaEvery = kExpFmaEvery_;
+  static constexpr bool kPingPong = kPingPong_, kIlp = kIlp_, kLazyRescale = kLazyRescale_;
+  __host__ __device__ static constexpr bool on_fma(int g) {
+    return kExpFmaEvery > 0 && g % (kExpFmaEvery > 0 ? kExpFmaEvery : 1) == kExpFmaEvery - 1;
+  }
   static constexpr int kBM = 64 * kCWG, kThreads = 128 * (kCWG + 1), kPanels = kD / 128;
-  static constexpr int kProducerRegs = 24, kConsumerRegs = (65536 / 128 - kProducerRegs) / kCWG / 8 * 8;
+  static constexpr int kProducerRegs = 24,
+                       kConsumerRegs = (65536 / 128 - kProducerRegs) / kCWG / 8 * 8;
   /* bytes: Q [kBM][kD], K [kBN][kD] and V^T [kD][kBN], one byte an element */
   static constexpr uint32_t kQBytes = kBM * kD, kKVBytes = kBN * kD;
   static constexpr uint32_t kSmem = 1024 + kQBytes + 2 * kStages * kKVBytes + 8 * (1 + 4 * kStages);
@@ -149,13 +179,15 @@ struct FwdFp8Cfg {
 
 template <typename C>
 __global__ void __launch_bounds__(C::kThreads, 1)
-    fwd90_fp8_kernel(const __grid_constant__ attn_cuda_params p, const __grid_constant__ CUtensorMap tq,
-                     const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tvt) {
+    fwd90_fp8_kernel(const __grid_constant__ attn_cuda_params p,
+                     const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                     const __grid_constant__ CUtensorMap tvt) {
   using TO = typename C::TO;
   constexpr int kD = C::kD, kBN = C::kBN, kBM = C::kBM, kStages = C::kStages;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t sQ = (smem_u32(smem_raw) + 1023) & ~1023u;
-  const uint32_t sK = sQ + C::kQBytes, sV = sK + kStages * C::kKVBytes, bars = sV + kStages * C::kKVBytes;
+  const uint32_t sK = sQ + C::kQBytes, sV = sK + kStages * C::kKVBytes,
+                 bars = sV + kStages * C::kKVBytes;
   const uint32_t bar_q = bars; /* then per stage K full, V full, K empty, V empty */
   auto full_k = [&](int s) { return bars + 8 * (1 + s); };
   auto full_v = [&](int s) { return bars + 8 * (1 + kStages + s); };
@@ -188,14 +220,16 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       mbar_expect_tx(bar_q, C::kQBytes);
       const MapOrigin org = map_origin(p, sq, b);
       const int k_row0 = org.k_row0, mb = org.batch, vt0 = (int)vt_col0(p, sq, b);
-      for (int c = 0; c < C::kPanels; ++c) tma_load(sQ + c * kBM * 128, &tq, bar_q, c * 128, h, org.q_row0 + m0, mb);
+      for (int c = 0; c < C::kPanels; ++c)
+        tma_load(sQ + c * kBM * 128, &tq, bar_q, c * 128, h, org.q_row0 + m0, mb);
       for (int i = 0, n = n_lo; n < n_hi; ++i, ++n) {
         const int s = i % kStages;
         const uint32_t ph = (i / kStages) & 1;
         mbar_wait(empty_k(s), ph ^ 1);
         mbar_expect_tx(full_k(s), C::kKVBytes);
         for (int c = 0; c < C::kPanels; ++c)
-          tma_load(sK + s * C::kKVBytes + c * kBN * 128, &tk, full_k(s), c * 128, hd.g, k_row0 + n * kBN, mb);
+          tma_load(sK + s * C::kKVBytes + c * kBN * 128, &tk, full_k(s), c * 128, hd.g,
+                   k_row0 + n * kBN, mb);
         mbar_wait(empty_v(s), ph ^ 1);
         mbar_expect_tx(full_v(s), C::kKVBytes);
         /* V^T [Dv][128 keys]: one panel, all Dv rows */
@@ -230,59 +264,99 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     uint32_t pa[kBN / 32][4];
 
     auto issue_s = [&](int s) { /* S = Q K(s)^T: 32 columns (bytes) a step, 4 steps a panel */
-      const uint32_t q = sQ + cw * 64 * 128, k = sK + s * C::kKVBytes;
+                                const uint32_t q = sQ + cw * 64 * 128, k = sK + s * C::kKVBytes;
 #pragma unroll
-      for (int kk = 0; kk < kD / 32; ++kk) {
-        const uint32_t col = (kk % 4) * 32;
-        WgmmaE4m3<kBN>::ss(sacc, smem_desc(q + (kk / 4) * kBM * 128 + col, 16, 1024),
-                           smem_desc(k + (kk / 4) * kBN * 128 + col, 16, 1024), kk > 0);
-      }
+                                for (int kk = 0; kk < kD / 32; ++kk) {
+                                  const uint32_t col = (kk % 4) * 32;
+                                  WgmmaE4m3<kBN>::ss(
+                                      sacc, smem_desc(q + (kk / 4) * kBM * 128 + col, 16, 1024),
+                                      smem_desc(k + (kk / 4) * kBN * 128 + col, 16, 1024), kk > 0);
+                                }
     };
     auto issue_pv = [&](int s) { /* O += P V(s): V^T's 128-byte rows are K-major, 32 keys a step */
-      const uint32_t v = sV + s * C::kKVBytes;
+                                 const uint32_t v = sV + s * C::kKVBytes;
 #pragma unroll
-      for (int kk = 0; kk < kBN / 32; ++kk) WgmmaE4m3<kD>::rs(oacc, pa[kk], smem_desc(v + kk * 32, 16, 1024), 1);
+                                 for (int kk = 0; kk < kBN / 32; ++kk)
+                                   WgmmaE4m3<kD>::rs(oacc, pa[kk], smem_desc(v + kk * 32, 16, 1024),
+                                                     1);
     };
     auto mask_edge = [&](int n) { /* S outside the band and the key length := -inf */
 #pragma unroll
-      for (int jj = 0; jj < kBN / 8; ++jj)
+                                  for (int jj = 0; jj < kBN / 8; ++jj)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = m0 + row0 + (e >> 1) * 8, j = n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1);
-          if (!visible_band(p, hd, i, j)) sacc[4 * jj + e] = -INFINITY;
-        }
+                                    for (int e = 0; e < 4; ++e) {
+                                      const int i = m0 + row0 + (e >> 1) * 8,
+                                                j = n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1);
+                                      if (!visible_band(p, hd, i, j)) sacc[4 * jj + e] = -INFINITY;
+                                    }
     };
     /* P = 2^(S mult - max + 8) in sacc, the running max and sum moved to block n; returns each
      * row's rescale factor. */
-    auto softmax = [&](int n, float (&corr)[2]) {
+    auto softmax = [&](int n, float(&corr)[2]) {
       if (rare_scale) {
 #pragma unroll
         for (int k = 0; k < kBN / 2; ++k) sacc[k] *= mult_all;
       }
       if (n < f_lo || n >= f_hi) mask_edge(n);
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int jj = 0; jj < kBN / 8; ++jj) mx = fmaxf(mx, fmaxf(sacc[4 * jj + 2 * hf], sacc[4 * jj + 2 * hf + 1]));
-        mx = fmaxf(row_max[hf], quad_max(mx) * mult);
-        const float base = mx == -INFINITY ? 0.f : mx; /* nothing visible yet: exponents of 0 */
-        corr[hf] = ex2(row_max[hf] - base);
-        row_max[hf] = mx;
-        const float shift = 8.f - base;
-        float sum = 0.f;
+      if constexpr (C::kIlp) {
+        /* both rows at once, each in two partials: four independent chains */
+        float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
 #pragma unroll
         for (int jj = 0; jj < kBN / 8; ++jj)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float &x = sacc[4 * jj + 2 * hf + e];
-            x = ex2(fmaf(x, mult, shift));
-            sum += x;
+          for (int hf = 0; hf < 2; ++hf)
+            m[hf][jj & 1] =
+                fmaxf(m[hf][jj & 1], fmaxf(sacc[4 * jj + 2 * hf], sacc[4 * jj + 2 * hf + 1]));
+        float shift[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const float mx = fmaxf(row_max[hf], quad_max(fmaxf(m[hf][0], m[hf][1])) * mult);
+          const float base = mx == -INFINITY ? 0.f : mx;
+          corr[hf] = ex2(row_max[hf] - base);
+          row_max[hf] = mx;
+          shift[hf] = 8.f - base;
+        }
+        float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+        for (int jj = 0; jj < kBN / 8; ++jj)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float &x = sacc[4 * jj + e];
+            const float a = fmaf(x, mult, shift[e >> 1]);
+            x = C::on_fma(jj) ? ex2_fma(a) : ex2(a);
+            sum[e >> 1][jj & 1] += x;
           }
-        row_sum[hf] = row_sum[hf] * corr[hf] + sum;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+          row_sum[hf] = row_sum[hf] * corr[hf] + (sum[hf][0] + sum[hf][1]);
+      } else {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int jj = 0; jj < kBN / 8; ++jj)
+            mx = fmaxf(mx, fmaxf(sacc[4 * jj + 2 * hf], sacc[4 * jj + 2 * hf + 1]));
+          mx = fmaxf(row_max[hf], quad_max(mx) * mult);
+          const float base = mx == -INFINITY ? 0.f : mx; /* nothing visible yet: exponents of 0 */
+          corr[hf] = ex2(row_max[hf] - base);
+          row_max[hf] = mx;
+          const float shift = 8.f - base;
+          float sum = 0.f;
+#pragma unroll
+          for (int jj = 0; jj < kBN / 8; ++jj)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float &x = sacc[4 * jj + 2 * hf + e];
+              x = C::on_fma(jj) ? ex2_fma(fmaf(x, mult, shift)) : ex2(fmaf(x, mult, shift));
+              sum += x;
+            }
+          row_sum[hf] = row_sum[hf] * corr[hf] + sum;
+        }
       }
     };
-    auto rescale = [&](const float (&corr)[2]) {
+    auto rescale = [&](const float(&corr)[2]) {
+      if constexpr (C::kLazyRescale)
+        if (!__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) return;
 #pragma unroll
       for (int jj = 0; jj < kD / 8; ++jj)
 #pragma unroll
@@ -393,7 +467,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       if (r >= sq.len_q - wrow) continue;
 #pragma unroll
       for (int jj = 0; jj < kD / 8; ++jj)
-        store_pair(go + r * p.o_r + jj * 8 + (lane & 3) * 2, o[jj][2 * hf] * inv[hf], o[jj][2 * hf + 1] * inv[hf]);
+        store_pair(go + r * p.o_r + jj * 8 + (lane & 3) * 2, o[jj][2 * hf] * inv[hf],
+                   o[jj][2 * hf + 1] * inv[hf]);
     }
   }
 }
@@ -405,29 +480,35 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 static inline const char *fp8_fwd_unsupported(const attn_cuda_params &p) {
   if (p.d != p.dv) return "the sm90 fp8 forward needs Dv = D";
   if (p.d != 128 && p.d != 256)
-    return "the sm90 fp8 forward has head dims 128 and 256 only (a row of 64 e4m3 bytes would need the 64-byte "
+    return "the sm90 fp8 forward has head dims 128 and 256 only (a row of 64 e4m3 bytes would need "
+           "the 64-byte "
            "swizzle)";
   if (p.elementwise_kinds & ATTN_CUDA_FEAT_BIAS) return "the sm90 fp8 forward has no bias";
   if (p.elementwise_kinds & ATTN_CUDA_FEAT_MASK) return "the sm90 fp8 forward has no boolean mask";
-  if (p.elementwise_kinds & ATTN_CUDA_FEAT_SEGMENTS) return "the sm90 fp8 forward has no segment ids";
+  if (p.elementwise_kinds & ATTN_CUDA_FEAT_SEGMENTS)
+    return "the sm90 fp8 forward has no segment ids";
   if (p.elementwise_kinds & ATTN_CUDA_FEAT_SOFTCAP) return "the sm90 fp8 forward has no soft cap";
   if (p.elementwise_kinds & ATTN_CUDA_FEAT_ALIBI) return "the sm90 fp8 forward has no ALiBi";
   if (p.dropout_p > 0.f) return "the sm90 fp8 forward has no dropout";
   const void *ptrs[3] = {p.q, p.k, p.v};
   for (const void *ptr : ptrs)
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return "the sm90 fp8 forward needs 16-byte aligned q, k, v";
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+      return "the sm90 fp8 forward needs 16-byte aligned q, k, v";
   const int64_t strides[9] = {p.q_b, p.q_r, p.q_h, p.k_b, p.k_r, p.k_h, p.v_b, p.v_r, p.v_h};
   for (int64_t s : strides)
-    if (s % 16 != 0 || s < 0) return "the sm90 fp8 forward needs q, k, v strides that are multiples of 16 elements";
+    if (s % 16 != 0 || s < 0)
+      return "the sm90 fp8 forward needs q, k, v strides that are multiples of 16 elements";
   return nullptr;
 }
 
 /* Runs p: V^T into the workspace (p.v_t, p.vt_cols), then fwd90_fp8_kernel<C>. */
 template <typename C>
-attn_status launch_fwd90_fp8(const attn_cuda_params &p, cudaStream_t stream, char *why, size_t why_size) {
+attn_status launch_fwd90_fp8(const attn_cuda_params &p, cudaStream_t stream, char *why,
+                             size_t why_size) {
   const char *no = fp8_fwd_unsupported(p);
   if (no == nullptr && p.d != C::kD) no = "the sm90 fp8 forward was asked for another head dim";
-  if (no == nullptr && (p.v_t == nullptr || p.vt_cols != vt_columns(p))) no = "the sm90 fp8 forward lacks V^T's workspace";
+  if (no == nullptr && (p.v_t == nullptr || p.vt_cols != vt_columns(p)))
+    no = "the sm90 fp8 forward lacks V^T's workspace";
   if (no != nullptr) {
     snprintf(why, why_size, "%s", no);
     return ATTN_STATUS_UNSUPPORTED;
@@ -437,21 +518,24 @@ attn_status launch_fwd90_fp8(const attn_cuda_params &p, cudaStream_t stream, cha
   const int64_t cols = p.vt_cols;
   CUtensorMap tq, tk, tvt;
   attn_status st;
-  if ((st = make_map(&tq, p.q, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.d, p.heads_q, mg.rows_q, mg.batch, p.q_h, p.q_r,
-                     p.q_b, C::kBM, why, why_size)) != ATTN_STATUS_OK ||
-      (st = make_map(&tk, p.k, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.d, p.heads_kv, std::max(mg.rows_k, 1), mg.batch,
-                     p.k_h, p.k_r, p.k_b, C::kBN, why, why_size)) != ATTN_STATUS_OK ||
+  if ((st = make_map(&tq, p.q, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.d, p.heads_q, mg.rows_q,
+                     mg.batch, p.q_h, p.q_r, p.q_b, C::kBM, why, why_size)) != ATTN_STATUS_OK ||
+      (st = make_map(&tk, p.k, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.d, p.heads_kv,
+                     std::max(mg.rows_k, 1), mg.batch, p.k_h, p.k_r, p.k_b, C::kBN, why,
+                     why_size)) != ATTN_STATUS_OK ||
       /* V^T [B'][Hkv][Dv][cols] mapped as [B'][Dv][Hkv][cols], so that a box is Dv rows of one head */
-      (st = make_map(&tvt, p.v_t, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, (int)cols, p.heads_kv, p.dv, vt_b,
-                     (int64_t)p.dv * cols, cols, (int64_t)p.heads_kv * p.dv * cols, C::kD, why, why_size)) != ATTN_STATUS_OK)
+      (st = make_map(&tvt, p.v_t, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, (int)cols, p.heads_kv, p.dv,
+                     vt_b, (int64_t)p.dv * cols, cols, (int64_t)p.heads_kv * p.dv * cols, C::kD,
+                     why, why_size)) != ATTN_STATUS_OK)
     return st;
   if (p.seqlen_k > 0) {
-    dim3 vgrid((unsigned)((p.seqlen_k + kVtBlock - 1) / kVtBlock * (kVtBlock / 64)), p.heads_kv, p.batch);
+    dim3 vgrid((unsigned)((p.seqlen_k + kVtBlock - 1) / kVtBlock), p.heads_kv, p.batch);
     vt_kernel<C::kD><<<vgrid, 256, 0, stream>>>(p);
     ATTN_CUDA_CHECK(cudaGetLastError());
   }
   auto kernel = fwd90_fp8_kernel<C>;
-  ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmem));
+  ATTN_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmem));
   dim3 grid((p.seqlen_q + C::kBM - 1) / C::kBM, p.heads_q, p.batch);
   kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p, tq, tk, tvt);
   ATTN_CUDA_CHECK(cudaGetLastError());
