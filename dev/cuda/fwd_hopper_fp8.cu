@@ -7,17 +7,36 @@
  * the bf16 kernel, e4m3 for the fp8 one, descale per (batch, KV head)). The fp8 times include the
  * V^T pre-pass, which is also timed alone.
  *
- * Versions (H200, TFLOPS non-causal / causal, the bf16 sm90 forward and cuDNN bf16 through
- * PyTorch in the same call):
- *   v1 the plain kernel's schedule (TMA producer, two consumer warpgroups, S(n+1) with P(n) V(n))
- *      on wgmma m64nNk32 e4m3; V^T by a pre-pass into the workspace with its columns in P's
- *      register order; P = 2^(x - max + 8) rounded to e4m3. 2026-11-25, first device call
- *      (`attn bench`): 767 / 676 (bf16 sm90 597 / 540, 1.29x / 1.25x; cuDNN bf16 668 / 606);
- *      with ping-pong 779 / 677. ncu (non-causal, at ncu's locked 1.36 GHz): tensor pipe 42%,
- *      issue slots 43%, 5.0 cycles per issued instruction: two consumer warps per scheduler wait
- *      on the softmax's dependent chains. The V^T pre-pass: 37 us (2.6% of the forward).
- *   v2.. the softmax's forms of FwdFp8Cfg (kIlp, kLazyRescale, kExpFmaEvery), ping-pong, stages:
- *      measured by this program (bench/RESULTS.md).
+ * Versions (H200, CUDA 13.0, 2026-11-25; TFLOPS non-causal / causal at T = 8192, D = 128; in the
+ * same call the bf16 sm90 forward on bf16 data 678.7 / 609.5, cuDNN 9.19's bf16 forward through
+ * PyTorch 676.5 / 607.4; the fp8 times include the V^T pre-pass):
+ *   v1 the plain kernel's schedule (TMA producer, two consumer warpgroups, S(n+1) issued with
+ *      P(n) V(n)) on wgmma m64nNk32 e4m3; V^T by a pre-pass into the workspace, its columns in
+ *      P's register order; P = 2^(x - max + 8) rounded to e4m3: 775.4 / 661.5 (1.14x / 1.09x the
+ *      bf16 kernel); with ping-pong 771.3 / 657.6; with one 8-key group in 4 exponentiated on the
+ *      FMA pipe (ex2_fma) 806.0 / 685.6. ncu (first call, locked 1.36 GHz): tensor pipe 42%, issue
+ *      slots 43%, 5.0 cycles per issued instruction.
+ *   v2 the row max and sum in four independent chains (both rows at once, two partials each)
+ *      instead of one dependent chain a row: 779.4 / 669.7. Kept (the only form now).
+ *   v3 v2 with O rescaled only when a row of the warp has a new max (kLazyRescale: a warp vote;
+ *      after the first blocks the max rarely moves, and each rescale is 64 FMULs a thread):
+ *      824.6 / 701.2 (1.21x / 1.15x), ping-pong 819.2 / 705.5. Kept: the library's sm90_fp8 and
+ *      sm90_fp8_pingpong.
+ *   v4 v3 with exponentials on the FMA pipe: 1 group in 4 776.9 / 673.7, 1 in 3 739.1 / 639.8, 1
+ *      in 2 700.3 / 617.9 (with ping-pong 1/4 725.4 / 638.1, 1/2 701.7 / 619.5); 3 K/V stages
+ *      with 1/4 775.7 / 665.5. Not kept: once the rescale is lazy the FMA and ALU pipes, not the
+ *      special-function unit, are the ones a moved exponential (8 instructions) crowds.
+ *   The V^T pre-pass alone: 36.7 us under ncu's locked 1.48 GHz (byte reads, 64-key slices: kept)
+ *   against 42.6 us timed by events for a form reading 32-bit words and regrouping bytes by
+ *   permutes (not kept): 3% of the forward.
+ *   What bounds v4 (ncu, clocks free, D = 128 non-causal, first attempt at the library's form):
+ *   issue slots 50% busy, 2.23 active warps per scheduler of which 0.70 eligible (none in 48% of
+ *   the cycles), 4.3 cycles per issued instruction; the special-function (XU) pipe 34%, FMA 25%,
+ *   ALU 29%, the tensor pipe ~42%. Latency, not a pipe: two consumer warps per scheduler do not
+ *   hide the softmax's chain behind the other warpgroup's e4m3 products, which take half the
+ *   bf16 ones' time. What is left for 1.4x: more independent work per scheduler (a third consumer
+ *   warpgroup needs O, S and P in 160 registers; FlashAttention-3's larger key blocks; splitting
+ *   a block's softmax in halves that overlap each other's products).
  *
  * build + run on the GPU machine:
  *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90a,code=sm_90a dev/cuda/fwd_hopper_fp8.cu -o lab90fp8 && ./lab90fp8
@@ -117,9 +136,7 @@ template <typename C> void run_fp8(const attn_cuda_params &p) {
   }
 }
 
-using V1 = FwdFp8Cfg<bf, 128, 2, false>;
-using Lib =
-    FwdFp8Cfg<bf, 128, 2, false, 4, true, true>; /* the library's sm90_fp8 (sm90_launch.cu) */
+using Lib = FwdFp8Cfg<bf, 128, 2, false>; /* the library's sm90_fp8 (v3, sm90_launch.cu) */
 
 /* C's out against Lib's on the same data: within 2^-6 max|out| (two kernels that sum in another
  * order flip some P between e4m3 neighbours, 2^-3 of that element each) */
@@ -185,61 +202,44 @@ template <typename C> void bench(const char *tag, int causal, float ms_bf16) {
   Fp8Problem pr(s, 7);
   const float ms = median_ms([&] { run_fp8<C>(pr.p); });
   const double f = flops_of(s);
-  printf("lab fwd90 fp8 %s D=128 T=8192 causal=%d stages=%d pingpong=%d exp_fma=%d ilp=%d lazy=%d: "
-         "%.3f ms %.1f "
-         "TFLOPS (bf16 sm90 %.1f TFLOPS, %.2fx)\n",
-         tag, causal, C::kStages, (int)C::kPingPong, C::kExpFmaEvery, (int)C::kIlp,
-         (int)C::kLazyRescale, ms, f / ms * 1e-9, f / ms_bf16 * 1e-9, ms_bf16 / ms);
+  printf(
+      "lab fwd90 fp8 %s D=128 T=8192 causal=%d stages=%d pingpong=%d exp_fma=%d lazy=%d: %.3f ms "
+      "%.1f TFLOPS (bf16 sm90 %.1f TFLOPS, %.2fx)\n",
+      tag, causal, C::kStages, (int)C::kPingPong, C::kExpFmaEvery, (int)C::kLazyRescale, ms,
+      f / ms * 1e-9, f / ms_bf16 * 1e-9, ms_bf16 / ms);
 }
 
 int main(int argc, char **argv) {
   unsigned seed = argc > 1 ? (unsigned)atoi(argv[1]) : 1234u;
   printf("seed %u\n", seed);
-  using V1p = FwdFp8Cfg<bf, 128, 2, true>;
-  using V2 = FwdFp8Cfg<bf, 128, 2, false, 0, true>;
-  using V3 = FwdFp8Cfg<bf, 128, 2, false, 0, true, true>;
-  using V4e2 = FwdFp8Cfg<bf, 128, 2, false, 2, true, true>;
-  using V4e3 = FwdFp8Cfg<bf, 128, 2, false, 3, true, true>;
-  using V4e2p = FwdFp8Cfg<bf, 128, 2, true, 2, true, true>;
-  using V4e4p = FwdFp8Cfg<bf, 128, 2, true, 4, true, true>;
-  using V3p = FwdFp8Cfg<bf, 128, 2, true, 0, true, true>;
-  using V4e4s3 = FwdFp8Cfg<bf, 128, 3, false, 4, true, true>;
-  using V1e4 = FwdFp8Cfg<bf, 128, 2, false, 4>;
-  checks<V1>("v1", seed);
-  checks<V1p>("v1 ping-pong", seed);
-  checks<V2>("v2 ilp", seed);
-  checks<V3>("v3 ilp lazy", seed);
-  checks<V4e2>("v4 ilp lazy exp1/2", seed);
-  checks<V4e3>("v4 ilp lazy exp1/3", seed);
-  checks<V4e2p>("v4 ilp lazy exp1/2 ping-pong", seed);
-  checks<V4e4p>("v4 ilp lazy exp1/4 ping-pong", seed);
-  checks<V3p>("v3 ilp lazy ping-pong", seed);
-  checks<V4e4s3>("v4 ilp lazy exp1/4 3 stages", seed);
-  checks<V1e4>("v1 exp1/4", seed);
+  using V3p = FwdFp8Cfg<bf, 128, 2, true>;             /* the library's sm90_fp8_pingpong */
+  using V2 = FwdFp8Cfg<bf, 128, 2, false, false>;      /* O rescaled every block */
+  using V2e4 = FwdFp8Cfg<bf, 128, 2, false, false, 4>; /* v1's exp 1/4 on v2 */
+  using V4e4 = FwdFp8Cfg<bf, 128, 2, false, true, 4>;
+  using V4e4s3 = FwdFp8Cfg<bf, 128, 3, false, true, 4>;
+  checks<V3p>("v3 ping-pong", seed);
+  checks<V2>("v2", seed);
+  checks<V2e4>("v2 exp1/4", seed);
+  checks<V4e4>("v4 exp1/4", seed);
+  checks<V4e4s3>("v4 exp1/4 3 stages", seed);
   for (int c = 0; c < 2; ++c) {
     const Shape s{2, 8192, 8192, 16, 16, c, 0};
     const float ms_bf16 = bench_bf16(s);
     {
       Fp8Problem pr(s, 7);
       const float ms_vt = median_ms([&] {
-        dim3 g(8192 / 128, 16, 2);
+        dim3 g(8192 / 64, 16, 2);
         sm90::vt_kernel<128><<<g, 256>>>(pr.p);
       });
       printf("lab fwd90 fp8 V^T pre-pass alone: %.1f us (%.1f GB/s read+write)\n", ms_vt * 1e3,
              2.0 * pr.nk / ms_vt * 1e-6);
     }
-    bench<V1>("v1", c, ms_bf16);
-    bench<V1p>("v1 ping-pong", c, ms_bf16);
-    bench<V1e4>("v1 exp1/4", c, ms_bf16);
-    bench<V2>("v2 ilp", c, ms_bf16);
-    bench<V3>("v3 ilp lazy", c, ms_bf16);
-    bench<V3p>("v3 ilp lazy ping-pong", c, ms_bf16);
-    bench<Lib>("v4 ilp lazy exp1/4 (library)", c, ms_bf16);
-    bench<V4e2>("v4 ilp lazy exp1/2", c, ms_bf16);
-    bench<V4e3>("v4 ilp lazy exp1/3", c, ms_bf16);
-    bench<V4e2p>("v4 ilp lazy exp1/2 ping-pong", c, ms_bf16);
-    bench<V4e4p>("v4 ilp lazy exp1/4 ping-pong", c, ms_bf16);
-    bench<V4e4s3>("v4 ilp lazy exp1/4 3 stages", c, ms_bf16);
+    bench<V2>("v2", c, ms_bf16);
+    bench<V2e4>("v2 exp1/4", c, ms_bf16);
+    bench<Lib>("v3 (library sm90_fp8)", c, ms_bf16);
+    bench<V3p>("v3 ping-pong (library sm90_fp8_pingpong)", c, ms_bf16);
+    bench<V4e4>("v4 exp1/4", c, ms_bf16);
+    bench<V4e4s3>("v4 exp1/4 3 stages", c, ms_bf16);
   }
   printf("lab fwd90 fp8: %d failed checks\n", failures);
   return failures != 0;

@@ -21,6 +21,9 @@
  * the soft cap, ALiBi and sinks) or elsewhere the atomic one; both add dq with atomics, so "sm90"
  * is not deterministic. "sm90_deterministic" is the same forward with the Hopper backward's dq
  * additions in a fixed order (counters per dq slice), or elsewhere the deterministic backward.
+ * f8e4m3 problems (docs/FP8.md, forward only) run on compute capability 9.0 alone, on the sm90 fp8
+ * forward (sm90/sm90_fwd_fp8.cuh; V transposed into the workspace first): configurations
+ * "sm90_fp8" (default) and "sm90_fp8_pingpong".
  */
 #include "impl/impl.h"
 

@@ -11,9 +11,10 @@
  *   workspace, [B][Hkv][Dv][C] bytes (packed varlen: one batch, each sequence at its own column
  *   offset vt_col0 with room to its next 128-key boundary), zeros past each sequence's keys, so the
  *   key blocks need no clearing (the 16-bit kernel's clear_v_tail). It reads and writes V once:
- *   1/64 of the forward's operand traffic per query block at T = 8192 (bench/RESULTS.md measures it).
- *   The alternative, FlashAttention-3's in-kernel transpose (LDSM.T / STSM by the producer), saves
- *   that pass at the price of a second producer warpgroup's work on every tile.
+ *   37 us, 3% of the forward at B = 2, H = 16, T = 8192 on an H200 (bench/RESULTS.md). The
+ *   alternative, FlashAttention-3's in-kernel transpose (LDSM.T / STSM in the producer warpgroup
+ *   after each V tile lands), saves that pass at the price of a shared-memory round trip per tile
+ *   inside the kernel and a barrier between the transpose and the consumers.
  * - P from registers, permuted by V^T instead of by shuffles. The f32 accumulator of S gives a
  *   thread keys 2q, 2q+1, 2q+8, 2q+9 of each 16 (q = lane % 4) on its rows; the 8-bit A fragment
  *   (mma.m16n8k32's) wants keys 4q..4q+3. Rather than permuting P's bytes across the quad, the
@@ -42,8 +43,7 @@
 namespace attn_cuda {
 namespace sm90 {
 
-/* The column of V^T's 16-key group that holds key k of the group is the inverse of vt_key: the
- * key that column c holds (see the header). */
+/* The key (of its 16-key group) that column c of the group holds in V^T (see the header). */
 __host__ __device__ __forceinline__ int vt_key(int c) {
   return 2 * (c >> 2) + (c & 1) + 8 * ((c >> 1) & 1);
 }
@@ -83,19 +83,21 @@ __device__ __forceinline__ float descale_of(const float *f, int64_t sb, int64_t 
   return f == nullptr ? 1.f : f[b * sb + g * sg];
 }
 
-/* V^T of one 128-key slice of a sequence's keys for one KV head: the slice's rows of V into shared
- * memory (zeros past the sequence's end), then each thread writes 32 columns (two 16-key groups,
- * a whole 32-byte sector) of four rows d of V^T, in vt_key's order: it reads 32-bit words of four
- * columns d of a key's row (a warp: 128 neighbouring bytes, no bank conflict) and regroups their
- * bytes with byte permutes. Grid: (128-key slices of seqlen_k, Hkv, B). */
+/* V^T of one 64-key slice of a sequence's keys for one KV head: the slice's rows of V into shared
+ * memory (zeros past the sequence's end), then each thread writes 16 columns of one row of V^T,
+ * in vt_key's order, a byte read from shared memory each (a warp: neighbouring bytes). Grid: (key
+ * slices of seqlen_k rounded up to 128, Hkv, B). Measured against a form reading 32-bit words and
+ * regrouping bytes by permutes, 32 columns a thread (fewer shared loads, half the threads idle in
+ * the second phase), this one was faster: 37 us under ncu at a locked 1.48 GHz against 42 us timed
+ * by events at full clocks (dev/cuda/fwd_hopper_fp8.cu). */
 template <int kDv>
 __global__ void __launch_bounds__(256) vt_kernel(const __grid_constant__ attn_cuda_params p) {
-  constexpr int kKeys = kVtBlock,
-                kPitch = kDv + 16; /* 16 bytes of padding: rows start on other banks */
+  constexpr int kKeys = 64, kPitch = kDv + 16; /* 16 bytes of padding: rows start on other banks */
   __shared__ __align__(16) uint8_t tile[kKeys * kPitch];
   const int b = blockIdx.z, g = blockIdx.y, j0 = blockIdx.x * kKeys, tid = threadIdx.x;
   const Seq sq = seq_of(p, b);
-  if (j0 >= sq.len_k) return; /* the slices cover the sequence's keys rounded up to 128 */
+  const int region = (sq.len_k + kVtBlock - 1) / kVtBlock * kVtBlock;
+  if (j0 >= region) return;
   const uint8_t *v = static_cast<const uint8_t *>(p.v) + b * p.v_b + g * p.v_h;
   for (int c = tid; c < kKeys * kDv / 16; c += 256) {
     const int r = c / (kDv / 16), col = (c % (kDv / 16)) * 16, j = j0 + r;
@@ -108,30 +110,18 @@ __global__ void __launch_bounds__(256) vt_kernel(const __grid_constant__ attn_cu
       static_cast<uint8_t *>(p.v_t) +
       ((int64_t)(p.varlen == ATTN_CUDA_VARLEN_PACKED ? 0 : b) * p.heads_kv + g) * kDv * p.vt_cols +
       vt_col0(p, sq, b) + j0;
-  for (int c = tid; c < kDv / 4 * (kKeys / 32); c += 256) { /* d / 4 fastest */
-    const int d4 = c % (kDv / 4), pair = c / (kDv / 4);
-    uint32_t out[4][8]; /* [d - 4 d4][word of the 32 columns] */
+  /* d fastest: a warp reads neighbouring bytes */
+  for (int c = tid; c < kDv * (kKeys / 16); c += 256) {
+    const int d = c % kDv, grp = c / kDv;
+    uint32_t w[4];
 #pragma unroll
-    for (int w = 0; w < 8; ++w) { /* columns 4w..4w+3 of the pair's 32 */
-      uint32_t x[4];
+    for (int q = 0; q < 4; ++q) {
+      w[q] = 0;
 #pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        const int col = 4 * w + t, key = pair * 32 + (col & ~15) + vt_key(col & 15);
-        x[t] = *reinterpret_cast<const uint32_t *>(tile + key * kPitch + 4 * d4);
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) { /* byte i of each x: row 4 d4 + i */
-        const uint32_t lo = __byte_perm(x[0], x[1], i | (4 + i) << 4);
-        const uint32_t hi = __byte_perm(x[2], x[3], i | (4 + i) << 4);
-        out[i][w] = __byte_perm(lo, hi, 0x5410);
-      }
+      for (int t = 0; t < 4; ++t)
+        w[q] |= (uint32_t)tile[(grp * 16 + vt_key(4 * q + t)) * kPitch + d] << (8 * t);
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      uint4 *dst = reinterpret_cast<uint4 *>(vt + (4 * d4 + i) * p.vt_cols + pair * 32);
-      dst[0] = make_uint4(out[i][0], out[i][1], out[i][2], out[i][3]);
-      dst[1] = make_uint4(out[i][4], out[i][5], out[i][6], out[i][7]);
-    }
+    *reinterpret_cast<uint4 *>(vt + d * p.vt_cols + grp * 16) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
@@ -153,18 +143,19 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float
 
 /* Head dim kD (= Dv), 128 keys per block, two consumer warpgroups of 64 rows, kStages K/V buffers,
  * out in TO; kPingPong: the consumer warpgroups take turns to issue their products (sm90_fwd.cuh's
- * FwdCfg90). The softmax's forms (dev/cuda/fwd_hopper_fp8.cu measures them): kExpFmaEvery = N > 0,
- * one 8-key group in N takes its exponentials on the FMA pipe (ex2_fma: 7.5e-5 relative, far
- * below e4m3's 2^-4); kIlp, the row max and sum in four independent chains (both rows together, two
- * partials each) instead of one dependent chain a row; kLazyRescale, O rescaled only when a row of
- * the warp has a new max (a factor of 1 changes nothing). */
-template <typename TO_, int kD_, int kStages_, bool kPingPong_ = false, int kExpFmaEvery_ = 0,
-          bool kIlp_ = false, bool kLazyRescale_ = false>
+ * FwdCfg90). The softmax (dev/cuda/fwd_hopper_fp8.cu measured its forms): the row max and sum in
+ * four independent chains (both rows at once, two partials each; lab v2); kLazyRescale, O
+ * rescaled only when a row of the warp has a new max, a factor of 1 changing nothing (v3: 1.06x);
+ * kExpFmaEvery = N > 0, one 8-key group in N exponentiated on the FMA pipe by ex2_fma (7.5e-5
+ * relative, far below e4m3's 2^-4; v4: slower once the rescale is lazy, so 0 in the library). */
+template <typename TO_, int kD_, int kStages_, bool kPingPong_ = false, bool kLazyRescale_ = true,
+          int kExpFmaEvery_ = 0>
 struct FwdFp8Cfg {
   using TO = TO_;
   static constexpr int kD = kD_, kBN = 128, kStages = kStages_, kCWG = 2,
                        kExpFmaEvery = kExpFmaEvery_;
-  static constexpr bool kPingPong = kPingPong_, kIlp = kIlp_, kLazyRescale = kLazyRescale_;
+  static constexpr bool kPingPong = kPingPong_, kLazyRescale = kLazyRescale_;
+  /* whether 8-key group g takes its exponentials on the FMA pipe */
   __host__ __device__ static constexpr bool on_fma(int g) {
     return kExpFmaEvery > 0 && g % (kExpFmaEvery > 0 ? kExpFmaEvery : 1) == kExpFmaEvery - 1;
   }
@@ -263,32 +254,32 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     float sacc[kBN / 2];
     uint32_t pa[kBN / 32][4];
 
-    auto issue_s = [&](int s) { /* S = Q K(s)^T: 32 columns (bytes) a step, 4 steps a panel */
-                                const uint32_t q = sQ + cw * 64 * 128, k = sK + s * C::kKVBytes;
+    /* S = Q K(s)^T: 32 columns (bytes) a step, 4 steps a panel */
+    auto issue_s = [&](int s) {
+      const uint32_t q = sQ + cw * 64 * 128, k = sK + s * C::kKVBytes;
 #pragma unroll
-                                for (int kk = 0; kk < kD / 32; ++kk) {
-                                  const uint32_t col = (kk % 4) * 32;
-                                  WgmmaE4m3<kBN>::ss(
-                                      sacc, smem_desc(q + (kk / 4) * kBM * 128 + col, 16, 1024),
-                                      smem_desc(k + (kk / 4) * kBN * 128 + col, 16, 1024), kk > 0);
-                                }
+      for (int kk = 0; kk < kD / 32; ++kk) {
+        const uint32_t col = (kk % 4) * 32;
+        WgmmaE4m3<kBN>::ss(sacc, smem_desc(q + (kk / 4) * kBM * 128 + col, 16, 1024),
+                           smem_desc(k + (kk / 4) * kBN * 128 + col, 16, 1024), kk > 0);
+      }
     };
-    auto issue_pv = [&](int s) { /* O += P V(s): V^T's 128-byte rows are K-major, 32 keys a step */
-                                 const uint32_t v = sV + s * C::kKVBytes;
+    /* O += P V(s): V^T's 128-byte rows are K-major, 32 keys a step */
+    auto issue_pv = [&](int s) {
+      const uint32_t v = sV + s * C::kKVBytes;
 #pragma unroll
-                                 for (int kk = 0; kk < kBN / 32; ++kk)
-                                   WgmmaE4m3<kD>::rs(oacc, pa[kk], smem_desc(v + kk * 32, 16, 1024),
-                                                     1);
+      for (int kk = 0; kk < kBN / 32; ++kk)
+        WgmmaE4m3<kD>::rs(oacc, pa[kk], smem_desc(v + kk * 32, 16, 1024), 1);
     };
-    auto mask_edge = [&](int n) { /* S outside the band and the key length := -inf */
+    /* S outside the band and the key length := -inf */
+    auto mask_edge = [&](int n) {
 #pragma unroll
-                                  for (int jj = 0; jj < kBN / 8; ++jj)
+      for (int jj = 0; jj < kBN / 8; ++jj)
 #pragma unroll
-                                    for (int e = 0; e < 4; ++e) {
-                                      const int i = m0 + row0 + (e >> 1) * 8,
-                                                j = n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1);
-                                      if (!visible_band(p, hd, i, j)) sacc[4 * jj + e] = -INFINITY;
-                                    }
+        for (int e = 0; e < 4; ++e) {
+          const int i = m0 + row0 + (e >> 1) * 8, j = n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1);
+          if (!visible_band(p, hd, i, j)) sacc[4 * jj + e] = -INFINITY;
+        }
     };
     /* P = 2^(S mult - max + 8) in sacc, the running max and sum moved to block n; returns each
      * row's rescale factor. */
@@ -298,61 +289,36 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         for (int k = 0; k < kBN / 2; ++k) sacc[k] *= mult_all;
       }
       if (n < f_lo || n >= f_hi) mask_edge(n);
-      if constexpr (C::kIlp) {
-        /* both rows at once, each in two partials: four independent chains */
-        float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
+      /* both rows at once, each in two partials: four independent chains */
+      float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
 #pragma unroll
-        for (int jj = 0; jj < kBN / 8; ++jj)
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf)
-            m[hf][jj & 1] =
-                fmaxf(m[hf][jj & 1], fmaxf(sacc[4 * jj + 2 * hf], sacc[4 * jj + 2 * hf + 1]));
-        float shift[2];
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const float mx = fmaxf(row_max[hf], quad_max(fmaxf(m[hf][0], m[hf][1])) * mult);
-          const float base = mx == -INFINITY ? 0.f : mx;
-          corr[hf] = ex2(row_max[hf] - base);
-          row_max[hf] = mx;
-          shift[hf] = 8.f - base;
-        }
-        float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-#pragma unroll
-        for (int jj = 0; jj < kBN / 8; ++jj)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float &x = sacc[4 * jj + e];
-            const float a = fmaf(x, mult, shift[e >> 1]);
-            x = C::on_fma(jj) ? ex2_fma(a) : ex2(a);
-            sum[e >> 1][jj & 1] += x;
-          }
+      for (int jj = 0; jj < kBN / 8; ++jj)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf)
-          row_sum[hf] = row_sum[hf] * corr[hf] + (sum[hf][0] + sum[hf][1]);
-      } else {
+          m[hf][jj & 1] =
+              fmaxf(m[hf][jj & 1], fmaxf(sacc[4 * jj + 2 * hf], sacc[4 * jj + 2 * hf + 1]));
+      float shift[2];
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int jj = 0; jj < kBN / 8; ++jj)
-            mx = fmaxf(mx, fmaxf(sacc[4 * jj + 2 * hf], sacc[4 * jj + 2 * hf + 1]));
-          mx = fmaxf(row_max[hf], quad_max(mx) * mult);
-          const float base = mx == -INFINITY ? 0.f : mx; /* nothing visible yet: exponents of 0 */
-          corr[hf] = ex2(row_max[hf] - base);
-          row_max[hf] = mx;
-          const float shift = 8.f - base;
-          float sum = 0.f;
-#pragma unroll
-          for (int jj = 0; jj < kBN / 8; ++jj)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float &x = sacc[4 * jj + 2 * hf + e];
-              x = C::on_fma(jj) ? ex2_fma(fmaf(x, mult, shift)) : ex2(fmaf(x, mult, shift));
-              sum += x;
-            }
-          row_sum[hf] = row_sum[hf] * corr[hf] + sum;
-        }
+      for (int hf = 0; hf < 2; ++hf) {
+        const float mx = fmaxf(row_max[hf], quad_max(fmaxf(m[hf][0], m[hf][1])) * mult);
+        const float base = mx == -INFINITY ? 0.f : mx;
+        corr[hf] = ex2(row_max[hf] - base);
+        row_max[hf] = mx;
+        shift[hf] = 8.f - base;
       }
+      float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+      for (int jj = 0; jj < kBN / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float &x = sacc[4 * jj + e];
+          const float a = fmaf(x, mult, shift[e >> 1]);
+          x = C::on_fma(jj) ? ex2_fma(a) : ex2(a);
+          sum[e >> 1][jj & 1] += x;
+        }
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        row_sum[hf] = row_sum[hf] * corr[hf] + (sum[hf][0] + sum[hf][1]);
     };
     auto rescale = [&](const float(&corr)[2]) {
       if constexpr (C::kLazyRescale)
@@ -529,7 +495,8 @@ attn_status launch_fwd90_fp8(const attn_cuda_params &p, cudaStream_t stream, cha
                      why, why_size)) != ATTN_STATUS_OK)
     return st;
   if (p.seqlen_k > 0) {
-    dim3 vgrid((unsigned)((p.seqlen_k + kVtBlock - 1) / kVtBlock), p.heads_kv, p.batch);
+    dim3 vgrid((unsigned)((p.seqlen_k + kVtBlock - 1) / kVtBlock * (kVtBlock / 64)), p.heads_kv,
+               p.batch);
     vt_kernel<C::kD><<<vgrid, 256, 0, stream>>>(p);
     ATTN_CUDA_CHECK(cudaGetLastError());
   }

@@ -41,14 +41,14 @@ template <typename T> attn_status run_bwd90(const attn_cuda_params &p, cudaStrea
 }
 
 /* The fp8 forward (sm90_fwd_fp8.cuh) at head dim D, out in TO: 2 K/V stages (as the 16-bit kernel
- * at D = 128; a stage is 32 KiB at D = 128, 64 at 256), the softmax in independent chains, O
- * rescaled only on a new max, one 8-key group in 4 exponentiated on the FMA pipe (lab v4,
- * dev/cuda/fwd_hopper_fp8.cu); kPingPong as chosen by `ping_pong` (the configurations sm90_fp8 and
- * sm90_fp8_pingpong of cuda.c). */
+ * at D = 128; a stage is 32 KiB at D = 128, 64 at 256; 3 bought nothing), O rescaled lazily, all
+ * exponentials on the special-function unit (lab v3, dev/cuda/fwd_hopper_fp8.cu: 825 / 701 TFLOPS
+ * on an H200 at D = 128, T = 8192, against v1's 775 / 662); kPingPong as `ping_pong` says (the
+ * configurations sm90_fp8 and sm90_fp8_pingpong of cuda.c: within 1% of each other in the lab). */
 template <typename TO, int kD>
 attn_status run_fp8_out(const attn_cuda_params &p, int ping_pong, cudaStream_t s, char *why, size_t why_size) {
-  return ping_pong ? launch_fwd90_fp8<FwdFp8Cfg<TO, kD, 2, true, 4, true, true>>(p, s, why, why_size)
-                   : launch_fwd90_fp8<FwdFp8Cfg<TO, kD, 2, false, 4, true, true>>(p, s, why, why_size);
+  return ping_pong ? launch_fwd90_fp8<FwdFp8Cfg<TO, kD, 2, true>>(p, s, why, why_size)
+                   : launch_fwd90_fp8<FwdFp8Cfg<TO, kD, 2, false>>(p, s, why, why_size);
 }
 template <int kD>
 attn_status run_fp8(const attn_cuda_params &p, int ping_pong, cudaStream_t s, char *why, size_t why_size) {
