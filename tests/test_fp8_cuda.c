@@ -9,8 +9,8 @@
  * sm90_fp8_pingpong). Sizes are odd (T not a multiple of the 128-key block, 1, 3, 17, 65, 129,
  * 1000), with GQA and MQA, D = 128 and 256; every feature the kernel has (causal in both
  * alignments, windows, sinks, padded and packed varlen) alone and combined, rows that see no key
- * (bottom-right causal with Tq > Tk: zeros, lse -inf), descale none / tensor / bhkv, out bf16, f16
- * and f32. Then the problems the kernel refuses must be refused with the reason naming the feature.
+ * (bottom-right causal with Tq > Tk: zeros, lse -inf), problems without keys, descale none /
+ * tensor / bhkv, out bf16, f16 and f32. Then the problems the kernel refuses must be refused with the reason naming the feature.
  *
  * A GPU test (label gpu): exit 77 without a CUDA device; on a device other than compute capability
  * 9.0 it checks only that cuda refuses fp8 with the reason.
@@ -106,6 +106,18 @@ static void test_grid(attn_ctx *ctx, uint64_t seed, const char *filter) {
     }
 }
 
+/* Problems without keys (every row sees nothing: out 0, lse -inf; with sinks, out 0 and lse their
+ * log-sum-exp) and sequences without rows or keys. */
+static void test_empty(attn_ctx *ctx, uint64_t seed) {
+  static const char *const problems[] = {
+      "b2 hq4 hkv2 sq17 sk0 d128 fp8 device=cuda",
+      "b2 hq4 hkv2 sq17 sk0 d128 fp8 sinks=2 descale=tensor out=f32 device=cuda",
+      "b3 hq4 hkv2 sq17 sk40 d128 fp8 causal varlen=padded descale=bhkv device=cuda",
+  };
+  for (size_t i = 0; i < sizeof problems / sizeof *problems; ++i)
+    check_problem(ctx, problems[i], seed + 1000 + i, 0);
+}
+
 /* What the kernel lacks: cuda must refuse it with a reason that names it. */
 static void test_refused(attn_ctx *ctx) {
   static const struct {
@@ -155,6 +167,7 @@ int main(int argc, char **argv) {
     return tu_finish();
   }
   test_refused(ctx);
+  if (filter == NULL) test_empty(ctx, seed);
   test_grid(ctx, seed, filter);
   attn_ctx_destroy(ctx);
   return tu_finish();

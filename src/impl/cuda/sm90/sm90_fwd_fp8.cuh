@@ -484,9 +484,13 @@ attn_status launch_fwd90_fp8(const attn_cuda_params &p, cudaStream_t stream, cha
   const int64_t cols = p.vt_cols;
   CUtensorMap tq, tk, tvt;
   attn_status st;
-  if ((st = make_map(&tq, p.q, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.d, p.heads_q, mg.rows_q,
+  /* An empty q or k (no rows: Tk = 0, or packed sequences that are all empty) may have no
+   * address, which the encoder refuses; its map is never read (no CTA has a row or a key block),
+   * so it points at the workspace instead. */
+  const void *qbase = p.q != nullptr ? p.q : p.v_t, *kbase = p.k != nullptr ? p.k : p.v_t;
+  if ((st = make_map(&tq, qbase, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.d, p.heads_q, mg.rows_q,
                      mg.batch, p.q_h, p.q_r, p.q_b, C::kBM, why, why_size)) != ATTN_STATUS_OK ||
-      (st = make_map(&tk, p.k, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.d, p.heads_kv,
+      (st = make_map(&tk, kbase, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.d, p.heads_kv,
                      std::max(mg.rows_k, 1), mg.batch, p.k_h, p.k_r, p.k_b, C::kBN, why,
                      why_size)) != ATTN_STATUS_OK ||
       /* V^T [B'][Hkv][Dv][cols] mapped as [B'][Dv][Hkv][cols], so that a box is Dv rows of one head */
