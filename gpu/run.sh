@@ -16,6 +16,7 @@
 #   test      tests/test_<impl> against the reference, with the golden cases of $GOLDEN, then
 #             tests/test_paged, whose GPU cases run each named implementation on paged caches
 #             (cuda: the split-KV decode kernel; cudnn: cuDNN's paged attention), and for cuda
+#             tests/test_fp8_cuda (the sm90 fp8 forward; its refusal elsewhere) and
 #             tests/test_dist_gpu, distributed attention with ranks as threads on this GPU
 #   cli       the tests modules (the real modules load) and cli_gpu (attn check / bench on GPU
 #             problems), and `attn bench` of two large problems, timed whole with their check
@@ -156,7 +157,7 @@ if step build; then
         -DATTN_CUDA_SPILL_WARNINGS=ON)
   targets=(attn_static attn_shared attn_tool attn_fake_modules)
   targets+=(test_paged)
-  if impl cuda; then args+=(-DATTN_WITH_CUDA=ON) targets+=(attn_cuda_module test_cuda test_dist_gpu attn_test_loopback); else args+=(-DATTN_WITH_CUDA=OFF); fi
+  if impl cuda; then args+=(-DATTN_WITH_CUDA=ON) targets+=(attn_cuda_module test_cuda test_fp8_cuda test_dist_gpu attn_test_loopback); else args+=(-DATTN_WITH_CUDA=OFF); fi
   if impl cudnn; then
     args+=(-DATTN_WITH_CUDNN=ON -DATTN_CUDNN_INCLUDE_DIR="$CUDNN_DIR/include" -DATTN_CUDNN_LIBRARY="$CUDNN_LIB")
     targets+=(attn_cudnn_module test_cudnn)
@@ -224,6 +225,12 @@ if step test; then
     echo "test_paged rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/test_paged.log")"
     grep -E "^test_paged: " "$OUT/test_paged.log"
     grep -E "^FAIL|^FATAL" "$OUT/test_paged.log" | head -20
+  fi
+  if impl cuda && built "$BUILD/tests/test_fp8_cuda"; then # the sm90 fp8 forward (docs/FP8.md)
+    t0=$SECONDS
+    timeout "$(limit 120)" "$BUILD/tests/test_fp8_cuda" >"$OUT/cuda/test_fp8_cuda.log" 2>&1
+    echo "test_fp8_cuda rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/cuda/test_fp8_cuda.log")"
+    grep -E "^FAIL|^FATAL" "$OUT/cuda/test_fp8_cuda.log" | head -20
   fi
   if impl cuda && built "$BUILD/tests/test_dist_gpu"; then # sharded problems, ranks as threads
     t0=$SECONDS
