@@ -16,10 +16,11 @@
 #   test      tests/test_<impl> against the reference, with the golden cases of $GOLDEN, then
 #             tests/test_paged, whose GPU cases run each named implementation on paged caches
 #             (cuda: the split-KV decode kernel; cudnn: cuDNN's paged attention), and for cuda
+#             tests/test_fp8_cuda (the sm90 fp8 forward; its refusal elsewhere) and
 #             tests/test_dist_gpu, distributed attention with ranks as threads on this GPU
 #   cli       the tests modules (the real modules load) and cli_gpu (attn check / bench on GPU
 #             problems), and `attn bench` of two large problems, timed whole with their check
-#   lab       cuda only: the kernel lab, dev/cuda/fwd_tiles.cu, bwd_tiles.cu, fwd_hopper.cu and bwd_hopper.cu (sm_90a,
+#   lab       cuda only: the kernel lab, dev/cuda/fwd_tiles.cu, bwd_tiles.cu, fwd_hopper.cu, bwd_hopper.cu and fwd_hopper_fp8.cu (sm_90a,
 #             with dev/cuda/fwd_hopper_torch.py timing cuDNN and flash beside it), built and run
 #   ncu       cuda only, implies lab: Nsight Compute on one lab launch of each lab program built:
 #             the D = 128 forward (64-key tiles), the atomic backward (v5), the sm90 forward (v2)
@@ -32,7 +33,7 @@
 # Environment: GOLDEN, the golden cases (default ../shared/golden when it exists, else ./.golden,
 # both from the current folder); OUT, the logs (default /tmp/gpu_out); BENCH_REPS, timed calls per
 # shape of gpu/cuda_bench (default 20); LAB_PROGRAMS, the lab's programs to build and run (default
-# "fwd_tiles bwd_tiles fwd_hopper bwd_hopper"); CUDA_GENCODE, the -gencode flags of the cuda kernels when
+# "fwd_tiles bwd_tiles fwd_hopper bwd_hopper fwd_hopper_fp8"); CUDA_GENCODE, the -gencode flags of the cuda kernels when
 # only this GPU's are wanted (e.g. "-gencode=arch=compute_90,code=sm_90": half the build time).
 #
 # Logs: $OUT/env.txt, $OUT/build.log, $OUT/test_paged.log, and per implementation $OUT/cuda/
@@ -69,7 +70,7 @@ for arg in "$@"; do
   esac
 done
 impls=${impls:-" cuda cudnn"}
-lab_programs=${LAB_PROGRAMS:-fwd_tiles bwd_tiles fwd_hopper bwd_hopper}
+lab_programs=${LAB_PROGRAMS:-fwd_tiles bwd_tiles fwd_hopper bwd_hopper fwd_hopper_fp8}
 steps=${steps:-" build test bench sanitize"}
 impl() { case " $impls " in *" $1 "*) return 0 ;; esac; return 1; }
 step() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -143,7 +144,7 @@ cat "$OUT/env.txt"
 if step lab; then
   for lab in $lab_programs; do
     arch=compute_90,code=sm_90
-    case $lab in *_hopper) arch=compute_90a,code=sm_90a ;; esac # wgmma and setmaxnreg are sm_90a's
+    case $lab in *_hopper | *_hopper_fp8) arch=compute_90a,code=sm_90a ;; esac # wgmma and setmaxnreg are sm_90a's
     timeout "$(limit 300)" nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=$arch \
       "dev/cuda/$lab.cu" -o "$BUILD/$lab" >"$OUT/cuda/lab_build_$lab.log" 2>&1 &
   done
@@ -156,7 +157,7 @@ if step build; then
         -DATTN_CUDA_SPILL_WARNINGS=ON)
   targets=(attn_static attn_shared attn_tool attn_fake_modules)
   targets+=(test_paged)
-  if impl cuda; then args+=(-DATTN_WITH_CUDA=ON) targets+=(attn_cuda_module test_cuda test_dist_gpu attn_test_loopback); else args+=(-DATTN_WITH_CUDA=OFF); fi
+  if impl cuda; then args+=(-DATTN_WITH_CUDA=ON) targets+=(attn_cuda_module test_cuda test_fp8_cuda test_dist_gpu attn_test_loopback); else args+=(-DATTN_WITH_CUDA=OFF); fi
   if impl cudnn; then
     args+=(-DATTN_WITH_CUDNN=ON -DATTN_CUDNN_INCLUDE_DIR="$CUDNN_DIR/include" -DATTN_CUDNN_LIBRARY="$CUDNN_LIB")
     targets+=(attn_cudnn_module test_cudnn)
@@ -224,6 +225,12 @@ if step test; then
     echo "test_paged rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/test_paged.log")"
     grep -E "^test_paged: " "$OUT/test_paged.log"
     grep -E "^FAIL|^FATAL" "$OUT/test_paged.log" | head -20
+  fi
+  if impl cuda && built "$BUILD/tests/test_fp8_cuda"; then # the sm90 fp8 forward (docs/FP8.md)
+    t0=$SECONDS
+    timeout "$(limit 120)" "$BUILD/tests/test_fp8_cuda" >"$OUT/cuda/test_fp8_cuda.log" 2>&1
+    echo "test_fp8_cuda rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/cuda/test_fp8_cuda.log")"
+    grep -E "^FAIL|^FATAL" "$OUT/cuda/test_fp8_cuda.log" | head -20
   fi
   if impl cuda && built "$BUILD/tests/test_dist_gpu"; then # sharded problems, ranks as threads
     t0=$SECONDS

@@ -21,6 +21,9 @@
  * the soft cap, ALiBi and sinks) or elsewhere the atomic one; both add dq with atomics, so "sm90"
  * is not deterministic. "sm90_deterministic" is the same forward with the Hopper backward's dq
  * additions in a fixed order (counters per dq slice), or elsewhere the deterministic backward.
+ * f8e4m3 problems (docs/FP8.md, forward only) run on compute capability 9.0 alone, on the sm90 fp8
+ * forward (sm90/sm90_fwd_fp8.cuh; V transposed into the workspace first): configurations
+ * "sm90_fp8" (default) and "sm90_fp8_pingpong".
  */
 #include "impl/impl.h"
 
@@ -55,14 +58,60 @@ static int decode_shaped(const attn_problem *p) {
          !p->has_mask && !p->has_segment_ids && p->dropout_p == 0.0;
 }
 
-static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_size) {
-  if (p->dtype == ATTN_DTYPE_F8E4M3) {
+static void problem_params(const attn_problem *p, attn_cuda_params *k);
+
+/* An f8e4m3 problem (docs/FP8.md) runs on the sm90 fp8 forward (sm90/sm90_fwd_fp8.cuh) alone: a
+ * build with sm_90a code, a compute capability 9.0 device, flash_attention without a paged cache,
+ * and the features that kernel has (attn_cuda_sm90_fp8_unsupported names the one it lacks). */
+static attn_status fp8_supports(const attn_problem *p, char *why, size_t why_size) {
+  if (p->operation != ATTN_OPERATION_FLASH_ATTENTION || p->page_size > 0) {
     attn_format(why, why_size,
-                "dtype=f8e4m3: the fp8 forward needs an sm90 wgmma e4m3 kernel, not built yet "
-                "(issue 13); the sm80 and sm90 f16/bf16 kernels have no fp8 path (cpu and ref "
-                "run it)");
+                "dtype=f8e4m3: the cuda fp8 forward takes flash_attention without a paged cache "
+                "(cpu and ref run the rest)");
     return ATTN_STATUS_UNSUPPORTED;
   }
+  if (!attn_cuda_sm90_built()) {
+    attn_format(why, why_size, "dtype=f8e4m3: this build has no sm90 kernels (a CUDA toolkit "
+                               "before 12.0); the fp8 forward is Hopper's wgmma e4m3 kernel");
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  if (p->batch > 65535 || p->heads_q > 65535 || p->seqlen_q > ATTN_CUDA_MAX_LEN ||
+      p->seqlen_k > ATTN_CUDA_MAX_LEN || p->total_q > ATTN_CUDA_MAX_LEN ||
+      p->total_k > ATTN_CUDA_MAX_LEN) {
+    attn_format(why, why_size,
+                "batch=%lld, heads_q=%lld: the cuda grid allows at most 65535 of each, and "
+                "sequences at most 2^30 rows",
+                (long long)p->batch, (long long)p->heads_q);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  int cc = 0;
+  size_t smem = 0;
+  char dev_why[512] = "";
+  if (attn_cuda_device_info(p->device_index, &cc, &smem, dev_why, sizeof dev_why) !=
+      ATTN_STATUS_OK) {
+    attn_format(why, why_size, "no usable CUDA device: %s", dev_why);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  if (cc != 90) {
+    attn_format(why, why_size,
+                "dtype=f8e4m3: device %d has compute capability %d.%d; the cuda fp8 forward is "
+                "sm_90a machine code (wgmma e4m3), for 9.0 (H100, H200) only",
+                (int)p->device_index, cc / 10, cc % 10);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  attn_cuda_params k;
+  problem_params(p, &k);
+  const char *no = attn_cuda_sm90_fp8_unsupported(&k);
+  if (no != NULL) {
+    attn_format(why, why_size, "dtype=f8e4m3, head_dim=%lld, head_dim_v=%lld: %s",
+                (long long)p->head_dim, (long long)p->head_dim_v, no);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  return ATTN_STATUS_OK;
+}
+
+static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_size) {
+  if (p->dtype == ATTN_DTYPE_F8E4M3) return fp8_supports(p, why, why_size);
   if (p->page_size > 0 && !decode_shaped(p)) {
     attn_format(why, why_size,
                 "page_size=%lld: a paged cache runs on the cuda decode kernel (cuda_decode.cu), "
@@ -171,6 +220,11 @@ static void problem_params(const attn_problem *p, attn_cuda_params *k) {
                          (p->softcap > 0.0 ? ATTN_CUDA_FEAT_SOFTCAP : 0) |
                          (p->has_segment_ids ? ATTN_CUDA_FEAT_SEGMENTS : 0);
   k->elementwise = k->elementwise_kinds != 0;
+  k->fp8 = p->dtype == ATTN_DTYPE_F8E4M3;
+  const attn_dtype out = attn_out_dtype(p);
+  k->out_elem = out == ATTN_DTYPE_F32    ? ATTN_CUDA_ELEM_F32
+                : out == ATTN_DTYPE_BF16 ? ATTN_CUDA_ELEM_BF16
+                                         : ATTN_CUDA_ELEM_F16;
 }
 
 /* Whether the Hopper forward (sm90/) is offered for the problem: built, a compute capability 9.0
@@ -228,10 +282,17 @@ static int splitkv_splits(const attn_problem *p, int32_t config) {
                                  splitkv_half_waves[splitkv_index(p, config)]);
 }
 
+/* An f8e4m3 problem's configurations: the sm90 fp8 forward with its two consumer warpgroups
+ * free-running ("sm90_fp8", the default) or taking turns to issue their products
+ * ("sm90_fp8_pingpong"), for the executor to time; both deterministic (no atomics). */
+static const char *const fp8_names[] = {"sm90_fp8", "sm90_fp8_pingpong"};
+#define N_FP8 2
+
 /* The last two, "sm90" and "sm90_deterministic": the Hopper forward (sm90/), then the Hopper
  * backward where it takes the problem, else the atomic one (both need the dq workspace) or, in
  * the second, the deterministic one; offered where sm90_offered says. */
 static int32_t cuda_num_configs(const attn_problem *problem) {
+  if (problem->dtype == ATTN_DTYPE_F8E4M3) return N_FP8;
   if (problem->page_size > 0) return N_SPLITKV;
   return (decode_shaped(problem) ? CUDA_CONFIG_SPLITKV + N_SPLITKV : 2) + 2 * sm90_offered(problem);
 }
@@ -245,6 +306,10 @@ static int is_sm90_deterministic(const attn_problem *p, int32_t config) {
 }
 
 static void cuda_config_name(const attn_problem *problem, int32_t config, char *buf, size_t size) {
+  if (problem->dtype == ATTN_DTYPE_F8E4M3) {
+    attn_format(buf, size, "%s", fp8_names[config > 0 && config < N_FP8 ? config : 0]);
+    return;
+  }
   if (is_splitkv(problem, config)) {
     attn_format(buf, size, "%s", splitkv_names[splitkv_index(problem, config)]);
     return;
@@ -264,7 +329,8 @@ static int cuda_config_deterministic(const attn_problem *p, int32_t config) {
   int broadcast_bias =
       p->has_bias && (p->bias_shape[0] != p->batch || p->bias_shape[1] != p->heads_q ||
                       p->bias_shape[2] != p->seqlen_q || p->bias_shape[3] != p->seqlen_k);
-  if (is_splitkv(p, config)) return 1; /* its splits merge in a fixed order */
+  if (is_splitkv(p, config) || p->dtype == ATTN_DTYPE_F8E4M3)
+    return 1; /* splits merge in a fixed order; the fp8 forward has no atomics */
   return config != CUDA_CONFIG_ATOMIC && (!is_sm90(p, config) || is_sm90_deterministic(p, config)) &&
          !broadcast_bias;
 }
@@ -273,7 +339,7 @@ static int cuda_config_deterministic(const attn_problem *p, int32_t config) {
  * the others' 64- or 128-row tiles would be mostly empty; otherwise "sm90" where it is offered
  * (1.6x to 1.8x the sm80 forward on an H100, dev/cuda/fwd_hopper.cu), else "deterministic". */
 static int32_t cuda_default_config(const attn_problem *problem) {
-  if (problem->page_size > 0) return 0;
+  if (problem->page_size > 0 || problem->dtype == ATTN_DTYPE_F8E4M3) return 0;
   if (decode_shaped(problem)) return CUDA_CONFIG_SPLITKV;
   return sm90_offered(problem) ? cuda_num_configs(problem) - 2 : 0;
 }
@@ -295,6 +361,11 @@ static size_t dq_accum_bytes(const attn_problem *p, int32_t config) {
 static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const void *state,
                                   int backward) {
   (void)state;
+  if (p->dtype == ATTN_DTYPE_F8E4M3) { /* the forward's V transposed (no backward) */
+    attn_cuda_params k;
+    problem_params(p, &k);
+    return backward ? 0 : align_up(attn_cuda_sm90_fp8_workspace(&k));
+  }
   if (!backward && is_splitkv(p, config)) { /* the splits' partial results */
     const int chunks = attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
     return attn_cuda_decode_workspace((int)p->batch, (int)p->heads_kv, chunks,
@@ -372,6 +443,34 @@ static void alibi_sinks_layout(const attn_problem *p, const attn_inputs *in, con
   }
 }
 
+/* The fp8 forward's part of the params: the descale factors ([1] each: strides 0; [B, Hkv]: the
+ * caller's), the schedule of the run's configuration, and V^T's place in the workspace. */
+static attn_status fill_fp8_params(const attn_run *run, attn_cuda_params *k) {
+  const attn_problem *p = run->problem;
+  const attn_inputs *in = run->inputs;
+  const attn_tensor *f[3] = {&in->q_descale, &in->k_descale, &in->v_descale};
+  const float **dst[3] = {&k->q_descale, &k->k_descale, &k->v_descale};
+  if (p->descale != ATTN_DESCALE_NONE)
+    for (int i = 0; i < 3; ++i) {
+      *dst[i] = (const float *)f[i]->data;
+      const int per_bg = p->descale == ATTN_DESCALE_PER_BATCH_KV_HEAD;
+      k->descale_b[i] = per_bg && p->batch > 1 ? f[i]->stride[0] : 0;
+      k->descale_g[i] = per_bg && p->heads_kv > 1 ? f[i]->stride[1] : 0;
+    }
+  k->fp8 = run->config == 1 ? 2 : 1;
+  const size_t need = attn_cuda_sm90_fp8_workspace(k);
+  if (run->workspace == NULL || run->workspace_size < need) {
+    attn_format(run->why, run->why_size,
+                "the fp8 forward's workspace (%zu bytes given) is smaller than V transposed needs "
+                "(%zu)",
+                run->workspace_size, need);
+    return ATTN_STATUS_INTERNAL;
+  }
+  k->v_t = run->workspace;
+  k->vt_cols = attn_cuda_sm90_fp8_vt_columns(k);
+  return ATTN_STATUS_OK;
+}
+
 static attn_status fill_params(const attn_run *run, int backward, attn_cuda_params *k) {
   const attn_problem *p = run->problem;
   const attn_inputs *in = run->inputs;
@@ -379,7 +478,7 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
   char *why = run->why;
   size_t ws = run->why_size;
   problem_params(p, k);
-  k->use_sm90 = is_sm90(p, run->config);
+  k->use_sm90 = !k->fp8 && is_sm90(p, run->config);
 
   token_strides s;
   if (!token_layout(p, &in->q, "q", p->heads_q, &s, why, ws)) return ATTN_STATUS_UNSUPPORTED;
@@ -424,6 +523,10 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
   k->cu_q = in->cu_seqlens_q, k->cu_k = in->cu_seqlens_k;
   k->seqlens_q = in->seqlens_q, k->seqlens_k = in->seqlens_k;
   k->seed = in->dropout_seed;
+  if (k->fp8) {
+    attn_status st = fill_fp8_params(run, k);
+    if (st != ATTN_STATUS_OK) return st;
+  }
 
   if (backward) {
     const attn_grads *g = run->grads;
@@ -543,7 +646,7 @@ static attn_status fill_decode_params(const attn_run *run, attn_cuda_decode_para
 }
 
 static attn_status cuda_forward(const attn_run *run) {
-  if (is_splitkv(run->problem, run->config)) {
+  if (run->problem->dtype != ATTN_DTYPE_F8E4M3 && is_splitkv(run->problem, run->config)) {
     attn_cuda_decode_params d;
     attn_status st = fill_decode_params(run, &d);
     if (st != ATTN_STATUS_OK) return st;

@@ -217,13 +217,15 @@ extern "C" attn_status attn_cuda_forward(const attn_cuda_params *p, int is_bf16,
   if (p->varlen != ATTN_CUDA_VARLEN_NONE) {
     int64_t rows = p->varlen == ATTN_CUDA_VARLEN_PACKED ? p->total_q : (int64_t)p->batch * p->seqlen_q;
     if (rows > 0) {
-      zero_outside_kernel<<<grid_for(rows, 1), 128, 0, s>>>(*p, static_cast<uint16_t *>(p->out), p->o_b,
-                                                           p->o_r, p->o_h, p->heads_q, p->dv, 1, p->lse,
-                                                           p->lse_b, p->lse_h, p->lse_r);
+      const int u = p->out_elem == ATTN_CUDA_ELEM_F32 ? 2 : 1; /* out's elements in 16-bit units */
+      zero_outside_kernel<<<grid_for(rows, 1), 128, 0, s>>>(*p, static_cast<uint16_t *>(p->out), p->o_b * u,
+                                                           p->o_r * u, p->o_h * u, p->heads_q, p->dv * u, 1,
+                                                           p->lse, p->lse_b, p->lse_h, p->lse_r);
       ATTN_CUDA_CHECK(cudaGetLastError());
     }
   }
   if (p->seqlen_q == 0) return ATTN_STATUS_OK;
+  if (p->fp8) return attn_cuda_sm90_fp8_forward(p, p->fp8 == 2, stream, why, why_size); /* any length */
   /* no keys: the sm80 kernel writes the zeros (the copy engine's maps need a length) */
   if (p->use_sm90 && p->seqlen_k > 0) return attn_cuda_sm90_forward(p, is_bf16, stream, why, why_size);
   return is_bf16 ? dispatch<__nv_bfloat16>(*p, 0, s, why, why_size) : dispatch<__half>(*p, 0, s, why, why_size);

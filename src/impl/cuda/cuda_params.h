@@ -91,6 +91,14 @@ typedef struct attn_cuda_params {
   int32_t *dq_semaphore; /* "sm90_deterministic": ATTN_CUDA_SM90_DQ_SLICES counters that order
                           * the additions into each slice of dq_accum's tiles; NULL otherwise */
   int64_t rows_q;
+
+  /* fp8 (e4m3 q, k, v: docs/FP8.md), read by the sm90 fp8 forward (sm90/sm90_fwd_fp8.cuh) */
+  int32_t fp8;      /* 1: q, k, v hold e4m3 bytes; 2: the same, on the ping-pong schedule */
+  int32_t out_elem; /* ATTN_CUDA_ELEM_* of out (the inputs' dtype, or an fp8 problem's out_dtype) */
+  const float *q_descale, *k_descale, *v_descale; /* f32 factors of (b, KV head); NULL: 1 */
+  int64_t descale_b[3], descale_g[3];             /* their strides, q k v (0, 0: one per tensor) */
+  void *v_t;       /* workspace: V transposed, [B or 1][Hkv][Dv][vt_cols] e4m3 */
+  int64_t vt_cols;
 } attn_cuda_params;
 
 /* The sm90 backward's dQ workspace: one f32 tile of ATTN_CUDA_SM90_BWD_ROWS query rows x d per

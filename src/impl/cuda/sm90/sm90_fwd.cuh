@@ -649,30 +649,41 @@ static inline MapGeometry map_geometry(const attn_cuda_params &p) {
   return {p.batch, p.seqlen_q, p.seqlen_k};
 }
 
-/* A 4-d map [batch][rows][heads][d] of a token tensor, boxes of 64 columns x box_rows rows of one
- * head, swizzled by 128 bytes. A dimension of size 1 gets a stride that is never used. */
-static inline attn_status make_token_map(CUtensorMap *map, const void *base, bool is_bf16, int d, int heads,
-                                         int rows, int batch, int64_t sh, int64_t sr, int64_t sb, int box_rows,
-                                         char *why, size_t why_size) {
+/* A 4-d map [dim3][dim2][dim1][dim0] of elem_bytes-byte elements (strides s1..s3 in elements),
+ * boxes of 128 bytes of dim0 x 1 x box_rows of dim2 x 1, swizzled by 128 bytes. A dimension of
+ * size 1 gets a stride that is never used. The token tensors' maps (make_token_map) and the fp8
+ * forward's transposed V (sm90_fwd_fp8.cuh). */
+static inline attn_status make_map(CUtensorMap *map, const void *base, CUtensorMapDataType type, int elem_bytes,
+                                   int dim0, int dim1, int dim2, int dim3, int64_t s1, int64_t s2, int64_t s3,
+                                   int box_rows, char *why, size_t why_size) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) {
     snprintf(why, why_size, "the driver has no cuTensorMapEncodeTiled (the sm90 forward needs CUDA 12)");
     return ATTN_STATUS_UNSUPPORTED;
   }
-  const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)batch};
-  const cuuint64_t strides[3] = {(cuuint64_t)(heads > 1 ? sh : 8) * 2, (cuuint64_t)(rows > 1 ? sr : 8) * 2,
-                                 (cuuint64_t)(batch > 1 ? sb : 8) * 2};
-  const cuuint32_t box[4] = {64, 1, (cuuint32_t)box_rows, 1}, unit[4] = {1, 1, 1, 1};
-  CUresult r = encode(map, is_bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-                      const_cast<void *>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+  const cuuint64_t dims[4] = {(cuuint64_t)dim0, (cuuint64_t)dim1, (cuuint64_t)dim2, (cuuint64_t)dim3};
+  const cuuint64_t strides[3] = {(cuuint64_t)(dim1 > 1 ? s1 * elem_bytes : 16),
+                                 (cuuint64_t)(dim2 > 1 ? s2 * elem_bytes : 16),
+                                 (cuuint64_t)(dim3 > 1 ? s3 * elem_bytes : 16)};
+  const cuuint32_t box[4] = {(cuuint32_t)(128 / elem_bytes), 1, (cuuint32_t)box_rows, 1}, unit[4] = {1, 1, 1, 1};
+  CUresult r = encode(map, type, 4, const_cast<void *>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
-    snprintf(why, why_size, "cuTensorMapEncodeTiled failed (CUresult %d) for a [%d, %d, %d, %d] tensor", (int)r,
-             batch, rows, heads, d);
+    snprintf(why, why_size, "cuTensorMapEncodeTiled failed (CUresult %d) for a [%d, %d, %d, %d] tensor", (int)r, dim3,
+             dim2, dim1, dim0);
     return ATTN_STATUS_UNSUPPORTED;
   }
   return ATTN_STATUS_OK;
+}
+
+/* A 4-d map [batch][rows][heads][d] of a 16-bit token tensor, boxes of 64 columns x box_rows rows
+ * of one head. */
+static inline attn_status make_token_map(CUtensorMap *map, const void *base, bool is_bf16, int d, int heads,
+                                         int rows, int batch, int64_t sh, int64_t sr, int64_t sb, int box_rows,
+                                         char *why, size_t why_size) {
+  return make_map(map, base, is_bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, d, heads,
+                  rows, batch, sh, sr, sb, box_rows, why, why_size);
 }
 
 /* The kernel p runs on: the plain one without per-element functions, the generic one where

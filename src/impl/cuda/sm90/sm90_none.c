@@ -28,6 +28,28 @@ attn_status attn_cuda_sm90_backward(const attn_cuda_params *p, int is_bf16, void
   return ATTN_STATUS_UNSUPPORTED;
 }
 
+const char *attn_cuda_sm90_fp8_unsupported(const attn_cuda_params *p) {
+  (void)p;
+  return no_sm90;
+}
+
+size_t attn_cuda_sm90_fp8_workspace(const attn_cuda_params *p) {
+  (void)p;
+  return 0;
+}
+
+int64_t attn_cuda_sm90_fp8_vt_columns(const attn_cuda_params *p) {
+  (void)p;
+  return 0;
+}
+
+attn_status attn_cuda_sm90_fp8_forward(const attn_cuda_params *p, int ping_pong, void *stream,
+                                       char *why, size_t why_size) {
+  (void)p, (void)ping_pong, (void)stream;
+  if (why != NULL && why_size > 0) snprintf(why, why_size, "%s", no_sm90);
+  return ATTN_STATUS_UNSUPPORTED;
+}
+
 attn_status attn_cuda_sm90_forward(const attn_cuda_params *p, int is_bf16, void *stream, char *why,
                                    size_t why_size) {
   (void)p, (void)is_bf16, (void)stream;
