@@ -332,7 +332,11 @@ __attribute__((always_inline)) static inline void scores_block(const attn_cpu_de
 #endif
 }
 
-#define DECODE_PV_KEYS 8 /* keys a step of P V: O's rows loaded and stored once a step */
+/* Keys a step of P V, O's rows loaded and stored once a step. A step reads this many keys' rows of
+ * one head before the next head's: few enough that the reads stay near address order (f32, Hkv 8,
+ * D 128: 16 KiB a step; at 8 keys a step one thread streamed f32 at 20 GB/s, at 4 at 23-26 on the
+ * 2-core VM, in cache alike). */
+#define DECODE_PV_KEYS 4
 
 /* cpu.h's decode_pv: P V of one key block, DECODE_PV_KEYS keys a step with every KV head inside:
  * O[r * ldo + d] += sum_jj P[r * ldp + jj] * value row jj [d] (for ROWS_BF16_PAIRS in its column
