@@ -6,9 +6,9 @@
 # usage: bench/decode_cpu_grid.sh ATTN [DTYPES]
 #   ATTN    the attn tool of a build (build/tools/attn)
 #   DTYPES  default "bf16 f16 f32"
-# The problems, per dtype: Tq = 1, B in {1, 16, 64}, Tk in {4096, 32768}, dense and paged 16; then
-# for bf16 sinks + soft cap 30 + a 4k window and a causal 4k window over 8k keys; then Tq = 4
-# causal, B = 16, Tk = 4096, paged 16, for every dtype.
+# The problems, per dtype: Tq = 1, B in {1, 16, 64}, Tk in {4096, 32768}, dense and paged 16; for
+# bf16 sinks + soft cap 30 + a 4k window and a causal 4k window over 8k keys; Tq = 4 causal,
+# B = 16, Tk = 4096, paged 16.
 # Environment: MATCH, a grep -E pattern: only the problems it matches; REPS (10), timed runs;
 # CONFIG (bq64_bk128): every cpu configuration runs the same decode path on these problems, so one
 # is timed; THREADS, the threads (default: the implementation's choice, every CPU).
@@ -28,8 +28,8 @@ for dt in $DTYPES; do
     problems+=("b16 hq32 hkv8 sq1 sk4096 d128 bf16 paged=16 sinks=1 softcap=30 window=4096,0"
       "b16 hq32 hkv8 sq1 sk8192 d128 bf16 causal window=4096,0 paged=16")
   fi
+  problems+=("b16 hq32 hkv8 sq4 sk4096 d128 $dt causal paged=16")
 done
-for dt in $DTYPES; do problems+=("b16 hq32 hkv8 sq4 sk4096 d128 $dt causal paged=16"); done
 if [ -n "${MATCH:-}" ]; then
   kept=()
   for p in "${problems[@]}"; do if echo "$p" | grep -Eq "$MATCH"; then kept+=("$p"); fi; done
