@@ -431,7 +431,8 @@ static void decode_merge(const decode_run *c, const attn_outputs *out, int64_t b
     const attn_tensor *ot = &out->out;
     const int64_t ooff = b * ot->stride[0] + i * ot->stride[1] + h * ot->stride[2];
     /* fully masked (no visible key, no sink): out = 0, lse = -inf */
-    store_row(c->kern, c->dt, ot->data, ooff, ot->stride[3], acc, Dv, m == -INFINITY ? 0.0f : 1.0f / l);
+    store_row(c->kern, c->dt, ot->data, ooff, ot->stride[3], acc, Dv,
+              m == -INFINITY ? 0.0f : 1.0f / l);
     if (out->lse.data != NULL) {
       const attn_tensor *lt = &out->lse;
       ((float *)lt->data)[b * lt->stride[0] + h * lt->stride[1] + i * lt->stride[2]] =

@@ -100,12 +100,15 @@ static inline void hsum4(v16f a0, v16f a1, v16f a2, v16f a3, float *s) {
 #endif
 #endif
 #ifdef DECODE_HAVE_SHUFFLE
-  const v16f x = __builtin_shufflevector(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-                 __builtin_shufflevector(a0, a1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  const v16f y = __builtin_shufflevector(a2, a3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-                 __builtin_shufflevector(a2, a3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  v16f z = __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-           __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  const v16f x =
+      __builtin_shufflevector(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+      __builtin_shufflevector(a0, a1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  const v16f y =
+      __builtin_shufflevector(a2, a3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+      __builtin_shufflevector(a2, a3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  v16f z =
+      __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+      __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
   z += __builtin_shufflevector(z, z, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
   z += __builtin_shufflevector(z, z, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
   s[0] = z[0], s[1] = z[4], s[2] = z[8], s[3] = z[12];
@@ -155,11 +158,12 @@ static inline v16f reduce16(const v16f *a) {
                                    24, 25, 26, 27) +
            __builtin_shufflevector(b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22,
                                    23, 28, 29, 30, 31);
-  for (int i = 0; i < 2; ++i) /* e[i]: lanes 4L, 4L + 1 of a[8i + L], 4L + 2, 4L + 3 of a[8i + 4 + L] */
+  /* e[i]: lanes 4L, 4L + 1 partial sums of a[8i + L], lanes 4L + 2, 4L + 3 of a[8i + 4 + L] */
+  for (int i = 0; i < 2; ++i)
     e[i] = __builtin_shufflevector(c[2 * i], c[2 * i + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25,
                                    12, 13, 28, 29) +
-           __builtin_shufflevector(c[2 * i], c[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27,
-                                   14, 15, 30, 31);
+           __builtin_shufflevector(c[2 * i], c[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26,
+                                   27, 14, 15, 30, 31);
   /* lane 4L + k: the sum of a[L + 4k] */
   return __builtin_shufflevector(e[0], e[1], 0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28,
                                  30) +
@@ -218,9 +222,8 @@ __attribute__((always_inline)) static inline void scores_4rows(const float *q, i
 
 /* S[u] = dot(q row, key row k[u]) for u < kn: one row past a multiple of 4. */
 DECODE_KERNEL
-__attribute__((always_inline)) static inline void scores_1row(const float *q, const char *const *k,
-                                                              int64_t kn, int64_t D, int mode,
-                                                              float *S) {
+__attribute__((always_inline)) static inline void
+scores_1row(const float *q, const char *const *k, int64_t kn, int64_t D, int mode, float *S) {
   const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load1 */
   const int64_t Dw = D / 16 * 16;
   v16f acc[SCORE_KEYS];
@@ -252,7 +255,7 @@ __attribute__((always_inline)) static inline void scores_1row(const float *q, co
 #endif
 
 #if defined(__GNUC__)
-/* O rows 0 .. NR - 1 (ldo apart) += sum_jj P[r * ldp + jj] * value row jj for columns d .. d + 16 NC
+/* O rows r < NR (ldo apart) += sum_jj P[r * ldp + jj] * value row jj for columns d .. d + 16 NC
  * (NR 4 or 1, NC <= PV_CHUNKS, constants where it is inlined): O loaded and stored once for the nb
  * keys. */
 DECODE_KERNEL
@@ -285,7 +288,8 @@ __attribute__((always_inline)) static inline void pv_rows(const int NR, int64_t 
   const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load1 */
   const int64_t Dw = Dv / 16 * 16;
   int64_t d = 0;
-  for (; d + 16 * PV_CHUNKS <= Dw; d += 16 * PV_CHUNKS) pv_window(NR, PV_CHUNKS, nb, P, ldp, rows, mode, d, O, ldo);
+  for (; d + 16 * PV_CHUNKS <= Dw; d += 16 * PV_CHUNKS)
+    pv_window(NR, PV_CHUNKS, nb, P, ldp, rows, mode, d, O, ldo);
   for (; d < Dw; d += 16) pv_window(NR, 1, nb, P, ldp, rows, mode, d, O, ldo);
   for (; d < Dv; ++d)
     for (int64_t jj = 0; jj < nb; ++jj) {
@@ -309,11 +313,13 @@ __attribute__((always_inline)) static inline void scores_block(const attn_cpu_de
     for (int64_t g = 0; g < a->heads; ++g) {
       request_ahead(&cur, cur.quota);
       const char *k[SCORE_KEYS];
-      for (int u = 0; u < SCORE_KEYS; ++u) k[u] = a->rows[j0 + (u < kn ? u : 0)] + (size_t)g * a->head_bytes;
+      for (int u = 0; u < SCORE_KEYS; ++u)
+        k[u] = a->rows[j0 + (u < kn ? u : 0)] + (size_t)g * a->head_bytes;
       const float *qg = q + g * a->R * a->ldq;
       float *S = a->S + g * a->R * a->lds + j0;
       int64_t r = 0;
-      for (; r + 4 <= a->R; r += 4) scores_4rows(qg + r * a->ldq, a->ldq, k, kn, a->D, mode, S + r * a->lds, a->lds);
+      for (; r + 4 <= a->R; r += 4)
+        scores_4rows(qg + r * a->ldq, a->ldq, k, kn, a->D, mode, S + r * a->lds, a->lds);
       for (; r < a->R; ++r) scores_1row(qg + r * a->ldq, k, kn, a->D, mode, S + r * a->lds);
     }
   }
@@ -356,8 +362,10 @@ __attribute__((always_inline)) static inline void pv_block(const attn_cpu_decode
       float *O = a->O + g * a->R * a->ldo;
 #if defined(__GNUC__)
       int64_t r = 0;
-      for (; r + 4 <= a->R; r += 4) pv_rows(4, kn, a->Dv, P + r * a->lds, a->lds, rows, mode, O + r * a->ldo, a->ldo);
-      for (; r < a->R; ++r) pv_rows(1, kn, a->Dv, P + r * a->lds, a->lds, rows, mode, O + r * a->ldo, a->ldo);
+      for (; r + 4 <= a->R; r += 4)
+        pv_rows(4, kn, a->Dv, P + r * a->lds, a->lds, rows, mode, O + r * a->ldo, a->ldo);
+      for (; r < a->R; ++r)
+        pv_rows(1, kn, a->Dv, P + r * a->lds, a->lds, rows, mode, O + r * a->ldo, a->ldo);
 #else
       const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load1 */
       for (int64_t r = 0; r < a->R; ++r)
