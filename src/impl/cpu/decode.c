@@ -364,6 +364,8 @@ static void decode_item(const decode_run *c, const decode_thread *t, int64_t b,
     float *qr = t->q + r * Dp; /* scaled by s, f32 */
     if (c->dt == ATTN_DTYPE_F16 && qt->stride[3] == 1)
       c->kern->load_f16((const uint16_t *)qt->data + off, D, scale, qr);
+    else if (c->dt == ATTN_DTYPE_F32 && qt->stride[3] == 1)
+      for (int64_t d = 0; d < D; ++d) qr[d] = scale * ((const float *)qt->data)[off + d];
     else
       for (int64_t d = 0; d < D; ++d) qr[d] = scale * (float)attn_load(qt->data, c->dt, off + d * qt->stride[3]);
     if (kmode == ROWS_BF16_PAIRS) permute_pairs(qr, D, 0);
@@ -381,14 +383,20 @@ static void decode_item(const decode_run *c, const decode_thread *t, int64_t b,
   }
 }
 
-static void store_row(attn_dtype dt, void *base, int64_t off, int64_t stride, const float *x,
-                      int64_t n, float s) {
+/* base[off + d * stride] = s * x[d] in dt, d < n; contiguous f16 rows by the table's vector
+ * conversion (one call per element took 4% of a small f16 problem's time). */
+static void store_row(const attn_cpu_kernels *kern, attn_dtype dt, void *base, int64_t off,
+                      int64_t stride, const float *x, int64_t n, float s) {
+  if (dt == ATTN_DTYPE_F16 && stride == 1) {
+    kern->store_f16((uint16_t *)base + off, n, x, s);
+    return;
+  }
   for (int64_t d = 0; d < n; ++d) {
     const float v = s * x[d];
     switch (dt) {
     case ATTN_DTYPE_F32: ((float *)base)[off + d * stride] = v; break;
-    case ATTN_DTYPE_F16: ((uint16_t *)base)[off + d * stride] = attn_f32_to_f16(v); break;
-    default: ((uint16_t *)base)[off + d * stride] = attn_f32_to_bf16(v); break;
+    case ATTN_DTYPE_F16: ((uint16_t *)base)[off + d * stride] = attn_inline_f32_to_f16(v); break;
+    default: ((uint16_t *)base)[off + d * stride] = attn_inline_f32_to_bf16(v); break;
     }
   }
 }
@@ -423,7 +431,8 @@ static void decode_merge(const decode_run *c, const attn_outputs *out, int64_t b
     const attn_tensor *ot = &out->out;
     const int64_t ooff = b * ot->stride[0] + i * ot->stride[1] + h * ot->stride[2];
     /* fully masked (no visible key, no sink): out = 0, lse = -inf */
-    store_row(c->dt, ot->data, ooff, ot->stride[3], acc, Dv, m == -INFINITY ? 0.0f : 1.0f / l);
+    store_row(c->kern, c->dt, ot->data, ooff, ot->stride[3], acc, Dv,
+              m == -INFINITY ? 0.0f : 1.0f / l);
     if (out->lse.data != NULL) {
       const attn_tensor *lt = &out->lse;
       ((float *)lt->data)[b * lt->stride[0] + h * lt->stride[1] + i * lt->stride[2]] =

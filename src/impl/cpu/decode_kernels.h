@@ -92,13 +92,6 @@ static inline float load1(const void *p, int64_t d, int kind) {
 }
 
 #if defined(__GNUC__)
-static inline void load32_pairs(const void *p, v16f *even, v16f *odd) {
-  v16u x;
-  memcpy(&x, p, sizeof x);
-  *even = (v16f)(x << 16);
-  *odd = (v16f)(x & 0xffff0000u);
-}
-
 /* The four sums of a0..a3 in one tree of shuffles (a sum per vector costs four times as much). */
 static inline void hsum4(v16f a0, v16f a1, v16f a2, v16f a3, float *s) {
 #if defined(__has_builtin)
@@ -107,12 +100,15 @@ static inline void hsum4(v16f a0, v16f a1, v16f a2, v16f a3, float *s) {
 #endif
 #endif
 #ifdef DECODE_HAVE_SHUFFLE
-  const v16f x = __builtin_shufflevector(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-                 __builtin_shufflevector(a0, a1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  const v16f y = __builtin_shufflevector(a2, a3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-                 __builtin_shufflevector(a2, a3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  v16f z = __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-           __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  const v16f x =
+      __builtin_shufflevector(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+      __builtin_shufflevector(a0, a1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  const v16f y =
+      __builtin_shufflevector(a2, a3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+      __builtin_shufflevector(a2, a3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  v16f z =
+      __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+      __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
   z += __builtin_shufflevector(z, z, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
   z += __builtin_shufflevector(z, z, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
   s[0] = z[0], s[1] = z[4], s[2] = z[8], s[3] = z[12];
@@ -122,174 +118,238 @@ static inline void hsum4(v16f a0, v16f a1, v16f a2, v16f a3, float *s) {
 }
 #endif
 
-/* S[r * lds + jj] = dot(q[r * ldq ..], key row jj) for r < R, jj < nb. */
-DECODE_KERNEL
-static inline void decode_dots_kernel(int64_t R, int64_t nb, int64_t D, const float *q, int64_t ldq,
-                                      const void *const *rows, int mode, float *S, int64_t lds) {
+/* Keys a step of the scores. Each (query row, key) pair of a step sums its products in a vector of
+ * its own, so a step of 4 rows and SCORE_KEYS keys has 4 * SCORE_KEYS independent chains of
+ * multiply-adds (one key's 4 chains, the step before, were bound by the FMA latency) and ends in
+ * one reduction tree for all its sums (16 sums in about a quarter of the instructions of 16
+ * separate ones). AVX-512 has 32 registers: 16 sums, 4 key and 4 query vectors fit, the bf16
+ * loops' shape. With 16 AVX2 registers (two per 16-lane vector) 4 sums are all that fit. */
+#if defined(__AVX512F__)
+#define SCORE_KEYS 4
+#else
+#define SCORE_KEYS 1
+#endif
+
 #if defined(__GNUC__)
-  const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load16 and load1 */
-  const int64_t step = mode == ROWS_BF16_PAIRS ? 32 : 16, Dv = D / step * step;
-  const size_t es = kind == ROWS_F32 ? 4 : 2;
+/* 16 elements of a K or V row from element d (a multiple of 16) as mode reads them: for
+ * ROWS_BF16_PAIRS the even (d % 32 == 0) or odd elements of the 32 from d - d % 32, the order
+ * decode.c permuted q and O into (rows of that mode have widths that are multiples of 32). */
+__attribute__((always_inline)) static inline v16f row16(const void *row, int64_t d, int mode) {
+  const char *k = (const char *)row;
+  if (mode == ROWS_BF16_PAIRS) {
+    v16u x;
+    memcpy(&x, k + (size_t)(d / 32) * 64, sizeof x);
+    return d % 32 == 0 ? (v16f)(x << 16) : (v16f)(x & 0xffff0000u);
+  }
+  return load16(k + (size_t)d * (mode == ROWS_F32 ? 4 : 2), mode);
+}
+
+/* The 16 sums of a[0..15] in one tree of shuffles: lane 4 r + u holds the sum of a[4 u + r]. */
+static inline v16f reduce16(const v16f *a) {
+#ifdef DECODE_HAVE_SHUFFLE
+  v16f b[8], c[4], e[2];
+  for (int i = 0; i < 8; ++i) /* b[i]: the 256-bit halves of a[2i], then a[2i + 1]'s, summed */
+    b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19,
+                                   20, 21, 22, 23) +
+           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26,
+                                   27, 28, 29, 30, 31);
+  for (int i = 0; i < 4; ++i) /* c[i]: 128-bit lane L a partial sum of a[4i + L] */
+    c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19,
+                                   24, 25, 26, 27) +
+           __builtin_shufflevector(b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22,
+                                   23, 28, 29, 30, 31);
+  /* e[i]: lanes 4L, 4L + 1 partial sums of a[8i + L], lanes 4L + 2, 4L + 3 of a[8i + 4 + L] */
+  for (int i = 0; i < 2; ++i)
+    e[i] = __builtin_shufflevector(c[2 * i], c[2 * i + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25,
+                                   12, 13, 28, 29) +
+           __builtin_shufflevector(c[2 * i], c[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26,
+                                   27, 14, 15, 30, 31);
+  /* lane 4L + k: the sum of a[L + 4k] */
+  return __builtin_shufflevector(e[0], e[1], 0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28,
+                                 30) +
+         __builtin_shufflevector(e[0], e[1], 1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29,
+                                 31);
+#else
+  v16f z;
+  for (int r = 0; r < 4; ++r)
+    for (int u = 0; u < 4; ++u) z[4 * r + u] = hsum16(a[4 * u + r]);
+  return z;
+#endif
+}
+
+/* S[r * lds + u] = dot(q row r (ldq apart), key row k[u]) for r < 4 and u < kn <= SCORE_KEYS (the
+ * missing keys repeat a present row; their sums are dropped). */
+DECODE_KERNEL
+__attribute__((always_inline)) static inline void scores_4rows(const float *q, int64_t ldq,
+                                                               const char *const *k, int64_t kn,
+                                                               int64_t D, int mode, float *S,
+                                                               int64_t lds) {
+  const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load1 */
+  const int64_t Dw = D / 16 * 16;
+  v16f acc[4 * SCORE_KEYS]; /* acc[4 u + r]: row r, key u */
+  for (int i = 0; i < 4 * SCORE_KEYS; ++i) acc[i] = (v16f){0};
+  for (int64_t d = 0; d < Dw; d += 16) {
+    v16f kv[SCORE_KEYS];
+    for (int u = 0; u < SCORE_KEYS; ++u) kv[u] = row16(k[u], d, mode);
+    for (int r = 0; r < 4; ++r) {
+      const v16f qv = load16(q + r * ldq + d, ROWS_F32);
+      for (int u = 0; u < SCORE_KEYS; ++u) acc[4 * u + r] += qv * kv[u];
+    }
+  }
+  float sum[4][4];
+#if SCORE_KEYS == 4
+  const v16f z = reduce16(acc);
+  if (Dw == D && kn == 4) { /* the usual step: each row's four sums stored at once */
+    for (int r = 0; r < 4; ++r) memcpy(S + r * lds, (const float *)&z + 4 * r, 4 * sizeof(float));
+    return;
+  }
+  memcpy(sum, &z, sizeof sum);
+#else
+  for (int u = 0; u < SCORE_KEYS; ++u) {
+    float s4[4];
+    hsum4(acc[4 * u], acc[4 * u + 1], acc[4 * u + 2], acc[4 * u + 3], s4);
+    for (int r = 0; r < 4; ++r) sum[r][u] = s4[r];
+  }
+#endif
+  for (int64_t d = Dw; d < D; ++d)
+    for (int u = 0; u < SCORE_KEYS; ++u) {
+      const float kd = load1(k[u], d, kind);
+      for (int r = 0; r < 4; ++r) sum[r][u] += q[r * ldq + d] * kd;
+    }
+  for (int r = 0; r < 4; ++r)
+    for (int64_t u = 0; u < kn; ++u) S[r * lds + u] = sum[r][u];
+}
+
+/* S[u] = dot(q row, key row k[u]) for u < kn: one row past a multiple of 4. */
+DECODE_KERNEL
+__attribute__((always_inline)) static inline void
+scores_1row(const float *q, const char *const *k, int64_t kn, int64_t D, int mode, float *S) {
+  const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load1 */
+  const int64_t Dw = D / 16 * 16;
+  v16f acc[SCORE_KEYS];
+  for (int u = 0; u < SCORE_KEYS; ++u) acc[u] = (v16f){0};
+  for (int64_t d = 0; d < Dw; d += 16) {
+    const v16f qv = load16(q + d, ROWS_F32);
+    for (int u = 0; u < SCORE_KEYS; ++u) acc[u] += qv * row16(k[u], d, mode);
+  }
+  float sum[SCORE_KEYS];
+#if SCORE_KEYS == 4
+  hsum4(acc[0], acc[1], acc[2], acc[3], sum);
+#else
+  for (int u = 0; u < SCORE_KEYS; ++u) sum[u] = hsum16(acc[u]);
+#endif
+  for (int64_t d = Dw; d < D; ++d)
+    for (int u = 0; u < SCORE_KEYS; ++u) sum[u] += q[d] * load1(k[u], d, kind);
+  for (int64_t u = 0; u < kn; ++u) S[u] = sum[u];
+}
+#endif
+
+/* 16-column chunks of O a window of P V holds. Each (row, chunk) sums in a vector of its own over
+ * the step's keys: with one chunk, 4 rows were 4 chains of multiply-adds, bound by the FMA latency.
+ * AVX-512: 4 chunks (64 columns) of 4 rows, 16 sums in 16 of the 32 registers; AVX2's 16 registers
+ * (two per 16-lane vector) hold one chunk's. */
+#if defined(__AVX512F__)
+#define PV_CHUNKS 4
+#else
+#define PV_CHUNKS 1
+#endif
+
+#if defined(__GNUC__)
+/* O rows r < NR (ldo apart) += sum_jj P[r * ldp + jj] * value row jj for columns d .. d + 16 NC
+ * (NR 4 or 1, NC <= PV_CHUNKS, constants where it is inlined): O loaded and stored once for the nb
+ * keys. */
+DECODE_KERNEL
+__attribute__((always_inline)) static inline void pv_window(const int NR, const int NC, int64_t nb,
+                                                            const float *P, int64_t ldp,
+                                                            const void *const *rows, int mode,
+                                                            int64_t d, float *O, int64_t ldo) {
+  v16f acc[4][PV_CHUNKS];
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NC; ++c) acc[r][c] = load16(O + r * ldo + d + 16 * c, ROWS_F32);
   for (int64_t jj = 0; jj < nb; ++jj) {
-    const char *k = rows[jj];
-    int64_t r = 0;
-    for (; r + 4 <= R; r += 4) { /* four query rows share each load of the key */
-      const float *q0 = q + r * ldq, *q1 = q0 + ldq, *q2 = q1 + ldq, *q3 = q2 + ldq;
-      v16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-      if (mode == ROWS_BF16_PAIRS) {
-        for (int64_t d = 0; d < Dv; d += 32) {
-          v16f ke, ko;
-          load32_pairs(k + (size_t)d * 2, &ke, &ko);
-          a0 += load16(q0 + d, 0) * ke + load16(q0 + d + 16, 0) * ko;
-          a1 += load16(q1 + d, 0) * ke + load16(q1 + d + 16, 0) * ko;
-          a2 += load16(q2 + d, 0) * ke + load16(q2 + d + 16, 0) * ko;
-          a3 += load16(q3 + d, 0) * ke + load16(q3 + d + 16, 0) * ko;
-        }
-      } else {
-        for (int64_t d = 0; d < Dv; d += 16) {
-          const v16f kv = load16(k + (size_t)d * es, kind);
-          a0 += load16(q0 + d, 0) * kv, a1 += load16(q1 + d, 0) * kv;
-          a2 += load16(q2 + d, 0) * kv, a3 += load16(q3 + d, 0) * kv;
-        }
-      }
-      float sum[4];
-      hsum4(a0, a1, a2, a3, sum);
-      for (int64_t d = Dv; d < D; ++d) {
-        const float kd = load1(k, d, kind);
-        sum[0] += q0[d] * kd, sum[1] += q1[d] * kd, sum[2] += q2[d] * kd, sum[3] += q3[d] * kd;
-      }
-      for (int u = 0; u < 4; ++u) S[(r + u) * lds + jj] = sum[u];
-    }
-    for (; r < R; ++r) {
-      const float *q0 = q + r * ldq;
-      v16f a0 = {0};
-      if (mode == ROWS_BF16_PAIRS) {
-        for (int64_t d = 0; d < Dv; d += 32) {
-          v16f ke, ko;
-          load32_pairs(k + (size_t)d * 2, &ke, &ko);
-          a0 += load16(q0 + d, 0) * ke + load16(q0 + d + 16, 0) * ko;
-        }
-      } else {
-        for (int64_t d = 0; d < Dv; d += 16)
-          a0 += load16(q0 + d, 0) * load16(k + (size_t)d * es, kind);
-      }
-      float s0 = hsum16(a0);
-      for (int64_t d = Dv; d < D; ++d) s0 += q0[d] * load1(k, d, kind);
-      S[r * lds + jj] = s0;
+    v16f vv[PV_CHUNKS];
+    for (int c = 0; c < NC; ++c) vv[c] = row16(rows[jj], d + 16 * c, mode);
+    for (int r = 0; r < NR; ++r) {
+      const float pr = P[r * ldp + jj];
+      for (int c = 0; c < NC; ++c) acc[r][c] += pr * vv[c];
     }
   }
-#else
-  const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load16 and load1 */
-  for (int64_t jj = 0; jj < nb; ++jj)
-    for (int64_t r = 0; r < R; ++r) {
-      float s = 0.0f;
-      for (int64_t d = 0; d < D; ++d) s += q[r * ldq + d] * load1(rows[jj], d, kind);
-      S[r * lds + jj] = s;
-    }
-#endif
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NC; ++c) memcpy(O + r * ldo + d + 16 * c, &acc[r][c], sizeof acc[r][c]);
 }
 
-/* O[r * ldo + d] += sum_jj P[r * ldp + jj] * value row jj [d] for r < R, d < Dv. */
+/* pv_window over every column of NR rows: windows of PV_CHUNKS chunks, then single chunks, then
+ * the columns past a multiple of 16 one by one. */
 DECODE_KERNEL
-static inline void decode_axpys_kernel(int64_t R, int64_t nb, int64_t Dv, const float *P,
-                                       int64_t ldp, const void *const *rows, int mode, float *O,
-                                       int64_t ldo) {
+__attribute__((always_inline)) static inline void pv_rows(const int NR, int64_t nb, int64_t Dv,
+                                                          const float *P, int64_t ldp,
+                                                          const void *const *rows, int mode,
+                                                          float *O, int64_t ldo) {
+  const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load1 */
+  const int64_t Dw = Dv / 16 * 16;
+  int64_t d = 0;
+  for (; d + 16 * PV_CHUNKS <= Dw; d += 16 * PV_CHUNKS)
+    pv_window(NR, PV_CHUNKS, nb, P, ldp, rows, mode, d, O, ldo);
+  for (; d < Dw; d += 16) pv_window(NR, 1, nb, P, ldp, rows, mode, d, O, ldo);
+  for (; d < Dv; ++d)
+    for (int64_t jj = 0; jj < nb; ++jj) {
+      const float vd = load1(rows[jj], d, kind);
+      for (int r = 0; r < NR; ++r) O[r * ldo + d] += P[r * ldp + jj] * vd;
+    }
+}
+#endif
+
+/* cpu.h's decode_scores: the scores of one key block, SCORE_KEYS keys a step with every KV head of
+ * the step inside (address order), the rows ahead requested a few lines a step and head. mode is a
+ * constant where decode_scores_kernel inlines it. */
+DECODE_KERNEL
+__attribute__((always_inline)) static inline void scores_block(const attn_cpu_decode_block *a,
+                                                               const float *q, const int mode) {
 #if defined(__GNUC__)
-  const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load16 and load1 */
-  const int64_t step = mode == ROWS_BF16_PAIRS ? 32 : 16, Dw = Dv / step * step;
-  const size_t es = kind == ROWS_F32 ? 4 : 2;
-  int64_t r = 0;
-  for (; r + 4 <= R; r += 4) { /* four rows' accumulators stay in registers over the block */
-    const float *p0 = P + r * ldp, *p1 = p0 + ldp, *p2 = p1 + ldp, *p3 = p2 + ldp;
-    float *o0 = O + r * ldo, *o1 = o0 + ldo, *o2 = o1 + ldo, *o3 = o2 + ldo;
-    if (mode == ROWS_BF16_PAIRS) {
-      for (int64_t d = 0; d < Dw; d += 32) {
-        v16f e0 = load16(o0 + d, 0), e1 = load16(o1 + d, 0), e2 = load16(o2 + d, 0),
-             e3 = load16(o3 + d, 0);
-        v16f f0 = load16(o0 + d + 16, 0), f1 = load16(o1 + d + 16, 0),
-             f2 = load16(o2 + d + 16, 0), f3 = load16(o3 + d + 16, 0);
-        for (int64_t jj = 0; jj < nb; ++jj) {
-          v16f ve, vo;
-          load32_pairs((const char *)rows[jj] + (size_t)d * 2, &ve, &vo);
-          e0 += p0[jj] * ve, e1 += p1[jj] * ve, e2 += p2[jj] * ve, e3 += p3[jj] * ve;
-          f0 += p0[jj] * vo, f1 += p1[jj] * vo, f2 += p2[jj] * vo, f3 += p3[jj] * vo;
-        }
-        memcpy(o0 + d, &e0, sizeof e0), memcpy(o1 + d, &e1, sizeof e1);
-        memcpy(o2 + d, &e2, sizeof e2), memcpy(o3 + d, &e3, sizeof e3);
-        memcpy(o0 + d + 16, &f0, sizeof f0), memcpy(o1 + d + 16, &f1, sizeof f1);
-        memcpy(o2 + d + 16, &f2, sizeof f2), memcpy(o3 + d + 16, &f3, sizeof f3);
-      }
-    } else {
-      for (int64_t d = 0; d < Dw; d += 16) {
-        v16f a0 = load16(o0 + d, 0), a1 = load16(o1 + d, 0), a2 = load16(o2 + d, 0),
-             a3 = load16(o3 + d, 0);
-        for (int64_t jj = 0; jj < nb; ++jj) {
-          const v16f vv = load16((const char *)rows[jj] + (size_t)d * es, kind);
-          a0 += p0[jj] * vv, a1 += p1[jj] * vv, a2 += p2[jj] * vv, a3 += p3[jj] * vv;
-        }
-        memcpy(o0 + d, &a0, sizeof a0), memcpy(o1 + d, &a1, sizeof a1);
-        memcpy(o2 + d, &a2, sizeof a2), memcpy(o3 + d, &a3, sizeof a3);
-      }
-    }
-    for (int64_t d = Dw; d < Dv; ++d)
-      for (int64_t jj = 0; jj < nb; ++jj) {
-        const float vd = load1(rows[jj], d, kind);
-        o0[d] += p0[jj] * vd, o1[d] += p1[jj] * vd, o2[d] += p2[jj] * vd, o3[d] += p3[jj] * vd;
-      }
-  }
-  for (; r < R; ++r) {
-    const float *p0 = P + r * ldp;
-    float *o0 = O + r * ldo;
-    if (mode == ROWS_BF16_PAIRS) {
-      for (int64_t d = 0; d < Dw; d += 32) {
-        v16f e0 = load16(o0 + d, 0), f0 = load16(o0 + d + 16, 0);
-        for (int64_t jj = 0; jj < nb; ++jj) {
-          v16f ve, vo;
-          load32_pairs((const char *)rows[jj] + (size_t)d * 2, &ve, &vo);
-          e0 += p0[jj] * ve, f0 += p0[jj] * vo;
-        }
-        memcpy(o0 + d, &e0, sizeof e0), memcpy(o0 + d + 16, &f0, sizeof f0);
-      }
-    } else {
-      for (int64_t d = 0; d < Dw; d += 16) {
-        v16f a0 = load16(o0 + d, 0);
-        for (int64_t jj = 0; jj < nb; ++jj)
-          a0 += p0[jj] * load16((const char *)rows[jj] + (size_t)d * es, kind);
-        memcpy(o0 + d, &a0, sizeof a0);
-      }
-    }
-    for (int64_t d = Dw; d < Dv; ++d)
-      for (int64_t jj = 0; jj < nb; ++jj) o0[d] += p0[jj] * load1(rows[jj], d, kind);
-  }
-#else
-  const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load16 and load1 */
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t jj = 0; jj < nb; ++jj)
-      for (int64_t d = 0; d < Dv; ++d) O[r * ldo + d] += P[r * ldp + jj] * load1(rows[jj], d, kind);
-#endif
-}
-
-/* cpu.h's decode_scores: the scores of one key block, key by key with every KV head of a key
- * inside (address order), the rows ahead requested a few lines a key and head. */
-DECODE_KERNEL
-static void decode_scores_kernel(const attn_cpu_decode_block *a, const float *q, int mode) {
   ahead_cursor cur;
-  ahead_start(&cur, a, a->nb * a->heads);
-  for (int64_t jj = 0; jj < a->nb; ++jj)
+  ahead_start(&cur, a, (a->nb + SCORE_KEYS - 1) / SCORE_KEYS * a->heads);
+  for (int64_t j0 = 0; j0 < a->nb; j0 += SCORE_KEYS) {
+    const int64_t kn = a->nb - j0 < SCORE_KEYS ? a->nb - j0 : SCORE_KEYS;
     for (int64_t g = 0; g < a->heads; ++g) {
       request_ahead(&cur, cur.quota);
-      const void *row = a->rows[jj] + (size_t)g * a->head_bytes;
-      decode_dots_kernel(a->R, 1, a->D, q + g * a->R * a->ldq, a->ldq, &row, mode,
-                         a->S + g * a->R * a->lds + jj, a->lds);
+      const char *k[SCORE_KEYS];
+      for (int u = 0; u < SCORE_KEYS; ++u)
+        k[u] = a->rows[j0 + (u < kn ? u : 0)] + (size_t)g * a->head_bytes;
+      const float *qg = q + g * a->R * a->ldq;
+      float *S = a->S + g * a->R * a->lds + j0;
+      int64_t r = 0;
+      for (; r + 4 <= a->R; r += 4)
+        scores_4rows(qg + r * a->ldq, a->ldq, k, kn, a->D, mode, S + r * a->lds, a->lds);
+      for (; r < a->R; ++r) scores_1row(qg + r * a->ldq, k, kn, a->D, mode, S + r * a->lds);
     }
+  }
   request_ahead(&cur, -1);
+#else
+  const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load1 */
+  for (int64_t g = 0; g < a->heads; ++g)
+    for (int64_t jj = 0; jj < a->nb; ++jj)
+      for (int64_t r = 0; r < a->R; ++r) {
+        const float *qr = q + (g * a->R + r) * a->ldq;
+        const char *k = a->rows[jj] + (size_t)g * a->head_bytes;
+        float s = 0.0f;
+        for (int64_t d = 0; d < a->D; ++d) s += qr[d] * load1(k, d, kind);
+        a->S[(g * a->R + r) * a->lds + jj] = s;
+      }
+#endif
 }
 
-#define DECODE_PV_KEYS 8 /* keys a step of P V: O's rows loaded and stored once a step */
+/* Keys a step of P V, O's rows loaded and stored once a step. A step reads this many keys' rows of
+ * one head before the next head's: few enough that the reads stay near address order (f32, Hkv 8,
+ * D 128: 16 KiB a step; at 8 keys a step one thread streamed f32 at 20 GB/s, at 4 at 23-26 on the
+ * 2-core VM, in cache alike). */
+#define DECODE_PV_KEYS 4
 
-/* cpu.h's decode_pv: P V of one key block, DECODE_PV_KEYS keys a step with every KV head inside. */
+/* cpu.h's decode_pv: P V of one key block, DECODE_PV_KEYS keys a step with every KV head inside:
+ * O[r * ldo + d] += sum_jj P[r * ldp + jj] * value row jj [d] (for ROWS_BF16_PAIRS in its column
+ * order). mode is a constant where decode_pv_kernel inlines it. */
 DECODE_KERNEL
-static void decode_pv_kernel(const attn_cpu_decode_block *a, int mode) {
+__attribute__((always_inline)) static inline void pv_block(const attn_cpu_decode_block *a,
+                                                           const int mode) {
   ahead_cursor cur;
   ahead_start(&cur, a, (a->nb + DECODE_PV_KEYS - 1) / DECODE_PV_KEYS * a->heads);
   for (int64_t j0 = 0; j0 < a->nb; j0 += DECODE_PV_KEYS) {
@@ -298,11 +358,46 @@ static void decode_pv_kernel(const attn_cpu_decode_block *a, int mode) {
       request_ahead(&cur, cur.quota);
       const void *rows[DECODE_PV_KEYS];
       for (int64_t u = 0; u < kn; ++u) rows[u] = a->rows[j0 + u] + (size_t)g * a->head_bytes;
-      decode_axpys_kernel(a->R, kn, a->Dv, a->S + g * a->R * a->lds + j0, a->lds, rows, mode,
-                          a->O + g * a->R * a->ldo, a->ldo);
+      const float *P = a->S + g * a->R * a->lds + j0;
+      float *O = a->O + g * a->R * a->ldo;
+#if defined(__GNUC__)
+      int64_t r = 0;
+      for (; r + 4 <= a->R; r += 4)
+        pv_rows(4, kn, a->Dv, P + r * a->lds, a->lds, rows, mode, O + r * a->ldo, a->ldo);
+      for (; r < a->R; ++r)
+        pv_rows(1, kn, a->Dv, P + r * a->lds, a->lds, rows, mode, O + r * a->ldo, a->ldo);
+#else
+      const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load1 */
+      for (int64_t r = 0; r < a->R; ++r)
+        for (int64_t jj = 0; jj < kn; ++jj)
+          for (int64_t d = 0; d < a->Dv; ++d)
+            O[r * a->ldo + d] += P[r * a->lds + jj] * load1(rows[jj], d, kind);
+#endif
     }
   }
   request_ahead(&cur, -1);
+}
+
+/* The table's decode_scores and decode_pv: one copy of each loop per mode, so that how a row is
+ * read is decided once a block, not at every load (the compiler does not hoist the choice). */
+DECODE_KERNEL
+static void decode_scores_kernel(const attn_cpu_decode_block *a, const float *q, int mode) {
+  switch (mode) {
+  case ROWS_F16: scores_block(a, q, ROWS_F16); break;
+  case ROWS_BF16: scores_block(a, q, ROWS_BF16); break;
+  case ROWS_BF16_PAIRS: scores_block(a, q, ROWS_BF16_PAIRS); break;
+  default: scores_block(a, q, ROWS_F32); break;
+  }
+}
+
+DECODE_KERNEL
+static void decode_pv_kernel(const attn_cpu_decode_block *a, int mode) {
+  switch (mode) {
+  case ROWS_F16: pv_block(a, ROWS_F16); break;
+  case ROWS_BF16: pv_block(a, ROWS_BF16); break;
+  case ROWS_BF16_PAIRS: pv_block(a, ROWS_BF16_PAIRS); break;
+  default: pv_block(a, ROWS_F32); break;
+  }
 }
 
 #endif /* ATTN_IMPL_CPU_DECODE_KERNELS_H */
