@@ -812,9 +812,15 @@ int main(void) {
       /* the decode kernel's data paths (ATTN_CUDA_DECODE, docs/DECODE.md): the default, then the
        * others, each way of copying with each way of merging the splits */
       const char *saved_decode = getenv("ATTN_CUDA_DECODE");
-      static const char *const decode_variants[] = {NULL, "cpasync", "cpasync,nocluster", "lateissue,nocluster",
-                                                    "mergechunk,nocluster"};
-      for (int i = 0; i < 5; ++i) {
+      static const char *const decode_variants[] = {NULL,
+                                                    "cpasync",
+                                                    "cpasync,nocluster",
+                                                    "lateissue,nocluster",
+                                                    "mergechunk,nocluster",
+                                                    "waitlate,tableahead,gridmerge",
+                                                    "cpasync,tableahead,gridmerge,nocluster"};
+      const int n_variants = (int)(sizeof decode_variants / sizeof decode_variants[0]);
+      for (int i = 0; i < n_variants; ++i) {
         if (decode_variants[i] != NULL) setenv("ATTN_CUDA_DECODE", decode_variants[i], 1);
         printf("test_paged: GPU split cases with ATTN_CUDA_DECODE=%s\n",
                decode_variants[i] ? decode_variants[i] : saved_decode ? saved_decode : "(default)");
