@@ -10,7 +10,10 @@
  * decode_bench runs it: 20 calls captured in a CUDA graph and replayed; the stamps of the last
  * replay give each call's timeline, relative to the first CTA start of the call (T0), as the median
  * over calls 4..15 of: the previous call's last exit, and the first / median / last CTA at each
- * event. The data paths follow ATTN_CUDA_DECODE (docs/DECODE.md), read like a plan does.
+ * event; and the SM clock the CTAs ran at (their clock64 cycles over their globaltimer time). The
+ * GPU's clocks rise only after some milliseconds of work: the graph is first replayed for
+ * TIMELINE_WARM_MS milliseconds (default 200), as an engine's steady decoding would keep it. The
+ * data paths follow ATTN_CUDA_DECODE (docs/DECODE.md), read like a plan does.
  *
  * build (from the repository root; sm_90a or sm_90):
  *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90,code=sm_90 \
@@ -131,6 +134,16 @@ int main(int argc, char **argv) {
   check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0), cudaEventCreate(&e1);
+  const double warm_ms = getenv("TIMELINE_WARM_MS") ? atof(getenv("TIMELINE_WARM_MS")) : 200.0;
+  for (float spent = 0.0f; spent < warm_ms;) { /* batches of 10 replays until warm_ms have passed */
+    cudaEventRecord(e0, s);
+    for (int r = 0; r < 10; ++r) check(cudaGraphLaunch(exec, s), "warm-up replay");
+    cudaEventRecord(e1, s);
+    check(cudaEventSynchronize(e1), "warm-up sync");
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    spent += ms;
+  }
   std::vector<double> per_call;
   for (int r = 0; r < 7; ++r) {
     cudaEventRecord(e0, s);
@@ -164,10 +177,14 @@ int main(int argc, char **argv) {
   };
   int merges = 0;
   for (int i = 0; i < merge_ctas; ++i) merges += at(mg, 10, i, 0) != 0;
-  printf("timeline B=%d Tk=%d Tq=%d page=%d half_waves=%d ATTN_CUDA_DECODE=%s: splits %d, split CTAs %d, "
-         "merge CTAs %d; %.2f us per call (graph of %d, median of 5 replays)\n",
+  std::vector<double> ghz; /* the SM clock of call 10's split CTAs */
+  for (int i = 0; i < split_ctas; ++i)
+    if (at(sp, 10, i, 0) != 0 && at(sp, 10, i, 5) > at(sp, 10, i, 0))
+      ghz.push_back((double)at(sp, 10, i, 6) / (double)(at(sp, 10, i, 5) - at(sp, 10, i, 0)));
+  printf("timeline B=%d Tk=%d Tq=%d page=%d half_waves=%d ATTN_CUDA_DECODE=%s warm-up %.0f ms: splits %d, "
+         "split CTAs %d, merge CTAs %d; %.2f us per call (graph of %d, median of 5 replays); SM clock %.2f GHz\n",
          B, Tk, Tq, page, half_waves, getenv("ATTN_CUDA_DECODE") ? getenv("ATTN_CUDA_DECODE") : "(default)",
-         p.splits, split_ctas, merges, pct(per_call, 0.5), CALLS);
+         warm_ms, p.splits, split_ctas, merges, pct(per_call, 0.5), CALLS, pct(ghz, 0.5));
   /* per event: median over calls of (first, median, last CTA) relative to T0 */
   struct Row {
     const char *name;
@@ -207,15 +224,16 @@ int main(int argc, char **argv) {
   printf("  call 10, per split CTA (median / max us):");
   for (int e = 0; e < 5; ++e) {
     std::vector<double> v;
-    for (int i = 0; i < split_ctas; ++i)
-      if (at(sp, 10, i, 0) != 0) v.push_back(((double)at(sp, 10, i, e + 1) - (double)at(sp, 10, i, e)) * 1e-3);
+    for (int i = 0; i < split_ctas; ++i) /* CTAs with tiles (an empty split stamps no first tile) */
+      if (at(sp, 10, i, 0) != 0 && at(sp, 10, i, 2) != 0)
+        v.push_back(((double)at(sp, 10, i, e + 1) - (double)at(sp, 10, i, e)) * 1e-3);
     printf(" %s %.2f / %.2f;", phase[e], pct(v, 0.5), pct(v, 1.0));
   }
   std::vector<int> per_sm(1024, 0);
   int sms = 0, most = 0;
   for (int i = 0; i < split_ctas; ++i)
     if (at(sp, 10, i, 0) != 0) {
-      int &n = per_sm[at(sp, 10, i, 7) & 1023];
+      int &n = per_sm[at(sp, 10, i, kTlEvents - 1) & 1023];
       sms += n == 0, most = std::max(most, ++n);
     }
   u64 tick = ~0ull; /* the timer's resolution: the smallest nonzero step between stamps */
@@ -236,7 +254,7 @@ int main(int argc, char **argv) {
         const int n = k ? merge_ctas : split_ctas, ne = k ? 3 : 6;
         for (int i = 0; i < n; ++i) {
           if (at(v, 10, i, 0) == 0) continue;
-          fprintf(f, "%s,%d,%llu", k ? "merge" : "split", i, at(v, 10, i, 7));
+          fprintf(f, "%s,%d,%llu", k ? "merge" : "split", i, at(v, 10, i, kTlEvents - 1));
           for (int e = 0; e < ne; ++e) fprintf(f, ",%.3f", ((double)at(v, 10, i, e) - t0) * 1e-3);
           fprintf(f, "\n");
         }

@@ -79,35 +79,39 @@ constexpr int kMergeBatch = 16;
  * defaults, the fastest measured; sm_90's paths apply only where the kernel was compiled for sm_90
  * and runs on it. */
 enum VariantFlag : int {
-  kVarCpAsync = 1 << 0,    /* "cpasync": 16-byte cp.async instead of cp.async.bulk rows */
-  kVarLateIssue = 1 << 1,  /* "lateissue": bulk copies of a tile issued after the current one is
-                              awaited, not before */
-  kVarNoCluster = 1 << 2,  /* "nocluster": the merge kernel where a cluster would merge */
-  kVarMergeChunk = 1 << 3, /* "mergechunk": the merge kernel with one CTA per row chunk, over
-                              columns (serialises a chunk's 16 rows: Tq = 4 at B = 1 took
-                              1.3-1.7x), instead of one per row over columns and splits */
-  kVarWaitLate = 1 << 4,   /* "waitlate": the split kernel's set-up (shared memory, barriers)
-                              before it waits for the previous kernel, not after */
-  kVarGridMerge = 1 << 5,  /* "gridmerge": where the merge kernel would run and the split CTAs fit
-                              at once, one cooperative grid that merges after a grid barrier */
-  kVarTableAhead = 1 << 6, /* "tableahead": the block-table entries of the first stages read
-                              together before their copies are issued, not one stage at a time */
+  kVarCpAsync = 1 << 0,      /* "cpasync": 16-byte cp.async instead of cp.async.bulk rows */
+  kVarLateIssue = 1 << 1,    /* "lateissue": bulk copies of a tile issued after the current one is
+                                awaited, not before */
+  kVarNoCluster = 1 << 2,    /* "nocluster": the merge kernel (or the grid's merge) where a cluster
+                                would merge */
+  kVarMergeChunk = 1 << 3,   /* "mergechunk": the merge kernel with one CTA per row chunk, over
+                                columns (serialises a chunk's 16 rows: Tq = 4 at B = 1 took
+                                1.3-1.7x), instead of one per row over columns and splits */
+  kVarWaitFirst = 1 << 4,    /* "waitfirst": the split kernel waits for the previous kernel before
+                                setting up its shared memory and barriers, not after */
+  kVarMergeKernel = 1 << 5,  /* "mergekernel": the merge kernel where the split CTAs fit at once
+                                and would merge their own splits after a grid barrier */
+  kVarTableByStage = 1 << 6, /* "tablebystage": a stage's block-table entries read just before its
+                                copies, stage after stage, not all the first stages' at once */
+  kVarEpilogueFlat = 1 << 7, /* "epilogueflat": the split's warps merged element by element, each
+                                thread redoing its row's weights, not a row's weights once and
+                                four columns per thread */
 };
 struct VariantToken {
   const char *name;
   int flag;
 };
 constexpr VariantToken kVariantTokens[] = {
-    {"cpasync", kVarCpAsync},     {"lateissue", kVarLateIssue}, {"nocluster", kVarNoCluster},
-    {"mergechunk", kVarMergeChunk}, {"waitlate", kVarWaitLate},   {"gridmerge", kVarGridMerge},
-    {"tableahead", kVarTableAhead},
+    {"cpasync", kVarCpAsync},           {"lateissue", kVarLateIssue},       {"nocluster", kVarNoCluster},
+    {"mergechunk", kVarMergeChunk},     {"waitfirst", kVarWaitFirst},       {"mergekernel", kVarMergeKernel},
+    {"tablebystage", kVarTableByStage}, {"epilogueflat", kVarEpilogueFlat},
 };
 
 struct Variant {
   bool bulk, early_issue, cluster, wide_merge, grid_merge;
   explicit Variant(int flags)
       : bulk(!(flags & kVarCpAsync)), early_issue(!(flags & kVarLateIssue)), cluster(!(flags & kVarNoCluster)),
-        wide_merge(!(flags & kVarMergeChunk)), grid_merge((flags & kVarGridMerge) != 0) {}
+        wide_merge(!(flags & kVarMergeChunk)), grid_merge(!(flags & kVarMergeKernel)) {}
 };
 
 /* Per head-dim kernel: stages in flight and CTAs per SM (registers are bounded for that many;
@@ -122,12 +126,15 @@ template <int KD> struct Shape {
   /* q, the stages, the warps' (m, l), the stages' mbarriers (bulk copies) */
   static constexpr size_t kSmem = 2 * ((size_t)kRows * kPitch + (size_t)kStages * 2 * kTile) +
                                   sizeof(float) * kWarps * kRows * 2 + sizeof(uint64_t) * kStages;
-  /* after the loop the tiles' space holds the warps' O (f32) and then the CTA's merged partial
-   * [kRows][m, l, O[KD]] that the other CTAs of a cluster read */
-  static constexpr size_t kOwFloats = (size_t)kWarps * kRows * KD;
-  static_assert(sizeof(float) * (kOwFloats + (size_t)kRows * (KD + kPartHead)) <=
+  /* after the loop the tiles' space holds the warps' O (f32, rows kOwPitch floats apart: 8 mod
+   * 32, so the 8 rows of a warp's store fall in distinct banks), then the CTA's merged partial
+   * [kRows][m, l, -, -, O[KD]] that the other CTAs of a cluster read, then the rows' weights
+   * [kRows][kWarps] and (M, L) [kRows] */
+  static constexpr int kOwPitch = KD + 8;
+  static constexpr size_t kOwFloats = (size_t)kWarps * kRows * kOwPitch;
+  static_assert(sizeof(float) * (kOwFloats + (size_t)kRows * (KD + kPartHead) + (size_t)kRows * (kWarps + 2)) <=
                     2 * (size_t)kStages * 2 * kTile,
-                "o_w and the partial fit");
+                "o_w, the partial and the weights fit");
 };
 
 template <typename T> __device__ __forceinline__ T from_float(float x);
@@ -161,18 +168,21 @@ __device__ __forceinline__ unsigned long long tl_now() {
   return t;
 }
 __device__ __forceinline__ void tl_store(unsigned long long (*ring)[kTlCtas][kTlEvents], int call,
-                                         const unsigned long long *tl) {
+                                         const unsigned long long *tl, long long cycles) {
   const int cta = (int)(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
   if (threadIdx.x != 0 || cta >= kTlCtas) return;
   unsigned smid;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
   unsigned long long *dst = ring[call % kTlCalls][cta];
-  for (int e = 0; e < kTlEvents - 1; ++e) dst[e] = tl[e];
+  for (int e = 0; e < kTlEvents - 2; ++e) dst[e] = tl[e];
+  dst[kTlEvents - 2] = (unsigned long long)cycles; /* SM clocks from start to exit: the clock rate */
   dst[kTlEvents - 1] = smid;
 }
-#define TL_DECLARE unsigned long long tl[kTlEvents] = {}
+#define TL_DECLARE                                                                                           \
+  unsigned long long tl[kTlEvents] = {};                                                                     \
+  const long long tl_clock0 = clock64()
 #define TL_STAMP(i) (tl[i] = tl_now())
-#define TL_STORE(ring) tl_store(ring, p.timeline_call, tl)
+#define TL_STORE(ring) tl_store(ring, p.timeline_call, tl, clock64() - tl_clock0)
 #else
 #define TL_DECLARE
 #define TL_STAMP(i) ((void)0)
@@ -505,12 +515,13 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
 
   TL_DECLARE;
   TL_STAMP(0); /* the CTA starts */
-  const bool wait_late = (p.variant & kVarWaitLate) != 0;
+  const bool wait_late = (p.variant & kVarWaitFirst) == 0;
   /* Launched as a programmatic dependent of whatever ran before on the stream (the previous
    * call's kernels, an append, or the caller's), so that its launch and the placement of its CTAs
    * overlap that kernel's tail: nothing in global memory is touched before that kernel has
    * finished and its writes are visible (q, K, V, the lengths and the table may be its outputs;
-   * out may be its input). Shared memory and the barriers may be set up before ("waitlate"). */
+   * out may be its input). Shared memory and the barriers are set up before the wait, in that
+   * kernel's shadow ("waitfirst": after). */
   if (!wait_late) griddep_wait();
   const int split = blockIdx.x, b = blockIdx.z;
   const int g = blockIdx.y / row_chunks, chunk = blockIdx.y % row_chunks;
@@ -616,9 +627,9 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
       }
     }
   };
-  if (p.variant & kVarTableAhead) {
+  if (!(p.variant & kVarTableByStage)) {
     /* the entries of every stage's rows requested at once, then the copies: one round trip to
-     * the table before the first copy instead of one per stage */
+     * the table before the first copy instead of one per stage ("tablebystage") */
     int ahead[kStages][kPasses] = {};
 #pragma unroll
     for (int s = 0; s < kStages; ++s) fetch_pages(s, ahead[s]);
@@ -751,13 +762,15 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
 #endif
   __syncthreads(); /* the tiles' space becomes o_w */
 
-  /* the warps' (m, l, O) to shared memory */
+  /* the warps' (m, l, O) to shared memory (O's rows kOwPitch floats apart: the 8 rows of a store
+   * in distinct banks) */
+  constexpr int kOwPitch = S::kOwPitch;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int r = (lane >> 2) + 8 * hf;
     const float lr = attn_cuda::quad_sum(l[hf]);
     if ((lane & 3) == 0) ml_s[(warp * kRows + r) * 2] = m[hf], ml_s[(warp * kRows + r) * 2 + 1] = lr;
-    float *orow = o_w + (warp * kRows + r) * KD + (lane & 3) * 2;
+    float *orow = o_w + (warp * kRows + r) * kOwPitch + (lane & 3) * 2;
 #pragma unroll
     for (int nt = 0; nt < KD / 8; ++nt)
       *reinterpret_cast<float2 *>(orow + nt * 8) = make_float2(oacc[0][nt][2 * hf], oacc[0][nt][2 * hf + 1]);
@@ -771,28 +784,71 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
   float *part = merge == kMergeNone      ? nullptr
                 : merge == kMergeCluster ? o_w + S::kOwFloats
                                          : p.partials + ((int64_t)item * p.splits + split) * kRows * stride;
-  for (int e = tid; e < nrows * (Dv + 1); e += kThreads) {
-    const int r = e / (Dv + 1), c = e % (Dv + 1);
-    float M = -INFINITY;
+  if (p.variant & kVarEpilogueFlat) {
+    /* every (row, column) element on its own, each thread redoing its row's weights */
+    for (int e = tid; e < nrows * (Dv + 1); e += kThreads) {
+      const int r = e / (Dv + 1), c = e % (Dv + 1);
+      float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, ml_s[(w * kRows + r) * 2]);
-    float L = 0.0f, O = 0.0f;
+      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, ml_s[(w * kRows + r) * 2]);
+      float L = 0.0f, O = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = ml_s[(w * kRows + r) * 2];
-      if (mw == -INFINITY) continue;
-      const float wt = __expf(mw - M);
-      L += wt * ml_s[(w * kRows + r) * 2 + 1];
-      if (c < Dv) O += wt * o_w[(w * kRows + r) * KD + c];
+      for (int w = 0; w < kWarps; ++w) {
+        const float mw = ml_s[(w * kRows + r) * 2];
+        if (mw == -INFINITY) continue;
+        const float wt = __expf(mw - M);
+        L += wt * ml_s[(w * kRows + r) * 2 + 1];
+        if (c < Dv) O += wt * o_w[(w * kRows + r) * kOwPitch + c];
+      }
+      if (merge == kMergeNone) {
+        int h, i;
+        row_head(p, g, first + r, h, i);
+        finish<T>(p, b, h, i, c, M, L, O);
+      } else if (c < Dv) {
+        part[r * stride + kPartHead + c] = O;
+      } else {
+        part[r * stride] = M, part[r * stride + 1] = L;
+      }
     }
-    if (merge == kMergeNone) {
-      int h, i;
-      row_head(p, g, first + r, h, i);
-      finish<T>(p, b, h, i, c, M, L, O);
-    } else if (c < Dv) {
-      part[r * stride + kPartHead + c] = O;
-    } else {
-      part[r * stride] = M, part[r * stride + 1] = L;
+  } else {
+    /* a row's weights once, by one thread: its maximum M over the warps, each warp's weight
+     * exp(m_w - M) (0 for a warp that saw no key of the row) and L; then each thread four columns
+     * of a row at a time (float4 loads and stores), the rows in passes. The same sums in the same
+     * order as the flat loop above. */
+    float *wt_s = o_w + S::kOwFloats + kRows * (KD + kPartHead); /* [kRows][kWarps] */
+    float2 *row_s = reinterpret_cast<float2 *>(wt_s + kRows * kWarps);  /* [kRows] (M, L) */
+    if (tid < nrows) {
+      float M = -INFINITY, L = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, ml_s[(w * kRows + tid) * 2]);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float mw = ml_s[(w * kRows + tid) * 2];
+        const float wt = mw == -INFINITY ? 0.0f : __expf(mw - M);
+        if (mw != -INFINITY) L += wt * ml_s[(w * kRows + tid) * 2 + 1];
+        wt_s[tid * kWarps + w] = wt;
+      }
+      row_s[tid] = make_float2(M, L);
+      if (merge != kMergeNone) part[tid * stride] = M, part[tid * stride + 1] = L;
+    }
+    __syncthreads();
+    const int quads = Dv / 4, per_pass = kThreads / quads, q4 = tid % quads; /* Dv <= 256: per_pass >= 2 */
+    for (int r = tid < per_pass * quads ? tid / quads : kRows; r < nrows; r += per_pass) {
+      float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        if (ml_s[(w * kRows + r) * 2] == -INFINITY) continue;
+        const float wt = wt_s[r * kWarps + w];
+        const float4 ow = *reinterpret_cast<const float4 *>(o_w + (w * kRows + r) * kOwPitch + 4 * q4);
+        O.x += wt * ow.x, O.y += wt * ow.y, O.z += wt * ow.z, O.w += wt * ow.w;
+      }
+      if (merge == kMergeNone) {
+        int h, i;
+        row_head(p, g, first + r, h, i);
+        finish_quad<T>(p, b, h, i, q4, row_s[r].x, row_s[r].y, O);
+      } else {
+        *reinterpret_cast<float4 *>(part + r * stride + kPartHead + 4 * q4) = O;
+      }
     }
   }
   TL_STAMP(4); /* the partial (or the result) is written */
