@@ -42,7 +42,7 @@ def time_us(fn):
         def run():
             for _ in range(GRAPH_CALLS):
                 fn()
-    # warm-up: replays for WARM_MS, so the GPU's clocks have risen (gpu/decode_bench.c does the same)
+    # warm-up: replays for WARM_MS, so the GPU's clocks have risen (as gpu/decode_bench.c does)
     spent = 0.0
     while spent < WARM_MS:
         e0 = torch.cuda.Event(enable_timing=True)
@@ -151,7 +151,8 @@ def main():
         if v in ("sinks", "softcap", "window4k", "tq4"):
             plain = best(("paged16", B, Tk), "cuda")
             if plain and cu:
-                extra = f" ({cu[2] / plain[2]:.2f}x paged16's time, {100 * cu[3] / plain[3]:.0f}% of its rate)"
+                extra = (f" ({cu[2] / plain[2]:.2f}x paged16's time, "
+                         f"{100 * cu[3] / plain[3]:.0f}% of its rate)")
         print(f"| {B}, {Tk} | {v} | {cell(cu)}{extra} | {cu[1] if cu else '-'} | "
               f"{cu[2] if cu else '-'} | {cell(dn)} | {tcell[0]} | {tcell[1]} |")
     if bad:

@@ -546,8 +546,8 @@ static attn_status fill_decode_params(const attn_run *run, attn_cuda_decode_para
 
 /* A splitkv plan's state: the decode kernel's data paths (ATTN_CUDA_DECODE), read once when the
  * plan is made rather than at every call. Other plans have none. */
-static attn_status cuda_plan_init(const attn_problem *problem, int32_t config, void **state, char *why,
-                                  size_t why_size) {
+static attn_status cuda_plan_init(const attn_problem *problem, int32_t config, void **state,
+                                  char *why, size_t why_size) {
   *state = NULL;
   if (!is_splitkv(problem, config)) return ATTN_STATUS_OK;
   int32_t *variant = malloc(sizeof *variant);

@@ -19,17 +19,19 @@
  *   - each warp owns 16 keys of a tile: S = Q K^T and O += P V on mma.sync (m16n8k16, f32
  *     accumulation, P rounded to the input type as in the main forward kernel), an online softmax
  *     per row in registers; the warps' (m, l, O) merge in shared memory in a fixed order;
- *   - with one split the CTA writes out and lse itself; otherwise each split writes its partial
- *     (m, l, unnormalised O) and a small kernel, one CTA per (sequence, KV head, row chunk),
- *     merges them through their maxima (the lse merge of flash-decoding), adds the sinks once,
- *     and writes out and lse.
- *     On sm_90, where 2 to 16 splits' CTAs all fit on the device at once, the splits of one
- *     (sequence, KV head, row chunk) are instead one thread-block cluster that merges them
- *     through distributed shared memory: no second kernel, no workspace round trip. Every sum
- *     runs in a fixed order, so the bits repeat;
+ *   - the warps' (m, l, O) are merged a row's weights at a time (one thread per row), then four
+ *     columns per thread; with one split the CTA writes out and lse itself; otherwise each split
+ *     writes its partial (m, l, unnormalised O) and the partials are merged through their maxima
+ *     (the lse merge of flash-decoding), the sinks added once, out and lse written:
+ *     on sm_90, where 2 to 16 splits' CTAs all fit on the device at once, by the splits of one
+ *     (sequence, KV head, row chunk) as one thread-block cluster, through distributed shared
+ *     memory (no workspace round trip); on sm_90 with more splits whose CTAs all fit at once, by
+ *     the split kernel itself, launched cooperatively, after a grid barrier (one CTA per row);
+ *     otherwise by a second kernel, one CTA per row. Every sum runs in a fixed order, so the bits
+ *     repeat;
  *   - on sm_90 the split kernel is a programmatic dependent of the stream's previous kernel (its
- *     launch overlaps that kernel's tail; it waits for it before touching memory), and the merge
- *     kernel one of the split kernel;
+ *     launch, and its shared memory and barriers' set-up, overlap that kernel's tail; it waits for
+ *     it before touching global memory), and the merge kernel one of the split kernel;
  *   - the key range of a sequence is the union of its rows' windows, so pages wholly outside a
  *     sliding window are never read; sequences of length 0 give out = 0, lse = -inf (or the
  *     sinks'); lengths and page numbers read from device memory are clamped to the tensors;
@@ -959,7 +961,10 @@ attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream
    * CTAs all fit on the device at once, one cluster per (sequence, KV head, row chunk) that merges
    * its splits itself. (H100, bench/RESULTS.md: B = 16, Tk = 2048, 2 splits in one wave: 60 us
    * against 67 us with the merge kernel; but 4 splits in two waves: 89 us against 71, since a
-   * cluster's CTAs hold their SMs until the slowest of them is done, and are placed together.) */
+   * cluster's CTAs hold their SMs until the slowest of them is done, and are placed together.)
+   * More splits in one wave merge in the split kernel after a grid barrier (below): on the H200
+   * at B = 1 as fast as the merge kernel (16.9 us at Tk = 8192), 2% faster with the per-element
+   * epilogue of before, and one kernel less per call. */
   const bool fits = (int64_t)grid.x * grid.y * grid.z <= resident_slots(p->device_index, KD);
   *merge = p->splits == 1 ? kMergeNone
            : variant.cluster && major >= 9 && fits &&

@@ -10,7 +10,8 @@
  * results (m, l, unnormalised O) go to the workspace and a second kernel merges them through their
  * maxima, adds the sinks, and writes out and lse (on sm_90 with at most 16 splits in one wave of
  * CTAs, the splits are one thread-block cluster that merges them itself, and the workspace goes
- * unused); with one, the CTA writes them itself and the workspace is empty.
+ * unused; with more splits in one wave, the split kernel is launched cooperatively and merges them
+ * itself after a grid barrier); with one, the CTA writes them itself and the workspace is empty.
  */
 #ifndef ATTN_IMPL_CUDA_CUDA_DECODE_H
 #define ATTN_IMPL_CUDA_CUDA_DECODE_H
