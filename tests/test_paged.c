@@ -22,7 +22,8 @@
  * is reported as skipped, and one cudnn refuses must be refused for a limit of cuDNN's that
  * src/impl/cudnn/cudnn.c documents (the reason names it), else the case fails.
  * ATTN_TEST_PAGED_ONLY=cuda (or cudnn) runs only that implementation's GPU cases and none on the
- * CPU (for compute-sanitizer).
+ * CPU (for compute-sanitizer); ATTN_TEST_PAGED_QUICK=1 then keeps cuda to its split cases under
+ * three of the decode kernel's data paths (ATTN_CUDA_DECODE), not every one and the grid.
  */
 #define _POSIX_C_SOURCE 200112L /* setenv */
 #include "testutil.h"
@@ -780,6 +781,7 @@ int main(void) {
   attn_ctx *ctx;
   if (attn_ctx_create(&ctx) != ATTN_STATUS_OK) return 2;
   const int cpu = getenv("ATTN_TEST_PAGED_ONLY") == NULL;
+  const int quick = getenv("ATTN_TEST_PAGED_QUICK") != NULL;
   if (cpu) test_validation(ctx);
   const char *impls[] = {"ref", "cpu"};
   for (int i = 0; cpu && i < 2; ++i) {
@@ -807,14 +809,24 @@ int main(void) {
   const attn_gpu_ops *gpu = attn_gpu();
   if (gpu != NULL && gpu->device_count(&gpus, why, sizeof why) == ATTN_STATUS_OK && gpus > 0) {
     if (gpu_impl_wanted("cuda")) {
-      test_grid(ctx, &rng, "cuda", ATTN_DEVICE_CUDA);
-      test_dense_decode(ctx, &rng, NULL, ATTN_DEVICE_CUDA);
+      if (!quick) {
+        test_grid(ctx, &rng, "cuda", ATTN_DEVICE_CUDA);
+        test_dense_decode(ctx, &rng, NULL, ATTN_DEVICE_CUDA);
+      }
       /* the decode kernel's data paths (ATTN_CUDA_DECODE, docs/DECODE.md): the default, then the
-       * others, each way of copying with each way of merging the splits */
+       * others, each way of copying with each way of merging the splits; the quick mode (for
+       * compute-sanitizer) only the default, the merge kernel and the old set-up and epilogue */
       const char *saved_decode = getenv("ATTN_CUDA_DECODE");
-      static const char *const decode_variants[] = {NULL, "cpasync", "cpasync,nocluster", "lateissue,nocluster",
-                                                    "mergechunk,nocluster"};
-      for (int i = 0; i < 5; ++i) {
+      static const char *const decode_variants[] = {NULL,
+                                                    "cpasync",
+                                                    "cpasync,nocluster",
+                                                    "lateissue,nocluster,mergekernel",
+                                                    "mergechunk,nocluster,mergekernel",
+                                                    "waitfirst,tablebystage,epilogueflat",
+                                                    "cpasync,nocluster,mergekernel,tablebystage,epilogueflat"};
+      const int n_variants = (int)(sizeof decode_variants / sizeof decode_variants[0]);
+      for (int i = 0; i < n_variants; ++i) {
+        if (quick && i != 0 && i != 3 && i != 5) continue;
         if (decode_variants[i] != NULL) setenv("ATTN_CUDA_DECODE", decode_variants[i], 1);
         printf("test_paged: GPU split cases with ATTN_CUDA_DECODE=%s\n",
                decode_variants[i] ? decode_variants[i] : saved_decode ? saved_decode : "(default)");

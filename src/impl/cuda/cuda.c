@@ -36,6 +36,7 @@
 #include "module/module.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Sizes are passed to the kernels as 32-bit ints; positions plus window offsets must not wrap. */
@@ -642,8 +643,27 @@ static attn_status fill_decode_params(const attn_run *run, attn_cuda_decode_para
     return ATTN_STATUS_INTERNAL;
   }
   k->partials = (float *)run->workspace;
+  k->variant = run->state != NULL ? *(const int32_t *)run->state : 0;
   return ATTN_STATUS_OK;
 }
+
+/* A splitkv plan's state: the decode kernel's data paths (ATTN_CUDA_DECODE), read once when the
+ * plan is made rather than at every call. Other plans have none. */
+static attn_status cuda_plan_init(const attn_problem *problem, int32_t config, void **state,
+                                  char *why, size_t why_size) {
+  *state = NULL;
+  if (!is_splitkv(problem, config)) return ATTN_STATUS_OK;
+  int32_t *variant = malloc(sizeof *variant);
+  if (variant == NULL) {
+    attn_format(why, why_size, "out of memory for the decode plan's state");
+    return ATTN_STATUS_OUT_OF_MEMORY;
+  }
+  *variant = (int32_t)attn_cuda_decode_variant();
+  *state = variant;
+  return ATTN_STATUS_OK;
+}
+
+static void cuda_plan_fini(void *state) { free(state); }
 
 static attn_status cuda_forward(const attn_run *run) {
   if (run->problem->dtype != ATTN_DTYPE_F8E4M3 && is_splitkv(run->problem, run->config)) {
@@ -677,8 +697,8 @@ const attn_impl attn_cuda_impl = {
     .config_name = cuda_config_name,
     .default_config = cuda_default_config,
     .workspace_size = cuda_workspace_size,
-    .plan_init = NULL,
-    .plan_fini = NULL,
+    .plan_init = cuda_plan_init,
+    .plan_fini = cuda_plan_fini,
     .forward = cuda_forward,
     .backward = cuda_backward,
     .config_deterministic = cuda_config_deterministic,

@@ -19,17 +19,19 @@
  *   - each warp owns 16 keys of a tile: S = Q K^T and O += P V on mma.sync (m16n8k16, f32
  *     accumulation, P rounded to the input type as in the main forward kernel), an online softmax
  *     per row in registers; the warps' (m, l, O) merge in shared memory in a fixed order;
- *   - with one split the CTA writes out and lse itself; otherwise each split writes its partial
- *     (m, l, unnormalised O) and a small kernel, one CTA per (sequence, KV head, row chunk),
- *     merges them through their maxima (the lse merge of flash-decoding), adds the sinks once,
- *     and writes out and lse.
- *     On sm_90, where 2 to 16 splits' CTAs all fit on the device at once, the splits of one
- *     (sequence, KV head, row chunk) are instead one thread-block cluster that merges them
- *     through distributed shared memory: no second kernel, no workspace round trip. Every sum
- *     runs in a fixed order, so the bits repeat;
+ *   - the warps' (m, l, O) are merged a row's weights at a time (one thread per row), then four
+ *     columns per thread; with one split the CTA writes out and lse itself; otherwise each split
+ *     writes its partial (m, l, unnormalised O) and the partials are merged through their maxima
+ *     (the lse merge of flash-decoding), the sinks added once, out and lse written:
+ *     on sm_90, where 2 to 16 splits' CTAs all fit on the device at once, by the splits of one
+ *     (sequence, KV head, row chunk) as one thread-block cluster, through distributed shared
+ *     memory (no workspace round trip); on sm_90 with more splits whose CTAs all fit at once, by
+ *     the split kernel itself, launched cooperatively, after a grid barrier (one CTA per row);
+ *     otherwise by a second kernel, one CTA per row. Every sum runs in a fixed order, so the bits
+ *     repeat;
  *   - on sm_90 the split kernel is a programmatic dependent of the stream's previous kernel (its
- *     launch overlaps that kernel's tail; it waits for it before touching memory), and the merge
- *     kernel one of the split kernel;
+ *     launch, and its shared memory and barriers' set-up, overlap that kernel's tail; it waits for
+ *     it before touching global memory), and the merge kernel one of the split kernel;
  *   - the key range of a sequence is the union of its rows' windows, so pages wholly outside a
  *     sliding window are never read; sequences of length 0 give out = 0, lse = -inf (or the
  *     sinks'); lengths and page numbers read from device memory are clamped to the tensors;
@@ -74,29 +76,45 @@ constexpr int kPartHead = 4;
 constexpr int kMergeBatch = 16;
 
 /* How the kernels move data, for measuring the choices side by side (ATTN_CUDA_DECODE, a comma-
- * separated list read at each call; docs/DECODE.md has the measurements). The defaults are the
- * fastest; sm_90's paths apply only where the kernel was compiled for sm_90 and runs on it. */
-struct Variant {
-  bool bulk = true;        /* K/V rows by cp.async.bulk, one row per thread and tile, the copy
-                              engine gathering the pages ("cpasync": 16-byte cp.async) */
-  bool early_issue = true; /* bulk: a tile's copies issued before waiting for the tile to be used,
-                              so a CTA has all its stages in flight from the start ("lateissue") */
-  bool cluster = true;     /* 2-16 splits in one wave: merged in a thread-block cluster
-                              ("nocluster": the merge kernel) */
-  bool wide_merge = true;  /* the merge kernel: one CTA per row, its threads over columns and
-                              splits ("mergechunk": one CTA per row chunk, over columns, which
-                              serialises a chunk's 16 rows: Tq = 4 at B = 1 took 1.3-1.7x) */
+ * separated list of the tokens below, read when a plan is made: attn_cuda_decode_variant; the flags
+ * travel in attn_cuda_decode_params.variant; docs/DECODE.md has the measurements). 0 is the
+ * defaults, the fastest measured; sm_90's paths apply only where the kernel was compiled for sm_90
+ * and runs on it. */
+enum VariantFlag : int {
+  kVarCpAsync = 1 << 0,      /* "cpasync": 16-byte cp.async instead of cp.async.bulk rows */
+  kVarLateIssue = 1 << 1,    /* "lateissue": bulk copies of a tile issued after the current one is
+                                awaited, not before */
+  kVarNoCluster = 1 << 2,    /* "nocluster": the merge kernel (or the grid's merge) where a cluster
+                                would merge */
+  kVarMergeChunk = 1 << 3,   /* "mergechunk": the merge kernel with one CTA per row chunk, over
+                                columns (serialises a chunk's 16 rows: Tq = 4 at B = 1 took
+                                1.3-1.7x), instead of one per row over columns and splits */
+  kVarWaitFirst = 1 << 4,    /* "waitfirst": the split kernel waits for the previous kernel before
+                                setting up its shared memory and barriers, not after */
+  kVarMergeKernel = 1 << 5,  /* "mergekernel": the merge kernel where the split CTAs fit at once
+                                and would merge their own splits after a grid barrier */
+  kVarTableByStage = 1 << 6, /* "tablebystage": a stage's block-table entries read just before its
+                                copies, stage after stage, not all the first stages' at once */
+  kVarEpilogueFlat = 1 << 7, /* "epilogueflat": the split's warps merged element by element, each
+                                thread redoing its row's weights, not a row's weights once and
+                                four columns per thread */
 };
-Variant variant_from_env() {
-  Variant v;
-  const char *e = getenv("ATTN_CUDA_DECODE");
-  if (e == nullptr) return v;
-  if (strstr(e, "cpasync") != nullptr) v.bulk = false;
-  if (strstr(e, "lateissue") != nullptr) v.early_issue = false;
-  if (strstr(e, "nocluster") != nullptr) v.cluster = false;
-  if (strstr(e, "mergechunk") != nullptr) v.wide_merge = false;
-  return v;
-}
+struct VariantToken {
+  const char *name;
+  int flag;
+};
+constexpr VariantToken kVariantTokens[] = {
+    {"cpasync", kVarCpAsync},           {"lateissue", kVarLateIssue},       {"nocluster", kVarNoCluster},
+    {"mergechunk", kVarMergeChunk},     {"waitfirst", kVarWaitFirst},       {"mergekernel", kVarMergeKernel},
+    {"tablebystage", kVarTableByStage}, {"epilogueflat", kVarEpilogueFlat},
+};
+
+struct Variant {
+  bool bulk, early_issue, cluster, wide_merge, grid_merge;
+  explicit Variant(int flags)
+      : bulk(!(flags & kVarCpAsync)), early_issue(!(flags & kVarLateIssue)), cluster(!(flags & kVarNoCluster)),
+        wide_merge(!(flags & kVarMergeChunk)), grid_merge(!(flags & kVarMergeKernel)) {}
+};
 
 /* Per head-dim kernel: stages in flight and CTAs per SM (registers are bounded for that many;
  * shared memory allows it on sm_90: 2 x 107 KiB at KD = 128, so up to 6 tiles of 32 KiB requested
@@ -110,12 +128,15 @@ template <int KD> struct Shape {
   /* q, the stages, the warps' (m, l), the stages' mbarriers (bulk copies) */
   static constexpr size_t kSmem = 2 * ((size_t)kRows * kPitch + (size_t)kStages * 2 * kTile) +
                                   sizeof(float) * kWarps * kRows * 2 + sizeof(uint64_t) * kStages;
-  /* after the loop the tiles' space holds the warps' O (f32) and then the CTA's merged partial
-   * [kRows][m, l, O[KD]] that the other CTAs of a cluster read */
-  static constexpr size_t kOwFloats = (size_t)kWarps * kRows * KD;
-  static_assert(sizeof(float) * (kOwFloats + (size_t)kRows * (KD + kPartHead)) <=
+  /* after the loop the tiles' space holds the warps' O (f32, rows kOwPitch floats apart: 8 mod
+   * 32, so the 8 rows of a warp's store fall in distinct banks), then the CTA's merged partial
+   * [kRows][m, l, -, -, O[KD]] that the other CTAs of a cluster read, then the rows' weights
+   * [kRows][kWarps] and (M, L) [kRows] */
+  static constexpr int kOwPitch = KD + 8;
+  static constexpr size_t kOwFloats = (size_t)kWarps * kRows * kOwPitch;
+  static_assert(sizeof(float) * (kOwFloats + (size_t)kRows * (KD + kPartHead) + (size_t)kRows * (kWarps + 2)) <=
                     2 * (size_t)kStages * 2 * kTile,
-                "o_w and the partial fit");
+                "o_w, the partial and the weights fit");
 };
 
 template <typename T> __device__ __forceinline__ T from_float(float x);
@@ -127,6 +148,48 @@ template <> __device__ __forceinline__ __half from_float<__half>(float x) { retu
 template <int N> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+
+/* Waits for the grid this one is a programmatic dependent of (sm_90; elsewhere kernels are
+ * ordered by the stream and this does nothing). */
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+#ifdef ATTN_CUDA_DECODE_TIMELINE
+/* dev/cuda/decode_timeline.cu: each CTA's thread 0 stamps %globaltimer at its events and stores
+ * them, with its SM, in a ring of kTlCalls calls (params.timeline_call picks the slot), for the
+ * CTAs' timeline of a call. Never in the library's build. */
+constexpr int kTlCalls = 32, kTlCtas = 2048, kTlEvents = 8;
+__device__ unsigned long long g_tl_split[kTlCalls][kTlCtas][kTlEvents];
+__device__ unsigned long long g_tl_merge[kTlCalls][kTlCtas][kTlEvents];
+__device__ __forceinline__ unsigned long long tl_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void tl_store(unsigned long long (*ring)[kTlCtas][kTlEvents], int call,
+                                         const unsigned long long *tl, long long cycles) {
+  const int cta = (int)(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+  if (threadIdx.x != 0 || cta >= kTlCtas) return;
+  unsigned smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  unsigned long long *dst = ring[call % kTlCalls][cta];
+  for (int e = 0; e < kTlEvents - 2; ++e) dst[e] = tl[e];
+  dst[kTlEvents - 2] = (unsigned long long)cycles; /* SM clocks from start to exit: the clock rate */
+  dst[kTlEvents - 1] = smid;
+}
+#define TL_DECLARE                                                                                           \
+  unsigned long long tl[kTlEvents] = {};                                                                     \
+  const long long tl_clock0 = clock64()
+#define TL_STAMP(i) (tl[i] = tl_now())
+#define TL_STORE(ring) tl_store(ring, p.timeline_call, tl, clock64() - tl_clock0)
+#else
+#define TL_DECLARE
+#define TL_STAMP(i) ((void)0)
+#define TL_STORE(ring) ((void)0)
+#endif
 
 /* Keys of sequence b: the cache plus the appended rows (paged), else seqlen_k; clamped to the
  * tensors (device memory the plan could not check). */
@@ -362,11 +425,72 @@ __device__ __forceinline__ void merge_splits(const attn_cuda_decode_params &p, i
   }
 }
 
+/* Merges the splits of row r of work item `item` with the kThreads threads of the calling CTA: they
+ * form `groups` groups of Dv / 4, each thread four columns, group k taking splits k, k + groups,
+ * ... (at Dv = 128, 64 splits in one round of loads); then group 0 combines the groups' (m, l, O)
+ * from shared memory (o_s: kThreads float4, [group][quad]; ml_s: kThreads float2, [group]) in
+ * group order (the same bits each run). Every thread of the CTA must call it (a barrier inside). */
+template <typename T>
+__device__ __forceinline__ void merge_row_wide(const attn_cuda_decode_params &p, int item, int row_chunks, int r,
+                                               float4 *o_s, float2 *ml_s) {
+  const int g = item / row_chunks % p.heads_kv, chunk = item % row_chunks, b = item / (row_chunks * p.heads_kv);
+  const int quads = p.dv / 4, groups = kThreads / quads; /* Dv <= 256: groups >= 2 */
+  const int q4 = (int)threadIdx.x % quads, gi = (int)threadIdx.x / quads;
+  const int stride = p.dv + kPartHead;
+  const int64_t sstride = (int64_t)kRows * stride;
+  if (gi < groups) {
+    float M = -INFINITY, L = 0.0f;
+    float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    merge_partials(p.partials + (int64_t)item * p.splits * sstride + (int64_t)r * stride, sstride, gi, groups,
+                   p.splits, q4, M, L, O);
+    o_s[gi * quads + q4] = O;
+    if (q4 == 0) ml_s[gi] = make_float2(M, L);
+  }
+  __syncthreads();
+  if (gi != 0) return;
+  float M = -INFINITY, L = 0.0f;
+  float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int k = 0; k < groups; ++k) M = fmaxf(M, ml_s[k].x);
+  for (int k = 0; k < groups; ++k) {
+    if (ml_s[k].x == -INFINITY) continue; /* a group without a seen key */
+    const float w = __expf(ml_s[k].x - M);
+    const float4 ok = o_s[k * quads + q4];
+    L += w * ml_s[k].y;
+    O.x += w * ok.x, O.y += w * ok.y, O.z += w * ok.z, O.w += w * ok.w;
+  }
+  int h, i;
+  row_head(p, g, chunk * kRows + r, h, i);
+  finish_quad<T>(p, b, h, i, q4, M, L, O);
+}
+
+
+/* The rows of the split kernel's work items, merged by the CTAs of a cooperative grid once every
+ * split's partial is in the workspace (kMergeGrid): a grid barrier, then CTA c merges rows c,
+ * c + CTAs, ... (merge_row_wide: the same sums in the same order as the merge kernel's). No second
+ * kernel: its launch, its wait for this grid and the gap before the next call's kernel go. */
+template <typename T>
+__device__ __forceinline__ void merge_grid(const attn_cuda_decode_params &p, int row_chunks, float4 *o_s,
+                                           float2 *ml_s) {
+  namespace cg = cooperative_groups;
+  cg::this_grid().sync(); /* every partial written and visible */
+  const int ctas = (int)(gridDim.x * gridDim.y * gridDim.z);
+  const int cta = (int)(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+  const int rows = p.batch * p.heads_kv * row_chunks * kRows;
+  for (int w = cta; w < rows; w += ctas) {
+    const int item = w / kRows, r = w % kRows;
+    if (r >= min(kRows, p.group * p.seqlen_q - item % row_chunks * kRows)) continue; /* no such row */
+    merge_row_wide<T>(p, item, row_chunks, r, o_s, ml_s);
+    __syncthreads(); /* o_s and ml_s free for the next row */
+  }
+}
+
 /* How the split kernel's splits are merged: */
 enum Merge {
   kMergeNone = 0,    /* one split: it writes out and lse itself */
   kMergeKernel = 1,  /* partials to the workspace, merge_kernel after */
   kMergeCluster = 2, /* the grid's x dimension (the splits) is a cluster: distributed shared memory */
+  kMergeGrid = 3,    /* partials to the workspace, then (a cooperative launch) a grid barrier and
+                        the CTAs merge the rows between them: merge_grid */
 };
 
 /* One (key split, KV head x row chunk, sequence): grid (splits, Hkv * row_chunks, B). kBulk: K and
@@ -391,28 +515,21 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
   const uint32_t bars = attn_cuda::smem_u32(ml_s + kWarps * kRows * 2); /* [kStages] mbarriers */
   float *o_w = reinterpret_cast<float *>(kv_s);                      /* after the loop: [kWarps][kRows][KD] */
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  /* launched as a programmatic dependent of whatever ran before on the stream (the previous
+  TL_DECLARE;
+  TL_STAMP(0); /* the CTA starts */
+  const bool wait_late = (p.variant & kVarWaitFirst) == 0;
+  /* Launched as a programmatic dependent of whatever ran before on the stream (the previous
    * call's kernels, an append, or the caller's), so that its launch and the placement of its CTAs
-   * overlap that kernel's tail: nothing in memory is touched before that kernel has finished and
-   * its writes are visible (q, K and V may be its outputs; out may be its input) */
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+   * overlap that kernel's tail: nothing in global memory is touched before that kernel has
+   * finished and its writes are visible (q, K, V, the lengths and the table may be its outputs;
+   * out may be its input). Shared memory and the barriers are set up before the wait, in that
+   * kernel's shadow ("waitfirst": after). */
+  if (!wait_late) griddep_wait();
   const int split = blockIdx.x, b = blockIdx.z;
   const int g = blockIdx.y / row_chunks, chunk = blockIdx.y % row_chunks;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int D = p.d, Dv = p.dv, Tq = p.seqlen_q;
   const int first = chunk * kRows, nrows = min(kRows, p.group * Tq - first);
-
-  /* the keys the rows can see (the union of their windows), this split's part in whole tiles */
-  const int len = seq_len(p, b);
-  const int o = p.align_bottom_right ? len - Tq : 0;
-  const int lo = p.window_left >= 0 ? min(len, max(0, o - p.window_left)) : 0;
-  int hi = p.window_right >= 0 ? min(len, max(0, o + Tq + p.window_right)) : len;
-  if (hi < lo) hi = lo;
-  const int per = ((hi - lo + p.splits - 1) / p.splits + kBN - 1) / kBN * kBN;
-  const int k0 = min(hi, lo + split * per), k1 = min(hi, k0 + per);
-  const int ntiles = (k1 - k0 + kBN - 1) / kBN;
 
   /* columns past D or Dv are never copied: they must hold zeros (finite products) */
   if (D < KD || Dv < KD) {
@@ -428,6 +545,18 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
   }
 #endif
   if (kBulk || D < KD || Dv < KD) __syncthreads();
+  if (wait_late) griddep_wait();
+  TL_STAMP(1); /* the previous kernel is done */
+
+  /* the keys the rows can see (the union of their windows), this split's part in whole tiles */
+  const int len = seq_len(p, b);
+  const int o = p.align_bottom_right ? len - Tq : 0;
+  const int lo = p.window_left >= 0 ? min(len, max(0, o - p.window_left)) : 0;
+  int hi = p.window_right >= 0 ? min(len, max(0, o + Tq + p.window_right)) : len;
+  if (hi < lo) hi = lo;
+  const int per = ((hi - lo + p.splits - 1) / p.splits + kBN - 1) / kBN * kBN;
+  const int k0 = min(hi, lo + split * per), k1 = min(hi, k0 + per);
+  const int ntiles = (k1 - k0 + kBN - 1) / kBN;
 
   /* this thread copies column chunk `col` of rows r0, r0 + kStep, ... (cp.async) or, bulk, row r0
    * of K (threads 0-63) or V */
@@ -455,16 +584,16 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
    * row kStep before when both share a page made each read wait for the previous one to land,
    * and cost paged 16 and 64 13% on the H100.) */
   const PageOf po(p.page_size > 0 ? p.page_size : 1);
-  int pages[kPasses];
-  auto fetch_pages = [&](int t) {
+  int pages[kPasses] = {}; /* the next tile to issue's */
+  auto fetch_pages = [&](int t, int(&pg)[kPasses]) {
     if (p.block_table == nullptr) return;
 #pragma unroll
     for (int it = 0; it < kPasses; ++it) {
       const int j = k0 + t * kBN + r0 + it * kStep;
-      pages[it] = j < k1 ? page_of(p, po, b, j) : 0;
+      pg[it] = j < k1 ? page_of(p, po, b, j) : 0;
     }
   };
-  auto load_tile = [&](int t, int stage) {
+  auto load_tile = [&](int t, int stage, const int(&pg)[kPasses]) {
     T *ks = kv_s + stage * 2 * kTile, *vs = ks + kTile;
     const int base = k0 + t * kBN;
     if constexpr (kBulk) {
@@ -476,7 +605,7 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
       T *dst = (is_k ? ks : vs) + r0 * kPitch;
       if (j < k1) {
         int64_t koff, voff;
-        key_offsets(p, po, b, j, g, pages[0], koff, voff);
+        key_offsets(p, po, b, j, g, pg[0], koff, voff);
         attn_cuda::bulk_load(attn_cuda::smem_u32(dst), is_k ? kp + koff : vp + voff,
                              (uint32_t)((is_k ? D : Dv) * sizeof(T)), bar);
       } else { /* past the split: zeros (a probability of 0 times stale V could be NaN) */
@@ -494,18 +623,33 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
         const int r = r0 + it * kStep, j = base + r;
         const bool ok = j < k1; /* rows past the split are zero-filled, never read */
         int64_t koff = 0, voff = 0;
-        if (ok) key_offsets(p, po, b, j, g, pages[it], koff, voff);
+        if (ok) key_offsets(p, po, b, j, g, pg[it], koff, voff);
         if (col < D) attn_cuda::cp_async16(ks + r * kPitch + col, kp + koff + col, ok);
         if (col < Dv) attn_cuda::cp_async16(vs + r * kPitch + col, vp + voff + col, ok);
       }
     }
   };
+  if (!(p.variant & kVarTableByStage)) {
+    /* the entries of every stage's rows requested at once, then the copies: one round trip to
+     * the table before the first copy instead of one per stage ("tablebystage") */
+    int ahead[kStages][kPasses] = {};
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < ntiles) fetch_pages(s), load_tile(s, s);
-    if constexpr (!kBulk) attn_cuda::cp_async_commit();
+    for (int s = 0; s < kStages; ++s) fetch_pages(s, ahead[s]);
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < ntiles) load_tile(s, s, ahead[s]);
+      if constexpr (!kBulk) attn_cuda::cp_async_commit();
+    }
+#pragma unroll
+    for (int it = 0; it < kPasses; ++it) pages[it] = ahead[kStages - 1][it];
+  } else {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < ntiles) fetch_pages(s, pages), load_tile(s, s, pages);
+      if constexpr (!kBulk) attn_cuda::cp_async_commit();
+    }
+    fetch_pages(kStages - 1, pages);
   }
-  fetch_pages(kStages - 1);
   if constexpr (kBulk) attn_cuda::cp_async_wait_all(); /* q (the tiles complete on their barriers) */
 
   /* the two rows of this lane's C fragments (lane / 4 and lane / 4 + 8): diagonal and slope */
@@ -537,22 +681,24 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
        * one barrier before their tile is used. */
       if (early_issue) {
         __syncthreads(); /* tile t - 1's stage is free */
-        if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1, (t + kStages - 1) % kStages);
+        if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1, (t + kStages - 1) % kStages, pages);
       }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
       attn_cuda::mbar_wait(bars + 8 * (t % kStages), (uint32_t)(t / kStages) & 1u); /* tile t landed */
 #endif
+      if (t == 0) TL_STAMP(2);
       if (!early_issue) {
         __syncthreads();
-        if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1, (t + kStages - 1) % kStages);
+        if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1, (t + kStages - 1) % kStages, pages);
       }
     } else {
       cp_async_wait<kStages - 2>(); /* tile t (and q) landed for this thread's copies */
       __syncthreads();              /* ... for everyone's; and tile t - 1's stage is free again */
-      if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1, (t + kStages - 1) % kStages);
+      if (t == 0) TL_STAMP(2);
+      if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1, (t + kStages - 1) % kStages, pages);
       attn_cuda::cp_async_commit();
     }
-    if (t + kStages < ntiles) fetch_pages(t + kStages); /* its loads land during this tile */
+    if (t + kStages < ntiles) fetch_pages(t + kStages, pages); /* its loads land during this tile */
 
     const T *ks = kv_s + (t % kStages) * 2 * kTile, *vs = ks + kTile;
     /* S = Q K^T for this warp's 16 keys */
@@ -610,6 +756,7 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
     attn_cuda::mma_ab_regs<T, 1, KD, kPitchB>(oacc, fa, vb, (Dv + 15) / 16);
   }
   if constexpr (!kBulk) attn_cuda::cp_async_wait_all();
+  TL_STAMP(3); /* the last tile is done */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   /* the merge kernel (launched as a programmatic dependent) may be scheduled now: its launch
    * overlaps these epilogues, and it waits for this grid's results before reading them */
@@ -617,13 +764,15 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
 #endif
   __syncthreads(); /* the tiles' space becomes o_w */
 
-  /* the warps' (m, l, O) to shared memory */
+  /* the warps' (m, l, O) to shared memory (O's rows kOwPitch floats apart: the 8 rows of a store
+   * in distinct banks) */
+  constexpr int kOwPitch = S::kOwPitch;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int r = (lane >> 2) + 8 * hf;
     const float lr = attn_cuda::quad_sum(l[hf]);
     if ((lane & 3) == 0) ml_s[(warp * kRows + r) * 2] = m[hf], ml_s[(warp * kRows + r) * 2 + 1] = lr;
-    float *orow = o_w + (warp * kRows + r) * KD + (lane & 3) * 2;
+    float *orow = o_w + (warp * kRows + r) * kOwPitch + (lane & 3) * 2;
 #pragma unroll
     for (int nt = 0; nt < KD / 8; ++nt)
       *reinterpret_cast<float2 *>(orow + nt * 8) = make_float2(oacc[0][nt][2 * hf], oacc[0][nt][2 * hf + 1]);
@@ -637,69 +786,79 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
   float *part = merge == kMergeNone      ? nullptr
                 : merge == kMergeCluster ? o_w + S::kOwFloats
                                          : p.partials + ((int64_t)item * p.splits + split) * kRows * stride;
-  for (int e = tid; e < nrows * (Dv + 1); e += kThreads) {
-    const int r = e / (Dv + 1), c = e % (Dv + 1);
-    float M = -INFINITY;
+  if (p.variant & kVarEpilogueFlat) {
+    /* every (row, column) element on its own, each thread redoing its row's weights */
+    for (int e = tid; e < nrows * (Dv + 1); e += kThreads) {
+      const int r = e / (Dv + 1), c = e % (Dv + 1);
+      float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, ml_s[(w * kRows + r) * 2]);
-    float L = 0.0f, O = 0.0f;
+      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, ml_s[(w * kRows + r) * 2]);
+      float L = 0.0f, O = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = ml_s[(w * kRows + r) * 2];
-      if (mw == -INFINITY) continue;
-      const float wt = __expf(mw - M);
-      L += wt * ml_s[(w * kRows + r) * 2 + 1];
-      if (c < Dv) O += wt * o_w[(w * kRows + r) * KD + c];
+      for (int w = 0; w < kWarps; ++w) {
+        const float mw = ml_s[(w * kRows + r) * 2];
+        if (mw == -INFINITY) continue;
+        const float wt = __expf(mw - M);
+        L += wt * ml_s[(w * kRows + r) * 2 + 1];
+        if (c < Dv) O += wt * o_w[(w * kRows + r) * kOwPitch + c];
+      }
+      if (merge == kMergeNone) {
+        int h, i;
+        row_head(p, g, first + r, h, i);
+        finish<T>(p, b, h, i, c, M, L, O);
+      } else if (c < Dv) {
+        part[r * stride + kPartHead + c] = O;
+      } else {
+        part[r * stride] = M, part[r * stride + 1] = L;
+      }
     }
-    if (merge == kMergeNone) {
-      int h, i;
-      row_head(p, g, first + r, h, i);
-      finish<T>(p, b, h, i, c, M, L, O);
-    } else if (c < Dv) {
-      part[r * stride + kPartHead + c] = O;
-    } else {
-      part[r * stride] = M, part[r * stride + 1] = L;
+  } else {
+    /* a row's weights once, by one thread: its maximum M over the warps, each warp's weight
+     * exp(m_w - M) (0 for a warp that saw no key of the row) and L; then each thread four columns
+     * of a row at a time (float4 loads and stores), the rows in passes. The same sums in the same
+     * order as the flat loop above. */
+    float *wt_s = o_w + S::kOwFloats + kRows * (KD + kPartHead); /* [kRows][kWarps] */
+    float2 *row_s = reinterpret_cast<float2 *>(wt_s + kRows * kWarps);  /* [kRows] (M, L) */
+    if (tid < nrows) {
+      float M = -INFINITY, L = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, ml_s[(w * kRows + tid) * 2]);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float mw = ml_s[(w * kRows + tid) * 2];
+        const float wt = mw == -INFINITY ? 0.0f : __expf(mw - M);
+        if (mw != -INFINITY) L += wt * ml_s[(w * kRows + tid) * 2 + 1];
+        wt_s[tid * kWarps + w] = wt;
+      }
+      row_s[tid] = make_float2(M, L);
+      if (merge != kMergeNone) part[tid * stride] = M, part[tid * stride + 1] = L;
+    }
+    __syncthreads();
+    const int quads = Dv / 4, per_pass = kThreads / quads, q4 = tid % quads; /* Dv <= 256: per_pass >= 2 */
+    for (int r = tid < per_pass * quads ? tid / quads : kRows; r < nrows; r += per_pass) {
+      float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        if (ml_s[(w * kRows + r) * 2] == -INFINITY) continue;
+        const float wt = wt_s[r * kWarps + w];
+        const float4 ow = *reinterpret_cast<const float4 *>(o_w + (w * kRows + r) * kOwPitch + 4 * q4);
+        O.x += wt * ow.x, O.y += wt * ow.y, O.z += wt * ow.z, O.w += wt * ow.w;
+      }
+      if (merge == kMergeNone) {
+        int h, i;
+        row_head(p, g, first + r, h, i);
+        finish_quad<T>(p, b, h, i, q4, row_s[r].x, row_s[r].y, O);
+      } else {
+        *reinterpret_cast<float4 *>(part + r * stride + kPartHead + 4 * q4) = O;
+      }
     }
   }
+  TL_STAMP(4); /* the partial (or the result) is written */
   if (merge == kMergeCluster) merge_cluster<T>(p, b, g, first, nrows, part);
-}
-
-/* Merges the splits of row r of work item `item` with the kThreads threads of the calling CTA: they
- * form `groups` groups of Dv / 4, each thread four columns, group k taking splits k, k + groups,
- * ... (at Dv = 128, 64 splits in one round of loads); then group 0 combines the groups' (m, l, O)
- * from shared memory in group order (the same bits each run). */
-template <typename T>
-__device__ __forceinline__ void merge_row_wide(const attn_cuda_decode_params &p, int item, int row_chunks, int r) {
-  __shared__ float4 o_s[kThreads];  /* [group][quad] */
-  __shared__ float2 ml_s[kThreads]; /* [group] */
-  const int g = item / row_chunks % p.heads_kv, chunk = item % row_chunks, b = item / (row_chunks * p.heads_kv);
-  const int quads = p.dv / 4, groups = kThreads / quads; /* Dv <= 256: groups >= 2 */
-  const int q4 = (int)threadIdx.x % quads, gi = (int)threadIdx.x / quads;
-  const int stride = p.dv + kPartHead;
-  const int64_t sstride = (int64_t)kRows * stride;
-  if (gi < groups) {
-    float M = -INFINITY, L = 0.0f;
-    float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    merge_partials(p.partials + (int64_t)item * p.splits * sstride + (int64_t)r * stride, sstride, gi, groups,
-                   p.splits, q4, M, L, O);
-    o_s[gi * quads + q4] = O;
-    if (q4 == 0) ml_s[gi] = make_float2(M, L);
-  }
-  __syncthreads();
-  if (gi != 0) return;
-  float M = -INFINITY, L = 0.0f;
-  float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int k = 0; k < groups; ++k) M = fmaxf(M, ml_s[k].x);
-  for (int k = 0; k < groups; ++k) {
-    if (ml_s[k].x == -INFINITY) continue; /* a group without a seen key */
-    const float w = __expf(ml_s[k].x - M);
-    const float4 ok = o_s[k * quads + q4];
-    L += w * ml_s[k].y;
-    O.x += w * ok.x, O.y += w * ok.y, O.z += w * ok.z, O.w += w * ok.w;
-  }
-  int h, i;
-  row_head(p, g, chunk * kRows + r, h, i);
-  finish_quad<T>(p, b, h, i, q4, M, L, O);
+  if (merge == kMergeGrid) merge_grid<T>(p, row_chunks, reinterpret_cast<float4 *>(o_w),
+                                         reinterpret_cast<float2 *>(o_w) + 2 * kThreads);
+  TL_STAMP(5);
+  TL_STORE(g_tl_split);
 }
 
 /* Merges the splits: grid (B * Hkv * row_chunks) of one CTA per work item, or (wide) (B * Hkv *
@@ -707,16 +866,23 @@ __device__ __forceinline__ void merge_row_wide(const attn_cuda_decode_params &p,
  * kernel has finished (programmatic dependent launch) and waits for its results first. */
 template <typename T>
 __global__ void __launch_bounds__(kThreads) merge_kernel(const attn_cuda_decode_params p, int row_chunks, int wide) {
+  __shared__ float4 o_s[kThreads]; /* merge_row_wide's */
+  __shared__ float2 ml_s[kThreads];
   const int item = (int)blockIdx.x, r = (int)blockIdx.y;
   if (wide && r >= min(kRows, p.group * p.seqlen_q - item % row_chunks * kRows)) return; /* no row: no wait */
+  TL_DECLARE;
+  TL_STAMP(0);
+  griddep_wait();
+  TL_STAMP(1);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   /* the next kernel (a programmatic dependent: the next call's split kernel) may be placed now;
    * it waits for this grid to finish before it reads or writes anything */
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-  if (wide) merge_row_wide<T>(p, item, row_chunks, r);
+  if (wide) merge_row_wide<T>(p, item, row_chunks, r, o_s, ml_s);
   else merge_splits<T>(p, item, row_chunks);
+  TL_STAMP(2);
+  TL_STORE(g_tl_merge);
 }
 
 /* The kernel dim of a problem: the smallest of 64, 128, 256 that holds D and Dv. */
@@ -795,7 +961,10 @@ attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream
    * CTAs all fit on the device at once, one cluster per (sequence, KV head, row chunk) that merges
    * its splits itself. (H100, bench/RESULTS.md: B = 16, Tk = 2048, 2 splits in one wave: 60 us
    * against 67 us with the merge kernel; but 4 splits in two waves: 89 us against 71, since a
-   * cluster's CTAs hold their SMs until the slowest of them is done, and are placed together.) */
+   * cluster's CTAs hold their SMs until the slowest of them is done, and are placed together.)
+   * More splits in one wave merge in the split kernel after a grid barrier (below): on the H200
+   * at B = 1 as fast as the merge kernel (16.9 us at Tk = 8192), 2% faster with the per-element
+   * epilogue of before, and one kernel less per call. */
   const bool fits = (int64_t)grid.x * grid.y * grid.z <= resident_slots(p->device_index, KD);
   *merge = p->splits == 1 ? kMergeNone
            : variant.cluster && major >= 9 && fits &&
@@ -812,6 +981,20 @@ attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream
     attr[1].id = cudaLaunchAttributeClusterDimension;
     attr[1].val.clusterDim.x = (unsigned)p->splits, attr[1].val.clusterDim.y = 1, attr[1].val.clusterDim.z = 1;
     cfg.attrs = attr, cfg.numAttrs = *merge == kMergeCluster ? 2 : 1;
+    if (*merge == kMergeKernel && variant.grid_merge && fits) {
+      /* one cooperative grid that merges its own splits (a refused launch, e.g. cooperative with
+       * a programmatic dependency, changes nothing: the merge kernel then runs as before) */
+      attr[1].id = cudaLaunchAttributeCooperative;
+      attr[1].val.cooperative = 1;
+      cfg.numAttrs = 2;
+      if (cudaLaunchKernelEx(&cfg, split_kernel<T, KD, kBulk>, *p, row_chunks, (int)kMergeGrid,
+                             variant.early_issue ? 1 : 0) == cudaSuccess) {
+        *merge = kMergeGrid;
+        return ATTN_STATUS_OK;
+      }
+      (void)cudaGetLastError();
+      cfg.numAttrs = 1;
+    }
     ATTN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, split_kernel<T, KD, kBulk>, *p, row_chunks, (int)*merge,
                                        variant.early_issue ? 1 : 0));
     return ATTN_STATUS_OK;
@@ -863,7 +1046,7 @@ attn_status launch(const attn_cuda_decode_params *p, cudaStream_t stream, char *
   ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p->device_index));
   const dim3 grid(p->splits, p->heads_kv * row_chunks, p->batch);
   const int kd = kernel_dim(p->d, p->dv);
-  const Variant variant = variant_from_env();
+  const Variant variant(p->variant);
   Merge merge = kMergeNone;
   attn_status st =
       kd == 64    ? launch_split_dim<T, 64>(p, grid, stream, row_chunks, major, variant, &merge, why, why_size)
@@ -888,6 +1071,20 @@ attn_status launch(const attn_cuda_decode_params *p, cudaStream_t stream, char *
 }
 
 } // namespace attn_cuda_decode
+
+extern "C" int attn_cuda_decode_variant(void) {
+  using namespace attn_cuda_decode;
+  const char *e = getenv("ATTN_CUDA_DECODE");
+  int flags = 0;
+  while (e != nullptr && *e != '\0') { /* whole tokens only: "nocluster" is not "cluster" */
+    const char *end = strchr(e, ',');
+    const size_t n = end != nullptr ? (size_t)(end - e) : strlen(e);
+    for (const VariantToken &t : kVariantTokens)
+      if (strlen(t.name) == n && strncmp(e, t.name, n) == 0) flags |= t.flag;
+    e = end != nullptr ? end + 1 : nullptr;
+  }
+  return flags;
+}
 
 extern "C" int attn_cuda_decode_row_chunks(int group, int seqlen_q) {
   return (group * seqlen_q + ATTN_CUDA_DECODE_ROWS - 1) / ATTN_CUDA_DECODE_ROWS;

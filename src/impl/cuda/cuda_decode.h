@@ -10,7 +10,8 @@
  * results (m, l, unnormalised O) go to the workspace and a second kernel merges them through their
  * maxima, adds the sinks, and writes out and lse (on sm_90 with at most 16 splits in one wave of
  * CTAs, the splits are one thread-block cluster that merges them itself, and the workspace goes
- * unused); with one, the CTA writes them itself and the workspace is empty.
+ * unused; with more splits in one wave, the split kernel is launched cooperatively and merges them
+ * itself after a grid barrier); with one, the CTA writes them itself and the workspace is empty.
  */
 #ifndef ATTN_IMPL_CUDA_CUDA_DECODE_H
 #define ATTN_IMPL_CUDA_CUDA_DECODE_H
@@ -63,7 +64,16 @@ typedef struct attn_cuda_decode_params {
 
   int32_t splits;     /* key splits per (sequence, KV head, row chunk) */
   float *partials;    /* workspace: attn_cuda_decode_workspace bytes */
+  int32_t variant;    /* the data paths: attn_cuda_decode_variant()'s flags (0: the defaults) */
+#ifdef ATTN_CUDA_DECODE_TIMELINE
+  int32_t timeline_call; /* dev/cuda/decode_timeline.cu: the call's slot in the stamps' ring */
+#endif
 } attn_cuda_decode_params;
+
+/* The data paths ATTN_CUDA_DECODE asks for (a comma-separated list of tokens, docs/DECODE.md), as
+ * the flags of attn_cuda_decode_params.variant: read when a plan is made (cuda.c's plan_init), not
+ * at each call; 0 when it is unset. */
+int attn_cuda_decode_variant(void);
 
 /* Row chunks per KV head: ceil(group * Tq / ATTN_CUDA_DECODE_ROWS). */
 int attn_cuda_decode_row_chunks(int group, int seqlen_q);
