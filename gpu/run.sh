@@ -27,14 +27,17 @@
 #             and the sm90 backward (v2); reports in /tmp/ncu_{fwd,bwd,fwd90,bwd90}.ncu-rep
 #   bench     cuda: gpu/cuda_bench through gpu/cuda_bench.py (vs PyTorch's flash, cuDNN and
 #             efficient SDPA); cudnn: gpu/bench_cudnn and gpu/bench_torch.py joined by gpu/report.py
-#   sanitize  compute-sanitizer on the quick suite: memcheck, racecheck and synccheck for cuda,
-#             memcheck for cudnn (racecheck on cuDNN's own kernels would be slow and nothing we
-#             could fix); memcheck on test_paged's GPU cases of each implementation
+#   sanitize  compute-sanitizer on the quick suite: memcheck, racecheck and synccheck for cuda
+#             (test_cuda's quick suite, then test_fp8_cuda), memcheck for cudnn (racecheck on
+#             cuDNN's own kernels would be slow and nothing we could fix); memcheck on
+#             test_paged's quick GPU cases of each implementation
 # Environment: GOLDEN, the golden cases (default ../shared/golden when it exists, else ./.golden,
 # both from the current folder); OUT, the logs (default /tmp/gpu_out); BENCH_REPS, timed calls per
 # shape of gpu/cuda_bench (default 20); LAB_PROGRAMS, the lab's programs to build and run (default
 # "fwd_tiles bwd_tiles fwd_hopper bwd_hopper fwd_hopper_fp8"); CUDA_GENCODE, the -gencode flags of the cuda kernels when
-# only this GPU's are wanted (e.g. "-gencode=arch=compute_90,code=sm_90": half the build time).
+# only this GPU's are wanted (e.g. "-gencode=arch=compute_90,code=sm_90": half the build time);
+# SANITIZE_KERNELS, a kernel-name substring (e.g. fwd90) that limits test_cuda's sanitizers to
+# those kernels, to check one family within the call's time.
 #
 # Logs: $OUT/env.txt, $OUT/build.log, $OUT/test_paged.log, and per implementation $OUT/cuda/
 # (test.log, lab.log, lab_build.log, ncu_{fwd,bwd,fwd90,bwd90}_sass.csv, bench.md,
@@ -342,19 +345,29 @@ if step sanitize; then
       # cuDNN's own kernels (nothing we could fix), so they look at libattn's kernels only
       only_ours=()
       if [ "$tool" != memcheck ]; then only_ours=(--kernel-name-exclude kns=cudnn); fi
+      if [ -n "${SANITIZE_KERNELS:-}" ]; then only_ours+=(--kernel-name "kns=$SANITIZE_KERNELS"); fi
       timeout "$(limit 300)" env "$quick=1" ATTN_TEST_SEED=1 compute-sanitizer --tool "$tool" "${only_ours[@]}" \
         --error-exitcode 9 "$BUILD/tests/test_$i" >"$log" 2>&1
       rc=$?
       echo "compute-sanitizer $tool rc=$rc in $((SECONDS - t0)) s:" \
         "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1); $(grep -E ' passed, ' "$log" | tail -1)"
       grep -E "^FAIL|^FATAL|Invalid" "$log" | head -10
+      if [ "$i" = cuda ] && built "$BUILD/tests/test_fp8_cuda"; then # the sm90 fp8 kernel's own test
+        t0=$SECONDS
+        log="$OUT/cuda/sanitizer_${tool}_fp8.log"
+        timeout "$(limit 200)" env ATTN_TEST_SEED=1 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+          "$BUILD/tests/test_fp8_cuda" >"$log" 2>&1
+        echo "compute-sanitizer $tool test_fp8_cuda rc=$? in $((SECONDS - t0)) s:" \
+          "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1); $(grep -E ' passed, ' "$log" | tail -1)"
+        grep -E "^FAIL|^FATAL|Invalid" "$log" | head -10
+      fi
     done
   done
   for i in $impls; do # test_paged's GPU cases of each implementation (ATTN_TEST_PAGED_ONLY)
     built "$BUILD/tests/test_paged" || break
     t0=$SECONDS
     log="$OUT/$i/sanitizer_memcheck_paged.log"
-    timeout "$(limit 200)" env ATTN_TEST_PAGED_ONLY="$i" compute-sanitizer --tool memcheck --error-exitcode 9 \
+    timeout "$(limit 200)" env ATTN_TEST_PAGED_ONLY="$i" ATTN_TEST_PAGED_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
       "$BUILD/tests/test_paged" >"$log" 2>&1
     echo "compute-sanitizer memcheck test_paged ($i) rc=$? in $((SECONDS - t0)) s: $(grep 'ERROR SUMMARY' "$log" | tail -1); $(tail -1 "$log")"
     grep -E "^FAIL|^FATAL|Invalid" "$log" | head -10
