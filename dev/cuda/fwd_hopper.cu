@@ -531,6 +531,41 @@ template <typename C> void bench(const char *tag, int causal) {
          tag, D, T_, causal, C::kBM, C::kBN, C::kStages, ms, flops / ms * 1e-9, ms80, flops / ms80 * 1e-9, ms80 / ms);
 }
 
+/* The one-CTA-per-tile grid (O) against the persistent scheduler (N, its copy with kPersistent) on
+ * bf16, B * T = 16384, Hq * D = 2048, at each T of the issue's range, causal and not, plain and
+ * with a sliding window of 2048 keys (its TFLOPS over the scores it sees); N is checked against
+ * the sm_80 kernel on each shape first. One line per shape: both kernels, N / O, and with a
+ * window N's ratio to N's plain speed on the same T and band (the issue's >= 0.9x). */
+template <typename O, typename N> void bench_sched(const char *tag) {
+  using T = typename O::T;
+  const int D = O::kD, H = 2048 / D;
+  for (int T_ : {512, 2048, 8192})
+    for (int causal = 0; causal < 2; ++causal) {
+      double tf_plain = 0;
+      for (int window : {0, 2048}) {
+        const int B = 16384 / T_, wl = window > 0 ? window : -1, wr = causal ? 0 : wl;
+        const Problem s{B, T_, T_, H, H, D, wl, wr, 0};
+        check<N, void>(tag, s, 7);
+        Buffers<T> bu(s, 7);
+        attn_cuda_params p = bu.p;
+        p.out = bu.o;
+        double pairs = 0; /* visible (query, key) pairs of one head */
+        for (int i = 0; i < T_; ++i)
+          pairs += std::min(T_ - 1, wr < 0 ? T_ - 1 : i + wr) - std::max(0, wl < 0 ? 0 : i - wl) + 1;
+        const double flops = 4.0 * B * H * pairs * D;
+        const float ms_old = median_ms([&] { run90<O, void>(p); });
+        const float ms_new = median_ms([&] { run90<N, void>(p); });
+        const double tf_old = flops / ms_old * 1e-9, tf_new = flops / ms_new * 1e-9;
+        if (window == 0) tf_plain = tf_new;
+        printf("lab fwd90 sched %s D=%d T=%d causal=%d window=%d: grid %.3f ms %.1f TFLOPS, persistent %.3f ms %.1f "
+               "TFLOPS: %.2fx grid",
+               tag, D, T_, causal, window, ms_old, tf_old, ms_new, tf_new, ms_old / ms_new);
+        if (window > 0) printf(", %.2fx persistent plain", tf_new / tf_plain);
+        printf("\n");
+      }
+    }
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "ncu") == 0) { /* one shape, for Nsight Compute: D = 128 non-causal */
     bench<FwdCfg90<bf, 128, 128, 2, true>>("v2", 0);
@@ -544,6 +579,42 @@ int main(int argc, char **argv) {
   }
   unsigned seed = argc > 1 ? (unsigned)atoi(argv[1]) : 1234u;
   printf("seed %u\n", seed);
+  if (argc > 2 && strcmp(argv[2], "sched") == 0) { /* v10: the persistent scheduler, checked, then timed */
+    using sm90::kCapFused;
+    using G64 = FwdCfg90<bf, 64, 128, 3, true, 3, kCapFused, 0, true>; /* the library's before */
+    using N64 = FwdCfg90<bf, 64, 128, 3, true, 3, kCapFused, 0, true, true>;
+    using N64h = FwdCfg90<hf, 64, 128, 3, true, 3, kCapFused, 0, true, true>;
+    using NA64 = FwdCfg90<bf, 64, 128, 3, true, 2, kCapFused, 0, false, true>; /* its cap / ALiBi kernel */
+    using NA64h = FwdCfg90<hf, 64, 128, 3, true, 2, kCapFused, 0, false, true>;
+    using G128 = FwdCfg90<bf, 128, 128, 2, true>;
+    using N128 = FwdCfg90<bf, 128, 128, 2, true, 2, kCapFused, 0, false, true>;
+    using N128h = FwdCfg90<hf, 128, 128, 2, true, 2, kCapFused, 0, false, true>;
+    using G256 = FwdCfg90<bf, 256, 64, 2, true>;
+    using N256 = FwdCfg90<bf, 256, 64, 2, true, 2, kCapFused, 0, false, true>;
+    using N256h = FwdCfg90<hf, 256, 64, 2, true, 2, kCapFused, 0, false, true>;
+    using F64 = FwdCfg90<bf, 64, 128, 3, true, 2>;
+    using F64h = FwdCfg90<hf, 64, 128, 3, true, 2>;
+    feature_checks<N64, F64, NA64>("v10", seed);
+    feature_checks<N128, G128, N128>("v10", seed);
+    feature_checks<N256, G256, N256>("v10", seed);
+    feature_checks<N64h, F64h, NA64h>("v10", seed);
+    feature_checks<N128h, FwdCfg90<hf, 128, 128, 2, true>, N128h>("v10", seed);
+    feature_checks<N256h, FwdCfg90<hf, 256, 64, 2, true>, N256h>("v10", seed);
+    checks<N64>("v10", seed);
+    checks<N128h>("v10", seed);
+    bench_sched<G64, N64>("v10");
+    bench_sched<G128, N128>("v10");
+    bench_sched<G256, N256>("v10");
+    Feat cap; /* the cap / ALiBi kernel, persistent, against the persistent plain one */
+    cap.softcap = 30.f, cap.name = "softcap 30";
+    for (int c = 0; c < 2; ++c) {
+      bench_feature<NA64, void, N64>(cap, c, "v10");
+      bench_feature<N128, void, N128>(cap, c, "v10");
+      bench_feature<N256, void, N256>(cap, c, "v10");
+    }
+    printf("lab fwd90: %d failed checks\n", failures);
+    return failures != 0;
+  }
   using V1_128 = FwdCfg90<bf, 128, 128, 2, false>;
   using V2_128 = FwdCfg90<bf, 128, 128, 2, true>;
   using V1_64 = FwdCfg90<bf, 64, 128, 3, false>;

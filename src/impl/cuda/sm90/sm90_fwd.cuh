@@ -22,6 +22,16 @@
  * the softmax of S(n+1) while the second product runs (FlashAttention-3's intra-warpgroup
  * pipelining); the output is rescaled only after that product has landed.
  *
+ * With kPersistent (lab v10) the grid is one CTA per SM, each taking tiles (a query block of one
+ * (batch, head)) blockIdx.x, blockIdx.x + gridDim.x, ... in tile_of's order: the longest first
+ * under a causal band, within sections of heads whose K and V fit half the L2. The K / V stages'
+ * and Q's mbarrier phases run on across tiles, and Q has an "empty" barrier too, at which the
+ * consumers arrive once a tile's last S has landed: the producer loads the next tile's first K,
+ * its Q and its V while the consumers finish the last P V and store O, so a short tile's
+ * prologue (Q, the first K) and epilogue no longer stand between two tiles' products, and no CTA
+ * is launched per tile. The epilogue still stores O from registers (not through shared memory
+ * and the copy engine).
+ *
  * Features (SPEC.md steps 1-5) take one of three instantiations (Fwd90Mode, chosen by fwd90_mode):
  * the plain kernel takes the band, the sinks (they seed each row's running max and sum before the
  * first key block, once per row) and varlen (sequences addressed by their first rows when packed,
@@ -176,12 +186,12 @@ enum CapForm : int {
   kCapFused = 2,  /* the cap folded into the softmax (cap_softmax): 3 ops, 8.5 instructions a score */
 };
 template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_, int kCWG_ = 2, int kCap_ = kCapFused,
-          int kExpFmaEvery_ = 0, bool kPingPong_ = false>
+          int kExpFmaEvery_ = 0, bool kPingPong_ = false, bool kPersistent_ = false>
 struct FwdCfg90 {
   using T = T_;
   static constexpr int kD = kD_, kBN = kBN_, kStages = kStages_, kCWG = kCWG_;
   static constexpr int kCap = kCap_, kExpFmaEvery = kExpFmaEvery_;
-  static constexpr bool kOverlap = kOverlap_, kPingPong = kPingPong_ && kOverlap_;
+  static constexpr bool kOverlap = kOverlap_, kPingPong = kPingPong_ && kOverlap_, kPersistent = kPersistent_;
   /* whether 8-key group g (of kBN / 8) takes the FMA pipe, one in every N (0: none) */
   __host__ __device__ static constexpr bool on_fma(int every, int g) {
     return every > 0 && g % (every > 0 ? every : 1) == every - 1;
@@ -190,7 +200,7 @@ struct FwdCfg90 {
   static constexpr int kProducerRegs = 24, kConsumerRegs = (65536 / 128 - kProducerRegs) / kCWG / 8 * 8;
   static constexpr uint32_t kQBytes = kBM * kD * 2, kKVBytes = kBN * kD * 2;
   /* Q, K and V buffers, the barriers, and 1024 bytes to align the base for the swizzle */
-  static constexpr uint32_t kSmem = 1024 + kQBytes + 2 * kStages * kKVBytes + 8 * (1 + 4 * kStages);
+  static constexpr uint32_t kSmem = 1024 + kQBytes + 2 * kStages * kKVBytes + 8 * (2 + 4 * kStages);
   static_assert(kD % 64 == 0 && kBN % 16 == 0 && kBN <= 256 && kBM <= 256, "tile shape");
 };
 
@@ -204,32 +214,73 @@ enum Fwd90Mode : int {
   kModeGeneric = 2,  /* every per-element function, by visible() and logit() on every block */
 };
 
+/* The tiles of a persistent launch (FwdCfg90::kPersistent): every (query block, batch, query
+ * head) of the problem, numbered so that the CTAs, taking tiles blockIdx.x, + gridDim.x, ..., start
+ * the longest first (tile_of). Set by launch_fwd90. */
+struct Tiles90 {
+  int count;    /* m_blocks * batch * heads */
+  int m_blocks; /* query blocks of kBM rows of one (batch, head) */
+  int heads;    /* query heads */
+  int section;  /* (batch, head) pairs of a section: as many as half the L2 holds the K and V of */
+};
+
+/* Tile t of a persistent launch, as (batch, head, first row): sections of ts.section (batch, head)
+ * pairs one after the other, so that the CTAs at work share the K and V of a few heads in L2 (the
+ * one-CTA-per-tile grid does so by running a head's query blocks side by side); within a section
+ * the last query blocks first, its pairs innermost: under a causal band (either alignment) they see
+ * the most keys, so the short tiles fill the tail. */
+struct Tile90 {
+  int b, h, m0;
+};
+__device__ __forceinline__ Tile90 tile_of(const Tiles90 &ts, int t, int kBM) {
+  const int per_section = ts.m_blocks * ts.section, sec = t / per_section, r = t - sec * per_section;
+  const int width = min(ts.section, ts.count / ts.m_blocks - sec * ts.section); /* the last one may be narrower */
+  const int bh = sec * ts.section + r % width;
+  return {bh / ts.heads, bh % ts.heads, (ts.m_blocks - 1 - r / width) * kBM};
+}
+
 template <typename C, int kMode>
 __global__ void __launch_bounds__(C::kThreads, 1)
     fwd90_kernel(const __grid_constant__ attn_cuda_params p, const __grid_constant__ CUtensorMap tq,
-                 const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
+                 const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, const Tiles90 ts) {
   using T = typename C::T;
   constexpr int kD = C::kD, kBN = C::kBN, kBM = C::kBM, kStages = C::kStages;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t sQ = (smem_u32(smem_raw) + 1023) & ~1023u;
   const uint32_t sK = sQ + C::kQBytes, sV = sK + kStages * C::kKVBytes, bars = sV + kStages * C::kKVBytes;
-  /* barriers: Q; then per stage K full, V full, K empty, V empty */
-  const uint32_t bar_q = bars;
+  /* barriers: Q full; then per stage K full, V full, K empty, V empty; then Q empty */
+  const uint32_t bar_q = bars, empty_q = bars + 8 * (1 + 4 * kStages);
   auto full_k = [&](int s) { return bars + 8 * (1 + s); };
   auto full_v = [&](int s) { return bars + 8 * (1 + kStages + s); };
   auto empty_k = [&](int s) { return bars + 8 * (1 + 2 * kStages + s); };
   auto empty_v = [&](int s) { return bars + 8 * (1 + 3 * kStages + s); };
 
   const int tid = threadIdx.x, lane = tid & 31, wg = tid / 128;
-  /* the last query blocks first: under a causal band they see the most keys */
-  const int b = blockIdx.z, h = blockIdx.y, m0 = (gridDim.x - 1 - blockIdx.x) * kBM;
-  const Seq sq = seq_of(p, b);
-  if (m0 >= sq.len_q) return;
-  const Head hd = head_of(p, sq, b, h);
-  const int m_last = min(m0 + kBM, sq.len_q) - 1;
-  int n_lo, n_hi, f_lo, f_hi;
-  key_block_range(p, hd, m0, m_last, kBN, n_lo, n_hi);
-  full_block_range(p, hd, m0, m_last, kBN, n_lo, n_hi, f_lo, f_hi);
+  /* The CTA's tiles: its grid position's one, or with kPersistent tiles blockIdx.x, + gridDim.x,
+   * ... of ts. The producer and the consumers walk them alike; the K / V stages' and Q's mbarrier
+   * phases run on across tiles, so the producer loads the next tile while the consumers finish
+   * this one. */
+  const int t_first = C::kPersistent ? (int)blockIdx.x : 0, t_step = C::kPersistent ? (int)gridDim.x : 1;
+  const int t_end = C::kPersistent ? ts.count : 1;
+  int b, h, m0, n_lo, n_hi, f_lo, f_hi;
+  Seq sq;
+  Head hd;
+  /* Sets the geometry of tile t; false when it has no rows (past a varlen sequence's end). */
+  auto tile = [&](int t) {
+    if constexpr (C::kPersistent) {
+      const Tile90 w = tile_of(ts, t, kBM);
+      b = w.b, h = w.h, m0 = w.m0;
+    } else { /* the last query blocks first: under a causal band they see the most keys */
+      b = blockIdx.z, h = blockIdx.y, m0 = (gridDim.x - 1 - blockIdx.x) * kBM;
+    }
+    sq = seq_of(p, b);
+    if (m0 >= sq.len_q) return false;
+    hd = head_of(p, sq, b, h);
+    const int m_last = min(m0 + kBM, sq.len_q) - 1;
+    key_block_range(p, hd, m0, m_last, kBN, n_lo, n_hi);
+    full_block_range(p, hd, m0, m_last, kBN, n_lo, n_hi, f_lo, f_hi);
+    return true;
+  };
 
   if (tid == 0) {
     mbar_init(bar_q, 1);
@@ -237,6 +288,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       mbar_init(full_k(s), 1), mbar_init(full_v(s), 1);
       mbar_init(empty_k(s), 4 * C::kCWG), mbar_init(empty_v(s), 4 * C::kCWG); /* one per consumer warp */
     }
+    mbar_init(empty_q, 4 * C::kCWG);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -244,21 +296,33 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   if (wg == 0) { /* producer */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
     if (tid == 0) {
-      mbar_expect_tx(bar_q, C::kQBytes);
-      const MapOrigin org = map_origin(p, sq, b);
-      const int k_row0 = org.k_row0, mb = org.batch;
-      for (int c = 0; c < C::kPanels; ++c) tma_load(sQ + c * kBM * 128, &tq, bar_q, c * 64, h, org.q_row0 + m0, mb);
-      for (int i = 0, n = n_lo; n < n_hi; ++i, ++n) {
-        const int s = i % kStages;
-        const uint32_t ph = (i / kStages) & 1;
-        mbar_wait(empty_k(s), ph ^ 1);
-        mbar_expect_tx(full_k(s), C::kKVBytes);
-        for (int c = 0; c < C::kPanels; ++c)
-          tma_load(sK + s * C::kKVBytes + c * kBN * 128, &tk, full_k(s), c * 64, hd.g, k_row0 + n * kBN, mb);
-        mbar_wait(empty_v(s), ph ^ 1);
-        mbar_expect_tx(full_v(s), C::kKVBytes);
-        for (int c = 0; c < C::kPanels; ++c)
-          tma_load(sV + s * C::kKVBytes + c * kBN * 128, &tv, full_v(s), c * 64, hd.g, k_row0 + n * kBN, mb);
+      int it = 0; /* key blocks loaded so far, over the tiles: the stage and its phase */
+      for (int t = t_first, j = 0; t < t_end; t += t_step) {
+        if (!tile(t)) continue;
+        const MapOrigin org = map_origin(p, sq, b);
+        const int k_row0 = org.k_row0, mb = org.batch;
+        /* Q of the j-th tile, once the consumers are done with the one before (after its last S:
+         * its last P V and its epilogue still run) */
+        auto load_q = [&]() {
+          if (j > 0) mbar_wait(empty_q, (j - 1) & 1);
+          mbar_expect_tx(bar_q, C::kQBytes);
+          for (int c = 0; c < C::kPanels; ++c) tma_load(sQ + c * kBM * 128, &tq, bar_q, c * 64, h, org.q_row0 + m0, mb);
+        };
+        if (n_lo >= n_hi) load_q();
+        for (int i = 0, n = n_lo; n < n_hi; ++i, ++n, ++it) {
+          const int s = it % kStages;
+          const uint32_t ph = (it / kStages) & 1;
+          mbar_wait(empty_k(s), ph ^ 1);
+          mbar_expect_tx(full_k(s), C::kKVBytes);
+          for (int c = 0; c < C::kPanels; ++c)
+            tma_load(sK + s * C::kKVBytes + c * kBN * 128, &tk, full_k(s), c * 64, hd.g, k_row0 + n * kBN, mb);
+          if (i == 0) load_q(); /* after the first K, whose buffer is freed a block earlier than Q */
+          mbar_wait(empty_v(s), ph ^ 1);
+          mbar_expect_tx(full_v(s), C::kKVBytes);
+          for (int c = 0; c < C::kPanels; ++c)
+            tma_load(sV + s * C::kKVBytes + c * kBN * 128, &tv, full_v(s), c * 64, hd.g, k_row0 + n * kBN, mb);
+        }
+        ++j;
       }
     }
   } else { /* consumers: 64 rows each, 16 per warp */
@@ -270,311 +334,321 @@ __global__ void __launch_bounds__(C::kThreads, 1)
      * capped and the generic logits are already scaled log2 units */
     const bool logits_log2 = kMode == kModeGeneric || (kMode == kModeCapAlibi && p.softcap > 0.f);
     const float mult = logits_log2 ? 1.f : p.scale * kLog2e;
+    int it = 0; /* key blocks consumed so far, over the tiles: the stage and its phase */
+    for (int t = t_first, j = 0; t < t_end; t += t_step) {
+      if (!tile(t)) continue;
 
-    float o[1][kD / 8][4]; /* wgmma's accumulator layout is store_rows' [m-tile][8 columns][4] */
-    float(&oacc)[kD / 2] = reinterpret_cast<float(&)[kD / 2]>(o);
+      float o[1][kD / 8][4]; /* wgmma's accumulator layout is store_rows' [m-tile][8 columns][4] */
+      float(&oacc)[kD / 2] = reinterpret_cast<float(&)[kD / 2]>(o);
 #pragma unroll
-    for (int i = 0; i < kD / 2; ++i) oacc[i] = 0.f;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
-    /* Steps 4-5: the sinks are the rows' first logits, counted once: every thread of a quad starts
-     * from their max, only the first adds their sum (the quad's sums are added at the end). */
-    if (p.num_sinks > 0) {
-      float mx, sum;
-      sink_stats(p, h, mx, sum);
-      row_max[0] = row_max[1] = mx;
-      row_sum[0] = row_sum[1] = (lane & 3) == 0 ? sum : 0.f;
-    }
-    float sacc[kBN / 2];
-    uint32_t pa[kBN / 16][4];
-
-    /* S = Q K(s)^T into sacc (issued, not waited for) */
-    auto issue_s = [&](int s) {
-      const uint32_t q = sQ + cw * 64 * 128, k = sK + s * C::kKVBytes;
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) { /* 16 columns: panel kk / 4, 32 bytes into its rows */
-        const uint32_t col = (kk % 4) * 32;
-        Wgmma<T, kBN>::ss(sacc, smem_desc(q + (kk / 4) * kBM * 128 + col, 16, 1024),
-                          smem_desc(k + (kk / 4) * kBN * 128 + col, 16, 1024), kk > 0);
+      for (int i = 0; i < kD / 2; ++i) oacc[i] = 0.f;
+      float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+      /* Steps 4-5: the sinks are the rows' first logits, counted once: every thread of a quad starts
+       * from their max, only the first adds their sum (the quad's sums are added at the end). */
+      if (p.num_sinks > 0) {
+        float mx, sum;
+        sink_stats(p, h, mx, sum);
+        row_max[0] = row_max[1] = mx;
+        row_sum[0] = row_sum[1] = (lane & 3) == 0 ? sum : 0.f;
       }
-    };
-    /* O += P V(s), P from pa (issued, not waited for) */
-    auto issue_pv = [&](int s) {
-      const uint32_t v = sV + s * C::kKVBytes;
+      float sacc[kBN / 2];
+      uint32_t pa[kBN / 16][4];
+
+      /* S = Q K(s)^T into sacc (issued, not waited for) */
+      auto issue_s = [&](int s) {
+        const uint32_t q = sQ + cw * 64 * 128, k = sK + s * C::kKVBytes;
 #pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) Wgmma<T, kD>::rs(oacc, pa[kk], smem_desc(v + kk * 16 * 128, kBN * 128, 1024), 1);
-    };
-    /* Steps 1-3 of the generic kernel on key block n: S becomes log2-unit logits, -inf where not
-     * visible, by the sm_80 kernel's per-element function. */
-    auto logits = [&](int n) {
-      const int i0 = m0 + row0, j0 = n * kBN + (lane & 3) * 2;
-#pragma unroll
-      for (int jj = 0; jj < kBN / 8; ++jj)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = i0 + (e >> 1) * 8, j = j0 + jj * 8 + (e & 1);
-          float &x = sacc[4 * jj + e], t;
-          x = visible(p, hd, i, j) ? logit(p, hd, i, j, x, &t) * kLog2e : -INFINITY;
+        for (int kk = 0; kk < kD / 16; ++kk) { /* 16 columns: panel kk / 4, 32 bytes into its rows */
+          const uint32_t col = (kk % 4) * 32;
+          Wgmma<T, kBN>::ss(sacc, smem_desc(q + (kk / 4) * kBM * 128 + col, 16, 1024),
+                            smem_desc(k + (kk / 4) * kBN * 128 + col, 16, 1024), kk > 0);
         }
-    };
-    /* Steps 1-2 of the cap / ALiBi kernel on key block n, every score alike (the band's edges are
-     * masked after): ALiBi's -slope |i + o - j| in dot-product units (divided by the scale, which
-     * fwd90_mode makes positive), |i + o - j| being this row's i + o - j0 less a constant of the
-     * element (exact in f32 below 2^24); then the soft cap, which yields log2-unit logits. */
-    const bool has_alibi = kMode == kModeCapAlibi && p.alibi != nullptr;
-    const float alibi_step = has_alibi ? -p.alibi[b * p.alibi_b + h * p.alibi_h] / p.scale : 0.f;
-    auto add_alibi = [&](int n) {
-      if (has_alibi) {
-        const float d0 = (float)(m0 + row0 + hd.o - n * kBN - (lane & 3) * 2);
+      };
+      /* O += P V(s), P from pa (issued, not waited for) */
+      auto issue_pv = [&](int s) {
+        const uint32_t v = sV + s * C::kKVBytes;
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk) Wgmma<T, kD>::rs(oacc, pa[kk], smem_desc(v + kk * 16 * 128, kBN * 128, 1024), 1);
+      };
+      /* Steps 1-3 of the generic kernel on key block n: S becomes log2-unit logits, -inf where not
+       * visible, by the sm_80 kernel's per-element function. */
+      auto logits = [&](int n) {
+        const int i0 = m0 + row0, j0 = n * kBN + (lane & 3) * 2;
 #pragma unroll
         for (int jj = 0; jj < kBN / 8; ++jj)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            sacc[4 * jj + e] =
-                fmaf(alibi_step, fabsf(d0 + (float)((e >> 1) * 8 - jj * 8 - (e & 1))), sacc[4 * jj + e]);
-      }
-    };
-    auto cap_alibi = [&](int n) {
-      add_alibi(n);
-      if (p.softcap > 0.f) {
+          for (int e = 0; e < 4; ++e) {
+            const int i = i0 + (e >> 1) * 8, j = j0 + jj * 8 + (e & 1);
+            float &x = sacc[4 * jj + e], t;
+            x = visible(p, hd, i, j) ? logit(p, hd, i, j, x, &t) * kLog2e : -INFINITY;
+          }
+      };
+      /* Steps 1-2 of the cap / ALiBi kernel on key block n, every score alike (the band's edges are
+       * masked after): ALiBi's -slope |i + o - j| in dot-product units (divided by the scale, which
+       * fwd90_mode makes positive), |i + o - j| being this row's i + o - j0 less a constant of the
+       * element (exact in f32 below 2^24); then the soft cap, which yields log2-unit logits. */
+      const bool has_alibi = kMode == kModeCapAlibi && p.alibi != nullptr;
+      const float alibi_step = has_alibi ? -p.alibi[b * p.alibi_b + h * p.alibi_h] / p.scale : 0.f;
+      auto add_alibi = [&](int n) {
+        if (has_alibi) {
+          const float d0 = (float)(m0 + row0 + hd.o - n * kBN - (lane & 3) * 2);
+#pragma unroll
+          for (int jj = 0; jj < kBN / 8; ++jj)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              sacc[4 * jj + e] =
+                  fmaf(alibi_step, fabsf(d0 + (float)((e >> 1) * 8 - jj * 8 - (e & 1))), sacc[4 * jj + e]);
+        }
+      };
+      auto cap_alibi = [&](int n) {
+        add_alibi(n);
+        if (p.softcap > 0.f) {
+          const SoftCap cap(p);
+#pragma unroll
+          for (int k = 0; k < kBN / 2; ++k)
+            sacc[k] = C::kCap == kCapRcpFma ? cap_logit2_fma(cap, sacc[k]) : cap.logit2(sacc[k]);
+        }
+      };
+      auto mask_edge = [&](int n, float masked) { /* S outside the band and the key length := masked */
+#pragma unroll
+        for (int jj = 0; jj < kBN / 8; ++jj)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = m0 + row0 + (e >> 1) * 8, j = n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1);
+            if (!visible_band(p, hd, i, j)) sacc[4 * jj + e] = masked;
+          }
+      };
+      /* The soft cap folded into the softmax (kCapFused), on key block n: with z = dot * zk (zk =
+       * -2 log2(e) scale / cap, held to +-FLT_MAX) and u = 2^z = e^(-2y), tanh(y) = 2 / (1 + u) - 1
+       * and the logit in log2 units is out (2 r - 1), r = 1 / (1 + u), out = cap log2(e). It falls as
+       * z grows, so the row's largest logit is that of its smallest z, computed once a row, and each
+       * P is ex2(r 2 out - (out + max)): one FMUL, FMNMX, FADD and FFMA and three special-function
+       * ops (ex2, rcp, ex2) a score, no sign to restore (u overflows to inf and r to 0 for very
+       * negative y, which is the limit). Within cap * 2.6e-7 of tanh with ex2 and rcp exact
+       * (simulated in f32), u's 2^-22 and r's 2^-23 on top: logit2's error. Masked scores get
+       * z = NaN, which the row's minimum passes over (z = +inf is a visible score's limit, -out),
+       * then P = 0, on the band's edge blocks only. The same rescale factors and log2-unit maxima
+       * as softmax. */
+      auto cap_softmax = [&](int n, float (&corr)[2]) {
+        add_alibi(n);
         const SoftCap cap(p);
+        const float zk = copysignf(fminf(2.f * kLog2e * fabsf(cap.in), 3.40282347e38f), -cap.in);
+        const float out2 = 2.f * cap.out;
 #pragma unroll
-        for (int k = 0; k < kBN / 2; ++k)
-          sacc[k] = C::kCap == kCapRcpFma ? cap_logit2_fma(cap, sacc[k]) : cap.logit2(sacc[k]);
-      }
-    };
-    auto mask_edge = [&](int n, float masked) { /* S outside the band and the key length := masked */
+        for (int k = 0; k < kBN / 2; ++k) sacc[k] *= zk;
+        const bool edge = n < f_lo || n >= f_hi;
+        if (edge) mask_edge(n, NAN);
 #pragma unroll
-      for (int jj = 0; jj < kBN / 8; ++jj)
+        for (int hf = 0; hf < 2; ++hf) {
+          float zmin = NAN; /* fminf and fmaxf pass NaN over: it stays NaN only if nothing is visible */
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = m0 + row0 + (e >> 1) * 8, j = n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1);
-          if (!visible_band(p, hd, i, j)) sacc[4 * jj + e] = masked;
+          for (int jj = 0; jj < kBN / 8; ++jj)
+            zmin = fminf(zmin, fminf(sacc[4 * jj + 2 * hf], sacc[4 * jj + 2 * hf + 1]));
+          zmin = -quad_max(-zmin);
+          /* a row with nothing visible yet keeps max -inf */
+          const float mx = fmaxf(row_max[hf], zmin != zmin ? -INFINITY : fmaf(rcp(1.f + ex2(zmin)), out2, -cap.out));
+          const float base = mx == -INFINITY ? 0.f : mx;
+          corr[hf] = ex2(row_max[hf] - base);
+          row_max[hf] = mx;
+          const float c = -(cap.out + base);
+#pragma unroll
+          for (int jj = 0; jj < kBN / 8; ++jj)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float &x = sacc[4 * jj + 2 * hf + e];
+              const float a = fmaf(rcp(1.f + ex2(x)), out2, c);
+              x = C::on_fma(C::kExpFmaEvery, jj) ? ex2_fma(a) : ex2(a);
+            }
         }
-    };
-    /* The soft cap folded into the softmax (kCapFused), on key block n: with z = dot * zk (zk =
-     * -2 log2(e) scale / cap, held to +-FLT_MAX) and u = 2^z = e^(-2y), tanh(y) = 2 / (1 + u) - 1
-     * and the logit in log2 units is out (2 r - 1), r = 1 / (1 + u), out = cap log2(e). It falls as
-     * z grows, so the row's largest logit is that of its smallest z, computed once a row, and each
-     * P is ex2(r 2 out - (out + max)): one FMUL, FMNMX, FADD and FFMA and three special-function
-     * ops (ex2, rcp, ex2) a score, no sign to restore (u overflows to inf and r to 0 for very
-     * negative y, which is the limit). Within cap * 2.6e-7 of tanh with ex2 and rcp exact
-     * (simulated in f32), u's 2^-22 and r's 2^-23 on top: logit2's error. Masked scores get
-     * z = NaN, which the row's minimum passes over (z = +inf is a visible score's limit, -out),
-     * then P = 0, on the band's edge blocks only. The same rescale factors and log2-unit maxima
-     * as softmax. */
-    auto cap_softmax = [&](int n, float (&corr)[2]) {
-      add_alibi(n);
-      const SoftCap cap(p);
-      const float zk = copysignf(fminf(2.f * kLog2e * fabsf(cap.in), 3.40282347e38f), -cap.in);
-      const float out2 = 2.f * cap.out;
+        if (edge) mask_edge(n, 0.f);
 #pragma unroll
-      for (int k = 0; k < kBN / 2; ++k) sacc[k] *= zk;
-      const bool edge = n < f_lo || n >= f_hi;
-      if (edge) mask_edge(n, NAN);
+        for (int hf = 0; hf < 2; ++hf) {
+          float sum = 0.f;
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float zmin = NAN; /* fminf and fmaxf pass NaN over: it stays NaN only if nothing is visible */
-#pragma unroll
-        for (int jj = 0; jj < kBN / 8; ++jj)
-          zmin = fminf(zmin, fminf(sacc[4 * jj + 2 * hf], sacc[4 * jj + 2 * hf + 1]));
-        zmin = -quad_max(-zmin);
-        /* a row with nothing visible yet keeps max -inf */
-        const float mx = fmaxf(row_max[hf], zmin != zmin ? -INFINITY : fmaf(rcp(1.f + ex2(zmin)), out2, -cap.out));
-        const float base = mx == -INFINITY ? 0.f : mx;
-        corr[hf] = ex2(row_max[hf] - base);
-        row_max[hf] = mx;
-        const float c = -(cap.out + base);
-#pragma unroll
-        for (int jj = 0; jj < kBN / 8; ++jj)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float &x = sacc[4 * jj + 2 * hf + e];
-            const float a = fmaf(rcp(1.f + ex2(x)), out2, c);
-            x = C::on_fma(C::kExpFmaEvery, jj) ? ex2_fma(a) : ex2(a);
-          }
-      }
-      if (edge) mask_edge(n, 0.f);
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float sum = 0.f;
-#pragma unroll
-        for (int jj = 0; jj < kBN / 8; ++jj) sum += sacc[4 * jj + 2 * hf] + sacc[4 * jj + 2 * hf + 1];
-        row_sum[hf] = row_sum[hf] * corr[hf] + sum;
-      }
-    };
-    /* Masks S of key block n outside the band and the key length (the feature kernel: steps 1-3),
-     * then moves the running max and sum to it: P = exp2(S * mult - max) stays in sacc; returns
-     * each row's rescale factor. */
-    auto softmax = [&](int n, float (&corr)[2]) {
-      if constexpr (kMode == kModeGeneric) {
-        logits(n);
-      } else {
-        if constexpr (kMode == kModeCapAlibi) {
-          if (C::kCap == kCapFused && p.softcap > 0.f) return cap_softmax(n, corr);
-          cap_alibi(n);
+          for (int jj = 0; jj < kBN / 8; ++jj) sum += sacc[4 * jj + 2 * hf] + sacc[4 * jj + 2 * hf + 1];
+          row_sum[hf] = row_sum[hf] * corr[hf] + sum;
         }
-        if (n < f_lo || n >= f_hi) mask_edge(n, -INFINITY);
-      }
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int jj = 0; jj < kBN / 8; ++jj) mx = fmaxf(mx, fmaxf(sacc[4 * jj + 2 * hf], sacc[4 * jj + 2 * hf + 1]));
-        mx = fmaxf(row_max[hf], quad_max(mx) * mult);
-        /* a row with nothing visible yet keeps max -inf and gets exponents of 0 */
-        const float base = mx == -INFINITY ? 0.f : mx;
-        corr[hf] = ex2(row_max[hf] - base);
-        row_max[hf] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int jj = 0; jj < kBN / 8; ++jj)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float &x = sacc[4 * jj + 2 * hf + e];
-            x = C::on_fma(C::kExpFmaEvery, jj) ? ex2_fma(fmaf(x, mult, -base)) : ex2(fmaf(x, mult, -base));
-            sum += x;
+      };
+      /* Masks S of key block n outside the band and the key length (the feature kernel: steps 1-3),
+       * then moves the running max and sum to it: P = exp2(S * mult - max) stays in sacc; returns
+       * each row's rescale factor. */
+      auto softmax = [&](int n, float (&corr)[2]) {
+        if constexpr (kMode == kModeGeneric) {
+          logits(n);
+        } else {
+          if constexpr (kMode == kModeCapAlibi) {
+            if (C::kCap == kCapFused && p.softcap > 0.f) return cap_softmax(n, corr);
+            cap_alibi(n);
           }
-        row_sum[hf] = row_sum[hf] * corr[hf] + sum;
-      }
-    };
-    auto rescale = [&](const float (&corr)[2]) {
+          if (n < f_lo || n >= f_hi) mask_edge(n, -INFINITY);
+        }
 #pragma unroll
-      for (int jj = 0; jj < kD / 8; ++jj)
+        for (int hf = 0; hf < 2; ++hf) {
+          float mx = -INFINITY;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[0][jj][e] *= corr[e >> 1];
-    };
-    auto to_pa = [&]() {
+          for (int jj = 0; jj < kBN / 8; ++jj) mx = fmaxf(mx, fmaxf(sacc[4 * jj + 2 * hf], sacc[4 * jj + 2 * hf + 1]));
+          mx = fmaxf(row_max[hf], quad_max(mx) * mult);
+          /* a row with nothing visible yet keeps max -inf and gets exponents of 0 */
+          const float base = mx == -INFINITY ? 0.f : mx;
+          corr[hf] = ex2(row_max[hf] - base);
+          row_max[hf] = mx;
+          float sum = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk)
+          for (int jj = 0; jj < kBN / 8; ++jj)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) pa[kk][r] = Elem<T>::pack(sacc[8 * kk + 2 * r], sacc[8 * kk + 2 * r + 1]);
-    };
-    /* Varlen: V rows past the sequence's last key (clear_tail_rows says why) are zeroed in the
-     * partial block (only ever the last, n_hi - 1) before P V reads them, then a named barrier of
-     * the consumer warpgroups. */
-    auto clear_v_tail = [&](int s, int n) {
-      const int valid = sq.len_k - n * kBN;
-      if (p.varlen == ATTN_CUDA_VARLEN_NONE || valid >= kBN) return;
-      clear_tail_rows<C::kPanels, kBN, 128 * C::kCWG>(sV + s * C::kKVBytes, valid, tid - 128);
-      asm volatile("bar.sync 1, %0;\n" ::"n"(128 * C::kCWG) : "memory");
-    };
-    auto release = [&](uint32_t bar) {
-      if (lane == 0) mbar_arrive(bar);
-    };
-    /* kPingPong's turns: warpgroup cw issues its products after bar.sync on named barrier 2 + cw,
-     * which completes when the warpgroup before it has arrived there (bar.arrive) after issuing
-     * its own. Every warpgroup of a CTA takes n_hi - n_lo turns; the last one's first arrival is
-     * made in advance (pass_turn_ahead) and its final one left out, so no barrier is left
-     * half-arrived at exit. */
-    auto take_turn = [&]() {
-      if constexpr (C::kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(2 + cw) : "memory");
-    };
-    auto pass_turn = [&](bool last) {
-      if constexpr (C::kPingPong)
-        if (!(last && cw == C::kCWG - 1))
-          asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + (cw + 1) % C::kCWG) : "memory");
-    };
-    auto pass_turn_ahead = [&]() {
-      if constexpr (C::kPingPong)
-        if (cw == C::kCWG - 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
-    };
+            for (int e = 0; e < 2; ++e) {
+              float &x = sacc[4 * jj + 2 * hf + e];
+              x = C::on_fma(C::kExpFmaEvery, jj) ? ex2_fma(fmaf(x, mult, -base)) : ex2(fmaf(x, mult, -base));
+              sum += x;
+            }
+          row_sum[hf] = row_sum[hf] * corr[hf] + sum;
+        }
+      };
+      auto rescale = [&](const float (&corr)[2]) {
+#pragma unroll
+        for (int jj = 0; jj < kD / 8; ++jj)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[0][jj][e] *= corr[e >> 1];
+      };
+      auto to_pa = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) pa[kk][r] = Elem<T>::pack(sacc[8 * kk + 2 * r], sacc[8 * kk + 2 * r + 1]);
+      };
+      /* Varlen: V rows past the sequence's last key (clear_tail_rows says why) are zeroed in the
+       * partial block (only ever the last, n_hi - 1) before P V reads them, then a named barrier of
+       * the consumer warpgroups. */
+      auto clear_v_tail = [&](int s, int n) {
+        const int valid = sq.len_k - n * kBN;
+        if (p.varlen == ATTN_CUDA_VARLEN_NONE || valid >= kBN) return;
+        clear_tail_rows<C::kPanels, kBN, 128 * C::kCWG>(sV + s * C::kKVBytes, valid, tid - 128);
+        asm volatile("bar.sync 1, %0;\n" ::"n"(128 * C::kCWG) : "memory");
+      };
+      auto release = [&](uint32_t bar) {
+        if (lane == 0) mbar_arrive(bar);
+      };
+      /* kPingPong's turns: warpgroup cw issues its products after bar.sync on named barrier 2 + cw,
+       * which completes when the warpgroup before it has arrived there (bar.arrive) after issuing
+       * its own. Every warpgroup of a CTA takes n_hi - n_lo turns; the last one's first arrival is
+       * made in advance (pass_turn_ahead) and its final one left out, so no barrier is left
+       * half-arrived at exit. */
+      auto take_turn = [&]() {
+        if constexpr (C::kPingPong) asm volatile("bar.sync %0, 256;\n" ::"r"(2 + cw) : "memory");
+      };
+      auto pass_turn = [&](bool last) {
+        if constexpr (C::kPingPong)
+          if (!(last && cw == C::kCWG - 1))
+            asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + (cw + 1) % C::kCWG) : "memory");
+      };
+      auto pass_turn_ahead = [&]() {
+        if constexpr (C::kPingPong)
+          if (cw == C::kCWG - 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+      };
 
-    mbar_wait(bar_q, 0);
-    float corr[2];
-    if constexpr (!C::kOverlap) {
-      for (int i = 0, n = n_lo; n < n_hi; ++i, ++n) {
-        const int s = i % kStages;
-        const uint32_t ph = (i / kStages) & 1;
-        mbar_wait(full_k(s), ph);
-        wgmma_fence();
-        issue_s(s);
-        wgmma_commit();
-        wgmma_wait<0>();
-        pin(sacc);
-        release(empty_k(s));
-        softmax(n, corr);
-        rescale(corr);
-        to_pa();
-        mbar_wait(full_v(s), ph);
-        clear_v_tail(s, n);
-        pin(oacc); /* the rescale and P are written before the fence */
-        pin(pa);
-        wgmma_fence();
-        issue_pv(s);
-        wgmma_commit();
-        wgmma_wait<0>();
-        pin(oacc);
-        pin(pa);
-        release(empty_v(s));
-      }
-    } else if (n_lo < n_hi) {
-      pass_turn_ahead();
-      mbar_wait(full_k(0), 0);
-      take_turn();
-      wgmma_fence();
-      issue_s(0);
-      wgmma_commit();
-      pass_turn(n_lo + 1 == n_hi);
-      wgmma_wait<0>();
-      pin(sacc);
-      release(empty_k(0));
-      softmax(n_lo, corr); /* O is 0: nothing to rescale */
-      to_pa();
-      int i = 1;
-      for (int n = n_lo + 1; n < n_hi; ++i, ++n) {
-        const int s = i % kStages, sp = (i - 1) % kStages;
-        const uint32_t ph = (i / kStages) & 1, php = ((i - 1) / kStages) & 1;
-        mbar_wait(full_k(s), ph);
-        mbar_wait(full_v(sp), php); /* block n - 1 < n_hi - 1 is whole: no clear_v_tail */
-        pin(oacc);
-        pin(pa);
+      mbar_wait(bar_q, j & 1);
+      float corr[2];
+      if constexpr (!C::kOverlap) {
+        for (int i = 0, n = n_lo; n < n_hi; ++i, ++n) {
+          const int s = (it + i) % kStages;
+          const uint32_t ph = ((it + i) / kStages) & 1;
+          mbar_wait(full_k(s), ph);
+          wgmma_fence();
+          issue_s(s);
+          wgmma_commit();
+          wgmma_wait<0>();
+          pin(sacc);
+          release(empty_k(s));
+          softmax(n, corr);
+          rescale(corr);
+          to_pa();
+          mbar_wait(full_v(s), ph);
+          clear_v_tail(s, n);
+          pin(oacc); /* the rescale and P are written before the fence */
+          pin(pa);
+          wgmma_fence();
+          issue_pv(s);
+          wgmma_commit();
+          wgmma_wait<0>();
+          pin(oacc);
+          pin(pa);
+          release(empty_v(s));
+        }
+        release(empty_q);
+      } else if (n_lo < n_hi) {
+        pass_turn_ahead();
+        const int s0 = it % kStages;
+        mbar_wait(full_k(s0), (it / kStages) & 1);
         take_turn();
         wgmma_fence();
-        issue_s(s);
+        issue_s(s0);
         wgmma_commit();
+        pass_turn(n_lo + 1 == n_hi);
+        wgmma_wait<0>();
+        pin(sacc);
+        release(empty_k(s0));
+        softmax(n_lo, corr); /* O is 0: nothing to rescale */
+        to_pa();
+        int i = 1;
+        for (int n = n_lo + 1; n < n_hi; ++i, ++n) {
+          const int s = (it + i) % kStages, sp = (it + i - 1) % kStages;
+          const uint32_t ph = ((it + i) / kStages) & 1, php = ((it + i - 1) / kStages) & 1;
+          mbar_wait(full_k(s), ph);
+          mbar_wait(full_v(sp), php); /* block n - 1 < n_hi - 1 is whole: no clear_v_tail */
+          pin(oacc);
+          pin(pa);
+          take_turn();
+          wgmma_fence();
+          issue_s(s);
+          wgmma_commit();
+          issue_pv(sp);
+          wgmma_commit();
+          pass_turn(n + 1 == n_hi);
+          wgmma_wait<1>(); /* S(n) has landed; P(n-1) V(n-1) may still run */
+          pin(sacc);
+          release(empty_k(s));
+          softmax(n, corr);
+          wgmma_wait<0>();
+          pin(oacc);
+          pin(pa);
+          release(empty_v(sp));
+          rescale(corr);
+          to_pa();
+        }
+        release(empty_q); /* the last S has landed: the producer may load the next tile's Q */
+        const int sp = (it + i - 1) % kStages;
+        mbar_wait(full_v(sp), ((it + i - 1) / kStages) & 1);
+        clear_v_tail(sp, n_hi - 1);
+        pin(oacc);
+        pin(pa);
+        wgmma_fence();
         issue_pv(sp);
         wgmma_commit();
-        pass_turn(n + 1 == n_hi);
-        wgmma_wait<1>(); /* S(n) has landed; P(n-1) V(n-1) may still run */
-        pin(sacc);
-        release(empty_k(s));
-        softmax(n, corr);
         wgmma_wait<0>();
         pin(oacc);
         pin(pa);
         release(empty_v(sp));
-        rescale(corr);
-        to_pa();
+      } else {
+        release(empty_q);
       }
-      const int sp = (i - 1) % kStages;
-      mbar_wait(full_v(sp), ((i - 1) / kStages) & 1);
-      clear_v_tail(sp, n_hi - 1);
-      pin(oacc);
-      pin(pa);
-      wgmma_fence();
-      issue_pv(sp);
-      wgmma_commit();
-      wgmma_wait<0>();
-      pin(oacc);
-      pin(pa);
-      release(empty_v(sp));
-    }
 
-    /* out = O / Z, lse = max + log Z; a row with nothing visible (and no sinks) is out = 0,
-     * lse = -inf */
-    float inv[1][2];
+      /* out = O / Z, lse = max + log Z; a row with nothing visible (and no sinks) is out = 0,
+       * lse = -inf */
+      float inv[1][2];
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const float sum = quad_sum(row_sum[hf]);
-      const bool empty = row_max[hf] == -INFINITY;
-      inv[0][hf] = empty ? 0.f : 1.f / sum;
-      const int r = m0 + row0 + hf * 8;
-      if (p.lse != nullptr && (lane & 3) == 0 && r < sq.len_q)
-        p.lse[b * p.lse_b + h * p.lse_h + (sq.q0 + r) * p.lse_r] = empty ? -INFINITY : row_max[hf] * kLn2 + logf(sum);
+      for (int hf = 0; hf < 2; ++hf) {
+        const float sum = quad_sum(row_sum[hf]);
+        const bool empty = row_max[hf] == -INFINITY;
+        inv[0][hf] = empty ? 0.f : 1.f / sum;
+        const int r = m0 + row0 + hf * 8;
+        if (p.lse != nullptr && (lane & 3) == 0 && r < sq.len_q)
+          p.lse[b * p.lse_b + h * p.lse_h + (sq.q0 + r) * p.lse_r] = empty ? -INFINITY : row_max[hf] * kLn2 + logf(sum);
+      }
+      const int wrow = m0 + cw * 64 + wq * 16;
+      T *go = static_cast<T *>(p.out) + b * p.o_b + (sq.q0 + wrow) * p.o_r + h * p.o_h;
+      store_rows<T, 1, kD / 8, false>(go, p.o_r, o, inv, lane, sq.len_q - wrow, kD);
+      it += max(n_hi - n_lo, 0), ++j;
     }
-    const int wrow = m0 + cw * 64 + wq * 16;
-    T *go = static_cast<T *>(p.out) + b * p.o_b + (sq.q0 + wrow) * p.o_r + h * p.o_h;
-    store_rows<T, 1, kD / 8, false>(go, p.o_r, o, inv, lane, sq.len_q - wrow, kD);
   }
 }
 
@@ -705,8 +779,21 @@ attn_status launch_fwd90(const attn_cuda_params &p, cudaStream_t stream, char *w
     return st;
   auto kernel = fwd90_kernel<C, kMode>;
   ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmem));
-  dim3 grid((p.seqlen_q + C::kBM - 1) / C::kBM, p.heads_q, p.batch);
-  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p, tq, tk, tv);
+  const int m_blocks = (p.seqlen_q + C::kBM - 1) / C::kBM;
+  dim3 grid(m_blocks, p.heads_q, p.batch);
+  Tiles90 ts{m_blocks * p.heads_q * p.batch, m_blocks, p.heads_q, 1};
+  if constexpr (C::kPersistent) {
+    /* one CTA per SM (kConsumerRegs claims the register file), each looping over its tiles */
+    int dev, sms, l2;
+    ATTN_CUDA_CHECK(cudaGetDevice(&dev));
+    ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+    /* the K and V bytes of one query head (a KV head's over the group), for tile_of's sections */
+    const int64_t kv_bytes = std::max<int64_t>((int64_t)p.seqlen_k * p.d * 2 * 2 / std::max(p.group, 1), 1);
+    ts.section = (int)std::max<int64_t>(1, std::min<int64_t>((int64_t)p.heads_q * p.batch, l2 / 2 / kv_bytes));
+    grid = dim3(std::max(1, std::min(ts.count, sms)));
+  }
+  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p, tq, tk, tv, ts);
   ATTN_CUDA_CHECK(cudaGetLastError());
   return ATTN_STATUS_OK;
 }

@@ -21,12 +21,16 @@ namespace sm90 {
  * built at D = 256 alone (kGenericDeclined says why); the lab runs it at every head dim (at
  * D = 64 with two consumer warpgroups: its per-element function spills at 160 registers). */
 template <typename T> attn_status run(const attn_cuda_params &p, cudaStream_t s, char *why, size_t why_size) {
+  constexpr bool kPst = true; /* the persistent tile scheduler (lab v10) */
   switch (p.d) {
   case 64:
-    return launch_fwd90_any<FwdCfg90<T, 64, 128, 3, true, 3, kCapFused, 0, true>, void,
-                            FwdCfg90<T, 64, 128, 3, true, 2>>(p, s, why, why_size);
-  case 128: return launch_fwd90_any<FwdCfg90<T, 128, 128, 2, true>, void>(p, s, why, why_size);
-  default: return launch_fwd90_any<FwdCfg90<T, 256, 64, 2, true>, FwdCfg90<T, 256, 64, 2, true>>(p, s, why, why_size);
+    return launch_fwd90_any<FwdCfg90<T, 64, 128, 3, true, 3, kCapFused, 0, true, kPst>, void,
+                            FwdCfg90<T, 64, 128, 3, true, 2, kCapFused, 0, false, kPst>>(p, s, why, why_size);
+  case 128:
+    return launch_fwd90_any<FwdCfg90<T, 128, 128, 2, true, 2, kCapFused, 0, false, kPst>, void>(p, s, why, why_size);
+  default:
+    return launch_fwd90_any<FwdCfg90<T, 256, 64, 2, true, 2, kCapFused, 0, false, kPst>, FwdCfg90<T, 256, 64, 2, true>>(
+        p, s, why, why_size);
   }
 }
 
