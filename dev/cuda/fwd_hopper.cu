@@ -111,6 +111,36 @@
  *      scheduler cannot hide it: what is left is more independent work per warp (a third
  *      consumer warpgroup at D = 128 needs O, S and P in 160 registers: spills) or splitting a
  *      block's softmax in halves that overlap each other's products.
+ *  v10 the persistent tile scheduler (FwdCfg90::kPersistent): one CTA per SM looping over tiles
+ *      blockIdx.x, + gridDim.x, ... (a static stride; tile_of: longest first within sections of
+ *      heads whose K and V fit half the L2), the K / V stages' and Q's mbarrier phases carried
+ *      across tiles, a Q "empty" barrier so the producer loads the next tile's first K, Q and V
+ *      while the consumers run the last P V and the epilogue. `fwd_hopper SEED sched`: every
+ *      check of the persistent kernels (162 passed), then the grid (the same kernel with
+ *      kPersistent off) against it on the issue's shapes. One call (H200, 2026-11-25, bf16,
+ *      B * T = 16384, Hq * D = 2048; ms grid -> persistent, non-causal / causal):
+ *        D = 64:  T = 512 0.247 -> 0.216 / 0.371 -> 0.333 (1.15x / 1.11x), T = 2048 1.05x /
+ *                 0.99x, T = 8192 1.02x / 1.02x, window 2048 at T = 8192 1.06x / 1.02x
+ *        D = 128: T = 512 0.202 -> 0.183 / 0.188 -> 0.160 (1.11x / 1.17x), T = 2048 0.94x /
+ *                 1.00x, T = 8192 1.641 -> 1.773 / 0.982 -> 1.037 (0.93x / 0.95x), window 0.94x
+ *                 / 0.99x
+ *        D = 256: T = 512 0.95x / 1.08x, T = 2048 0.99x / 0.97x, T = 8192 0.93x / 0.86x, window
+ *                 0.97x / 0.90x
+ *      cuDNN 9.19 in the same call (fwd_hopper_torch.py 512 2048 8192, with grad): the library's
+ *      choice (sm90_launch.cu: persistent_pays) at 0.55-1.20x of it (bench/RESULTS.md). So the
+ *      scheduler pays where tiles are short (the producer's Q and first K / V loads and the
+ *      launch of a CTA per tile were what T = 512 lost) and costs 5-14% on long tiles at D = 128
+ *      and 256: the static stride leaves each CTA its ~8-16 tiles' sum, which under a causal
+ *      band (tiles 1 to 64 blocks long, sections longest first but not the whole grid) and with
+ *      uneven L2 hits differs from CTA to CTA, where the hardware's grid hands the next tile to
+ *      whichever SM is free. Not tried (no device time left): an atomic tile counter, one
+ *      section for the whole problem under a causal band. The windows stay at 0.67-0.89x of
+ *      plain: a 2048-key window's tile is as long as T = 2048's (17 blocks, two of them at the
+ *      band's edges, masked per score and half of their scores not counted), and plain at
+ *      T = 2048 itself runs at 0.85-0.86x of T = 8192's speed at every head dim; what is
+ *      left per tile is the consumers' own: the first S and its softmax with no P V beside them,
+ *      the last P V with no softmax, and the epilogue's stores (ping-pong across tiles, or an
+ *      epilogue through shared memory and TMA stores, would hide them).
  *   ncu (v2, D = 128, non-causal, `fwd_hopper ncu`): 1.62 ms, SM busy 72% (the tensor pipe is
  *      what fills it), the XU pipe (exp2, conversions) 37%, DRAM 5%, issue slots 40% busy, 5.4 cycles per
  *      issued instruction. What is left is the softmax between the products that the two
@@ -119,7 +149,9 @@
  *
  * `fwd_hopper ncu` runs the D = 128 non-causal shape alone (for Nsight Compute; `ncu-cap`: with the
  * soft cap, its 5th sm90 launch the capped kernel's); `fwd_hopper SEED features` runs the checks,
- * then only the features' benchmarks (the cap's variants and D = 64's plain kernel included).
+ * then only the features' benchmarks (the cap's variants and D = 64's plain kernel included);
+ * `fwd_hopper SEED sched` runs v10's checks and the grid against the persistent scheduler at
+ * T = 512, 2048 and 8192 (`python3 dev/cuda/fwd_hopper_torch.py 512 2048 8192`: cuDNN's).
  *
  * build + run on the GPU machine (`gpu/run.sh cuda lab` does it):
  *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90a,code=sm_90a dev/cuda/fwd_hopper.cu -o lab90 && ./lab90
