@@ -30,7 +30,10 @@
  * its Q and its V while the consumers finish the last P V and store O, so a short tile's
  * prologue (Q, the first K) and epilogue no longer stand between two tiles' products, and no CTA
  * is launched per tile. The epilogue still stores O from registers (not through shared memory
- * and the copy engine).
+ * and the copy engine). Measured (H200, bf16, one call; bench/RESULTS.md): 1.07-1.17x the grid
+ * at T = 512 (D = 64 and 128, and 256 causal), 0.99-1.06x at D = 64 from T = 2048 up, but
+ * 0.86-1.00x at D = 128 and 256 from T = 2048 up (the static stride's imbalance between CTAs);
+ * sm90_launch.cu's persistent_pays picks per problem.
  *
  * Features (SPEC.md steps 1-5) take one of three instantiations (Fwd90Mode, chosen by fwd90_mode):
  * the plain kernel takes the band, the sinks (they seed each row's running max and sum before the
