@@ -141,6 +141,16 @@
  *      left per tile is the consumers' own: the first S and its softmax with no P V beside them,
  *      the last P V with no softmax, and the epilogue's stores (ping-pong across tiles, or an
  *      epilogue through shared memory and TMA stores, would hide them).
+ *  v11 (written and compiled, not yet run: no device time left) kSchedSnake: v10's static
+ *      stride with every other wave reversed (CTA c takes wave k's tile k * SMs + c, or
+ *      k * SMs + SMs - 1 - c when k is odd) and, under a causal band, one section for the whole
+ *      problem, so the tiles run longest first over all heads. dev/cuda/tile_order_sim.py models
+ *      the balance (a tile costs its key blocks plus one; finishing time over the ideal): causal,
+ *      v10's stride 1.05-1.31 (D = 128, T = 2048: 1.31; D = 256, T = 8192: 1.27), the grid
+ *      1.05-1.14, the snake 1.00-1.03; non-causal all 1.01-1.03. That matches v10's causal
+ *      losses at T = 8192 (model 0.88x the grid at D = 128 and 256; measured 0.95x, 0.86x) but
+ *      not its non-causal ones (model 1.00x, measured 0.93x: L2 reuse, which the model leaves
+ *      out, is the suspect there). `fwd_hopper SEED sched` checks it and times it beside v10.
  *   ncu (v2, D = 128, non-causal, `fwd_hopper ncu`): 1.62 ms, SM busy 72% (the tensor pipe is
  *      what fills it), the XU pipe (exp2, conversions) 37%, DRAM 5%, issue slots 40% busy, 5.4 cycles per
  *      issued instruction. What is left is the softmax between the products that the two
@@ -150,8 +160,9 @@
  * `fwd_hopper ncu` runs the D = 128 non-causal shape alone (for Nsight Compute; `ncu-cap`: with the
  * soft cap, its 5th sm90 launch the capped kernel's); `fwd_hopper SEED features` runs the checks,
  * then only the features' benchmarks (the cap's variants and D = 64's plain kernel included);
- * `fwd_hopper SEED sched` runs v10's checks and the grid against the persistent scheduler at
- * T = 512, 2048 and 8192 (`python3 dev/cuda/fwd_hopper_torch.py 512 2048 8192`: cuDNN's).
+ * `fwd_hopper SEED sched` runs v10's and v11's checks and the grid against both persistent
+ * schedulers at T = 512, 2048 and 8192 (`python3 dev/cuda/fwd_hopper_torch.py 512 2048 8192`:
+ * cuDNN's).
  *
  * build + run on the GPU machine (`gpu/run.sh cuda lab` does it):
  *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90a,code=sm_90a dev/cuda/fwd_hopper.cu -o lab90 && ./lab90
@@ -563,21 +574,23 @@ template <typename C> void bench(const char *tag, int causal) {
          tag, D, T_, causal, C::kBM, C::kBN, C::kStages, ms, flops / ms * 1e-9, ms80, flops / ms80 * 1e-9, ms80 / ms);
 }
 
-/* The one-CTA-per-tile grid (O) against the persistent scheduler (N, its copy with kPersistent) on
- * bf16, B * T = 16384, Hq * D = 2048, at each T of the issue's range, causal and not, plain and
- * with a sliding window of 2048 keys (its TFLOPS over the scores it sees); N is checked against
- * the sm_80 kernel on each shape first. One line per shape: both kernels, N / O, and with a
- * window N's ratio to N's plain speed on the same T and band (the issue's >= 0.9x). */
-template <typename O, typename N> void bench_sched(const char *tag) {
+/* The one-CTA-per-tile grid (O) against the persistent scheduler (N: its copy with kSchedStride,
+ * S: with kSchedSnake) on bf16, B * T = 16384, Hq * D = 2048, at each T of the issue's range,
+ * causal and not, plain and with a sliding window of 2048 keys (its TFLOPS over the scores it
+ * sees); N and S are checked against the sm_80 kernel on each shape first. One line per shape:
+ * the three kernels, N / O and S / O, and with a window N's and S's ratios to their own plain
+ * speed on the same T and band (the issue's >= 0.9x). */
+template <typename O, typename N, typename S> void bench_sched(const char *tag) {
   using T = typename O::T;
   const int D = O::kD, H = 2048 / D;
   for (int T_ : {512, 2048, 8192})
     for (int causal = 0; causal < 2; ++causal) {
-      double tf_plain = 0;
+      double tf_plain = 0, tf_plain_s = 0;
       for (int window : {0, 2048}) {
         const int B = 16384 / T_, wl = window > 0 ? window : -1, wr = causal ? 0 : wl;
         const Problem s{B, T_, T_, H, H, D, wl, wr, 0};
         check<N, void>(tag, s, 7);
+        check<S, void>(tag, s, 7);
         Buffers<T> bu(s, 7);
         attn_cuda_params p = bu.p;
         p.out = bu.o;
@@ -587,12 +600,14 @@ template <typename O, typename N> void bench_sched(const char *tag) {
         const double flops = 4.0 * B * H * pairs * D;
         const float ms_old = median_ms([&] { run90<O, void>(p); });
         const float ms_new = median_ms([&] { run90<N, void>(p); });
-        const double tf_old = flops / ms_old * 1e-9, tf_new = flops / ms_new * 1e-9;
-        if (window == 0) tf_plain = tf_new;
+        const float ms_snake = median_ms([&] { run90<S, void>(p); });
+        const double tf_old = flops / ms_old * 1e-9, tf_new = flops / ms_new * 1e-9, tf_s = flops / ms_snake * 1e-9;
+        if (window == 0) tf_plain = tf_new, tf_plain_s = tf_s;
         printf("lab fwd90 sched %s D=%d T=%d causal=%d window=%d: grid %.3f ms %.1f TFLOPS, persistent %.3f ms %.1f "
-               "TFLOPS: %.2fx grid",
-               tag, D, T_, causal, window, ms_old, tf_old, ms_new, tf_new, ms_old / ms_new);
-        if (window > 0) printf(", %.2fx persistent plain", tf_new / tf_plain);
+               "TFLOPS: %.2fx grid, snake %.3f ms %.1f TFLOPS: %.2fx grid",
+               tag, D, T_, causal, window, ms_old, tf_old, ms_new, tf_new, ms_old / ms_new, ms_snake, tf_s,
+               ms_old / ms_snake);
+        if (window > 0) printf("; of their plain: persistent %.2fx, snake %.2fx", tf_new / tf_plain, tf_s / tf_plain_s);
         printf("\n");
       }
     }
@@ -611,21 +626,31 @@ int main(int argc, char **argv) {
   }
   unsigned seed = argc > 1 ? (unsigned)atoi(argv[1]) : 1234u;
   printf("seed %u\n", seed);
-  if (argc > 2 && strcmp(argv[2], "sched") == 0) { /* v10: the persistent scheduler, checked, then timed */
+  if (argc > 2 && strcmp(argv[2], "sched") == 0) { /* v10, v11: the persistent schedulers, checked, then timed */
     using sm90::kCapFused;
+    using sm90::kSchedStride;
     using G64 = FwdCfg90<bf, 64, 128, 3, true, 3, kCapFused, 0, true>; /* the library's before */
-    using N64 = FwdCfg90<bf, 64, 128, 3, true, 3, kCapFused, 0, true, true>;
-    using N64h = FwdCfg90<hf, 64, 128, 3, true, 3, kCapFused, 0, true, true>;
-    using NA64 = FwdCfg90<bf, 64, 128, 3, true, 2, kCapFused, 0, false, true>; /* its cap / ALiBi kernel */
-    using NA64h = FwdCfg90<hf, 64, 128, 3, true, 2, kCapFused, 0, false, true>;
+    using N64 = FwdCfg90<bf, 64, 128, 3, true, 3, kCapFused, 0, true, kSchedStride>;
+    using N64h = FwdCfg90<hf, 64, 128, 3, true, 3, kCapFused, 0, true, kSchedStride>;
+    using NA64 = FwdCfg90<bf, 64, 128, 3, true, 2, kCapFused, 0, false, kSchedStride>; /* its cap / ALiBi kernel */
+    using NA64h = FwdCfg90<hf, 64, 128, 3, true, 2, kCapFused, 0, false, kSchedStride>;
     using G128 = FwdCfg90<bf, 128, 128, 2, true>;
-    using N128 = FwdCfg90<bf, 128, 128, 2, true, 2, kCapFused, 0, false, true>;
-    using N128h = FwdCfg90<hf, 128, 128, 2, true, 2, kCapFused, 0, false, true>;
+    using N128 = FwdCfg90<bf, 128, 128, 2, true, 2, kCapFused, 0, false, kSchedStride>;
+    using N128h = FwdCfg90<hf, 128, 128, 2, true, 2, kCapFused, 0, false, kSchedStride>;
     using G256 = FwdCfg90<bf, 256, 64, 2, true>;
-    using N256 = FwdCfg90<bf, 256, 64, 2, true, 2, kCapFused, 0, false, true>;
-    using N256h = FwdCfg90<hf, 256, 64, 2, true, 2, kCapFused, 0, false, true>;
+    using N256 = FwdCfg90<bf, 256, 64, 2, true, 2, kCapFused, 0, false, kSchedStride>;
+    using N256h = FwdCfg90<hf, 256, 64, 2, true, 2, kCapFused, 0, false, kSchedStride>;
     using F64 = FwdCfg90<bf, 64, 128, 3, true, 2>;
     using F64h = FwdCfg90<hf, 64, 128, 3, true, 2>;
+    using sm90::kSchedSnake; /* v11 */
+    using S64 = FwdCfg90<bf, 64, 128, 3, true, 3, kCapFused, 0, true, kSchedSnake>;
+    using SA64 = FwdCfg90<bf, 64, 128, 3, true, 2, kCapFused, 0, false, kSchedSnake>;
+    using S128 = FwdCfg90<bf, 128, 128, 2, true, 2, kCapFused, 0, false, kSchedSnake>;
+    using S256h = FwdCfg90<hf, 256, 64, 2, true, 2, kCapFused, 0, false, kSchedSnake>;
+    using S256 = FwdCfg90<bf, 256, 64, 2, true, 2, kCapFused, 0, false, kSchedSnake>;
+    feature_checks<S64, F64, SA64>("v11", seed);
+    feature_checks<S128, G128, S128>("v11", seed);
+    feature_checks<S256h, FwdCfg90<hf, 256, 64, 2, true>, S256h>("v11", seed);
     feature_checks<N64, F64, NA64>("v10", seed);
     feature_checks<N128, G128, N128>("v10", seed);
     feature_checks<N256, G256, N256>("v10", seed);
@@ -634,9 +659,9 @@ int main(int argc, char **argv) {
     feature_checks<N256h, FwdCfg90<hf, 256, 64, 2, true>, N256h>("v10", seed);
     checks<N64>("v10", seed);
     checks<N128h>("v10", seed);
-    bench_sched<G64, N64>("v10");
-    bench_sched<G128, N128>("v10");
-    bench_sched<G256, N256>("v10");
+    bench_sched<G64, N64, S64>("v10");
+    bench_sched<G128, N128, S128>("v10");
+    bench_sched<G256, N256, S256>("v10");
     Feat cap; /* the cap / ALiBi kernel, persistent, against the persistent plain one */
     cap.softcap = 30.f, cap.name = "softcap 30";
     for (int c = 0; c < 2; ++c) {

@@ -22,8 +22,8 @@
  * the softmax of S(n+1) while the second product runs (FlashAttention-3's intra-warpgroup
  * pipelining); the output is rescaled only after that product has landed.
  *
- * With kPersistent (lab v10) the grid is one CTA per SM, each taking tiles (a query block of one
- * (batch, head)) blockIdx.x, blockIdx.x + gridDim.x, ... in tile_of's order: the longest first
+ * With kPersistent (kSched, lab v10) the grid is one CTA per SM, each taking tiles (a query
+ * block of one (batch, head)) blockIdx.x, blockIdx.x + gridDim.x, ... in tile_of's order: the longest first
  * under a causal band, within sections of heads whose K and V fit half the L2. The K / V stages'
  * and Q's mbarrier phases run on across tiles, and Q has an "empty" barrier too, at which the
  * consumers arrive once a tile's last S has landed: the producer loads the next tile's first K,
@@ -33,7 +33,8 @@
  * and the copy engine). Measured (H200, bf16, one call; bench/RESULTS.md): 1.07-1.17x the grid
  * at T = 512 (D = 64 and 128, and 256 causal), 0.99-1.06x at D = 64 from T = 2048 up, but
  * 0.86-1.00x at D = 128 and 256 from T = 2048 up (the static stride's imbalance between CTAs);
- * sm90_launch.cu's persistent_pays picks per problem.
+ * sm90_launch.cu's persistent_pays picks per problem. kSchedSnake (lab v11, not yet measured)
+ * reverses every other wave and, under a band, orders the whole problem longest first.
  *
  * Features (SPEC.md steps 1-5) take one of three instantiations (Fwd90Mode, chosen by fwd90_mode):
  * the plain kernel takes the band, the sinks (they seed each row's running max and sum before the
@@ -183,18 +184,25 @@ __device__ __forceinline__ float ex2_fma(float x) {
  * 8-key group in N by ex2_fma on the FMA pipe rather than ex2 on the special-function unit.
  * kPingPong (with kOverlap): the consumer warpgroups take turns to issue their products, so that
  * one's softmax runs while the others' products do (FlashAttention-3's inter-warpgroup overlap). */
+/* How the tiles are spread over CTAs (kSched): one CTA per tile (the grid), or one CTA per SM
+ * taking wave k's tile k * gridDim.x + blockIdx.x (kSchedStride, lab v10), or with kSchedSnake
+ * every other wave in reverse, gridDim.x - 1 - blockIdx.x (lab v11: a CTA that took one of a
+ * wave's longer tiles takes one of the next wave's shorter ones), under a band over the whole
+ * problem ordered longest first (launch_fwd90). */
+enum TileSched : int { kSchedGrid = 0, kSchedStride = 1, kSchedSnake = 2 };
 enum CapForm : int {
   kCapRcp = 0,    /* SoftCap::logit2 on every score, then the softmax: 3 special-function ops a score */
   kCapRcpFma = 1, /* cap_logit2_fma: the reciprocal on the FMA pipe; 2 ops, 6 FMAs more */
   kCapFused = 2,  /* the cap folded into the softmax (cap_softmax): 3 ops, 8.5 instructions a score */
 };
 template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_, int kCWG_ = 2, int kCap_ = kCapFused,
-          int kExpFmaEvery_ = 0, bool kPingPong_ = false, bool kPersistent_ = false>
+          int kExpFmaEvery_ = 0, bool kPingPong_ = false, int kSched_ = kSchedGrid>
 struct FwdCfg90 {
   using T = T_;
   static constexpr int kD = kD_, kBN = kBN_, kStages = kStages_, kCWG = kCWG_;
   static constexpr int kCap = kCap_, kExpFmaEvery = kExpFmaEvery_;
-  static constexpr bool kOverlap = kOverlap_, kPingPong = kPingPong_ && kOverlap_, kPersistent = kPersistent_;
+  static constexpr int kSched = kSched_;
+  static constexpr bool kOverlap = kOverlap_, kPingPong = kPingPong_ && kOverlap_, kPersistent = kSched_ != kSchedGrid;
   /* whether 8-key group g (of kBN / 8) takes the FMA pipe, one in every N (0: none) */
   __host__ __device__ static constexpr bool on_fma(int every, int g) {
     return every > 0 && g % (every > 0 ? every : 1) == every - 1;
@@ -259,12 +267,16 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   auto empty_v = [&](int s) { return bars + 8 * (1 + 3 * kStages + s); };
 
   const int tid = threadIdx.x, lane = tid & 31, wg = tid / 128;
-  /* The CTA's tiles: its grid position's one, or with kPersistent tiles blockIdx.x, + gridDim.x,
-   * ... of ts. The producer and the consumers walk them alike; the K / V stages' and Q's mbarrier
-   * phases run on across tiles, so the producer loads the next tile while the consumers finish
-   * this one. */
-  const int t_first = C::kPersistent ? (int)blockIdx.x : 0, t_step = C::kPersistent ? (int)gridDim.x : 1;
+  /* The CTA's k-th tile: its grid position's one (k = 0), or with kPersistent wave k's of ts
+   * (TileSched), t_end past the last; increasing in k. The producer and the consumers walk them
+   * alike; the K / V stages' and Q's mbarrier phases run on across tiles, so the producer loads
+   * the next tile while the consumers finish this one. */
   const int t_end = C::kPersistent ? ts.count : 1;
+  auto nth_tile = [&](int k) {
+    if constexpr (!C::kPersistent) return k;
+    const int c = C::kSched == kSchedSnake && (k & 1) != 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    return k * (int)gridDim.x + c;
+  };
   int b, h, m0, n_lo, n_hi, f_lo, f_hi;
   Seq sq;
   Head hd;
@@ -300,7 +312,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
     if (tid == 0) {
       int it = 0; /* key blocks loaded so far, over the tiles: the stage and its phase */
-      for (int t = t_first, j = 0; t < t_end; t += t_step) {
+      for (int k = 0, t = nth_tile(0), j = 0; t < t_end; t = nth_tile(++k)) {
         if (!tile(t)) continue;
         const MapOrigin org = map_origin(p, sq, b);
         const int k_row0 = org.k_row0, mb = org.batch;
@@ -338,7 +350,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     const bool logits_log2 = kMode == kModeGeneric || (kMode == kModeCapAlibi && p.softcap > 0.f);
     const float mult = logits_log2 ? 1.f : p.scale * kLog2e;
     int it = 0; /* key blocks consumed so far, over the tiles: the stage and its phase */
-    for (int t = t_first, j = 0; t < t_end; t += t_step) {
+    for (int k = 0, t = nth_tile(0), j = 0; t < t_end; t = nth_tile(++k)) {
       if (!tile(t)) continue;
 
       float o[1][kD / 8][4]; /* wgmma's accumulator layout is store_rows' [m-tile][8 columns][4] */
@@ -794,6 +806,7 @@ attn_status launch_fwd90(const attn_cuda_params &p, cudaStream_t stream, char *w
     /* the K and V bytes of one query head (a KV head's over the group), for tile_of's sections */
     const int64_t kv_bytes = std::max<int64_t>((int64_t)p.seqlen_k * p.d * 2 * 2 / std::max(p.group, 1), 1);
     ts.section = (int)std::max<int64_t>(1, std::min<int64_t>((int64_t)p.heads_q * p.batch, l2 / 2 / kv_bytes));
+    if (C::kSched == kSchedSnake && p.window_right >= 0) ts.section = p.heads_q * p.batch;
     grid = dim3(std::max(1, std::min(ts.count, sms)));
   }
   kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p, tq, tk, tv, ts);

@@ -11,7 +11,7 @@
 namespace attn_cuda {
 namespace sm90 {
 
-/* Whether p runs on the persistent tile scheduler (FwdCfg90::kPersistent, lab v10) rather than
+/* Whether p runs on the persistent tile scheduler (kSchedStride, lab v10) rather than
  * one CTA per tile. One call on an H200 (bf16, B * T = 16384, Hq * D = 2048; bench/RESULTS.md
  * "sm90: a persistent tile scheduler"): at D = 64 it won or tied everywhere (1.11-1.15x the grid
  * at T = 512, 0.99-1.05x at 2048, 1.02x at 8192, 1.02-1.06x with a 2048-key window); at D = 128
@@ -41,14 +41,15 @@ static bool persistent_pays(const attn_cuda_params &p) {
  * generic one on the grid. */
 template <typename T, bool kPst>
 attn_status run_sched(const attn_cuda_params &p, cudaStream_t s, char *why, size_t why_size) {
+  constexpr int kS = kPst ? kSchedStride : kSchedGrid;
   switch (p.d) {
   case 64: /* persistent whatever kPst (persistent_pays): one instantiation */
-    return launch_fwd90_any<FwdCfg90<T, 64, 128, 3, true, 3, kCapFused, 0, true, true>, void,
-                            FwdCfg90<T, 64, 128, 3, true, 2, kCapFused, 0, false, true>>(p, s, why, why_size);
+    return launch_fwd90_any<FwdCfg90<T, 64, 128, 3, true, 3, kCapFused, 0, true, kSchedStride>, void,
+                            FwdCfg90<T, 64, 128, 3, true, 2, kCapFused, 0, false, kSchedStride>>(p, s, why, why_size);
   case 128:
-    return launch_fwd90_any<FwdCfg90<T, 128, 128, 2, true, 2, kCapFused, 0, false, kPst>, void>(p, s, why, why_size);
+    return launch_fwd90_any<FwdCfg90<T, 128, 128, 2, true, 2, kCapFused, 0, false, kS>, void>(p, s, why, why_size);
   default:
-    return launch_fwd90_any<FwdCfg90<T, 256, 64, 2, true, 2, kCapFused, 0, false, kPst>, FwdCfg90<T, 256, 64, 2, true>>(
+    return launch_fwd90_any<FwdCfg90<T, 256, 64, 2, true, 2, kCapFused, 0, false, kS>, FwdCfg90<T, 256, 64, 2, true>>(
         p, s, why, why_size);
   }
 }
