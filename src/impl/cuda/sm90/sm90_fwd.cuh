@@ -22,19 +22,20 @@
  * the softmax of S(n+1) while the second product runs (FlashAttention-3's intra-warpgroup
  * pipelining); the output is rescaled only after that product has landed.
  *
- * With kPersistent (kSched, lab v10) the grid is one CTA per SM, each taking tiles (a query
- * block of one (batch, head)) blockIdx.x, blockIdx.x + gridDim.x, ... in tile_of's order: the longest first
- * under a causal band, within sections of heads whose K and V fit half the L2. The K / V stages'
- * and Q's mbarrier phases run on across tiles, and Q has an "empty" barrier too, at which the
- * consumers arrive once a tile's last S has landed: the producer loads the next tile's first K,
- * its Q and its V while the consumers finish the last P V and store O, so a short tile's
- * prologue (Q, the first K) and epilogue no longer stand between two tiles' products, and no CTA
- * is launched per tile. The epilogue still stores O from registers (not through shared memory
- * and the copy engine). Measured (H200, bf16, one call; bench/RESULTS.md): 1.07-1.17x the grid
- * at T = 512 (D = 64 and 128, and 256 causal), 0.99-1.06x at D = 64 from T = 2048 up, but
- * 0.86-1.00x at D = 128 and 256 from T = 2048 up (the static stride's imbalance between CTAs);
- * sm90_launch.cu's persistent_pays picks per problem. kSchedSnake (lab v11, not yet measured)
- * reverses every other wave and, under a band, orders the whole problem longest first.
+ * With kPersistent (kSched, lab v10) the grid is one CTA per SM, each taking tiles (a query block
+ * of one (batch, head)) blockIdx.x, blockIdx.x + gridDim.x, ... in tile_of's order: the longest
+ * first under a causal band, within sections of heads whose K and V fit half the L2. The K / V
+ * stages' and Q's mbarrier phases run on across tiles, and Q has an "empty" barrier too, at which
+ * the consumers arrive once a tile's last S has landed: the producer loads the next tile's first K,
+ * its Q and its V while the consumers finish the last P V and store O, so a short tile's prologue
+ * (Q, the first K) and epilogue no longer stand between two tiles' products, and no CTA is launched
+ * per tile. The epilogue still stores O from registers (not through shared memory and the copy
+ * engine). Measured (H200, bf16, one call; bench/RESULTS.md): 1.07-1.17x the grid at T = 512
+ * (D = 64 and 128, and 256 causal), 0.99-1.06x at D = 64 from T = 2048 up, but 0.86-1.00x at
+ * D = 128 and 256 from T = 2048 up (causal: the static stride's imbalance between CTAs, which
+ * dev/cuda/tile_order_sim.py models; non-causal: not explained yet); sm90_launch.cu's
+ * persistent_pays picks per problem. kSchedSnake (lab v11, not yet measured) reverses every other
+ * wave and, under a band, orders the whole problem longest first.
  *
  * Features (SPEC.md steps 1-5) take one of three instantiations (Fwd90Mode, chosen by fwd90_mode):
  * the plain kernel takes the band, the sinks (they seed each row's running max and sum before the
@@ -177,19 +178,21 @@ __device__ __forceinline__ float ex2_fma(float x) {
 
 /* ---- configuration ----------------------------------------------------------------------------- */
 
-/* kCWG consumer warpgroups of 64 rows each (2 or 3) beside the producer. The register file (64K
- * per SM, one CTA) is split by setmaxnreg: 24 per producer thread, the rest to the consumers in
- * steps of 8 (240 each for two consumer warpgroups, 160 for three). kCap: how the cap / ALiBi
- * kernel computes the soft cap (CapForm). kExpFmaEvery = N > 0: the softmax's exponentials of one
- * 8-key group in N by ex2_fma on the FMA pipe rather than ex2 on the special-function unit.
- * kPingPong (with kOverlap): the consumer warpgroups take turns to issue their products, so that
- * one's softmax runs while the others' products do (FlashAttention-3's inter-warpgroup overlap). */
 /* How the tiles are spread over CTAs (kSched): one CTA per tile (the grid), or one CTA per SM
  * taking wave k's tile k * gridDim.x + blockIdx.x (kSchedStride, lab v10), or with kSchedSnake
  * every other wave in reverse, gridDim.x - 1 - blockIdx.x (lab v11: a CTA that took one of a
  * wave's longer tiles takes one of the next wave's shorter ones), under a band over the whole
  * problem ordered longest first (launch_fwd90). */
 enum TileSched : int { kSchedGrid = 0, kSchedStride = 1, kSchedSnake = 2 };
+
+/* kCWG consumer warpgroups of 64 rows each (2 or 3) beside the producer. The register file (64K
+ * per SM, one CTA) is split by setmaxnreg: 24 per producer thread, the rest to the consumers in
+ * steps of 8 (240 each for two consumer warpgroups, 160 for three). kCap: how the cap / ALiBi
+ * kernel computes the soft cap (CapForm). kExpFmaEvery = N > 0: the softmax's exponentials of one
+ * 8-key group in N by ex2_fma on the FMA pipe rather than ex2 on the special-function unit.
+ * kPingPong (with kOverlap): the consumer warpgroups take turns to issue their products, so that
+ * one's softmax runs while the others' products do (FlashAttention-3's inter-warpgroup overlap).
+ * kSched: TileSched. */
 enum CapForm : int {
   kCapRcp = 0,    /* SoftCap::logit2 on every score, then the softmax: 3 special-function ops a score */
   kCapRcpFma = 1, /* cap_logit2_fma: the reciprocal on the FMA pipe; 2 ops, 6 FMAs more */
@@ -226,8 +229,8 @@ enum Fwd90Mode : int {
 };
 
 /* The tiles of a persistent launch (FwdCfg90::kPersistent): every (query block, batch, query
- * head) of the problem, numbered so that the CTAs, taking tiles blockIdx.x, + gridDim.x, ..., start
- * the longest first (tile_of). Set by launch_fwd90. */
+ * head) of the problem, numbered (tile_of) so that the CTAs, taking them wave by wave (TileSched),
+ * start the longest first. Set by launch_fwd90. */
 struct Tiles90 {
   int count;    /* m_blocks * batch * heads */
   int m_blocks; /* query blocks of kBM rows of one (batch, head) */
