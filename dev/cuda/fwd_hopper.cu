@@ -111,6 +111,46 @@
  *      scheduler cannot hide it: what is left is more independent work per warp (a third
  *      consumer warpgroup at D = 128 needs O, S and P in 160 registers: spills) or splitting a
  *      block's softmax in halves that overlap each other's products.
+ *  v10 the persistent tile scheduler (FwdCfg90::kPersistent): one CTA per SM looping over tiles
+ *      blockIdx.x, + gridDim.x, ... (a static stride; tile_of: longest first within sections of
+ *      heads whose K and V fit half the L2), the K / V stages' and Q's mbarrier phases carried
+ *      across tiles, a Q "empty" barrier so the producer loads the next tile's first K, Q and V
+ *      while the consumers run the last P V and the epilogue. `fwd_hopper SEED sched`: every
+ *      check of the persistent kernels (162 passed), then the grid (the same kernel with
+ *      kPersistent off) against it on the issue's shapes. One call (H200, 2026-11-25, bf16,
+ *      B * T = 16384, Hq * D = 2048; ms grid -> persistent, non-causal / causal):
+ *        D = 64:  T = 512 0.247 -> 0.216 / 0.371 -> 0.333 (1.15x / 1.11x), T = 2048 1.05x /
+ *                 0.99x, T = 8192 1.02x / 1.02x, window 2048 at T = 8192 1.06x / 1.02x
+ *        D = 128: T = 512 0.202 -> 0.183 / 0.188 -> 0.160 (1.11x / 1.17x), T = 2048 0.94x /
+ *                 1.00x, T = 8192 1.641 -> 1.773 / 0.982 -> 1.037 (0.93x / 0.95x), window 0.94x
+ *                 / 0.99x
+ *        D = 256: T = 512 0.95x / 1.08x, T = 2048 0.99x / 0.97x, T = 8192 0.93x / 0.86x, window
+ *                 0.97x / 0.90x
+ *      cuDNN 9.19 in the same call (fwd_hopper_torch.py 512 2048 8192, with grad): the library's
+ *      choice (sm90_launch.cu: persistent_pays) at 0.55-1.20x of it (bench/RESULTS.md). So the
+ *      scheduler pays where tiles are short (the producer's Q and first K / V loads and the
+ *      launch of a CTA per tile were what T = 512 lost) and costs 5-14% on long tiles at D = 128
+ *      and 256: the static stride leaves each CTA its ~8-16 tiles' sum, which under a causal
+ *      band (tiles 1 to 64 blocks long, sections longest first but not the whole grid) and with
+ *      uneven L2 hits differs from CTA to CTA, where the hardware's grid hands the next tile to
+ *      whichever SM is free. Not tried (no device time left): an atomic tile counter, one
+ *      section for the whole problem under a causal band. The windows stay at 0.67-0.89x of
+ *      plain: a 2048-key window's tile is as long as T = 2048's (17 blocks, two of them at the
+ *      band's edges, masked per score and half of their scores not counted), and plain at
+ *      T = 2048 itself runs at 0.85-0.86x of T = 8192's speed at every head dim; what is
+ *      left per tile is the consumers' own: the first S and its softmax with no P V beside them,
+ *      the last P V with no softmax, and the epilogue's stores (ping-pong across tiles, or an
+ *      epilogue through shared memory and TMA stores, would hide them).
+ *  v11 (written and compiled, not yet run: no device time left) kSchedSnake: v10's static
+ *      stride with every other wave reversed (CTA c takes wave k's tile k * SMs + c, or
+ *      k * SMs + SMs - 1 - c when k is odd) and, under a causal band, one section for the whole
+ *      problem, so the tiles run longest first over all heads. dev/cuda/tile_order_sim.py models
+ *      the balance (a tile costs its key blocks plus one; finishing time over the ideal): causal,
+ *      v10's stride 1.05-1.31 (D = 128, T = 2048: 1.31; D = 256, T = 8192: 1.27), the grid
+ *      1.05-1.14, the snake 1.00-1.03; non-causal all 1.01-1.03. That matches v10's causal
+ *      losses at T = 8192 (model 0.88x the grid at D = 128 and 256; measured 0.95x, 0.86x) but
+ *      not its non-causal ones (model 1.00x, measured 0.93x: L2 reuse, which the model leaves
+ *      out, is the suspect there). `fwd_hopper SEED sched` checks it and times it beside v10.
  *   ncu (v2, D = 128, non-causal, `fwd_hopper ncu`): 1.62 ms, SM busy 72% (the tensor pipe is
  *      what fills it), the XU pipe (exp2, conversions) 37%, DRAM 5%, issue slots 40% busy, 5.4 cycles per
  *      issued instruction. What is left is the softmax between the products that the two
@@ -119,7 +159,10 @@
  *
  * `fwd_hopper ncu` runs the D = 128 non-causal shape alone (for Nsight Compute; `ncu-cap`: with the
  * soft cap, its 5th sm90 launch the capped kernel's); `fwd_hopper SEED features` runs the checks,
- * then only the features' benchmarks (the cap's variants and D = 64's plain kernel included).
+ * then only the features' benchmarks (the cap's variants and D = 64's plain kernel included);
+ * `fwd_hopper SEED sched` runs v10's and v11's checks and the grid against both persistent
+ * schedulers at T = 512, 2048 and 8192 (`python3 dev/cuda/fwd_hopper_torch.py 512 2048 8192`:
+ * cuDNN's).
  *
  * build + run on the GPU machine (`gpu/run.sh cuda lab` does it):
  *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90a,code=sm_90a dev/cuda/fwd_hopper.cu -o lab90 && ./lab90
@@ -531,6 +574,45 @@ template <typename C> void bench(const char *tag, int causal) {
          tag, D, T_, causal, C::kBM, C::kBN, C::kStages, ms, flops / ms * 1e-9, ms80, flops / ms80 * 1e-9, ms80 / ms);
 }
 
+/* The one-CTA-per-tile grid (O) against the persistent scheduler (N: its copy with kSchedStride,
+ * S: with kSchedSnake) on bf16, B * T = 16384, Hq * D = 2048, at each T of the issue's range,
+ * causal and not, plain and with a sliding window of 2048 keys (its TFLOPS over the scores it
+ * sees); N and S are checked against the sm_80 kernel on each shape first. One line per shape:
+ * the three kernels, N / O and S / O, and with a window N's and S's ratios to their own plain
+ * speed on the same T and band (the issue's >= 0.9x). */
+template <typename O, typename N, typename S> void bench_sched(const char *tag) {
+  using T = typename O::T;
+  const int D = O::kD, H = 2048 / D;
+  for (int T_ : {512, 2048, 8192})
+    for (int causal = 0; causal < 2; ++causal) {
+      double tf_plain = 0, tf_plain_s = 0;
+      for (int window : {0, 2048}) {
+        const int B = 16384 / T_, wl = window > 0 ? window : -1, wr = causal ? 0 : wl;
+        const Problem s{B, T_, T_, H, H, D, wl, wr, 0};
+        check<N, void>(tag, s, 7);
+        check<S, void>(tag, s, 7);
+        Buffers<T> bu(s, 7);
+        attn_cuda_params p = bu.p;
+        p.out = bu.o;
+        double pairs = 0; /* visible (query, key) pairs of one head */
+        for (int i = 0; i < T_; ++i)
+          pairs += std::min(T_ - 1, wr < 0 ? T_ - 1 : i + wr) - std::max(0, wl < 0 ? 0 : i - wl) + 1;
+        const double flops = 4.0 * B * H * pairs * D;
+        const float ms_old = median_ms([&] { run90<O, void>(p); });
+        const float ms_new = median_ms([&] { run90<N, void>(p); });
+        const float ms_snake = median_ms([&] { run90<S, void>(p); });
+        const double tf_old = flops / ms_old * 1e-9, tf_new = flops / ms_new * 1e-9, tf_s = flops / ms_snake * 1e-9;
+        if (window == 0) tf_plain = tf_new, tf_plain_s = tf_s;
+        printf("lab fwd90 sched %s D=%d T=%d causal=%d window=%d: grid %.3f ms %.1f TFLOPS, persistent %.3f ms %.1f "
+               "TFLOPS: %.2fx grid, snake %.3f ms %.1f TFLOPS: %.2fx grid",
+               tag, D, T_, causal, window, ms_old, tf_old, ms_new, tf_new, ms_old / ms_new, ms_snake, tf_s,
+               ms_old / ms_snake);
+        if (window > 0) printf("; of their plain: persistent %.2fx, snake %.2fx", tf_new / tf_plain, tf_s / tf_plain_s);
+        printf("\n");
+      }
+    }
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "ncu") == 0) { /* one shape, for Nsight Compute: D = 128 non-causal */
     bench<FwdCfg90<bf, 128, 128, 2, true>>("v2", 0);
@@ -544,6 +626,52 @@ int main(int argc, char **argv) {
   }
   unsigned seed = argc > 1 ? (unsigned)atoi(argv[1]) : 1234u;
   printf("seed %u\n", seed);
+  if (argc > 2 && strcmp(argv[2], "sched") == 0) { /* v10, v11: the persistent schedulers, checked, then timed */
+    using sm90::kCapFused;
+    using sm90::kSchedStride;
+    using G64 = FwdCfg90<bf, 64, 128, 3, true, 3, kCapFused, 0, true>; /* the library's before */
+    using N64 = FwdCfg90<bf, 64, 128, 3, true, 3, kCapFused, 0, true, kSchedStride>;
+    using N64h = FwdCfg90<hf, 64, 128, 3, true, 3, kCapFused, 0, true, kSchedStride>;
+    using NA64 = FwdCfg90<bf, 64, 128, 3, true, 2, kCapFused, 0, false, kSchedStride>; /* its cap / ALiBi kernel */
+    using NA64h = FwdCfg90<hf, 64, 128, 3, true, 2, kCapFused, 0, false, kSchedStride>;
+    using G128 = FwdCfg90<bf, 128, 128, 2, true>;
+    using N128 = FwdCfg90<bf, 128, 128, 2, true, 2, kCapFused, 0, false, kSchedStride>;
+    using N128h = FwdCfg90<hf, 128, 128, 2, true, 2, kCapFused, 0, false, kSchedStride>;
+    using G256 = FwdCfg90<bf, 256, 64, 2, true>;
+    using N256 = FwdCfg90<bf, 256, 64, 2, true, 2, kCapFused, 0, false, kSchedStride>;
+    using N256h = FwdCfg90<hf, 256, 64, 2, true, 2, kCapFused, 0, false, kSchedStride>;
+    using F64 = FwdCfg90<bf, 64, 128, 3, true, 2>;
+    using F64h = FwdCfg90<hf, 64, 128, 3, true, 2>;
+    using sm90::kSchedSnake; /* v11 */
+    using S64 = FwdCfg90<bf, 64, 128, 3, true, 3, kCapFused, 0, true, kSchedSnake>;
+    using SA64 = FwdCfg90<bf, 64, 128, 3, true, 2, kCapFused, 0, false, kSchedSnake>;
+    using S128 = FwdCfg90<bf, 128, 128, 2, true, 2, kCapFused, 0, false, kSchedSnake>;
+    using S256h = FwdCfg90<hf, 256, 64, 2, true, 2, kCapFused, 0, false, kSchedSnake>;
+    using S256 = FwdCfg90<bf, 256, 64, 2, true, 2, kCapFused, 0, false, kSchedSnake>;
+    feature_checks<S64, F64, SA64>("v11", seed);
+    feature_checks<S128, G128, S128>("v11", seed);
+    feature_checks<S256h, FwdCfg90<hf, 256, 64, 2, true>, S256h>("v11", seed);
+    feature_checks<N64, F64, NA64>("v10", seed);
+    feature_checks<N128, G128, N128>("v10", seed);
+    feature_checks<N256, G256, N256>("v10", seed);
+    feature_checks<N64h, F64h, NA64h>("v10", seed);
+    feature_checks<N128h, FwdCfg90<hf, 128, 128, 2, true>, N128h>("v10", seed);
+    feature_checks<N256h, FwdCfg90<hf, 256, 64, 2, true>, N256h>("v10", seed);
+    checks<N64>("v10", seed);
+    checks<N128h>("v10", seed);
+    bench_sched<G64, N64, S64>("v10");
+    bench_sched<G128, N128, S128>("v10");
+    bench_sched<G256, N256, S256>("v10");
+    Feat cap; /* the cap / ALiBi kernel, persistent, against the persistent plain one */
+    cap.softcap = 30.f, cap.name = "softcap 30";
+    for (int c = 0; c < 2; ++c) {
+      bench_feature<NA64, void, N64>(cap, c, "v10");
+      bench_feature<N128, void, N128>(cap, c, "v10");
+      bench_feature<N256, void, N256>(cap, c, "v10");
+    }
+    printf("lab fwd90: %d failed checks\n", failures);
+    return failures != 0;
+  }
   using V1_128 = FwdCfg90<bf, 128, 128, 2, false>;
   using V2_128 = FwdCfg90<bf, 128, 128, 2, true>;
   using V1_64 = FwdCfg90<bf, 64, 128, 3, false>;

@@ -22,6 +22,21 @@
  * the softmax of S(n+1) while the second product runs (FlashAttention-3's intra-warpgroup
  * pipelining); the output is rescaled only after that product has landed.
  *
+ * With kPersistent (kSched, lab v10) the grid is one CTA per SM, each taking tiles (a query block
+ * of one (batch, head)) blockIdx.x, blockIdx.x + gridDim.x, ... in tile_of's order: the longest
+ * first under a causal band, within sections of heads whose K and V fit half the L2. The K / V
+ * stages' and Q's mbarrier phases run on across tiles, and Q has an "empty" barrier too, at which
+ * the consumers arrive once a tile's last S has landed: the producer loads the next tile's first K,
+ * its Q and its V while the consumers finish the last P V and store O, so a short tile's prologue
+ * (Q, the first K) and epilogue no longer stand between two tiles' products, and no CTA is launched
+ * per tile. The epilogue still stores O from registers (not through shared memory and the copy
+ * engine). Measured (H200, bf16, one call; bench/RESULTS.md): 1.07-1.17x the grid at T = 512
+ * (D = 64 and 128, and 256 causal), 0.99-1.06x at D = 64 from T = 2048 up, but 0.86-1.00x at
+ * D = 128 and 256 from T = 2048 up (causal: the static stride's imbalance between CTAs, which
+ * dev/cuda/tile_order_sim.py models; non-causal: not explained yet); sm90_launch.cu's
+ * persistent_pays picks per problem. kSchedSnake (lab v11, not yet measured) reverses every other
+ * wave and, under a band, orders the whole problem longest first.
+ *
  * Features (SPEC.md steps 1-5) take one of three instantiations (Fwd90Mode, chosen by fwd90_mode):
  * the plain kernel takes the band, the sinks (they seed each row's running max and sum before the
  * first key block, once per row) and varlen (sequences addressed by their first rows when packed,
@@ -163,25 +178,34 @@ __device__ __forceinline__ float ex2_fma(float x) {
 
 /* ---- configuration ----------------------------------------------------------------------------- */
 
+/* How the tiles are spread over CTAs (kSched): one CTA per tile (the grid), or one CTA per SM
+ * taking wave k's tile k * gridDim.x + blockIdx.x (kSchedStride, lab v10), or with kSchedSnake
+ * every other wave in reverse, gridDim.x - 1 - blockIdx.x (lab v11: a CTA that took one of a
+ * wave's longer tiles takes one of the next wave's shorter ones), under a band over the whole
+ * problem ordered longest first (launch_fwd90). */
+enum TileSched : int { kSchedGrid = 0, kSchedStride = 1, kSchedSnake = 2 };
+
 /* kCWG consumer warpgroups of 64 rows each (2 or 3) beside the producer. The register file (64K
  * per SM, one CTA) is split by setmaxnreg: 24 per producer thread, the rest to the consumers in
  * steps of 8 (240 each for two consumer warpgroups, 160 for three). kCap: how the cap / ALiBi
  * kernel computes the soft cap (CapForm). kExpFmaEvery = N > 0: the softmax's exponentials of one
  * 8-key group in N by ex2_fma on the FMA pipe rather than ex2 on the special-function unit.
  * kPingPong (with kOverlap): the consumer warpgroups take turns to issue their products, so that
- * one's softmax runs while the others' products do (FlashAttention-3's inter-warpgroup overlap). */
+ * one's softmax runs while the others' products do (FlashAttention-3's inter-warpgroup overlap).
+ * kSched: TileSched. */
 enum CapForm : int {
   kCapRcp = 0,    /* SoftCap::logit2 on every score, then the softmax: 3 special-function ops a score */
   kCapRcpFma = 1, /* cap_logit2_fma: the reciprocal on the FMA pipe; 2 ops, 6 FMAs more */
   kCapFused = 2,  /* the cap folded into the softmax (cap_softmax): 3 ops, 8.5 instructions a score */
 };
 template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_, int kCWG_ = 2, int kCap_ = kCapFused,
-          int kExpFmaEvery_ = 0, bool kPingPong_ = false>
+          int kExpFmaEvery_ = 0, bool kPingPong_ = false, int kSched_ = kSchedGrid>
 struct FwdCfg90 {
   using T = T_;
   static constexpr int kD = kD_, kBN = kBN_, kStages = kStages_, kCWG = kCWG_;
   static constexpr int kCap = kCap_, kExpFmaEvery = kExpFmaEvery_;
-  static constexpr bool kOverlap = kOverlap_, kPingPong = kPingPong_ && kOverlap_;
+  static constexpr int kSched = kSched_;
+  static constexpr bool kOverlap = kOverlap_, kPingPong = kPingPong_ && kOverlap_, kPersistent = kSched_ != kSchedGrid;
   /* whether 8-key group g (of kBN / 8) takes the FMA pipe, one in every N (0: none) */
   __host__ __device__ static constexpr bool on_fma(int every, int g) {
     return every > 0 && g % (every > 0 ? every : 1) == every - 1;
@@ -190,7 +214,7 @@ struct FwdCfg90 {
   static constexpr int kProducerRegs = 24, kConsumerRegs = (65536 / 128 - kProducerRegs) / kCWG / 8 * 8;
   static constexpr uint32_t kQBytes = kBM * kD * 2, kKVBytes = kBN * kD * 2;
   /* Q, K and V buffers, the barriers, and 1024 bytes to align the base for the swizzle */
-  static constexpr uint32_t kSmem = 1024 + kQBytes + 2 * kStages * kKVBytes + 8 * (1 + 4 * kStages);
+  static constexpr uint32_t kSmem = 1024 + kQBytes + 2 * kStages * kKVBytes + 8 * (2 + 4 * kStages);
   static_assert(kD % 64 == 0 && kBN % 16 == 0 && kBN <= 256 && kBM <= 256, "tile shape");
 };
 
@@ -204,32 +228,77 @@ enum Fwd90Mode : int {
   kModeGeneric = 2,  /* every per-element function, by visible() and logit() on every block */
 };
 
+/* The tiles of a persistent launch (FwdCfg90::kPersistent): every (query block, batch, query
+ * head) of the problem, numbered (tile_of) so that the CTAs, taking them wave by wave (TileSched),
+ * start the longest first. Set by launch_fwd90. */
+struct Tiles90 {
+  int count;    /* m_blocks * batch * heads */
+  int m_blocks; /* query blocks of kBM rows of one (batch, head) */
+  int heads;    /* query heads */
+  int section;  /* (batch, head) pairs of a section: as many as half the L2 holds the K and V of */
+};
+
+/* Tile t of a persistent launch, as (batch, head, first row): sections of ts.section (batch, head)
+ * pairs one after the other, so that the CTAs at work share the K and V of a few heads in L2 (the
+ * one-CTA-per-tile grid does so by running a head's query blocks side by side); within a section
+ * the last query blocks first, its pairs innermost: under a causal band (either alignment) they see
+ * the most keys, so the short tiles fill the tail. */
+struct Tile90 {
+  int b, h, m0;
+};
+__device__ __forceinline__ Tile90 tile_of(const Tiles90 &ts, int t, int kBM) {
+  const int per_section = ts.m_blocks * ts.section, sec = t / per_section, r = t - sec * per_section;
+  const int width = min(ts.section, ts.count / ts.m_blocks - sec * ts.section); /* the last one may be narrower */
+  const int bh = sec * ts.section + r % width;
+  return {bh / ts.heads, bh % ts.heads, (ts.m_blocks - 1 - r / width) * kBM};
+}
+
 template <typename C, int kMode>
 __global__ void __launch_bounds__(C::kThreads, 1)
     fwd90_kernel(const __grid_constant__ attn_cuda_params p, const __grid_constant__ CUtensorMap tq,
-                 const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
+                 const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, const Tiles90 ts) {
   using T = typename C::T;
   constexpr int kD = C::kD, kBN = C::kBN, kBM = C::kBM, kStages = C::kStages;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t sQ = (smem_u32(smem_raw) + 1023) & ~1023u;
   const uint32_t sK = sQ + C::kQBytes, sV = sK + kStages * C::kKVBytes, bars = sV + kStages * C::kKVBytes;
-  /* barriers: Q; then per stage K full, V full, K empty, V empty */
-  const uint32_t bar_q = bars;
+  /* barriers: Q full; then per stage K full, V full, K empty, V empty; then Q empty */
+  const uint32_t bar_q = bars, empty_q = bars + 8 * (1 + 4 * kStages);
   auto full_k = [&](int s) { return bars + 8 * (1 + s); };
   auto full_v = [&](int s) { return bars + 8 * (1 + kStages + s); };
   auto empty_k = [&](int s) { return bars + 8 * (1 + 2 * kStages + s); };
   auto empty_v = [&](int s) { return bars + 8 * (1 + 3 * kStages + s); };
 
   const int tid = threadIdx.x, lane = tid & 31, wg = tid / 128;
-  /* the last query blocks first: under a causal band they see the most keys */
-  const int b = blockIdx.z, h = blockIdx.y, m0 = (gridDim.x - 1 - blockIdx.x) * kBM;
-  const Seq sq = seq_of(p, b);
-  if (m0 >= sq.len_q) return;
-  const Head hd = head_of(p, sq, b, h);
+  /* The CTA's k-th tile: its grid position's one (k = 0), or with kPersistent wave k's of ts
+   * (TileSched), t_end past the last; increasing in k. The producer and the consumers walk them
+   * alike; the K / V stages' and Q's mbarrier phases run on across tiles, so the producer loads
+   * the next tile while the consumers finish this one. */
+  const int t_end = C::kPersistent ? ts.count : 1;
+  auto nth_tile = [&](int k) {
+    if constexpr (!C::kPersistent) return k;
+    const int c = C::kSched == kSchedSnake && (k & 1) != 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    return k * (int)gridDim.x + c;
+  };
+  int b, h, m0, n_lo, n_hi, f_lo, f_hi;
+  Seq sq;
+  Head hd;
+  /* Sets the geometry of tile t; false when it has no rows (past a varlen sequence's end). */
+  auto tile = [&](int t) {
+    if constexpr (C::kPersistent) {
+      const Tile90 w = tile_of(ts, t, kBM);
+      b = w.b, h = w.h, m0 = w.m0;
+    } else { /* the last query blocks first: under a causal band they see the most keys */
+      b = blockIdx.z, h = blockIdx.y, m0 = (gridDim.x - 1 - blockIdx.x) * kBM;
+    }
+    sq = seq_of(p, b);
+    if (m0 >= sq.len_q) return false;
+    hd = head_of(p, sq, b, h);
   const int m_last = min(m0 + kBM, sq.len_q) - 1;
-  int n_lo, n_hi, f_lo, f_hi;
   key_block_range(p, hd, m0, m_last, kBN, n_lo, n_hi);
   full_block_range(p, hd, m0, m_last, kBN, n_lo, n_hi, f_lo, f_hi);
+    return true;
+  };
 
   if (tid == 0) {
     mbar_init(bar_q, 1);
@@ -237,6 +306,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       mbar_init(full_k(s), 1), mbar_init(full_v(s), 1);
       mbar_init(empty_k(s), 4 * C::kCWG), mbar_init(empty_v(s), 4 * C::kCWG); /* one per consumer warp */
     }
+    mbar_init(empty_q, 4 * C::kCWG);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -244,21 +314,33 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   if (wg == 0) { /* producer */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
     if (tid == 0) {
-      mbar_expect_tx(bar_q, C::kQBytes);
+      int it = 0; /* key blocks loaded so far, over the tiles: the stage and its phase */
+      for (int k = 0, t = nth_tile(0), j = 0; t < t_end; t = nth_tile(++k)) {
+        if (!tile(t)) continue;
       const MapOrigin org = map_origin(p, sq, b);
       const int k_row0 = org.k_row0, mb = org.batch;
+        /* Q of the j-th tile, once the consumers are done with the one before (after its last S:
+         * its last P V and its epilogue still run) */
+        auto load_q = [&]() {
+          if (j > 0) mbar_wait(empty_q, (j - 1) & 1);
+          mbar_expect_tx(bar_q, C::kQBytes);
       for (int c = 0; c < C::kPanels; ++c) tma_load(sQ + c * kBM * 128, &tq, bar_q, c * 64, h, org.q_row0 + m0, mb);
-      for (int i = 0, n = n_lo; n < n_hi; ++i, ++n) {
-        const int s = i % kStages;
-        const uint32_t ph = (i / kStages) & 1;
+        };
+        if (n_lo >= n_hi) load_q();
+        for (int i = 0, n = n_lo; n < n_hi; ++i, ++n, ++it) {
+          const int s = it % kStages;
+          const uint32_t ph = (it / kStages) & 1;
         mbar_wait(empty_k(s), ph ^ 1);
         mbar_expect_tx(full_k(s), C::kKVBytes);
         for (int c = 0; c < C::kPanels; ++c)
           tma_load(sK + s * C::kKVBytes + c * kBN * 128, &tk, full_k(s), c * 64, hd.g, k_row0 + n * kBN, mb);
+          if (i == 0) load_q(); /* after the first K, whose buffer is freed a block earlier than Q */
         mbar_wait(empty_v(s), ph ^ 1);
         mbar_expect_tx(full_v(s), C::kKVBytes);
         for (int c = 0; c < C::kPanels; ++c)
           tma_load(sV + s * C::kKVBytes + c * kBN * 128, &tv, full_v(s), c * 64, hd.g, k_row0 + n * kBN, mb);
+      }
+        ++j;
       }
     }
   } else { /* consumers: 64 rows each, 16 per warp */
@@ -270,6 +352,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
      * capped and the generic logits are already scaled log2 units */
     const bool logits_log2 = kMode == kModeGeneric || (kMode == kModeCapAlibi && p.softcap > 0.f);
     const float mult = logits_log2 ? 1.f : p.scale * kLog2e;
+    int it = 0; /* key blocks consumed so far, over the tiles: the stage and its phase */
+    for (int k = 0, t = nth_tile(0), j = 0; t < t_end; t = nth_tile(++k)) {
+      if (!tile(t)) continue;
 
     float o[1][kD / 8][4]; /* wgmma's accumulator layout is store_rows' [m-tile][8 columns][4] */
     float(&oacc)[kD / 2] = reinterpret_cast<float(&)[kD / 2]>(o);
@@ -479,12 +564,12 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         if (cw == C::kCWG - 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
     };
 
-    mbar_wait(bar_q, 0);
+      mbar_wait(bar_q, j & 1);
     float corr[2];
     if constexpr (!C::kOverlap) {
       for (int i = 0, n = n_lo; n < n_hi; ++i, ++n) {
-        const int s = i % kStages;
-        const uint32_t ph = (i / kStages) & 1;
+          const int s = (it + i) % kStages;
+          const uint32_t ph = ((it + i) / kStages) & 1;
         mbar_wait(full_k(s), ph);
         wgmma_fence();
         issue_s(s);
@@ -507,23 +592,25 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         pin(pa);
         release(empty_v(s));
       }
+        release(empty_q);
     } else if (n_lo < n_hi) {
       pass_turn_ahead();
-      mbar_wait(full_k(0), 0);
+        const int s0 = it % kStages;
+        mbar_wait(full_k(s0), (it / kStages) & 1);
       take_turn();
       wgmma_fence();
-      issue_s(0);
+        issue_s(s0);
       wgmma_commit();
       pass_turn(n_lo + 1 == n_hi);
       wgmma_wait<0>();
       pin(sacc);
-      release(empty_k(0));
+        release(empty_k(s0));
       softmax(n_lo, corr); /* O is 0: nothing to rescale */
       to_pa();
       int i = 1;
       for (int n = n_lo + 1; n < n_hi; ++i, ++n) {
-        const int s = i % kStages, sp = (i - 1) % kStages;
-        const uint32_t ph = (i / kStages) & 1, php = ((i - 1) / kStages) & 1;
+          const int s = (it + i) % kStages, sp = (it + i - 1) % kStages;
+          const uint32_t ph = ((it + i) / kStages) & 1, php = ((it + i - 1) / kStages) & 1;
         mbar_wait(full_k(s), ph);
         mbar_wait(full_v(sp), php); /* block n - 1 < n_hi - 1 is whole: no clear_v_tail */
         pin(oacc);
@@ -546,8 +633,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         rescale(corr);
         to_pa();
       }
-      const int sp = (i - 1) % kStages;
-      mbar_wait(full_v(sp), ((i - 1) / kStages) & 1);
+        release(empty_q); /* the last S has landed: the producer may load the next tile's Q */
+        const int sp = (it + i - 1) % kStages;
+        mbar_wait(full_v(sp), ((it + i - 1) / kStages) & 1);
       clear_v_tail(sp, n_hi - 1);
       pin(oacc);
       pin(pa);
@@ -558,6 +646,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       pin(oacc);
       pin(pa);
       release(empty_v(sp));
+      } else {
+        release(empty_q);
     }
 
     /* out = O / Z, lse = max + log Z; a row with nothing visible (and no sinks) is out = 0,
@@ -575,6 +665,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     const int wrow = m0 + cw * 64 + wq * 16;
     T *go = static_cast<T *>(p.out) + b * p.o_b + (sq.q0 + wrow) * p.o_r + h * p.o_h;
     store_rows<T, 1, kD / 8, false>(go, p.o_r, o, inv, lane, sq.len_q - wrow, kD);
+      it += max(n_hi - n_lo, 0), ++j;
+    }
   }
 }
 
@@ -716,8 +808,22 @@ attn_status launch_fwd90(const attn_cuda_params &p, cudaStream_t stream, char *w
     return st;
   auto kernel = fwd90_kernel<C, kMode>;
   ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmem));
-  dim3 grid((p.seqlen_q + C::kBM - 1) / C::kBM, p.heads_q, p.batch);
-  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p, tq, tk, tv);
+  const int m_blocks = (p.seqlen_q + C::kBM - 1) / C::kBM;
+  dim3 grid(m_blocks, p.heads_q, p.batch);
+  Tiles90 ts{m_blocks * p.heads_q * p.batch, m_blocks, p.heads_q, 1};
+  if constexpr (C::kPersistent) {
+    /* one CTA per SM (kConsumerRegs claims the register file), each looping over its tiles */
+    int dev, sms, l2;
+    ATTN_CUDA_CHECK(cudaGetDevice(&dev));
+    ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+    /* the K and V bytes of one query head (a KV head's over the group), for tile_of's sections */
+    const int64_t kv_bytes = std::max<int64_t>((int64_t)p.seqlen_k * p.d * 2 * 2 / std::max(p.group, 1), 1);
+    ts.section = (int)std::max<int64_t>(1, std::min<int64_t>((int64_t)p.heads_q * p.batch, l2 / 2 / kv_bytes));
+    if (C::kSched == kSchedSnake && p.window_right >= 0) ts.section = p.heads_q * p.batch;
+    grid = dim3(std::max(1, std::min(ts.count, sms)));
+  }
+  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p, tq, tk, tv, ts);
   ATTN_CUDA_CHECK(cudaGetLastError());
   return ATTN_STATUS_OK;
 }

@@ -12,6 +12,23 @@
 namespace attn_cuda {
 namespace sm90 {
 
+/* Whether p runs on the persistent tile scheduler (kSchedStride, lab v10) rather than
+ * one CTA per tile. One call on an H200 (bf16, B * T = 16384, Hq * D = 2048; bench/RESULTS.md
+ * "sm90: a persistent tile scheduler"): at D = 64 it won or tied everywhere (1.11-1.15x the grid
+ * at T = 512, 0.99-1.05x at 2048, 1.02x at 8192, 1.02-1.06x with a 2048-key window); at D = 128
+ * it won where a tile sees few keys (T = 512: 1.07-1.17x) and lost from T = 2048 up (0.93-1.01x,
+ * windows of 2048 keys 0.94 / 0.99x); at D = 256 it won at T = 512 causal (1.06-1.08x), lost
+ * non-causal (0.95-0.99x) and from T = 2048 up (0.86-0.99x). Hence: D = 64 always; D = 128 where
+ * a tile sees at most 1024 keys (between the measured 512 and 2048; a two-sided window bounds
+ * them too, an extrapolation); D = 256 the same under a causal band only. */
+static bool persistent_pays(const attn_cuda_params &p) {
+  if (p.d == 64) return true;
+  int64_t keys = p.seqlen_k;
+  if (p.window_left >= 0 && p.window_right >= 0)
+    keys = std::min<int64_t>(keys, (int64_t)p.window_left + p.window_right + 128);
+  return keys <= 1024 && (p.d == 128 || p.window_right >= 0);
+}
+
 /* 128 keys per block up to D = 128 (S and O fit the 240 registers with P beside them), 64 at
  * D = 256 (O alone takes 128); as many K/V stages as shared memory holds, at most 3. D = 64's
  * plain kernel has three consumer warpgroups (192-row CTAs: each K/V tile feeds 1.5x the rows;
@@ -20,15 +37,25 @@ namespace sm90 {
  * registers).
  * The soft cap is folded into the softmax everywhere (kCapFused: lab v9). The generic kernel is
  * built at D = 256 alone (kGenericDeclined says why); the lab runs it at every head dim (at
- * D = 64 with two consumer warpgroups: its per-element function spills at 160 registers). */
-template <typename T> attn_status run(const attn_cuda_params &p, cudaStream_t s, char *why, size_t why_size) {
+ * D = 64 with two consumer warpgroups: its per-element function spills at 160 registers). The
+ * plain and cap / ALiBi kernels run on the persistent scheduler where persistent_pays, the
+ * generic one on the grid. */
+template <typename T, bool kPst>
+attn_status run_sched(const attn_cuda_params &p, cudaStream_t s, char *why, size_t why_size) {
+  constexpr int kS = kPst ? kSchedStride : kSchedGrid;
   switch (p.d) {
-  case 64:
-    return launch_fwd90_any<FwdCfg90<T, 64, 128, 3, true, 3, kCapFused, 0, true>, void,
-                            FwdCfg90<T, 64, 128, 3, true, 2>>(p, s, why, why_size);
-  case 128: return launch_fwd90_any<FwdCfg90<T, 128, 128, 2, true>, void>(p, s, why, why_size);
-  default: return launch_fwd90_any<FwdCfg90<T, 256, 64, 2, true>, FwdCfg90<T, 256, 64, 2, true>>(p, s, why, why_size);
+  case 64: /* persistent whatever kPst (persistent_pays): one instantiation */
+    return launch_fwd90_any<FwdCfg90<T, 64, 128, 3, true, 3, kCapFused, 0, true, kSchedStride>, void,
+                            FwdCfg90<T, 64, 128, 3, true, 2, kCapFused, 0, false, kSchedStride>>(p, s, why, why_size);
+  case 128:
+    return launch_fwd90_any<FwdCfg90<T, 128, 128, 2, true, 2, kCapFused, 0, false, kS>, void>(p, s, why, why_size);
+  default:
+    return launch_fwd90_any<FwdCfg90<T, 256, 64, 2, true, 2, kCapFused, 0, false, kS>, FwdCfg90<T, 256, 64, 2, true>>(
+        p, s, why, why_size);
   }
+}
+template <typename T> attn_status run(const attn_cuda_params &p, cudaStream_t s, char *why, size_t why_size) {
+  return persistent_pays(p) ? run_sched<T, true>(p, s, why, why_size) : run_sched<T, false>(p, s, why, why_size);
 }
 
 /* The backward at D = 64 and 128: v4 of dev/cuda/bwd_hopper.cu (dQ by bulk reduce-adds into a
