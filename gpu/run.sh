@@ -13,7 +13,8 @@
 #             implementations, their tests and their benchmark programs. With cudnn it uses the
 #             cuDNN that PyTorch's wheels ship when there is one, so both sides of the benchmark
 #             run the same cuDNN, else the toolkit's.
-#   test      tests/test_<impl> against the reference, with the golden cases of $GOLDEN, then
+#   test      tests/test_<impl> against the reference, with the golden cases of $GOLDEN (cuda:
+#             then its quick suite under each sm90 forward tile scheduler forced), then
 #             tests/test_paged, whose GPU cases run each named implementation on paged caches
 #             (cuda: the split-KV decode kernel; cudnn: cuDNN's paged attention), and for cuda
 #             tests/test_fp8_cuda (the sm90 fp8 forward; its refusal elsewhere) and
@@ -222,6 +223,15 @@ if step test; then
     echo "test_$i rc=$rc in $((SECONDS - t0)) s: $(tail -1 "$OUT/$i/test.log")"
     grep -E "^FAIL|^FATAL" "$OUT/$i/test.log" | head -40
   done
+  if impl cuda && built "$BUILD/tests/test_cuda"; then # the sm90 forward's other tile scheduler
+    for sched in grid persistent; do # each forced where the measured choice takes the other
+      t0=$SECONDS
+      log="$OUT/cuda/test_sched_$sched.log"
+      timeout "$(limit 120)" env ATTN_CUDA_QUICK=1 ATTN_CUDA_SM90_SCHED=$sched "$BUILD/tests/test_cuda" "$GOLDEN" >"$log" 2>&1
+      echo "test_cuda (quick, ATTN_CUDA_SM90_SCHED=$sched) rc=$? in $((SECONDS - t0)) s: $(tail -1 "$log")"
+      grep -E "^FAIL|^FATAL" "$log" | head -20
+    done
+  fi
   if built "$BUILD/tests/test_paged"; then # paged and decode problems on the built modules
     t0=$SECONDS
     timeout "$(limit 150)" "$BUILD/tests/test_paged" >"$OUT/test_paged.log" 2>&1

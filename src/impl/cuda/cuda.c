@@ -72,8 +72,9 @@ static attn_status fp8_supports(const attn_problem *p, char *why, size_t why_siz
     return ATTN_STATUS_UNSUPPORTED;
   }
   if (!attn_cuda_sm90_built()) {
-    attn_format(why, why_size, "dtype=f8e4m3: this build has no sm90 kernels (a CUDA toolkit "
-                               "before 12.0); the fp8 forward is Hopper's wgmma e4m3 kernel");
+    attn_format(why, why_size,
+                "dtype=f8e4m3: this build has no sm90 kernels (a CUDA toolkit "
+                "before 12.0); the fp8 forward is Hopper's wgmma e4m3 kernel");
     return ATTN_STATUS_UNSUPPORTED;
   }
   if (p->batch > 65535 || p->heads_q > 65535 || p->seqlen_q > ATTN_CUDA_MAX_LEN ||
@@ -277,9 +278,10 @@ static int splitkv_splits(const attn_problem *p, int32_t config) {
   const int chunks = attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
   int64_t keys = p->seqlen_k;
   const int32_t wl = window_bound(p, p->window_left), wr = window_bound(p, p->window_right);
-  if (wl >= 0 && wr >= 0 && (int64_t)wl + wr + p->seqlen_q < keys) keys = (int64_t)wl + wr + p->seqlen_q;
-  return attn_cuda_decode_splits(p->device_index, (int)p->batch, (int)p->heads_kv, chunks, (int)keys,
-                                 (int)p->head_dim, (int)p->head_dim_v,
+  if (wl >= 0 && wr >= 0 && (int64_t)wl + wr + p->seqlen_q < keys)
+    keys = (int64_t)wl + wr + p->seqlen_q;
+  return attn_cuda_decode_splits(p->device_index, (int)p->batch, (int)p->heads_kv, chunks,
+                                 (int)keys, (int)p->head_dim, (int)p->head_dim_v,
                                  splitkv_half_waves[splitkv_index(p, config)]);
 }
 
@@ -297,6 +299,12 @@ static int32_t cuda_num_configs(const attn_problem *problem) {
   if (problem->page_size > 0) return N_SPLITKV;
   return (decode_shaped(problem) ? CUDA_CONFIG_SPLITKV + N_SPLITKV : 2) + 2 * sm90_offered(problem);
 }
+
+/* What cuda_plan_init reads from the environment for a plan (its state). */
+typedef struct cuda_plan_state {
+  int32_t decode_paths; /* splitkv: ATTN_CUDA_DECODE's flags (attn_cuda_decode_variant) */
+  int32_t sm90_sched;   /* sm90: ATTN_CUDA_SM90_SCHED_* (sm90_sched_from_env) */
+} cuda_plan_state;
 
 static int is_sm90(const attn_problem *p, int32_t config) {
   return config >= 2 && !is_splitkv(p, config) && sm90_offered(p);
@@ -332,8 +340,8 @@ static int cuda_config_deterministic(const attn_problem *p, int32_t config) {
                       p->bias_shape[2] != p->seqlen_q || p->bias_shape[3] != p->seqlen_k);
   if (is_splitkv(p, config) || p->dtype == ATTN_DTYPE_F8E4M3)
     return 1; /* splits merge in a fixed order; the fp8 forward has no atomics */
-  return config != CUDA_CONFIG_ATOMIC && (!is_sm90(p, config) || is_sm90_deterministic(p, config)) &&
-         !broadcast_bias;
+  return config != CUDA_CONFIG_ATOMIC &&
+         (!is_sm90(p, config) || is_sm90_deterministic(p, config)) && !broadcast_bias;
 }
 
 /* Decode-shaped problems (paged or dense): "splitkv", whose GQA-packed rows read K and V once where
@@ -368,7 +376,8 @@ static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const v
     return backward ? 0 : align_up(attn_cuda_sm90_fp8_workspace(&k));
   }
   if (!backward && is_splitkv(p, config)) { /* the splits' partial results */
-    const int chunks = attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
+    const int chunks =
+        attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
     return attn_cuda_decode_workspace((int)p->batch, (int)p->heads_kv, chunks,
                                       splitkv_splits(p, config), (int)p->head_dim_v);
   }
@@ -377,7 +386,8 @@ static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const v
   if (p->has_bias) bytes += align_up((size_t)attn_role_numel(p, ATTN_ROLE_BIAS) * sizeof(float));
   bytes += dq_accum_bytes(p, config);
   if (is_sm90_deterministic(p, config))
-    bytes += align_up((size_t)ATTN_CUDA_SM90_DQ_SLICES(p->heads_q, p->batch, p->seqlen_q) * sizeof(int32_t));
+    bytes += align_up((size_t)ATTN_CUDA_SM90_DQ_SLICES(p->heads_q, p->batch, p->seqlen_q) *
+                      sizeof(int32_t));
   return bytes;
 }
 
@@ -480,6 +490,8 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
   size_t ws = run->why_size;
   problem_params(p, k);
   k->use_sm90 = !k->fp8 && is_sm90(p, run->config);
+  if (k->use_sm90 && run->state != NULL)
+    k->sm90_sched = ((const cuda_plan_state *)run->state)->sm90_sched;
 
   token_strides s;
   if (!token_layout(p, &in->q, "q", p->heads_q, &s, why, ws)) return ATTN_STATUS_UNSUPPORTED;
@@ -570,8 +582,9 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
 static int kv_layout(const attn_tensor *t, const char *name, int64_t *s0, int64_t *s1, int64_t *s2,
                      char *why, size_t why_size) {
   if (t->stride[3] != 1) {
-    attn_format(why, why_size, "%s.stride[3]=%lld: the cuda kernels need a contiguous last dimension",
-                name, (long long)t->stride[3]);
+    attn_format(why, why_size,
+                "%s.stride[3]=%lld: the cuda kernels need a contiguous last dimension", name,
+                (long long)t->stride[3]);
     return 0;
   }
   if (t->stride[0] % 8 != 0 || t->stride[1] % 8 != 0 || t->stride[2] % 8 != 0 ||
@@ -638,28 +651,42 @@ static attn_status fill_decode_params(const attn_run *run, attn_cuda_decode_para
   const int chunks = attn_cuda_decode_row_chunks(k->group, k->seqlen_q);
   k->splits = splitkv_splits(p, run->config);
   /* the workspace was sized for this split count (cuda_workspace_size) */
-  if (run->workspace_size < attn_cuda_decode_workspace(k->batch, k->heads_kv, chunks, k->splits, k->dv)) {
+  if (run->workspace_size <
+      attn_cuda_decode_workspace(k->batch, k->heads_kv, chunks, k->splits, k->dv)) {
     attn_format(why, ws, "the decode kernel's workspace is smaller than its split count needs");
     return ATTN_STATUS_INTERNAL;
   }
   k->partials = (float *)run->workspace;
-  k->variant = run->state != NULL ? *(const int32_t *)run->state : 0;
+  k->variant = run->state != NULL ? ((const cuda_plan_state *)run->state)->decode_paths : 0;
   return ATTN_STATUS_OK;
 }
 
-/* A splitkv plan's state: the decode kernel's data paths (ATTN_CUDA_DECODE), read once when the
- * plan is made rather than at every call. Other plans have none. */
+/* ATTN_CUDA_SM90_SCHED=grid|persistent: the sm90 forward's tile scheduler, forced (for tests and
+ * measurements: both must stay right whichever the measured choice takes); unset or anything
+ * else: ATTN_CUDA_SM90_SCHED_AUTO, the choice sm90_launch.cu measured. */
+static int32_t sm90_sched_from_env(void) {
+  const char *e = getenv("ATTN_CUDA_SM90_SCHED");
+  if (e == NULL) return ATTN_CUDA_SM90_SCHED_AUTO;
+  if (strcmp(e, "grid") == 0) return ATTN_CUDA_SM90_SCHED_GRID;
+  if (strcmp(e, "persistent") == 0) return ATTN_CUDA_SM90_SCHED_PERSISTENT;
+  return ATTN_CUDA_SM90_SCHED_AUTO;
+}
+
+/* A splitkv or sm90 plan's state: the switches read from the environment once, when the plan is
+ * made, rather than at every call. Other plans have none. */
 static attn_status cuda_plan_init(const attn_problem *problem, int32_t config, void **state,
                                   char *why, size_t why_size) {
   *state = NULL;
-  if (!is_splitkv(problem, config)) return ATTN_STATUS_OK;
-  int32_t *variant = malloc(sizeof *variant);
-  if (variant == NULL) {
-    attn_format(why, why_size, "out of memory for the decode plan's state");
+  const int splitkv = is_splitkv(problem, config);
+  if (!splitkv && !is_sm90(problem, config)) return ATTN_STATUS_OK;
+  cuda_plan_state *st = malloc(sizeof *st);
+  if (st == NULL) {
+    attn_format(why, why_size, "out of memory for the plan's state");
     return ATTN_STATUS_OUT_OF_MEMORY;
   }
-  *variant = (int32_t)attn_cuda_decode_variant();
-  *state = variant;
+  st->decode_paths = splitkv ? (int32_t)attn_cuda_decode_variant() : 0;
+  st->sm90_sched = splitkv ? ATTN_CUDA_SM90_SCHED_AUTO : sm90_sched_from_env();
+  *state = st;
   return ATTN_STATUS_OK;
 }
 
@@ -708,9 +735,8 @@ const attn_impl attn_cuda_impl = {
  * services. src/module/entry.c exports it; libattn_gpu.a links it in directly. */
 static const attn_impl *const cuda_module_impls[] = {&attn_cuda_impl};
 extern const attn_dist_device_ops attn_cuda_dist_ops; /* dist_ops.cu */
-static const attn_module_table cuda_module_table = {ATTN_MODULE_TABLE_HEADER, "cuda",
-                                                    cuda_module_impls,        1,
-                                                    &attn_gpu_runtime_ops,    NULL,
-                                                    &attn_cuda_dist_ops};
+static const attn_module_table cuda_module_table = {
+    ATTN_MODULE_TABLE_HEADER, "cuda", cuda_module_impls,  1,
+    &attn_gpu_runtime_ops,    NULL,   &attn_cuda_dist_ops};
 const attn_module_table *attn_cuda_module(void);
 const attn_module_table *attn_cuda_module(void) { return &cuda_module_table; }

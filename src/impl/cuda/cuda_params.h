@@ -99,7 +99,16 @@ typedef struct attn_cuda_params {
   int64_t descale_b[3], descale_g[3];             /* their strides, q k v (0, 0: one per tensor) */
   void *v_t;       /* workspace: V transposed, [B or 1][Hkv][Dv][vt_cols] e4m3 */
   int64_t vt_cols;
+
+  int32_t sm90_sched; /* the sm90 forward's tile scheduler: ATTN_CUDA_SM90_SCHED_* */
 } attn_cuda_params;
+
+/* The sm90 forward's tile scheduler: AUTO is the measured choice (sm90_launch.cu,
+ * persistent_pays); GRID (one CTA per tile) and PERSISTENT force one, for tests and measurements
+ * (ATTN_CUDA_SM90_SCHED=grid|persistent when the plan is made). */
+#define ATTN_CUDA_SM90_SCHED_AUTO 0
+#define ATTN_CUDA_SM90_SCHED_GRID 1
+#define ATTN_CUDA_SM90_SCHED_PERSISTENT 2
 
 /* The sm90 backward's dQ workspace: one f32 tile of ATTN_CUDA_SM90_BWD_ROWS query rows x d per
  * (query head, sequence, row block), each added by the copy engine in whole warp slices

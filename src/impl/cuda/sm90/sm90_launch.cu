@@ -55,7 +55,9 @@ attn_status run_sched(const attn_cuda_params &p, cudaStream_t s, char *why, size
   }
 }
 template <typename T> attn_status run(const attn_cuda_params &p, cudaStream_t s, char *why, size_t why_size) {
-  return persistent_pays(p) ? run_sched<T, true>(p, s, why, why_size) : run_sched<T, false>(p, s, why, why_size);
+  const bool persistent = p.sm90_sched == ATTN_CUDA_SM90_SCHED_AUTO ? persistent_pays(p)
+                                                                    : p.sm90_sched == ATTN_CUDA_SM90_SCHED_PERSISTENT;
+  return persistent ? run_sched<T, true>(p, s, why, why_size) : run_sched<T, false>(p, s, why, why_size);
 }
 
 /* The backward at D = 64 and 128: v4 of dev/cuda/bwd_hopper.cu (dQ by bulk reduce-adds into a
