@@ -272,15 +272,17 @@ static int splitkv_index(const attn_problem *p, int32_t config) {
 }
 
 /* The split count of a splitkv configuration (workspace and run agree through this one call):
- * from the keys a sequence's rows can see, seqlen_k or, with both window bounds, their width. */
-static int splitkv_splits(const attn_problem *p, int32_t config) {
+ * from the keys a sequence's rows can see, seqlen_k or, with both window bounds, their width, and
+ * the plan's data paths (variant: ATTN_CUDA_DECODE's flags; several KV heads per CTA make fewer,
+ * larger CTAs). */
+static int splitkv_splits(const attn_problem *p, int32_t config, int32_t variant) {
   const int chunks = attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
   int64_t keys = p->seqlen_k;
   const int32_t wl = window_bound(p, p->window_left), wr = window_bound(p, p->window_right);
   if (wl >= 0 && wr >= 0 && (int64_t)wl + wr + p->seqlen_q < keys) keys = (int64_t)wl + wr + p->seqlen_q;
   return attn_cuda_decode_splits(p->device_index, (int)p->batch, (int)p->heads_kv, chunks, (int)keys,
                                  (int)p->head_dim, (int)p->head_dim_v,
-                                 splitkv_half_waves[splitkv_index(p, config)]);
+                                 splitkv_half_waves[splitkv_index(p, config)], (int)variant);
 }
 
 /* An f8e4m3 problem's configurations: the sm90 fp8 forward with its two consumer warpgroups
@@ -361,7 +363,6 @@ static size_t dq_accum_bytes(const attn_problem *p, int32_t config) {
  * the tiles. */
 static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const void *state,
                                   int backward) {
-  (void)state;
   if (p->dtype == ATTN_DTYPE_F8E4M3) { /* the forward's V transposed (no backward) */
     attn_cuda_params k;
     problem_params(p, &k);
@@ -370,7 +371,8 @@ static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const v
   if (!backward && is_splitkv(p, config)) { /* the splits' partial results */
     const int chunks = attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
     return attn_cuda_decode_workspace((int)p->batch, (int)p->heads_kv, chunks,
-                                      splitkv_splits(p, config), (int)p->head_dim_v);
+                                      splitkv_splits(p, config, state != NULL ? *(const int32_t *)state : 0),
+                                      (int)p->head_dim_v);
   }
   if (!backward) return 0;
   size_t bytes = align_up((size_t)(p->heads_q * rows_q(p)) * sizeof(float));
@@ -636,14 +638,14 @@ static attn_status fill_decode_params(const attn_run *run, attn_cuda_decode_para
   k->window_right = window_bound(p, p->window_right);
   k->align_bottom_right = p->align == ATTN_ALIGN_BOTTOM_RIGHT;
   const int chunks = attn_cuda_decode_row_chunks(k->group, k->seqlen_q);
-  k->splits = splitkv_splits(p, run->config);
+  k->variant = run->state != NULL ? *(const int32_t *)run->state : 0;
+  k->splits = splitkv_splits(p, run->config, k->variant);
   /* the workspace was sized for this split count (cuda_workspace_size) */
   if (run->workspace_size < attn_cuda_decode_workspace(k->batch, k->heads_kv, chunks, k->splits, k->dv)) {
     attn_format(why, ws, "the decode kernel's workspace is smaller than its split count needs");
     return ATTN_STATUS_INTERNAL;
   }
   k->partials = (float *)run->workspace;
-  k->variant = run->state != NULL ? *(const int32_t *)run->state : 0;
   return ATTN_STATUS_OK;
 }
 

@@ -80,10 +80,11 @@ int attn_cuda_decode_row_chunks(int group, int seqlen_q);
 
 /* Key splits for a problem on device `index`: the most that keep the CTAs within half_waves / 2
  * full waves of the CTAs the device holds at once (its SM count times the CTAs per SM of the
- * kernel of head dims d, dv), none shorter than 128 of the `keys` any sequence's rows can see
- * (seqlen_k, or a window's width); 1 when the device cannot be asked. */
+ * kernel of head dims d, dv and the KV heads per CTA that `variant`, the plan's
+ * attn_cuda_decode_variant() flags, asks for), none shorter than 128 of the `keys` any sequence's
+ * rows can see (seqlen_k, or a window's width); 1 when the device cannot be asked. */
 int attn_cuda_decode_splits(int index, int batch, int heads_kv, int row_chunks, int keys, int d,
-                            int dv, int half_waves);
+                            int dv, int half_waves, int variant);
 
 /* Workspace bytes of the partial results (0 with one split). */
 size_t attn_cuda_decode_workspace(int batch, int heads_kv, int row_chunks, int splits, int dv);
