@@ -111,6 +111,7 @@ int main(int argc, char **argv) {
   }
   p.variant = attn_cuda_decode_variant();
   p.splits = attn_cuda_decode_splits(0, B, HKV, chunks, Tk, D, D, half_waves, p.variant);
+  p.heads = attn_cuda_decode_heads(0, B, HKV, Tk, D, D, p.variant);
   const size_t ws = attn_cuda_decode_workspace(B, HKV, chunks, p.splits, D);
   if (ws > 0) check(cudaMalloc(&p.partials, ws), "cudaMalloc workspace");
 

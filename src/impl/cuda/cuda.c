@@ -271,15 +271,19 @@ static int splitkv_index(const attn_problem *p, int32_t config) {
   return i >= 0 && i < N_SPLITKV ? i : 0;
 }
 
-/* The split count of a splitkv configuration (workspace and run agree through this one call):
- * from the keys a sequence's rows can see, seqlen_k or, with both window bounds, their width, and
- * the plan's data paths (variant: ATTN_CUDA_DECODE's flags; several KV heads per CTA make fewer,
- * larger CTAs). */
-static int splitkv_splits(const attn_problem *p, int32_t config, int32_t variant) {
-  const int chunks = attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
+/* The keys a sequence's rows can see: seqlen_k or, with both window bounds, their width. */
+static int64_t splitkv_keys(const attn_problem *p) {
   int64_t keys = p->seqlen_k;
   const int32_t wl = window_bound(p, p->window_left), wr = window_bound(p, p->window_right);
   if (wl >= 0 && wr >= 0 && (int64_t)wl + wr + p->seqlen_q < keys) keys = (int64_t)wl + wr + p->seqlen_q;
+  return keys;
+}
+/* The split count of a splitkv configuration (workspace and run agree through this one call):
+ * from splitkv_keys and the plan's data paths (variant: ATTN_CUDA_DECODE's flags), which with the
+ * keys decide the KV heads per CTA (attn_cuda_decode_heads: several make fewer, larger CTAs). */
+static int splitkv_splits(const attn_problem *p, int32_t config, int32_t variant) {
+  const int chunks = attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
+  const int64_t keys = splitkv_keys(p);
   return attn_cuda_decode_splits(p->device_index, (int)p->batch, (int)p->heads_kv, chunks, (int)keys,
                                  (int)p->head_dim, (int)p->head_dim_v,
                                  splitkv_half_waves[splitkv_index(p, config)], (int)variant);
@@ -640,6 +644,8 @@ static attn_status fill_decode_params(const attn_run *run, attn_cuda_decode_para
   const int chunks = attn_cuda_decode_row_chunks(k->group, k->seqlen_q);
   k->variant = run->state != NULL ? *(const int32_t *)run->state : 0;
   k->splits = splitkv_splits(p, run->config, k->variant);
+  k->heads = attn_cuda_decode_heads(p->device_index, k->batch, k->heads_kv, (int)splitkv_keys(p), k->d, k->dv,
+                                    k->variant);
   /* the workspace was sized for this split count (cuda_workspace_size) */
   if (run->workspace_size < attn_cuda_decode_workspace(k->batch, k->heads_kv, chunks, k->splits, k->dv)) {
     attn_format(why, ws, "the decode kernel's workspace is smaller than its split count needs");

@@ -98,11 +98,13 @@ enum VariantFlag : int {
   kVarEpilogueFlat = 1 << 7, /* "epilogueflat": the split's warps merged element by element, each
                                 thread redoing its row's weights, not a row's weights once and
                                 four columns per thread */
-  kVarHeads2 = 1 << 8,       /* "heads2", "heads4", "heads8": a CTA takes 2, 4 or 8 KV heads of a
-                                key range, each key's rows of those heads one copy (G x 256 bytes
-                                at D = 128) instead of one 256-byte copy per head: see Shape */
+  kVarHeads2 = 1 << 8,       /* "heads1", "heads2", "heads4", "heads8": a CTA takes 1, 2, 4 or 8
+                                KV heads of a key range (each key's rows of those heads one copy of
+                                G x 256 bytes at D = 128; see Shape), instead of the number
+                                planned_heads picks */
   kVarHeads4 = 1 << 9,
   kVarHeads8 = 1 << 10,
+  kVarHeads1 = 1 << 11,
 };
 struct VariantToken {
   const char *name;
@@ -112,13 +114,21 @@ constexpr VariantToken kVariantTokens[] = {
     {"cpasync", kVarCpAsync},           {"lateissue", kVarLateIssue},       {"nocluster", kVarNoCluster},
     {"mergechunk", kVarMergeChunk},     {"waitfirst", kVarWaitFirst},       {"mergekernel", kVarMergeKernel},
     {"tablebystage", kVarTableByStage}, {"epilogueflat", kVarEpilogueFlat}, {"heads2", kVarHeads2},
-    {"heads4", kVarHeads4},             {"heads8", kVarHeads8},
+    {"heads4", kVarHeads4},             {"heads8", kVarHeads8},             {"heads1", kVarHeads1},
 };
 
-/* The KV heads per CTA a variant asks for (the largest token given; 1: none). */
-__host__ __device__ constexpr int requested_heads(int flags) {
-  return flags & kVarHeads8 ? 8 : flags & kVarHeads4 ? 4 : flags & kVarHeads2 ? 2 : 1;
+/* The KV heads per CTA a variant asks for (the largest token given); 0: none, planned_heads picks. */
+constexpr int requested_heads(int flags) {
+  return flags & kVarHeads8 ? 8 : flags & kVarHeads4 ? 4 : flags & kVarHeads2 ? 2 : flags & kVarHeads1 ? 1 : 0;
 }
+
+/* planned_heads's choice without a token, by the keys of the whole call (batch x the keys a
+ * sequence's rows can see), from the H200 (bench/RESULTS.md "A CTA over several KV heads"): 4
+ * heads per CTA took every row of B * Tk >= 64k to 93-102% of the copy rate (1.05-1.15x faster
+ * than 1 head, 1.01-1.06x than 2), 2 heads the B = 1 rows of 8k and 32k keys (1.02-1.12x faster
+ * than 1, where 4 make too few CTAs or too short splits); below 8k keys (a 4k window at B = 1)
+ * one head stays (2 were 2% slower there). */
+constexpr int64_t kHeads4Keys = 65536, kHeads2Keys = 8192;
 
 struct Variant {
   bool bulk, early_issue, cluster, wide_merge, grid_merge;
@@ -957,15 +967,21 @@ int min_blocks(int kd, int heads) {
   return kd == 64 ? Shape<64>::kMinBlocks : kd == 128 ? Shape<128>::kMinBlocks : Shape<256>::kMinBlocks;
 }
 
-/* The KV heads per CTA (Shape's G) the split kernel takes for a problem of head dims d, dv with
- * hkv KV heads on device `index` under the variant's flags: what "heads2/4/8" asks for where it
- * applies (D = Dv = 128, Hkv a multiple of G, sm_90 or later: its shared memory is sm_90's), else
- * 1. The plan's split count and the launch both ask here; the launch also needs each key's G
- * heads side by side in k and v (heads_per_cta), and takes G = 1 when they are not, with the
- * same split count. */
-int planned_heads(int index, int hkv, int d, int dv, int flags) {
-  const int want = requested_heads(flags);
-  if (want == 1 || d != 128 || dv != 128 || hkv % want != 0) return 1;
+/* The KV heads per CTA (Shape's G) the split kernel takes for a problem of `batch` sequences whose
+ * rows see `keys` keys, head dims d, dv, hkv KV heads, on device `index` under the variant's
+ * flags: what "heads1/2/4/8" asks for, else the choice by the call's keys above; then the largest
+ * power of two at most that which divides Hkv; 1 unless D = Dv = 128 on sm_90 or later (its
+ * shared memory is sm_90's). The plan makes its split count and params.heads from this one
+ * answer (attn_cuda_decode_heads); the launch also needs each key's G heads side by side in k
+ * and v (heads_per_cta) and takes G = 1 when they are not, with the same split count. */
+int planned_heads(int index, int batch, int hkv, int keys, int d, int dv, int flags) {
+  int want = requested_heads(flags);
+  if (want == 0) {
+    const int64_t total = (int64_t)batch * keys;
+    want = total >= kHeads4Keys ? 4 : total >= kHeads2Keys ? 2 : 1;
+  }
+  while (want > 1 && hkv % want != 0) want /= 2;
+  if (want == 1 || d != 128 || dv != 128) return 1;
   int major = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -1119,12 +1135,14 @@ attn_status launch_split_dim(const attn_cuda_decode_params *p, cudaStream_t stre
   return launch_split<T, KD, false, 1>(p, grid, stream, row_chunks, major, variant, merge, why, why_size);
 }
 
-/* The KV heads per CTA for this call: planned_heads, where each key's heads lie side by side in
- * k and v (head strides D and Dv) and the planned G divides Hkv; else 1 (the split count the
- * plan made for G still holds: only the waves' fill differs). */
+/* The KV heads per CTA for this call: the plan's (params.heads), where each key's heads lie side
+ * by side in k and v (head strides D and Dv); else 1 (the split count the plan made for G still
+ * holds: only the waves' fill differs). */
 int heads_per_cta(const attn_cuda_decode_params *p) {
-  const int heads = planned_heads(p->device_index, p->heads_kv, p->d, p->dv, p->variant);
-  return heads > 1 && p->k_h == p->d && p->v_h == p->dv ? heads : 1;
+  const int heads = p->heads;
+  const bool fits = (heads == 2 || heads == 4 || heads == 8) && p->heads_kv % heads == 0 && p->d == 128 &&
+                    p->dv == 128;
+  return fits && p->k_h == p->d && p->v_h == p->dv ? heads : 1;
 }
 
 template <typename T>
@@ -1193,7 +1211,7 @@ extern "C" int attn_cuda_decode_row_chunks(int group, int seqlen_q) {
 extern "C" int attn_cuda_decode_splits(int index, int batch, int heads_kv, int row_chunks,
                                        int keys, int d, int dv, int half_waves, int variant) {
   using namespace attn_cuda_decode;
-  const int heads = planned_heads(index, heads_kv, d, dv, variant);
+  const int heads = planned_heads(index, batch, heads_kv, keys, d, dv, variant);
   const int64_t slots = resident_slots(index, kernel_dim(d, dv), heads);
   if (slots == 0) return 1;
   /* the most splits that keep the CTAs within half_waves / 2 full waves (whole waves: a partial
@@ -1204,6 +1222,11 @@ extern "C" int attn_cuda_decode_splits(int index, int batch, int heads_kv, int r
   if (want > most) want = most;
   if (want > kMaxSplits) want = kMaxSplits;
   return (int)(want < 1 ? 1 : want);
+}
+
+extern "C" int attn_cuda_decode_heads(int index, int batch, int heads_kv, int keys, int d, int dv,
+                                      int variant) {
+  return attn_cuda_decode::planned_heads(index, batch, heads_kv, keys, d, dv, variant);
 }
 
 extern "C" size_t attn_cuda_decode_workspace(int batch, int heads_kv, int row_chunks, int splits,

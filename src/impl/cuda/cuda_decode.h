@@ -65,6 +65,7 @@ typedef struct attn_cuda_decode_params {
   int32_t splits;     /* key splits per (sequence, KV head, row chunk) */
   float *partials;    /* workspace: attn_cuda_decode_workspace bytes */
   int32_t variant;    /* the data paths: attn_cuda_decode_variant()'s flags (0: the defaults) */
+  int32_t heads;      /* KV heads per CTA: attn_cuda_decode_heads (0 or 1: one) */
 #ifdef ATTN_CUDA_DECODE_TIMELINE
   int32_t timeline_call; /* dev/cuda/decode_timeline.cu: the call's slot in the stamps' ring */
 #endif
@@ -85,6 +86,11 @@ int attn_cuda_decode_row_chunks(int group, int seqlen_q);
  * rows can see (seqlen_k, or a window's width); 1 when the device cannot be asked. */
 int attn_cuda_decode_splits(int index, int batch, int heads_kv, int row_chunks, int keys, int d,
                             int dv, int half_waves, int variant);
+
+/* KV heads per CTA for the same problem (params.heads): 4 where batch x keys >= 64k, 2 where
+ * >= 8k, else 1, or what a heads1/2/4/8 token of `variant` asks for; at most the largest power of
+ * two dividing heads_kv; 1 unless d = dv = 128 on sm_90 or later. */
+int attn_cuda_decode_heads(int index, int batch, int heads_kv, int keys, int d, int dv, int variant);
 
 /* Workspace bytes of the partial results (0 with one split). */
 size_t attn_cuda_decode_workspace(int batch, int heads_kv, int row_chunks, int splits, int dv);
