@@ -23,7 +23,7 @@
  * src/impl/cudnn/cudnn.c documents (the reason names it), else the case fails.
  * ATTN_TEST_PAGED_ONLY=cuda (or cudnn) runs only that implementation's GPU cases and none on the
  * CPU (for compute-sanitizer); ATTN_TEST_PAGED_QUICK=1 then keeps cuda to its split cases under
- * three of the decode kernel's data paths (ATTN_CUDA_DECODE), not every one and the grid.
+ * four of the decode kernel's data paths (ATTN_CUDA_DECODE), not every one and the grid.
  */
 #define _POSIX_C_SOURCE 200112L /* setenv */
 #include "testutil.h"

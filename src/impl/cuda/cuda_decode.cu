@@ -4,7 +4,8 @@
  * Decode reads every visible K and V row once and does little arithmetic with it, so the kernels
  * are built to keep as many bytes in flight as the memory system needs, and to do the arithmetic
  * where it costs nothing:
- *   - a CTA (4 warps) takes one (sequence b, KV head g, chunk of up to 16 query rows, key split);
+ *   - a CTA (4 warps) takes one (sequence b, KV head g, chunk of up to 16 query rows, key split)
+ *     (or G KV heads, below);
  *     the rows are the Hq/Hkv query heads times Tq queries of head g (GQA packing): they are the
  *     16 rows of one tensor-core tile, so each K and V row is read from memory once for all of
  *     them and Tq = 4 costs what Tq = 1 does;
@@ -16,6 +17,11 @@
  *     16-byte cp.async, a row per 8 to 32 consecutive threads. A paged cache is gathered row by
  *     row through the block table, so any page size works (bulk copies took paged 16 on the
  *     H100 from 80% to 92% of the copy rate at B = 64, Tk = 8192: bench/RESULTS.md);
+ *   - on sm_90 at D = Dv = 128 a CTA of 8 warps may take 2 or 4 KV heads of the key range
+ *     instead (Shape's G; planned_heads picks it from the call's keys): each key's G rows arrive
+ *     as one copy of G x 256 bytes. On the H200 the rate followed the bytes per copy, not where
+ *     they lie (a head-major cache, each CTA's tiles contiguous, ran as fast as the usual
+ *     layout): 4 heads took B * Tk >= 64k from 75-88% to 83-102% of the copy rate;
  *   - each warp owns 16 keys of a tile: S = Q K^T and O += P V on mma.sync (m16n8k16, f32
  *     accumulation, P rounded to the input type as in the main forward kernel), an online softmax
  *     per row in registers; the warps' (m, l, O) merge in shared memory in a fixed order;

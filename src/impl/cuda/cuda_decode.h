@@ -3,7 +3,8 @@
  * few queries per sequence against a dense or paged KV cache (docs/DECODE.md), K and V read once.
  *
  * Plain C, like cuda_params.h: raw device pointers, strides in elements, sizes. A CTA takes one
- * (sequence, KV head, chunk of up to 16 query rows, key split); the rows are the Hq/Hkv query heads
+ * (sequence, KV head, chunk of up to 16 query rows, key split) (on sm_90 at D = 128, one CTA of 8
+ * warps may take 2 or 4 KV heads: params.heads); the rows are the Hq/Hkv query heads
  * times Tq queries of the KV head (GQA packing), so each K and V row is read once for all of them.
  * K and V rows arrive by cp.async.bulk on sm_90 (16-byte cp.async elsewhere; ATTN_CUDA_DECODE
  * picks the data paths for measurements, docs/DECODE.md). With more than one split, the partial
