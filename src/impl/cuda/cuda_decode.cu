@@ -130,7 +130,7 @@ constexpr int requested_heads(int flags) {
 
 /* planned_heads's choice without a token, by the keys of the whole call (batch x the keys a
  * sequence's rows can see), from the H200 (bench/RESULTS.md "A CTA over several KV heads"): 4
- * heads per CTA took every row of B * Tk >= 64k to 93-102% of the copy rate (1.05-1.15x faster
+ * heads per CTA took every row of B * Tk >= 64k to 83-102% of the copy rate (1.06-1.20x faster
  * than 1 head, 1.01-1.06x than 2), 2 heads the B = 1 rows of 8k and 32k keys (1.02-1.12x faster
  * than 1, where 4 make too few CTAs or too short splits); below 8k keys (a 4k window at B = 1)
  * one head stays (2 were 2% slower there). */
