@@ -1224,6 +1224,13 @@ extern "C" int attn_cuda_decode_splits(int index, int batch, int heads_kv, int r
    * last wave would leave SMs idle while it runs), none shorter than kMinSplitKeys */
   const int64_t ctas = (int64_t)batch * (heads_kv / heads) * row_chunks;
   int64_t want = (int64_t)(half_waves > 0 ? half_waves : 2) * slots / (2 * ctas);
+  /* With several heads a CTA fills its SM alone (min_blocks), so no second CTA streams while one
+   * starts or ends: where that wave gives each row group 2 to 8 splits, two waves' worth run
+   * faster. Not at 1 (splitting would add a merge) nor past 8 (the splits are short already).
+   * Measured on the H200 (bench/RESULTS.md, "Two waves for the several-head kernel"), splitkv,
+   * us, one wave / two: B = 16, Tk = 2048 / 8192 / 32768: 72 / 50, 168 / 144, 533 / 513; B = 64,
+   * Tk = 8192 (1 split): 497 / 531; B = 1, Tk = 32768 (33 splits): 42 / 47. */
+  if (heads > 1 && want >= 2 && want <= 8) want *= 2;
   int64_t most = (keys + kMinSplitKeys - 1) / kMinSplitKeys;
   if (want > most) want = most;
   if (want > kMaxSplits) want = kMaxSplits;
