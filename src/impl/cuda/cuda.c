@@ -91,7 +91,10 @@ static attn_status fp8_supports(const attn_problem *p, char *why, size_t why_siz
   char dev_why[512] = "";
   if (attn_cuda_device_info(p->device_index, &cc, &smem, dev_why, sizeof dev_why) !=
       ATTN_STATUS_OK) {
-    attn_format(why, why_size, "no usable CUDA device: %s", dev_why);
+    attn_format(why, why_size,
+                "dtype=f8e4m3: the cuda fp8 forward needs a compute capability 9.0 device; no "
+                "usable CUDA device: %s",
+                dev_why);
     return ATTN_STATUS_UNSUPPORTED;
   }
   if (cc != 90) {
