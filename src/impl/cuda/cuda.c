@@ -61,6 +61,23 @@ static int decode_shaped(const attn_problem *p) {
 
 static void problem_params(const attn_problem *p, attn_cuda_params *k);
 
+/* The sizes every cuda kernel's launch can address: grid dimensions of at most 65535 batches or
+ * heads, rows indexed in 32 bits. */
+static attn_status grid_fits(const attn_problem *p, char *why, size_t why_size) {
+  if (p->batch > 65535 || p->heads_q > 65535) {
+    attn_format(why, why_size,
+                "batch=%lld, heads_q=%lld: the cuda grid allows at most 65535 of each",
+                (long long)p->batch, (long long)p->heads_q);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  if (p->seqlen_q > ATTN_CUDA_MAX_LEN || p->seqlen_k > ATTN_CUDA_MAX_LEN ||
+      p->total_q > ATTN_CUDA_MAX_LEN || p->total_k > ATTN_CUDA_MAX_LEN) {
+    attn_format(why, why_size, "sequence lengths above 2^30 are not supported by the cuda kernels");
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  return ATTN_STATUS_OK;
+}
+
 /* An f8e4m3 problem (docs/FP8.md) runs on the sm90 fp8 forward (sm90/sm90_fwd_fp8.cuh) alone: a
  * build with sm_90a code, a compute capability 9.0 device, flash_attention without a paged cache,
  * and the features that kernel has (attn_cuda_sm90_fp8_unsupported names the one it lacks). */
@@ -77,15 +94,8 @@ static attn_status fp8_supports(const attn_problem *p, char *why, size_t why_siz
                 "before 12.0); the fp8 forward is Hopper's wgmma e4m3 kernel");
     return ATTN_STATUS_UNSUPPORTED;
   }
-  if (p->batch > 65535 || p->heads_q > 65535 || p->seqlen_q > ATTN_CUDA_MAX_LEN ||
-      p->seqlen_k > ATTN_CUDA_MAX_LEN || p->total_q > ATTN_CUDA_MAX_LEN ||
-      p->total_k > ATTN_CUDA_MAX_LEN) {
-    attn_format(why, why_size,
-                "batch=%lld, heads_q=%lld: the cuda grid allows at most 65535 of each, and "
-                "sequences at most 2^30 rows",
-                (long long)p->batch, (long long)p->heads_q);
-    return ATTN_STATUS_UNSUPPORTED;
-  }
+  const attn_status fits = grid_fits(p, why, why_size);
+  if (fits != ATTN_STATUS_OK) return fits;
   int cc = 0;
   size_t smem = 0;
   char dev_why[512] = "";
@@ -150,17 +160,8 @@ static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_si
                 (long long)p->head_dim, (long long)p->head_dim_v);
     return ATTN_STATUS_UNSUPPORTED;
   }
-  if (p->batch > 65535 || p->heads_q > 65535) {
-    attn_format(why, why_size,
-                "batch=%lld, heads_q=%lld: the cuda grid allows at most 65535 of each",
-                (long long)p->batch, (long long)p->heads_q);
-    return ATTN_STATUS_UNSUPPORTED;
-  }
-  if (p->seqlen_q > ATTN_CUDA_MAX_LEN || p->seqlen_k > ATTN_CUDA_MAX_LEN ||
-      p->total_q > ATTN_CUDA_MAX_LEN || p->total_k > ATTN_CUDA_MAX_LEN) {
-    attn_format(why, why_size, "sequence lengths above 2^30 are not supported by the cuda kernels");
-    return ATTN_STATUS_UNSUPPORTED;
-  }
+  const attn_status fits = grid_fits(p, why, why_size);
+  if (fits != ATTN_STATUS_OK) return fits;
   int cc = 0;
   size_t smem = 0;
   char dev_why[512] = "";
