@@ -310,15 +310,20 @@ static int32_t cuda_num_configs(const attn_problem *problem) {
   return (decode_shaped(problem) ? CUDA_CONFIG_SPLITKV + N_SPLITKV : 2) + 2 * sm90_offered(problem);
 }
 
-/* What cuda_plan_init reads from the environment for a plan (its state). */
+/* What cuda_plan_init reads from the environment for a plan, and what follows from it and the
+ * problem alone (its state). */
 typedef struct cuda_plan_state {
-  int32_t decode_paths; /* splitkv: ATTN_CUDA_DECODE's flags (attn_cuda_decode_variant) */
-  int32_t sm90_sched;   /* sm90: ATTN_CUDA_SM90_SCHED_* (sm90_sched_from_env) */
+  int32_t decode_paths;  /* splitkv: ATTN_CUDA_DECODE's flags (attn_cuda_decode_variant) */
+  int32_t decode_splits; /* splitkv: its split count (splitkv_splits) */
+  int32_t decode_heads;  /* splitkv: KV heads per CTA (attn_cuda_decode_heads) */
+  int32_t sm90_sched;    /* sm90: ATTN_CUDA_SM90_SCHED_* (sm90_sched_from_env) */
 } cuda_plan_state;
 
-/* A plan's ATTN_CUDA_DECODE flags (0, the defaults, for a plan without state). */
-static int32_t decode_paths(const void *state) {
-  return state != NULL ? ((const cuda_plan_state *)state)->decode_paths : 0;
+/* A splitkv plan's split count: its state's, worked out once when the plan was made (the device's
+ * attributes asked then, not at every call); without a state, that of the default data paths. */
+static int32_t decode_splits(const attn_problem *p, int32_t config, const void *state) {
+  return state != NULL ? ((const cuda_plan_state *)state)->decode_splits
+                       : splitkv_splits(p, config, 0);
 }
 
 static int is_sm90(const attn_problem *p, int32_t config) {
@@ -393,7 +398,7 @@ static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const v
     const int chunks =
         attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
     return attn_cuda_decode_workspace((int)p->batch, (int)p->heads_kv, chunks,
-                                      splitkv_splits(p, config, decode_paths(state)),
+                                      decode_splits(p, config, state),
                                       (int)p->head_dim_v);
   }
   if (!backward) return 0;
@@ -664,10 +669,10 @@ static attn_status fill_decode_params(const attn_run *run, attn_cuda_decode_para
   k->window_right = window_bound(p, p->window_right);
   k->align_bottom_right = p->align == ATTN_ALIGN_BOTTOM_RIGHT;
   const int chunks = attn_cuda_decode_row_chunks(k->group, k->seqlen_q);
-  k->variant = decode_paths(run->state);
-  k->splits = splitkv_splits(p, run->config, k->variant);
-  k->heads = attn_cuda_decode_heads(p->device_index, k->batch, k->heads_kv, (int)splitkv_keys(p),
-                                    k->d, k->dv, k->variant);
+  const cuda_plan_state *plan = run->state; /* a splitkv plan always has one */
+  k->variant = plan->decode_paths;
+  k->splits = plan->decode_splits;
+  k->heads = plan->decode_heads;
   /* the workspace was sized for this split count (cuda_workspace_size) */
   if (run->workspace_size <
       attn_cuda_decode_workspace(k->batch, k->heads_kv, chunks, k->splits, k->dv)) {
@@ -702,6 +707,12 @@ static attn_status cuda_plan_init(const attn_problem *problem, int32_t config, v
     return ATTN_STATUS_OUT_OF_MEMORY;
   }
   st->decode_paths = splitkv ? (int32_t)attn_cuda_decode_variant() : 0;
+  st->decode_splits = splitkv ? splitkv_splits(problem, config, st->decode_paths) : 0;
+  st->decode_heads = splitkv ? attn_cuda_decode_heads(problem->device_index, (int)problem->batch,
+                                                      (int)problem->heads_kv, (int)splitkv_keys(problem),
+                                                      (int)problem->head_dim, (int)problem->head_dim_v,
+                                                      st->decode_paths)
+                             : 0;
   st->sm90_sched = splitkv ? ATTN_CUDA_SM90_SCHED_AUTO : sm90_sched_from_env();
   *state = st;
   return ATTN_STATUS_OK;
