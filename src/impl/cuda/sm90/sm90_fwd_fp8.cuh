@@ -84,7 +84,8 @@ inline size_t vt_bytes(const attn_cuda_params &p) {
 /* Where sequence b's first key lies in V^T's columns: packed, kVtBlock (k0 / kVtBlock + 2 b),
  * which leaves every sequence its keys rounded up to kVtBlock before the next one's (k0 grows by
  * at least the length, and 2 sections cover the roundings); 0 otherwise. */
-__device__ __forceinline__ int64_t vt_col0(const attn_cuda_params &p, const Seq &sq, int b) {
+__host__ __device__ __forceinline__ int64_t vt_col0(const attn_cuda_params &p, const Seq &sq,
+                                                    int b) {
   return p.varlen == ATTN_CUDA_VARLEN_PACKED ? kVtBlock * (sq.k0 / kVtBlock + 2 * (int64_t)b) : 0;
 }
 
@@ -104,8 +105,20 @@ template <int kDv, int kBN, bool kPadHalf> struct VtLayout {
   static_assert(kBN % 128 == 0 || kBN % 128 == 64, "key blocks of whole and half panels");
   static constexpr int kFullPanels = kBN / 128;
   static constexpr bool kHalf = kBN % 128 == 64;
-  /* 128-byte rows a block */
+  /* 128-byte rows a block; whether P V's products take O in halves (N = Dv / 2 each) */
   static constexpr int kRows = kFullPanels * kDv + (kHalf ? (kPadHalf ? kDv : kDv / 2) : 0);
+  static constexpr bool kSplitO = kHalf && !kPadHalf;
+  /* The first row (of the map's 128-byte rows) of block n of a sequence whose keys start at V^T
+   * column col0 (a multiple of kVtBlock: whole blocks). */
+  __host__ __device__ static __forceinline__ int box_row(int64_t col0, int n) {
+    return (int)((col0 / kBN + n) * kRows);
+  }
+  /* Where, in bytes from the block's tile, P V's product of keys 32 kk.. (and of O's half `part`
+   * when kSplitO, else part = 0) finds its first row (the next at 128 bytes, 1024 each 8). */
+  __host__ __device__ static __forceinline__ uint32_t pv_at(int kk, int part) {
+    if (kk < 4 * kFullPanels) return (kk / 4) * kDv * 128 + part * (kDv / 2) * 128 + (kk % 4) * 32;
+    return kFullPanels * kDv * 128 + part * 64 + (kk % 4) * 32;
+  }
   /* Where (row d, key j) of one (batch, KV head)'s V^T lies, in bytes from its first key (j of a
    * 16-key group never straddles a panel: a group is 16 contiguous bytes). */
   __host__ __device__ static __forceinline__ int64_t offset(int d, int64_t j) {
@@ -269,7 +282,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         mbar_wait(empty_v(s), ph ^ 1);
         mbar_expect_tx(full_v(s), C::kVBytes);
         /* V^T's block: Vt::kRows rows of 128 bytes (vt0 is a multiple of kBN) */
-        tma_load(sV + s * C::kVBytes, &tvt, full_v(s), 0, hd.g, (vt0 / kBN + n) * C::Vt::kRows, mb);
+        tma_load(sV + s * C::kVBytes, &tvt, full_v(s), 0, hd.g, C::Vt::box_row(vt0, n), mb);
       }
     }
   } else { /* consumers: 64 rows each, 16 per warp */
@@ -309,31 +322,25 @@ __global__ void __launch_bounds__(C::kThreads, 1)
                            smem_desc(k + (kk / 4) * kBN * 128 + col, 16, 1024), kk > 0);
       }
     };
-    /* O += P V(s): V^T's 128-byte rows are K-major, 32 keys a step, the panel's rows at the
-     * swizzle's stride (1024 bytes each 8). With a packed half panel every step is two products
-     * of N = Dv / 2, one for each half of O's columns (and of the panel's rows): ptxas serialises
-     * the wgmma pipeline (its warning C7511) when a product of half the columns at offset Dv / 4
-     * of O's registers follows one of all of them, so no step is a whole-O product there. */
+    /* O += P V(s): V^T's 128-byte rows are K-major, 32 keys a step (VtLayout::pv_at). With a
+     * packed half panel every step is two products of N = Dv / 2, one for each half of O's
+     * columns (and of the panel's rows): ptxas serialises the wgmma pipeline (its warning C7511)
+     * when a product of half the columns at offset Dv / 4 of O's registers follows one of all of
+     * them, so no step is a whole-O product there. */
     auto issue_pv = [&](int s) {
       using Vt = typename C::Vt;
       const uint32_t v = sV + s * C::kVBytes;
-      if constexpr (Vt::kHalf && !C::kPadHalf) {
-        const uint32_t half = v + Vt::kFullPanels * kD * 128;
+      if constexpr (Vt::kSplitO) {
 #pragma unroll
         for (int kk = 0; kk < kBN / 32; ++kk)
 #pragma unroll
-          for (int part = 0; part < 2; ++part) {
-            const uint32_t at = kk < 4 * Vt::kFullPanels ? v + (kk / 4) * kD * 128 +
-                                                               part * (kD / 2) * 128 + (kk % 4) * 32
-                                                         : half + part * 64 + (kk % 4) * 32;
+          for (int part = 0; part < 2; ++part)
             WgmmaE4m3<kD / 2>::rs(reinterpret_cast<float(&)[kD / 4]>(oacc[part * kD / 4]), pa[kk],
-                                  smem_desc(at, 16, 1024), 1);
-          }
+                                  smem_desc(v + Vt::pv_at(kk, part), 16, 1024), 1);
       } else {
 #pragma unroll
         for (int kk = 0; kk < kBN / 32; ++kk)
-          WgmmaE4m3<kD>::rs(oacc, pa[kk],
-                            smem_desc(v + (kk / 4) * kD * 128 + (kk % 4) * 32, 16, 1024), 1);
+          WgmmaE4m3<kD>::rs(oacc, pa[kk], smem_desc(v + Vt::pv_at(kk, 0), 16, 1024), 1);
       }
     };
     /* S outside the band and the key length := -inf */
