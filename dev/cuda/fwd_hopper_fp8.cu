@@ -29,6 +29,21 @@
  *   The V^T pre-pass alone: 36.7 us under ncu's locked 1.48 GHz (byte reads, 64-key slices: kept)
  *   against 42.6 us timed by events for a form reading 32-bit words and regrouping bytes by
  *   permutes (not kept): 3% of the forward.
+ *   v5 v3 on 192-key blocks (FlashAttention-3's Hopper tile table at D = 128: fp8 128 x 224,
+ *      128 x 192 when V comes column-major as our V^T does, against 128 x 176 non-causal and
+ *      128 x 128 causal for 16-bit: each softmax step gets more e4m3 products behind it): S 96 +
+ *      O 64 + P 24 registers of the consumers' 240. V^T stored block by block (VtLayout in the kernel's header: one TMA box a
+ *      block) with the last 64 keys as a packed half panel (Dv / 2 rows of 128 bytes, two rows of
+ *      V^T each), so every P V step is two m64n64k32 products, one per half of O: ptxas
+ *      serialises the wgmma pipeline (C7511) when an N = 64 product into O's upper half follows
+ *      an N = 128 one into all of O. Ping-pong and 3 stages alongside. Compiled, no spills (after
+ *      the band mask became two compares an element: per-element visible_band spilled 24-36
+ *      bytes), not yet measured: library sm90_fp8_n192, sm90_fp8_n192_pingpong.
+ *   v6 v5 with the half panel padded to Dv rows (64 bytes of each unused): whole N = 128
+ *      products (6 a block) for a third more V^T read from L2. Compiled, not yet measured:
+ *      library sm90_fp8_n192pad.
+ *   v5 and v6 await a device call (none was left in the session that wrote them; bench/RESULTS.md
+ *   gives the command); dev/cuda/vt_layout_check.cu checks their V^T bookkeeping on the CPU.
  *   What bounds v4 (ncu, clocks free, D = 128 non-causal, first attempt at the library's form):
  *   issue slots 50% busy, 2.23 active warps per scheduler of which 0.70 eligible (none in 48% of
  *   the cycles), 4.3 cycles per issued instruction; the special-function (XU) pipe 34%, FMA 25%,

@@ -8,9 +8,10 @@
  *
  * - V transposed once per call. wgmma takes 8-bit operands K-major only, and P V reduces over the
  *   keys, so V's tile must have the keys contiguous: a pre-pass (vt_kernel) writes V^T into the
- *   workspace, [B][Hkv][Dv][C] bytes (packed varlen: one batch, each sequence at its own column
- *   offset vt_col0 with room to its next 128-key boundary), zeros past each sequence's keys, so the
- *   key blocks need no clearing (the 16-bit kernel's clear_v_tail). It reads and writes V once:
+ *   workspace, block by block as the kernel's tiles want it (VtLayout; [B][Hkv] regions of
+ *   vt_head_bytes; packed varlen: one batch, each sequence at its own key offset vt_col0 with room
+ *   to its next 384-key boundary), zeros past each sequence's keys, so the key blocks need no
+ *   clearing (the 16-bit kernel's clear_v_tail). It reads and writes V once:
  *   37 us, 3% of the forward at B = 2, H = 16, T = 8192 on an H200 (bench/RESULTS.md). The
  *   alternative, FlashAttention-3's in-kernel transpose (LDSM.T / STSM in the producer warpgroup
  *   after each V tile lands), saves that pass at the price of a shared-memory round trip per tile
@@ -192,8 +193,8 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float
 
 /* Head dim kD (= Dv), kBN keys per block, two consumer warpgroups of 64 rows, kStages K/V buffers,
  * out in TO. kBN = 192 (D = 128 only; lab v5): FlashAttention-3's fp8 tiles are wider in N than its
- * 16-bit ones, so that each softmax step (the dependent chain no pipe hides, see the lab's ncu)
- * has 1.5x the products behind it; S, O and P take 96 + 64 + 24 of the 240 registers (at D = 256,
+ * 16-bit ones (128 x 192 at D = 128 with V column-major, as V^T is here), so that each softmax
+ * step (the dependent chain no pipe hides, see the lab's ncu) has 1.5x the products behind it; S, O and P take 96 + 64 + 24 of the 240 registers (at D = 256,
  * 96 + 128 + 24 would not fit); kPadHalf picks V^T's layout of its last 64 keys (VtLayout).
  * kPingPong: the consumer warpgroups take turns to issue their products (sm90_fwd.cuh's
  * FwdCfg90). The softmax (dev/cuda/fwd_hopper_fp8.cu measured its forms): the row max and sum in
@@ -345,12 +346,22 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     };
     /* S outside the band and the key length := -inf */
     auto mask_edge = [&](int n) {
+      /* each row's visible keys as bounds relative to the thread's first column of the block, so
+       * that an element's test is two compares with a constant (per-element visible_band kept
+       * enough registers live to spill at 192-key blocks) */
+      int lo[2], hi[2];
+      const int j0 = n * kBN + (lane & 3) * 2;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        visible_band_keys(p, hd, m0 + row0 + hf * 8, lo[hf], hi[hf]);
+        lo[hf] -= j0, hi[hf] -= j0;
+      }
 #pragma unroll
       for (int jj = 0; jj < kBN / 8; ++jj)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int i = m0 + row0 + (e >> 1) * 8, j = n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1);
-          if (!visible_band(p, hd, i, j)) sacc[4 * jj + e] = -INFINITY;
+          const int c = jj * 8 + (e & 1);
+          if (c < lo[e >> 1] || c >= hi[e >> 1]) sacc[4 * jj + e] = -INFINITY;
         }
     };
     /* P = 2^(S mult - max + 8) in sacc, the running max and sum moved to block n; returns each
