@@ -42,26 +42,20 @@ def time_us(fn):
         def run():
             for _ in range(GRAPH_CALLS):
                 fn()
+    def replay_ms():
+        e0 = torch.cuda.Event(enable_timing=True)
+        e1 = torch.cuda.Event(enable_timing=True)
+        e0.record()
+        run()
+        e1.record()
+        e1.synchronize()
+        return e0.elapsed_time(e1)
+
     # warm-up: replays for WARM_MS, so the GPU's clocks have risen (as gpu/decode_bench.c does)
     spent = 0.0
     while spent < WARM_MS:
-        e0 = torch.cuda.Event(enable_timing=True)
-        e1 = torch.cuda.Event(enable_timing=True)
-        e0.record()
-        run()
-        e1.record()
-        e1.synchronize()
-        spent += e0.elapsed_time(e1)
-    times = []
-    for r in range(REPLAYS + 2):
-        e0 = torch.cuda.Event(enable_timing=True)
-        e1 = torch.cuda.Event(enable_timing=True)
-        e0.record()
-        run()
-        e1.record()
-        e1.synchronize()
-        if r >= 2:
-            times.append(e0.elapsed_time(e1))
+        spent += replay_ms()
+    times = [replay_ms() for _ in range(REPLAYS + 2)][2:]  # the first two not counted
     return statistics.median(times) * 1e3 / GRAPH_CALLS
 
 

@@ -26,7 +26,10 @@
  * values of it compare them on the same problems.
  * rows: kind,variant,B,Tk,Tq,impl,config,us,kv_gbps,pct_copy,maxdiff
  *   kind "copy": the copy rate in GB/s in kv_gbps. variant: dense, paged16, paged64, sinks,
- *   softcap, window4k (causal, 4096 keys to the left), tq4 (Tq = 4, causal).
+ *   softcap, window4k (causal, 4096 keys to the left), tq4 (Tq = 4, causal); and, only when
+ *   named in `variants`, densehm: the dense cache stored head-major, [B, Hkv, Tk, D] (PyTorch's
+ *   layout, passed as strides), so that each KV head's keys are one contiguous run rather than
+ *   256-byte rows 2 KiB apart: a probe of how the memory system serves the kernel's reads.
  * Built by bench/decode_bench.sh (gcc against libattn.a and the CUDA runtime, like gpu/cuda_bench).
  */
 #include "bench_common.h"
@@ -39,13 +42,15 @@ typedef struct variant {
   const char *name;
   int page, tq, sinks, window;
   double softcap;
+  int head_major; /* dense K and V stored [B, Hkv, Tk, D] */
 } variant;
 
 static const variant variants[] = {
-    {"dense", 0, 1, 0, 0, 0.0},   {"paged16", 16, 1, 0, 0, 0.0}, {"paged64", 64, 1, 0, 0, 0.0},
-    {"sinks", 16, 1, 1, 0, 0.0},  {"softcap", 16, 1, 0, 0, 30.0}, {"window4k", 16, 1, 0, 4096, 0.0},
-    {"tq4", 16, 4, 0, 0, 0.0},
+    {"dense", 0, 1, 0, 0, 0.0, 0},   {"paged16", 16, 1, 0, 0, 0.0, 0}, {"paged64", 64, 1, 0, 0, 0.0, 0},
+    {"sinks", 16, 1, 1, 0, 0.0, 0},  {"softcap", 16, 1, 0, 0, 30.0, 0}, {"window4k", 16, 1, 0, 4096, 0.0, 0},
+    {"tq4", 16, 4, 0, 0, 0.0, 0},    {"densehm", 0, 1, 0, 0, 0.0, 1},
 };
+enum { V_PLAIN = 3, V_FEATURES = 7, V_HEAD_MAJOR = 7 }; /* plain grid 0..2, features 3..6 */
 
 static double copy_rate_gbps(void) {
   const size_t bytes = (size_t)1 << 30;
@@ -208,6 +213,21 @@ static void run_problem(attn_ctx *ctx, bench_data *bd, const variant *var, int B
     in.block_table = attn_tensor_dense(bd->table);
     in.cache_seqlens = bd->lens;
   }
+  if (var->head_major) { /* the same keys, each (sequence, KV head)'s rows one contiguous run */
+    const size_t row = (size_t)D * 2, run = (size_t)Tk * row;
+    for (int b = 0; b < B; ++b)
+      for (int g = 0; g < HKV; ++g) {
+        const size_t from = ((size_t)b * Tk * HKV + g) * row, to = ((size_t)b * HKV + g) * run;
+        BENCH_CUDA_CHECK(cudaMemcpy2DAsync((char *)bd->kpool + to, row, (char *)bd->k + from, HKV * row, row,
+                                           (size_t)Tk, cudaMemcpyDeviceToDevice, 0));
+        BENCH_CUDA_CHECK(cudaMemcpy2DAsync((char *)bd->vpool + to, row, (char *)bd->v + from, HKV * row, row,
+                                           (size_t)Tk, cudaMemcpyDeviceToDevice, 0));
+      }
+    BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+    attn_tensor k = {bd->kpool, {(int64_t)HKV * Tk * D, D, (int64_t)Tk * D, 1}};
+    attn_tensor v = {bd->vpool, {(int64_t)HKV * Tk * D, D, (int64_t)Tk * D, 1}};
+    in.k = k, in.v = v;
+  }
   attn_outputs o;
   attn_outputs_init(&o);
   o.out = attn_tensor_dense(bd->out), o.lse = attn_tensor_dense(bd->lse);
@@ -314,18 +334,22 @@ int main(int argc, char **argv) {
   cudaStream_t s;
   BENCH_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   static const int batches[] = {1, 16, 64, 256}, lens[] = {2048, 8192, 32768};
-  /* the plain grid: dense, paged 16 and 64 */
+  /* the plain grid: dense, paged 16 and 64, and the head-major probe when named */
+  const int head_major = only != NULL && listed(only, "densehm") && strcmp(only, "all") != 0;
   for (int bi = 0; bi < 4; ++bi)
     for (int ti = 0; ti < 3; ++ti)
-      for (int v = 0; v < 3; ++v)
+      for (int v = 0; v < V_PLAIN + 1; ++v) {
+        const int vi = v < V_PLAIN ? v : V_HEAD_MAJOR;
+        if (vi == V_HEAD_MAJOR && !head_major) continue;
         if ((size_t)batches[bi] * lens[ti] <= max_keys &&
-            wanted(problems, only, &variants[v], batches[bi], lens[ti]))
-          run_problem(ctx, &bd, &variants[v], batches[bi], lens[ti], copy, s);
+            wanted(problems, only, &variants[vi], batches[bi], lens[ti]))
+          run_problem(ctx, &bd, &variants[vi], batches[bi], lens[ti], copy, s);
+      }
   /* the features and Tq = 4 beside paged 16, at B = 1 and 16 with Tk = 8192 and 32768 */
   static const int fb[] = {1, 16}, ft[] = {8192, 32768};
   for (int bi = 0; bi < 2; ++bi)
     for (int ti = 0; ti < 2; ++ti)
-      for (int v = 3; v < 7; ++v)
+      for (int v = V_PLAIN; v < V_FEATURES; ++v)
         if ((size_t)fb[bi] * ft[ti] <= max_keys && wanted(problems, only, &variants[v], fb[bi], ft[ti]))
           run_problem(ctx, &bd, &variants[v], fb[bi], ft[ti], copy, s);
   attn_ctx_destroy(ctx);

@@ -23,7 +23,7 @@
  * src/impl/cudnn/cudnn.c documents (the reason names it), else the case fails.
  * ATTN_TEST_PAGED_ONLY=cuda (or cudnn) runs only that implementation's GPU cases and none on the
  * CPU (for compute-sanitizer); ATTN_TEST_PAGED_QUICK=1 then keeps cuda to its split cases under
- * three of the decode kernel's data paths (ATTN_CUDA_DECODE), not every one and the grid.
+ * four of the decode kernel's data paths (ATTN_CUDA_DECODE), not every one and the grid.
  */
 #define _POSIX_C_SOURCE 200112L /* setenv */
 #include "testutil.h"
@@ -535,7 +535,10 @@ static void test_dense_decode(attn_ctx *ctx, tu_rng *rng, const char *impl, int 
  * count), long odd lengths (many 64-key tiles and splits, the shorter sequences' last splits
  * empty), a sequence of length 0, page sizes 16, 64 and 256, GQA groups 1, 4 and 8 (with Tq = 4:
  * 4, 16 and 32 rows per KV head, the last two chunks of 16), each kernel's head dim and a
- * zero-padded one (72), f16 and bf16, dense caches too, and every feature. */
+ * zero-padded one (72), f16 and bf16, dense caches too, and every feature. Three D = 128 cases
+ * have 8 KV heads (so that ATTN_CUDA_DECODE's heads2/4/8, a CTA over several KV heads, apply to
+ * them; with 2 only heads2 does): 16 rows per head, 1 row, and 24 rows (two chunks); the second
+ * also with padded pool rows (heads not side by side: the kernel then takes one head per CTA). */
 static void test_gpu_splits(attn_ctx *ctx, tu_rng *rng) {
   static const char *const configs[] = {"splitkv", "splitkv_half", "splitkv_waves2"};
   static const int64_t pages[] = {16, 64, 256}, groups[] = {1, 4, 8}, dims[] = {128, 64, 256, 72};
@@ -547,10 +550,11 @@ static void test_gpu_splits(attn_ctx *ctx, tu_rng *rng) {
         memset(&c, 0, sizeof c);
         c.dtype = n % 2 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
         c.page = pages[pi];
-        c.B = 3, c.Hkv = 2, c.Hq = 2 * groups[gi];
+        c.B = 3, c.Hkv = n % 8 == 4 ? 8 : 2, c.Hq = c.Hkv * groups[gi];
         c.D = c.Dv = dims[n % 4];
-        c.Tq = n % 3 == 1 ? 4 : 1;
+        c.Tq = n % 3 == 1 ? 4 : n % 8 == 4 && n % 3 == 2 ? 3 : 1;
         c.paged = n % 5 != 4;
+        c.pad = n == 12;
         c.seqlen_new = c.paged && n % 3 == 2 ? 1 : 0;
         c.device = ATTN_DEVICE_CUDA;
         c.config = configs[ci];
@@ -813,20 +817,27 @@ int main(void) {
         test_grid(ctx, &rng, "cuda", ATTN_DEVICE_CUDA);
         test_dense_decode(ctx, &rng, NULL, ATTN_DEVICE_CUDA);
       }
-      /* the decode kernel's data paths (ATTN_CUDA_DECODE, docs/DECODE.md): the default, then the
-       * others, each way of copying with each way of merging the splits; the quick mode (for
-       * compute-sanitizer) only the default, the merge kernel and the old set-up and epilogue */
+      /* the decode kernel's data paths (ATTN_CUDA_DECODE, docs/DECODE.md): the default (1 or 2
+       * KV heads per CTA at these sizes), then the others, each way of copying with each way of
+       * merging the splits, with 1 KV head per CTA (the cluster merge) and with 2, 4 and 8; the
+       * quick mode (for compute-sanitizer) only the default, the merge kernel and the old set-up
+       * and epilogue with one head per CTA, and 4 heads per CTA */
       const char *saved_decode = getenv("ATTN_CUDA_DECODE");
       static const char *const decode_variants[] = {NULL,
+                                                    "heads1",
                                                     "cpasync",
-                                                    "cpasync,nocluster",
-                                                    "lateissue,nocluster,mergekernel",
+                                                    "heads1,cpasync,nocluster",
+                                                    "heads1,lateissue,nocluster,mergekernel",
                                                     "mergechunk,nocluster,mergekernel",
-                                                    "waitfirst,tablebystage,epilogueflat",
-                                                    "cpasync,nocluster,mergekernel,tablebystage,epilogueflat"};
+                                                    "heads1,waitfirst,tablebystage,epilogueflat",
+                                                    "cpasync,nocluster,mergekernel,tablebystage,epilogueflat",
+                                                    "heads2",
+                                                    "heads4,cpasync",
+                                                    "heads8,mergekernel,tablebystage,epilogueflat",
+                                                    "heads4,lateissue,waitfirst"};
       const int n_variants = (int)(sizeof decode_variants / sizeof decode_variants[0]);
       for (int i = 0; i < n_variants; ++i) {
-        if (quick && i != 0 && i != 3 && i != 5) continue;
+        if (quick && i != 0 && i != 4 && i != 6 && i != 11) continue;
         if (decode_variants[i] != NULL) setenv("ATTN_CUDA_DECODE", decode_variants[i], 1);
         printf("test_paged: GPU split cases with ATTN_CUDA_DECODE=%s\n",
                decode_variants[i] ? decode_variants[i] : saved_decode ? saved_decode : "(default)");

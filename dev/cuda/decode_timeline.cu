@@ -109,10 +109,11 @@ int main(int argc, char **argv) {
   } else {
     p.k_b = p.v_b = (int64_t)Tk * HKV * D;
   }
-  p.splits = attn_cuda_decode_splits(0, B, HKV, chunks, Tk, D, D, half_waves);
+  p.variant = attn_cuda_decode_variant();
+  p.splits = attn_cuda_decode_splits(0, B, HKV, chunks, Tk, D, D, half_waves, p.variant);
+  p.heads = attn_cuda_decode_heads(0, B, HKV, Tk, D, D, p.variant);
   const size_t ws = attn_cuda_decode_workspace(B, HKV, chunks, p.splits, D);
   if (ws > 0) check(cudaMalloc(&p.partials, ws), "cudaMalloc workspace");
-  p.variant = attn_cuda_decode_variant();
 
   cudaStream_t s;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");

@@ -62,6 +62,23 @@ static int decode_shaped(const attn_problem *p) {
 
 static void problem_params(const attn_problem *p, attn_cuda_params *k);
 
+/* The sizes every cuda kernel's launch can address: grid dimensions of at most 65535 batches or
+ * heads, rows indexed in 32 bits. */
+static attn_status grid_fits(const attn_problem *p, char *why, size_t why_size) {
+  if (p->batch > 65535 || p->heads_q > 65535) {
+    attn_format(why, why_size,
+                "batch=%lld, heads_q=%lld: the cuda grid allows at most 65535 of each",
+                (long long)p->batch, (long long)p->heads_q);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  if (p->seqlen_q > ATTN_CUDA_MAX_LEN || p->seqlen_k > ATTN_CUDA_MAX_LEN ||
+      p->total_q > ATTN_CUDA_MAX_LEN || p->total_k > ATTN_CUDA_MAX_LEN) {
+    attn_format(why, why_size, "sequence lengths above 2^30 are not supported by the cuda kernels");
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  return ATTN_STATUS_OK;
+}
+
 /* An f8e4m3 problem (docs/FP8.md) runs on the sm90 fp8 forward (sm90/sm90_fwd_fp8.cuh) alone: a
  * build with sm_90a code, a compute capability 9.0 device, flash_attention without a paged cache,
  * and the features that kernel has (attn_cuda_sm90_fp8_unsupported names the one it lacks). */
@@ -78,21 +95,17 @@ static attn_status fp8_supports(const attn_problem *p, char *why, size_t why_siz
                 "before 12.0); the fp8 forward is Hopper's wgmma e4m3 kernel");
     return ATTN_STATUS_UNSUPPORTED;
   }
-  if (p->batch > 65535 || p->heads_q > 65535 || p->seqlen_q > ATTN_CUDA_MAX_LEN ||
-      p->seqlen_k > ATTN_CUDA_MAX_LEN || p->total_q > ATTN_CUDA_MAX_LEN ||
-      p->total_k > ATTN_CUDA_MAX_LEN) {
-    attn_format(why, why_size,
-                "batch=%lld, heads_q=%lld: the cuda grid allows at most 65535 of each, and "
-                "sequences at most 2^30 rows",
-                (long long)p->batch, (long long)p->heads_q);
-    return ATTN_STATUS_UNSUPPORTED;
-  }
+  const attn_status fits = grid_fits(p, why, why_size);
+  if (fits != ATTN_STATUS_OK) return fits;
   int cc = 0;
   size_t smem = 0;
   char dev_why[512] = "";
   if (attn_cuda_device_info(p->device_index, &cc, &smem, dev_why, sizeof dev_why) !=
       ATTN_STATUS_OK) {
-    attn_format(why, why_size, "no usable CUDA device: %s", dev_why);
+    attn_format(why, why_size,
+                "dtype=f8e4m3: the cuda fp8 forward needs a compute capability 9.0 device; no "
+                "usable CUDA device: %s",
+                dev_why);
     return ATTN_STATUS_UNSUPPORTED;
   }
   if (cc != 90) {
@@ -148,17 +161,8 @@ static attn_status cuda_supports(const attn_problem *p, char *why, size_t why_si
                 (long long)p->head_dim, (long long)p->head_dim_v);
     return ATTN_STATUS_UNSUPPORTED;
   }
-  if (p->batch > 65535 || p->heads_q > 65535) {
-    attn_format(why, why_size,
-                "batch=%lld, heads_q=%lld: the cuda grid allows at most 65535 of each",
-                (long long)p->batch, (long long)p->heads_q);
-    return ATTN_STATUS_UNSUPPORTED;
-  }
-  if (p->seqlen_q > ATTN_CUDA_MAX_LEN || p->seqlen_k > ATTN_CUDA_MAX_LEN ||
-      p->total_q > ATTN_CUDA_MAX_LEN || p->total_k > ATTN_CUDA_MAX_LEN) {
-    attn_format(why, why_size, "sequence lengths above 2^30 are not supported by the cuda kernels");
-    return ATTN_STATUS_UNSUPPORTED;
-  }
+  const attn_status fits = grid_fits(p, why, why_size);
+  if (fits != ATTN_STATUS_OK) return fits;
   int cc = 0;
   size_t smem = 0;
   char dev_why[512] = "";
@@ -273,17 +277,23 @@ static int splitkv_index(const attn_problem *p, int32_t config) {
   return i >= 0 && i < N_SPLITKV ? i : 0;
 }
 
-/* The split count of a splitkv configuration (workspace and run agree through this one call):
- * from the keys a sequence's rows can see, seqlen_k or, with both window bounds, their width. */
-static int splitkv_splits(const attn_problem *p, int32_t config) {
-  const int chunks = attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
+/* The keys a sequence's rows can see: seqlen_k or, with both window bounds, their width. */
+static int64_t splitkv_keys(const attn_problem *p) {
   int64_t keys = p->seqlen_k;
   const int32_t wl = window_bound(p, p->window_left), wr = window_bound(p, p->window_right);
   if (wl >= 0 && wr >= 0 && (int64_t)wl + wr + p->seqlen_q < keys)
     keys = (int64_t)wl + wr + p->seqlen_q;
+  return keys;
+}
+/* The split count of a splitkv configuration (workspace and run agree through this one call):
+ * from splitkv_keys and the plan's data paths (variant: ATTN_CUDA_DECODE's flags), which with the
+ * keys decide the KV heads per CTA (attn_cuda_decode_heads: several make fewer, larger CTAs). */
+static int splitkv_splits(const attn_problem *p, int32_t config, int32_t variant) {
+  const int chunks = attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
+  const int64_t keys = splitkv_keys(p);
   return attn_cuda_decode_splits(p->device_index, (int)p->batch, (int)p->heads_kv, chunks,
                                  (int)keys, (int)p->head_dim, (int)p->head_dim_v,
-                                 splitkv_half_waves[splitkv_index(p, config)]);
+                                 splitkv_half_waves[splitkv_index(p, config)], (int)variant);
 }
 
 /* An f8e4m3 problem's configurations and the kernel's variant of each (ATTN_CUDA_FP8_*): the
@@ -325,6 +335,11 @@ typedef struct cuda_plan_state {
   int32_t decode_paths; /* splitkv: ATTN_CUDA_DECODE's flags (attn_cuda_decode_variant) */
   int32_t sm90_sched;   /* sm90: ATTN_CUDA_SM90_SCHED_* (sm90_sched_from_env) */
 } cuda_plan_state;
+
+/* A plan's ATTN_CUDA_DECODE flags (0, the defaults, for a plan without state). */
+static int32_t decode_paths(const void *state) {
+  return state != NULL ? ((const cuda_plan_state *)state)->decode_paths : 0;
+}
 
 static int is_sm90(const attn_problem *p, int32_t config) {
   return config >= 2 && !is_splitkv(p, config) && sm90_offered(p);
@@ -389,7 +404,6 @@ static size_t dq_accum_bytes(const attn_problem *p, int32_t config) {
  * the tiles. */
 static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const void *state,
                                   int backward) {
-  (void)state;
   if (p->dtype == ATTN_DTYPE_F8E4M3) { /* the forward's V transposed (no backward) */
     attn_cuda_params k;
     problem_params(p, &k);
@@ -399,7 +413,8 @@ static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const v
     const int chunks =
         attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
     return attn_cuda_decode_workspace((int)p->batch, (int)p->heads_kv, chunks,
-                                      splitkv_splits(p, config), (int)p->head_dim_v);
+                                      splitkv_splits(p, config, decode_paths(state)),
+                                      (int)p->head_dim_v);
   }
   if (!backward) return 0;
   size_t bytes = align_up((size_t)(p->heads_q * rows_q(p)) * sizeof(float));
@@ -669,7 +684,10 @@ static attn_status fill_decode_params(const attn_run *run, attn_cuda_decode_para
   k->window_right = window_bound(p, p->window_right);
   k->align_bottom_right = p->align == ATTN_ALIGN_BOTTOM_RIGHT;
   const int chunks = attn_cuda_decode_row_chunks(k->group, k->seqlen_q);
-  k->splits = splitkv_splits(p, run->config);
+  k->variant = decode_paths(run->state);
+  k->splits = splitkv_splits(p, run->config, k->variant);
+  k->heads = attn_cuda_decode_heads(p->device_index, k->batch, k->heads_kv, (int)splitkv_keys(p),
+                                    k->d, k->dv, k->variant);
   /* the workspace was sized for this split count (cuda_workspace_size) */
   if (run->workspace_size <
       attn_cuda_decode_workspace(k->batch, k->heads_kv, chunks, k->splits, k->dv)) {
@@ -677,7 +695,6 @@ static attn_status fill_decode_params(const attn_run *run, attn_cuda_decode_para
     return ATTN_STATUS_INTERNAL;
   }
   k->partials = (float *)run->workspace;
-  k->variant = run->state != NULL ? ((const cuda_plan_state *)run->state)->decode_paths : 0;
   return ATTN_STATUS_OK;
 }
 

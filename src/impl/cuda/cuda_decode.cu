@@ -4,7 +4,8 @@
  * Decode reads every visible K and V row once and does little arithmetic with it, so the kernels
  * are built to keep as many bytes in flight as the memory system needs, and to do the arithmetic
  * where it costs nothing:
- *   - a CTA (4 warps) takes one (sequence b, KV head g, chunk of up to 16 query rows, key split);
+ *   - a CTA (4 warps) takes one (sequence b, KV head g, chunk of up to 16 query rows, key split)
+ *     (or G KV heads, below);
  *     the rows are the Hq/Hkv query heads times Tq queries of head g (GQA packing): they are the
  *     16 rows of one tensor-core tile, so each K and V row is read from memory once for all of
  *     them and Tq = 4 costs what Tq = 1 does;
@@ -16,6 +17,11 @@
  *     16-byte cp.async, a row per 8 to 32 consecutive threads. A paged cache is gathered row by
  *     row through the block table, so any page size works (bulk copies took paged 16 on the
  *     H100 from 80% to 92% of the copy rate at B = 64, Tk = 8192: bench/RESULTS.md);
+ *   - on sm_90 at D = Dv = 128 a CTA of 8 warps may take 2 or 4 KV heads of the key range
+ *     instead (Shape's G; planned_heads picks it from the call's keys): each key's G rows arrive
+ *     as one copy of G x 256 bytes. On the H200 the rate followed the bytes per copy, not where
+ *     they lie (a head-major cache, each CTA's tiles contiguous, ran as fast as the usual
+ *     layout): 4 heads took B * Tk >= 64k from 75-88% to 83-102% of the copy rate;
  *   - each warp owns 16 keys of a tile: S = Q K^T and O += P V on mma.sync (m16n8k16, f32
  *     accumulation, P rounded to the input type as in the main forward kernel), an online softmax
  *     per row in registers; the warps' (m, l, O) merge in shared memory in a fixed order;
@@ -98,6 +104,13 @@ enum VariantFlag : int {
   kVarEpilogueFlat = 1 << 7, /* "epilogueflat": the split's warps merged element by element, each
                                 thread redoing its row's weights, not a row's weights once and
                                 four columns per thread */
+  kVarHeads2 = 1 << 8,       /* "heads1", "heads2", "heads4", "heads8": a CTA takes 1, 2, 4 or 8
+                                KV heads of a key range (each key's rows of those heads one copy of
+                                G x 256 bytes at D = 128; see Shape), instead of the number
+                                planned_heads picks */
+  kVarHeads4 = 1 << 9,
+  kVarHeads8 = 1 << 10,
+  kVarHeads1 = 1 << 11,
 };
 struct VariantToken {
   const char *name;
@@ -106,8 +119,22 @@ struct VariantToken {
 constexpr VariantToken kVariantTokens[] = {
     {"cpasync", kVarCpAsync},           {"lateissue", kVarLateIssue},       {"nocluster", kVarNoCluster},
     {"mergechunk", kVarMergeChunk},     {"waitfirst", kVarWaitFirst},       {"mergekernel", kVarMergeKernel},
-    {"tablebystage", kVarTableByStage}, {"epilogueflat", kVarEpilogueFlat},
+    {"tablebystage", kVarTableByStage}, {"epilogueflat", kVarEpilogueFlat}, {"heads2", kVarHeads2},
+    {"heads4", kVarHeads4},             {"heads8", kVarHeads8},             {"heads1", kVarHeads1},
 };
+
+/* The KV heads per CTA a variant asks for (the largest token given); 0: none, planned_heads picks. */
+constexpr int requested_heads(int flags) {
+  return flags & kVarHeads8 ? 8 : flags & kVarHeads4 ? 4 : flags & kVarHeads2 ? 2 : flags & kVarHeads1 ? 1 : 0;
+}
+
+/* planned_heads's choice without a token, by the keys of the whole call (batch x the keys a
+ * sequence's rows can see), from the H200 (bench/RESULTS.md "A CTA over several KV heads"): 4
+ * heads per CTA took every row of B * Tk >= 64k to 83-102% of the copy rate (1.06-1.20x faster
+ * than 1 head, 1.01-1.06x than 2), 2 heads the B = 1 rows of 8k and 32k keys (1.02-1.12x faster
+ * than 1, where 4 make too few CTAs or too short splits); below 8k keys (a 4k window at B = 1)
+ * one head stays (2 were 2% slower there). */
+constexpr int64_t kHeads4Keys = 65536, kHeads2Keys = 8192;
 
 struct Variant {
   bool bulk, early_issue, cluster, wide_merge, grid_merge;
@@ -116,27 +143,44 @@ struct Variant {
         wide_merge(!(flags & kVarMergeChunk)), grid_merge(!(flags & kVarMergeKernel)) {}
 };
 
-/* Per head-dim kernel: stages in flight and CTAs per SM (registers are bounded for that many;
- * shared memory allows it on sm_90: 2 x 107 KiB at KD = 128, so up to 6 tiles of 32 KiB requested
- * per SM; with bulk copies that reaches 91-97% of the H100's copy rate on dense caches of B * Tk
- * >= 64k keys and 86-93% with 16-row pages, bench/RESULTS.md). */
-template <int KD> struct Shape {
-  static constexpr int kStages = KD >= 256 ? 2 : 3;
-  static constexpr int kPitch = KD + 8; /* elements per shared row: +16 bytes, ldmatrix conflict-free */
-  static constexpr int kMinBlocks = KD >= 256 ? 1 : KD >= 128 ? 2 : 4;
-  static constexpr int kTile = kBN * kPitch; /* elements of one K or V tile */
-  /* q, the stages, the warps' (m, l), the stages' mbarriers (bulk copies) */
-  static constexpr size_t kSmem = 2 * ((size_t)kRows * kPitch + (size_t)kStages * 2 * kTile) +
+/* Per head-dim kernel and KV heads per CTA (G): warps, keys per tile, stages in flight and CTAs
+ * per SM (registers are bounded for that many; shared memory allows it on sm_90: 2 x 107 KiB at
+ * KD = 128, G = 1, so up to 6 tiles of 32 KiB requested per SM; with bulk copies that reaches
+ * 91-97% of the H100's copy rate on dense caches of B * Tk >= 64k keys and 86-93% with 16-row
+ * pages, bench/RESULTS.md).
+ * G > 1 (KD = 128 only, "heads2/4/8"): one CTA of 8 warps takes G KV heads whose rows lie side by
+ * side in memory ([.., Hkv, D] with D = Dv = 128), kWarps / G warps per head, each warp 16 keys of
+ * a tile, so a tile has 16 * 8 / G keys; each key's G rows of K (and of V) are one copy of G x 256
+ * bytes into a shared row of G heads (+16 bytes: ldmatrix stays conflict-free). One CTA per SM,
+ * the same 8 warps and (G = 2, 4) the same 192 KiB of tiles in flight per SM as two CTAs of G = 1:
+ * only the size of each copy changes (the DRAM sees G x 256-byte pieces of each 2 KiB key row at
+ * once rather than 256-byte ones from G CTAs at different times). G = 8 takes whole key rows but
+ * keeps two stages (its 8 heads' queries take 34 KiB). */
+template <int KD, int G = 1> struct Shape {
+  static_assert(G == 1 || KD == 128, "several KV heads per CTA only at head dim 128");
+  static constexpr int kWarps = G == 1 ? attn_cuda_decode::kWarps : 8;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kHeadWarps = kWarps / G; /* warps per KV head */
+  static constexpr int kBN = 16 * kHeadWarps;   /* keys per tile */
+  static constexpr int kStages = KD >= 256 || G >= 8 ? 2 : 3;
+  static constexpr int kPitch = KD + 8; /* elements per shared row of q: +16 bytes, ldmatrix conflict-free */
+  static constexpr int kRowPitch = G * KD + 8; /* ... of K and V: G heads side by side */
+  static constexpr int kMinBlocks = G > 1 ? 1 : KD >= 256 ? 1 : KD >= 128 ? 2 : 4;
+  static constexpr int kTile = kBN * kRowPitch; /* elements of one K or V tile */
+  /* q (G heads' rows), the stages, the warps' (m, l), the stages' mbarriers (bulk copies) */
+  static constexpr size_t kSmem = 2 * ((size_t)G * kRows * kPitch + (size_t)kStages * 2 * kTile) +
                                   sizeof(float) * kWarps * kRows * 2 + sizeof(uint64_t) * kStages;
   /* after the loop the tiles' space holds the warps' O (f32, rows kOwPitch floats apart: 8 mod
    * 32, so the 8 rows of a warp's store fall in distinct banks), then the CTA's merged partial
-   * [kRows][m, l, -, -, O[KD]] that the other CTAs of a cluster read, then the rows' weights
-   * [kRows][kWarps] and (M, L) [kRows] */
+   * [kRows][m, l, -, -, O[KD]] that the other CTAs of a cluster read (G = 1), then the rows'
+   * weights [G * kRows][kHeadWarps] and (M, L) [G * kRows] */
   static constexpr int kOwPitch = KD + 8;
   static constexpr size_t kOwFloats = (size_t)kWarps * kRows * kOwPitch;
-  static_assert(sizeof(float) * (kOwFloats + (size_t)kRows * (KD + kPartHead) + (size_t)kRows * (kWarps + 2)) <=
+  static_assert(sizeof(float) * (kOwFloats + (size_t)kRows * (KD + kPartHead) + (size_t)G * kRows * (kHeadWarps + 2)) <=
                     2 * (size_t)kStages * 2 * kTile,
                 "o_w, the partial and the weights fit");
+  static_assert(kSmem <= 227 * 1024, "one CTA's shared memory fits sm_90's");
+  static_assert(2 * kBN <= kThreads, "bulk copies: one K or V row per thread");
 };
 
 template <typename T> __device__ __forceinline__ T from_float(float x);
@@ -493,27 +537,30 @@ enum Merge {
                         the CTAs merge the rows between them: merge_grid */
 };
 
-/* One (key split, KV head x row chunk, sequence): grid (splits, Hkv * row_chunks, B). kBulk: K and
- * V rows arrive by cp.async.bulk (sm_90), each thread one row of K (threads 0-63) or V (64-127)
- * of a tile, completing on the stage's mbarrier; else by 16-byte cp.async, each row by KD / 8
- * consecutive threads. merge: a Merge. early_issue (bulk): each iteration issues the next tile's
- * copies before waiting for its own tile. */
-template <typename T, int KD, bool kBulk>
-__global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
+/* One (key split, KV heads x row chunk, sequence): grid (splits, Hkv / G * row_chunks, B), G KV
+ * heads per CTA (Shape). kBulk: K and V rows arrive by cp.async.bulk (sm_90), each of the first
+ * 2 kBN threads one row of K (threads 0 .. kBN - 1) or V of a tile (G heads' rows of a key at
+ * once), completing on the stage's mbarrier; else by 16-byte cp.async, each row by G KD / 8
+ * consecutive threads. merge: a Merge (not kMergeCluster when G > 1). early_issue (bulk): each
+ * iteration issues the next tile's copies before waiting for its own tile. */
+template <typename T, int KD, bool kBulk, int G = 1>
+__global__ void __launch_bounds__(Shape<KD, G>::kThreads, Shape<KD, G>::kMinBlocks)
     split_kernel(const attn_cuda_decode_params p, int row_chunks, int merge, int early_issue) {
-  using S = Shape<KD>;
-  constexpr int kPitch = S::kPitch, kStages = S::kStages, kTile = S::kTile;
-  constexpr uint32_t kPitchB = kPitch * sizeof(T);
-  constexpr int kChunks = KD / 8, kStep = kThreads / kChunks; /* 16-byte copies per row; rows per pass */
+  using S = Shape<KD, G>;
+  constexpr int kPitch = S::kPitch, kRowPitch = S::kRowPitch, kStages = S::kStages, kTile = S::kTile;
+  constexpr int kCtaWarps = S::kWarps, kCtaThreads = S::kThreads, kHeadWarps = S::kHeadWarps, kBN = S::kBN;
+  constexpr uint32_t kPitchB = kPitch * sizeof(T), kRowPitchB = kRowPitch * sizeof(T);
+  /* 16-byte copies per row of K or V (G heads); rows per pass */
+  constexpr int kChunks = G * KD / 8, kStep = kCtaThreads / kChunks;
   /* rows of a tile per thread (and their block-table entries) */
   constexpr int kPasses = kBulk ? 1 : kBN / kStep;
-  static_assert(!kBulk || kThreads == 2 * kBN, "bulk copies: one K or V row per thread");
+  static_assert(kBulk || kBN % kStep == 0, "cp.async: whole passes");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T *q_s = reinterpret_cast<T *>(smem_raw);                          /* [kRows][kPitch] */
-  T *kv_s = q_s + kRows * kPitch;                                    /* [kStages][K, V][kBN][kPitch] */
-  float *ml_s = reinterpret_cast<float *>(kv_s + kStages * 2 * kTile); /* [kWarps][kRows][m, l] */
-  const uint32_t bars = attn_cuda::smem_u32(ml_s + kWarps * kRows * 2); /* [kStages] mbarriers */
-  float *o_w = reinterpret_cast<float *>(kv_s);                      /* after the loop: [kWarps][kRows][KD] */
+  T *q_s = reinterpret_cast<T *>(smem_raw);                          /* [G][kRows][kPitch] */
+  T *kv_s = q_s + G * kRows * kPitch;                                /* [kStages][K, V][kBN][kRowPitch] */
+  float *ml_s = reinterpret_cast<float *>(kv_s + kStages * 2 * kTile); /* [kCtaWarps][kRows][m, l] */
+  const uint32_t bars = attn_cuda::smem_u32(ml_s + kCtaWarps * kRows * 2); /* [kStages] mbarriers */
+  float *o_w = reinterpret_cast<float *>(kv_s); /* after the loop: [kCtaWarps][kRows][kOwPitch] */
 
   TL_DECLARE;
   TL_STAMP(0); /* the CTA starts */
@@ -526,16 +573,19 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
    * kernel's shadow ("waitfirst": after). */
   if (!wait_late) griddep_wait();
   const int split = blockIdx.x, b = blockIdx.z;
-  const int g = blockIdx.y / row_chunks, chunk = blockIdx.y % row_chunks;
+  /* the CTA's KV heads g0 .. g0 + G - 1; this warp's head g (its G-th of the warps) and its
+   * 16 keys of a tile (wk) */
+  const int g0 = (int)blockIdx.y / row_chunks * G, chunk = (int)blockIdx.y % row_chunks;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int head_of_warp = warp / kHeadWarps, wk = warp % kHeadWarps, g = g0 + head_of_warp;
   const int D = p.d, Dv = p.dv, Tq = p.seqlen_q;
   const int first = chunk * kRows, nrows = min(kRows, p.group * Tq - first);
 
   /* columns past D or Dv are never copied: they must hold zeros (finite products) */
   if (D < KD || Dv < KD) {
     uint4 *s4 = reinterpret_cast<uint4 *>(smem_raw);
-    const int n16 = (int)(sizeof(T) * (kRows * kPitch + kStages * 2 * kTile) / 16);
-    for (int e = tid; e < n16; e += kThreads) s4[e] = make_uint4(0, 0, 0, 0);
+    const int n16 = (int)(sizeof(T) * (G * kRows * kPitch + kStages * 2 * kTile) / 16);
+    for (int e = tid; e < n16; e += kCtaThreads) s4[e] = make_uint4(0, 0, 0, 0);
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (kBulk) {
@@ -559,18 +609,20 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
   const int ntiles = (k1 - k0 + kBN - 1) / kBN;
 
   /* this thread copies column chunk `col` of rows r0, r0 + kStep, ... (cp.async) or, bulk, row r0
-   * of K (threads 0-63) or V */
+   * of K (threads 0 .. kBN - 1) or V (kBN .. 2 kBN - 1); a row is G heads' rows of a key */
   const int r0 = kBulk ? tid % kBN : tid / kChunks, col = kBulk ? 0 : tid % kChunks * 8;
   const T *q = static_cast<const T *>(p.q);
   const T *kp = static_cast<const T *>(p.k), *vp = static_cast<const T *>(p.v);
   {
-    const int qr0 = tid / kChunks, qcol = tid % kChunks * 8;
+    constexpr int kQChunks = KD / 8, kQStep = kCtaThreads / kQChunks;
+    const int qr0 = tid / kQChunks, qcol = tid % kQChunks * 8;
     if (qcol < D) {
 #pragma unroll
-      for (int r = qr0; r < kRows; r += kStep) {
-        const bool ok = r < nrows;
+      for (int r = qr0; r < G * kRows; r += kQStep) { /* head r / kRows's row r % kRows */
+        const int rr = r % kRows;
+        const bool ok = rr < nrows;
         int h, i;
-        row_head(p, g, first + (ok ? r : 0), h, i);
+        row_head(p, g0 + r / kRows, first + (ok ? rr : 0), h, i);
         attn_cuda::cp_async16(q_s + r * kPitch + qcol,
                               q + (int64_t)b * p.q_b + (int64_t)i * p.q_r + (int64_t)h * p.q_h + qcol, ok);
       }
@@ -600,18 +652,20 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
       const uint32_t bar = bars + 8 * stage;
       const bool is_k = tid < kBN;
-      if (tid == 0) attn_cuda::mbar_expect_tx(bar, (uint32_t)(min(kBN, k1 - base) * (D + Dv) * (int)sizeof(T)));
+      if (tid == 0)
+        attn_cuda::mbar_expect_tx(bar, (uint32_t)(min(kBN, k1 - base) * G * (D + Dv) * (int)sizeof(T)));
+      if (tid >= 2 * kBN) return; /* G > 1: more threads than rows */
       const int j = base + r0;
-      T *dst = (is_k ? ks : vs) + r0 * kPitch;
+      T *dst = (is_k ? ks : vs) + r0 * kRowPitch;
       if (j < k1) {
         int64_t koff, voff;
-        key_offsets(p, po, b, j, g, pg[0], koff, voff);
+        key_offsets(p, po, b, j, g0, pg[0], koff, voff); /* G > 1: heads g0 .. g0 + G - 1 side by side */
         attn_cuda::bulk_load(attn_cuda::smem_u32(dst), is_k ? kp + koff : vp + voff,
-                             (uint32_t)((is_k ? D : Dv) * sizeof(T)), bar);
+                             (uint32_t)(G * (is_k ? D : Dv) * sizeof(T)), bar);
       } else { /* past the split: zeros (a probability of 0 times stale V could be NaN) */
         uint4 *d4 = reinterpret_cast<uint4 *>(dst);
 #pragma unroll
-        for (int c = 0; c < KD / 8; ++c) d4[c] = make_uint4(0, 0, 0, 0);
+        for (int c = 0; c < G * KD / 8; ++c) d4[c] = make_uint4(0, 0, 0, 0);
       }
 #else
       (void)ks, (void)vs, (void)base;
@@ -623,9 +677,10 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
         const int r = r0 + it * kStep, j = base + r;
         const bool ok = j < k1; /* rows past the split are zero-filled, never read */
         int64_t koff = 0, voff = 0;
-        if (ok) key_offsets(p, po, b, j, g, pg[it], koff, voff);
-        if (col < D) attn_cuda::cp_async16(ks + r * kPitch + col, kp + koff + col, ok);
-        if (col < Dv) attn_cuda::cp_async16(vs + r * kPitch + col, vp + voff + col, ok);
+        if (ok) key_offsets(p, po, b, j, g0, pg[it], koff, voff);
+        /* G > 1 only where D = Dv = KD: the G heads' rows are one run of G D elements */
+        if (col < G * D) attn_cuda::cp_async16(ks + r * kRowPitch + col, kp + koff + col, ok);
+        if (col < G * Dv) attn_cuda::cp_async16(vs + r * kRowPitch + col, vp + voff + col, ok);
       }
     }
   };
@@ -670,7 +725,7 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
 #pragma unroll
     for (int e = 0; e < 4; ++e) oacc[0][nt][e] = 0.0f;
 
-  const uint32_t qa = attn_cuda::smem_u32(q_s) + attn_cuda::lane_a<T, kPitchB>(lane);
+  const uint32_t qa = attn_cuda::smem_u32(q_s + head_of_warp * kRows * kPitch) + attn_cuda::lane_a<T, kPitchB>(lane);
   const float inv_cap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
   for (int t = 0; t < ntiles; ++t) {
     if constexpr (kBulk) {
@@ -700,16 +755,17 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
     }
     if (t + kStages < ntiles) fetch_pages(t + kStages, pages); /* its loads land during this tile */
 
-    const T *ks = kv_s + (t % kStages) * 2 * kTile, *vs = ks + kTile;
+    /* this warp's head's columns of the tile */
+    const T *ks = kv_s + (t % kStages) * 2 * kTile + head_of_warp * KD, *vs = ks + kTile;
     /* S = Q K^T for this warp's 16 keys */
     float sacc[1][2][4] = {};
-    const uint32_t kb = attn_cuda::smem_u32(ks + warp * 16 * kPitch) + attn_cuda::lane_b<T, kPitchB>(lane);
+    const uint32_t kb = attn_cuda::smem_u32(ks + wk * 16 * kRowPitch) + attn_cuda::lane_b<T, kRowPitchB>(lane);
 #pragma unroll
     for (int kk = 0; kk < KD / 16; ++kk)
-      if (kk * 16 < D) attn_cuda::mma_abt<T, 1, 16, kPitchB, kPitchB>(sacc, qa + kk * 32, kb + kk * 32);
+      if (kk * 16 < D) attn_cuda::mma_abt<T, 1, 16, kPitchB, kRowPitchB>(sacc, qa + kk * 32, kb + kk * 32);
     /* logits, masks, online softmax; rows 8-15 only when the chunk has them (Hq/Hkv x Tq <= 8:
      * their probabilities stay 0, so their products add nothing) */
-    const int jbase = k0 + t * kBN + warp * 16 + (lane & 3) * 2;
+    const int jbase = k0 + t * kBN + wk * 16 + (lane & 3) * 2;
     const int halves = nrows > 8 ? 2 : 1;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -752,8 +808,8 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
     /* O += P V: P (16 rows x this warp's 16 keys) is an A fragment already */
     uint32_t fa[1][4];
     attn_cuda::pack_a<T, 2>(fa[0], sacc[0], 0);
-    const uint32_t vb = attn_cuda::smem_u32(vs + warp * 16 * kPitch) + attn_cuda::lane_bt<T, kPitchB>(lane);
-    attn_cuda::mma_ab_regs<T, 1, KD, kPitchB>(oacc, fa, vb, (Dv + 15) / 16);
+    const uint32_t vb = attn_cuda::smem_u32(vs + wk * 16 * kRowPitch) + attn_cuda::lane_bt<T, kRowPitchB>(lane);
+    attn_cuda::mma_ab_regs<T, 1, KD, kRowPitchB>(oacc, fa, vb, (Dv + 15) / 16);
   }
   if constexpr (!kBulk) attn_cuda::cp_async_wait_all();
   TL_STAMP(3); /* the last tile is done */
@@ -779,32 +835,38 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
   }
   __syncthreads();
 
-  /* merged in warp order; one split: the result, else this split's partial [m, l, -, -, O[Dv]],
-   * in the workspace or (kMergeCluster) in shared memory after o_w */
+  /* each head's warps merged in warp order; one split: the result, else this split's partial
+   * [m, l, -, -, O[Dv]] per head, in the workspace or (kMergeCluster, G = 1) in shared memory
+   * after o_w. Rows R = 0 .. G kRows - 1 of the CTA: row R % kRows of head g0 + R / kRows, whose
+   * warps are R / kRows * kHeadWarps + 0 .. kHeadWarps - 1. */
   const int stride = Dv + kPartHead;
-  const int item = (b * p.heads_kv + g) * row_chunks + chunk;
-  float *part = merge == kMergeNone      ? nullptr
-                : merge == kMergeCluster ? o_w + S::kOwFloats
-                                         : p.partials + ((int64_t)item * p.splits + split) * kRows * stride;
+  auto part_of = [&](int hr) -> float * {
+    const int item = (b * p.heads_kv + g0 + hr) * row_chunks + chunk;
+    return merge == kMergeNone      ? nullptr
+           : merge == kMergeCluster ? o_w + S::kOwFloats
+                                    : p.partials + ((int64_t)item * p.splits + split) * kRows * stride;
+  };
+  auto ml_at = [&](int hr, int k, int r) -> float * { return ml_s + ((hr * kHeadWarps + k) * kRows + r) * 2; };
   if (p.variant & kVarEpilogueFlat) {
     /* every (row, column) element on its own, each thread redoing its row's weights */
-    for (int e = tid; e < nrows * (Dv + 1); e += kThreads) {
-      const int r = e / (Dv + 1), c = e % (Dv + 1);
+    for (int e = tid; e < G * nrows * (Dv + 1); e += kCtaThreads) {
+      const int hr = e / (nrows * (Dv + 1)), r = e / (Dv + 1) % nrows, c = e % (Dv + 1);
       float M = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, ml_s[(w * kRows + r) * 2]);
+      for (int k = 0; k < kHeadWarps; ++k) M = fmaxf(M, ml_at(hr, k, r)[0]);
       float L = 0.0f, O = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float mw = ml_s[(w * kRows + r) * 2];
+      for (int k = 0; k < kHeadWarps; ++k) {
+        const float mw = ml_at(hr, k, r)[0];
         if (mw == -INFINITY) continue;
         const float wt = __expf(mw - M);
-        L += wt * ml_s[(w * kRows + r) * 2 + 1];
-        if (c < Dv) O += wt * o_w[(w * kRows + r) * kOwPitch + c];
+        L += wt * ml_at(hr, k, r)[1];
+        if (c < Dv) O += wt * o_w[((hr * kHeadWarps + k) * kRows + r) * kOwPitch + c];
       }
+      float *part = part_of(hr);
       if (merge == kMergeNone) {
         int h, i;
-        row_head(p, g, first + r, h, i);
+        row_head(p, g0 + hr, first + r, h, i);
         finish<T>(p, b, h, i, c, M, L, O);
       } else if (c < Dv) {
         part[r * stride + kPartHead + c] = O;
@@ -813,48 +875,55 @@ __global__ void __launch_bounds__(kThreads, Shape<KD>::kMinBlocks)
       }
     }
   } else {
-    /* a row's weights once, by one thread: its maximum M over the warps, each warp's weight
-     * exp(m_w - M) (0 for a warp that saw no key of the row) and L; then each thread four columns
-     * of a row at a time (float4 loads and stores), the rows in passes. The same sums in the same
-     * order as the flat loop above. */
-    float *wt_s = o_w + S::kOwFloats + kRows * (KD + kPartHead); /* [kRows][kWarps] */
-    float2 *row_s = reinterpret_cast<float2 *>(wt_s + kRows * kWarps);  /* [kRows] (M, L) */
-    if (tid < nrows) {
+    /* a row's weights once, by one thread: its maximum M over its head's warps, each warp's
+     * weight exp(m_w - M) (0 for a warp that saw no key of the row) and L; then each thread four
+     * columns of a row at a time (float4 loads and stores), the rows in passes. The same sums in
+     * the same order as the flat loop above. */
+    float *wt_s = o_w + S::kOwFloats + kRows * (KD + kPartHead); /* [G kRows][kHeadWarps] */
+    float2 *row_s = reinterpret_cast<float2 *>(wt_s + G * kRows * kHeadWarps); /* [G kRows] (M, L) */
+    if (tid < G * kRows && tid % kRows < nrows) {
+      const int hr = tid / kRows, r = tid % kRows;
       float M = -INFINITY, L = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, ml_s[(w * kRows + tid) * 2]);
+      for (int k = 0; k < kHeadWarps; ++k) M = fmaxf(M, ml_at(hr, k, r)[0]);
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float mw = ml_s[(w * kRows + tid) * 2];
+      for (int k = 0; k < kHeadWarps; ++k) {
+        const float mw = ml_at(hr, k, r)[0];
         const float wt = mw == -INFINITY ? 0.0f : __expf(mw - M);
-        if (mw != -INFINITY) L += wt * ml_s[(w * kRows + tid) * 2 + 1];
-        wt_s[tid * kWarps + w] = wt;
+        if (mw != -INFINITY) L += wt * ml_at(hr, k, r)[1];
+        wt_s[tid * kHeadWarps + k] = wt;
       }
       row_s[tid] = make_float2(M, L);
-      if (merge != kMergeNone) part[tid * stride] = M, part[tid * stride + 1] = L;
+      if (merge != kMergeNone) {
+        float *part = part_of(hr);
+        part[r * stride] = M, part[r * stride + 1] = L;
+      }
     }
     __syncthreads();
-    const int quads = Dv / 4, per_pass = kThreads / quads, q4 = tid % quads; /* Dv <= 256: per_pass >= 2 */
-    for (int r = tid < per_pass * quads ? tid / quads : kRows; r < nrows; r += per_pass) {
+    const int quads = Dv / 4, per_pass = kCtaThreads / quads, q4 = tid % quads; /* Dv <= 256: per_pass >= 2 */
+    for (int R = tid < per_pass * quads ? tid / quads : G * kRows; R < G * kRows; R += per_pass) {
+      const int hr = R / kRows, r = R % kRows;
+      if (r >= nrows) continue;
       float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        if (ml_s[(w * kRows + r) * 2] == -INFINITY) continue;
-        const float wt = wt_s[r * kWarps + w];
-        const float4 ow = *reinterpret_cast<const float4 *>(o_w + (w * kRows + r) * kOwPitch + 4 * q4);
+      for (int k = 0; k < kHeadWarps; ++k) {
+        if (ml_at(hr, k, r)[0] == -INFINITY) continue;
+        const float wt = wt_s[R * kHeadWarps + k];
+        const float4 ow =
+            *reinterpret_cast<const float4 *>(o_w + ((hr * kHeadWarps + k) * kRows + r) * kOwPitch + 4 * q4);
         O.x += wt * ow.x, O.y += wt * ow.y, O.z += wt * ow.z, O.w += wt * ow.w;
       }
       if (merge == kMergeNone) {
         int h, i;
-        row_head(p, g, first + r, h, i);
-        finish_quad<T>(p, b, h, i, q4, row_s[r].x, row_s[r].y, O);
+        row_head(p, g0 + hr, first + r, h, i);
+        finish_quad<T>(p, b, h, i, q4, row_s[R].x, row_s[R].y, O);
       } else {
-        *reinterpret_cast<float4 *>(part + r * stride + kPartHead + 4 * q4) = O;
+        *reinterpret_cast<float4 *>(part_of(hr) + r * stride + kPartHead + 4 * q4) = O;
       }
     }
   }
   TL_STAMP(4); /* the partial (or the result) is written */
-  if (merge == kMergeCluster) merge_cluster<T>(p, b, g, first, nrows, part);
+  if (G == 1 && merge == kMergeCluster) merge_cluster<T>(p, b, g0, first, nrows, part_of(0));
   if (merge == kMergeGrid) merge_grid<T>(p, row_chunks, reinterpret_cast<float4 *>(o_w),
                                          reinterpret_cast<float2 *>(o_w) + 2 * kThreads);
   TL_STAMP(5);
@@ -891,17 +960,46 @@ int kernel_dim(int d, int dv) {
   return w <= 64 ? 64 : w <= 128 ? 128 : 256;
 }
 
-size_t smem_bytes(int kd) {
-  return kd == 64 ? Shape<64>::kSmem : kd == 128 ? Shape<128>::kSmem : Shape<256>::kSmem;
+size_t smem_bytes(int kd, int heads) {
+  if (kd == 128)
+    return heads == 8   ? Shape<128, 8>::kSmem
+           : heads == 4 ? Shape<128, 4>::kSmem
+           : heads == 2 ? Shape<128, 2>::kSmem
+                        : Shape<128>::kSmem;
+  return kd == 64 ? Shape<64>::kSmem : Shape<256>::kSmem;
 }
-int min_blocks(int kd) {
+int min_blocks(int kd, int heads) {
+  if (heads > 1) return Shape<128, 2>::kMinBlocks; /* one CTA per SM for every G > 1 */
   return kd == 64 ? Shape<64>::kMinBlocks : kd == 128 ? Shape<128>::kMinBlocks : Shape<256>::kMinBlocks;
 }
 
-/* CTAs of the split kernel of head dim kd that device `index` holds at once: its SMs times the
- * CTAs per SM that the registers (launch bounds) and shared memory (1 KiB of it reserved per CTA
- * by the driver) allow; 0 when the device cannot be asked. */
-int64_t resident_slots(int index, int kd) {
+/* The KV heads per CTA (Shape's G) the split kernel takes for a problem of `batch` sequences whose
+ * rows see `keys` keys, head dims d, dv, hkv KV heads, on device `index` under the variant's
+ * flags: what "heads1/2/4/8" asks for, else the choice by the call's keys above; then the largest
+ * power of two at most that which divides Hkv; 1 unless D = Dv = 128 on sm_90 or later (its
+ * shared memory is sm_90's). The plan makes its split count and params.heads from this one
+ * answer (attn_cuda_decode_heads); the launch also needs each key's G heads side by side in k
+ * and v (heads_per_cta) and takes G = 1 when they are not, with the same split count. */
+int planned_heads(int index, int batch, int hkv, int keys, int d, int dv, int flags) {
+  int want = requested_heads(flags);
+  if (want == 0) {
+    const int64_t total = (int64_t)batch * keys;
+    want = total >= kHeads4Keys ? 4 : total >= kHeads2Keys ? 2 : 1;
+  }
+  while (want > 1 && hkv % want != 0) want /= 2;
+  if (want == 1 || d != 128 || dv != 128) return 1;
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 1;
+  }
+  return major >= 9 ? want : 1;
+}
+
+/* CTAs of the split kernel of head dim kd with `heads` KV heads per CTA that device `index` holds
+ * at once: its SMs times the CTAs per SM that the registers (launch bounds) and shared memory (1
+ * KiB of it reserved per CTA by the driver) allow; 0 when the device cannot be asked. */
+int64_t resident_slots(int index, int kd, int heads) {
   int sms = 0, smem_sm = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index) != cudaSuccess ||
       cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, index) != cudaSuccess ||
@@ -909,8 +1007,8 @@ int64_t resident_slots(int index, int kd) {
     (void)cudaGetLastError();
     return 0;
   }
-  int resident = (int)((size_t)smem_sm / (smem_bytes(kd) + 1024));
-  if (resident > min_blocks(kd)) resident = min_blocks(kd);
+  int resident = (int)((size_t)smem_sm / (smem_bytes(kd, heads) + 1024));
+  if (resident > min_blocks(kd, heads)) resident = min_blocks(kd, heads);
   if (resident < 1) resident = 1;
   return (int64_t)resident * sms;
 }
@@ -944,17 +1042,18 @@ template <typename T, int KD, bool kBulk> int cluster_limit(int index, int major
   return limit;
 }
 
-/* Launches the split kernel (bulk copies or cp.async); *merge: how its splits are merged (the
- * caller launches the merge kernel for kMergeKernel). */
-template <typename T, int KD, bool kBulk>
+/* Launches the split kernel (bulk copies or cp.async, G KV heads per CTA); *merge: how its splits
+ * are merged (the caller launches the merge kernel for kMergeKernel). */
+template <typename T, int KD, bool kBulk, int G>
 attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream_t stream, int row_chunks,
                          int major, const Variant &variant, Merge *merge, char *why, size_t why_size) {
+  using S = Shape<KD, G>;
   /* shared memory above 48 KiB is opted into once per device (the attribute is the device's) */
   static std::atomic<uint64_t> opted{0};
   const uint64_t bit = (uint64_t)1 << (p->device_index & 63);
   if ((opted.load(std::memory_order_relaxed) & bit) == 0) {
-    ATTN_CUDA_CHECK(cudaFuncSetAttribute(split_kernel<T, KD, kBulk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)Shape<KD>::kSmem));
+    ATTN_CUDA_CHECK(cudaFuncSetAttribute(split_kernel<T, KD, kBulk, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)S::kSmem));
     opted.fetch_or(bit, std::memory_order_relaxed);
   }
   /* sm_90: a programmatic dependent of the stream's previous kernel; and with 2 to 16 splits whose
@@ -964,16 +1063,17 @@ attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream
    * cluster's CTAs hold their SMs until the slowest of them is done, and are placed together.)
    * More splits in one wave merge in the split kernel after a grid barrier (below): on the H200
    * at B = 1 as fast as the merge kernel (16.9 us at Tk = 8192), 2% faster with the per-element
-   * epilogue of before, and one kernel less per call. */
-  const bool fits = (int64_t)grid.x * grid.y * grid.z <= resident_slots(p->device_index, KD);
+   * epilogue of before, and one kernel less per call. (G > 1: no cluster merge; the partials of
+   * a CTA's G heads go through the workspace.) */
+  const bool fits = (int64_t)grid.x * grid.y * grid.z <= resident_slots(p->device_index, KD, G);
   *merge = p->splits == 1 ? kMergeNone
-           : variant.cluster && major >= 9 && fits &&
+           : G == 1 && variant.cluster && major >= 9 && fits &&
                    p->splits <= cluster_limit<T, KD, kBulk>(p->device_index, major)
                ? kMergeCluster
                : kMergeKernel;
   if (major >= 9) {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = Shape<KD>::kSmem;
+    cfg.gridDim = grid, cfg.blockDim = dim3(S::kThreads), cfg.dynamicSmemBytes = S::kSmem;
     cfg.stream = stream;
     cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -987,7 +1087,7 @@ attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream
       attr[1].id = cudaLaunchAttributeCooperative;
       attr[1].val.cooperative = 1;
       cfg.numAttrs = 2;
-      if (cudaLaunchKernelEx(&cfg, split_kernel<T, KD, kBulk>, *p, row_chunks, (int)kMergeGrid,
+      if (cudaLaunchKernelEx(&cfg, split_kernel<T, KD, kBulk, G>, *p, row_chunks, (int)kMergeGrid,
                              variant.early_issue ? 1 : 0) == cudaSuccess) {
         *merge = kMergeGrid;
         return ATTN_STATUS_OK;
@@ -995,11 +1095,11 @@ attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream
       (void)cudaGetLastError();
       cfg.numAttrs = 1;
     }
-    ATTN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, split_kernel<T, KD, kBulk>, *p, row_chunks, (int)*merge,
+    ATTN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, split_kernel<T, KD, kBulk, G>, *p, row_chunks, (int)*merge,
                                        variant.early_issue ? 1 : 0));
     return ATTN_STATUS_OK;
   }
-  split_kernel<T, KD, kBulk><<<grid, kThreads, Shape<KD>::kSmem, stream>>>(*p, row_chunks, (int)*merge, 0);
+  split_kernel<T, KD, kBulk, G><<<grid, S::kThreads, S::kSmem, stream>>>(*p, row_chunks, (int)*merge, 0);
   ATTN_CUDA_CHECK(cudaGetLastError());
   return ATTN_STATUS_OK;
 }
@@ -1007,8 +1107,8 @@ attn_status launch_split(const attn_cuda_decode_params *p, dim3 grid, cudaStream
 /* The split kernel of head dim KD, with bulk copies where they run (sm_90 machine code on an sm_90
  * device, and the variant asks for them). */
 template <typename T, int KD>
-attn_status launch_split_dim(const attn_cuda_decode_params *p, dim3 grid, cudaStream_t stream, int row_chunks,
-                             int major, const Variant &variant, Merge *merge, char *why, size_t why_size) {
+attn_status launch_split_dim(const attn_cuda_decode_params *p, cudaStream_t stream, int row_chunks, int major,
+                             int heads, const Variant &variant, Merge *merge, char *why, size_t why_size) {
   /* The sm_90 paths (programmatic launch, clusters, bulk copies) are in the kernel only when it
    * was compiled for sm_90 or later: a build for older targets alone, run on a Hopper GPU through
    * its PTX, takes the plain launch. (The image the driver picks depends on the device, hence one
@@ -1022,9 +1122,33 @@ attn_status launch_split_dim(const attn_cuda_decode_params *p, dim3 grid, cudaSt
     ptx_version[p->device_index & 63].store(ptx, std::memory_order_relaxed);
   }
   if (ptx < 90 && major >= 9) major = 8;
+  if (KD != 128 || major < 9) heads = 1; /* G > 1: sm_90 only, where its shared memory fits */
+  const dim3 grid(p->splits, p->heads_kv / heads * row_chunks, p->batch);
+  if constexpr (KD == 128) {
+    if (heads > 1) {
+#define ATTN_DECODE_LAUNCH_G(G_)                                                                             \
+  return variant.bulk                                                                                        \
+             ? launch_split<T, KD, true, G_>(p, grid, stream, row_chunks, major, variant, merge, why, why_size)  \
+             : launch_split<T, KD, false, G_>(p, grid, stream, row_chunks, major, variant, merge, why, why_size)
+      if (heads == 8) ATTN_DECODE_LAUNCH_G(8);
+      if (heads == 4) ATTN_DECODE_LAUNCH_G(4);
+      ATTN_DECODE_LAUNCH_G(2);
+#undef ATTN_DECODE_LAUNCH_G
+    }
+  }
   if (major >= 9 && variant.bulk)
-    return launch_split<T, KD, true>(p, grid, stream, row_chunks, major, variant, merge, why, why_size);
-  return launch_split<T, KD, false>(p, grid, stream, row_chunks, major, variant, merge, why, why_size);
+    return launch_split<T, KD, true, 1>(p, grid, stream, row_chunks, major, variant, merge, why, why_size);
+  return launch_split<T, KD, false, 1>(p, grid, stream, row_chunks, major, variant, merge, why, why_size);
+}
+
+/* The KV heads per CTA for this call: the plan's (params.heads), where each key's heads lie side
+ * by side in k and v (head strides D and Dv); else 1 (the split count the plan made for G still
+ * holds: only the waves' fill differs). */
+int heads_per_cta(const attn_cuda_decode_params *p) {
+  const int heads = p->heads;
+  const bool fits = (heads == 2 || heads == 4 || heads == 8) && p->heads_kv % heads == 0 && p->d == 128 &&
+                    p->dv == 128;
+  return fits && p->k_h == p->d && p->v_h == p->dv ? heads : 1;
 }
 
 template <typename T>
@@ -1044,14 +1168,14 @@ attn_status launch(const attn_cuda_decode_params *p, cudaStream_t stream, char *
   }
   int major = 0;
   ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p->device_index));
-  const dim3 grid(p->splits, p->heads_kv * row_chunks, p->batch);
   const int kd = kernel_dim(p->d, p->dv);
   const Variant variant(p->variant);
   Merge merge = kMergeNone;
   attn_status st =
-      kd == 64    ? launch_split_dim<T, 64>(p, grid, stream, row_chunks, major, variant, &merge, why, why_size)
-      : kd == 128 ? launch_split_dim<T, 128>(p, grid, stream, row_chunks, major, variant, &merge, why, why_size)
-                  : launch_split_dim<T, 256>(p, grid, stream, row_chunks, major, variant, &merge, why, why_size);
+      kd == 64 ? launch_split_dim<T, 64>(p, stream, row_chunks, major, 1, variant, &merge, why, why_size)
+      : kd == 128
+          ? launch_split_dim<T, 128>(p, stream, row_chunks, major, heads_per_cta(p), variant, &merge, why, why_size)
+          : launch_split_dim<T, 256>(p, stream, row_chunks, major, 1, variant, &merge, why, why_size);
   if (st != ATTN_STATUS_OK || merge != kMergeKernel) return st;
   const int wide = variant.wide_merge ? 1 : 0;
   const dim3 mgrid(p->batch * p->heads_kv * row_chunks, wide ? kRows : 1);
@@ -1091,18 +1215,31 @@ extern "C" int attn_cuda_decode_row_chunks(int group, int seqlen_q) {
 }
 
 extern "C" int attn_cuda_decode_splits(int index, int batch, int heads_kv, int row_chunks,
-                                       int keys, int d, int dv, int half_waves) {
+                                       int keys, int d, int dv, int half_waves, int variant) {
   using namespace attn_cuda_decode;
-  const int64_t slots = resident_slots(index, kernel_dim(d, dv));
+  const int heads = planned_heads(index, batch, heads_kv, keys, d, dv, variant);
+  const int64_t slots = resident_slots(index, kernel_dim(d, dv), heads);
   if (slots == 0) return 1;
   /* the most splits that keep the CTAs within half_waves / 2 full waves (whole waves: a partial
    * last wave would leave SMs idle while it runs), none shorter than kMinSplitKeys */
-  const int64_t ctas = (int64_t)batch * heads_kv * row_chunks;
+  const int64_t ctas = (int64_t)batch * (heads_kv / heads) * row_chunks;
   int64_t want = (int64_t)(half_waves > 0 ? half_waves : 2) * slots / (2 * ctas);
+  /* With several heads a CTA fills its SM alone (min_blocks), so no second CTA streams while one
+   * starts or ends: where that wave gives each row group 2 to 8 splits, two waves' worth run
+   * faster. Not at 1 (splitting would add a merge) nor past 8 (the splits are short already).
+   * Measured on the H200 (bench/RESULTS.md, "Two waves for the several-head kernel"), splitkv,
+   * us, one wave / two: B = 16, Tk = 2048 / 8192 / 32768: 72 / 50, 168 / 144, 533 / 513; B = 64,
+   * Tk = 8192 (1 split): 497 / 531; B = 1, Tk = 32768 (33 splits): 42 / 47. */
+  if (heads > 1 && want >= 2 && want <= 8) want *= 2;
   int64_t most = (keys + kMinSplitKeys - 1) / kMinSplitKeys;
   if (want > most) want = most;
   if (want > kMaxSplits) want = kMaxSplits;
   return (int)(want < 1 ? 1 : want);
+}
+
+extern "C" int attn_cuda_decode_heads(int index, int batch, int heads_kv, int keys, int d, int dv,
+                                      int variant) {
+  return attn_cuda_decode::planned_heads(index, batch, heads_kv, keys, d, dv, variant);
 }
 
 extern "C" size_t attn_cuda_decode_workspace(int batch, int heads_kv, int row_chunks, int splits,

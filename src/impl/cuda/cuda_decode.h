@@ -3,7 +3,8 @@
  * few queries per sequence against a dense or paged KV cache (docs/DECODE.md), K and V read once.
  *
  * Plain C, like cuda_params.h: raw device pointers, strides in elements, sizes. A CTA takes one
- * (sequence, KV head, chunk of up to 16 query rows, key split); the rows are the Hq/Hkv query heads
+ * (sequence, KV head, chunk of up to 16 query rows, key split) (on sm_90 at D = 128, one CTA of 8
+ * warps may take 2 or 4 KV heads: params.heads); the rows are the Hq/Hkv query heads
  * times Tq queries of the KV head (GQA packing), so each K and V row is read once for all of them.
  * K and V rows arrive by cp.async.bulk on sm_90 (16-byte cp.async elsewhere; ATTN_CUDA_DECODE
  * picks the data paths for measurements, docs/DECODE.md). With more than one split, the partial
@@ -65,6 +66,7 @@ typedef struct attn_cuda_decode_params {
   int32_t splits;     /* key splits per (sequence, KV head, row chunk) */
   float *partials;    /* workspace: attn_cuda_decode_workspace bytes */
   int32_t variant;    /* the data paths: attn_cuda_decode_variant()'s flags (0: the defaults) */
+  int32_t heads;      /* KV heads per CTA: attn_cuda_decode_heads (0 or 1: one) */
 #ifdef ATTN_CUDA_DECODE_TIMELINE
   int32_t timeline_call; /* dev/cuda/decode_timeline.cu: the call's slot in the stamps' ring */
 #endif
@@ -80,10 +82,16 @@ int attn_cuda_decode_row_chunks(int group, int seqlen_q);
 
 /* Key splits for a problem on device `index`: the most that keep the CTAs within half_waves / 2
  * full waves of the CTAs the device holds at once (its SM count times the CTAs per SM of the
- * kernel of head dims d, dv), none shorter than 128 of the `keys` any sequence's rows can see
- * (seqlen_k, or a window's width); 1 when the device cannot be asked. */
+ * kernel of head dims d, dv and the KV heads per CTA that `variant`, the plan's
+ * attn_cuda_decode_variant() flags, asks for), none shorter than 128 of the `keys` any sequence's
+ * rows can see (seqlen_k, or a window's width); 1 when the device cannot be asked. */
 int attn_cuda_decode_splits(int index, int batch, int heads_kv, int row_chunks, int keys, int d,
-                            int dv, int half_waves);
+                            int dv, int half_waves, int variant);
+
+/* KV heads per CTA for the same problem (params.heads): 4 where batch x keys >= 64k, 2 where
+ * >= 8k, else 1, or what a heads1/2/4/8 token of `variant` asks for; at most the largest power of
+ * two dividing heads_kv; 1 unless d = dv = 128 on sm_90 or later. */
+int attn_cuda_decode_heads(int index, int batch, int heads_kv, int keys, int d, int dv, int variant);
 
 /* Workspace bytes of the partial results (0 with one split). */
 size_t attn_cuda_decode_workspace(int batch, int heads_kv, int row_chunks, int splits, int dv);
