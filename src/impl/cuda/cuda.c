@@ -23,8 +23,8 @@
  * additions in a fixed order (counters per dq slice), or elsewhere the deterministic backward.
  * f8e4m3 problems (docs/FP8.md, forward only) run on compute capability 9.0 alone, on the sm90 fp8
  * forward (sm90/sm90_fwd_fp8.cuh; V transposed into the workspace first): configurations
- * "sm90_fp8" (default) and "sm90_fp8_pingpong", at D = 128 also "sm90_fp8_n192" and
- * "sm90_fp8_n192_pingpong" (192-key blocks).
+ * "sm90_fp8" (default) and "sm90_fp8_pingpong", at D = 128 also "sm90_fp8_n192" (192-key
+ * blocks).
  */
 #include "impl/impl.h"
 
@@ -298,10 +298,12 @@ static int splitkv_splits(const attn_problem *p, int32_t config, int32_t variant
 
 /* An f8e4m3 problem's configurations and the kernel's variant of each (ATTN_CUDA_FP8_*): the
  * sm90 fp8 forward with its two consumer warpgroups free-running ("sm90_fp8", the default) or
- * taking turns to issue their products ("..._pingpong"), on 128-key blocks or, at D = 128 only
- * (at 256 S, O and P would not fit the registers), 192-key ones ("sm90_fp8_n192...", "pad": V^T's
- * last 64 keys of a block padded to a whole panel), for the executor to time; all deterministic
- * (no atomics). */
+ * taking turns to issue their products ("sm90_fp8_pingpong") on 128-key blocks and, at D = 128
+ * only (at 256 S, O and P would not fit the registers), free-running on 192-key blocks
+ * ("sm90_fp8_n192": V^T's last 64 keys of a block padded to a whole panel), for the executor to
+ * time; all deterministic (no atomics). On an H200 (bench/RESULTS.md) the 192-key blocks were
+ * 0.4-0.9% faster than 128-key ones by attn bench at T = 8192; the packed half panel and the
+ * 192-key ping-pong, never faster, are not offered. */
 static const struct {
   const char *name;
   int32_t variant;
@@ -309,8 +311,6 @@ static const struct {
     {"sm90_fp8", 0},
     {"sm90_fp8_pingpong", ATTN_CUDA_FP8_PINGPONG},
     {"sm90_fp8_n192", ATTN_CUDA_FP8_WIDE},
-    {"sm90_fp8_n192_pingpong", ATTN_CUDA_FP8_WIDE | ATTN_CUDA_FP8_PINGPONG},
-    {"sm90_fp8_n192pad", ATTN_CUDA_FP8_WIDE | ATTN_CUDA_FP8_PAD},
 };
 
 static int32_t fp8_num_configs(const attn_problem *problem) {

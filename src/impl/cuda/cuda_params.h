@@ -16,10 +16,10 @@
 
 enum { ATTN_CUDA_VARLEN_NONE = 0, ATTN_CUDA_VARLEN_PACKED = 1, ATTN_CUDA_VARLEN_PADDED = 2 };
 enum { ATTN_CUDA_ELEM_F32 = 0, ATTN_CUDA_ELEM_F16 = 1, ATTN_CUDA_ELEM_BF16 = 2 };
-/* The sm90 fp8 forward's variant (params' fp8 - 1; cuda.c's fp8 configurations): bits of the
- * consumers' ping-pong schedule, of 192-key blocks (D = 128 only) and, with those, of V^T's padded
- * layout (sm90_fwd_fp8.cuh's VtLayout) */
-enum { ATTN_CUDA_FP8_PINGPONG = 1, ATTN_CUDA_FP8_WIDE = 2, ATTN_CUDA_FP8_PAD = 4 };
+/* The sm90 fp8 forward's variant (params' fp8 - 1; cuda.c's fp8 configurations): the consumers'
+ * ping-pong schedule on 128-key blocks, or 192-key blocks (D = 128 only; V^T's last 64 keys of a
+ * block padded to a whole panel, sm90_fwd_fp8.cuh's VtLayout) on the free-running schedule */
+enum { ATTN_CUDA_FP8_PINGPONG = 1, ATTN_CUDA_FP8_WIDE = 2 };
 /* The per-element functions of a problem, one bit each (attn_cuda_params.elementwise_kinds). */
 enum {
   ATTN_CUDA_FEAT_BIAS = 1,

@@ -97,36 +97,30 @@ __device__ __forceinline__ float descale_of(const float *f, int64_t sb, int64_t 
 }
 
 /* V^T's blocks: kBN keys, Dv rows, stored as the kernel's V^T tile in shared memory wants them,
- * in rows of 128 bytes (the 128-byte swizzle's row; one TMA box a block): each whole 128 keys of
- * the block a panel [Dv][128 keys]; a 192-key block's last 64 keys a half panel, packed
- * (kPadHalf false: Dv / 2 rows, row r holding row d = r in its first 64 bytes and d = r + Dv / 2
- * in its last, no byte of padding; the products then take N = Dv / 2 halves of O, see issue_pv)
- * or padded (Dv rows, 64 bytes of each unused; whole N = Dv products, a third more V read). */
-template <int kDv, int kBN, bool kPadHalf> struct VtLayout {
+ * in rows of 128 bytes (the 128-byte swizzle's row; one TMA box a block): each 128 keys of the
+ * block a panel [Dv][128 keys]; a 192-key block's last 64 keys a half panel padded to a whole
+ * one (Dv rows, 64 bytes of each unused), so that every P V step is one whole-O product (N = Dv)
+ * for a third more V^T read. A packed half panel (Dv / 2 rows, each holding two rows of V^T)
+ * needs each step split over O's halves, which measured no faster (lab v5, bench/RESULTS.md). */
+template <int kDv, int kBN> struct VtLayout {
   static_assert(kBN % 128 == 0 || kBN % 128 == 64, "key blocks of whole and half panels");
-  static constexpr int kFullPanels = kBN / 128;
-  static constexpr bool kHalf = kBN % 128 == 64;
-  /* 128-byte rows a block; whether P V's products take O in halves (N = Dv / 2 each) */
-  static constexpr int kRows = kFullPanels * kDv + (kHalf ? (kPadHalf ? kDv : kDv / 2) : 0);
-  static constexpr bool kSplitO = kHalf && !kPadHalf;
+  static constexpr int kKeyPanels = (kBN + 127) / 128; /* a half panel counts whole */
+  static constexpr int kRows = kKeyPanels * kDv;       /* 128-byte rows a block */
   /* The first row (of the map's 128-byte rows) of block n of a sequence whose keys start at V^T
    * column col0 (a multiple of kVtBlock: whole blocks). */
   __host__ __device__ static __forceinline__ int box_row(int64_t col0, int n) {
     return (int)((col0 / kBN + n) * kRows);
   }
-  /* Where, in bytes from the block's tile, P V's product of keys 32 kk.. (and of O's half `part`
-   * when kSplitO, else part = 0) finds its first row (the next at 128 bytes, 1024 each 8). */
-  __host__ __device__ static __forceinline__ uint32_t pv_at(int kk, int part) {
-    if (kk < 4 * kFullPanels) return (kk / 4) * kDv * 128 + part * (kDv / 2) * 128 + (kk % 4) * 32;
-    return kFullPanels * kDv * 128 + part * 64 + (kk % 4) * 32;
+  /* Where, in bytes from the block's tile, P V's product of keys 32 kk.. finds its first row (the
+   * next at 128 bytes, 1024 each 8). */
+  __host__ __device__ static __forceinline__ uint32_t pv_at(int kk) {
+    return (kk / 4) * kDv * 128 + (kk % 4) * 32;
   }
   /* Where (row d, key j) of one (batch, KV head)'s V^T lies, in bytes from its first key (j of a
    * 16-key group never straddles a panel: a group is 16 contiguous bytes). */
   __host__ __device__ static __forceinline__ int64_t offset(int d, int64_t j) {
-    const int jj = (int)(j % kBN), panel = jj / 128, key = jj % 128;
-    const int64_t at = j / kBN * kRows * 128 + (int64_t)panel * kDv * 128;
-    if (panel < kFullPanels || kPadHalf) return at + d * 128 + key;
-    return at + (d % (kDv / 2)) * 128 + (d / (kDv / 2)) * 64 + key;
+    const int jj = (int)(j % kBN);
+    return j / kBN * kRows * 128 + ((int64_t)(jj / 128) * kDv + d) * 128 + jj % 128;
   }
 };
 
@@ -192,10 +186,11 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float
 }
 
 /* Head dim kD (= Dv), kBN keys per block, two consumer warpgroups of 64 rows, kStages K/V buffers,
- * out in TO. kBN = 192 (D = 128 only; lab v5): FlashAttention-3's fp8 tiles are wider in N than its
- * 16-bit ones (128 x 192 at D = 128 with V column-major, as V^T is here), so that each softmax
- * step (the dependent chain no pipe hides, see the lab's ncu) has 1.5x the products behind it; S, O and P take 96 + 64 + 24 of the 240 registers (at D = 256,
- * 96 + 128 + 24 would not fit); kPadHalf picks V^T's layout of its last 64 keys (VtLayout).
+ * out in TO. kBN = 192 (D = 128 only; lab v6): FlashAttention-3's fp8 tiles are wider in N than
+ * its 16-bit ones (128 x 192 at D = 128 with V column-major, as V^T is here), so that each softmax
+ * step (the dependent chain no pipe hides, see the lab's ncu) has 1.5x the products behind it; S,
+ * O and P take 96 + 64 + 24 of the 240 registers (at D = 256, 96 + 128 + 24 would not fit, nor
+ * would V^T's block of 2 Dv rows in one TMA box).
  * kPingPong: the consumer warpgroups take turns to issue their products (sm90_fwd.cuh's
  * FwdCfg90). The softmax (dev/cuda/fwd_hopper_fp8.cu measured its forms): the row max and sum in
  * four independent chains (both rows at once, two partials each; lab v2); kLazyRescale, O
@@ -203,12 +198,12 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float
  * kExpFmaEvery = N > 0, one 8-key group in N exponentiated on the FMA pipe by ex2_fma (7.5e-5
  * relative, far below e4m3's 2^-4; v4: slower once the rescale is lazy, so 0 in the library). */
 template <typename TO_, int kD_, int kStages_, bool kPingPong_ = false, bool kLazyRescale_ = true,
-          int kExpFmaEvery_ = 0, int kBN_ = 128, bool kPadHalf_ = false>
+          int kExpFmaEvery_ = 0, int kBN_ = 128>
 struct FwdFp8Cfg {
   using TO = TO_;
   static constexpr int kD = kD_, kBN = kBN_, kStages = kStages_, kCWG = 2,
                        kExpFmaEvery = kExpFmaEvery_;
-  static constexpr bool kPingPong = kPingPong_, kLazyRescale = kLazyRescale_, kPadHalf = kPadHalf_;
+  static constexpr bool kPingPong = kPingPong_, kLazyRescale = kLazyRescale_;
   /* whether 8-key group g takes its exponentials on the FMA pipe */
   __host__ __device__ static constexpr bool on_fma(int g) {
     return kExpFmaEvery > 0 && g % (kExpFmaEvery > 0 ? kExpFmaEvery : 1) == kExpFmaEvery - 1;
@@ -216,15 +211,13 @@ struct FwdFp8Cfg {
   static constexpr int kBM = 64 * kCWG, kThreads = 128 * (kCWG + 1), kPanels = kD / 128;
   static constexpr int kProducerRegs = 24,
                        kConsumerRegs = (65536 / 128 - kProducerRegs) / kCWG / 8 * 8;
-  using Vt = VtLayout<kD, kBN, kPadHalf_>;
+  using Vt = VtLayout<kD, kBN>;
   /* bytes: Q [kBM][kD], K [kBN][kD] and V^T's block (Vt), one byte an element */
   static constexpr uint32_t kQBytes = kBM * kD, kKBytes = kBN * kD, kVBytes = Vt::kRows * 128;
   static constexpr uint32_t kSmem =
       1024 + kQBytes + kStages * (kKBytes + kVBytes) + 8 * (1 + 4 * kStages);
-  /* a V^T block is one TMA box (at most 256 rows); a packed half panel splits O in two halves */
-  static_assert(kD % 128 == 0 && kVtBlock % kBN == 0 && Vt::kRows <= 256 &&
-                    (!Vt::kHalf || kD == 128),
-                "tile shape");
+  /* a V^T block is one TMA box (at most 256 rows) */
+  static_assert(kD % 128 == 0 && kVtBlock % kBN == 0 && Vt::kRows <= 256, "tile shape");
 };
 
 template <typename C>
@@ -323,26 +316,13 @@ __global__ void __launch_bounds__(C::kThreads, 1)
                            smem_desc(k + (kk / 4) * kBN * 128 + col, 16, 1024), kk > 0);
       }
     };
-    /* O += P V(s): V^T's 128-byte rows are K-major, 32 keys a step (VtLayout::pv_at). With a
-     * packed half panel every step is two products of N = Dv / 2, one for each half of O's
-     * columns (and of the panel's rows): ptxas serialises the wgmma pipeline (its warning C7511)
-     * when a product of half the columns at offset Dv / 4 of O's registers follows one of all of
-     * them, so no step is a whole-O product there. */
+    /* O += P V(s): V^T's 128-byte rows are K-major, 32 keys a step (VtLayout::pv_at), each step
+     * one product into all of O */
     auto issue_pv = [&](int s) {
-      using Vt = typename C::Vt;
       const uint32_t v = sV + s * C::kVBytes;
-      if constexpr (Vt::kSplitO) {
 #pragma unroll
-        for (int kk = 0; kk < kBN / 32; ++kk)
-#pragma unroll
-          for (int part = 0; part < 2; ++part)
-            WgmmaE4m3<kD / 2>::rs(reinterpret_cast<float(&)[kD / 4]>(oacc[part * kD / 4]), pa[kk],
-                                  smem_desc(v + Vt::pv_at(kk, part), 16, 1024), 1);
-      } else {
-#pragma unroll
-        for (int kk = 0; kk < kBN / 32; ++kk)
-          WgmmaE4m3<kD>::rs(oacc, pa[kk], smem_desc(v + Vt::pv_at(kk, 0), 16, 1024), 1);
-      }
+      for (int kk = 0; kk < kBN / 32; ++kk)
+        WgmmaE4m3<kD>::rs(oacc, pa[kk], smem_desc(v + C::Vt::pv_at(kk), 16, 1024), 1);
     };
     /* S outside the band and the key length := -inf */
     auto mask_edge = [&](int n) {

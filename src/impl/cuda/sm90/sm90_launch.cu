@@ -73,19 +73,16 @@ template <typename T> attn_status run_bwd90(const attn_cuda_params &p, cudaStrea
  * at D = 128; a stage is 32 KiB at D = 128 with 128-key blocks, 64 at 256; 3 bought nothing), O
  * rescaled lazily, all exponentials on the special-function unit (lab v3, dev/cuda/
  * fwd_hopper_fp8.cu: 825 / 701 TFLOPS on an H200 at D = 128, T = 8192, against v1's 775 / 662).
- * variant (ATTN_CUDA_FP8_*, cuda.c's configurations): the ping-pong schedule; 192-key blocks (D =
- * 128 only, where cuda.c alone offers them) with V^T's half panel packed (lab v5, both schedules)
- * or padded (v6, free-running). */
+ * variant (ATTN_CUDA_FP8_*, cuda.c's configurations): the ping-pong schedule on 128-key blocks, or
+ * 192-key blocks with V^T's half panel padded (D = 128 only, where cuda.c alone offers them; lab
+ * v6, free-running: 1.016x / 1.034x v3 in the lab, 1.009x / 1.004x by attn bench, H200,
+ * bench/RESULTS.md). Not built, as measured never faster: the packed half panel (v5) and the
+ * 192-key ping-pong. */
 template <typename TO, int kD>
 attn_status run_fp8_out(const attn_cuda_params &p, int variant, cudaStream_t s, char *why, size_t why_size) {
   if constexpr (kD == 128)
-    if (variant & ATTN_CUDA_FP8_WIDE) {
-      if (variant & ATTN_CUDA_FP8_PAD)
-        return launch_fwd90_fp8<FwdFp8Cfg<TO, kD, 2, false, true, 0, 192, true>>(p, s, why, why_size);
-      return variant & ATTN_CUDA_FP8_PINGPONG
-                 ? launch_fwd90_fp8<FwdFp8Cfg<TO, kD, 2, true, true, 0, 192>>(p, s, why, why_size)
-                 : launch_fwd90_fp8<FwdFp8Cfg<TO, kD, 2, false, true, 0, 192>>(p, s, why, why_size);
-    }
+    if (variant & ATTN_CUDA_FP8_WIDE)
+      return launch_fwd90_fp8<FwdFp8Cfg<TO, kD, 2, false, true, 0, 192>>(p, s, why, why_size);
   return variant & ATTN_CUDA_FP8_PINGPONG ? launch_fwd90_fp8<FwdFp8Cfg<TO, kD, 2, true>>(p, s, why, why_size)
                                           : launch_fwd90_fp8<FwdFp8Cfg<TO, kD, 2, false>>(p, s, why, why_size);
 }
