@@ -5,8 +5,9 @@
  * Like tests/test_fp8.c (ref and cpu), the grid goes through the attn tool's oracle
  * (tools/harness.c): e4m3 data and positive descale factors drawn from the printed seed, the f64
  * reference on the decoded values, tol_bound_fp8 (2 x err(naive) + 2^-6 max|r| for out, naive
- * rounding P to e4m3 at the 2^8 scale). Each problem runs under both configurations (sm90_fp8,
- * sm90_fp8_pingpong). Sizes are odd (T not a multiple of the 128-key block, 1, 3, 17, 65, 129,
+ * rounding P to e4m3 at the 2^8 scale). Each problem runs under every configuration cuda offers
+ * for it (attn_impl_config_count: sm90_fp8 and sm90_fp8_pingpong, at D = 128 also sm90_fp8_n192,
+ * 192-key blocks, which the count is checked to include). Sizes are odd (T not a multiple of the 128-key block, 1, 3, 17, 65, 129,
  * 1000), with GQA and MQA, D = 128 and 256; every feature the kernel has (causal in both
  * alignments, windows, sinks, padded and packed varlen) alone and combined, rows that see no key
  * (bottom-right causal with Tq > Tk: zeros, lse -inf), problems without keys, descale none /
@@ -24,10 +25,13 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const fp8_configs[] = {"sm90_fp8", "sm90_fp8_pingpong"};
+/* How many configurations cuda offers for an fp8 problem of head dim d (cuda.c's fp8_configs):
+ * the test fails when one goes missing, and a new one is run without an edit here. */
+static int32_t expected_configs(int64_t d) { return d == 128 ? 3 : 2; }
 
-/* Runs cuda's configurations on one problem string against the oracle. A problem of many query
- * rows must have some nonzero output (a factor never read gives zeros, and zeros match zeros). */
+/* Runs every configuration cuda offers for one problem string against the oracle. A problem of
+ * many query rows must have some nonzero output (a factor never read gives zeros, and zeros match
+ * zeros). */
 static void check_problem(attn_ctx *ctx, const char *text, uint64_t seed, int expect_nonzero) {
   attn_problem p;
   if (attn_problem_parse(ctx, text, &p) != ATTN_STATUS_OK) {
@@ -39,15 +43,26 @@ static void check_problem(attn_ctx *ctx, const char *text, uint64_t seed, int ex
     tu_check(0, "%s: no oracle: %s", text, attn_ctx_last_error(ctx));
     return;
   }
-  for (size_t c = 0; c < sizeof fp8_configs / sizeof *fp8_configs; ++c) {
-    h_check r = h_check_run(ctx, oracle, "cuda", fp8_configs[c]);
+  int32_t count = 0;
+  attn_status st = attn_impl_config_count(ctx, "cuda", &p, &count);
+  tu_check(st == ATTN_STATUS_OK && count == expected_configs(p.head_dim),
+           "%s: cuda offers %d configurations (%d expected): %s", text, (int)count,
+           (int)expected_configs(p.head_dim), attn_status_string(st));
+  for (int32_t c = 0; st == ATTN_STATUS_OK && c < count; ++c) {
+    char config[64] = "";
+    if (attn_impl_config_name(ctx, "cuda", &p, c, config, sizeof config) != ATTN_STATUS_OK) {
+      tu_check(0, "%s: cuda configuration %d has no name: %s", text, (int)c,
+               attn_ctx_last_error(ctx));
+      continue;
+    }
+    h_check r = h_check_run(ctx, oracle, "cuda", config);
     if (r.status != ATTN_STATUS_OK) {
-      tu_check(0, "%s: cuda %s: %s", text, fp8_configs[c], attn_ctx_last_error(ctx));
+      tu_check(0, "%s: cuda %s: %s", text, config, attn_ctx_last_error(ctx));
       continue;
     }
     tu_check(r.ok && (r.ref[0] > 0.0 || !expect_nonzero),
-             "%s: cuda %s out %.2e/%.2e (max|r| %.2e) lse %.2e/%.2e", text, fp8_configs[c],
-             r.err[0], r.tol[0], r.ref[0], r.err[1], r.tol[1]);
+             "%s: cuda %s out %.2e/%.2e (max|r| %.2e) lse %.2e/%.2e", text, config, r.err[0],
+             r.tol[0], r.ref[0], r.err[1], r.tol[1]);
   }
   h_oracle_free(oracle);
 }
@@ -56,7 +71,7 @@ static void check_problem(attn_ctx *ctx, const char *text, uint64_t seed, int ex
 static const int64_t grid_sizes[][6] = {
     {1, 1, 1, 1, 1, 128},     {2, 4, 2, 17, 63, 128},   {1, 2, 1, 129, 127, 128},
     {2, 8, 1, 3, 1000, 128},  {1, 2, 2, 1000, 65, 128}, {3, 6, 3, 65, 129, 256},
-    {1, 4, 2, 300, 257, 256},
+    {1, 4, 2, 300, 257, 256}, {2, 4, 2, 200, 385, 128}, /* 385: 192-key blocks 2 and a key */
 };
 
 /* each alone, then together (%B, %Q, %K: batch, Tq, Tk) */

@@ -23,7 +23,8 @@
  * additions in a fixed order (counters per dq slice), or elsewhere the deterministic backward.
  * f8e4m3 problems (docs/FP8.md, forward only) run on compute capability 9.0 alone, on the sm90 fp8
  * forward (sm90/sm90_fwd_fp8.cuh; V transposed into the workspace first): configurations
- * "sm90_fp8" (default) and "sm90_fp8_pingpong".
+ * "sm90_fp8" (default) and "sm90_fp8_pingpong", at D = 128 also "sm90_fp8_n192" (192-key
+ * blocks).
  */
 #include "impl/impl.h"
 
@@ -295,17 +296,36 @@ static int splitkv_splits(const attn_problem *p, int32_t config, int32_t variant
                                  splitkv_half_waves[splitkv_index(p, config)], (int)variant);
 }
 
-/* An f8e4m3 problem's configurations: the sm90 fp8 forward with its two consumer warpgroups
- * free-running ("sm90_fp8", the default) or taking turns to issue their products
- * ("sm90_fp8_pingpong"), for the executor to time; both deterministic (no atomics). */
-static const char *const fp8_names[] = {"sm90_fp8", "sm90_fp8_pingpong"};
-#define N_FP8 2
+/* An f8e4m3 problem's configurations and the kernel's variant of each (ATTN_CUDA_FP8_*): the
+ * sm90 fp8 forward with its two consumer warpgroups free-running ("sm90_fp8", the default) or
+ * taking turns to issue their products ("sm90_fp8_pingpong") on 128-key blocks and, at D = 128
+ * only (at 256 S, O and P would not fit the registers), free-running on 192-key blocks
+ * ("sm90_fp8_n192": V^T's last 64 keys of a block padded to a whole panel), for the executor to
+ * time; all deterministic (no atomics). On an H200 (bench/RESULTS.md) the 192-key blocks were
+ * 0.4-0.9% faster than 128-key ones by attn bench at T = 8192; the packed half panel and the
+ * 192-key ping-pong, never faster, are not offered. */
+static const struct {
+  const char *name;
+  int32_t variant;
+} fp8_configs[] = {
+    {"sm90_fp8", 0},
+    {"sm90_fp8_pingpong", ATTN_CUDA_FP8_PINGPONG},
+    {"sm90_fp8_n192", ATTN_CUDA_FP8_WIDE},
+};
+
+static int32_t fp8_num_configs(const attn_problem *problem) {
+  return problem->head_dim == 128 ? (int32_t)(sizeof fp8_configs / sizeof *fp8_configs) : 2;
+}
+
+static int32_t fp8_config_index(const attn_problem *problem, int32_t config) {
+  return config > 0 && config < fp8_num_configs(problem) ? config : 0;
+}
 
 /* The last two, "sm90" and "sm90_deterministic": the Hopper forward (sm90/), then the Hopper
  * backward where it takes the problem, else the atomic one (both need the dq workspace) or, in
  * the second, the deterministic one; offered where sm90_offered says. */
 static int32_t cuda_num_configs(const attn_problem *problem) {
-  if (problem->dtype == ATTN_DTYPE_F8E4M3) return N_FP8;
+  if (problem->dtype == ATTN_DTYPE_F8E4M3) return fp8_num_configs(problem);
   if (problem->page_size > 0) return N_SPLITKV;
   return (decode_shaped(problem) ? CUDA_CONFIG_SPLITKV + N_SPLITKV : 2) + 2 * sm90_offered(problem);
 }
@@ -336,7 +356,7 @@ static int is_sm90_deterministic(const attn_problem *p, int32_t config) {
 
 static void cuda_config_name(const attn_problem *problem, int32_t config, char *buf, size_t size) {
   if (problem->dtype == ATTN_DTYPE_F8E4M3) {
-    attn_format(buf, size, "%s", fp8_names[config > 0 && config < N_FP8 ? config : 0]);
+    attn_format(buf, size, "%s", fp8_configs[fp8_config_index(problem, config)].name);
     return;
   }
   if (is_splitkv(problem, config)) {
@@ -488,7 +508,7 @@ static attn_status fill_fp8_params(const attn_run *run, attn_cuda_params *k) {
       k->descale_b[i] = per_bg && p->batch > 1 ? f[i]->stride[0] : 0;
       k->descale_g[i] = per_bg && p->heads_kv > 1 ? f[i]->stride[1] : 0;
     }
-  k->fp8 = run->config == 1 ? 2 : 1;
+  k->fp8 = 1 + fp8_configs[fp8_config_index(p, run->config)].variant;
   const size_t need = attn_cuda_sm90_fp8_workspace(k);
   if (run->workspace == NULL || run->workspace_size < need) {
     attn_format(run->why, run->why_size,

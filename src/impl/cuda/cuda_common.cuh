@@ -426,12 +426,24 @@ __device__ __forceinline__ bool visible(const attn_cuda_params &p, const Head &r
 }
 
 /* Step 3 for a run without masks or segment ids: the band and the lengths only. */
-__device__ __forceinline__ bool visible_band(const attn_cuda_params &p, const Head &r, int i, int j) {
+__host__ __device__ __forceinline__ bool visible_band(const attn_cuda_params &p, const Head &r, int i, int j) {
   if (i >= r.len_q || j >= r.len_k) return false;
   int diag = i + r.o;
   if (p.window_left >= 0 && j < diag - p.window_left) return false;
   if (p.window_right >= 0 && j > diag + p.window_right) return false;
   return true;
+}
+
+/* visible_band's keys of row i as one range: j is visible iff lo <= j < hi (the band's edges are
+ * monotone in j). A kernel that tests a row's many keys compares each with two bounds this way
+ * instead of evaluating the band per element (fewer live registers in the sm90 fp8 forward). */
+__host__ __device__ __forceinline__ void visible_band_keys(const attn_cuda_params &p, const Head &r,
+                                                           int i, int &lo, int &hi) {
+  const int64_t diag = (int64_t)i + r.o;
+  int64_t l = 0, h = i < r.len_q ? r.len_k : 0;
+  if (p.window_left >= 0 && diag - p.window_left > l) l = diag - p.window_left;
+  if (p.window_right >= 0 && diag + p.window_right + 1 < h) h = diag + p.window_right + 1;
+  lo = (int)l, hi = (int)(h > l ? h : l);
 }
 
 /* Whether a run needs the feature kernels: any per-element function, dropout, sinks, or head

@@ -225,7 +225,7 @@ extern "C" attn_status attn_cuda_forward(const attn_cuda_params *p, int is_bf16,
     }
   }
   if (p->seqlen_q == 0) return ATTN_STATUS_OK;
-  if (p->fp8) return attn_cuda_sm90_fp8_forward(p, p->fp8 == 2, stream, why, why_size); /* any length */
+  if (p->fp8) return attn_cuda_sm90_fp8_forward(p, p->fp8 - 1, stream, why, why_size); /* any length */
   /* no keys: the sm80 kernel writes the zeros (the copy engine's maps need a length) */
   if (p->use_sm90 && p->seqlen_k > 0) return attn_cuda_sm90_forward(p, is_bf16, stream, why, why_size);
   return is_bf16 ? dispatch<__nv_bfloat16>(*p, 0, s, why, why_size) : dispatch<__half>(*p, 0, s, why, why_size);

@@ -37,11 +37,12 @@ attn_status attn_cuda_sm90_forward(const attn_cuda_params *p, int is_bf16, void 
                                    size_t why_size);
 /* The Hopper fp8 forward (sm90/sm90_fwd_fp8.cuh, p->fp8 set): why it cannot run p (NULL when it
  * can), the workspace it needs (V transposed) and that tensor's columns (p->vt_cols). Its launcher
- * is attn_cuda_forward with p->fp8 set; ping_pong picks the consumers' schedule. */
+ * is attn_cuda_forward with p->fp8 set; variant (ATTN_CUDA_FP8_*) picks the schedule and the key
+ * block. */
 const char *attn_cuda_sm90_fp8_unsupported(const attn_cuda_params *p);
 size_t attn_cuda_sm90_fp8_workspace(const attn_cuda_params *p);
 int64_t attn_cuda_sm90_fp8_vt_columns(const attn_cuda_params *p);
-attn_status attn_cuda_sm90_fp8_forward(const attn_cuda_params *p, int ping_pong, void *stream,
+attn_status attn_cuda_sm90_fp8_forward(const attn_cuda_params *p, int variant, void *stream,
                                        char *why, size_t why_size);
 /* The Hopper backward (sm90/sm90_bwd.cuh): why it cannot run p, or NULL when it can (D = 64 and
  * 128 with Dv = D, varlen, the soft cap, ALiBi and sinks; no dropout, bias, masks or segment ids;
@@ -52,7 +53,7 @@ attn_status attn_cuda_sm90_backward(const attn_cuda_params *p, int is_bf16, void
                                     size_t why_size);
 
 /* The forward pass: out, lse. is_bf16 selects bf16 (else f16) inputs; with p->fp8, e4m3 inputs on
- * the sm90 fp8 forward (p->fp8 == 2: its ping-pong schedule). */
+ * the sm90 fp8 forward (its variant p->fp8 - 1). */
 attn_status attn_cuda_forward(const attn_cuda_params *p, int is_bf16, void *stream, char *why,
                               size_t why_size);
 

@@ -16,6 +16,10 @@
 
 enum { ATTN_CUDA_VARLEN_NONE = 0, ATTN_CUDA_VARLEN_PACKED = 1, ATTN_CUDA_VARLEN_PADDED = 2 };
 enum { ATTN_CUDA_ELEM_F32 = 0, ATTN_CUDA_ELEM_F16 = 1, ATTN_CUDA_ELEM_BF16 = 2 };
+/* The sm90 fp8 forward's variant (params' fp8 - 1; cuda.c's fp8 configurations): the consumers'
+ * ping-pong schedule on 128-key blocks, or 192-key blocks (D = 128 only; V^T's last 64 keys of a
+ * block padded to a whole panel, sm90_fwd_fp8.cuh's VtLayout) on the free-running schedule */
+enum { ATTN_CUDA_FP8_PINGPONG = 1, ATTN_CUDA_FP8_WIDE = 2 };
 /* The per-element functions of a problem, one bit each (attn_cuda_params.elementwise_kinds). */
 enum {
   ATTN_CUDA_FEAT_BIAS = 1,
@@ -93,11 +97,11 @@ typedef struct attn_cuda_params {
   int64_t rows_q;
 
   /* fp8 (e4m3 q, k, v: docs/FP8.md), read by the sm90 fp8 forward (sm90/sm90_fwd_fp8.cuh) */
-  int32_t fp8;      /* 1: q, k, v hold e4m3 bytes; 2: the same, on the ping-pong schedule */
+  int32_t fp8; /* 0: not fp8; else q, k, v hold e4m3 bytes and fp8 - 1 is the variant (below) */
   int32_t out_elem; /* ATTN_CUDA_ELEM_* of out (the inputs' dtype, or an fp8 problem's out_dtype) */
   const float *q_descale, *k_descale, *v_descale; /* f32 factors of (b, KV head); NULL: 1 */
   int64_t descale_b[3], descale_g[3];             /* their strides, q k v (0, 0: one per tensor) */
-  void *v_t;       /* workspace: V transposed, [B or 1][Hkv][Dv][vt_cols] e4m3 */
+  void *v_t;       /* workspace: V transposed, [B or 1][Hkv][vt_head_bytes] e4m3 (VtLayout) */
   int64_t vt_cols;
 
   int32_t sm90_sched; /* the sm90 forward's tile scheduler: ATTN_CUDA_SM90_SCHED_* */

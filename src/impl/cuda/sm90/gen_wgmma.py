@@ -4,7 +4,8 @@ sm90 kernels: an asm statement names every accumulator register, so each shape i
 list, generated here rather than written by hand. Run it from this folder after editing."""
 
 SHAPES = (32, 64, 128, 192, 256)  # N of m64nNk16 (32: the sm90 backward's dQ at D = 64)
-E4M3_SHAPES = (128, 256)  # N of m64nNk32 e4m3: S's 128 keys, O's Dv = 128 or 256
+# N of m64nNk32 e4m3: S's 128 or 192 keys; O's Dv = 128 or 256
+E4M3_SHAPES = (128, 192, 256)
 TYPES = (("__nv_bfloat16", "bf16"), ("__half", "f16"))
 
 

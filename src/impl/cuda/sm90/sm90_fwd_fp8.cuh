@@ -8,9 +8,10 @@
  *
  * - V transposed once per call. wgmma takes 8-bit operands K-major only, and P V reduces over the
  *   keys, so V's tile must have the keys contiguous: a pre-pass (vt_kernel) writes V^T into the
- *   workspace, [B][Hkv][Dv][C] bytes (packed varlen: one batch, each sequence at its own column
- *   offset vt_col0 with room to its next 128-key boundary), zeros past each sequence's keys, so the
- *   key blocks need no clearing (the 16-bit kernel's clear_v_tail). It reads and writes V once:
+ *   workspace, block by block as the kernel's tiles want it (VtLayout; [B][Hkv] regions of
+ *   vt_head_bytes; packed varlen: one batch, each sequence at its own key offset vt_col0 with room
+ *   to its next 384-key boundary), zeros past each sequence's keys, so the key blocks need no
+ *   clearing (the 16-bit kernel's clear_v_tail). It reads and writes V once:
  *   37 us, 3% of the forward at B = 2, H = 16, T = 8192 on an H200 (bench/RESULTS.md). The
  *   alternative, FlashAttention-3's in-kernel transpose (LDSM.T / STSM in the producer warpgroup
  *   after each V tile lands), saves that pass at the price of a shared-memory round trip per tile
@@ -48,11 +49,13 @@ __host__ __device__ __forceinline__ int vt_key(int c) {
   return 2 * (c >> 2) + (c & 1) + 8 * ((c >> 1) & 1);
 }
 
-/* Keys are padded to whole 128-key blocks in V^T. */
-constexpr int kVtBlock = 128;
+/* Keys are padded to whole kVtBlock-key sections in V^T: a multiple of both key blocks (128 and
+ * 192), so that every configuration reads whole blocks of one sequence and the workspace's size
+ * does not depend on the configuration. */
+constexpr int kVtBlock = 384;
 
-/* The columns of V^T: every sequence's keys rounded up to kVtBlock (dense and padded: the longest,
- * seqlen_k; packed: vt_col0's offsets), at least one block (the maps need a length). */
+/* The keys ("columns") of V^T: every sequence's keys rounded up to kVtBlock (dense and padded: the
+ * longest, seqlen_k; packed: vt_col0's offsets), at least one section (the maps need a length). */
 __host__ __device__ __forceinline__ int64_t vt_columns(const attn_cuda_params &p) {
   if (p.varlen == ATTN_CUDA_VARLEN_PACKED)
     return kVtBlock * (p.total_k / kVtBlock + 2 * (int64_t)p.batch + 1);
@@ -65,15 +68,25 @@ __host__ __device__ __forceinline__ int vt_batches(const attn_cuda_params &p) {
   return p.varlen == ATTN_CUDA_VARLEN_PACKED ? 1 : p.batch;
 }
 
-/* The workspace bytes V^T takes (cuda.c sizes the workspace through attn_cuda_sm90_fp8_workspace). */
-inline size_t vt_bytes(const attn_cuda_params &p) {
-  return (size_t)vt_batches(p) * p.heads_kv * p.dv * vt_columns(p);
+/* The bytes of one (batch, KV head)'s V^T given vt_cols: room for VtLayout's blocks in every
+ * layout, the largest being 192-key blocks with a padded half panel, 256 keys' room for 192. */
+__host__ __device__ __forceinline__ int64_t vt_head_bytes(const attn_cuda_params &p) {
+  return (int64_t)p.dv * (p.vt_cols / 3 * 4);
 }
 
-/* Where sequence b's first key lies in V^T's columns: packed, 128 (k0 / 128 + 2 b), which leaves
- * every sequence its keys rounded up to 128 before the next one's (k0 grows by at least the
- * length, and 2 blocks cover the roundings); 0 otherwise. */
-__device__ __forceinline__ int64_t vt_col0(const attn_cuda_params &p, const Seq &sq, int b) {
+/* The workspace bytes V^T takes (cuda.c sizes the workspace through attn_cuda_sm90_fp8_workspace,
+ * the same for every configuration). */
+inline size_t vt_bytes(const attn_cuda_params &p) {
+  attn_cuda_params q = p;
+  q.vt_cols = vt_columns(p);
+  return (size_t)vt_batches(p) * p.heads_kv * vt_head_bytes(q);
+}
+
+/* Where sequence b's first key lies in V^T's columns: packed, kVtBlock (k0 / kVtBlock + 2 b),
+ * which leaves every sequence its keys rounded up to kVtBlock before the next one's (k0 grows by
+ * at least the length, and 2 sections cover the roundings); 0 otherwise. */
+__host__ __device__ __forceinline__ int64_t vt_col0(const attn_cuda_params &p, const Seq &sq,
+                                                    int b) {
   return p.varlen == ATTN_CUDA_VARLEN_PACKED ? kVtBlock * (sq.k0 / kVtBlock + 2 * (int64_t)b) : 0;
 }
 
@@ -83,14 +96,43 @@ __device__ __forceinline__ float descale_of(const float *f, int64_t sb, int64_t 
   return f == nullptr ? 1.f : f[b * sb + g * sg];
 }
 
+/* V^T's blocks: kBN keys, Dv rows, stored as the kernel's V^T tile in shared memory wants them,
+ * in rows of 128 bytes (the 128-byte swizzle's row; one TMA box a block): each 128 keys of the
+ * block a panel [Dv][128 keys]; a 192-key block's last 64 keys a half panel padded to a whole
+ * one (Dv rows, 64 bytes of each unused), so that every P V step is one whole-O product (N = Dv)
+ * for a third more V^T read. A packed half panel (Dv / 2 rows, each holding two rows of V^T)
+ * needs each step split over O's halves, which measured no faster (lab v5, bench/RESULTS.md). */
+template <int kDv, int kBN> struct VtLayout {
+  static_assert(kBN % 128 == 0 || kBN % 128 == 64, "key blocks of whole and half panels");
+  static constexpr int kKeyPanels = (kBN + 127) / 128; /* a half panel counts whole */
+  static constexpr int kRows = kKeyPanels * kDv;       /* 128-byte rows a block */
+  /* The first row (of the map's 128-byte rows) of block n of a sequence whose keys start at V^T
+   * column col0 (a multiple of kVtBlock: whole blocks). */
+  __host__ __device__ static __forceinline__ int box_row(int64_t col0, int n) {
+    return (int)((col0 / kBN + n) * kRows);
+  }
+  /* Where, in bytes from the block's tile, P V's product of keys 32 kk.. finds its first row (the
+   * next at 128 bytes, 1024 each 8). */
+  __host__ __device__ static __forceinline__ uint32_t pv_at(int kk) {
+    return (kk / 4) * kDv * 128 + (kk % 4) * 32;
+  }
+  /* Where (row d, key j) of one (batch, KV head)'s V^T lies, in bytes from its first key (j of a
+   * 16-key group never straddles a panel: a group is 16 contiguous bytes). */
+  __host__ __device__ static __forceinline__ int64_t offset(int d, int64_t j) {
+    const int jj = (int)(j % kBN);
+    return j / kBN * kRows * 128 + ((int64_t)(jj / 128) * kDv + d) * 128 + jj % 128;
+  }
+};
+
 /* V^T of one 64-key slice of a sequence's keys for one KV head: the slice's rows of V into shared
- * memory (zeros past the sequence's end), then each thread writes 16 columns of one row of V^T,
- * in vt_key's order, a byte read from shared memory each (a warp: neighbouring bytes). Grid: (key
- * slices of seqlen_k rounded up to 128, Hkv, B). Measured against a form reading 32-bit words and
- * regrouping bytes by permutes, 32 columns a thread (fewer shared loads, half the threads idle in
- * the second phase), this one was faster: 37 us under ncu at a locked 1.48 GHz against 42 us timed
- * by events at full clocks (dev/cuda/fwd_hopper_fp8.cu). */
-template <int kDv>
+ * memory (zeros past the sequence's end), then each thread writes one 16-key group of one row of
+ * V^T (at Layout::offset), in vt_key's order, a byte read from shared memory each (a warp:
+ * neighbouring bytes). Grid: (key slices of seqlen_k rounded up to kVtBlock, Hkv, B). Measured
+ * against a form reading 32-bit words and regrouping bytes by permutes, 32 columns a thread
+ * (fewer shared loads, half the threads idle in the second phase), this one was faster: 37 us
+ * under ncu at a locked 1.48 GHz against 42 us timed by events at full clocks
+ * (dev/cuda/fwd_hopper_fp8.cu). */
+template <int kDv, typename Layout>
 __global__ void __launch_bounds__(256) vt_kernel(const __grid_constant__ attn_cuda_params p) {
   constexpr int kKeys = 64, kPitch = kDv + 16; /* 16 bytes of padding: rows start on other banks */
   __shared__ __align__(16) uint8_t tile[kKeys * kPitch];
@@ -106,10 +148,11 @@ __global__ void __launch_bounds__(256) vt_kernel(const __grid_constant__ attn_cu
     *reinterpret_cast<uint4 *>(tile + r * kPitch + col) = x;
   }
   __syncthreads();
+  /* the sequence's first key starts a block (vt_col0 is a multiple of kVtBlock) */
   uint8_t *vt =
       static_cast<uint8_t *>(p.v_t) +
-      ((int64_t)(p.varlen == ATTN_CUDA_VARLEN_PACKED ? 0 : b) * p.heads_kv + g) * kDv * p.vt_cols +
-      vt_col0(p, sq, b) + j0;
+      ((int64_t)(p.varlen == ATTN_CUDA_VARLEN_PACKED ? 0 : b) * p.heads_kv + g) * vt_head_bytes(p);
+  const int64_t k0 = vt_col0(p, sq, b) + j0;
   /* d fastest: a warp reads neighbouring bytes */
   for (int c = tid; c < kDv * (kKeys / 16); c += 256) {
     const int d = c % kDv, grp = c / kDv;
@@ -121,7 +164,8 @@ __global__ void __launch_bounds__(256) vt_kernel(const __grid_constant__ attn_cu
       for (int t = 0; t < 4; ++t)
         w[q] |= (uint32_t)tile[(grp * 16 + vt_key(4 * q + t)) * kPitch + d] << (8 * t);
     }
-    *reinterpret_cast<uint4 *>(vt + d * p.vt_cols + grp * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+    *reinterpret_cast<uint4 *>(vt + Layout::offset(d, k0 + grp * 16)) =
+        make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
@@ -141,18 +185,23 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float
   return lo | hi << 16;
 }
 
-/* Head dim kD (= Dv), 128 keys per block, two consumer warpgroups of 64 rows, kStages K/V buffers,
- * out in TO; kPingPong: the consumer warpgroups take turns to issue their products (sm90_fwd.cuh's
+/* Head dim kD (= Dv), kBN keys per block, two consumer warpgroups of 64 rows, kStages K/V buffers,
+ * out in TO. kBN = 192 (D = 128 only; lab v6): FlashAttention-3's fp8 tiles are wider in N than
+ * its 16-bit ones (128 x 192 at D = 128 with V column-major, as V^T is here), so that each softmax
+ * step (the dependent chain no pipe hides, see the lab's ncu) has 1.5x the products behind it; S,
+ * O and P take 96 + 64 + 24 of the 240 registers (at D = 256, 96 + 128 + 24 would not fit, nor
+ * would V^T's block of 2 Dv rows in one TMA box).
+ * kPingPong: the consumer warpgroups take turns to issue their products (sm90_fwd.cuh's
  * FwdCfg90). The softmax (dev/cuda/fwd_hopper_fp8.cu measured its forms): the row max and sum in
  * four independent chains (both rows at once, two partials each; lab v2); kLazyRescale, O
  * rescaled only when a row of the warp has a new max, a factor of 1 changing nothing (v3: 1.06x);
  * kExpFmaEvery = N > 0, one 8-key group in N exponentiated on the FMA pipe by ex2_fma (7.5e-5
  * relative, far below e4m3's 2^-4; v4: slower once the rescale is lazy, so 0 in the library). */
 template <typename TO_, int kD_, int kStages_, bool kPingPong_ = false, bool kLazyRescale_ = true,
-          int kExpFmaEvery_ = 0>
+          int kExpFmaEvery_ = 0, int kBN_ = 128>
 struct FwdFp8Cfg {
   using TO = TO_;
-  static constexpr int kD = kD_, kBN = 128, kStages = kStages_, kCWG = 2,
+  static constexpr int kD = kD_, kBN = kBN_, kStages = kStages_, kCWG = 2,
                        kExpFmaEvery = kExpFmaEvery_;
   static constexpr bool kPingPong = kPingPong_, kLazyRescale = kLazyRescale_;
   /* whether 8-key group g takes its exponentials on the FMA pipe */
@@ -162,10 +211,13 @@ struct FwdFp8Cfg {
   static constexpr int kBM = 64 * kCWG, kThreads = 128 * (kCWG + 1), kPanels = kD / 128;
   static constexpr int kProducerRegs = 24,
                        kConsumerRegs = (65536 / 128 - kProducerRegs) / kCWG / 8 * 8;
-  /* bytes: Q [kBM][kD], K [kBN][kD] and V^T [kD][kBN], one byte an element */
-  static constexpr uint32_t kQBytes = kBM * kD, kKVBytes = kBN * kD;
-  static constexpr uint32_t kSmem = 1024 + kQBytes + 2 * kStages * kKVBytes + 8 * (1 + 4 * kStages);
-  static_assert(kD % 128 == 0 && kBN == kVtBlock, "tile shape");
+  using Vt = VtLayout<kD, kBN>;
+  /* bytes: Q [kBM][kD], K [kBN][kD] and V^T's block (Vt), one byte an element */
+  static constexpr uint32_t kQBytes = kBM * kD, kKBytes = kBN * kD, kVBytes = Vt::kRows * 128;
+  static constexpr uint32_t kSmem =
+      1024 + kQBytes + kStages * (kKBytes + kVBytes) + 8 * (1 + 4 * kStages);
+  /* a V^T block is one TMA box (at most 256 rows) */
+  static_assert(kD % 128 == 0 && kVtBlock % kBN == 0 && Vt::kRows <= 256, "tile shape");
 };
 
 template <typename C>
@@ -177,8 +229,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   constexpr int kD = C::kD, kBN = C::kBN, kBM = C::kBM, kStages = C::kStages;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t sQ = (smem_u32(smem_raw) + 1023) & ~1023u;
-  const uint32_t sK = sQ + C::kQBytes, sV = sK + kStages * C::kKVBytes,
-                 bars = sV + kStages * C::kKVBytes;
+  const uint32_t sK = sQ + C::kQBytes, sV = sK + kStages * C::kKBytes,
+                 bars = sV + kStages * C::kVBytes;
   const uint32_t bar_q = bars; /* then per stage K full, V full, K empty, V empty */
   auto full_k = [&](int s) { return bars + 8 * (1 + s); };
   auto full_v = [&](int s) { return bars + 8 * (1 + kStages + s); };
@@ -217,14 +269,14 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         const int s = i % kStages;
         const uint32_t ph = (i / kStages) & 1;
         mbar_wait(empty_k(s), ph ^ 1);
-        mbar_expect_tx(full_k(s), C::kKVBytes);
+        mbar_expect_tx(full_k(s), C::kKBytes);
         for (int c = 0; c < C::kPanels; ++c)
-          tma_load(sK + s * C::kKVBytes + c * kBN * 128, &tk, full_k(s), c * 128, hd.g,
+          tma_load(sK + s * C::kKBytes + c * kBN * 128, &tk, full_k(s), c * 128, hd.g,
                    k_row0 + n * kBN, mb);
         mbar_wait(empty_v(s), ph ^ 1);
-        mbar_expect_tx(full_v(s), C::kKVBytes);
-        /* V^T [Dv][128 keys]: one panel, all Dv rows */
-        tma_load(sV + s * C::kKVBytes, &tvt, full_v(s), vt0 + n * kBN, hd.g, 0, mb);
+        mbar_expect_tx(full_v(s), C::kVBytes);
+        /* V^T's block: Vt::kRows rows of 128 bytes (vt0 is a multiple of kBN) */
+        tma_load(sV + s * C::kVBytes, &tvt, full_v(s), 0, hd.g, C::Vt::box_row(vt0, n), mb);
       }
     }
   } else { /* consumers: 64 rows each, 16 per warp */
@@ -256,7 +308,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 
     /* S = Q K(s)^T: 32 columns (bytes) a step, 4 steps a panel */
     auto issue_s = [&](int s) {
-      const uint32_t q = sQ + cw * 64 * 128, k = sK + s * C::kKVBytes;
+      const uint32_t q = sQ + cw * 64 * 128, k = sK + s * C::kKBytes;
 #pragma unroll
       for (int kk = 0; kk < kD / 32; ++kk) {
         const uint32_t col = (kk % 4) * 32;
@@ -264,21 +316,32 @@ __global__ void __launch_bounds__(C::kThreads, 1)
                            smem_desc(k + (kk / 4) * kBN * 128 + col, 16, 1024), kk > 0);
       }
     };
-    /* O += P V(s): V^T's 128-byte rows are K-major, 32 keys a step */
+    /* O += P V(s): V^T's 128-byte rows are K-major, 32 keys a step (VtLayout::pv_at), each step
+     * one product into all of O */
     auto issue_pv = [&](int s) {
-      const uint32_t v = sV + s * C::kKVBytes;
+      const uint32_t v = sV + s * C::kVBytes;
 #pragma unroll
       for (int kk = 0; kk < kBN / 32; ++kk)
-        WgmmaE4m3<kD>::rs(oacc, pa[kk], smem_desc(v + kk * 32, 16, 1024), 1);
+        WgmmaE4m3<kD>::rs(oacc, pa[kk], smem_desc(v + C::Vt::pv_at(kk), 16, 1024), 1);
     };
     /* S outside the band and the key length := -inf */
     auto mask_edge = [&](int n) {
+      /* each row's visible keys as bounds relative to the thread's first column of the block, so
+       * that an element's test is two compares with a constant (per-element visible_band kept
+       * enough registers live to spill at 192-key blocks) */
+      int lo[2], hi[2];
+      const int j0 = n * kBN + (lane & 3) * 2;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        visible_band_keys(p, hd, m0 + row0 + hf * 8, lo[hf], hi[hf]);
+        lo[hf] -= j0, hi[hf] -= j0;
+      }
 #pragma unroll
       for (int jj = 0; jj < kBN / 8; ++jj)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int i = m0 + row0 + (e >> 1) * 8, j = n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1);
-          if (!visible_band(p, hd, i, j)) sacc[4 * jj + e] = -INFINITY;
+          const int c = jj * 8 + (e & 1);
+          if (c < lo[e >> 1] || c >= hi[e >> 1]) sacc[4 * jj + e] = -INFINITY;
         }
     };
     /* P = 2^(S mult - max + 8) in sacc, the running max and sum moved to block n; returns each
@@ -481,7 +544,7 @@ attn_status launch_fwd90_fp8(const attn_cuda_params &p, cudaStream_t stream, cha
   }
   const MapGeometry mg = map_geometry(p);
   const int vt_b = vt_batches(p);
-  const int64_t cols = p.vt_cols;
+  const int64_t head_bytes = vt_head_bytes(p);
   CUtensorMap tq, tk, tvt;
   attn_status st;
   /* An empty q or k (no rows: Tk = 0, or packed sequences that are all empty) may have no
@@ -493,15 +556,16 @@ attn_status launch_fwd90_fp8(const attn_cuda_params &p, cudaStream_t stream, cha
       (st = make_map(&tk, kbase, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.d, p.heads_kv,
                      std::max(mg.rows_k, 1), mg.batch, p.k_h, p.k_r, p.k_b, C::kBN, why,
                      why_size)) != ATTN_STATUS_OK ||
-      /* V^T [B'][Hkv][Dv][cols] mapped as [B'][Dv][Hkv][cols], so that a box is Dv rows of one head */
-      (st = make_map(&tvt, p.v_t, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, (int)cols, p.heads_kv, p.dv,
-                     vt_b, (int64_t)p.dv * cols, cols, (int64_t)p.heads_kv * p.dv * cols, C::kD,
-                     why, why_size)) != ATTN_STATUS_OK)
+      /* V^T [B'][Hkv][vt_head_bytes / 128 rows][128 bytes] (VtLayout's blocks) mapped as
+       * [B'][rows][Hkv][128], so that a box is one block of one head */
+      (st = make_map(&tvt, p.v_t, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, 128, p.heads_kv,
+                     (int)(head_bytes / 128), vt_b, head_bytes, 128, p.heads_kv * head_bytes,
+                     C::Vt::kRows, why, why_size)) != ATTN_STATUS_OK)
     return st;
   if (p.seqlen_k > 0) {
     dim3 vgrid((unsigned)((p.seqlen_k + kVtBlock - 1) / kVtBlock * (kVtBlock / 64)), p.heads_kv,
                p.batch);
-    vt_kernel<C::kD><<<vgrid, 256, 0, stream>>>(p);
+    vt_kernel<C::kD, typename C::Vt><<<vgrid, 256, 0, stream>>>(p);
     ATTN_CUDA_CHECK(cudaGetLastError());
   }
   auto kernel = fwd90_fp8_kernel<C>;

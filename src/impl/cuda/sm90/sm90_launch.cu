@@ -70,21 +70,28 @@ template <typename T> attn_status run_bwd90(const attn_cuda_params &p, cudaStrea
 }
 
 /* The fp8 forward (sm90_fwd_fp8.cuh) at head dim D, out in TO: 2 K/V stages (as the 16-bit kernel
- * at D = 128; a stage is 32 KiB at D = 128, 64 at 256; 3 bought nothing), O rescaled lazily, all
- * exponentials on the special-function unit (lab v3, dev/cuda/fwd_hopper_fp8.cu: 825 / 701 TFLOPS
- * on an H200 at D = 128, T = 8192, against v1's 775 / 662); kPingPong as `ping_pong` says (the
- * configurations sm90_fp8 and sm90_fp8_pingpong of cuda.c: within 1% of each other in the lab). */
+ * at D = 128; a stage is 32 KiB at D = 128 with 128-key blocks, 64 at 256; 3 bought nothing), O
+ * rescaled lazily, all exponentials on the special-function unit (lab v3, dev/cuda/
+ * fwd_hopper_fp8.cu: 825 / 701 TFLOPS on an H200 at D = 128, T = 8192, against v1's 775 / 662).
+ * variant (ATTN_CUDA_FP8_*, cuda.c's configurations): the ping-pong schedule on 128-key blocks, or
+ * 192-key blocks with V^T's half panel padded (D = 128 only, where cuda.c alone offers them; lab
+ * v6, free-running: 1.016x / 1.034x v3 in the lab, 1.009x / 1.004x by attn bench, H200,
+ * bench/RESULTS.md). Not built, as measured never faster: the packed half panel (v5) and the
+ * 192-key ping-pong. */
 template <typename TO, int kD>
-attn_status run_fp8_out(const attn_cuda_params &p, int ping_pong, cudaStream_t s, char *why, size_t why_size) {
-  return ping_pong ? launch_fwd90_fp8<FwdFp8Cfg<TO, kD, 2, true>>(p, s, why, why_size)
-                   : launch_fwd90_fp8<FwdFp8Cfg<TO, kD, 2, false>>(p, s, why, why_size);
+attn_status run_fp8_out(const attn_cuda_params &p, int variant, cudaStream_t s, char *why, size_t why_size) {
+  if constexpr (kD == 128)
+    if (variant & ATTN_CUDA_FP8_WIDE)
+      return launch_fwd90_fp8<FwdFp8Cfg<TO, kD, 2, false, true, 0, 192>>(p, s, why, why_size);
+  return variant & ATTN_CUDA_FP8_PINGPONG ? launch_fwd90_fp8<FwdFp8Cfg<TO, kD, 2, true>>(p, s, why, why_size)
+                                          : launch_fwd90_fp8<FwdFp8Cfg<TO, kD, 2, false>>(p, s, why, why_size);
 }
 template <int kD>
-attn_status run_fp8(const attn_cuda_params &p, int ping_pong, cudaStream_t s, char *why, size_t why_size) {
+attn_status run_fp8(const attn_cuda_params &p, int variant, cudaStream_t s, char *why, size_t why_size) {
   switch (p.out_elem) {
-  case ATTN_CUDA_ELEM_F32: return run_fp8_out<float, kD>(p, ping_pong, s, why, why_size);
-  case ATTN_CUDA_ELEM_F16: return run_fp8_out<__half, kD>(p, ping_pong, s, why, why_size);
-  default: return run_fp8_out<__nv_bfloat16, kD>(p, ping_pong, s, why, why_size);
+  case ATTN_CUDA_ELEM_F32: return run_fp8_out<float, kD>(p, variant, s, why, why_size);
+  case ATTN_CUDA_ELEM_F16: return run_fp8_out<__half, kD>(p, variant, s, why, why_size);
+  default: return run_fp8_out<__nv_bfloat16, kD>(p, variant, s, why, why_size);
   }
 }
 
@@ -103,11 +110,11 @@ extern "C" int64_t attn_cuda_sm90_fp8_vt_columns(const attn_cuda_params *p) {
   return attn_cuda::sm90::vt_columns(*p);
 }
 
-extern "C" attn_status attn_cuda_sm90_fp8_forward(const attn_cuda_params *p, int ping_pong, void *stream,
+extern "C" attn_status attn_cuda_sm90_fp8_forward(const attn_cuda_params *p, int variant, void *stream,
                                                   char *why, size_t why_size) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (p->d == 256) return attn_cuda::sm90::run_fp8<256>(*p, ping_pong, s, why, why_size);
-  return attn_cuda::sm90::run_fp8<128>(*p, ping_pong, s, why, why_size);
+  if (p->d == 256) return attn_cuda::sm90::run_fp8<256>(*p, variant, s, why, why_size);
+  return attn_cuda::sm90::run_fp8<128>(*p, variant, s, why, why_size);
 }
 
 extern "C" int attn_cuda_sm90_built(void) { return 1; }

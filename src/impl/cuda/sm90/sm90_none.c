@@ -43,9 +43,9 @@ int64_t attn_cuda_sm90_fp8_vt_columns(const attn_cuda_params *p) {
   return 0;
 }
 
-attn_status attn_cuda_sm90_fp8_forward(const attn_cuda_params *p, int ping_pong, void *stream,
+attn_status attn_cuda_sm90_fp8_forward(const attn_cuda_params *p, int variant, void *stream,
                                        char *why, size_t why_size) {
-  (void)p, (void)ping_pong, (void)stream;
+  (void)p, (void)variant, (void)stream;
   if (why != NULL && why_size > 0) snprintf(why, why_size, "%s", no_sm90);
   return ATTN_STATUS_UNSUPPORTED;
 }
