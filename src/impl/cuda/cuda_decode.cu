@@ -801,9 +801,14 @@ __global__ void __launch_bounds__(Shape<KD, G>::kThreads, Shape<KD, G>::kMinBloc
           sum += pr;
         }
       l[hf] = l[hf] * alpha + sum;
-      m[hf] = m_new;
+      /* O rescaled only where the row's maximum moved, which after a split's first tiles is rare:
+       * 2 KD / 8 multiplies per thread and half, most of a tile's arithmetic besides the products
+       * and the softmax, done while the tile holds its stage (Tq = 4's 16 rows take both halves) */
+      if (m_new != m[hf]) {
 #pragma unroll
-      for (int nt = 0; nt < KD / 8; ++nt) oacc[0][nt][2 * hf] *= alpha, oacc[0][nt][2 * hf + 1] *= alpha;
+        for (int nt = 0; nt < KD / 8; ++nt) oacc[0][nt][2 * hf] *= alpha, oacc[0][nt][2 * hf + 1] *= alpha;
+      }
+      m[hf] = m_new;
     }
     /* O += P V: P (16 rows x this warp's 16 keys) is an A fragment already */
     uint32_t fa[1][4];
