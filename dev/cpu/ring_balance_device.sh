@@ -10,7 +10,10 @@
 # bench), PARTS ("default cma inproc").
 set -u
 out=${1:?usage: ring_balance_device.sh OUT [WHEEL]}
-wheel=${2:-$(ls ../wheels/mpich-*.whl 2>/dev/null | head -1)}
+wheel=${2:-}
+if [ -z "$wheel" ]; then
+  for w in ../wheels/mpich-*.whl; do [ -f "$w" ] && wheel=$w; done
+fi
 build=${BUILD:-/tmp/build-ringbal} parts=${PARTS:-default cma inproc} reps=${REPS:-3}
 threads=${THREADS:-$(nproc)}
 per_rank=$((threads / ${RANKS:-4}))
@@ -59,5 +62,8 @@ for part in default cma; do
   grep -H '^rank' "$out/$part"/*_causal_ring_zigzag.log "$out/$part"/*_causal_all_to_all.log \
     "$out/$part"/*_causal_heads.log | sed 's/per forward+backward, //'
 done
-tar czf "$out/logs.tgz" -C "$out" $(cd "$out" && ls -d default cma 2>/dev/null) 2>/dev/null
+parts_done=""
+for part in default cma; do [ -d "$out/$part" ] && parts_done="$parts_done $part"; done
+# shellcheck disable=SC2086 # the folders are words
+[ -n "$parts_done" ] && tar czf "$out/logs.tgz" -C "$out" $parts_done
 rm -rf "$out/default" "$out/cma"
