@@ -13,15 +13,11 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "dev_timing.h"
+
 #define T 2048
 #define H 4
 #define D 64
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static float *filled(size_t n, int mod, float step) {
   float *x = malloc(n * sizeof *x);
@@ -80,11 +76,11 @@ int main(void) {
       return 1;
     }
     attn_plan_forward(plan, &in, NULL, 0, &out);
-    double t0 = now();
+    double t0 = dev_now();
     attn_plan_forward(plan, &in, NULL, 0, &out);
-    double t1 = now();
+    double t1 = dev_now();
     attn_plan_backward(plan, &in, &out, &dout, NULL, 0, &g);
-    double t2 = now();
+    double t2 = dev_now();
     printf("%-11s fwd %7.1f ms bwd %7.1f ms\n", names[f], (t1 - t0) * 1e3, (t2 - t1) * 1e3);
     attn_plan_destroy(plan);
   }

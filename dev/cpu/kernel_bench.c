@@ -11,11 +11,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + 1e-9 * t.tv_nsec;
-}
+#include "dev_timing.h"
 
 int main(int argc, char **argv) {
   int D = argc > 1 ? atoi(argv[1]) : 64, bq = argc > 2 ? atoi(argv[2]) : 64,
@@ -27,18 +23,18 @@ int main(int argc, char **argv) {
   for (int i = 0; i < bq * D; ++i) q[i] = 0.01f * (i % 7), o[i] = 0;
   for (int i = 0; i < bk * D; ++i) kt[i] = 0.01f * (i % 5), v[i] = 0.02f * (i % 3);
   int iters = 20000;
-  double t0 = now();
+  double t0 = dev_now();
   for (int it = 0; it < iters; ++it) k->gemm(bq, bk, D, q, D, 0, kt, bk, s, bk, 0, NULL);
-  double t1 = now();
+  double t1 = dev_now();
   for (int it = 0; it < iters; ++it) k->gemm(bq, D, bk, s, bk, 0, v, D, o, D, 1, NULL);
-  double t2 = now();
+  double t2 = dev_now();
   for (int it = 0; it < iters; ++it)
     for (int r = 0; r < bq; ++r) {
       float m = k->row_max(s + r * bk, bk);
       k->exp_sum(s + r * bk, bk, m + 1.0f);
       k->scale(o + r * D, D, 0.999f);
     }
-  double t3 = now();
+  double t3 = dev_now();
   double fl = 2.0 * bq * bk * D * iters;
   printf("D=%d bq=%d bk=%d: QK %.1f GFLOP/s, PV %.1f GFLOP/s, softmax %.2f ns/element "
          "(%.1f%% of the two gemms' time)\n",

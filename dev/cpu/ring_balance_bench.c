@@ -32,19 +32,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "dev_timing.h"
+
 #define D 128
 #define MAX_N 8
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 static attn_ctx *ctx, *ctx_whole; /* the blocks' threads; the whole problem's */
 static int64_t L, HQ, HKV;
@@ -151,11 +142,6 @@ static void run_block(const block *b, int backward) {
   run(b->plan, 2 * L, b->a0 * L, b->c0 * L, 1, backward);
 }
 
-static double med(double *t, int reps) {
-  qsort(t, (size_t)reps, sizeof(double), cmp);
-  return t[reps / 2];
-}
-
 int main(int argc, char **argv) {
   n = argc > 1 ? atoi(argv[1]) : 4;
   L = argc > 2 ? atoll(argv[2]) : 1024;
@@ -211,19 +197,19 @@ int main(int argc, char **argv) {
     for (int bw = 0; bw < 2; ++bw) {
       for (int s = 0; s < n; ++s)
         for (int r = 0; r < n; ++r) {
-          const double t0 = now();
+          const double t0 = dev_now();
           run_block(&blocks[r][s], bw);
-          if (i >= 0) T_AT(r, s, bw, i) = now() - t0;
+          if (i >= 0) T_AT(r, s, bw, i) = dev_now() - t0;
         }
-      double t0 = now();
+      double t0 = dev_now();
       run(whole, T, 0, 0, 0, bw);
-      if (i >= 0) T_AT(n, 0, bw, i) = now() - t0;
-      t0 = now();
+      if (i >= 0) T_AT(n, 0, bw, i) = dev_now() - t0;
+      t0 = dev_now();
       run(whole_more, T, 0, 0, 0, bw);
-      if (i >= 0) T_AT(n, 1, bw, i) = now() - t0;
+      if (i >= 0) T_AT(n, 1, bw, i) = dev_now() - t0;
     }
-  const double whole_f = med(&T_AT(n, 0, 0, 0), reps), whole_b = med(&T_AT(n, 0, 1, 0), reps);
-  const double more_f = med(&T_AT(n, 1, 0, 0), reps), more_b = med(&T_AT(n, 1, 1, 0), reps);
+  const double whole_f = dev_median(&T_AT(n, 0, 0, 0), reps), whole_b = dev_median(&T_AT(n, 0, 1, 0), reps);
+  const double more_f = dev_median(&T_AT(n, 1, 0, 0), reps), more_b = dev_median(&T_AT(n, 1, 1, 0), reps);
   printf("whole problem, %d threads: forward %.1f ms, backward %.1f ms; whole/%d: %.1f + %.1f = "
          "%.1f ms\n",
          threads, 1e3 * whole_f, 1e3 * whole_b, n, 1e3 * whole_f / n, 1e3 * whole_b / n,
@@ -239,7 +225,7 @@ int main(int argc, char **argv) {
     printf("%d |", r);
     for (int s = 0; s < n; ++s) {
       const block *b = &blocks[r][s];
-      const double f = med(&T_AT(r, s, 0, 0), reps), bk = med(&T_AT(r, s, 1, 0), reps);
+      const double f = dev_median(&T_AT(r, s, 0, 0), reps), bk = dev_median(&T_AT(r, s, 1, 0), reps);
       sf += f, sb += bk;
       printf(" %d: %dx%d %.1f/%.1f |", s, b->na, b->nc, 1e3 * f, 1e3 * bk);
     }

@@ -23,20 +23,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "dev_timing.h"
+
 #define HQ 8
 #define HKV 2
 #define D 128
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 static attn_ctx *ctx;
 static int64_t L;
@@ -136,24 +127,24 @@ int main(int argc, char **argv) {
     double *ts[4];
     for (int i = 0; i < 4; ++i) ts[i] = malloc((size_t)reps * sizeof(double));
     for (int r = -1; r < reps; ++r) { /* r = -1: warm-up */
-      double t0 = now();
+      double t0 = dev_now();
       for (int i = 0; i < 3; ++i) run(&split0[i], backward);
-      double t1 = now();
+      double t1 = dev_now();
       run(&merged0, backward);
-      double t2 = now();
+      double t2 = dev_now();
       for (int i = 0; i < 2; ++i) run(&split1[i], backward);
-      double t3 = now();
+      double t3 = dev_now();
       run(&merged1, backward);
-      double t4 = now();
+      double t4 = dev_now();
       if (r < 0) continue;
       ts[0][r] = t1 - t0, ts[1][r] = t2 - t1, ts[2][r] = t3 - t2, ts[3][r] = t4 - t3;
     }
-    for (int i = 0; i < 4; ++i) qsort(ts[i], (size_t)reps, sizeof(double), cmp);
+    double m[4];
+    for (int i = 0; i < 4; ++i) m[i] = dev_median(ts[i], reps);
     printf("%s step 0 (diagonal): 3 calls %.2f ms, one call %.2f ms (%.2fx); step 1: 2 calls %.2f "
            "ms, one call %.2f ms (%.2fx)\n",
-           backward ? "backward" : "forward ", 1e3 * ts[0][reps / 2], 1e3 * ts[1][reps / 2],
-           ts[0][reps / 2] / ts[1][reps / 2], 1e3 * ts[2][reps / 2], 1e3 * ts[3][reps / 2],
-           ts[2][reps / 2] / ts[3][reps / 2]);
+           backward ? "backward" : "forward ", 1e3 * m[0], 1e3 * m[1], m[0] / m[1], 1e3 * m[2],
+           1e3 * m[3], m[2] / m[3]);
     for (int i = 0; i < 4; ++i) free(ts[i]);
   }
   return 0;
