@@ -189,10 +189,10 @@ int main(int argc, char **argv) {
   attn_plan *whole = make_plan(ctx, T, T), *whole_more = make_plan(ctx_whole, T, T);
   printf("%s zigzag, %d ranks, L=%lld, b1 hq%lld hkv%lld d%d, cpu (%s), %s, %d threads, "
          "median of %d\n",
-         causal ? "causal" : "non-causal", n, (long long)L, (long long)HQ, (long long)HKV, D, attn_cpu_isa_name(dt),
-         attn_dtype_name(dt), threads, reps);
+         causal ? "causal" : "non-causal", n, (long long)L, (long long)HQ, (long long)HKV, D,
+         attn_cpu_isa_name(dt), attn_dtype_name(dt), threads, reps);
   double *t = malloc(sizeof(double) * (size_t)reps * (size_t)(n * n + 2) * 2);
-#define T_AT(r, s, bw, i) t[(((size_t)(r) * n + (s)) * 2 + (bw)) * reps + (i)]
+#define T_AT(r, s, bw, i) t[(((size_t)(r)*n + (s)) * 2 + (bw)) * reps + (i)]
   for (int i = -1; i < reps; ++i) /* i = -1: warm-up */
     for (int bw = 0; bw < 2; ++bw) {
       for (int s = 0; s < n; ++s)
@@ -208,8 +208,10 @@ int main(int argc, char **argv) {
       run(whole_more, T, 0, 0, 0, bw);
       if (i >= 0) T_AT(n, 1, bw, i) = dev_now() - t0;
     }
-  const double whole_f = dev_median(&T_AT(n, 0, 0, 0), reps), whole_b = dev_median(&T_AT(n, 0, 1, 0), reps);
-  const double more_f = dev_median(&T_AT(n, 1, 0, 0), reps), more_b = dev_median(&T_AT(n, 1, 1, 0), reps);
+  const double whole_f = dev_median(&T_AT(n, 0, 0, 0), reps),
+               whole_b = dev_median(&T_AT(n, 0, 1, 0), reps);
+  const double more_f = dev_median(&T_AT(n, 1, 0, 0), reps),
+               more_b = dev_median(&T_AT(n, 1, 1, 0), reps);
   printf("whole problem, %d threads: forward %.1f ms, backward %.1f ms; whole/%d: %.1f + %.1f = "
          "%.1f ms\n",
          threads, 1e3 * whole_f, 1e3 * whole_b, n, 1e3 * whole_f / n, 1e3 * whole_b / n,
@@ -225,7 +227,8 @@ int main(int argc, char **argv) {
     printf("%d |", r);
     for (int s = 0; s < n; ++s) {
       const block *b = &blocks[r][s];
-      const double f = dev_median(&T_AT(r, s, 0, 0), reps), bk = dev_median(&T_AT(r, s, 1, 0), reps);
+      const double f = dev_median(&T_AT(r, s, 0, 0), reps),
+                   bk = dev_median(&T_AT(r, s, 1, 0), reps);
       sf += f, sb += bk;
       printf(" %d: %dx%d %.1f/%.1f |", s, b->na, b->nc, 1e3 * f, 1e3 * bk);
     }
