@@ -92,9 +92,10 @@ enum VariantFlag : int {
                                 awaited, not before */
   kVarNoCluster = 1 << 2,    /* "nocluster": the merge kernel (or the grid's merge) where a cluster
                                 would merge */
-  kVarMergeChunk = 1 << 3,   /* "mergechunk": the merge kernel with one CTA per row chunk, over
-                                columns (serialises a chunk's 16 rows: Tq = 4 at B = 1 took
-                                1.3-1.7x), instead of one per row over columns and splits */
+  kVarMergeChunk = 1 << 3,   /* "mergechunk" / "mergewide": the merge kernel with one CTA per
+                                row chunk, its rows four at a time, or one CTA per row over
+                                columns and splits, instead of the choice by work items
+                                (chunk_merge_pays) */
   kVarWaitFirst = 1 << 4,    /* "waitfirst": the split kernel waits for the previous kernel before
                                 setting up its shared memory and barriers, not after */
   kVarMergeKernel = 1 << 5,  /* "mergekernel": the merge kernel where the split CTAs fit at once
@@ -111,6 +112,7 @@ enum VariantFlag : int {
   kVarHeads4 = 1 << 9,
   kVarHeads8 = 1 << 10,
   kVarHeads1 = 1 << 11,
+  kVarMergeWide = 1 << 12,
 };
 struct VariantToken {
   const char *name;
@@ -121,6 +123,7 @@ constexpr VariantToken kVariantTokens[] = {
     {"mergechunk", kVarMergeChunk},     {"waitfirst", kVarWaitFirst},       {"mergekernel", kVarMergeKernel},
     {"tablebystage", kVarTableByStage}, {"epilogueflat", kVarEpilogueFlat}, {"heads2", kVarHeads2},
     {"heads4", kVarHeads4},             {"heads8", kVarHeads8},             {"heads1", kVarHeads1},
+    {"mergewide", kVarMergeWide},
 };
 
 /* The KV heads per CTA a variant asks for (the largest token given); 0: none, planned_heads picks. */
@@ -137,10 +140,11 @@ constexpr int requested_heads(int flags) {
 constexpr int64_t kHeads4Keys = 65536, kHeads2Keys = 8192;
 
 struct Variant {
-  bool bulk, early_issue, cluster, wide_merge, grid_merge;
+  bool bulk, early_issue, cluster, grid_merge;
+  int merge_form; /* kVarMergeChunk, kVarMergeWide, or 0: chunk_merge_pays decides */
   explicit Variant(int flags)
       : bulk(!(flags & kVarCpAsync)), early_issue(!(flags & kVarLateIssue)), cluster(!(flags & kVarNoCluster)),
-        wide_merge(!(flags & kVarMergeChunk)), grid_merge(!(flags & kVarMergeKernel)) {}
+        grid_merge(!(flags & kVarMergeKernel)), merge_form(flags & (kVarMergeChunk | kVarMergeWide)) {}
 };
 
 /* Per head-dim kernel and KV heads per CTA (G): warps, keys per tile, stages in flight and CTAs
@@ -1156,6 +1160,23 @@ int heads_per_cta(const attn_cuda_decode_params *p) {
   return fits && p->k_h == p->d && p->v_h == p->dv ? heads : 1;
 }
 
+/* Whether the merge kernel takes one CTA per work item (its rows four at a time, each thread every
+ * split of four columns) rather than one per row (its threads over columns and splits): where the
+ * items alone fill half the SMs. Then the per-row form's CTAs (16 per item at Tq = 4) only queue
+ * behind one another; with few items, the per-item form runs a chunk's rows and splits one after
+ * another. Measured on the H200 (bench/RESULTS.md, "The merge kernel's form"), us per call, paged
+ * 16, per row / per item: B = 16 (128 items), Tk = 2048 Tq 1 54.0 / 49.4, Tq 4 75.1 / 61.7; Tk =
+ * 8192 155.5 / 150.6, 196.0 / 181.6; B = 32, Tk = 8192 293 / 281, 372 / 336; B = 1 (8 items, the
+ * merge kernel forced) 17.0 / 18.6, 19.5 / 34.0. */
+bool chunk_merge_pays(int index, int items) {
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return 2 * items >= sms;
+}
+
 template <typename T>
 attn_status launch(const attn_cuda_decode_params *p, cudaStream_t stream, char *why, size_t why_size) {
   const int row_chunks = attn_cuda_decode_row_chunks(p->group, p->seqlen_q);
@@ -1182,7 +1203,10 @@ attn_status launch(const attn_cuda_decode_params *p, cudaStream_t stream, char *
           ? launch_split_dim<T, 128>(p, stream, row_chunks, major, heads_per_cta(p), variant, &merge, why, why_size)
           : launch_split_dim<T, 256>(p, stream, row_chunks, major, 1, variant, &merge, why, why_size);
   if (st != ATTN_STATUS_OK || merge != kMergeKernel) return st;
-  const int wide = variant.wide_merge ? 1 : 0;
+  const int wide = variant.merge_form == kVarMergeWide ? 1
+                   : variant.merge_form == kVarMergeChunk
+                       ? 0
+                       : !chunk_merge_pays(p->device_index, p->batch * p->heads_kv * row_chunks);
   const dim3 mgrid(p->batch * p->heads_kv * row_chunks, wide ? kRows : 1);
   if (major >= 9) { /* programmatic dependent launch: the merge's launch overlaps the splits' tail */
     cudaLaunchConfig_t cfg = {};
