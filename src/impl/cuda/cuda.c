@@ -418,8 +418,7 @@ static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const v
     const int chunks =
         attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
     return attn_cuda_decode_workspace((int)p->batch, (int)p->heads_kv, chunks,
-                                      decode_splits(p, config, state),
-                                      (int)p->head_dim_v);
+                                      decode_splits(p, config, state), (int)p->head_dim_v);
   }
   if (!backward) return 0;
   size_t bytes = align_up((size_t)(p->heads_q * rows_q(p)) * sizeof(float));
@@ -728,11 +727,12 @@ static attn_status cuda_plan_init(const attn_problem *problem, int32_t config, v
   }
   st->decode_paths = splitkv ? (int32_t)attn_cuda_decode_variant() : 0;
   st->decode_splits = splitkv ? splitkv_splits(problem, config, st->decode_paths) : 0;
-  st->decode_heads = splitkv ? attn_cuda_decode_heads(problem->device_index, (int)problem->batch,
-                                                      (int)problem->heads_kv, (int)splitkv_keys(problem),
-                                                      (int)problem->head_dim, (int)problem->head_dim_v,
-                                                      st->decode_paths)
-                             : 0;
+  st->decode_heads =
+      splitkv ? attn_cuda_decode_heads(problem->device_index, (int)problem->batch,
+                                       (int)problem->heads_kv, (int)splitkv_keys(problem),
+                                       (int)problem->head_dim, (int)problem->head_dim_v,
+                                       st->decode_paths)
+              : 0;
   st->sm90_sched = splitkv ? ATTN_CUDA_SM90_SCHED_AUTO : sm90_sched_from_env();
   *state = st;
   return ATTN_STATUS_OK;
