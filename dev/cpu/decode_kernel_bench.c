@@ -35,10 +35,13 @@ static const char **make_rows(int blocks, size_t es, char **k, char **v) {
   const char **rows = malloc(sizeof *rows * 2 * KEYS * (size_t)blocks);
   if (*k == NULL || *v == NULL || rows == NULL) return NULL;
   for (size_t i = 0; i < n / 2; ++i) /* f16 / bf16 values near 1 and 0.5; f32 rows: small floats */
-    ((uint16_t *)*k)[i] = (uint16_t)(0x3c00 ^ (i & 0x3ff)), ((uint16_t *)*v)[i] = (uint16_t)(0x3800 ^ (i & 0x3ff));
+    ((uint16_t *)*k)[i] = (uint16_t)(0x3c00 ^ (i & 0x3ff)),
+               ((uint16_t *)*v)[i] = (uint16_t)(0x3800 ^ (i & 0x3ff));
   if (es == 4)
-    for (size_t i = 0; i < n / 4; ++i) ((float *)*k)[i] = 1e-3f * (float)(i % 97), ((float *)*v)[i] = 1e-3f * (float)(i % 89);
-  for (int j = 0; j < KEYS * blocks; ++j) rows[j] = *k + key_bytes * j, rows[KEYS * blocks + j] = *v + key_bytes * j;
+    for (size_t i = 0; i < n / 4; ++i)
+      ((float *)*k)[i] = 1e-3f * (float)(i % 97), ((float *)*v)[i] = 1e-3f * (float)(i % 89);
+  for (int j = 0; j < KEYS * blocks; ++j)
+    rows[j] = *k + key_bytes * j, rows[KEYS * blocks + j] = *v + key_bytes * j;
   return rows;
 }
 
@@ -49,9 +52,11 @@ int main(int argc, char **argv) {
   float *q = aligned_alloc(64, sizeof(float) * HEADS * ROWS * DIM);
   float *S = aligned_alloc(64, sizeof(float) * HEADS * ROWS * KEYS);
   float *O = aligned_alloc(64, sizeof(float) * HEADS * ROWS * DIM);
-  uint16_t *q16 = aligned_alloc(64, 2 * HEADS * ROWS * DIM), *P = aligned_alloc(64, 2 * HEADS * ROWS * KEYS);
+  uint16_t *q16 = aligned_alloc(64, 2 * HEADS * ROWS * DIM),
+           *P = aligned_alloc(64, 2 * HEADS * ROWS * KEYS);
   if (q == NULL || S == NULL || O == NULL || q16 == NULL || P == NULL) return 1;
-  for (int i = 0; i < HEADS * ROWS * DIM; ++i) q[i] = 1e-3f * (float)(i % 31), q16[i] = 0x3c00, O[i] = 0.0f;
+  for (int i = 0; i < HEADS * ROWS * DIM; ++i)
+    q[i] = 1e-3f * (float)(i % 31), q16[i] = 0x3c00, O[i] = 0.0f;
   for (int i = 0; i < HEADS * ROWS * KEYS; ++i) S[i] = 0.01f;
   const double key_heads = (double)KEYS * blocks * HEADS * PASSES;
   for (int mode = 0; mode <= 4; ++mode) { /* ROWS_* and, last, the bf16 loops */
@@ -88,8 +93,8 @@ int main(int argc, char **argv) {
       if (t2 - t1 < pv) pv = t2 - t1;
     }
     printf("%-18s scores %5.2f ns  P V %5.2f ns  a key and KV head (K+V %zu KiB)\n",
-           mode == 4 ? "bf16 (bf16 loops)" : names[mode], scores / key_heads * 1e9, pv / key_heads * 1e9,
-           2 * (size_t)HEADS * DIM * es * KEYS * (size_t)blocks / 1024);
+           mode == 4 ? "bf16 (bf16 loops)" : names[mode], scores / key_heads * 1e9,
+           pv / key_heads * 1e9, 2 * (size_t)HEADS * DIM * es * KEYS * (size_t)blocks / 1024);
     free(k), free(v), free(rows);
   }
   free(q), free(S), free(O), free(q16), free(P);
