@@ -259,16 +259,15 @@ scores_1row(const float *q, const char *const *k, int64_t kn, int64_t D, int mod
  * (NR 4 or 1, NC <= PV_CHUNKS, NK <= DECODE_PV_KEYS keys and ldp: constants where it is inlined):
  * O loaded and stored once for the NK keys. */
 DECODE_KERNEL
-__attribute__((always_inline)) static inline void pv_window(const int NR, const int NC, const int NK,
-                                                            const float *P, const int64_t ldp,
-                                                            const void *const *rows, int mode,
-                                                            int64_t d, float *O, int64_t ldo) {
+__attribute__((always_inline)) static inline void
+pv_window(const int NR, const int NC, const int NK, const float *P, const int64_t ldp,
+          const void *const *rows, int mode, int64_t d, float *O, int64_t ldo) {
   v16f acc[4][PV_CHUNKS];
   for (int r = 0; r < NR; ++r)
     for (int c = 0; c < NC; ++c) acc[r][c] = load16(O + r * ldo + d + 16 * c, ROWS_F32);
   /* each row's chunks at constant offsets from one address (row16(rows[jj], d + 16 c) left GCC
    * holding every d + 16 c in a register of its own) */
-  const size_t at = mode == ROWS_F32           ? (size_t)d * 4
+  const size_t at = mode == ROWS_F32          ? (size_t)d * 4
                     : mode == ROWS_BF16_PAIRS ? (size_t)(d / 32) * 64
                                               : (size_t)d * 2;
   const int64_t pair = mode == ROWS_BF16_PAIRS ? d % 32 : 0; /* row16's even/odd half */
