@@ -131,8 +131,9 @@ typedef struct attn_cpu_kernels {
   /* The decode path's loops (decode_kernels.h) over one key block of every KV head (the block's
    * K or V rows at a->rows, a->head_bytes between a key's heads, read as `mode`, ROWS_*), key by
    * key with every head of a key inside (address order), requesting a->ahead meanwhile.
-   * decode_scores: S[(g R + r) lds + jj] = dot(q[(g R + r) ldq ..], K row jj of head g).
-   * decode_pv: O[(g R + r) ldo + d] += sum_jj S[(g R + r) lds + jj] V row jj of head g [d]. */
+   * decode_scores: S[(g R + r) B + jj] = dot(q[(g R + r) ldq ..], K row jj of head g).
+   * decode_pv: O[(g R + r) ldo + d] += sum_jj S[(g R + r) B + jj] V row jj of head g [d].
+   * (B = ATTN_CPU_DECODE_BLOCK.) */
   void (*decode_scores)(const struct attn_cpu_decode_block *a, const float *q, int mode);
   void (*decode_pv)(const struct attn_cpu_decode_block *a, int mode);
 } attn_cpu_kernels;
@@ -146,9 +147,15 @@ void attn_cpu_store_f16_generic(uint16_t *dst, int64_t n, const float *src, floa
 /* The portable dropout bits (one Philox call per 4 columns), also the AVX2 table's. */
 void attn_cpu_dropout_keep_generic(uint64_t seed, uint32_t threshold, int64_t b, int64_t h,
                                    int64_t i, int64_t j0, int64_t n, uint8_t *keep);
+/* Keys a block of the decode path holds at most, and the distance between the rows of its scores
+ * (attn_cpu_decode_block.S): a constant, so that the loops reach a row's probabilities at fixed
+ * offsets from one register (with the stride in a register of its own, GCC ran out of them in the
+ * P V loop and moved addresses through vector registers every key). */
+#define ATTN_CPU_DECODE_BLOCK 32
+
 /* The arguments of one key block of the decode path's key-by-key loops (decode.c's decode_blocks):
- * nb <= 32 keys for every KV head, walked in address order (key-outer, heads inside): the hardware
- * prefetchers follow a stream only when every miss is in address order, and a loop over one head's
+ * nb <= ATTN_CPU_DECODE_BLOCK keys for every KV head, walked in address order (key-outer, heads
+ * inside): the hardware prefetchers follow a stream only when every miss is in address order, and a loop over one head's
  * rows of a block (2 KiB apart) streamed at two thirds of the read rate even with no arithmetic.
  * Row r of KV head g is row g * R + r of q, S, P and O. q, P and O's order are the bf16 loops'
  * (attn_cpu_decode_scores_bf16 below); decode.c's loops for the other dtypes use rows, head_bytes
@@ -158,9 +165,9 @@ typedef struct attn_cpu_decode_block {
   const uint16_t *q; /* bf16 query rows, ldq apart, unscaled */
   int64_t ldq;
   float scale;       /* applied to the sums */
-  float *S;          /* scores, then (softmax in decode.c) f32 probabilities, lds apart */
-  int64_t lds;
-  uint16_t *P;       /* scratch: P rounded to bf16, heads * R rows of 32 */
+  float *S;          /* scores, then (softmax in decode.c) f32 probabilities, rows
+                      * ATTN_CPU_DECODE_BLOCK apart */
+  uint16_t *P;       /* scratch: P rounded to bf16, heads * R rows of ATTN_CPU_DECODE_BLOCK */
   float *O;          /* unnormalised out, ldo apart, each 32 columns in the unpack order */
   int64_t ldo;
   const char *const *rows; /* head 0's row (of K for scores, V for pv) of each key of the block */
@@ -191,9 +198,10 @@ extern const attn_cpu_kernels attn_cpu_kernels_amx;
 int attn_cpu_amx_usable(void);
 /* The bf16 loops with vdpbf16ps (decode.c runs them with the avx512bf16 table when D and Dv are
  * multiples of 32 and K and V rows have unit element stride):
- * S[(g R + r) lds + jj] = scale * dot(q row g R + r, K row jj of head g), products exact. */
+ * S[(g R + r) B + jj] = scale * dot(q row g R + r, K row jj of head g), products exact
+ * (B = ATTN_CPU_DECODE_BLOCK). */
 void attn_cpu_decode_scores_bf16(const attn_cpu_decode_block *a);
-/* O[g R + r] += sum_jj bf16(S[(g R + r) lds + jj]) V row jj of head g, keys in pairs by vdpbf16ps
+/* O[g R + r] += sum_jj bf16(S[(g R + r) B + jj]) V row jj of head g, keys in pairs by vdpbf16ps
  * (an even/odd key's rows unpacked into pairs: O's 32 columns d0 + c of each chunk then hold d0 +
  * 8 (c / 4 % 4) + 4 (c / 16) + c % 4, decode.c's unpermute_pv). */
 void attn_cpu_decode_pv_bf16(const attn_cpu_decode_block *a);

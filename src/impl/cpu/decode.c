@@ -43,7 +43,8 @@
 #include <omp.h>
 #endif
 
-#define KEY_BLOCK 32      /* keys per online-softmax step: the block's K and V of every head stay in L2 */
+/* keys per online-softmax step: the block's K and V of every head stay in L2 */
+#define KEY_BLOCK ATTN_CPU_DECODE_BLOCK
 #define MIN_SPLIT_KEYS 256 /* a split shorter than this costs more to merge than it saves */
 #define MAX_DECODE_TQ 16   /* queries per sequence the decode path takes (speculative decoding) */
 
@@ -284,7 +285,7 @@ static void decode_blocks(const decode_run *c, const decode_thread *t, int64_t b
   memset(&a, 0, sizeof a);
   a.heads = Hkv, a.R = R, a.D = D, a.Dv = Dv;
   a.q = (const uint16_t *)t->q, a.ldq = c->l.Dp, a.scale = (float)p->scale;
-  a.S = t->s, a.lds = KEY_BLOCK, a.P = t->p16, a.O = t->o, a.ldo = c->l.Dvp;
+  a.S = t->s, a.P = t->p16, a.O = t->o, a.ldo = c->l.Dvp;
   for (int64_t j0 = k0; j0 < k1; j0 += KEY_BLOCK, cur ^= 1) {
     const int64_t nb = min64(KEY_BLOCK, k1 - j0), nb_next = min64(KEY_BLOCK, k1 - j0 - nb);
     if (nb_next > 0) row_addresses(c, b, 0, j0 + nb, nb_next, kraw[cur ^ 1], vraw[cur ^ 1]);

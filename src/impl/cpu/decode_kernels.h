@@ -256,19 +256,25 @@ scores_1row(const float *q, const char *const *k, int64_t kn, int64_t D, int mod
 
 #if defined(__GNUC__)
 /* O rows r < NR (ldo apart) += sum_jj P[r * ldp + jj] * value row jj for columns d .. d + 16 NC
- * (NR 4 or 1, NC <= PV_CHUNKS, constants where it is inlined): O loaded and stored once for the nb
- * keys. */
+ * (NR 4 or 1, NC <= PV_CHUNKS, NK <= DECODE_PV_KEYS keys and ldp: constants where it is inlined):
+ * O loaded and stored once for the NK keys. */
 DECODE_KERNEL
-__attribute__((always_inline)) static inline void pv_window(const int NR, const int NC, int64_t nb,
-                                                            const float *P, int64_t ldp,
-                                                            const void *const *rows, int mode,
-                                                            int64_t d, float *O, int64_t ldo) {
+__attribute__((always_inline)) static inline void
+pv_window(const int NR, const int NC, const int NK, const float *P, const int64_t ldp,
+          const void *const *rows, int mode, int64_t d, float *O, int64_t ldo) {
   v16f acc[4][PV_CHUNKS];
   for (int r = 0; r < NR; ++r)
     for (int c = 0; c < NC; ++c) acc[r][c] = load16(O + r * ldo + d + 16 * c, ROWS_F32);
-  for (int64_t jj = 0; jj < nb; ++jj) {
+  /* each row's chunks at constant offsets from one address (row16(rows[jj], d + 16 c) left GCC
+   * holding every d + 16 c in a register of its own) */
+  const size_t at = mode == ROWS_F32          ? (size_t)d * 4
+                    : mode == ROWS_BF16_PAIRS ? (size_t)(d / 32) * 64
+                                              : (size_t)d * 2;
+  const int64_t pair = mode == ROWS_BF16_PAIRS ? d % 32 : 0; /* row16's even/odd half */
+  for (int jj = 0; jj < NK; ++jj) {
+    const char *row = (const char *)rows[jj] + at;
     v16f vv[PV_CHUNKS];
-    for (int c = 0; c < NC; ++c) vv[c] = row16(rows[jj], d + 16 * c, mode);
+    for (int c = 0; c < NC; ++c) vv[c] = row16(row, pair + 16 * c, mode);
     for (int r = 0; r < NR; ++r) {
       const float pr = P[r * ldp + jj];
       for (int c = 0; c < NC; ++c) acc[r][c] += pr * vv[c];
@@ -278,21 +284,21 @@ __attribute__((always_inline)) static inline void pv_window(const int NR, const 
     for (int c = 0; c < NC; ++c) memcpy(O + r * ldo + d + 16 * c, &acc[r][c], sizeof acc[r][c]);
 }
 
-/* pv_window over every column of NR rows: windows of PV_CHUNKS chunks, then single chunks, then
- * the columns past a multiple of 16 one by one. */
+/* pv_window over every column of NR rows and NK keys: windows of PV_CHUNKS chunks, then single
+ * chunks, then the columns past a multiple of 16 one by one. */
 DECODE_KERNEL
-__attribute__((always_inline)) static inline void pv_rows(const int NR, int64_t nb, int64_t Dv,
-                                                          const float *P, int64_t ldp,
+__attribute__((always_inline)) static inline void pv_rows(const int NR, const int NK, int64_t Dv,
+                                                          const float *P, const int64_t ldp,
                                                           const void *const *rows, int mode,
                                                           float *O, int64_t ldo) {
   const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load1 */
   const int64_t Dw = Dv / 16 * 16;
   int64_t d = 0;
   for (; d + 16 * PV_CHUNKS <= Dw; d += 16 * PV_CHUNKS)
-    pv_window(NR, PV_CHUNKS, nb, P, ldp, rows, mode, d, O, ldo);
-  for (; d < Dw; d += 16) pv_window(NR, 1, nb, P, ldp, rows, mode, d, O, ldo);
+    pv_window(NR, PV_CHUNKS, NK, P, ldp, rows, mode, d, O, ldo);
+  for (; d < Dw; d += 16) pv_window(NR, 1, NK, P, ldp, rows, mode, d, O, ldo);
   for (; d < Dv; ++d)
-    for (int64_t jj = 0; jj < nb; ++jj) {
+    for (int jj = 0; jj < NK; ++jj) {
       const float vd = load1(rows[jj], d, kind);
       for (int r = 0; r < NR; ++r) O[r * ldo + d] += P[r * ldp + jj] * vd;
     }
@@ -316,11 +322,12 @@ __attribute__((always_inline)) static inline void scores_block(const attn_cpu_de
       for (int u = 0; u < SCORE_KEYS; ++u)
         k[u] = a->rows[j0 + (u < kn ? u : 0)] + (size_t)g * a->head_bytes;
       const float *qg = q + g * a->R * a->ldq;
-      float *S = a->S + g * a->R * a->lds + j0;
+      const int64_t lds = ATTN_CPU_DECODE_BLOCK;
+      float *S = a->S + g * a->R * lds + j0;
       int64_t r = 0;
       for (; r + 4 <= a->R; r += 4)
-        scores_4rows(qg + r * a->ldq, a->ldq, k, kn, a->D, mode, S + r * a->lds, a->lds);
-      for (; r < a->R; ++r) scores_1row(qg + r * a->ldq, k, kn, a->D, mode, S + r * a->lds);
+        scores_4rows(qg + r * a->ldq, a->ldq, k, kn, a->D, mode, S + r * lds, lds);
+      for (; r < a->R; ++r) scores_1row(qg + r * a->ldq, k, kn, a->D, mode, S + r * lds);
     }
   }
   request_ahead(&cur, -1);
@@ -333,46 +340,64 @@ __attribute__((always_inline)) static inline void scores_block(const attn_cpu_de
         const char *k = a->rows[jj] + (size_t)g * a->head_bytes;
         float s = 0.0f;
         for (int64_t d = 0; d < a->D; ++d) s += qr[d] * load1(k, d, kind);
-        a->S[(g * a->R + r) * a->lds + jj] = s;
+        a->S[(g * a->R + r) * ATTN_CPU_DECODE_BLOCK + jj] = s;
       }
 #endif
 }
 
-/* Keys a step of P V, O's rows loaded and stored once a step. A step reads this many keys' rows of
- * one head before the next head's: few enough that the reads stay near address order (f32, Hkv 8,
- * D 128: 16 KiB a step; at 8 keys a step one thread streamed f32 at 20 GB/s, at 4 at 23-26 on the
- * 2-core VM, in cache alike). */
-#define DECODE_PV_KEYS 4
+/* Keys a step of P V, O's rows loaded and stored once a step, every count of the step a constant
+ * (the keys unrolled and scheduled with no test between them). On one Zen 5 thread, f16 rows in
+ * L2 (the kernel alone, Hkv 8, R 4, D 128): 7.2-7.5 ns a key and head at 4 keys with the count a
+ * variable (6.2 ns where the code happened to lie better), 5.7-5.9 at 8 constant keys. A step
+ * reads its keys' rows of one head before the next head's: 8 keys of 2-byte rows are 16 KiB, as
+ * in the bf16 loops; f32 rows take 4 keys (16 KiB too: at 8, 32 KiB, f32 in L3 ran at 27-30 GB/s
+ * against 34-35). */
+#define DECODE_PV_KEYS 8
+#define PV_KEYS(mode) ((mode) == ROWS_F32 ? DECODE_PV_KEYS / 2 : DECODE_PV_KEYS)
 
-/* cpu.h's decode_pv: P V of one key block, DECODE_PV_KEYS keys a step with every KV head inside:
+/* NR rows of one head over kn <= PV_KEYS(mode) keys: a whole step with every count a constant,
+ * else (the block's last keys) one key at a time. */
+DECODE_KERNEL
+__attribute__((always_inline)) static inline void pv_step(const int NR, int64_t kn, int64_t Dv,
+                                                          const float *P, const void *const *rows,
+                                                          int mode, float *O, int64_t ldo) {
+  const int64_t ldp = ATTN_CPU_DECODE_BLOCK;
+#if defined(__GNUC__)
+  if (kn == PV_KEYS(mode)) {
+    pv_rows(NR, PV_KEYS(mode), Dv, P, ldp, rows, mode, O, ldo);
+    return;
+  }
+  for (int64_t jj = 0; jj < kn; ++jj) pv_rows(NR, 1, Dv, P + jj, ldp, rows + jj, mode, O, ldo);
+#else
+  const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load1 */
+  for (int r = 0; r < NR; ++r)
+    for (int64_t jj = 0; jj < kn; ++jj)
+      for (int64_t d = 0; d < Dv; ++d) O[r * ldo + d] += P[r * ldp + jj] * load1(rows[jj], d, kind);
+#endif
+}
+
+/* cpu.h's decode_pv: P V of one key block, PV_KEYS(mode) keys a step with every KV head inside:
  * O[r * ldo + d] += sum_jj P[r * ldp + jj] * value row jj [d] (for ROWS_BF16_PAIRS in its column
  * order). mode is a constant where decode_pv_kernel inlines it. */
 DECODE_KERNEL
 __attribute__((always_inline)) static inline void pv_block(const attn_cpu_decode_block *a,
                                                            const int mode) {
   ahead_cursor cur;
-  ahead_start(&cur, a, (a->nb + DECODE_PV_KEYS - 1) / DECODE_PV_KEYS * a->heads);
-  for (int64_t j0 = 0; j0 < a->nb; j0 += DECODE_PV_KEYS) {
-    const int64_t kn = a->nb - j0 < DECODE_PV_KEYS ? a->nb - j0 : DECODE_PV_KEYS;
+  const int step = PV_KEYS(mode);
+  ahead_start(&cur, a, (a->nb + step - 1) / step * a->heads);
+  for (int64_t j0 = 0; j0 < a->nb; j0 += step) {
+    const int64_t kn = a->nb - j0 < step ? a->nb - j0 : step;
     for (int64_t g = 0; g < a->heads; ++g) {
       request_ahead(&cur, cur.quota);
       const void *rows[DECODE_PV_KEYS];
       for (int64_t u = 0; u < kn; ++u) rows[u] = a->rows[j0 + u] + (size_t)g * a->head_bytes;
-      const float *P = a->S + g * a->R * a->lds + j0;
+      const float *P = a->S + g * a->R * ATTN_CPU_DECODE_BLOCK + j0;
       float *O = a->O + g * a->R * a->ldo;
-#if defined(__GNUC__)
       int64_t r = 0;
       for (; r + 4 <= a->R; r += 4)
-        pv_rows(4, kn, a->Dv, P + r * a->lds, a->lds, rows, mode, O + r * a->ldo, a->ldo);
+        pv_step(4, kn, a->Dv, P + r * ATTN_CPU_DECODE_BLOCK, rows, mode, O + r * a->ldo, a->ldo);
       for (; r < a->R; ++r)
-        pv_rows(1, kn, a->Dv, P + r * a->lds, a->lds, rows, mode, O + r * a->ldo, a->ldo);
-#else
-      const int kind = mode == ROWS_BF16_PAIRS ? ROWS_BF16 : mode; /* load1 */
-      for (int64_t r = 0; r < a->R; ++r)
-        for (int64_t jj = 0; jj < kn; ++jj)
-          for (int64_t d = 0; d < a->Dv; ++d)
-            O[r * a->ldo + d] += P[r * a->lds + jj] * load1(rows[jj], d, kind);
-#endif
+        pv_step(1, kn, a->Dv, P + r * ATTN_CPU_DECODE_BLOCK, rows, mode, O + r * a->ldo, a->ldo);
     }
   }
   request_ahead(&cur, -1);

@@ -275,10 +275,11 @@ void attn_cpu_decode_scores_bf16(const attn_cpu_decode_block *a) {
       for (int u = 0; u < 4; ++u)
         k[u] = (const uint16_t *)(a->rows[j0 + (u < kn ? u : 0)] + (size_t)g * a->head_bytes);
       const uint16_t *q = a->q + g * R * a->ldq;
-      float *S = a->S + g * R * a->lds + j0;
+      const int64_t lds = ATTN_CPU_DECODE_BLOCK;
+      float *S = a->S + g * R * lds + j0;
       int64_t r = 0;
-      for (; r + 4 <= R; r += 4) scores_4x4(q + r * a->ldq, a->ldq, k, kn, a->D, a->scale, S + r * a->lds, a->lds);
-      for (; r < R; ++r) scores_1x4(q + r * a->ldq, k, kn, a->D, a->scale, S + r * a->lds);
+      for (; r + 4 <= R; r += 4) scores_4x4(q + r * a->ldq, a->ldq, k, kn, a->D, a->scale, S + r * lds, lds);
+      for (; r < R; ++r) scores_1x4(q + r * a->ldq, k, kn, a->D, a->scale, S + r * lds);
     }
   }
   request_ahead(&cur, -1);
@@ -328,7 +329,7 @@ void attn_cpu_decode_pv_bf16(const attn_cpu_decode_block *a) {
   const __mmask16 lo16 = (__mmask16)(nb >= 16 ? 0xffff : (1u << nb) - 1u);
   const __mmask16 hi16 = (__mmask16)(nb >= 32 ? 0xffff : nb <= 16 ? 0 : (1u << (nb - 16)) - 1u);
   for (int64_t r = 0; r < rows; ++r) {
-    const float *x = a->S + r * a->lds;
+    const float *x = a->S + r * ATTN_CPU_DECODE_BLOCK;
     const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi16, x + 16), _mm512_maskz_loadu_ps(lo16, x));
     _mm512_storeu_si512((void *)(a->P + r * 32), (__m512i)b);
   }
