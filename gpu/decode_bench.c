@@ -114,6 +114,23 @@ static int forward(attn_ctx *ctx, attn_plan *plan, const attn_inputs *in, void *
   return 1;
 }
 
+/* One replay of GRAPH_CALLS calls between two events on s: the graph exec, or (NULL: the capture
+ * failed) the calls one by one. Its time in ms; negative when a call failed. */
+static float replay_ms(attn_ctx *ctx, attn_plan *plan, const attn_inputs *in, void *ws, size_t wsz,
+                       attn_outputs *o, cudaStream_t s, cudaGraphExec_t exec, cudaEvent_t e0,
+                       cudaEvent_t e1) {
+  BENCH_CUDA_CHECK(cudaEventRecord(e0, s));
+  if (exec != NULL) BENCH_CUDA_CHECK(cudaGraphLaunch(exec, s));
+  else
+    for (int i = 0; i < GRAPH_CALLS; ++i)
+      if (!forward(ctx, plan, in, ws, wsz, o)) return -1.0f;
+  BENCH_CUDA_CHECK(cudaEventRecord(e1, s));
+  BENCH_CUDA_CHECK(cudaEventSynchronize(e1));
+  float t;
+  BENCH_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+  return t;
+}
+
 /* Median time of one call in microseconds, from graph replays (eager calls when the capture
  * fails); negative on failure. */
 static double time_plan(attn_ctx *ctx, attn_plan *plan, const attn_inputs *in, void *ws, size_t wsz,
@@ -136,28 +153,17 @@ static double time_plan(attn_ctx *ctx, attn_plan *plan, const attn_inputs *in, v
   BENCH_CUDA_CHECK(cudaEventCreate(&e1));
   /* warm-up: replays until WARM_MS have passed, so the GPU's clocks have risen as under an
    * engine's steady decoding */
+  const cudaGraphExec_t replayed = graphed ? exec : NULL;
   for (float spent = 0.0f; spent < WARM_MS;) {
-    BENCH_CUDA_CHECK(cudaEventRecord(e0, s));
-    if (graphed) BENCH_CUDA_CHECK(cudaGraphLaunch(exec, s));
-    else
-      for (int i = 0; i < GRAPH_CALLS; ++i)
-        if (!forward(ctx, plan, in, ws, wsz, o)) return -1.0;
-    BENCH_CUDA_CHECK(cudaEventRecord(e1, s));
-    BENCH_CUDA_CHECK(cudaEventSynchronize(e1));
-    float t;
-    BENCH_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    const float t = replay_ms(ctx, plan, in, ws, wsz, o, s, replayed, e0, e1);
+    if (t < 0.0f) return -1.0;
     spent += t;
   }
   float ms[REPLAYS];
   for (int r = -2; r < REPLAYS; ++r) {
-    BENCH_CUDA_CHECK(cudaEventRecord(e0, s));
-    if (graphed) BENCH_CUDA_CHECK(cudaGraphLaunch(exec, s));
-    else
-      for (int i = 0; i < GRAPH_CALLS; ++i)
-        if (!forward(ctx, plan, in, ws, wsz, o)) return -1.0;
-    BENCH_CUDA_CHECK(cudaEventRecord(e1, s));
-    BENCH_CUDA_CHECK(cudaEventSynchronize(e1));
-    if (r >= 0) BENCH_CUDA_CHECK(cudaEventElapsedTime(&ms[r], e0, e1));
+    const float t = replay_ms(ctx, plan, in, ws, wsz, o, s, replayed, e0, e1);
+    if (t < 0.0f) return -1.0;
+    if (r >= 0) ms[r] = t;
   }
   if (exec) cudaGraphExecDestroy(exec);
   if (graph) cudaGraphDestroy(graph);
