@@ -334,17 +334,10 @@ static int32_t cuda_num_configs(const attn_problem *problem) {
  * problem alone (its state). */
 typedef struct cuda_plan_state {
   int32_t decode_paths;  /* splitkv: ATTN_CUDA_DECODE's flags (attn_cuda_decode_variant) */
-  int32_t decode_splits; /* splitkv: its split count (splitkv_splits) */
+  int32_t decode_splits; /* splitkv: its split count (splitkv_splits), asked of the device once */
   int32_t decode_heads;  /* splitkv: KV heads per CTA (attn_cuda_decode_heads) */
   int32_t sm90_sched;    /* sm90: ATTN_CUDA_SM90_SCHED_* (sm90_sched_from_env) */
 } cuda_plan_state;
-
-/* A splitkv plan's split count: its state's, worked out once when the plan was made (the device's
- * attributes asked then, not at every call); without a state, that of the default data paths. */
-static int32_t decode_splits(const attn_problem *p, int32_t config, const void *state) {
-  return state != NULL ? ((const cuda_plan_state *)state)->decode_splits
-                       : splitkv_splits(p, config, 0);
-}
 
 static int is_sm90(const attn_problem *p, int32_t config) {
   return config >= 2 && !is_splitkv(p, config) && sm90_offered(p);
@@ -415,10 +408,12 @@ static size_t cuda_workspace_size(const attn_problem *p, int32_t config, const v
     return backward ? 0 : align_up(attn_cuda_sm90_fp8_workspace(&k));
   }
   if (!backward && is_splitkv(p, config)) { /* the splits' partial results */
+    /* the split count cuda_plan_init worked out (a splitkv plan always has its state) */
+    const cuda_plan_state *plan = state;
     const int chunks =
         attn_cuda_decode_row_chunks((int)(p->heads_q / p->heads_kv), (int)p->seqlen_q);
-    return attn_cuda_decode_workspace((int)p->batch, (int)p->heads_kv, chunks,
-                                      decode_splits(p, config, state), (int)p->head_dim_v);
+    return attn_cuda_decode_workspace((int)p->batch, (int)p->heads_kv, chunks, plan->decode_splits,
+                                      (int)p->head_dim_v);
   }
   if (!backward) return 0;
   size_t bytes = align_up((size_t)(p->heads_q * rows_q(p)) * sizeof(float));
