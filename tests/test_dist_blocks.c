@@ -2,19 +2,21 @@
  * tests/test_dist_blocks.c - the ring's blocks against the mask, key by key, without running any
  * attention: for ring sizes 2..4, both layouts, causal with both alignments, Tq != Tk, windows
  * that cut through chunks and odd chunk lengths, every step of every rank:
- *   - device blocks (no positions; src/dist/ring.c, step_blocks and block_runs_unplaced): each
- *     call's own mask, that of a plan of its shape (unmasked when `full`, otherwise the problem's
- *     window and alignment at the local offset), is the global mask on its rows and keys, and the
- *     calls of a step together cover every visible (row, key) pair exactly once;
+ *   - device blocks (src/dist/ring.c, step_blocks and block_runs_unplaced): each unplaced call's
+ *     own mask, that of a plan of its shape (unmasked when `full`, otherwise the problem's window
+ *     and alignment at the local offset), is the global mask on its rows and keys; a placed call
+ *     is one pair of chunks (the cuda kernels take one piece of positions per axis); the calls of
+ *     a step together cover every visible (row, key) pair exactly once;
  *   - host blocks (placed at global positions): every visible pair lies in exactly one block;
  *   - nothing is visible after the ring's last step;
- *   - a geometry the device refuses (attn_dist_ring_device_blocks) has a step that cannot be cut
- *     into unplaced calls, and the reason names the block;
  *   - the zigzag layout of a causal mask with Tq == Tk (and any problem without a mask) runs one
- *     call per step on the device, a contiguous one at most one, and under
- *     ATTN_DIST_RING_BLOCKS=pairs one call per visible pair of chunks.
+ *     unplaced call per step on the device, a contiguous one at most one, and under
+ *     ATTN_DIST_RING_BLOCKS=pairs one call per visible pair of chunks;
+ *   - with ALiBi or dropout (which read positions beyond the mask) every device call is a placed
+ *     pair.
  * A wrong hull (a cut pair at another offset, a hidden pair that the call's mask shows, a pair
- * counted twice) fails here. The plan is made by hand: only the fields the ring's geometry reads.
+ * counted twice, a placed call of two chunks) fails here. The plan is made by hand: only the
+ * fields the ring's geometry reads.
  */
 #include "dist/dist.h"
 #include "plan/validate.h"
@@ -28,6 +30,7 @@ typedef struct geometry {
   int n, layout, causal, align;
   int64_t nq, nk; /* chunk lengths */
   int64_t wl, wr; /* window (-1 unbounded), before causal is folded in */
+  int alibi;      /* per-head ALiBi: the device places every call */
 } geometry;
 
 static int make_plan(attn_ctx *ctx, const geometry *ge, int32_t r, attn_dist_plan *plan) {
@@ -40,6 +43,7 @@ static int make_plan(attn_ctx *ctx, const geometry *ge, int32_t r, attn_dist_pla
   p.seqlen_q = ge->nq * chunks * ge->n, p.seqlen_k = ge->nk * chunks * ge->n;
   p.causal = ge->causal, p.align = ge->align;
   p.window_left = ge->wl, p.window_right = ge->wr;
+  p.alibi = ge->alibi ? ATTN_ALIBI_PER_HEAD : ATTN_ALIBI_NONE;
   if (attn_validate_problem(ctx, &p, &plan->global) != ATTN_STATUS_OK) return 0;
   plan->ctx = ctx;
   plan->ring_local = plan->global;
@@ -71,23 +75,20 @@ static int64_t global_row(attn_dist_plan *plan, int64_t T, int64_t len, int32_t 
   return attn_dist_chunk_start(plan, T, r, (int32_t)(i / len)) + i % len;
 }
 
-/* Every step of every rank of one geometry, device and host; returns the device's verdict. */
-static int check_geometry(attn_ctx *ctx, const geometry *ge, const char *name, int *max_calls) {
+/* Every step of every rank of one geometry, device and host; counts the device's calls (all, the
+ * most in a step, the placed ones). */
+static void check_geometry(attn_ctx *ctx, const geometry *ge, const char *name, int *calls,
+                           int *max_calls, int *placed) {
   attn_dist_plan plan;
+  *calls = *max_calls = *placed = 0;
   if (!make_plan(ctx, ge, 0, &plan)) {
     tu_check(0, "%s: the problem is valid (%s)", name, attn_ctx_last_error(ctx));
-    return 0;
+    return;
   }
-  int used[2][2];
-  char why[256] = "";
-  const int fits = attn_dist_ring_device_blocks(&plan, used, why, sizeof why);
-  tu_check(fits || strstr(why, "cut by the mask") != NULL, "%s: a refusal names the block (%s)",
-           name, why);
   const attn_problem *G = &plan.global;
   const int64_t Tq = plan.ring_local.seqlen_q, Tk = plan.ring_local.seqlen_k;
   unsigned char *cover = malloc((size_t)(Tq * Tk));
-  int refused_somewhere = 0, ok = 1;
-  *max_calls = 0;
+  int ok = 1;
   for (int32_t r = 0; r < ge->n && ok; ++r) {
     make_plan(ctx, ge, r, &plan);
     for (int32_t s = 0; s < ge->n && ok; ++s) {
@@ -95,21 +96,27 @@ static int check_geometry(attn_ctx *ctx, const geometry *ge, const char *name, i
       for (int device = 0; device <= 1 && ok; ++device) {
         attn_dist_block blocks[4];
         const int nb = attn_dist_ring_step_blocks(&plan, device, r, s, blocks);
-        if (nb < 0) {
-          refused_somewhere = 1;
-          continue;
-        }
         if (device && nb > *max_calls) *max_calls = nb;
+        if (device) *calls += nb;
         memset(cover, 0, (size_t)(Tq * Tk));
         for (int b = 0; b < nb; ++b) {
           const attn_dist_block *k = &blocks[b];
           const int64_t rows = k->na * ge->nq, keys = k->nc * ge->nk;
+          if (device && k->placed) {
+            ++*placed;
+            if (k->na != 1 || k->nc != 1 || k->full) {
+              tu_check(0, "%s rank %d step %d: placed call %d is %d x %d chunks (full %d)", name,
+                       (int)r, (int)s, b, (int)k->na, (int)k->nc, k->full);
+              ok = 0;
+            }
+          }
           for (int64_t i = 0; i < rows; ++i)
             for (int64_t j = 0; j < keys; ++j) {
               const int64_t li = k->a0 * ge->nq + i, lj = k->c0 * ge->nk + j;
               const int64_t gq = global_row(&plan, G->seqlen_q, ge->nq, r, li);
               const int64_t gk = global_row(&plan, G->seqlen_k, ge->nk, k->src, lj);
-              const int shown = device ? call_sees(G, rows, keys, k->full, i, j) : sees(G, gq, gk);
+              const int shown =
+                  device && !k->placed ? call_sees(G, rows, keys, k->full, i, j) : sees(G, gq, gk);
               if (device && shown && !sees(G, gq, gk)) {
                 tu_check(0,
                          "%s rank %d step %d: call %d shows global key %lld to row %lld, "
@@ -138,8 +145,6 @@ static int check_geometry(attn_ctx *ctx, const geometry *ge, const char *name, i
   }
   free(cover);
   tu_check(ok, "%s: every call's mask is the global one, every visible pair covered once", name);
-  tu_check(fits == !refused_somewhere, "%s: the device verdict (%d) matches its steps", name, fits);
-  return fits;
 }
 
 int main(void) {
@@ -147,7 +152,7 @@ int main(void) {
   attn_ctx_create(&ctx);
   const int Z = ATTN_DIST_LAYOUT_ZIGZAG, C = ATTN_DIST_LAYOUT_CONTIGUOUS;
   const int TL = ATTN_ALIGN_TOP_LEFT, BR = ATTN_ALIGN_BOTTOM_RIGHT;
-  int geometries = 0, accepted = 0;
+  int geometries = 0, unplaced = 0;
   char name[160];
   const int64_t lens[][2] = {{5, 5}, {3, 7}, {7, 3}, {4, 6}};
   const int64_t windows[][2] = {{-1, -1}, {0, -1}, {2, -1}, {5, -1}, {11, -1},
@@ -159,25 +164,33 @@ int main(void) {
           for (size_t li = 0; li < sizeof lens / sizeof lens[0]; ++li)
             for (size_t wi = 0; wi < sizeof windows / sizeof windows[0]; ++wi) {
               if (causal && windows[wi][1] >= 0) continue; /* causal sets window_right 0 */
-              const geometry ge = {n,           layout ? Z : C, causal,         align ? BR : TL,
-                                   lens[li][0], lens[li][1],    windows[wi][0], windows[wi][1]};
-              snprintf(name, sizeof name, "n=%d %s causal=%d %s nq=%lld nk=%lld window %lld/%lld",
-                       n, layout ? "zigzag" : "contiguous", causal,
-                       align ? "bottom-right" : "top-left", (long long)ge.nq, (long long)ge.nk,
-                       (long long)ge.wl, (long long)ge.wr);
-              int calls = 0;
-              const int fits = check_geometry(ctx, &ge, name, &calls);
-              ++geometries, accepted += fits;
-              const int no_mask = !causal && ge.wl < 0 && ge.wr < 0;
-              const int square_causal = causal && ge.wl < 0 && ge.nq == ge.nk;
-              if (no_mask || square_causal) /* the device ring's promise: these always run */
-                tu_check(fits && calls == 1, "%s: runs on the device, one call per step (%d)", name,
-                         calls);
+              for (int alibi = 0; alibi <= 1; ++alibi) {
+                const geometry ge = {n,           layout ? Z : C, causal,         align ? BR : TL,
+                                     lens[li][0], lens[li][1],    windows[wi][0], windows[wi][1],
+                                     alibi};
+                snprintf(name, sizeof name,
+                         "n=%d %s causal=%d %s nq=%lld nk=%lld window %lld/%lld%s", n,
+                         layout ? "zigzag" : "contiguous", causal,
+                         align ? "bottom-right" : "top-left", (long long)ge.nq, (long long)ge.nk,
+                         (long long)ge.wl, (long long)ge.wr, alibi ? " ALiBi" : "");
+                int all = 0, calls = 0, placed = 0;
+                check_geometry(ctx, &ge, name, &all, &calls, &placed);
+                ++geometries, unplaced += placed == 0;
+                const int no_mask = !causal && ge.wl < 0 && ge.wr < 0;
+                const int square_causal = causal && ge.wl < 0 && ge.nq == ge.nk;
+                if (alibi) /* every call placed: the kernels see the distances as global */
+                  tu_check(placed == all, "%s: the device places every call (%d of %d)", name,
+                           placed, all);
+                else if (no_mask || square_causal) /* the device ring's promise */
+                  tu_check(placed == 0 && calls == 1,
+                           "%s: one unplaced call per step on the device (%d, %d placed)", name,
+                           calls, placed);
+              }
             }
-  printf("%d geometries, %d run on the device ring\n", geometries, accepted);
+  printf("%d geometries, %d without placed calls on the device ring\n", geometries, unplaced);
 
   /* ATTN_DIST_RING_BLOCKS=pairs: the calls before the hull, one per visible pair of chunks. */
-  const geometry zz = {2, Z, 1, TL, 6, 6, -1, -1};
+  const geometry zz = {2, Z, 1, TL, 6, 6, -1, -1, 0};
   attn_dist_plan plan;
   make_plan(ctx, &zz, 1, &plan);
   plan.ring_pairs = 1;

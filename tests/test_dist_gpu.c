@@ -5,8 +5,10 @@
  * cap, a window that hides whole chunks inside a step's call), a 2-D mesh (batch or heads x
  * sequence), forward and backward, on n = 2, 3 and 4 ranks; the blocks a step runs (a zigzag step
  * is one call, stats.blocks; ATTN_DIST_RING_BLOCKS=pairs one per pair of chunks, still exact); and
- * the refusals of what the device ring does not run (two sequence axes, the all-to-all, dropout,
- * sinks, masks that cut a block where a plan without positions cannot).
+ * the features whose blocks run placed at their global positions (masks cut where no plan of a
+ * block's shape is, Tq != Tk, ALiBi, dropout with its global Philox counters) and the sinks, with
+ * dsinks, under sequence, batch and head splits; and the refusals of what the device ring does
+ * not run (two sequence axes, the all-to-all, dropout on key chunks not a multiple of 4).
  *
  * The ranks are threads of this process. On one GPU they talk through the loopback transport
  * (tests/dist_gpu/transport_loopback.c: cudaMemcpyAsync between the threads' buffers, host
@@ -60,13 +62,32 @@ typedef struct tcase {
   int64_t window_left;
   int64_t sinks; /* num_sinks */
   int pairs;     /* run under ATTN_DIST_RING_BLOCKS=pairs */
+  int alibi;     /* ALiBi slopes per query head */
 } tcase;
 
-/* The global data and the single-device results, on the host. */
+/* The global data and the single-device results, on the host: q, k, v, dout and the optional
+ * ALiBi slopes [Hq] and sinks [Hq, S] (f32; empty when the case has none), with dsinks. */
 typedef struct global {
   attn_problem p;
   tu_buf q, k, v, dout, out, lse, dq, dk, dv;
+  tu_buf alibi, sinks, dsinks;
 } global;
+
+/* Dropout's Philox key: the same on one device and on every rank. */
+#define DROPOUT_SEED 0x5eed2026ull
+
+/* The slopes or sinks of query heads [h0, h0 + heads) (per = values a head), uploaded; NULL when
+ * the case has none. */
+static void *upload_heads(int device, const tu_buf *all, int64_t h0, int64_t heads, int64_t per);
+
+/* The inputs and results beyond tu_args_dense's: dropout's seed, the slopes, the sinks, dsinks. */
+static void add_features(tu_args *x, const attn_problem *p, void *alibi, void *sinks,
+                         void *dsinks) {
+  x->in.dropout_seed = DROPOUT_SEED;
+  if (alibi != NULL) x->in.alibi_slopes = attn_tensor_dense(alibi);
+  if (sinks != NULL) x->in.sinks = attn_tensor_dense(sinks);
+  if (dsinks != NULL && p->num_sinks > 0) x->grads.dsinks = attn_tensor_dense(dsinks);
+}
 
 typedef struct rank_job {
   const tcase *c;
@@ -112,6 +133,15 @@ static tu_buf fetch(int device, const void *d, attn_dtype dt, int64_t n) {
     exit(1);
   }
   return b;
+}
+
+static void *upload_heads(int device, const tu_buf *all, int64_t h0, int64_t heads, int64_t per) {
+  if (all->n == 0) return NULL;
+  tu_buf part = tu_buf_new(ATTN_DTYPE_F32, heads * per);
+  for (int64_t i = 0; i < heads * per; ++i) tu_set(&part, i, tu_get(all, h0 * per + i));
+  void *d = upload_on(device, &part);
+  tu_buf_free(&part);
+  return d;
 }
 
 static void compare(const rank_job *j, const char *what, const tu_buf *got, const tu_buf *want,
@@ -243,8 +273,23 @@ static void *run_rank(void *arg) {
   /* A pageable upload may still be landing when cudaMemcpy returns; the plan's stream does not
    * wait for the legacy stream's copies. */
   if (gpu->synchronize(dv_, why, sizeof why) != ATTN_STATUS_OK) report(j, 0, "upload", why);
+  /* slopes and sinks of this rank's query heads; dsinks starts as NaN too */
+  const int64_t S = p.num_sinks;
+  void *dalibi = upload_heads(dv_, &g->alibi, hq0, l.heads_q, 1);
+  void *dsinks_in = upload_heads(dv_, &g->sinks, hq0, l.heads_q, S);
+  tu_buf want_dsinks = tu_buf_new(ATTN_DTYPE_F32, S > 0 ? l.heads_q * S : 0);
+  for (int64_t i = 0; i < want_dsinks.n; ++i)
+    tu_set(&want_dsinks, i, tu_get(&g->dsinks, hq0 * S + i));
+  void *ddsinks = NULL;
+  if (S > 0) {
+    tu_buf nan_s = tu_buf_new(ATTN_DTYPE_F32, want_dsinks.n);
+    for (int64_t i = 0; i < nan_s.n; ++i) tu_set(&nan_s, i, NAN);
+    ddsinks = upload_on(dv_, &nan_s);
+    tu_buf_free(&nan_s);
+  }
   tu_args x;
   tu_args_dense(&x, dq_in, dk_in, dv_in, dout_o, dlse, ddout, ddq, ddk, ddv);
+  add_features(&x, &p, dalibi, dsinks_in, ddsinks);
   st = attn_dist_plan_forward(plan, &x.in, &x.out);
   report(j, st == ATTN_STATUS_OK, "forward", st == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
   int ring = 0;
@@ -257,11 +302,15 @@ static void *run_rank(void *arg) {
     char detail[128];
     snprintf(detail, sizeof detail, "%d calls in %d steps", (int)stats.blocks, (int)stats.steps);
     const int zigzag = c->layout == ATTN_DIST_LAYOUT_ZIGZAG;
+    /* ALiBi and dropout place every pair of chunks: a zigzag step is then several calls */
+    const int placed = c->alibi || c->dropout > 0;
     report(j,
-           c->pairs ? stats.blocks > stats.steps
-           : zigzag ? stats.blocks == stats.steps
-                    : stats.blocks <= stats.steps,
-           c->pairs ? "runs one call per pair of chunks" : "runs one call per step", detail);
+           c->pairs || (placed && zigzag) ? stats.blocks > stats.steps
+           : zigzag && c->Tq == c->Tk && (!c->has_window || c->window_left == 0)
+               ? stats.blocks == stats.steps
+               : stats.blocks >= 1,
+           c->pairs || placed ? "runs one call per pair of chunks" : "runs one call per step",
+           detail);
   }
   if (st == ATTN_STATUS_OK) {
     st = attn_dist_plan_backward(plan, &x.in, &x.out, &x.dout, &x.grads);
@@ -281,13 +330,23 @@ static void *run_rank(void *arg) {
     compare(j, "dq", &got_dq, &want_dq, 2e-2);
     compare(j, "dk", &got_dk, &want_dk, 2e-2);
     compare(j, "dv", &got_dv, &want_dv, 2e-2);
+    if (S > 0) {
+      tu_buf got_dsinks = fetch(dv_, ddsinks, ATTN_DTYPE_F32, want_dsinks.n);
+      /* a sum over the rows of P_sink (dout . out): out is the ring's own bf16 result, within
+       * out's tolerance of the single device's, so dsinks is compared as the gradients are */
+      compare(j, "dsinks", &got_dsinks, &want_dsinks, 2e-2);
+      tu_buf_free(&got_dsinks);
+    }
     tu_buf_free(&got_out), tu_buf_free(&got_lse), tu_buf_free(&got_dq), tu_buf_free(&got_dk);
     tu_buf_free(&got_dv);
   }
   attn_dist_plan_destroy(plan);
   dev_ops->stream_destroy(dv_, stream);
-  void *bufs[9] = {dq_in, dk_in, dv_in, ddout, dout_o, dlse, ddq, ddk, ddv};
-  for (int i = 0; i < 9; ++i) gpu->release(dv_, bufs[i]);
+  void *bufs[12] = {dq_in, dk_in, dv_in, ddout,  dout_o,    dlse,
+                    ddq,   ddk,   ddv,   dalibi, dsinks_in, ddsinks};
+  for (int i = 0; i < 12; ++i)
+    if (bufs[i] != NULL) gpu->release(dv_, bufs[i]);
+  tu_buf_free(&want_dsinks);
   tu_buf *hb[9] = {&q, &k, &v, &dout, &want_out, &want_lse, &want_dq, &want_dk, &want_dv};
   for (int i = 0; i < 9; ++i) tu_buf_free(hb[i]);
   free(bmap), free(tqmap), free(tkmap), free(hqmap), free(hkmap);
@@ -307,7 +366,13 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
   p->align = c->align;
   if (c->has_window) p->window_left = c->window_left;
   p->num_sinks = c->sinks;
+  if (c->alibi) p->alibi = ATTN_ALIBI_PER_HEAD;
   tu_rng rng = tu_rng_make(seed);
+  g->alibi = tu_buf_new(ATTN_DTYPE_F32, c->alibi ? c->Hq : 0);
+  g->sinks = tu_buf_new(ATTN_DTYPE_F32, c->Hq * c->sinks);
+  g->dsinks = tu_buf_new(ATTN_DTYPE_F32, c->Hq * c->sinks);
+  if (g->alibi.n > 0) tu_fill_uniform(&g->alibi, &rng, 0.05, 0.5);
+  if (g->sinks.n > 0) tu_fill_uniform(&g->sinks, &rng, -1, 1);
   const int64_t nq = c->B * c->Tq * c->Hq * c->D, nk = c->B * c->Tk * c->Hkv * c->D;
   g->q = tu_buf_new(ATTN_DTYPE_BF16, nq), g->dout = tu_buf_new(ATTN_DTYPE_BF16, nq);
   g->k = tu_buf_new(ATTN_DTYPE_BF16, nk), g->v = tu_buf_new(ATTN_DTYPE_BF16, nk);
@@ -320,10 +385,14 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
   void *q = upload(&g->q), *k = upload(&g->k), *v = upload(&g->v), *dout = upload(&g->dout);
   void *out = upload(&g->out), *lse = upload(&g->lse), *dq = upload(&g->dq);
   void *dk = upload(&g->dk), *dv = upload(&g->dv);
+  void *alibi = upload_heads(0, &g->alibi, 0, c->Hq, 1),
+       *sinks = upload_heads(0, &g->sinks, 0, c->Hq, c->sinks);
+  void *dsinks = upload_heads(0, &g->dsinks, 0, c->Hq, c->sinks);
   attn_ctx *ctx;
   attn_ctx_create(&ctx);
   tu_args x;
   tu_args_dense(&x, q, k, v, out, lse, dout, dq, dk, dv);
+  add_features(&x, p, alibi, sinks, dsinks);
   /* A plan with its device workspace (the one-call attn_forward allocates none on a GPU). */
   attn_plan *plan = NULL;
   void *ws = NULL;
@@ -347,16 +416,22 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
   g->lse = fetch(0, lse, ATTN_DTYPE_F32, c->B * c->Hq * c->Tq);
   g->dq = fetch(0, dq, ATTN_DTYPE_BF16, nq), g->dk = fetch(0, dk, ATTN_DTYPE_BF16, nk);
   g->dv = fetch(0, dv, ATTN_DTYPE_BF16, nk);
-  void *bufs[9] = {q, k, v, dout, out, lse, dq, dk, dv};
-  for (int i = 0; i < 9; ++i) gpu->release(0, bufs[i]);
+  if (dsinks != NULL) {
+    tu_buf_free(&g->dsinks);
+    g->dsinks = fetch(0, dsinks, ATTN_DTYPE_F32, c->Hq * c->sinks);
+  }
+  void *bufs[12] = {q, k, v, dout, out, lse, dq, dk, dv, alibi, sinks, dsinks};
+  for (int i = 0; i < 12; ++i)
+    if (bufs[i] != NULL) gpu->release(0, bufs[i]);
   attn_ctx_destroy(ctx);
   tu_check(ok, "%s: single-device oracle", c->name);
   return ok;
 }
 
 static void free_global(global *g) {
-  tu_buf *b[9] = {&g->q, &g->k, &g->v, &g->dout, &g->out, &g->lse, &g->dq, &g->dk, &g->dv};
-  for (int i = 0; i < 9; ++i) tu_buf_free(b[i]);
+  tu_buf *b[12] = {&g->q,  &g->k,  &g->v,  &g->dout,  &g->out,   &g->lse,
+                   &g->dq, &g->dk, &g->dv, &g->alibi, &g->sinks, &g->dsinks};
+  for (int i = 0; i < 12; ++i) tu_buf_free(b[i]);
 }
 
 /* The cases on n ranks; sizes depend on n so that every split divides (odd chunk lengths). */
@@ -387,6 +462,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
                      0};
   out[k++] = (tcase){"head split GQA",
                      1,
@@ -404,6 +480,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      NULL,
+                     0,
                      0,
                      0,
                      0,
@@ -429,6 +506,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
                      0};
   out[k++] = (tcase){"ring contiguous Tq!=Tk",
                      1,
@@ -446,6 +524,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      NULL,
+                     0,
                      0,
                      0,
                      0,
@@ -471,6 +550,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
                      0};
   out[k++] = (tcase){"ring zigzag softcap",
                      1,
@@ -492,6 +572,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
                      0};
   out[k++] = (tcase){"ring zigzag causal MHA",
                      1,
@@ -509,6 +590,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      NULL,
+                     0,
                      0,
                      0,
                      0,
@@ -535,6 +617,7 @@ static int cases_for(int n, tcase *out) {
                        0,
                        0,
                        0,
+                       0,
                        0};
     out[k++] = (tcase){"batch x ring contiguous",
                        2,
@@ -556,10 +639,11 @@ static int cases_for(int n, tcase *out) {
                        0,
                        0,
                        0,
+                       0,
                        0};
     out[k++] =
         (tcase){"two sequence axes", 2, {S, S}, {2, 2}, Z, AUTO, 1, 1, 64, 64, 4, 4, 64, 0, 0,
-                "all-to-all",        0, 0,      0,      0, 0};
+                "all-to-all",        0, 0,      0,      0, 0,    0};
   }
   out[k++] = (tcase){"all-to-all strategy",
                      1,
@@ -581,10 +665,11 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
                      0};
   out[k++] =
       (tcase){"ring dropout", 1, {S, 0}, {n, 0}, C, AUTO, 0, 1, 16 * n, 16 * n, 2, 2, 64, 0, 0.1,
-              "dropout",      0, 0,      0,      0, 0};
+              NULL,           0, 0,      0,      0, 0,    0};
   /* A step's hull of chunks as one call: its mask must be the global one (test_dist_blocks
    * checks the geometry key by key; these run it). */
   const int BR = ATTN_ALIGN_BOTTOM_RIGHT;
@@ -608,6 +693,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
                      0};
   out[k++] = (tcase){"ring zigzag GQA 4:1",
                      1,
@@ -625,6 +711,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      NULL,
+                     0,
                      0,
                      0,
                      0,
@@ -652,6 +739,7 @@ static int cases_for(int n, tcase *out) {
                      1,
                      0,
                      0,
+                     0,
                      0};
   out[k++] = (tcase){"ring zigzag causal pairs",
                      1,
@@ -673,15 +761,238 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
-                     1};
-  out[k++] = (tcase){
-      "ring causal Tq!=Tk", 1, {S, 0}, {n, 0}, C, AUTO, 1, 1, 2 * 8 * n, 4 * 8 * n, 2, 2, 64, 0, 0,
-      "cut by the mask",    0, 0,      0,      0, 0};
+                     1,
+                     0};
+  out[k++] = (tcase){"ring causal Tq!=Tk",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     C,
+                     AUTO,
+                     1,
+                     1,
+                     2 * 8 * n,
+                     4 * 8 * n,
+                     2,
+                     2,
+                     64,
+                     0,
+                     0,
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0};
+  /* Placed pairs (one piece of positions per axis, the cuda kernels' offset and Philox bases):
+   * masks cut where no plan of the block's shape is, ALiBi's global distances, dropout's global
+   * counters; and the sinks, once. */
   out[k++] =
-      (tcase){"ring window",     1, {S, 0}, {n, 0}, C, AUTO, 1, 1, 32 * n, 32 * n, 2, 2, 64, 0, 0,
-              "cut by the mask", 0, 1,      40,     0, 0};
-  out[k++] = (tcase){"ring sinks", 1, {S, 0}, {n, 0},  Z, AUTO, 1, 1, 32 * n, 32 * n, 2, 2,
-                     64,           0, 0,      "sinks", 0, 0,    0, 1, 0};
+      (tcase){"ring window", 1, {S, 0}, {n, 0}, C, AUTO, 1, 1, 32 * n, 32 * n, 2, 2, 64, 0, 0,
+              NULL,          0, 1,      40,     0, 0,    0};
+  out[k++] = (tcase){"ring causal Tq!=Tk bottom-right window",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     C,
+                     AUTO,
+                     1,
+                     1,
+                     2 * 12 * n,
+                     2 * 20 * n,
+                     4,
+                     2,
+                     64,
+                     0,
+                     0,
+                     NULL,
+                     BR,
+                     1,
+                     30,
+                     0,
+                     0,
+                     0};
+  out[k++] = (tcase){"ring sinks", 1, {S, 0}, {n, 0}, Z, AUTO, 1, 1, 32 * n, 32 * n, 2, 2,
+                     64,           0, 0,      NULL,   0, 0,    0, 2, 0,      0};
+  out[k++] = (tcase){"ring zigzag causal ALiBi",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     Z,
+                     AUTO,
+                     1,
+                     1,
+                     2 * 20 * n,
+                     2 * 20 * n,
+                     4,
+                     2,
+                     64,
+                     0,
+                     0,
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0,
+                     1};
+  out[k++] = (tcase){"ring ALiBi window softcap sinks d128",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     C,
+                     AUTO,
+                     0,
+                     1,
+                     24 * n,
+                     24 * n,
+                     4,
+                     4,
+                     128,
+                     30,
+                     0,
+                     NULL,
+                     0,
+                     1,
+                     20,
+                     1,
+                     0,
+                     1};
+  out[k++] = (tcase){"ring zigzag causal dropout",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     Z,
+                     AUTO,
+                     1,
+                     1,
+                     2 * 16 * n,
+                     2 * 16 * n,
+                     2,
+                     2,
+                     64,
+                     0,
+                     0.2,
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0};
+  out[k++] = (tcase){"ring dropout ALiBi GQA",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     C,
+                     AUTO,
+                     0,
+                     1,
+                     20 * n,
+                     20 * n,
+                     4,
+                     2,
+                     64,
+                     0,
+                     0.1,
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0,
+                     1};
+  out[k++] = (tcase){"batch split dropout",
+                     1,
+                     {BT, 0},
+                     {n, 0},
+                     C,
+                     AUTO,
+                     1,
+                     n,
+                     40,
+                     40,
+                     4,
+                     2,
+                     64,
+                     0,
+                     0.1,
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0};
+  out[k++] = (tcase){"head split dropout ALiBi sinks",
+                     1,
+                     {H, 0},
+                     {n, 0},
+                     C,
+                     AUTO,
+                     1,
+                     1,
+                     40,
+                     40,
+                     2 * n,
+                     n,
+                     64,
+                     0,
+                     0.1,
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     1,
+                     0,
+                     1};
+  if (n == 4)
+    out[k++] = (tcase){"heads x ring zigzag ALiBi sinks",
+                       2,
+                       {H, S},
+                       {2, 2},
+                       Z,
+                       AUTO,
+                       1,
+                       1,
+                       64,
+                       64,
+                       4,
+                       2,
+                       64,
+                       0,
+                       0,
+                       NULL,
+                       0,
+                       0,
+                       0,
+                       1,
+                       0,
+                       1};
+  /* dropout on the device ring needs key chunks of a multiple of 4 keys (one Philox call a 4) */
+  out[k++] = (tcase){"ring dropout odd chunks",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     Z,
+                     AUTO,
+                     0,
+                     1,
+                     2 * 5 * n,
+                     2 * 5 * n,
+                     2,
+                     2,
+                     64,
+                     0,
+                     0.1,
+                     "multiple of 4",
+                     0,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0};
   return k;
 }
 
@@ -727,7 +1038,7 @@ int main(void) {
     return 77;
   }
   for (int n = 2; n <= MAX_RANKS; ++n) {
-    tcase cases[32];
+    tcase cases[48];
     const int ncases = cases_for(n, cases);
     loopback_group world;
     loopback_group_init(&world, n);
@@ -752,7 +1063,7 @@ int main(void) {
       tu_check(0, "ncclCommInitAll of 2 GPUs");
     } else {
       void *comms[2] = {&nc[0], &nc[1]};
-      tcase cases[32];
+      tcase cases[48];
       const int ncases = cases_for(2, cases);
       for (int i = 0; i < ncases; ++i) {
         if (!wanted(&cases[i])) continue;

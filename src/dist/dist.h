@@ -67,9 +67,8 @@ struct attn_dist_plan {
   /* CUDA tensors with a split sequence (ring.c, "device ring"): the cuda module's ring
    * operations, the caller's stream (blocks, merges), the ring's own transfer stream and the event
    * that orders a transfer after the blocks that last read its buffer; device scratch and the
-   * blocks' workspace. Blocks run without global positions (the cuda kernels take none): only
-   * problems whose every block gives the global result so are accepted
-   * (attn_dist_ring_device_blocks). */
+   * blocks' workspace. Blocks run unplaced where their own mask is the global one, else one pair
+   * of chunks at a time placed at its global positions (ring.c, step_blocks). */
   int device_ring;
   const attn_dist_device_ops *dev;
   void *stream, *comm_stream, *compute_done;
@@ -116,22 +115,31 @@ void attn_dist_strides(const attn_tensor *t, const int64_t *shape, int ndim, int
 /* Which block shapes ([query chunks - 1][key chunks - 1]) this rank's host ring steps run
  * (ring.c). */
 void attn_dist_ring_block_shapes(attn_dist_plan *plan, int used[2][2]);
-/* The device ring's blocks run without global positions: whether every block of every rank gives
- * the global result so (when not, why names one that does not: it is cut by the mask where a plan
- * of its shape is not), and which shapes this rank runs: used[na - 1][nc - 1] bit 1 with the
- * problem's mask, bit 2 unmasked. */
-int attn_dist_ring_device_blocks(attn_dist_plan *plan, int used[2][2], char *why, size_t why_size);
-/* The calls of step s on ring rank r (device: unplaced, as the device ring runs them; otherwise
- * placed at global positions as the host does), for tests: query chunks [a0, a0 + na) of rank r
- * against key chunks [c0, c0 + nc) of rank src, unmasked when full. Returns how many (0 after the
- * ring's last step; -1 on a device where a block cannot run unplaced). */
+/* The shapes of the device ring's calls on this rank: used[na - 1][nc - 1] bit 1 unplaced with
+ * the problem's mask, bit 2 unplaced and unmasked, bit 4 placed at global positions (one pair of
+ * chunks, [0][0] only: the block plan). */
+#define ATTN_DIST_CALL_MASKED 1
+#define ATTN_DIST_CALL_FULL 2
+#define ATTN_DIST_CALL_PLACED 4
+void attn_dist_ring_device_blocks(attn_dist_plan *plan, int used[2][2]);
+/* Whether the device ring's blocks read their global place beyond the mask (ALiBi's distances,
+ * dropout's Philox counters): then every block is one pair of chunks, placed. */
+int attn_dist_ring_device_placed(const attn_dist_plan *plan);
+/* The calls of step s on ring rank r (device: as the device ring runs them; otherwise placed at
+ * global positions as the host does), for tests: query chunks [a0, a0 + na) of rank r against key
+ * chunks [c0, c0 + nc) of rank src, unmasked when full. A device call is unplaced (a plan of its
+ * shape at its own offset, which block_runs_unplaced found to give the global mask) or, placed,
+ * one pair of chunks at its global positions (the cuda kernels take one piece per axis). Returns
+ * how many (0 after the ring's last step). */
 typedef struct attn_dist_block {
   int32_t src, a0, na, c0, nc;
   int full;
+  int placed; /* device: at global positions (host blocks always are) */
 } attn_dist_block;
 int attn_dist_ring_step_blocks(attn_dist_plan *plan, int device, int32_t r, int32_t s,
                                attn_dist_block out[4]);
-/* The plan a device block of this rank runs on (without positions), for benchmarks. */
+/* The plan a device block of this rank runs on (its positions are the caller's to set), for
+ * benchmarks. */
 attn_plan *attn_dist_ring_block_plan(const attn_dist_plan *plan, const attn_dist_block *b);
 
 /* Sequence-split runs (ring.c). */

@@ -326,10 +326,11 @@ int64_t attn_dist_plan_position(const attn_dist_plan *plan, int64_t seqlen, int6
          index % part;
 }
 
-/* Whether the sub-plans need global positions: blocks of a split sequence always; the local
- * problem of a batch or head split only for dropout's counters (nothing else sees b or h). */
+/* Whether the sub-plans need global positions: blocks of a split sequence always on the host
+ * (the device ring's, only its placed pairs: make_device_block_plan); the local problem of a
+ * batch or head split only for dropout's counters (nothing else sees b or h). */
 static int needs_positions(const attn_dist_plan *plan) {
-  if (plan->device_ring) return 0; /* its blocks need none (check_device_ring) */
+  if (plan->device_ring) return 0;
   return plan->ns > 1 || plan->global.dropout_p > 0.0;
 }
 
@@ -342,6 +343,28 @@ static attn_status plan_sub(attn_dist_plan *plan, const attn_problem *p, const a
   attn_positions probe;
   memset(&probe, 0, sizeof probe);
   return attn_plan_set_positions(*out, &probe);
+}
+
+/* The device ring's block plan runs its placed pairs too, where there are any: then it must be of
+ * an implementation that takes positions, cuda unless the caller named one (whose plan's
+ * set_positions then says whether it can). */
+static attn_status make_device_block_plan(attn_dist_plan *plan, const attn_problem *b,
+                                          const attn_select *select) {
+  int used[2][2];
+  attn_dist_ring_device_blocks(plan, used);
+  if (!(used[0][0] & ATTN_DIST_CALL_PLACED)) return plan_sub(plan, b, select, &plan->block_plan);
+  attn_select placed;
+  if (select != NULL)
+    placed = *select;
+  else
+    attn_select_init(&placed);
+  if (placed.impl == NULL) placed.impl = "cuda";
+  attn_status status = attn_plan_create(plan->ctx, b, &placed, &plan->block_plan);
+  if (status != ATTN_STATUS_OK) return status;
+  attn_positions probe;
+  memset(&probe, 0, sizeof probe);
+  probe.has_offset = 1;
+  return attn_plan_set_positions(plan->block_plan, &probe);
 }
 
 /* The sub-plans: the whole local problem (no sequence split) or one block and the sinks. */
@@ -393,13 +416,14 @@ attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *se
     if (b->mask_shape[2] != 1) b->mask_shape[2] = b->seqlen_q;
     if (b->mask_shape[3] != 1) b->mask_shape[3] = b->seqlen_k;
   }
-  attn_status status = plan_sub(plan, b, select, &plan->block_plan);
+  attn_status status = plan->device_ring ? make_device_block_plan(plan, b, select)
+                                         : plan_sub(plan, b, select, &plan->block_plan);
   if (status == ATTN_STATUS_OK && (plan->device_ring || plan->chunks == 2)) {
     /* The blocks of several chunks that a step runs in one call, and on the device the unmasked
-     * ones (ring.c, step_blocks; check_device_ring made sure every block can run). */
+     * ones (ring.c, step_blocks). */
     int used[2][2];
     if (plan->device_ring)
-      (void)attn_dist_ring_device_blocks(plan, used, NULL, 0);
+      attn_dist_ring_device_blocks(plan, used);
     else
       attn_dist_ring_block_shapes(plan, used);
     for (int na = 1; na <= 2 && status == ATTN_STATUS_OK; ++na)
@@ -413,9 +437,9 @@ attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *se
         if (r->bias_shape[3] != 1) span.bias_shape[3] = span.seqlen_k;
         if (r->mask_shape[2] != 1) span.mask_shape[2] = span.seqlen_q;
         if (r->mask_shape[3] != 1) span.mask_shape[3] = span.seqlen_k;
-        if ((used[na - 1][nc - 1] & 1) && (na > 1 || nc > 1))
+        if ((used[na - 1][nc - 1] & ATTN_DIST_CALL_MASKED) && (na > 1 || nc > 1))
           status = plan_sub(plan, &span, select, &plan->span_plans[na - 1][nc - 1]);
-        if (status == ATTN_STATUS_OK && (used[na - 1][nc - 1] & 2)) {
+        if (status == ATTN_STATUS_OK && (used[na - 1][nc - 1] & ATTN_DIST_CALL_FULL)) {
           span.causal = 0;
           span.window_left = span.window_right = -1;
           status = plan_sub(plan, &span, select, &plan->full_plans[na - 1][nc - 1]);
@@ -511,15 +535,13 @@ static attn_status make_groups(attn_dist_plan *plan, char *why, size_t why_size)
   return status;
 }
 
-/* CUDA tensors with a split sequence: the device ring (ring.c). Its blocks run without global
- * positions, which the cuda kernels do not take yet, so only problems whose every block gives the
- * global result on a plan of its shape are accepted (attn_dist_ring_device_blocks: every pair of
- * chunks of a call hidden, entirely visible, or cut by the mask at the offset the plan has there).
- * A causal mask with seqlen_q == seqlen_k always is (in the zigzag layout one call a step), no
- * mask always; windows and causal with seqlen_q != seqlen_k only where they happen to fit.
- * Features that need a block's global place or a per-block slice the device ring does not make
- * (ALiBi, dropout, bias, mask, segment ids, sinks) are refused with the reason. Sets
- * plan->device_ring. */
+/* CUDA tensors with a split sequence: the device ring (ring.c). Its blocks run unplaced where the
+ * call's own mask is the global one (a causal mask with seqlen_q == seqlen_k, in the zigzag layout
+ * one call a step; no mask), else one pair of chunks at a time at its global positions, which the
+ * cuda kernels take in one piece per axis: any mask, ALiBi, dropout (key chunks of a multiple of
+ * 4 keys: the kernels share one Philox call among 4), the soft cap; sinks enter once, as on the
+ * host. Bias, masks and segment ids, which need per-block slices (and dbias sums) on the device,
+ * are refused with the reason. Sets plan->device_ring. */
 static attn_status check_device_ring(attn_dist_plan *plan, const attn_dist_spec *spec) {
   attn_ctx *ctx = plan->ctx;
   const attn_problem *g = &plan->global;
@@ -528,32 +550,24 @@ static attn_status check_device_ring(attn_dist_plan *plan, const attn_dist_spec 
                      "device=cuda with %s: the all-to-all's reordering runs on host memory; CUDA "
                      "tensors run the ring over one sequence axis (strategy RING or AUTO)",
                      plan->hybrid ? "two sequence axes" : "strategy=all-to-all");
-  const char *feature = g->has_bias                   ? "a bias"
-                        : g->has_mask                 ? "a mask"
-                        : g->alibi != ATTN_ALIBI_NONE ? "ALiBi"
-                        : g->dropout_p > 0.0          ? "dropout"
-                        : g->has_segment_ids          ? "segment ids"
-                        : g->num_sinks > 0            ? "sinks"
-                                                      : NULL;
+  const char *feature = g->has_bias          ? "a bias"
+                        : g->has_mask        ? "a mask"
+                        : g->has_segment_ids ? "segment ids"
+                                             : NULL;
   if (feature != NULL)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
-                     "device=cuda with a split sequence and %s: the ring's blocks would need their "
-                     "global positions or per-block slices, which the cuda kernels do not take "
-                     "yet; batch and head splits of CUDA tensors run it, and so does the CPU ring "
-                     "(docs/DISTRIBUTED.md)",
+                     "device=cuda with a split sequence and %s: the device ring does not slice "
+                     "it per block yet; batch and head splits of CUDA tensors run it, and so does "
+                     "the CPU ring (docs/DISTRIBUTED.md)",
                      feature);
-  int used[2][2];
-  char why[256] = "";
-  if (!attn_dist_ring_device_blocks(plan, used, why, sizeof why))
-    return attn_fail(
-        ctx, ATTN_STATUS_UNSUPPORTED,
-        "device=cuda with a split sequence and this mask (causal=%d, window %lld/%lld, "
-        "seqlen_q=%lld, seqlen_k=%lld): %s; the cuda kernels take no positions yet, so "
-        "the device ring needs every block hidden, entirely visible or cut where a "
-        "plan of its shape is (causal with seqlen_q == seqlen_k, or no mask, always "
-        "is; the CPU ring runs any mask)",
-        (int)g->causal, (long long)g->window_left, (long long)g->window_right,
-        (long long)g->seqlen_q, (long long)g->seqlen_k, why);
+  const int64_t key_chunk = g->seqlen_k / (plan->ns * plan->chunks);
+  if (g->dropout_p > 0.0 && key_chunk % 4 != 0)
+    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
+                     "device=cuda with a split sequence and dropout: key chunks of %lld keys "
+                     "(seqlen_k=%lld over %d ranks x %d chunks); the cuda kernels share one "
+                     "Philox call among 4 keys, so a chunk must start at a multiple of 4",
+                     (long long)key_chunk, (long long)g->seqlen_k, (int)plan->ns,
+                     (int)plan->chunks);
   plan->dev = attn_module_dist_ops();
   if (plan->dev == NULL)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
@@ -759,6 +773,15 @@ static attn_status tensor_doubles(attn_dist_plan *plan, const attn_tensor *t, co
       return attn_fail(plan->ctx, ATTN_STATUS_DEVICE_ERROR, "this build has no CUDA runtime");
     staging = malloc((size_t)n * es + 1);
     if (staging == NULL) return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory");
+    /* the plan's stream wrote it, and a stream of the caller's own does not order the runtime's
+     * copy below */
+    const attn_dist_device_ops *dev = attn_module_dist_ops();
+    if (!to_tensor && dev != NULL &&
+        dev->stream_sync(plan->local.device_index, plan->stream, why, sizeof why) !=
+            ATTN_STATUS_OK) {
+      free(staging);
+      return attn_fail(plan->ctx, ATTN_STATUS_DEVICE_ERROR, "grads.%s: %s", name, why);
+    }
     if (!to_tensor && gpu->download(plan->local.device_index, staging, t->data, (size_t)n * es, why,
                                     sizeof why) != ATTN_STATUS_OK) {
       free(staging);

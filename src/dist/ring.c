@@ -6,8 +6,9 @@
  * src = r - s and computes its queries against it (single-device blocks over the visible pairs
  * of chunks, one call a step where the masks allow: on the host placed at the chunks' global
  * positions, so causal masks, windows, ALiBi and dropout keep their global meaning; on the device
- * without positions, where block_runs_unplaced says the mask is the same) while the next slice is
- * already in flight (nonblocking send and receive). Each
+ * without positions where block_runs_unplaced says the mask is the same, else a pair of chunks at
+ * a time at its global positions) while the next slice is already in flight (nonblocking send and
+ * receive). Each
  * block gives a partial output normalised by its own sum and the block's lse; merging through the
  * lse gives exactly the softmax over all keys:
  *     lse = log(e^lse_a + e^lse_b),   out = e^(lse_a - lse) out_a + e^(lse_b - lse) out_b.
@@ -180,9 +181,9 @@ static int64_t block_k0(const ring *g, const ring_block *b) {
  * L = keys - rows (bottom-right) or 0. Pair (a, c) of chunks then sits at the local offset
  * L + a nq - c nk, and the call is exact when every pair is hidden, entirely visible or cut alike
  * under both offsets, and cut pairs sit at equal ones (the same mask, key for key). That is the
- * geometry only: features that read absolute positions (ALiBi, dropout, a bias or mask whose key
- * columns would have to be one slice over key chunks that are not adjacent) are the callers' to
- * exclude (check_device_ring refuses them on the device). */
+ * geometry only: features that read absolute positions (ALiBi, dropout: device_placed places
+ * every device block of such a problem; a bias or mask whose key columns would have to be one
+ * slice over key chunks that are not adjacent: step_blocks keeps those apart) are the callers'. */
 static int block_runs_unplaced(const ring *g, int32_t r, const ring_block *b, int full) {
   const int64_t rows = (int64_t)b->na * g->nq, keys = (int64_t)b->nc * g->nk;
   const int64_t local = g->plan->global.align == ATTN_ALIGN_BOTTOM_RIGHT ? keys - rows : 0;
@@ -211,22 +212,33 @@ static int choose_unplaced(const ring *g, int32_t r, ring_block *b) {
 
 /* How a ring places its blocks. */
 typedef enum block_mode {
-  BLOCKS_PLACED,   /* host: at global positions (attn_positions), as few calls as the masks allow */
-  BLOCKS_UNPLACED, /* device: no positions (the cuda kernels take none), each call checked */
+  BLOCKS_PLACED, /* host: at global positions (attn_positions), as few calls as the masks allow */
+  /* device: unplaced where block_runs_unplaced says the call's own mask is the global one, else
+   * one pair of chunks at a time at its global positions (the cuda kernels take one piece per
+   * axis, impl.h's ATTN_POSITIONS_ONE_PIECE) */
+  BLOCKS_DEVICE,
 } block_mode;
+
+/* Whether the device ring places every block: its problem reads positions beyond the mask
+ * (ALiBi's distances, dropout's Philox counters), which an unplaced call would see as its own. */
+int attn_dist_ring_device_placed(const attn_dist_plan *plan) {
+  return plan->ring_local.alibi != ATTN_ALIBI_NONE || plan->ring_local.dropout_p > 0.0;
+}
+
+static int device_placed(const ring *g) { return attn_dist_ring_device_placed(g->plan); }
 
 /* Whether the blocks are kept to one pair of chunks each, the blocks before a step's hull ran as
  * one call (ATTN_DIST_RING_BLOCKS=pairs, read at plan creation; for comparisons). */
 static int pairs_only(const ring *g) { return g->plan->ring_pairs; }
 
-/* The blocks of step s on rank r, at most C x C; returns how many, or -1 (device) when a pair of
- * chunks cannot run without positions (check_device_ring refuses such problems). As few calls as
- * the masks allow: one block over the hull of the visible pairs, whose hidden pairs the
- * implementation skips tile by tile; a zigzag step of a causal mask is then one call instead of
- * two or three. The host places it at global positions (attn_positions); the device runs it
- * unplaced where block_runs_unplaced says the result is the same, and one call per visible pair
- * otherwise. Key chunks stay apart where a bias or mask has a key dimension: its columns are the
- * global keys', and a block's bias must be one strided slice. */
+/* The blocks of step s on rank r, at most C x C; returns how many. As few calls as the masks
+ * allow: one block over the hull of the visible pairs, whose hidden pairs the implementation
+ * skips tile by tile; a zigzag step of a causal mask is then one call instead of two or three.
+ * The host places it at global positions (attn_positions); the device runs it unplaced where
+ * block_runs_unplaced says the result is the same, and otherwise one call per visible pair,
+ * unplaced where that pair alone allows it, else placed (and every pair placed where the problem
+ * reads positions: device_placed). Key chunks stay apart where a bias or mask has a key
+ * dimension: its columns are the global keys', and a block's bias must be one strided slice. */
 static int step_blocks(const ring *g, int32_t r, int32_t s, block_mode mode, ring_block *out) {
   const int32_t src = ((r - s) % g->n + g->n) % g->n;
   const attn_problem *l = g->l;
@@ -239,12 +251,12 @@ static int step_blocks(const ring *g, int32_t r, int32_t s, block_mode mode, rin
     int32_t a_lo = g->C, a_hi = -1; /* visible query chunks against key chunk c */
     for (int32_t a = 0; a < g->C; ++a) {
       if (!block_visible(g, block_offset(g, r, a, src, c))) continue;
-      if (split) hull[nh++] = (ring_block){src, a, 1, c, 1, 0};
+      if (split) hull[nh++] = (ring_block){src, a, 1, c, 1, 0, 0};
       a_lo = a < a_lo ? a : a_lo, a_hi = a > a_hi ? a : a_hi;
     }
     if (split || a_hi < 0) continue;
     if (keys_apart || nh == 0) {
-      hull[nh++] = (ring_block){src, a_lo, a_hi - a_lo + 1, c, 1, 0};
+      hull[nh++] = (ring_block){src, a_lo, a_hi - a_lo + 1, c, 1, 0, 0};
     } else { /* widen the one block to this key chunk too */
       ring_block *b = &hull[0];
       const int32_t lo = a_lo < b->a0 ? a_lo : b->a0;
@@ -256,68 +268,48 @@ static int step_blocks(const ring *g, int32_t r, int32_t s, block_mode mode, rin
     memcpy(out, hull, (size_t)nh * sizeof *hull);
     return nh;
   }
+  const int placed = device_placed(g);
   int nb = 0;
   for (int i = 0; i < nh; ++i) {
     ring_block b = hull[i];
-    if (choose_unplaced(g, r, &b)) {
+    if (!placed && choose_unplaced(g, r, &b)) {
       out[nb++] = b;
       continue;
     }
     for (int32_t a = b.a0; a < b.a0 + b.na; ++a) /* its visible pairs apart */
       for (int32_t c = b.c0; c < b.c0 + b.nc; ++c) {
-        ring_block pair = {src, a, 1, c, 1, 0};
+        ring_block pair = {src, a, 1, c, 1, 0, 0};
         if (!block_visible(g, block_offset(g, r, a, src, c))) continue;
-        if (!choose_unplaced(g, r, &pair)) return -1;
+        if (placed || !choose_unplaced(g, r, &pair)) pair.full = 0, pair.placed = 1;
         out[nb++] = pair;
       }
   }
   return nb;
 }
 
-/* The block shapes this rank runs (used[na - 1][nc - 1]: bit 1 with the problem's mask, bit 2
- * unmasked), and, device, whether every rank's every block runs unplaced (when not, `why` names
- * the first that does not): all ranks reach the same verdict. */
-static int ring_block_shapes(attn_dist_plan *plan, block_mode mode, int used[2][2], char *why,
-                             size_t why_size) {
+/* The kinds of call this rank's steps make, by shape (used[na - 1][nc - 1]: ATTN_DIST_CALL_*
+ * bits; the host's are all "masked": placed at positions with the problem's mask). */
+static void ring_block_shapes(attn_dist_plan *plan, block_mode mode, int used[2][2]) {
   ring g;
   init_geometry(&g, plan);
   memset(used, 0, 4 * sizeof(int));
   const int32_t last = last_step(&g);
   ring_block blocks[4];
-  for (int32_t r = 0; r < g.n; ++r)
-    for (int32_t s = 0; s <= last; ++s) {
-      const int nb = step_blocks(&g, r, s, mode, blocks);
-      if (nb < 0) {
-        const int32_t src = ((r - s) % g.n + g.n) % g.n;
-        for (int32_t a = 0; a < g.C; ++a)
-          for (int32_t c = 0; c < g.C; ++c) {
-            ring_block pair = {src, a, 1, c, 1, 0};
-            const int64_t off = block_offset(&g, r, a, src, c);
-            if (!block_visible(&g, off) || choose_unplaced(&g, r, &pair)) continue;
-            snprintf(why, why_size,
-                     "on ring rank %d, query chunk %d against key chunk %d of ring rank %d (%lld "
-                     "rows x %lld keys) is cut by the mask at offset %lld, and a block without "
-                     "global positions is cut only at offset %lld",
-                     (int)r, (int)a, (int)c, (int)src, (long long)g.nq, (long long)g.nk,
-                     (long long)off,
-                     (long long)(plan->global.align == ATTN_ALIGN_BOTTOM_RIGHT ? g.nk - g.nq : 0));
-            return 0;
-          }
-        return 0;
-      }
-      if (r != g.r) continue;
-      for (int i = 0; i < nb; ++i)
-        used[blocks[i].na - 1][blocks[i].nc - 1] |= blocks[i].full ? 2 : 1;
-    }
-  return 1;
+  for (int32_t s = 0; s <= last; ++s) {
+    const int nb = step_blocks(&g, g.r, s, mode, blocks);
+    for (int i = 0; i < nb; ++i)
+      used[blocks[i].na - 1][blocks[i].nc - 1] |= blocks[i].placed ? ATTN_DIST_CALL_PLACED
+                                                  : blocks[i].full ? ATTN_DIST_CALL_FULL
+                                                                   : ATTN_DIST_CALL_MASKED;
+  }
 }
 
 void attn_dist_ring_block_shapes(attn_dist_plan *plan, int used[2][2]) {
-  (void)ring_block_shapes(plan, BLOCKS_PLACED, used, NULL, 0);
+  ring_block_shapes(plan, BLOCKS_PLACED, used);
 }
 
-int attn_dist_ring_device_blocks(attn_dist_plan *plan, int used[2][2], char *why, size_t why_size) {
-  return ring_block_shapes(plan, BLOCKS_UNPLACED, used, why, why_size);
+void attn_dist_ring_device_blocks(attn_dist_plan *plan, int used[2][2]) {
+  ring_block_shapes(plan, BLOCKS_DEVICE, used);
 }
 
 int attn_dist_ring_step_blocks(attn_dist_plan *plan, int device, int32_t r, int32_t s,
@@ -325,7 +317,7 @@ int attn_dist_ring_step_blocks(attn_dist_plan *plan, int device, int32_t r, int3
   ring g;
   init_geometry(&g, plan);
   if (s > last_step(&g)) return 0;
-  return step_blocks(&g, r, s, device ? BLOCKS_UNPLACED : BLOCKS_PLACED, out);
+  return step_blocks(&g, r, s, device ? BLOCKS_DEVICE : BLOCKS_PLACED, out);
 }
 
 /* ---- scratch --------------------------------------------------------------------------------- */
@@ -422,9 +414,11 @@ static attn_plan *span_plan(const attn_dist_plan *plan, int32_t na, int32_t nc) 
   return na == 1 && nc == 1 ? plan->block_plan : plan->span_plans[na - 1][nc - 1];
 }
 
-/* The plan of a host block (its shape in chunks), placed at the block's global positions: each of
- * its query chunks and key chunks a piece of its own. */
-static attn_status place_block(const ring *g, const ring_block *b, attn_plan **block_plan) {
+/* The plan of a block (its shape in chunks), placed at the block's global positions: each of its
+ * query chunks and key chunks a piece of its own; a host block's results partial (f32), a device
+ * block's (one pair of chunks) in the problem's dtype, which the cuda kernels write. */
+static attn_status place_block(const ring *g, const ring_block *b, int partial,
+                               attn_plan **block_plan) {
   const attn_problem *G = &g->plan->global;
   attn_positions pos;
   memset(&pos, 0, sizeof pos);
@@ -441,7 +435,7 @@ static attn_status place_block(const ring *g, const ring_block *b, attn_plan **b
   }
   pos.has_offset = 1;
   pos.offset = g->o_global;
-  pos.partial = 1;
+  pos.partial = partial;
   *block_plan = span_plan(g->plan, b->na, b->nc);
   return attn_plan_set_positions(*block_plan, &pos);
 }
@@ -596,7 +590,7 @@ typedef struct ring_pass {
   attn_status (*begin_step)(void *self);
   /* A block of the step (step_blocks) against rank src's slice kv. */
   attn_status (*block)(void *self, const ring_block *b, const char *kv);
-  block_mode mode; /* placed at global positions (host) or not (device) */
+  block_mode mode; /* placed at global positions (host), or as the device runs them */
   /* Backward: the step's share joins the travelling sums in hand, dkv. */
   attn_status (*add_step)(void *self, void *dkv);
 } ring_pass;
@@ -634,7 +628,6 @@ static attn_status run_steps(ring_pass *p) {
     }
     if (p->begin_step != NULL) status = p->begin_step(p->self);
     ring_block blocks[4];
-    /* never -1 here: check_device_ring refused the problems whose blocks cannot run */
     const int nb = step_blocks(g, g->r, s, p->mode, blocks);
     g->moving[0] = &t, g->moving[1] = &dt;
     for (int i = 0; i < nb && status == ATTN_STATUS_OK; ++i) {
@@ -732,6 +725,43 @@ static char *lay_out_backward(ring_pass *pass, backward_args *x, char *base, siz
   return x->vb + dv_blk + 2 * dkv_acc;
 }
 
+/* The sinks plan's inputs: the local queries and the sinks; the K/V slices stand in for keys it
+ * has none of (never read). */
+static attn_inputs sinks_inputs(const attn_inputs *in, char *const kv[2]) {
+  attn_inputs si;
+  attn_inputs_init(&si);
+  si.q = in->q;
+  si.k = attn_tensor_dense(kv[0]);
+  si.v = attn_tensor_dense(kv[1]);
+  si.sinks = in->sinks;
+  return si;
+}
+
+/* dsinks of this rank's rows (the sinks plan's backward, from the global out and lse; its dq of
+ * no keys, zeros, goes to the block scratch), then summed over the ranks that share the sink
+ * slice, but under two sequence axes, where the all-to-all layer sums it once the heads are back.
+ * The host passes no workspace (its plans allocate); the device, the blocks'. */
+static attn_status sinks_backward(attn_dist_plan *plan, const attn_inputs *in,
+                                  const attn_outputs *fwd, const attn_tensor *dout,
+                                  const attn_grads *grads, char *const kv[2],
+                                  const backward_args *x, void *ws, size_t ws_size) {
+  attn_inputs si = sinks_inputs(in, kv);
+  attn_grads sg;
+  attn_grads_init(&sg);
+  sg.dq = attn_tensor_dense(x->qb);
+  sg.dk = attn_tensor_dense(x->kb);
+  sg.dv = attn_tensor_dense(x->vb);
+  sg.dsinks = grads->dsinks;
+  attn_outputs sf;
+  attn_outputs_init(&sf);
+  sf.out = fwd->out;
+  sf.lse = fwd->lse;
+  attn_status status = attn_plan_backward(plan->sinks_plan, &si, &sf, dout, ws, ws_size, &sg);
+  if (status == ATTN_STATUS_OK && !plan->hybrid)
+    status = attn_dist_reduce_dsinks(plan, &grads->dsinks);
+  return status;
+}
+
 /* What the backward of the block of query chunk a against key chunk c of the slice kv (keys from
  * global position k0) reads and writes: its inputs, the rows of the forward's out and of dout,
  * and the dense block gradients. The lse is the caller's to set (the host slices the caller's;
@@ -768,7 +798,9 @@ static void block_backward_args(const backward_args *x, int32_t a, const char *k
  * recorded on the caller's stream after a step's blocks keeps the next transfer from overwriting
  * the buffer they read. A transfer's wait blocks the host only: the blocks of the step were
  * enqueued before it, so the GPU computes while the slice moves. Accumulators are f32 (what the
- * cuda kernels keep per row); blocks run without positions (step_blocks, attn_dist_ring_block_plan). */
+ * cuda kernels keep per row); blocks run unplaced where their own mask is the global one, else
+ * placed one pair of chunks at a time (step_blocks, device_block_plan). The sinks enter once, as
+ * on the host: the sinks plan's rows against no keys, merged like a block. */
 
 /* What a device operation's failure leaves: work may be in flight, so the plan is broken. */
 static attn_status dev_fail(attn_dist_plan *plan, attn_status status, const char *what,
@@ -788,18 +820,28 @@ static attn_status dev_fail(attn_dist_plan *plan, attn_status status, const char
     }                                                                                              \
   } while (0)
 
-/* The plan of a device block, run without positions (the cuda kernels take none): the plan of
- * its shape, unmasked or with the problem's mask, as step_blocks chose (block_runs_unplaced). */
+/* The plan of a device block: the plan of its shape, unmasked or with the problem's mask, as
+ * step_blocks chose (block_runs_unplaced), or for a placed pair the block plan. */
 attn_plan *attn_dist_ring_block_plan(const attn_dist_plan *plan, const attn_dist_block *b) {
   return b->full ? plan->full_plans[b->na - 1][b->nc - 1] : span_plan(plan, b->na, b->nc);
 }
 
-/* Bytes of device workspace the blocks need, forward and backward, 256-byte rounded. */
+/* That plan with its positions set: a placed pair's, or none (the block plan serves both). */
+static attn_status device_block_plan(const ring *g, const ring_block *b, attn_plan **out) {
+  if (b->placed) return place_block(g, b, 0, out);
+  *out = attn_dist_ring_block_plan(g->plan, b);
+  return attn_plan_set_positions(*out, NULL);
+}
+
+/* Bytes of device workspace the blocks and the sinks plan need, forward and backward, 256-byte
+ * rounded. */
 static size_t device_workspace_bytes(const attn_dist_plan *plan) {
   size_t most = 0;
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < 9; ++i) {
     const int na = i / 2 % 2 + 1, nc = i % 2 + 1;
-    const attn_plan *p = i < 4 ? span_plan(plan, na, nc) : plan->full_plans[na - 1][nc - 1];
+    const attn_plan *p = i == 8  ? plan->sinks_plan
+                         : i < 4 ? span_plan(plan, na, nc)
+                                 : plan->full_plans[na - 1][nc - 1];
     size_t f = 0, b = 0;
     if (p == NULL || attn_plan_workspace_size(p, &f, &b) != ATTN_STATUS_OK) continue;
     if (f > most) most = f;
@@ -930,14 +972,17 @@ static attn_status device_forward_block(void *self, const ring_block *b, const c
   device_forward *f = self;
   const ring *g = f->g;
   attn_dist_plan *plan = g->plan;
-  /* query chunks a0.. against key chunks c0.. in one call, without positions */
+  /* query chunks a0.. against key chunks c0.. in one call */
   attn_inputs bi = block_inputs(g, f->in, b->a0, kv, b->c0, block_k0(g, b));
   attn_outputs bo;
   attn_outputs_init(&bo);
   bo.out = attn_tensor_dense(f->ob);
   bo.lse = attn_tensor_dense(f->lb);
+  attn_plan *bp = NULL;
+  attn_status status = device_block_plan(g, b, &bp);
+  if (status != ATTN_STATUS_OK) return status;
   const double t0 = attn_dist_now();
-  attn_status status = attn_plan_forward(attn_dist_ring_block_plan(g->plan, b), &bi, f->wsp, f->ws, &bo);
+  status = attn_plan_forward(bp, &bi, f->wsp, f->ws, &bo);
   plan->stats.compute_seconds += attn_dist_now() - t0;
   ++plan->stats.blocks;
   if (status != ATTN_STATUS_OK) return status;
@@ -972,12 +1017,23 @@ static attn_status ring_forward_device(attn_dist_plan *plan, const attn_inputs *
                     .kv = {base, base + g.kv_bytes},
                     .order_transfer = device_order_transfer,
                     .block = device_forward_block,
-                    .mode = BLOCKS_UNPLACED};
+                    .mode = BLOCKS_DEVICE};
   transfers_on(plan, plan->comm_stream);
   DEV("clearing the output sums", fill, dev, f.ao, n_out, 0.0f, plan->stream);
   DEV("clearing the lse sums", fill, dev, f.al, n_lse, -INFINITY, plan->stream);
   status = device_pack_kv(&g, in, pass.kv[0]);
   if (status == ATTN_STATUS_OK) status = run_steps(&pass);
+  if (status == ATTN_STATUS_OK && plan->sinks_plan != NULL) {
+    attn_inputs si = sinks_inputs(in, pass.kv);
+    attn_outputs so;
+    attn_outputs_init(&so);
+    so.out = attn_tensor_dense(f.ob);
+    so.lse = attn_tensor_dense(f.lb);
+    status = attn_plan_forward(plan->sinks_plan, &si, f.wsp, f.ws, &so);
+    if (status == ATTN_STATUS_OK)
+      DEV("merging the sinks", merge, dev, (int32_t)g.dt, f.ao, f.al, f.ob, (const float *)f.lb,
+          g.B, g.Hq, g.Tq, 0, g.Tq, g.Dv, plan->stream);
+  }
   if (status != ATTN_STATUS_OK) goto done;
   {
     const int64_t oshape[4] = {g.B, g.Tq, g.Hq, g.Dv};
@@ -1018,8 +1074,10 @@ static attn_status device_backward_block(void *self, const ring_block *rb, const
   const ring *g = b->x.g;
   attn_dist_plan *plan = g->plan;
   const int32_t dev = plan->global.device_index;
-  /* query chunks a0.. against key chunks c0.. in one call, without positions */
-  attn_status status = ATTN_STATUS_OK;
+  /* query chunks a0.. against key chunks c0.. in one call */
+  attn_plan *bp = NULL;
+  attn_status status = device_block_plan(g, rb, &bp);
+  if (status != ATTN_STATUS_OK) return status;
   const int64_t q_row = (int64_t)rb->a0 * g->nq, k_row = (int64_t)rb->c0 * g->nk;
   const int64_t rows = (int64_t)rb->na * g->nq, keys = (int64_t)rb->nc * g->nk;
   block_args blk;
@@ -1033,8 +1091,7 @@ static attn_status device_backward_block(void *self, const ring_block *rb, const
   }
   blk.fwd.lse = attn_tensor_dense(b->lb);
   const double t0 = attn_dist_now();
-  status = attn_plan_backward(attn_dist_ring_block_plan(g->plan, rb), &blk.in, &blk.fwd, &blk.dout, b->wsp, b->ws,
-                              &blk.grads);
+  status = attn_plan_backward(bp, &blk.in, &blk.fwd, &blk.dout, b->wsp, b->ws, &blk.grads);
   plan->stats.compute_seconds += attn_dist_now() - t0;
   ++plan->stats.blocks;
   if (status != ATTN_STATUS_OK) return status;
@@ -1087,7 +1144,7 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
                     .order_transfer = device_order_transfer,
                     .begin_step = device_begin_step,
                     .block = device_backward_block,
-                    .mode = BLOCKS_UNPLACED,
+                    .mode = BLOCKS_DEVICE,
                     .add_step = device_add_step};
   char *rest = lay_out_backward(&pass, &b.x, base, dq_blk, dk_blk, dv_blk, dkv_acc);
   b.step = (float *)rest;
@@ -1113,6 +1170,8 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
     DEV("writing dv", store, dev, grads->dv.data, (int32_t)g.dt, b.x.st.dv, dkv + b.nk_el, vshape,
         plan->stream);
   }
+  if (plan->sinks_plan != NULL && grads->dsinks.data != NULL)
+    status = sinks_backward(plan, in, fwd, dout, grads, pass.kv, &b.x, b.wsp, b.ws);
 done:
   transfers_on(plan, plan->stream);
   return status == ATTN_STATUS_OK ? attn_succeed(plan->ctx) : status;
@@ -1141,7 +1200,7 @@ static attn_status host_forward_block(void *self, const ring_block *b, const cha
   bo.out = attn_tensor_dense(f->ob);
   bo.lse = attn_tensor_dense(f->lb);
   attn_plan *block_plan = NULL;
-  attn_status status = place_block(g, b, &block_plan);
+  attn_status status = place_block(g, b, 1, &block_plan);
   const double t0 = attn_dist_now();
   attn_plan_set_progress(block_plan, ring_progress, (void *)g);
   if (status == ATTN_STATUS_OK) status = attn_plan_forward(block_plan, &bi, NULL, 0, &bo);
@@ -1195,12 +1254,7 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
   if (status != ATTN_STATUS_OK) return status;
 
   if (plan->sinks_plan != NULL) {
-    attn_inputs si;
-    attn_inputs_init(&si);
-    si.q = in->q;
-    si.k = attn_tensor_dense(pass.kv[0]); /* no keys: never read */
-    si.v = attn_tensor_dense(pass.kv[1]);
-    si.sinks = in->sinks;
+    attn_inputs si = sinks_inputs(in, pass.kv);
     attn_outputs so;
     attn_outputs_init(&so);
     so.out = attn_tensor_dense(f.ob);
@@ -1285,7 +1339,7 @@ static attn_status host_backward_block(void *self, const ring_block *rb, const c
   memcpy(blk.fwd.lse.stride, g->lses, sizeof g->lses);
   if (b->dbias_blk != NULL) blk.grads.dbias = attn_tensor_dense(b->dbias_blk);
   attn_plan *block_plan = NULL;
-  attn_status status = place_block(g, rb, &block_plan);
+  attn_status status = place_block(g, rb, 1, &block_plan);
   const double t0 = attn_dist_now();
   attn_plan_set_progress(block_plan, ring_progress, (void *)g);
   if (status == ATTN_STATUS_OK)
@@ -1394,28 +1448,9 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
              b.x.st.dv);
 
   if (plan->sinks_plan != NULL && grads->dsinks.data != NULL) {
-    attn_inputs si;
-    attn_inputs_init(&si);
-    si.q = in->q;
-    si.k = attn_tensor_dense(pass.kv[0]);
-    si.v = attn_tensor_dense(pass.kv[1]);
-    si.sinks = in->sinks;
-    attn_grads sg;
-    attn_grads_init(&sg);
-    sg.dq = attn_tensor_dense(b.x.qb); /* zeros: no keys */
-    sg.dk = attn_tensor_dense(b.x.kb);
-    sg.dv = attn_tensor_dense(b.x.vb);
-    sg.dsinks = grads->dsinks;
-    attn_outputs sf;
-    attn_outputs_init(&sf);
-    sf.out = fwd->out;
-    sf.lse = fwd->lse;
     status = place_sinks(&g);
     if (status == ATTN_STATUS_OK)
-      status = attn_plan_backward(plan->sinks_plan, &si, &sf, dout, NULL, 0, &sg);
-    /* Hybrid: the all-to-all layer sums the caller's dsinks once the heads are back. */
-    if (status == ATTN_STATUS_OK && !plan->hybrid)
-      status = attn_dist_reduce_dsinks(plan, &grads->dsinks);
+      status = sinks_backward(plan, in, fwd, dout, grads, pass.kv, &b.x, NULL, 0);
     if (status != ATTN_STATUS_OK) goto done;
   }
   if (b.dbias_acc != NULL) {

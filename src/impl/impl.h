@@ -21,7 +21,8 @@
 /* Where a run's problem sits inside a larger one: the distributed layer (src/dist) runs each block
  * of a sharded problem as a problem of its own, and the block's rows, keys, heads and batch entries
  * keep their global meaning through this. Only implementations that declare honours_positions are
- * given one; attn_run.positions is NULL otherwise (indices are the problem's own).
+ * given one (ATTN_POSITIONS_ONE_PIECE: only the forms it names); attn_run.positions is NULL
+ * otherwise (indices are the problem's own).
  *
  * Rows and keys are each a list of pieces: local indices [start[k], start[k + 1]) (the last piece
  * runs to the end) sit at global positions global[k], global[k] + 1, ... So one block can hold
@@ -33,6 +34,15 @@ typedef struct attn_position_axis {
   int64_t start[ATTN_POSITION_PIECES]; /* local index of each piece's first element; start[0] = 0 */
   int64_t global[ATTN_POSITION_PIECES]; /* global position of that element */
 } attn_position_axis;
+
+/* What an implementation honours of attn_positions (attn_impl.honours_positions). */
+enum {
+  ATTN_POSITIONS_NONE = 0, /* nothing: its plans refuse positions */
+  ATTN_POSITIONS_ANY = 1,  /* every form below: pieces, partial results */
+  /* one piece per axis on a dense problem, results in the problem's own dtype (not partial): the
+   * GPU kernels, whose blocks of a ring are single pairs of chunks (src/dist/ring.c) */
+  ATTN_POSITIONS_ONE_PIECE = 2,
+};
 
 typedef struct attn_positions {
   int64_t batch0; /* global index of batch entry 0: the b of the Philox counter */
@@ -144,8 +154,8 @@ typedef struct attn_impl {
    * deterministic = 1 keeps the executor to those, unless the caller names the configuration. */
   int (*config_deterministic)(const attn_problem *problem, int32_t config);
 
-  /* 1 when forward() and backward() honour attn_run.positions (global Philox counters and
-   * alignment offset); plans of other implementations refuse attn_plan_set_positions. */
+  /* What forward() and backward() honour of attn_run.positions (global Philox counters and
+   * alignment offset): ATTN_POSITIONS_*; attn_plan_set_positions refuses what is not honoured. */
   int32_t honours_positions;
 } attn_impl;
 

@@ -1650,7 +1650,7 @@ const attn_impl attn_cpu_impl = {
     .plan_fini = cpu_plan_fini,
     .forward = cpu_forward,
     .backward = cpu_backward,
-    .honours_positions = 1,
+    .honours_positions = ATTN_POSITIONS_ANY,
 };
 
 const char *attn_cpu_isa_name(int dtype) { return select_kernels((attn_dtype)dtype)->name; }

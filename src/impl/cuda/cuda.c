@@ -196,6 +196,50 @@ static int32_t window_bound(const attn_problem *p, int64_t w) {
   return w < 0 || w >= p->seqlen_q + p->seqlen_k ? -1 : (int32_t)w;
 }
 
+/* Where a run sits in a larger problem (attn_positions: one piece per axis on a dense problem,
+ * which plan.c makes sure of for this implementation): the Philox counters' bases and, with an
+ * offset, the band's and ALiBi's diagonal i + offset - j, at which the window bounds are taken
+ * (one that hides no key of the run is unbounded). */
+typedef struct cuda_place {
+  int32_t offset_given, offset, window_left, window_right;
+  uint32_t b0, h0, i0, j0;
+} cuda_place;
+
+static attn_status place_run(const attn_run *run, cuda_place *pl) {
+  const attn_problem *p = run->problem;
+  const attn_positions *pos = run->positions;
+  memset(pl, 0, sizeof *pl);
+  pl->window_left = window_bound(p, p->window_left);
+  pl->window_right = window_bound(p, p->window_right);
+  if (pos == NULL) return ATTN_STATUS_OK;
+  const int64_t i0 = pos->rows.global[0], j0 = pos->cols.global[0];
+  if (p->dropout_p > 0.0 && j0 % 4 != 0) {
+    attn_format(run->why, run->why_size,
+                "positions.cols.global[0]=%lld with dropout: the cuda kernels share one Philox "
+                "call among 4 keys, so a placed run's first key sits at a multiple of 4",
+                (long long)j0);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  pl->b0 = (uint32_t)pos->batch0, pl->h0 = (uint32_t)pos->head0;
+  pl->i0 = (uint32_t)i0, pl->j0 = (uint32_t)j0;
+  if (!pos->has_offset) return ATTN_STATUS_OK;
+  const int64_t o = attn_position_offset(pos, 0, 0);
+  if (o > ATTN_CUDA_MAX_LEN || o < -ATTN_CUDA_MAX_LEN) {
+    attn_format(run->why, run->why_size,
+                "positions: the offset %lld of the placed run's diagonal is beyond the cuda "
+                "kernels' 2^30",
+                (long long)o);
+    return ATTN_STATUS_UNSUPPORTED;
+  }
+  pl->offset_given = 1, pl->offset = (int32_t)o;
+  /* row i sees keys [i + o - left, i + o + right]: a left bound of at least Tq - 1 + o, or a right
+   * one of at least Tk - 1 - o, hides nothing (below 2^31: both lengths and o are within 2^30) */
+  const int64_t wl = p->window_left, wr = p->window_right;
+  pl->window_left = wl < 0 || wl >= p->seqlen_q - 1 + o ? -1 : (int32_t)wl;
+  pl->window_right = wr < 0 || wr >= p->seqlen_k - 1 - o ? -1 : (int32_t)wr;
+  return ATTN_STATUS_OK;
+}
+
 /* The problem's sizes and function as the kernels see them (what fill_params sets before the
  * tensors): enough for the kernels' own rules on what they run. */
 static void problem_params(const attn_problem *p, attn_cuda_params *k) {
@@ -523,6 +567,12 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
   char *why = run->why;
   size_t ws = run->why_size;
   problem_params(p, k);
+  cuda_place pl;
+  const attn_status placed = place_run(run, &pl);
+  if (placed != ATTN_STATUS_OK) return placed;
+  k->offset_given = pl.offset_given, k->offset = pl.offset;
+  k->window_left = pl.window_left, k->window_right = pl.window_right;
+  k->pos_b0 = pl.b0, k->pos_h0 = pl.h0, k->pos_i0 = pl.i0, k->pos_j0 = pl.j0;
   k->use_sm90 = !k->fp8 && is_sm90(p, run->config);
   if (k->use_sm90 && run->state != NULL)
     k->sm90_sched = ((const cuda_plan_state *)run->state)->sm90_sched;
@@ -679,9 +729,12 @@ static attn_status fill_decode_params(const attn_run *run, attn_cuda_decode_para
                      &k->sinks_h, &k->sinks_t);
   k->scale = (float)p->scale;
   k->softcap = (float)p->softcap;
-  k->window_left = window_bound(p, p->window_left);
-  k->window_right = window_bound(p, p->window_right);
+  cuda_place pl;
+  const attn_status placed = place_run(run, &pl);
+  if (placed != ATTN_STATUS_OK) return placed;
+  k->window_left = pl.window_left, k->window_right = pl.window_right;
   k->align_bottom_right = p->align == ATTN_ALIGN_BOTTOM_RIGHT;
+  k->offset_given = pl.offset_given, k->offset = pl.offset;
   const int chunks = attn_cuda_decode_row_chunks(k->group, k->seqlen_q);
   const cuda_plan_state *plan = run->state; /* a splitkv plan always has one */
   k->variant = plan->decode_paths;
@@ -772,6 +825,7 @@ const attn_impl attn_cuda_impl = {
     .forward = cuda_forward,
     .backward = cuda_backward,
     .config_deterministic = cuda_config_deterministic,
+    .honours_positions = ATTN_POSITIONS_ONE_PIECE,
 };
 
 /* The module libattn_cuda.so (src/module/module.h): this implementation and the CUDA runtime

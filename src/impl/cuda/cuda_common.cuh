@@ -365,7 +365,7 @@ struct Head {
 __device__ __forceinline__ Head head_of(const attn_cuda_params &p, const Seq &s, int b, int h) {
   Head r;
   r.b = b, r.h = h, r.g = h / p.group, r.len_q = s.len_q, r.len_k = s.len_k;
-  r.o = p.align_bottom_right ? s.len_k - s.len_q : 0;
+  r.o = p.offset_given ? p.offset : p.align_bottom_right ? s.len_k - s.len_q : 0;
   return r;
 }
 
@@ -494,11 +494,13 @@ __device__ __forceinline__ void sink_stats(const attn_cuda_params &p, int h, flo
   max_log2 = mx * kLog2e;
 }
 
-/* Step 6: the four Philox words of (b, h, i, j >> 2). */
+/* Step 6: the four Philox words of (b, h, i, j >> 2), at the run's place in a larger problem
+ * (pos_*: 0 for a problem of its own; pos_j0 % 4 == 0 keeps j's group of four). */
 __device__ __forceinline__ void philox_words(const attn_cuda_params &p, int b, int h, int i, int j,
                                              uint32_t r[4]) {
   const uint32_t key[2] = {(uint32_t)p.seed, (uint32_t)(p.seed >> 32)};
-  const uint32_t ctr[4] = {(uint32_t)i, (uint32_t)j >> 2, (uint32_t)h, (uint32_t)b};
+  const uint32_t ctr[4] = {(uint32_t)i + p.pos_i0, ((uint32_t)j + p.pos_j0) >> 2, (uint32_t)h + p.pos_h0,
+                           (uint32_t)b + p.pos_b0};
   attn_philox4x32_10(ctr, key, r);
 }
 

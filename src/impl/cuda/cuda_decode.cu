@@ -604,7 +604,7 @@ __global__ void __launch_bounds__(Shape<KD, G>::kThreads, Shape<KD, G>::kMinBloc
 
   /* the keys the rows can see (the union of their windows), this split's part in whole tiles */
   const int len = seq_len(p, b);
-  const int o = p.align_bottom_right ? len - Tq : 0;
+  const int o = p.offset_given ? p.offset : p.align_bottom_right ? len - Tq : 0;
   const int lo = p.window_left >= 0 ? min(len, max(0, o - p.window_left)) : 0;
   int hi = p.window_right >= 0 ? min(len, max(0, o + Tq + p.window_right)) : len;
   if (hi < lo) hi = lo;

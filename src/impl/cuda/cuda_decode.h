@@ -62,6 +62,7 @@ typedef struct attn_cuda_decode_params {
   float scale, softcap;              /* softcap 0 = off */
   int32_t window_left, window_right; /* -1 = unbounded; causal folded into right = 0 */
   int32_t align_bottom_right;
+  int32_t offset_given, offset; /* attn_cuda_params' own: a run placed in a larger problem */
 
   int32_t splits;     /* key splits per (sequence, KV head, row chunk) */
   float *partials;    /* workspace: attn_cuda_decode_workspace bytes */

@@ -72,6 +72,13 @@ typedef struct attn_cuda_params {
   float softcap; /* 0 = off */
   int32_t window_left, window_right; /* -1 = unbounded; causal already folded into right = 0 */
   int32_t align_bottom_right;
+  /* Where the run sits in a larger problem (attn_positions, one piece per axis; cuda.c,
+   * place_run): the Philox counter of (b, h, i, j) is that of (b + pos_b0, h + pos_h0, i + pos_i0,
+   * j + pos_j0), pos_j0 a multiple of 4 (the kernels share one call among 4 keys); with
+   * offset_given the band and ALiBi compare i + offset - j (offset = the larger problem's
+   * alignment offset + pos_i0 - pos_j0) instead of the run's own alignment. */
+  int32_t offset_given, offset;
+  uint32_t pos_b0, pos_h0, pos_i0, pos_j0;
   float dropout_p;
   uint32_t drop_threshold;
   float keep_scale; /* 1 / (1 - p) */

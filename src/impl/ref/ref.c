@@ -657,5 +657,5 @@ const attn_impl attn_ref_impl = {
     .plan_fini = NULL,
     .forward = ref_forward,
     .backward = ref_backward,
-    .honours_positions = 1,
+    .honours_positions = ATTN_POSITIONS_ANY,
 };
