@@ -24,7 +24,9 @@
  * f8e4m3 problems (docs/FP8.md, forward only) run on compute capability 9.0 alone, on the sm90 fp8
  * forward (sm90/sm90_fwd_fp8.cuh; V transposed into the workspace first): configurations
  * "sm90_fp8" (default) and "sm90_fp8_pingpong", at D = 128 also "sm90_fp8_n192" (192-key
- * blocks).
+ * blocks). A run can sit inside a larger problem (attn_positions, one piece per axis: the
+ * distributed layer's ring blocks and batch or head shards; place_run): its band and ALiBi then
+ * use the global diagonal, and dropout the global Philox counters.
  */
 #include "impl/impl.h"
 
