@@ -63,6 +63,8 @@ typedef struct tcase {
   int64_t sinks; /* num_sinks */
   int pairs;     /* run under ATTN_DIST_RING_BLOCKS=pairs */
   int alibi;     /* ALiBi slopes per query head */
+  int mask;      /* a boolean mask [B, 1, Tq, Tk], a fifth of it 0 */
+  int segments;  /* segment ids: two segments a sequence, and padding (-1) at the ends */
 } tcase;
 
 /* The global data and the single-device results, on the host: q, k, v, dout and the optional
@@ -71,6 +73,7 @@ typedef struct global {
   attn_problem p;
   tu_buf q, k, v, dout, out, lse, dq, dk, dv;
   tu_buf alibi, sinks, dsinks;
+  tu_buf mask, qseg, kseg; /* u8 [B, 1, Tq, Tk], i32 [B, Tq] and [B, Tk] */
 } global;
 
 /* Dropout's Philox key: the same on one device and on every rank. */
@@ -80,14 +83,23 @@ typedef struct global {
  * the case has none. */
 static void *upload_heads(int device, const tu_buf *all, int64_t h0, int64_t heads, int64_t per);
 
-/* The inputs and results beyond tu_args_dense's: dropout's seed, the slopes, the sinks, dsinks. */
-static void add_features(tu_args *x, const attn_problem *p, void *alibi, void *sinks,
-                         void *dsinks) {
+/* The inputs and results beyond tu_args_dense's: dropout's seed, the slopes, the sinks, dsinks,
+ * the mask and the segment ids (NULL: none). */
+static void add_features(tu_args *x, const attn_problem *p, void *alibi, void *sinks, void *dsinks,
+                         void *const mask_seg[3]) {
   x->in.dropout_seed = DROPOUT_SEED;
   if (alibi != NULL) x->in.alibi_slopes = attn_tensor_dense(alibi);
   if (sinks != NULL) x->in.sinks = attn_tensor_dense(sinks);
   if (dsinks != NULL && p->num_sinks > 0) x->grads.dsinks = attn_tensor_dense(dsinks);
+  if (mask_seg[0] != NULL) x->in.mask = attn_tensor_dense(mask_seg[0]);
+  if (mask_seg[1] != NULL) {
+    x->in.q_segment_ids = attn_tensor_dense(mask_seg[1]);
+    x->in.kv_segment_ids = attn_tensor_dense(mask_seg[2]);
+  }
 }
+
+/* Uploads a buffer, or gives NULL for an empty one. */
+static void *upload_some(int device, const tu_buf *b);
 
 typedef struct rank_job {
   const tcase *c;
@@ -133,6 +145,10 @@ static tu_buf fetch(int device, const void *d, attn_dtype dt, int64_t n) {
     exit(1);
   }
   return b;
+}
+
+static void *upload_some(int device, const tu_buf *b) {
+  return b->n > 0 ? upload_on(device, b) : NULL;
 }
 
 static void *upload_heads(int device, const tu_buf *all, int64_t h0, int64_t heads, int64_t per) {
@@ -287,9 +303,28 @@ static void *run_rank(void *arg) {
     ddsinks = upload_on(dv_, &nan_s);
     tu_buf_free(&nan_s);
   }
+  /* the mask's rows and the query segment ids are this rank's rows; the mask keeps every key
+   * column, and the kv segment ids are this rank's keys (docs/DISTRIBUTED.md) */
+  tu_buf lmask = {0}, lqseg = {0}, lkseg = {0};
+  if (g->mask.n > 0) {
+    const int64_t gm[4] = {p.batch, 1, p.seqlen_q, p.seqlen_k},
+                  lm[4] = {l.batch, 1, l.seqlen_q, p.seqlen_k};
+    const int64_t *const mmap[4] = {bmap, NULL, tqmap, NULL};
+    lmask = tu_box4(&g->mask, gm, NULL, lm, mmap);
+  }
+  if (g->qseg.n > 0) {
+    const int64_t gsq[4] = {p.batch, p.seqlen_q, 1, 1}, lsq[4] = {l.batch, l.seqlen_q, 1, 1};
+    const int64_t gsk[4] = {p.batch, p.seqlen_k, 1, 1}, lsk[4] = {l.batch, l.seqlen_k, 1, 1};
+    const int64_t *const sqmap[4] = {bmap, tqmap, NULL, NULL}, *const skmap[4] = {bmap, tkmap, NULL,
+                                                                                  NULL};
+    lqseg = tu_box4(&g->qseg, gsq, NULL, lsq, sqmap),
+    lkseg = tu_box4(&g->kseg, gsk, NULL, lsk, skmap);
+  }
+  void *const dmask_seg[3] = {upload_some(dv_, &lmask), upload_some(dv_, &lqseg),
+                              upload_some(dv_, &lkseg)};
   tu_args x;
   tu_args_dense(&x, dq_in, dk_in, dv_in, dout_o, dlse, ddout, ddq, ddk, ddv);
-  add_features(&x, &p, dalibi, dsinks_in, ddsinks);
+  add_features(&x, &p, dalibi, dsinks_in, ddsinks, dmask_seg);
   st = attn_dist_plan_forward(plan, &x.in, &x.out);
   report(j, st == ATTN_STATUS_OK, "forward", st == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
   int ring = 0;
@@ -347,6 +382,9 @@ static void *run_rank(void *arg) {
   for (int i = 0; i < 12; ++i)
     if (bufs[i] != NULL) gpu->release(dv_, bufs[i]);
   tu_buf_free(&want_dsinks);
+  for (int i = 0; i < 3; ++i)
+    if (dmask_seg[i] != NULL) gpu->release(dv_, dmask_seg[i]);
+  tu_buf_free(&lmask), tu_buf_free(&lqseg), tu_buf_free(&lkseg);
   tu_buf *hb[9] = {&q, &k, &v, &dout, &want_out, &want_lse, &want_dq, &want_dk, &want_dv};
   for (int i = 0; i < 9; ++i) tu_buf_free(hb[i]);
   free(bmap), free(tqmap), free(tkmap), free(hqmap), free(hkmap);
@@ -367,12 +405,33 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
   if (c->has_window) p->window_left = c->window_left;
   p->num_sinks = c->sinks;
   if (c->alibi) p->alibi = ATTN_ALIBI_PER_HEAD;
+  if (c->mask) {
+    p->has_mask = 1;
+    p->mask_shape[0] = c->B, p->mask_shape[1] = 1, p->mask_shape[2] = c->Tq,
+    p->mask_shape[3] = c->Tk;
+  }
+  p->has_segment_ids = c->segments;
   tu_rng rng = tu_rng_make(seed);
   g->alibi = tu_buf_new(ATTN_DTYPE_F32, c->alibi ? c->Hq : 0);
   g->sinks = tu_buf_new(ATTN_DTYPE_F32, c->Hq * c->sinks);
   g->dsinks = tu_buf_new(ATTN_DTYPE_F32, c->Hq * c->sinks);
   if (g->alibi.n > 0) tu_fill_uniform(&g->alibi, &rng, 0.05, 0.5);
   if (g->sinks.n > 0) tu_fill_uniform(&g->sinks, &rng, -1, 1);
+  g->mask = tu_buf_new(ATTN_DTYPE_U8, c->mask ? c->B * c->Tq * c->Tk : 0);
+  if (g->mask.n > 0) {
+    tu_buf u = tu_buf_new(ATTN_DTYPE_F32, g->mask.n);
+    tu_fill_uniform(&u, &rng, 0, 1);
+    for (int64_t i = 0; i < g->mask.n; ++i) tu_set(&g->mask, i, tu_get(&u, i) < 0.8);
+    tu_buf_free(&u);
+  }
+  g->qseg = tu_buf_new(ATTN_DTYPE_I32, c->segments ? c->B * c->Tq : 0);
+  g->kseg = tu_buf_new(ATTN_DTYPE_I32, c->segments ? c->B * c->Tk : 0);
+  for (int64_t b = 0; b < (c->segments ? c->B : 0); ++b) { /* two segments, ends padded (-1) */
+    for (int64_t i = 0; i < c->Tq; ++i)
+      tu_set(&g->qseg, b * c->Tq + i, i < c->Tq / 3 + b ? 0 : i < c->Tq - 1 ? 1 : -1);
+    for (int64_t j = 0; j < c->Tk; ++j)
+      tu_set(&g->kseg, b * c->Tk + j, j < c->Tk / 3 + b ? 0 : j < c->Tk - 2 ? 1 : -1);
+  }
   const int64_t nq = c->B * c->Tq * c->Hq * c->D, nk = c->B * c->Tk * c->Hkv * c->D;
   g->q = tu_buf_new(ATTN_DTYPE_BF16, nq), g->dout = tu_buf_new(ATTN_DTYPE_BF16, nq);
   g->k = tu_buf_new(ATTN_DTYPE_BF16, nk), g->v = tu_buf_new(ATTN_DTYPE_BF16, nk);
@@ -388,11 +447,13 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
   void *alibi = upload_heads(0, &g->alibi, 0, c->Hq, 1),
        *sinks = upload_heads(0, &g->sinks, 0, c->Hq, c->sinks);
   void *dsinks = upload_heads(0, &g->dsinks, 0, c->Hq, c->sinks);
+  void *const mask_seg[3] = {upload_some(0, &g->mask), upload_some(0, &g->qseg),
+                             upload_some(0, &g->kseg)};
   attn_ctx *ctx;
   attn_ctx_create(&ctx);
   tu_args x;
   tu_args_dense(&x, q, k, v, out, lse, dout, dq, dk, dv);
-  add_features(&x, p, alibi, sinks, dsinks);
+  add_features(&x, p, alibi, sinks, dsinks, mask_seg);
   /* A plan with its device workspace (the one-call attn_forward allocates none on a GPU). */
   attn_plan *plan = NULL;
   void *ws = NULL;
@@ -420,8 +481,9 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
     tu_buf_free(&g->dsinks);
     g->dsinks = fetch(0, dsinks, ATTN_DTYPE_F32, c->Hq * c->sinks);
   }
-  void *bufs[12] = {q, k, v, dout, out, lse, dq, dk, dv, alibi, sinks, dsinks};
-  for (int i = 0; i < 12; ++i)
+  void *bufs[15] = {q,  k,     v,     dout,   out,         lse,         dq,         dk,
+                    dv, alibi, sinks, dsinks, mask_seg[0], mask_seg[1], mask_seg[2]};
+  for (int i = 0; i < 15; ++i)
     if (bufs[i] != NULL) gpu->release(0, bufs[i]);
   attn_ctx_destroy(ctx);
   tu_check(ok, "%s: single-device oracle", c->name);
@@ -429,9 +491,9 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
 }
 
 static void free_global(global *g) {
-  tu_buf *b[12] = {&g->q,  &g->k,  &g->v,  &g->dout,  &g->out,   &g->lse,
-                   &g->dq, &g->dk, &g->dv, &g->alibi, &g->sinks, &g->dsinks};
-  for (int i = 0; i < 12; ++i) tu_buf_free(b[i]);
+  tu_buf *b[15] = {&g->q,  &g->k,     &g->v,     &g->dout,   &g->out,  &g->lse,  &g->dq,  &g->dk,
+                   &g->dv, &g->alibi, &g->sinks, &g->dsinks, &g->mask, &g->qseg, &g->kseg};
+  for (int i = 0; i < 15; ++i) tu_buf_free(b[i]);
 }
 
 /* The cases on n ranks; sizes depend on n so that every split divides (odd chunk lengths). */
@@ -463,6 +525,8 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
+                     0,
                      0};
   out[k++] = (tcase){"head split GQA",
                      1,
@@ -480,6 +544,8 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      NULL,
+                     0,
+                     0,
                      0,
                      0,
                      0,
@@ -507,6 +573,8 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
+                     0,
                      0};
   out[k++] = (tcase){"ring contiguous Tq!=Tk",
                      1,
@@ -524,6 +592,8 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      NULL,
+                     0,
+                     0,
                      0,
                      0,
                      0,
@@ -551,6 +621,8 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
+                     0,
                      0};
   out[k++] = (tcase){"ring zigzag softcap",
                      1,
@@ -573,6 +645,8 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
+                     0,
                      0};
   out[k++] = (tcase){"ring zigzag causal MHA",
                      1,
@@ -590,6 +664,8 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      NULL,
+                     0,
+                     0,
                      0,
                      0,
                      0,
@@ -618,6 +694,8 @@ static int cases_for(int n, tcase *out) {
                        0,
                        0,
                        0,
+                       0,
+                       0,
                        0};
     out[k++] = (tcase){"batch x ring contiguous",
                        2,
@@ -640,10 +718,12 @@ static int cases_for(int n, tcase *out) {
                        0,
                        0,
                        0,
+                       0,
+                       0,
                        0};
     out[k++] =
         (tcase){"two sequence axes", 2, {S, S}, {2, 2}, Z, AUTO, 1, 1, 64, 64, 4, 4, 64, 0, 0,
-                "all-to-all",        0, 0,      0,      0, 0,    0};
+                "all-to-all",        0, 0,      0,      0, 0,    0, 0, 0};
   }
   out[k++] = (tcase){"all-to-all strategy",
                      1,
@@ -666,10 +746,12 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
+                     0,
                      0};
   out[k++] =
       (tcase){"ring dropout", 1, {S, 0}, {n, 0}, C, AUTO, 0, 1, 16 * n, 16 * n, 2, 2, 64, 0, 0.1,
-              NULL,           0, 0,      0,      0, 0,    0};
+              NULL,           0, 0,      0,      0, 0,    0, 0, 0};
   /* A step's hull of chunks as one call: its mask must be the global one (test_dist_blocks
    * checks the geometry key by key; these run it). */
   const int BR = ATTN_ALIGN_BOTTOM_RIGHT;
@@ -694,6 +776,8 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
+                     0,
                      0};
   out[k++] = (tcase){"ring zigzag GQA 4:1",
                      1,
@@ -711,6 +795,8 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      NULL,
+                     0,
+                     0,
                      0,
                      0,
                      0,
@@ -740,6 +826,8 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
+                     0,
                      0};
   out[k++] = (tcase){"ring zigzag causal pairs",
                      1,
@@ -762,6 +850,8 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      1,
+                     0,
+                     0,
                      0};
   out[k++] = (tcase){"ring causal Tq!=Tk",
                      1,
@@ -784,13 +874,15 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
+                     0,
                      0};
   /* Placed pairs (one piece of positions per axis, the cuda kernels' offset and Philox bases):
    * masks cut where no plan of the block's shape is, ALiBi's global distances, dropout's global
    * counters; and the sinks, once. */
   out[k++] =
       (tcase){"ring window", 1, {S, 0}, {n, 0}, C, AUTO, 1, 1, 32 * n, 32 * n, 2, 2, 64, 0, 0,
-              NULL,          0, 1,      40,     0, 0,    0};
+              NULL,          0, 1,      40,     0, 0,    0, 0, 0};
   out[k++] = (tcase){"ring causal Tq!=Tk bottom-right window",
                      1,
                      {S, 0},
@@ -812,9 +904,11 @@ static int cases_for(int n, tcase *out) {
                      30,
                      0,
                      0,
+                     0,
+                     0,
                      0};
   out[k++] = (tcase){"ring sinks", 1, {S, 0}, {n, 0}, Z, AUTO, 1, 1, 32 * n, 32 * n, 2, 2,
-                     64,           0, 0,      NULL,   0, 0,    0, 2, 0,      0};
+                     64,           0, 0,      NULL,   0, 0,    0, 2, 0,      0,      0, 0};
   out[k++] = (tcase){"ring zigzag causal ALiBi",
                      1,
                      {S, 0},
@@ -836,7 +930,9 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
-                     1};
+                     1,
+                     0,
+                     0};
   out[k++] = (tcase){"ring ALiBi window softcap sinks d128",
                      1,
                      {S, 0},
@@ -858,7 +954,9 @@ static int cases_for(int n, tcase *out) {
                      20,
                      1,
                      0,
-                     1};
+                     1,
+                     0,
+                     0};
   out[k++] = (tcase){"ring zigzag causal dropout",
                      1,
                      {S, 0},
@@ -875,6 +973,8 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0.2,
                      NULL,
+                     0,
+                     0,
                      0,
                      0,
                      0,
@@ -902,7 +1002,9 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
-                     1};
+                     1,
+                     0,
+                     0};
   out[k++] = (tcase){"batch split dropout",
                      1,
                      {BT, 0},
@@ -919,6 +1021,8 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0.1,
                      NULL,
+                     0,
+                     0,
                      0,
                      0,
                      0,
@@ -946,7 +1050,9 @@ static int cases_for(int n, tcase *out) {
                      0,
                      1,
                      0,
-                     1};
+                     1,
+                     0,
+                     0};
   if (n == 4)
     out[k++] = (tcase){"heads x ring zigzag ALiBi sinks",
                        2,
@@ -969,7 +1075,82 @@ static int cases_for(int n, tcase *out) {
                        0,
                        1,
                        0,
-                       1};
+                       1,
+                       0,
+                       0};
+  /* masks and segment ids: sliced per block, the kv segment ids travelling with the slice */
+  out[k++] = (tcase){"ring zigzag causal mask",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     Z,
+                     AUTO,
+                     1,
+                     1,
+                     2 * 18 * n,
+                     2 * 18 * n,
+                     4,
+                     2,
+                     64,
+                     0,
+                     0,
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0,
+                     1,
+                     0};
+  out[k++] = (tcase){"ring segments ALiBi window mask",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     C,
+                     AUTO,
+                     0,
+                     2,
+                     24 * n,
+                     24 * n,
+                     2,
+                     2,
+                     64,
+                     0,
+                     0,
+                     NULL,
+                     0,
+                     1,
+                     30,
+                     0,
+                     0,
+                     1,
+                     1,
+                     1};
+  out[k++] = (tcase){"ring zigzag causal segments sinks",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     Z,
+                     AUTO,
+                     1,
+                     1,
+                     2 * 16 * n,
+                     2 * 16 * n,
+                     2,
+                     1,
+                     64,
+                     0,
+                     0,
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     1,
+                     0,
+                     0,
+                     0,
+                     1};
   /* dropout on the device ring needs key chunks of a multiple of 4 keys (one Philox call a 4) */
   out[k++] = (tcase){"ring dropout odd chunks",
                      1,
@@ -987,6 +1168,8 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0.1,
                      "multiple of 4",
+                     0,
+                     0,
                      0,
                      0,
                      0,

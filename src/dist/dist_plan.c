@@ -539,9 +539,10 @@ static attn_status make_groups(attn_dist_plan *plan, char *why, size_t why_size)
  * call's own mask is the global one (a causal mask with seqlen_q == seqlen_k, in the zigzag layout
  * one call a step; no mask), else one pair of chunks at a time at its global positions, which the
  * cuda kernels take in one piece per axis: any mask, ALiBi, dropout (key chunks of a multiple of
- * 4 keys: the kernels share one Philox call among 4), the soft cap; sinks enter once, as on the
- * host. Bias, masks and segment ids, which need per-block slices (and dbias sums) on the device,
- * are refused with the reason. Sets plan->device_ring. */
+ * 4 keys: the kernels share one Philox call among 4), the soft cap, masks and segment ids
+ * (sliced per block as on the host, the kv segment ids travelling with the slice); sinks enter
+ * once, as on the host. A bias, whose dbias the device ring does not sum, is refused with the
+ * reason. Sets plan->device_ring. */
 static attn_status check_device_ring(attn_dist_plan *plan, const attn_dist_spec *spec) {
   attn_ctx *ctx = plan->ctx;
   const attn_problem *g = &plan->global;
@@ -550,16 +551,11 @@ static attn_status check_device_ring(attn_dist_plan *plan, const attn_dist_spec 
                      "device=cuda with %s: the all-to-all's reordering runs on host memory; CUDA "
                      "tensors run the ring over one sequence axis (strategy RING or AUTO)",
                      plan->hybrid ? "two sequence axes" : "strategy=all-to-all");
-  const char *feature = g->has_bias          ? "a bias"
-                        : g->has_mask        ? "a mask"
-                        : g->has_segment_ids ? "segment ids"
-                                             : NULL;
-  if (feature != NULL)
+  if (g->has_bias)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
-                     "device=cuda with a split sequence and %s: the device ring does not slice "
-                     "it per block yet; batch and head splits of CUDA tensors run it, and so does "
-                     "the CPU ring (docs/DISTRIBUTED.md)",
-                     feature);
+                     "device=cuda with a split sequence and a bias: the device ring does not sum "
+                     "dbias on the device yet; batch and head splits of CUDA tensors run it, and "
+                     "so does the CPU ring (docs/DISTRIBUTED.md)");
   const int64_t key_chunk = g->seqlen_k / (plan->ns * plan->chunks);
   if (g->dropout_p > 0.0 && key_chunk % 4 != 0)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,

@@ -40,9 +40,9 @@
 /* Everything one run shares: sizes of the local problem and of its blocks. */
 typedef struct ring {
   attn_dist_plan *plan;
-  const attn_problem *l;                     /* local problem */
-  attn_dtype dt, stat;                       /* tensors, and lse / sinks */
-  size_t es;                                 /* bytes per tensor element */
+  const attn_problem *l; /* local problem */
+  attn_dtype dt, stat;   /* tensors, and lse / sinks */
+  size_t es;             /* bytes per tensor element */
   /* The host blocks' partial results (out, dq, dk, dv) and the sums they join: f32, or f64 for an
    * f64 problem (attn_positions.partial), never rounded to a low-precision dtype on the way. */
   attn_dtype pdt;
@@ -932,7 +932,8 @@ static void transfers_on(attn_dist_plan *plan, void *stream) {
   if (plan->ops->set_stream != NULL) plan->ops->set_stream(plan->ring_comm, stream);
 }
 
-/* Packs the caller's local K and V densely into one message, on the caller's stream. */
+/* Packs the caller's local K, V (and kv segment ids) densely into one message, on the caller's
+ * stream. */
 static attn_status device_pack_kv(const ring *g, const attn_inputs *in, char *buf) {
   attn_dist_plan *plan = g->plan;
   const int32_t dev = plan->global.device_index;
@@ -942,6 +943,12 @@ static attn_status device_pack_kv(const ring *g, const attn_inputs *in, char *bu
   const int64_t vd[4] = {g->Tk * g->Hkv * g->Dv, g->Hkv * g->Dv, g->Dv, 1};
   DEV("packing K", copy, dev, buf, kd, in->k.data, g->ks, kshape, g->es, plan->stream);
   DEV("packing V", copy, dev, buf + g->k_bytes, vd, in->v.data, g->vs, vshape, g->es, plan->stream);
+  if (g->seg) {
+    const int64_t sshape[4] = {g->B, g->Tk, 1, 1}, sd[4] = {g->Tk, 1, 0, 0};
+    const int64_t ss[4] = {g->kseg_s[0], g->kseg_s[1], 0, 0};
+    DEV("packing the kv segment ids", copy, dev, buf + g->k_bytes + g->v_bytes, sd,
+        in->kv_segment_ids.data, ss, sshape, 4, plan->stream);
+  }
 done:
   return status;
 }
