@@ -337,8 +337,9 @@ static void *run_rank(void *arg) {
     char detail[128];
     snprintf(detail, sizeof detail, "%d calls in %d steps", (int)stats.blocks, (int)stats.steps);
     const int zigzag = c->layout == ATTN_DIST_LAYOUT_ZIGZAG;
-    /* ALiBi and dropout place every pair of chunks: a zigzag step is then several calls */
-    const int placed = c->alibi || c->dropout > 0;
+    /* ALiBi and dropout place every pair of chunks, and a mask over keys keeps key chunks
+     * apart: a zigzag step is then several calls */
+    const int placed = c->alibi || c->dropout > 0 || c->mask;
     report(j,
            c->pairs || (placed && zigzag) ? stats.blocks > stats.steps
            : zigzag && c->Tq == c->Tk && (!c->has_window || c->window_left == 0)
