@@ -66,7 +66,13 @@ typedef struct tcase {
   int alibi;     /* ALiBi slopes per query head */
   int mask;      /* a boolean mask [B, 1, Tq, Tk], a fifth of it 0 */
   int segments;  /* segment ids: two segments a sequence, and padding (-1) at the ends */
+  int bias;      /* BIAS_*: none, or a bias of that shape, with dbias */
 } tcase;
+
+/* The biases of the cases: full [B, Hq, Tq, Tk] f32; [1, 1, Tq, Tk] bf16 (dbias summed over batch
+ * and heads); [B, 1, 1, Tk] f32, broadcast over the rows, whose dbias the device ring refuses
+ * under a split sequence (the backward must say so; the forward runs). */
+enum { BIAS_NONE, BIAS_FULL, BIAS_ROWS_KEYS, BIAS_KEYS };
 
 /* The global data and the single-device results, on the host: q, k, v, dout and the optional
  * ALiBi slopes [Hq] and sinks [Hq, S] (f32; empty when the case has none), with dsinks. */
@@ -75,6 +81,7 @@ typedef struct global {
   tu_buf q, k, v, dout, out, lse, dq, dk, dv;
   tu_buf alibi, sinks, dsinks;
   tu_buf mask, qseg, kseg; /* u8 [B, 1, Tq, Tk], i32 [B, Tq] and [B, Tk] */
+  tu_buf bias, dbias;      /* of p.bias_shape, p.bias_dtype */
 } global;
 
 /* Dropout's Philox key: the same on one device and on every rank. */
@@ -87,8 +94,10 @@ static void *upload_heads(int device, const tu_buf *all, int64_t h0, int64_t hea
 /* The inputs and results beyond tu_args_dense's: dropout's seed, the slopes, the sinks, dsinks,
  * the mask and the segment ids (NULL: none). */
 static void add_features(tu_args *x, const attn_problem *p, void *alibi, void *sinks, void *dsinks,
-                         void *const mask_seg[3]) {
+                         void *const mask_seg[3], void *const bias_dbias[2]) {
   x->in.dropout_seed = DROPOUT_SEED;
+  if (bias_dbias[0] != NULL) x->in.bias = attn_tensor_dense(bias_dbias[0]);
+  if (bias_dbias[1] != NULL) x->grads.dbias = attn_tensor_dense(bias_dbias[1]);
   if (alibi != NULL) x->in.alibi_slopes = attn_tensor_dense(alibi);
   if (sinks != NULL) x->in.sinks = attn_tensor_dense(sinks);
   if (dsinks != NULL && p->num_sinks > 0) x->grads.dsinks = attn_tensor_dense(dsinks);
@@ -323,9 +332,26 @@ static void *run_rank(void *arg) {
   }
   void *const dmask_seg[3] = {upload_some(dv_, &lmask), upload_some(dv_, &lqseg),
                               upload_some(dv_, &lkseg)};
+  /* the bias: this rank's batch entries, heads and rows where it has them, every key column */
+  tu_buf lbias = {0}, want_dbias = {0};
+  void *dbias_in = NULL, *ddbias = NULL;
+  if (g->bias.n > 0) {
+    const int64_t *gb = p.bias_shape;
+    const int64_t lb[4] = {gb[0] == 1 ? 1 : l.batch, gb[1] == 1 ? 1 : l.heads_q,
+                           gb[2] == 1 ? 1 : l.seqlen_q, gb[3]};
+    const int64_t *const bm[4] = {gb[0] == 1 ? NULL : bmap, gb[1] == 1 ? NULL : hqmap,
+                                  gb[2] == 1 ? NULL : tqmap, NULL};
+    lbias = tu_box4(&g->bias, gb, NULL, lb, bm), want_dbias = tu_box4(&g->dbias, gb, NULL, lb, bm);
+    dbias_in = upload_on(dv_, &lbias);
+    tu_buf nan_b = tu_buf_new(want_dbias.dtype, want_dbias.n);
+    for (int64_t i = 0; i < nan_b.n; ++i) tu_set(&nan_b, i, NAN);
+    ddbias = upload_on(dv_, &nan_b);
+    tu_buf_free(&nan_b);
+  }
+  void *const dbias_dbias[2] = {dbias_in, ddbias};
   tu_args x;
   tu_args_dense(&x, dq_in, dk_in, dv_in, dout_o, dlse, ddout, ddq, ddk, ddv);
-  add_features(&x, &p, dalibi, dsinks_in, ddsinks, dmask_seg);
+  add_features(&x, &p, dalibi, dsinks_in, ddsinks, dmask_seg, dbias_dbias);
   st = attn_dist_plan_forward(plan, &x.in, &x.out);
   report(j, st == ATTN_STATUS_OK, "forward", st == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
   int ring = 0;
@@ -338,9 +364,9 @@ static void *run_rank(void *arg) {
     char detail[128];
     snprintf(detail, sizeof detail, "%d calls in %d steps", (int)stats.blocks, (int)stats.steps);
     const int zigzag = c->layout == ATTN_DIST_LAYOUT_ZIGZAG;
-    /* ALiBi and dropout place every pair of chunks, and a mask over keys keeps key chunks
-     * apart: a zigzag step is then several calls */
-    const int placed = c->alibi || c->dropout > 0 || c->mask;
+    /* ALiBi and dropout place every pair of chunks, and a mask or bias over keys keeps key
+     * chunks apart: a zigzag step is then several calls */
+    const int placed = c->alibi || c->dropout > 0 || c->mask || c->bias != BIAS_NONE;
     report(j,
            c->pairs || (placed && zigzag) ? stats.blocks > stats.steps
            : zigzag && c->Tq == c->Tk && (!c->has_window || c->window_left == 0)
@@ -348,6 +374,16 @@ static void *run_rank(void *arg) {
                : stats.blocks >= 1,
            c->pairs || placed ? "runs one call per pair of chunks" : "runs one call per step",
            detail);
+  }
+  /* dbias of a bias broadcast over rows: refused on the device ring, run elsewhere */
+  const int dbias_refused = c->bias == BIAS_KEYS && ring;
+  if (st == ATTN_STATUS_OK && dbias_refused) {
+    st = attn_dist_plan_backward(plan, &x.in, &x.out, &x.dout, &x.grads);
+    const char *why_b = attn_ctx_last_error(ctx);
+    report(j, st == ATTN_STATUS_UNSUPPORTED && strstr(why_b, "query rows and keys") != NULL,
+           "backward: dbias of a row-broadcast bias is refused with the reason", why_b);
+    x.grads.dbias = attn_tensor_dense(NULL); /* the rest of the backward, without it */
+    st = ATTN_STATUS_OK;
   }
   if (st == ATTN_STATUS_OK) {
     st = attn_dist_plan_backward(plan, &x.in, &x.out, &x.dout, &x.grads);
@@ -374,6 +410,11 @@ static void *run_rank(void *arg) {
       compare(j, "dsinks", &got_dsinks, &want_dsinks, 2e-2);
       tu_buf_free(&got_dsinks);
     }
+    if (ddbias != NULL && !dbias_refused) {
+      tu_buf got_dbias = fetch(dv_, ddbias, want_dbias.dtype, want_dbias.n);
+      compare(j, "dbias", &got_dbias, &want_dbias, 2e-2);
+      tu_buf_free(&got_dbias);
+    }
     tu_buf_free(&got_out), tu_buf_free(&got_lse), tu_buf_free(&got_dq), tu_buf_free(&got_dk);
     tu_buf_free(&got_dv);
   }
@@ -387,6 +428,8 @@ static void *run_rank(void *arg) {
   for (int i = 0; i < 3; ++i)
     if (dmask_seg[i] != NULL) gpu->release(dv_, dmask_seg[i]);
   tu_buf_free(&lmask), tu_buf_free(&lqseg), tu_buf_free(&lkseg);
+  if (dbias_in != NULL) gpu->release(dv_, dbias_in), gpu->release(dv_, ddbias);
+  tu_buf_free(&lbias), tu_buf_free(&want_dbias);
   tu_buf *hb[9] = {&q, &k, &v, &dout, &want_out, &want_lse, &want_dq, &want_dk, &want_dv};
   for (int i = 0; i < 9; ++i) tu_buf_free(hb[i]);
   free(bmap), free(tqmap), free(tkmap), free(hqmap), free(hkmap);
@@ -413,6 +456,14 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
     p->mask_shape[3] = c->Tk;
   }
   p->has_segment_ids = c->segments;
+  if (c->bias != BIAS_NONE) {
+    p->has_bias = 1;
+    p->bias_dtype = c->bias == BIAS_ROWS_KEYS ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F32;
+    p->bias_shape[0] = c->bias == BIAS_ROWS_KEYS ? 1 : c->B;
+    p->bias_shape[1] = c->bias == BIAS_FULL ? c->Hq : 1;
+    p->bias_shape[2] = c->bias == BIAS_KEYS ? 1 : c->Tq;
+    p->bias_shape[3] = c->Tk;
+  }
   tu_rng rng = tu_rng_make(seed);
   g->alibi = tu_buf_new(ATTN_DTYPE_F32, c->alibi ? c->Hq : 0);
   g->sinks = tu_buf_new(ATTN_DTYPE_F32, c->Hq * c->sinks);
@@ -426,6 +477,10 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
     for (int64_t i = 0; i < g->mask.n; ++i) tu_set(&g->mask, i, tu_get(&u, i) < 0.8);
     tu_buf_free(&u);
   }
+  const int64_t nb = p->bias_shape[0] * p->bias_shape[1] * p->bias_shape[2] * p->bias_shape[3];
+  g->bias = tu_buf_new((attn_dtype)p->bias_dtype, p->has_bias ? nb : 0);
+  g->dbias = tu_buf_new((attn_dtype)p->bias_dtype, p->has_bias ? nb : 0);
+  if (g->bias.n > 0) tu_fill_uniform(&g->bias, &rng, -1, 1);
   g->qseg = tu_buf_new(ATTN_DTYPE_I32, c->segments ? c->B * c->Tq : 0);
   g->kseg = tu_buf_new(ATTN_DTYPE_I32, c->segments ? c->B * c->Tk : 0);
   for (int64_t b = 0; b < (c->segments ? c->B : 0); ++b) { /* two segments, ends padded (-1) */
@@ -451,11 +506,12 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
   void *dsinks = upload_heads(0, &g->dsinks, 0, c->Hq, c->sinks);
   void *const mask_seg[3] = {upload_some(0, &g->mask), upload_some(0, &g->qseg),
                              upload_some(0, &g->kseg)};
+  void *const bias_dbias[2] = {upload_some(0, &g->bias), upload_some(0, &g->dbias)};
   attn_ctx *ctx;
   attn_ctx_create(&ctx);
   tu_args x;
   tu_args_dense(&x, q, k, v, out, lse, dout, dq, dk, dv);
-  add_features(&x, p, alibi, sinks, dsinks, mask_seg);
+  add_features(&x, p, alibi, sinks, dsinks, mask_seg, bias_dbias);
   /* A plan with its device workspace (the one-call attn_forward allocates none on a GPU). */
   attn_plan *plan = NULL;
   void *ws = NULL;
@@ -483,6 +539,14 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
     tu_buf_free(&g->dsinks);
     g->dsinks = fetch(0, dsinks, ATTN_DTYPE_F32, c->Hq * c->sinks);
   }
+  if (bias_dbias[1] != NULL) {
+    const attn_dtype bdt = g->dbias.dtype;
+    const int64_t n = g->dbias.n;
+    tu_buf_free(&g->dbias);
+    g->dbias = fetch(0, bias_dbias[1], bdt, n);
+  }
+  for (int i = 0; i < 2; ++i)
+    if (bias_dbias[i] != NULL) gpu->release(0, bias_dbias[i]);
   void *bufs[15] = {q,  k,     v,     dout,   out,         lse,         dq,         dk,
                     dv, alibi, sinks, dsinks, mask_seg[0], mask_seg[1], mask_seg[2]};
   for (int i = 0; i < 15; ++i)
@@ -496,6 +560,7 @@ static void free_global(global *g) {
   tu_buf *b[15] = {&g->q,  &g->k,     &g->v,     &g->dout,   &g->out,  &g->lse,  &g->dq,  &g->dk,
                    &g->dv, &g->alibi, &g->sinks, &g->dsinks, &g->mask, &g->qseg, &g->kseg};
   for (int i = 0; i < 15; ++i) tu_buf_free(b[i]);
+  tu_buf_free(&g->bias), tu_buf_free(&g->dbias);
 }
 
 /* The cases on n ranks; sizes depend on n so that every split divides (odd chunk lengths). */
@@ -529,6 +594,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
                      0};
   out[k++] = (tcase){"head split GQA",
                      1,
@@ -546,6 +612,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      NULL,
+                     0,
                      0,
                      0,
                      0,
@@ -577,6 +644,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
                      0};
   out[k++] = (tcase){"ring contiguous Tq!=Tk",
                      1,
@@ -594,6 +662,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      NULL,
+                     0,
                      0,
                      0,
                      0,
@@ -625,6 +694,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
                      0};
   out[k++] = (tcase){"ring zigzag softcap",
                      1,
@@ -649,6 +719,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
                      0};
   out[k++] = (tcase){"ring zigzag causal MHA",
                      1,
@@ -666,6 +737,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      NULL,
+                     0,
                      0,
                      0,
                      0,
@@ -698,6 +770,7 @@ static int cases_for(int n, tcase *out) {
                        0,
                        0,
                        0,
+                       0,
                        0};
     out[k++] = (tcase){"batch x ring contiguous",
                        2,
@@ -722,10 +795,11 @@ static int cases_for(int n, tcase *out) {
                        0,
                        0,
                        0,
+                       0,
                        0};
     out[k++] =
         (tcase){"two sequence axes", 2, {S, S}, {2, 2}, Z, AUTO, 1, 1, 64, 64, 4, 4, 64, 0, 0,
-                "all-to-all",        0, 0,      0,      0, 0,    0, 0, 0};
+                "all-to-all",        0, 0,      0,      0, 0,    0, 0, 0,  0};
   }
   out[k++] = (tcase){"all-to-all strategy",
                      1,
@@ -750,10 +824,11 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
                      0};
   out[k++] =
       (tcase){"ring dropout", 1, {S, 0}, {n, 0}, C, AUTO, 0, 1, 16 * n, 16 * n, 2, 2, 64, 0, 0.1,
-              NULL,           0, 0,      0,      0, 0,    0, 0, 0};
+              NULL,           0, 0,      0,      0, 0,    0, 0, 0,      0};
   /* A step's hull of chunks as one call: its mask must be the global one (test_dist_blocks
    * checks the geometry key by key; these run it). */
   const int BR = ATTN_ALIGN_BOTTOM_RIGHT;
@@ -780,6 +855,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
                      0};
   out[k++] = (tcase){"ring zigzag GQA 4:1",
                      1,
@@ -797,6 +873,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      NULL,
+                     0,
                      0,
                      0,
                      0,
@@ -830,6 +907,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
                      0};
   out[k++] = (tcase){"ring zigzag causal pairs",
                      1,
@@ -852,6 +930,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      1,
+                     0,
                      0,
                      0,
                      0};
@@ -878,13 +957,14 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
                      0};
   /* Placed pairs (one piece of positions per axis, the cuda kernels' offset and Philox bases):
    * masks cut where no plan of the block's shape is, ALiBi's global distances, dropout's global
    * counters; and the sinks, once. */
   out[k++] =
       (tcase){"ring window", 1, {S, 0}, {n, 0}, C, AUTO, 1, 1, 32 * n, 32 * n, 2, 2, 64, 0, 0,
-              NULL,          0, 1,      40,     0, 0,    0, 0, 0};
+              NULL,          0, 1,      40,     0, 0,    0, 0, 0,      0};
   out[k++] = (tcase){"ring causal Tq!=Tk bottom-right window",
                      1,
                      {S, 0},
@@ -908,9 +988,10 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
+                     0,
                      0};
-  out[k++] = (tcase){"ring sinks", 1, {S, 0}, {n, 0}, Z, AUTO, 1, 1, 32 * n, 32 * n, 2, 2,
-                     64,           0, 0,      NULL,   0, 0,    0, 2, 0,      0,      0, 0};
+  out[k++] = (tcase){"ring sinks", 1, {S, 0}, {n, 0}, Z, AUTO, 1, 1, 32 * n, 32 * n, 2, 2, 64, 0, 0,
+                     NULL,         0, 0,      0,      2, 0,    0, 0, 0,      0};
   out[k++] = (tcase){"ring zigzag causal ALiBi",
                      1,
                      {S, 0},
@@ -933,6 +1014,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      1,
+                     0,
                      0,
                      0};
   out[k++] = (tcase){"ring ALiBi window softcap sinks d128",
@@ -958,6 +1040,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      1,
                      0,
+                     0,
                      0};
   out[k++] = (tcase){"ring zigzag causal dropout",
                      1,
@@ -975,6 +1058,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0.2,
                      NULL,
+                     0,
                      0,
                      0,
                      0,
@@ -1006,6 +1090,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      1,
                      0,
+                     0,
                      0};
   out[k++] = (tcase){"batch split dropout",
                      1,
@@ -1023,6 +1108,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0.1,
                      NULL,
+                     0,
                      0,
                      0,
                      0,
@@ -1054,6 +1140,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      1,
                      0,
+                     0,
                      0};
   if (n == 4)
     out[k++] = (tcase){"heads x ring zigzag ALiBi sinks",
@@ -1078,6 +1165,7 @@ static int cases_for(int n, tcase *out) {
                        1,
                        0,
                        1,
+                       0,
                        0,
                        0};
   /* masks and segment ids: sliced per block, the kv segment ids travelling with the slice */
@@ -1104,6 +1192,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      1,
+                     0,
                      0};
   out[k++] = (tcase){"ring segments ALiBi window mask",
                      1,
@@ -1128,7 +1217,8 @@ static int cases_for(int n, tcase *out) {
                      0,
                      1,
                      1,
-                     1};
+                     1,
+                     0};
   out[k++] = (tcase){"ring zigzag causal segments sinks",
                      1,
                      {S, 0},
@@ -1152,7 +1242,111 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0,
                      0,
-                     1};
+                     1,
+                     0};
+  /* a bias: dbias in place block by block (rows and keys), summed over broadcast batch and heads
+   * by the kernels and over the head ranks by the plan; a row-broadcast one's dbias refused */
+  out[k++] = (tcase){"ring zigzag causal bias",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     Z,
+                     AUTO,
+                     1,
+                     1,
+                     2 * 14 * n,
+                     2 * 14 * n,
+                     4,
+                     2,
+                     64,
+                     0,
+                     0,
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0,
+                     BIAS_FULL};
+  out[k++] = (tcase){"ring window broadcast bias",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     C,
+                     AUTO,
+                     0,
+                     2,
+                     20 * n,
+                     20 * n,
+                     2,
+                     2,
+                     64,
+                     0,
+                     0,
+                     NULL,
+                     0,
+                     1,
+                     12,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0,
+                     BIAS_ROWS_KEYS};
+  out[k++] = (tcase){"ring row-broadcast bias",
+                     1,
+                     {S, 0},
+                     {n, 0},
+                     C,
+                     AUTO,
+                     1,
+                     2,
+                     16 * n,
+                     16 * n,
+                     2,
+                     2,
+                     64,
+                     0,
+                     0,
+                     NULL,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0,
+                     BIAS_KEYS};
+  if (n == 4)
+    out[k++] = (tcase){"heads x ring zigzag broadcast bias",
+                       2,
+                       {H, S},
+                       {2, 2},
+                       Z,
+                       AUTO,
+                       1,
+                       1,
+                       64,
+                       64,
+                       4,
+                       2,
+                       64,
+                       0,
+                       0,
+                       NULL,
+                       0,
+                       0,
+                       0,
+                       0,
+                       0,
+                       0,
+                       0,
+                       0,
+                       BIAS_ROWS_KEYS};
   /* dropout on the device ring needs key chunks of a multiple of 4 keys (one Philox call a 4) */
   out[k++] = (tcase){"ring dropout odd chunks",
                      1,
@@ -1170,6 +1364,7 @@ static int cases_for(int n, tcase *out) {
                      0,
                      0.1,
                      "multiple of 4",
+                     0,
                      0,
                      0,
                      0,
@@ -1223,7 +1418,7 @@ int main(void) {
     return 77;
   }
   for (int n = 2; n <= MAX_RANKS; ++n) {
-    tcase cases[48];
+    tcase cases[64];
     const int ncases = cases_for(n, cases);
     loopback_group world;
     loopback_group_init(&world, n);
@@ -1248,7 +1443,7 @@ int main(void) {
       tu_check(0, "ncclCommInitAll of 2 GPUs");
     } else {
       void *comms[2] = {&nc[0], &nc[1]};
-      tcase cases[48];
+      tcase cases[64];
       const int ncases = cases_for(2, cases);
       for (int i = 0; i < ncases; ++i) {
         if (!wanted(&cases[i])) continue;

@@ -175,5 +175,7 @@ attn_status attn_dist_reduce_dsinks(attn_dist_plan *plan, const attn_tensor *dsi
 /* Sums a dense double copy of the local dbias over the ranks whose bias is broadcast along the
  * dimension they split (nothing when there are none). */
 attn_status attn_dist_reduce_dbias(attn_dist_plan *plan, double *dbias);
+/* The same for the caller's dbias tensor, in place (staged through host memory on a GPU). */
+attn_status attn_dist_reduce_dbias_tensor(attn_dist_plan *plan, const attn_tensor *dbias);
 
 #endif /* ATTN_DIST_DIST_H */

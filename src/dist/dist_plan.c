@@ -540,9 +540,9 @@ static attn_status make_groups(attn_dist_plan *plan, char *why, size_t why_size)
  * one call a step; no mask), else one pair of chunks at a time at its global positions, which the
  * cuda kernels take in one piece per axis: any mask, ALiBi, dropout (key chunks of a multiple of
  * 4 keys: the kernels share one Philox call among 4), the soft cap, masks and segment ids
- * (sliced per block as on the host, the kv segment ids travelling with the slice); sinks enter
- * once, as on the host. A bias, whose dbias the device ring does not sum, is refused with the
- * reason. Sets plan->device_ring. */
+ * (sliced per block as on the host, the kv segment ids travelling with the slice), a bias
+ * (dbias written block by block in place where the bias has rows and keys: ring.c); sinks enter
+ * once, as on the host. Sets plan->device_ring. */
 static attn_status check_device_ring(attn_dist_plan *plan, const attn_dist_spec *spec) {
   attn_ctx *ctx = plan->ctx;
   const attn_problem *g = &plan->global;
@@ -551,11 +551,6 @@ static attn_status check_device_ring(attn_dist_plan *plan, const attn_dist_spec 
                      "device=cuda with %s: the all-to-all's reordering runs on host memory; CUDA "
                      "tensors run the ring over one sequence axis (strategy RING or AUTO)",
                      plan->hybrid ? "two sequence axes" : "strategy=all-to-all");
-  if (g->has_bias)
-    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
-                     "device=cuda with a split sequence and a bias: the device ring does not sum "
-                     "dbias on the device yet; batch and head splits of CUDA tensors run it, and "
-                     "so does the CPU ring (docs/DISTRIBUTED.md)");
   const int64_t key_chunk = g->seqlen_k / (plan->ns * plan->chunks);
   if (g->dropout_p > 0.0 && key_chunk % 4 != 0)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
@@ -857,6 +852,10 @@ static attn_status reduce_dbias_tensor(attn_dist_plan *plan, const attn_tensor *
   if (plan->bias_comm == NULL || dbias->data == NULL) return ATTN_STATUS_OK;
   return reduce_tensor(plan, plan->bias_comm, dbias, plan->local.bias_shape, 4,
                        (attn_dtype)plan->local.bias_dtype, "dbias");
+}
+
+attn_status attn_dist_reduce_dbias_tensor(attn_dist_plan *plan, const attn_tensor *dbias) {
+  return reduce_dbias_tensor(plan, dbias);
 }
 
 /* Packed varlen with the batch split: the rank's sequences hold cu_seqlens_q[B] and cu_seqlens_k[B]

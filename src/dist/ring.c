@@ -370,6 +370,14 @@ static void pack_kv(const ring *g, const attn_inputs *in, char *buf) {
 
 /* ---- one block ------------------------------------------------------------------------------- */
 
+/* Elements from the start of a bias- or mask-shaped tensor (strides st) to the block whose rows
+ * start at local row q_row and whose keys start at global key k0: such a tensor has the rank's
+ * query rows and every key column. */
+static int64_t bias_block_offset(const int64_t shape[4], const int64_t st[4], int64_t q_row,
+                                 int64_t k0) {
+  return (shape[2] != 1 ? q_row * st[2] : 0) + (shape[3] != 1 ? k0 * st[3] : 0);
+}
+
 /* The inputs of the block of query chunk a against key chunk c of the packed slice kv, whose
  * keys start at global position k0. */
 static attn_inputs block_inputs(const ring *g, const attn_inputs *in, int32_t a, const char *kv,
@@ -387,14 +395,12 @@ static attn_inputs block_inputs(const ring *g, const attn_inputs *in, int32_t a,
   const attn_problem *l = g->l;
   if (l->has_bias) {
     const size_t bes = attn_dtype_size((attn_dtype)l->bias_dtype);
-    int64_t off = (l->bias_shape[2] != 1 ? q_row * g->bias_s[2] : 0) +
-                  (l->bias_shape[3] != 1 ? k0 * g->bias_s[3] : 0);
+    const int64_t off = bias_block_offset(l->bias_shape, g->bias_s, q_row, k0);
     bi.bias.data = (char *)in->bias.data + (size_t)off * bes;
     memcpy(bi.bias.stride, g->bias_s, sizeof g->bias_s);
   }
   if (l->has_mask) {
-    int64_t off = (l->mask_shape[2] != 1 ? q_row * g->mask_s[2] : 0) +
-                  (l->mask_shape[3] != 1 ? k0 * g->mask_s[3] : 0);
+    const int64_t off = bias_block_offset(l->mask_shape, g->mask_s, q_row, k0);
     bi.mask.data = (char *)in->mask.data + off;
     memcpy(bi.mask.stride, g->mask_s, sizeof g->mask_s);
   }
@@ -1064,6 +1070,10 @@ typedef struct device_backward {
   int64_t nk_el, nkd; /* elements of the dK part, and of dK and dV, of a travelling slice */
   void *wsp;
   size_t ws;
+  /* The caller's dbias (data NULL when not asked) and its strides: a bias with query rows and
+   * keys, whose every element one block of this rank writes, in place. */
+  attn_tensor dbias;
+  int64_t dbias_s[4];
 } device_backward;
 
 static attn_status device_begin_step(void *self) {
@@ -1097,6 +1107,13 @@ static attn_status device_backward_block(void *self, const ring_block *rb, const
         plan->stream);
   }
   blk.fwd.lse = attn_tensor_dense(b->lb);
+  if (b->dbias.data != NULL) { /* the block's rows and keys of the caller's dbias */
+    const attn_problem *l = g->l;
+    const int64_t off = bias_block_offset(l->bias_shape, b->dbias_s, q_row, block_k0(g, rb));
+    blk.grads.dbias.data =
+        (char *)b->dbias.data + (size_t)off * attn_dtype_size((attn_dtype)l->bias_dtype);
+    memcpy(blk.grads.dbias.stride, b->dbias_s, sizeof b->dbias_s);
+  }
   const double t0 = attn_dist_now();
   status = attn_plan_backward(bp, &blk.in, &blk.fwd, &blk.dout, b->wsp, b->ws, &blk.grads);
   plan->stats.compute_seconds += attn_dist_now() - t0;
@@ -1140,10 +1157,22 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
   const size_t dv_blk = (size_t)round_part(g.B * g.Tk * g.Hkv * g.Dv * (int64_t)g.es);
   const size_t dkv_acc = (size_t)round_part(b.nkd * 4), dq_acc = (size_t)round_part(nq_el * 4);
   const size_t lse_blk = (size_t)round_part(g.B * g.Hq * g.Tq * 4);
+  /* dbias: each block writes its rows and keys in place; a broadcast one would sum blocks */
+  const int64_t *bsh = g.l->bias_shape;
+  const int64_t dbias_n = grads->dbias.data != NULL ? bsh[0] * bsh[1] * bsh[2] * bsh[3] : 0;
+  if (dbias_n > 0 && (bsh[2] == 1 || bsh[3] == 1))
+    return attn_fail(plan->ctx, ATTN_STATUS_UNSUPPORTED,
+                     "grads.dbias of CUDA tensors with a split sequence needs a bias with query "
+                     "rows and keys (bias_shape [%lld, %lld, %lld, %lld]): a bias broadcast over "
+                     "either sums the blocks' shares of dbias, which the device ring does not "
+                     "add on the device (the CPU ring does)",
+                     (long long)bsh[0], (long long)bsh[1], (long long)bsh[2], (long long)bsh[3]);
+  const size_t zeros = (size_t)round_part(dbias_n * 4);
   char *base = NULL;
-  attn_status status = device_setup(
-      plan, 2 * g.kv_bytes + dq_blk + dk_blk + dv_blk + 3 * dkv_acc + dq_acc + lse_blk + b.ws,
-      &base);
+  attn_status status = device_setup(plan,
+                                    2 * g.kv_bytes + dq_blk + dk_blk + dv_blk + 3 * dkv_acc +
+                                        dq_acc + lse_blk + zeros + b.ws,
+                                    &base);
   if (status != ATTN_STATUS_OK) return status;
   ring_pass pass = {.g = &g,
                     .self = &b,
@@ -1159,10 +1188,18 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
   /* lb: the block's lse rows, dense and 256-byte aligned: a slice of the global lse starts
    * at row a * nq, 4-byte aligned only, which cuDNN's block plans refuse (16 bytes). */
   b.lb = (float *)((char *)b.dqa + dq_acc);
-  b.wsp = (char *)b.lb + lse_blk;
+  float *dbias_zeros = (float *)((char *)b.lb + lse_blk);
+  b.wsp = (char *)dbias_zeros + zeros;
   transfers_on(plan, plan->comm_stream);
   DEV("clearing the dK/dV sums", fill, dev, pass.dkv[0], b.nkd, 0.0f, plan->stream);
   DEV("clearing the dq sums", fill, dev, b.dqa, nq_el, 0.0f, plan->stream);
+  if (dbias_n > 0) { /* the pairs no block visits (hidden by the mask) keep dbias 0 */
+    b.dbias = grads->dbias;
+    attn_dist_strides(&grads->dbias, bsh, 4, b.dbias_s);
+    DEV("clearing dbias", fill, dev, dbias_zeros, dbias_n, 0.0f, plan->stream);
+    DEV("clearing dbias", store, dev, grads->dbias.data, (int32_t)g.l->bias_dtype, b.dbias_s,
+        dbias_zeros, bsh, plan->stream);
+  }
   status = device_pack_kv(&g, in, pass.kv[0]);
   if (status == ATTN_STATUS_OK) status = run_steps(&pass);
   if (status != ATTN_STATUS_OK) goto done;
@@ -1179,6 +1216,9 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
   }
   if (plan->sinks_plan != NULL && grads->dsinks.data != NULL)
     status = sinks_backward(plan, in, fwd, dout, grads, pass.kv, &b.x, b.wsp, b.ws);
+  /* a bias broadcast along a split dimension (batch or heads): the other ranks' shares */
+  if (status == ATTN_STATUS_OK && dbias_n > 0)
+    status = attn_dist_reduce_dbias_tensor(plan, &grads->dbias);
 done:
   transfers_on(plan, plan->stream);
   return status == ATTN_STATUS_OK ? attn_succeed(plan->ctx) : status;
