@@ -7,9 +7,10 @@
  * is one call, stats.blocks; ATTN_DIST_RING_BLOCKS=pairs one per pair of chunks, still exact); and
  * the features whose blocks run placed at their global positions (masks cut where no plan of a
  * block's shape is, Tq != Tk, ALiBi, dropout with its global Philox counters) and the sinks, with
- * dsinks, boolean masks and segment ids (padded rows), under sequence, batch and head splits; and
- * the refusals of what the device ring does not run (two sequence axes, the all-to-all, dropout
- * on key chunks not a multiple of 4).
+ * dsinks, boolean masks and segment ids (padded rows), a bias with dbias (full, and broadcast
+ * over batch and heads), under sequence, batch and head splits; and the refusals of what the
+ * device ring does not run (two sequence axes, the all-to-all, dropout on key chunks not a
+ * multiple of 4, dbias of a bias broadcast over rows).
  *
  * The ranks are threads of this process. On one GPU they talk through the loopback transport
  * (tests/dist_gpu/transport_loopback.c: cudaMemcpyAsync between the threads' buffers, host
