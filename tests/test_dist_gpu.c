@@ -297,9 +297,6 @@ static void *run_rank(void *arg) {
     tu_buf_free(&nan_k);
     tu_buf_free(&nan_o), tu_buf_free(&nan_l);
   }
-  /* A pageable upload may still be landing when cudaMemcpy returns; the plan's stream does not
-   * wait for the legacy stream's copies. */
-  if (gpu->synchronize(dv_, why, sizeof why) != ATTN_STATUS_OK) report(j, 0, "upload", why);
   /* slopes and sinks of this rank's query heads; dsinks starts as NaN too */
   const int64_t S = p.num_sinks;
   void *dalibi = upload_heads(dv_, &g->alibi, hq0, l.heads_q, 1);
@@ -350,6 +347,9 @@ static void *run_rank(void *arg) {
     tu_buf_free(&nan_b);
   }
   void *const dbias_dbias[2] = {dbias_in, ddbias};
+  /* A pageable upload may still be landing when cudaMemcpy returns; the plan's stream does not
+   * wait for the legacy stream's copies (every upload above, the NaN starting values too). */
+  if (gpu->synchronize(dv_, why, sizeof why) != ATTN_STATUS_OK) report(j, 0, "upload", why);
   tu_args x;
   tu_args_dense(&x, dq_in, dk_in, dv_in, dout_o, dlse, ddout, ddq, ddk, ddv);
   add_features(&x, &p, dalibi, dsinks_in, ddsinks, dmask_seg, dbias_dbias);
@@ -366,13 +366,13 @@ static void *run_rank(void *arg) {
     snprintf(detail, sizeof detail, "%d calls in %d steps", (int)stats.blocks, (int)stats.steps);
     const int zigzag = c->layout == ATTN_DIST_LAYOUT_ZIGZAG;
     /* ALiBi and dropout place every pair of chunks, and a mask or bias over keys keeps key
-     * chunks apart: a zigzag step is then several calls */
+     * chunks apart: a zigzag step is then several calls; a contiguous one is one pair of chunks,
+     * placed or not, so at most one call */
     const int placed = c->alibi || c->dropout > 0 || c->mask || c->bias != BIAS_NONE;
     report(j,
            c->pairs || (placed && zigzag) ? stats.blocks > stats.steps
-           : zigzag && c->Tq == c->Tk && (!c->has_window || c->window_left == 0)
-               ? stats.blocks == stats.steps
-               : stats.blocks >= 1,
+           : zigzag                       ? stats.blocks == stats.steps
+                                          : stats.blocks <= stats.steps,
            c->pairs || placed ? "runs one call per pair of chunks" : "runs one call per step",
            detail);
   }

@@ -821,6 +821,13 @@ static attn_status reduce_tensor(attn_dist_plan *plan, void *comm, const attn_te
   }
   if (status == ATTN_STATUS_OK) status = tensor_doubles(plan, t, shape, ndim, dt, buf, 1, name);
   free(buf);
+  /* A pageable upload returns before its copy has landed, and the caller's stream of its own
+   * does not wait for the runtime's copies: the sum is in place before the run returns. */
+  const attn_dist_device_ops *dev = attn_module_dist_ops();
+  char why_sync[DIST_MESSAGE] = "";
+  if (status == ATTN_STATUS_OK && plan->local.device != ATTN_DEVICE_CPU && dev != NULL &&
+      dev->stream_sync(plan->local.device_index, NULL, why_sync, sizeof why_sync) != ATTN_STATUS_OK)
+    status = attn_fail(plan->ctx, ATTN_STATUS_DEVICE_ERROR, "grads.%s: %s", name, why_sync);
   return status;
 }
 
