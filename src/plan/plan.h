@@ -14,7 +14,9 @@ void attn_plan_set_rounding(attn_plan *plan, attn_dtype dtype);
 /* Places the plan's problem inside a larger one (impl/impl.h, attn_positions) for its later runs;
  * NULL forgets it. For the distributed layer (src/dist), which runs the blocks of a sharded
  * problem as plans of their own. UNSUPPORTED when the plan's implementation does not honour
- * positions (impl->honours_positions == 0). The positions are copied. */
+ * positions (impl->honours_positions == ATTN_POSITIONS_NONE), or not in this form
+ * (ATTN_POSITIONS_ONE_PIECE: more than one piece per axis, partial results, varlen). The
+ * positions are copied. */
 struct attn_positions;
 attn_status attn_plan_set_positions(attn_plan *plan, const struct attn_positions *positions);
 
