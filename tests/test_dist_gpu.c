@@ -158,6 +158,16 @@ static tu_buf fetch(int device, const void *d, attn_dtype dt, int64_t n) {
   return b;
 }
 
+/* A new buffer of n NaNs of dtype dt: a result's starting value, which no unwritten element can
+ * pass for a right one. */
+static void *upload_nan(int device, attn_dtype dt, int64_t n) {
+  tu_buf nan = tu_buf_new(dt, n);
+  for (int64_t i = 0; i < n; ++i) tu_set(&nan, i, NAN);
+  void *d = upload_on(device, &nan);
+  tu_buf_free(&nan);
+  return d;
+}
+
 static void *upload_some(int device, const tu_buf *b) {
   return b->n > 0 ? upload_on(device, b) : NULL;
 }
@@ -306,10 +316,7 @@ static void *run_rank(void *arg) {
     tu_set(&want_dsinks, i, tu_get(&g->dsinks, hq0 * S + i));
   void *ddsinks = NULL;
   if (S > 0) {
-    tu_buf nan_s = tu_buf_new(ATTN_DTYPE_F32, want_dsinks.n);
-    for (int64_t i = 0; i < nan_s.n; ++i) tu_set(&nan_s, i, NAN);
-    ddsinks = upload_on(dv_, &nan_s);
-    tu_buf_free(&nan_s);
+    ddsinks = upload_nan(dv_, ATTN_DTYPE_F32, want_dsinks.n);
   }
   /* the mask's rows and the query segment ids are this rank's rows; the mask keeps every key
    * column, and the kv segment ids are this rank's keys (docs/DISTRIBUTED.md) */
@@ -341,10 +348,7 @@ static void *run_rank(void *arg) {
                                   gb[2] == 1 ? NULL : tqmap, NULL};
     lbias = tu_box4(&g->bias, gb, NULL, lb, bm), want_dbias = tu_box4(&g->dbias, gb, NULL, lb, bm);
     dbias_in = upload_on(dv_, &lbias);
-    tu_buf nan_b = tu_buf_new(want_dbias.dtype, want_dbias.n);
-    for (int64_t i = 0; i < nan_b.n; ++i) tu_set(&nan_b, i, NAN);
-    ddbias = upload_on(dv_, &nan_b);
-    tu_buf_free(&nan_b);
+    ddbias = upload_nan(dv_, want_dbias.dtype, want_dbias.n);
   }
   void *const dbias_dbias[2] = {dbias_in, ddbias};
   /* A pageable upload may still be landing when cudaMemcpy returns; the plan's stream does not

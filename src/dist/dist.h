@@ -122,9 +122,6 @@ void attn_dist_ring_block_shapes(attn_dist_plan *plan, int used[2][2]);
 #define ATTN_DIST_CALL_FULL 2
 #define ATTN_DIST_CALL_PLACED 4
 void attn_dist_ring_device_blocks(attn_dist_plan *plan, int used[2][2]);
-/* Whether the device ring's blocks read their global place beyond the mask (ALiBi's distances,
- * dropout's Philox counters): then every block is one pair of chunks, placed. */
-int attn_dist_ring_device_placed(const attn_dist_plan *plan);
 /* The calls of step s on ring rank r (device: as the device ring runs them; otherwise placed at
  * global positions as the host does), for tests: query chunks [a0, a0 + na) of rank r against key
  * chunks [c0, c0 + nc) of rank src, unmasked when full. A device call is unplaced (a plan of its

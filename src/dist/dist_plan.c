@@ -750,6 +750,10 @@ static attn_status tensor_doubles(attn_dist_plan *plan, const attn_tensor *t, co
   const size_t es = attn_dtype_size(dt);
   void *host = t->data, *staging = NULL;
   const attn_gpu_ops *gpu = NULL;
+  /* The caller's stream of its own does not order the runtime's copies: it is waited for before
+   * the download (it wrote the tensor), and the legacy stream after the upload (a pageable upload
+   * returns before its copy has landed), so the sum is in place before the run returns. */
+  const attn_dist_device_ops *dev = attn_module_dist_ops();
   char why[DIST_MESSAGE] = "";
   if (plan->local.device != ATTN_DEVICE_CPU) {
     int64_t want = 1;
@@ -764,9 +768,6 @@ static attn_status tensor_doubles(attn_dist_plan *plan, const attn_tensor *t, co
       return attn_fail(plan->ctx, ATTN_STATUS_DEVICE_ERROR, "this build has no CUDA runtime");
     staging = malloc((size_t)n * es + 1);
     if (staging == NULL) return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory");
-    /* the plan's stream wrote it, and a stream of the caller's own does not order the runtime's
-     * copy below */
-    const attn_dist_device_ops *dev = attn_module_dist_ops();
     if (!to_tensor && dev != NULL &&
         dev->stream_sync(plan->local.device_index, plan->stream, why, sizeof why) !=
             ATTN_STATUS_OK) {
@@ -794,8 +795,10 @@ static attn_status tensor_doubles(attn_dist_plan *plan, const attn_tensor *t, co
         }
   attn_status status = ATTN_STATUS_OK;
   if (staging != NULL && to_tensor &&
-      gpu->upload(plan->local.device_index, t->data, staging, (size_t)n * es, why, sizeof why) !=
-          ATTN_STATUS_OK)
+      (gpu->upload(plan->local.device_index, t->data, staging, (size_t)n * es, why, sizeof why) !=
+           ATTN_STATUS_OK ||
+       (dev != NULL &&
+        dev->stream_sync(plan->local.device_index, NULL, why, sizeof why) != ATTN_STATUS_OK)))
     status = attn_fail(plan->ctx, ATTN_STATUS_DEVICE_ERROR, "grads.%s: %s", name, why);
   free(staging);
   return status;
@@ -821,13 +824,6 @@ static attn_status reduce_tensor(attn_dist_plan *plan, void *comm, const attn_te
   }
   if (status == ATTN_STATUS_OK) status = tensor_doubles(plan, t, shape, ndim, dt, buf, 1, name);
   free(buf);
-  /* A pageable upload returns before its copy has landed, and the caller's stream of its own
-   * does not wait for the runtime's copies: the sum is in place before the run returns. */
-  const attn_dist_device_ops *dev = attn_module_dist_ops();
-  char why_sync[DIST_MESSAGE] = "";
-  if (status == ATTN_STATUS_OK && plan->local.device != ATTN_DEVICE_CPU && dev != NULL &&
-      dev->stream_sync(plan->local.device_index, NULL, why_sync, sizeof why_sync) != ATTN_STATUS_OK)
-    status = attn_fail(plan->ctx, ATTN_STATUS_DEVICE_ERROR, "grads.%s: %s", name, why_sync);
   return status;
 }
 

@@ -40,9 +40,9 @@
 /* Everything one run shares: sizes of the local problem and of its blocks. */
 typedef struct ring {
   attn_dist_plan *plan;
-  const attn_problem *l; /* local problem */
-  attn_dtype dt, stat;   /* tensors, and lse / sinks */
-  size_t es;             /* bytes per tensor element */
+  const attn_problem *l;                     /* local problem */
+  attn_dtype dt, stat;                       /* tensors, and lse / sinks */
+  size_t es;                                 /* bytes per tensor element */
   /* The host blocks' partial results (out, dq, dk, dv) and the sums they join: f32, or f64 for an
    * f64 problem (attn_positions.partial), never rounded to a low-precision dtype on the way. */
   attn_dtype pdt;
@@ -221,11 +221,9 @@ typedef enum block_mode {
 
 /* Whether the device ring places every block: its problem reads positions beyond the mask
  * (ALiBi's distances, dropout's Philox counters), which an unplaced call would see as its own. */
-int attn_dist_ring_device_placed(const attn_dist_plan *plan) {
-  return plan->ring_local.alibi != ATTN_ALIBI_NONE || plan->ring_local.dropout_p > 0.0;
+static int device_placed(const ring *g) {
+  return g->l->alibi != ATTN_ALIBI_NONE || g->l->dropout_p > 0.0;
 }
-
-static int device_placed(const ring *g) { return attn_dist_ring_device_placed(g->plan); }
 
 /* Whether the blocks are kept to one pair of chunks each, the blocks before a step's hull ran as
  * one call (ATTN_DIST_RING_BLOCKS=pairs, read at plan creation; for comparisons). */

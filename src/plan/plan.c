@@ -254,13 +254,11 @@ static attn_status bind_workspace(attn_plan *plan, int backward, void *workspace
     }
     workspace = plan->owned_workspace;
   } else if (size < need) {
-    return attn_fail(
-        plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
-        "workspace_size=%zu is less than the %zu bytes attn_plan_workspace_size reports", size,
-        need);
+    return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                     "workspace_size=%zu is less than the %zu bytes attn_plan_workspace_size reports",
+                     size, need);
   }
-  uintptr_t at =
-      ((uintptr_t)workspace + ATTN_WORKSPACE_ALIGN - 1) & ~(uintptr_t)(ATTN_WORKSPACE_ALIGN - 1);
+  uintptr_t at = ((uintptr_t)workspace + ATTN_WORKSPACE_ALIGN - 1) & ~(uintptr_t)(ATTN_WORKSPACE_ALIGN - 1);
   run->workspace = (void *)at;
   run->workspace_size = need - ATTN_WORKSPACE_ALIGN;
   return ATTN_STATUS_OK;
@@ -306,8 +304,8 @@ attn_status attn_plan_forward(attn_plan *plan, const attn_inputs *inputs, void *
 }
 
 attn_status attn_plan_backward(attn_plan *plan, const attn_inputs *inputs,
-                               const attn_outputs *forward, const attn_tensor *dout,
-                               void *workspace, size_t workspace_size, const attn_grads *grads) {
+                               const attn_outputs *forward, const attn_tensor *dout, void *workspace,
+                               size_t workspace_size, const attn_grads *grads) {
   if (!plan_alive(plan)) return ATTN_STATUS_INVALID_ARGUMENT;
   attn_status has = attn_validate_has_backward(plan->ctx, &plan->problem);
   if (has != ATTN_STATUS_OK) return has;
