@@ -8,9 +8,10 @@
  * the features whose blocks run placed at their global positions (masks cut where no plan of a
  * block's shape is, Tq != Tk, ALiBi, dropout with its global Philox counters) and the sinks, with
  * dsinks, boolean masks and segment ids (padded rows), a bias with dbias (full, and broadcast
- * over batch and heads), under sequence, batch and head splits; and the refusals of what the
- * device ring does not run (two sequence axes, the all-to-all, dropout on key chunks not a
- * multiple of 4, dbias of a bias broadcast over rows).
+ * over batch and heads), under sequence, batch and head splits; the all-to-all (contiguous and
+ * zigzag, alone and beside a head split) with those features; and the refusals of what the GPU
+ * does not run (two sequence axes, ring dropout on key chunks not a multiple of 4, dbias of a
+ * bias broadcast over rows, and under the all-to-all over heads).
  *
  * The ranks are threads of this process. On one GPU they talk through the loopback transport
  * (tests/dist_gpu/transport_loopback.c: cudaMemcpyAsync between the threads' buffers, host
@@ -361,6 +362,8 @@ static void *run_rank(void *arg) {
   report(j, st == ATTN_STATUS_OK, "forward", st == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
   int ring = 0;
   for (int a = 0; a < c->naxes; ++a) ring |= c->dims[a] == ATTN_DIST_DIM_SEQUENCE;
+  const int all_to_all = ring && c->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL;
+  ring = ring && !all_to_all;
   if (st == ATTN_STATUS_OK && ring) {
     /* A step's visible chunks are one call (zigzag: every step; contiguous: at most one); pairs:
      * more calls than steps where a step sees several pairs (the diagonal step of a zigzag ring). */
@@ -380,13 +383,16 @@ static void *run_rank(void *arg) {
            c->pairs || placed ? "runs one call per pair of chunks" : "runs one call per step",
            detail);
   }
-  /* dbias of a bias broadcast over rows: refused on the device ring, run elsewhere */
-  const int dbias_refused = c->bias == BIAS_KEYS && ring;
+  /* dbias of a bias broadcast over rows: refused on the device ring, run elsewhere; under the
+   * all-to-all, of a bias broadcast over heads or rows (as on the host) */
+  const int dbias_refused = (c->bias == BIAS_KEYS && ring) || (c->bias != BIAS_NONE &&
+                                                               c->bias != BIAS_FULL && all_to_all);
   if (st == ATTN_STATUS_OK && dbias_refused) {
     st = attn_dist_plan_backward(plan, &x.in, &x.out, &x.dout, &x.grads);
     const char *why_b = attn_ctx_last_error(ctx);
-    report(j, st == ATTN_STATUS_UNSUPPORTED && strstr(why_b, "query rows and keys") != NULL,
-           "backward: dbias of a row-broadcast bias is refused with the reason", why_b);
+    const char *reason = all_to_all ? "broadcast over heads or query rows" : "query rows and keys";
+    report(j, st == ATTN_STATUS_UNSUPPORTED && strstr(why_b, reason) != NULL,
+           "backward: dbias of a broadcast bias is refused with the reason", why_b);
     x.grads.dbias = attn_tensor_dense(NULL); /* the rest of the backward, without it */
     st = ATTN_STATUS_OK;
   }
@@ -572,7 +578,7 @@ static void free_global(global *g) {
 static int cases_for(int n, tcase *out) {
   const int S = ATTN_DIST_DIM_SEQUENCE, BT = ATTN_DIST_DIM_BATCH, H = ATTN_DIST_DIM_HEADS;
   const int C = ATTN_DIST_LAYOUT_CONTIGUOUS, Z = ATTN_DIST_LAYOUT_ZIGZAG;
-  const int AUTO = ATTN_DIST_STRATEGY_AUTO;
+  const int AUTO = ATTN_DIST_STRATEGY_AUTO, A2A = ATTN_DIST_STRATEGY_ALL_TO_ALL;
   int k = 0;
   out[k++] = (tcase){.name = "batch split causal GQA",
                      .naxes = 1,
@@ -702,21 +708,111 @@ static int cases_for(int n, tcase *out) {
                        .Hq = 4,
                        .Hkv = 4,
                        .D = 64,
-                       .refused = "all-to-all"};
+                       .refused = "two sequence axes"};
+    out[k++] = (tcase){.name = "heads x all-to-all zigzag causal",
+                       .naxes = 2,
+                       .dims = {H, S},
+                       .sizes = {2, 2},
+                       .layout = Z,
+                       .strategy = A2A,
+                       .causal = 1,
+                       .B = 1,
+                       .Tq = 2 * 2 * 21,
+                       .Tk = 2 * 2 * 21,
+                       .Hq = 8,
+                       .Hkv = 4,
+                       .D = 64};
   }
-  out[k++] = (tcase){.name = "all-to-all strategy",
+  /* The all-to-all: each rank runs the whole sequence of Hkv/n KV groups, its reordering copies
+   * on the GPU (rows of a zigzag rank in two runs, masks of 1-byte elements). */
+  out[k++] = (tcase){.name = "all-to-all contiguous causal GQA",
                      .naxes = 1,
                      .dims = {S, 0},
                      .sizes = {n, 0},
                      .layout = C,
-                     .strategy = ATTN_DIST_STRATEGY_ALL_TO_ALL,
+                     .strategy = A2A,
+                     .causal = 1,
+                     .B = 2,
+                     .Tq = 23 * n,
+                     .Tk = 23 * n,
+                     .Hq = 2 * n,
+                     .Hkv = n,
+                     .D = 64};
+  out[k++] = (tcase){.name = "all-to-all zigzag causal softcap sinks d128",
+                     .naxes = 1,
+                     .dims = {S, 0},
+                     .sizes = {n, 0},
+                     .layout = Z,
+                     .strategy = A2A,
+                     .causal = 1,
                      .B = 1,
+                     .Tq = 2 * 19 * n,
+                     .Tk = 2 * 19 * n,
+                     .Hq = 2 * n,
+                     .Hkv = n,
+                     .D = 128,
+                     .softcap = 30.0,
+                     .sinks = 2};
+  out[k++] = (tcase){.name = "all-to-all Tq!=Tk bottom-right dropout ALiBi mask segments",
+                     .naxes = 1,
+                     .dims = {S, 0},
+                     .sizes = {n, 0},
+                     .layout = C,
+                     .strategy = A2A,
+                     .causal = 1,
+                     .B = 2,
+                     .Tq = 20 * n,
+                     .Tk = 27 * n,
+                     .Hq = 2 * n,
+                     .Hkv = n,
+                     .D = 64,
+                     .dropout = 0.1,
+                     .align = ATTN_ALIGN_BOTTOM_RIGHT,
+                     .alibi = 1,
+                     .mask = 1,
+                     .segments = 1};
+  out[k++] = (tcase){.name = "all-to-all zigzag window bias",
+                     .naxes = 1,
+                     .dims = {S, 0},
+                     .sizes = {n, 0},
+                     .layout = Z,
+                     .strategy = A2A,
+                     .B = 1,
+                     .Tq = 2 * 17 * n,
+                     .Tk = 2 * 17 * n,
+                     .Hq = 2 * n,
+                     .Hkv = n,
+                     .D = 64,
+                     .has_window = 1,
+                     .window_left = 9,
+                     .bias = BIAS_FULL};
+  out[k++] = (tcase){.name = "all-to-all broadcast bias",
+                     .naxes = 1,
+                     .dims = {S, 0},
+                     .sizes = {n, 0},
+                     .layout = C,
+                     .strategy = A2A,
+                     .causal = 1,
+                     .B = 2,
                      .Tq = 16 * n,
                      .Tk = 16 * n,
                      .Hq = 2 * n,
                      .Hkv = n,
                      .D = 64,
-                     .refused = "all-to-all"};
+                     .bias = BIAS_ROWS_KEYS};
+  out[k++] = (tcase){.name = "all-to-all row-broadcast bias",
+                     .naxes = 1,
+                     .dims = {S, 0},
+                     .sizes = {n, 0},
+                     .layout = Z,
+                     .strategy = A2A,
+                     .B = 1,
+                     .Tq = 2 * 8 * n,
+                     .Tk = 2 * 8 * n,
+                     .Hq = 2 * n,
+                     .Hkv = n,
+                     .D = 64,
+                     .bias = BIAS_KEYS};
   out[k++] = (tcase){.name = "ring dropout",
                      .naxes = 1,
                      .dims = {S, 0},

@@ -31,7 +31,7 @@ typedef struct attn_dist_device_ops {
   attn_status (*stream_wait)(int32_t device, void *stream, void *event, char *why, size_t why_size);
   /* Blocks the host until the stream's work is done. */
   attn_status (*stream_sync)(int32_t device, void *stream, char *why, size_t why_size);
-  /* dst[i] = src[i] over a 4-D index i < shape, strides in elements of es bytes (2, 4 or 8),
+  /* dst[i] = src[i] over a 4-D index i < shape, strides in elements of es bytes (1, 2, 4 or 8),
    * converting nothing. */
   attn_status (*copy)(int32_t device, void *dst, const int64_t dst_stride[4], const void *src,
                       const int64_t src_stride[4], const int64_t shape[4], size_t es, void *stream,

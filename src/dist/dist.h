@@ -63,6 +63,10 @@ struct attn_dist_plan {
   /* Scratch of sequence-split runs, allocated on first use (ring.c). */
   void *scratch;
   size_t scratch_size;
+  /* The all-to-all's buffers of a run (ulysses.c), in the tensors' memory (host or GPU), kept for
+   * the next run; apart from the ring's scratch, which the hybrid's ring uses inside a run. */
+  void *a2a_mem;
+  size_t a2a_mem_size;
 
   /* CUDA tensors with a split sequence (ring.c, "device ring"): the cuda module's ring
    * operations, the caller's stream (blocks, merges), the ring's own transfer stream and the event
@@ -153,12 +157,17 @@ attn_status attn_dist_local_workspace(attn_dist_plan *plan, int backward, void *
 /* Releases the device ring's stream, event and scratch (ring.c); nothing when there are none. */
 void attn_dist_device_release(attn_dist_plan *plan);
 
-/* Sequence-split runs, all-to-all strategy (ulysses.c). */
+/* Sequence-split runs, all-to-all strategy (ulysses.c), host or CUDA tensors; the release of
+ * their buffers (plan destruction). */
 attn_status attn_dist_ulysses_forward(attn_dist_plan *plan, const attn_inputs *in,
                                       const attn_outputs *out);
 attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *in,
                                        const attn_outputs *fwd, const attn_tensor *dout,
                                        const attn_grads *grads);
+void attn_dist_ulysses_release(attn_dist_plan *plan);
+
+/* Whether the sub-plans are placed at global positions (dist_plan.c, needs_positions). */
+int attn_dist_needs_positions(const attn_dist_plan *plan);
 
 /* The sub-plans of plan->strategy (dist_plan.c), and their release. */
 attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *select);

@@ -327,12 +327,16 @@ int64_t attn_dist_plan_position(const attn_dist_plan *plan, int64_t seqlen, int6
 }
 
 /* Whether the sub-plans need global positions: blocks of a split sequence always on the host
- * (the device ring's, only its placed pairs: make_device_block_plan); the local problem of a
- * batch or head split only for dropout's counters (nothing else sees b or h). */
+ * (the device ring's, only its placed pairs: make_device_block_plan); on a GPU the local problem
+ * of a batch or head split and the all-to-all's block (the whole sequence of some heads) only for
+ * dropout's counters (nothing else sees b or h), which leaves cuDNN to those without dropout. */
 static int needs_positions(const attn_dist_plan *plan) {
   if (plan->device_ring) return 0;
+  if (plan->global.device != ATTN_DEVICE_CPU) return plan->global.dropout_p > 0.0;
   return plan->ns > 1 || plan->global.dropout_p > 0.0;
 }
+
+int attn_dist_needs_positions(const attn_dist_plan *plan) { return needs_positions(plan); }
 
 /* Creates a plan for a sub-problem with the caller's selection, and checks that its
  * implementation can be placed at global positions when the plan needs them. */
@@ -535,28 +539,32 @@ static attn_status make_groups(attn_dist_plan *plan, char *why, size_t why_size)
   return status;
 }
 
-/* CUDA tensors with a split sequence: the device ring (ring.c). Its blocks run unplaced where the
+/* CUDA tensors with a split sequence: the all-to-all when asked for (ulysses.c: the host's code,
+ * its copies on the GPU; not the two-axis hybrid), else the device ring (ring.c; AUTO measures
+ * the strategies on the host only and takes the ring here). The ring's blocks run unplaced where the
  * call's own mask is the global one (a causal mask with seqlen_q == seqlen_k, in the zigzag layout
  * one call a step; no mask), else one pair of chunks at a time at its global positions, which the
  * cuda kernels take in one piece per axis: any mask, ALiBi, dropout (key chunks of a multiple of
  * 4 keys: the kernels share one Philox call among 4), the soft cap, masks and segment ids
  * (sliced per block as on the host, the kv segment ids travelling with the slice), a bias
  * (dbias written block by block in place where the bias has rows and keys: ring.c); sinks enter
- * once, as on the host. Sets plan->device_ring. */
-static attn_status check_device_ring(attn_dist_plan *plan, const attn_dist_spec *spec) {
+ * once, as on the host. Loads plan->dev; sets plan->device_ring for the ring. */
+static attn_status check_device_split(attn_dist_plan *plan, const attn_dist_spec *spec) {
   attn_ctx *ctx = plan->ctx;
   const attn_problem *g = &plan->global;
-  if (plan->hybrid || spec->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL)
+  if (plan->hybrid)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
-                     "device=cuda with %s: the all-to-all's reordering runs on host memory; CUDA "
-                     "tensors run the ring over one sequence axis (strategy RING or AUTO)",
-                     plan->hybrid ? "two sequence axes" : "strategy=all-to-all");
+                     "device=cuda with two sequence axes (the ring over the all-to-all): not "
+                     "implemented for CUDA tensors; split the sequence along one axis (strategy "
+                     "RING, ALL_TO_ALL or AUTO), with batch or heads on the other");
+  const int all_to_all = spec->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL;
   const int64_t key_chunk = g->seqlen_k / (plan->ns * plan->chunks);
-  if (g->dropout_p > 0.0 && key_chunk % 4 != 0)
+  if (!all_to_all && g->dropout_p > 0.0 && key_chunk % 4 != 0)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                      "device=cuda with a split sequence and dropout: key chunks of %lld keys "
                      "(seqlen_k=%lld over %d ranks x %d chunks); the cuda kernels share one "
-                     "Philox call among 4 keys, so a chunk must start at a multiple of 4",
+                     "Philox call among 4 keys, so a chunk must start at a multiple of 4 (or use "
+                     "strategy ALL_TO_ALL, whose blocks hold every key)",
                      (long long)key_chunk, (long long)g->seqlen_k, (int)plan->ns,
                      (int)plan->chunks);
   plan->dev = attn_module_dist_ops();
@@ -564,6 +572,7 @@ static attn_status check_device_ring(attn_dist_plan *plan, const attn_dist_spec 
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                      "device=cuda with a split sequence needs the ring operations of the cuda "
                      "module (libattn_cuda.so), which is not loaded (attn_module_info says why)");
+  if (all_to_all) return ATTN_STATUS_OK; /* ulysses.c: copies on the GPU, NCCL's all-to-all */
   plan->device_ring = 1;
   plan->strategy = ATTN_DIST_STRATEGY_RING;
   return ATTN_STATUS_OK;
@@ -626,7 +635,7 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
     status = attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                        "transport=NCCL carries CUDA tensors; device=cpu needs transport=MPI");
   if (status == ATTN_STATUS_OK && plan->global.device != ATTN_DEVICE_CPU && plan->ns > 1)
-    status = check_device_ring(plan, spec);
+    status = check_device_split(plan, spec);
 
   attn_dist_record *all = calloc((size_t)world_size + 1, sizeof *all);
   if (all == NULL) {
@@ -674,6 +683,7 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
 void attn_dist_plan_destroy(attn_dist_plan *plan) {
   if (plan == NULL) return;
   attn_dist_free_sub_plans(plan);
+  attn_dist_ulysses_release(plan);
   attn_dist_device_release(plan);
   if (plan->sinks_comm != NULL) plan->ops->destroy(plan->sinks_comm);
   if (plan->bias_comm != NULL) plan->ops->destroy(plan->bias_comm);

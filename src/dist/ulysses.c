@@ -10,11 +10,19 @@
  * result returns out and lse (backward: dq, dk, dv, dbias) to the sequence split. Communication per
  * rank is O(T/n x H) per tensor whatever n is, against the ring's n-1 hops of K/V; its limit is
  * that n cannot exceed Hkv.
+ *
+ * The tensors are on the host or on a GPU, and the same code runs both: on a GPU the reordering
+ * copies are the cuda module's copy kernel on the plan's stream (dist/device.h), one per run of
+ * rows a block keeps together, and the exchange is the transport's all-to-all on device memory
+ * (NCCL). A run's buffers (the head-split tensors, the exchange's send and receive blocks, on a GPU
+ * the block's workspace) are one allocation in the tensors' memory, laid out by lay_out and kept
+ * by the plan for the next run.
  */
 #include "dist/dist.h"
 
 #include "core/ctx.h"
 #include "core/dtype.h"
+#include "core/gpu.h"
 #include "impl/impl.h"
 #include "plan/plan.h"
 
@@ -48,6 +56,8 @@ typedef struct exch {
   /* 0: rows arrive in natural order (the whole sequence); 1 (hybrid): in the order of the ring
    * group's slice, whose C chunks each member holds 1/n of. */
   int group_order;
+  int device;        /* CUDA tensors: the copies run on the GPU, on the plan's stream */
+  char *send, *recv; /* n blocks each, room for the largest tensor exchanged (lay_out) */
 } exch;
 
 /* Where row t of member i's slice sits among the T rows gathered by the all-to-all. */
@@ -59,11 +69,13 @@ static int64_t gathered_row(const exch *x, int64_t T, int32_t i, int64_t t) {
 
 static exch make_exch(attn_dist_plan *plan) {
   exch x;
+  memset(&x, 0, sizeof x);
   x.plan = plan;
   x.comm = plan->hybrid ? plan->a2a_comm : plan->seq_comm;
   x.n = plan->hybrid ? plan->a2a_n : plan->ns;
   x.me = plan->hybrid ? plan->a2a_r : plan->seq_rank;
   x.group_order = plan->hybrid;
+  x.device = plan->local.device != ATTN_DEVICE_CPU;
   return x;
 }
 
@@ -82,6 +94,13 @@ static attn_status exchange(exch *x, const void *send, void *recv, size_t bytes)
   return ATTN_STATUS_OK;
 }
 
+/* A GPU operation's failure: work may be in flight, so the plan is broken. */
+static attn_status device_failed(const exch *x, attn_status status, const char *what,
+                                 const char *why) {
+  x->plan->broken = 1;
+  return attn_fail(x->plan->ctx, status, "all-to-all on the GPU, %s: %s", what, why);
+}
+
 /* Where element idx of rank r's block lies in a whole tensor: its heads start at r * heads along
  * hdim (heads 0: no shift), its rows are rank r's sequence rows of T (T 0: rows as they are), and
  * stride maps the index to an element offset. */
@@ -91,14 +110,18 @@ typedef struct block_place {
   int64_t heads, T;
 } block_place;
 
-/* Copies rank r's block (dims bd, dense in packed) out of the tensor at base (pack = 1) or into it
- * (pack = 0), placed as pl says: each side of an all-to-all is one call per rank. The innermost
- * dim is a run of consecutive elements in packed; where neither the heads nor the rows are that
- * dim, the placement is worked out once per run, and a run that is contiguous in the tensor too
- * (the usual [B, T, H, D]) is one memcpy (per element, place and copy took twice the attention's
- * own time on two ranks). */
-static void copy_block(const exch *x, const int64_t bd[4], size_t es, int32_t r,
-                       const block_place *pl, char *base, char *packed, int pack) {
+/* The row-major strides of a dense tensor of dims d. */
+static void dense_strides(const int64_t d[4], int64_t s[4]) {
+  s[3] = 1, s[2] = d[3], s[1] = d[2] * d[3], s[0] = d[1] * d[2] * d[3];
+}
+
+/* Host memory: copies rank r's block (dims bd, dense in packed) out of the tensor at base
+ * (pack = 1) or into it (pack = 0), placed as pl says. The innermost dim is a run of consecutive
+ * elements in packed; where neither the heads nor the rows are that dim, the placement is worked
+ * out once per run, and a run that is contiguous in the tensor too (the usual [B, T, H, D]) is one
+ * memcpy (per element, place and copy took twice the attention's own time on two ranks). */
+static void host_copy_block(const exch *x, const int64_t bd[4], size_t es, int32_t r,
+                            const block_place *pl, char *base, char *packed, int pack) {
   const int dist_threads = attn_dist_host_threads(x->plan);
   const int run_placed = pl->hdim != 3 && (pl->T <= 0 || pl->tdim != 3);
   const int64_t run = run_placed ? bd[3] : 1, runs = run_placed ? bd[2] : bd[2] * bd[3];
@@ -127,9 +150,50 @@ static void copy_block(const exch *x, const int64_t bd[4], size_t es, int32_t r,
   }
 }
 
-/* The row-major strides of a dense tensor of dims d. */
-static void dense_strides(const int64_t d[4], int64_t s[4]) {
-  s[3] = 1, s[2] = d[3], s[1] = d[2] * d[3], s[0] = d[1] * d[2] * d[3];
+/* GPU memory: the same, as one strided copy per run of the block's rows that lie consecutively
+ * in the tensor too (every row where rows stay in place; one per chunk of the layout otherwise:
+ * at most two for zigzag), on the plan's stream. */
+static attn_status device_copy_block(const exch *x, const int64_t bd[4], size_t es, int32_t r,
+                                     const block_place *pl, char *base, char *packed, int pack) {
+  attn_dist_plan *plan = x->plan;
+  int64_t ps[4];
+  dense_strides(bd, ps);
+  const int moved = pl->T > 0;
+  const int64_t rows = moved ? bd[pl->tdim] : 1;
+  for (int64_t t0 = 0; t0 < rows;) {
+    int64_t len = rows, first = 0;
+    if (moved) {
+      first = gathered_row(x, pl->T, r, t0);
+      for (len = 1; t0 + len < rows && gathered_row(x, pl->T, r, t0 + len) == first + len; ++len) {
+      }
+    }
+    int64_t box[4], idx[4] = {0, 0, 0, 0};
+    memcpy(box, bd, sizeof box);
+    if (pl->hdim >= 0) idx[pl->hdim] = r * pl->heads;
+    if (moved) box[pl->tdim] = len, idx[pl->tdim] = first;
+    const int64_t off = idx[0] * pl->stride[0] + idx[1] * pl->stride[1] +
+                        idx[2] * pl->stride[2] + idx[3] * pl->stride[3];
+    char *whole = base + (size_t)off * es;
+    char *part = packed + (size_t)(moved ? t0 * ps[pl->tdim] : 0) * es;
+    char why[512] = "";
+    const attn_status status =
+        pack ? plan->dev->copy(plan->local.device_index, part, ps, whole, pl->stride, box, es,
+                               plan->stream, why, sizeof why)
+             : plan->dev->copy(plan->local.device_index, whole, pl->stride, part, ps, box, es,
+                               plan->stream, why, sizeof why);
+    if (status != ATTN_STATUS_OK) return device_failed(x, status, "reordering a block", why);
+    t0 += len;
+  }
+  return ATTN_STATUS_OK;
+}
+
+/* Copies rank r's block between the tensor and its dense place in an exchange buffer: each side
+ * of an all-to-all is one call per rank. */
+static attn_status copy_block(const exch *x, const int64_t bd[4], size_t es, int32_t r,
+                              const block_place *pl, char *base, char *packed, int pack) {
+  if (x->device) return device_copy_block(x, bd, es, r, pl, base, packed, pack);
+  host_copy_block(x, bd, es, r, pl, base, packed, pack);
+  return ATTN_STATUS_OK;
 }
 
 /* Sequence-split (local rows of dim tdim, all heads of dim hdim) -> head-split (every row, in
@@ -140,26 +204,19 @@ static attn_status to_heads(exch *x, const view *src, int tdim, int hdim, int64_
   memcpy(bd, src->dim, sizeof bd);
   const int64_t hn = hdim >= 0 ? src->dim[hdim] / x->n : 0;
   if (hdim >= 0) bd[hdim] = hn;
-  const int64_t block = bd[0] * bd[1] * bd[2] * bd[3];
-  const size_t bytes = (size_t)block * src->es;
-  char *send = malloc(2 * (size_t)x->n * bytes + 1);
-  if (send == NULL)
-    return attn_fail(x->plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for an all-to-all");
-  char *recv = send + (size_t)x->n * bytes;
+  const size_t bytes = (size_t)(bd[0] * bd[1] * bd[2] * bd[3]) * src->es;
   const block_place mine = {src->stride, hdim, tdim, hn, 0};
-  for (int32_t j = 0; j < x->n; ++j)
-    copy_block(x, bd, src->es, j, &mine, src->data, send + (size_t)j * bytes, 1);
-  attn_status status = exchange(x, send, recv, bytes);
-  if (status == ATTN_STATUS_OK) {
-    int64_t dd[4], ds[4];
-    memcpy(dd, bd, sizeof dd);
-    dd[tdim] = T;
-    dense_strides(dd, ds);
-    const block_place gathered = {ds, hdim, tdim, 0, T};
-    for (int32_t i = 0; i < x->n; ++i)
-      copy_block(x, bd, src->es, i, &gathered, dst, recv + (size_t)i * bytes, 0);
-  }
-  free(send);
+  attn_status status = ATTN_STATUS_OK;
+  for (int32_t j = 0; j < x->n && status == ATTN_STATUS_OK; ++j)
+    status = copy_block(x, bd, src->es, j, &mine, src->data, x->send + (size_t)j * bytes, 1);
+  if (status == ATTN_STATUS_OK) status = exchange(x, x->send, x->recv, bytes);
+  int64_t dd[4], ds[4];
+  memcpy(dd, bd, sizeof dd);
+  dd[tdim] = T;
+  dense_strides(dd, ds);
+  const block_place gathered = {ds, hdim, tdim, 0, T};
+  for (int32_t i = 0; i < x->n && status == ATTN_STATUS_OK; ++i)
+    status = copy_block(x, bd, src->es, i, &gathered, dst, x->recv + (size_t)i * bytes, 0);
   return status;
 }
 
@@ -175,58 +232,156 @@ static attn_status from_heads(exch *x, const char *src, int tdim, int hdim, int6
   memcpy(sd, bd, sizeof sd);
   sd[tdim] = T;
   dense_strides(sd, ss);
-  const int64_t block = bd[0] * bd[1] * bd[2] * bd[3];
-  const size_t bytes = (size_t)block * dst->es;
-  char *send = malloc(2 * (size_t)x->n * bytes + 1);
-  if (send == NULL)
-    return attn_fail(x->plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for an all-to-all");
-  char *recv = send + (size_t)x->n * bytes;
+  const size_t bytes = (size_t)(bd[0] * bd[1] * bd[2] * bd[3]) * dst->es;
   const block_place gathered = {ss, hdim, tdim, 0, T};
-  for (int32_t j = 0; j < x->n; ++j) /* copy_block only reads the tensor when packing */
-    copy_block(x, bd, dst->es, j, &gathered, (char *)src, send + (size_t)j * bytes, 1);
-  attn_status status = exchange(x, send, recv, bytes);
-  if (status == ATTN_STATUS_OK) {
-    const block_place mine = {dst->stride, hdim, tdim, hn, 0};
-    for (int32_t i = 0; i < x->n; ++i)
-      copy_block(x, bd, dst->es, i, &mine, dst->data, recv + (size_t)i * bytes, 0);
-  }
-  free(send);
+  attn_status status = ATTN_STATUS_OK;
+  for (int32_t j = 0; j < x->n && status == ATTN_STATUS_OK; ++j) /* packing only reads src */
+    status =
+        copy_block(x, bd, dst->es, j, &gathered, (char *)src, x->send + (size_t)j * bytes, 1);
+  if (status == ATTN_STATUS_OK) status = exchange(x, x->send, x->recv, bytes);
+  const block_place mine = {dst->stride, hdim, tdim, hn, 0};
+  for (int32_t i = 0; i < x->n && status == ATTN_STATUS_OK; ++i)
+    status = copy_block(x, bd, dst->es, i, &mine, dst->data, x->recv + (size_t)i * bytes, 0);
   return status;
 }
 
-/* Buffers that hold the head-split tensors of one run. */
+/* The buffers of one run: the head-split tensors, and on a GPU the block's workspace and the
+ * [Hq, S] staging of dsinks. */
 typedef struct heads {
   char *q, *k, *v, *bias, *mask, *qseg, *kseg, *out, *lse, *dout, *dq, *dk, *dv, *dbias, *dsinks;
+  char *dsinks_all; /* GPU: every local head's dsinks, zero but for this rank's heads */
+  void *workspace;
+  size_t workspace_size;
 } heads;
 
-static void free_heads(heads *h) {
-  char *all[] = {h->q,   h->k,    h->v,  h->bias, h->mask, h->qseg,  h->kseg,  h->out,
-                 h->lse, h->dout, h->dq, h->dk,   h->dv,   h->dbias, h->dsinks};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) free(all[i]);
+/* Hands out consecutive 256-byte aligned pieces of base; with base NULL it only counts. exch: the
+ * largest exchanged buffer so far (the send and receive buffers' size). */
+typedef struct arena {
+  char *base;
+  size_t used, exch;
+} arena;
+
+static char *take(arena *a, int64_t elements, size_t es, int exchanged) {
+  const size_t bytes = (size_t)elements * es;
+  char *p = a->base != NULL ? a->base + a->used : NULL;
+  a->used += (bytes + 255) / 256 * 256;
+  if (exchanged && bytes > a->exch) a->exch = bytes;
+  return p;
 }
 
-static char *alloc_bytes(size_t bytes) { return calloc(bytes > 0 ? bytes : 1, 1); }
+static int64_t volume(const int64_t s[4]) { return s[0] * s[1] * s[2] * s[3]; }
 
-/* The head-split inputs of the plan's all-to-all problem, in hi (and their buffers in h). */
+/* The run's buffers in a (u: the problem the all-to-all gives each rank). A head-split tensor
+ * holds as many elements as the n blocks of one exchange (T/n rows x n, H/n heads), so the send
+ * and receive buffers are each the largest of them. */
+static void lay_out(const attn_dist_plan *plan, exch *x, const attn_problem *u, int backward,
+                    const attn_grads *grads, heads *h, arena *a) {
+  const attn_problem *l = &plan->local;
+  const attn_dtype dt = (attn_dtype)l->dtype, st = attn_stat_dtype(dt);
+  const size_t es = attn_dtype_size(dt), ses = attn_dtype_size(st);
+  const size_t bes = l->has_bias ? attn_dtype_size((attn_dtype)l->bias_dtype) : 0;
+  const int64_t B = l->batch, Tq = u->seqlen_q, Tk = u->seqlen_k, hn = u->heads_q, kn = u->heads_kv;
+  const int64_t D = l->head_dim, Dv = l->head_dim_v;
+  h->q = take(a, B * Tq * hn * D, es, 1);
+  h->k = take(a, B * Tk * kn * D, es, 1);
+  h->v = take(a, B * Tk * kn * Dv, es, 1);
+  if (l->has_bias && l->bias_shape[2] != 1) h->bias = take(a, volume(u->bias_shape), bes, 1);
+  if (l->has_mask && l->mask_shape[2] != 1) h->mask = take(a, volume(u->mask_shape), 1, 1);
+  if (l->has_segment_ids) h->qseg = take(a, B * Tq, 4, 1), h->kseg = take(a, B * Tk, 4, 1);
+  h->out = take(a, B * Tq * hn * Dv, es, 1);
+  h->lse = take(a, B * hn * Tq, ses, 1);
+  if (backward) {
+    h->dout = take(a, B * Tq * hn * Dv, es, 1);
+    h->dq = take(a, B * Tq * hn * D, es, 1);
+    h->dk = take(a, B * Tk * kn * D, es, 1);
+    h->dv = take(a, B * Tk * kn * Dv, es, 1);
+    if (grads->dbias.data != NULL) h->dbias = take(a, volume(u->bias_shape), bes, 1);
+    if (grads->dsinks.data != NULL) {
+      h->dsinks = take(a, (l->sinks_shared ? 1 : hn) * l->num_sinks, ses, 0);
+      if (x->device && !l->sinks_shared)
+        h->dsinks_all = take(a, l->heads_q * l->num_sinks, ses, 0);
+    }
+  }
+  const size_t exch_bytes = a->exch;
+  x->send = take(a, (int64_t)exch_bytes, 1, 0);
+  x->recv = take(a, (int64_t)exch_bytes, 1, 0);
+  if (x->device) {
+    size_t f = 0, b = 0;
+    if (attn_plan_workspace_size(plan->block_plan, &f, &b) != ATTN_STATUS_OK) f = b = 0;
+    h->workspace_size = backward ? b : f;
+    h->workspace = h->workspace_size > 0 ? take(a, (int64_t)h->workspace_size, 1, 0) : NULL;
+  }
+}
+
+/* At least `bytes` of the tensors' memory for the run's buffers, kept by the plan. A GPU buffer
+ * is replaced only once the work that may still read it is done. */
+static attn_status run_memory(attn_dist_plan *plan, const exch *x, size_t bytes, char **base) {
+  if (plan->a2a_mem_size < bytes) {
+    attn_dist_ulysses_release(plan);
+    char why[512] = "";
+    attn_status status = ATTN_STATUS_OK;
+    if (x->device) {
+      const attn_gpu_ops *gpu = attn_gpu();
+      status = gpu == NULL ? ATTN_STATUS_DEVICE_ERROR
+                           : gpu->alloc(plan->local.device_index, bytes, &plan->a2a_mem, why,
+                                        sizeof why);
+    } else {
+      plan->a2a_mem = malloc(bytes);
+      if (plan->a2a_mem == NULL) status = ATTN_STATUS_OUT_OF_MEMORY;
+    }
+    if (status != ATTN_STATUS_OK)
+      return attn_fail(plan->ctx, status, "the all-to-all's buffers (%zu bytes): %s", bytes,
+                       why[0] ? why : "out of memory");
+    plan->a2a_mem_size = bytes;
+  }
+  *base = plan->a2a_mem;
+  return ATTN_STATUS_OK;
+}
+
+void attn_dist_ulysses_release(attn_dist_plan *plan) {
+  if (plan->a2a_mem == NULL) return;
+  if (plan->local.device == ATTN_DEVICE_CPU) {
+    free(plan->a2a_mem);
+  } else {
+    char why[8];
+    const attn_gpu_ops *gpu = attn_gpu();
+    if (plan->dev != NULL) /* the plan's stream may still read it */
+      (void)plan->dev->stream_sync(plan->local.device_index, plan->stream, why, 0);
+    if (gpu != NULL) gpu->release(plan->local.device_index, plan->a2a_mem);
+  }
+  plan->a2a_mem = NULL;
+  plan->a2a_mem_size = 0;
+}
+
+/* Lays out the run's buffers in the plan's memory: counted first, then placed. */
+static attn_status make_heads(attn_dist_plan *plan, exch *x, const attn_problem *u, int backward,
+                              const attn_grads *grads, heads *h) {
+  arena count = {NULL, 0, 0};
+  memset(h, 0, sizeof *h);
+  lay_out(plan, x, u, backward, grads, h, &count);
+  char *base = NULL;
+  attn_status status = run_memory(plan, x, count.used, &base);
+  if (status != ATTN_STATUS_OK) return status;
+  arena placed = {base, 0, 0};
+  memset(h, 0, sizeof *h);
+  lay_out(plan, x, u, backward, grads, h, &placed);
+  return ATTN_STATUS_OK;
+}
+
+/* The head-split inputs of the plan's all-to-all problem, in hi (into the buffers of h). */
 static attn_status gather_inputs(attn_dist_plan *plan, exch *x, const attn_problem *u,
-                                 const attn_inputs *in, heads *h, attn_inputs *hi) {
+                                 const attn_inputs *in, const heads *h, attn_inputs *hi) {
   const attn_problem *l = &plan->local;
   const attn_dtype dt = (attn_dtype)l->dtype, st = attn_stat_dtype(dt);
   const size_t es = attn_dtype_size(dt), ses = attn_dtype_size(st);
   const int64_t B = l->batch, Tql = l->seqlen_q, Tkl = l->seqlen_k, Hq = l->heads_q,
                 Hkv = l->heads_kv;
-  const int64_t Tq = u->seqlen_q, Tk = u->seqlen_k, hn = u->heads_q, kn = u->heads_kv;
+  const int64_t Tq = u->seqlen_q, Tk = u->seqlen_k, hn = u->heads_q;
   *hi = *in;
   const int64_t qs[4] = {B, Tql, Hq, l->head_dim}, ks[4] = {B, Tkl, Hkv, l->head_dim};
   const int64_t vs[4] = {B, Tkl, Hkv, l->head_dim_v};
   view vq = make_view(&in->q, qs, 4, es), vk = make_view(&in->k, ks, 4, es),
        vv = make_view(&in->v, vs, 4, es);
-  h->q = alloc_bytes((size_t)(B * Tq * hn * l->head_dim) * es);
-  h->k = alloc_bytes((size_t)(B * Tk * kn * l->head_dim) * es);
-  h->v = alloc_bytes((size_t)(B * Tk * kn * l->head_dim_v) * es);
-  if (h->q == NULL || h->k == NULL || h->v == NULL)
-    return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY,
-                     "out of memory for the head-split q, k, v");
   attn_status status = to_heads(x, &vq, 1, 2, Tq, h->q);
   if (status == ATTN_STATUS_OK) status = to_heads(x, &vk, 1, 2, Tk, h->k);
   if (status == ATTN_STATUS_OK) status = to_heads(x, &vv, 1, 2, Tk, h->v);
@@ -243,14 +398,7 @@ static attn_status gather_inputs(attn_dist_plan *plan, exch *x, const attn_probl
     view vb = make_view(src, shape, 4, bes);
     attn_tensor *dst = is_bias ? &hi->bias : &hi->mask;
     if (shape[2] != 1) {
-      char *buf = alloc_bytes((size_t)(ushape[0] * ushape[1] * ushape[2] * ushape[3]) * bes);
-      if (buf == NULL)
-        return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY,
-                         "out of memory for the head-split bias");
-      if (is_bias)
-        h->bias = buf;
-      else
-        h->mask = buf;
+      char *buf = is_bias ? h->bias : h->mask;
       status = to_heads(x, &vb, 2, shape[1] != 1 ? 1 : -1, Tq, buf);
       if (status != ATTN_STATUS_OK) return status;
       *dst = attn_tensor_dense(buf);
@@ -264,14 +412,11 @@ static attn_status gather_inputs(attn_dist_plan *plan, exch *x, const attn_probl
   if (l->has_segment_ids) {
     const int64_t sq[2] = {B, Tql}, sk[2] = {B, Tkl};
     view a = make_view(&in->q_segment_ids, sq, 2, 4), b = make_view(&in->kv_segment_ids, sk, 2, 4);
-    h->qseg = alloc_bytes((size_t)(B * Tq) * 4);
-    h->kseg = alloc_bytes((size_t)(B * Tk) * 4);
-    if (h->qseg == NULL || h->kseg == NULL)
-      return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for the segment ids");
     status = to_heads(x, &a, 1, -1, Tq, h->qseg);
     if (status == ATTN_STATUS_OK) status = to_heads(x, &b, 1, -1, Tk, h->kseg);
     if (status != ATTN_STATUS_OK) return status;
-    hi->q_segment_ids = attn_tensor_dense(h->qseg), hi->kv_segment_ids = attn_tensor_dense(h->kseg);
+    hi->q_segment_ids = attn_tensor_dense(h->qseg),
+    hi->kv_segment_ids = attn_tensor_dense(h->kseg);
   }
   if (l->alibi != ATTN_ALIBI_NONE) {
     const int per_batch = l->alibi == ATTN_ALIBI_PER_BATCH_HEAD;
@@ -290,7 +435,10 @@ static attn_status gather_inputs(attn_dist_plan *plan, exch *x, const attn_probl
   return ATTN_STATUS_OK;
 }
 
+/* The block's global batch and head offsets, where the plan needs them (dropout's counters; on the
+ * host every sub-plan takes them). */
 static attn_status place(attn_dist_plan *plan, exch *x) {
+  if (!attn_dist_needs_positions(plan)) return ATTN_STATUS_OK;
   attn_positions pos;
   memset(&pos, 0, sizeof pos);
   pos.batch0 = plan->b0;
@@ -312,15 +460,9 @@ attn_status attn_dist_ulysses_forward(attn_dist_plan *plan, const attn_inputs *i
   const attn_dtype dt = (attn_dtype)l->dtype, st = attn_stat_dtype(dt);
   const size_t es = attn_dtype_size(dt), ses = attn_dtype_size(st);
   heads h;
-  memset(&h, 0, sizeof h);
   attn_inputs hi;
-  attn_status status = gather_inputs(plan, &x, u, in, &h, &hi);
-  if (status == ATTN_STATUS_OK) {
-    h.out = alloc_bytes((size_t)(u->batch * u->seqlen_q * u->heads_q * u->head_dim_v) * es);
-    h.lse = alloc_bytes((size_t)(u->batch * u->heads_q * u->seqlen_q) * ses);
-    if (h.out == NULL || h.lse == NULL)
-      status = attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for the head-split out");
-  }
+  attn_status status = make_heads(plan, &x, u, 0, NULL, &h);
+  if (status == ATTN_STATUS_OK) status = gather_inputs(plan, &x, u, in, &h, &hi);
   if (status == ATTN_STATUS_OK && !plan->hybrid) status = place(plan, &x);
   if (status == ATTN_STATUS_OK) {
     attn_outputs ho;
@@ -333,7 +475,7 @@ attn_status attn_dist_ulysses_forward(attn_dist_plan *plan, const attn_inputs *i
       status = attn_dist_ring_forward(plan, &hi, &ho);
     } else {
       const double t0 = attn_dist_now();
-      status = attn_plan_forward(plan->block_plan, &hi, NULL, 0, &ho);
+      status = attn_plan_forward(plan->block_plan, &hi, h.workspace, h.workspace_size, &ho);
       plan->stats.compute_seconds += attn_dist_now() - t0;
     }
   }
@@ -347,8 +489,57 @@ attn_status attn_dist_ulysses_forward(attn_dist_plan *plan, const attn_inputs *i
     view vl = make_view(&out->lse, ls, 3, ses);
     status = from_heads(&x, h.lse, 2, 1, u->seqlen_q, &vl);
   }
-  free_heads(&h);
   return status == ATTN_STATUS_OK ? attn_succeed(ctx) : status;
+}
+
+/* The caller's dsinks: this rank's heads' share (its heads' rows for per-head sinks, its whole
+ * share for shared ones), zero for the other heads, then summed over the ranks that share the sink
+ * slice (the sequence ranks among them), which completes it. */
+static attn_status give_dsinks(attn_dist_plan *plan, exch *x, const heads *h,
+                               const attn_tensor *dsinks) {
+  const attn_problem *l = &plan->local;
+  const attn_dtype st = attn_stat_dtype((attn_dtype)l->dtype);
+  const size_t ses = attn_dtype_size(st);
+  const int64_t S = l->num_sinks, heads = l->sinks_shared ? 1 : l->heads_q, hn = plan->block.heads_q;
+  const int64_t shape[2] = {l->sinks_shared ? S : heads, S};
+  view vs2 = make_view(dsinks, shape, l->sinks_shared ? 1 : 2, ses);
+  if (!x->device) {
+    for (int64_t hh = 0; hh < heads; ++hh)
+      for (int64_t t = 0; t < S; ++t) {
+        double value = 0.0;
+        if (l->sinks_shared)
+          value = attn_load(h->dsinks, st, t);
+        else if (hh / hn == x->me)
+          value = attn_load(h->dsinks, st, (hh % hn) * S + t);
+        attn_store(vs2.data, st,
+                   l->sinks_shared ? t * vs2.stride[0] : hh * vs2.stride[0] + t * vs2.stride[1],
+                   value);
+      }
+  } else {
+    /* dsinks are f32 on a GPU (the cuda kernels' stat dtype) */
+    const int32_t dev = plan->local.device_index;
+    char why[512] = "";
+    const int64_t dense[4] = {S, 1, 0, 0};
+    attn_status status = ATTN_STATUS_OK;
+    const char *from = h->dsinks;
+    if (!l->sinks_shared) {
+      const int64_t mine[4] = {hn, S, 1, 1};
+      status = plan->dev->fill(dev, (float *)h->dsinks_all, heads * S, 0.0f, plan->stream, why,
+                               sizeof why);
+      if (status == ATTN_STATUS_OK)
+        status = plan->dev->copy(dev, h->dsinks_all + (size_t)(x->me * hn * S) * ses, dense,
+                                 h->dsinks, dense, mine, ses, plan->stream, why, sizeof why);
+      from = h->dsinks_all;
+    }
+    const int64_t all[4] = {shape[0], l->sinks_shared ? 1 : S, 1, 1};
+    const int64_t to[4] = {vs2.stride[0], l->sinks_shared ? 0 : vs2.stride[1], 0, 0};
+    const int64_t src_stride[4] = {l->sinks_shared ? 1 : S, 1, 0, 0};
+    if (status == ATTN_STATUS_OK)
+      status = plan->dev->copy(dev, vs2.data, to, from, src_stride, all, ses, plan->stream, why,
+                               sizeof why);
+    if (status != ATTN_STATUS_OK) return device_failed(x, status, "giving dsinks", why);
+  }
+  return attn_dist_reduce_dsinks(plan, dsinks);
 }
 
 attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *in,
@@ -365,35 +556,16 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
   exch x = make_exch(plan);
   const attn_dtype dt = (attn_dtype)l->dtype, st = attn_stat_dtype(dt);
   const size_t es = attn_dtype_size(dt), ses = attn_dtype_size(st);
-  const int64_t B = l->batch, Tq = u->seqlen_q, Tk = u->seqlen_k, hn = u->heads_q, kn = u->heads_kv;
+  const int64_t B = l->batch, Tq = u->seqlen_q, Tk = u->seqlen_k;
   heads h;
-  memset(&h, 0, sizeof h);
   attn_inputs hi;
-  attn_status status = gather_inputs(plan, &x, u, in, &h, &hi);
+  attn_status status = make_heads(plan, &x, u, 1, grads, &h);
+  if (status == ATTN_STATUS_OK) status = gather_inputs(plan, &x, u, in, &h, &hi);
   const int64_t os[4] = {B, l->seqlen_q, l->heads_q, l->head_dim_v};
   const int64_t ls[3] = {B, l->heads_q, l->seqlen_q};
   const int64_t qs[4] = {B, l->seqlen_q, l->heads_q, l->head_dim};
   const int64_t ks[4] = {B, l->seqlen_k, l->heads_kv, l->head_dim};
   const int64_t vs[4] = {B, l->seqlen_k, l->heads_kv, l->head_dim_v};
-  if (status == ATTN_STATUS_OK) {
-    h.out = alloc_bytes((size_t)(B * Tq * hn * l->head_dim_v) * es);
-    h.dout = alloc_bytes((size_t)(B * Tq * hn * l->head_dim_v) * es);
-    h.lse = alloc_bytes((size_t)(B * hn * Tq) * ses);
-    h.dq = alloc_bytes((size_t)(B * Tq * hn * l->head_dim) * es);
-    h.dk = alloc_bytes((size_t)(B * Tk * kn * l->head_dim) * es);
-    h.dv = alloc_bytes((size_t)(B * Tk * kn * l->head_dim_v) * es);
-    if (grads->dbias.data != NULL)
-      h.dbias = alloc_bytes(
-          (size_t)(u->bias_shape[0] * u->bias_shape[1] * u->bias_shape[2] * u->bias_shape[3]) *
-          attn_dtype_size((attn_dtype)l->bias_dtype));
-    if (grads->dsinks.data != NULL)
-      h.dsinks = alloc_bytes((size_t)((l->sinks_shared ? 1 : hn) * l->num_sinks) * ses);
-    if (h.out == NULL || h.dout == NULL || h.lse == NULL || h.dq == NULL || h.dk == NULL ||
-        h.dv == NULL || (grads->dbias.data != NULL && h.dbias == NULL) ||
-        (grads->dsinks.data != NULL && h.dsinks == NULL))
-      status =
-          attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for the head-split tensors");
-  }
   if (status == ATTN_STATUS_OK) {
     view vo = make_view(&fwd->out, os, 4, es), vd = make_view(dout, os, 4, es);
     view vl = make_view(&fwd->lse, ls, 3, ses);
@@ -418,7 +590,8 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
       status = attn_dist_ring_backward(plan, &hi, &hf, &hd, &hg);
     } else {
       const double t0 = attn_dist_now();
-      status = attn_plan_backward(plan->block_plan, &hi, &hf, &hd, NULL, 0, &hg);
+      status = attn_plan_backward(plan->block_plan, &hi, &hf, &hd, h.workspace, h.workspace_size,
+                                  &hg);
       plan->stats.compute_seconds += attn_dist_now() - t0;
     }
   }
@@ -434,51 +607,9 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
         make_view(&grads->dbias, l->bias_shape, 4, attn_dtype_size((attn_dtype)l->bias_dtype));
     status = from_heads(&x, h.dbias, 2, 1, Tq, &vb);
     /* Broadcast over batch with the batch split: the other batch ranks' shares. */
-    if (status == ATTN_STATUS_OK && plan->bias_comm != NULL) {
-      const int64_t *s = l->bias_shape;
-      double *buf = malloc((size_t)(s[0] * s[1] * s[2] * s[3]) * sizeof(double) + 1);
-      if (buf == NULL)
-        status = attn_fail(ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for dbias");
-      const attn_dtype bdt = (attn_dtype)l->bias_dtype;
-      int64_t e = 0;
-      for (int64_t a = 0; buf != NULL && a < s[0]; ++a)
-        for (int64_t b = 0; b < s[1]; ++b)
-          for (int64_t c = 0; c < s[2]; ++c)
-            for (int64_t d = 0; d < s[3]; ++d)
-              buf[e++] = attn_load(vb.data, bdt,
-                                   a * vb.stride[0] + b * vb.stride[1] + c * vb.stride[2] +
-                                       d * vb.stride[3]);
-      if (buf != NULL) status = attn_dist_reduce_dbias(plan, buf);
-      e = 0;
-      for (int64_t a = 0; buf != NULL && status == ATTN_STATUS_OK && a < s[0]; ++a)
-        for (int64_t b = 0; b < s[1]; ++b)
-          for (int64_t c = 0; c < s[2]; ++c)
-            for (int64_t d = 0; d < s[3]; ++d)
-              attn_store(vb.data, bdt,
-                         a * vb.stride[0] + b * vb.stride[1] + c * vb.stride[2] + d * vb.stride[3],
-                         buf[e++]);
-      free(buf);
-    }
+    if (status == ATTN_STATUS_OK) status = attn_dist_reduce_dbias_tensor(plan, &grads->dbias);
   }
-  if (status == ATTN_STATUS_OK && h.dsinks != NULL) {
-    /* This rank's heads' share of dsinks, zero for the others; the sum over the ranks that share
-     * the sink slice (the sequence ranks among them) completes it. */
-    const int64_t S = l->num_sinks, heads = l->sinks_shared ? 1 : l->heads_q;
-    const int64_t shape[2] = {l->sinks_shared ? S : heads, S};
-    view vs2 = make_view(&grads->dsinks, shape, l->sinks_shared ? 1 : 2, ses);
-    for (int64_t hh = 0; hh < heads; ++hh)
-      for (int64_t t = 0; t < S; ++t) {
-        double value = 0.0;
-        if (l->sinks_shared)
-          value = attn_load(h.dsinks, st, t);
-        else if (hh / hn == x.me)
-          value = attn_load(h.dsinks, st, (hh % hn) * S + t);
-        attn_store(vs2.data, st,
-                   l->sinks_shared ? t * vs2.stride[0] : hh * vs2.stride[0] + t * vs2.stride[1],
-                   value);
-      }
-    status = attn_dist_reduce_dsinks(plan, &grads->dsinks);
-  }
-  free_heads(&h);
+  if (status == ATTN_STATUS_OK && h.dsinks != NULL)
+    status = give_dsinks(plan, &x, &h, &grads->dsinks);
   return status == ATTN_STATUS_OK ? attn_succeed(ctx) : status;
 }

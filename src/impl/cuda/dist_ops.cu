@@ -225,6 +225,10 @@ attn_status copy(int32_t device, void *dst, const int64_t dst_stride[4], const v
   if (n == 0) return ATTN_STATUS_OK;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (es) {
+  case 1: /* boolean masks (the all-to-all's rows of a mask) */
+    copy_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<uint8_t *>(dst),
+                                            static_cast<const uint8_t *>(src), d, n);
+    break;
   case 2:
     copy_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<uint16_t *>(dst),
                                             static_cast<const uint16_t *>(src), d, n);
@@ -238,7 +242,7 @@ attn_status copy(int32_t device, void *dst, const int64_t dst_stride[4], const v
                                             static_cast<const uint64_t *>(src), d, n);
     break;
   default:
-    attn_format(why, why_size, "copy of %zu-byte elements: 2, 4 or 8 are supported", es);
+    attn_format(why, why_size, "copy of %zu-byte elements: 1, 2, 4 or 8 are supported", es);
     return ATTN_STATUS_INVALID_ARGUMENT;
   }
   return launched("the ring's copy kernel", why, why_size);
