@@ -9,9 +9,10 @@
  * block's shape is, Tq != Tk, ALiBi, dropout with its global Philox counters) and the sinks, with
  * dsinks, boolean masks and segment ids (padded rows), a bias with dbias (full, and broadcast
  * over batch and heads), under sequence, batch and head splits; the all-to-all (contiguous and
- * zigzag, alone and beside a head split) with those features; and the refusals of what the GPU
- * does not run (two sequence axes, ring dropout on key chunks not a multiple of 4, dbias of a
- * bias broadcast over rows, and under the all-to-all over heads).
+ * zigzag, alone and beside a head split) with those features, AUTO measuring both, two sequence
+ * axes (the all-to-all around the ring); and the refusals of what the GPU does not run (ring
+ * dropout on key chunks not a multiple of 4, dbias of a bias broadcast over rows, and under the
+ * all-to-all over heads).
  *
  * The ranks are threads of this process. On one GPU they talk through the loopback transport
  * (tests/dist_gpu/transport_loopback.c: cudaMemcpyAsync between the threads' buffers, host
@@ -69,6 +70,7 @@ typedef struct tcase {
   int mask;      /* a boolean mask [B, 1, Tq, Tk], a fifth of it 0 */
   int segments;  /* segment ids: two segments a sequence, and padding (-1) at the ends */
   int bias;      /* BIAS_*: none, or a bias of that shape, with dbias */
+  int tune;      /* strategy AUTO measured (the ring against the all-to-all), memory cache only */
 } tcase;
 
 /* The biases of the cases: full [B, Hq, Tq, Tk] f32; [1, 1, Tq, Tk] bf16 (dbias summed over batch
@@ -211,6 +213,14 @@ static void *run_rank(void *arg) {
 #endif
   attn_ctx *ctx;
   attn_ctx_create(&ctx);
+  if (c->tune) {
+    attn_policy pol;
+    attn_ctx_get_policy(ctx, &pol);
+    pol.on_miss = ATTN_ON_MISS_AUTOTUNE;
+    pol.tune_backward = 1;
+    pol.cache_path = ""; /* the memory cache only: nothing of the machine's is read or kept */
+    attn_ctx_set_policy(ctx, &pol);
+  }
   attn_problem p = g->p;
   p.device_index = j->device;
   attn_dist_spec spec;
@@ -236,6 +246,23 @@ static void *run_rank(void *arg) {
   if (st != ATTN_STATUS_OK) {
     attn_ctx_destroy(ctx);
     return NULL;
+  }
+  if (c->tune) { /* measured on the GPU, cached: a second plan of the context finds it */
+    attn_dist_plan *again = NULL;
+    const attn_status st2 =
+        attn_dist_plan_create(ctx, &p, &spec, j->transport, j->comm, NULL, &again);
+    int64_t mem = 0, disk = 0;
+    attn_cache_count(ctx, &mem, &disk);
+    char detail[160];
+    snprintf(detail, sizeof detail, "%s; strategies %d and %d; %lld cached",
+             st2 == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx),
+             (int)attn_dist_plan_strategy(plan), (int)attn_dist_plan_strategy(again),
+             (long long)mem);
+    report(j,
+           st2 == ATTN_STATUS_OK && mem >= 1 &&
+               attn_dist_plan_strategy(again) == attn_dist_plan_strategy(plan),
+           "AUTO: the measured strategy is cached and found again", detail);
+    attn_dist_plan_destroy(again);
   }
   attn_problem l;
   int32_t coords[ATTN_DIST_MAX_AXES] = {0};
@@ -360,10 +387,13 @@ static void *run_rank(void *arg) {
   add_features(&x, &p, dalibi, dsinks_in, ddsinks, dmask_seg, dbias_dbias);
   st = attn_dist_plan_forward(plan, &x.in, &x.out);
   report(j, st == ATTN_STATUS_OK, "forward", st == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
-  int ring = 0;
-  for (int a = 0; a < c->naxes; ++a) ring |= c->dims[a] == ATTN_DIST_DIM_SEQUENCE;
-  const int all_to_all = ring && c->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL;
-  ring = ring && !all_to_all;
+  int seq_axes = 0;
+  for (int a = 0; a < c->naxes; ++a) seq_axes += c->dims[a] == ATTN_DIST_DIM_SEQUENCE;
+  /* one sequence axis: the ring or the all-to-all; two: the all-to-all around the ring */
+  const int hybrid = seq_axes == 2;
+  const int all_to_all =
+      seq_axes == 1 && attn_dist_plan_strategy(plan) == ATTN_DIST_STRATEGY_ALL_TO_ALL;
+  const int ring = seq_axes == 1 && !all_to_all;
   if (st == ATTN_STATUS_OK && ring) {
     /* A step's visible chunks are one call (zigzag: every step; contiguous: at most one); pairs:
      * more calls than steps where a step sees several pairs (the diagonal step of a zigzag ring). */
@@ -385,12 +415,12 @@ static void *run_rank(void *arg) {
   }
   /* dbias of a bias broadcast over rows: refused on the device ring, run elsewhere; under the
    * all-to-all, of a bias broadcast over heads or rows (as on the host) */
-  const int dbias_refused = (c->bias == BIAS_KEYS && ring) || (c->bias != BIAS_NONE &&
-                                                               c->bias != BIAS_FULL && all_to_all);
+  const int dbias_refused = (c->bias == BIAS_KEYS && ring) ||
+                            (c->bias != BIAS_NONE && c->bias != BIAS_FULL && (all_to_all || hybrid));
   if (st == ATTN_STATUS_OK && dbias_refused) {
     st = attn_dist_plan_backward(plan, &x.in, &x.out, &x.dout, &x.grads);
     const char *why_b = attn_ctx_last_error(ctx);
-    const char *reason = all_to_all ? "broadcast over heads or query rows" : "query rows and keys";
+    const char *reason = ring ? "query rows and keys" : "broadcast over heads or query rows";
     report(j, st == ATTN_STATUS_UNSUPPORTED && strstr(why_b, reason) != NULL,
            "backward: dbias of a broadcast bias is refused with the reason", why_b);
     x.grads.dbias = attn_tensor_dense(NULL); /* the rest of the backward, without it */
@@ -707,8 +737,23 @@ static int cases_for(int n, tcase *out) {
                        .Tk = 64,
                        .Hq = 4,
                        .Hkv = 4,
+                       .D = 64};
+    out[k++] = (tcase){.name = "two sequence axes dropout ALiBi sinks bias",
+                       .naxes = 2,
+                       .dims = {S, S},
+                       .sizes = {2, 2},
+                       .layout = C,
+                       .strategy = AUTO,
+                       .B = 1,
+                       .Tq = 2 * 2 * 12,
+                       .Tk = 2 * 2 * 12,
+                       .Hq = 4,
+                       .Hkv = 2,
                        .D = 64,
-                       .refused = "two sequence axes"};
+                       .dropout = 0.1,
+                       .alibi = 1,
+                       .sinks = 2,
+                       .bias = BIAS_FULL};
     out[k++] = (tcase){.name = "heads x all-to-all zigzag causal",
                        .naxes = 2,
                        .dims = {H, S},
@@ -723,6 +768,21 @@ static int cases_for(int n, tcase *out) {
                        .Hkv = 4,
                        .D = 64};
   }
+  /* AUTO measuring on the GPU: whichever it takes must be exact */
+  out[k++] = (tcase){.name = "AUTO measured zigzag causal",
+                     .naxes = 1,
+                     .dims = {S, 0},
+                     .sizes = {n, 0},
+                     .layout = Z,
+                     .strategy = AUTO,
+                     .causal = 1,
+                     .B = 1,
+                     .Tq = 2 * 32 * n,
+                     .Tk = 2 * 32 * n,
+                     .Hq = 2 * n,
+                     .Hkv = n,
+                     .D = 64,
+                     .tune = 1};
   /* The all-to-all: each rank runs the whole sequence of Hkv/n KV groups, its reordering copies
    * on the GPU (rows of a zigzag rank in two runs, masks of 1-byte elements). */
   out[k++] = (tcase){.name = "all-to-all contiguous causal GQA",

@@ -3,7 +3,8 @@
  *
  * The executor's chain, for a sequence-split problem both strategies can run: the context's memory
  * cache, then the cache file, then (when the policy autotunes on a miss) both strategies timed on
- * scratch shards by every rank, then the heuristic (the ring). The cache key holds what decides the
+ * scratch shards by every rank (in the problem's memory, host or GPU), then the heuristic (the
+ * ring). The cache key holds what decides the
  * answer: the device fingerprint, the block implementation, the pass, the threads, the problem and
  * the mesh (axes, layout, ranks), so a result measured on 2 ranks is never used for 4. Every rank
  * must take the same strategy, so the ranks agree through one allgather of their cache answers and
@@ -14,6 +15,7 @@
 #include "core/ctx.h"
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/gpu.h"
 #include "plan/exec.h"
 
 #include <math.h>
@@ -46,9 +48,12 @@ static void make_key(attn_dist_plan *plan, const attn_policy *policy, char *key,
 
 /* ---- scratch shards -------------------------------------------------------------------------- */
 
+/* The tensors of one rank's shard, in the problem's memory: host, or the GPU of a CUDA problem
+ * (made on the host, uploaded). */
 typedef struct shards {
   void *mem[16];
   int count;
+  int device; /* -1: host memory; else the GPU's index */
   attn_inputs in;
   attn_outputs out;
   attn_tensor dout;
@@ -56,21 +61,39 @@ typedef struct shards {
 } shards;
 
 static void *scratch_tensor(shards *s, attn_dtype dt, int64_t n, double value, int random) {
-  const size_t es = attn_dtype_size(dt);
-  void *p = malloc((size_t)(n > 0 ? n : 1) * es);
+  const size_t es = attn_dtype_size(dt), bytes = (size_t)(n > 0 ? n : 1) * es;
+  void *p = malloc(bytes);
   if (p == NULL) return NULL;
-  s->mem[s->count++] = p;
   uint32_t state = 12345u + (uint32_t)s->count;
   for (int64_t i = 0; i < n; ++i) {
     state = state * 1664525u + 1013904223u;
     const double v = random ? ((double)(state >> 8) / 16777216.0 - 0.5) : value;
     attn_store(p, dt, i, v);
   }
+  if (s->device >= 0) {
+    const attn_gpu_ops *gpu = attn_gpu();
+    void *d = NULL;
+    char why[256];
+    const int ok = gpu != NULL && gpu->alloc(s->device, bytes, &d, why, sizeof why) ==
+                                      ATTN_STATUS_OK;
+    if (ok && gpu->upload(s->device, d, p, bytes, why, sizeof why) != ATTN_STATUS_OK)
+      gpu->release(s->device, d), d = NULL;
+    free(p);
+    p = ok ? d : NULL;
+    if (p == NULL) return NULL;
+  }
+  s->mem[s->count++] = p;
   return p;
 }
 
 static void free_shards(shards *s) {
-  for (int i = 0; i < s->count; ++i) free(s->mem[i]);
+  const attn_gpu_ops *gpu = s->device >= 0 ? attn_gpu() : NULL;
+  for (int i = 0; i < s->count; ++i) {
+    if (s->device < 0)
+      free(s->mem[i]);
+    else if (gpu != NULL)
+      gpu->release(s->device, s->mem[i]);
+  }
   s->count = 0;
 }
 
@@ -83,6 +106,7 @@ static int make_shards(const attn_dist_plan *plan, shards *s) {
                 Hkv = l->heads_kv;
   const int64_t D = l->head_dim, Dv = l->head_dim_v;
   memset(s, 0, sizeof *s);
+  s->device = l->device == ATTN_DEVICE_CPU ? -1 : l->device_index;
   attn_inputs_init(&s->in);
   attn_outputs_init(&s->out);
   attn_grads_init(&s->grads);
@@ -134,16 +158,20 @@ static int make_shards(const attn_dist_plan *plan, shards *s) {
   return 1;
 }
 
-/* Median seconds of a run (forward, or forward + backward) of the plan as it stands; < 0 when a
- * run failed (every rank still takes part in the same number of runs, so nobody waits). */
+/* Median seconds of a run (forward, or forward + backward) of the plan as it stands, until its
+ * GPU work is done; < 0 when a run failed (every rank still takes part in the same number of
+ * runs, so nobody waits). */
 static double time_runs(attn_dist_plan *plan, shards *s, int backward, int runs) {
   double times[8];
   int ok = 1;
+  char why[256];
   for (int r = 0; r <= runs && r < 8; ++r) {
     const double t0 = attn_dist_now();
     ok &= attn_dist_plan_forward(plan, &s->in, &s->out) == ATTN_STATUS_OK;
     if (backward)
       ok &= attn_dist_plan_backward(plan, &s->in, &s->out, &s->dout, &s->grads) == ATTN_STATUS_OK;
+    if (s->device >= 0 && plan->dev != NULL)
+      ok &= plan->dev->stream_sync(s->device, plan->stream, why, sizeof why) == ATTN_STATUS_OK;
     times[r] = attn_dist_now() - t0;
     if (!ok || plan->broken) return -1.0;
   }
@@ -165,7 +193,7 @@ attn_status attn_dist_choose_strategy(attn_dist_plan *plan, const attn_select *s
   char why[512] = "";
 
   /* The key names the block implementation, so the ring's plan is made first. */
-  plan->strategy = ATTN_DIST_STRATEGY_RING;
+  attn_dist_set_strategy(plan, ATTN_DIST_STRATEGY_RING);
   attn_status status = attn_dist_make_sub_plans(plan, select);
   if (status != ATTN_STATUS_OK) return status;
   char key[ATTN_KEY_SIZE], path[4096];
@@ -203,7 +231,7 @@ attn_status attn_dist_choose_strategy(attn_dist_plan *plan, const attn_select *s
     double t[2] = {-1.0, -1.0};
     if (have) t[0] = time_runs(plan, &s, policy->tune_backward, 3);
     attn_dist_free_sub_plans(plan);
-    plan->strategy = ATTN_DIST_STRATEGY_ALL_TO_ALL;
+    attn_dist_set_strategy(plan, ATTN_DIST_STRATEGY_ALL_TO_ALL);
     status = attn_dist_make_sub_plans(plan, select);
     if (status == ATTN_STATUS_OK && have) t[1] = time_runs(plan, &s, policy->tune_backward, 3);
     free_shards(&s);
@@ -249,10 +277,15 @@ attn_status attn_dist_choose_strategy(attn_dist_plan *plan, const attn_select *s
   if (agreed == 0) agreed = ATTN_DIST_STRATEGY_RING; /* heuristic */
   if (plan->strategy != agreed) {
     attn_dist_free_sub_plans(plan);
-    plan->strategy = agreed;
+    attn_dist_set_strategy(plan, agreed);
     status = attn_dist_make_sub_plans(plan, select);
     if (status != ATTN_STATUS_OK) return status;
   }
+  /* The memory of the strategy not taken (the measuring runs made it) */
+  if (agreed == ATTN_DIST_STRATEGY_RING)
+    attn_dist_ulysses_release(plan);
+  else
+    attn_dist_device_release(plan);
   memset(&plan->stats, 0, sizeof plan->stats);
   return ATTN_STATUS_OK;
 }

@@ -169,6 +169,10 @@ void attn_dist_ulysses_release(attn_dist_plan *plan);
 /* Whether the sub-plans are placed at global positions (dist_plan.c, needs_positions). */
 int attn_dist_needs_positions(const attn_dist_plan *plan);
 
+/* Sets plan->strategy, and plan->device_ring where it is the ring over CUDA tensors (dist_plan.c;
+ * the sub-plans are then made again). */
+void attn_dist_set_strategy(attn_dist_plan *plan, int32_t strategy);
+
 /* The sub-plans of plan->strategy (dist_plan.c), and their release. */
 attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *select);
 void attn_dist_free_sub_plans(attn_dist_plan *plan);

@@ -539,43 +539,45 @@ static attn_status make_groups(attn_dist_plan *plan, char *why, size_t why_size)
   return status;
 }
 
-/* CUDA tensors with a split sequence: the all-to-all when asked for (ulysses.c: the host's code,
- * its copies on the GPU; not the two-axis hybrid), else the device ring (ring.c; AUTO measures
- * the strategies on the host only and takes the ring here). The ring's blocks run unplaced where the
+/* CUDA tensors with a split sequence: the all-to-all (ulysses.c: the host's code, its copies on
+ * the GPU) or the device ring (ring.c), AUTO choosing between them as on the host (choose.c); on
+ * two sequence axes the all-to-all over the inner axis around the device ring over the outer.
+ * The ring's blocks run unplaced where the
  * call's own mask is the global one (a causal mask with seqlen_q == seqlen_k, in the zigzag layout
  * one call a step; no mask), else one pair of chunks at a time at its global positions, which the
  * cuda kernels take in one piece per axis: any mask, ALiBi, dropout (key chunks of a multiple of
  * 4 keys: the kernels share one Philox call among 4), the soft cap, masks and segment ids
  * (sliced per block as on the host, the kv segment ids travelling with the slice), a bias
  * (dbias written block by block in place where the bias has rows and keys: ring.c); sinks enter
- * once, as on the host. Loads plan->dev; sets plan->device_ring for the ring. */
+ * once, as on the host. Loads plan->dev; the strategy (attn_dist_set_strategy). */
 static attn_status check_device_split(attn_dist_plan *plan, const attn_dist_spec *spec) {
   attn_ctx *ctx = plan->ctx;
   const attn_problem *g = &plan->global;
-  if (plan->hybrid)
-    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
-                     "device=cuda with two sequence axes (the ring over the all-to-all): not "
-                     "implemented for CUDA tensors; split the sequence along one axis (strategy "
-                     "RING, ALL_TO_ALL or AUTO), with batch or heads on the other");
   const int all_to_all = spec->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL;
-  const int64_t key_chunk = g->seqlen_k / (plan->ns * plan->chunks);
+  /* the ring's key chunks (the hybrid's ring runs over the outer axis, ring_n ranks) */
+  const int64_t key_chunk = g->seqlen_k / (plan->ring_n * plan->chunks);
   if (!all_to_all && g->dropout_p > 0.0 && key_chunk % 4 != 0)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                      "device=cuda with a split sequence and dropout: key chunks of %lld keys "
                      "(seqlen_k=%lld over %d ranks x %d chunks); the cuda kernels share one "
                      "Philox call among 4 keys, so a chunk must start at a multiple of 4 (or use "
                      "strategy ALL_TO_ALL, whose blocks hold every key)",
-                     (long long)key_chunk, (long long)g->seqlen_k, (int)plan->ns,
+                     (long long)key_chunk, (long long)g->seqlen_k, (int)plan->ring_n,
                      (int)plan->chunks);
   plan->dev = attn_module_dist_ops();
   if (plan->dev == NULL)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                      "device=cuda with a split sequence needs the ring operations of the cuda "
                      "module (libattn_cuda.so), which is not loaded (attn_module_info says why)");
-  if (all_to_all) return ATTN_STATUS_OK; /* ulysses.c: copies on the GPU, NCCL's all-to-all */
-  plan->device_ring = 1;
-  plan->strategy = ATTN_DIST_STRATEGY_RING;
+  /* AUTO starts from the ring (the heuristic); choose.c may measure the all-to-all against it */
+  attn_dist_set_strategy(plan, all_to_all ? ATTN_DIST_STRATEGY_ALL_TO_ALL : ATTN_DIST_STRATEGY_RING);
   return ATTN_STATUS_OK;
+}
+
+void attn_dist_set_strategy(attn_dist_plan *plan, int32_t strategy) {
+  plan->strategy = strategy;
+  plan->device_ring = plan->global.device != ATTN_DEVICE_CPU && plan->ns > 1 &&
+                      strategy == ATTN_DIST_STRATEGY_RING;
 }
 
 attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
@@ -663,8 +665,8 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
   }
   /* Sub-plans depend only on the agreed problem, so every rank succeeds or fails alike. */
   if (status == ATTN_STATUS_OK) {
-    const int a2a_possible = plan->ns > 1 && !plan->hybrid && !plan->device_ring &&
-                             (plan->local.heads_kv % plan->ns) == 0;
+    const int a2a_possible =
+        plan->ns > 1 && !plan->hybrid && (plan->local.heads_kv % plan->ns) == 0;
     if (spec->strategy == ATTN_DIST_STRATEGY_AUTO && a2a_possible)
       status = attn_dist_choose_strategy(plan, select);
     else

@@ -1214,8 +1214,9 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
   }
   if (plan->sinks_plan != NULL && grads->dsinks.data != NULL)
     status = sinks_backward(plan, in, fwd, dout, grads, pass.kv, &b.x, b.wsp, b.ws);
-  /* a bias broadcast along a split dimension (batch or heads): the other ranks' shares */
-  if (status == ATTN_STATUS_OK && dbias_n > 0)
+  /* a bias broadcast along a split dimension (batch or heads): the other ranks' shares (the
+   * hybrid's all-to-all sums the caller's dbias after its own exchange) */
+  if (status == ATTN_STATUS_OK && dbias_n > 0 && !plan->hybrid)
     status = attn_dist_reduce_dbias_tensor(plan, &grads->dbias);
 done:
   transfers_on(plan, plan->stream);

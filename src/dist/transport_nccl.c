@@ -16,10 +16,10 @@
  * allreduce_sum take host memory (the plan's agreement check and the dsinks/dbias sums are small)
  * and stage it through device buffers.
  *
- * Status: batch and head splits, the device ring (ring.c) and the all-to-all (ulysses.c, its
- * reordering on the GPU) run over it; two sequence axes are refused for CUDA tensors
- * (docs/DISTRIBUTED.md, "On GPUs"). tests/test_dist_gpu.c runs the same cases over it on 2 GPUs
- * and over the loopback test transport on one.
+ * Status: batch and head splits, the device ring (ring.c), the all-to-all (ulysses.c, its
+ * reordering on the GPU) and both on two sequence axes run over it (docs/DISTRIBUTED.md, "On
+ * GPUs"). tests/test_dist_gpu.c runs the same cases over it on 2 GPUs and over the loopback test
+ * transport on one.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep */
 #include "dist/transport_stream.h"

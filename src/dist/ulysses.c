@@ -305,7 +305,7 @@ static void lay_out(const attn_dist_plan *plan, exch *x, const attn_problem *u, 
   const size_t exch_bytes = a->exch;
   x->send = take(a, (int64_t)exch_bytes, 1, 0);
   x->recv = take(a, (int64_t)exch_bytes, 1, 0);
-  if (x->device) {
+  if (x->device && !plan->hybrid) { /* (the hybrid's ring keeps its blocks' workspace) */
     size_t f = 0, b = 0;
     if (attn_plan_workspace_size(plan->block_plan, &f, &b) != ATTN_STATUS_OK) f = b = 0;
     h->workspace_size = backward ? b : f;
