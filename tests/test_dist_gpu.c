@@ -74,9 +74,10 @@ typedef struct tcase {
 } tcase;
 
 /* The biases of the cases: full [B, Hq, Tq, Tk] f32; [1, 1, Tq, Tk] bf16 (dbias summed over batch
- * and heads); [B, 1, 1, Tk] f32, broadcast over the rows, whose dbias the device ring refuses
- * under a split sequence (the backward must say so; the forward runs). */
-enum { BIAS_NONE, BIAS_FULL, BIAS_ROWS_KEYS, BIAS_KEYS };
+ * and heads); [B, 1, 1, Tk] f32, broadcast over the rows, and [B, 1, Tq, 1] f32, over the keys
+ * (the device ring sums their blocks' shares of dbias; the all-to-all refuses the dbias of every
+ * bias broadcast over heads or rows: the backward must say so, the forward runs). */
+enum { BIAS_NONE, BIAS_FULL, BIAS_ROWS_KEYS, BIAS_KEYS, BIAS_ROWS };
 
 /* The global data and the single-device results, on the host: q, k, v, dout and the optional
  * ALiBi slopes [Hq] and sinks [Hq, S] (f32; empty when the case has none), with dsinks. */
@@ -405,7 +406,8 @@ static void *run_rank(void *arg) {
     /* ALiBi and dropout place every pair of chunks, and a mask or bias over keys keeps key
      * chunks apart: a zigzag step is then several calls; a contiguous one is one pair of chunks,
      * placed or not, so at most one call */
-    const int placed = c->alibi || c->dropout > 0 || c->mask || c->bias != BIAS_NONE;
+    const int placed =
+        c->alibi || c->dropout > 0 || c->mask || (c->bias != BIAS_NONE && c->bias != BIAS_ROWS);
     report(j,
            c->pairs || (placed && zigzag) ? stats.blocks > stats.steps
            : zigzag                       ? stats.blocks == stats.steps
@@ -413,14 +415,14 @@ static void *run_rank(void *arg) {
            c->pairs || placed ? "runs one call per pair of chunks" : "runs one call per step",
            detail);
   }
-  /* dbias of a bias broadcast over rows: refused on the device ring, run elsewhere; under the
-   * all-to-all, of a bias broadcast over heads or rows (as on the host) */
-  const int dbias_refused = (c->bias == BIAS_KEYS && ring) ||
-                            (c->bias != BIAS_NONE && c->bias != BIAS_FULL && (all_to_all || hybrid));
+  /* dbias under the all-to-all (alone or around the ring) of a bias broadcast over heads or
+   * rows: refused, as on the host */
+  const int dbias_refused =
+      c->bias != BIAS_NONE && c->bias != BIAS_FULL && (all_to_all || hybrid);
   if (st == ATTN_STATUS_OK && dbias_refused) {
     st = attn_dist_plan_backward(plan, &x.in, &x.out, &x.dout, &x.grads);
     const char *why_b = attn_ctx_last_error(ctx);
-    const char *reason = ring ? "query rows and keys" : "broadcast over heads or query rows";
+    const char *reason = "broadcast over heads or query rows";
     report(j, st == ATTN_STATUS_UNSUPPORTED && strstr(why_b, reason) != NULL,
            "backward: dbias of a broadcast bias is refused with the reason", why_b);
     x.grads.dbias = attn_tensor_dense(NULL); /* the rest of the backward, without it */
@@ -503,7 +505,7 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
     p->bias_shape[0] = c->bias == BIAS_ROWS_KEYS ? 1 : c->B;
     p->bias_shape[1] = c->bias == BIAS_FULL ? c->Hq : 1;
     p->bias_shape[2] = c->bias == BIAS_KEYS ? 1 : c->Tq;
-    p->bias_shape[3] = c->Tk;
+    p->bias_shape[3] = c->bias == BIAS_ROWS ? 1 : c->Tk;
   }
   tu_rng rng = tu_rng_make(seed);
   g->alibi = tu_buf_new(ATTN_DTYPE_F32, c->alibi ? c->Hq : 0);
@@ -1159,7 +1161,8 @@ static int cases_for(int n, tcase *out) {
                      .sinks = 1,
                      .segments = 1};
   /* a bias: dbias in place block by block (rows and keys), summed over broadcast batch and heads
-   * by the kernels and over the head ranks by the plan; a row-broadcast one's dbias refused */
+   * by the kernels and over the head ranks by the plan; broadcast over rows or keys, the blocks'
+   * shares summed (over the sequence ranks too, for rows) */
   out[k++] = (tcase){.name = "ring zigzag causal bias",
                      .naxes = 1,
                      .dims = {S, 0},
@@ -1202,6 +1205,35 @@ static int cases_for(int n, tcase *out) {
                      .Hq = 2,
                      .Hkv = 2,
                      .D = 64,
+                     .bias = BIAS_KEYS};
+  out[k++] = (tcase){.name = "ring zigzag causal key-broadcast bias",
+                     .naxes = 1,
+                     .dims = {S, 0},
+                     .sizes = {n, 0},
+                     .layout = Z,
+                     .strategy = AUTO,
+                     .causal = 1,
+                     .B = 2,
+                     .Tq = 2 * 13 * n,
+                     .Tk = 2 * 13 * n,
+                     .Hq = 4,
+                     .Hkv = 2,
+                     .D = 64,
+                     .bias = BIAS_ROWS};
+  out[k++] = (tcase){.name = "ring zigzag row-broadcast bias ALiBi",
+                     .naxes = 1,
+                     .dims = {S, 0},
+                     .sizes = {n, 0},
+                     .layout = Z,
+                     .strategy = AUTO,
+                     .causal = 1,
+                     .B = 1,
+                     .Tq = 2 * 11 * n,
+                     .Tk = 2 * 11 * n,
+                     .Hq = 2,
+                     .Hkv = 1,
+                     .D = 64,
+                     .alibi = 1,
                      .bias = BIAS_KEYS};
   if (n == 4)
     out[k++] = (tcase){.name = "heads x ring zigzag broadcast bias",

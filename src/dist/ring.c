@@ -1068,11 +1068,29 @@ typedef struct device_backward {
   int64_t nk_el, nkd; /* elements of the dK part, and of dK and dV, of a travelling slice */
   void *wsp;
   size_t ws;
-  /* The caller's dbias (data NULL when not asked) and its strides: a bias with query rows and
-   * keys, whose every element one block of this rank writes, in place. */
+  /* The caller's dbias (data NULL when not asked) and its strides. A bias with query rows and
+   * keys: every element is one block's of this rank, written in place. One broadcast over rows
+   * or keys (summed): each block writes its share densely into dbias_blk, added into the f32
+   * accumulator dbias_acc of the local dbias's shape, stored after the last step. */
   attn_tensor dbias;
   int64_t dbias_s[4];
+  int dbias_summed;
+  char *dbias_blk;
+  float *dbias_acc;
 } device_backward;
+
+/* The run of one block's dbias share in the accumulator of a bias broadcast over query rows or
+ * keys (at most one of its row and key dims is not 1): where it starts along that dim, of how
+ * many elements, in a dim of T (all 1 when the bias broadcasts over both). */
+static void dbias_share(const ring *g, const ring_block *rb, int64_t *T, int64_t *row0,
+                        int64_t *n) {
+  const int64_t *bsh = g->l->bias_shape;
+  *T = 1, *row0 = 0, *n = 1;
+  if (bsh[3] != 1) /* keys: the block's one key chunk (key chunks stay apart), global columns */
+    *T = bsh[3], *row0 = block_k0(g, rb), *n = (int64_t)rb->nc * g->nk;
+  else if (bsh[2] != 1) /* query rows: the block's local rows */
+    *T = bsh[2], *row0 = (int64_t)rb->a0 * g->nq, *n = (int64_t)rb->na * g->nq;
+}
 
 static attn_status device_begin_step(void *self) {
   device_backward *b = self;
@@ -1105,7 +1123,9 @@ static attn_status device_backward_block(void *self, const ring_block *rb, const
         plan->stream);
   }
   blk.fwd.lse = attn_tensor_dense(b->lb);
-  if (b->dbias.data != NULL) { /* the block's rows and keys of the caller's dbias */
+  if (b->dbias_summed) {
+    blk.grads.dbias = attn_tensor_dense(b->dbias_blk);
+  } else if (b->dbias.data != NULL) { /* the block's rows and keys of the caller's dbias */
     const attn_problem *l = g->l;
     const int64_t off = bias_block_offset(l->bias_shape, b->dbias_s, q_row, block_k0(g, rb));
     blk.grads.dbias.data =
@@ -1124,6 +1144,13 @@ static attn_status device_backward_block(void *self, const ring_block *rb, const
       keys, g->Hkv * g->D, plan->stream);
   DEV("summing gradients", accumulate, dev, b->step + b->nk_el, g->Tk, k_row, b->x.vb,
       (int32_t)g->dt, g->B, keys, g->Hkv * g->Dv, plan->stream);
+  if (b->dbias_summed) {
+    const int64_t *bsh = g->l->bias_shape;
+    int64_t T = 1, row0 = 0, n = 1;
+    dbias_share(g, rb, &T, &row0, &n);
+    DEV("summing dbias", accumulate, dev, b->dbias_acc, T, row0, b->dbias_blk,
+        (int32_t)g->l->bias_dtype, bsh[0] * bsh[1], n, 1, plan->stream);
+  }
 done:
   return status;
 }
@@ -1155,21 +1182,21 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
   const size_t dv_blk = (size_t)round_part(g.B * g.Tk * g.Hkv * g.Dv * (int64_t)g.es);
   const size_t dkv_acc = (size_t)round_part(b.nkd * 4), dq_acc = (size_t)round_part(nq_el * 4);
   const size_t lse_blk = (size_t)round_part(g.B * g.Hq * g.Tq * 4);
-  /* dbias: each block writes its rows and keys in place; a broadcast one would sum blocks */
+  /* dbias: each block writes its rows and keys in place, or (a bias broadcast over rows or
+   * keys) its share into a dense block, summed in f32 (device_backward) */
   const int64_t *bsh = g.l->bias_shape;
   const int64_t dbias_n = grads->dbias.data != NULL ? bsh[0] * bsh[1] * bsh[2] * bsh[3] : 0;
-  if (dbias_n > 0 && (bsh[2] == 1 || bsh[3] == 1))
-    return attn_fail(plan->ctx, ATTN_STATUS_UNSUPPORTED,
-                     "grads.dbias of CUDA tensors with a split sequence needs a bias with query "
-                     "rows and keys (bias_shape [%lld, %lld, %lld, %lld]): a bias broadcast over "
-                     "either sums the blocks' shares of dbias, which the device ring does not "
-                     "add on the device (the CPU ring does)",
-                     (long long)bsh[0], (long long)bsh[1], (long long)bsh[2], (long long)bsh[3]);
-  const size_t zeros = (size_t)round_part(dbias_n * 4);
+  b.dbias_summed = dbias_n > 0 && (bsh[2] == 1 || bsh[3] == 1);
+  const size_t zeros = (size_t)round_part(dbias_n * 4); /* f32: zeros, or the sums */
+  const size_t dbias_blk =
+      b.dbias_summed ? (size_t)round_part(bsh[0] * bsh[1] * (bsh[2] == 1 ? 1 : g.Tq) *
+                                          (bsh[3] == 1 ? 1 : g.Tk) *
+                                          (int64_t)attn_dtype_size((attn_dtype)g.l->bias_dtype))
+                     : 0;
   char *base = NULL;
   attn_status status = device_setup(plan,
                                     2 * g.kv_bytes + dq_blk + dk_blk + dv_blk + 3 * dkv_acc +
-                                        dq_acc + lse_blk + zeros + b.ws,
+                                        dq_acc + lse_blk + zeros + dbias_blk + b.ws,
                                     &base);
   if (status != ATTN_STATUS_OK) return status;
   ring_pass pass = {.g = &g,
@@ -1187,7 +1214,9 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
    * at row a * nq, 4-byte aligned only, which cuDNN's block plans refuse (16 bytes). */
   b.lb = (float *)((char *)b.dqa + dq_acc);
   float *dbias_zeros = (float *)((char *)b.lb + lse_blk);
-  b.wsp = (char *)dbias_zeros + zeros;
+  b.dbias_acc = dbias_zeros;
+  b.dbias_blk = (char *)dbias_zeros + zeros;
+  b.wsp = b.dbias_blk + dbias_blk;
   transfers_on(plan, plan->comm_stream);
   DEV("clearing the dK/dV sums", fill, dev, pass.dkv[0], b.nkd, 0.0f, plan->stream);
   DEV("clearing the dq sums", fill, dev, b.dqa, nq_el, 0.0f, plan->stream);
@@ -1195,8 +1224,9 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
     b.dbias = grads->dbias;
     attn_dist_strides(&grads->dbias, bsh, 4, b.dbias_s);
     DEV("clearing dbias", fill, dev, dbias_zeros, dbias_n, 0.0f, plan->stream);
-    DEV("clearing dbias", store, dev, grads->dbias.data, (int32_t)g.l->bias_dtype, b.dbias_s,
-        dbias_zeros, bsh, plan->stream);
+    if (!b.dbias_summed)
+      DEV("clearing dbias", store, dev, grads->dbias.data, (int32_t)g.l->bias_dtype, b.dbias_s,
+          dbias_zeros, bsh, plan->stream);
   }
   status = device_pack_kv(&g, in, pass.kv[0]);
   if (status == ATTN_STATUS_OK) status = run_steps(&pass);
@@ -1211,6 +1241,9 @@ static attn_status ring_backward_device(attn_dist_plan *plan, const attn_inputs 
         plan->stream);
     DEV("writing dv", store, dev, grads->dv.data, (int32_t)g.dt, b.x.st.dv, dkv + b.nk_el, vshape,
         plan->stream);
+    if (b.dbias_summed)
+      DEV("writing dbias", store, dev, grads->dbias.data, (int32_t)g.l->bias_dtype, b.dbias_s,
+          b.dbias_acc, bsh, plan->stream);
   }
   if (plan->sinks_plan != NULL && grads->dsinks.data != NULL)
     status = sinks_backward(plan, in, fwd, dout, grads, pass.kv, &b.x, b.wsp, b.ws);
