@@ -7,8 +7,8 @@
 #             transport module libattn_nccl.so, the tests (plus the MPI module and attn_dist_bench
 #             when MPI is installed); CUDA_GENCODE as in gpu/run.sh
 #   test      test_dist_nccl: batch and head splits of CUDA tensors over NCCL on 2 GPUs, one thread
-#             per GPU, against the single-GPU result; the agreement check; the refusal of a split
-#             sequence of CUDA tensors; then test_dist_gpu, whose device ring runs over NCCL too
+#             per GPU, against the single-GPU result; the agreement check; a refusal of the device
+#             ring; then test_dist_gpu, whose device ring and all-to-all run over NCCL too
 #             (2 x H200, 2026-11-24: 44 and 736 checks passed)
 #   sanitize  compute-sanitizer --tool memcheck on test_dist_nccl
 #   cpubench  on the host CPUs, 1 rank x 16 threads against 4 ranks x 4 threads (ring, zigzag) on

@@ -3,13 +3,12 @@
  * process, one thread per GPU (ncclCommInitAll), so the test needs no MPI launcher.
  *
  * Each thread computes the global problem alone on its GPU (the oracle), then its shard through
- * a distributed plan over the NCCL transport, and compares its slice: batch and head splits (the
- * sequence split of this problem, with a bias and sinks, is refused with the reason: the device
- * ring runs neither; tests/test_dist_gpu.c runs the ring over NCCL and loopback), causal,
- * GQA, per-head sinks with dsinks summed over the batch ranks, and a bias broadcast over batch
- * whose dbias is summed over them; then the agreement check (one GPU describes another problem:
- * both are told which field). Exit 77 (skipped) without 2 GPUs, the NCCL module or a GPU
- * implementation.
+ * a distributed plan over the NCCL transport, and compares its slice: batch and head splits
+ * (tests/test_dist_gpu.c runs the sequence splits over NCCL and loopback), causal, GQA, per-head
+ * sinks with dsinks summed over the batch ranks, and a bias broadcast over batch whose dbias is
+ * summed over them; then the agreement check (one GPU describes another problem: both are told
+ * which field) and a refusal of the device ring (dropout on key chunks not a multiple of 4).
+ * Exit 77 (skipped) without 2 GPUs, the NCCL module or a GPU implementation.
  */
 #include "attn.h"
 #include "attn_dist.h"
@@ -205,13 +204,20 @@ static void *run(void *arg) {
   pthread_mutex_unlock(&report_lock);
   attn_dist_plan_destroy(plan);
 
-  /* A split sequence of CUDA tensors with a bias and sinks: refused with the reason, on every
-   * rank (the device ring runs neither; test_dist_gpu.c runs what it does). */
+  /* What the device ring cannot run is refused with the reason, on every rank: dropout on key
+   * chunks of 5 keys (the kernels share a Philox call among 4). test_dist_gpu.c runs the ring and
+   * the all-to-all of CUDA tensors over NCCL. */
+  attn_problem dropped = p;
+  dropped.dropout_p = 0.1;
+  dropped.seqlen_q = dropped.seqlen_k = 2 * NDEV * 5;
+  dropped.bias_shape[2] = dropped.bias_shape[3] = dropped.seqlen_q;
   spec.axis_dim[0] = ATTN_DIST_DIM_SEQUENCE;
-  st = attn_dist_plan_create(ctx, &p, &spec, ATTN_DIST_TRANSPORT_NCCL, &comms[dev], NULL, &plan);
+  spec.layout = ATTN_DIST_LAYOUT_ZIGZAG;
+  st = attn_dist_plan_create(ctx, &dropped, &spec, ATTN_DIST_TRANSPORT_NCCL, &comms[dev], NULL,
+                             &plan);
   pthread_mutex_lock(&report_lock);
-  tu_check(st == ATTN_STATUS_UNSUPPORTED, "gpu %d: sequence split of CUDA tensors refused (%s)",
-           dev, attn_ctx_last_error(ctx));
+  tu_check(st == ATTN_STATUS_UNSUPPORTED && strstr(attn_ctx_last_error(ctx), "multiple of 4"),
+           "gpu %d: ring dropout on chunks of 5 keys refused (%s)", dev, attn_ctx_last_error(ctx));
   pthread_mutex_unlock(&report_lock);
   attn_dist_plan_destroy(plan);
 
