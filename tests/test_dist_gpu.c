@@ -9,10 +9,9 @@
  * block's shape is, Tq != Tk, ALiBi, dropout with its global Philox counters) and the sinks, with
  * dsinks, boolean masks and segment ids (padded rows), a bias with dbias (full, and broadcast
  * over batch and heads), under sequence, batch and head splits; the all-to-all (contiguous and
- * zigzag, alone and beside a head split) with those features, AUTO measuring both, two sequence
- * axes (the all-to-all around the ring); and the refusals of what the GPU does not run (ring
- * dropout on key chunks not a multiple of 4, dbias of a bias broadcast over rows, and under the
- * all-to-all over heads).
+ * zigzag, alone and beside a head split) with those features and broadcast biases' dbias, AUTO
+ * measuring both, two sequence axes (the all-to-all around the ring); and the refusal of what the
+ * GPU does not run (ring dropout on key chunks not a multiple of 4).
  *
  * The ranks are threads of this process. On one GPU they talk through the loopback transport
  * (tests/dist_gpu/transport_loopback.c: cudaMemcpyAsync between the threads' buffers, host
@@ -75,8 +74,7 @@ typedef struct tcase {
 
 /* The biases of the cases: full [B, Hq, Tq, Tk] f32; [1, 1, Tq, Tk] bf16 (dbias summed over batch
  * and heads); [B, 1, 1, Tk] f32, broadcast over the rows, and [B, 1, Tq, 1] f32, over the keys
- * (the device ring sums their blocks' shares of dbias; the all-to-all refuses the dbias of every
- * bias broadcast over heads or rows: the backward must say so, the forward runs). */
+ * (the device ring sums their blocks' shares of dbias, the all-to-all the ranks' shares). */
 enum { BIAS_NONE, BIAS_FULL, BIAS_ROWS_KEYS, BIAS_KEYS, BIAS_ROWS };
 
 /* The global data and the single-device results, on the host: q, k, v, dout and the optional
@@ -390,8 +388,8 @@ static void *run_rank(void *arg) {
   report(j, st == ATTN_STATUS_OK, "forward", st == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
   int seq_axes = 0;
   for (int a = 0; a < c->naxes; ++a) seq_axes += c->dims[a] == ATTN_DIST_DIM_SEQUENCE;
-  /* one sequence axis: the ring or the all-to-all; two: the all-to-all around the ring */
-  const int hybrid = seq_axes == 2;
+  /* one sequence axis: the ring (its calls counted below) or the all-to-all; two: the
+   * all-to-all around the ring */
   const int all_to_all =
       seq_axes == 1 && attn_dist_plan_strategy(plan) == ATTN_DIST_STRATEGY_ALL_TO_ALL;
   const int ring = seq_axes == 1 && !all_to_all;
@@ -414,19 +412,6 @@ static void *run_rank(void *arg) {
                                           : stats.blocks <= stats.steps,
            c->pairs || placed ? "runs one call per pair of chunks" : "runs one call per step",
            detail);
-  }
-  /* dbias under the all-to-all (alone or around the ring) of a bias broadcast over heads or
-   * rows: refused, as on the host */
-  const int dbias_refused =
-      c->bias != BIAS_NONE && c->bias != BIAS_FULL && (all_to_all || hybrid);
-  if (st == ATTN_STATUS_OK && dbias_refused) {
-    st = attn_dist_plan_backward(plan, &x.in, &x.out, &x.dout, &x.grads);
-    const char *why_b = attn_ctx_last_error(ctx);
-    const char *reason = "broadcast over heads or query rows";
-    report(j, st == ATTN_STATUS_UNSUPPORTED && strstr(why_b, reason) != NULL,
-           "backward: dbias of a broadcast bias is refused with the reason", why_b);
-    x.grads.dbias = attn_tensor_dense(NULL); /* the rest of the backward, without it */
-    st = ATTN_STATUS_OK;
   }
   if (st == ATTN_STATUS_OK) {
     st = attn_dist_plan_backward(plan, &x.in, &x.out, &x.dout, &x.grads);
@@ -453,7 +438,7 @@ static void *run_rank(void *arg) {
       compare(j, "dsinks", &got_dsinks, &want_dsinks, 2e-2);
       tu_buf_free(&got_dsinks);
     }
-    if (ddbias != NULL && !dbias_refused) {
+    if (ddbias != NULL) {
       tu_buf got_dbias = fetch(dv_, ddbias, want_dbias.dtype, want_dbias.n);
       compare(j, "dbias", &got_dbias, &want_dbias, 2e-2);
       tu_buf_free(&got_dbias);
@@ -739,7 +724,8 @@ static int cases_for(int n, tcase *out) {
                        .Tk = 64,
                        .Hq = 4,
                        .Hkv = 4,
-                       .D = 64};
+                       .D = 64,
+                       .bias = BIAS_ROWS_KEYS};
     out[k++] = (tcase){.name = "two sequence axes dropout ALiBi sinks bias",
                        .naxes = 2,
                        .dims = {S, S},

@@ -952,13 +952,6 @@ attn_status attn_dist_plan_backward(attn_dist_plan *plan, const attn_inputs *inp
                      : forward == NULL ? "forward"
                      : dout == NULL    ? "dout"
                                        : "grads");
-  if (grads->dbias.data != NULL && plan->ns > 1 &&
-      (plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL || plan->hybrid) &&
-      (plan->global.bias_shape[1] == 1 || plan->global.bias_shape[2] == 1))
-    return attn_fail(plan->ctx, ATTN_STATUS_UNSUPPORTED,
-                     "dbias of a bias broadcast over heads or query rows under the all-to-all "
-                     "(alone or inside the ring) "
-                     "strategy: not implemented; use the ring strategy for it");
   memset(&plan->stats, 0, sizeof plan->stats);
   const double start = attn_dist_now();
   if (plan->ns > 1) {

@@ -250,6 +250,7 @@ static attn_status from_heads(exch *x, const char *src, int tdim, int hdim, int6
 typedef struct heads {
   char *q, *k, *v, *bias, *mask, *qseg, *kseg, *out, *lse, *dout, *dq, *dk, *dv, *dbias, *dsinks;
   char *dsinks_all; /* GPU: every local head's dsinks, zero but for this rank's heads */
+  float *dbias_acc; /* a bias broadcast over heads or rows: the local dbias's sums (give_dbias) */
   void *workspace;
   size_t workspace_size;
 } heads;
@@ -295,7 +296,11 @@ static void lay_out(const attn_dist_plan *plan, exch *x, const attn_problem *u, 
     h->dq = take(a, B * Tq * hn * D, es, 1);
     h->dk = take(a, B * Tk * kn * D, es, 1);
     h->dv = take(a, B * Tk * kn * Dv, es, 1);
-    if (grads->dbias.data != NULL) h->dbias = take(a, volume(u->bias_shape), bes, 1);
+    if (grads->dbias.data != NULL) {
+      h->dbias = take(a, volume(u->bias_shape), bes, 1);
+      if (l->bias_shape[1] == 1 || l->bias_shape[2] == 1)
+        h->dbias_acc = (float *)take(a, volume(l->bias_shape), 4, 0);
+    }
     if (grads->dsinks.data != NULL) {
       h->dsinks = take(a, (l->sinks_shared ? 1 : hn) * l->num_sinks, ses, 0);
       if (x->device && !l->sinks_shared)
@@ -542,6 +547,110 @@ static attn_status give_dsinks(attn_dist_plan *plan, exch *x, const heads *h,
   return attn_dist_reduce_dsinks(plan, dsinks);
 }
 
+/* ---- dbias of a bias broadcast over heads or query rows: sums ------------------------------- */
+
+/* The shares of a broadcast bias's dbias are summed in f32 (as the blocks of a ring are), in a
+ * dense accumulator of the local dbias's shape: by loops on the host, by the cuda module's
+ * kernels on a GPU. */
+static attn_status sum_clear(const exch *x, float *acc, int64_t n) {
+  attn_dist_plan *plan = x->plan;
+  if (!x->device) {
+    memset(acc, 0, (size_t)n * sizeof *acc);
+    return ATTN_STATUS_OK;
+  }
+  char why[512] = "";
+  const attn_status status =
+      plan->dev->fill(plan->local.device_index, acc, n, 0.0f, plan->stream, why, sizeof why);
+  return status == ATTN_STATUS_OK ? status : device_failed(x, status, "clearing dbias", why);
+}
+
+/* acc[b, row0 + i, e] += blk[b, i, e] for b < B, i < rows, e < width (acc of T rows; blk dense,
+ * of dtype dt). */
+static attn_status sum_add(const exch *x, float *acc, int64_t T, int64_t row0, const char *blk,
+                           attn_dtype dt, int64_t B, int64_t rows, int64_t width) {
+  attn_dist_plan *plan = x->plan;
+  if (!x->device) {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t e = 0; e < width; ++e)
+          acc[(b * T + row0 + i) * width + e] += (float)attn_load(blk, dt, (b * rows + i) * width + e);
+    return ATTN_STATUS_OK;
+  }
+  char why[512] = "";
+  const attn_status status =
+      plan->dev->accumulate(plan->local.device_index, acc, T, row0, blk, (int32_t)dt, B, rows,
+                            width, plan->stream, why, sizeof why);
+  return status == ATTN_STATUS_OK ? status : device_failed(x, status, "summing dbias", why);
+}
+
+/* The caller's tensor (dims and strides of dst) = acc, rounded to dt. */
+static attn_status sum_store(const exch *x, const view *dst, attn_dtype dt, const float *acc) {
+  attn_dist_plan *plan = x->plan;
+  if (!x->device) {
+    int64_t e = 0;
+    for (int64_t a = 0; a < dst->dim[0]; ++a)
+      for (int64_t b = 0; b < dst->dim[1]; ++b)
+        for (int64_t c = 0; c < dst->dim[2]; ++c)
+          for (int64_t d = 0; d < dst->dim[3]; ++d)
+            attn_store(dst->data, dt,
+                       a * dst->stride[0] + b * dst->stride[1] + c * dst->stride[2] +
+                           d * dst->stride[3],
+                       acc[e++]);
+    return ATTN_STATUS_OK;
+  }
+  char why[512] = "";
+  const attn_status status = plan->dev->store(plan->local.device_index, dst->data, (int32_t)dt,
+                                              dst->stride, acc, dst->dim, plan->stream, why,
+                                              sizeof why);
+  return status == ATTN_STATUS_OK ? status : device_failed(x, status, "writing dbias", why);
+}
+
+/* The caller's dbias from the block's (u's shape: this rank's heads, every row of the all-to-all),
+ * then summed over the ranks whose bias broadcasts along a dimension they split. A bias with heads
+ * and rows: the rows go home (from_heads). Without rows: every row's share of this rank's heads is
+ * in the block: its heads' rows of dbias (heads broadcast: its heads' part of the sum), zeros
+ * elsewhere, and the sum over the sequence ranks, which split the broadcast rows, completes it.
+ * Rows broadcast over heads: the block holds every row's share of this rank's heads, so each
+ * rank's rows go home through the all-to-all, where the n shares are summed. */
+static attn_status give_dbias(attn_dist_plan *plan, exch *x, const attn_problem *u,
+                              const heads *h, const attn_tensor *dbias) {
+  const attn_problem *l = &plan->local;
+  const int64_t *ls = l->bias_shape;
+  const attn_dtype bdt = (attn_dtype)l->bias_dtype;
+  const size_t bes = attn_dtype_size(bdt);
+  view vb = make_view(dbias, ls, 4, bes);
+  attn_status status = ATTN_STATUS_OK;
+  if (ls[1] != 1 && ls[2] != 1) {
+    status = from_heads(x, h->dbias, 2, 1, u->seqlen_q, &vb);
+  } else if (ls[2] == 1) {
+    const int64_t hb = u->bias_shape[1]; /* the block's heads (1 when broadcast) */
+    status = sum_clear(x, h->dbias_acc, volume(ls));
+    if (status == ATTN_STATUS_OK)
+      status = sum_add(x, h->dbias_acc, ls[1], ls[1] != 1 ? (int64_t)x->me * hb : 0, h->dbias,
+                       bdt, ls[0], hb, ls[3]);
+    if (status == ATTN_STATUS_OK) status = sum_store(x, &vb, bdt, h->dbias_acc);
+  } else {
+    int64_t bd[4], gd[4], gs[4];
+    memcpy(bd, vb.dim, sizeof bd); /* [b, 1, local rows, keys] */
+    memcpy(gd, bd, sizeof gd);
+    gd[2] = u->seqlen_q;
+    dense_strides(gd, gs);
+    const int64_t n = volume(bd);
+    const size_t bytes = (size_t)n * bes;
+    const block_place gathered = {gs, -1, 2, 0, u->seqlen_q};
+    for (int32_t j = 0; j < x->n && status == ATTN_STATUS_OK; ++j)
+      status = copy_block(x, bd, bes, j, &gathered, h->dbias, x->send + (size_t)j * bytes, 1);
+    if (status == ATTN_STATUS_OK) status = exchange(x, x->send, x->recv, bytes);
+    if (status == ATTN_STATUS_OK) status = sum_clear(x, h->dbias_acc, n);
+    for (int32_t i = 0; i < x->n && status == ATTN_STATUS_OK; ++i)
+      status = sum_add(x, h->dbias_acc, 1, 0, x->recv + (size_t)i * bytes, bdt, 1, 1, n);
+    if (status == ATTN_STATUS_OK) status = sum_store(x, &vb, bdt, h->dbias_acc);
+  }
+  /* Broadcast over batch with the batch split, or over rows: the other ranks' shares. */
+  if (status == ATTN_STATUS_OK) status = attn_dist_reduce_dbias_tensor(plan, dbias);
+  return status;
+}
+
 attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *in,
                                        const attn_outputs *fwd, const attn_tensor *dout,
                                        const attn_grads *grads) {
@@ -602,13 +711,8 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
     if (status == ATTN_STATUS_OK) status = from_heads(&x, h.dk, 1, 2, Tk, &vk);
     if (status == ATTN_STATUS_OK) status = from_heads(&x, h.dv, 1, 2, Tk, &vv);
   }
-  if (status == ATTN_STATUS_OK && h.dbias != NULL) {
-    view vb =
-        make_view(&grads->dbias, l->bias_shape, 4, attn_dtype_size((attn_dtype)l->bias_dtype));
-    status = from_heads(&x, h.dbias, 2, 1, Tq, &vb);
-    /* Broadcast over batch with the batch split: the other batch ranks' shares. */
-    if (status == ATTN_STATUS_OK) status = attn_dist_reduce_dbias_tensor(plan, &grads->dbias);
-  }
+  if (status == ATTN_STATUS_OK && h.dbias != NULL)
+    status = give_dbias(plan, &x, u, &h, &grads->dbias);
   if (status == ATTN_STATUS_OK && h.dsinks != NULL)
     status = give_dsinks(plan, &x, &h, &grads->dsinks);
   return status == ATTN_STATUS_OK ? attn_succeed(ctx) : status;

@@ -421,7 +421,8 @@ enum {
   F_SHARED_SINKS = 2048,
   F_BIAS_BCAST = 4096,
   F_BIAS_ROWS = 8192,
-  F_PADDED = 16384
+  F_PADDED = 16384,
+  F_BIAS_HEADS = 32768
 };
 
 static attn_problem with_features(attn_problem p, int f) {
@@ -443,6 +444,11 @@ static attn_problem with_features(attn_problem p, int f) {
   if (f & F_BIAS_ROWS) { /* one row for every query, per head: summed over rows and ranks */
     p.has_bias = 1;
     p.bias_shape[0] = 1, p.bias_shape[1] = p.heads_q, p.bias_shape[2] = 1,
+    p.bias_shape[3] = p.seqlen_k;
+  }
+  if (f & F_BIAS_HEADS) { /* every row and key, shared by the heads: summed over them */
+    p.has_bias = 1;
+    p.bias_shape[0] = p.batch, p.bias_shape[1] = 1, p.bias_shape[2] = p.seqlen_q,
     p.bias_shape[3] = p.seqlen_k;
   }
   if (f & F_MASK) {
@@ -472,6 +478,7 @@ static const struct {
     {"bias", F_BIAS},
     {"bias-broadcast", F_BIAS_BCAST},
     {"bias-rows", F_BIAS_ROWS | F_CAUSAL},
+    {"bias-heads", F_BIAS_HEADS | F_WINDOW},
     {"mask", F_MASK},
     {"sinks", F_SINKS},
     {"shared-sinks", F_SHARED_SINKS | F_CAUSAL},
@@ -556,16 +563,12 @@ static void grid(uint64_t seed) {
       c.p = with_features(base_problem(n), feat);
       c.spec = meshes[m].spec;
       c.want_dsinks = c.p.num_sinks > 0;
-      /* dbias everywhere but where the all-to-all strategy refuses it (a bias broadcast over
-       * heads or rows). */
-      c.want_dbias = (feat & (F_BIAS | F_BIAS_BCAST | F_BIAS_ROWS)) != 0 &&
-                     !((meshes[m].spec.strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL ||
-                        strncmp(meshes[m].name, "ring2x", 6) == 0) &&
-                       (feat & F_BIAS_ROWS));
+      c.want_dbias = c.p.has_bias;
       /* The zigzag ring runs each step as one call unless a window hides a step from some
        * rank or a bias or mask over keys keeps key chunks apart. */
       c.one_block_per_step = strcmp(meshes[m].name, "seq-zigzag") == 0 &&
-                             !(feat & (F_WINDOW | F_BIAS | F_BIAS_BCAST | F_BIAS_ROWS | F_MASK));
+                             !(feat & (F_WINDOW | F_BIAS | F_BIAS_BCAST | F_BIAS_ROWS |
+                                       F_BIAS_HEADS | F_MASK));
       run_case(&c, seed + f);
     }
   /* Zigzag chunks of 37 positions, which cross the cpu's tiles and start at global positions
