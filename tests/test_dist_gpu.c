@@ -73,9 +73,10 @@ typedef struct tcase {
 } tcase;
 
 /* The biases of the cases: full [B, Hq, Tq, Tk] f32; [1, 1, Tq, Tk] bf16 (dbias summed over batch
- * and heads); [B, 1, 1, Tk] f32, broadcast over the rows, and [B, 1, Tq, 1] f32, over the keys
- * (the device ring sums their blocks' shares of dbias, the all-to-all the ranks' shares). */
-enum { BIAS_NONE, BIAS_FULL, BIAS_ROWS_KEYS, BIAS_KEYS, BIAS_ROWS };
+ * and heads); [B, 1, 1, Tk] f32, broadcast over the rows, [B, 1, Tq, 1] f32, over the keys, and
+ * [B, Hq, 1, Tk] f32, per head over the rows (the device ring sums their blocks' shares of dbias,
+ * the all-to-all the ranks' shares). */
+enum { BIAS_NONE, BIAS_FULL, BIAS_ROWS_KEYS, BIAS_KEYS, BIAS_ROWS, BIAS_HEADS_KEYS };
 
 /* The global data and the single-device results, on the host: q, k, v, dout and the optional
  * ALiBi slopes [Hq] and sinks [Hq, S] (f32; empty when the case has none), with dsinks. */
@@ -202,6 +203,18 @@ static void report(const rank_job *j, int ok, const char *what, const char *deta
   pthread_mutex_unlock(&report_lock);
 }
 
+/* The strategy's log lines a plan creation wrote (choose.c): found in the cache, or measured. */
+typedef struct log_seen {
+  int hits, measured;
+} log_seen;
+
+static void watch_log(void *user, attn_log_level level, const char *message) {
+  log_seen *seen = user;
+  (void)level;
+  if (strstr(message, "dist: cache hit: strategy") != NULL) ++seen->hits;
+  if (strstr(message, "dist: autotuned:") != NULL) ++seen->measured;
+}
+
 /* One rank: its shard, the plan, forward and backward, and its slice of every result. */
 static void *run_rank(void *arg) {
   const rank_job *j = arg;
@@ -247,18 +260,19 @@ static void *run_rank(void *arg) {
     return NULL;
   }
   if (c->tune) { /* measured on the GPU, cached: a second plan of the context finds it */
+    log_seen seen = {0, 0};
+    attn_ctx_set_log_callback(ctx, watch_log, &seen, ATTN_LOG_LEVEL_INFO);
     attn_dist_plan *again = NULL;
     const attn_status st2 =
         attn_dist_plan_create(ctx, &p, &spec, j->transport, j->comm, NULL, &again);
-    int64_t mem = 0, disk = 0;
-    attn_cache_count(ctx, &mem, &disk);
+    attn_ctx_set_log_callback(ctx, NULL, NULL, ATTN_LOG_LEVEL_INFO);
     char detail[160];
-    snprintf(detail, sizeof detail, "%s; strategies %d and %d; %lld cached",
+    snprintf(detail, sizeof detail, "%s; strategies %d and %d; %d cache hits, %d measurings",
              st2 == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx),
-             (int)attn_dist_plan_strategy(plan), (int)attn_dist_plan_strategy(again),
-             (long long)mem);
+             (int)attn_dist_plan_strategy(plan), (int)attn_dist_plan_strategy(again), seen.hits,
+             seen.measured);
     report(j,
-           st2 == ATTN_STATUS_OK && mem >= 1 &&
+           st2 == ATTN_STATUS_OK && seen.hits == 1 && seen.measured == 0 &&
                attn_dist_plan_strategy(again) == attn_dist_plan_strategy(plan),
            "AUTO: the measured strategy is cached and found again", detail);
     attn_dist_plan_destroy(again);
@@ -488,8 +502,8 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
     p->has_bias = 1;
     p->bias_dtype = c->bias == BIAS_ROWS_KEYS ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F32;
     p->bias_shape[0] = c->bias == BIAS_ROWS_KEYS ? 1 : c->B;
-    p->bias_shape[1] = c->bias == BIAS_FULL ? c->Hq : 1;
-    p->bias_shape[2] = c->bias == BIAS_KEYS ? 1 : c->Tq;
+    p->bias_shape[1] = c->bias == BIAS_FULL || c->bias == BIAS_HEADS_KEYS ? c->Hq : 1;
+    p->bias_shape[2] = c->bias == BIAS_KEYS || c->bias == BIAS_HEADS_KEYS ? 1 : c->Tq;
     p->bias_shape[3] = c->bias == BIAS_ROWS ? 1 : c->Tk;
   }
   tu_rng rng = tu_rng_make(seed);
@@ -848,6 +862,33 @@ static int cases_for(int n, tcase *out) {
                      .Hkv = n,
                      .D = 64,
                      .bias = BIAS_ROWS_KEYS};
+  out[k++] = (tcase){.name = "all-to-all per-head row-broadcast bias",
+                     .naxes = 1,
+                     .dims = {S, 0},
+                     .sizes = {n, 0},
+                     .layout = Z,
+                     .strategy = A2A,
+                     .causal = 1,
+                     .B = 2,
+                     .Tq = 2 * 9 * n,
+                     .Tk = 2 * 9 * n,
+                     .Hq = 2 * n,
+                     .Hkv = n,
+                     .D = 64,
+                     .bias = BIAS_HEADS_KEYS};
+  out[k++] = (tcase){.name = "all-to-all key-broadcast bias",
+                     .naxes = 1,
+                     .dims = {S, 0},
+                     .sizes = {n, 0},
+                     .layout = C,
+                     .strategy = A2A,
+                     .B = 1,
+                     .Tq = 12 * n,
+                     .Tk = 15 * n,
+                     .Hq = 2 * n,
+                     .Hkv = n,
+                     .D = 64,
+                     .bias = BIAS_ROWS};
   out[k++] = (tcase){.name = "all-to-all row-broadcast bias",
                      .naxes = 1,
                      .dims = {S, 0},

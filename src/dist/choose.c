@@ -273,6 +273,16 @@ attn_status attn_dist_choose_strategy(attn_dist_plan *plan, const attn_select *s
     }
     if (status != ATTN_STATUS_OK)
       attn_succeed(ctx); /* the all-to-all plan failing only rules it out */
+    /* A measuring run whose transfer failed leaves the peers' state unknown: no plan is handed
+     * back broken (every rank's exchange failed or timed out alike). */
+    if (plan->broken) {
+      char cause[512];
+      snprintf(cause, sizeof cause, "%s", attn_ctx_last_error(ctx));
+      return attn_fail(ctx, ATTN_STATUS_IO_ERROR,
+                       "strategy AUTO: a measuring run's transfer failed, the peers' state is "
+                       "unknown (%s)",
+                       cause);
+    }
   }
   if (agreed == 0) agreed = ATTN_DIST_STRATEGY_RING; /* heuristic */
   if (plan->strategy != agreed) {

@@ -716,6 +716,16 @@ const char *attn_dist_plan_impl_name(const attn_dist_plan *plan) {
 
 attn_status attn_dist_plan_set_stream(attn_dist_plan *plan, void *stream) {
   if (plan == NULL) return ATTN_STATUS_INVALID_ARGUMENT;
+  /* The last run's work on the old stream may still read the plan's device buffers (the ring's
+   * scratch, the all-to-all's), which the next run on the new one would overwrite unordered. */
+  if (plan->dev != NULL && stream != plan->stream &&
+      (plan->dscratch != NULL || plan->a2a_mem != NULL)) {
+    char why[DIST_MESSAGE] = "";
+    if (plan->dev->stream_sync(plan->global.device_index, plan->stream, why, sizeof why) !=
+        ATTN_STATUS_OK)
+      return attn_fail(plan->ctx, ATTN_STATUS_DEVICE_ERROR,
+                       "waiting for the plan's old stream: %s", why);
+  }
   if (plan->ops->set_stream != NULL) {
     void *comms[6] = {plan->world,
                       plan->seq_comm,
