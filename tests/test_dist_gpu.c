@@ -70,6 +70,7 @@ typedef struct tcase {
   int segments;  /* segment ids: two segments a sequence, and padding (-1) at the ends */
   int bias;      /* BIAS_*: none, or a bias of that shape, with dbias */
   int tune;      /* strategy AUTO measured (the ring against the all-to-all), memory cache only */
+  int want_a2a;  /* the plan must have taken the all-to-all */
 } tcase;
 
 /* The biases of the cases: full [B, Hq, Tq, Tk] f32; [1, 1, Tq, Tk] bf16 (dbias summed over batch
@@ -259,6 +260,9 @@ static void *run_rank(void *arg) {
     attn_ctx_destroy(ctx);
     return NULL;
   }
+  if (c->want_a2a)
+    report(j, attn_dist_plan_strategy(plan) == ATTN_DIST_STRATEGY_ALL_TO_ALL,
+           "takes the all-to-all", "");
   if (c->tune) { /* measured on the GPU, cached: a second plan of the context finds it */
     log_seen seen = {0, 0};
     attn_ctx_set_log_callback(ctx, watch_log, &seen, ATTN_LOG_LEVEL_INFO);
@@ -1277,13 +1281,29 @@ static int cases_for(int n, tcase *out) {
                        .Hkv = 2,
                        .D = 64,
                        .bias = BIAS_ROWS_KEYS};
-  /* dropout on the device ring needs key chunks of a multiple of 4 keys (one Philox call a 4) */
-  out[k++] = (tcase){.name = "ring dropout odd chunks",
+  /* dropout on the device ring needs key chunks of a multiple of 4 keys (one Philox call a 4);
+   * AUTO then takes the all-to-all where the KV heads divide */
+  out[k++] = (tcase){.name = "AUTO dropout odd chunks takes the all-to-all",
                      .naxes = 1,
                      .dims = {S, 0},
                      .sizes = {n, 0},
                      .layout = Z,
                      .strategy = AUTO,
+                     .causal = 1,
+                     .B = 1,
+                     .Tq = 2 * 5 * n,
+                     .Tk = 2 * 5 * n,
+                     .Hq = 2 * n,
+                     .Hkv = n,
+                     .D = 64,
+                     .dropout = 0.1,
+                     .want_a2a = 1};
+  out[k++] = (tcase){.name = "ring dropout odd chunks",
+                     .naxes = 1,
+                     .dims = {S, 0},
+                     .sizes = {n, 0},
+                     .layout = Z,
+                     .strategy = ATTN_DIST_STRATEGY_RING,
                      .B = 1,
                      .Tq = 2 * 5 * n,
                      .Tk = 2 * 5 * n,

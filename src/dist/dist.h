@@ -74,6 +74,7 @@ struct attn_dist_plan {
    * blocks' workspace. Blocks run unplaced where their own mask is the global one, else one pair
    * of chunks at a time placed at its global positions (ring.c, step_blocks). */
   int device_ring;
+  int ring_refused; /* AUTO took the all-to-all because the device ring cannot run the problem */
   const attn_dist_device_ops *dev;
   void *stream, *comm_stream, *compute_done;
   void *dscratch;

@@ -553,10 +553,14 @@ static attn_status make_groups(attn_dist_plan *plan, char *why, size_t why_size)
 static attn_status check_device_split(attn_dist_plan *plan, const attn_dist_spec *spec) {
   attn_ctx *ctx = plan->ctx;
   const attn_problem *g = &plan->global;
-  const int all_to_all = spec->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL;
+  int all_to_all = spec->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL;
   /* the ring's key chunks (the hybrid's ring runs over the outer axis, ring_n ranks) */
   const int64_t key_chunk = g->seqlen_k / (plan->ring_n * plan->chunks);
-  if (!all_to_all && g->dropout_p > 0.0 && key_chunk % 4 != 0)
+  const int ring_runs = g->dropout_p == 0.0 || key_chunk % 4 == 0;
+  if (!ring_runs && spec->strategy == ATTN_DIST_STRATEGY_AUTO && !plan->hybrid &&
+      plan->local.heads_kv % plan->ns == 0) /* AUTO: the one strategy that can */
+    all_to_all = plan->ring_refused = 1;
+  if (!all_to_all && !ring_runs)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                      "device=cuda with a split sequence and dropout: key chunks of %lld keys "
                      "(seqlen_k=%lld over %d ranks x %d chunks); the cuda kernels share one "
@@ -665,8 +669,8 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
   }
   /* Sub-plans depend only on the agreed problem, so every rank succeeds or fails alike. */
   if (status == ATTN_STATUS_OK) {
-    const int a2a_possible =
-        plan->ns > 1 && !plan->hybrid && (plan->local.heads_kv % plan->ns) == 0;
+    const int a2a_possible = plan->ns > 1 && !plan->hybrid && !plan->ring_refused &&
+                             (plan->local.heads_kv % plan->ns) == 0;
     if (spec->strategy == ATTN_DIST_STRATEGY_AUTO && a2a_possible)
       status = attn_dist_choose_strategy(plan, select);
     else
