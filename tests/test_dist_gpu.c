@@ -71,6 +71,8 @@ typedef struct tcase {
   int bias;      /* BIAS_*: none, or a bias of that shape, with dbias */
   int tune;      /* strategy AUTO measured (the ring against the all-to-all), memory cache only */
   int want_a2a;  /* the plan must have taken the all-to-all */
+  /* packed varlen (THD): B sequences, sequence b of Tq (b + 1) query and Tk (b + 1) key rows */
+  int packed;
 } tcase;
 
 /* The biases of the cases: full [B, Hq, Tq, Tk] f32; [1, 1, Tq, Tk] bf16 (dbias summed over batch
@@ -87,6 +89,7 @@ typedef struct global {
   tu_buf alibi, sinks, dsinks;
   tu_buf mask, qseg, kseg; /* u8 [B, 1, Tq, Tk], i32 [B, Tq] and [B, Tk] */
   tu_buf bias, dbias;      /* of p.bias_shape, p.bias_dtype */
+  int32_t cq[9], ck[9];    /* packed: the global cu_seqlens */
 } global;
 
 /* Dropout's Philox key: the same on one device and on every rank. */
@@ -169,6 +172,15 @@ static void *upload_nan(int device, attn_dtype dt, int64_t n) {
   for (int64_t i = 0; i < n; ++i) tu_set(&nan, i, NAN);
   void *d = upload_on(device, &nan);
   tu_buf_free(&nan);
+  return d;
+}
+
+/* cu_seqlens_q then cu_seqlens_k ([B + 1] i32 each) in one device buffer. */
+static void *upload_cu(int device, const int32_t *cq, const int32_t *ck, int64_t B) {
+  tu_buf both = tu_buf_new(ATTN_DTYPE_I32, 2 * (B + 1));
+  for (int64_t b = 0; b <= B; ++b) tu_set(&both, b, cq[b]), tu_set(&both, B + 1 + b, ck[b]);
+  void *d = upload_on(device, &both);
+  tu_buf_free(&both);
   return d;
 }
 
@@ -291,14 +303,42 @@ static void *run_rank(void *arg) {
     if (c->dims[a] == ATTN_DIST_DIM_HEADS)
       hq0 = coords[a] * l.heads_q, hk0 = coords[a] * l.heads_kv;
   }
+  /* Packed: the rank's rows are its chunks of every sequence; its local cu_seqlens count them.
+   * The shapes below then see one batch entry of total rows ([total, H, D], [H, total]). */
+  int32_t lcq[9] = {0}, lck[9] = {0};
+  int64_t *tqmap = NULL, *tkmap = NULL;
+  if (c->packed) {
+    const int32_t *cus[2] = {g->cq, g->ck};
+    int32_t *lcus[2] = {lcq, lck};
+    int64_t **maps[2] = {&tqmap, &tkmap};
+    for (int t = 0; t < 2; ++t) {
+      *maps[t] = malloc(sizeof(int64_t) * (size_t)(t == 0 ? l.total_q : l.total_k) + 1);
+      int64_t m = 0;
+      for (int64_t b = 0; b < p.batch; ++b) {
+        const int64_t len = cus[t][b + 1] - cus[t][b];
+        lcus[t][b] = (int32_t)m;
+        for (int64_t i = 0; i < len / j->n; ++i)
+          (*maps[t])[m++] =
+              cus[t][b] + attn_dist_layout_position(c->layout, j->n, len, coords[0], i);
+      }
+      lcus[t][p.batch] = (int32_t)m;
+    }
+    p.batch = l.batch = 1;
+    p.seqlen_q = p.total_q, p.seqlen_k = p.total_k;
+    l.seqlen_q = l.total_q, l.seqlen_k = l.total_k;
+  }
   int64_t *bmap = malloc(sizeof(int64_t) * (size_t)l.batch);
-  int64_t *tqmap = malloc(sizeof(int64_t) * (size_t)l.seqlen_q);
-  int64_t *tkmap = malloc(sizeof(int64_t) * (size_t)l.seqlen_k);
   int64_t *hqmap = malloc(sizeof(int64_t) * (size_t)l.heads_q);
   int64_t *hkmap = malloc(sizeof(int64_t) * (size_t)l.heads_kv);
   for (int64_t i = 0; i < l.batch; ++i) bmap[i] = b0 + i;
-  for (int64_t i = 0; i < l.seqlen_q; ++i) tqmap[i] = attn_dist_plan_position(plan, p.seqlen_q, i);
-  for (int64_t i = 0; i < l.seqlen_k; ++i) tkmap[i] = attn_dist_plan_position(plan, p.seqlen_k, i);
+  if (!c->packed) {
+    tqmap = malloc(sizeof(int64_t) * (size_t)l.seqlen_q);
+    tkmap = malloc(sizeof(int64_t) * (size_t)l.seqlen_k);
+    for (int64_t i = 0; i < l.seqlen_q; ++i)
+      tqmap[i] = attn_dist_plan_position(plan, p.seqlen_q, i);
+    for (int64_t i = 0; i < l.seqlen_k; ++i)
+      tkmap[i] = attn_dist_plan_position(plan, p.seqlen_k, i);
+  }
   for (int64_t i = 0; i < l.heads_q; ++i) hqmap[i] = hq0 + i;
   for (int64_t i = 0; i < l.heads_kv; ++i) hkmap[i] = hk0 + i;
   const int64_t D = p.head_dim;
@@ -398,10 +438,13 @@ static void *run_rank(void *arg) {
   void *const dbias_dbias[2] = {dbias_in, ddbias};
   /* A pageable upload may still be landing when cudaMemcpy returns; the plan's stream does not
    * wait for the legacy stream's copies (every upload above, the NaN starting values too). */
+  void *dcu = c->packed ? upload_cu(dv_, lcq, lck, g->p.batch) : NULL;
   if (gpu->synchronize(dv_, why, sizeof why) != ATTN_STATUS_OK) report(j, 0, "upload", why);
   tu_args x;
   tu_args_dense(&x, dq_in, dk_in, dv_in, dout_o, dlse, ddout, ddq, ddk, ddv);
   add_features(&x, &p, dalibi, dsinks_in, ddsinks, dmask_seg, dbias_dbias);
+  if (dcu != NULL)
+    x.in.cu_seqlens_q = dcu, x.in.cu_seqlens_k = (const int32_t *)dcu + g->p.batch + 1;
   st = attn_dist_plan_forward(plan, &x.in, &x.out);
   report(j, st == ATTN_STATUS_OK, "forward", st == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
   int seq_axes = 0;
@@ -475,6 +518,7 @@ static void *run_rank(void *arg) {
     if (dmask_seg[i] != NULL) gpu->release(dv_, dmask_seg[i]);
   tu_buf_free(&lmask), tu_buf_free(&lqseg), tu_buf_free(&lkseg);
   if (dbias_in != NULL) gpu->release(dv_, dbias_in), gpu->release(dv_, ddbias);
+  if (dcu != NULL) gpu->release(dv_, dcu);
   tu_buf_free(&lbias), tu_buf_free(&want_dbias);
   tu_buf *hb[9] = {&q, &k, &v, &dout, &want_out, &want_lse, &want_dq, &want_dk, &want_dv};
   for (int i = 0; i < 9; ++i) tu_buf_free(hb[i]);
@@ -493,6 +537,17 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
   p->heads_kv = c->Hkv, p->head_dim = c->D, p->causal = c->causal, p->softcap = c->softcap;
   p->dropout_p = c->dropout;
   p->align = c->align;
+  /* rows of q and k: dense B x T; packed, the sequences' rows one after another */
+  int64_t rows_q = c->B * c->Tq, rows_k = c->B * c->Tk;
+  if (c->packed) {
+    g->cq[0] = g->ck[0] = 0;
+    for (int64_t b = 0; b < c->B; ++b)
+      g->cq[b + 1] = g->cq[b] + (int32_t)(c->Tq * (b + 1)),
+                g->ck[b + 1] = g->ck[b] + (int32_t)(c->Tk * (b + 1));
+    p->varlen = ATTN_VARLEN_PACKED;
+    p->seqlen_q = c->Tq * c->B, p->seqlen_k = c->Tk * c->B;
+    rows_q = p->total_q = g->cq[c->B], rows_k = p->total_k = g->ck[c->B];
+  }
   if (c->has_window) p->window_left = c->window_left;
   p->num_sinks = c->sinks;
   if (c->alibi) p->alibi = ATTN_ALIBI_PER_HEAD;
@@ -535,13 +590,13 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
     for (int64_t j = 0; j < c->Tk; ++j)
       tu_set(&g->kseg, b * c->Tk + j, j < c->Tk / 3 + b ? 0 : j < c->Tk - 2 ? 1 : -1);
   }
-  const int64_t nq = c->B * c->Tq * c->Hq * c->D, nk = c->B * c->Tk * c->Hkv * c->D;
+  const int64_t nq = rows_q * c->Hq * c->D, nk = rows_k * c->Hkv * c->D;
   g->q = tu_buf_new(ATTN_DTYPE_BF16, nq), g->dout = tu_buf_new(ATTN_DTYPE_BF16, nq);
   g->k = tu_buf_new(ATTN_DTYPE_BF16, nk), g->v = tu_buf_new(ATTN_DTYPE_BF16, nk);
   tu_fill_uniform(&g->q, &rng, -1, 1), tu_fill_uniform(&g->k, &rng, -1, 1);
   tu_fill_uniform(&g->v, &rng, -1, 1), tu_fill_uniform(&g->dout, &rng, -1, 1);
   g->out = tu_buf_new(ATTN_DTYPE_BF16, nq), g->dq = tu_buf_new(ATTN_DTYPE_BF16, nq);
-  g->lse = tu_buf_new(ATTN_DTYPE_F32, c->B * c->Hq * c->Tq);
+  g->lse = tu_buf_new(ATTN_DTYPE_F32, rows_q * c->Hq);
   g->dk = tu_buf_new(ATTN_DTYPE_BF16, nk), g->dv = tu_buf_new(ATTN_DTYPE_BF16, nk);
   if (c->refused != NULL) return 1;
   void *q = upload(&g->q), *k = upload(&g->k), *v = upload(&g->v), *dout = upload(&g->dout);
@@ -558,6 +613,8 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
   tu_args x;
   tu_args_dense(&x, q, k, v, out, lse, dout, dq, dk, dv);
   add_features(&x, p, alibi, sinks, dsinks, mask_seg, bias_dbias);
+  void *cu = c->packed ? upload_cu(0, g->cq, g->ck, c->B) : NULL;
+  if (cu != NULL) x.in.cu_seqlens_q = cu, x.in.cu_seqlens_k = (const int32_t *)cu + c->B + 1;
   /* A plan with its device workspace (the one-call attn_forward allocates none on a GPU). */
   attn_plan *plan = NULL;
   void *ws = NULL;
@@ -573,12 +630,13 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
   int ok = st == ATTN_STATUS_OK && gpu->synchronize(0, why, sizeof why) == ATTN_STATUS_OK;
   attn_plan_destroy(plan);
   gpu->release(0, ws);
+  if (cu != NULL) gpu->release(0, cu);
   if (!ok)
     printf("%s: the single-device problem fails: %s %s\n", c->name, attn_ctx_last_error(ctx), why);
   tu_buf_free(&g->out), tu_buf_free(&g->lse), tu_buf_free(&g->dq), tu_buf_free(&g->dk);
   tu_buf_free(&g->dv);
   g->out = fetch(0, out, ATTN_DTYPE_BF16, nq),
-  g->lse = fetch(0, lse, ATTN_DTYPE_F32, c->B * c->Hq * c->Tq);
+  g->lse = fetch(0, lse, ATTN_DTYPE_F32, rows_q * c->Hq);
   g->dq = fetch(0, dq, ATTN_DTYPE_BF16, nq), g->dk = fetch(0, dk, ATTN_DTYPE_BF16, nk);
   g->dv = fetch(0, dv, ATTN_DTYPE_BF16, nk);
   if (dsinks != NULL) {
@@ -789,6 +847,40 @@ static int cases_for(int n, tcase *out) {
                      .Hkv = n,
                      .D = 64,
                      .tune = 1};
+  /* Packed varlen (THD) under a split sequence: each rank its chunks of every sequence, AUTO
+   * taking the all-to-all (the ring cannot run it) */
+  out[k++] = (tcase){.name = "packed contiguous causal dropout sinks",
+                     .naxes = 1,
+                     .dims = {S, 0},
+                     .sizes = {n, 0},
+                     .layout = C,
+                     .strategy = AUTO,
+                     .causal = 1,
+                     .B = 3,
+                     .Tq = 2 * 5 * n,
+                     .Tk = 2 * 5 * n,
+                     .Hq = 2 * n,
+                     .Hkv = n,
+                     .D = 64,
+                     .dropout = 0.1,
+                     .sinks = 2,
+                     .packed = 1,
+                     .want_a2a = 1};
+  out[k++] = (tcase){.name = "packed zigzag causal ALiBi GQA Tq!=Tk",
+                     .naxes = 1,
+                     .dims = {S, 0},
+                     .sizes = {n, 0},
+                     .layout = Z,
+                     .strategy = A2A,
+                     .causal = 1,
+                     .B = 2,
+                     .Tq = 2 * 3 * n,
+                     .Tk = 2 * 7 * n,
+                     .Hq = 4 * n,
+                     .Hkv = n,
+                     .D = 128,
+                     .alibi = 1,
+                     .packed = 1};
   /* The all-to-all: each rank runs the whole sequence of Hkv/n KV groups, its reordering copies
    * on the GPU (rows of a zigzag rank in two runs, masks of 1-byte elements). */
   out[k++] = (tcase){.name = "all-to-all contiguous causal GQA",

@@ -226,10 +226,29 @@ static attn_status make_local(attn_dist_plan *plan, int32_t world_rank) {
                      "dtype=f8e4m3 in distributed attention: not implemented yet (the local "
                      "problems would need slices of the descale factors, docs/FP8.md); run each "
                      "rank's slice as a problem of its own");
-  if (g->varlen == ATTN_VARLEN_PACKED && plan->ns > 1)
-    return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
-                     "varlen=packed under a split sequence: not implemented yet (each sequence "
-                     "would be cut into 2n chunks); use segment ids on dense tensors");
+  /* Packed varlen under a split sequence: every rank holds its chunks of every sequence (the
+   * layout applied to each sequence apart, as TransformerEngine's THD layout does), and the
+   * all-to-all gathers whole sequences for its heads, where the single-device kernels run them. */
+  const int packed = g->varlen == ATTN_VARLEN_PACKED;
+  if (packed && plan->ns > 1) {
+    const char *why = NULL;
+    if (plan->hybrid || s->strategy == ATTN_DIST_STRATEGY_RING)
+      why = "runs the all-to-all (strategy ALL_TO_ALL or AUTO, one sequence axis): the ring's "
+            "blocks would cut every sequence apart; not implemented";
+    else if (plan->nb > 1)
+      why = "with the batch split too: each rank's sequences would differ; split heads instead";
+    else if (g->has_bias || g->has_mask || g->has_segment_ids)
+      why = "with a bias, a mask or segment ids: their rows would be cut per sequence; not "
+            "implemented";
+    else if ((g->heads_kv / plan->nh) % plan->ns != 0)
+      why = "runs the all-to-all, which gives each sequence rank whole KV groups: the local "
+            "heads_kv must be a multiple of the sequence ranks";
+    if (why != NULL)
+      return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED, "varlen=packed under a split sequence %s",
+                       why);
+    plan->strategy = ATTN_DIST_STRATEGY_ALL_TO_ALL;
+    plan->ring_refused = 1; /* AUTO: nothing to measure */
+  }
   if (g->page_size > 0 && plan->ns > 1)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                      "page_size=%lld (a paged KV cache) under a split sequence: the ring and the "
@@ -237,20 +256,27 @@ static attn_status make_local(attn_dist_plan *plan, int32_t world_rank) {
                      (long long)g->page_size);
   if (plan->ns > 1) {
     const int64_t parts = (int64_t)plan->ns * plan->chunks;
-    if (g->seqlen_q % parts != 0 || g->seqlen_k % parts != 0)
+    if (packed && (g->total_q % parts != 0 || g->total_k % parts != 0))
+      return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                       "total_q=%lld and total_k=%lld must be multiples of %lld: every sequence "
+                       "is cut into %d sequence ranks x %d chunks",
+                       (long long)g->total_q, (long long)g->total_k, (long long)parts,
+                       (int)plan->ns, (int)plan->chunks);
+    if (!packed && (g->seqlen_q % parts != 0 || g->seqlen_k % parts != 0))
       return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                        "seqlen_q=%lld and seqlen_k=%lld must be multiples of %lld (%d sequence "
                        "ranks x %d chunks per rank of the %s layout)",
                        (long long)g->seqlen_q, (long long)g->seqlen_k, (long long)parts,
                        (int)plan->ns, (int)plan->chunks,
                        plan->layout == ATTN_DIST_LAYOUT_ZIGZAG ? "zigzag" : "contiguous");
-    if (plan->layout == ATTN_DIST_LAYOUT_ZIGZAG && g->seqlen_q != g->seqlen_k)
+    if (!packed && plan->layout == ATTN_DIST_LAYOUT_ZIGZAG && g->seqlen_q != g->seqlen_k)
       return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                        "layout=zigzag needs seqlen_q == seqlen_k (%lld != %lld)",
                        (long long)g->seqlen_q, (long long)g->seqlen_k);
-    if (g->varlen != ATTN_VARLEN_NONE)
+    if (g->varlen == ATTN_VARLEN_PADDED)
       return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
-                       "varlen under sequence sharding: not implemented yet; use segment ids");
+                       "varlen=padded under sequence sharding: not implemented yet; use packed "
+                       "varlen or segment ids");
     if (plan->hybrid && s->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL)
       return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                        "spec.strategy=all-to-all with two sequence axes: the outer axis runs the "
@@ -274,8 +300,10 @@ static attn_status make_local(attn_dist_plan *plan, int32_t world_rank) {
   l->batch = g->batch / plan->nb;
   l->heads_kv = g->heads_kv / plan->nh;
   l->heads_q = l->heads_kv * group;
-  l->seqlen_q = g->seqlen_q / plan->ns;
-  l->seqlen_k = g->seqlen_k / plan->ns;
+  /* packed: the longest local sequence (the global lengths are an upper bound, not a multiple) */
+  l->seqlen_q = packed ? (g->seqlen_q + plan->ns - 1) / plan->ns : g->seqlen_q / plan->ns;
+  l->seqlen_k = packed ? (g->seqlen_k + plan->ns - 1) / plan->ns : g->seqlen_k / plan->ns;
+  if (packed) l->total_q = g->total_q / plan->ns, l->total_k = g->total_k / plan->ns;
   plan->b0 = (int64_t)cb * l->batch;
   plan->h0 = (int64_t)ch * l->heads_q;
   /* bias and mask: batch and head dims of full extent are sliced; Tq rows too; Tk stays whole. */
@@ -396,6 +424,8 @@ attn_status attn_dist_make_sub_plans(attn_dist_plan *plan, const attn_select *se
     b->heads_kv = l->heads_kv / plan->ns;
     b->seqlen_q = plan->global.seqlen_q;
     b->seqlen_k = plan->global.seqlen_k;
+    b->total_q = plan->global.total_q; /* packed: every sequence whole */
+    b->total_k = plan->global.total_k;
     int64_t *shapes[2] = {b->bias_shape, b->mask_shape};
     for (int t = 0; t < 2; ++t) {
       int64_t *sh = shapes[t];
@@ -553,7 +583,7 @@ static attn_status make_groups(attn_dist_plan *plan, char *why, size_t why_size)
 static attn_status check_device_split(attn_dist_plan *plan, const attn_dist_spec *spec) {
   attn_ctx *ctx = plan->ctx;
   const attn_problem *g = &plan->global;
-  int all_to_all = spec->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL;
+  int all_to_all = spec->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL || plan->ring_refused;
   /* the ring's key chunks (the hybrid's ring runs over the outer axis, ring_n ranks) */
   const int64_t key_chunk = g->seqlen_k / (plan->ring_n * plan->chunks);
   const int ring_runs = g->dropout_p == 0.0 || key_chunk % 4 == 0;

@@ -49,6 +49,14 @@ static view make_view(const attn_tensor *t, const int64_t *shape, int ndim, size
   return v;
 }
 
+/* A 3-d (or 2-d) view as a 4-d one with a leading dim of 1: a packed tensor's rows then sit in
+ * the dim that holds a dense one's. */
+static view batch_of_one(view v) {
+  for (int d = 3; d > 0; --d) v.dim[d] = v.dim[d - 1], v.stride[d] = v.stride[d - 1];
+  v.dim[0] = 1, v.stride[0] = 0;
+  return v;
+}
+
 typedef struct exch {
   attn_dist_plan *plan;
   void *comm; /* the all-to-all's ranks */
@@ -58,18 +66,51 @@ typedef struct exch {
   int group_order;
   int device;        /* CUDA tensors: the copies run on the GPU, on the plan's stream */
   char *send, *recv; /* n blocks each, room for the largest tensor exchanged (lay_out) */
+  /* Packed varlen: the local cu_seqlens on the host (copies of a GPU's), NULL for dense rows,
+   * and the sequences' count; rows_q, rows_k: the rows the all-to-all gathers (the whole
+   * sequence, or every sequence's rows) */
+  int32_t *cu_q, *cu_k;
+  int64_t batch, rows_q, rows_k;
 } exch;
 
-/* Where row t of member i's slice sits among the T rows gathered by the all-to-all. */
-static int64_t gathered_row(const exch *x, int64_t T, int32_t i, int64_t t) {
+/* Where element idx of rank r's block lies in a whole tensor: its heads start at r * heads along
+ * hdim (heads 0: no shift), its rows are rank r's sequence rows of T (T 0: rows as they are), and
+ * stride maps the index to an element offset. cu: a packed problem's local cu_seqlens (host
+ * memory) for the rows, each sequence split apart; NULL for dense rows. */
+typedef struct block_place {
+  const int64_t *stride;
+  int hdim, tdim;
+  int64_t heads, T;
+  const int32_t *cu;
+} block_place;
+
+/* Where row t of member i's slice sits among the T rows gathered by the all-to-all. Packed rows:
+ * local row t of sequence b (local rows [cu[b], cu[b + 1])) is its row t - cu[b] of the
+ * sequence's n * (cu[b + 1] - cu[b]) rows, which start at n * cu[b]. */
+static int64_t gathered_row(const exch *x, const block_place *pl, int32_t i, int64_t t) {
+  if (pl->cu != NULL) {
+    int64_t lo = 0, hi = x->batch; /* the sequence b of cu[b] <= t < cu[b + 1] */
+    while (hi - lo > 1) {
+      const int64_t mid = (lo + hi) / 2;
+      if (pl->cu[mid] <= t)
+        lo = mid;
+      else
+        hi = mid;
+    }
+    const int64_t len = (int64_t)x->n * (pl->cu[lo + 1] - pl->cu[lo]);
+    return (int64_t)x->n * pl->cu[lo] +
+           attn_dist_layout_position(x->plan->layout, x->n, len, i, t - pl->cu[lo]);
+  }
+  const int64_t T = pl->T;
   if (!x->group_order) return attn_dist_layout_position(x->plan->layout, x->n, T, i, t);
   const int64_t chunk_len = T / x->plan->chunks, part = chunk_len / x->n;
   return (t / part) * chunk_len + (int64_t)i * part + t % part;
 }
 
-static exch make_exch(attn_dist_plan *plan) {
+static exch make_exch(attn_dist_plan *plan, const attn_problem *u) {
   exch x;
   memset(&x, 0, sizeof x);
+  x.batch = plan->local.batch, x.rows_q = u->seqlen_q, x.rows_k = u->seqlen_k;
   x.plan = plan;
   x.comm = plan->hybrid ? plan->a2a_comm : plan->seq_comm;
   x.n = plan->hybrid ? plan->a2a_n : plan->ns;
@@ -77,6 +118,30 @@ static exch make_exch(attn_dist_plan *plan) {
   x.group_order = plan->hybrid;
   x.device = plan->local.device != ATTN_DEVICE_CPU;
   return x;
+}
+
+/* A rank's q-, k- or v-like tensor (rows of the keys when keys), H heads of width W: dense
+ * [B, T, H, W], or packed [total, H, W] as [1, total, H, W]. */
+static view rows_view(const exch *x, const attn_tensor *t, int keys, int64_t H, int64_t W,
+                      size_t es) {
+  const attn_problem *l = &x->plan->local;
+  if (x->cu_q == NULL) {
+    const int64_t shape[4] = {l->batch, keys ? l->seqlen_k : l->seqlen_q, H, W};
+    return make_view(t, shape, 4, es);
+  }
+  const int64_t shape[3] = {keys ? l->total_k : l->total_q, H, W};
+  return batch_of_one(make_view(t, shape, 3, es));
+}
+
+/* A rank's lse: dense [B, Hq, Tq], or packed [Hq, total_q] as [1, Hq, total_q]. */
+static view lse_view(const exch *x, const attn_tensor *t, size_t es) {
+  const attn_problem *l = &x->plan->local;
+  if (x->cu_q == NULL) {
+    const int64_t shape[3] = {l->batch, l->heads_q, l->seqlen_q};
+    return make_view(t, shape, 3, es);
+  }
+  const int64_t shape[2] = {l->heads_q, l->total_q};
+  return batch_of_one(make_view(t, shape, 2, es));
 }
 
 static attn_status exchange(exch *x, const void *send, void *recv, size_t bytes) {
@@ -100,15 +165,6 @@ static attn_status device_failed(const exch *x, attn_status status, const char *
   x->plan->broken = 1;
   return attn_fail(x->plan->ctx, status, "all-to-all on the GPU, %s: %s", what, why);
 }
-
-/* Where element idx of rank r's block lies in a whole tensor: its heads start at r * heads along
- * hdim (heads 0: no shift), its rows are rank r's sequence rows of T (T 0: rows as they are), and
- * stride maps the index to an element offset. */
-typedef struct block_place {
-  const int64_t *stride;
-  int hdim, tdim;
-  int64_t heads, T;
-} block_place;
 
 /* The row-major strides of a dense tensor of dims d. */
 static void dense_strides(const int64_t d[4], int64_t s[4]) {
@@ -134,7 +190,7 @@ static void host_copy_block(const exch *x, const int64_t bd[4], size_t es, int32
       const int64_t e = (i01 * bd[2] * bd[3]) + k * run; /* the run's first element in packed */
       int64_t idx[4] = {i0, i1, run_placed ? k : k / bd[3], run_placed ? 0 : k % bd[3]};
       if (pl->hdim >= 0) idx[pl->hdim] += r * pl->heads;
-      if (pl->T > 0) idx[pl->tdim] = gathered_row(x, pl->T, r, idx[pl->tdim]);
+      if (pl->T > 0) idx[pl->tdim] = gathered_row(x, pl, r, idx[pl->tdim]);
       const int64_t off = idx[0] * pl->stride[0] + idx[1] * pl->stride[1] +
                           idx[2] * pl->stride[2] + idx[3] * pl->stride[3];
       char *whole = base + (size_t)off * es, *part = packed + (size_t)e * es;
@@ -163,8 +219,8 @@ static attn_status device_copy_block(const exch *x, const int64_t bd[4], size_t 
   for (int64_t t0 = 0; t0 < rows;) {
     int64_t len = rows, first = 0;
     if (moved) {
-      first = gathered_row(x, pl->T, r, t0);
-      for (len = 1; t0 + len < rows && gathered_row(x, pl->T, r, t0 + len) == first + len; ++len) {
+      first = gathered_row(x, pl, r, t0);
+      for (len = 1; t0 + len < rows && gathered_row(x, pl, r, t0 + len) == first + len; ++len) {
       }
     }
     int64_t box[4], idx[4] = {0, 0, 0, 0};
@@ -199,13 +255,14 @@ static attn_status copy_block(const exch *x, const int64_t bd[4], size_t es, int
 /* Sequence-split (local rows of dim tdim, all heads of dim hdim) -> head-split (every row, in
  * natural order, 1/n of the heads; every head when hdim < 0). dst: dense, of the source's dims with
  * dim[tdim] = T and dim[hdim] = H / n. */
-static attn_status to_heads(exch *x, const view *src, int tdim, int hdim, int64_t T, char *dst) {
+static attn_status to_heads(exch *x, const view *src, int tdim, int hdim, int64_t T,
+                            const int32_t *cu, char *dst) {
   int64_t bd[4];
   memcpy(bd, src->dim, sizeof bd);
   const int64_t hn = hdim >= 0 ? src->dim[hdim] / x->n : 0;
   if (hdim >= 0) bd[hdim] = hn;
   const size_t bytes = (size_t)(bd[0] * bd[1] * bd[2] * bd[3]) * src->es;
-  const block_place mine = {src->stride, hdim, tdim, hn, 0};
+  const block_place mine = {src->stride, hdim, tdim, hn, 0, NULL};
   attn_status status = ATTN_STATUS_OK;
   for (int32_t j = 0; j < x->n && status == ATTN_STATUS_OK; ++j)
     status = copy_block(x, bd, src->es, j, &mine, src->data, x->send + (size_t)j * bytes, 1);
@@ -214,7 +271,7 @@ static attn_status to_heads(exch *x, const view *src, int tdim, int hdim, int64_
   memcpy(dd, bd, sizeof dd);
   dd[tdim] = T;
   dense_strides(dd, ds);
-  const block_place gathered = {ds, hdim, tdim, 0, T};
+  const block_place gathered = {ds, hdim, tdim, 0, T, cu};
   for (int32_t i = 0; i < x->n && status == ATTN_STATUS_OK; ++i)
     status = copy_block(x, bd, src->es, i, &gathered, dst, x->recv + (size_t)i * bytes, 0);
   return status;
@@ -223,7 +280,7 @@ static attn_status to_heads(exch *x, const view *src, int tdim, int hdim, int64_
 /* The inverse: head-split src (dense, dims of dst with dim[tdim] = T and dim[hdim] = H / n) ->
  * the caller's sequence-split dst. */
 static attn_status from_heads(exch *x, const char *src, int tdim, int hdim, int64_t T,
-                              const view *dst) {
+                              const int32_t *cu, const view *dst) {
   int64_t bd[4];
   memcpy(bd, dst->dim, sizeof bd);
   const int64_t hn = dst->dim[hdim] / x->n;
@@ -233,13 +290,13 @@ static attn_status from_heads(exch *x, const char *src, int tdim, int hdim, int6
   sd[tdim] = T;
   dense_strides(sd, ss);
   const size_t bytes = (size_t)(bd[0] * bd[1] * bd[2] * bd[3]) * dst->es;
-  const block_place gathered = {ss, hdim, tdim, 0, T};
+  const block_place gathered = {ss, hdim, tdim, 0, T, cu};
   attn_status status = ATTN_STATUS_OK;
   for (int32_t j = 0; j < x->n && status == ATTN_STATUS_OK; ++j) /* packing only reads src */
     status =
         copy_block(x, bd, dst->es, j, &gathered, (char *)src, x->send + (size_t)j * bytes, 1);
   if (status == ATTN_STATUS_OK) status = exchange(x, x->send, x->recv, bytes);
-  const block_place mine = {dst->stride, hdim, tdim, hn, 0};
+  const block_place mine = {dst->stride, hdim, tdim, hn, 0, NULL};
   for (int32_t i = 0; i < x->n && status == ATTN_STATUS_OK; ++i)
     status = copy_block(x, bd, dst->es, i, &mine, dst->data, x->recv + (size_t)i * bytes, 0);
   return status;
@@ -251,6 +308,7 @@ typedef struct heads {
   char *q, *k, *v, *bias, *mask, *qseg, *kseg, *out, *lse, *dout, *dq, *dk, *dv, *dbias, *dsinks;
   char *dsinks_all; /* GPU: every local head's dsinks, zero but for this rank's heads */
   float *dbias_acc; /* a bias broadcast over heads or rows: the local dbias's sums (give_dbias) */
+  int32_t *cu_q, *cu_k; /* packed varlen: the block's cu_seqlens, the whole sequences' */
   void *workspace;
   size_t workspace_size;
 } heads;
@@ -281,8 +339,13 @@ static void lay_out(const attn_dist_plan *plan, exch *x, const attn_problem *u, 
   const attn_dtype dt = (attn_dtype)l->dtype, st = attn_stat_dtype(dt);
   const size_t es = attn_dtype_size(dt), ses = attn_dtype_size(st);
   const size_t bes = l->has_bias ? attn_dtype_size((attn_dtype)l->bias_dtype) : 0;
-  const int64_t B = l->batch, Tq = u->seqlen_q, Tk = u->seqlen_k, hn = u->heads_q, kn = u->heads_kv;
-  const int64_t D = l->head_dim, Dv = l->head_dim_v;
+  /* dense [B, T, H, D] rows; packed [1, total, H, D], which is [total, H, D] */
+  const int64_t B = x->cu_q != NULL ? 1 : l->batch, Tq = x->rows_q, Tk = x->rows_k;
+  const int64_t hn = u->heads_q, kn = u->heads_kv, D = l->head_dim, Dv = l->head_dim_v;
+  if (x->cu_q != NULL) {
+    h->cu_q = (int32_t *)take(a, l->batch + 1, 4, 0);
+    h->cu_k = (int32_t *)take(a, l->batch + 1, 4, 0);
+  }
   h->q = take(a, B * Tq * hn * D, es, 1);
   h->k = take(a, B * Tk * kn * D, es, 1);
   h->v = take(a, B * Tk * kn * Dv, es, 1);
@@ -383,15 +446,15 @@ static attn_status gather_inputs(attn_dist_plan *plan, exch *x, const attn_probl
                 Hkv = l->heads_kv;
   const int64_t Tq = u->seqlen_q, Tk = u->seqlen_k, hn = u->heads_q;
   *hi = *in;
-  const int64_t qs[4] = {B, Tql, Hq, l->head_dim}, ks[4] = {B, Tkl, Hkv, l->head_dim};
-  const int64_t vs[4] = {B, Tkl, Hkv, l->head_dim_v};
-  view vq = make_view(&in->q, qs, 4, es), vk = make_view(&in->k, ks, 4, es),
-       vv = make_view(&in->v, vs, 4, es);
-  attn_status status = to_heads(x, &vq, 1, 2, Tq, h->q);
-  if (status == ATTN_STATUS_OK) status = to_heads(x, &vk, 1, 2, Tk, h->k);
-  if (status == ATTN_STATUS_OK) status = to_heads(x, &vv, 1, 2, Tk, h->v);
+  view vq = rows_view(x, &in->q, 0, Hq, l->head_dim, es),
+       vk = rows_view(x, &in->k, 1, Hkv, l->head_dim, es);
+  view vv = rows_view(x, &in->v, 1, Hkv, l->head_dim_v, es);
+  attn_status status = to_heads(x, &vq, 1, 2, x->rows_q, x->cu_q, h->q);
+  if (status == ATTN_STATUS_OK) status = to_heads(x, &vk, 1, 2, x->rows_k, x->cu_k, h->k);
+  if (status == ATTN_STATUS_OK) status = to_heads(x, &vv, 1, 2, x->rows_k, x->cu_k, h->v);
   if (status != ATTN_STATUS_OK) return status;
   hi->q = attn_tensor_dense(h->q), hi->k = attn_tensor_dense(h->k), hi->v = attn_tensor_dense(h->v);
+  if (x->cu_q != NULL) hi->cu_seqlens_q = h->cu_q, hi->cu_seqlens_k = h->cu_k;
   /* bias and mask: rows exchanged when they have them, heads sliced when they have them. */
   for (int t = 0; t < 2; ++t) {
     const int is_bias = t == 0;
@@ -404,7 +467,7 @@ static attn_status gather_inputs(attn_dist_plan *plan, exch *x, const attn_probl
     attn_tensor *dst = is_bias ? &hi->bias : &hi->mask;
     if (shape[2] != 1) {
       char *buf = is_bias ? h->bias : h->mask;
-      status = to_heads(x, &vb, 2, shape[1] != 1 ? 1 : -1, Tq, buf);
+      status = to_heads(x, &vb, 2, shape[1] != 1 ? 1 : -1, Tq, NULL, buf);
       if (status != ATTN_STATUS_OK) return status;
       *dst = attn_tensor_dense(buf);
     } else {
@@ -417,8 +480,8 @@ static attn_status gather_inputs(attn_dist_plan *plan, exch *x, const attn_probl
   if (l->has_segment_ids) {
     const int64_t sq[2] = {B, Tql}, sk[2] = {B, Tkl};
     view a = make_view(&in->q_segment_ids, sq, 2, 4), b = make_view(&in->kv_segment_ids, sk, 2, 4);
-    status = to_heads(x, &a, 1, -1, Tq, h->qseg);
-    if (status == ATTN_STATUS_OK) status = to_heads(x, &b, 1, -1, Tk, h->kseg);
+    status = to_heads(x, &a, 1, -1, Tq, NULL, h->qseg);
+    if (status == ATTN_STATUS_OK) status = to_heads(x, &b, 1, -1, Tk, NULL, h->kseg);
     if (status != ATTN_STATUS_OK) return status;
     hi->q_segment_ids = attn_tensor_dense(h->qseg),
     hi->kv_segment_ids = attn_tensor_dense(h->kseg);
@@ -438,6 +501,88 @@ static attn_status gather_inputs(attn_dist_plan *plan, exch *x, const attn_probl
     memcpy(hi->sinks.stride, vs2.stride, sizeof vs2.stride);
   }
   return ATTN_STATUS_OK;
+}
+
+/* Packed varlen: this rank's cu_seqlens, read on the host (a GPU's downloaded once the caller's
+ * stream has written them), checked, and the rows the all-to-all gathers: n times each sequence's
+ * local rows, which must make whole chunks of the layout (plan->chunks a rank). */
+static attn_status packed_rows(attn_dist_plan *plan, exch *x, const attn_inputs *in) {
+  const attn_problem *l = &plan->local;
+  if (l->varlen != ATTN_VARLEN_PACKED) return ATTN_STATUS_OK;
+  const int64_t B = l->batch;
+  x->cu_q = malloc(2 * (size_t)(B + 1) * sizeof(int32_t));
+  if (x->cu_q == NULL)
+    return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for cu_seqlens");
+  x->cu_k = x->cu_q + B + 1;
+  const size_t bytes = (size_t)(B + 1) * sizeof(int32_t);
+  if (!x->device) {
+    memcpy(x->cu_q, in->cu_seqlens_q, bytes);
+    memcpy(x->cu_k, in->cu_seqlens_k, bytes);
+  } else {
+    const attn_gpu_ops *gpu = attn_gpu();
+    char why[512] = "";
+    attn_status status =
+        gpu == NULL ? ATTN_STATUS_DEVICE_ERROR
+                    : plan->dev->stream_sync(l->device_index, plan->stream, why, sizeof why);
+    if (status == ATTN_STATUS_OK)
+      status = gpu->download(l->device_index, x->cu_q, in->cu_seqlens_q, bytes, why, sizeof why);
+    if (status == ATTN_STATUS_OK)
+      status = gpu->download(l->device_index, x->cu_k, in->cu_seqlens_k, bytes, why, sizeof why);
+    if (status != ATTN_STATUS_OK)
+      return attn_fail(plan->ctx, ATTN_STATUS_DEVICE_ERROR, "reading cu_seqlens: %s", why);
+  }
+  for (int t = 0; t < 2; ++t) {
+    const int32_t *cu = t == 0 ? x->cu_q : x->cu_k;
+    const int64_t total = t == 0 ? l->total_q : l->total_k;
+    const char *name = t == 0 ? "cu_seqlens_q" : "cu_seqlens_k";
+    if (cu[0] != 0 || cu[B] != total)
+      return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                       "inputs.%s must run from 0 to this rank's %lld rows (%s / %d sequence "
+                       "ranks); it runs from %d to %d",
+                       name, (long long)total, t == 0 ? "total_q" : "total_k", (int)x->n,
+                       (int)cu[0], (int)cu[B]);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t len = (int64_t)cu[b + 1] - cu[b];
+      if (len < 0 || len % plan->chunks != 0)
+        return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                         "inputs.%s: sequence %lld has %lld local rows; under a split sequence "
+                         "each rank holds every sequence's %s (%d chunk%s of %lld / (%d x %d) "
+                         "rows), so its local rows must be a non-negative multiple of %d",
+                         name, (long long)b, (long long)len,
+                         plan->chunks == 2 ? "two zigzag chunks" : "contiguous slice",
+                         (int)plan->chunks, plan->chunks == 2 ? "s" : "", (long long)(len * x->n),
+                         (int)x->n, (int)plan->chunks, (int)plan->chunks);
+    }
+  }
+  x->rows_q = (int64_t)x->n * l->total_q, x->rows_k = (int64_t)x->n * l->total_k;
+  return ATTN_STATUS_OK;
+}
+
+/* The block's cu_seqlens (the whole sequences': n times the local ones) into h, in the tensors'
+ * memory. */
+static attn_status block_cu(attn_dist_plan *plan, const exch *x, const heads *h) {
+  if (x->cu_q == NULL) return ATTN_STATUS_OK;
+  const int64_t B = plan->local.batch;
+  int32_t *host = x->device ? malloc(2 * (size_t)(B + 1) * sizeof(int32_t)) : h->cu_q;
+  if (host == NULL)
+    return attn_fail(plan->ctx, ATTN_STATUS_OUT_OF_MEMORY, "out of memory for cu_seqlens");
+  int32_t *host_k = x->device ? host + B + 1 : h->cu_k;
+  for (int64_t b = 0; b <= B; ++b) host[b] = x->n * x->cu_q[b], host_k[b] = x->n * x->cu_k[b];
+  attn_status status = ATTN_STATUS_OK;
+  if (x->device) { /* the legacy stream's upload is waited for: the plan's stream does not */
+    const attn_gpu_ops *gpu = attn_gpu();
+    const size_t bytes = (size_t)(B + 1) * sizeof(int32_t);
+    char why[512] = "";
+    status = gpu->upload(plan->local.device_index, h->cu_q, host, bytes, why, sizeof why);
+    if (status == ATTN_STATUS_OK)
+      status = gpu->upload(plan->local.device_index, h->cu_k, host_k, bytes, why, sizeof why);
+    if (status == ATTN_STATUS_OK)
+      status = plan->dev->stream_sync(plan->local.device_index, NULL, why, sizeof why);
+    free(host);
+    if (status != ATTN_STATUS_OK)
+      return attn_fail(plan->ctx, ATTN_STATUS_DEVICE_ERROR, "writing cu_seqlens: %s", why);
+  }
+  return status;
 }
 
 /* The block's global batch and head offsets, where the plan needs them (dropout's counters; on the
@@ -460,13 +605,15 @@ attn_status attn_dist_ulysses_forward(attn_dist_plan *plan, const attn_inputs *i
   if (out->probs.data != NULL)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
                      "outputs.probs under sequence sharding: not implemented");
-  exch x = make_exch(plan);
   const attn_problem *l = &plan->local, *u = plan->hybrid ? &plan->ring_local : &plan->block;
+  exch x = make_exch(plan, u);
   const attn_dtype dt = (attn_dtype)l->dtype, st = attn_stat_dtype(dt);
   const size_t es = attn_dtype_size(dt), ses = attn_dtype_size(st);
   heads h;
   attn_inputs hi;
-  attn_status status = make_heads(plan, &x, u, 0, NULL, &h);
+  attn_status status = packed_rows(plan, &x, in);
+  if (status == ATTN_STATUS_OK) status = make_heads(plan, &x, u, 0, NULL, &h);
+  if (status == ATTN_STATUS_OK) status = block_cu(plan, &x, &h);
   if (status == ATTN_STATUS_OK) status = gather_inputs(plan, &x, u, in, &h, &hi);
   if (status == ATTN_STATUS_OK && !plan->hybrid) status = place(plan, &x);
   if (status == ATTN_STATUS_OK) {
@@ -484,16 +631,15 @@ attn_status attn_dist_ulysses_forward(attn_dist_plan *plan, const attn_inputs *i
       plan->stats.compute_seconds += attn_dist_now() - t0;
     }
   }
-  const int64_t os[4] = {l->batch, l->seqlen_q, l->heads_q, l->head_dim_v};
-  const int64_t ls[3] = {l->batch, l->heads_q, l->seqlen_q};
   if (status == ATTN_STATUS_OK) {
-    view vo = make_view(&out->out, os, 4, es);
-    status = from_heads(&x, h.out, 1, 2, u->seqlen_q, &vo);
+    view vo = rows_view(&x, &out->out, 0, l->heads_q, l->head_dim_v, es);
+    status = from_heads(&x, h.out, 1, 2, x.rows_q, x.cu_q, &vo);
   }
   if (status == ATTN_STATUS_OK && out->lse.data != NULL) {
-    view vl = make_view(&out->lse, ls, 3, ses);
-    status = from_heads(&x, h.lse, 2, 1, u->seqlen_q, &vl);
+    view vl = lse_view(&x, &out->lse, ses);
+    status = from_heads(&x, h.lse, 2, 1, x.rows_q, x.cu_q, &vl);
   }
+  free(x.cu_q);
   return status == ATTN_STATUS_OK ? attn_succeed(ctx) : status;
 }
 
@@ -621,7 +767,7 @@ static attn_status give_dbias(attn_dist_plan *plan, exch *x, const attn_problem 
   view vb = make_view(dbias, ls, 4, bes);
   attn_status status = ATTN_STATUS_OK;
   if (ls[1] != 1 && ls[2] != 1) {
-    status = from_heads(x, h->dbias, 2, 1, u->seqlen_q, &vb);
+    status = from_heads(x, h->dbias, 2, 1, u->seqlen_q, NULL, &vb);
   } else if (ls[2] == 1) {
     const int64_t hb = u->bias_shape[1]; /* the block's heads (1 when broadcast) */
     status = sum_clear(x, h->dbias_acc, volume(ls));
@@ -637,7 +783,7 @@ static attn_status give_dbias(attn_dist_plan *plan, exch *x, const attn_problem 
     dense_strides(gd, gs);
     const int64_t n = volume(bd);
     const size_t bytes = (size_t)n * bes;
-    const block_place gathered = {gs, -1, 2, 0, u->seqlen_q};
+    const block_place gathered = {gs, -1, 2, 0, u->seqlen_q, NULL};
     for (int32_t j = 0; j < x->n && status == ATTN_STATUS_OK; ++j)
       status = copy_block(x, bd, bes, j, &gathered, h->dbias, x->send + (size_t)j * bytes, 1);
     if (status == ATTN_STATUS_OK) status = exchange(x, x->send, x->recv, bytes);
@@ -662,25 +808,22 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
         ctx, ATTN_STATUS_INVALID_ARGUMENT,
         "q, k, v, forward.out, forward.lse, dout, dq, dk and dv are required (one is NULL)");
   const attn_problem *l = &plan->local, *u = plan->hybrid ? &plan->ring_local : &plan->block;
-  exch x = make_exch(plan);
+  exch x = make_exch(plan, u);
   const attn_dtype dt = (attn_dtype)l->dtype, st = attn_stat_dtype(dt);
   const size_t es = attn_dtype_size(dt), ses = attn_dtype_size(st);
-  const int64_t B = l->batch, Tq = u->seqlen_q, Tk = u->seqlen_k;
   heads h;
   attn_inputs hi;
-  attn_status status = make_heads(plan, &x, u, 1, grads, &h);
+  attn_status status = packed_rows(plan, &x, in);
+  if (status == ATTN_STATUS_OK) status = make_heads(plan, &x, u, 1, grads, &h);
+  if (status == ATTN_STATUS_OK) status = block_cu(plan, &x, &h);
   if (status == ATTN_STATUS_OK) status = gather_inputs(plan, &x, u, in, &h, &hi);
-  const int64_t os[4] = {B, l->seqlen_q, l->heads_q, l->head_dim_v};
-  const int64_t ls[3] = {B, l->heads_q, l->seqlen_q};
-  const int64_t qs[4] = {B, l->seqlen_q, l->heads_q, l->head_dim};
-  const int64_t ks[4] = {B, l->seqlen_k, l->heads_kv, l->head_dim};
-  const int64_t vs[4] = {B, l->seqlen_k, l->heads_kv, l->head_dim_v};
+  const int64_t Hq = l->heads_q, Hkv = l->heads_kv, D = l->head_dim, Dv = l->head_dim_v;
   if (status == ATTN_STATUS_OK) {
-    view vo = make_view(&fwd->out, os, 4, es), vd = make_view(dout, os, 4, es);
-    view vl = make_view(&fwd->lse, ls, 3, ses);
-    status = to_heads(&x, &vo, 1, 2, Tq, h.out);
-    if (status == ATTN_STATUS_OK) status = to_heads(&x, &vd, 1, 2, Tq, h.dout);
-    if (status == ATTN_STATUS_OK) status = to_heads(&x, &vl, 2, 1, Tq, h.lse);
+    view vo = rows_view(&x, &fwd->out, 0, Hq, Dv, es), vd = rows_view(&x, dout, 0, Hq, Dv, es);
+    view vl = lse_view(&x, &fwd->lse, ses);
+    status = to_heads(&x, &vo, 1, 2, x.rows_q, x.cu_q, h.out);
+    if (status == ATTN_STATUS_OK) status = to_heads(&x, &vd, 1, 2, x.rows_q, x.cu_q, h.dout);
+    if (status == ATTN_STATUS_OK) status = to_heads(&x, &vl, 2, 1, x.rows_q, x.cu_q, h.lse);
   }
   if (status == ATTN_STATUS_OK && !plan->hybrid) status = place(plan, &x);
   if (status == ATTN_STATUS_OK) {
@@ -705,15 +848,16 @@ attn_status attn_dist_ulysses_backward(attn_dist_plan *plan, const attn_inputs *
     }
   }
   if (status == ATTN_STATUS_OK) {
-    view vq = make_view(&grads->dq, qs, 4, es), vk = make_view(&grads->dk, ks, 4, es);
-    view vv = make_view(&grads->dv, vs, 4, es);
-    status = from_heads(&x, h.dq, 1, 2, Tq, &vq);
-    if (status == ATTN_STATUS_OK) status = from_heads(&x, h.dk, 1, 2, Tk, &vk);
-    if (status == ATTN_STATUS_OK) status = from_heads(&x, h.dv, 1, 2, Tk, &vv);
+    view vq = rows_view(&x, &grads->dq, 0, Hq, D, es), vk = rows_view(&x, &grads->dk, 1, Hkv, D, es);
+    view vv = rows_view(&x, &grads->dv, 1, Hkv, Dv, es);
+    status = from_heads(&x, h.dq, 1, 2, x.rows_q, x.cu_q, &vq);
+    if (status == ATTN_STATUS_OK) status = from_heads(&x, h.dk, 1, 2, x.rows_k, x.cu_k, &vk);
+    if (status == ATTN_STATUS_OK) status = from_heads(&x, h.dv, 1, 2, x.rows_k, x.cu_k, &vv);
   }
   if (status == ATTN_STATUS_OK && h.dbias != NULL)
     status = give_dbias(plan, &x, u, &h, &grads->dbias);
   if (status == ATTN_STATUS_OK && h.dsinks != NULL)
     status = give_dsinks(plan, &x, &h, &grads->dsinks);
+  free(x.cu_q);
   return status == ATTN_STATUS_OK ? attn_succeed(ctx) : status;
 }

@@ -39,8 +39,9 @@ typedef struct attn_position_axis {
 enum {
   ATTN_POSITIONS_NONE = 0, /* nothing: its plans refuse positions */
   ATTN_POSITIONS_ANY = 1,  /* every form below: pieces, partial results */
-  /* one piece per axis on a dense problem, results in the problem's own dtype (not partial): the
-   * GPU kernels, whose blocks of a ring are single pairs of chunks (src/dist/ring.c) */
+  /* one piece per axis on a dense problem (a varlen one at batch and head offsets only), results
+   * in the problem's own dtype (not partial): the GPU kernels, whose blocks of a ring are single
+   * pairs of chunks (src/dist/ring.c) */
   ATTN_POSITIONS_ONE_PIECE = 2,
 };
 

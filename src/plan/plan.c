@@ -188,13 +188,19 @@ attn_status attn_plan_set_positions(attn_plan *plan, const attn_positions *posit
                      "%s: does not run a block of a larger problem (global dropout counters and "
                      "alignment offsets); the distributed layer needs one that does",
                      plan->impl->name);
+  /* A varlen problem's rows and keys count from each sequence's start, so it takes only the
+   * batch and head offsets (the all-to-all's whole sequences of some heads). */
+  const int rows_placed = positions->has_offset || positions->rows.global[0] != 0 ||
+                          positions->cols.global[0] != 0 || positions->rows.pieces > 1 ||
+                          positions->cols.pieces > 1;
   if (plan->impl->honours_positions == ATTN_POSITIONS_ONE_PIECE &&
       (positions->rows.pieces > 1 || positions->cols.pieces > 1 || positions->partial ||
-       plan->problem.varlen != ATTN_VARLEN_NONE))
+       (plan->problem.varlen != ATTN_VARLEN_NONE && rows_placed)))
     return attn_fail(plan->ctx, ATTN_STATUS_UNSUPPORTED,
                      "%s: runs a block of a larger problem at one piece of global positions per "
-                     "axis (rows.pieces=%d, cols.pieces=%d), on a dense problem (varlen none), "
-                     "its results in the problem's dtype (partial=%d)",
+                     "axis (rows.pieces=%d, cols.pieces=%d), on a dense problem (a varlen one at "
+                     "batch and head offsets only), its results in the problem's dtype "
+                     "(partial=%d)",
                      plan->impl->name, (int)positions->rows.pieces, (int)positions->cols.pieces,
                      (int)positions->partial);
   if (positions->partial && plan->problem.varlen != ATTN_VARLEN_NONE)

@@ -790,13 +790,16 @@ static void auto_strategy(uint64_t seed) {
 /* Packed varlen (THD) under a batch split (each rank its own sequences, cu_seqlens from 0, and
  * a local total that differs per rank) and a head split (every sequence, some heads): causal and
  * dropout, against the single-process packed problem. */
-static void packed(int dim, uint64_t seed) {
+static void packed(int dim, int layout, uint64_t seed) {
   const int64_t B = world_size, Hkv = world_size, Hq = 2 * world_size, D = 5, Dv = 7;
+  const int by_seq = dim == ATTN_DIST_DIM_SEQUENCE;
+  /* a split sequence cuts every sequence into whole chunks: 2n of them, for either layout */
+  const int64_t n2 = 2 * world_size;
   int32_t cq[64], ck[64];
   cq[0] = ck[0] = 0;
   int64_t max_q = 0, max_k = 0;
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t lq = 5 + 3 * b, lk = 7 + 2 * b;
+    const int64_t lq = by_seq ? n2 * (1 + b % 3) : 5 + 3 * b, lk = by_seq ? n2 * (2 + b) : 7 + 2 * b;
     cq[b + 1] = cq[b] + (int32_t)lq, ck[b + 1] = ck[b] + (int32_t)lk;
     max_q = lq > max_q ? lq : max_q, max_k = lk > max_k ? lk : max_k;
   }
@@ -822,12 +825,32 @@ static void packed(int dim, uint64_t seed) {
   int ok = attn_forward(ctx, &p, &x.in, &x.out) == ATTN_STATUS_OK &&
            attn_backward(ctx, &p, &x.in, &x.out, &x.dout, &x.grads) == ATTN_STATUS_OK;
   tu_check(ok, "rank %d packed: global run: %s", world_rank, attn_ctx_last_error(ctx));
-  /* This rank's slice: its sequences' rows (batch split) or its heads (head split). */
+  /* This rank's slice: its sequences' rows (batch split), its heads (head split), or its chunks
+   * of every sequence in the layout (sequence split). */
   const int by_batch = dim == ATTN_DIST_DIM_BATCH;
   const int64_t b0 = by_batch ? world_rank : 0, nb = by_batch ? 1 : B;
   imap rq = map_range(cq[b0], cq[b0 + nb] - cq[b0]), rk = map_range(ck[b0], ck[b0 + nb] - ck[b0]);
-  imap hq = by_batch ? map_range(0, Hq) : map_range(world_rank * 2, 2);
-  imap hk = by_batch ? map_range(0, Hkv) : map_range(world_rank, 1);
+  imap hq = by_batch || by_seq ? map_range(0, Hq) : map_range(world_rank * 2, 2);
+  imap hk = by_batch || by_seq ? map_range(0, Hkv) : map_range(world_rank, 1);
+  int32_t lcq[64], lck[64];
+  for (int64_t b = 0; b <= nb; ++b) lcq[b] = cq[b0 + b] - cq[b0], lck[b] = ck[b0 + b] - ck[b0];
+  if (by_seq) {
+    imap *maps[2] = {&rq, &rk};
+    const int32_t *cus[2] = {cq, ck};
+    int32_t *lcus[2] = {lcq, lck};
+    for (int t = 0; t < 2; ++t) {
+      imap *m = maps[t];
+      m->n = 0;
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t len = cus[t][b + 1] - cus[t][b];
+        lcus[t][b] = (int32_t)m->n;
+        for (int64_t u = 0; u < len / world_size; ++u)
+          m->at[m->n++] = cus[t][b] + attn_dist_layout_position(layout, world_size, len,
+                                                                  world_rank, u);
+      }
+      lcus[t][B] = (int32_t)m->n;
+    }
+  }
   imap m1 = map_range(0, 1), md = map_range(0, D), mdv = map_range(0, Dv);
   double *gq = malloc((size_t)q.n * sizeof(double)), *gk = malloc((size_t)k.n * sizeof(double));
   double *gv = malloc((size_t)v.n * sizeof(double)), *gd = malloc((size_t)dout.n * sizeof(double));
@@ -848,19 +871,31 @@ static void packed(int dim, uint64_t seed) {
   double *ldq = gather4(gdq, sq, mq), *ldk = gather4(gdk, sk, mk), *ldv = gather4(gdv, sv, mv);
   const int64_t nq = rq.n * hq.n * D, nk = rk.n * hk.n * D, nv = rk.n * hk.n * Dv;
   const int64_t no = rq.n * hq.n * Dv, nl = hq.n * rq.n;
-  int32_t lcq[64], lck[64];
-  for (int64_t b = 0; b <= nb; ++b) lcq[b] = cq[b0 + b] - cq[b0], lck[b] = ck[b0 + b] - ck[b0];
   tu_buf xq = to_buf(ATTN_DTYPE_F32, lq, nq), xk = to_buf(ATTN_DTYPE_F32, lk, nk);
   tu_buf xv = to_buf(ATTN_DTYPE_F32, lv, nv), xd = to_buf(ATTN_DTYPE_F32, ld, no);
   tu_buf xo = tu_buf_new(ATTN_DTYPE_F32, no), xl = tu_buf_new(ATTN_DTYPE_F32, nl);
   tu_buf xdq = tu_buf_new(ATTN_DTYPE_F32, nq), xdk = tu_buf_new(ATTN_DTYPE_F32, nk);
   tu_buf xdv = tu_buf_new(ATTN_DTYPE_F32, nv);
-  attn_dist_spec spec = spec_1d(dim, 0);
+  attn_dist_spec spec = spec_1d(dim, layout);
   MPI_Comm comm = MPI_COMM_WORLD;
   attn_dist_plan *plan = NULL;
-  attn_status st =
-      attn_dist_plan_create(ctx, &p, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
-  const char *name = by_batch ? "packed/batch" : "packed/heads";
+  attn_status st;
+  if (by_seq) { /* the ring cannot run it, and says so; AUTO takes the all-to-all */
+    spec.strategy = ATTN_DIST_STRATEGY_RING;
+    st = attn_dist_plan_create(ctx, &p, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
+    tu_check(st == ATTN_STATUS_UNSUPPORTED && strstr(attn_ctx_last_error(ctx), "all-to-all"),
+             "rank %d packed/sequence: the ring refuses it with the reason (%s)", world_rank,
+             attn_ctx_last_error(ctx));
+    spec.strategy = ATTN_DIST_STRATEGY_AUTO;
+  }
+  st = attn_dist_plan_create(ctx, &p, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
+  const char *name = by_batch ? "packed/batch"
+                     : !by_seq ? "packed/heads"
+                     : layout == ATTN_DIST_LAYOUT_ZIGZAG ? "packed/sequence zigzag"
+                                                          : "packed/sequence contiguous";
+  if (st == ATTN_STATUS_OK && by_seq)
+    tu_check(attn_dist_plan_strategy(plan) == ATTN_DIST_STRATEGY_ALL_TO_ALL,
+             "rank %d %s: AUTO takes the all-to-all", world_rank, name);
   tu_check(st == ATTN_STATUS_OK, "rank %d %s: plan: %s", world_rank, name,
            attn_ctx_last_error(ctx));
   if (st == ATTN_STATUS_OK) {
@@ -962,8 +997,10 @@ int main(int argc, char **argv) {
     helpers();
     auto_strategy(seed);
     early_end();
-    packed(ATTN_DIST_DIM_BATCH, seed + 200);
-    packed(ATTN_DIST_DIM_HEADS, seed + 201);
+    packed(ATTN_DIST_DIM_BATCH, 0, seed + 200);
+    packed(ATTN_DIST_DIM_HEADS, 0, seed + 201);
+    packed(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_CONTIGUOUS, seed + 202);
+    packed(ATTN_DIST_DIM_SEQUENCE, ATTN_DIST_LAYOUT_ZIGZAG, seed + 203);
     grid(seed);
     refusals();
   }
