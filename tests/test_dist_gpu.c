@@ -73,6 +73,7 @@ typedef struct tcase {
   int want_a2a;  /* the plan must have taken the all-to-all */
   /* packed varlen (THD): B sequences, sequence b of Tq (b + 1) query and Tk (b + 1) key rows */
   int packed;
+  int padded; /* padded varlen: batch entry b holds Tq - 3b - 1 query and Tk - 2b key rows */
 } tcase;
 
 /* The biases of the cases: full [B, Hq, Tq, Tk] f32; [1, 1, Tq, Tk] bf16 (dbias summed over batch
@@ -89,7 +90,7 @@ typedef struct global {
   tu_buf alibi, sinks, dsinks;
   tu_buf mask, qseg, kseg; /* u8 [B, 1, Tq, Tk], i32 [B, Tq] and [B, Tk] */
   tu_buf bias, dbias;      /* of p.bias_shape, p.bias_dtype */
-  int32_t cq[9], ck[9];    /* packed: the global cu_seqlens */
+  int32_t cq[9], ck[9];    /* packed: the global cu_seqlens; padded: the seqlens */
 } global;
 
 /* Dropout's Philox key: the same on one device and on every rank. */
@@ -179,6 +180,15 @@ static void *upload_nan(int device, attn_dtype dt, int64_t n) {
 static void *upload_cu(int device, const int32_t *cq, const int32_t *ck, int64_t B) {
   tu_buf both = tu_buf_new(ATTN_DTYPE_I32, 2 * (B + 1));
   for (int64_t b = 0; b <= B; ++b) tu_set(&both, b, cq[b]), tu_set(&both, B + 1 + b, ck[b]);
+  void *d = upload_on(device, &both);
+  tu_buf_free(&both);
+  return d;
+}
+
+/* seqlens_q then seqlens_k ([B] i32 each) in one device buffer. */
+static void *upload_lens(int device, const int32_t *lq, const int32_t *lk, int64_t B) {
+  tu_buf both = tu_buf_new(ATTN_DTYPE_I32, 2 * B);
+  for (int64_t b = 0; b < B; ++b) tu_set(&both, b, lq[b]), tu_set(&both, B + b, lk[b]);
   void *d = upload_on(device, &both);
   tu_buf_free(&both);
   return d;
@@ -438,13 +448,17 @@ static void *run_rank(void *arg) {
   void *const dbias_dbias[2] = {dbias_in, ddbias};
   /* A pageable upload may still be landing when cudaMemcpy returns; the plan's stream does not
    * wait for the legacy stream's copies (every upload above, the NaN starting values too). */
-  void *dcu = c->packed ? upload_cu(dv_, lcq, lck, g->p.batch) : NULL;
+  void *dcu = c->packed   ? upload_cu(dv_, lcq, lck, g->p.batch)
+              : c->padded ? upload_lens(dv_, g->cq, g->ck, g->p.batch)
+                          : NULL;
   if (gpu->synchronize(dv_, why, sizeof why) != ATTN_STATUS_OK) report(j, 0, "upload", why);
   tu_args x;
   tu_args_dense(&x, dq_in, dk_in, dv_in, dout_o, dlse, ddout, ddq, ddk, ddv);
   add_features(&x, &p, dalibi, dsinks_in, ddsinks, dmask_seg, dbias_dbias);
-  if (dcu != NULL)
+  if (dcu != NULL && c->packed)
     x.in.cu_seqlens_q = dcu, x.in.cu_seqlens_k = (const int32_t *)dcu + g->p.batch + 1;
+  if (dcu != NULL && c->padded)
+    x.in.seqlens_q = dcu, x.in.seqlens_k = (const int32_t *)dcu + g->p.batch;
   st = attn_dist_plan_forward(plan, &x.in, &x.out);
   report(j, st == ATTN_STATUS_OK, "forward", st == ATTN_STATUS_OK ? "" : attn_ctx_last_error(ctx));
   int seq_axes = 0;
@@ -548,6 +562,11 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
     p->seqlen_q = c->Tq * c->B, p->seqlen_k = c->Tk * c->B;
     rows_q = p->total_q = g->cq[c->B], rows_k = p->total_k = g->ck[c->B];
   }
+  if (c->padded) { /* the whole sequences' lengths, the same on every rank */
+    p->varlen = ATTN_VARLEN_PADDED;
+    for (int64_t b = 0; b < c->B; ++b)
+      g->cq[b] = (int32_t)(c->Tq - 3 * b - 1), g->ck[b] = (int32_t)(c->Tk - 2 * b);
+  }
   if (c->has_window) p->window_left = c->window_left;
   p->num_sinks = c->sinks;
   if (c->alibi) p->alibi = ATTN_ALIBI_PER_HEAD;
@@ -615,6 +634,8 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
   add_features(&x, p, alibi, sinks, dsinks, mask_seg, bias_dbias);
   void *cu = c->packed ? upload_cu(0, g->cq, g->ck, c->B) : NULL;
   if (cu != NULL) x.in.cu_seqlens_q = cu, x.in.cu_seqlens_k = (const int32_t *)cu + c->B + 1;
+  void *lens = c->padded ? upload_lens(0, g->cq, g->ck, c->B) : NULL;
+  if (lens != NULL) x.in.seqlens_q = lens, x.in.seqlens_k = (const int32_t *)lens + c->B;
   /* A plan with its device workspace (the one-call attn_forward allocates none on a GPU). */
   attn_plan *plan = NULL;
   void *ws = NULL;
@@ -631,6 +652,7 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
   attn_plan_destroy(plan);
   gpu->release(0, ws);
   if (cu != NULL) gpu->release(0, cu);
+  if (lens != NULL) gpu->release(0, lens);
   if (!ok)
     printf("%s: the single-device problem fails: %s %s\n", c->name, attn_ctx_last_error(ctx), why);
   tu_buf_free(&g->out), tu_buf_free(&g->lse), tu_buf_free(&g->dq), tu_buf_free(&g->dk);
@@ -881,6 +903,22 @@ static int cases_for(int n, tcase *out) {
                      .D = 128,
                      .alibi = 1,
                      .packed = 1};
+  out[k++] = (tcase){.name = "padded zigzag causal dropout",
+                     .naxes = 1,
+                     .dims = {S, 0},
+                     .sizes = {n, 0},
+                     .layout = Z,
+                     .strategy = AUTO,
+                     .causal = 1,
+                     .B = 2,
+                     .Tq = 2 * 11 * n,
+                     .Tk = 2 * 11 * n,
+                     .Hq = 2 * n,
+                     .Hkv = n,
+                     .D = 64,
+                     .dropout = 0.1,
+                     .padded = 1,
+                     .want_a2a = 1};
   /* The all-to-all: each rank runs the whole sequence of Hkv/n KV groups, its reordering copies
    * on the GPU (rows of a zigzag rank in two runs, masks of 1-byte elements). */
   out[k++] = (tcase){.name = "all-to-all contiguous causal GQA",

@@ -226,26 +226,27 @@ static attn_status make_local(attn_dist_plan *plan, int32_t world_rank) {
                      "dtype=f8e4m3 in distributed attention: not implemented yet (the local "
                      "problems would need slices of the descale factors, docs/FP8.md); run each "
                      "rank's slice as a problem of its own");
-  /* Packed varlen under a split sequence: every rank holds its chunks of every sequence (the
-   * layout applied to each sequence apart, as TransformerEngine's THD layout does), and the
-   * all-to-all gathers whole sequences for its heads, where the single-device kernels run them. */
+  /* Varlen under a split sequence: the all-to-all gathers whole sequences for each rank's heads,
+   * where the single-device kernels run them. Packed: every rank holds its chunks of every
+   * sequence (the layout applied to each sequence apart, as TransformerEngine's THD layout does).
+   * Padded: the dense layout, and seqlens of the whole sequences, the same on every rank. */
   const int packed = g->varlen == ATTN_VARLEN_PACKED;
-  if (packed && plan->ns > 1) {
+  if (g->varlen != ATTN_VARLEN_NONE && plan->ns > 1) {
     const char *why = NULL;
     if (plan->hybrid || s->strategy == ATTN_DIST_STRATEGY_RING)
       why = "runs the all-to-all (strategy ALL_TO_ALL or AUTO, one sequence axis): the ring's "
             "blocks would cut every sequence apart; not implemented";
-    else if (plan->nb > 1)
+    else if (packed && plan->nb > 1)
       why = "with the batch split too: each rank's sequences would differ; split heads instead";
-    else if (g->has_bias || g->has_mask || g->has_segment_ids)
+    else if (packed && (g->has_bias || g->has_mask || g->has_segment_ids))
       why = "with a bias, a mask or segment ids: their rows would be cut per sequence; not "
             "implemented";
     else if ((g->heads_kv / plan->nh) % plan->ns != 0)
       why = "runs the all-to-all, which gives each sequence rank whole KV groups: the local "
             "heads_kv must be a multiple of the sequence ranks";
     if (why != NULL)
-      return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED, "varlen=packed under a split sequence %s",
-                       why);
+      return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED, "varlen=%s under a split sequence %s",
+                       packed ? "packed" : "padded", why);
     plan->strategy = ATTN_DIST_STRATEGY_ALL_TO_ALL;
     plan->ring_refused = 1; /* AUTO: nothing to measure */
   }
@@ -273,10 +274,6 @@ static attn_status make_local(attn_dist_plan *plan, int32_t world_rank) {
       return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                        "layout=zigzag needs seqlen_q == seqlen_k (%lld != %lld)",
                        (long long)g->seqlen_q, (long long)g->seqlen_k);
-    if (g->varlen == ATTN_VARLEN_PADDED)
-      return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
-                       "varlen=padded under sequence sharding: not implemented yet; use packed "
-                       "varlen or segment ids");
     if (plan->hybrid && s->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL)
       return attn_fail(ctx, ATTN_STATUS_INVALID_ARGUMENT,
                        "spec.strategy=all-to-all with two sequence axes: the outer axis runs the "
@@ -940,6 +937,15 @@ static attn_status replan_packed(attn_dist_plan *plan, const attn_inputs *in) {
   return ATTN_STATUS_OK;
 }
 
+/* The problem a split-sequence run's tensors are checked against: the local one, but padded
+ * varlen's seqlens are the whole sequences' (global positions), which the block's own plan checks
+ * against the whole sequence. */
+static attn_problem tensor_problem(const attn_dist_plan *plan) {
+  attn_problem p = plan->local;
+  if (p.varlen == ATTN_VARLEN_PADDED) p.varlen = ATTN_VARLEN_NONE;
+  return p;
+}
+
 static attn_status check_run(attn_dist_plan *plan) {
   if (plan->broken)
     return attn_fail(plan->ctx, ATTN_STATUS_IO_ERROR,
@@ -963,7 +969,8 @@ attn_status attn_dist_plan_forward(attn_dist_plan *plan, const attn_inputs *inpu
      * tensors get the single-device checks first (e.g. outputs whose strides overlap). */
     attn_inputs in_r;
     attn_outputs out_r;
-    status = attn_validate_forward(plan->ctx, &plan->local, inputs, outputs, &in_r, &out_r);
+    const attn_problem tp = tensor_problem(plan);
+    status = attn_validate_forward(plan->ctx, &tp, inputs, outputs, &in_r, &out_r);
     if (status != ATTN_STATUS_OK) return status;
     status = plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL || plan->hybrid
                  ? attn_dist_ulysses_forward(plan, inputs, outputs)
@@ -1003,8 +1010,9 @@ attn_status attn_dist_plan_backward(attn_dist_plan *plan, const attn_inputs *inp
     attn_outputs fwd_r;
     attn_tensor dout_r;
     attn_grads grads_r;
-    status = attn_validate_backward(plan->ctx, &plan->local, inputs, forward, dout, grads, &in_r,
-                                    &fwd_r, &dout_r, &grads_r);
+    const attn_problem tp = tensor_problem(plan);
+    status = attn_validate_backward(plan->ctx, &tp, inputs, forward, dout, grads, &in_r, &fwd_r,
+                                    &dout_r, &grads_r);
     if (status != ATTN_STATUS_OK) return status;
     status = plan->strategy == ATTN_DIST_STRATEGY_ALL_TO_ALL || plan->hybrid
                  ? attn_dist_ulysses_backward(plan, inputs, forward, dout, grads)

@@ -549,12 +549,15 @@ static void grid(uint64_t seed) {
     for (size_t f = 0; f < sizeof feature_sets / sizeof feature_sets[0]; ++f) {
       const int feat = feature_sets[f].features;
       if ((feat & F_CROSS) && meshes[m].spec.layout == ATTN_DIST_LAYOUT_ZIGZAG) continue;
-      /* Padded varlen under a split sequence is refused (checked below); batch and heads run it. */
+      /* Padded varlen under a split sequence runs the all-to-all (the ring refuses it: checked
+       * below); batch and heads run it. */
       int seq_split = 0;
       for (int a = 0; a < meshes[m].spec.num_axes; ++a)
         seq_split |= meshes[m].spec.axis_dim[a] == ATTN_DIST_DIM_SEQUENCE &&
                      meshes[m].spec.axis_size[a] != 1;
-      if ((feat & F_PADDED) && seq_split) continue;
+      if ((feat & F_PADDED) && seq_split &&
+          meshes[m].spec.strategy != ATTN_DIST_STRATEGY_ALL_TO_ALL)
+        continue;
       dist_case c;
       memset(&c, 0, sizeof c);
       char name[160];
@@ -660,9 +663,12 @@ static void refusals(void) {
   /* What the layer cannot run is UNSUPPORTED with the reason, on every rank. */
   odd = p;
   odd.varlen = ATTN_VARLEN_PADDED;
-  st = attn_dist_plan_create(ctx, &odd, &spec, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
-  tu_check(st == ATTN_STATUS_UNSUPPORTED && strstr(attn_ctx_last_error(ctx), "varlen"),
-           "rank %d: padded varlen under a split sequence refused (%s)", world_rank,
+  attn_dist_spec ring = spec;
+  ring.strategy = ATTN_DIST_STRATEGY_RING;
+  st = attn_dist_plan_create(ctx, &odd, &ring, ATTN_DIST_TRANSPORT_MPI, &comm, NULL, &plan);
+  tu_check(st == ATTN_STATUS_UNSUPPORTED && strstr(attn_ctx_last_error(ctx), "varlen=padded") &&
+               strstr(attn_ctx_last_error(ctx), "all-to-all"),
+           "rank %d: padded varlen on the ring refused (%s)", world_rank,
            attn_ctx_last_error(ctx));
   odd = p; /* the ring and the all-to-all move dense k and v, not a pool of pages */
   odd.page_size = 4;
