@@ -15,7 +15,7 @@
 #             one causal problem (the issue's target: >= 85%); skipped without mpiexec
 #   gpubench  the 2-GPU benchmark in one run (bf16, B=1, Hq=32, D=128, T=$T, default 131072,
 #             forward + backward, causal and not): attn_dist_bench --gpu on 1 GPU and on 2
-#             (zigzag; Hkv=8), and PyTorch's context_parallel over cuDNN on 1 and 2
+#             (zigzag ring, and the all-to-all; Hkv=8), and PyTorch's context_parallel over cuDNN on 1 and 2
 #             (gpu/cp_torch.py through torchrun; Hkv=32, as the brief's figure); needs mpiexec
 # MPI_PREFIX: an MPI installation to use (e.g. the mpich wheel: `pip install --no-deps --prefix
 # /tmp/mpi mpich-*.whl`; its tools may land in PREFIX/local/bin).
@@ -86,6 +86,13 @@ if want gpubench; then
         timeout 120 mpiexec -n "$n" "$BUILD/bench/attn_dist_bench" "$P" --gpu "${mesh[@]}" --iters 3 >"$log" 2>&1
         rc=$?
         echo "libattn, $n GPU(s): $(grep -v '^rank' "$log" | tail -1) rc=$rc"
+        if [ "$n" = 2 ]; then # the all-to-all on the same problem (Hkv = 8 divides by 2)
+          log=$OUT/gpubench_${n}gpu_${mask:-full}_alltoall.log
+          timeout 120 mpiexec -n "$n" "$BUILD/bench/attn_dist_bench" "$P" --gpu "${mesh[@]}" \
+            --strategy alltoall --iters 3 >"$log" 2>&1
+          rc=$?
+          echo "libattn all-to-all, $n GPUs: $(grep -v '^rank' "$log" | tail -1) rc=$rc"
+        fi
         log=$OUT/cp_torch_${n}gpu_${mask:-full}.log
         timeout 120 torchrun --nproc-per-node "$n" gpu/cp_torch.py --t "${T:-131072}" ${mask:+--causal} >"$log" 2>&1
         rc=$?
