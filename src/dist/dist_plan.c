@@ -297,9 +297,11 @@ static attn_status make_local(attn_dist_plan *plan, int32_t world_rank) {
   l->batch = g->batch / plan->nb;
   l->heads_kv = g->heads_kv / plan->nh;
   l->heads_q = l->heads_kv * group;
-  /* packed: the longest local sequence (the global lengths are an upper bound, not a multiple) */
-  l->seqlen_q = packed ? (g->seqlen_q + plan->ns - 1) / plan->ns : g->seqlen_q / plan->ns;
-  l->seqlen_k = packed ? (g->seqlen_k + plan->ns - 1) / plan->ns : g->seqlen_k / plan->ns;
+  /* packed: the longest local sequence (a global one of at most seqlen rows cut into n equal
+   * parts; at least 1, as a problem's lengths are) */
+  l->seqlen_q = g->seqlen_q / plan->ns, l->seqlen_k = g->seqlen_k / plan->ns;
+  if (packed && l->seqlen_q < 1) l->seqlen_q = 1;
+  if (packed && l->seqlen_k < 1) l->seqlen_k = 1;
   if (packed) l->total_q = g->total_q / plan->ns, l->total_k = g->total_k / plan->ns;
   plan->b0 = (int64_t)cb * l->batch;
   plan->h0 = (int64_t)ch * l->heads_q;
@@ -924,7 +926,22 @@ static attn_status replan_packed(attn_dist_plan *plan, const attn_inputs *in) {
     return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
                      "inputs.%s is NULL: packed varlen needs this rank's cu_seqlens",
                      in->cu_seqlens_q == NULL ? "cu_seqlens_q" : "cu_seqlens_k");
-  const int64_t tq = in->cu_seqlens_q[l->batch], tk = in->cu_seqlens_k[l->batch];
+  int32_t ends[2] = {0, 0}; /* cu_seqlens_q[B] and cu_seqlens_k[B] */
+  if (l->device == ATTN_DEVICE_CPU) {
+    ends[0] = in->cu_seqlens_q[l->batch], ends[1] = in->cu_seqlens_k[l->batch];
+  } else { /* device memory, written on the caller's stream: waited for, then read */
+    const attn_gpu_ops *gpu = attn_gpu();
+    char why[DIST_MESSAGE] = "";
+    attn_status status =
+        gpu == NULL ? ATTN_STATUS_DEVICE_ERROR : gpu->synchronize(l->device_index, why, sizeof why);
+    for (int t = 0; t < 2 && status == ATTN_STATUS_OK; ++t)
+      status = gpu->download(l->device_index, &ends[t],
+                             (t == 0 ? in->cu_seqlens_q : in->cu_seqlens_k) + l->batch,
+                             sizeof ends[t], why, sizeof why);
+    if (status != ATTN_STATUS_OK)
+      return attn_fail(plan->ctx, ATTN_STATUS_DEVICE_ERROR, "reading cu_seqlens: %s", why);
+  }
+  const int64_t tq = ends[0], tk = ends[1];
   if (tq == l->total_q && tk == l->total_k) return ATTN_STATUS_OK;
   attn_problem next = *l;
   next.total_q = tq, next.total_k = tk;

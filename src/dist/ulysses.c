@@ -541,8 +541,15 @@ static attn_status packed_rows(attn_dist_plan *plan, exch *x, const attn_inputs 
                        "ranks); it runs from %d to %d",
                        name, (long long)total, t == 0 ? "total_q" : "total_k", (int)x->n,
                        (int)cu[0], (int)cu[B]);
+    const int64_t longest = t == 0 ? plan->global.seqlen_q : plan->global.seqlen_k;
     for (int64_t b = 0; b < B; ++b) {
       const int64_t len = (int64_t)cu[b + 1] - cu[b];
+      if (len * x->n > longest)
+        return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
+                         "inputs.%s: sequence %lld has %lld local rows, so %lld in all, more "
+                         "than the problem's %s=%lld",
+                         name, (long long)b, (long long)len, (long long)(len * x->n),
+                         t == 0 ? "seqlen_q" : "seqlen_k", (long long)longest);
       if (len < 0 || len % plan->chunks != 0)
         return attn_fail(plan->ctx, ATTN_STATUS_INVALID_ARGUMENT,
                          "inputs.%s: sequence %lld has %lld local rows; under a split sequence "

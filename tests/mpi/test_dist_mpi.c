@@ -805,7 +805,8 @@ static void packed(int dim, int layout, uint64_t seed) {
   cq[0] = ck[0] = 0;
   int64_t max_q = 0, max_k = 0;
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t lq = by_seq ? n2 * (1 + b % 3) : 5 + 3 * b, lk = by_seq ? n2 * (2 + b) : 7 + 2 * b;
+    /* (a split sequence: sequence 0 has no queries, so a rank holds an empty one) */
+    const int64_t lq = by_seq ? n2 * (b % 3) : 5 + 3 * b, lk = by_seq ? n2 * (2 + b) : 7 + 2 * b;
     cq[b + 1] = cq[b] + (int32_t)lq, ck[b + 1] = ck[b] + (int32_t)lk;
     max_q = lq > max_q ? lq : max_q, max_k = lk > max_k ? lk : max_k;
   }
