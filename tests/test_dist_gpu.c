@@ -176,19 +176,11 @@ static void *upload_nan(int device, attn_dtype dt, int64_t n) {
   return d;
 }
 
-/* cu_seqlens_q then cu_seqlens_k ([B + 1] i32 each) in one device buffer. */
-static void *upload_cu(int device, const int32_t *cq, const int32_t *ck, int64_t B) {
-  tu_buf both = tu_buf_new(ATTN_DTYPE_I32, 2 * (B + 1));
-  for (int64_t b = 0; b <= B; ++b) tu_set(&both, b, cq[b]), tu_set(&both, B + 1 + b, ck[b]);
-  void *d = upload_on(device, &both);
-  tu_buf_free(&both);
-  return d;
-}
-
-/* seqlens_q then seqlens_k ([B] i32 each) in one device buffer. */
-static void *upload_lens(int device, const int32_t *lq, const int32_t *lk, int64_t B) {
-  tu_buf both = tu_buf_new(ATTN_DTYPE_I32, 2 * B);
-  for (int64_t b = 0; b < B; ++b) tu_set(&both, b, lq[b]), tu_set(&both, B + b, lk[b]);
+/* The query then the key lengths (n i32 each: cu_seqlens, n = B + 1, or seqlens, n = B) in one
+ * device buffer. */
+static void *upload_lengths(int device, const int32_t *q, const int32_t *k, int64_t n) {
+  tu_buf both = tu_buf_new(ATTN_DTYPE_I32, 2 * n);
+  for (int64_t i = 0; i < n; ++i) tu_set(&both, i, q[i]), tu_set(&both, n + i, k[i]);
   void *d = upload_on(device, &both);
   tu_buf_free(&both);
   return d;
@@ -448,8 +440,8 @@ static void *run_rank(void *arg) {
   void *const dbias_dbias[2] = {dbias_in, ddbias};
   /* A pageable upload may still be landing when cudaMemcpy returns; the plan's stream does not
    * wait for the legacy stream's copies (every upload above, the NaN starting values too). */
-  void *dcu = c->packed   ? upload_cu(dv_, lcq, lck, g->p.batch)
-              : c->padded ? upload_lens(dv_, g->cq, g->ck, g->p.batch)
+  void *dcu = c->packed   ? upload_lengths(dv_, lcq, lck, g->p.batch + 1)
+              : c->padded ? upload_lengths(dv_, g->cq, g->ck, g->p.batch)
                           : NULL;
   if (gpu->synchronize(dv_, why, sizeof why) != ATTN_STATUS_OK) report(j, 0, "upload", why);
   tu_args x;
@@ -632,9 +624,9 @@ static int make_global(const tcase *c, uint64_t seed, global *g) {
   tu_args x;
   tu_args_dense(&x, q, k, v, out, lse, dout, dq, dk, dv);
   add_features(&x, p, alibi, sinks, dsinks, mask_seg, bias_dbias);
-  void *cu = c->packed ? upload_cu(0, g->cq, g->ck, c->B) : NULL;
+  void *cu = c->packed ? upload_lengths(0, g->cq, g->ck, c->B + 1) : NULL;
   if (cu != NULL) x.in.cu_seqlens_q = cu, x.in.cu_seqlens_k = (const int32_t *)cu + c->B + 1;
-  void *lens = c->padded ? upload_lens(0, g->cq, g->ck, c->B) : NULL;
+  void *lens = c->padded ? upload_lengths(0, g->cq, g->ck, c->B) : NULL;
   if (lens != NULL) x.in.seqlens_q = lens, x.in.seqlens_k = (const int32_t *)lens + c->B;
   /* A plan with its device workspace (the one-call attn_forward allocates none on a GPU). */
   attn_plan *plan = NULL;

@@ -247,7 +247,7 @@ static attn_status make_local(attn_dist_plan *plan, int32_t world_rank) {
     if (why != NULL)
       return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED, "varlen=%s under a split sequence %s",
                        packed ? "packed" : "padded", why);
-    plan->strategy = ATTN_DIST_STRATEGY_ALL_TO_ALL;
+    attn_dist_set_strategy(plan, ATTN_DIST_STRATEGY_ALL_TO_ALL);
     plan->ring_refused = 1; /* AUTO: nothing to measure */
   }
   if (g->page_size > 0 && plan->ns > 1)
@@ -568,6 +568,12 @@ static attn_status make_groups(attn_dist_plan *plan, char *why, size_t why_size)
   return status;
 }
 
+/* Whether the all-to-all can run the local problem: one sequence axis, whose ranks each take whole
+ * KV groups. */
+static int all_to_all_fits(const attn_dist_plan *plan) {
+  return !plan->hybrid && plan->local.heads_kv % plan->ns == 0;
+}
+
 /* CUDA tensors with a split sequence: the all-to-all (ulysses.c: the host's code, its copies on
  * the GPU) or the device ring (ring.c), AUTO choosing between them as on the host (choose.c); on
  * two sequence axes the all-to-all over the inner axis around the device ring over the outer.
@@ -586,8 +592,8 @@ static attn_status check_device_split(attn_dist_plan *plan, const attn_dist_spec
   /* the ring's key chunks (the hybrid's ring runs over the outer axis, ring_n ranks) */
   const int64_t key_chunk = g->seqlen_k / (plan->ring_n * plan->chunks);
   const int ring_runs = g->dropout_p == 0.0 || key_chunk % 4 == 0;
-  if (!ring_runs && spec->strategy == ATTN_DIST_STRATEGY_AUTO && !plan->hybrid &&
-      plan->local.heads_kv % plan->ns == 0) /* AUTO: the one strategy that can */
+  if (!ring_runs && spec->strategy == ATTN_DIST_STRATEGY_AUTO &&
+      all_to_all_fits(plan)) /* AUTO: the one strategy that can */
     all_to_all = plan->ring_refused = 1;
   if (!all_to_all && !ring_runs)
     return attn_fail(ctx, ATTN_STATUS_UNSUPPORTED,
@@ -698,8 +704,7 @@ attn_status attn_dist_plan_create(attn_ctx *ctx, const attn_problem *problem,
   }
   /* Sub-plans depend only on the agreed problem, so every rank succeeds or fails alike. */
   if (status == ATTN_STATUS_OK) {
-    const int a2a_possible = plan->ns > 1 && !plan->hybrid && !plan->ring_refused &&
-                             (plan->local.heads_kv % plan->ns) == 0;
+    const int a2a_possible = plan->ns > 1 && !plan->ring_refused && all_to_all_fits(plan);
     if (spec->strategy == ATTN_DIST_STRATEGY_AUTO && a2a_possible)
       status = attn_dist_choose_strategy(plan, select);
     else

@@ -70,7 +70,7 @@ typedef struct exch {
    * and the sequences' count; rows_q, rows_k: the rows the all-to-all gathers (the whole
    * sequence, or every sequence's rows) */
   int32_t *cu_q, *cu_k;
-  int64_t batch, rows_q, rows_k;
+  int64_t rows_q, rows_k;
 } exch;
 
 /* Where element idx of rank r's block lies in a whole tensor: its heads start at r * heads along
@@ -89,7 +89,7 @@ typedef struct block_place {
  * sequence's n * (cu[b + 1] - cu[b]) rows, which start at n * cu[b]. */
 static int64_t gathered_row(const exch *x, const block_place *pl, int32_t i, int64_t t) {
   if (pl->cu != NULL) {
-    int64_t lo = 0, hi = x->batch; /* the sequence b of cu[b] <= t < cu[b + 1] */
+    int64_t lo = 0, hi = x->plan->local.batch; /* the sequence b of cu[b] <= t < cu[b + 1] */
     while (hi - lo > 1) {
       const int64_t mid = (lo + hi) / 2;
       if (pl->cu[mid] <= t)
@@ -110,7 +110,7 @@ static int64_t gathered_row(const exch *x, const block_place *pl, int32_t i, int
 static exch make_exch(attn_dist_plan *plan, const attn_problem *u) {
   exch x;
   memset(&x, 0, sizeof x);
-  x.batch = plan->local.batch, x.rows_q = u->seqlen_q, x.rows_k = u->seqlen_k;
+  x.rows_q = u->seqlen_q, x.rows_k = u->seqlen_k;
   x.plan = plan;
   x.comm = plan->hybrid ? plan->a2a_comm : plan->seq_comm;
   x.n = plan->hybrid ? plan->a2a_n : plan->ns;
@@ -277,6 +277,24 @@ static attn_status to_heads(exch *x, const view *src, int tdim, int hdim, int64_
   return status;
 }
 
+/* Sends every rank its rows of src (dense, of the block dims bd but for T rows along tdim, as
+ * gathered: to_heads' result, or a sum's shares) and receives this rank's rows from each: block i
+ * of x->recv, of bd's volume, holds rank i's. */
+static attn_status send_rows_home(exch *x, const char *src, const int64_t bd[4], size_t es,
+                                  int tdim, int hdim, int64_t T, const int32_t *cu) {
+  int64_t sd[4], ss[4];
+  memcpy(sd, bd, sizeof sd);
+  sd[tdim] = T;
+  dense_strides(sd, ss);
+  const size_t bytes = (size_t)(bd[0] * bd[1] * bd[2] * bd[3]) * es;
+  const block_place gathered = {ss, hdim, tdim, 0, T, cu};
+  attn_status status = ATTN_STATUS_OK;
+  for (int32_t j = 0; j < x->n && status == ATTN_STATUS_OK; ++j) /* packing only reads src */
+    status = copy_block(x, bd, es, j, &gathered, (char *)src, x->send + (size_t)j * bytes, 1);
+  if (status == ATTN_STATUS_OK) status = exchange(x, x->send, x->recv, bytes);
+  return status;
+}
+
 /* The inverse: head-split src (dense, dims of dst with dim[tdim] = T and dim[hdim] = H / n) ->
  * the caller's sequence-split dst. */
 static attn_status from_heads(exch *x, const char *src, int tdim, int hdim, int64_t T,
@@ -285,17 +303,8 @@ static attn_status from_heads(exch *x, const char *src, int tdim, int hdim, int6
   memcpy(bd, dst->dim, sizeof bd);
   const int64_t hn = dst->dim[hdim] / x->n;
   bd[hdim] = hn;
-  int64_t sd[4], ss[4];
-  memcpy(sd, bd, sizeof sd);
-  sd[tdim] = T;
-  dense_strides(sd, ss);
   const size_t bytes = (size_t)(bd[0] * bd[1] * bd[2] * bd[3]) * dst->es;
-  const block_place gathered = {ss, hdim, tdim, 0, T, cu};
-  attn_status status = ATTN_STATUS_OK;
-  for (int32_t j = 0; j < x->n && status == ATTN_STATUS_OK; ++j) /* packing only reads src */
-    status =
-        copy_block(x, bd, dst->es, j, &gathered, (char *)src, x->send + (size_t)j * bytes, 1);
-  if (status == ATTN_STATUS_OK) status = exchange(x, x->send, x->recv, bytes);
+  attn_status status = send_rows_home(x, src, bd, dst->es, tdim, hdim, T, cu);
   const block_place mine = {dst->stride, hdim, tdim, hn, 0, NULL};
   for (int32_t i = 0; i < x->n && status == ATTN_STATUS_OK; ++i)
     status = copy_block(x, bd, dst->es, i, &mine, dst->data, x->recv + (size_t)i * bytes, 0);
@@ -782,18 +791,10 @@ static attn_status give_dbias(attn_dist_plan *plan, exch *x, const attn_problem 
       status = sum_add(x, h->dbias_acc, ls[1], ls[1] != 1 ? (int64_t)x->me * hb : 0, h->dbias,
                        bdt, ls[0], hb, ls[3]);
     if (status == ATTN_STATUS_OK) status = sum_store(x, &vb, bdt, h->dbias_acc);
-  } else {
-    int64_t bd[4], gd[4], gs[4];
-    memcpy(bd, vb.dim, sizeof bd); /* [b, 1, local rows, keys] */
-    memcpy(gd, bd, sizeof gd);
-    gd[2] = u->seqlen_q;
-    dense_strides(gd, gs);
-    const int64_t n = volume(bd);
+  } else { /* [b, 1, local rows, keys] from each rank */
+    const int64_t n = volume(vb.dim);
     const size_t bytes = (size_t)n * bes;
-    const block_place gathered = {gs, -1, 2, 0, u->seqlen_q, NULL};
-    for (int32_t j = 0; j < x->n && status == ATTN_STATUS_OK; ++j)
-      status = copy_block(x, bd, bes, j, &gathered, h->dbias, x->send + (size_t)j * bytes, 1);
-    if (status == ATTN_STATUS_OK) status = exchange(x, x->send, x->recv, bytes);
+    status = send_rows_home(x, h->dbias, vb.dim, bes, 2, -1, u->seqlen_q, NULL);
     if (status == ATTN_STATUS_OK) status = sum_clear(x, h->dbias_acc, n);
     for (int32_t i = 0; i < x->n && status == ATTN_STATUS_OK; ++i)
       status = sum_add(x, h->dbias_acc, 1, 0, x->recv + (size_t)i * bytes, bdt, 1, 1, n);
