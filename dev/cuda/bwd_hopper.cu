@@ -410,9 +410,9 @@ template <typename C> void check_feat(const Problem &s, const Feat &f, unsigned 
   }
   ok = ok && same;
   failures += !ok;
-  printf("lab bwd90 check v5 %s %s D=%d B=%d Tq=%d Tk=%d H=%d Hkv=%d window=(%d,%d)%s seed %u: rel diff to the atomic "
+  printf("lab bwd90 check v6/%d %s %s D=%d B=%d Tq=%d Tk=%d H=%d Hkv=%d window=(%d,%d)%s seed %u: rel diff to the atomic "
          "sm80 dq %.2e dk %.2e dv %.2e%s %s\n",
-         f.name, std::is_same<T, bf>::value ? "bf16" : "f16", s.D, s.B, s.Tq, s.Tk, s.H, s.Hkv, s.wl, s.wr,
+         C::kSplitP, f.name, std::is_same<T, bf>::value ? "bf16" : "f16", s.D, s.B, s.Tq, s.Tk, s.H, s.Hkv, s.wl, s.wr,
          s.bottom_right ? " bottom-right" : "", seed, e[0], e[1], e[2], f.det ? (same ? ", dq bits repeat" : ", dq bits DIFFER") : "",
          ok ? "ok" : "FAILED");
   for (int i = 0; i < 3; ++i) cudaFree(g80[i]);
@@ -453,7 +453,7 @@ template <typename C> void bench(const char *tag, int causal) {
 /* Times version C with each feature set beside its plain run and the atomic sm80 backward (the same
  * params) on the bench shape; varlen as packed / padded sequences of the full length (the same
  * work as the dense problem); "gqa 4:1" with Hkv = Hq / 4. */
-template <typename C> void bench_feat(int causal) {
+template <typename C> void bench_feat(int causal, const char *tag = "v5") {
   using T = typename C::T;
   const int D = C::kD, T_ = 8192, B = 16384 / T_, H = 2048 / D;
   const double flops = 2.5 * 4.0 * B * H * (double)T_ * T_ * D * (causal ? 0.5 : 1.0);
@@ -476,9 +476,9 @@ template <typename C> void bench_feat(int causal) {
     const float ms = median_ms([&] { run90<C>(d.p); });
     const float ms80 = median_ms([&] { run80<T, D>(p80); });
     if (plain_ms == 0.f) plain_ms = ms;
-    printf("lab bwd90 v5 %s D=%d T=%d causal=%d: %.3f ms %.1f TFLOPS, %.2fx plain (atomic sm80 %.3f ms %.1f TFLOPS: "
+    printf("lab bwd90 %s %s D=%d T=%d causal=%d: %.3f ms %.1f TFLOPS, %.2fx plain (atomic sm80 %.3f ms %.1f TFLOPS: "
            "%.2fx)\n",
-           f.name, D, T_, causal, ms, flops / ms * 1e-9, plain_ms / ms, ms80, flops / ms80 * 1e-9, ms80 / ms);
+           tag, f.name, D, T_, causal, ms, flops / ms * 1e-9, plain_ms / ms, ms80, flops / ms80 * 1e-9, ms80 / ms);
   }
 }
 
@@ -488,31 +488,70 @@ int main(int argc, char **argv) {
     bench<BwdCfg90<bf, 128, 2, true, true>>("v4", 0);
     return failures != 0;
   }
+  /* usage: bwd90 [SEED] [bench | check VERSION]: both by default; "check" runs one version's
+   * checks (a4, a, b, c, h: the library's in f16), so that several run side by side on the host's
+   * cores (the CPU reference is what takes their time) */
   unsigned seed = argc > 1 ? (unsigned)atoi(argv[1]) : 1234u;
+  const char *what = argc > 2 ? argv[2] : "all", *version = argc > 3 ? argv[3] : "all";
+  const bool all = strcmp(what, "all") == 0, all_versions = strcmp(version, "all") == 0;
   printf("seed %u\n", seed);
-  using V1_128 = BwdCfg90<bf, 128, 2, false, false>;
-  using V1_64 = BwdCfg90<bf, 64, 2, false, false>;
-  using V2_128 = BwdCfg90<bf, 128, 2, true, false>;
-  using V2_64 = BwdCfg90<bf, 64, 2, true, false>;
-  using V4_128 = BwdCfg90<bf, 128, 2, true, true>;
-  using V4_64 = BwdCfg90<bf, 64, 2, true, true>;
-  using V4_128h = BwdCfg90<hf, 128, 2, true, true>;
-  using V4_64h = BwdCfg90<hf, 64, 2, true, true>;
-  /* the timings first: a device call cut short by its time limit keeps them */
-  for (int c = 0; c < 2; ++c) {
-    bench_feat<V4_128>(c);
-    bench_feat<V4_64>(c);
+  using V4_128 = BwdCfg90<bf, 128, 2, true, true, sm90::kSplitNone>;
+  using V4_64 = BwdCfg90<bf, 64, 2, true, true, sm90::kSplitNone>;
+  /* v6: P under dP^T's products (a), and dV's products issued before dS^T (b: dS^T from P in f32,
+   * c: from P's 16-bit fragments) */
+  using V6a_128 = BwdCfg90<bf, 128, 2, true, true, sm90::kSplitCommit>;
+  using V6a_64 = BwdCfg90<bf, 64, 2, true, true, sm90::kSplitCommit>;
+  using V6b_128 = BwdCfg90<bf, 128, 2, true, true, sm90::kSplitEarlyDv>;
+  using V6b_64 = BwdCfg90<bf, 64, 2, true, true, sm90::kSplitEarlyDv>;
+  using V6c_128 = BwdCfg90<bf, 128, 2, true, true, sm90::kSplitEarlyDvPa>;
+  using V6c_64 = BwdCfg90<bf, 64, 2, true, true, sm90::kSplitEarlyDvPa>;
+  using V6_128h = BwdCfg90<hf, 128>; /* the library's */
+  using V6_64h = BwdCfg90<hf, 64>;
+  /* the timings first: a device call cut short by its time limit keeps them; each version beside
+   * the others, twice, alternating */
+  if (all || strcmp(what, "bench") == 0)
+    for (int round = 0; round < 2; ++round)
+      for (int c = 0; c < 2; ++c) {
+        bench_feat<V4_128>(c, "v4");
+        bench_feat<V6a_128>(c, "v6a");
+        bench_feat<V6b_128>(c, "v6b");
+        bench_feat<V6c_128>(c, "v6c");
+        bench_feat<V4_64>(c, "v4");
+        bench_feat<V6a_64>(c, "v6a");
+        bench_feat<V6b_64>(c, "v6b");
+        bench_feat<V6c_64>(c, "v6c");
+      }
+  auto want = [&](const char *v) { return (all || strcmp(what, "check") == 0) && (all_versions || strcmp(version, v) == 0); };
+  if (want("a")) {
+    checks_feat<V6a_128>(seed);
+    checks_feat<V6a_64>(seed);
+    checks<V6a_128>("v6a", seed);
+    checks<V6a_64>("v6a", seed);
   }
-  checks_feat<V4_128>(seed);
-  checks_feat<V4_64>(seed);
-  checks<V4_128>("v4", seed);
-  checks<V4_64>("v4", seed);
-  checks_feat<V4_128h>(seed);
-  checks_feat<V4_64h>(seed);
-  checks<V4_128h>("v4", seed);
-  checks<V4_64h>("v4", seed);
-  /* v1 and v2 stay compilable, their figures above; the lab no longer times them (device time) */
-  (void)sizeof(V1_128), (void)sizeof(V1_64), (void)sizeof(V2_128), (void)sizeof(V2_64);
+  if (want("b")) {
+    checks_feat<V6b_128>(seed);
+    checks_feat<V6b_64>(seed);
+    checks<V6b_128>("v6b", seed);
+    checks<V6b_64>("v6b", seed);
+  }
+  if (want("c")) {
+    checks_feat<V6c_128>(seed);
+    checks_feat<V6c_64>(seed);
+    checks<V6c_128>("v6c", seed);
+    checks<V6c_64>("v6c", seed);
+  }
+  if (want("a4")) {
+    checks_feat<V4_128>(seed);
+    checks_feat<V4_64>(seed);
+    checks<V4_128>("v4", seed);
+    checks<V4_64>("v4", seed);
+  }
+  if (want("h")) {
+    checks_feat<V6_128h>(seed);
+    checks_feat<V6_64h>(seed);
+    checks<V6_128h>("v6", seed);
+    checks<V6_64h>("v6", seed);
+  }
   printf("lab bwd90: %d failed checks\n", failures);
   return failures != 0;
 }

@@ -41,6 +41,10 @@ template <> struct Elem<__nv_bfloat16> {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
   }
+  /* pack's element hi (0: lo, 1: hi) back as f32 */
+  static __device__ __forceinline__ float unpack(uint32_t x, int hi) {
+    return __uint_as_float(hi ? x & 0xffff0000u : x << 16);
+  }
   static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
                                              uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -54,6 +58,10 @@ template <> struct Elem<__half> {
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
+  }
+  static __device__ __forceinline__ float unpack(uint32_t x, int hi) {
+    __half2 v = *reinterpret_cast<__half2 *>(&x);
+    return __half2float(hi ? __high2half(v) : __low2half(v));
   }
   static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
                                              uint32_t b1) {
@@ -443,6 +451,19 @@ __host__ __device__ __forceinline__ void visible_band_keys(const attn_cuda_param
   int64_t l = 0, h = i < r.len_q ? r.len_k : 0;
   if (p.window_left >= 0 && diag - p.window_left > l) l = diag - p.window_left;
   if (p.window_right >= 0 && diag + p.window_right + 1 < h) h = diag + p.window_right + 1;
+  lo = (int)l, hi = (int)(h > l ? h : l);
+}
+
+/* visible_band's rows that see key j as one range: i sees j iff lo <= i < hi (the transposed
+ * form of visible_band_keys, for a kernel whose thread holds a few keys of many rows: the sm90
+ * backward tests each score with two comparisons instead of evaluating the band, and without the
+ * branches that kept its exponentials from being pipelined). */
+__host__ __device__ __forceinline__ void visible_band_queries(const attn_cuda_params &p, const Head &r,
+                                                              int j, int &lo, int &hi) {
+  int64_t l = 0, h = j < r.len_k ? r.len_q : 0;
+  /* j >= i + o - window_left and j <= i + o + window_right */
+  if (p.window_right >= 0 && (int64_t)j - r.o - p.window_right > l) l = (int64_t)j - r.o - p.window_right;
+  if (p.window_left >= 0 && (int64_t)j - r.o + p.window_left + 1 < h) h = (int64_t)j - r.o + p.window_left + 1;
   lo = (int)l, hi = (int)(h > l ? h : l);
 }
 
