@@ -41,10 +41,6 @@ template <> struct Elem<__nv_bfloat16> {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
   }
-  /* pack's element hi (0: lo, 1: hi) back as f32 */
-  static __device__ __forceinline__ float unpack(uint32_t x, int hi) {
-    return __uint_as_float(hi ? x & 0xffff0000u : x << 16);
-  }
   static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
                                              uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -58,10 +54,6 @@ template <> struct Elem<__half> {
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
-  }
-  static __device__ __forceinline__ float unpack(uint32_t x, int hi) {
-    __half2 v = *reinterpret_cast<__half2 *>(&x);
-    return __half2float(hi ? __high2half(v) : __low2half(v));
   }
   static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
                                              uint32_t b1) {

@@ -9,7 +9,8 @@
  * additions (kDeterministic, the "sm90_deterministic" configuration: first_key_block). Dropout,
  * bias, masks and segment ids run on the sm_80 backward (sm90_bwd_unsupported says why). Each
  * version's idea and speed: dev/cuda/bwd_hopper.cu (v4: 1.18-1.54x the atomic sm_80 backward on
- * an H100; v5 the features).
+ * an H100; v5 the features; v6 the elementwise step without per-score branches, 1.15-1.39x v5 on an
+ * H200).
  *
  * One CTA per (block of kBN = 128 keys, KV head, batch) keeps dK and dV of its keys in f32
  * registers while it walks every query head of the KV head's group and every 64-row query block
@@ -50,25 +51,11 @@ namespace sm90 {
  * kDqTiled: dQ goes into the workspace's tiles (ATTN_CUDA_SM90_DQ_FLOATS) by the copy engine, one
  * bulk reduce-add of a warp's whole slice (4 KiB at D = 128) staged in shared memory, instead of
  * 16 or 32 float2 atomics per thread into [Hq, rows_q, d]: Nsight Compute showed the atomics'
- * queue holding the consumers' registers (the top stalls of the v2 kernel, 13% of its samples).
- * kSplitP (Bwd90Split, with kOverlap; not the soft cap's kernel, whose dS needs the cap's slope of
- * every score kept beside P): S^T and dP^T are committed apart and P is computed as soon as S^T
- * has landed, under dP^T's products; then, by the option, dV += P^T dO is issued before dS^T is
- * computed, under it (Nsight Compute on v4: the top stall was the wait for both products before
- * any elementwise work, the two warpgroups in lockstep leaving the tensor pipe idle meanwhile). */
-enum Bwd90Split : int {
-  kSplitNone = 0,       /* S^T and dP^T waited for together (v4) */
-  kSplitCommit = 1,     /* P under dP^T's products */
-  kSplitEarlyDv = 2,    /* and dV's products issued before dS^T, which runs under them */
-  kSplitEarlyDvPa = 3,  /* the same, dS^T from P's 16-bit A fragments (P's f32 registers freed) */
-};
-template <typename T_, int kD_, int kStages_ = 2, bool kOverlap_ = true, bool kDqTiled_ = true,
-          int kSplitP_ = kSplitCommit>
-struct BwdCfg90 {
+ * queue holding the consumers' registers (the top stalls of the v2 kernel, 13% of its samples). */
+template <typename T_, int kD_, int kStages_ = 2, bool kOverlap_ = true, bool kDqTiled_ = true> struct BwdCfg90 {
   using T = T_;
   static constexpr int kD = kD_, kBN = 128, kBM = ATTN_CUDA_SM90_BWD_ROWS, kStages = kStages_, kCWG = 2;
   static constexpr bool kOverlap = kOverlap_, kDqTiled = kDqTiled_;
-  static constexpr int kSplitP = kOverlap_ ? kSplitP_ : kSplitNone;
   static constexpr int kThreads = 128 * (kCWG + 1), kPanels = kD / 64;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static constexpr uint32_t kKVBytes = kBN * kD * 2, kQBytes = kBM * kD * 2, kDSBytes = kBN * kBM * 2;
@@ -319,21 +306,13 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       if (p.window_right == 0 || m0 + hd.o - (n0 + kBN - 1) >= 0) side = 1;
       else if (p.window_left == 0 || m0 + kBM - 1 + hd.o - n0 <= 0) side = -1;
     }
-    /* kSplit: S^T and dP^T in commit groups of their own, so that P is computed under dP^T */
-    constexpr int kSplit = kMode != kBwdCap ? C::kSplitP : kSplitNone;
     wgmma_fence();
     issue_transposed(st, sK, q);
-    if constexpr (kSplit) wgmma_commit();
     issue_transposed(dpt, sV, o);
     wgmma_commit();
-    if constexpr (kSplit) {
-      wgmma_wait<1>();
-      pin(st);
-    } else {
-      wgmma_wait<0>();
-      pin(st);
-      pin(dpt);
-    }
+    wgmma_wait<0>();
+    pin(st);
+    pin(dpt);
 
     /* P^T and dS^T, packed as A fragments (two adjacent 8-query groups make one 16-wide slice).
      * kLinear (ALiBi without the cap where i + o - j keeps one sign on every visible score of the
@@ -341,12 +320,11 @@ __global__ void __launch_bounds__(C::kThreads, 1)
      * side * (i + o - j), so ALiBi's term splits into one per key row and one per query column,
      * the latter folded into -lse2 once per column: one FADD per score instead of an abs, an add
      * and an FFMA (0.76-0.80x of the plain speed before, H100). */
-    /* kPhase: kBoth computes P and dS^T in one pass (after both products have landed), kP only P
-     * (S^T landed, dP^T still running), kDS only dS^T from that P (kSplit) */
-    constexpr int kBoth = 0, kP = 1, kDS = 2;
     /* kEdge (a tile the band or the lengths cut, !interior): the scores a thread's two keys hide,
-     * tested branch-free against the query range that sees each key (this thread's query columns
-     * are 8 jj + c past q_col0) */
+     * tested against the query range that sees each key (this thread's query columns are 8 jj + c
+     * past q_col0), with no branch: per-score branches, as visible_band's, kept the exponentials
+     * from being pipelined (1.15-1.37x on an H200 without them, dev/cuda/bwd_hopper.cu's v6), and
+     * interior tiles, most of them, have an instantiation without the test */
     const int q_col0 = m0 + 2 * (lane & 3);
     int see_lo[2] = {0, 0}, see_n[2] = {0, 0}; /* per key row hf: columns [see_lo, see_lo + see_n) see it */
     if (!interior)
@@ -356,9 +334,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         visible_band_queries(p, hd, n0 + kr + 8 * hf, lo, hi);
         see_lo[hf] = lo - q_col0, see_n[hf] = hi - lo;
       }
-    auto elementwise = [&](auto linear, auto phase, auto edge) {
+    auto elementwise = [&](auto linear, auto edge) {
       constexpr bool kLinear = decltype(linear)::value, kEdge = decltype(edge)::value;
-      constexpr int kPhase = decltype(phase)::value;
       /* kLinear: ALiBi's log2-unit term of this thread's key rows (hf) and its step per query */
       const float a = alibi_step * scale_log2 * (float)side;
       const float row_term[2] = {a * dist0, a * (dist0 - 8.f)};
@@ -375,34 +352,29 @@ __global__ void __launch_bounds__(C::kThreads, 1)
           /* outside the band or the lengths both are 0, also where S^T or dP^T is not finite (a
            * varlen tile's rows of another sequence) */
           const bool hidden = kEdge && (unsigned)(8 * jj + c - see_lo[hf]) >= (unsigned)see_n[hf];
-          const int i = 4 * jj + e;
-          float P = kPhase == kDS && kSplit == kSplitEarlyDvPa ? Elem<T>::unpack(pa[i / 8][(i % 8) / 2], i % 2) : st[i],
-                slope = 1.f;
-          if constexpr (kPhase != kDS) {
-            if constexpr (kLinear) {
-              P = ex2(at_most_zero(fmaf(P, scale_log2, row_term[hf] + col_term[c])));
-            } else if constexpr (kMode != kBwdPlain) {
-              float x = P;
-              if (has_alibi) x = fmaf(alibi_step, fabsf(dist0 + (float)(8 * jj + c - 8 * hf)), x);
-              P = ex2(at_most_zero((has_cap ? cap.logit2(x, &slope) : x * scale_log2) + col_term[c]));
-            } else {
-              P = ex2(at_most_zero(fmaf(P, scale_log2, col_term[c])));
-            }
-            if (hidden) P = 0.f;
-            st[4 * jj + e] = P;
+          float P, ds;
+          if constexpr (kLinear) {
+            P = ex2(at_most_zero(fmaf(st[4 * jj + e], scale_log2, row_term[hf] + col_term[c])));
+            ds = P * (dpt[4 * jj + e] - delta);
+          } else if constexpr (kMode != kBwdPlain) {
+            float x = st[4 * jj + e], slope = 1.f;
+            if (has_alibi) x = fmaf(alibi_step, fabsf(dist0 + (float)(8 * jj + c - 8 * hf)), x);
+            P = ex2(at_most_zero((has_cap ? cap.logit2(x, &slope) : x * scale_log2) + col_term[c]));
+            ds = P * (dpt[4 * jj + e] - delta) * slope;
+          } else {
+            P = ex2(at_most_zero(fmaf(st[4 * jj + e], scale_log2, col_term[c])));
+            ds = P * (dpt[4 * jj + e] - delta);
           }
-          if constexpr (kPhase != kP) {
-            const float ds = P * (dpt[4 * jj + e] - delta) * slope;
-            dpt[4 * jj + e] = hidden ? 0.f : ds;
-          }
+          st[4 * jj + e] = hidden ? 0.f : P;
+          dpt[4 * jj + e] = hidden ? 0.f : ds;
         }
       }
     };
-    /* one pass of the elementwise step, in ALiBi's linear form where the tile allows it */
-    auto run_elementwise = [&](auto phase) {
+    /* the elementwise step, in ALiBi's linear form where the tile allows it */
+    auto run_elementwise = [&]() {
       auto on_tile = [&](auto linear) {
-        if (interior) elementwise(linear, phase, std::false_type{});
-        else elementwise(linear, phase, std::true_type{});
+        if (interior) elementwise(linear, std::false_type{});
+        else elementwise(linear, std::true_type{});
       };
       if constexpr (kMode == kBwdAlibi) {
         if (side != 0) on_tile(std::true_type{});
@@ -411,43 +383,14 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         on_tile(std::false_type{});
       }
     };
-    auto pack_p = [&]() {
+    run_elementwise();
 #pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk)
+    for (int kk = 0; kk < kBM / 16; ++kk)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) pa[kk][r] = Elem<T>::pack(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
-    };
-    auto pack_ds = [&]() {
-#pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) dsa[kk][r] = Elem<T>::pack(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
-    };
-    if constexpr (kSplit >= kSplitEarlyDv) {
-      /* P under dP^T's products; dV's products issued, then dS^T under them */
-      run_elementwise(std::integral_constant<int, kP>{});
-      pack_p();
-      pin(dva);
-      pin(pa);
-      wgmma_fence();
-      issue_ab(dva, pa, o);
-      wgmma_commit();
-      wgmma_wait<1>(); /* dP^T has landed */
-      pin(dpt);
-      run_elementwise(std::integral_constant<int, kDS>{});
-      pack_ds();
-    } else if constexpr (kSplit == kSplitCommit) {
-      run_elementwise(std::integral_constant<int, kP>{}); /* under dP^T's products */
-      wgmma_wait<0>();
-      pin(dpt);
-      run_elementwise(std::integral_constant<int, kDS>{});
-      pack_p();
-      pack_ds();
-    } else {
-      run_elementwise(std::integral_constant<int, kBoth>{});
-      pack_p();
-      pack_ds();
-    }
+      for (int r = 0; r < 4; ++r) {
+        pa[kk][r] = Elem<T>::pack(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
+        dsa[kk][r] = Elem<T>::pack(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
+      }
     /* dS^T to shared memory [128 keys][64 queries], 128 bytes a row, 16-byte chunk c of row r at
      * c ^ (r % 8): the copy engine's swizzle, which wgmma's descriptors read */
     const uint32_t ds = sDS + (it & 1) * C::kDSBytes;
@@ -469,17 +412,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     pin(dva);
     pin(pa);
     pin(dsa);
-    if constexpr (kSplit >= kSplitEarlyDv) {
-      store_ds(); /* dV's products are running */
-      both_halves_stored();
-      wgmma_fence();
-      issue_dq(ds);
-      wgmma_commit();
-      issue_ab(dka, dsa, q);
-      wgmma_commit();
-      wgmma_wait<1>(); /* dV and dQ have landed; dK's products run under the additions */
-      pin(dq);
-    } else if constexpr (C::kOverlap) {
+    if constexpr (C::kOverlap) {
       wgmma_fence();
       issue_ab(dva, pa, o);
       wgmma_commit();
