@@ -9,7 +9,7 @@
  * additions (kDeterministic, the "sm90_deterministic" configuration: first_key_block). Dropout,
  * bias, masks and segment ids run on the sm_80 backward (sm90_bwd_unsupported says why). Each
  * version's idea and speed: dev/cuda/bwd_hopper.cu (v4: 1.18-1.54x the atomic sm_80 backward on
- * an H100; v5 the features; v6 the elementwise step without per-score branches, 1.15-1.39x v5 on an
+ * an H100; v5 the features; v6 the elementwise step without per-score branches, 1.12-1.48x v5 on an
  * H200).
  *
  * One CTA per (block of kBN = 128 keys, KV head, batch) keeps dK and dV of its keys in f32
@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     /* kEdge (a tile the band or the lengths cut, !interior): the scores a thread's two keys hide,
      * tested against the query range that sees each key (this thread's query columns are 8 jj + c
      * past q_col0), with no branch: per-score branches, as visible_band's, kept the exponentials
-     * from being pipelined (1.15-1.37x on an H200 without them, dev/cuda/bwd_hopper.cu's v6), and
+     * from being pipelined (1.12-1.48x on an H200 without them, dev/cuda/bwd_hopper.cu's v6), and
      * interior tiles, most of them, have an instantiation without the test */
     const int q_col0 = m0 + 2 * (lane & 3);
     int see_lo[2] = {0, 0}, see_n[2] = {0, 0}; /* per key row hf: columns [see_lo, see_lo + see_n) see it */
