@@ -613,6 +613,35 @@ template <typename O, typename N, typename S> void bench_sched(const char *tag) 
     }
 }
 
+/* v12: configuration O beside N (the same with kMaskRange) on the shapes whose tiles have the most
+ * edge blocks (short T, causal, a window), each checked first. */
+template <typename O, typename N> void bench_mask(const char *tag) {
+  using T = typename O::T;
+  const int D = O::kD, H = 2048 / D;
+  for (int T_ : {512, 2048, 8192})
+    for (int causal = 0; causal < 2; ++causal)
+      for (int window : {0, 2048}) {
+        if (window > 0 && T_ <= window) continue;
+        const int B = 16384 / T_, wl = window > 0 ? window : -1, wr = causal ? 0 : wl;
+        const Problem s{B, T_, T_, H, H, D, wl, wr, 0};
+        check<N, void>(tag, s, 7);
+        Buffers<T> bu(s, 7);
+        attn_cuda_params p = bu.p;
+        p.out = bu.o;
+        double pairs = 0; /* visible (query, key) pairs of one head */
+        for (int i = 0; i < T_; ++i)
+          pairs += std::min(T_ - 1, wr < 0 ? T_ - 1 : i + wr) - std::max(0, wl < 0 ? 0 : i - wl) + 1;
+        const double flops = 4.0 * B * H * pairs * D;
+        for (int round = 0; round < 2; ++round) {
+          const float ms_old = median_ms([&] { run90<O, void>(p); });
+          const float ms_new = median_ms([&] { run90<N, void>(p); });
+          printf("lab fwd90 mask %s D=%d T=%d causal=%d window=%d: branches %.3f ms %.1f TFLOPS, ranges %.3f ms %.1f "
+                 "TFLOPS: %.2fx\n",
+                 tag, D, T_, causal, window, ms_old, flops / ms_old * 1e-9, ms_new, flops / ms_new * 1e-9, ms_old / ms_new);
+        }
+      }
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "ncu") == 0) { /* one shape, for Nsight Compute: D = 128 non-causal */
     bench<FwdCfg90<bf, 128, 128, 2, true>>("v2", 0);
@@ -626,6 +655,31 @@ int main(int argc, char **argv) {
   }
   unsigned seed = argc > 1 ? (unsigned)atoi(argv[1]) : 1234u;
   printf("seed %u\n", seed);
+  if (argc > 2 && strcmp(argv[2], "mask") == 0) { /* v12: the edge blocks' masks by ranges, checked, then timed */
+    using sm90::kCapFused;
+    using sm90::kSchedStride;
+    using sm90::kSchedGrid;
+    /* the library's plain kernels (sm90_launch.cu) and the same with kMaskRange */
+    using O64 = FwdCfg90<bf, 64, 128, 3, true, 3, kCapFused, 0, true, kSchedStride>;
+    using N64 = FwdCfg90<bf, 64, 128, 3, true, 3, kCapFused, 0, true, kSchedStride, true>;
+    using O128 = FwdCfg90<bf, 128, 128, 2, true, 2, kCapFused, 0, false, kSchedGrid>;
+    using N128 = FwdCfg90<bf, 128, 128, 2, true, 2, kCapFused, 0, false, kSchedGrid, true>;
+    using O256 = FwdCfg90<bf, 256, 64, 2, true, 2, kCapFused, 0, false, kSchedGrid>;
+    using N256 = FwdCfg90<bf, 256, 64, 2, true, 2, kCapFused, 0, false, kSchedGrid, true>;
+    using NA64 = FwdCfg90<bf, 64, 128, 3, true, 2, kCapFused, 0, false, kSchedStride, true>; /* its cap / ALiBi kernel */
+    using N128h = FwdCfg90<hf, 128, 128, 2, true, 2, kCapFused, 0, false, kSchedGrid, true>;
+    feature_checks<N64, FwdCfg90<bf, 64, 128, 3, true, 2>, NA64>("v12", seed);
+    feature_checks<N128, O128, N128>("v12", seed);
+    feature_checks<N256, O256, N256>("v12", seed);
+    feature_checks<N128h, FwdCfg90<hf, 128, 128, 2, true>, N128h>("v12", seed);
+    checks<N64>("v12", seed);
+    checks<N128>("v12", seed);
+    bench_mask<O64, N64>("v12");
+    bench_mask<O128, N128>("v12");
+    bench_mask<O256, N256>("v12");
+    printf("lab fwd90: %d failed checks\n", failures);
+    return failures != 0;
+  }
   if (argc > 2 && strcmp(argv[2], "sched") == 0) { /* v10, v11: the persistent schedulers, checked, then timed */
     using sm90::kCapFused;
     using sm90::kSchedStride;

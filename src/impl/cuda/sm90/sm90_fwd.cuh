@@ -199,12 +199,17 @@ enum CapForm : int {
   kCapFused = 2,  /* the cap folded into the softmax (cap_softmax): 3 ops, 8.5 instructions a score */
 };
 template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_, int kCWG_ = 2, int kCap_ = kCapFused,
-          int kExpFmaEvery_ = 0, bool kPingPong_ = false, int kSched_ = kSchedGrid>
+          int kExpFmaEvery_ = 0, bool kPingPong_ = false, int kSched_ = kSchedGrid, bool kMaskRange_ = false>
 struct FwdCfg90 {
   using T = T_;
   static constexpr int kD = kD_, kBN = kBN_, kStages = kStages_, kCWG = kCWG_;
   static constexpr int kCap = kCap_, kExpFmaEvery = kExpFmaEvery_;
   static constexpr int kSched = kSched_;
+  /* kMaskRange (lab v12, not yet measured): an edge block's scores tested against each of the
+   * thread's two rows' visible key range (visible_band_keys, once a tile), a select per score,
+   * instead of visible_band's branches per score (the sm90 backward's v6 found such branches
+   * serialising the step around them: dev/cuda/bwd_hopper.cu) */
+  static constexpr bool kMaskRange = kMaskRange_;
   static constexpr bool kOverlap = kOverlap_, kPingPong = kPingPong_ && kOverlap_, kPersistent = kSched_ != kSchedGrid;
   /* whether 8-key group g (of kBN / 8) takes the FMA pipe, one in every N (0: none) */
   __host__ __device__ static constexpr bool on_fma(int every, int g) {
@@ -427,13 +432,26 @@ __global__ void __launch_bounds__(C::kThreads, 1)
           sacc[k] = C::kCap == kCapRcpFma ? cap_logit2_fma(cap, sacc[k]) : cap.logit2(sacc[k]);
       }
     };
+    /* kMaskRange: this thread's rows (hf) see the keys [key_lo, key_lo + key_n) past its first
+     * column of block 0, (lane & 3) * 2 */
+    int key_lo[2] = {0, 0}, key_n[2] = {0, 0};
+    if constexpr (C::kMaskRange)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        int lo, hi;
+        visible_band_keys(p, hd, m0 + row0 + 8 * hf, lo, hi);
+        key_lo[hf] = lo - (lane & 3) * 2, key_n[hf] = hi - lo;
+      }
     auto mask_edge = [&](int n, float masked) { /* S outside the band and the key length := masked */
 #pragma unroll
       for (int jj = 0; jj < kBN / 8; ++jj)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int i = m0 + row0 + (e >> 1) * 8, j = n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1);
-          if (!visible_band(p, hd, i, j)) sacc[4 * jj + e] = masked;
+          const int hf = e >> 1, i = m0 + row0 + hf * 8, j = n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1);
+          bool hidden;
+          if constexpr (C::kMaskRange) hidden = (unsigned)(n * kBN + jj * 8 + (e & 1) - key_lo[hf]) >= (unsigned)key_n[hf];
+          else hidden = !visible_band(p, hd, i, j);
+          sacc[4 * jj + e] = hidden ? masked : sacc[4 * jj + e];
         }
     };
     /* The soft cap folded into the softmax (kCapFused), on key block n: with z = dot * zk (zk =
