@@ -151,6 +151,18 @@
  *      losses at T = 8192 (model 0.88x the grid at D = 128 and 256; measured 0.95x, 0.86x) but
  *      not its non-causal ones (model 1.00x, measured 0.93x: L2 reuse, which the model leaves
  *      out, is the suspect there). `fwd_hopper SEED sched` checks it and times it beside v10.
+ *  v12 (kMaskRange; the library's at D = 64 and 128) an edge block's mask by ranges: mask_edge
+ *      called visible_band per score, whose early returns made a branch of every score (the
+ *      backward's v6 found the same in SASS); each of a thread's two rows now has its visible
+ *      key range once a tile (visible_band_keys) and a score is one unsigned comparison and a
+ *      select. `fwd_hopper SEED mask` (H200, 2026-12-02; 108 checks of every feature passed
+ *      first), bf16, B * T = 16384, two rounds, ranges over branches: D = 64 T = 512 causal 1.65x
+ *      (104 -> 172 TFLOPS), T = 2048 causal 1.31-1.33x, T = 8192 causal 1.10-1.13x, a 2048-key
+ *      window 1.24-1.42x; D = 128 T = 512 causal 1.18-1.19x, T = 2048 causal 1.08-1.09x, T = 8192
+ *      causal 1.03-1.05x, window 1.06-1.14x; D = 256 1.02-1.08x under a band, but 0.91-0.93x at
+ *      T = 8192 without one (no edge block there: the four registers held across the tile, the
+ *      suspect), so D = 256 keeps the branches. Without a band, D = 64 and 128: 0.95-1.03x (the
+ *      rounds' own spread is 6-10%).
  *   ncu (v2, D = 128, non-causal, `fwd_hopper ncu`): 1.62 ms, SM busy 72% (the tensor pipe is
  *      what fills it), the XU pipe (exp2, conversions) 37%, DRAM 5%, issue slots 40% busy, 5.4 cycles per
  *      issued instruction. What is left is the softmax between the products that the two
@@ -160,6 +172,7 @@
  * `fwd_hopper ncu` runs the D = 128 non-causal shape alone (for Nsight Compute; `ncu-cap`: with the
  * soft cap, its 5th sm90 launch the capped kernel's); `fwd_hopper SEED features` runs the checks,
  * then only the features' benchmarks (the cap's variants and D = 64's plain kernel included);
+ * `fwd_hopper SEED mask` v12's checks, then ranges against branches on the edge-heavy shapes;
  * `fwd_hopper SEED sched` runs v10's and v11's checks and the grid against both persistent
  * schedulers at T = 512, 2048 and 8192 (`python3 dev/cuda/fwd_hopper_torch.py 512 2048 8192`:
  * cuDNN's).

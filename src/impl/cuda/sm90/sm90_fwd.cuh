@@ -205,10 +205,10 @@ struct FwdCfg90 {
   static constexpr int kD = kD_, kBN = kBN_, kStages = kStages_, kCWG = kCWG_;
   static constexpr int kCap = kCap_, kExpFmaEvery = kExpFmaEvery_;
   static constexpr int kSched = kSched_;
-  /* kMaskRange (lab v12, not yet measured): an edge block's scores tested against each of the
-   * thread's two rows' visible key range (visible_band_keys, once a tile), a select per score,
-   * instead of visible_band's branches per score (the sm90 backward's v6 found such branches
-   * serialising the step around them: dev/cuda/bwd_hopper.cu) */
+  /* kMaskRange (lab v12): an edge block's scores tested against each of the thread's two rows'
+   * visible key range (visible_band_keys, once a tile), a select per score, instead of
+   * visible_band's branches per score (the sm90 backward's v6 found such branches serialising the
+   * step around them: dev/cuda/bwd_hopper.cu); sm90_launch.cu says where it is on */
   static constexpr bool kMaskRange = kMaskRange_;
   static constexpr bool kOverlap = kOverlap_, kPingPong = kPingPong_ && kOverlap_, kPersistent = kSched_ != kSchedGrid;
   /* whether 8-key group g (of kBN / 8) takes the FMA pipe, one in every N (0: none) */

@@ -39,16 +39,19 @@ static bool persistent_pays(const attn_cuda_params &p) {
  * built at D = 256 alone (kGenericDeclined says why); the lab runs it at every head dim (at
  * D = 64 with two consumer warpgroups: its per-element function spills at 160 registers). The
  * plain and cap / ALiBi kernels run on the persistent scheduler where persistent_pays, the
- * generic one on the grid. */
+ * generic one on the grid. At D = 64 and 128 the edge blocks are masked by ranges (kMaskRange,
+ * lab v12: 1.65x at D = 64, T = 512 causal, 1.1-1.4x under windows on an H200); at D = 256 it
+ * gained 1.02-1.08x there and cost 0.91-0.93x without a band (T = 8192), so it stays off. */
 template <typename T, bool kPst>
 attn_status run_sched(const attn_cuda_params &p, cudaStream_t s, char *why, size_t why_size) {
   constexpr int kS = kPst ? kSchedStride : kSchedGrid;
   switch (p.d) {
   case 64: /* persistent whatever kPst (persistent_pays): one instantiation */
-    return launch_fwd90_any<FwdCfg90<T, 64, 128, 3, true, 3, kCapFused, 0, true, kSchedStride>, void,
-                            FwdCfg90<T, 64, 128, 3, true, 2, kCapFused, 0, false, kSchedStride>>(p, s, why, why_size);
+    return launch_fwd90_any<FwdCfg90<T, 64, 128, 3, true, 3, kCapFused, 0, true, kSchedStride, true>, void,
+                            FwdCfg90<T, 64, 128, 3, true, 2, kCapFused, 0, false, kSchedStride, true>>(p, s, why,
+                                                                                                   why_size);
   case 128:
-    return launch_fwd90_any<FwdCfg90<T, 128, 128, 2, true, 2, kCapFused, 0, false, kS>, void>(p, s, why, why_size);
+    return launch_fwd90_any<FwdCfg90<T, 128, 128, 2, true, 2, kCapFused, 0, false, kS, true>, void>(p, s, why, why_size);
   default:
     return launch_fwd90_any<FwdCfg90<T, 256, 64, 2, true, 2, kCapFused, 0, false, kS>, FwdCfg90<T, 256, 64, 2, true>>(
         p, s, why, why_size);
