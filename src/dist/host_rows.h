@@ -117,4 +117,28 @@ static inline void dist_row_store(void *dst, attn_dtype dt, int64_t at, int64_t 
   }
 }
 
+/* Elements at, at + stride, ... (n of them) of dst (dtype dt) = acc * wa + x * wb (acc and x
+ * [0 .. n) of dtype acc_dt): the last term of a sum merged on the way out, through a span on the
+ * stack, so that the sums are read once and never written back. The same arithmetic as
+ * dist_row_blend then dist_row_store; weights 1 and 1 add exactly (dist_row_add). */
+static inline void dist_row_store_blend(void *dst, attn_dtype dt, int64_t at, int64_t stride,
+                                        const void *acc, double wa, double wb, const void *x,
+                                        attn_dtype acc_dt, int64_t n) {
+  for (int64_t e0 = 0; e0 < n; e0 += DIST_SPAN) {
+    const int64_t m = n - e0 < DIST_SPAN ? n - e0 : DIST_SPAN;
+    if (acc_dt == ATTN_DTYPE_F32) {
+      float span[DIST_SPAN];
+      const float *a = (const float *)acc + e0, *b = (const float *)x + e0;
+      const float fa = (float)wa, fb = (float)wb;
+      for (int64_t e = 0; e < m; ++e) span[e] = a[e] * fa + b[e] * fb;
+      dist_row_store(dst, dt, at + e0 * stride, stride, span, acc_dt, m);
+    } else {
+      double span[DIST_SPAN];
+      const double *a = (const double *)acc + e0, *b = (const double *)x + e0;
+      for (int64_t e = 0; e < m; ++e) span[e] = a[e] * wa + b[e] * wb;
+      dist_row_store(dst, dt, at + e0 * stride, stride, span, acc_dt, m);
+    }
+  }
+}
+
 #endif /* ATTN_DIST_HOST_ROWS_H */

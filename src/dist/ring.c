@@ -455,34 +455,6 @@ static attn_status place_sinks(const ring *g) {
   return attn_plan_set_positions(g->plan->sinks_plan, &pos);
 }
 
-/* Merges a partial result (rows [row0, row0 + rows) of the local queries: out_blk dense
- * [B, rows, Hq, Dv] of dtype pdt, lse_blk dense [B, Hq, rows]) into the accumulators (acc_out
- * [B, Tq, Hq, Dv] of dtype pdt, acc_lse [B, Hq, Tq] double). Row by row with every head inside: a
- * row's heads are one contiguous run of Hq x Dv elements in both buffers, where a head at a time
- * read Dv elements at a stride of Hq x Dv, and took 4x the time of the backward's row sums of
- * the same bytes (a 2-rank profile, issue 12). */
-static void merge(const ring *g, const void *out_blk, const void *lse_blk, int64_t row0,
-                  int64_t rows, void *acc_out, double *acc_lse) {
-  const int dist_threads = attn_dist_host_threads(g->plan);
-  DIST_PARALLEL_FOR
-  for (int64_t bi = 0; bi < g->B * rows; ++bi) { /* one (batch, row) */
-    const int64_t b = bi / rows, i = bi % rows;
-    for (int64_t h = 0; h < g->Hq; ++h) {
-      const int64_t bh = b * g->Hq + h;
-      const double l = attn_load(lse_blk, g->stat, bh * rows + i);
-      if (l == -INFINITY) continue; /* nothing visible in this block */
-      double *L = &acc_lse[bh * g->Tq + row0 + i];
-      const double m = *L > l ? *L : l;
-      const double total = m + log(exp(*L - m) + exp(l - m));
-      const double wa = exp(*L - total), wb = exp(l - total);
-      void *acc = sum_at(g, acc_out, ((b * g->Tq + row0 + i) * g->Hq + h) * g->Dv);
-      dist_row_blend(acc, g->pdt, wa, wb, out_blk, g->pdt, ((b * rows + i) * g->Hq + h) * g->Dv,
-                     g->Dv);
-      *L = total;
-    }
-  }
-}
-
 /* ---- transfers ------------------------------------------------------------------------------- */
 
 typedef struct transfer {
@@ -1258,26 +1230,162 @@ done:
 
 #undef DEV
 
+/* ---- the host passes' sums ------------------------------------------------------------------- */
+
+/* The host passes sum each of this rank's query chunks over the blocks that compute it (the
+ * forward's out and lse, the backward's dq), in the order run_steps calls them. A chunk's sums
+ * start from its first block's result instead of a zeroed buffer it is added into (a block that
+ * starts every chunk it computes writes straight into the sums), and its last block's result is
+ * added on the way to the caller's tensor, the sums read once and not written back. Of the n + 2
+ * passes over the sums of a chunk that n blocks compute (zero, n adds or merges, write out), n - 1
+ * remain where the first block writes into the sums, n where it does not; every value is the same
+ * float sum in the same order (0 + x is x; merged into empty sums, a block has the weights 0 and
+ * 1 exactly), so results are bit for bit those of the separate passes. */
+typedef struct chunk_sums {
+  int begun[2];         /* a block has started the chunk's sums */
+  int32_t last_call[2]; /* the block call (counted in run order) that ends them; -1: none */
+  int32_t calls;        /* block calls so far */
+} chunk_sums;
+
+/* With `after` (the forward's sinks, merged once the ring is done), no block ends a chunk. */
+static void init_chunk_sums(const ring *g, int after, chunk_sums *q) {
+  memset(q, 0, sizeof *q);
+  q->last_call[0] = q->last_call[1] = -1;
+  const int32_t last = last_step(g);
+  int32_t call = 0;
+  ring_block blocks[4];
+  for (int32_t s = 0; s <= last; ++s) {
+    const int nb = step_blocks(g, g->r, s, BLOCKS_PLACED, blocks);
+    for (int i = 0; i < nb; ++i, ++call)
+      for (int32_t a = blocks[i].a0; a < blocks[i].a0 + blocks[i].na; ++a)
+        q->last_call[a] = after ? -1 : call;
+  }
+}
+
+/* Whether the block call now running is the last to add to query chunk a. */
+static int chunk_ends(const chunk_sums *q, int32_t a) { return q->last_call[a] == q->calls; }
+
+/* Whether block b starts the sums of every query chunk it computes and ends none: then it writes
+ * its result into the sums themselves. */
+static int block_starts_sums(const chunk_sums *q, const ring_block *b) {
+  for (int32_t a = b->a0; a < b->a0 + b->na; ++a)
+    if (q->begun[a] || chunk_ends(q, a)) return 0;
+  return 1;
+}
+
+/* Rows from row0 of a buffer [B, T, H, W] of dtype pdt as a block's output tensor (a block
+ * writes its rows of a buffer laid out as the sums, so that both are indexed alike). */
+static attn_tensor sum_rows(const ring *g, void *base, int64_t T, int64_t row0, int64_t H,
+                            int64_t W) {
+  attn_tensor t = attn_tensor_dense(sum_at(g, base, row0 * H * W));
+  t.stride[0] = T * H * W, t.stride[1] = H * W, t.stride[2] = W, t.stride[3] = 1;
+  return t;
+}
+
+/* Rows [row0, row0 + rows) of a block's partial result (blk, laid out as the sums: [B, T, H, W]
+ * of dtype pdt) join the sums: they start from it (`first`) or it is added to them; with `out`
+ * (a caller's tensor of dtype dt, strides st) the result is final and is written there instead,
+ * in the same pass over each row. Where blk is the sums themselves, `first` with `out` writes
+ * them out. */
+static void join_rows(const ring *g, void *sums, const void *blk, int64_t T, int64_t row0,
+                      int64_t rows, int64_t H, int64_t W, int first, const attn_tensor *out,
+                      const int64_t st[4]) {
+  const int dist_threads = attn_dist_host_threads(g->plan);
+  const int64_t n = H * W;
+  DIST_PARALLEL_FOR
+  for (int64_t bi = 0; bi < g->B * rows; ++bi) { /* one (batch, row) */
+    const int64_t b = bi / rows, i = bi % rows, e = (b * T + row0 + i) * n;
+    void *acc = sum_at(g, sums, e);
+    const void *x = (const char *)blk + (size_t)e * g->pes;
+    if (out == NULL) {
+      if (!first)
+        dist_row_add(acc, g->pdt, x, g->pdt, 0, n);
+      else if (x != acc)
+        memcpy(acc, x, (size_t)n * g->pes);
+      continue;
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t at = b * st[0] + (row0 + i) * st[1] + h * st[2];
+      const size_t off = (size_t)(h * W) * g->pes;
+      if (first)
+        dist_row_store(out->data, g->dt, at, st[3], (const char *)x + off, g->pdt, W);
+      else
+        dist_row_store_blend(out->data, g->dt, at, st[3], (const char *)acc + off, 1.0, 1.0,
+                             (const char *)x + off, g->pdt, W);
+    }
+  }
+}
+
 /* ---- forward --------------------------------------------------------------------------------- */
 
-/* The host forward's state: a block's output and lse, and the accumulators (out of dtype pdt,
- * lse double). */
+/* The host forward's state: a block's output and lse (ob [B, Tq, Hq, Dv] of dtype pdt, lb
+ * [B, Hq, Tq] of dtype stat, the block's rows at their places), the sums (ao as ob, al as lb in
+ * double) and the caller's outputs. */
 typedef struct host_forward {
   ring *g;
   const attn_inputs *in;
+  const attn_outputs *out;
   char *ob, *lb;
   void *ao;
   double *al;
+  chunk_sums q;
 } host_forward;
+
+/* Merges rows [row0, row0 + rows) of a partial result (out in src, ob or the sums themselves
+ * where the block wrote there; lse in lb) into the sums through the lse, `first` and `last` as in
+ * join_rows (last: into the caller's out and lse). Row by row with every head inside: a row's
+ * heads are one contiguous run of Hq x Dv elements in both buffers, where a head at a time read
+ * Dv elements at a stride of Hq x Dv, and took 4x the time of the backward's row sums of the
+ * same bytes (a 2-rank profile, issue 12). */
+static void merge(const host_forward *f, const void *src, int64_t row0, int64_t rows, int first,
+                  int last) {
+  const ring *g = f->g;
+  const attn_tensor *out = &f->out->out, *lse = &f->out->lse;
+  const int dist_threads = attn_dist_host_threads(g->plan);
+  DIST_PARALLEL_FOR
+  for (int64_t bi = 0; bi < g->B * rows; ++bi) { /* one (batch, row) */
+    const int64_t b = bi / rows, i = row0 + bi % rows;
+    for (int64_t h = 0; h < g->Hq; ++h) {
+      const int64_t bh = b * g->Hq + h, e = ((b * g->Tq + i) * g->Hq + h) * g->Dv;
+      const double l = attn_load(f->lb, g->stat, bh * g->Tq + i);
+      double *L = &f->al[bh * g->Tq + i];
+      void *acc = sum_at(g, f->ao, e);
+      const void *x = (const char *)src + (size_t)e * g->pes;
+      const int64_t at = b * g->os[0] + i * g->os[1] + h * g->os[2];
+      if (first || l == -INFINITY) { /* the block's row alone, or nothing visible in the block */
+        const void *row = first ? x : acc;
+        if (first) *L = l;
+        if (last)
+          dist_row_store(out->data, g->dt, at, g->os[3], row, g->pdt, g->Dv);
+        else if (row != acc)
+          memcpy(acc, row, (size_t)g->Dv * g->pes);
+      } else {
+        const double m = *L > l ? *L : l;
+        const double total = m + log(exp(*L - m) + exp(l - m));
+        const double wa = exp(*L - total), wb = exp(l - total);
+        if (last)
+          dist_row_store_blend(out->data, g->dt, at, g->os[3], acc, wa, wb, x, g->pdt, g->Dv);
+        else
+          dist_row_blend(acc, g->pdt, wa, wb, x, g->pdt, 0, g->Dv);
+        *L = total;
+      }
+      if (last && lse->data != NULL)
+        attn_store(lse->data, g->stat, b * g->lses[0] + h * g->lses[1] + i * g->lses[2], *L);
+    }
+  }
+}
 
 static attn_status host_forward_block(void *self, const ring_block *b, const char *kv) {
   host_forward *f = self;
   const ring *g = f->g;
+  const int64_t row0 = (int64_t)b->a0 * g->nq;
   attn_inputs bi = block_inputs(g, f->in, b->a0, kv, b->c0, block_k0(g, b));
+  const int into_sums = block_starts_sums(&f->q, b);
   attn_outputs bo;
   attn_outputs_init(&bo);
-  bo.out = attn_tensor_dense(f->ob);
-  bo.lse = attn_tensor_dense(f->lb);
+  bo.out = sum_rows(g, into_sums ? f->ao : f->ob, g->Tq, row0, g->Hq, g->Dv);
+  bo.lse = attn_tensor_dense(f->lb + (size_t)row0 * attn_dtype_size(g->stat));
+  bo.lse.stride[0] = g->Hq * g->Tq, bo.lse.stride[1] = g->Tq, bo.lse.stride[2] = 1;
   attn_plan *block_plan = NULL;
   attn_status status = place_block(g, b, 1, &block_plan);
   const double t0 = attn_dist_now();
@@ -1286,8 +1394,13 @@ static attn_status host_forward_block(void *self, const ring_block *b, const cha
   attn_plan_set_progress(block_plan, NULL, NULL);
   g->plan->stats.compute_seconds += attn_dist_now() - t0;
   ++g->plan->stats.blocks;
-  if (status == ATTN_STATUS_OK)
-    merge(g, f->ob, f->lb, (int64_t)b->a0 * g->nq, (int64_t)b->na * g->nq, f->ao, f->al);
+  if (status != ATTN_STATUS_OK) return status;
+  for (int32_t a = b->a0; a < b->a0 + b->na; ++a) {
+    merge(f, into_sums ? f->ao : f->ob, (int64_t)a * g->nq, g->nq, !f->q.begun[a],
+          chunk_ends(&f->q, a));
+    f->q.begun[a] = 1;
+  }
+  ++f->q.calls;
   return status;
 }
 
@@ -1316,23 +1429,20 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
   attn_status status =
       get_scratch(plan, 2 * g.kv_bytes + out_blk + lse_blk + acc_out + acc_lse, &base);
   if (status != ATTN_STATUS_OK) return status;
-  host_forward f = {.g = &g, .in = in};
+  host_forward f = {.g = &g, .in = in, .out = out};
   f.ob = base + 2 * g.kv_bytes, f.lb = f.ob + out_blk;
   f.ao = f.lb + lse_blk, f.al = (double *)((char *)f.ao + acc_out);
-  void *ao = f.ao;
-  double *al = f.al;
+  init_chunk_sums(&g, plan->sinks_plan != NULL, &f.q);
   ring_pass pass = {.g = &g,
                     .self = &f,
                     .kv = {base, base + g.kv_bytes},
                     .block = host_forward_block,
                     .mode = BLOCKS_PLACED};
-  memset(ao, 0, acc_out);
-  for (int64_t i = 0; i < g.B * g.Hq * g.Tq; ++i) al[i] = -INFINITY;
   pack_kv(&g, in, pass.kv[0]);
   status = run_steps(&pass);
   if (status != ATTN_STATUS_OK) return status;
 
-  if (plan->sinks_plan != NULL) {
+  if (plan->sinks_plan != NULL) { /* the sinks' result ends every chunk's sums */
     attn_inputs si = sinks_inputs(in, pass.kv);
     attn_outputs so;
     attn_outputs_init(&so);
@@ -1341,66 +1451,50 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
     status = place_sinks(&g);
     if (status == ATTN_STATUS_OK) status = attn_plan_forward(plan->sinks_plan, &si, NULL, 0, &so);
     if (status != ATTN_STATUS_OK) return status;
-    merge(&g, f.ob, f.lb, 0, g.Tq, ao, al);
+    for (int32_t a = 0; a < g.C; ++a) merge(&f, f.ob, (int64_t)a * g.nq, g.nq, !f.q.begun[a], 1);
+    return attn_succeed(ctx);
   }
-
-  const int dist_threads = attn_dist_host_threads(plan);
-  DIST_PARALLEL_FOR
-  for (int64_t bi = 0; bi < g.B * g.Tq; ++bi) { /* one (batch, row) */
-    const int64_t b = bi / g.Tq, i = bi % g.Tq;
-    for (int64_t h = 0; h < g.Hq; ++h) {
-      dist_row_store(out->out.data, g.dt, b * g.os[0] + i * g.os[1] + h * g.os[2], g.os[3],
-                     sum_at(&g, ao, (bi * g.Hq + h) * g.Dv), g.pdt, g.Dv);
-      if (out->lse.data != NULL)
-        attn_store(out->lse.data, g.stat, b * g.lses[0] + h * g.lses[1] + i * g.lses[2],
-                   al[(b * g.Hq + h) * g.Tq + i]);
+  for (int32_t a = 0; a < g.C; ++a) { /* a chunk no block sees: out 0, lse -inf */
+    if (f.q.begun[a]) continue;
+    for (int64_t b = 0; b < g.B; ++b) {
+      memset(sum_at(&g, f.ob, (b * g.Tq + (int64_t)a * g.nq) * g.Hq * g.Dv), 0,
+             (size_t)(g.nq * g.Hq * g.Dv) * g.pes);
+      for (int64_t h = 0; h < g.Hq; ++h)
+        for (int64_t i = 0; i < g.nq; ++i)
+          attn_store(f.lb, g.stat, (b * g.Hq + h) * g.Tq + (int64_t)a * g.nq + i, -INFINITY);
     }
+    merge(&f, f.ob, (int64_t)a * g.nq, g.nq, 1, 1);
   }
   return attn_succeed(ctx);
 }
 
 /* ---- backward -------------------------------------------------------------------------------- */
 
-/* acc[b, rows, H, W] (dtype pdt, rows of a tensor of `T` rows starting at row0) += blk dense
- * [B, rows, H, W] of dtype pdt (a block's partial gradient). */
-static void add_rows(const ring *g, void *acc, int64_t T, int64_t row0, int64_t rows, int64_t H,
-                     int64_t W, const void *blk) {
-  const int dist_threads = attn_dist_host_threads(g->plan);
-  DIST_PARALLEL_FOR
-  for (int64_t bi = 0; bi < g->B * rows; ++bi) { /* one (batch, row) */
-    const int64_t b = bi / rows, i = bi % rows;
-    dist_row_add(sum_at(g, acc, ((b * T + row0 + i) * H) * W), g->pdt, blk, g->pdt, bi * H * W,
-                 H * W);
-  }
-}
-
-/* Writes acc [B, T, H, W] (dtype pdt) into a caller's tensor of dtype dt with strides st. */
-static void write_rows(const ring *g, void *acc, int64_t T, int64_t H, int64_t W,
-                       const attn_tensor *t, const int64_t st[4]) {
-  const int dist_threads = attn_dist_host_threads(g->plan);
-  DIST_PARALLEL_FOR
-  for (int64_t bi = 0; bi < g->B * T; ++bi) { /* one (batch, row) */
-    const int64_t b = bi / T, i = bi % T;
-    for (int64_t h = 0; h < H; ++h)
-      dist_row_store(t->data, g->dt, b * st[0] + i * st[1] + h * st[2], st[3],
-                     sum_at(g, acc, (bi * H + h) * W), g->pdt, W);
-  }
-}
-
-/* The host backward's state: dense block gradients, the step's dK/dV share and the dq sums
- * (dtype pdt), and dbias: each block's part is added into a double accumulator of the local dbias's
- * shape (blocks meet in one place when the bias broadcasts rows or keys), written out at the end. */
+/* The host backward's state: the block gradients (qb, kb, vb in backward_args, laid out as the
+ * sums), the sums of dq (dqa: chunk_sums), the step's share of dK/dV (its key chunks started by
+ * their first block of the step, as the dq chunks; at step 0 that share is the travelling sums
+ * themselves, dkv0, which nothing has reached yet) and dbias: each block's part is added into a
+ * double accumulator of the local dbias's shape (blocks meet in one place when the bias
+ * broadcasts rows or keys), written out at the end. */
 typedef struct host_backward {
   backward_args x;
-  void *step, *dqa;
-  int64_t nkd; /* elements of dK and dV of a travelling slice */
+  const attn_grads *grads;
+  void *step, *dqa, *dkv0;
+  chunk_sums q;
+  int32_t s;        /* the step running */
+  int k_begun[2];   /* key chunks of the slice in hand that this step's blocks have reached */
+  int64_t nk_elems; /* elements of dK in a travelling slice (dV follows) */
   double *dbias_acc;
   char *dbias_blk; /* room for the largest block's */
 } host_backward;
 
+/* Where the step's share of dK/dV is summed (dK, then dV after nk_elems). */
+static void *step_sums(const host_backward *b) { return b->s == 0 ? b->dkv0 : b->step; }
+
 static attn_status host_begin_step(void *self) {
   host_backward *b = self;
-  memset(b->step, 0, (size_t)b->nkd * b->x.g->pes);
+  ++b->s;
+  b->k_begun[0] = b->k_begun[1] = 0;
   return ATTN_STATUS_OK;
 }
 
@@ -1410,12 +1504,20 @@ static attn_status host_backward_block(void *self, const ring_block *rb, const c
   const attn_problem *l = g->l;
   const int64_t q_row = (int64_t)rb->a0 * g->nq, k0 = block_k0(g, rb);
   const int64_t rows = (int64_t)rb->na * g->nq, keys = (int64_t)rb->nc * g->nk;
+  const int64_t k_row = (int64_t)rb->c0 * g->nk;
+  char *const dk_sums = step_sums(b), *const dv_sums = sum_at(g, dk_sums, b->nk_elems);
+  const int q_into_sums = block_starts_sums(&b->q, rb);
+  int k_into_sums = 1; /* the block starts the step's sums of every key chunk it reaches */
+  for (int32_t c = rb->c0; c < rb->c0 + rb->nc; ++c) k_into_sums &= !b->k_begun[c];
   block_args blk;
   block_backward_args(&b->x, rb->a0, kv, rb->c0, k0, &blk);
   blk.fwd.lse = b->x.fwd->lse;
   blk.fwd.lse.data =
       (char *)b->x.fwd->lse.data + (size_t)(q_row * g->lses[2]) * attn_dtype_size(g->stat);
   memcpy(blk.fwd.lse.stride, g->lses, sizeof g->lses);
+  blk.grads.dq = sum_rows(g, q_into_sums ? b->dqa : b->x.qb, g->Tq, q_row, g->Hq, g->D);
+  blk.grads.dk = sum_rows(g, k_into_sums ? dk_sums : b->x.kb, g->Tk, k_row, g->Hkv, g->D);
+  blk.grads.dv = sum_rows(g, k_into_sums ? dv_sums : b->x.vb, g->Tk, k_row, g->Hkv, g->Dv);
   if (b->dbias_blk != NULL) blk.grads.dbias = attn_tensor_dense(b->dbias_blk);
   attn_plan *block_plan = NULL;
   attn_status status = place_block(g, rb, 1, &block_plan);
@@ -1427,12 +1529,23 @@ static attn_status host_backward_block(void *self, const ring_block *rb, const c
   g->plan->stats.compute_seconds += attn_dist_now() - t0;
   ++g->plan->stats.blocks;
   if (status != ATTN_STATUS_OK) return status;
-  add_rows(g, b->dqa, g->Tq, q_row, rows, g->Hq, g->D, b->x.qb);
+  for (int32_t a = rb->a0; a < rb->a0 + rb->na && !q_into_sums; ++a) {
+    const int last = chunk_ends(&b->q, a);
+    join_rows(g, b->dqa, b->x.qb, g->Tq, (int64_t)a * g->nq, g->nq, g->Hq, g->D, !b->q.begun[a],
+              last ? &b->grads->dq : NULL, b->x.st.dq);
+  }
+  for (int32_t a = rb->a0; a < rb->a0 + rb->na; ++a) b->q.begun[a] = 1;
+  ++b->q.calls;
   /* dK and dV of the slice in hand: [B, Tk, Hkv, D] then [B, Tk, Hkv, Dv]. */
-  const int64_t k_row = (int64_t)rb->c0 * g->nk;
-  add_rows(g, b->step, g->Tk, k_row, keys, g->Hkv, g->D, b->x.kb);
-  add_rows(g, sum_at(g, b->step, g->B * g->Tk * g->Hkv * g->D), g->Tk, k_row, keys, g->Hkv, g->Dv,
-           b->x.vb);
+  for (int32_t c = rb->c0; c < rb->c0 + rb->nc; ++c) {
+    if (!k_into_sums) {
+      const int64_t c_row = (int64_t)c * g->nk;
+      join_rows(g, dk_sums, b->x.kb, g->Tk, c_row, g->nk, g->Hkv, g->D, !b->k_begun[c], NULL, NULL);
+      join_rows(g, dv_sums, b->x.vb, g->Tk, c_row, g->nk, g->Hkv, g->Dv, !b->k_begun[c], NULL,
+                NULL);
+    }
+    b->k_begun[c] = 1;
+  }
   if (b->dbias_blk != NULL) {
     const int64_t *bsh = l->bias_shape;
     const int64_t r0 = bsh[2] != 1 ? q_row : 0, c0 = bsh[3] != 1 ? k0 : 0;
@@ -1449,15 +1562,26 @@ static attn_status host_backward_block(void *self, const ring_block *rb, const c
   return ATTN_STATUS_OK;
 }
 
+/* The step's share joins the travelling sums dkv: each key chunk its blocks reached (at step 0
+ * the blocks summed into dkv itself, whose chunks no block reached are zero). */
 static attn_status host_add_step(void *self, void *dkv) {
   host_backward *b = self;
   const ring *g = b->x.g;
-  const int dist_threads = attn_dist_host_threads(g->plan);
-  const int64_t span = 4096; /* elements a thread adds at a time */
-  DIST_PARALLEL_FOR
-  for (int64_t e0 = 0; e0 < b->nkd; e0 += span)
-    dist_row_add(sum_at(g, dkv, e0), g->pdt, b->step, g->pdt, e0,
-                 b->nkd - e0 < span ? b->nkd - e0 : span);
+  char *const dv = sum_at(g, dkv, b->nk_elems);
+  for (int32_t c = 0; c < g->C; ++c) {
+    const int64_t c_row = (int64_t)c * g->nk;
+    if (b->s == 0 && !b->k_begun[c]) {
+      for (int64_t bt = 0; bt < g->B; ++bt) {
+        const int64_t e = bt * g->Tk + c_row;
+        memset(sum_at(g, dkv, e * g->Hkv * g->D), 0, (size_t)(g->nk * g->Hkv * g->D) * g->pes);
+        memset(sum_at(g, dv, e * g->Hkv * g->Dv), 0, (size_t)(g->nk * g->Hkv * g->Dv) * g->pes);
+      }
+    } else if (b->s > 0 && b->k_begun[c]) {
+      join_rows(g, dkv, b->step, g->Tk, c_row, g->nk, g->Hkv, g->D, 0, NULL, NULL);
+      join_rows(g, dv, sum_at(g, b->step, b->nk_elems), g->Tk, c_row, g->nk, g->Hkv, g->Dv, 0, NULL,
+                NULL);
+    }
+  }
   return ATTN_STATUS_OK;
 }
 
@@ -1478,14 +1602,18 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
   host_backward b;
   memset(&b, 0, sizeof b);
   init_backward_args(&b.x, &g, in, fwd, dout, grads);
+  b.grads = grads;
+  b.s = -1;
+  init_chunk_sums(&g, 0, &b.q);
   int64_t dbias_s[4];
   if (grads->dbias.data != NULL) attn_dist_strides(&grads->dbias, l->bias_shape, 4, dbias_s);
-  b.nkd = g.B * g.Tk * g.Hkv * (g.D + g.Dv); /* dK then dV, per travelling slice */
+  b.nk_elems = g.B * g.Tk * g.Hkv * g.D;
+  const int64_t nkd = g.B * g.Tk * g.Hkv * (g.D + g.Dv); /* dK then dV, per travelling slice */
   const size_t dq_blk = (size_t)round_part(g.B * g.Tq * g.Hq * g.D * (int64_t)g.pes);
   /* a block's dK and dV: up to every key chunk of the slice */
   const size_t dk_blk = (size_t)round_part(g.B * g.Tk * g.Hkv * g.D * (int64_t)g.pes);
   const size_t dv_blk = (size_t)round_part(g.B * g.Tk * g.Hkv * g.Dv * (int64_t)g.pes);
-  const size_t dkv_acc = (size_t)round_part(b.nkd * (int64_t)g.pes);
+  const size_t dkv_acc = (size_t)round_part(nkd * (int64_t)g.pes);
   const size_t dq_acc = (size_t)round_part(g.B * g.Tq * g.Hq * g.D * (int64_t)g.pes);
   char *base = NULL;
   attn_status status =
@@ -1501,8 +1629,7 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
   char *rest = lay_out_backward(&pass, &b.x, base, dq_blk, dk_blk, dv_blk, dkv_acc);
   b.step = rest;
   b.dqa = rest + dkv_acc;
-  memset(pass.dkv[0], 0, dkv_acc);
-  memset(b.dqa, 0, dq_acc);
+  b.dkv0 = pass.dkv[0]; /* run_steps's sums in hand at step 0 */
   pack_kv(&g, in, pass.kv[0]);
   const int64_t *bsh = l->bias_shape;
   const int64_t dbias_n = grads->dbias.data != NULL ? bsh[0] * bsh[1] * bsh[2] * bsh[3] : 0;
@@ -1520,11 +1647,17 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
 
   status = run_steps(&pass);
   if (status != ATTN_STATUS_OK) goto done;
+  for (int32_t a = 0; a < g.C; ++a) { /* a query chunk no block sees: dq 0 */
+    if (b.q.begun[a]) continue;
+    for (int64_t bt = 0; bt < g.B; ++bt)
+      memset(sum_at(&g, b.dqa, (bt * g.Tq + (int64_t)a * g.nq) * g.Hq * g.D), 0,
+             (size_t)(g.nq * g.Hq * g.D) * g.pes);
+    join_rows(&g, b.dqa, b.dqa, g.Tq, (int64_t)a * g.nq, g.nq, g.Hq, g.D, 1, &grads->dq, b.x.st.dq);
+  }
   void *dkv = pass.dkv[pass.dcur];
-  write_rows(&g, b.dqa, g.Tq, g.Hq, g.D, &grads->dq, b.x.st.dq);
-  write_rows(&g, dkv, g.Tk, g.Hkv, g.D, &grads->dk, b.x.st.dk);
-  write_rows(&g, sum_at(&g, dkv, g.B * g.Tk * g.Hkv * g.D), g.Tk, g.Hkv, g.Dv, &grads->dv,
-             b.x.st.dv);
+  void *dv = sum_at(&g, dkv, b.nk_elems);
+  join_rows(&g, dkv, dkv, g.Tk, 0, g.Tk, g.Hkv, g.D, 1, &grads->dk, b.x.st.dk);
+  join_rows(&g, dv, dv, g.Tk, 0, g.Tk, g.Hkv, g.Dv, 1, &grads->dv, b.x.st.dv);
 
   if (plan->sinks_plan != NULL && grads->dsinks.data != NULL) {
     status = place_sinks(&g);
