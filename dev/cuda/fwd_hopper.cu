@@ -587,6 +587,16 @@ template <typename C> void bench(const char *tag, int causal) {
          tag, D, T_, causal, C::kBM, C::kBN, C::kStages, ms, flops / ms * 1e-9, ms80, flops / ms80 * 1e-9, ms80 / ms);
 }
 
+/* The bench shape (B * T = 16384 tokens, H heads of D) with a window of `window` keys (0: none;
+ * left, and right when not causal), and in *flops the forward FLOPs of its visible scores. */
+static Problem band_problem(int T_, int causal, int window, int H, int D, double *flops) {
+  const int B = 16384 / T_, wl = window > 0 ? window : -1, wr = causal ? 0 : wl;
+  double pairs = 0; /* visible (query, key) pairs of one head */
+  for (int i = 0; i < T_; ++i) pairs += std::min(T_ - 1, wr < 0 ? T_ - 1 : i + wr) - std::max(0, wl < 0 ? 0 : i - wl) + 1;
+  *flops = 4.0 * B * H * pairs * D;
+  return Problem{B, T_, T_, H, H, D, wl, wr, 0};
+}
+
 /* The one-CTA-per-tile grid (O) against the persistent scheduler (N: its copy with kSchedStride,
  * S: with kSchedSnake) on bf16, B * T = 16384, Hq * D = 2048, at each T of the issue's range,
  * causal and not, plain and with a sliding window of 2048 keys (its TFLOPS over the scores it
@@ -600,17 +610,13 @@ template <typename O, typename N, typename S> void bench_sched(const char *tag) 
     for (int causal = 0; causal < 2; ++causal) {
       double tf_plain = 0, tf_plain_s = 0;
       for (int window : {0, 2048}) {
-        const int B = 16384 / T_, wl = window > 0 ? window : -1, wr = causal ? 0 : wl;
-        const Problem s{B, T_, T_, H, H, D, wl, wr, 0};
+        double flops;
+        const Problem s = band_problem(T_, causal, window, H, D, &flops);
         check<N, void>(tag, s, 7);
         check<S, void>(tag, s, 7);
         Buffers<T> bu(s, 7);
         attn_cuda_params p = bu.p;
         p.out = bu.o;
-        double pairs = 0; /* visible (query, key) pairs of one head */
-        for (int i = 0; i < T_; ++i)
-          pairs += std::min(T_ - 1, wr < 0 ? T_ - 1 : i + wr) - std::max(0, wl < 0 ? 0 : i - wl) + 1;
-        const double flops = 4.0 * B * H * pairs * D;
         const float ms_old = median_ms([&] { run90<O, void>(p); });
         const float ms_new = median_ms([&] { run90<N, void>(p); });
         const float ms_snake = median_ms([&] { run90<S, void>(p); });
@@ -635,16 +641,12 @@ template <typename O, typename N> void bench_mask(const char *tag) {
     for (int causal = 0; causal < 2; ++causal)
       for (int window : {0, 2048}) {
         if (window > 0 && T_ <= window) continue;
-        const int B = 16384 / T_, wl = window > 0 ? window : -1, wr = causal ? 0 : wl;
-        const Problem s{B, T_, T_, H, H, D, wl, wr, 0};
+        double flops;
+        const Problem s = band_problem(T_, causal, window, H, D, &flops);
         check<N, void>(tag, s, 7);
         Buffers<T> bu(s, 7);
         attn_cuda_params p = bu.p;
         p.out = bu.o;
-        double pairs = 0; /* visible (query, key) pairs of one head */
-        for (int i = 0; i < T_; ++i)
-          pairs += std::min(T_ - 1, wr < 0 ? T_ - 1 : i + wr) - std::max(0, wl < 0 ? 0 : i - wl) + 1;
-        const double flops = 4.0 * B * H * pairs * D;
         for (int round = 0; round < 2; ++round) {
           const float ms_old = median_ms([&] { run90<O, void>(p); });
           const float ms_new = median_ms([&] { run90<N, void>(p); });
