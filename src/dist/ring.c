@@ -1282,6 +1282,14 @@ static attn_tensor sum_rows(const ring *g, void *base, int64_t T, int64_t row0, 
   return t;
 }
 
+/* Zeroes rows [row0, row0 + rows) of every batch of a buffer [B, T, H, W] of dtype pdt: the
+ * result of a chunk that no block reached. */
+static void clear_rows(const ring *g, void *base, int64_t T, int64_t row0, int64_t rows, int64_t H,
+                       int64_t W) {
+  for (int64_t b = 0; b < g->B; ++b)
+    memset(sum_at(g, base, (b * T + row0) * H * W), 0, (size_t)(rows * H * W) * g->pes);
+}
+
 /* Rows [row0, row0 + rows) of a block's partial result (blk, laid out as the sums: [B, T, H, W]
  * of dtype pdt) join the sums: they start from it (`first`) or it is added to them; with `out`
  * (a caller's tensor of dtype dt, strides st) the result is final and is written there instead,
@@ -1456,13 +1464,11 @@ attn_status attn_dist_ring_forward(attn_dist_plan *plan, const attn_inputs *in,
   }
   for (int32_t a = 0; a < g.C; ++a) { /* a chunk no block sees: out 0, lse -inf */
     if (f.q.begun[a]) continue;
-    for (int64_t b = 0; b < g.B; ++b) {
-      memset(sum_at(&g, f.ob, (b * g.Tq + (int64_t)a * g.nq) * g.Hq * g.Dv), 0,
-             (size_t)(g.nq * g.Hq * g.Dv) * g.pes);
+    clear_rows(&g, f.ob, g.Tq, (int64_t)a * g.nq, g.nq, g.Hq, g.Dv);
+    for (int64_t b = 0; b < g.B; ++b)
       for (int64_t h = 0; h < g.Hq; ++h)
         for (int64_t i = 0; i < g.nq; ++i)
           attn_store(f.lb, g.stat, (b * g.Hq + h) * g.Tq + (int64_t)a * g.nq + i, -INFINITY);
-    }
     merge(&f, f.ob, (int64_t)a * g.nq, g.nq, 1, 1);
   }
   return attn_succeed(ctx);
@@ -1571,11 +1577,8 @@ static attn_status host_add_step(void *self, void *dkv) {
   for (int32_t c = 0; c < g->C; ++c) {
     const int64_t c_row = (int64_t)c * g->nk;
     if (b->s == 0 && !b->k_begun[c]) {
-      for (int64_t bt = 0; bt < g->B; ++bt) {
-        const int64_t e = bt * g->Tk + c_row;
-        memset(sum_at(g, dkv, e * g->Hkv * g->D), 0, (size_t)(g->nk * g->Hkv * g->D) * g->pes);
-        memset(sum_at(g, dv, e * g->Hkv * g->Dv), 0, (size_t)(g->nk * g->Hkv * g->Dv) * g->pes);
-      }
+      clear_rows(g, dkv, g->Tk, c_row, g->nk, g->Hkv, g->D);
+      clear_rows(g, dv, g->Tk, c_row, g->nk, g->Hkv, g->Dv);
     } else if (b->s > 0 && b->k_begun[c]) {
       join_rows(g, dkv, b->step, g->Tk, c_row, g->nk, g->Hkv, g->D, 0, NULL, NULL);
       join_rows(g, dv, sum_at(g, b->step, b->nk_elems), g->Tk, c_row, g->nk, g->Hkv, g->Dv, 0, NULL,
@@ -1649,9 +1652,7 @@ attn_status attn_dist_ring_backward(attn_dist_plan *plan, const attn_inputs *in,
   if (status != ATTN_STATUS_OK) goto done;
   for (int32_t a = 0; a < g.C; ++a) { /* a query chunk no block sees: dq 0 */
     if (b.q.begun[a]) continue;
-    for (int64_t bt = 0; bt < g.B; ++bt)
-      memset(sum_at(&g, b.dqa, (bt * g.Tq + (int64_t)a * g.nq) * g.Hq * g.D), 0,
-             (size_t)(g.nq * g.Hq * g.D) * g.pes);
+    clear_rows(&g, b.dqa, g.Tq, (int64_t)a * g.nq, g.nq, g.Hq, g.D);
     join_rows(&g, b.dqa, b.dqa, g.Tq, (int64_t)a * g.nq, g.nq, g.Hq, g.D, 1, &grads->dq, b.x.st.dq);
   }
   void *dkv = pass.dkv[pass.dcur];
