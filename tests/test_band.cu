@@ -67,6 +67,15 @@ static void check_problem(const attn_cuda_params &p, const Head &r, int64_t i0, 
   }
 }
 
+/* The head of a problem with lengths lq, lk and causal offset o; p takes the window. */
+static Head problem(attn_cuda_params &p, int lq, int lk, int o, int wl, int wr) {
+  Head r;
+  memset(&r, 0, sizeof r);
+  r.len_q = lq, r.len_k = lk, r.o = o;
+  p.window_left = wl, p.window_right = wr;
+  return r;
+}
+
 int main() {
   setvbuf(stdout, nullptr, _IONBF, 0);
   attn_cuda_params p;
@@ -78,10 +87,7 @@ int main() {
       for (int o = -11; o <= 11; ++o)
         for (int wl : windows)
           for (int wr : windows) {
-            Head r;
-            memset(&r, 0, sizeof r);
-            r.len_q = lq, r.len_k = lk, r.o = o;
-            p.window_left = wl, p.window_right = wr;
+            const Head r = problem(p, lq, lk, o, wl, wr);
             /* the kernels ask about rows and keys past the lengths too (a tile's last block) */
             check_problem(p, r, 0, lq + 3, 0, lk + 3);
           }
@@ -98,10 +104,7 @@ int main() {
       for (int o : offsets)
         for (int wl : big_windows)
           for (int wr : big_windows) {
-            Head r;
-            memset(&r, 0, sizeof r);
-            r.len_q = lq, r.len_k = lk, r.o = o;
-            p.window_left = wl, p.window_right = wr;
+            const Head r = problem(p, lq, lk, o, wl, wr);
             const int64_t ends_q[] = {0, (int64_t)lq - 3}, ends_k[] = {0, (int64_t)lk - 3};
             for (int64_t iq : ends_q)
               for (int64_t jk : ends_k) {

@@ -467,7 +467,7 @@ template <typename C> void bench(const char *tag, int causal) {
 /* Times version C with each feature set beside its plain run and the atomic sm80 backward (the same
  * params) on the bench shape; varlen as packed / padded sequences of the full length (the same
  * work as the dense problem); "gqa 4:1" with Hkv = Hq / 4. */
-template <typename C> void bench_feat(int causal, const char *tag = "v5") {
+template <typename C> void bench_feat(int causal, const char *tag) {
   using T = typename C::T;
   const int D = C::kD, T_ = 8192, B = 16384 / T_, H = 2048 / D;
   const double flops = 2.5 * 4.0 * B * H * (double)T_ * T_ * D * (causal ? 0.5 : 1.0);

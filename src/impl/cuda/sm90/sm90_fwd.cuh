@@ -433,7 +433,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       }
     };
     /* kMaskRange: this thread's rows (hf) see the keys [key_lo, key_lo + key_n) past its first
-     * column of block 0, (lane & 3) * 2 */
+     * column of block 0, (lane & 3) * 2 (so that a score's offset from it is a constant) */
     int key_lo[2] = {0, 0}, key_n[2] = {0, 0};
     if constexpr (C::kMaskRange)
 #pragma unroll
@@ -447,10 +447,12 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       for (int jj = 0; jj < kBN / 8; ++jj)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int hf = e >> 1, i = m0 + row0 + hf * 8, j = n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1);
+          const int hf = e >> 1;
           bool hidden;
-          if constexpr (C::kMaskRange) hidden = (unsigned)(n * kBN + jj * 8 + (e & 1) - key_lo[hf]) >= (unsigned)key_n[hf];
-          else hidden = !visible_band(p, hd, i, j);
+          if constexpr (C::kMaskRange) /* the key less (lane & 3) * 2, against the range */
+            hidden = (unsigned)(n * kBN + jj * 8 + (e & 1) - key_lo[hf]) >= (unsigned)key_n[hf];
+          else
+            hidden = !visible_band(p, hd, m0 + row0 + hf * 8, n * kBN + jj * 8 + (lane & 3) * 2 + (e & 1));
           sacc[4 * jj + e] = hidden ? masked : sacc[4 * jj + e];
         }
     };
