@@ -197,6 +197,7 @@ template <typename X> X *upload(const std::vector<X> &h) {
 template <typename T> struct Dev {
   T *q, *k, *v, *o, *dout, *dq, *dk, *dv;
   float *lse, *delta, *acc;
+  int32_t *counts; /* the sm90 backward's per-slice counters (the deterministic order's too) */
   attn_cuda_params p;
   Dev(const Problem &s, const Host<T> *h) {
     const size_t nq = (size_t)s.B * s.Tq * s.H * s.D, nk = (size_t)s.B * s.Tk * s.Hkv * s.D, nl = (size_t)s.B * s.H * s.Tq;
@@ -219,7 +220,9 @@ template <typename T> struct Dev {
     /* the f32 dQ workspace: the atomic kernels' [H, B * Tq, D] or the sm90 backward's tiles */
     const size_t tiles = (size_t)ATTN_CUDA_SM90_DQ_FLOATS(s.H, s.B, s.Tq, s.D);
     dq = (T *)alloc(nq, 2), dk = (T *)alloc(nk, 2), dv = (T *)alloc(nk, 2), acc = (float *)alloc(tiles > nq ? tiles : nq, 4);
+    counts = (int32_t *)alloc((size_t)ATTN_CUDA_SM90_DQ_SLICES(s.H, s.B, s.Tq), 4);
     memset(&p, 0, sizeof p);
+    p.dq_counts = counts;
     p.q = q, p.k = k, p.v = v, p.out = o, p.dout = dout, p.lse = lse, p.delta = delta, p.dq_accum = acc;
     p.dq_out = dq, p.dk_out = dk, p.dv_out = dv;
     p.q_h = p.o_h = p.do_h = p.dq_h = p.k_h = p.v_h = p.dk_h = p.dv_h = s.D;
@@ -233,7 +236,7 @@ template <typename T> struct Dev {
   }
   ~Dev() {
     for (void *x : {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout, (void *)dq, (void *)dk, (void *)dv,
-                    (void *)lse, (void *)delta, (void *)acc})
+                    (void *)lse, (void *)delta, (void *)acc, (void *)counts})
       cudaFree(x);
   }
 };
@@ -324,11 +327,10 @@ struct Feat {
 /* The device arrays a feature set adds to a Dev's params. */
 struct FeatDev {
   float *slopes = nullptr;
-  int32_t *lens = nullptr, *counters = nullptr; /* lens: cu_q [B + 1], cu_k [B + 1], then padded lengths */
+  int32_t *lens = nullptr; /* cu_q [B + 1], cu_k [B + 1], then padded lengths */
   ~FeatDev() {
     cudaFree(slopes);
     cudaFree(lens);
-    cudaFree(counters);
   }
 };
 
@@ -361,11 +363,7 @@ template <typename T> void apply(Dev<T> &d, const Problem &s, const Feat &f, Fea
       p.seqlens_q = x.lens + 2 * (s.B + 1), p.seqlens_k = p.seqlens_q + s.B;
     }
   }
-  if (f.det) {
-    const size_t n = (size_t)ATTN_CUDA_SM90_DQ_SLICES(s.H, s.B, s.Tq);
-    CU(cudaMalloc(&x.counters, std::max<size_t>(n, 1) * 4));
-    p.dq_semaphore = x.counters;
-  }
+  if (f.det) p.dq_semaphore = p.dq_counts; /* the deterministic order on the same counters */
 }
 
 /* relative L2 difference of two device tensors of n elements, NaN / inf counted as 1e30 */
@@ -387,7 +385,7 @@ template <typename T> double rel_diff(const T *a, const T *b, size_t n) {
  * relative L2 difference must be below 1e-2 (bf16) or 2e-3 (f16). Gradients start as zeros (rows
  * outside the sequences stay so in both). With f.det the sm90 backward runs twice and dq must
  * repeat its bits. */
-template <typename C> void check_feat(const Problem &s, const Feat &f, unsigned seed) {
+template <typename C> void check_feat(const char *tag, const Problem &s, const Feat &f, unsigned seed) {
   using T = typename C::T;
   Host<T> h(s, seed);
   Dev<T> d(s, &h);
@@ -424,15 +422,15 @@ template <typename C> void check_feat(const Problem &s, const Feat &f, unsigned 
   }
   ok = ok && same;
   failures += !ok;
-  printf("lab bwd90 check v6 %s %s D=%d B=%d Tq=%d Tk=%d H=%d Hkv=%d window=(%d,%d)%s seed %u: rel diff to the atomic "
+  printf("lab bwd90 check %s %s %s D=%d B=%d Tq=%d Tk=%d H=%d Hkv=%d window=(%d,%d)%s seed %u: rel diff to the atomic "
          "sm80 dq %.2e dk %.2e dv %.2e%s %s\n",
-         f.name, std::is_same<T, bf>::value ? "bf16" : "f16", s.D, s.B, s.Tq, s.Tk, s.H, s.Hkv, s.wl, s.wr,
+         tag, f.name, std::is_same<T, bf>::value ? "bf16" : "f16", s.D, s.B, s.Tq, s.Tk, s.H, s.Hkv, s.wl, s.wr,
          s.bottom_right ? " bottom-right" : "", seed, e[0], e[1], e[2], f.det ? (same ? ", dq bits repeat" : ", dq bits DIFFER") : "",
          ok ? "ok" : "FAILED");
   for (int i = 0; i < 3; ++i) cudaFree(g80[i]);
 }
 
-template <typename C> void checks_feat(unsigned seed) {
+template <typename C> void checks_feat(const char *tag, unsigned seed) {
   const int D = C::kD;
   const Feat feats[] = {{"softcap", 20.f, false, ATTN_CUDA_VARLEN_NONE, false},
                         {"alibi", 0.f, true, ATTN_CUDA_VARLEN_NONE, false},
@@ -444,10 +442,11 @@ template <typename C> void checks_feat(unsigned seed) {
                         {"deterministic+packed+softcap", 10.f, false, ATTN_CUDA_VARLEN_PACKED, true}};
   unsigned k = 0;
   for (const Feat &f : feats) {
-    check_feat<C>({2, 200, 333, 4, 2, D, -1, -1, 0}, f, seed + k++);   /* ragged, GQA */
-    check_feat<C>({3, 333, 200, 4, 4, D, -1, 0, 0}, f, seed + k++);    /* causal top-left */
-    check_feat<C>({2, 150, 390, 4, 1, D, -1, 0, 1}, f, seed + k++);    /* bottom-right causal, MQA */
-    check_feat<C>({2, 700, 650, 2, 1, D, 200, 70, 1}, f, seed + k++);  /* a window: many key blocks per dq tile */
+    check_feat<C>(tag, {2, 200, 333, 4, 2, D, -1, -1, 0}, f, seed + k++);   /* ragged, GQA */
+    check_feat<C>(tag, {3, 333, 200, 4, 4, D, -1, 0, 0}, f, seed + k++);    /* causal top-left */
+    check_feat<C>(tag, {2, 150, 390, 4, 1, D, -1, 0, 1}, f, seed + k++);    /* bottom-right causal, MQA */
+    check_feat<C>(tag, {2, 700, 650, 2, 1, D, 200, 70, 1}, f, seed + k++);  /* a window: many key blocks per dq tile */
+    check_feat<C>(tag, {2, 400, 130, 2, 2, D, 10, 0, 1}, f, seed + k++);    /* tiles no key block adds into */
   }
 }
 
@@ -496,6 +495,25 @@ template <typename C> void bench_feat(int causal, const char *tag) {
   }
 }
 
+/* The parts of v6's call on the plain bench shape (D, non-causal), each timed alone: the
+ * workspace's zeroing, the dq conversion kernel, v7's prepare kernel; beside the whole calls. */
+template <int kD> void bench_parts() {
+  const int T_ = 8192, B = 16384 / T_, H = 2048 / kD;
+  const Problem s{B, T_, T_, H, H, kD, -1, -1, 0};
+  Dev<bf> d(s, nullptr);
+  const int64_t floats = ATTN_CUDA_SM90_DQ_FLOATS(s.H, s.B, s.Tq, kD), counters = ATTN_CUDA_SM90_DQ_SLICES(s.H, s.B, s.Tq);
+  const float zero = median_ms([&] { CU(cudaMemsetAsync(d.p.dq_accum, 0, (size_t)floats * 4, 0)); });
+  const int64_t n = (int64_t)s.B * s.Tq * s.H * (kD / 2), blocks = (n + 255) / 256;
+  const float conv = median_ms([&] { sm90::dq_tiles_convert_kernel<bf, kD><<<(int)(blocks > 65535 ? 65535 : blocks), 256>>>(d.p); });
+  const int64_t pb = (floats / 4 + 255) / 256;
+  const float prep = median_ms([&] { sm90::dq_tiles_prepare_kernel<bf, kD><<<(int)(pb > 4096 ? 4096 : pb), 256>>>(d.p, floats, counters); });
+  const float v6 = median_ms([&] { run90<BwdCfg90<bf, kD>>(d.p); });
+  const float v7 = median_ms([&] { run90<BwdCfg90<bf, kD, 2, true, true, true>>(d.p); });
+  printf("lab bwd90 parts D=%d T=%d causal=0: zeroing %.3f ms, dq conversion %.3f ms, v7 prepare %.3f ms; v6 %.3f ms "
+         "(kernel alone about %.3f), v7 %.3f ms\n",
+         kD, T_, zero, conv, prep, v6, v6 - zero - conv, v7);
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, nullptr, _IONBF, 0); /* every line out before a timeout ends the run */
   if (argc > 1 && strcmp(argv[1], "ncu") == 0) { /* one shape, for Nsight Compute: D = 128 non-causal */
@@ -513,25 +531,38 @@ int main(int argc, char **argv) {
   using V6_64 = BwdCfg90<bf, 64>;
   using V6_128h = BwdCfg90<hf, 128>;
   using V6_64h = BwdCfg90<hf, 64>;
+  using V7_128 = BwdCfg90<bf, 128, 2, true, true, true>; /* v7: the dq conversion fused */
+  using V7_64 = BwdCfg90<bf, 64, 2, true, true, true>;
+  using V7_128h = BwdCfg90<hf, 128, 2, true, true, true>;
+  using V7_64h = BwdCfg90<hf, 64, 2, true, true, true>;
   /* the timings first: a device call cut short by its time limit keeps them */
-  if (all || strcmp(what, "bench") == 0)
+  if (all || strcmp(what, "bench") == 0) {
+    bench_parts<128>();
+    bench_parts<64>();
     for (int c = 0; c < 2; ++c) {
+      bench_feat<V7_128>(c, "v7");
       bench_feat<V6_128>(c, "v6");
+      bench_feat<V7_64>(c, "v7");
       bench_feat<V6_64>(c, "v6");
     }
+  }
   auto want = [&](const char *t) {
     return (all || strcmp(what, "check") == 0) && (strcmp(dtype, "all") == 0 || strcmp(dtype, t) == 0);
   };
   if (want("bf16")) {
-    checks_feat<V6_128>(seed);
-    checks_feat<V6_64>(seed);
+    checks_feat<V7_128>("v7", seed);
+    checks_feat<V7_64>("v7", seed);
+    checks<V7_128>("v7", seed);
+    checks<V7_64>("v7", seed);
+    checks_feat<V6_128>("v6", seed);
     checks<V6_128>("v6", seed);
-    checks<V6_64>("v6", seed);
   }
   if (want("f16")) {
-    checks_feat<V6_128h>(seed);
-    checks_feat<V6_64h>(seed);
-    checks<V6_128h>("v6", seed);
+    checks_feat<V7_128h>("v7", seed);
+    checks_feat<V7_64h>("v7", seed);
+    checks<V7_128h>("v7", seed);
+    checks<V7_64h>("v7", seed);
+    checks_feat<V6_64h>("v6", seed);
     checks<V6_64h>("v6", seed);
   }
   /* v1, v2 and v4 stay compilable, their figures above; the lab no longer times them (device time) */
