@@ -71,6 +71,19 @@
  *      equal at D = 64): S^T and dP^T committed apart with P computed under dP^T's products (a),
  *      and dV's products issued before dS^T as well, dS^T from P in f32 (b: 36 -> 116 bytes of
  *      spills) or from P's 16-bit fragments (c); commit 3eb2e6a has them.
+ *   v7 (tried, not kept; commit 88f67b3 has it) dq's conversion fused into the kernel: each warp
+ *      counts its slice's completed addition (the bulk group waited for an item later, an
+ *      acq_rel atom, its result looked at an item after that) and the key block whose count
+ *      completes a slice converts it; a prepare kernel zeroes the workspace and writes the dq
+ *      rows of tiles no key block reaches. Every check passed, but H200, bf16, T = 8192: D = 128
+ *      8.26 ms against v6's 5.50 (0.67x), D = 64 0.65x; waiting for each reduce-add to complete
+ *      (not only to have read its staging) costs what the deterministic order's waits cost
+ *      (v6 deterministic 8.45 ms), while the conversion it removes took 0.122 ms of the 5.5 and
+ *      the zeroing 0.036 (bench_parts). What was kept instead: the conversion kernel one CTA per
+ *      tile, its place worked out once (0.123 -> 0.060 ms at D = 128, the same bits), and, in
+ *      the library (cuda_launch.cu), Delta's kernel with 16-byte loads: together the library's
+ *      backward went from 466-479 to 512 TFLOPS at D = 128, T = 8192 non-causal, the lab's
+ *      kernel 516 (RESULTS.md, "The backward's side kernels").
  *   Not yet tried (FlashAttention-3 reaches ~1.5-1.75x of FlashAttention-2 here): S^T / dP^T of
  *   item it + 1 issued under item it's elementwise work (what D = 64 needs most; at D = 128 it
  *   needs the registers the spills show are short; it would also hide the soft cap's and
@@ -197,7 +210,6 @@ template <typename X> X *upload(const std::vector<X> &h) {
 template <typename T> struct Dev {
   T *q, *k, *v, *o, *dout, *dq, *dk, *dv;
   float *lse, *delta, *acc;
-  int32_t *counts; /* the sm90 backward's per-slice counters (the deterministic order's too) */
   attn_cuda_params p;
   Dev(const Problem &s, const Host<T> *h) {
     const size_t nq = (size_t)s.B * s.Tq * s.H * s.D, nk = (size_t)s.B * s.Tk * s.Hkv * s.D, nl = (size_t)s.B * s.H * s.Tq;
@@ -220,9 +232,7 @@ template <typename T> struct Dev {
     /* the f32 dQ workspace: the atomic kernels' [H, B * Tq, D] or the sm90 backward's tiles */
     const size_t tiles = (size_t)ATTN_CUDA_SM90_DQ_FLOATS(s.H, s.B, s.Tq, s.D);
     dq = (T *)alloc(nq, 2), dk = (T *)alloc(nk, 2), dv = (T *)alloc(nk, 2), acc = (float *)alloc(tiles > nq ? tiles : nq, 4);
-    counts = (int32_t *)alloc((size_t)ATTN_CUDA_SM90_DQ_SLICES(s.H, s.B, s.Tq), 4);
     memset(&p, 0, sizeof p);
-    p.dq_counts = counts;
     p.q = q, p.k = k, p.v = v, p.out = o, p.dout = dout, p.lse = lse, p.delta = delta, p.dq_accum = acc;
     p.dq_out = dq, p.dk_out = dk, p.dv_out = dv;
     p.q_h = p.o_h = p.do_h = p.dq_h = p.k_h = p.v_h = p.dk_h = p.dv_h = s.D;
@@ -236,7 +246,7 @@ template <typename T> struct Dev {
   }
   ~Dev() {
     for (void *x : {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout, (void *)dq, (void *)dk, (void *)dv,
-                    (void *)lse, (void *)delta, (void *)acc, (void *)counts})
+                    (void *)lse, (void *)delta, (void *)acc})
       cudaFree(x);
   }
 };
@@ -327,10 +337,11 @@ struct Feat {
 /* The device arrays a feature set adds to a Dev's params. */
 struct FeatDev {
   float *slopes = nullptr;
-  int32_t *lens = nullptr; /* cu_q [B + 1], cu_k [B + 1], then padded lengths */
+  int32_t *lens = nullptr, *counters = nullptr; /* lens: cu_q [B + 1], cu_k [B + 1], then padded lengths */
   ~FeatDev() {
     cudaFree(slopes);
     cudaFree(lens);
+    cudaFree(counters);
   }
 };
 
@@ -363,7 +374,11 @@ template <typename T> void apply(Dev<T> &d, const Problem &s, const Feat &f, Fea
       p.seqlens_q = x.lens + 2 * (s.B + 1), p.seqlens_k = p.seqlens_q + s.B;
     }
   }
-  if (f.det) p.dq_semaphore = p.dq_counts; /* the deterministic order on the same counters */
+  if (f.det) {
+    const size_t n = (size_t)ATTN_CUDA_SM90_DQ_SLICES(s.H, s.B, s.Tq);
+    CU(cudaMalloc(&x.counters, std::max<size_t>(n, 1) * 4));
+    p.dq_semaphore = x.counters;
+  }
 }
 
 /* relative L2 difference of two device tensors of n elements, NaN / inf counted as 1e30 */
@@ -495,23 +510,51 @@ template <typename C> void bench_feat(int causal, const char *tag) {
   }
 }
 
-/* The parts of v6's call on the plain bench shape (D, non-causal), each timed alone: the
- * workspace's zeroing, the dq conversion kernel, v7's prepare kernel; beside the whole calls. */
+/* v6's dq conversion as it was (one thread per pair of columns, the tile's place worked out per
+ * element), timed beside the library's (one CTA per tile) in bench_parts. */
+template <typename T, int kD> __global__ void dq_convert_per_element(const __grid_constant__ attn_cuda_params p) {
+  const int64_t n = (int64_t)p.batch * p.seqlen_q * p.heads_q * (kD / 2);
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (int64_t)blockDim.x) {
+    const int c = (int)(e % (kD / 2)) * 2;
+    const int64_t rest = e / (kD / 2);
+    const int h = (int)(rest % p.heads_q);
+    const int64_t row = rest / p.heads_q;
+    const int b = (int)(row / p.seqlen_q), i = (int)(row % p.seqlen_q);
+    const Seq sq = seq_of(p, b);
+    if (i >= sq.len_q) continue;
+    const int m0 = i / ATTN_CUDA_SM90_BWD_ROWS * ATTN_CUDA_SM90_BWD_ROWS;
+    const float2 v = *reinterpret_cast<const float2 *>(p.dq_accum + sm90::dq_tile_index<kD>(p, h, b, m0, i - m0, c));
+    *reinterpret_cast<uint32_t *>(static_cast<T *>(p.dq_out) + b * p.dq_b + (sq.q0 + i) * p.dq_r + h * p.dq_h + c) =
+        Elem<T>::pack(v.x * p.scale, v.y * p.scale);
+  }
+}
+
+/* The parts of the sm90 backward's call on the plain bench shape (D, non-causal), each timed
+ * alone: the workspace's zeroing, the dq conversion (per element as in v6, per tile now, whose
+ * output must be the same bits), and the whole call. */
 template <int kD> void bench_parts() {
   const int T_ = 8192, B = 16384 / T_, H = 2048 / kD;
   const Problem s{B, T_, T_, H, H, kD, -1, -1, 0};
   Dev<bf> d(s, nullptr);
-  const int64_t floats = ATTN_CUDA_SM90_DQ_FLOATS(s.H, s.B, s.Tq, kD), counters = ATTN_CUDA_SM90_DQ_SLICES(s.H, s.B, s.Tq);
+  const int64_t floats = ATTN_CUDA_SM90_DQ_FLOATS(s.H, s.B, s.Tq, kD);
+  fill<<<1024, 256>>>(reinterpret_cast<bf *>(d.p.dq_accum), (size_t)floats * 2, 5); /* any bits, as floats */
   const float zero = median_ms([&] { CU(cudaMemsetAsync(d.p.dq_accum, 0, (size_t)floats * 4, 0)); });
+  fill<<<1024, 256>>>(reinterpret_cast<bf *>(d.p.dq_accum), (size_t)floats * 2, 5);
   const int64_t n = (int64_t)s.B * s.Tq * s.H * (kD / 2), blocks = (n + 255) / 256;
-  const float conv = median_ms([&] { sm90::dq_tiles_convert_kernel<bf, kD><<<(int)(blocks > 65535 ? 65535 : blocks), 256>>>(d.p); });
-  const int64_t pb = (floats / 4 + 255) / 256;
-  const float prep = median_ms([&] { sm90::dq_tiles_prepare_kernel<bf, kD><<<(int)(pb > 4096 ? 4096 : pb), 256>>>(d.p, floats, counters); });
-  const float v6 = median_ms([&] { run90<BwdCfg90<bf, kD>>(d.p); });
-  const float v7 = median_ms([&] { run90<BwdCfg90<bf, kD, 2, true, true, true>>(d.p); });
-  printf("lab bwd90 parts D=%d T=%d causal=0: zeroing %.3f ms, dq conversion %.3f ms, v7 prepare %.3f ms; v6 %.3f ms "
-         "(kernel alone about %.3f), v7 %.3f ms\n",
-         kD, T_, zero, conv, prep, v6, v6 - zero - conv, v7);
+  const int64_t tiles = (int64_t)s.H * s.B * ((s.Tq + 63) / 64);
+  const size_t nq = (size_t)s.B * s.Tq * s.H * kD;
+  const float old_ms = median_ms([&] { dq_convert_per_element<bf, kD><<<(int)(blocks > 65535 ? 65535 : blocks), 256>>>(d.p); });
+  std::vector<bf> before(nq), after(nq);
+  CU(cudaMemcpy(before.data(), d.dq, nq * 2, cudaMemcpyDeviceToHost));
+  CU(cudaMemset(d.dq, 0xff, nq * 2));
+  const float new_ms = median_ms([&] { sm90::dq_tiles_convert_kernel<bf, kD, true><<<(int)(tiles > 65535 ? 65535 : tiles), 256>>>(d.p); });
+  CU(cudaMemcpy(after.data(), d.dq, nq * 2, cudaMemcpyDeviceToHost));
+  const bool same = memcmp(before.data(), after.data(), nq * 2) == 0;
+  failures += !same;
+  const float whole = median_ms([&] { run90<BwdCfg90<bf, kD>>(d.p); });
+  printf("lab bwd90 parts D=%d T=%d causal=0: zeroing %.3f ms, dq conversion per element %.3f ms, per tile %.3f ms "
+         "(%s); the whole call %.3f ms\n",
+         kD, T_, zero, old_ms, new_ms, same ? "the same bits" : "DIFFERENT bits", whole);
 }
 
 int main(int argc, char **argv) {
@@ -531,18 +574,12 @@ int main(int argc, char **argv) {
   using V6_64 = BwdCfg90<bf, 64>;
   using V6_128h = BwdCfg90<hf, 128>;
   using V6_64h = BwdCfg90<hf, 64>;
-  using V7_128 = BwdCfg90<bf, 128, 2, true, true, true>; /* v7: the dq conversion fused */
-  using V7_64 = BwdCfg90<bf, 64, 2, true, true, true>;
-  using V7_128h = BwdCfg90<hf, 128, 2, true, true, true>;
-  using V7_64h = BwdCfg90<hf, 64, 2, true, true, true>;
   /* the timings first: a device call cut short by its time limit keeps them */
   if (all || strcmp(what, "bench") == 0) {
     bench_parts<128>();
     bench_parts<64>();
     for (int c = 0; c < 2; ++c) {
-      bench_feat<V7_128>(c, "v7");
       bench_feat<V6_128>(c, "v6");
-      bench_feat<V7_64>(c, "v7");
       bench_feat<V6_64>(c, "v6");
     }
   }
@@ -550,19 +587,15 @@ int main(int argc, char **argv) {
     return (all || strcmp(what, "check") == 0) && (strcmp(dtype, "all") == 0 || strcmp(dtype, t) == 0);
   };
   if (want("bf16")) {
-    checks_feat<V7_128>("v7", seed);
-    checks_feat<V7_64>("v7", seed);
-    checks<V7_128>("v7", seed);
-    checks<V7_64>("v7", seed);
     checks_feat<V6_128>("v6", seed);
+    checks_feat<V6_64>("v6", seed);
     checks<V6_128>("v6", seed);
+    checks<V6_64>("v6", seed);
   }
   if (want("f16")) {
-    checks_feat<V7_128h>("v7", seed);
-    checks_feat<V7_64h>("v7", seed);
-    checks<V7_128h>("v7", seed);
-    checks<V7_64h>("v7", seed);
+    checks_feat<V6_128h>("v6", seed);
     checks_feat<V6_64h>("v6", seed);
+    checks<V6_128h>("v6", seed);
     checks<V6_64h>("v6", seed);
   }
   /* v1, v2 and v4 stay compilable, their figures above; the lab no longer times them (device time) */

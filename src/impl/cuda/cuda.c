@@ -650,7 +650,7 @@ static attn_status fill_params(const attn_run *run, int backward, attn_cuda_para
     if (run->config == CUDA_CONFIG_ATOMIC || k->use_sm90) {
       k->dq_accum = (float *)w;
       if (is_sm90_deterministic(p, run->config)) /* the counters follow the accumulator */
-        k->dq_semaphore = k->dq_counts = (int32_t *)(w + dq_accum_bytes(p, run->config));
+        k->dq_semaphore = (int32_t *)(w + dq_accum_bytes(p, run->config));
     }
     if (p->num_sinks > 0 && g->dsinks.data != NULL) {
       k->dsinks = (float *)g->dsinks.data;

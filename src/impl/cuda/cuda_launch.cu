@@ -72,6 +72,71 @@ __global__ void delta_kernel(const __grid_constant__ attn_cuda_params p, int ele
   }
 }
 
+/* delta_kernel for 16-bit out and dout whose rows allow 16-byte loads (delta_vec_lanes): kLanes
+ * threads per (row, head), 8 elements each, a warp over 32 / kLanes of them at once; the per-element
+ * 2-byte loads of delta_kernel took several times the bytes' time. */
+template <typename T, int kLanes> __global__ void delta_vec_kernel(const __grid_constant__ attn_cuda_params p) {
+  const int sub = threadIdx.x % kLanes;
+  const int64_t items = p.rows_q * p.heads_q, per_warp = 32 / kLanes;
+  const int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, warps = (gridDim.x * (int64_t)blockDim.x) >> 5;
+  for (int64_t w0 = warp * per_warp; w0 < items; w0 += warps * per_warp) {
+    const int64_t w = w0 + (threadIdx.x & 31) / kLanes; /* every lane reaches the shuffles below */
+    float sum = 0.f;
+    if (w < items) {
+      const int64_t row = w / p.heads_q;
+      const int h = (int)(w % p.heads_q);
+      int64_t oo, od;
+      if (p.varlen == ATTN_CUDA_VARLEN_PACKED) {
+        oo = row * p.o_r + h * p.o_h, od = row * p.do_r + h * p.do_h;
+      } else {
+        const int64_t b = row / p.seqlen_q, i = row % p.seqlen_q;
+        oo = b * p.o_b + i * p.o_r + h * p.o_h, od = b * p.do_b + i * p.do_r + h * p.do_h;
+      }
+      const uint4 o = *reinterpret_cast<const uint4 *>(static_cast<const T *>(p.out) + oo + sub * 8);
+      const uint4 d = *reinterpret_cast<const uint4 *>(static_cast<const T *>(p.dout) + od + sub * 8);
+      const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, dw[4] = {d.x, d.y, d.z, d.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const T *a = reinterpret_cast<const T *>(&ow[e]), *c = reinterpret_cast<const T *>(&dw[e]);
+        sum = fmaf((float)a[0], (float)c[0], sum);
+        sum = fmaf((float)a[1], (float)c[1], sum);
+      }
+    }
+#pragma unroll
+    for (int s = kLanes / 2; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
+    if (w < items && sub == 0) {
+      const int64_t row = w / p.heads_q;
+      p.delta[(w % p.heads_q) * p.rows_q + row] = sum;
+    }
+  }
+}
+
+/* Threads per (row, head) of delta_vec_kernel for p (dv / 8: 1 to 32, a power of two), or 0 where
+ * it does not apply (out or dout not 16-byte aligned, a stride not a multiple of 8 elements). */
+static int delta_vec_lanes(const attn_cuda_params &p) {
+  const int lanes = p.dv / 8;
+  if (p.dv % 8 != 0 || lanes < 1 || lanes > 32 || (lanes & (lanes - 1)) != 0) return 0;
+  if (reinterpret_cast<uintptr_t>(p.out) % 16 != 0 || reinterpret_cast<uintptr_t>(p.dout) % 16 != 0) return 0;
+  const int64_t strides[6] = {p.o_r, p.o_h, p.o_b, p.do_r, p.do_h, p.do_b};
+  for (int64_t st : strides)
+    if (st % 8 != 0) return 0;
+  return lanes;
+}
+
+template <typename T>
+static void launch_delta_vec(const attn_cuda_params &p, int lanes, cudaStream_t s) {
+  const int64_t warps = (p.rows_q * p.heads_q + 32 / lanes - 1) / (32 / lanes);
+  const int grid = (int)(warps / 8 + 1 > 65535 ? 65535 : warps / 8 + 1);
+  switch (lanes) {
+  case 1: delta_vec_kernel<T, 1><<<grid, 256, 0, s>>>(p); break;
+  case 2: delta_vec_kernel<T, 2><<<grid, 256, 0, s>>>(p); break;
+  case 4: delta_vec_kernel<T, 4><<<grid, 256, 0, s>>>(p); break;
+  case 8: delta_vec_kernel<T, 8><<<grid, 256, 0, s>>>(p); break;
+  case 16: delta_vec_kernel<T, 16><<<grid, 256, 0, s>>>(p); break;
+  default: delta_vec_kernel<T, 32><<<grid, 256, 0, s>>>(p); break;
+  }
+}
+
 /* dsinks[h, t] = -sum_{b, i} exp(a_t - lse_i) Delta_i (over every head for shared sinks). One block
  * per output element; a fixed per-thread order and tree make it deterministic. */
 __global__ void dsinks_kernel(const __grid_constant__ attn_cuda_params p, int shared) {
@@ -239,7 +304,10 @@ extern "C" attn_status attn_cuda_backward(const attn_cuda_params *p, int is_bf16
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int elem = is_bf16 ? ATTN_CUDA_ELEM_BF16 : ATTN_CUDA_ELEM_F16;
   if (p->rows_q > 0) {
-    delta_kernel<<<grid_for(p->rows_q * p->heads_q, 8), 256, 0, s>>>(*p, elem);
+    const int lanes = delta_vec_lanes(*p);
+    if (lanes == 0) delta_kernel<<<grid_for(p->rows_q * p->heads_q, 8), 256, 0, s>>>(*p, elem);
+    else if (is_bf16) launch_delta_vec<__nv_bfloat16>(*p, lanes, s);
+    else launch_delta_vec<__half>(*p, lanes, s);
     ATTN_CUDA_CHECK(cudaGetLastError());
   }
   int64_t n_bias = p->bias_shape[0] * p->bias_shape[1] * p->bias_shape[2] * p->bias_shape[3];

@@ -101,10 +101,6 @@ typedef struct attn_cuda_params {
                          * backward's tiles (sm90_bwd.cuh); NULL in the deterministic one */
   int32_t *dq_semaphore; /* "sm90_deterministic": ATTN_CUDA_SM90_DQ_SLICES counters that order
                           * the additions into each slice of dq_accum's tiles; NULL otherwise */
-  int32_t *dq_counts;    /* the sm90 backward's ATTN_CUDA_SM90_DQ_SLICES counters of the additions
-                          * into each slice (the deterministic order's are dq_semaphore, the same
-                          * array): the key block whose addition completes a slice converts it
-                          * into dq (sm90_bwd.cuh, kFuseDq) */
   int64_t rows_q;
 
   /* fp8 (e4m3 q, k, v: docs/FP8.md), read by the sm90 fp8 forward (sm90/sm90_fwd_fp8.cuh) */

@@ -52,12 +52,10 @@ namespace sm90 {
  * bulk reduce-add of a warp's whole slice (4 KiB at D = 128) staged in shared memory, instead of
  * 16 or 32 float2 atomics per thread into [Hq, rows_q, d]: Nsight Compute showed the atomics'
  * queue holding the consumers' registers (the top stalls of the v2 kernel, 13% of its samples). */
-template <typename T_, int kD_, int kStages_ = 2, bool kOverlap_ = true, bool kDqTiled_ = true, bool kFuseDq_ = false>
-struct BwdCfg90 {
+template <typename T_, int kD_, int kStages_ = 2, bool kOverlap_ = true, bool kDqTiled_ = true> struct BwdCfg90 {
   using T = T_;
   static constexpr int kD = kD_, kBN = 128, kBM = ATTN_CUDA_SM90_BWD_ROWS, kStages = kStages_, kCWG = 2;
-  static constexpr bool kOverlap = kOverlap_, kDqTiled = kDqTiled_, kFuseDq = kFuseDq_;
-  static_assert(!kFuseDq || kDqTiled, "the fused conversion reads the tiles");
+  static constexpr bool kOverlap = kOverlap_, kDqTiled = kDqTiled_;
   static constexpr int kThreads = 128 * (kCWG + 1), kPanels = kD / 64;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static constexpr uint32_t kKVBytes = kBN * kD * 2, kQBytes = kBM * kD * 2, kDSBytes = kBN * kBM * 2;
@@ -87,22 +85,51 @@ __device__ __forceinline__ int64_t dq_tile_index(const attn_cuda_params &p, int 
 }
 
 /* dq = scale * the tiled f32 workspace (kDqTiled), for every row of every sequence (varlen: the
- * rows outside them were zeroed before, by zero_outside_kernel). */
-template <typename T, int kD> __global__ void dq_tiles_convert_kernel(const __grid_constant__ attn_cuda_params p) {
-  const int64_t n = (int64_t)p.batch * p.seqlen_q * p.heads_q * (kD / 2);
-  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (int64_t)blockDim.x) {
-    const int c = (int)(e % (kD / 2)) * 2;
-    const int64_t rest = e / (kD / 2);
-    const int h = (int)(rest % p.heads_q);
-    const int64_t row = rest / p.heads_q;
-    const int b = (int)(row / p.seqlen_q), i = (int)(row % p.seqlen_q);
+ * rows outside them were zeroed before, by zero_outside_kernel). One CTA per tile at a time, so
+ * that the tile's (head, sequence, row block) and the sequence's rows are worked out once, not per
+ * element (the per-element divisions made the kernel 2.4x slower than its bytes, 0.122 ms for
+ * 201 MB at D = 128 on an H200). A thread takes 8 columns of a row: four float2 of the slice
+ * (pairs of columns in the warps' register order), one 16-byte store where dq's rows allow it
+ * (kVec16), four 4-byte ones otherwise. The threads of a warp take 16 rows of two column groups:
+ * their loads cover two 512-byte runs of the slice, their stores 32 bytes of each row. */
+template <typename T, int kD, bool kVec16>
+__global__ void dq_tiles_convert_kernel(const __grid_constant__ attn_cuda_params p) {
+  constexpr int kBM = ATTN_CUDA_SM90_BWD_ROWS, kGroups = kD / 16; /* 8-column groups of a slice */
+  const int64_t blocks = (p.seqlen_q + kBM - 1) / kBM, tiles = (int64_t)p.heads_q * p.batch * blocks;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int mb = (int)(t % blocks), b = (int)(t / blocks % p.batch), h = (int)(t / blocks / p.batch);
     const Seq sq = seq_of(p, b);
-    if (i >= sq.len_q) continue;
-    const int m0 = i / ATTN_CUDA_SM90_BWD_ROWS * ATTN_CUDA_SM90_BWD_ROWS;
-    const float2 v = *reinterpret_cast<const float2 *>(p.dq_accum + dq_tile_index<kD>(p, h, b, m0, i - m0, c));
-    *reinterpret_cast<uint32_t *>(static_cast<T *>(p.dq_out) + b * p.dq_b + (sq.q0 + i) * p.dq_r + h * p.dq_h + c) =
-        Elem<T>::pack(v.x * p.scale, v.y * p.scale);
+    const int rows = min(kBM, sq.len_q - mb * kBM);
+    if (rows <= 0) continue;
+    const float *tile = p.dq_accum + t * (kBM * kD);
+    T *out = static_cast<T *>(p.dq_out) + b * p.dq_b + (sq.q0 + mb * kBM) * p.dq_r + h * p.dq_h;
+    for (int u = threadIdx.x; u < 8 * kGroups * 16; u += blockDim.x) {
+      const int rr = u % 16, jj = u / 16 % kGroups, slice = u / 16 / kGroups;
+      const int r = (slice % 4) * 16 + rr, c0 = (slice / 4) * (kD / 2) + jj * 8;
+      if (r >= rows) continue;
+      /* dq_tile_index of (r, c0 + 2 q): lane (r % 8) * 4 + q, register 2 ((r % 16) / 8) */
+      const float *at = tile + slice * (16 * kD / 2) + (jj * 32 + (rr % 8) * 4) * 4 + 2 * (rr / 8);
+      uint32_t w[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 v = *reinterpret_cast<const float2 *>(at + q * 4);
+        w[q] = Elem<T>::pack(v.x * p.scale, v.y * p.scale);
+      }
+      T *dst = out + r * p.dq_r + c0;
+      if constexpr (kVec16) {
+        *reinterpret_cast<uint4 *>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) *reinterpret_cast<uint32_t *>(dst + 2 * q) = w[q];
+      }
+    }
   }
+}
+
+/* Whether dq's rows take dq_tiles_convert_kernel's 16-byte stores: dq 16-byte aligned, its strides
+ * multiples of 8 elements. */
+static inline bool dq_rows_vec16(const attn_cuda_params &p) {
+  return reinterpret_cast<uintptr_t>(p.dq_out) % 16 == 0 && p.dq_r % 8 == 0 && p.dq_h % 8 == 0 && p.dq_b % 8 == 0;
 }
 
 /* The deterministic configuration's order of the additions into dQ tile mb (kBM rows): the key
@@ -115,28 +142,6 @@ __device__ __forceinline__ int first_key_block(const attn_cuda_params &p, const 
   return max(0, floor_div(mb * kBM + r.o - p.window_left, kBN));
 }
 
-/* How many key blocks add into dQ tile mb (kBM rows from mb * kBM) of a head of sequence r: the
- * CTAs whose query_block_range holds mb, one run of key blocks from first_key_block (both of that
- * range's bounds grow with the key block) to the last whose first key the tile's last row reaches
- * through window_right. 0 for a tile of rows past the sequence, or that no key block sees (its
- * rows' dq is 0: dq_tiles_prepare_kernel writes it). */
-__device__ __forceinline__ int key_blocks_adding(const attn_cuda_params &p, const Head &r, int mb, int kBM,
-                                                          int kBN) {
-  if ((int64_t)mb * kBM >= r.len_q || r.len_k <= 0) return 0;
-  int lo = 0, hi = (r.len_k + kBN - 1) / kBN - 1;
-  if (p.window_left >= 0) {
-    const int64_t reach = (int64_t)mb * kBM + r.o - p.window_left; /* a block's last key must reach it */
-    if (reach > r.len_k - 1) return 0;
-    lo = reach < 0 ? 0 : (int)(reach / kBN);
-  }
-  if (p.window_right >= 0) {
-    const int64_t last = (int64_t)mb * kBM + kBM - 1 + r.o + p.window_right; /* a block's first key at most */
-    if (last < 0) return 0;
-    hi = (int)(last / kBN < hi ? last / kBN : hi);
-  }
-  return hi >= lo ? hi - lo + 1 : 0;
-}
-
 /* Spins until the counter at c reads v (acquire: the additions it counts are visible after). */
 __device__ __forceinline__ void wait_counter(const int32_t *c, int v) {
   int x;
@@ -147,29 +152,6 @@ __device__ __forceinline__ void wait_counter(const int32_t *c, int v) {
 /* Adds one to the counter at c after this thread's earlier writes (release). */
 __device__ __forceinline__ void bump_counter(int32_t *c) {
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(c) : "memory");
-}
-
-/* Before a kFuseDq backward: the tiled workspace and the slices' counters zeroed, and the rows of
- * the tiles no key block adds into (key_blocks_adding 0: their rows see no key) written as zeros
- * into dq, which no conversion reaches; one warp per tile for the latter. */
-template <typename T, int kD>
-__global__ void dq_tiles_prepare_kernel(const __grid_constant__ attn_cuda_params p, int64_t floats, int64_t counters) {
-  constexpr int kBM = ATTN_CUDA_SM90_BWD_ROWS, kBN = 128;
-  const int64_t stride = gridDim.x * (int64_t)blockDim.x, first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  for (int64_t e = first; e < floats / 4; e += stride) reinterpret_cast<float4 *>(p.dq_accum)[e] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int64_t e = first; e < counters; e += stride) p.dq_counts[e] = 0;
-  const int lane = threadIdx.x & 31;
-  const int64_t blocks = (p.seqlen_q + kBM - 1) / kBM, tiles = (int64_t)p.heads_q * p.batch * blocks;
-  for (int64_t t = first / 32; t < tiles; t += stride / 32) {
-    const int mb = (int)(t % blocks), b = (int)(t / blocks % p.batch), h = (int)(t / blocks / p.batch);
-    const Seq sq = seq_of(p, b);
-    if (key_blocks_adding(p, head_of(p, sq, b, h), mb, kBM, kBN) != 0) continue;
-    const int rows = min(kBM, sq.len_q - mb * kBM);
-    for (int e = lane; e < rows * (kD / 2); e += 32) {
-      const int i = mb * kBM + e / (kD / 2), c = (e % (kD / 2)) * 2;
-      *reinterpret_cast<uint32_t *>(static_cast<T *>(p.dq_out) + b * p.dq_b + (sq.q0 + i) * p.dq_r + h * p.dq_h + c) = 0u;
-    }
-  }
 }
 
 /* What a kernel instantiation computes per score (bwd90_mode picks one for a problem): the plain
@@ -313,46 +295,6 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       Wgmma<T, kD / 2>::sst(dq, smem_desc(ds + kk * 16 * 128, kBN * 128, 1024), smem_desc(k + kk * 16 * 128, kBN * 128, 1024),
                             kk > 0);
   };
-
-  /* kFuseDq: the slice of this warp in dQ tile (h, m0), its counter, and its conversion into dq
-   * (scaled, rounded, rows past the sequence skipped) by the warp whose addition completed it; the
-   * slice is read from L2 (.cg), where the additions landed, after the counter's acquire */
-  auto slice_counter = [&](int h, int m0) {
-    return p.dq_counts + (dq_tile_index<kD>(p, h, b, m0, 0, 0) / (kBM * kD)) * 8 + cw * 4 + wq;
-  };
-  auto convert_slice = [&](int h, int m0) {
-    __syncwarp();
-    const Seq sc = seq_of(p, b); /* read again, not held across the loop */
-    const float4 *slice = reinterpret_cast<const float4 *>(p.dq_accum + dq_tile_index<kD>(p, h, b, m0, wq * 16, dq_col0));
-    const int i0 = m0 + wq * 16 + (lane >> 2);
-    T *row0 = static_cast<T *>(p.dq_out) + b * p.dq_b + (sc.q0 + i0) * p.dq_r + h * p.dq_h + dq_col0 + (lane & 3) * 2;
-#pragma unroll
-    for (int jj = 0; jj < kD / 16; ++jj) {
-      const float4 v = __ldcg(slice + jj * 32 + lane);
-      if (i0 < sc.len_q) *reinterpret_cast<uint32_t *>(row0 + jj * 8) = Elem<T>::pack(v.x * p.scale, v.y * p.scale);
-      if (i0 + 8 < sc.len_q)
-        *reinterpret_cast<uint32_t *>(row0 + 8 * p.dq_r + jj * 8) = Elem<T>::pack(v.z * p.scale, v.w * p.scale);
-    }
-  };
-  /* Without the deterministic order the key blocks add in any order, so each counts its complete
-   * additions: item it's is counted (atom, lane 0) during item it + 1, once its bulk group is
-   * waited for, and the count that atom returned is looked at during item it + 2, so that
-   * neither the copy engine nor the atom's round trip stalls the warp; the key block that brings
-   * a slice's count to key_blocks_adding converts it. */
-  auto count_added = [&](int it) {
-    const int h = g * p.group + it / nm, m0 = block_of(it) * kBM;
-    int old = 0;
-    asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the bulk addition before the release */
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(slice_counter(h, m0)) : "memory");
-    return old;
-  };
-  auto convert_if_last = [&](int it, int old) {
-    const int h = g * p.group + it / nm, m0 = block_of(it) * kBM;
-    int last = 0;
-    if (lane == 0) last = old == key_blocks_adding(p, head_of(p, seq_of(p, b), b, h), m0 / kBM, kBM, kBN) - 1;
-    if (__shfl_sync(0xffffffffu, last, 0)) convert_slice(h, m0);
-  };
-  int counted = 0; /* lane 0: what count_added returned for item it - 2, at item it */
 
   /* varlen: rows past the sequence's end are zeroed before a product reads them (clear_tail_rows):
    * K's once (dQ = dS K), each partial item's Q and dO (dK = dS^T Q, dV = P^T dO); V's need not
@@ -532,12 +474,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
        * 16 (32 jj + l) bytes, so each store is one conflict-free line per 8 lanes; lane 0 adds it
        * once the previous item's addition has read the staging */
       const uint32_t dqs = sDQ + (cw * 4 + wq) * C::kDqWarpFloats * 4;
-      /* kFuseDq: the previous item's addition completes (not only read: this one's comes a whole
-       * item later, so the wait is short) before its slice is counted below */
-      if (lane == 0) {
-        if constexpr (C::kFuseDq && !kDeterministic) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-        else asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-      }
+      if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
       __syncwarp();
 #pragma unroll
       for (int jj = 0; jj < kD / 16; ++jj)
@@ -551,7 +488,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         /* kDeterministic: this slice's counter (the same order as dq_tile_index's slices) */
         int32_t *counter = nullptr;
         if constexpr (kDeterministic) {
-          counter = slice_counter(h, m0);
+          counter = p.dq_semaphore + (dq_tile_index<kD>(p, h, b, m0, 0, 0) / (kBM * kD)) * 8 + cw * 4 + wq;
           wait_counter(counter, n0 / kBN - first_key_block(p, hd, m0 / kBM, kBM, kBN));
           asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the copy engine reads after it */
         }
@@ -568,16 +505,6 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       }
       /* lane 0 may have spun on the counter: the warp meets again before wgmma's aligned wait */
       if constexpr (kDeterministic) __syncwarp();
-      if constexpr (C::kFuseDq) {
-        if constexpr (kDeterministic) {
-          /* the key blocks add in order: the last of them converts, its addition complete above */
-          if (n0 / kBN - first_key_block(p, hd, m0 / kBM, kBM, kBN) == key_blocks_adding(p, hd, m0 / kBM, kBM, kBN) - 1)
-            convert_slice(h, m0);
-        } else {
-          if (it > 1) convert_if_last(it - 2, counted);
-          if (it > 0 && lane == 0) counted = count_added(it - 1);
-        }
-      }
     } else {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
@@ -598,13 +525,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     mbar_arrive(empty(s)); /* this thread's reads of stage s and its products are done */
   }
 
-  /* the last addition must have read the staging before the CTA's shared memory goes (and, with
-   * kFuseDq, be complete before it is counted) */
+  /* the last addition must have read the staging before the CTA's shared memory goes */
   if (C::kDqTiled && lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-  if constexpr (C::kFuseDq && !kDeterministic) {
-    if (items > 1) convert_if_last(items - 2, counted);
-    if (items > 0) convert_if_last(items - 1, lane == 0 ? count_added(items - 1) : 0);
-  }
 
   /* this warp's 16 keys of dK (times the softmax scale) and dV */
   const int k_row = n0 + cw * 64 + wq * 16;
@@ -666,18 +588,10 @@ attn_status launch_bwd90_mode(const attn_cuda_params &p, cudaStream_t stream, ch
     return st;
   const int64_t dq_floats =
       C::kDqTiled ? ATTN_CUDA_SM90_DQ_FLOATS(p.heads_q, p.batch, p.seqlen_q, C::kD) : p.rows_q * p.heads_q * p.d;
+  if (dq_floats > 0) ATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, (size_t)dq_floats * sizeof(float), stream));
   const int64_t counters = ATTN_CUDA_SM90_DQ_SLICES(p.heads_q, p.batch, p.seqlen_q);
-  if constexpr (C::kFuseDq) {
-    const int64_t blocks = (dq_floats / 4 + 255) / 256;
-    if (blocks > 0) {
-      dq_tiles_prepare_kernel<T, C::kD><<<(int)(blocks > 4096 ? 4096 : blocks), 256, 0, stream>>>(p, dq_floats, counters);
-      ATTN_CUDA_CHECK(cudaGetLastError());
-    }
-  } else {
-    if (dq_floats > 0) ATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, (size_t)dq_floats * sizeof(float), stream));
-    if (kDeterministic && counters > 0)
-      ATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_counts, 0, (size_t)counters * sizeof(int32_t), stream));
-  }
+  if (kDeterministic && counters > 0)
+    ATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_semaphore, 0, (size_t)counters * sizeof(int32_t), stream));
   auto kernel = bwd90_kernel<C, kMode, kDeterministic>;
   ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmem));
   /* key blocks along x: the deterministic order has key block n wait for n - 1 of the same head
@@ -688,12 +602,16 @@ attn_status launch_bwd90_mode(const attn_cuda_params &p, cudaStream_t stream, ch
     ATTN_CUDA_CHECK(cudaGetLastError());
   }
   const int64_t n = (int64_t)p.batch * p.seqlen_q * p.heads_q * (p.d / 2);
-  if (!C::kFuseDq && n > 0) {
-    const int64_t blocks = (n + 255) / 256;
-    if constexpr (C::kDqTiled)
-      dq_tiles_convert_kernel<T, C::kD><<<(int)(blocks > 65535 ? 65535 : blocks), 256, 0, stream>>>(p);
-    else
+  if (n > 0) {
+    if constexpr (C::kDqTiled) {
+      const int64_t tiles = (int64_t)p.heads_q * p.batch * ((p.seqlen_q + C::kBM - 1) / C::kBM);
+      const int grid = (int)(tiles > 65535 ? 65535 : tiles);
+      if (dq_rows_vec16(p)) dq_tiles_convert_kernel<T, C::kD, true><<<grid, 256, 0, stream>>>(p);
+      else dq_tiles_convert_kernel<T, C::kD, false><<<grid, 256, 0, stream>>>(p);
+    } else {
+      const int64_t blocks = (n + 255) / 256;
       dq_convert_kernel<T><<<(int)(blocks > 65535 ? 65535 : blocks), 256, 0, stream>>>(p);
+    }
     ATTN_CUDA_CHECK(cudaGetLastError());
   }
   return ATTN_STATUS_OK;
@@ -709,8 +627,6 @@ template <typename C> attn_status launch_bwd90(const attn_cuda_params &p, cudaSt
   const char *no = sm90_bwd_unsupported(p);
   if (no == nullptr && p.d != C::kD) no = "the sm90 backward was asked for another head dim";
   if (no == nullptr && p.dq_semaphore != nullptr && !C::kDqTiled) no = "the deterministic sm90 backward needs kDqTiled";
-  if (no == nullptr && (p.dq_semaphore != nullptr || C::kFuseDq) && p.dq_counts == nullptr)
-    no = "the sm90 backward needs the counters of its dq slices";
   if (no != nullptr) {
     snprintf(why, why_size, "%s", no);
     return ATTN_STATUS_UNSUPPORTED;
