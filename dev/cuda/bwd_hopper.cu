@@ -84,10 +84,21 @@
  *      the library (cuda_launch.cu), Delta's kernel with 16-byte loads: together the library's
  *      backward went from 466-479 to 512 TFLOPS at D = 128, T = 8192 non-causal, the lab's
  *      kernel 516 (RESULTS.md, "The backward's side kernels").
- *   Not yet tried (FlashAttention-3 reaches ~1.5-1.75x of FlashAttention-2 here): S^T / dP^T of
- *   item it + 1 issued under item it's elementwise work (what D = 64 needs most; at D = 128 it
- *   needs the registers the spills show are short; it would also hide the soft cap's and
- *   ALiBi's per-score work), the two consumer warpgroups out of lockstep (the per-item barrier
+ *   v8 (the library's at D = 64; kPrefetch) each item's pass issues the next item's S^T / dP^T
+ *      ahead of its own dV, dQ and dK products, then turns them into the next item's P^T / dS^T
+ *      (in registers of their own, pv / dsv) while those products run, and waits for everything
+ *      before the loop's back edge; three Q / dO stages. The first form kept the products in
+ *      flight across the back edge and ptxas serialized every wgmma of the kernel (C7515, seen
+ *      only in `-Xptxas -v` of the kernel alone): 0.84x v6. The pass's set-up now runs between
+ *      the scores' issue and their wait, in v6 too. H200, bf16, T = 8192, TFLOPS non-causal /
+ *      causal, same call: D = 64 v8 378.7 / 362.5 against v6 353.3 / 336.3 (1.07x / 1.08x; v6 as
+ *      it was, the call before: 342.9 / 328.3); D = 128 v6 534.0 / 498.5 (as it was: 517.6 /
+ *      479.8; v8 there spills 450-1100 bytes and is serialized, 0.5x). ALiBi and the soft cap
+ *      at D = 64 run at v6's absolute speed (323 / 204 against 322 / 205), so their ratios to
+ *      the plain speed fall (0.85x, 0.54x). Every check passed (94 + 94, v8 at D = 64 and 128).
+ *   Not yet tried (FlashAttention-3 reaches ~1.5-1.75x of FlashAttention-2 here): v8's overlap
+ *   at D = 128 (it needs registers: dQ in shared memory, or dK / dV split across more
+ *   warpgroups), the two consumer warpgroups out of lockstep (the per-item barrier
  *   for dS^T), 3 warpgroups (kBN = 192) at D = 64, a persistent grid; for the soft cap,
  *   tanh.approx (one instruction, but its 2^-11 error in the logit would be off the forward's
  *   lse unless the forward used it too).
@@ -574,12 +585,15 @@ int main(int argc, char **argv) {
   using V6_64 = BwdCfg90<bf, 64>;
   using V6_128h = BwdCfg90<hf, 128>;
   using V6_64h = BwdCfg90<hf, 64>;
+  using V8_128 = BwdCfg90<bf, 128, 3, true, true, true>; /* v8: the next item's S^T / dP^T prefetched */
+  using V8_64 = BwdCfg90<bf, 64, 3, true, true, true>;
+  using V8_128h = BwdCfg90<hf, 128, 3, true, true, true>;
+  using V8_64h = BwdCfg90<hf, 64, 3, true, true, true>;
   /* the timings first: a device call cut short by its time limit keeps them */
   if (all || strcmp(what, "bench") == 0) {
-    bench_parts<128>();
-    bench_parts<64>();
     for (int c = 0; c < 2; ++c) {
       bench_feat<V6_128>(c, "v6");
+      bench_feat<V8_64>(c, "v8");
       bench_feat<V6_64>(c, "v6");
     }
   }
@@ -587,16 +601,16 @@ int main(int argc, char **argv) {
     return (all || strcmp(what, "check") == 0) && (strcmp(dtype, "all") == 0 || strcmp(dtype, t) == 0);
   };
   if (want("bf16")) {
-    checks_feat<V6_128>("v6", seed);
-    checks_feat<V6_64>("v6", seed);
-    checks<V6_128>("v6", seed);
-    checks<V6_64>("v6", seed);
+    checks_feat<V8_128>("v8", seed);
+    checks_feat<V8_64>("v8", seed);
+    checks<V8_128>("v8", seed);
+    checks<V8_64>("v8", seed);
   }
   if (want("f16")) {
-    checks_feat<V6_128h>("v6", seed);
-    checks_feat<V6_64h>("v6", seed);
-    checks<V6_128h>("v6", seed);
-    checks<V6_64h>("v6", seed);
+    checks_feat<V8_128h>("v8", seed);
+    checks_feat<V8_64h>("v8", seed);
+    checks<V8_128h>("v8", seed);
+    checks<V8_64h>("v8", seed);
   }
   /* v1, v2 and v4 stay compilable, their figures above; the lab no longer times them (device time) */
   (void)sizeof(BwdCfg90<bf, 128, 2, false, false>), (void)sizeof(BwdCfg90<bf, 128, 2, true, false>);

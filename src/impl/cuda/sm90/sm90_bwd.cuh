@@ -10,7 +10,7 @@
  * bias, masks and segment ids run on the sm_80 backward (sm90_bwd_unsupported says why). Each
  * version's idea and speed: dev/cuda/bwd_hopper.cu (v4: 1.18-1.54x the atomic sm_80 backward on
  * an H100; v5 the features; v6 the elementwise step without per-score branches, 1.12-1.48x v5 on an
- * H200).
+ * H200; v8 the next item's scores under this item's products, D = 64, 1.07-1.08x v6).
  *
  * One CTA per (block of kBN = 128 keys, KV head, batch) keeps dK and dV of its keys in f32
  * registers while it walks every query head of the KV head's group and every 64-row query block
@@ -51,11 +51,19 @@ namespace sm90 {
  * kDqTiled: dQ goes into the workspace's tiles (ATTN_CUDA_SM90_DQ_FLOATS) by the copy engine, one
  * bulk reduce-add of a warp's whole slice (4 KiB at D = 128) staged in shared memory, instead of
  * 16 or 32 float2 atomics per thread into [Hq, rows_q, d]: Nsight Compute showed the atomics'
- * queue holding the consumers' registers (the top stalls of the v2 kernel, 13% of its samples). */
-template <typename T_, int kD_, int kStages_ = 2, bool kOverlap_ = true, bool kDqTiled_ = true> struct BwdCfg90 {
+ * queue holding the consumers' registers (the top stalls of the v2 kernel, 13% of its samples).
+ * kPrefetch (v8, D = 64): each item's pass issues the next item's S^T / dP^T before its own dV, dQ
+ * and dK products and computes the next item's P^T / dS^T while they run, ending with every group
+ * complete (a group in flight across the loop's back edge made ptxas serialize every wgmma); a
+ * third Q / dO stage keeps the copies ahead. At D = 128 the products' accumulators in flight
+ * beside S^T and dP^T exceed the registers. */
+template <typename T_, int kD_, int kStages_ = 2, bool kOverlap_ = true, bool kDqTiled_ = true, bool kPrefetch_ = false>
+struct BwdCfg90 {
   using T = T_;
   static constexpr int kD = kD_, kBN = 128, kBM = ATTN_CUDA_SM90_BWD_ROWS, kStages = kStages_, kCWG = 2;
-  static constexpr bool kOverlap = kOverlap_, kDqTiled = kDqTiled_;
+  static constexpr bool kOverlap = kOverlap_, kDqTiled = kDqTiled_, kPrefetch = kPrefetch_;
+  static_assert(!kPrefetch || (kOverlap && kDqTiled && kStages >= 3),
+                "the prefetching schedule keeps three items' Q and dO in flight");
   static constexpr int kThreads = 128 * (kCWG + 1), kPanels = kD / 64;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static constexpr uint32_t kKVBytes = kBN * kD * 2, kQBytes = kBM * kD * 2, kDSBytes = kBN * kBM * 2;
@@ -312,18 +320,93 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const bool has_alibi = kMode != kBwdPlain && p.alibi != nullptr;
   const bool has_cap = kMode == kBwdCap && p.softcap > 0.f;
   const SoftCap cap(p); /* read only with has_cap */
-  for (int it = 0; it < items; ++it) {
+  /* Item it's Q / dO stage landed, and its rows past the sequence cleared; then its S^T and dP^T
+   * issued as one group */
+  auto stage_ready = [&](int it) {
+    const int s = it % kStages, m0 = block_of(it) * kBM;
+    mbar_wait(full(s), (it / kStages) & 1);
+    if (varlen && m0 + kBM > sq.len_q) {
+      clear_tail_rows<C::kPanels, kBM, 128 * C::kCWG>(sQ + s * C::kQBytes, sq.len_q - m0, tid - 128);
+      clear_tail_rows<C::kPanels, kBM, 128 * C::kCWG>(sO + s * C::kQBytes, sq.len_q - m0, tid - 128);
+      both_cleared();
+    }
+  };
+  auto issue_scores = [&](int it, bool wait_stage) {
+    const int s = it % kStages;
+    if (wait_stage) stage_ready(it);
+    wgmma_fence();
+    issue_transposed(st, sK, sQ + s * C::kQBytes);
+    issue_transposed(dpt, sV, sO + s * C::kQBytes);
+    wgmma_commit();
+  };
+  /* Item it's dQ (the registers dq) added into the workspace: h, m0 and hd are the item's */
+  auto add_dq = [&](int it) {
+    const int h = g * p.group + it / nm, m0 = block_of(it) * kBM;
+    const Head hd = head_of(p, sq, b, h);
+    (void)hd;
+    /* dQ's rows: queries m0 + 16 wq + (lane >> 2) + 8 hf; columns dq_col0 + 8 jj + 2 (lane & 3) */
+    if constexpr (C::kDqTiled) {
+      /* the slice in its tile order (dq_tile_index): lane l's four floats of column group jj at
+       * 16 (32 jj + l) bytes, so each store is one conflict-free line per 8 lanes; lane 0 adds it
+       * once the previous item's addition has read the staging */
+      const uint32_t dqs = sDQ + (cw * 4 + wq) * C::kDqWarpFloats * 4;
+      if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+      __syncwarp();
+  #pragma unroll
+      for (int jj = 0; jj < kD / 16; ++jj)
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(dqs + (jj * 32 + lane) * 16), "f"(dq[4 * jj]),
+                     "f"(dq[4 * jj + 1]), "f"(dq[4 * jj + 2]), "f"(dq[4 * jj + 3])
+                     : "memory");
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* visible to the copy engine */
+      __syncwarp();
+      if (lane == 0) {
+        const float *slice = p.dq_accum + dq_tile_index<kD>(p, h, b, m0, wq * 16, dq_col0);
+        /* kDeterministic: this slice's counter (the same order as dq_tile_index's slices) */
+        int32_t *counter = nullptr;
+        if constexpr (kDeterministic) {
+          counter = p.dq_semaphore + (dq_tile_index<kD>(p, h, b, m0, 0, 0) / (kBM * kD)) * 8 + cw * 4 + wq;
+          wait_counter(counter, n0 / kBN - first_key_block(p, hd, m0 / kBM, kBM, kBN));
+          asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the copy engine reads after it */
+        }
+        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                     "cp.async.bulk.commit_group;\n" ::"l"(slice),
+                     "r"(dqs), "n"(C::kDqWarpFloats * 4)
+                     : "memory");
+        if constexpr (kDeterministic) {
+          /* the addition is complete (not only read) before the next key block may add */
+          asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+          asm volatile("fence.proxy.async.global;\n" ::: "memory");
+          bump_counter(counter);
+        }
+      }
+      /* lane 0 may have spun on the counter: the warp meets again before wgmma's aligned wait */
+      if constexpr (kDeterministic) __syncwarp();
+    } else {
+  #pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = m0 + wq * 16 + (lane >> 2) + hf * 8;
+        if (i >= sq.len_q) continue;
+        float *row = p.dq_accum + (h * p.rows_q + delta_row(p, sq, b, i)) * kD + dq_col0 + (lane & 3) * 2;
+  #pragma unroll
+        for (int jj = 0; jj < kD / 16; ++jj)
+          atomicAdd(reinterpret_cast<float2 *>(row + jj * 8), make_float2(dq[4 * jj + 2 * hf], dq[4 * jj + 2 * hf + 1]));
+      }
+    }
+  };
+
+  /* P^T and dS^T of an item, out of its S^T and dP^T: in their place, or with kPrefetch in
+   * registers of their own (ptxas serializes every wgmma of a kernel whose other instructions
+   * write an accumulator while a wgmma is in flight; in place, fewer registers) */
+  float pv_own[kBM / 2], dsv_own[kBM / 2];
+  float(&pv)[kBM / 2] = C::kPrefetch ? pv_own : st;
+  float(&dsv)[kBM / 2] = C::kPrefetch ? dsv_own : dpt;
+  /* Item it's P^T and dS^T into pv and dsv; landed() waits for its S^T and dP^T, after the item's
+   * set-up, which so runs under the products */
+  auto scores_to_grads = [&](int it, auto landed) {
     const int s = it % kStages, h = g * p.group + it / nm, m0 = block_of(it) * kBM;
     const Head hd = head_of(p, sq, b, h);
     const int m_last = min(m0 + kBM, sq.len_q) - 1;
     const bool interior = band_full(p, hd, m0, m_last, n0, kBN) && m0 + kBM <= sq.len_q;
-    mbar_wait(full(s), (it / kStages) & 1);
-    const uint32_t q = sQ + s * C::kQBytes, o = sO + s * C::kQBytes;
-    if (varlen && m0 + kBM > sq.len_q) {
-      clear_tail_rows<C::kPanels, kBM, 128 * C::kCWG>(q, sq.len_q - m0, tid - 128);
-      clear_tail_rows<C::kPanels, kBM, 128 * C::kCWG>(o, sq.len_q - m0, tid - 128);
-      both_cleared();
-    }
     const float alibi_step = has_alibi ? -p.alibi[b * p.alibi_b + h * p.alibi_h] / p.scale : 0.f;
     /* i + o - j of this thread's first element (query m0 + 2 (lane & 3), key n0 + kr); the others
      * differ by constants, so |i + o - j| is exact in f32 below 2^24 */
@@ -335,16 +418,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       if (p.window_right == 0 || m0 + hd.o - (n0 + kBN - 1) >= 0) side = 1;
       else if (p.window_left == 0 || m0 + kBM - 1 + hd.o - n0 <= 0) side = -1;
     }
-    wgmma_fence();
-    issue_transposed(st, sK, q);
-    issue_transposed(dpt, sV, o);
-    wgmma_commit();
-    wgmma_wait<0>();
-    pin(st);
-    pin(dpt);
-
-    /* P^T and dS^T, packed as A fragments (two adjacent 8-query groups make one 16-wide slice).
-     * kLinear (ALiBi without the cap where i + o - j keeps one sign on every visible score of the
+    /* kLinear (ALiBi without the cap where i + o - j keeps one sign on every visible score of the
      * tile: a causal band, or a tile wholly on one side of the diagonal): |i + o - j| is then
      * side * (i + o - j), so ALiBi's term splits into one per key row and one per query column,
      * the latter folded into -lse2 once per column: one FADD per score instead of an abs, an add
@@ -354,6 +428,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
      * past q_col0), with no branch: per-score branches, as visible_band's, kept the exponentials
      * from being pipelined (1.12-1.48x on an H200 without them, dev/cuda/bwd_hopper.cu's v6), and
      * interior tiles, most of them, have an instantiation without the test */
+    landed();
+    pin(st);
+    pin(dpt);
     const int q_col0 = m0 + 2 * (lane & 3);
     int see_lo[2] = {0, 0}, see_n[2] = {0, 0}; /* per key row hf: columns [see_lo, see_lo + see_n) see it */
     if (!interior)
@@ -394,8 +471,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
             P = ex2(at_most_zero(fmaf(st[4 * jj + e], scale_log2, col_term[c])));
             ds = P * (dpt[4 * jj + e] - delta);
           }
-          st[4 * jj + e] = hidden ? 0.f : P;
-          dpt[4 * jj + e] = hidden ? 0.f : ds;
+          pv[4 * jj + e] = hidden ? 0.f : P;
+          dsv[4 * jj + e] = hidden ? 0.f : ds;
         }
       }
     };
@@ -413,116 +490,119 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       }
     };
     run_elementwise();
+  };
+  /* P^T and dS^T packed as A fragments (two adjacent 8-query groups make one 16-wide slice) */
+  auto pack_grads = [&]() {
 #pragma unroll
     for (int kk = 0; kk < kBM / 16; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        pa[kk][r] = Elem<T>::pack(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
-        dsa[kk][r] = Elem<T>::pack(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
+        pa[kk][r] = Elem<T>::pack(pv[8 * kk + 2 * r], pv[8 * kk + 2 * r + 1]);
+        dsa[kk][r] = Elem<T>::pack(dsv[8 * kk + 2 * r], dsv[8 * kk + 2 * r + 1]);
       }
-    /* dS^T to shared memory [128 keys][64 queries], 128 bytes a row, 16-byte chunk c of row r at
-     * c ^ (r % 8): the copy engine's swizzle, which wgmma's descriptors read */
-    const uint32_t ds = sDS + (it & 1) * C::kDSBytes;
-    auto store_ds = [&]() {
+  };
+  /* dS^T to shared memory [128 keys][64 queries] at ds, 128 bytes a row, 16-byte chunk c of row r
+   * at c ^ (r % 8): the copy engine's swizzle, which wgmma's descriptors read */
+  auto store_ds = [&](uint32_t ds) {
 #pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk)
+    for (int kk = 0; kk < kBM / 16; ++kk)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int row = kr + (r & 1) * 8, chunk = 2 * kk + (r >> 1);
-          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(ds + row * 128 + ((chunk ^ (row & 7)) * 16) + (lane & 3) * 4),
-                       "r"(dsa[kk][r])
-                       : "memory");
-        }
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* visible to wgmma */
-    };
-    auto both_halves_stored = both_cleared; /* the same barrier of both warpgroups */
+      for (int r = 0; r < 4; ++r) {
+        const int row = kr + (r & 1) * 8, chunk = 2 * kk + (r >> 1);
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(ds + row * 128 + ((chunk ^ (row & 7)) * 16) + (lane & 3) * 4),
+                     "r"(dsa[kk][r])
+                     : "memory");
+      }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* visible to wgmma */
+  };
+  auto both_halves_stored = both_cleared; /* the same barrier of both warpgroups */
 
-    pin(dka);
-    pin(dva);
-    pin(pa);
-    pin(dsa);
-    if constexpr (C::kOverlap) {
+  if constexpr (C::kPrefetch) {
+    /* Each pass issues the next item's S^T / dP^T ahead of this item's dV, dQ and dK products and
+     * turns them into the next item's P^T and dS^T while those products run; it ends with every
+     * group complete, so that none stays in flight across the loop's back edge (ptxas serializes
+     * the kernel's wgmma where one does). The last pass issues its own item's scores again (their
+     * results unused), so that every pass has the same groups. */
+    if (items > 0) {
+      issue_scores(0, true);
+      scores_to_grads(0, [&] { wgmma_wait<0>(); });
+    }
+    for (int it = 0; it < items; ++it) {
+      const int s = it % kStages;
+      const uint32_t q = sQ + s * C::kQBytes, o = sO + s * C::kQBytes, ds = sDS + (it & 1) * C::kDSBytes;
+      pack_grads();
+      store_ds(ds);
+      const bool more = it + 1 < items;
+      issue_scores(more ? it + 1 : it, more);
+      pin(dka);
+      pin(dva);
+      pin(pa);
+      pin(dsa);
       wgmma_fence();
       issue_ab(dva, pa, o);
       wgmma_commit();
-      store_ds();
       both_halves_stored();
-      wgmma_fence(); /* dq's registers were last read by the previous item's atomics */
       issue_dq(ds);
       wgmma_commit();
       issue_ab(dka, dsa, q);
       wgmma_commit();
-      wgmma_wait<1>(); /* dV and dQ have landed; dK's products run under the atomics */
-      pin(dq);
-    } else {
-      store_ds();
-      wgmma_fence();
-      issue_ab(dva, pa, o);
-      issue_ab(dka, dsa, q);
-      wgmma_commit();
-      both_halves_stored();
-      wgmma_fence();
-      issue_dq(ds);
-      wgmma_commit();
+      scores_to_grads(more ? it + 1 : it, [&] { wgmma_wait<3>(); });
       wgmma_wait<0>();
+      pin(dka);
+      pin(dva);
+      pin(pa);
+      pin(dsa);
       pin(dq);
+      add_dq(it);
+      mbar_arrive(empty(s)); /* this thread's reads of stage s and its products are done */
     }
-
-    /* dQ's rows: queries m0 + 16 wq + (lane >> 2) + 8 hf; columns dq_col0 + 8 jj + 2 (lane & 3) */
-    if constexpr (C::kDqTiled) {
-      /* the slice in its tile order (dq_tile_index): lane l's four floats of column group jj at
-       * 16 (32 jj + l) bytes, so each store is one conflict-free line per 8 lanes; lane 0 adds it
-       * once the previous item's addition has read the staging */
-      const uint32_t dqs = sDQ + (cw * 4 + wq) * C::kDqWarpFloats * 4;
-      if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-      __syncwarp();
-#pragma unroll
-      for (int jj = 0; jj < kD / 16; ++jj)
-        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(dqs + (jj * 32 + lane) * 16), "f"(dq[4 * jj]),
-                     "f"(dq[4 * jj + 1]), "f"(dq[4 * jj + 2]), "f"(dq[4 * jj + 3])
-                     : "memory");
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* visible to the copy engine */
-      __syncwarp();
-      if (lane == 0) {
-        const float *slice = p.dq_accum + dq_tile_index<kD>(p, h, b, m0, wq * 16, dq_col0);
-        /* kDeterministic: this slice's counter (the same order as dq_tile_index's slices) */
-        int32_t *counter = nullptr;
-        if constexpr (kDeterministic) {
-          counter = p.dq_semaphore + (dq_tile_index<kD>(p, h, b, m0, 0, 0) / (kBM * kD)) * 8 + cw * 4 + wq;
-          wait_counter(counter, n0 / kBN - first_key_block(p, hd, m0 / kBM, kBM, kBN));
-          asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the copy engine reads after it */
-        }
-        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-                     "cp.async.bulk.commit_group;\n" ::"l"(slice),
-                     "r"(dqs), "n"(C::kDqWarpFloats * 4)
-                     : "memory");
-        if constexpr (kDeterministic) {
-          /* the addition is complete (not only read) before the next key block may add */
-          asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-          asm volatile("fence.proxy.async.global;\n" ::: "memory");
-          bump_counter(counter);
-        }
+  } else {
+    for (int it = 0; it < items; ++it) {
+      const int s = it % kStages;
+      const uint32_t q = sQ + s * C::kQBytes, o = sO + s * C::kQBytes, ds = sDS + (it & 1) * C::kDSBytes;
+      stage_ready(it);
+      issue_scores(it, false);
+      scores_to_grads(it, [&] { wgmma_wait<0>(); });
+      pack_grads();
+      pin(dka);
+      pin(dva);
+      pin(pa);
+      pin(dsa);
+      if constexpr (C::kOverlap) {
+        wgmma_fence();
+        issue_ab(dva, pa, o);
+        wgmma_commit();
+        store_ds(ds);
+        both_halves_stored();
+        wgmma_fence(); /* dq's registers were last read by the previous item's atomics */
+        issue_dq(ds);
+        wgmma_commit();
+        issue_ab(dka, dsa, q);
+        wgmma_commit();
+        wgmma_wait<1>(); /* dV and dQ have landed; dK's products run under the atomics */
+        pin(dq);
+      } else {
+        store_ds(ds);
+        wgmma_fence();
+        issue_ab(dva, pa, o);
+        issue_ab(dka, dsa, q);
+        wgmma_commit();
+        both_halves_stored();
+        wgmma_fence();
+        issue_dq(ds);
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(dq);
       }
-      /* lane 0 may have spun on the counter: the warp meets again before wgmma's aligned wait */
-      if constexpr (kDeterministic) __syncwarp();
-    } else {
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int i = m0 + wq * 16 + (lane >> 2) + hf * 8;
-        if (i >= sq.len_q) continue;
-        float *row = p.dq_accum + (h * p.rows_q + delta_row(p, sq, b, i)) * kD + dq_col0 + (lane & 3) * 2;
-#pragma unroll
-        for (int jj = 0; jj < kD / 16; ++jj)
-          atomicAdd(reinterpret_cast<float2 *>(row + jj * 8), make_float2(dq[4 * jj + 2 * hf], dq[4 * jj + 2 * hf + 1]));
-      }
+      add_dq(it);
+      if constexpr (C::kOverlap) wgmma_wait<0>();
+      pin(dka);
+      pin(dva);
+      pin(pa);
+      pin(dsa);
+      pin(dq);
+      mbar_arrive(empty(s)); /* this thread's reads of stage s and its products are done */
     }
-    if constexpr (C::kOverlap) wgmma_wait<0>();
-    pin(dka);
-    pin(dva);
-    pin(pa);
-    pin(dsa);
-    pin(dq);
-    mbar_arrive(empty(s)); /* this thread's reads of stage s and its products are done */
   }
 
   /* the last addition must have read the staging before the CTA's shared memory goes */
