@@ -320,8 +320,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const bool has_alibi = kMode != kBwdPlain && p.alibi != nullptr;
   const bool has_cap = kMode == kBwdCap && p.softcap > 0.f;
   const SoftCap cap(p); /* read only with has_cap */
-  /* Item it's Q / dO stage landed, and its rows past the sequence cleared; then its S^T and dP^T
-   * issued as one group */
+  /* Item it's Q / dO stage landed, and its rows past the sequence cleared */
   auto stage_ready = [&](int it) {
     const int s = it % kStages, m0 = block_of(it) * kBM;
     mbar_wait(full(s), (it / kStages) & 1);
@@ -331,6 +330,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       both_cleared();
     }
   };
+  /* Item it's S^T and dP^T issued as one group (its stage waited for first where wait_stage) */
   auto issue_scores = [&](int it, bool wait_stage) {
     const int s = it % kStages;
     if (wait_stage) stage_ready(it);
@@ -339,11 +339,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     issue_transposed(dpt, sV, sO + s * C::kQBytes);
     wgmma_commit();
   };
-  /* Item it's dQ (the registers dq) added into the workspace: h, m0 and hd are the item's */
+  /* Item it's dQ (the registers dq) added into the workspace */
   auto add_dq = [&](int it) {
     const int h = g * p.group + it / nm, m0 = block_of(it) * kBM;
-    const Head hd = head_of(p, sq, b, h);
-    (void)hd;
     /* dQ's rows: queries m0 + 16 wq + (lane >> 2) + 8 hf; columns dq_col0 + 8 jj + 2 (lane & 3) */
     if constexpr (C::kDqTiled) {
       /* the slice in its tile order (dq_tile_index): lane l's four floats of column group jj at
@@ -352,7 +350,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       const uint32_t dqs = sDQ + (cw * 4 + wq) * C::kDqWarpFloats * 4;
       if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
       __syncwarp();
-  #pragma unroll
+#pragma unroll
       for (int jj = 0; jj < kD / 16; ++jj)
         asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(dqs + (jj * 32 + lane) * 16), "f"(dq[4 * jj]),
                      "f"(dq[4 * jj + 1]), "f"(dq[4 * jj + 2]), "f"(dq[4 * jj + 3])
@@ -365,7 +363,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         int32_t *counter = nullptr;
         if constexpr (kDeterministic) {
           counter = p.dq_semaphore + (dq_tile_index<kD>(p, h, b, m0, 0, 0) / (kBM * kD)) * 8 + cw * 4 + wq;
-          wait_counter(counter, n0 / kBN - first_key_block(p, hd, m0 / kBM, kBM, kBN));
+          wait_counter(counter, n0 / kBN - first_key_block(p, head_of(p, sq, b, h), m0 / kBM, kBM, kBN));
           asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the copy engine reads after it */
         }
         asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
@@ -382,12 +380,12 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       /* lane 0 may have spun on the counter: the warp meets again before wgmma's aligned wait */
       if constexpr (kDeterministic) __syncwarp();
     } else {
-  #pragma unroll
+#pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = m0 + wq * 16 + (lane >> 2) + hf * 8;
         if (i >= sq.len_q) continue;
         float *row = p.dq_accum + (h * p.rows_q + delta_row(p, sq, b, i)) * kD + dq_col0 + (lane & 3) * 2;
-  #pragma unroll
+#pragma unroll
         for (int jj = 0; jj < kD / 16; ++jj)
           atomicAdd(reinterpret_cast<float2 *>(row + jj * 8), make_float2(dq[4 * jj + 2 * hf], dq[4 * jj + 2 * hf + 1]));
       }
