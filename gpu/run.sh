@@ -25,7 +25,7 @@
 #             with dev/cuda/fwd_hopper_torch.py timing cuDNN and flash beside it), built and run
 #   ncu       cuda only, implies lab: Nsight Compute on one lab launch of each lab program built:
 #             the D = 128 forward (64-key tiles), the atomic backward (v5), the sm90 forward (v2)
-#             and the sm90 backward (v2); reports in /tmp/ncu_{fwd,bwd,fwd90,bwd90}.ncu-rep
+#             and the sm90 backward (v8, D = 64); reports in /tmp/ncu_{fwd,bwd,fwd90,bwd90}.ncu-rep
 #   bench     cuda: gpu/cuda_bench through gpu/cuda_bench.py (vs PyTorch's flash, cuDNN and
 #             efficient SDPA); cudnn: gpu/bench_cudnn and gpu/bench_torch.py joined by gpu/report.py
 #   sanitize  compute-sanitizer on the quick suite: memcheck, racecheck and synccheck for cuda
@@ -291,8 +291,8 @@ if step lab; then
     secs=(--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis
       --section MemoryWorkloadAnalysis --section SchedulerStats --section SourceCounters)
     # report, program and its arguments, kernel, launches skipped: the D = 128 forward (64-key
-    # tiles), the atomic backward (v5), the Hopper forward and backward ("ncu" modes: D = 128,
-    # non-causal)
+    # tiles), the atomic backward (v5), the Hopper forward and backward ("ncu" modes, non-causal:
+    # the forward at D = 128, the backward at D = 64)
     for spec in "fwd|fwd_tiles 1|fwd_kernel|13" "bwd|bwd_tiles 1|bwd_dkv|52" "fwd90|fwd_hopper ncu|fwd90|4" \
       "bwd90|bwd_hopper ncu|bwd90|4"; do
       IFS='|' read -r r prog kernel skip <<<"$spec"
