@@ -96,6 +96,11 @@
  *      479.8; v8 there spills 450-1100 bytes and is serialized, 0.5x). ALiBi and the soft cap
  *      at D = 64 run at v6's absolute speed (323 / 204 against 322 / 205), so their ratios to
  *      the plain speed fall (0.85x, 0.54x). Every check passed (94 + 94, v8 at D = 64 and 128).
+ *   bands (kBand = 8, written 2026-12-03, not run yet: the bench times "v6 bands" and "v8 bands"
+ *      beside v6 / v8, the checks run them): the grid in bands of 8 key blocks, every (sequence,
+ *      KV head) of a band before the next, so that a causal mask's longest CTAs (the first key
+ *      blocks) of every head start first; in x-major order those of the grid's last heads run in
+ *      its last wave. The machine code of kBand = 0 is what it was (nvdisasm).
  *   Not yet tried (FlashAttention-3 reaches ~1.5-1.75x of FlashAttention-2 here): v8's overlap
  *   at D = 128 (it needs registers: dQ in shared memory, or dK / dV split across more
  *   warpgroups), the two consumer warpgroups out of lockstep (the per-item barrier
@@ -589,13 +594,16 @@ int main(int argc, char **argv) {
   using V8_128 = BwdCfg90<bf, 128, 3, true, true, true>; /* v8: the next item's S^T / dP^T prefetched */
   using V8_64 = BwdCfg90<bf, 64, 3, true, true, true>;
   using V8_128h = BwdCfg90<hf, 128, 3, true, true, true>;
+  using V6b_128 = BwdCfg90<bf, 128, 2, true, true, false, 8>; /* the library's, CTAs in bands of 8 key blocks */
+  using V8b_64 = BwdCfg90<bf, 64, 3, true, true, true, 8>;
   using V8_64h = BwdCfg90<hf, 64, 3, true, true, true>;
   /* the timings first: a device call cut short by its time limit keeps them */
   if (all || strcmp(what, "bench") == 0) {
     for (int c = 0; c < 2; ++c) {
       bench_feat<V6_128>(c, "v6");
+      bench_feat<V6b_128>(c, "v6 bands");
       bench_feat<V8_64>(c, "v8");
-      bench_feat<V6_64>(c, "v6");
+      bench_feat<V8b_64>(c, "v8 bands");
     }
   }
   auto want = [&](const char *t) {
@@ -606,6 +614,9 @@ int main(int argc, char **argv) {
     checks_feat<V8_64>("v8", seed);
     checks<V8_128>("v8", seed);
     checks<V8_64>("v8", seed);
+    checks_feat<V6b_128>("v6 bands", seed);
+    checks_feat<V8b_64>("v8 bands", seed);
+    checks<V6b_128>("v6 bands", seed);
   }
   if (want("f16")) {
     checks_feat<V8_128h>("v8", seed);

@@ -56,11 +56,20 @@ namespace sm90 {
  * and dK products and computes the next item's P^T / dS^T while they run, ending with every group
  * complete (a group in flight across the loop's back edge made ptxas serialize every wgmma); a
  * third Q / dO stage keeps the copies ahead. At D = 128 the products' accumulators in flight
- * beside S^T and dP^T exceed the registers. */
-template <typename T_, int kD_, int kStages_ = 2, bool kOverlap_ = true, bool kDqTiled_ = true, bool kPrefetch_ = false>
+ * beside S^T and dP^T exceed the registers.
+ * kBand (a lab variant, not measured yet): CTAs dispatched in bands of kBand key blocks, every
+ * (KV head, sequence) of a band before the next band, so that under a causal mask the longest
+ * CTAs (the first key blocks, which see the most query blocks) of every head start first, not
+ * those of the last heads in the grid's last wave; within a band a head's key blocks stay
+ * together (they read the same Q and dO through L2). 0: one CTA per (key block, KV head,
+ * sequence) in x-major order. Either order dispatches key block n - 1 of a head before n, which
+ * the deterministic order needs. */
+template <typename T_, int kD_, int kStages_ = 2, bool kOverlap_ = true, bool kDqTiled_ = true, bool kPrefetch_ = false,
+          int kBand_ = 0>
 struct BwdCfg90 {
   using T = T_;
   static constexpr int kD = kD_, kBN = 128, kBM = ATTN_CUDA_SM90_BWD_ROWS, kStages = kStages_, kCWG = 2;
+  static constexpr int kBand = kBand_;
   static constexpr bool kOverlap = kOverlap_, kDqTiled = kDqTiled_, kPrefetch = kPrefetch_;
   static_assert(!kPrefetch || (kOverlap && kDqTiled && kStages >= 3),
                 "the prefetching schedule keeps three items' Q and dO in flight");
@@ -195,7 +204,10 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   auto empty = [&](int s) { return bars + 8 * (1 + kStages + s); };
 
   const int tid = threadIdx.x, lane = tid & 31, wg = tid / 128;
-  const int b = blockIdx.z, g = blockIdx.y, n0 = blockIdx.x * kBN;
+  /* kBand: x the key block within the band, y the (sequence, KV head), z the band */
+  const int b = C::kBand > 0 ? blockIdx.y / p.heads_kv : blockIdx.z;
+  const int g = C::kBand > 0 ? blockIdx.y % p.heads_kv : blockIdx.y;
+  const int n0 = C::kBand > 0 ? (blockIdx.z * C::kBand + blockIdx.x) * kBN : blockIdx.x * kBN;
   const Seq sq = seq_of(p, b);
   if (n0 >= sq.len_k) return;
   const int n_last = min(n0 + kBN, sq.len_k) - 1;
@@ -674,7 +686,10 @@ attn_status launch_bwd90_mode(const attn_cuda_params &p, cudaStream_t stream, ch
   ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmem));
   /* key blocks along x: the deterministic order has key block n wait for n - 1 of the same head
    * and sequence, which the hardware's in-order dispatch of x-major block indices has started */
-  dim3 grid((p.seqlen_k + C::kBN - 1) / C::kBN, p.heads_kv, p.batch);
+  const int64_t key_blocks = (p.seqlen_k + C::kBN - 1) / C::kBN;
+  dim3 grid((unsigned)key_blocks, p.heads_kv, p.batch);
+  if constexpr (C::kBand > 0) /* the bands' order: the band slowest (blocks past seqlen_k return) */
+    grid = dim3(C::kBand, p.heads_kv * p.batch, (unsigned)((key_blocks + C::kBand - 1) / C::kBand));
   if (grid.x > 0) {
     kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p, tq, tk, tv, tdo);
     ATTN_CUDA_CHECK(cudaGetLastError());
@@ -705,6 +720,8 @@ template <typename C> attn_status launch_bwd90(const attn_cuda_params &p, cudaSt
   const char *no = sm90_bwd_unsupported(p);
   if (no == nullptr && p.d != C::kD) no = "the sm90 backward was asked for another head dim";
   if (no == nullptr && p.dq_semaphore != nullptr && !C::kDqTiled) no = "the deterministic sm90 backward needs kDqTiled";
+  if (no == nullptr && C::kBand > 0 && (int64_t)p.heads_kv * p.batch > 65535)
+    no = "the sm90 backward's bands need heads_kv x batch <= 65535 (the grid's y)";
   if (no != nullptr) {
     snprintf(why, why_size, "%s", no);
     return ATTN_STATUS_UNSUPPORTED;
