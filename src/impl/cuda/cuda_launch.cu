@@ -48,6 +48,20 @@ __global__ void zero_outside_kernel(const __grid_constant__ attn_cuda_params p, 
   }
 }
 
+/* Where head h of row `row` (of rows_q: packed rows, or batch-major padded ones) starts in out
+ * (*oo) and dout (*od), in elements. */
+__device__ __forceinline__ void delta_offsets(const attn_cuda_params &p, int64_t row, int h, int64_t *oo,
+                                              int64_t *od) {
+  if (p.varlen == ATTN_CUDA_VARLEN_PACKED) {
+    *oo = row * p.o_r + h * p.o_h;
+    *od = row * p.do_r + h * p.do_h;
+  } else {
+    int64_t b = row / p.seqlen_q, i = row % p.seqlen_q;
+    *oo = b * p.o_b + i * p.o_r + h * p.o_h;
+    *od = b * p.do_b + i * p.do_r + h * p.do_h;
+  }
+}
+
 /* Delta[h, row] = dot(dout[row, h, :], out[row, h, :]) in f32; one warp per (row, head). */
 __global__ void delta_kernel(const __grid_constant__ attn_cuda_params p, int elem) {
   const int lane = threadIdx.x & 31;
@@ -57,14 +71,7 @@ __global__ void delta_kernel(const __grid_constant__ attn_cuda_params p, int ele
     const int64_t row = w / p.heads_q;
     const int h = (int)(w % p.heads_q);
     int64_t oo, od;
-    if (p.varlen == ATTN_CUDA_VARLEN_PACKED) {
-      oo = row * p.o_r + h * p.o_h;
-      od = row * p.do_r + h * p.do_h;
-    } else {
-      int64_t b = row / p.seqlen_q, i = row % p.seqlen_q;
-      oo = b * p.o_b + i * p.o_r + h * p.o_h;
-      od = b * p.do_b + i * p.do_r + h * p.do_h;
-    }
+    delta_offsets(p, row, h, &oo, &od);
     float sum = 0.f;
     for (int d = lane; d < p.dv; d += 32) sum += load_any(p.out, elem, oo + d) * load_any(p.dout, elem, od + d);
     for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
@@ -86,12 +93,7 @@ template <typename T, int kLanes> __global__ void delta_vec_kernel(const __grid_
       const int64_t row = w / p.heads_q;
       const int h = (int)(w % p.heads_q);
       int64_t oo, od;
-      if (p.varlen == ATTN_CUDA_VARLEN_PACKED) {
-        oo = row * p.o_r + h * p.o_h, od = row * p.do_r + h * p.do_h;
-      } else {
-        const int64_t b = row / p.seqlen_q, i = row % p.seqlen_q;
-        oo = b * p.o_b + i * p.o_r + h * p.o_h, od = b * p.do_b + i * p.do_r + h * p.do_h;
-      }
+      delta_offsets(p, row, h, &oo, &od);
       const uint4 o = *reinterpret_cast<const uint4 *>(static_cast<const T *>(p.out) + oo + sub * 8);
       const uint4 d = *reinterpret_cast<const uint4 *>(static_cast<const T *>(p.dout) + od + sub * 8);
       const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, dw[4] = {d.x, d.y, d.z, d.w};

@@ -526,6 +526,14 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* visible to wgmma */
   };
   auto both_halves_stored = both_cleared; /* the same barrier of both warpgroups */
+  /* the registers of dV's and dK's products, accumulators and A fragments, pinned where an
+   * asynchronous wgmma starts or stops using them (dq's are pinned apart, at its own waits) */
+  auto pin_products = [&]() {
+    pin(dka);
+    pin(dva);
+    pin(pa);
+    pin(dsa);
+  };
 
   if constexpr (C::kPrefetch) {
     /* Each pass issues the next item's S^T / dP^T ahead of this item's dV, dQ and dK products and
@@ -544,10 +552,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       store_ds(ds);
       const bool more = it + 1 < items;
       issue_scores(more ? it + 1 : it, more);
-      pin(dka);
-      pin(dva);
-      pin(pa);
-      pin(dsa);
+      pin_products();
       wgmma_fence();
       issue_ab(dva, pa, o);
       wgmma_commit();
@@ -558,10 +563,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       wgmma_commit();
       scores_to_grads(more ? it + 1 : it, [&] { wgmma_wait<3>(); });
       wgmma_wait<0>();
-      pin(dka);
-      pin(dva);
-      pin(pa);
-      pin(dsa);
+      pin_products();
       pin(dq);
       add_dq(it);
       mbar_arrive(empty(s)); /* this thread's reads of stage s and its products are done */
@@ -574,10 +576,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       issue_scores(it, false);
       scores_to_grads(it, [&] { wgmma_wait<0>(); });
       pack_grads();
-      pin(dka);
-      pin(dva);
-      pin(pa);
-      pin(dsa);
+      pin_products();
       if constexpr (C::kOverlap) {
         wgmma_fence();
         issue_ab(dva, pa, o);
@@ -606,10 +605,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       }
       add_dq(it);
       if constexpr (C::kOverlap) wgmma_wait<0>();
-      pin(dka);
-      pin(dva);
-      pin(pa);
-      pin(dsa);
+      pin_products();
       pin(dq);
       mbar_arrive(empty(s)); /* this thread's reads of stage s and its products are done */
     }
