@@ -597,8 +597,11 @@ int main(int argc, char **argv) {
   using V6b_128 = BwdCfg90<bf, 128, 2, true, true, false, 8>; /* the library's, CTAs in bands of 8 key blocks */
   using V8b_64 = BwdCfg90<bf, 64, 3, true, true, true, 8>;
   using V8_64h = BwdCfg90<hf, 64, 3, true, true, true>;
+  using V9_256 = BwdCfg90<bf, 256>; /* v9: D = 256, both warpgroups on 64 keys, columns split (kSplit) */
+  using V9_256h = BwdCfg90<hf, 256>;
   /* the timings first: a device call cut short by its time limit keeps them */
   if (all || strcmp(what, "bench") == 0) {
+    for (int c = 0; c < 2; ++c) bench_feat<V9_256>(c, "v9");
     for (int c = 0; c < 2; ++c) {
       bench_feat<V6_128>(c, "v6");
       bench_feat<V6b_128>(c, "v6 bands");
@@ -610,6 +613,8 @@ int main(int argc, char **argv) {
     return (all || strcmp(what, "check") == 0) && (strcmp(dtype, "all") == 0 || strcmp(dtype, t) == 0);
   };
   if (want("bf16")) {
+    checks<V9_256>("v9", seed);
+    checks_feat<V9_256>("v9", seed);
     checks_feat<V8_128>("v8", seed);
     checks_feat<V8_64>("v8", seed);
     checks<V8_128>("v8", seed);
@@ -619,6 +624,8 @@ int main(int argc, char **argv) {
     checks<V6b_128>("v6 bands", seed);
   }
   if (want("f16")) {
+    checks<V9_256h>("v9", seed);
+    checks_feat<V9_256h>("v9", seed);
     checks_feat<V8_128h>("v8", seed);
     checks_feat<V8_64h>("v8", seed);
     checks<V8_128h>("v8", seed);

@@ -17,7 +17,7 @@
  * compute capability 9.0 device (H100, H200), the problems the Hopper forward takes (sm90/:
  * head dims 64, 128, 256 with Dv = D, no dropout; sinks, varlen, soft cap and ALiBi at every one of
  * them, bias, masks and segment ids at D = 256 only) also offer "sm90", the default there: that
- * forward, with the Hopper backward (sm90/sm90_bwd.cuh: D = 64 and 128 with the band, GQA, varlen,
+ * forward, with the Hopper backward (sm90/sm90_bwd.cuh: D = 64, 128, 256 with the band, GQA, varlen,
  * the soft cap, ALiBi and sinks) or elsewhere the atomic one; both add dq with atomics, so "sm90"
  * is not deterministic. "sm90_deterministic" is the same forward with the Hopper backward's dq
  * additions in a fixed order (counters per dq slice), or elsewhere the deterministic backward.

@@ -17,7 +17,7 @@ def outs(n):
     return ", ".join(f'"+f"(d[{i}])' for i in range(n))
 
 
-def body(n, ptx, a_regs, mn_major=False):
+def body(n, ptx, a_regs, transpose="0, 0"):
     r = n // 2  # f32 accumulators per thread
     if a_regs:
         a = "{" + regs(4, r) + "}"
@@ -27,8 +27,8 @@ def body(n, ptx, a_regs, mn_major=False):
     else:
         a, b, sc = f"%{r}", f"%{r + 1}", f"%{r + 2}"
         ins = '"l"(da), "l"(db), "r"(scale_d)'
-        # scale-a, scale-b, transpose-a, transpose-b: both K-major, or both MN-major
-        tail = "1, 1, 1, 1" if mn_major else "1, 1, 0, 0"
+        # scale-a, scale-b, then transpose-a, transpose-b (1: that operand MN-major)
+        tail = "1, 1, " + transpose
     lines = [
         '    asm volatile("{\\n.reg .pred p;\\nsetp.ne.b32 p, ' + sc + ', 0;\\n"',
         f'                 "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "',
@@ -66,7 +66,9 @@ def main():
            " * f32 accumulators for bf16 and f16. ss: A and B from shared memory, both K-major (S = Q K^T);",
            " * rs: A from registers (the mma.m16n8k16 A fragment per warp), B from shared memory MN-major",
            " * (O += P V, V row-major); sst: A and B from shared memory, both MN-major (the backward's",
-           " * dQ = dS K from dS^T and K, both row-major). scale_d = 0 overwrites d instead of accumulating.",
+           " * dQ = dS K from dS^T and K, both row-major); ssb: A K-major, B MN-major, both from shared memory",
+           " * (the D = 256 backward's dV = P^T dO, P^T stored by both warpgroups). scale_d = 0 overwrites d",
+           " * instead of accumulating.",
            " * WgmmaE4m3: m64nNk32 with e4m3 operands (the fp8 forward). */",
            "#ifndef ATTN_IMPL_CUDA_SM90_SM90_WGMMA_CUH", "#define ATTN_IMPL_CUDA_SM90_SM90_WGMMA_CUH", "",
            "#include <cuda_bf16.h>", "#include <cuda_fp16.h>", "#include <stdint.h>", "",
@@ -78,7 +80,9 @@ def main():
                     f"  static __device__ __forceinline__ void ss(float (&d)[{n // 2}], uint64_t da, uint64_t db, int scale_d) {{",
                     body(n, ptx, False), "  }",
                     f"  static __device__ __forceinline__ void sst(float (&d)[{n // 2}], uint64_t da, uint64_t db, int scale_d) {{",
-                    body(n, ptx, False, True), "  }",
+                    body(n, ptx, False, "1, 1"), "  }",
+                    f"  static __device__ __forceinline__ void ssb(float (&d)[{n // 2}], uint64_t da, uint64_t db, int scale_d) {{",
+                    body(n, ptx, False, "0, 1"), "  }",
                     f"  static __device__ __forceinline__ void rs(float (&d)[{n // 2}], const uint32_t (&a)[4], uint64_t db, int scale_d) {{",
                     body(n, ptx, True), "  }", "};", ""]
     # e4m3 (the fp8 forward, sm90_fwd_fp8.cuh): ss for S = Q K^T, rs for O += P V^T from V^T tiles

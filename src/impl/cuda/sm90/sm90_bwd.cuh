@@ -1,6 +1,6 @@
 /*
  * src/impl/cuda/sm90/sm90_bwd.cuh - the Hopper backward (sm_90a only), FlashAttention-3's
- * schedule: bf16 / f16, D = 64 or 128 with Dv = D, the causal / window band in both alignments,
+ * schedule: bf16 / f16, D = 64, 128 or 256 with Dv = D, the causal / window band in both alignments,
  * GQA / MQA, any lengths, packed and padded varlen (the forward's map geometry: a packed
  * sequence is addressed by its first rows, its partial blocks' rows past the end zeroed in shared
  * memory, clear_tail_rows), the soft cap and ALiBi (instantiations of their own, Bwd90Mode: the
@@ -10,7 +10,7 @@
  * bias, masks and segment ids run on the sm_80 backward (sm90_bwd_unsupported says why). Each
  * version's idea and speed: dev/cuda/bwd_hopper.cu (v4: 1.18-1.54x the atomic sm_80 backward on
  * an H100; v5 the features; v6 the elementwise step without per-score branches, 1.12-1.48x v5 on an
- * H200; v8 the next item's scores under this item's products, D = 64, 1.07-1.08x v6).
+ * H200; v8 the next item's scores under this item's products, D = 64, 1.07-1.08x v6; v9 D = 256).
  *
  * One CTA per (block of kBN = 128 keys, KV head, batch) keeps dK and dV of its keys in f32
  * registers while it walks every query head of the KV head's group and every 64-row query block
@@ -34,7 +34,8 @@
  *                                       v2).
  * The producer's second warp writes each item's lse (log2 units) and Delta beside its Q and dO
  * tiles (shared memory, the same barrier), so that the consumers keep no registers for them.
- * dK = scale * sum dS^T Q is scaled when stored.
+ * dK = scale * sum dS^T Q is scaled when stored. At D = 256 (BwdCfg90's kSplit) a CTA has 64 keys,
+ * both warpgroups' for half of the columns each, and P^T joins dS^T in shared memory.
  */
 #ifndef ATTN_IMPL_CUDA_SM90_SM90_BWD_CUH
 #define ATTN_IMPL_CUDA_SM90_SM90_BWD_CUH
@@ -68,22 +69,34 @@ template <typename T_, int kD_, int kStages_ = 2, bool kOverlap_ = true, bool kD
           int kBand_ = 0>
 struct BwdCfg90 {
   using T = T_;
-  static constexpr int kD = kD_, kBN = 128, kBM = ATTN_CUDA_SM90_BWD_ROWS, kStages = kStages_, kCWG = 2;
+  /* kSplit (D = 256, where one warpgroup's dK and dV of 64 keys would need 256 registers a thread):
+   * the CTA's kBN = 64 keys are both warpgroups', which split the columns of dK, dV and dQ (kDC =
+   * 128 each) and the queries of S^T and dP^T (kSN = 32 each). P^T and dS^T then go through shared
+   * memory, each warpgroup storing its queries and reading all 64 (dV = P^T dO from shared memory,
+   * Wgmma::ssb), and dQ goes out by vector reductions (red.global.add.v4.f32, four floats a lane,
+   * in the tiles' layout), the staging's 64 KiB not fitting beside K, V and two Q / dO stages. */
+  static constexpr bool kSplit = kD_ == 256;
+  static constexpr int kD = kD_, kBN = kSplit ? 64 : 128, kBM = ATTN_CUDA_SM90_BWD_ROWS, kStages = kStages_, kCWG = 2;
+  static constexpr int kDC = kSplit ? kD / 2 : kD, kSN = kSplit ? kBM / 2 : kBM;
   static constexpr int kBand = kBand_;
   static constexpr bool kOverlap = kOverlap_, kDqTiled = kDqTiled_, kPrefetch = kPrefetch_;
   static_assert(!kPrefetch || (kOverlap && kDqTiled && kStages >= 3),
                 "the prefetching schedule keeps three items' Q and dO in flight");
+  static_assert(!kSplit || (kOverlap && kDqTiled && !kPrefetch), "D = 256 has one schedule");
   static constexpr int kThreads = 128 * (kCWG + 1), kPanels = kD / 64;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static constexpr uint32_t kKVBytes = kBN * kD * 2, kQBytes = kBM * kD * 2, kDSBytes = kBN * kBM * 2;
   static constexpr uint32_t kStatBytes = kBM * 8; /* {lse2, Delta} per query row */
   /* a warp's slice of a dQ tile: its 16 rows x its warpgroup's kD / 2 columns, f32 */
-  static constexpr uint32_t kDqWarpFloats = 16 * kD / 2, kDqBytes = kDqTiled ? kCWG * 4 * kDqWarpFloats * 4 : 0;
-  /* K, V, kStages x (Q, dO, row stats), two dS^T buffers, dQ's staging, the barriers, and 1024
-   * bytes to align the base */
-  static constexpr uint32_t kSmem = 1024 + 2 * kKVBytes + kStages * (2 * kQBytes + kStatBytes) + 2 * kDSBytes + kDqBytes +
+  static constexpr uint32_t kDqWarpFloats = 16 * kD / 2, kDqBytes = kDqTiled && !kSplit ? kCWG * 4 * kDqWarpFloats * 4 : 0;
+  /* two dS^T buffers, and with kSplit two P^T buffers after them */
+  static constexpr uint32_t kGradBytes = (kSplit ? 4 : 2) * kDSBytes;
+  /* K, V, kStages x (Q, dO, row stats), the dS^T (P^T) buffers, dQ's staging, the barriers, and
+   * 1024 bytes to align the base */
+  static constexpr uint32_t kSmem = 1024 + 2 * kKVBytes + kStages * (2 * kQBytes + kStatBytes) + kGradBytes + kDqBytes +
                                     8 * (1 + 2 * kStages);
-  static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
+  static_assert(kD == 64 || kD == 128 || kD == 256, "head dims 64, 128 and 256");
+  static_assert(kSmem <= 227 * 1024, "the shared memory of one CTA");
 };
 
 /* Where dQ's f32 (query row m0 + r of head h, sequence b; column c) lies in the tiled workspace:
@@ -192,7 +205,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t sK = (smem_u32(smem_raw) + 1023) & ~1023u;
   const uint32_t sV = sK + C::kKVBytes, sQ = sV + C::kKVBytes, sO = sQ + kStages * C::kQBytes;
-  const uint32_t sDS = sO + kStages * C::kQBytes, sStat = sDS + 2 * C::kDSBytes;
+  const uint32_t sDS = sO + kStages * C::kQBytes, sP = sDS + 2 * C::kDSBytes, sStat = sDS + C::kGradBytes;
   const uint32_t sDQ = sStat + kStages * C::kStatBytes, bars = sDQ + C::kDqBytes;
   /* the row stats of stage s, for generic loads and stores */
   auto stats = [&](int s) {
@@ -277,34 +290,48 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     return;
   }
 
-  /* consumers: warpgroup cw owns keys n0 + 64 cw .. + 63; a thread's accumulator rows are keys
-   * kr and kr + 8, its columns 8 jj + 2 (lane & 3) + {0, 1} */
+  /* consumers: warpgroup cw owns keys n0 + 64 cw .. + 63 (kSplit: all kBN = 64 keys, for columns
+   * kDC cw .. + kDC - 1 of dK and dV, and queries kSN cw .. + kSN - 1 of S^T and dP^T); a thread's
+   * accumulator rows are keys kr and kr + 8, its columns 8 jj + 2 (lane & 3) + {0, 1} */
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
   const int cw = wg - 1, wq = (tid >> 5) & 3;
-  const int kr = cw * 64 + wq * 16 + (lane >> 2); /* key row in the block */
+  constexpr int kDC = C::kDC, kSN = C::kSN;
+  const int key0 = C::kSplit ? 0 : cw * 64, q_off = C::kSplit ? cw * kSN : 0; /* this warpgroup's first key and query */
+  const int kr = key0 + wq * 16 + (lane >> 2); /* key row in the block */
   const float scale_log2 = p.scale * kLog2e;
 
-  float dk[1][kD / 8][4], dv[1][kD / 8][4];
-  float(&dka)[kD / 2] = reinterpret_cast<float(&)[kD / 2]>(dk);
-  float(&dva)[kD / 2] = reinterpret_cast<float(&)[kD / 2]>(dv);
+  float dk[1][kDC / 8][4], dv[1][kDC / 8][4];
+  float(&dka)[kDC / 2] = reinterpret_cast<float(&)[kDC / 2]>(dk);
+  float(&dva)[kDC / 2] = reinterpret_cast<float(&)[kDC / 2]>(dv);
 #pragma unroll
-  for (int i = 0; i < kD / 2; ++i) dka[i] = dva[i] = 0.f;
-  float st[kBM / 2], dpt[kBM / 2], dq[kD / 4];
-  uint32_t pa[kBM / 16][4], dsa[kBM / 16][4];
+  for (int i = 0; i < kDC / 2; ++i) dka[i] = dva[i] = 0.f;
+  float st[kSN / 2], dpt[kSN / 2], dq[kD / 4];
+  uint32_t pa[kSN / 16][4], dsa[kSN / 16][4];
 
-  /* acc = A(this warpgroup's 64 keys of sA) B(the item's 64 queries of sB)^T, both K-major */
-  auto issue_transposed = [&](float (&acc)[kBM / 2], uint32_t sA, uint32_t sB) {
+  /* acc = A(this warpgroup's 64 keys of sA) B(its kSN queries of the item's sB)^T, both K-major */
+  auto issue_transposed = [&](float (&acc)[kSN / 2], uint32_t sA, uint32_t sB) {
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t col = (kk % 4) * 32;
-      Wgmma<T, kBM>::ss(acc, smem_desc(sA + cw * 64 * 128 + (kk / 4) * kBN * 128 + col, 16, 1024),
-                        smem_desc(sB + (kk / 4) * kBM * 128 + col, 16, 1024), kk > 0);
+      Wgmma<T, kSN>::ss(acc, smem_desc(sA + key0 * 128 + (kk / 4) * kBN * 128 + col, 16, 1024),
+                        smem_desc(sB + q_off * 128 + (kk / 4) * kBM * 128 + col, 16, 1024), kk > 0);
     }
   };
-  /* acc += A (registers: 64 keys x kBM queries) B (sB: kBM query rows x kD, MN-major) */
-  auto issue_ab = [&](float (&acc)[kD / 2], const uint32_t (&a)[kBM / 16][4], uint32_t sB) {
+  /* acc += A (registers: 64 keys x kBM queries) B (sB: kBM query rows x kD, MN-major); not with
+   * kSplit, whose registers hold only kSN of the queries */
+  auto issue_ab = [&](float (&acc)[kDC / 2], const uint32_t (&a)[kSN / 16][4], uint32_t sB) {
+    if constexpr (!C::kSplit) {
 #pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk) Wgmma<T, kD>::rs(acc, a[kk], smem_desc(sB + kk * 16 * 128, kBM * 128, 1024), 1);
+      for (int kk = 0; kk < kBM / 16; ++kk) Wgmma<T, kD>::rs(acc, a[kk], smem_desc(sB + kk * 16 * 128, kBM * 128, 1024), 1);
+    }
+  };
+  /* kSplit: acc += A (sA: [64 keys][kBM queries], swizzled as store_grads writes it, K-major) B (sB's
+   * columns kDC cw .., MN-major) */
+  auto issue_ab_smem = [&](float (&acc)[kDC / 2], uint32_t sA, uint32_t sB) {
+    const uint32_t b = sB + (cw * kDC / 64) * kBM * 128;
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      Wgmma<T, kDC>::ssb(acc, smem_desc(sA + kk * 32, 16, 1024), smem_desc(b + kk * 16 * 128, kBM * 128, 1024), 1);
   };
   /* dQ (kBM queries x this warpgroup's kD / 2 columns) = dS (from dS^T, MN-major) K (MN-major) */
   const int dq_col0 = cw * (kD / 2);
@@ -355,7 +382,28 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   auto add_dq = [&](int it) {
     const int h = g * p.group + it / nm, m0 = block_of(it) * kBM;
     /* dQ's rows: queries m0 + 16 wq + (lane >> 2) + 8 hf; columns dq_col0 + 8 jj + 2 (lane & 3) */
-    if constexpr (C::kDqTiled) {
+    if constexpr (C::kSplit) {
+      /* the slice's tile order (dq_tile_index) puts lane l's four floats of column group jj at
+       * 16 (32 jj + l) bytes: one vector reduction a group, 512 contiguous bytes a warp */
+      float *at = p.dq_accum + dq_tile_index<kD>(p, h, b, m0, wq * 16, dq_col0) + lane * 4;
+      int32_t *counter = nullptr; /* kDeterministic: as below, lane 0 waits, the warp adds, lane 0 counts */
+      if constexpr (kDeterministic) {
+        counter = p.dq_semaphore + (dq_tile_index<kD>(p, h, b, m0, 0, 0) / (kBM * kD)) * 8 + cw * 4 + wq;
+        if (lane == 0) wait_counter(counter, n0 / kBN - first_key_block(p, head_of(p, sq, b, h), m0 / kBM, kBM, kBN));
+        __syncwarp();
+      }
+#pragma unroll
+      for (int jj = 0; jj < kD / 16; ++jj)
+        asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(at + jj * 128), "f"(dq[4 * jj]),
+                     "f"(dq[4 * jj + 1]), "f"(dq[4 * jj + 2]), "f"(dq[4 * jj + 3])
+                     : "memory");
+      if constexpr (kDeterministic) {
+        __threadfence(); /* this lane's reductions are performed before the counter moves */
+        __syncwarp();
+        if (lane == 0) bump_counter(counter);
+        __syncwarp();
+      }
+    } else if constexpr (C::kDqTiled) {
       /* the slice in its tile order (dq_tile_index): lane l's four floats of column group jj at
        * 16 (32 jj + l) bytes, so each store is one conflict-free line per 8 lanes; lane 0 adds it
        * once the previous item's addition has read the staging */
@@ -407,9 +455,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   /* P^T and dS^T of an item, out of its S^T and dP^T: in their place, or with kPrefetch in
    * registers of their own (ptxas serializes every wgmma of a kernel whose other instructions
    * write an accumulator while a wgmma is in flight; in place, fewer registers) */
-  float pv_own[kBM / 2], dsv_own[kBM / 2];
-  float(&pv)[kBM / 2] = C::kPrefetch ? pv_own : st;
-  float(&dsv)[kBM / 2] = C::kPrefetch ? dsv_own : dpt;
+  float pv_own[kSN / 2], dsv_own[kSN / 2];
+  float(&pv)[kSN / 2] = C::kPrefetch ? pv_own : st;
+  float(&dsv)[kSN / 2] = C::kPrefetch ? dsv_own : dpt;
   /* Item it's P^T and dS^T into pv and dsv; landed() waits for its S^T and dP^T, after the item's
    * set-up, which so runs under the products */
   auto scores_to_grads = [&](int it, auto landed) {
@@ -418,9 +466,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     const int m_last = min(m0 + kBM, sq.len_q) - 1;
     const bool interior = band_full(p, hd, m0, m_last, n0, kBN) && m0 + kBM <= sq.len_q;
     const float alibi_step = has_alibi ? -p.alibi[b * p.alibi_b + h * p.alibi_h] / p.scale : 0.f;
-    /* i + o - j of this thread's first element (query m0 + 2 (lane & 3), key n0 + kr); the others
-     * differ by constants, so |i + o - j| is exact in f32 below 2^24 */
-    const float dist0 = (float)(m0 + hd.o - n0 - kr + 2 * (lane & 3));
+    /* i + o - j of this thread's first element (query m0 + q_off + 2 (lane & 3), key n0 + kr); the
+     * others differ by constants, so |i + o - j| is exact in f32 below 2^24 */
+    const float dist0 = (float)(m0 + q_off + hd.o - n0 - kr + 2 * (lane & 3));
     /* the sign of i + o - j on every score of the tile the band lets through (elementwise's
      * kLinear), 0 where it has both, or with the cap */
     int side = 0;
@@ -441,7 +489,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     landed();
     pin(st);
     pin(dpt);
-    const int q_col0 = m0 + 2 * (lane & 3);
+    const int q_col0 = m0 + q_off + 2 * (lane & 3);
     int see_lo[2] = {0, 0}, see_n[2] = {0, 0}; /* per key row hf: columns [see_lo, see_lo + see_n) see it */
     if (!interior)
 #pragma unroll
@@ -456,9 +504,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       const float a = alibi_step * scale_log2 * (float)side;
       const float row_term[2] = {a * dist0, a * (dist0 - 8.f)};
 #pragma unroll
-      for (int jj = 0; jj < kBM / 8; ++jj) {
-        /* {lse2, Delta} of this thread's query columns 8 jj + 2 (lane & 3) + {0, 1} */
-        const float4 qs = *reinterpret_cast<const float4 *>(stats(s) + jj * 8 + (lane & 3) * 2);
+      for (int jj = 0; jj < kSN / 8; ++jj) {
+        /* {lse2, Delta} of this thread's query columns q_off + 8 jj + 2 (lane & 3) + {0, 1} */
+        const float4 qs = *reinterpret_cast<const float4 *>(stats(s) + q_off + jj * 8 + (lane & 3) * 2);
         float col_term[2] = {-qs.x, -qs.z};
         if constexpr (kLinear) col_term[0] = fmaf(a, (float)(8 * jj), -qs.x), col_term[1] = fmaf(a, (float)(8 * jj + 1), -qs.z);
 #pragma unroll
@@ -504,27 +552,29 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   /* P^T and dS^T packed as A fragments (two adjacent 8-query groups make one 16-wide slice) */
   auto pack_grads = [&]() {
 #pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
+    for (int kk = 0; kk < kSN / 16; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         pa[kk][r] = Elem<T>::pack(pv[8 * kk + 2 * r], pv[8 * kk + 2 * r + 1]);
         dsa[kk][r] = Elem<T>::pack(dsv[8 * kk + 2 * r], dsv[8 * kk + 2 * r + 1]);
       }
   };
-  /* dS^T to shared memory [128 keys][64 queries] at ds, 128 bytes a row, 16-byte chunk c of row r
-   * at c ^ (r % 8): the copy engine's swizzle, which wgmma's descriptors read */
-  auto store_ds = [&](uint32_t ds) {
+  /* A fragments (dS^T, or with kSplit also P^T) to shared memory [kBN keys][64 queries] at buf, 128
+   * bytes a row, this warpgroup's queries from q_off, 16-byte chunk c of row r at c ^ (r % 8): the
+   * copy engine's swizzle, which wgmma's descriptors read */
+  auto store_grads = [&](uint32_t buf, const uint32_t(&frag)[kSN / 16][4]) {
 #pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
+    for (int kk = 0; kk < kSN / 16; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const int row = kr + (r & 1) * 8, chunk = 2 * kk + (r >> 1);
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(ds + row * 128 + ((chunk ^ (row & 7)) * 16) + (lane & 3) * 4),
-                     "r"(dsa[kk][r])
+        const int row = kr + (r & 1) * 8, chunk = q_off / 8 + 2 * kk + (r >> 1);
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(buf + row * 128 + ((chunk ^ (row & 7)) * 16) + (lane & 3) * 4),
+                     "r"(frag[kk][r])
                      : "memory");
       }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* visible to wgmma */
   };
+  auto store_ds = [&](uint32_t ds) { store_grads(ds, dsa); };
   auto both_halves_stored = both_cleared; /* the same barrier of both warpgroups */
   /* the registers of dV's and dK's products, accumulators and A fragments, pinned where an
    * asynchronous wgmma starts or stops using them (dq's are pinned apart, at its own waits) */
@@ -535,7 +585,37 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     pin(dsa);
   };
 
-  if constexpr (C::kPrefetch) {
+  if constexpr (C::kSplit) {
+    /* Both warpgroups' halves of P^T and dS^T stored, a barrier, then dQ's products (their
+     * reductions go out under dV's and dK's), dV's and dK's, all from shared memory */
+    for (int it = 0; it < items; ++it) {
+      const int s = it % kStages;
+      const uint32_t q = sQ + s * C::kQBytes, o = sO + s * C::kQBytes;
+      const uint32_t ds = sDS + (it & 1) * C::kDSBytes, pt = sP + (it & 1) * C::kDSBytes;
+      stage_ready(it);
+      issue_scores(it, false);
+      scores_to_grads(it, [&] { wgmma_wait<0>(); });
+      pack_grads();
+      store_grads(pt, pa);
+      store_grads(ds, dsa);
+      both_halves_stored();
+      pin_products();
+      wgmma_fence(); /* dq's registers were last read by the previous item's reductions */
+      issue_dq(ds);
+      wgmma_commit();
+      issue_ab_smem(dva, pt, o);
+      wgmma_commit();
+      issue_ab_smem(dka, ds, q);
+      wgmma_commit();
+      wgmma_wait<2>(); /* dQ has landed */
+      pin(dq);
+      add_dq(it);
+      wgmma_wait<0>();
+      pin_products();
+      pin(dq);
+      mbar_arrive(empty(s)); /* this thread's reads of stage s and its products are done */
+    }
+  } else if constexpr (C::kPrefetch) {
     /* Each pass issues the next item's S^T / dP^T ahead of this item's dV, dQ and dK products and
      * turns them into the next item's P^T and dS^T while those products run; it ends with every
      * group complete, so that none stays in flight across the loop's back edge (ptxas serializes
@@ -612,16 +692,16 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   }
 
   /* the last addition must have read the staging before the CTA's shared memory goes */
-  if (C::kDqTiled && lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  if (C::kDqTiled && !C::kSplit && lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 
-  /* this warp's 16 keys of dK (times the softmax scale) and dV */
-  const int k_row = n0 + cw * 64 + wq * 16;
+  /* this warp's 16 keys of dK (times the softmax scale) and dV, columns kDC cw .. with kSplit */
+  const int k_row = n0 + key0 + wq * 16, col0 = C::kSplit ? cw * kDC : 0;
   const int64_t k0 = seq_of(p, b).k0; /* read again: held across the loop it cost registers */
-  T *gdk = static_cast<T *>(p.dk_out) + b * p.dk_b + (k0 + k_row) * p.dk_r + g * p.dk_h;
-  T *gdv = static_cast<T *>(p.dv_out) + b * p.dv_b + (k0 + k_row) * p.dv_r + g * p.dv_h;
+  T *gdk = static_cast<T *>(p.dk_out) + b * p.dk_b + (k0 + k_row) * p.dk_r + g * p.dk_h + col0;
+  T *gdv = static_cast<T *>(p.dv_out) + b * p.dv_b + (k0 + k_row) * p.dv_r + g * p.dv_h + col0;
   const float scale[1][2] = {{p.scale, p.scale}}, one[1][2] = {{1.f, 1.f}};
-  store_rows<T, 1, kD / 8, false>(gdk, p.dk_r, dk, scale, lane, sq.len_k - k_row, kD);
-  store_rows<T, 1, kD / 8, false>(gdv, p.dv_r, dv, one, lane, sq.len_k - k_row, kD);
+  store_rows<T, 1, kDC / 8, false>(gdk, p.dk_r, dk, scale, lane, sq.len_k - k_row, kDC);
+  store_rows<T, 1, kDC / 8, false>(gdv, p.dv_r, dv, one, lane, sq.len_k - k_row, kDC);
 }
 
 /* Why the sm90 backward cannot run p (a sentence), or NULL when it can. Dropout, bias (and dbias),
@@ -629,7 +709,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
  * one sm90 path, loses to the sm_80 kernel at head dims 64 and 128 (kGenericDeclined), and
  * dropout's Philox words per score would bound this kernel likewise. */
 static inline const char *sm90_bwd_unsupported(const attn_cuda_params &p) {
-  if (p.d != p.dv || (p.d != 64 && p.d != 128)) return "the sm90 backward has head dims 64 and 128 with Dv = D only";
+  if (p.d != p.dv || (p.d != 64 && p.d != 128 && p.d != 256))
+    return "the sm90 backward has head dims 64, 128 and 256 with Dv = D only";
   if (p.dropout_p > 0.f || p.dbias != nullptr || generic_kernel(p))
     return "the sm90 backward has no dropout, bias, masks or segment ids, caps above 1024, or ALiBi under a scale "
            "that is not positive";

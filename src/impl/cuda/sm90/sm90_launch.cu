@@ -63,14 +63,16 @@ template <typename T> attn_status run(const attn_cuda_params &p, cudaStream_t s,
   return persistent ? run_sched<T, true>(p, s, why, why_size) : run_sched<T, false>(p, s, why, why_size);
 }
 
-/* The backward at D = 64 and 128: v4 of dev/cuda/bwd_hopper.cu (dQ by bulk reduce-adds into a
+/* The backward at D = 64, 128 and 256: v4 of dev/cuda/bwd_hopper.cu (dQ by bulk reduce-adds into a
  * tiled workspace: 1.51-1.54x the atomic sm80 backward at D = 128 on an H100, 1.18-1.20x at 64),
  * with the features of v5 (launch_bwd90 picks the plain or cap / ALiBi kernel, deterministic or
  * not); at D = 64 v8's schedule (three Q / dO stages, the next item's S^T / dP^T prefetched and
  * turned into P^T / dS^T under this item's products: 1.07-1.08x v6 on an H200), which at D = 128
- * has not the registers (ptxas serializes its wgmma there). */
+ * has not the registers (ptxas serializes its wgmma there); at D = 256 v9's (BwdCfg90's kSplit:
+ * 64-key CTAs whose two warpgroups split dK's, dV's and dQ's columns). */
 template <typename T> attn_status run_bwd90(const attn_cuda_params &p, cudaStream_t s, char *why, size_t why_size) {
   if (p.d == 64) return launch_bwd90<BwdCfg90<T, 64, 3, true, true, true>>(p, s, why, why_size);
+  if (p.d == 256) return launch_bwd90<BwdCfg90<T, 256>>(p, s, why, why_size);
   return launch_bwd90<BwdCfg90<T, 128>>(p, s, why, why_size);
 }
 
