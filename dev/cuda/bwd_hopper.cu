@@ -2,7 +2,7 @@
  * dev/cuda/bwd_hopper.cu - kernel lab: the Hopper backward (src/impl/cuda/sm90/sm90_bwd.cuh: TMA,
  * wgmma, a producer warpgroup and two consumer warpgroups of 64 keys each) checked against a CPU
  * reference (double, from the same rounded inputs) on odd shapes (ragged lengths, GQA / MQA, a
- * window, bottom-right causal with Tq != Tk, bf16 and f16, D = 64 and 128), each beside the
+ * window, bottom-right causal with Tq != Tk, bf16 and f16, D = 64, 128 and 256), each beside the
  * atomic sm_80 backward (cuda_bwd.cuh) on the same inputs, whose error is the yardstick; then both
  * timed on the bench shapes (bf16, B * T = 16384, Hq * D = 2048, T = 8192, causal and not; the
  * workspace's zeroing, the kernel and the dq conversion, not Delta's pass). TFLOPS as
@@ -96,11 +96,35 @@
  *      479.8; v8 there spills 450-1100 bytes and is serialized, 0.5x). ALiBi and the soft cap
  *      at D = 64 run at v6's absolute speed (323 / 204 against 322 / 205), so their ratios to
  *      the plain speed fall (0.85x, 0.54x). Every check passed (94 + 94, v8 at D = 64 and 128).
- *   bands (kBand = 8, written 2026-12-03, not run yet: the bench times "v6 bands" and "v8 bands"
- *      beside v6 / v8, the checks run them): the grid in bands of 8 key blocks, every (sequence,
- *      KV head) of a band before the next, so that a causal mask's longest CTAs (the first key
- *      blocks) of every head start first; in x-major order those of the grid's last heads run in
- *      its last wave. The machine code of kBand = 0 is what it was (nvdisasm).
+ *   bands (kBand = 8, a BwdCfg90 parameter then; commit 5faa51b) the grid in bands of 8 key
+ *      blocks, every (sequence, KV head) of a band before the next, so that a causal mask's
+ *      longest CTAs (the first key blocks) of every head start first; in x-major order those of
+ *      the grid's last heads run in its last wave. H200, bf16, T = 8192, TFLOPS, two calls,
+ *      banded against x-major in the same call: D = 128 (v6) causal 521.5 / 521.1 against 500.1
+ *      / 493.9 (1.04-1.06x), GQA 4:1 causal 507 / 506 against 439 / 437 (1.15x), ALiBi causal
+ *      481 / 480 against 456 / 457 (1.05x); D = 64 (v8) causal 369.9 / 369.3 against 359.3 /
+ *      358.6 (1.03x), GQA causal 371-372 against 342 (1.09x). Without a mask bands lost or tied
+ *      (D = 128: 514.5 against 520.2, 493.5 against 533.8; D = 64 equal): 8 key blocks of 16
+ *      heads at once share less Q / dO in L2 than x-major's two heads' key blocks together.
+ *   heads first (kHeadsFirst, the library's for causal problems) what the bands measured, chosen
+ *      at launch for causal problems only, as one kernel: a run-time band index cost 36 more
+ *      bytes of spills at D = 128 (ptxas: n0 no longer read from blockIdx), so the causal grid
+ *      is x the KV head, y the key block: its waves hold the same CTAs as bands of 8 (132 SMs,
+ *      16 KV heads), every place read from blockIdx, the spills as before (36-60 bytes). The
+ *      bench's "x-major" rows run the grid of before.
+ *   v9 (the library's at D = 256; kSplit) one warpgroup's dK and dV of 64 keys at D = 256 would
+ *      need all 256 registers a thread, so both consumer warpgroups take the CTA's 64 keys and
+ *      split the columns: dK, dV, dQ 128 each, S^T and dP^T 32 queries each. P^T and dS^T go
+ *      through shared memory (each warpgroup stores its queries, then both read all 64 for dV =
+ *      P^T dO and dK = dS^T Q with A from shared memory, B MN-major: Wgmma::ssb), and dQ goes
+ *      out by red.global.add.v4.f32 in the tiles' layout (its 64 KiB staging does not fit beside
+ *      K, V and two Q / dO stages); the deterministic order keeps its counters (lane 0 waits,
+ *      the warp reduces, fences, bumps). ptxas: 36-52 bytes of spills (as D = 128). H200, bf16,
+ *      T = 8192, TFLOPS non-causal / causal, same call: plain 408.7 / 402.5 against the atomic
+ *      sm80 backward's 209.5 / 205.0 (1.95x / 1.96x; PyTorch's cuDNN, an earlier call: 355.5 /
+ *      380.1, so 1.15x / 1.06x); soft cap 339.9 / 336.5 (0.83x plain), ALiBi 387.9 / 384.2
+ *      (0.95x), packed 389.0 / 399.0, padded 391.0 / 399.6, GQA 4:1 391.8 / 401.2,
+ *      deterministic 257.7 / 245.7 (0.61-0.63x). Every check passed, bf16 and f16.
  *   Not yet tried (FlashAttention-3 reaches ~1.5-1.75x of FlashAttention-2 here): v8's overlap
  *   at D = 128 (it needs registers: dQ in shared memory, or dK / dV split across more
  *   warpgroups), the two consumer warpgroups out of lockstep (the per-item barrier
@@ -594,8 +618,9 @@ int main(int argc, char **argv) {
   using V8_128 = BwdCfg90<bf, 128, 3, true, true, true>; /* v8: the next item's S^T / dP^T prefetched */
   using V8_64 = BwdCfg90<bf, 64, 3, true, true, true>;
   using V8_128h = BwdCfg90<hf, 128, 3, true, true, true>;
-  using V6b_128 = BwdCfg90<bf, 128, 2, true, true, false, 8>; /* the library's, CTAs in bands of 8 key blocks */
-  using V8b_64 = BwdCfg90<bf, 64, 3, true, true, true, 8>;
+  /* the grid in x-major order under a causal mask too, as before the bands */
+  using V6x_128 = BwdCfg90<bf, 128, 2, true, true, false, false>;
+  using V8x_64 = BwdCfg90<bf, 64, 3, true, true, true, false>;
   using V8_64h = BwdCfg90<hf, 64, 3, true, true, true>;
   using V9_256 = BwdCfg90<bf, 256>; /* v9: D = 256, both warpgroups on 64 keys, columns split (kSplit) */
   using V9_256h = BwdCfg90<hf, 256>;
@@ -604,9 +629,9 @@ int main(int argc, char **argv) {
     for (int c = 0; c < 2; ++c) bench_feat<V9_256>(c, "v9");
     for (int c = 0; c < 2; ++c) {
       bench_feat<V6_128>(c, "v6");
-      bench_feat<V6b_128>(c, "v6 bands");
+      bench_feat<V6x_128>(c, "v6 x-major");
       bench_feat<V8_64>(c, "v8");
-      bench_feat<V8b_64>(c, "v8 bands");
+      bench_feat<V8x_64>(c, "v8 x-major");
     }
   }
   auto want = [&](const char *t) {
@@ -619,9 +644,9 @@ int main(int argc, char **argv) {
     checks_feat<V8_64>("v8", seed);
     checks<V8_128>("v8", seed);
     checks<V8_64>("v8", seed);
-    checks_feat<V6b_128>("v6 bands", seed);
-    checks_feat<V8b_64>("v8 bands", seed);
-    checks<V6b_128>("v6 bands", seed);
+    checks_feat<V6_128>("v6", seed);
+    checks<V6_128>("v6", seed);
+    checks<V6x_128>("v6 x-major", seed);
   }
   if (want("f16")) {
     checks<V9_256h>("v9", seed);

@@ -58,15 +58,19 @@ namespace sm90 {
  * complete (a group in flight across the loop's back edge made ptxas serialize every wgmma); a
  * third Q / dO stage keeps the copies ahead. At D = 128 the products' accumulators in flight
  * beside S^T and dP^T exceed the registers.
- * kBand (a lab variant, not measured yet): CTAs dispatched in bands of kBand key blocks, every
- * (KV head, sequence) of a band before the next band, so that under a causal mask the longest
- * CTAs (the first key blocks, which see the most query blocks) of every head start first, not
- * those of the last heads in the grid's last wave; within a band a head's key blocks stay
- * together (they read the same Q and dO through L2). 0: one CTA per (key block, KV head,
- * sequence) in x-major order. Either order dispatches key block n - 1 of a head before n, which
- * the deterministic order needs. */
+ * kHeadsFirst: under a causal mask (window_right >= 0, no left window) the launch dispatches
+ * the grid heads first, x the KV head and y the key block, so that the longest CTAs (the first
+ * key blocks, which see the most query blocks) of every head start first, not those of the last
+ * heads in the grid's last wave (H200, bf16, T = 8192, causal, measured as bands of 8 key blocks
+ * across heads, whose waves hold the same CTAs: +4% at D = 128, +15% with GQA 4:1, +3% at D = 64;
+ * dev/cuda/bwd_hopper.cu, "bands"). Other problems, whose key blocks all see about as many
+ * queries, keep the key blocks along x: a head's key blocks run together and share its Q and dO
+ * through L2, which bands across heads did not (0.93-1.0x without a mask). Either order
+ * dispatches key block n - 1 of a head before n, which the deterministic order needs, and reads
+ * its place from blockIdx alone (a band index worked out at run time cost ptxas 36 more bytes of
+ * spills at D = 128). false: key blocks along x always. */
 template <typename T_, int kD_, int kStages_ = 2, bool kOverlap_ = true, bool kDqTiled_ = true, bool kPrefetch_ = false,
-          int kBand_ = 0>
+          bool kHeadsFirst_ = true>
 struct BwdCfg90 {
   using T = T_;
   /* kSplit (D = 256, where one warpgroup's dK and dV of 64 keys would need 256 registers a thread):
@@ -78,7 +82,7 @@ struct BwdCfg90 {
   static constexpr bool kSplit = kD_ == 256;
   static constexpr int kD = kD_, kBN = kSplit ? 64 : 128, kBM = ATTN_CUDA_SM90_BWD_ROWS, kStages = kStages_, kCWG = 2;
   static constexpr int kDC = kSplit ? kD / 2 : kD, kSN = kSplit ? kBM / 2 : kBM;
-  static constexpr int kBand = kBand_;
+  static constexpr bool kHeadsFirst = kHeadsFirst_;
   static constexpr bool kOverlap = kOverlap_, kDqTiled = kDqTiled_, kPrefetch = kPrefetch_;
   static_assert(!kPrefetch || (kOverlap && kDqTiled && kStages >= 3),
                 "the prefetching schedule keeps three items' Q and dO in flight");
@@ -199,7 +203,7 @@ template <typename C, int kMode, bool kDeterministic>
 __global__ void __launch_bounds__(C::kThreads, 1)
     bwd90_kernel(const __grid_constant__ attn_cuda_params p, const __grid_constant__ CUtensorMap tq,
                  const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-                 const __grid_constant__ CUtensorMap tdo) {
+                 const __grid_constant__ CUtensorMap tdo, bool heads_first) {
   using T = typename C::T;
   constexpr int kD = C::kD, kBN = C::kBN, kBM = C::kBM, kStages = C::kStages;
   extern __shared__ unsigned char smem_raw[];
@@ -217,10 +221,12 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   auto empty = [&](int s) { return bars + 8 * (1 + kStages + s); };
 
   const int tid = threadIdx.x, lane = tid & 31, wg = tid / 128;
-  /* kBand: x the key block within the band, y the (sequence, KV head), z the band */
-  const int b = C::kBand > 0 ? blockIdx.y / p.heads_kv : blockIdx.z;
-  const int g = C::kBand > 0 ? blockIdx.y % p.heads_kv : blockIdx.y;
-  const int n0 = C::kBand > 0 ? (blockIdx.z * C::kBand + blockIdx.x) * kBN : blockIdx.x * kBN;
+  /* heads first (bwd90_heads_first): x the KV head, y the key block; else x the key block, y the
+   * KV head; z the sequence */
+  if constexpr (!C::kHeadsFirst) heads_first = false;
+  const int g = heads_first ? blockIdx.x : blockIdx.y;
+  const int b = blockIdx.z;
+  const int n0 = (heads_first ? blockIdx.y : blockIdx.x) * kBN;
   const Seq sq = seq_of(p, b);
   if (n0 >= sq.len_k) return;
   const int n_last = min(n0 + kBN, sq.len_k) - 1;
@@ -733,6 +739,13 @@ static inline const char *sm90_bwd_unsupported(const attn_cuda_params &p) {
   return nullptr;
 }
 
+/* Whether p's grid goes heads first (kHeadsFirst's note): under a causal mask without a left
+ * window, where the grid's y holds p's key blocks. */
+template <typename C> static inline bool bwd90_heads_first(const attn_cuda_params &p) {
+  const bool causal = p.window_right >= 0 && p.window_left < 0;
+  return C::kHeadsFirst && causal && (p.seqlen_k + C::kBN - 1) / C::kBN <= 65535;
+}
+
 /* The backward of p (p.delta computed, p.dq_accum the f32 workspace, p.dq_semaphore the counters
  * when kDeterministic): zeroes the workspace, runs bwd90_kernel<C, kMode, kDeterministic>, then
  * the dq conversion. */
@@ -761,14 +774,14 @@ attn_status launch_bwd90_mode(const attn_cuda_params &p, cudaStream_t stream, ch
     ATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_semaphore, 0, (size_t)counters * sizeof(int32_t), stream));
   auto kernel = bwd90_kernel<C, kMode, kDeterministic>;
   ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmem));
-  /* key blocks along x: the deterministic order has key block n wait for n - 1 of the same head
-   * and sequence, which the hardware's in-order dispatch of x-major block indices has started */
+  /* the deterministic order has key block n wait for n - 1 of the same head and sequence, which
+   * the hardware's in-order dispatch of x-major block indices has started in either grid */
   const int64_t key_blocks = (p.seqlen_k + C::kBN - 1) / C::kBN;
-  dim3 grid((unsigned)key_blocks, p.heads_kv, p.batch);
-  if constexpr (C::kBand > 0) /* the bands' order: the band slowest (blocks past seqlen_k return) */
-    grid = dim3(C::kBand, p.heads_kv * p.batch, (unsigned)((key_blocks + C::kBand - 1) / C::kBand));
-  if (grid.x > 0) {
-    kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p, tq, tk, tv, tdo);
+  const bool heads_first = bwd90_heads_first<C>(p);
+  const dim3 grid = heads_first ? dim3(p.heads_kv, (unsigned)key_blocks, p.batch)
+                                : dim3((unsigned)key_blocks, p.heads_kv, p.batch);
+  if (key_blocks > 0) {
+    kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p, tq, tk, tv, tdo, heads_first);
     ATTN_CUDA_CHECK(cudaGetLastError());
   }
   const int64_t n = (int64_t)p.batch * p.seqlen_q * p.heads_q * (p.d / 2);
@@ -797,8 +810,6 @@ template <typename C> attn_status launch_bwd90(const attn_cuda_params &p, cudaSt
   const char *no = sm90_bwd_unsupported(p);
   if (no == nullptr && p.d != C::kD) no = "the sm90 backward was asked for another head dim";
   if (no == nullptr && p.dq_semaphore != nullptr && !C::kDqTiled) no = "the deterministic sm90 backward needs kDqTiled";
-  if (no == nullptr && C::kBand > 0 && (int64_t)p.heads_kv * p.batch > 65535)
-    no = "the sm90 backward's bands need heads_kv x batch <= 65535 (the grid's y)";
   if (no != nullptr) {
     snprintf(why, why_size, "%s", no);
     return ATTN_STATUS_UNSUPPORTED;
