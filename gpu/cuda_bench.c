@@ -1,6 +1,7 @@
 /*
  * gpu/cuda_bench.c - times the "cuda" implementation on the issue's shapes (bf16, B * T = 16384
- * tokens, Hq * D = 2048): forward and backward, medians of CUDA-event timings after a warm-up;
+ * tokens, Hq * D = 2048): forward and backward, each timed in its own loop (as gpu/cuda_bench.py
+ * times PyTorch), medians of CUDA-event timings after a warm-up;
  * a shape whose calls fail prints the error instead (the correctness proof is tests/test_cuda.c).
  *
  * usage: cuda_bench [reps] [config]   (config: "deterministic", the default, "atomic", "sm90" or
@@ -36,13 +37,17 @@ int main(int argc, char **argv) {
         bench_buffers b = bench_buffers_create(plan, &p);
         float *tf = malloc(sizeof(float) * reps), *tb = malloc(sizeof(float) * reps);
         int ok = 1;
-        for (int it = -3; it < reps && ok; ++it) { /* 3 warm-up iterations */
+        /* the forward's calls, then the backward's (of the last forward's out and lse), each
+         * after 3 warm-up calls: the way gpu/cuda_bench.py times PyTorch's backends */
+        for (int it = -3; it < reps && ok; ++it) {
           BENCH_CUDA_CHECK(cudaEventRecord(e0, 0));
           ok &= attn_plan_forward(plan, &b.in, b.workspace, b.workspace_size, &b.out) ==
                 ATTN_STATUS_OK;
           BENCH_CUDA_CHECK(cudaEventRecord(e1, 0));
           BENCH_CUDA_CHECK(cudaEventSynchronize(e1));
           if (it >= 0) BENCH_CUDA_CHECK(cudaEventElapsedTime(&tf[it], e0, e1));
+        }
+        for (int it = -3; it < reps && ok; ++it) {
           BENCH_CUDA_CHECK(cudaEventRecord(e0, 0));
           ok &= attn_plan_backward(plan, &b.in, &b.out, &b.dout, b.workspace, b.workspace_size,
                                    &b.grads) == ATTN_STATUS_OK;

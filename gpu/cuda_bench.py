@@ -5,7 +5,7 @@ efficient) on the same shapes: bf16, B * T = 16384 tokens, Hq * D = 2048, D in {
 T in {512, 8192}, causal and not; CUDA-event medians; TFLOPS forward 4 * B * Hq * T * T * D
 (halved when causal), backward 2.5x; the cuda implementation under its configurations
 ("deterministic", "atomic", and on an H100 / H200 "sm90": the Hopper forward and backward, the
-latter atomic, at D = 64 and 128; at D = 256 the atomic sm80 backward); ratios take the fastest of them.
+latter atomic, at D = 64, 128 and 256); ratios take the fastest of them.
 
 usage: cuda_bench.py <cuda_bench binary> [reps]   prints a markdown table.
 """

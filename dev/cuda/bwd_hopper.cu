@@ -111,7 +111,11 @@
  *      bytes of spills at D = 128 (ptxas: n0 no longer read from blockIdx), so the causal grid
  *      is x the KV head, y the key block: its waves hold the same CTAs as bands of 8 (132 SMs,
  *      16 KV heads), every place read from blockIdx, the spills as before (36-60 bytes). The
- *      bench's "x-major" rows run the grid of before.
+ *      bench's "x-major" rows run the grid of before. H200, bf16, T = 8192, causal, two calls,
+ *      heads first against x-major in the same call: D = 128 plain 512.4 / 523.0 against 491.9
+ *      / 493.6 (1.04-1.06x), GQA 4:1 520.1 / 512.7 against 438.2 / 436.1 (1.18-1.19x), ALiBi,
+ *      soft cap and deterministic 1.04-1.06x; D = 64 (v8) plain 1.01-1.02x, GQA 1.10-1.11x.
+ *      Without a mask both run the x-major grid (529.3 against 519.2, 506.2 against 508.6).
  *   v9 (the library's at D = 256; kSplit) one warpgroup's dK and dV of 64 keys at D = 256 would
  *      need all 256 registers a thread, so both consumer warpgroups take the CTA's 64 keys and
  *      split the columns: dK, dV, dQ 128 each, S^T and dP^T 32 queries each. P^T and dS^T go
