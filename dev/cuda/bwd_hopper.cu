@@ -129,6 +129,12 @@
  *      380.1, so 1.15x / 1.06x); soft cap 339.9 / 336.5 (0.83x plain), ALiBi 387.9 / 384.2
  *      (0.95x), packed 389.0 / 399.0, padded 391.0 / 399.6, GQA 4:1 391.8 / 401.2,
  *      deterministic 257.7 / 245.7 (0.61-0.63x). Every check passed, bf16 and f16.
+ *   inputs (bench_real_lse, written 2026-12-03, not run yet) every figure above times the kernel
+ *      on lse = 0 and Delta = 0; the library's call (gpu/cuda_bench) gets a real forward's, and
+ *      on 2026-12-03's two H200s it ran 0.25-0.35 ms slower than this lab's kernel with no
+ *      kernel to account for it (bench/RESULTS.md, "sm90 backward v9"). The bench's first rows
+ *      time the plain shape on both inputs in one process, at D = 128 and 256: equal times put
+ *      the gap in the library's host path, a slower real-input row in the clocks the data draws.
  *   Not yet tried (FlashAttention-3 reaches ~1.5-1.75x of FlashAttention-2 here): v8's overlap
  *   at D = 128 (it needs registers: dQ in shared memory, or dK / dV split across more
  *   warpgroups), the two consumer warpgroups out of lockstep (the per-item barrier
@@ -140,6 +146,7 @@
  *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90a,code=sm_90a dev/cuda/bwd_hopper.cu -o bwd90 && ./bwd90
  */
 #include "impl/cuda/cuda_bwd.cuh"
+#include "impl/cuda/cuda_fwd.cuh"
 #include "impl/cuda/sm90/sm90_bwd.cuh"
 #include "lab.cuh"
 
@@ -554,6 +561,46 @@ template <typename C> void bench_feat(int causal, const char *tag) {
   }
 }
 
+/* Delta = rowsum(dout * out) of a dense problem, one thread per (row, head), in the kernels'
+ * layout [H][B * Tq]. */
+template <typename T> __global__ void delta_rows(const __grid_constant__ attn_cuda_params p) {
+  const int64_t n = p.rows_q * p.heads_q;
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (int64_t)blockDim.x) {
+    const int h = (int)(e % p.heads_q);
+    const int64_t row = e / p.heads_q;
+    const T *o = static_cast<const T *>(p.out) + row * p.o_r + h * p.o_h;
+    const T *g = static_cast<const T *>(p.dout) + row * p.do_r + h * p.do_h;
+    float acc = 0.f;
+    for (int c = 0; c < p.d; ++c) acc += (float)o[c] * (float)g[c];
+    p.delta[h * p.rows_q + row] = acc;
+  }
+}
+
+/* The plain bench shape timed twice in one process: on Dev's benchmark inputs (lse 0, Delta 0,
+ * as every figure above) and on a real forward's out and lse (the sm80 forward) with their Delta,
+ * as the library's call sees them. A difference is the data's (the clocks an H200 holds at its
+ * power limit depend on what the tensor cores toggle), not the kernel's: it runs the same
+ * instructions on either. */
+template <typename C> void bench_real_lse(const char *tag, int causal) {
+  using T = typename C::T;
+  const int D = C::kD, T_ = 8192, B = 16384 / T_, H = 2048 / D;
+  const Problem s{B, T_, T_, H, H, D, -1, causal ? 0 : -1, 0};
+  const double flops = 2.5 * 4.0 * B * H * (double)T_ * T_ * D * (causal ? 0.5 : 1.0);
+  Dev<T> d(s, nullptr);
+  const float ms_zero = median_ms([&] { run90<C>(d.p); });
+  char why[256];
+  if (run_fwd<T, C::kD>(d.p, 0, why, sizeof why) != ATTN_STATUS_OK) {
+    printf("sm80 forward: %s\n", why);
+    exit(1);
+  }
+  delta_rows<T><<<1024, 256>>>(d.p);
+  CU(cudaGetLastError());
+  const float ms_real = median_ms([&] { run90<C>(d.p); });
+  printf("lab bwd90 %s lse D=%d T=%d causal=%d: lse 0 / Delta 0 %.3f ms %.1f TFLOPS, a forward's lse / Delta %.3f ms "
+         "%.1f TFLOPS (%.2fx)\n",
+         tag, D, T_, causal, ms_zero, flops / ms_zero * 1e-9, ms_real, flops / ms_real * 1e-9, ms_zero / ms_real);
+}
+
 /* v6's dq conversion as it was (one thread per pair of columns, the tile's place worked out per
  * element), timed beside the library's (one CTA per tile) in bench_parts. */
 template <typename T, int kD> __global__ void dq_convert_per_element(const __grid_constant__ attn_cuda_params p) {
@@ -630,6 +677,10 @@ int main(int argc, char **argv) {
   using V9_256h = BwdCfg90<hf, 256>;
   /* the timings first: a device call cut short by its time limit keeps them */
   if (all || strcmp(what, "bench") == 0) {
+    for (int c = 0; c < 2; ++c) {
+      bench_real_lse<V6_128>("v6", c);
+      bench_real_lse<V9_256>("v9", c);
+    }
     for (int c = 0; c < 2; ++c) bench_feat<V9_256>(c, "v9");
     for (int c = 0; c < 2; ++c) {
       bench_feat<V6_128>(c, "v6");
