@@ -582,6 +582,14 @@ static void test_grid(int quick) {
   if (!quick)
     c = make("gqa 1000 window alibi d128", tu_gpu_problem(1, 1000, 1000, 4, 1, 128, BF)), c.p.window_left = 300,
     c.p.window_right = 200, c.p.alibi = ATTN_ALIBI_PER_HEAD, run_case(&c);
+  /* causal grids go heads first in the sm90 backward (kHeadsFirst): many key blocks of several KV
+   * heads and sequences, CTAs of the other heads dispatched between a head's key blocks, which
+   * sm90_deterministic's counters wait across; D = 256's 64-key CTAs, bottom-right with Tq < Tk */
+  if (!quick) {
+    c = make("causal gqa 520 d256", tu_gpu_problem(2, 520, 520, 4, 2, 256, BF)), c.p.causal = 1, run_case(&c);
+    c = make("causal br 400x900 d128", tu_gpu_problem(2, 400, 900, 4, 4, 128, F16)), c.p.causal = 1,
+    c.p.align = ATTN_ALIGN_BOTTOM_RIGHT, run_case(&c);
+  }
   /* everything at once */
   c = make("everything", tu_gpu_problem(2, 127, 129, 4, 2, 64, BF));
   c.p.causal = 1, c.p.window_left = 50, c.p.softcap = 3.0, c.p.alibi = ATTN_ALIBI_PER_HEAD, c.p.num_sinks = 2;
