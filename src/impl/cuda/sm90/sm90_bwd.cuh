@@ -384,6 +384,14 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     issue_transposed(dpt, sV, sO + s * C::kQBytes);
     wgmma_commit();
   };
+  /* kDeterministic: the counter of this warp's dq slice of query block m0, head h (the order of
+   * dq_tile_index's slices), and the wait for this key block's turn at it */
+  auto slice_counter = [&](int h, int m0) {
+    return p.dq_semaphore + (dq_tile_index<kD>(p, h, b, m0, 0, 0) / (kBM * kD)) * 8 + cw * 4 + wq;
+  };
+  auto wait_turn = [&](int32_t *counter, int h, int m0) {
+    wait_counter(counter, n0 / kBN - first_key_block(p, head_of(p, sq, b, h), m0 / kBM, kBM, kBN));
+  };
   /* Item it's dQ (the registers dq) added into the workspace */
   auto add_dq = [&](int it) {
     const int h = g * p.group + it / nm, m0 = block_of(it) * kBM;
@@ -392,10 +400,10 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       /* the slice's tile order (dq_tile_index) puts lane l's four floats of column group jj at
        * 16 (32 jj + l) bytes: one vector reduction a group, 512 contiguous bytes a warp */
       float *at = p.dq_accum + dq_tile_index<kD>(p, h, b, m0, wq * 16, dq_col0) + lane * 4;
-      int32_t *counter = nullptr; /* kDeterministic: as below, lane 0 waits, the warp adds, lane 0 counts */
+      int32_t *counter = nullptr; /* kDeterministic: lane 0 waits, the warp adds, lane 0 counts */
       if constexpr (kDeterministic) {
-        counter = p.dq_semaphore + (dq_tile_index<kD>(p, h, b, m0, 0, 0) / (kBM * kD)) * 8 + cw * 4 + wq;
-        if (lane == 0) wait_counter(counter, n0 / kBN - first_key_block(p, head_of(p, sq, b, h), m0 / kBM, kBM, kBN));
+        counter = slice_counter(h, m0);
+        if (lane == 0) wait_turn(counter, h, m0);
         __syncwarp();
       }
 #pragma unroll
@@ -425,11 +433,10 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       __syncwarp();
       if (lane == 0) {
         const float *slice = p.dq_accum + dq_tile_index<kD>(p, h, b, m0, wq * 16, dq_col0);
-        /* kDeterministic: this slice's counter (the same order as dq_tile_index's slices) */
         int32_t *counter = nullptr;
         if constexpr (kDeterministic) {
-          counter = p.dq_semaphore + (dq_tile_index<kD>(p, h, b, m0, 0, 0) / (kBM * kD)) * 8 + cw * 4 + wq;
-          wait_counter(counter, n0 / kBN - first_key_block(p, head_of(p, sq, b, h), m0 / kBM, kBM, kBN));
+          counter = slice_counter(h, m0);
+          wait_turn(counter, h, m0);
           asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the copy engine reads after it */
         }
         asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
