@@ -187,7 +187,7 @@ if step build; then
   if impl cudnn; then libs+=("$CUDNN_LIB" "-Wl,-rpath,$CUDNN_LIBDIR"); fi
   libs+=("$cudart" "-Wl,-rpath,$(dirname "$cudart")" -fopenmp -lm -lpthread)
   bench_programs=""
-  if impl cuda; then bench_programs="$bench_programs cuda_bench"; fi
+  if impl cuda; then bench_programs="$bench_programs cuda_bench decode_bench"; fi
   if impl cudnn; then bench_programs="$bench_programs bench_cudnn"; fi
   for b in $bench_programs; do
     echo "-- gcc gpu/$b.c" >>"$OUT/build.log"

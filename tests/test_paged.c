@@ -834,7 +834,7 @@ int main(void) {
                                                     "heads2",
                                                     "heads4,cpasync",
                                                     "heads8,mergekernel,tablebystage,epilogueflat",
-                                                    "heads4,lateissue,waitfirst"};
+                                                    "heads4,lateissue,waitfirst,tanhexp"};
       const int n_variants = (int)(sizeof decode_variants / sizeof decode_variants[0]);
       for (int i = 0; i < n_variants; ++i) {
         if (quick && i != 0 && i != 4 && i != 6 && i != 11) continue;

@@ -113,6 +113,8 @@ enum VariantFlag : int {
   kVarHeads8 = 1 << 10,
   kVarHeads1 = 1 << 11,
   kVarMergeWide = 1 << 12,
+  kVarTanhExp = 1 << 13,     /* "tanhexp": the soft cap's tanh from one exponential and a
+                                reciprocal (tanh_exp), not the special-function unit's tanh */
 };
 struct VariantToken {
   const char *name;
@@ -123,7 +125,7 @@ constexpr VariantToken kVariantTokens[] = {
     {"mergechunk", kVarMergeChunk},     {"waitfirst", kVarWaitFirst},       {"mergekernel", kVarMergeKernel},
     {"tablebystage", kVarTableByStage}, {"epilogueflat", kVarEpilogueFlat}, {"heads2", kVarHeads2},
     {"heads4", kVarHeads4},             {"heads8", kVarHeads8},             {"heads1", kVarHeads1},
-    {"mergewide", kVarMergeWide},
+    {"mergewide", kVarMergeWide},       {"tanhexp", kVarTanhExp},
 };
 
 /* The KV heads per CTA a variant asks for (the largest token given); 0: none, planned_heads picks. */
@@ -279,11 +281,29 @@ __device__ __forceinline__ void key_offsets(const attn_cuda_decode_params &p, co
   voff = (int64_t)page * p.v_b + (int64_t)r * p.v_r + (int64_t)g * p.v_h;
 }
 
-/* tanh from one exponential: |error| below 1e-6 (the soft cap multiplies it by the cap, far below
- * what rounding the probabilities to 16 bits costs), a fifth of tanhf's instructions. */
-__device__ __forceinline__ float tanh_fast(float y) {
+/* tanh from one exponential and a reciprocal ("tanhexp"): |error| below 1e-6, a fifth of tanhf's
+ * instructions, but two special-function operations and four more in a chain. */
+__device__ __forceinline__ float tanh_exp(float y) {
   const float e = __expf(2.0f * fabsf(y)); /* +inf for large |y|: the result is then 1 */
   return copysignf(1.0f - __fdividef(2.0f, e + 1.0f), y);
+}
+
+/* tanh by the special-function unit's own instruction (tanh.approx.f32, sm_75 and up): relative
+ * error about 2^-11 (PTX ISA), so the capped logit cap * tanh(y) is within 2^-11 of itself, a
+ * quarter of what rounding the score to 16 bits costs the naive computation SPEC's rule measures
+ * against (2^-9). The decode kernels run on 16-bit caches only and nothing recomputes their P
+ * (the paged backward is refused), so no lse of theirs must match a backward's exact tanh. Each
+ * tile's scores are on the critical path of a memory-bound loop: one instruction instead of
+ * tanh_exp's chain is what the soft cap costs there (bench/RESULTS.md, "The decode soft cap by
+ * tanh.approx"). */
+__device__ __forceinline__ float tanh_sfu(float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  float t;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(y));
+  return t;
+#else
+  return tanh_exp(y);
+#endif
 }
 
 /* Writes k_new, v_new into their pages, 16 bytes per copy: grid (B, seqlen_new). */
@@ -731,6 +751,7 @@ __global__ void __launch_bounds__(Shape<KD, G>::kThreads, Shape<KD, G>::kMinBloc
 
   const uint32_t qa = attn_cuda::smem_u32(q_s + head_of_warp * kRows * kPitch) + attn_cuda::lane_a<T, kPitchB>(lane);
   const float inv_cap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
+  const bool cap_by_exp = (p.variant & kVarTanhExp) != 0;
   for (int t = 0; t < ntiles; ++t) {
     if constexpr (kBulk) {
       /* Each thread waits on the tile's barrier itself, which makes the copies visible to it: the
@@ -783,7 +804,7 @@ __global__ void __launch_bounds__(Shape<KD, G>::kThreads, Shape<KD, G>::kMinBloc
         }
         float x = sacc[0][nt][e] * p.scale;
         if (p.alibi != nullptr) x -= slope[hf] * fabsf((float)(diag[hf] - j));
-        if (p.softcap > 0.0f) x = p.softcap * tanh_fast(x * inv_cap);
+        if (p.softcap > 0.0f) x = p.softcap * (cap_by_exp ? tanh_exp(x * inv_cap) : tanh_sfu(x * inv_cap));
         const bool seen = j < k1 && (p.window_left < 0 || j >= diag[hf] - p.window_left) &&
                           (p.window_right < 0 || j <= diag[hf] + p.window_right);
         x = seen ? x : -INFINITY;
