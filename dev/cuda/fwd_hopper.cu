@@ -163,6 +163,23 @@
  *      T = 8192 without one (no edge block there: the four registers held across the tile, the
  *      suspect), so D = 256 keeps the branches. Without a band, D = 64 and 128: 0.95-1.03x (the
  *      rounds' own spread is 6-10%).
+ *  v13 (the library's since 2026-12-04) short sequences, where a tile of 4-8 key blocks pays its
+ *      pipeline's fill (S(0) and its softmax, with nothing to overlap) and drain (the last P V,
+ *      the epilogue) on few blocks. `fwd_hopper SEED short` (H200, 2026-12-04; each variant
+ *      checked on the shape first, all passed), bf16, B * T = 16384, two rounds, against the
+ *      library's kernel of before at T = 512 / 1024, non-causal and causal:
+ *        D = 128 (persistent): ping-pong 1.05-1.06x / 1.00x at T = 512, 1.06-1.07x / 1.07x at
+ *                1024 (kept); 64-key blocks 0.95-0.99x, with ping-pong 0.92-0.96x
+ *        D = 64: two consumer warpgroups (no ping-pong) 0.96x / 1.18-1.20x at T = 512, 0.93x /
+ *                1.15-1.17x at 1024 (kept under a causal band: sm90_launch.cu's short_band); two
+ *                with ping-pong 0.97-1.01x / 1.16x and 0.95x / 1.16-1.19x; three without 0.99x /
+ *                1.05x and 0.94-0.95x / 1.01-1.03x
+ *        D = 256: the grid (the library's without a band) 1.04-1.06x / 0.96-0.98x of persistent
+ *                at T = 512, 1.01x / 0.98-1.01x at 1024; ping-pong 0.97-0.99x / 1.00-1.02x (not
+ *                kept: within the rounds' spread)
+ *      Through the library (gpu/cuda_bench, two runs), T = 512 against PyTorch's cuDNN: D = 64
+ *      0.93-0.96x / 0.90-0.95x (causal 197.6-198.7 TFLOPS, 171.5 before), D = 128 0.87-0.90x /
+ *      0.95-0.97x, D = 256 0.85-0.90x / 0.84-0.92x (cuDNN's own figures moved 5-10% between runs).
  *   ncu (v2, D = 128, non-causal, `fwd_hopper ncu`): 1.62 ms, SM busy 72% (the tensor pipe is
  *      what fills it), the XU pipe (exp2, conversions) 37%, DRAM 5%, issue slots 40% busy, 5.4 cycles per
  *      issued instruction. What is left is the softmax between the products that the two
@@ -173,6 +190,7 @@
  * soft cap, its 5th sm90 launch the capped kernel's); `fwd_hopper SEED features` runs the checks,
  * then only the features' benchmarks (the cap's variants and D = 64's plain kernel included);
  * `fwd_hopper SEED mask` v12's checks, then ranges against branches on the edge-heavy shapes;
+ * `fwd_hopper SEED short` v13's variants at T = 512 and 1024, each checked, then timed;
  * `fwd_hopper SEED sched` runs v10's and v11's checks and the grid against both persistent
  * schedulers at T = 512, 2048 and 8192 (`python3 dev/cuda/fwd_hopper_torch.py 512 2048 8192`:
  * cuDNN's).
@@ -657,6 +675,37 @@ template <typename O, typename N> void bench_mask(const char *tag) {
       }
 }
 
+/* v13 (measured 2026-12-04): short sequences, where each tile's pipeline fill (S(0) and its
+ * softmax, nothing to overlap them with) and drain (the last P V, the epilogue) are a large part of
+ * a tile of 4-8 key blocks. The library's kernel (L) beside the same with the consumer warpgroups
+ * taking turns (P: ping-pong, so one's fill runs under the other's products), and at D = 128
+ * 64-key blocks (K, KP with ping-pong: a shorter fill against more iterations); the names say what
+ * P, K and KP are at the other head dims. Each is checked on the shape first. */
+template <typename L, typename P, typename K, typename KP>
+void bench_short(const char *tag, const char *p_name, const char *k_name, const char *kp_name) {
+  using T = typename L::T;
+  const int D = L::kD, H = 2048 / D;
+  for (int T_ : {512, 1024})
+    for (int causal = 0; causal < 2; ++causal) {
+      double flops;
+      const Problem s = band_problem(T_, causal, 0, H, D, &flops);
+      check<P, void>(tag, s, 7);
+      check<K, void>(tag, s, 7);
+      check<KP, void>(tag, s, 7);
+      Buffers<T> bu(s, 7);
+      attn_cuda_params p = bu.p;
+      p.out = bu.o;
+      for (int round = 0; round < 2; ++round) {
+        const float l = median_ms([&] { run90<L, void>(p); }), pp = median_ms([&] { run90<P, void>(p); });
+        const float k = median_ms([&] { run90<K, void>(p); }), kp = median_ms([&] { run90<KP, void>(p); });
+        printf("lab fwd90 short %s D=%d T=%d causal=%d: library %.1f us %.1f TFLOPS, %s %.1f us %.2fx, %s %.1f us "
+               "%.2fx, %s %.1f us %.2fx\n",
+               tag, D, T_, causal, l * 1e3, flops / l * 1e-9, p_name, pp * 1e3, l / pp, k_name, k * 1e3, l / k, kp_name,
+               kp * 1e3, l / kp);
+      }
+    }
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "ncu") == 0) { /* one shape, for Nsight Compute: D = 128 non-causal */
     bench<FwdCfg90<bf, 128, 128, 2, true>>("v2", 0);
@@ -670,6 +719,30 @@ int main(int argc, char **argv) {
   }
   unsigned seed = argc > 1 ? (unsigned)atoi(argv[1]) : 1234u;
   printf("seed %u\n", seed);
+  if (argc > 2 && strcmp(argv[2], "short") == 0) { /* v13: T = 512 and 1024, timed (each variant checked first) */
+    using sm90::kCapFused;
+    using sm90::kSchedStride;
+    /* D = 128: the library's at T <= 1024 (persistent, masks by ranges) */
+    using L128 = FwdCfg90<bf, 128, 128, 2, true, 2, kCapFused, 0, false, kSchedStride, true>;
+    using P128 = FwdCfg90<bf, 128, 128, 2, true, 2, kCapFused, 0, true, kSchedStride, true>;
+    using K128 = FwdCfg90<bf, 128, 64, 3, true, 2, kCapFused, 0, false, kSchedStride, true>;
+    using KP128 = FwdCfg90<bf, 128, 64, 3, true, 2, kCapFused, 0, true, kSchedStride, true>;
+    /* D = 256: persistent (the library's under a causal band; the grid otherwise) */
+    using L256 = FwdCfg90<bf, 256, 64, 2, true, 2, kCapFused, 0, false, kSchedStride>;
+    using P256 = FwdCfg90<bf, 256, 64, 2, true, 2, kCapFused, 0, true, kSchedStride>;
+    using G256 = FwdCfg90<bf, 256, 64, 2, true, 2, kCapFused, 0, false>;
+    using GP256 = FwdCfg90<bf, 256, 64, 2, true, 2, kCapFused, 0, true>;
+    /* D = 64: the library's (three consumer warpgroups, ping-pong), then two without and with */
+    using L64 = FwdCfg90<bf, 64, 128, 3, true, 3, kCapFused, 0, true, kSchedStride, true>;
+    using N64 = FwdCfg90<bf, 64, 128, 3, true, 3, kCapFused, 0, false, kSchedStride, true>;
+    using T64 = FwdCfg90<bf, 64, 128, 3, true, 2, kCapFused, 0, false, kSchedStride, true>;
+    using TP64 = FwdCfg90<bf, 64, 128, 3, true, 2, kCapFused, 0, true, kSchedStride, true>;
+    bench_short<L128, P128, K128, KP128>("v13", "ping-pong", "64 keys", "64 keys ping-pong");
+    bench_short<L256, P256, G256, GP256>("v13", "ping-pong", "grid", "grid ping-pong");
+    bench_short<L64, N64, T64, TP64>("v13", "3 wg no ping-pong", "2 wg", "2 wg ping-pong");
+    printf("lab fwd90: %d failed checks\n", failures);
+    return failures != 0;
+  }
   if (argc > 2 && strcmp(argv[2], "mask") == 0) { /* v12: the edge blocks' masks by ranges, checked, then timed */
     using sm90::kCapFused;
     using sm90::kSchedStride;

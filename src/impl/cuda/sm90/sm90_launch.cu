@@ -12,6 +12,13 @@
 namespace attn_cuda {
 namespace sm90 {
 
+/* At most the keys a tile of p sees: the sequence, or a two-sided window's span (and a block). */
+static int64_t tile_keys(const attn_cuda_params &p) {
+  if (p.window_left >= 0 && p.window_right >= 0)
+    return std::min<int64_t>(p.seqlen_k, (int64_t)p.window_left + p.window_right + 128);
+  return p.seqlen_k;
+}
+
 /* Whether p runs on the persistent tile scheduler (kSchedStride, lab v10) rather than
  * one CTA per tile. One call on an H200 (bf16, B * T = 16384, Hq * D = 2048; bench/RESULTS.md
  * "sm90: a persistent tile scheduler"): at D = 64 it won or tied everywhere (1.11-1.15x the grid
@@ -23,18 +30,26 @@ namespace sm90 {
  * them too, an extrapolation); D = 256 the same under a causal band only. */
 static bool persistent_pays(const attn_cuda_params &p) {
   if (p.d == 64) return true;
-  int64_t keys = p.seqlen_k;
-  if (p.window_left >= 0 && p.window_right >= 0)
-    keys = std::min<int64_t>(keys, (int64_t)p.window_left + p.window_right + 128);
-  return keys <= 1024 && (p.d == 128 || p.window_right >= 0);
+  return tile_keys(p) <= 1024 && (p.d == 128 || p.window_right >= 0);
 }
+
+/* Whether p is a short problem under a causal band (a tile sees at most 1024 keys), where D = 64's
+ * plain kernel runs on two consumer warpgroups (lab v13, dev/cuda/fwd_hopper.cu "short": 1.15-1.20x
+ * the three taking turns at T = 512 and 1024 causal on an H200, 0.93-0.97x of them without a band;
+ * at T = 8192 causal the three taking turns beat two by about 1.15x, lab v2 / v3 / v8 on an H100;
+ * T = 2048 and windows of that span not measured). */
+static bool short_band(const attn_cuda_params &p) { return tile_keys(p) <= 1024 && p.window_right >= 0; }
 
 /* 128 keys per block up to D = 128 (S and O fit the 240 registers with P beside them), 64 at
  * D = 256 (O alone takes 128); as many K/V stages as shared memory holds, at most 3. D = 64's
  * plain kernel has three consumer warpgroups (192-row CTAs: each K/V tile feeds 1.5x the rows;
  * 160 registers hold its O, S and P) taking turns (ping-pong: lab v8, 1.10x / 1.15-1.20x v3
- * non-causal / causal on an H100); its cap / ALiBi kernel has two (ptxas spills the cap at 160
- * registers).
+ * non-causal / causal on an H100), except on short causal problems (short_band: two, as its cap /
+ * ALiBi kernel, which has two because ptxas spills the cap at 160 registers). D = 128's two
+ * consumer warpgroups take turns on the persistent scheduler, that is where a tile sees at most
+ * 1024 keys (lab v13: 1.05-1.07x at T = 512 non-causal and T = 1024, 1.00x at T = 512 causal, on
+ * an H200; the grid's long tiles keep the free-running form, ping-pong 0.97x there: lab v8); the
+ * cap / ALiBi kernel keeps it everywhere (its turns are unmeasured).
  * The soft cap is folded into the softmax everywhere (kCapFused: lab v9). The generic kernel is
  * built at D = 256 alone (kGenericDeclined says why); the lab runs it at every head dim (at
  * D = 64 with two consumer warpgroups: its per-element function spills at 160 registers). The
@@ -46,12 +61,15 @@ template <typename T, bool kPst>
 attn_status run_sched(const attn_cuda_params &p, cudaStream_t s, char *why, size_t why_size) {
   constexpr int kS = kPst ? kSchedStride : kSchedGrid;
   switch (p.d) {
-  case 64: /* persistent whatever kPst (persistent_pays): one instantiation */
-    return launch_fwd90_any<FwdCfg90<T, 64, 128, 3, true, 3, kCapFused, 0, true, kSchedStride, true>, void,
-                            FwdCfg90<T, 64, 128, 3, true, 2, kCapFused, 0, false, kSchedStride, true>>(p, s, why,
-                                                                                                   why_size);
+  case 64: { /* persistent whatever kPst (persistent_pays) */
+    using Two = FwdCfg90<T, 64, 128, 3, true, 2, kCapFused, 0, false, kSchedStride, true>;
+    if (short_band(p)) return launch_fwd90_any<Two, void>(p, s, why, why_size);
+    return launch_fwd90_any<FwdCfg90<T, 64, 128, 3, true, 3, kCapFused, 0, true, kSchedStride, true>, void, Two>(
+        p, s, why, why_size);
+  }
   case 128:
-    return launch_fwd90_any<FwdCfg90<T, 128, 128, 2, true, 2, kCapFused, 0, false, kS, true>, void>(p, s, why, why_size);
+    return launch_fwd90_any<FwdCfg90<T, 128, 128, 2, true, 2, kCapFused, 0, kPst, kS, true>, void,
+                            FwdCfg90<T, 128, 128, 2, true, 2, kCapFused, 0, false, kS, true>>(p, s, why, why_size);
   default:
     return launch_fwd90_any<FwdCfg90<T, 256, 64, 2, true, 2, kCapFused, 0, false, kS>, FwdCfg90<T, 256, 64, 2, true>>(
         p, s, why, why_size);
