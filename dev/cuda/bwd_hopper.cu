@@ -129,12 +129,16 @@
  *      380.1, so 1.15x / 1.06x); soft cap 339.9 / 336.5 (0.83x plain), ALiBi 387.9 / 384.2
  *      (0.95x), packed 389.0 / 399.0, padded 391.0 / 399.6, GQA 4:1 391.8 / 401.2,
  *      deterministic 257.7 / 245.7 (0.61-0.63x). Every check passed, bf16 and f16.
- *   inputs (bench_real_lse, written 2026-12-03, not run yet) every figure above times the kernel
- *      on lse = 0 and Delta = 0; the library's call (gpu/cuda_bench) gets a real forward's, and
- *      on 2026-12-03's two H200s it ran 0.25-0.35 ms slower than this lab's kernel with no
- *      kernel to account for it (bench/RESULTS.md, "sm90 backward v9"). The bench's first rows
- *      time the plain shape on both inputs in one process, at D = 128 and 256: equal times put
- *      the gap in the library's host path, a slower real-input row in the clocks the data draws.
+ *   inputs (bench_real_lse, measured 2026-12-04 on an H200) every figure above times the kernel
+ *      on lse = 0 and Delta = 0 (so P = exp(S scale), dS = P dP); the library's call
+ *      (gpu/cuda_bench) gets a real forward's. The
+ *      same kernel, same process, both inputs: D = 128 non-causal 5.093 ms (539.8 TFLOPS) on
+ *      zeros against 5.489 ms (500.8) on a forward's lse / Delta, 0.93x; causal 0.97x; D = 256
+ *      0.99x / 1.02x. The SM clock was at the power cap meanwhile (nvidia-smi: 1800-1980 MHz,
+ *      the software power-cap reason set, 560-680 W). So the library's 0.25-0.35 ms over this
+ *      lab's figure (2026-12-03) is the data's, not its host path: the same instructions on real
+ *      probabilities and gradients, at a clock the power cap sets, take longer at D = 128
+ *      (PyTorch's cuDNN is timed on real ones too, so the library's ratio to it is the fair one).
  *   Not yet tried (FlashAttention-3 reaches ~1.5-1.75x of FlashAttention-2 here): v8's overlap
  *   at D = 128 (it needs registers: dQ in shared memory, or dK / dV split across more
  *   warpgroups), the two consumer warpgroups out of lockstep (the per-item barrier
