@@ -180,6 +180,17 @@
  *      Through the library (gpu/cuda_bench, two runs), T = 512 against PyTorch's cuDNN: D = 64
  *      0.93-0.96x / 0.90-0.95x (causal 197.6-198.7 TFLOPS, 171.5 before), D = 128 0.87-0.90x /
  *      0.95-0.97x, D = 256 0.85-0.90x / 0.84-0.92x (cuDNN's own figures moved 5-10% between runs).
+ *  v14 (kCapTanh; the library's cap / ALiBi kernels since 2026-12-04) the soft cap by tanh_sfu
+ *      (tanh.approx.f32: one special-function op a score, 2^-11 relative, within SPEC's rule for
+ *      16-bit problems; the decode kernels' soft cap gained the same way) in place of v9's fused
+ *      form (three ops a score: at D = 128 the 16 a cycle an SM allow 5.3 scores a cycle, the
+ *      plain kernel's own rate, so the cap was bound by them). `fwd_hopper SEED tanh` (H200,
+ *      2026-12-04; 78 checks passed first, bf16 and f16, the cap with ALiBi, sinks, padded
+ *      varlen, windows), soft cap 30, T = 8192, TFLOPS non-causal / causal, v9 -> v14 (of the
+ *      plain kernel in the same call):
+ *        D = 64:  239.2 / 224.5 (0.43x / 0.50x) -> 313.8 / 298.0 (0.58x / 0.66x): 1.31x / 1.33x
+ *        D = 128: 418.6 / 386.9 (0.62x / 0.63x) -> 530.3 / 472.1 (0.79-0.83x / 0.77x): 1.27x / 1.22x
+ *        D = 256: 617.4 / 532.6 (0.89x / 0.86x) -> 640.4 / 564.3 (0.93x / 0.91x): 1.04x / 1.06x
  *   ncu (v2, D = 128, non-causal, `fwd_hopper ncu`): 1.62 ms, SM busy 72% (the tensor pipe is
  *      what fills it), the XU pipe (exp2, conversions) 37%, DRAM 5%, issue slots 40% busy, 5.4 cycles per
  *      issued instruction. What is left is the softmax between the products that the two
@@ -191,6 +202,7 @@
  * then only the features' benchmarks (the cap's variants and D = 64's plain kernel included);
  * `fwd_hopper SEED mask` v12's checks, then ranges against branches on the edge-heavy shapes;
  * `fwd_hopper SEED short` v13's variants at T = 512 and 1024, each checked, then timed;
+ * `fwd_hopper SEED tanh` v14's checks, then the soft cap before and after beside the plain kernel;
  * `fwd_hopper SEED sched` runs v10's and v11's checks and the grid against both persistent
  * schedulers at T = 512, 2048 and 8192 (`python3 dev/cuda/fwd_hopper_torch.py 512 2048 8192`:
  * cuDNN's).
@@ -719,6 +731,37 @@ int main(int argc, char **argv) {
   }
   unsigned seed = argc > 1 ? (unsigned)atoi(argv[1]) : 1234u;
   printf("seed %u\n", seed);
+  if (argc > 2 && strcmp(argv[2], "tanh") == 0) { /* v14: the soft cap by tanh.approx, checked, then timed */
+    using sm90::kCapFused;
+    using sm90::kCapTanh;
+    using sm90::kSchedStride;
+    /* the cap / ALiBi kernels of sm90_launch.cu before (kCapFused) and now (kCapTanh), and the
+     * plain kernels the ratios are to */
+    using F64 = FwdCfg90<bf, 64, 128, 3, true, 2, kCapFused, 0, false, kSchedStride, true>;
+    using N64 = FwdCfg90<bf, 64, 128, 3, true, 2, kCapTanh, 0, false, kSchedStride, true>;
+    using N64h = FwdCfg90<hf, 64, 128, 3, true, 2, kCapTanh, 0, false, kSchedStride, true>;
+    using P64 = FwdCfg90<bf, 64, 128, 3, true, 3, kCapFused, 0, true, kSchedStride, true>;
+    using F128 = FwdCfg90<bf, 128, 128, 2, true, 2, kCapFused, 0, false, sm90::kSchedGrid, true>;
+    using N128 = FwdCfg90<bf, 128, 128, 2, true, 2, kCapTanh, 0, false, sm90::kSchedGrid, true>;
+    using N128h = FwdCfg90<hf, 128, 128, 2, true, 2, kCapTanh, 0, false, sm90::kSchedGrid, true>;
+    using F256 = FwdCfg90<bf, 256, 64, 2, true, 2, kCapFused, 0, false>;
+    using N256 = FwdCfg90<bf, 256, 64, 2, true, 2, kCapTanh, 0, false>;
+    using N256h = FwdCfg90<hf, 256, 64, 2, true, 2, kCapTanh, 0, false>;
+    variant_checks<N64>("v14", seed);
+    variant_checks<N128>("v14", seed);
+    variant_checks<N256>("v14", seed);
+    variant_checks<N64h>("v14", seed);
+    variant_checks<N128h>("v14", seed);
+    variant_checks<N256h>("v14", seed);
+    bench_cap<F64, P64>("v9 fused (before)");
+    bench_cap<N64, P64>("v14 tanh.approx");
+    bench_cap<F128, F128>("v9 fused (before)");
+    bench_cap<N128, F128>("v14 tanh.approx");
+    bench_cap<F256, F256>("v9 fused (before)");
+    bench_cap<N256, F256>("v14 tanh.approx");
+    printf("lab fwd90: %d failed checks\n", failures);
+    return failures != 0;
+  }
   if (argc > 2 && strcmp(argv[2], "short") == 0) { /* v13: T = 512 and 1024, timed (each variant checked first) */
     using sm90::kCapFused;
     using sm90::kSchedStride;

@@ -318,6 +318,17 @@ __device__ __forceinline__ float rcp(float x) {
   return y;
 }
 
+/* tanh on the special-function unit (sm_75 and up; relative error about 2^-11, PTX ISA): one
+ * instruction. A capped logit cap * tanh(y) is then within 2^-11 of itself, a quarter of what
+ * rounding the score to 16 bits costs the naive computation of SPEC's tolerance rule (2^-9), so
+ * the 16-bit forwards whose cap bounds their speed take it: the decode kernels, and the sm90
+ * forward's kCapTanh. Not for a derivative (1 - t * t loses everything once |t| is near 1). */
+__device__ __forceinline__ float tanh_sfu(float y) {
+  float t;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(t) : "f"(y));
+  return t;
+}
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));

@@ -282,28 +282,13 @@ __device__ __forceinline__ void key_offsets(const attn_cuda_decode_params &p, co
 }
 
 /* tanh from one exponential and a reciprocal ("tanhexp"): |error| below 1e-6, a fifth of tanhf's
- * instructions, but two special-function operations and four more in a chain. */
+ * instructions, but two special-function operations and four more in a chain, on each tile's
+ * critical path in this memory-bound loop; the default is attn_cuda::tanh_sfu, one instruction
+ * (bench/RESULTS.md, "The decode soft cap by tanh.approx": 96.5-98.7% of the plain rate against
+ * 90.6-94.5%). Nothing recomputes the decode kernels' P (the paged backward is refused). */
 __device__ __forceinline__ float tanh_exp(float y) {
   const float e = __expf(2.0f * fabsf(y)); /* +inf for large |y|: the result is then 1 */
   return copysignf(1.0f - __fdividef(2.0f, e + 1.0f), y);
-}
-
-/* tanh by the special-function unit's own instruction (tanh.approx.f32, sm_75 and up): relative
- * error about 2^-11 (PTX ISA), so the capped logit cap * tanh(y) is within 2^-11 of itself, a
- * quarter of what rounding the score to 16 bits costs the naive computation SPEC's rule measures
- * against (2^-9). The decode kernels run on 16-bit caches only and nothing recomputes their P
- * (the paged backward is refused), so no lse of theirs must match a backward's exact tanh. Each
- * tile's scores are on the critical path of a memory-bound loop: one instruction instead of
- * tanh_exp's chain is what the soft cap costs there (bench/RESULTS.md, "The decode soft cap by
- * tanh.approx"). */
-__device__ __forceinline__ float tanh_sfu(float y) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
-  float t;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(y));
-  return t;
-#else
-  return tanh_exp(y);
-#endif
 }
 
 /* Writes k_new, v_new into their pages, 16 bytes per copy: grid (B, seqlen_new). */
@@ -804,7 +789,7 @@ __global__ void __launch_bounds__(Shape<KD, G>::kThreads, Shape<KD, G>::kMinBloc
         }
         float x = sacc[0][nt][e] * p.scale;
         if (p.alibi != nullptr) x -= slope[hf] * fabsf((float)(diag[hf] - j));
-        if (p.softcap > 0.0f) x = p.softcap * (cap_by_exp ? tanh_exp(x * inv_cap) : tanh_sfu(x * inv_cap));
+        if (p.softcap > 0.0f) x = p.softcap * (cap_by_exp ? tanh_exp(x * inv_cap) : attn_cuda::tanh_sfu(x * inv_cap));
         const bool seen = j < k1 && (p.window_left < 0 || j >= diag[hf] - p.window_left) &&
                           (p.window_right < 0 || j <= diag[hf] + p.window_right);
         x = seen ? x : -INFINITY;

@@ -41,10 +41,11 @@
  * the plain kernel takes the band, the sinks (they seed each row's running max and sum before the
  * first key block, once per row) and varlen (sequences addressed by their first rows when packed,
  * their lengths masking the rest), none of which costs anything per score; the cap / ALiBi kernel
- * adds ALiBi (one FADD and one FFMA) and the soft cap (folded into the softmax: cap_softmax) on
- * the whole S tile in registers, masking only the band's edge blocks like the plain kernel; the
- * generic kernel takes the rest (bias, masks, segment ids, caps above SoftCap::kMaxCap) through
- * the sm_80 kernel's per-element helpers (cuda_common.cuh: visible, logit) on every block.
+ * adds ALiBi (one FADD and one FFMA) and the soft cap (one tanh_sfu a score with kCapTanh, or
+ * folded into the softmax, cap_softmax) on the whole S tile in registers, masking only the band's
+ * edge blocks like the plain kernel; the generic kernel takes the rest (bias, masks, segment ids,
+ * caps above SoftCap::kMaxCap) through the sm_80 kernel's per-element helpers (cuda_common.cuh:
+ * visible, logit) on every block.
  *
  * Scope (sm90_fwd_unsupported says which problems it refuses, with the reason): head dims 64, 128
  * and 256 with Dv = D, bf16 and f16, the per-element functions of kElementwiseKinds, no dropout,
@@ -197,6 +198,8 @@ enum CapForm : int {
   kCapRcp = 0,    /* SoftCap::logit2 on every score, then the softmax: 3 special-function ops a score */
   kCapRcpFma = 1, /* cap_logit2_fma: the reciprocal on the FMA pipe; 2 ops, 6 FMAs more */
   kCapFused = 2,  /* the cap folded into the softmax (cap_softmax): 3 ops, 8.5 instructions a score */
+  kCapTanh = 3,   /* tanh_sfu on every score, then the softmax: 2 ops a score (lab v14); within 2^-11
+                     of the logit, not cap * 2.6e-7 */
 };
 template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_, int kCWG_ = 2, int kCap_ = kCapFused,
           int kExpFmaEvery_ = 0, bool kPingPong_ = false, int kSched_ = kSchedGrid, bool kMaskRange_ = false>
@@ -429,7 +432,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         const SoftCap cap(p);
 #pragma unroll
         for (int k = 0; k < kBN / 2; ++k)
-          sacc[k] = C::kCap == kCapRcpFma ? cap_logit2_fma(cap, sacc[k]) : cap.logit2(sacc[k]);
+          sacc[k] = C::kCap == kCapTanh     ? tanh_sfu(sacc[k] * cap.in) * cap.out
+                    : C::kCap == kCapRcpFma ? cap_logit2_fma(cap, sacc[k])
+                                            : cap.logit2(sacc[k]);
       }
     };
     /* kMaskRange: this thread's rows (hf) see the keys [key_lo, key_lo + key_n) past its first
