@@ -200,6 +200,9 @@ enum CapForm : int {
   kCapFused = 2,  /* the cap folded into the softmax (cap_softmax): 3 ops, 8.5 instructions a score */
   kCapTanh = 3,   /* tanh_sfu on every score, then the softmax: 2 ops a score (lab v14); within 2^-11
                      of the logit, not cap * 2.6e-7 */
+  kCapTanhScaled = 4, /* kCapTanh with its multiply by cap log2(e) left to the softmax's FMA (its
+                         mult): one instruction a score fewer (lab v15, written 2026-12-04, not
+                         yet run on a GPU) */
 };
 template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_, int kCWG_ = 2, int kCap_ = kCapFused,
           int kExpFmaEvery_ = 0, bool kPingPong_ = false, int kSched_ = kSchedGrid, bool kMaskRange_ = false>
@@ -357,9 +360,11 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     const int row0 = cw * 64 + wq * 16 + (lane >> 2); /* this thread's rows: row0 and row0 + 8 */
     /* the plain kernel keeps raw dot products and folds the scale into the exponent's FMA (so does
      * the cap / ALiBi kernel without a cap: ALiBi's term is added in dot-product units); the
-     * capped and the generic logits are already scaled log2 units */
-    const bool logits_log2 = kMode == kModeGeneric || (kMode == kModeCapAlibi && p.softcap > 0.f);
-    const float mult = logits_log2 ? 1.f : p.scale * kLog2e;
+     * capped and the generic logits are already scaled log2 units, but for kCapTanhScaled's
+     * tanh(y), whose factor cap log2(e) (SoftCap::out) the exponent's FMA takes */
+    const bool capped = kMode == kModeCapAlibi && p.softcap > 0.f;
+    const bool logits_log2 = kMode == kModeGeneric || capped;
+    const float mult = capped && C::kCap == kCapTanhScaled ? p.softcap * kLog2e : logits_log2 ? 1.f : p.scale * kLog2e;
     int it = 0; /* key blocks consumed so far, over the tiles: the stage and its phase */
     for (int k = 0, t = nth_tile(0), j = 0; t < t_end; t = nth_tile(++k)) {
       if (!tile(t)) continue;
@@ -432,9 +437,10 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         const SoftCap cap(p);
 #pragma unroll
         for (int k = 0; k < kBN / 2; ++k)
-          sacc[k] = C::kCap == kCapTanh     ? tanh_sfu(sacc[k] * cap.in) * cap.out
-                    : C::kCap == kCapRcpFma ? cap_logit2_fma(cap, sacc[k])
-                                            : cap.logit2(sacc[k]);
+          sacc[k] = C::kCap == kCapTanhScaled ? tanh_sfu(sacc[k] * cap.in) /* mult = cap.out */
+                    : C::kCap == kCapTanh       ? tanh_sfu(sacc[k] * cap.in) * cap.out
+                    : C::kCap == kCapRcpFma     ? cap_logit2_fma(cap, sacc[k])
+                                                : cap.logit2(sacc[k]);
       }
     };
     /* kMaskRange: this thread's rows (hf) see the keys [key_lo, key_lo + key_n) past its first
