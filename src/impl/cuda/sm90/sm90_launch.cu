@@ -48,8 +48,8 @@ static bool short_band(const attn_cuda_params &p) { return tile_keys(p) <= 1024 
  * ALiBi kernel, which has two because ptxas spills the cap at 160 registers). D = 128's two
  * consumer warpgroups take turns on the persistent scheduler, that is where a tile sees at most
  * 1024 keys (lab v13: 1.05-1.07x at T = 512 non-causal and T = 1024, 1.00x at T = 512 causal, on
- * an H200; the grid's long tiles keep the free-running form, ping-pong 0.97x there: lab v8); the
- * cap / ALiBi kernel keeps it everywhere (its turns are unmeasured).
+ * an H200; the grid's long tiles keep the free-running form, ping-pong 0.97x there: lab v8); its
+ * cap / ALiBi kernel runs free everywhere (turns are unmeasured there).
  * The soft cap is tanh_sfu's one instruction a score everywhere (kCapTanh: lab v14; the logit
  * within 2^-11 of itself, as SPEC's rule allows 16-bit problems; kCapFused, lab v9, within
  * cap * 2.6e-7, cost a third special-function op a score). The generic kernel is
