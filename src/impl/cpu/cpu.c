@@ -265,6 +265,11 @@ static void store_vec(const cpu_run *c, void *base, int64_t off, int64_t stride,
   } else if (dt == ATTN_DTYPE_F32 && stride == 1) {
     float *x = (float *)base + off;
     for (int64_t d = 0; d < n; ++d) x[d] = s * src[d];
+  } else if (dt == ATTN_DTYPE_BF16 && stride == 1) { /* store1's rounding without its switch per
+                                                      * element, which made a bf16 forward's O
+                                                      * stores 19% of its time */
+    uint16_t *x = (uint16_t *)base + off;
+    for (int64_t d = 0; d < n; ++d) x[d] = attn_inline_f32_to_bf16(s * src[d]);
   } else {
     for (int64_t d = 0; d < n; ++d) store1(base, dt, off + d * stride, s * src[d]);
   }
