@@ -275,6 +275,18 @@ static void store_vec(const cpu_run *c, void *base, int64_t off, int64_t stride,
   }
 }
 
+/* Asks for the cache lines of n elements of the run's dtype at off in base, a contiguous row: for
+ * loops that convert one head's rows one after another, H x D elements apart, whose loads
+ * otherwise each wait for their own miss (the backward's pass over q, dout and out: 3-6% of a
+ * bf16 backward of 2048 query rows on the 2-core VM; the forward's Q rows gained nothing
+ * measurable: bench/RESULTS.md, "The bf16 output stores, and the backward's row pass"). */
+#define ROWS_AHEAD 4 /* rows prefetched ahead of the one converted */
+static inline void prefetch_row(const cpu_run *c, const void *base, int64_t off, int64_t n) {
+  const size_t es = attn_dtype_size(c->dt);
+  const char *p = (const char *)base + (size_t)off * es;
+  for (size_t b = 0; b < (size_t)n * es; b += 64) __builtin_prefetch(p + b, 0, 3);
+}
+
 /* Offset of (b, row, head, 0) of a token tensor and the stride of its last dim. Packed: row is the
  * row of the whole tensor and b is unused. */
 static inline int64_t token_off(const cpu_run *c, const attn_tensor *t, int64_t b, int64_t row,
@@ -1528,6 +1540,12 @@ static attn_status cpu_backward(const attn_run *run) {
                  (size_t)((i_end - qb * c.bq) * c.Dp) * sizeof(float));
         for (int64_t i = qb * c.bq; i < i_end; ++i) {
           const int64_t row = s.s.q_row0 + i;
+          if (i + ROWS_AHEAD < i_end && qds == 1 && dods == 1 && ods == 1) {
+            const int64_t ahead = row + ROWS_AHEAD;
+            prefetch_row(&c, in->q.data, token_off(&c, &in->q, s.b, ahead, h), c.D);
+            prefetch_row(&c, run->dout->data, token_off(&c, run->dout, s.b, ahead, h), c.Dv);
+            prefetch_row(&c, fwd->out.data, token_off(&c, &fwd->out, s.b, ahead, h), c.Dv);
+          }
           lse[i] = ((const float *)fwd->lse.data)[lse_off(&c, &fwd->lse, s.b, h, row)];
           /* q unscaled, as in the forward (dK gets s at the end); the padding columns zero, as
            * the products with n = Dp (dK += dS^T Q) read them */
