@@ -361,10 +361,10 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     /* the plain kernel keeps raw dot products and folds the scale into the exponent's FMA (so does
      * the cap / ALiBi kernel without a cap: ALiBi's term is added in dot-product units); the
      * capped and the generic logits are already scaled log2 units, but for kCapTanhScaled's
-     * tanh(y), whose factor cap log2(e) (SoftCap::out) the exponent's FMA takes */
+     * tanh(y), whose factor SoftCap::out (cap log2(e)) the exponent's FMA takes */
     const bool capped = kMode == kModeCapAlibi && p.softcap > 0.f;
     const bool logits_log2 = kMode == kModeGeneric || capped;
-    const float mult = capped && C::kCap == kCapTanhScaled ? p.softcap * kLog2e : logits_log2 ? 1.f : p.scale * kLog2e;
+    const float mult = capped && C::kCap == kCapTanhScaled ? SoftCap(p).out : logits_log2 ? 1.f : p.scale * kLog2e;
     int it = 0; /* key blocks consumed so far, over the tiles: the stage and its phase */
     for (int k = 0, t = nth_tile(0), j = 0; t < t_end; t = nth_tile(++k)) {
       if (!tile(t)) continue;
