@@ -139,12 +139,38 @@
  *      lab's figure (2026-12-03) is the data's, not its host path: the same instructions on real
  *      probabilities and gradients, at a clock the power cap sets, take longer at D = 128
  *      (PyTorch's cuDNN is timed on real ones too, so the library's ratio to it is the fair one).
+ *   v10 (the library's) each mode's per-score work fixed at compile time. The cap kernel tested
+ *      has_cap (p.softcap > 0, always true there: bwd90_mode gives it caps above 0 only) per
+ *      score, and ptxas made that a branch: the SASS of the D = 64 cap kernel had one BRA a score
+ *      (277 against the plain kernel's 128), each score's cap with its EX2 and RCP alone in a
+ *      basic block, as v6 found for the band's tests. Now kBwdCap's cap and kBwdAlibi's ALiBi are
+ *      compile-time, and the cap kernel's ALiBi a per-tile choice (elementwise's kAlibi). `bwd90
+ *      1234 v10`, H200, bf16, T = 8192, soft cap 30, TFLOPS non-causal / causal, the binary of
+ *      before against this one, the same call (every check passed):
+ *        D = 64:  204.8 / 200.3 (0.55x / 0.54x plain) -> 267.1 / 261.8 (0.71x / 0.71x): 1.30x / 1.31x
+ *        D = 128: 337.9 / 332.6 (0.63x / 0.65x)       -> 421.2 / 419.1 (0.83x / 0.82x): 1.25x / 1.26x
+ *        D = 256: 340.6 / 338.0 (0.88x / 0.85x)       -> 367.0 / 372.5 (0.94x / 0.95x): 1.08x / 1.10x
+ *      ALiBi alone 0.98-1.03x (within the calls' spread), the rest the same code.
+ *   v11 (the library's: BwdCfg90's kCapTanh) the cap's logit by tanh.approx, as the forward's
+ *      since its v14, so that P recomputed from the forward's lse is the forward's own, and the
+ *      derivative as u (1 + |tanh|)^2 (SoftCap::tanh2; docs/NUMERICS.md): the same three
+ *      special-function ops a score, four FP32 ones fewer. `bwd90 1234 v11`, H200, the same
+ *      shapes, v10 -> v11 in one call (then 240 checks of v11, bf16 and f16, every feature: passed):
+ *        D = 64:  267.1 / 261.1 -> 272.5 / 266.0 (0.72x / 0.73x plain): 1.02x / 1.02x
+ *        D = 128: 422.6 / 415.7 -> 438.0 / 434.9 (0.86x / 0.84x): 1.04x / 1.05x
+ *        D = 256: 362.1 / 368.4 -> 361.3 / 364.9 (0.93x / 0.91x): 1.00x / 0.99x
+ *      What bounds the cap now (an estimate from the SASS's counts, not profiled): at D = 64 the
+ *      kernel runs 1.76 scores a cycle an SM (1.8 GHz) against the
+ *      special-function unit's 16 / 3 = 5.3, so neither they nor the issue slots (about 19
+ *      instructions a score) are saturated; the cap's elementwise step (next item's, under the
+ *      products) outlasts dV's, dQ's and dK's products (768 tensor cycles an item at D = 64) and
+ *      sits on the item's critical path with the two warpgroups' barrier at dS^T.
  *   Not yet tried (FlashAttention-3 reaches ~1.5-1.75x of FlashAttention-2 here): v8's overlap
  *   at D = 128 (it needs registers: dQ in shared memory, or dK / dV split across more
  *   warpgroups), the two consumer warpgroups out of lockstep (the per-item barrier
- *   for dS^T), 3 warpgroups (kBN = 192) at D = 64, a persistent grid; for the soft cap,
- *   tanh.approx (one instruction, but its 2^-11 error in the logit would be off the forward's
- *   lse unless the forward used it too).
+ *   for dS^T), 3 warpgroups (kBN = 192) at D = 64, a persistent grid; for the soft cap, the
+ *   exponential u on the FMA pipe (a polynomial, FlashAttention-4's trick) to move one of its
+ *   three special-function ops a score.
  *
  * build + run on the GPU machine (`gpu/run.sh cuda lab` does it):
  *   nvcc -std=c++17 -O3 -Iinclude -Isrc -gencode=arch=compute_90a,code=sm_90a dev/cuda/bwd_hopper.cu -o bwd90 && ./bwd90
@@ -536,7 +562,7 @@ template <typename C> void bench(const char *tag, int causal) {
 /* Times version C with each feature set beside its plain run and the atomic sm80 backward (the same
  * params) on the bench shape; varlen as packed / padded sequences of the full length (the same
  * work as the dense problem); "gqa 4:1" with Hkv = Hq / 4. */
-template <typename C> void bench_feat(int causal, const char *tag) {
+template <typename C> void bench_feat(int causal, const char *tag, const char *only = nullptr) {
   using T = typename C::T;
   const int D = C::kD, T_ = 8192, B = 16384 / T_, H = 2048 / D;
   const double flops = 2.5 * 4.0 * B * H * (double)T_ * T_ * D * (causal ? 0.5 : 1.0);
@@ -549,6 +575,7 @@ template <typename C> void bench_feat(int causal, const char *tag) {
                         {"deterministic", 0.f, false, ATTN_CUDA_VARLEN_NONE, true}};
   float plain_ms = 0.f;
   for (const Feat &f : feats) {
+    if (only != nullptr && f.name != feats[0].name && strcmp(f.name, only) != 0) continue; /* plain and `only` */
     const bool gqa = strcmp(f.name, "gqa 4:1") == 0;
     const Problem s{B, T_, T_, H, gqa ? H / 4 : H, D, -1, causal ? 0 : -1, 0};
     Dev<T> d(s, nullptr);
@@ -659,7 +686,7 @@ int main(int argc, char **argv) {
     bench<BwdCfg90<bf, 64, 3, true, true, true>>("v8", 0);
     return failures != 0;
   }
-  /* usage: bwd90 [SEED] [bench | check bf16 | check f16]: everything by default; one dtype's
+  /* usage: bwd90 [SEED] [bench | check bf16 | check f16 | v10 | v11]: everything by default; one dtype's
    * checks at a time, so that two run side by side on the host's cores (the CPU reference is what
    * takes their time) */
   unsigned seed = argc > 1 ? (unsigned)atoi(argv[1]) : 1234u;
@@ -679,6 +706,42 @@ int main(int argc, char **argv) {
   using V8_64h = BwdCfg90<hf, 64, 3, true, true, true>;
   using V9_256 = BwdCfg90<bf, 256>; /* v9: D = 256, both warpgroups on 64 keys, columns split (kSplit) */
   using V9_256h = BwdCfg90<hf, 256>;
+  if (strcmp(what, "v11") == 0) { /* the soft cap exact (v10) and by tanh.approx (v11), timed, then v11 checked */
+    using E64 = BwdCfg90<bf, 64, 3, true, true, true, true, false>;
+    using E128 = BwdCfg90<bf, 128, 2, true, true, false, true, false>;
+    using E256 = BwdCfg90<bf, 256, 2, true, true, false, true, false>;
+    for (int c = 0; c < 2; ++c) {
+      bench_feat<E64>(c, "v10 exact", "softcap");
+      bench_feat<V8_64>(c, "v11 tanh.approx", "softcap");
+      bench_feat<E128>(c, "v10 exact", "softcap");
+      bench_feat<V6_128>(c, "v11 tanh.approx", "softcap");
+      bench_feat<E256>(c, "v10 exact", "softcap");
+      bench_feat<V9_256>(c, "v11 tanh.approx", "softcap");
+    }
+    checks_feat<V8_64>("v11", seed);
+    checks_feat<V6_128>("v11", seed);
+    checks_feat<V9_256>("v11", seed);
+    checks_feat<V8_64h>("v11", seed);
+    checks_feat<BwdCfg90<hf, 128>>("v11", seed);
+    checks_feat<V9_256h>("v11", seed);
+    printf("lab bwd90: %d failed checks\n", failures);
+    return failures != 0;
+  }
+  if (strcmp(what, "v10") == 0) { /* the library's configurations: the features timed, then checked */
+    for (int c = 0; c < 2; ++c) {
+      bench_feat<V8_64>(c, "v8");
+      bench_feat<V6_128>(c, "v6");
+      bench_feat<V9_256>(c, "v9");
+    }
+    checks_feat<V8_64>("v8", seed);
+    checks_feat<V6_128>("v6", seed);
+    checks_feat<V9_256>("v9", seed);
+    checks_feat<V8_64h>("v8", seed);
+    checks_feat<BwdCfg90<hf, 128>>("v6", seed);
+    checks_feat<V9_256h>("v9", seed);
+    printf("lab bwd90: %d failed checks\n", failures);
+    return failures != 0;
+  }
   /* the timings first: a device call cut short by its time limit keeps them */
   if (all || strcmp(what, "bench") == 0) {
     for (int c = 0; c < 2; ++c) {

@@ -191,9 +191,13 @@
  *        D = 64:  239.2 / 224.5 (0.43x / 0.50x) -> 313.8 / 298.0 (0.58x / 0.66x): 1.31x / 1.33x
  *        D = 128: 418.6 / 386.9 (0.62x / 0.63x) -> 530.3 / 472.1 (0.79-0.83x / 0.77x): 1.27x / 1.22x
  *        D = 256: 617.4 / 532.6 (0.89x / 0.86x) -> 640.4 / 564.3 (0.93x / 0.91x): 1.04x / 1.06x
- *  v15 (kCapTanhScaled; written 2026-12-04, compiled, not yet run) v14 with tanh's multiply by
- *      cap log2(e) left to the softmax's exponent FMA (its mult), one instruction a score fewer:
- *      `fwd_hopper SEED tanh` checks it and times it after v14's rows.
+ *  v15 (kCapTanhScaled; tried, not kept) v14 with tanh's multiply by cap log2(e) left to the
+ *      softmax's exponent FMA (its mult), one instruction a score fewer. `fwd_hopper SEED tanh`
+ *      (H200, 2026-12-04, second session; every check passed), soft cap 30, T = 8192, ms
+ *      non-causal / causal, v14 -> v15 in the same call: D = 64 3.481 / 1.854 -> 3.409 / 1.815
+ *      (1.02x), D = 128 2.083 / 1.147 -> 2.110 / 1.184 (0.99x / 0.97x), D = 256 1.687 / 0.965 ->
+ *      1.719 / 0.989 (0.98x). The instruction saved is not what bounds the kernel (the two
+ *      special-function ops a score are), so the library keeps v14.
  *   ncu (v2, D = 128, non-causal, `fwd_hopper ncu`): 1.62 ms, SM busy 72% (the tensor pipe is
  *      what fills it), the XU pipe (exp2, conversions) 37%, DRAM 5%, issue slots 40% busy, 5.4 cycles per
  *      issued instruction. What is left is the softmax between the products that the two

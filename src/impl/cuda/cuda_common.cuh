@@ -552,6 +552,19 @@ struct SoftCap {
     if (slope != nullptr) *slope = 4.f * u * r * r;
     return copysignf(fmaf(-u, out, out), y) * r;
   }
+  /* tanh(y) by tanh_sfu, as the 16-bit sm90 forwards' kCapTanh computes their logits (so that P
+   * recomputed from their lse sees the same logit), and *slope = d tanh(y) / dy = u (1 + |tanh|)^2
+   * (u as in logit2: 1 + |tanh| = 2 / (1 + u)), relative error 2^-10 where tanh's is 2^-11, with
+   * no cancellation near |tanh| = 1. Two special-function ops, four FP32 ones; the logit in log2
+   * units is the result times out. */
+  __device__ __forceinline__ float tanh2(float dot, float *slope) const {
+    const float y = dot * in;
+    const float t = tanh_sfu(y);
+    const float u = ex2(fabsf(y) * (-2.f * kLog2e));
+    const float w = 1.f + fabsf(t);
+    *slope = u * w * w;
+    return t;
+  }
 };
 
 /* Whether a run needs the sm80 kernels with every feature compiled in (kFeat): a per-element

