@@ -706,6 +706,17 @@ int main(int argc, char **argv) {
   using V8_64h = BwdCfg90<hf, 64, 3, true, true, true>;
   using V9_256 = BwdCfg90<bf, 256>; /* v9: D = 256, both warpgroups on 64 keys, columns split (kSplit) */
   using V9_256h = BwdCfg90<hf, 256>;
+  /* every feature of the library's configurations (bf16 and f16) checked; main's exit status */
+  auto library_checks = [&](const char *tag) {
+    checks_feat<V8_64>(tag, seed);
+    checks_feat<V6_128>(tag, seed);
+    checks_feat<V9_256>(tag, seed);
+    checks_feat<V8_64h>(tag, seed);
+    checks_feat<BwdCfg90<hf, 128>>(tag, seed);
+    checks_feat<V9_256h>(tag, seed);
+    printf("lab bwd90: %d failed checks\n", failures);
+    return failures != 0;
+  };
   if (strcmp(what, "v11") == 0) { /* the soft cap exact (v10) and by tanh.approx (v11), timed, then v11 checked */
     using E64 = BwdCfg90<bf, 64, 3, true, true, true, true, false>;
     using E128 = BwdCfg90<bf, 128, 2, true, true, false, true, false>;
@@ -718,14 +729,7 @@ int main(int argc, char **argv) {
       bench_feat<E256>(c, "v10 exact", "softcap");
       bench_feat<V9_256>(c, "v11 tanh.approx", "softcap");
     }
-    checks_feat<V8_64>("v11", seed);
-    checks_feat<V6_128>("v11", seed);
-    checks_feat<V9_256>("v11", seed);
-    checks_feat<V8_64h>("v11", seed);
-    checks_feat<BwdCfg90<hf, 128>>("v11", seed);
-    checks_feat<V9_256h>("v11", seed);
-    printf("lab bwd90: %d failed checks\n", failures);
-    return failures != 0;
+    return library_checks("v11");
   }
   if (strcmp(what, "v10") == 0) { /* the library's configurations: the features timed, then checked */
     for (int c = 0; c < 2; ++c) {
@@ -733,14 +737,7 @@ int main(int argc, char **argv) {
       bench_feat<V6_128>(c, "v6");
       bench_feat<V9_256>(c, "v9");
     }
-    checks_feat<V8_64>("v8", seed);
-    checks_feat<V6_128>("v6", seed);
-    checks_feat<V9_256>("v9", seed);
-    checks_feat<V8_64h>("v8", seed);
-    checks_feat<BwdCfg90<hf, 128>>("v6", seed);
-    checks_feat<V9_256h>("v9", seed);
-    printf("lab bwd90: %d failed checks\n", failures);
-    return failures != 0;
+    return library_checks("library");
   }
   /* the timings first: a device call cut short by its time limit keeps them */
   if (all || strcmp(what, "bench") == 0) {
