@@ -144,7 +144,7 @@
  *      score, and ptxas made that a branch: the SASS of the D = 64 cap kernel had one BRA a score
  *      (277 against the plain kernel's 128), each score's cap with its EX2 and RCP alone in a
  *      basic block, as v6 found for the band's tests. Now kBwdCap's cap and kBwdAlibi's ALiBi are
- *      compile-time, and the cap kernel's ALiBi a per-tile choice (elementwise's kAlibi). `bwd90
+ *      compile-time, and the cap kernel's ALiBi a per-tile choice (elementwise's alibi tag). `bwd90
  *      1234 v10`, H200, bf16, T = 8192, soft cap 30, TFLOPS non-causal / causal, the binary of
  *      before against this one, the same call (every check passed):
  *        D = 64:  204.8 / 200.3 (0.55x / 0.54x plain) -> 267.1 / 261.8 (0.71x / 0.71x): 1.30x / 1.31x

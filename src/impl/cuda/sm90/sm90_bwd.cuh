@@ -515,13 +515,13 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         visible_band_queries(p, hd, n0 + kr + 8 * hf, lo, hi);
         see_lo[hf] = lo - q_col0, see_n[hf] = hi - lo;
       }
-    /* kAlibi: ALiBi's term in the non-linear forms (kBwdAlibi's always; the cap's kernel has it
-     * or not per problem). Each mode's per-score work is fixed at compile time: a per-score test
-     * of has_cap or has_alibi made ptxas put each score's cap in a basic block of its own, with
-     * its two exponentials and its reciprocal alone in it (one BRA a score in the SASS), as v6
-     * found for the band's tests (dev/cuda/bwd_hopper.cu's v10) */
+    /* alibi (true_type or false_type): ALiBi's term in the non-linear forms (kBwdAlibi's always;
+     * the cap's kernel has it or not per problem). Each mode's per-score work is fixed at compile
+     * time: a per-score test of has_cap or has_alibi made ptxas put each score's cap in a basic
+     * block of its own, with its two exponentials and its reciprocal alone in it (one BRA a score
+     * in the SASS), as v6 found for the band's tests (dev/cuda/bwd_hopper.cu's v10) */
     auto elementwise = [&](auto linear, auto edge, auto alibi) {
-      constexpr bool kLinear = decltype(linear)::value, kEdge = decltype(edge)::value, kAlibi = decltype(alibi)::value;
+      constexpr bool kLinear = decltype(linear)::value, kEdge = decltype(edge)::value;
       /* kLinear: ALiBi's log2-unit term of this thread's key rows (hf) and its step per query */
       const float a = alibi_step * scale_log2 * (float)side;
       const float row_term[2] = {a * dist0, a * (dist0 - 8.f)};
@@ -544,7 +544,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
             ds = P * (dpt[4 * jj + e] - delta);
           } else if constexpr (kMode != kBwdPlain) {
             float x = st[4 * jj + e];
-            if constexpr (kAlibi) x = fmaf(alibi_step, fabsf(dist0 + (float)(8 * jj + c - 8 * hf)), x);
+            if constexpr (decltype(alibi)::value) x = fmaf(alibi_step, fabsf(dist0 + (float)(8 * jj + c - 8 * hf)), x);
             if constexpr (kMode == kBwdCap) {
               float slope;
               if constexpr (C::kCapTanh) P = ex2(at_most_zero(fmaf(cap.tanh2(x, &slope), cap.out, col_term[c])));
