@@ -1576,13 +1576,20 @@ static attn_status cpu_backward(const attn_run *run) {
         }
       }
       /* Key blocks, heaviest first under a causal mask (the first key blocks see the most query
-       * rows), pairs interleaved so threads start on different pairs' dQ. */
-      const int64_t nwork = npair * c.nkb;
+       * rows), in rounds: a round is one pair's next nthreads key blocks, the pairs' rounds one
+       * after another, so that the threads at work at once read the same pair's q, dout and dQ
+       * rows (a phase of 8 pairs of 2048 query rows holds about 100 MB of them in f32, which
+       * the pairs interleaved item by item streamed all at once); within a pair each key block
+       * starts at its own query block (backward_item), so the round's threads seldom want the
+       * same dQ lock. */
+      const int64_t nwork = npair * c.nkb, per_round = c.nthreads, last_group = (c.nkb - 1) / per_round;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
       for (int64_t it = 0; it < nwork; ++it) {
-        const int64_t pr = it % npair, kb = it / npair;
+        const int64_t grp = min64(it / (npair * per_round), last_group);
+        const int64_t in_group = min64(per_round, c.nkb - grp * per_round), local = it - grp * per_round * npair;
+        const int64_t pr = local / in_group, kb = grp * per_round + local % in_group;
         const cpu_seq s = make_seq(&c, pair0 + pr);
         if (kb * c.bk >= s.s.len_k) continue;
         backward_item(&c, &sh, &t, pr, &s, kb, dbias);
