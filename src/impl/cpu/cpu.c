@@ -12,7 +12,8 @@
  *      online softmax (sinks enter the running max and sum once, at row start), dropout on P,
  *      O += P V (gemm); out = O * keep_scale / l, lse = m + log l.
  * Backward (FlashAttention-2): per phase, Delta = rowsum(dout * out), lse, and q and dout as f32
- *   of its rows (converted once, not once per key block); threads take (pair, key block) items;
+ *   of its rows (converted once, not once per key block; on AMX also as the bf16 operands of its
+ *   products, bwd_rows); threads take (pair, key block) items in rounds of one pair;
  *   each packs K, K^T, V^T of its block once (as bf16 pairs too, on tables with gemm_packed) and
  *   walks every query block of every head of the group that sees it: S, P = exp(S - lse),
  *   dP = dout V^T, dropout, dS = P (dP - Delta) (times the soft cap's derivative),
@@ -575,7 +576,7 @@ typedef struct fwd_layout {
 typedef struct bwd_layout {
   int64_t shared;     /* dbias accumulator */
   int64_t per_pair;   /* lse, Delta, q and dout as f32, the dQ accumulator and its locks of one
-                       * pair's rows */
+                       * pair's rows, and on tables with pack_rows q and dout as bf16 (bwd_rows) */
   int64_t per_thread_fixed; /* tiles */
   int64_t per_thread_dbias; /* a private dbias accumulator (bias broadcast over keys) */
 } bwd_layout;
@@ -619,7 +620,14 @@ static fwd_layout fwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
   return l;
 }
 
-static bwd_layout bwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
+/* Whether the backward keeps a phase's q and dout rows as bf16 too, packed once for every key
+ * block's products (tables with gemm_bf16 and pack_rows: AMX): as gemm_bf16's A rows (S = Q K^T,
+ * dP = dout V^T) and as pack_b's pairs (dK += dS^T Q, dV += P^T dout). Packed per key block, as
+ * gemm_packed and gemm do, these four conversions took about a quarter of a bf16 backward's time
+ * on an AMX host, the same for every key block of a query block. */
+static int bwd_rows(const attn_cpu_kernels *k) { return k->gemm_bf16 != NULL && k->pack_rows != NULL; }
+
+static bwd_layout bwd_layout_of(const attn_problem *p, const attn_cpu_kernels *k, int64_t bq, int64_t bk) {
   const int64_t D = p->head_dim, Dv = p->head_dim_v;
   const int64_t Dp = round_up(D, ATTN_CPU_NPAD), Dvp = round_up(Dv, ATTN_CPU_NPAD);
   const int64_t group = p->heads_q / p->heads_kv;
@@ -630,6 +638,10 @@ static bwd_layout bwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
   l.per_pair = 2 * round_up(group * p->seqlen_q, 16) + 2 * round_up(group * p->seqlen_q * Dp, 16) +
                round_up(group * p->seqlen_q * Dvp, 16) +
                group * ((p->seqlen_q + bq - 1) / bq) * LOCK_STRIDE;
+  if (bwd_rows(k)) { /* bf16 words, two a float: rows rounded up to 16 (gemm_bf16 reads them) */
+    const int64_t rows = group * round_up(p->seqlen_q, 16);
+    l.per_pair += round_up(rows * (round_up(D, 32) + Dp) / 2, 16) + round_up(rows * (round_up(Dv, 32) + Dvp) / 2, 16);
+  }
   int64_t tiles = 2 + (p->dropout_p > 0.0) + (p->softcap > 0.0);
   l.per_thread_fixed = round_up(bk * Dp, 16) * 2 + round_up(D * bk, 16) + round_up(Dv * bk, 16) +
                        round_up(bk * Dvp, 16) + tiles * round_up(bq * bk, 16) +
@@ -691,7 +703,8 @@ static size_t cpu_workspace_size(const attn_problem *p, int32_t config, const vo
     }
     return tiled;
   }
-  bwd_layout l = bwd_layout_of(p, bq, bk);
+  const attn_cpu_kernels *k = state != NULL ? (const attn_cpu_kernels *)state : select_kernels((attn_dtype)p->dtype);
+  bwd_layout l = bwd_layout_of(p, k, bq, bk);
   int64_t chunk = bwd_chunk(p, &l);
   return (size_t)(l.shared + chunk * l.per_pair +
                   threads * (l.per_thread_fixed + l.per_thread_dbias)) *
@@ -1227,6 +1240,11 @@ typedef struct bwd_shared {
   float *q, *dout;
   float *dq;          /* [chunk][group][Tq][Dp]: dQ / s of the phase, summed over key blocks */
   float *locks;       /* [chunk][group][nqb] locks of dq's query blocks, LOCK_STRIDE floats apart */
+  /* bwd_rows: the rows of q and dout once more as bf16, [chunk][group][rows_p] rows with rows_p =
+   * Tq rounded up to 16, packed per query block: qh and doh as gemm_bf16's A (ldq, ldv words a
+   * row), qp and dop as pack_b's pairs (Dp, Dvp words a row); NULL on other tables */
+  uint16_t *qh, *doh, *qp, *dop;
+  int64_t rows_p, ldq, ldv;
   float *thread_base;
   int64_t per_thread;
 } bwd_shared;
@@ -1318,14 +1336,21 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
       if (tnk == 0) continue;
       const int64_t tj0 = j0 + off, tnkp = round_up(tnk, ATTN_CPU_NPAD);
       const float *q = q_rows + i0 * c->Dp, *dout = dout_rows + i0 * c->Dvp;
-      if (packed)
+      const int64_t at = (pr * c->group + hh) * sh->rows_p + i0; /* the block's bf16 rows */
+      if (sh->qh != NULL)
+        k->gemm_bf16(rows, tnkp, c->D, sh->qh + at * sh->ldq, sh->ldq, 1, t->ktp + 2 * off, 2 * bk, t->sp,
+                     bk, 0, t->scratch);
+      else if (packed)
         k->gemm_packed(rows, tnkp, c->D, q, c->Dp, 0, t->ktp + 2 * off, 2 * bk, t->sp, bk, 0,
                        t->scratch);
       else
         k->gemm(rows, tnkp, c->D, q, c->Dp, 0, t->kt + off, bk, t->sp, bk, 0, t->scratch);
       for (int64_t r = 0; r < rows; ++r) k->scale(t->sp + r * bk, tnk, c->scale);
       apply_masks(c, s, h, i0, rows, tj0, tnk, t->sp, bk, t->dc);
-      if (packed)
+      if (sh->qh != NULL)
+        k->gemm_bf16(rows, tnkp, c->Dv, sh->doh + at * sh->ldv, sh->ldv, 1, t->vtp + 2 * off, 2 * bk, t->dp,
+                     bk, 0, t->scratch);
+      else if (packed)
         k->gemm_packed(rows, tnkp, c->Dv, dout, c->Dvp, 0, t->vtp + 2 * off, 2 * bk, t->dp, bk,
                        0, t->scratch);
       else
@@ -1360,9 +1385,16 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
           for (int64_t jj = 0; jj < tnk; ++jj) dbias[at + (tj0 + jj) * js] += dp[jj];
         }
       }
-      k->gemm(tnk, c->Dvp, rows, c->dropout ? t->pd : t->sp, bk, 1, dout, c->Dvp,
-              t->dv + off * c->Dvp, c->Dvp, 1, t->scratch);
-      k->gemm(tnk, c->Dp, rows, t->dp, bk, 1, q, c->Dp, t->dk + off * c->Dp, c->Dp, 1, t->scratch);
+      if (sh->qh != NULL) {
+        k->gemm_packed(tnk, c->Dvp, rows, c->dropout ? t->pd : t->sp, bk, 1, sh->dop + at * c->Dvp,
+                       2 * c->Dvp, t->dv + off * c->Dvp, c->Dvp, 1, t->scratch);
+        k->gemm_packed(tnk, c->Dp, rows, t->dp, bk, 1, sh->qp + at * c->Dp, 2 * c->Dp, t->dk + off * c->Dp,
+                       c->Dp, 1, t->scratch);
+      } else {
+        k->gemm(tnk, c->Dvp, rows, c->dropout ? t->pd : t->sp, bk, 1, dout, c->Dvp,
+                t->dv + off * c->Dvp, c->Dvp, 1, t->scratch);
+        k->gemm(tnk, c->Dp, rows, t->dp, bk, 1, q, c->Dp, t->dk + off * c->Dp, c->Dp, 1, t->scratch);
+      }
       const int64_t unit = (pr * c->group + hh) * c->nqb + qb;
       lock_dq(sh, unit);
       if (packed)
@@ -1455,7 +1487,7 @@ static void write_dbias(const cpu_run *c, const float *acc) {
 static attn_status cpu_backward(const attn_run *run) {
   cpu_run c = make_cpu_run(run);
   const attn_problem *p = c.p;
-  const bwd_layout lay = bwd_layout_of(p, c.bq, c.bk);
+  const bwd_layout lay = bwd_layout_of(p, c.kern, c.bq, c.bk);
   /* The chunk was fixed by workspace_size; recompute it the same way, shrink it until one thread
    * fits what the workspace holds, then fit the threads. */
   int64_t chunk = bwd_chunk(p, &lay);
@@ -1478,6 +1510,15 @@ static attn_status cpu_backward(const attn_run *run) {
   sh.q = sh.dq + round_up(chunk * c.group * c.Tq * c.Dp, 16);
   sh.dout = sh.q + round_up(chunk * c.group * c.Tq * c.Dp, 16);
   sh.locks = sh.dout + round_up(chunk * c.group * c.Tq * c.Dvp, 16);
+  sh.qh = sh.doh = sh.qp = sh.dop = NULL;
+  sh.rows_p = round_up(c.Tq, 16), sh.ldq = round_up(c.D, 32), sh.ldv = round_up(c.Dv, 32);
+  if (bwd_rows(c.kern)) {
+    const int64_t rows = chunk * c.group * sh.rows_p;
+    sh.qh = (uint16_t *)(sh.locks + chunk * c.group * c.nqb * LOCK_STRIDE);
+    sh.qp = sh.qh + rows * sh.ldq;
+    sh.doh = sh.qp + rows * c.Dp;
+    sh.dop = sh.doh + rows * sh.ldv;
+  }
   sh.thread_base = ws + lay.shared + chunk * lay.per_pair;
   sh.per_thread = per_thread;
   if (want_dbias && !private_dbias) memset(sh.dbias, 0, (size_t)nbias * sizeof(float));
@@ -1573,6 +1614,14 @@ static attn_status cpu_backward(const attn_run *run) {
           }
           delta[i] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
                      ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+        }
+        if (sh.qh != NULL && qb * c.bq < i_end) { /* the block's rows as bf16 (bwd_rows) */
+          const int64_t i0 = qb * c.bq, rows = i_end - i0, at = it * sh.rows_p + i0;
+          const float *q = sh.q + (it * c.Tq + i0) * c.Dp, *dout = sh.dout + (it * c.Tq + i0) * c.Dvp;
+          c.kern->pack_rows(q, c.Dp, rows, c.D, sh.qh + at * sh.ldq, sh.ldq);
+          c.kern->pack_b(q, c.Dp, rows, c.Dp, sh.qp + at * c.Dp, 2 * c.Dp);
+          c.kern->pack_rows(dout, c.Dvp, rows, c.Dv, sh.doh + at * sh.ldv, sh.ldv);
+          c.kern->pack_b(dout, c.Dvp, rows, c.Dvp, sh.dop + at * c.Dvp, 2 * c.Dvp);
         }
       }
       /* Key blocks, heaviest first under a causal mask (the first key blocks see the most query

@@ -78,6 +78,13 @@ typedef struct attn_cpu_kernels {
    * multiplies its query block (one term, packed once) and its probabilities with it (one bf16
    * term, or with sinks two, hi + lo: gemm_exact's accuracy). */
   void (*pack_b)(const float *b, int64_t ldb, int64_t k, int64_t n, uint16_t *out, int64_t ldo);
+  /* Optional, with gemm_bf16 (AMX): rows of an f32 matrix as gemm_bf16's one-term A:
+   * out[r * ldo + kk] = bf16(a[r * lda + kk]) for r < m, kk < k, zero for k <= kk < ldo and on
+   * the rows from m to m rounded up to 16; ldo = k rounded up to 32. The rounding is the one
+   * gemm_packed applies to its A on each call, so a product of rows packed once here equals, bit
+   * for bit, the product gemm_packed makes of the f32 rows (the backward packs q and dout once
+   * per phase so). */
+  void (*pack_rows)(const float *a, int64_t lda, int64_t m, int64_t k, uint16_t *out, int64_t ldo);
   void (*gemm_packed)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int trans_a,
                       const uint16_t *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
                       void *scratch);

@@ -450,6 +450,11 @@ static void pack_b_amx(const float *b, int64_t ldb, int64_t k, int64_t n, uint16
   pack_pairs(b, ldb, k, n, out, ldo, (k + 1) / 2);
 }
 
+static void pack_rows_amx(const float *a, int64_t lda, int64_t m, int64_t k, uint16_t *out,
+                          int64_t ldo) {
+  pack_a(a, lda, 0, m, k, (m + 15) / 16 * 16, ldo, out, ldo);
+}
+
 static void gemm_packed_amx(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                             int trans_a, const uint16_t *b, int64_t ldb, float *c, int64_t ldc,
                             int accumulate, void *scratch) {
@@ -477,6 +482,7 @@ const attn_cpu_kernels attn_cpu_kernels_amx = {
 #ifdef AMX_TILES
     .gemm = gemm_amx,
     .pack_b = pack_b_amx,
+    .pack_rows = pack_rows_amx,
     .gemm_packed = gemm_packed_amx,
     .gemm_bf16 = gemm_bf16_amx,
     .exp_sum_bf16 = exp_sum_bf16_amx,
