@@ -622,12 +622,16 @@ static fwd_layout fwd_layout_of(const attn_problem *p, int64_t bq, int64_t bk) {
 
 /* Whether the backward keeps a phase's q and dout rows as bf16 too, packed once for every key
  * block's products (tables with gemm_bf16 and pack_rows: AMX): as gemm_bf16's A rows (S = Q K^T,
- * dP = dout V^T) and as pack_b's pairs (dK += dS^T Q, dV += P^T dout). Packed per key block, as
- * gemm_packed and gemm do, these four conversions took about a quarter of a bf16 backward's time
- * on an AMX host, the same for every key block of a query block. */
-static int bwd_rows(const attn_cpu_kernels *k) { return k->gemm_bf16 != NULL && k->pack_rows != NULL; }
+ * dP = dout V^T) and as pack_b's pairs (dK += dS^T Q, dV += P^T dout). gemm_packed and gemm
+ * pack their operands per call: four of the seven packs per (key block, query block) were these,
+ * the same for every key block, and the packs took 23% of a bf16 backward's samples on an AMX
+ * VM (bench/RESULTS.md, "The backward's q and dout packed once"). */
+static int bwd_rows(const attn_cpu_kernels *k) {
+  return k->gemm_bf16 != NULL && k->pack_rows != NULL;
+}
 
-static bwd_layout bwd_layout_of(const attn_problem *p, const attn_cpu_kernels *k, int64_t bq, int64_t bk) {
+static bwd_layout bwd_layout_of(const attn_problem *p, const attn_cpu_kernels *k, int64_t bq,
+                                int64_t bk) {
   const int64_t D = p->head_dim, Dv = p->head_dim_v;
   const int64_t Dp = round_up(D, ATTN_CPU_NPAD), Dvp = round_up(Dv, ATTN_CPU_NPAD);
   const int64_t group = p->heads_q / p->heads_kv;
@@ -640,7 +644,8 @@ static bwd_layout bwd_layout_of(const attn_problem *p, const attn_cpu_kernels *k
                group * ((p->seqlen_q + bq - 1) / bq) * LOCK_STRIDE;
   if (bwd_rows(k)) { /* bf16 words, two a float: rows rounded up to 16 (gemm_bf16 reads them) */
     const int64_t rows = group * round_up(p->seqlen_q, 16);
-    l.per_pair += round_up(rows * (round_up(D, 32) + Dp) / 2, 16) + round_up(rows * (round_up(Dv, 32) + Dvp) / 2, 16);
+    l.per_pair += round_up(rows * (round_up(D, 32) + Dp) / 2, 16) +
+                  round_up(rows * (round_up(Dv, 32) + Dvp) / 2, 16);
   }
   int64_t tiles = 2 + (p->dropout_p > 0.0) + (p->softcap > 0.0);
   l.per_thread_fixed = round_up(bk * Dp, 16) * 2 + round_up(D * bk, 16) + round_up(Dv * bk, 16) +
@@ -703,7 +708,8 @@ static size_t cpu_workspace_size(const attn_problem *p, int32_t config, const vo
     }
     return tiled;
   }
-  const attn_cpu_kernels *k = state != NULL ? (const attn_cpu_kernels *)state : select_kernels((attn_dtype)p->dtype);
+  const attn_cpu_kernels *k =
+      state != NULL ? (const attn_cpu_kernels *)state : select_kernels((attn_dtype)p->dtype);
   bwd_layout l = bwd_layout_of(p, k, bq, bk);
   int64_t chunk = bwd_chunk(p, &l);
   return (size_t)(l.shared + chunk * l.per_pair +
@@ -1338,8 +1344,8 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
       const float *q = q_rows + i0 * c->Dp, *dout = dout_rows + i0 * c->Dvp;
       const int64_t at = (pr * c->group + hh) * sh->rows_p + i0; /* the block's bf16 rows */
       if (sh->qh != NULL)
-        k->gemm_bf16(rows, tnkp, c->D, sh->qh + at * sh->ldq, sh->ldq, 1, t->ktp + 2 * off, 2 * bk, t->sp,
-                     bk, 0, t->scratch);
+        k->gemm_bf16(rows, tnkp, c->D, sh->qh + at * sh->ldq, sh->ldq, 1, t->ktp + 2 * off, 2 * bk,
+                     t->sp, bk, 0, t->scratch);
       else if (packed)
         k->gemm_packed(rows, tnkp, c->D, q, c->Dp, 0, t->ktp + 2 * off, 2 * bk, t->sp, bk, 0,
                        t->scratch);
@@ -1348,8 +1354,8 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
       for (int64_t r = 0; r < rows; ++r) k->scale(t->sp + r * bk, tnk, c->scale);
       apply_masks(c, s, h, i0, rows, tj0, tnk, t->sp, bk, t->dc);
       if (sh->qh != NULL)
-        k->gemm_bf16(rows, tnkp, c->Dv, sh->doh + at * sh->ldv, sh->ldv, 1, t->vtp + 2 * off, 2 * bk, t->dp,
-                     bk, 0, t->scratch);
+        k->gemm_bf16(rows, tnkp, c->Dv, sh->doh + at * sh->ldv, sh->ldv, 1, t->vtp + 2 * off,
+                     2 * bk, t->dp, bk, 0, t->scratch);
       else if (packed)
         k->gemm_packed(rows, tnkp, c->Dv, dout, c->Dvp, 0, t->vtp + 2 * off, 2 * bk, t->dp, bk,
                        0, t->scratch);
@@ -1388,12 +1394,13 @@ static void backward_item(const cpu_run *c, const bwd_shared *sh, const bwd_thre
       if (sh->qh != NULL) {
         k->gemm_packed(tnk, c->Dvp, rows, c->dropout ? t->pd : t->sp, bk, 1, sh->dop + at * c->Dvp,
                        2 * c->Dvp, t->dv + off * c->Dvp, c->Dvp, 1, t->scratch);
-        k->gemm_packed(tnk, c->Dp, rows, t->dp, bk, 1, sh->qp + at * c->Dp, 2 * c->Dp, t->dk + off * c->Dp,
-                       c->Dp, 1, t->scratch);
+        k->gemm_packed(tnk, c->Dp, rows, t->dp, bk, 1, sh->qp + at * c->Dp, 2 * c->Dp,
+                       t->dk + off * c->Dp, c->Dp, 1, t->scratch);
       } else {
         k->gemm(tnk, c->Dvp, rows, c->dropout ? t->pd : t->sp, bk, 1, dout, c->Dvp,
                 t->dv + off * c->Dvp, c->Dvp, 1, t->scratch);
-        k->gemm(tnk, c->Dp, rows, t->dp, bk, 1, q, c->Dp, t->dk + off * c->Dp, c->Dp, 1, t->scratch);
+        k->gemm(tnk, c->Dp, rows, t->dp, bk, 1, q, c->Dp, t->dk + off * c->Dp, c->Dp, 1,
+                t->scratch);
       }
       const int64_t unit = (pr * c->group + hh) * c->nqb + qb;
       lock_dq(sh, unit);
@@ -1617,7 +1624,8 @@ static attn_status cpu_backward(const attn_run *run) {
         }
         if (sh.qh != NULL && qb * c.bq < i_end) { /* the block's rows as bf16 (bwd_rows) */
           const int64_t i0 = qb * c.bq, rows = i_end - i0, at = it * sh.rows_p + i0;
-          const float *q = sh.q + (it * c.Tq + i0) * c.Dp, *dout = sh.dout + (it * c.Tq + i0) * c.Dvp;
+          const float *q = sh.q + (it * c.Tq + i0) * c.Dp,
+                      *dout = sh.dout + (it * c.Tq + i0) * c.Dvp;
           c.kern->pack_rows(q, c.Dp, rows, c.D, sh.qh + at * sh.ldq, sh.ldq);
           c.kern->pack_b(q, c.Dp, rows, c.Dp, sh.qp + at * c.Dp, 2 * c.Dp);
           c.kern->pack_rows(dout, c.Dvp, rows, c.Dv, sh.doh + at * sh.ldv, sh.ldv);
@@ -1627,17 +1635,19 @@ static attn_status cpu_backward(const attn_run *run) {
       /* Key blocks, heaviest first under a causal mask (the first key blocks see the most query
        * rows), in rounds: a round is one pair's next nthreads key blocks, the pairs' rounds one
        * after another, so that the threads at work at once read the same pair's q, dout and dQ
-       * rows (a phase of 8 pairs of 2048 query rows holds about 100 MB of them in f32, which
-       * the pairs interleaved item by item streamed all at once); within a pair each key block
-       * starts at its own query block (backward_item), so the round's threads seldom want the
-       * same dQ lock. */
-      const int64_t nwork = npair * c.nkb, per_round = c.nthreads, last_group = (c.nkb - 1) / per_round;
+       * rows (a ring step's phase of 2048 query rows holds 5 pairs, about 63 MB of them in f32,
+       * which the pairs interleaved item by item streamed all at once); within a pair each key
+       * block starts at its own query block (backward_item), so the round's threads seldom want
+       * the same dQ lock. */
+      const int64_t nwork = npair * c.nkb, per_round = c.nthreads,
+                    last_group = (c.nkb - 1) / per_round;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
       for (int64_t it = 0; it < nwork; ++it) {
         const int64_t grp = min64(it / (npair * per_round), last_group);
-        const int64_t in_group = min64(per_round, c.nkb - grp * per_round), local = it - grp * per_round * npair;
+        const int64_t in_group = min64(per_round, c.nkb - grp * per_round),
+                      local = it - grp * per_round * npair;
         const int64_t pr = local / in_group, kb = grp * per_round + local % in_group;
         const cpu_seq s = make_seq(&c, pair0 + pr);
         if (kb * c.bk >= s.s.len_k) continue;
